@@ -1,0 +1,157 @@
+// Package agent wires the per-node Dowse agent: registration server, handler
+// registry, Configuration reconciler and Instance writer.
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/dowse-dev/dowse/agent/discovery"
+	"github.com/dowse-dev/dowse/agent/instances"
+	"github.com/dowse-dev/dowse/agent/registration"
+	"github.com/dowse-dev/dowse/agent/registry"
+	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+)
+
+// Config is everything the agent needs; main fills it from flags.
+type Config struct {
+	// Kubeconfig is a kubeconfig path; empty means in-cluster. RESTConfig,
+	// when set, wins (tests use it).
+	Kubeconfig string
+	RESTConfig *rest.Config
+	NodeName   string
+	StateDir   string
+	// Namespace limits the agent to one namespace; empty watches all.
+	Namespace string
+	// GracePeriod is how long a vanished handler's devices stay.
+	GracePeriod time.Duration
+	// MaxDevices caps one handler list (0: no cap).
+	MaxDevices int
+	// WriteConcurrency bounds parallel Instance writes.
+	WriteConcurrency int
+	// QPS and Burst are the API client's rate limits. Discovery bursts
+	// (thousands of devices at once) need more than client-go's default 5.
+	QPS   float32
+	Burst int
+	// MetricsAddr and HealthAddr are listen addresses; "0" disables.
+	MetricsAddr, HealthAddr string
+	// Registerer receives the agent's own metrics; nil means the manager's
+	// metrics registry (served on MetricsAddr).
+	Registerer prometheus.Registerer
+}
+
+// Validate says what is wrong with c.
+func (c *Config) Validate() error {
+	var errs []error
+	if c.NodeName == "" {
+		errs = append(errs, errors.New("node name is required (--node-name or NODE_NAME)"))
+	}
+	if c.StateDir == "" {
+		errs = append(errs, errors.New("state directory is required (--state-dir or DOWSE_STATE_DIR)"))
+	}
+	if c.GracePeriod < 0 {
+		errs = append(errs, errors.New("grace period must not be negative"))
+	}
+	return errors.Join(errs...)
+}
+
+// Scheme returns a scheme with the Kubernetes and Dowse types.
+func Scheme() (*runtime.Scheme, error) {
+	s := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(s); err != nil {
+		return nil, err
+	}
+	if err := v1alpha1.AddToScheme(s); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// Run runs the agent until ctx ends.
+func Run(ctx context.Context, cfg Config, log logr.Logger) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	restCfg := cfg.RESTConfig
+	if restCfg == nil {
+		var err error
+		if cfg.Kubeconfig != "" {
+			restCfg, err = clientcmd.BuildConfigFromFlags("", cfg.Kubeconfig)
+		} else {
+			restCfg, err = rest.InClusterConfig()
+		}
+		if err != nil {
+			return fmt.Errorf("loading kubeconfig: %w", err)
+		}
+	}
+	restCfg = rest.CopyConfig(restCfg)
+	if cfg.QPS != 0 {
+		restCfg.QPS, restCfg.Burst = cfg.QPS, cfg.Burst
+	}
+	restCfg.UserAgent = "dowse-agent/" + cfg.NodeName
+
+	scheme, err := Scheme()
+	if err != nil {
+		return err
+	}
+	cacheOpts := cache.Options{}
+	if cfg.Namespace != "" {
+		cacheOpts.DefaultNamespaces = map[string]cache.Config{cfg.Namespace: {}}
+	}
+	mgr, err := ctrl.NewManager(restCfg, ctrl.Options{
+		Scheme:                 scheme,
+		Logger:                 log,
+		Cache:                  cacheOpts,
+		Metrics:                metricsserver.Options{BindAddress: orZero(cfg.MetricsAddr)},
+		HealthProbeBindAddress: orZero(cfg.HealthAddr),
+		// One agent per node, each with its own field manager: nothing to elect.
+		LeaderElection: false,
+	})
+	if err != nil {
+		return fmt.Errorf("creating manager: %w", err)
+	}
+	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+		return err
+	}
+	if err := mgr.GetFieldIndexer().IndexField(ctx, &v1alpha1.Instance{}, instances.ConfigurationIndex, instances.IndexByConfiguration); err != nil {
+		return err
+	}
+
+	reg := cfg.Registerer
+	if reg == nil {
+		reg = ctrlMetricsRegistry()
+	}
+	handlers := registry.New(cfg.StateDir)
+	writer := instances.NewWriter(mgr.GetClient(), cfg.NodeName, cfg.WriteConcurrency, instances.NewMetrics(reg))
+	rec := discovery.NewReconciler(mgr.GetClient(), handlers, writer, discovery.Options{
+		NodeName: cfg.NodeName, GracePeriod: cfg.GracePeriod, MaxDevices: cfg.MaxDevices,
+	}, log.WithName("discovery"))
+	if err := rec.SetupWithManager(ctx, mgr); err != nil {
+		return fmt.Errorf("setting up configuration controller: %w", err)
+	}
+	if err := mgr.Add(registration.New(cfg.StateDir, handlers, log.WithName("registration"))); err != nil {
+		return err
+	}
+	log.Info("starting agent", "node", cfg.NodeName, "stateDir", cfg.StateDir)
+	return mgr.Start(ctx)
+}
+
+func orZero(addr string) string {
+	if addr == "" {
+		return "0"
+	}
+	return addr
+}

@@ -1,0 +1,52 @@
+// Command dowse-agent is Dowse's per-node agent.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+
+	"github.com/dowse-dev/dowse/agent"
+)
+
+func main() {
+	cfg := agent.Config{}
+	flag.StringVar(&cfg.Kubeconfig, "kubeconfig", "", "path to a kubeconfig; empty means in-cluster")
+	flag.StringVar(&cfg.NodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name (env NODE_NAME)")
+	flag.StringVar(&cfg.StateDir, "state-dir", envOr("DOWSE_STATE_DIR", "/var/lib/dowse"), "state directory holding the registration and handler sockets (env DOWSE_STATE_DIR)")
+	flag.StringVar(&cfg.Namespace, "namespace", "", "only watch this namespace (default: all)")
+	flag.DurationVar(&cfg.GracePeriod, "handler-grace-period", 5*time.Minute, "how long the devices of a handler that died or became unreachable stay")
+	flag.IntVar(&cfg.MaxDevices, "max-devices", 10000, "most devices taken from one handler list for one Configuration (0: no limit)")
+	flag.IntVar(&cfg.WriteConcurrency, "write-concurrency", 16, "parallel Instance writes")
+	qps := flag.Float64("kube-api-qps", 1000, "API client requests per second")
+	flag.IntVar(&cfg.Burst, "kube-api-burst", 2000, "API client burst")
+	flag.StringVar(&cfg.MetricsAddr, "metrics-bind-address", ":9743", "Prometheus metrics address (0 disables)")
+	flag.StringVar(&cfg.HealthAddr, "health-probe-bind-address", ":9744", "health probe address (0 disables)")
+	zapOpts := zap.Options{}
+	zapOpts.BindFlags(flag.CommandLine)
+	flag.Parse()
+	cfg.QPS = float32(*qps)
+
+	log := zap.New(zap.UseFlagOptions(&zapOpts))
+	ctrl.SetLogger(log)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if err := agent.Run(ctx, cfg, log); err != nil {
+		fmt.Fprintln(os.Stderr, "dowse-agent:", err)
+		os.Exit(1)
+	}
+}
+
+func envOr(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}

@@ -1,0 +1,343 @@
+package discovery
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/dowse-dev/dowse/agent/instances"
+	"github.com/dowse-dev/dowse/agent/registry"
+	discoveryv0 "github.com/dowse-dev/dowse/proto/discovery/v0"
+	discoveryv1 "github.com/dowse-dev/dowse/proto/discovery/v1"
+	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+)
+
+// maxDiscoverMessage bounds one device list; 10,000 devices with a few
+// properties each fit comfortably.
+const maxDiscoverMessage = 64 << 20
+
+// sessionState is what a session reports for the Configuration's status.
+type sessionState struct {
+	handler     metav1.Condition
+	discovering metav1.Condition
+	devices     int32
+}
+
+// list is one complete device list from a handler.
+type list struct {
+	devices []*discoveryv1.Device
+	shared  bool
+}
+
+// session keeps one Discover stream open for one Configuration on this node
+// and turns what it receives into Instances. A session is replaced, never
+// changed, when the Configuration or its resolved properties change.
+type session struct {
+	key        string
+	cfg        *v1alpha1.Configuration
+	request    *discoveryv1.DiscoverRequest
+	blocked    string // why the stream must not be opened (e.g. a property did not resolve)
+	grace      time.Duration
+	maxDevices int
+
+	registry *registry.Registry
+	writer   *instances.Writer
+	notify   func() // asks the reconciler to write the status
+	log      logr.Logger
+
+	cancel context.CancelFunc
+	done   chan struct{}
+	resync chan struct{}
+
+	mu    sync.Mutex
+	state sessionState
+}
+
+func (s *session) start(parent context.Context) {
+	ctx, cancel := context.WithCancel(parent)
+	s.cancel = cancel
+	s.done = make(chan struct{})
+	s.resync = make(chan struct{}, 1)
+	s.state = sessionState{
+		handler:     metav1.Condition{Type: v1alpha1.ConditionHandlerAvailable, Status: metav1.ConditionUnknown, Reason: "Starting", Message: "looking for the handler"},
+		discovering: metav1.Condition{Type: v1alpha1.ConditionDiscovering, Status: metav1.ConditionUnknown, Reason: "Starting", Message: "no device list received yet"},
+	}
+	go func() {
+		defer close(s.done)
+		s.run(logr.NewContext(ctx, s.log))
+	}()
+}
+
+func (s *session) stop() {
+	s.cancel()
+	<-s.done
+}
+
+// requestResync makes the session compare its last list with the cache
+// again, e.g. after someone deleted one of its Instances.
+func (s *session) requestResync() {
+	select {
+	case s.resync <- struct{}{}:
+	default:
+	}
+}
+
+func (s *session) snapshot() sessionState {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.state
+}
+
+func (s *session) update(f func(*sessionState)) {
+	s.mu.Lock()
+	before := s.state
+	f(&s.state)
+	changed := before != s.state
+	s.mu.Unlock()
+	if changed {
+		s.notify()
+	}
+}
+
+func (s *session) setHandler(st metav1.ConditionStatus, reason, msg string) {
+	s.update(func(x *sessionState) { x.handler.Status, x.handler.Reason, x.handler.Message = st, reason, msg })
+}
+
+func (s *session) setDiscovering(st metav1.ConditionStatus, reason, msg string) {
+	s.update(func(x *sessionState) {
+		x.discovering.Status, x.discovering.Reason, x.discovering.Message = st, reason, msg
+	})
+}
+
+// run owns all writes for the Configuration on this node. The stream
+// goroutine only delivers lists; run applies the newest one, retries failed
+// writes, and releases the devices when the handler has been gone for the
+// grace period.
+func (s *session) run(ctx context.Context) {
+	lists := make(chan list, 1)
+	lost := make(chan struct{}, 1)
+	go s.stream(ctx, lists, lost)
+
+	grace := time.NewTimer(s.grace) // also covers a handler that never comes
+	graceRunning := true
+	retry := time.NewTimer(0)
+	<-retry.C
+	backoff := newBackoff(100*time.Millisecond, 10*time.Second)
+
+	var target list
+	have := false // whether target holds anything to apply yet
+	sync := func() {
+		kept, problem := screen(target.devices, s.maxDevices)
+		res, err := s.writer.Sync(ctx, s.cfg, target.shared, kept)
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			d := backoff.next()
+			s.log.Error(err, "writing instances failed; retrying", "after", d)
+			retry.Reset(d)
+			return
+		}
+		backoff.reset()
+		s.update(func(x *sessionState) { x.devices = int32(len(kept) - len(res.Collisions)) })
+		if target.devices == nil { // released after the grace period, not a list
+			return
+		}
+		msg := fmt.Sprintf("%d devices", len(kept))
+		if problem != "" {
+			msg += "; " + problem
+		}
+		for _, c := range res.Collisions {
+			msg += "; " + c
+		}
+		if problem != "" || len(res.Collisions) > 0 {
+			s.log.Info("handler sent devices that were dropped", "problem", msg)
+		}
+		s.setDiscovering(metav1.ConditionTrue, "Discovered", msg)
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case l := <-lists:
+			if graceRunning {
+				grace.Stop()
+				graceRunning = false
+			}
+			if l.devices == nil {
+				l.devices = []*discoveryv1.Device{}
+			}
+			target, have = l, true
+			sync()
+		case <-lost:
+			if !graceRunning {
+				grace.Reset(s.grace)
+				graceRunning = true
+			}
+		case <-grace.C:
+			graceRunning = false
+			s.log.Info("handler gone for the grace period; releasing its devices", "grace", s.grace)
+			target, have = list{}, true
+			sync()
+		case <-s.resync:
+			if have {
+				sync()
+			}
+		case <-retry.C:
+			if have {
+				sync()
+			}
+		}
+	}
+}
+
+// stream keeps a Discover stream open while the handler is registered and
+// hands every list to run. It tells run when the stream is lost.
+func (s *session) stream(ctx context.Context, lists chan list, lost chan<- struct{}) {
+	changes, cancel := s.registry.Watch()
+	defer cancel()
+	signalLost := func() {
+		select {
+		case lost <- struct{}{}:
+		default:
+		}
+	}
+	name := s.cfg.Spec.DiscoveryHandler.Name
+	backoff := newBackoff(200*time.Millisecond, 30*time.Second)
+	// waitChange waits for the handler's registration to differ from gen, or
+	// for d to pass when d > 0.
+	waitChange := func(gen uint64, d time.Duration) {
+		var timeout <-chan time.Time
+		if d > 0 {
+			t := time.NewTimer(d)
+			defer t.Stop()
+			timeout = t.C
+		}
+		for {
+			if h, ok := s.registry.Get(name); ok && h.Generation != gen {
+				return
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-timeout:
+				return
+			case <-changes:
+			}
+		}
+	}
+	if s.blocked != "" {
+		signalLost()
+		s.setDiscovering(metav1.ConditionFalse, "PropertiesUnresolved", s.blocked)
+		<-ctx.Done()
+		return
+	}
+	for ctx.Err() == nil {
+		h, ok := s.registry.Get(name)
+		if !ok {
+			signalLost()
+			s.setHandler(metav1.ConditionFalse, "NotRegistered", fmt.Sprintf("no discovery handler named %q is registered on this node", name))
+			waitChange(0, 0)
+			continue
+		}
+		err := s.discover(ctx, h, lists)
+		signalLost()
+		if ctx.Err() != nil {
+			return
+		}
+		if status.Code(err) == codes.InvalidArgument {
+			s.setHandler(metav1.ConditionTrue, "Registered", "handler rejected the request")
+			s.setDiscovering(metav1.ConditionFalse, "InvalidDetails", status.Convert(err).Message())
+			s.log.Info("handler rejected the discovery details", "reason", status.Convert(err).Message())
+			// Retrying cannot help until the Configuration changes (a new
+			// session) or the handler is replaced.
+			waitChange(h.Generation, 0)
+			continue
+		}
+		d := backoff.next()
+		s.setHandler(metav1.ConditionFalse, "Unreachable", fmt.Sprintf("discover stream to %s failed: %v", h.Endpoint, err))
+		s.log.Info("discover stream ended; reconnecting", "endpoint", h.Endpoint, "error", err.Error(), "after", d)
+		waitChange(h.Generation, d)
+	}
+}
+
+// discover runs one Discover stream until it fails or ctx ends.
+func (s *session) discover(ctx context.Context, h registry.Handler, lists chan list) error {
+	target := h.Endpoint
+	if h.EndpointType == registry.UDS {
+		target = "unix://" + h.Endpoint
+	}
+	conn, err := grpc.NewClient(target,
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxDiscoverMessage)))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var recv func() (*discoveryv1.DiscoverResponse, error)
+	if h.Protocol == registry.ProtocolV0 {
+		st, err := discoveryv0.NewDiscoveryHandlerClient(conn).Discover(ctx, s.request)
+		if err != nil {
+			return err
+		}
+		recv = st.Recv
+	} else {
+		st, err := discoveryv1.NewDiscoveryHandlerClient(conn).Discover(ctx, s.request)
+		if err != nil {
+			return err
+		}
+		recv = st.Recv
+	}
+	first := true
+	for {
+		resp, err := recv()
+		if err != nil {
+			return err
+		}
+		if first {
+			first = false
+			s.setHandler(metav1.ConditionTrue, "Registered", "discovering through "+h.Endpoint)
+		}
+		offer(lists, list{devices: resp.GetDevices(), shared: h.Shared})
+	}
+}
+
+// offer replaces any list run has not taken yet: only the newest matters,
+// since each list is the whole truth.
+func offer(ch chan list, l list) {
+	for {
+		select {
+		case ch <- l:
+			return
+		default:
+		}
+		select {
+		case <-ch:
+		default:
+		}
+	}
+}
+
+type backoff struct{ initial, max, cur time.Duration }
+
+func newBackoff(initial, max time.Duration) *backoff {
+	return &backoff{initial: initial, max: max, cur: initial}
+}
+
+func (b *backoff) next() time.Duration {
+	d := b.cur
+	b.cur = min(b.cur*2, b.max)
+	return d
+}
+
+func (b *backoff) reset() { b.cur = b.initial }

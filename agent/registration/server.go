@@ -1,0 +1,103 @@
+// Package registration serves the agent's registration socket, where
+// discovery handlers announce themselves (Dowse's v1 protocol and Akri's v0).
+package registration
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+
+	"github.com/go-logr/logr"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/dowse-dev/dowse/agent/registry"
+	discoveryv0 "github.com/dowse-dev/dowse/proto/discovery/v0"
+	discoveryv1 "github.com/dowse-dev/dowse/proto/discovery/v1"
+)
+
+// SocketName is the registration socket's file name inside the state dir.
+const SocketName = "registration.sock"
+
+// Server serves Registration on <state-dir>/registration.sock.
+type Server struct {
+	socketPath string
+	registry   *registry.Registry
+	log        logr.Logger
+}
+
+// New makes a Server that records registrations in reg.
+func New(stateDir string, reg *registry.Registry, log logr.Logger) *Server {
+	return &Server{socketPath: filepath.Join(stateDir, SocketName), registry: reg, log: log}
+}
+
+// Start serves until ctx ends. It replaces a stale socket left by an earlier
+// agent; handlers notice the new socket and register again.
+func (s *Server) Start(ctx context.Context) error {
+	if err := os.MkdirAll(filepath.Dir(s.socketPath), 0o750); err != nil {
+		return fmt.Errorf("creating state directory: %w", err)
+	}
+	if err := os.Remove(s.socketPath); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("removing stale registration socket: %w", err)
+	}
+	lis, err := net.Listen("unix", s.socketPath)
+	if err != nil {
+		return fmt.Errorf("listening on registration socket: %w", err)
+	}
+	srv := grpc.NewServer()
+	discoveryv1.RegisterRegistrationServer(srv, &v1Server{s: s})
+	discoveryv0.RegisterRegistrationServer(srv, &v0Server{s: s})
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(lis) }()
+	s.log.Info("serving registration", "socket", s.socketPath)
+	select {
+	case <-ctx.Done():
+		srv.Stop()
+		_ = os.Remove(s.socketPath)
+		return nil
+	case err := <-errc:
+		return fmt.Errorf("registration server: %w", err)
+	}
+}
+
+func (s *Server) register(ctx context.Context, req *discoveryv1.RegisterDiscoveryHandlerRequest, proto registry.Protocol) (*discoveryv1.Empty, error) {
+	h := registry.Handler{
+		Name:         req.GetName(),
+		Endpoint:     req.GetEndpoint(),
+		EndpointType: registry.EndpointType(req.GetEndpointType()),
+		Shared:       req.GetShared(),
+		Protocol:     proto,
+	}
+	if err := s.registry.Register(h); err != nil {
+		var inv *registry.InvalidError
+		if errors.As(err, &inv) {
+			s.log.Info("refused handler registration", "name", h.Name, "endpoint", h.Endpoint, "reason", inv.Reason)
+			return nil, status.Error(codes.InvalidArgument, inv.Reason)
+		}
+		return nil, status.Error(codes.Internal, err.Error())
+	}
+	s.log.V(1).Info("handler registered", "name", h.Name, "endpoint", h.Endpoint, "shared", h.Shared, "protocol", proto)
+	return &discoveryv1.Empty{}, nil
+}
+
+type v1Server struct {
+	discoveryv1.UnimplementedRegistrationServer
+	s *Server
+}
+
+func (v *v1Server) RegisterDiscoveryHandler(ctx context.Context, req *discoveryv1.RegisterDiscoveryHandlerRequest) (*discoveryv1.Empty, error) {
+	return v.s.register(ctx, req, registry.ProtocolV1)
+}
+
+type v0Server struct {
+	discoveryv0.UnimplementedRegistrationServer
+	s *Server
+}
+
+func (v *v0Server) RegisterDiscoveryHandler(ctx context.Context, req *discoveryv1.RegisterDiscoveryHandlerRequest) (*discoveryv1.Empty, error) {
+	return v.s.register(ctx, req, registry.ProtocolV0)
+}

@@ -1,0 +1,188 @@
+package v1alpha1
+
+import (
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// ConfigurationSpec says which devices to discover and what to run for each.
+type ConfigurationSpec struct {
+	// DiscoveryHandler names the handler that discovers the devices and what
+	// it needs to know.
+	// +required
+	DiscoveryHandler DiscoveryHandlerSpec `json:"discoveryHandler"`
+
+	// Capacity is how many pods may use one device at once, across all nodes.
+	// +optional
+	// +kubebuilder:default=1
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=1000
+	Capacity int32 `json:"capacity,omitempty"`
+
+	// BrokerSpec is the workload the controller runs for each device.
+	// +optional
+	BrokerSpec *BrokerSpec `json:"brokerSpec,omitempty"`
+
+	// InstanceServiceSpec, when set, gives each Instance a Service that
+	// selects its brokers.
+	// +optional
+	// +kubebuilder:validation:Schemaless
+	// +kubebuilder:validation:Type=object
+	// +kubebuilder:pruning:PreserveUnknownFields
+	InstanceServiceSpec *corev1.ServiceSpec `json:"instanceServiceSpec,omitempty"`
+
+	// ConfigurationServiceSpec, when set, gives the Configuration one Service
+	// that selects all of its brokers.
+	// +optional
+	// +kubebuilder:validation:Schemaless
+	// +kubebuilder:validation:Type=object
+	// +kubebuilder:pruning:PreserveUnknownFields
+	ConfigurationServiceSpec *corev1.ServiceSpec `json:"configurationServiceSpec,omitempty"`
+
+	// BrokerProperties are added to every Instance's broker properties; a
+	// device property of the same name wins.
+	// +optional
+	BrokerProperties map[string]string `json:"brokerProperties,omitempty"`
+}
+
+// DiscoveryHandlerSpec selects a discovery handler and configures it.
+type DiscoveryHandlerSpec struct {
+	// Name of the registered discovery handler, e.g. "onvif" or "debug-echo".
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	Name string `json:"name"`
+
+	// DiscoveryDetails is the handler's own settings (filters, timeouts),
+	// passed to it as JSON. Each handler documents and validates its shape.
+	// +optional
+	DiscoveryDetails *apiextensionsv1.JSON `json:"discoveryDetails,omitempty"`
+
+	// DiscoveryProperties are named values the agent resolves (from literals,
+	// ConfigMaps or Secrets) and hands to the handler, e.g. credentials.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	DiscoveryProperties []DiscoveryProperty `json:"discoveryProperties,omitempty"`
+}
+
+// DiscoveryProperty is one named value for the handler: a literal or a
+// reference. Exactly one of value and valueFrom is set.
+// +kubebuilder:validation:XValidation:rule="has(self.value) != has(self.valueFrom)",message="exactly one of value and valueFrom must be set"
+type DiscoveryProperty struct {
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Name string `json:"name"`
+	// +optional
+	Value *string `json:"value,omitempty"`
+	// +optional
+	ValueFrom *DiscoveryPropertySource `json:"valueFrom,omitempty"`
+}
+
+// DiscoveryPropertySource is a reference to a ConfigMap or Secret key.
+// +kubebuilder:validation:XValidation:rule="has(self.configMapKeyRef) != has(self.secretKeyRef)",message="exactly one of configMapKeyRef and secretKeyRef must be set"
+type DiscoveryPropertySource struct {
+	// +optional
+	ConfigMapKeyRef *ObjectKeyRef `json:"configMapKeyRef,omitempty"`
+	// +optional
+	SecretKeyRef *ObjectKeyRef `json:"secretKeyRef,omitempty"`
+}
+
+// ObjectKeyRef names one key of a ConfigMap or Secret.
+type ObjectKeyRef struct {
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	Name string `json:"name"`
+	// Namespace defaults to the Configuration's namespace.
+	// +optional
+	Namespace string `json:"namespace,omitempty"`
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	Key string `json:"key"`
+	// Optional lets discovery go on without the value when the object or key
+	// is missing.
+	// +optional
+	Optional bool `json:"optional,omitempty"`
+}
+
+// BrokerSpec is the workload deployed next to each device: a Pod per node
+// that sees it, or a Job per Instance. Exactly one is set.
+// +kubebuilder:validation:XValidation:rule="!(has(self.brokerPodSpec) && has(self.brokerJobSpec))",message="brokerPodSpec and brokerJobSpec are exclusive"
+type BrokerSpec struct {
+	// +optional
+	// +kubebuilder:validation:Schemaless
+	// +kubebuilder:validation:Type=object
+	// +kubebuilder:pruning:PreserveUnknownFields
+	BrokerPodSpec *corev1.PodSpec `json:"brokerPodSpec,omitempty"`
+	// +optional
+	// +kubebuilder:validation:Schemaless
+	// +kubebuilder:validation:Type=object
+	// +kubebuilder:pruning:PreserveUnknownFields
+	BrokerJobSpec *batchv1.JobSpec `json:"brokerJobSpec,omitempty"`
+}
+
+// Condition types on a Configuration's per-node status.
+const (
+	// ConditionHandlerAvailable is True while the named handler is
+	// registered with the node's agent.
+	ConditionHandlerAvailable = "HandlerAvailable"
+	// ConditionDiscovering is True while a Discover stream is open and the
+	// handler accepts the details; False with the handler's message when it
+	// rejects them.
+	ConditionDiscovering = "Discovering"
+)
+
+// ConfigurationStatus is what the agents and the controller observe.
+type ConfigurationStatus struct {
+	// Nodes holds each agent's view; each agent applies only its own entry.
+	// +optional
+	// +listType=map
+	// +listMapKey=nodeName
+	Nodes []ConfigurationNodeStatus `json:"nodes,omitempty"`
+	// Instances counts the Instances of this Configuration.
+	// +optional
+	Instances int32 `json:"instances,omitempty"`
+}
+
+// ConfigurationNodeStatus is one node's discovery state for a Configuration.
+type ConfigurationNodeStatus struct {
+	// +required
+	NodeName string `json:"nodeName"`
+	// Devices is how many devices this node's handler reports.
+	// +optional
+	Devices int32 `json:"devices"`
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// Configuration asks Dowse to discover a kind of device and, optionally, to
+// run a broker next to each one.
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:shortName=dcfg
+// +kubebuilder:printcolumn:name="Handler",type=string,JSONPath=`.spec.discoveryHandler.name`
+// +kubebuilder:printcolumn:name="Capacity",type=integer,JSONPath=`.spec.capacity`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type Configuration struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// +required
+	Spec ConfigurationSpec `json:"spec"`
+	// +optional
+	Status ConfigurationStatus `json:"status,omitempty"`
+}
+
+// ConfigurationList is a list of Configurations.
+// +kubebuilder:object:root=true
+type ConfigurationList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []Configuration `json:"items"`
+}

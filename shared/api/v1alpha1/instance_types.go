@@ -1,0 +1,101 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// InstanceSpec is what discovery found: written by the agents that see the
+// device, all with the same values for a shared device.
+type InstanceSpec struct {
+	// ConfigurationName is the Configuration (same namespace) that found it.
+	// +required
+	ConfigurationName string `json:"configurationName"`
+	// DeviceID is the handler's stable id for the device; two ids never
+	// share one Instance.
+	// +required
+	DeviceID string `json:"deviceID"`
+	// CDIName is the fully qualified CDI device name,
+	// "dowse.dev/<configuration>=<hash>".
+	// +required
+	CDIName string `json:"cdiName"`
+	// Shared is true when several nodes can see the device.
+	// +optional
+	Shared bool `json:"shared"`
+	// Capacity is how many pods may use the device at once.
+	// +optional
+	Capacity int32 `json:"capacity,omitempty"`
+	// BrokerProperties are the device's properties merged over the
+	// Configuration's brokerProperties; brokers get them as environment.
+	// +optional
+	BrokerProperties map[string]string `json:"brokerProperties,omitempty"`
+	// Mounts are host paths a broker of this device needs.
+	// +optional
+	Mounts []Mount `json:"mounts,omitempty"`
+	// DeviceSpecs are device nodes a broker of this device needs.
+	// +optional
+	DeviceSpecs []DeviceSpec `json:"deviceSpecs,omitempty"`
+}
+
+// Mount is a host path mounted into a broker container.
+type Mount struct {
+	// +required
+	ContainerPath string `json:"containerPath"`
+	// +required
+	HostPath string `json:"hostPath"`
+	// +optional
+	ReadOnly bool `json:"readOnly,omitempty"`
+}
+
+// DeviceSpec is a device node passed into a broker container.
+type DeviceSpec struct {
+	// +required
+	ContainerPath string `json:"containerPath"`
+	// +required
+	HostPath string `json:"hostPath"`
+	// Permissions is a combination of r, w and m.
+	// +optional
+	// +kubebuilder:validation:Pattern=`^[rwm]{0,3}$`
+	Permissions string `json:"permissions,omitempty"`
+}
+
+// InstanceStatus is observed state; each agent applies only its own node's
+// entries, under a field manager of its own.
+type InstanceStatus struct {
+	// Nodes that currently see the device.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	Nodes []InstanceNode `json:"nodes,omitempty"`
+}
+
+// InstanceNode is one node that sees the device.
+type InstanceNode struct {
+	// +required
+	Name string `json:"name"`
+}
+
+// Instance is one discovered device.
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:shortName=dins
+// +kubebuilder:printcolumn:name="Configuration",type=string,JSONPath=`.spec.configurationName`
+// +kubebuilder:printcolumn:name="Shared",type=boolean,JSONPath=`.spec.shared`
+// +kubebuilder:printcolumn:name="Nodes",type=string,JSONPath=`.status.nodes[*].name`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type Instance struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// +required
+	Spec InstanceSpec `json:"spec"`
+	// +optional
+	Status InstanceStatus `json:"status,omitempty"`
+}
+
+// InstanceList is a list of Instances.
+// +kubebuilder:object:root=true
+type InstanceList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []Instance `json:"items"`
+}

@@ -1,0 +1,177 @@
+package handler
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"time"
+
+	"github.com/go-logr/logr"
+
+	discoveryv1 "github.com/dowse-dev/dowse/proto/discovery/v1"
+)
+
+const (
+	// DefaultStateDir is the agent's state directory on a node.
+	DefaultStateDir = "/var/lib/dowse"
+	// StateDirEnv names the environment variable that overrides
+	// DefaultStateDir when --state-dir is not given.
+	StateDirEnv = "DOWSE_STATE_DIR"
+	// RegistrationSocketName is the agent's registration socket, relative to
+	// the state directory.
+	RegistrationSocketName = "registration.sock"
+
+	defaultRetryInitial    = 200 * time.Millisecond
+	defaultRetryMax        = 30 * time.Second
+	defaultRegisterTimeout = 5 * time.Second
+	defaultShutdownTimeout = 5 * time.Second
+
+	// maxSocketPath is the room in sockaddr_un.sun_path on Linux (108 bytes)
+	// minus its terminating NUL. A longer path fails at bind time with a bare
+	// EINVAL, so NewServer checks it and says which path is at fault.
+	maxSocketPath = 107
+)
+
+// Discoverer is the one thing a protocol implements.
+type Discoverer interface {
+	// Discover serves one Discover stream, that is one Configuration.
+	//
+	// It first validates req. When discovery_details or discovery_properties
+	// cannot be parsed or are invalid it returns an error made with
+	// status.Error(codes.InvalidArgument, ...) whose message names the bad
+	// field; the agent shows it in the Configuration's status and does not
+	// retry until the Configuration changes.
+	//
+	// It then calls send with the complete current device list (an empty list
+	// means "no devices"), and again whenever that list changes, until ctx
+	// ends; it returns nil then. send drops a list identical to the previous
+	// one (in any order), so a Discoverer that polls may simply send what it
+	// found each round. send does not keep devs, so the caller may reuse
+	// them. send returns an error when the stream is broken or when the list
+	// breaks the protocol (an empty or repeated id); Discover should return
+	// that error.
+	//
+	// ctx carries the logger (logr.FromContextOrDiscard) and ends when the
+	// agent cancels the stream or the handler shuts down. Any other error is
+	// reported to the agent, which retries with backoff.
+	Discover(ctx context.Context, req *discoveryv1.DiscoverRequest, send func([]*discoveryv1.Device) error) error
+}
+
+// Config is what a Server needs. Name, StateDir and Discoverer are required;
+// the zero value of every other field is a sane default.
+type Config struct {
+	// Name is the handler name that Configurations use in
+	// spec.discoveryHandler.name, a DNS-1123 label such as "debug-echo".
+	Name string
+	// Shared is true when the devices this handler finds can be seen from
+	// several nodes (network devices), false for devices attached to the node.
+	Shared bool
+	// StateDir is the agent's state directory. The handler's socket is
+	// <StateDir>/<Name>-<pid>.sock and the agent's registration socket is
+	// <StateDir>/registration.sock.
+	StateDir string
+	// Discoverer serves the Discover streams.
+	Discoverer Discoverer
+	// Logger receives the SDK's logs and is put in each stream's context.
+	Logger logr.Logger
+
+	// RetryInitial and RetryMax bound the exponential backoff between
+	// registration attempts while the agent is absent or unavailable.
+	// Defaults: 200ms and 30s.
+	RetryInitial time.Duration
+	RetryMax     time.Duration
+	// RegisterTimeout bounds one registration call. Default: 5s.
+	RegisterTimeout time.Duration
+	// ShutdownTimeout bounds how long Start waits for open streams to finish
+	// once its context ends before it closes them hard. Default: 5s.
+	ShutdownTimeout time.Duration
+}
+
+// dns1123Label is the same rule Kubernetes applies to names; the agent
+// rejects any other handler name.
+var dns1123Label = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
+
+// validateAndDefault checks cfg, fills in defaults and returns the absolute
+// path of the handler's socket.
+func (cfg *Config) validateAndDefault() (string, error) {
+	var errs []error
+	if len(cfg.Name) > 63 || !dns1123Label.MatchString(cfg.Name) {
+		errs = append(errs, fmt.Errorf("name %q is not a DNS-1123 label (lower-case alphanumerics and '-', at most 63 characters)", cfg.Name))
+	}
+	if cfg.Discoverer == nil {
+		errs = append(errs, errors.New("discoverer is required"))
+	}
+	if cfg.StateDir == "" {
+		errs = append(errs, errors.New("state directory is required"))
+	}
+	if cfg.RetryInitial < 0 || cfg.RetryMax < 0 || cfg.RegisterTimeout < 0 || cfg.ShutdownTimeout < 0 {
+		errs = append(errs, errors.New("durations must not be negative"))
+	}
+	if len(errs) > 0 {
+		return "", errors.Join(errs...)
+	}
+
+	if cfg.RetryInitial == 0 {
+		cfg.RetryInitial = defaultRetryInitial
+	}
+	if cfg.RetryMax == 0 {
+		cfg.RetryMax = defaultRetryMax
+	}
+	if cfg.RetryMax < cfg.RetryInitial {
+		cfg.RetryMax = cfg.RetryInitial
+	}
+	if cfg.RegisterTimeout == 0 {
+		cfg.RegisterTimeout = defaultRegisterTimeout
+	}
+	if cfg.ShutdownTimeout == 0 {
+		cfg.ShutdownTimeout = defaultShutdownTimeout
+	}
+
+	// The agent accepts only an absolute UDS endpoint inside its state
+	// directory, so the directory is made absolute before anything is built
+	// from it.
+	dir, err := filepath.Abs(cfg.StateDir)
+	if err != nil {
+		return "", fmt.Errorf("state directory %q: %w", cfg.StateDir, err)
+	}
+	cfg.StateDir = dir
+
+	// The pid keeps two handlers of the same name apart on a shared state
+	// directory, and keeps the path stable for the life of the process. A
+	// file left by an earlier process with the same pid (pid 1 in a
+	// container) is stale by then and Start replaces it.
+	sock := filepath.Join(dir, cfg.Name+"-"+strconv.Itoa(os.Getpid())+".sock")
+	for _, p := range []string{sock, filepath.Join(dir, RegistrationSocketName)} {
+		if len(p) > maxSocketPath {
+			return "", fmt.Errorf("socket path %q is %d bytes, longer than the %d a Unix socket allows: use a shorter state directory", p, len(p), maxSocketPath)
+		}
+	}
+	return sock, nil
+}
+
+// StateDirFromEnv resolves the state directory the way every handler binary
+// does: the --state-dir flag when given, else $DOWSE_STATE_DIR, else
+// /var/lib/dowse.
+func StateDirFromEnv(flagValue string) string {
+	if flagValue != "" {
+		return flagValue
+	}
+	if v := os.Getenv(StateDirEnv); v != "" {
+		return v
+	}
+	return DefaultStateDir
+}
+
+// StateDirFlag registers --state-dir on fs. Its default is
+// StateDirFromEnv(""), read when StateDirFlag is called, so --help shows the
+// directory the handler would really use and the flag still wins over the
+// environment.
+func StateDirFlag(fs *flag.FlagSet) *string {
+	return fs.String("state-dir", StateDirFromEnv(""),
+		"agent state directory holding the registration socket and handler sockets (env "+StateDirEnv+")")
+}

@@ -1,0 +1,126 @@
+package handler
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+
+	"github.com/go-logr/logr"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	discoveryv1 "github.com/dowse-dev/dowse/proto/discovery/v1"
+)
+
+// discoveryService adapts a Discoverer to the generated DiscoveryHandler
+// service.
+type discoveryService struct {
+	discoveryv1.UnimplementedDiscoveryHandlerServer
+
+	server *Server
+	// runCtx is the context Start runs under; when it ends every stream ends
+	// too, so that shutdown does not wait on streams only the agent would
+	// close.
+	runCtx context.Context
+}
+
+func (d *discoveryService) Discover(req *discoveryv1.DiscoverRequest, stream grpc.ServerStreamingServer[discoveryv1.DiscoverResponse]) error {
+	streamCtx := stream.Context()
+	ctx, cancel := context.WithCancel(streamCtx)
+	defer cancel()
+	stopOnShutdown := context.AfterFunc(d.runCtx, cancel)
+	defer stopOnShutdown()
+
+	log := d.server.log
+	log.Info("Discover stream opened")
+	ctx = logr.NewContext(ctx, log)
+
+	s := &dedupingSender{send: stream.Send}
+	err := d.server.cfg.Discoverer.Discover(ctx, req, s.Send)
+
+	switch {
+	case d.runCtx.Err() != nil:
+		// The agent retries Unavailable, which is what a handler that is
+		// going away should tell it, whatever the Discoverer returned.
+		log.Info("Discover stream ended", "why", "handler shutting down")
+		return status.Error(codes.Unavailable, "discovery handler is shutting down")
+	case streamCtx.Err() != nil:
+		// The agent cancelled the stream: its Configuration changed or went
+		// away, or the agent itself went away. The registration is checked
+		// in case it was the last; registering again is idempotent.
+		log.Info("Discover stream ended", "why", "closed by the agent")
+		d.server.requestRegistration(reasonStreamGone)
+		return status.FromContextError(streamCtx.Err()).Err()
+	case err != nil:
+		log.Info("Discover stream ended", "why", "discoverer failed", "code", status.Code(err).String(), "error", err.Error())
+		return err
+	default:
+		// The contract is to send until the stream ends; a Discoverer that
+		// stops early is a bug, and Internal makes the agent retry it.
+		log.Info("Discover stream ended", "why", "discoverer returned early")
+		return status.Error(codes.Internal, "discoverer returned before the stream ended")
+	}
+}
+
+// dedupingSender sends device lists on a stream, dropping a list that equals
+// the one sent before. It is done here, once, so that no handler has to.
+type dedupingSender struct {
+	// mu serialises Send: a gRPC stream must not be sent on concurrently and
+	// a Discoverer may call send from several goroutines.
+	mu   sync.Mutex
+	send func(*discoveryv1.DiscoverResponse) error
+	sent bool
+	last []*discoveryv1.Device
+}
+
+// Send checks devs against the protocol, sorts a private copy by id and sends
+// it unless it equals the previous list.
+func (d *dedupingSender) Send(devs []*discoveryv1.Device) error {
+	// Clone so that later changes the caller makes to its devices cannot
+	// alter the list kept for comparison.
+	list := make([]*discoveryv1.Device, 0, len(devs))
+	for i, dev := range devs {
+		if dev == nil {
+			return status.Errorf(codes.Internal, "device %d is nil", i)
+		}
+		list = append(list, proto.CloneOf(dev))
+	}
+	slices.SortFunc(list, func(a, b *discoveryv1.Device) int { return cmp.Compare(a.GetId(), b.GetId()) })
+	if err := checkDevices(list); err != nil {
+		return err
+	}
+
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.sent && slices.EqualFunc(list, d.last, func(a, b *discoveryv1.Device) bool { return proto.Equal(a, b) }) {
+		return nil
+	}
+	if err := d.send(&discoveryv1.DiscoverResponse{Devices: list}); err != nil {
+		return err
+	}
+	d.sent = true
+	d.last = list
+	return nil
+}
+
+// checkDevices enforces what discovery.proto promises the agent about a
+// sorted list: every id is set and appears once.
+func checkDevices(sorted []*discoveryv1.Device) error {
+	var errs []error
+	for i, dev := range sorted {
+		if dev.GetId() == "" {
+			errs = append(errs, errors.New("a device has an empty id"))
+		} else if i > 0 && sorted[i-1].GetId() == dev.GetId() {
+			errs = append(errs, fmt.Errorf("device id %q appears more than once", dev.GetId()))
+		}
+	}
+	if len(errs) > 0 {
+		return status.Error(codes.Internal, "discoverer sent an invalid device list: "+errors.Join(errs...).Error())
+	}
+	return nil
+}

@@ -1,0 +1,184 @@
+package handler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+	"github.com/go-logr/logr"
+	"google.golang.org/grpc"
+
+	discoveryv1 "github.com/dowse-dev/dowse/proto/discovery/v1"
+)
+
+// Server serves one Discoverer to the agent on the node and keeps it
+// registered. Make one with NewServer and run it with Start.
+type Server struct {
+	cfg        Config
+	socketPath string
+	log        logr.Logger
+
+	// reregister asks the registration loop for another registration. It
+	// holds at most one pending request: requests that arrive while one is
+	// pending say nothing new and are dropped.
+	reregister chan string
+
+	started atomic.Bool
+}
+
+// NewServer checks cfg and returns a Server that has not started yet.
+func NewServer(cfg Config) (*Server, error) {
+	sock, err := cfg.validateAndDefault()
+	if err != nil {
+		return nil, fmt.Errorf("invalid handler config: %w", err)
+	}
+	return &Server{
+		cfg:        cfg,
+		socketPath: sock,
+		log:        cfg.Logger.WithValues("handler", cfg.Name, "endpoint", sock),
+		reregister: make(chan string, 1),
+	}, nil
+}
+
+// Endpoint is the absolute path of the Unix socket the Server listens on and
+// registers with the agent.
+func (s *Server) Endpoint() string { return s.socketPath }
+
+// Start serves DiscoveryHandler on the handler's socket, registers with the
+// agent and keeps the registration alive, until ctx ends or a fatal error
+// occurs. It blocks, returns nil when ctx ends, and removes its socket
+// before returning. A Server can be started once.
+//
+// Fatal errors: the socket cannot be created, the state directory cannot be
+// watched, the agent rejects the registration as invalid (nothing the
+// handler can change at run time), or the handler's socket is removed by
+// someone else (the agent could no longer reach the handler; exiting lets
+// the container restart and come back reachable).
+func (s *Server) Start(ctx context.Context) error {
+	if !s.started.CompareAndSwap(false, true) {
+		return errors.New("handler server already started")
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+
+	if err := os.MkdirAll(s.cfg.StateDir, 0o750); err != nil {
+		return fmt.Errorf("creating state directory: %w", err)
+	}
+
+	// Watch before registering: a registration socket recreated between the
+	// first registration and the watch would otherwise go unnoticed.
+	watcher, err := fsnotify.NewWatcher()
+	if err != nil {
+		return fmt.Errorf("watching state directory: %w", err)
+	}
+	defer watcher.Close()
+	if err := watcher.Add(s.cfg.StateDir); err != nil {
+		return fmt.Errorf("watching state directory %s: %w", s.cfg.StateDir, err)
+	}
+
+	lis, socketInfo, err := s.listen()
+	if err != nil {
+		return err
+	}
+	defer s.removeSocket(socketInfo)
+
+	grpcServer := grpc.NewServer()
+	discoveryv1.RegisterDiscoveryHandlerServer(grpcServer, &discoveryService{server: s, runCtx: ctx})
+
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		if err := grpcServer.Serve(lis); err != nil {
+			cancel(fmt.Errorf("serving discovery handler: %w", err))
+		}
+	})
+	wg.Go(func() {
+		if err := s.watchStateDir(ctx, watcher, socketInfo); err != nil {
+			cancel(err)
+		}
+	})
+	wg.Go(func() {
+		if err := s.registerLoop(ctx); err != nil {
+			cancel(err)
+		}
+	})
+	s.log.Info("Serving discovery handler", "shared", s.cfg.Shared)
+
+	<-ctx.Done()
+	s.stopGRPC(grpcServer)
+	wg.Wait()
+
+	if cause := context.Cause(ctx); !errors.Is(cause, context.Canceled) {
+		return cause
+	}
+	s.log.Info("Discovery handler stopped")
+	return nil
+}
+
+// listen replaces any stale file at the socket path and listens there. It
+// returns the socket's FileInfo so that removeSocket can tell whether the
+// file at the path is still this listener's.
+func (s *Server) listen() (net.Listener, os.FileInfo, error) {
+	if err := os.Remove(s.socketPath); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, nil, fmt.Errorf("removing stale handler socket: %w", err)
+	}
+	lis, err := net.Listen("unix", s.socketPath)
+	if err != nil {
+		return nil, nil, fmt.Errorf("listening on handler socket: %w", err)
+	}
+	// Go unlinks a Unix socket's path when its listener closes, whoever owns
+	// the path by then. A successor with the same name and pid (a container
+	// restarted while this one shuts down) may have replaced it, so removal
+	// is left to removeSocket, which checks first.
+	lis.(*net.UnixListener).SetUnlinkOnClose(false)
+	info, err := os.Stat(s.socketPath)
+	if err != nil {
+		lis.Close()
+		return nil, nil, fmt.Errorf("checking handler socket: %w", err)
+	}
+	return lis, info, nil
+}
+
+func (s *Server) removeSocket(ours os.FileInfo) {
+	info, err := os.Stat(s.socketPath)
+	if err != nil || !os.SameFile(info, ours) {
+		return
+	}
+	if err := os.Remove(s.socketPath); err != nil && !errors.Is(err, os.ErrNotExist) {
+		s.log.Error(err, "Could not remove handler socket")
+	}
+}
+
+// stopGRPC lets open streams end: they see the Server's context end, and
+// their Discoverers return, so GracefulStop normally finishes at once. A
+// Discoverer that does not return in time is cut off.
+func (s *Server) stopGRPC(grpcServer *grpc.Server) {
+	done := make(chan struct{})
+	go func() {
+		grpcServer.GracefulStop()
+		close(done)
+	}()
+	timer := time.NewTimer(s.cfg.ShutdownTimeout)
+	defer timer.Stop()
+	select {
+	case <-done:
+	case <-timer.C:
+		s.log.Info("Open Discover streams did not end in time, closing them", "timeout", s.cfg.ShutdownTimeout)
+		grpcServer.Stop()
+		<-done
+	}
+}
+
+// requestRegistration asks for another registration, giving the reason for
+// the log.
+func (s *Server) requestRegistration(reason string) {
+	select {
+	case s.reregister <- reason:
+	default:
+	}
+}
