@@ -176,6 +176,7 @@ type Configuration struct {
 	// +required
 	Spec ConfigurationSpec `json:"spec"`
 	// +optional
+	// +nullable
 	Status ConfigurationStatus `json:"status,omitempty"`
 }
 

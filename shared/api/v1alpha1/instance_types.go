@@ -88,7 +88,10 @@ type Instance struct {
 
 	// +required
 	Spec InstanceSpec `json:"spec"`
+	// Nullable: server-side apply leaves status null when the last node's
+	// entry is removed.
 	// +optional
+	// +nullable
 	Status InstanceStatus `json:"status,omitempty"`
 }
 

@@ -1,0 +1,360 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	discoveryv0 "github.com/dowse-dev/dowse/proto/discovery/v0"
+	discoveryv1 "github.com/dowse-dev/dowse/proto/discovery/v1"
+	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+)
+
+func TestSharedDeviceOneInstanceBothNodes(t *testing.T) {
+	ns := namespace(t)
+	a := startAgent(t, "node-a", stateDir(t))
+	b := startAgent(t, "node-b", stateDir(t))
+	startScripted(t, a.stateDir, "scripted", true, devices("cam-1", "cam-2"))
+	hb := startScripted(t, b.stateDir, "scripted", true, devices("cam-2", "cam-3"))
+	createConfiguration(t, ns, "cams", "scripted", `{}`)
+
+	eventually(t, 10*time.Second, func() error {
+		got := listInstances(t, ns, "cams")
+		want := map[string][]string{"cam-1": {"node-a"}, "cam-2": {"node-a", "node-b"}, "cam-3": {"node-b"}}
+		if len(got) != 3 {
+			return fmt.Errorf("have %v", got)
+		}
+		for _, v := range got {
+			if !reflect.DeepEqual(v.Nodes, want[v.DeviceID]) {
+				return fmt.Errorf("%s: nodes %v, want %v", v.DeviceID, v.Nodes, want[v.DeviceID])
+			}
+		}
+		return nil
+	})
+	hb.set(devices("cam-3"))
+	eventually(t, 10*time.Second, func() error {
+		for _, v := range listInstances(t, ns, "cams") {
+			if v.DeviceID == "cam-2" && !reflect.DeepEqual(v.Nodes, []string{"node-a"}) {
+				return fmt.Errorf("cam-2 nodes %v", v.Nodes)
+			}
+		}
+		return nil
+	})
+	hb.set(nil)
+	eventually(t, 10*time.Second, func() error {
+		got := listInstances(t, ns, "cams")
+		if len(got) != 2 {
+			return fmt.Errorf("have %v", got)
+		}
+		return nil
+	})
+}
+
+func TestKilledHandlerDevicesGoAfterGracePeriod(t *testing.T) {
+	ns := namespace(t)
+	const grace = 2 * time.Second
+	a := startAgent(t, "node-a", stateDir(t), withGrace(grace))
+	h := startScripted(t, a.stateDir, "scripted", true, devices("d1", "d2"))
+	createConfiguration(t, ns, "grace", "scripted", `{}`)
+	eventually(t, 10*time.Second, func() error {
+		if n := len(listInstances(t, ns, "grace")); n != 2 {
+			return fmt.Errorf("%d instances", n)
+		}
+		return nil
+	})
+	killed := time.Now()
+	h.kill()
+	// Within the grace period the devices stay.
+	consistently(t, grace-500*time.Millisecond, func() error {
+		if n := len(listInstances(t, ns, "grace")); n != 2 {
+			return fmt.Errorf("%d instances %s after the kill, before the grace period ended", n, time.Since(killed))
+		}
+		return nil
+	})
+	eventually(t, 10*time.Second, func() error {
+		if n := len(listInstances(t, ns, "grace")); n != 0 {
+			return fmt.Errorf("%d instances", n)
+		}
+		return nil
+	})
+	eventually(t, 5*time.Second, func() error {
+		st := nodeStatus(t, ns, "grace", "node-a")
+		if st == nil || st.Devices != 0 {
+			return fmt.Errorf("status %+v", st)
+		}
+		c := meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionHandlerAvailable)
+		if c == nil || c.Status != metav1.ConditionFalse || c.Reason != "Unreachable" {
+			return fmt.Errorf("handler condition %+v", c)
+		}
+		return nil
+	})
+}
+
+func TestHandlerComingBackWithinGraceKeepsInstances(t *testing.T) {
+	ns := namespace(t)
+	a := startAgent(t, "node-a", stateDir(t), withGrace(time.Minute))
+	h := startScripted(t, a.stateDir, "scripted", true, devices("d1", "d2"))
+	createConfiguration(t, ns, "comeback", "scripted", `{}`)
+	eventually(t, 10*time.Second, func() error {
+		if n := len(listInstances(t, ns, "comeback")); n != 2 {
+			return fmt.Errorf("%d instances", n)
+		}
+		return nil
+	})
+	before := listInstances(t, ns, "comeback")
+	h.kill()
+	startScripted(t, a.stateDir, "scripted", true, devices("d1", "d2", "d3"))
+	eventually(t, 10*time.Second, func() error {
+		if n := len(listInstances(t, ns, "comeback")); n != 3 {
+			return fmt.Errorf("%d instances", n)
+		}
+		return nil
+	})
+	after := listInstances(t, ns, "comeback")
+	for _, b := range before {
+		found := false
+		for _, x := range after {
+			found = found || x.Name == b.Name
+		}
+		if !found {
+			t.Fatalf("instance %s was replaced across the handler restart", b.Name)
+		}
+	}
+}
+
+func TestLyingHandler(t *testing.T) {
+	ns := namespace(t)
+	a := startAgent(t, "node-a", stateDir(t), withMaxDevices(1000))
+	lie := devices("dup", "dup", "ok")
+	lie = append(lie, &discoveryv1.Device{Id: ""}, &discoveryv1.Device{Id: "", Properties: map[string]string{"X": "y"}})
+	h := startScripted(t, a.stateDir, "liar", false, lie)
+	createConfiguration(t, ns, "lies", "liar", `{}`)
+	eventually(t, 10*time.Second, func() error {
+		got := listInstances(t, ns, "lies")
+		if len(got) != 2 || got[0].DeviceID != "dup" || got[1].DeviceID != "ok" {
+			return fmt.Errorf("instances %v", got)
+		}
+		st := nodeStatus(t, ns, "lies", "node-a")
+		if st == nil {
+			return errPending
+		}
+		c := meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionDiscovering)
+		if c == nil || !strings.Contains(c.Message, "2 devices with an empty id") || !strings.Contains(c.Message, `1 repeated device ids (e.g. "dup"`) {
+			return fmt.Errorf("condition %+v", c)
+		}
+		return nil
+	})
+
+	// A flood: 10,000 devices in one message, over the agent's limit.
+	flood := make([]*discoveryv1.Device, 10000)
+	for i := range flood {
+		flood[i] = &discoveryv1.Device{Id: fmt.Sprintf("flood-%05d", i), Properties: map[string]string{"N": fmt.Sprint(i)}}
+	}
+	h.set(flood)
+	eventually(t, 60*time.Second, func() error {
+		if n := len(listInstances(t, ns, "lies")); n != 1000 {
+			return fmt.Errorf("%d instances", n)
+		}
+		st := nodeStatus(t, ns, "lies", "node-a")
+		c := meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionDiscovering)
+		if c == nil || !strings.Contains(c.Message, "more than the agent's limit of 1000") {
+			return fmt.Errorf("condition %+v", c)
+		}
+		return nil
+	})
+	// The agent still works: a sane list replaces the flood.
+	h.set(devices("calm"))
+	eventually(t, 60*time.Second, func() error {
+		got := listInstances(t, ns, "lies")
+		if len(got) != 1 || got[0].DeviceID != "calm" {
+			return fmt.Errorf("%d instances", len(got))
+		}
+		return nil
+	})
+}
+
+func TestRegistrationOutsideStateDirIsRefused(t *testing.T) {
+	a := startAgent(t, "node-a", stateDir(t))
+	conn, err := grpc.NewClient("unix://"+filepath.Join(a.stateDir, "registration.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	rc := discoveryv1.NewRegistrationClient(conn)
+	for _, req := range []*discoveryv1.RegisterDiscoveryHandlerRequest{
+		{Name: "evil", Endpoint: "/run/containerd/containerd.sock"},
+		{Name: "evil", Endpoint: a.stateDir + "/../x.sock"},
+		{Name: "Not_A_Label", Endpoint: a.stateDir + "/x.sock"},
+	} {
+		_, err := rc.RegisterDiscoveryHandler(context.Background(), req)
+		if status.Code(err) != codes.InvalidArgument {
+			t.Fatalf("%+v: got %v, want InvalidArgument", req, err)
+		}
+		t.Logf("refused as expected: %v", err)
+	}
+}
+
+func TestUnknownHandlerAndBadConfiguration(t *testing.T) {
+	ns := namespace(t)
+	a := startAgent(t, "node-a", stateDir(t))
+	startScripted(t, a.stateDir, "scripted", true, devices("x"))
+	createConfiguration(t, ns, "nobody", "no-such-handler", `{}`)
+	createConfiguration(t, ns, "fine", "scripted", `{}`)
+
+	// The API server refuses a handler name that can never register.
+	bad := &v1alpha1.Configuration{ObjectMeta: metav1.ObjectMeta{Name: "bad", Namespace: ns},
+		Spec: v1alpha1.ConfigurationSpec{DiscoveryHandler: v1alpha1.DiscoveryHandlerSpec{Name: "Bad_Name"}}}
+	if err := k8sClient.Create(context.Background(), bad); err == nil || !strings.Contains(err.Error(), "spec.discoveryHandler.name") {
+		t.Fatalf("want a validation error naming spec.discoveryHandler.name, got %v", err)
+	}
+	// Exactly one of value and valueFrom.
+	both := &v1alpha1.Configuration{ObjectMeta: metav1.ObjectMeta{Name: "both", Namespace: ns},
+		Spec: v1alpha1.ConfigurationSpec{DiscoveryHandler: v1alpha1.DiscoveryHandlerSpec{Name: "scripted",
+			DiscoveryProperties: []v1alpha1.DiscoveryProperty{{Name: "p"}}}}}
+	if err := k8sClient.Create(context.Background(), both); err == nil || !strings.Contains(err.Error(), "exactly one of value and valueFrom") {
+		t.Fatalf("want a validation error for a property without a value, got %v", err)
+	}
+
+	eventually(t, 10*time.Second, func() error {
+		if n := len(listInstances(t, ns, "fine")); n != 1 {
+			return fmt.Errorf("%d instances", n)
+		}
+		return nil
+	})
+	var cfg v1alpha1.Configuration
+	if err := k8sClient.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "nobody"}, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	if len(cfg.Finalizers) != 0 || len(cfg.Status.Nodes) != 0 || len(listInstances(t, ns, "nobody")) != 0 {
+		t.Fatalf("a node without the handler touched the configuration: %+v", cfg)
+	}
+	// A handler of that name registering later is picked up at once.
+	startScripted(t, a.stateDir, "no-such-handler", true, devices("late"))
+	eventually(t, 10*time.Second, func() error {
+		if n := len(listInstances(t, ns, "nobody")); n != 1 {
+			return fmt.Errorf("%d instances", n)
+		}
+		return nil
+	})
+}
+
+func TestPropertiesFromConfigMapAndSecretReachTheHandler(t *testing.T) {
+	ns := namespace(t)
+	ctx := context.Background()
+	a := startAgent(t, "node-a", stateDir(t))
+	h := startScripted(t, a.stateDir, "scripted", true, devices("x"))
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "cm", Namespace: ns}, Data: map[string]string{"url": "opc.tcp://one"}}
+	sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "sec", Namespace: ns}, Data: map[string][]byte{"password": []byte("s3cret")}}
+	for _, o := range []client.Object{cm, sec} {
+		if err := k8sClient.Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lit := "literal"
+	createConfiguration(t, ns, "props", "scripted", `{}`, func(c *v1alpha1.Configuration) {
+		c.Spec.DiscoveryHandler.DiscoveryProperties = []v1alpha1.DiscoveryProperty{
+			{Name: "LITERAL", Value: &lit},
+			{Name: "URL", ValueFrom: &v1alpha1.DiscoveryPropertySource{ConfigMapKeyRef: &v1alpha1.ObjectKeyRef{Name: "cm", Key: "url"}}},
+			{Name: "PASSWORD", ValueFrom: &v1alpha1.DiscoveryPropertySource{SecretKeyRef: &v1alpha1.ObjectKeyRef{Name: "sec", Key: "password"}}},
+			{Name: "MAYBE", ValueFrom: &v1alpha1.DiscoveryPropertySource{SecretKeyRef: &v1alpha1.ObjectKeyRef{Name: "absent", Key: "k", Optional: true}}},
+		}
+	})
+	want := func(url string) func() error {
+		return func() error {
+			r := h.lastRequest()
+			if r == nil {
+				return errPending
+			}
+			p := r.GetDiscoveryProperties()
+			if string(p["LITERAL"].GetVec()) != "literal" || string(p["URL"].GetVec()) != url || string(p["PASSWORD"].GetVec()) != "s3cret" {
+				return fmt.Errorf("properties %v", p)
+			}
+			if m, ok := p["MAYBE"]; !ok || m.Vec != nil {
+				return fmt.Errorf("optional missing property should be present without a value: %v", p["MAYBE"])
+			}
+			return nil
+		}
+	}
+	eventually(t, 10*time.Second, want("opc.tcp://one"))
+	cm.Data["url"] = "opc.tcp://two"
+	if err := k8sClient.Update(ctx, cm); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, want("opc.tcp://two"))
+
+	// A required reference that is missing stops discovery with a reason.
+	createConfiguration(t, ns, "missing", "scripted", `{}`, func(c *v1alpha1.Configuration) {
+		c.Spec.DiscoveryHandler.DiscoveryProperties = []v1alpha1.DiscoveryProperty{
+			{Name: "URL", ValueFrom: &v1alpha1.DiscoveryPropertySource{ConfigMapKeyRef: &v1alpha1.ObjectKeyRef{Name: "cm", Key: "nope"}}},
+		}
+	})
+	eventually(t, 10*time.Second, func() error {
+		st := nodeStatus(t, ns, "missing", "node-a")
+		if st == nil {
+			return errPending
+		}
+		c := meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionDiscovering)
+		if c == nil || c.Reason != "PropertiesUnresolved" || !strings.Contains(c.Message, `has no key "nope"`) {
+			return fmt.Errorf("condition %+v", c)
+		}
+		return nil
+	})
+}
+
+// akriHandler serves Akri's v0 service names, as Akri's own handlers do.
+type akriHandler struct {
+	discoveryv0.UnimplementedDiscoveryHandlerServer
+}
+
+func (akriHandler) Discover(req *discoveryv1.DiscoverRequest, stream grpc.ServerStreamingServer[discoveryv1.DiscoverResponse]) error {
+	if err := stream.Send(&discoveryv1.DiscoverResponse{Devices: devices("akri-1")}); err != nil {
+		return err
+	}
+	<-stream.Context().Done()
+	return nil
+}
+
+func TestAkriV0HandlerWorks(t *testing.T) {
+	ns := namespace(t)
+	a := startAgent(t, "node-a", stateDir(t))
+	endpoint := filepath.Join(a.stateDir, "akri.sock")
+	lis, err := net.Listen("unix", endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	discoveryv0.RegisterDiscoveryHandlerServer(srv, akriHandler{})
+	go func() { _ = srv.Serve(lis) }()
+	defer srv.Stop()
+	conn, err := grpc.NewClient("unix://"+filepath.Join(a.stateDir, "registration.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := discoveryv0.NewRegistrationClient(conn).RegisterDiscoveryHandler(context.Background(),
+		&discoveryv1.RegisterDiscoveryHandlerRequest{Name: "akri-echo", Endpoint: endpoint, Shared: true}); err != nil {
+		t.Fatal(err)
+	}
+	createConfiguration(t, ns, "akri", "akri-echo", `{}`)
+	eventually(t, 10*time.Second, func() error {
+		got := listInstances(t, ns, "akri")
+		if len(got) != 1 || got[0].DeviceID != "akri-1" {
+			return fmt.Errorf("instances %v", got)
+		}
+		return nil
+	})
+}
