@@ -1,0 +1,172 @@
+// Command demo shows Dowse's discovery on a local control plane: it starts
+// etcd and kube-apiserver, the agent and the debug-echo handler as real
+// processes, applies samples/debug-echo.yaml, and prints Instances live as
+// they appear, vanish (availability flipped to OFFLINE) and come back.
+// Ctrl-C stops everything it started.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"k8s.io/apimachinery/pkg/watch"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	"github.com/dowse-dev/dowse/agent"
+	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+	"github.com/dowse-dev/dowse/test/kube"
+	"github.com/dowse-dev/dowse/test/procs"
+)
+
+func main() {
+	every := flag.Duration("flip-every", 5*time.Second, "how often to flip the handler's availability")
+	flips := flag.Int("flips", 0, "stop after this many flips, checking each one (0: run until Ctrl-C)")
+	flag.Parse()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, *every, *flips); err != nil && !errors.Is(err, context.Canceled) {
+		fmt.Fprintln(os.Stderr, "demo:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, every time.Duration, flips int) error {
+	say("starting etcd and kube-apiserver (bin/k8s) with Dowse's CRDs")
+	cp, err := kube.Start()
+	if err != nil {
+		return err
+	}
+	defer func() { say("stopping the control plane"); _ = cp.Stop() }()
+
+	dir := filepath.Join(kube.RepoRoot(), "bin", "demo")
+	_ = os.RemoveAll(dir)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	kubeconfig := filepath.Join(dir, "kubeconfig")
+	if err := cp.Kubeconfig(kubeconfig); err != nil {
+		return err
+	}
+	avail := filepath.Join(dir, "debug-echo-availability")
+	if err := os.WriteFile(avail, []byte("ONLINE"), 0o644); err != nil {
+		return err
+	}
+	logs, err := os.Create(filepath.Join(dir, "processes.log"))
+	if err != nil {
+		return err
+	}
+	defer logs.Close()
+	ag, err := procs.Start("dowse-agent", logs, "--kubeconfig", kubeconfig, "--node-name", "demo-node", "--state-dir", dir,
+		"--metrics-bind-address", "0", "--health-probe-bind-address", "0")
+	if err != nil {
+		return err
+	}
+	defer func() { say("stopping dowse-agent (pid %d)", ag.Pid()); ag.Stop() }()
+	h, err := procs.Start("dowse-debug-echo-discovery", logs, "--state-dir", dir, "--availability-file", avail)
+	if err != nil {
+		return err
+	}
+	defer func() { say("stopping dowse-debug-echo-discovery (pid %d)", h.Pid()); h.Stop() }()
+	say("agent pid %d and debug-echo handler pid %d running; their logs: %s", ag.Pid(), h.Pid(), logs.Name())
+	say("try: kubectl --kubeconfig %s get instances -o wide", kubeconfig)
+
+	scheme, err := agent.Scheme()
+	if err != nil {
+		return err
+	}
+	c, err := client.NewWithWatch(cp.Config, client.Options{Scheme: scheme})
+	if err != nil {
+		return err
+	}
+	raw, err := os.ReadFile(filepath.Join(kube.RepoRoot(), "samples", "debug-echo.yaml"))
+	if err != nil {
+		return err
+	}
+	var cfg v1alpha1.Configuration
+	if err := yaml.UnmarshalStrict(raw, &cfg); err != nil {
+		return fmt.Errorf("samples/debug-echo.yaml: %w", err)
+	}
+	cfg.Namespace = "default"
+	w, err := c.Watch(ctx, &v1alpha1.InstanceList{}, client.InNamespace("default"))
+	if err != nil {
+		return err
+	}
+	defer w.Stop()
+	if err := c.Create(ctx, &cfg); err != nil {
+		return err
+	}
+	say("applied samples/debug-echo.yaml: Configuration %q asks for %s", cfg.Name, string(cfg.Spec.DiscoveryHandler.DiscoveryDetails.Raw))
+
+	var details struct {
+		Descriptions []string `json:"descriptions"`
+	}
+	if err := yaml.Unmarshal(cfg.Spec.DiscoveryHandler.DiscoveryDetails.Raw, &details); err != nil {
+		return err
+	}
+	want := len(details.Descriptions)
+	live := map[string]bool{}
+	ticker := time.NewTicker(every)
+	defer ticker.Stop()
+	online := true
+	done := 0
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case ev, ok := <-w.ResultChan():
+			if !ok {
+				return errors.New("instance watch closed")
+			}
+			inst, ok := ev.Object.(*v1alpha1.Instance)
+			if !ok {
+				continue
+			}
+			var nodes []string
+			for _, n := range inst.Status.Nodes {
+				nodes = append(nodes, n.Name)
+			}
+			if ev.Type == watch.Deleted {
+				delete(live, inst.Name)
+			} else if len(nodes) > 0 {
+				live[inst.Name] = true
+			}
+			say("%-8s instance %-30s device %-6s nodes %v properties %v   (%d live)", ev.Type, inst.Name, inst.Spec.DeviceID, nodes, inst.Spec.BrokerProperties, len(live))
+		case <-ticker.C:
+			if flips > 0 {
+				// Check the last flip's effect before the next one.
+				if online && len(live) != want {
+					return fmt.Errorf("ONLINE for %s but %d instances live, want %d", every, len(live), want)
+				}
+				if !online && len(live) != 0 {
+					return fmt.Errorf("OFFLINE for %s but %d instances live", every, len(live))
+				}
+				if done == flips {
+					say("%d flips checked; stopping", flips)
+					return nil
+				}
+			}
+			online = !online
+			state := "OFFLINE"
+			if online {
+				state = "ONLINE"
+			}
+			say("---- availability file -> %s", state)
+			if err := os.WriteFile(avail, []byte(state), 0o644); err != nil {
+				return err
+			}
+			done++
+		}
+	}
+}
+
+func say(format string, args ...any) {
+	fmt.Printf("%s  %s\n", time.Now().Format("15:04:05.000"), fmt.Sprintf(format, args...))
+}

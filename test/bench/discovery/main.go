@@ -1,0 +1,325 @@
+// Command discovery measures the discovery path end to end with the real
+// binaries (dowse-agent, dowse-debug-echo-discovery) on the real test control
+// plane, and prints:
+//   - latency from a handler's change (availability file flipped) to the
+//     Instance change seen through a watch, p50 and p99 over 100 flips;
+//   - time to apply 5,000 devices from one handler (Instances per second);
+//   - API requests the agent makes in 60 idle seconds holding 1,000 Instances;
+//   - peak RSS (VmHWM) of the agent and the handler.
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/dowse-dev/dowse/agent"
+	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+	"github.com/dowse-dev/dowse/test/kube"
+	"github.com/dowse-dev/dowse/test/procs"
+)
+
+func main() {
+	flips := flag.Int("flips", 100, "availability flips for the latency figure")
+	applyN := flag.Int("apply", 5000, "devices for the apply-rate figure")
+	idleN := flag.Int("idle-instances", 1000, "Instances held during the idle measurement")
+	idleFor := flag.Duration("idle", 60*time.Second, "idle measurement window")
+	flag.Parse()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, *flips, *applyN, *idleN, *idleFor); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+func start(dir, name string, args ...string) (*procs.Proc, error) {
+	logf, err := os.Create(filepath.Join(dir, name+".log"))
+	if err != nil {
+		return nil, err
+	}
+	p, err := procs.Start(name, logf, args...)
+	if err != nil {
+		return nil, err
+	}
+	fmt.Printf("started %s pid %d\n", name, p.Pid())
+	return p, nil
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func run(ctx context.Context, flips, applyN, idleN int, idleFor time.Duration) error {
+	cp, err := kube.Start()
+	if err != nil {
+		return err
+	}
+	defer cp.Stop()
+	dir, err := os.MkdirTemp("", "dowse-bench")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	kubeconfig := filepath.Join(dir, "kubeconfig")
+	if err := cp.Kubeconfig(kubeconfig); err != nil {
+		return err
+	}
+	scheme, err := agent.Scheme()
+	if err != nil {
+		return err
+	}
+	c, err := client.NewWithWatch(cp.Config, client.Options{Scheme: scheme})
+	if err != nil {
+		return err
+	}
+	port, err := freePort()
+	if err != nil {
+		return err
+	}
+	metricsURL := fmt.Sprintf("http://127.0.0.1:%d/metrics", port)
+	avail := filepath.Join(dir, "availability")
+	ag, err := start(dir, "dowse-agent", "--kubeconfig", kubeconfig, "--node-name", "bench-node", "--state-dir", dir,
+		"--metrics-bind-address", fmt.Sprintf("127.0.0.1:%d", port), "--health-probe-bind-address", "0")
+	if err != nil {
+		return err
+	}
+	defer ag.Stop()
+	h, err := start(dir, "dowse-debug-echo-discovery", "--state-dir", dir, "--availability-file", avail, "--shared")
+	if err != nil {
+		return err
+	}
+	defer h.Stop()
+
+	// 1. Latency over flips.
+	if err := createConfig(ctx, c, "flip", 1); err != nil {
+		return err
+	}
+	if err := waitCount(ctx, c, "flip", 1, 60*time.Second); err != nil {
+		return err
+	}
+	lat, err := measureFlips(ctx, c, avail, flips)
+	if err != nil {
+		return err
+	}
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	fmt.Printf("discovery latency over %d flips: p50 %s, p99 %s, max %s (goal: p99 < 200ms)\n",
+		len(lat), pct(lat, 50), pct(lat, 99), lat[len(lat)-1].Round(time.Microsecond))
+
+	// 2. Apply rate.
+	t0 := time.Now()
+	if err := createConfig(ctx, c, "many", applyN); err != nil {
+		return err
+	}
+	if err := waitCount(ctx, c, "many", applyN, 10*time.Minute); err != nil {
+		return err
+	}
+	el := time.Since(t0)
+	fmt.Printf("applied %d instances in %s: %.0f instances/s (goal: > 500/s)\n", applyN, el.Round(time.Millisecond), float64(applyN)/el.Seconds())
+	if err := c.Delete(ctx, &v1alpha1.Configuration{ObjectMeta: metav1.ObjectMeta{Name: "many", Namespace: "default"}}); err != nil {
+		return err
+	}
+	if err := waitCount(ctx, c, "many", 0, 10*time.Minute); err != nil {
+		return err
+	}
+	fmt.Printf("released and deleted them in %s after the Configuration was deleted\n", (time.Since(t0) - el).Round(time.Millisecond))
+
+	// 3. Idle requests with idleN Instances.
+	if err := createConfig(ctx, c, "idle", idleN); err != nil {
+		return err
+	}
+	if err := waitCount(ctx, c, "idle", idleN, 10*time.Minute); err != nil {
+		return err
+	}
+	time.Sleep(3 * time.Second) // let status writes and watch events settle
+	before, err := scrape(metricsURL)
+	if err != nil {
+		return err
+	}
+	select {
+	case <-time.After(idleFor):
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	after, err := scrape(metricsURL)
+	if err != nil {
+		return err
+	}
+	var writes, reads float64
+	for k, v := range after {
+		d := v - before[k]
+		if strings.Contains(k, `method="GET"`) {
+			reads += d
+		} else {
+			writes += d
+		}
+	}
+	fmt.Printf("agent API requests in %s idle with %d instances: %.0f writes, %.0f reads (watches stay open) (goal: 0 writes)\n", idleFor, idleN+1, writes, reads)
+
+	for _, p := range []*procs.Proc{ag, h} {
+		kib, err := p.PeakRSS()
+		if err != nil {
+			return err
+		}
+		fmt.Printf("peak RSS %s: %.1f MiB\n", p.Name, float64(kib)/1024)
+	}
+	fmt.Println("goals: agent < 64 MiB, handler < 16 MiB")
+	return nil
+}
+
+func createConfig(ctx context.Context, c client.Client, name string, n int) error {
+	descs := make([]string, n)
+	for i := range descs {
+		descs[i] = fmt.Sprintf("%s-%05d", name, i)
+	}
+	raw, err := json.Marshal(map[string]any{"descriptions": descs})
+	if err != nil {
+		return err
+	}
+	return c.Create(ctx, &v1alpha1.Configuration{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
+		Spec: v1alpha1.ConfigurationSpec{DiscoveryHandler: v1alpha1.DiscoveryHandlerSpec{
+			Name: "debug-echo", DiscoveryDetails: &apiextensionsv1.JSON{Raw: raw}}},
+	})
+}
+
+// count lists the Instances of cfg that list a node.
+func count(ctx context.Context, c client.Client, cfg string) (int, error) {
+	var l v1alpha1.InstanceList
+	if err := c.List(ctx, &l, client.InNamespace("default")); err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, i := range l.Items {
+		if i.Spec.ConfigurationName == cfg && len(i.Status.Nodes) > 0 {
+			n++
+		}
+	}
+	return n, nil
+}
+
+func waitCount(ctx context.Context, c client.Client, cfg string, want int, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		n, err := count(ctx, c, cfg)
+		if err != nil {
+			return err
+		}
+		if n == want {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s: %d instances after %s, want %d", cfg, n, timeout, want)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// measureFlips flips the availability file and times each change until the
+// matching watch event: OFFLINE until the Instance's deletion, ONLINE until
+// it exists again with the node in its status.
+func measureFlips(ctx context.Context, c client.WithWatch, avail string, flips int) ([]time.Duration, error) {
+	var lat []time.Duration
+	for i := 0; i < flips; i++ {
+		var l v1alpha1.InstanceList
+		if err := c.List(ctx, &l, client.InNamespace("default")); err != nil {
+			return nil, err
+		}
+		w, err := c.Watch(ctx, &v1alpha1.InstanceList{}, client.InNamespace("default"), &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: l.ResourceVersion}})
+		if err != nil {
+			return nil, err
+		}
+		offline := i%2 == 0
+		content := "ONLINE"
+		if offline {
+			content = "OFFLINE"
+		}
+		t0 := time.Now()
+		if err := os.WriteFile(avail+".tmp", []byte(content), 0o644); err != nil {
+			return nil, err
+		}
+		if err := os.Rename(avail+".tmp", avail); err != nil {
+			return nil, err
+		}
+		timeout := time.After(30 * time.Second)
+	wait:
+		for {
+			select {
+			case ev, ok := <-w.ResultChan():
+				if !ok {
+					return nil, fmt.Errorf("watch closed")
+				}
+				inst, isInst := ev.Object.(*v1alpha1.Instance)
+				if !isInst || inst.Spec.ConfigurationName != "flip" {
+					continue
+				}
+				if offline && ev.Type == watch.Deleted {
+					break wait
+				}
+				if !offline && ev.Type != watch.Deleted && len(inst.Status.Nodes) > 0 {
+					break wait
+				}
+			case <-timeout:
+				return nil, fmt.Errorf("flip %d (%s): no instance change within 30s", i, content)
+			}
+		}
+		lat = append(lat, time.Since(t0))
+		w.Stop()
+	}
+	return lat, nil
+}
+
+func pct(sorted []time.Duration, p int) time.Duration {
+	i := (len(sorted)*p + 99) / 100
+	if i > 0 {
+		i--
+	}
+	return sorted[i].Round(time.Microsecond)
+}
+
+// scrape returns the agent's rest_client_requests_total by label set.
+func scrape(url string) (map[string]float64, error) {
+	resp, err := http.Get(url)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	out := map[string]float64{}
+	s := bufio.NewScanner(resp.Body)
+	s.Buffer(make([]byte, 1<<20), 1<<20)
+	for s.Scan() {
+		line := s.Text()
+		if !strings.HasPrefix(line, "rest_client_requests_total{") {
+			continue
+		}
+		i := strings.LastIndex(line, " ")
+		v, err := strconv.ParseFloat(line[i+1:], 64)
+		if err != nil {
+			return nil, err
+		}
+		out[line[:i]] = v
+	}
+	return out, s.Err()
+}
