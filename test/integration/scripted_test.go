@@ -358,3 +358,43 @@ func TestAkriV0HandlerWorks(t *testing.T) {
 		return nil
 	})
 }
+
+func TestDeletingConfigurationRemovesItsInstances(t *testing.T) {
+	ns := namespace(t)
+	ctx := context.Background()
+	a := startAgent(t, "node-a", stateDir(t))
+	b := startAgent(t, "node-b", stateDir(t))
+	startScripted(t, a.stateDir, "scripted", true, devices("s1", "s2"))
+	startScripted(t, b.stateDir, "scripted", true, devices("s2", "s3"))
+	cfg := createConfiguration(t, ns, "doomed", "scripted", `{}`)
+	createConfiguration(t, ns, "survivor", "scripted", `{}`)
+	eventually(t, 10*time.Second, func() error {
+		if n, m := len(listInstances(t, ns, "doomed")), len(listInstances(t, ns, "survivor")); n != 3 || m != 3 {
+			return fmt.Errorf("%d and %d instances", n, m)
+		}
+		var got v1alpha1.Configuration
+		if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(cfg), &got); err != nil {
+			return err
+		}
+		if len(got.Finalizers) != 2 {
+			return fmt.Errorf("finalizers %v, want one per node", got.Finalizers)
+		}
+		return nil
+	})
+	if err := k8sClient.Delete(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, func() error {
+		if n := len(listInstances(t, ns, "doomed")); n != 0 {
+			return fmt.Errorf("%d instances left", n)
+		}
+		err := k8sClient.Get(ctx, client.ObjectKeyFromObject(cfg), &v1alpha1.Configuration{})
+		if err == nil {
+			return fmt.Errorf("configuration still there")
+		}
+		return client.IgnoreNotFound(err)
+	})
+	if n := len(listInstances(t, ns, "survivor")); n != 3 {
+		t.Fatalf("deleting one configuration disturbed another: %d instances", n)
+	}
+}
