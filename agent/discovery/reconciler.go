@@ -395,6 +395,11 @@ func (r *Reconciler) applyFinalizer(ctx context.Context, cfg *v1alpha1.Configura
 // writeStatus applies this node's entry of status.nodes when it differs
 // from the cached one; LastTransitionTime moves only when a status does.
 func (r *Reconciler) writeStatus(ctx context.Context, cfg *v1alpha1.Configuration, st sessionState) error {
+	if st.discovering.Reason == reasonStarting && st.handler.Status != metav1.ConditionFalse {
+		// No outcome yet; writing "Unknown" now would flap the status of an
+		// agent that restarts into the same state it left.
+		return nil
+	}
 	var cur *v1alpha1.ConfigurationNodeStatus
 	for i := range cfg.Status.Nodes {
 		if cfg.Status.Nodes[i].NodeName == r.opts.NodeName {

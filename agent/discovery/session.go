@@ -24,6 +24,12 @@ import (
 // properties each fit comfortably.
 const maxDiscoverMessage = 64 << 20
 
+const reasonStarting = "Starting"
+
+// registrationWindow is how long a new session waits for its handler to
+// register before reporting it missing.
+const registrationWindow = 5 * time.Second
+
 // sessionState is what a session reports for the Configuration's status.
 type sessionState struct {
 	handler     metav1.Condition
@@ -67,8 +73,8 @@ func (s *session) start(parent context.Context) {
 	s.done = make(chan struct{})
 	s.resync = make(chan struct{}, 1)
 	s.state = sessionState{
-		handler:     metav1.Condition{Type: v1alpha1.ConditionHandlerAvailable, Status: metav1.ConditionUnknown, Reason: "Starting", Message: "looking for the handler"},
-		discovering: metav1.Condition{Type: v1alpha1.ConditionDiscovering, Status: metav1.ConditionUnknown, Reason: "Starting", Message: "no device list received yet"},
+		handler:     metav1.Condition{Type: v1alpha1.ConditionHandlerAvailable, Status: metav1.ConditionUnknown, Reason: reasonStarting, Message: "looking for the handler"},
+		discovering: metav1.Condition{Type: v1alpha1.ConditionDiscovering, Status: metav1.ConditionUnknown, Reason: reasonStarting, Message: "no device list received yet"},
 	}
 	go func() {
 		defer close(s.done)
@@ -211,6 +217,7 @@ func (s *session) stream(ctx context.Context, lists chan list, lost chan<- struc
 		}
 	}
 	name := s.cfg.Spec.DiscoveryHandler.Name
+	startedAt := time.Now()
 	backoff := newBackoff(200*time.Millisecond, 30*time.Second)
 	// waitChange waits for the handler's registration to differ from gen, or
 	// for d to pass when d > 0.
@@ -244,6 +251,12 @@ func (s *session) stream(ctx context.Context, lists chan list, lost chan<- struc
 		h, ok := s.registry.Get(name)
 		if !ok {
 			signalLost()
+			if wait := time.Until(startedAt.Add(registrationWindow)); wait > 0 {
+				// Right after an agent restart the handlers have not
+				// registered again yet; give them a moment before saying so.
+				waitChange(0, wait)
+				continue
+			}
 			s.setHandler(metav1.ConditionFalse, "NotRegistered", fmt.Sprintf("no discovery handler named %q is registered on this node", name))
 			waitChange(0, 0)
 			continue
