@@ -1,0 +1,75 @@
+package discovery
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	discoveryv1 "github.com/dowse-dev/dowse/proto/discovery/v1"
+)
+
+func ids(devs []*discoveryv1.Device) string {
+	var s []string
+	for _, d := range devs {
+		s = append(s, d.GetId())
+	}
+	return strings.Join(s, ",")
+}
+
+func TestScreen(t *testing.T) {
+	dev := func(id string) *discoveryv1.Device { return &discoveryv1.Device{Id: id} }
+	many := make([]*discoveryv1.Device, 12)
+	for i := range many {
+		many[i] = dev(fmt.Sprint(i))
+	}
+	cases := []struct {
+		name    string
+		in      []*discoveryv1.Device
+		max     int
+		kept    string
+		problem []string
+	}{
+		{"clean", []*discoveryv1.Device{dev("a"), dev("b")}, 10, "a,b", nil},
+		{"empty list", nil, 10, "", nil},
+		{"empty ids", []*discoveryv1.Device{dev(""), dev("a"), dev("")}, 10, "a", []string{"2 devices with an empty id"}},
+		{"duplicates keep first", []*discoveryv1.Device{dev("a"), dev("b"), dev("a"), dev("a")}, 10, "a,b", []string{`2 repeated device ids (e.g. "a"`}},
+		{"over the cap", many, 10, "0,1,2,3,4,5,6,7,8,9", []string{"12 devices, more than the agent's limit of 10"}},
+		{"no cap", many, 0, "0,1,2,3,4,5,6,7,8,9,10,11", nil},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			kept, problem := screen(c.in, c.max)
+			if got := ids(kept); got != c.kept {
+				t.Fatalf("kept %q, want %q", got, c.kept)
+			}
+			if len(c.problem) == 0 && problem != "" {
+				t.Fatalf("unexpected problem %q", problem)
+			}
+			for _, p := range c.problem {
+				if !strings.Contains(problem, p) {
+					t.Fatalf("problem %q does not mention %q", problem, p)
+				}
+			}
+		})
+	}
+}
+
+func TestFinalizerIsAlwaysValid(t *testing.T) {
+	for _, node := range []string{"node-a", "ip-10-0-0-1.eu-west-1.compute.internal", strings.Repeat("n", 63), strings.Repeat("n", 64) + ".example.com"} {
+		f := Finalizer(node)
+		if len(f) > len("agent.dowse.dev/")+63 {
+			t.Fatalf("%s: finalizer %q too long", node, f)
+		}
+		if errs := validation.IsQualifiedName(f); len(errs) > 0 {
+			t.Fatalf("%s: finalizer %q is invalid: %v", node, f, errs)
+		}
+		if Finalizer(node) != f {
+			t.Fatal("finalizer is not stable")
+		}
+	}
+	if Finalizer(strings.Repeat("a", 70)) == Finalizer(strings.Repeat("a", 71)) {
+		t.Fatal("long node names must not share a finalizer")
+	}
+}
