@@ -358,8 +358,15 @@ func TestRemovedSocketIsFatal(t *testing.T) {
 func TestStartTwice(t *testing.T) {
 	dir := handlertest.ShortTempDir(t)
 	srv := start(t, handler.Config{StateDir: dir})
-	if err := srv.Start(context.Background()); err == nil {
-		t.Error("second Start succeeded, want an error")
+	// The first Start has begun once its socket exists.
+	waitFor(t, "the handler socket", func() bool {
+		_, err := os.Stat(srv.Endpoint())
+		return err == nil
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	if err := srv.Start(ctx); err == nil || ctx.Err() != nil {
+		t.Errorf("second Start = %v, want an immediate error", err)
 	}
 }
 
@@ -403,7 +410,7 @@ func TestNewServerValidates(t *testing.T) {
 
 func TestStateDir(t *testing.T) {
 	for name, tc := range map[string]struct {
-		env, flag, args string
+		env, flag string
 		want            string
 	}{
 		"default":      {want: handler.DefaultStateDir},
