@@ -36,7 +36,7 @@ func (d *discoveryService) Discover(req *discoveryv1.DiscoverRequest, stream grp
 	stopOnShutdown := context.AfterFunc(d.runCtx, cancel)
 	defer stopOnShutdown()
 
-	log := d.server.log
+	log := d.server.log.WithValues("stream", d.server.streams.Add(1))
 	log.Info("Discover stream opened")
 	ctx = logr.NewContext(ctx, log)
 

@@ -64,7 +64,7 @@ func (s *Server) registerUntilDone(ctx context.Context, reason string) error {
 		// Unavailable (no agent yet, or it is shutting down) is the usual
 		// case; anything else is retried too, as the agent may be midway
 		// through a restart.
-		s.log.Info("Registration failed, will retry", "reason", reason, "attempt", attempt, "backoff", backoff, "error", err.Error())
+		s.log.Info("Registration failed, will retry", "reason", reason, "attempt", attempt, "backoff", backoff.String(), "error", err.Error())
 
 		timer := time.NewTimer(backoff)
 		select {

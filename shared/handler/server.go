@@ -30,6 +30,9 @@ type Server struct {
 	reregister chan string
 
 	started atomic.Bool
+	// streams numbers Discover streams, so that the log lines of one stream
+	// can be told from another's.
+	streams atomic.Uint64
 }
 
 // NewServer checks cfg and returns a Server that has not started yet.
@@ -64,8 +67,17 @@ func (s *Server) Start(ctx context.Context) error {
 	if !s.started.CompareAndSwap(false, true) {
 		return errors.New("handler server already started")
 	}
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
+	// A fatal error from any part stops the others. It is kept apart from
+	// the context's cause, which is the parent's when the parent ended (a
+	// signal, for signal.NotifyContext) and is no failure of the Server.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var fatal error
+	var fatalOnce sync.Once
+	fail := func(err error) {
+		fatalOnce.Do(func() { fatal = err })
+		cancel()
+	}
 
 	if err := os.MkdirAll(s.cfg.StateDir, 0o750); err != nil {
 		return fmt.Errorf("creating state directory: %w", err)
@@ -94,17 +106,17 @@ func (s *Server) Start(ctx context.Context) error {
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		if err := grpcServer.Serve(lis); err != nil {
-			cancel(fmt.Errorf("serving discovery handler: %w", err))
+			fail(fmt.Errorf("serving discovery handler: %w", err))
 		}
 	})
 	wg.Go(func() {
 		if err := s.watchStateDir(ctx, watcher, socketInfo); err != nil {
-			cancel(err)
+			fail(err)
 		}
 	})
 	wg.Go(func() {
 		if err := s.registerLoop(ctx); err != nil {
-			cancel(err)
+			fail(err)
 		}
 	})
 	s.log.Info("Serving discovery handler", "shared", s.cfg.Shared)
@@ -113,8 +125,8 @@ func (s *Server) Start(ctx context.Context) error {
 	s.stopGRPC(grpcServer)
 	wg.Wait()
 
-	if cause := context.Cause(ctx); !errors.Is(cause, context.Canceled) {
-		return cause
+	if fatal != nil {
+		return fatal
 	}
 	s.log.Info("Discovery handler stopped")
 	return nil
@@ -168,7 +180,7 @@ func (s *Server) stopGRPC(grpcServer *grpc.Server) {
 	select {
 	case <-done:
 	case <-timer.C:
-		s.log.Info("Open Discover streams did not end in time, closing them", "timeout", s.cfg.ShutdownTimeout)
+		s.log.Info("Open Discover streams did not end in time, closing them", "timeout", s.cfg.ShutdownTimeout.String())
 		grpcServer.Stop()
 		<-done
 	}

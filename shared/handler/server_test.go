@@ -76,7 +76,10 @@ func start(t *testing.T, cfg handler.Config) *running {
 	if err != nil {
 		t.Fatalf("NewServer: %v", err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancelCause := context.WithCancelCause(context.Background())
+	// The cause is what signal.NotifyContext gives on SIGTERM: an ending
+	// that Start must not report as its own failure.
+	cancel := func() { cancelCause(errors.New("terminated signal received")) }
 	r := &running{Server: srv, cancel: cancel, done: make(chan error, 1)}
 	go func() { r.done <- srv.Start(ctx) }()
 	t.Cleanup(func() {
@@ -86,6 +89,19 @@ func start(t *testing.T, cfg handler.Config) *running {
 		case <-time.After(wait):
 			t.Errorf("Start did not return within %v of its context ending", wait)
 		}
+	})
+	// Tests dial the handler at once, as an agent does only once the
+	// handler has registered, that is once it listens (or, in tests of
+	// fatal errors, has already stopped).
+	waitFor(t, "the handler to listen", func() bool {
+		select {
+		case err := <-r.done:
+			r.done <- err
+			return true
+		default:
+		}
+		info, err := os.Stat(srv.Endpoint())
+		return err == nil && info.Mode()&os.ModeSocket != 0
 	})
 	return r
 }
@@ -118,9 +134,11 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 func TestRegistersAndReregistersWhenAgentRestarts(t *testing.T) {
 	dir := handlertest.ShortTempDir(t)
 	agent := handlertest.StartAgent(t, dir)
-	// A backoff this long cannot be what brings the second registration in
-	// time: only noticing the new registration socket can.
-	srv := start(t, handler.Config{Name: "echo", Shared: true, StateDir: dir, Discoverer: static("a", "b"), RetryInitial: time.Minute})
+	// Once registered the handler has no reason to call the agent again, so
+	// only noticing the new registration socket can bring the second
+	// registration. The short retry covers the moment between the agent's
+	// bind (which the handler notices) and its listen.
+	srv := start(t, handler.Config{Name: "echo", Shared: true, StateDir: dir, Discoverer: static("a", "b"), RetryInitial: 50 * time.Millisecond, RetryMax: time.Minute})
 
 	reg := agent.WaitForRegistration(t, wait)
 	if reg.GetName() != "echo" || !reg.GetShared() || reg.GetEndpointType() != discoveryv1.RegisterDiscoveryHandlerRequest_UDS {
@@ -148,10 +166,6 @@ func TestRegistersAndReregistersWhenAgentRestarts(t *testing.T) {
 func TestRegistersWhenAgentStartsLater(t *testing.T) {
 	dir := handlertest.ShortTempDir(t)
 	srv := start(t, handler.Config{StateDir: dir, RetryInitial: 20 * time.Millisecond, RetryMax: 100 * time.Millisecond})
-	waitFor(t, "the handler socket", func() bool {
-		_, err := os.Stat(srv.Endpoint())
-		return err == nil
-	})
 
 	agent := handlertest.StartAgent(t, dir)
 	if reg := agent.WaitForRegistration(t, wait); reg.GetEndpoint() != srv.Endpoint() {
@@ -358,11 +372,6 @@ func TestRemovedSocketIsFatal(t *testing.T) {
 func TestStartTwice(t *testing.T) {
 	dir := handlertest.ShortTempDir(t)
 	srv := start(t, handler.Config{StateDir: dir})
-	// The first Start has begun once its socket exists.
-	waitFor(t, "the handler socket", func() bool {
-		_, err := os.Stat(srv.Endpoint())
-		return err == nil
-	})
 	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
 	if err := srv.Start(ctx); err == nil || ctx.Err() != nil {
@@ -411,7 +420,7 @@ func TestNewServerValidates(t *testing.T) {
 func TestStateDir(t *testing.T) {
 	for name, tc := range map[string]struct {
 		env, flag string
-		want            string
+		want      string
 	}{
 		"default":      {want: handler.DefaultStateDir},
 		"env":          {env: "/from/env", want: "/from/env"},
