@@ -331,3 +331,5 @@ func nodeStatus(t *testing.T, ns, name, node string) *v1alpha1.ConfigurationNode
 	}
 	return nil
 }
+
+func keyOf(ns, name string) client.ObjectKey { return client.ObjectKey{Namespace: ns, Name: name} }

@@ -18,20 +18,23 @@ import (
 
 func main() {
 	cfg := agent.Config{}
-	flag.StringVar(&cfg.Kubeconfig, "kubeconfig", "", "path to a kubeconfig; empty means in-cluster")
-	flag.StringVar(&cfg.NodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name (env NODE_NAME)")
-	flag.StringVar(&cfg.StateDir, "state-dir", envOr("DOWSE_STATE_DIR", "/var/lib/dowse"), "state directory holding the registration and handler sockets (env DOWSE_STATE_DIR)")
-	flag.StringVar(&cfg.Namespace, "namespace", "", "only watch this namespace (default: all)")
-	flag.DurationVar(&cfg.GracePeriod, "handler-grace-period", 5*time.Minute, "how long the devices of a handler that died or became unreachable stay")
-	flag.IntVar(&cfg.MaxDevices, "max-devices", 10000, "most devices taken from one handler list for one Configuration (0: no limit)")
-	flag.IntVar(&cfg.WriteConcurrency, "write-concurrency", 16, "parallel Instance writes")
-	qps := flag.Float64("kube-api-qps", 1000, "API client requests per second")
-	flag.IntVar(&cfg.Burst, "kube-api-burst", 2000, "API client burst")
-	flag.StringVar(&cfg.MetricsAddr, "metrics-bind-address", ":9743", "Prometheus metrics address (0 disables)")
-	flag.StringVar(&cfg.HealthAddr, "health-probe-bind-address", ":9744", "health probe address (0 disables)")
+	// A FlagSet of our own: controller-runtime registers --kubeconfig on
+	// flag.CommandLine in an init function.
+	fs := flag.NewFlagSet("dowse-agent", flag.ExitOnError)
+	fs.StringVar(&cfg.Kubeconfig, "kubeconfig", "", "path to a kubeconfig; empty means in-cluster")
+	fs.StringVar(&cfg.NodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name (env NODE_NAME)")
+	fs.StringVar(&cfg.StateDir, "state-dir", envOr("DOWSE_STATE_DIR", "/var/lib/dowse"), "state directory holding the registration and handler sockets (env DOWSE_STATE_DIR)")
+	fs.StringVar(&cfg.Namespace, "namespace", "", "only watch this namespace (default: all)")
+	fs.DurationVar(&cfg.GracePeriod, "handler-grace-period", 5*time.Minute, "how long the devices of a handler that died or became unreachable stay")
+	fs.IntVar(&cfg.MaxDevices, "max-devices", 10000, "most devices taken from one handler list for one Configuration (0: no limit)")
+	fs.IntVar(&cfg.WriteConcurrency, "write-concurrency", 16, "parallel Instance writes")
+	qps := fs.Float64("kube-api-qps", 1000, "API client requests per second")
+	fs.IntVar(&cfg.Burst, "kube-api-burst", 2000, "API client burst")
+	fs.StringVar(&cfg.MetricsAddr, "metrics-bind-address", ":9743", "Prometheus metrics address (0 disables)")
+	fs.StringVar(&cfg.HealthAddr, "health-probe-bind-address", ":9744", "health probe address (0 disables)")
 	zapOpts := zap.Options{}
-	zapOpts.BindFlags(flag.CommandLine)
-	flag.Parse()
+	zapOpts.BindFlags(fs)
+	_ = fs.Parse(os.Args[1:])
 	cfg.QPS = float32(*qps)
 
 	log := zap.New(zap.UseFlagOptions(&zapOpts))

@@ -117,7 +117,7 @@ func run(ctx context.Context, flips, applyN, idleN int, idleFor time.Duration) e
 	if err := createConfig(ctx, c, "flip", 1); err != nil {
 		return err
 	}
-	if err := waitCount(ctx, c, "flip", 1, 60*time.Second); err != nil {
+	if err := waitCount(ctx, c, "flip", 1, 60*time.Second, ag, h); err != nil {
 		return err
 	}
 	lat, err := measureFlips(ctx, c, avail, flips)
@@ -133,7 +133,7 @@ func run(ctx context.Context, flips, applyN, idleN int, idleFor time.Duration) e
 	if err := createConfig(ctx, c, "many", applyN); err != nil {
 		return err
 	}
-	if err := waitCount(ctx, c, "many", applyN, 10*time.Minute); err != nil {
+	if err := waitCount(ctx, c, "many", applyN, 10*time.Minute, ag, h); err != nil {
 		return err
 	}
 	el := time.Since(t0)
@@ -141,7 +141,7 @@ func run(ctx context.Context, flips, applyN, idleN int, idleFor time.Duration) e
 	if err := c.Delete(ctx, &v1alpha1.Configuration{ObjectMeta: metav1.ObjectMeta{Name: "many", Namespace: "default"}}); err != nil {
 		return err
 	}
-	if err := waitCount(ctx, c, "many", 0, 10*time.Minute); err != nil {
+	if err := waitCount(ctx, c, "many", 0, 10*time.Minute, ag, h); err != nil {
 		return err
 	}
 	fmt.Printf("released and deleted them in %s after the Configuration was deleted\n", (time.Since(t0) - el).Round(time.Millisecond))
@@ -150,7 +150,7 @@ func run(ctx context.Context, flips, applyN, idleN int, idleFor time.Duration) e
 	if err := createConfig(ctx, c, "idle", idleN); err != nil {
 		return err
 	}
-	if err := waitCount(ctx, c, "idle", idleN, 10*time.Minute); err != nil {
+	if err := waitCount(ctx, c, "idle", idleN, 10*time.Minute, ag, h); err != nil {
 		return err
 	}
 	time.Sleep(3 * time.Second) // let status writes and watch events settle
@@ -205,36 +205,55 @@ func createConfig(ctx context.Context, c client.Client, name string, n int) erro
 	})
 }
 
-// count lists the Instances of cfg that list a node.
-func count(ctx context.Context, c client.Client, cfg string) (int, error) {
+// waitCount waits until want Instances of cfg list a node. It lists once
+// and then follows a watch: polling lists of thousands of Instances would
+// load the shared 2-core machine more than the agent under test does.
+func waitCount(ctx context.Context, c client.WithWatch, cfg string, want int, timeout time.Duration, watched ...*procs.Proc) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
 	var l v1alpha1.InstanceList
 	if err := c.List(ctx, &l, client.InNamespace("default")); err != nil {
-		return 0, err
+		return err
 	}
-	n := 0
+	live := map[string]bool{}
 	for _, i := range l.Items {
 		if i.Spec.ConfigurationName == cfg && len(i.Status.Nodes) > 0 {
-			n++
+			live[i.Name] = true
 		}
 	}
-	return n, nil
-}
-
-func waitCount(ctx context.Context, c client.Client, cfg string, want int, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	for {
-		n, err := count(ctx, c, cfg)
-		if err != nil {
-			return err
-		}
-		if n == want {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%s: %d instances after %s, want %d", cfg, n, timeout, want)
-		}
-		time.Sleep(20 * time.Millisecond)
+	w, err := c.Watch(ctx, &v1alpha1.InstanceList{}, client.InNamespace("default"), &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: l.ResourceVersion}})
+	if err != nil {
+		return err
 	}
+	defer w.Stop()
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for len(live) != want {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%s: %d instances after %s, want %d", cfg, len(live), timeout, want)
+		case <-tick.C:
+			for _, p := range watched {
+				if p.Exited() {
+					return fmt.Errorf("%s exited; see its log", p.Name)
+				}
+			}
+		case ev, ok := <-w.ResultChan():
+			if !ok {
+				return fmt.Errorf("%s: watch closed", cfg)
+			}
+			i, isInst := ev.Object.(*v1alpha1.Instance)
+			if !isInst || i.Spec.ConfigurationName != cfg {
+				continue
+			}
+			if ev.Type == watch.Deleted || len(i.Status.Nodes) == 0 {
+				delete(live, i.Name)
+			} else {
+				live[i.Name] = true
+			}
+		}
+	}
+	return nil
 }
 
 // measureFlips flips the availability file and times each change until the
