@@ -51,7 +51,10 @@ type Writer struct {
 	applied map[types.NamespacedName]memo
 }
 
-type memo struct{ configuration, key string }
+type memo struct {
+	configuration, key string
+	instance           *v1alpha1.Instance
+}
 
 // NewWriter makes a Writer for nodeName. c must read Instances from a cache
 // indexed with ConfigurationIndex; concurrency bounds parallel writes.
@@ -264,10 +267,18 @@ func (w *Writer) remember(want *v1alpha1.Instance, applied bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if applied {
-		w.applied[client.ObjectKeyFromObject(want)] = memo{configuration: want.Spec.ConfigurationName, key: memoKey(want)}
+		w.applied[client.ObjectKeyFromObject(want)] = memo{configuration: want.Spec.ConfigurationName, key: memoKey(want), instance: want}
 	} else {
 		delete(w.applied, client.ObjectKeyFromObject(want))
 	}
+}
+
+// recalled returns the Instance this node last applied under key.
+func (w *Writer) recalled(key types.NamespacedName) (*v1alpha1.Instance, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	m, ok := w.applied[key]
+	return m.instance, ok
 }
 
 func memoKey(inst *v1alpha1.Instance) string {
@@ -280,41 +291,38 @@ func memoKey(inst *v1alpha1.Instance) string {
 
 func (w *Writer) upsert(ctx context.Context, want, cur *v1alpha1.Instance) error {
 	w.remember(want, false)
-	if err := w.upsertOnce(ctx, want, cur); err != nil {
+	var applied v1alpha1.Instance
+	m := applyMeta{Name: want.Name, Namespace: want.Namespace, OwnerReferences: want.OwnerReferences}
+	if err := w.patch(ctx, m, &want.Spec, []v1alpha1.InstanceNode{{Name: w.nodeName}}, &applied); err != nil {
 		return err
 	}
 	w.remember(want, true)
 	return nil
 }
 
-func (w *Writer) upsertOnce(ctx context.Context, want, cur *v1alpha1.Instance) error {
-	if cur == nil || !equality.Semantic.DeepEqual(cur.Spec, want.Spec) || !ownedBy(cur, want.OwnerReferences) {
-		if err := w.applySpec(ctx, want); err != nil {
-			return err
-		}
-	}
-	if cur != nil && hasNode(cur, w.nodeName) {
-		return nil
-	}
-	err := w.applyStatus(ctx, want.Namespace, want.Name, []v1alpha1.InstanceNode{{Name: w.nodeName}}, &v1alpha1.Instance{})
-	if apierrors.IsNotFound(err) {
-		// Another node deleted it between our reads: create it again.
-		if err := w.applySpec(ctx, want); err != nil {
-			return err
-		}
-		err = w.applyStatus(ctx, want.Namespace, want.Name, []v1alpha1.InstanceNode{{Name: w.nodeName}}, &v1alpha1.Instance{})
-	}
-	return err
-}
-
 // release drops this node from cur and deletes cur if no node is left. The
-// delete is conditional on the resourceVersion our apply returned, so a node
-// that joined in between keeps the Instance.
+// apply restates the spec so that this node keeps co-owning it (dropping it
+// would remove fields nobody else owns); the delete is conditional on the
+// resourceVersion the apply returned, so a node that joined in between
+// keeps the Instance.
 func (w *Writer) release(ctx context.Context, cur *v1alpha1.Instance) (bool, error) {
+	spec, owners := cur.Spec, cur.OwnerReferences
+	if spec.DeviceID == "" { // known only from our own recent apply
+		m, ok := w.recalled(client.ObjectKeyFromObject(cur))
+		if !ok {
+			return false, nil
+		}
+		spec, owners = m.Spec, m.OwnerReferences
+	}
 	w.remember(cur, false)
 	var after v1alpha1.Instance
-	if err := w.applyStatus(ctx, cur.Namespace, cur.Name, nil, &after); err != nil {
-		if apierrors.IsNotFound(err) {
+	// The uid, when the cache knows it, makes the apply fail rather than
+	// create an Instance that is gone. Without it (an Instance so new the
+	// cache has not shown it) the apply may recreate it with no node, and
+	// the delete below removes it again.
+	err := w.patch(ctx, applyMeta{Name: cur.Name, Namespace: cur.Namespace, UID: cur.UID, OwnerReferences: owners}, &spec, nil, &after)
+	if err != nil {
+		if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
 			return false, nil
 		}
 		return false, err
@@ -323,7 +331,7 @@ func (w *Writer) release(ctx context.Context, cur *v1alpha1.Instance) (bool, err
 		return false, nil
 	}
 	uid, rv := after.UID, after.ResourceVersion
-	err := w.client.Delete(ctx, &after, client.Preconditions{UID: &uid, ResourceVersion: &rv})
+	err = w.client.Delete(ctx, &after, client.Preconditions{UID: &uid, ResourceVersion: &rv})
 	switch {
 	case err == nil:
 		return true, nil
@@ -337,6 +345,7 @@ func (w *Writer) release(ctx context.Context, cur *v1alpha1.Instance) (bool, err
 type applyMeta struct {
 	Name            string                  `json:"name"`
 	Namespace       string                  `json:"namespace"`
+	UID             types.UID               `json:"uid,omitempty"`
 	OwnerReferences []metav1.OwnerReference `json:"ownerReferences,omitempty"`
 }
 
@@ -348,35 +357,21 @@ type applyInstance struct {
 	Status     *v1alpha1.InstanceStatus `json:"status,omitempty"`
 }
 
-func (w *Writer) applySpec(ctx context.Context, want *v1alpha1.Instance) error {
+// patch applies this node's view of one Instance: its spec and this node's
+// entry in status.nodes (nodes holds this node, or is empty to drop it).
+// Force: every node that sees a shared device states the same spec; a
+// conflict only means another node saw different properties, and the latest
+// observation wins.
+func (w *Writer) patch(ctx context.Context, m applyMeta, spec *v1alpha1.InstanceSpec, nodes []v1alpha1.InstanceNode, into *v1alpha1.Instance) error {
 	body, err := json.Marshal(applyInstance{
 		APIVersion: v1alpha1.GroupVersion.String(), Kind: "Instance",
-		Metadata: applyMeta{Name: want.Name, Namespace: want.Namespace, OwnerReferences: want.OwnerReferences},
-		Spec:     &want.Spec,
+		Metadata: m, Spec: spec, Status: &v1alpha1.InstanceStatus{Nodes: nodes},
 	})
 	if err != nil {
 		return err
 	}
-	obj := &v1alpha1.Instance{ObjectMeta: metav1.ObjectMeta{Name: want.Name, Namespace: want.Namespace}}
-	// Force: every node that sees a shared device states the same spec; a
-	// conflict only means another node saw different properties, and the
-	// latest observation wins.
-	return w.client.Patch(ctx, obj, client.RawPatch(types.ApplyPatchType, body), client.FieldOwner(w.fieldManager), client.ForceOwnership)
-}
-
-// applyStatus states this node's entries of status.nodes: nodes holds this
-// node or is empty, and server-side apply removes the entry we owned before.
-func (w *Writer) applyStatus(ctx context.Context, namespace, name string, nodes []v1alpha1.InstanceNode, into *v1alpha1.Instance) error {
-	body, err := json.Marshal(applyInstance{
-		APIVersion: v1alpha1.GroupVersion.String(), Kind: "Instance",
-		Metadata: applyMeta{Name: name, Namespace: namespace},
-		Status:   &v1alpha1.InstanceStatus{Nodes: nodes},
-	})
-	if err != nil {
-		return err
-	}
-	into.Name, into.Namespace = name, namespace
-	return w.client.Status().Patch(ctx, into, client.RawPatch(types.ApplyPatchType, body), client.FieldOwner(w.fieldManager), client.ForceOwnership)
+	into.Name, into.Namespace = m.Name, m.Namespace
+	return w.client.Patch(ctx, into, client.RawPatch(types.ApplyPatchType, body), client.FieldOwner(w.fieldManager), client.ForceOwnership)
 }
 
 func hasNode(inst *v1alpha1.Instance, node string) bool {

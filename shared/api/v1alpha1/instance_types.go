@@ -75,8 +75,12 @@ type InstanceNode struct {
 }
 
 // Instance is one discovered device.
+//
+// Instance has no status subresource on purpose: the agents write both its
+// spec (what they discovered) and their own entry in status.nodes, so one
+// server-side apply per node and device states both, halving the API
+// server's work when thousands of devices appear at once.
 // +kubebuilder:object:root=true
-// +kubebuilder:subresource:status
 // +kubebuilder:resource:shortName=dins
 // +kubebuilder:printcolumn:name="Configuration",type=string,JSONPath=`.spec.configurationName`
 // +kubebuilder:printcolumn:name="Shared",type=boolean,JSONPath=`.spec.shared`

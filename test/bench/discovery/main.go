@@ -36,11 +36,14 @@ import (
 	"github.com/dowse-dev/dowse/test/procs"
 )
 
+var agentArgs string
+
 func main() {
 	flips := flag.Int("flips", 100, "availability flips for the latency figure")
 	applyN := flag.Int("apply", 5000, "devices for the apply-rate figure")
 	idleN := flag.Int("idle-instances", 1000, "Instances held during the idle measurement")
 	idleFor := flag.Duration("idle", 60*time.Second, "idle measurement window")
+	flag.StringVar(&agentArgs, "agent-args", "", "extra dowse-agent flags, space-separated")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -101,8 +104,8 @@ func run(ctx context.Context, flips, applyN, idleN int, idleFor time.Duration) e
 	}
 	metricsURL := fmt.Sprintf("http://127.0.0.1:%d/metrics", port)
 	avail := filepath.Join(dir, "availability")
-	ag, err := start(dir, "dowse-agent", "--kubeconfig", kubeconfig, "--node-name", "bench-node", "--state-dir", dir,
-		"--metrics-bind-address", fmt.Sprintf("127.0.0.1:%d", port), "--health-probe-bind-address", "0")
+	ag, err := start(dir, "dowse-agent", append([]string{"--kubeconfig", kubeconfig, "--node-name", "bench-node", "--state-dir", dir,
+		"--metrics-bind-address", fmt.Sprintf("127.0.0.1:%d", port), "--health-probe-bind-address", "0"}, strings.Fields(agentArgs)...)...)
 	if err != nil {
 		return err
 	}
@@ -209,7 +212,8 @@ func createConfig(ctx context.Context, c client.Client, name string, n int) erro
 // and then follows a watch: polling lists of thousands of Instances would
 // load the shared 2-core machine more than the agent under test does.
 func waitCount(ctx context.Context, c client.WithWatch, cfg string, want int, timeout time.Duration, watched ...*procs.Proc) error {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
+	deadline := time.Now().Add(timeout)
+	ctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
 	var l v1alpha1.InstanceList
 	if err := c.List(ctx, &l, client.InNamespace("default")); err != nil {
@@ -240,7 +244,8 @@ func waitCount(ctx context.Context, c client.WithWatch, cfg string, want int, ti
 			}
 		case ev, ok := <-w.ResultChan():
 			if !ok {
-				return fmt.Errorf("%s: watch closed", cfg)
+				// The API server may end a watch under load: start over.
+				return waitCount(ctx, c, cfg, want, time.Until(deadline), watched...)
 			}
 			i, isInst := ev.Object.(*v1alpha1.Instance)
 			if !isInst || i.Spec.ConfigurationName != cfg {
