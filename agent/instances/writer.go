@@ -247,12 +247,18 @@ func (w *Writer) desiredInstance(cfg *v1alpha1.Configuration, shared bool, d *di
 }
 
 func (w *Writer) upToDate(cur, want *v1alpha1.Instance) bool {
+	key := client.ObjectKeyFromObject(want)
 	if cur != nil && hasNode(cur, w.nodeName) && equality.Semantic.DeepEqual(cur.Spec, want.Spec) && ownedBy(cur, want.OwnerReferences) {
+		// The cache has caught up: the memo is no longer needed.
+		w.mu.Lock()
+		delete(w.applied, key)
+		w.mu.Unlock()
 		return true
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.applied[client.ObjectKeyFromObject(want)].key == memoKey(want)
+	m, ok := w.applied[key]
+	return ok && m.key == memoKey(want)
 }
 
 // Forget drops what the writer remembers of an Instance; call it when the
@@ -315,6 +321,21 @@ func (w *Writer) release(ctx context.Context, cur *v1alpha1.Instance) (bool, err
 		spec, owners = m.Spec, m.OwnerReferences
 	}
 	w.remember(cur, false)
+	if cur.UID != "" && len(cur.Status.Nodes) == 1 && hasNode(cur, w.nodeName) {
+		// The last node: one conditional delete instead of apply and delete.
+		// A node that joined since changed the resourceVersion, and then
+		// the delete fails and we fall back to dropping only our entry.
+		uid, rv := cur.UID, cur.ResourceVersion
+		err := w.client.Delete(ctx, cur.DeepCopy(), client.Preconditions{UID: &uid, ResourceVersion: &rv})
+		switch {
+		case err == nil:
+			return true, nil
+		case apierrors.IsNotFound(err):
+			return false, nil
+		case !apierrors.IsConflict(err):
+			return false, err
+		}
+	}
 	var after v1alpha1.Instance
 	// The uid, when the cache knows it, makes the apply fail rather than
 	// create an Instance that is gone. Without it (an Instance so new the

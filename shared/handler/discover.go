@@ -3,6 +3,8 @@ package handler
 import (
 	"cmp"
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"slices"
@@ -68,44 +70,70 @@ func (d *discoveryService) Discover(req *discoveryv1.DiscoverRequest, stream grp
 }
 
 // dedupingSender sends device lists on a stream, dropping a list that equals
-// the one sent before. It is done here, once, so that no handler has to.
+// the one sent before. It is done here, once, so that no handler has to. It
+// keeps only a digest of the last list, not the list: a handler with
+// thousands of devices would otherwise hold a second copy per stream.
 type dedupingSender struct {
 	// mu serialises Send: a gRPC stream must not be sent on concurrently and
 	// a Discoverer may call send from several goroutines.
 	mu   sync.Mutex
 	send func(*discoveryv1.DiscoverResponse) error
 	sent bool
-	last []*discoveryv1.Device
+	last [sha256.Size]byte
 }
 
-// Send checks devs against the protocol, sorts a private copy by id and sends
-// it unless it equals the previous list.
+// Send checks devs against the protocol, sorts a shallow copy by id and
+// sends it unless it equals the previous list. It keeps no reference to devs
+// once it returns.
 func (d *dedupingSender) Send(devs []*discoveryv1.Device) error {
-	// Clone so that later changes the caller makes to its devices cannot
-	// alter the list kept for comparison.
 	list := make([]*discoveryv1.Device, 0, len(devs))
 	for i, dev := range devs {
 		if dev == nil {
 			return status.Errorf(codes.Internal, "device %d is nil", i)
 		}
-		list = append(list, proto.CloneOf(dev))
+		list = append(list, dev)
 	}
 	slices.SortFunc(list, func(a, b *discoveryv1.Device) int { return cmp.Compare(a.GetId(), b.GetId()) })
 	if err := checkDevices(list); err != nil {
 		return err
 	}
+	sum, err := digest(list)
+	if err != nil {
+		return status.Errorf(codes.Internal, "hashing the device list: %v", err)
+	}
 
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.sent && slices.EqualFunc(list, d.last, func(a, b *discoveryv1.Device) bool { return proto.Equal(a, b) }) {
+	if d.sent && sum == d.last {
 		return nil
 	}
 	if err := d.send(&discoveryv1.DiscoverResponse{Devices: list}); err != nil {
 		return err
 	}
 	d.sent = true
-	d.last = list
+	d.last = sum
 	return nil
+}
+
+// digest hashes a sorted list through the deterministic wire encoding of
+// each device (maps sorted), so equal lists hash alike.
+func digest(list []*discoveryv1.Device) ([sha256.Size]byte, error) {
+	h := sha256.New()
+	opts := proto.MarshalOptions{Deterministic: true}
+	var buf []byte
+	for _, dev := range list {
+		var err error
+		buf, err = opts.MarshalAppend(buf[:0], dev)
+		if err != nil {
+			return [sha256.Size]byte{}, err
+		}
+		// Length-prefix each device so that boundaries cannot shift.
+		h.Write(binary.AppendUvarint(nil, uint64(len(buf))))
+		h.Write(buf)
+	}
+	var sum [sha256.Size]byte
+	h.Sum(sum[:0])
+	return sum, nil
 }
 
 // checkDevices enforces what discovery.proto promises the agent about a
