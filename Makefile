@@ -13,7 +13,7 @@ deps:
 
 build:
 	@mkdir -p $(BIN)
-	go build -o $(BIN)/ ./agent/cmd/dowse-agent ./discovery-handlers/debug-echo/cmd/dowse-debug-echo-discovery
+	go build -trimpath -ldflags="-s -w" -o $(BIN)/ ./agent/cmd/dowse-agent ./discovery-handlers/debug-echo/cmd/dowse-debug-echo-discovery
 
 # Test control plane (kube-apiserver, etcd) built from the module proxy, once.
 k8s:

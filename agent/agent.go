@@ -137,7 +137,7 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 		reg = ctrlMetricsRegistry()
 	}
 	handlers := registry.New(cfg.StateDir)
-	writer := instances.NewWriter(mgr.GetClient(), cfg.NodeName, cfg.WriteConcurrency, instances.NewMetrics(reg))
+	writer := instances.NewWriter(mgr.GetClient(), mgr.GetAPIReader(), cfg.NodeName, cfg.WriteConcurrency, instances.NewMetrics(reg))
 	rec := discovery.NewReconciler(mgr.GetClient(), handlers, writer, discovery.Options{
 		NodeName: cfg.NodeName, GracePeriod: cfg.GracePeriod, MaxDevices: cfg.MaxDevices,
 	}, log.WithName("discovery"))

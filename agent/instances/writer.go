@@ -39,6 +39,7 @@ func IndexByConfiguration(obj client.Object) []string {
 // agents never overwrite each other.
 type Writer struct {
 	client       client.Client // reads come from the informer cache
+	reader       client.Reader // reads straight from the API server
 	nodeName     string
 	fieldManager string
 	concurrency  int
@@ -52,17 +53,18 @@ type Writer struct {
 }
 
 type memo struct {
-	configuration, key string
-	instance           *v1alpha1.Instance
+	configuration string
+	digest        [sha256.Size]byte
 }
 
 // NewWriter makes a Writer for nodeName. c must read Instances from a cache
-// indexed with ConfigurationIndex; concurrency bounds parallel writes.
-func NewWriter(c client.Client, nodeName string, concurrency int, m *Metrics) *Writer {
+// indexed with ConfigurationIndex; concurrency bounds parallel writes;
+// direct reads past the cache, needed only in rare races.
+func NewWriter(c client.Client, direct client.Reader, nodeName string, concurrency int, m *Metrics) *Writer {
 	if concurrency < 1 {
 		concurrency = 1
 	}
-	return &Writer{client: c, nodeName: nodeName, fieldManager: FieldManager(nodeName), concurrency: concurrency, metrics: m, applied: map[types.NamespacedName]memo{}}
+	return &Writer{client: c, reader: direct, nodeName: nodeName, fieldManager: FieldManager(nodeName), concurrency: concurrency, metrics: m, applied: map[types.NamespacedName]memo{}}
 }
 
 // FieldManager is the server-side-apply field manager of one node's agent.
@@ -117,6 +119,16 @@ func (w *Writer) Sync(ctx context.Context, cfg *v1alpha1.Configuration, shared b
 		}
 		desired[inst.Name] = inst
 		cur := byName[inst.Name]
+		if cur == nil {
+			// Not one of this Configuration's: the name may still be taken
+			// by another Configuration whose name shares our prefix.
+			other := &v1alpha1.Instance{}
+			if err := w.client.Get(ctx, client.ObjectKeyFromObject(inst), other); err == nil {
+				cur = other
+			} else if !apierrors.IsNotFound(err) {
+				return res, fmt.Errorf("reading cached instance %s: %w", inst.Name, err)
+			}
+		}
 		if cur != nil && (cur.Spec.DeviceID != inst.Spec.DeviceID || cur.Spec.ConfigurationName != inst.Spec.ConfigurationName) {
 			res.Collisions = append(res.Collisions, fmt.Sprintf("device %q maps to Instance %s, which belongs to device %q of Configuration %q", d.Id, inst.Name, cur.Spec.DeviceID, cur.Spec.ConfigurationName))
 			continue
@@ -258,7 +270,7 @@ func (w *Writer) upToDate(cur, want *v1alpha1.Instance) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	m, ok := w.applied[key]
-	return ok && m.key == memoKey(want)
+	return ok && m.digest == memoDigest(want)
 }
 
 // Forget drops what the writer remembers of an Instance; call it when the
@@ -273,26 +285,20 @@ func (w *Writer) remember(want *v1alpha1.Instance, applied bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if applied {
-		w.applied[client.ObjectKeyFromObject(want)] = memo{configuration: want.Spec.ConfigurationName, key: memoKey(want), instance: want}
+		w.applied[client.ObjectKeyFromObject(want)] = memo{configuration: want.Spec.ConfigurationName, digest: memoDigest(want)}
 	} else {
 		delete(w.applied, client.ObjectKeyFromObject(want))
 	}
 }
 
-// recalled returns the Instance this node last applied under key.
-func (w *Writer) recalled(key types.NamespacedName) (*v1alpha1.Instance, bool) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	m, ok := w.applied[key]
-	return m.instance, ok
-}
-
-func memoKey(inst *v1alpha1.Instance) string {
+// memoDigest is what the memo keeps of an applied Instance: a digest, not
+// a copy, so that a burst of thousands of devices does not hold each twice.
+func memoDigest(inst *v1alpha1.Instance) [sha256.Size]byte {
 	b, _ := json.Marshal(struct {
 		Spec   v1alpha1.InstanceSpec
 		Owners []metav1.OwnerReference
 	}{inst.Spec, inst.OwnerReferences})
-	return string(b)
+	return sha256.Sum256(b)
 }
 
 func (w *Writer) upsert(ctx context.Context, want, cur *v1alpha1.Instance) error {
@@ -312,14 +318,25 @@ func (w *Writer) upsert(ctx context.Context, want, cur *v1alpha1.Instance) error
 // resourceVersion the apply returned, so a node that joined in between
 // keeps the Instance.
 func (w *Writer) release(ctx context.Context, cur *v1alpha1.Instance) (bool, error) {
-	spec, owners := cur.Spec, cur.OwnerReferences
-	if spec.DeviceID == "" { // known only from our own recent apply
-		m, ok := w.recalled(client.ObjectKeyFromObject(cur))
-		if !ok {
+	if cur.Spec.DeviceID == "" {
+		// Known only from our own recent apply, not yet in the cache: read it
+		// once from the API server (rare: a device that came and went
+		// within the cache's lag).
+		fresh := &v1alpha1.Instance{}
+		if err := w.reader.Get(ctx, client.ObjectKeyFromObject(cur), fresh); err != nil {
+			if apierrors.IsNotFound(err) {
+				w.remember(cur, false)
+				return false, nil
+			}
+			return false, err
+		}
+		if !hasNode(fresh, w.nodeName) {
+			w.remember(cur, false)
 			return false, nil
 		}
-		spec, owners = m.Spec, m.OwnerReferences
+		cur = fresh
 	}
+	spec, owners := cur.Spec, cur.OwnerReferences
 	w.remember(cur, false)
 	if cur.UID != "" && len(cur.Status.Nodes) == 1 && hasNode(cur, w.nodeName) {
 		// The last node: one conditional delete instead of apply and delete.

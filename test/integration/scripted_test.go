@@ -398,3 +398,38 @@ func TestDeletingConfigurationRemovesItsInstances(t *testing.T) {
 		t.Fatalf("deleting one configuration disturbed another: %d instances", n)
 	}
 }
+
+func TestInstanceNameCollisionIsReportedNotMerged(t *testing.T) {
+	ns := namespace(t)
+	a := startAgent(t, "node-a", stateDir(t))
+	startScripted(t, a.stateDir, "scripted", true, devices("same-device"))
+	// Two Configuration names that agree on their first 46 characters give
+	// the same Instance name prefix; with the same device id the names meet.
+	prefix := strings.Repeat("c", 46)
+	createConfiguration(t, ns, prefix+"-first", "scripted", `{}`)
+	eventually(t, 10*time.Second, func() error {
+		if n := len(listInstances(t, ns, prefix+"-first")); n != 1 {
+			return fmt.Errorf("%d instances", n)
+		}
+		return nil
+	})
+	createConfiguration(t, ns, prefix+"-second", "scripted", `{}`)
+	eventually(t, 10*time.Second, func() error {
+		st := nodeStatus(t, ns, prefix+"-second", "node-a")
+		if st == nil {
+			return errPending
+		}
+		c := meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionDiscovering)
+		if c == nil || !strings.Contains(c.Message, "which belongs to device \"same-device\" of Configuration \""+prefix+"-first\"") {
+			return fmt.Errorf("condition %+v", c)
+		}
+		if st.Devices != 0 {
+			return fmt.Errorf("colliding device counted: %d", st.Devices)
+		}
+		return nil
+	})
+	got := listInstances(t, ns, prefix+"-first")
+	if len(got) != 1 || len(listInstances(t, ns, prefix+"-second")) != 0 {
+		t.Fatalf("the collision was merged: first %v", got)
+	}
+}

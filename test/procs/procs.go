@@ -70,6 +70,38 @@ func (p *Proc) Kill() {
 	<-p.done
 }
 
+// Memory is a sample of a process's resident memory, in KiB: Anon is its
+// own (heap, stacks), File the pages of its binary and libraries it maps,
+// which the page cache shares between processes.
+type Memory struct{ RSS, Anon, File int }
+
+// MemoryNow samples the process's resident memory.
+func (p *Proc) MemoryNow() (Memory, error) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", p.Pid()))
+	if err != nil {
+		return Memory{}, err
+	}
+	defer f.Close()
+	var m Memory
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		fields := strings.Fields(s.Text())
+		if len(fields) < 2 {
+			continue
+		}
+		v, _ := strconv.Atoi(fields[1])
+		switch fields[0] {
+		case "VmRSS:":
+			m.RSS = v
+		case "RssAnon:":
+			m.Anon = v
+		case "RssFile:":
+			m.File = v
+		}
+	}
+	return m, s.Err()
+}
+
 // PeakRSS is the process's peak resident set (VmHWM) in KiB.
 func (p *Proc) PeakRSS() (int, error) {
 	f, err := os.Open(fmt.Sprintf("/proc/%d/status", p.Pid()))

@@ -85,7 +85,7 @@ func run(ctx context.Context, flips, applyN, idleN int, idleFor time.Duration) e
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
+	defer func() { if os.Getenv("BENCH_KEEP") == "" { os.RemoveAll(dir) } }()
 	kubeconfig := filepath.Join(dir, "kubeconfig")
 	if err := cp.Kubeconfig(kubeconfig); err != nil {
 		return err
@@ -115,6 +115,29 @@ func run(ctx context.Context, flips, applyN, idleN int, idleFor time.Duration) e
 		return err
 	}
 	defer h.Stop()
+
+	// Sample memory all along: the kernel keeps only the peak of the total
+	// (VmHWM), not of its anonymous part.
+	peakAnon := map[string]int{}
+	sampleDone := make(chan struct{})
+	stopSampling := make(chan struct{})
+	go func() {
+		defer close(sampleDone)
+		t := time.NewTicker(20 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-stopSampling:
+				return
+			case <-t.C:
+				for _, p := range []*procs.Proc{ag, h} {
+					if m, err := p.MemoryNow(); err == nil && m.Anon > peakAnon[p.Name] {
+						peakAnon[p.Name] = m.Anon
+					}
+				}
+			}
+		}
+	}()
 
 	// 1. Latency over flips.
 	if err := createConfig(ctx, c, "flip", 1); err != nil {
@@ -181,12 +204,19 @@ func run(ctx context.Context, flips, applyN, idleN int, idleFor time.Duration) e
 	}
 	fmt.Printf("agent API requests in %s idle with %d instances: %.0f writes, %.0f reads (watches stay open) (goal: 0 writes)\n", idleFor, idleN+1, writes, reads)
 
+	close(stopSampling)
+	<-sampleDone
 	for _, p := range []*procs.Proc{ag, h} {
 		kib, err := p.PeakRSS()
 		if err != nil {
 			return err
 		}
-		fmt.Printf("peak RSS %s: %.1f MiB\n", p.Name, float64(kib)/1024)
+		now, err := p.MemoryNow()
+		if err != nil {
+			return err
+		}
+		fmt.Printf("peak RSS %s: %.1f MiB (peak anonymous %.1f MiB; now %.1f MiB of which %.1f MiB file-backed binary pages)\n",
+			p.Name, mib(kib), mib(peakAnon[p.Name]), mib(now.RSS), mib(now.File))
 	}
 	fmt.Println("goals: agent < 64 MiB, handler < 16 MiB")
 	return nil
@@ -314,6 +344,8 @@ func measureFlips(ctx context.Context, c client.WithWatch, avail string, flips i
 	}
 	return lat, nil
 }
+
+func mib(kib int) float64 { return float64(kib) / 1024 }
 
 func pct(sorted []time.Duration, p int) time.Duration {
 	i := (len(sorted)*p + 99) / 100

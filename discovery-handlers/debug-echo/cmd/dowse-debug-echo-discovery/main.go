@@ -15,6 +15,7 @@ import (
 )
 
 func main() {
+	handler.TuneGC()
 	cfg := debugecho.Config{Logger: handler.NewLogger()}
 	fs := flag.NewFlagSet(os.Args[0], flag.ExitOnError)
 	fs.StringVar(&cfg.Name, "name", debugecho.DefaultName, "handler name that Configurations use in spec.discoveryHandler.name")
