@@ -85,7 +85,11 @@ func run(ctx context.Context, flips, applyN, idleN int, idleFor time.Duration) e
 	if err != nil {
 		return err
 	}
-	defer func() { if os.Getenv("BENCH_KEEP") == "" { os.RemoveAll(dir) } }()
+	defer func() {
+		if os.Getenv("BENCH_KEEP") == "" {
+			os.RemoveAll(dir)
+		}
+	}()
 	kubeconfig := filepath.Join(dir, "kubeconfig")
 	if err := cp.Kubeconfig(kubeconfig); err != nil {
 		return err
