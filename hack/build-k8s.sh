@@ -1,17 +1,30 @@
 #!/usr/bin/env bash
-# Builds the test control plane (kube-apiserver from k8s.io/kubernetes, etcd)
-# from the Go module proxy into bin/k8s/, once: no prebuilt Kubernetes
-# release can be downloaded on our machines. Versions are pinned in
-# hack/k8s/*/go.mod.
+# Builds the test cluster's binaries from the Go module proxy into bin/k8s/,
+# once each: no prebuilt Kubernetes or containerd release can be downloaded on
+# our machines. The control plane (etcd, kube-apiserver) is what envtest needs;
+# the node (kubelet, scheduler, controller manager, containerd, its runc shim,
+# ctr) is what test/cluster needs. Versions are pinned in hack/k8s/*/go.mod.
+# Builds run one after another: our machines have two cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=$PWD/bin/k8s
 mkdir -p "$OUT"
-build() { # name dir package
-  if [ -x "$OUT/$1" ]; then return; fi
-  echo "building $1 (first time only; the API server takes about 7 minutes)" >&2
-  (cd "hack/k8s/$2" && go build -ldflags="-s -w" -o "$OUT/$1.tmp" "$3")
-  mv "$OUT/$1.tmp" "$OUT/$1"
+build() { # name dir package [env...]
+  local name=$1 dir=$2 pkg=$3; shift 3
+  if [ -x "$OUT/$name" ]; then return; fi
+  echo "building $name (first time only)" >&2
+  local start=$SECONDS
+  (cd "hack/k8s/$dir" && env "$@" go build -trimpath -ldflags="-s -w" ${TAGS:+-tags "$TAGS"} -o "$OUT/$name.tmp" "$pkg")
+  mv "$OUT/$name.tmp" "$OUT/$name"
+  echo "built $name in $((SECONDS - start))s" >&2
 }
 build etcd etcd .
 build kube-apiserver kube k8s.io/kubernetes/cmd/kube-apiserver
+build kube-controller-manager kube k8s.io/kubernetes/cmd/kube-controller-manager
+build kube-scheduler kube k8s.io/kubernetes/cmd/kube-scheduler
+build kubelet kube k8s.io/kubernetes/cmd/kubelet
+# containerd static and without the snapshotters that need C libraries; the
+# test node uses overlayfs (or native) only.
+TAGS="no_btrfs no_devmapper no_zfs" build containerd containerd github.com/containerd/containerd/v2/cmd/containerd CGO_ENABLED=0
+TAGS="no_btrfs no_devmapper no_zfs" build containerd-shim-runc-v2 containerd github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 CGO_ENABLED=0
+TAGS="no_btrfs no_devmapper no_zfs" build ctr containerd github.com/containerd/containerd/v2/cmd/ctr CGO_ENABLED=0

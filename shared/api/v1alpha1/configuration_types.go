@@ -143,16 +143,14 @@ type ConfigurationStatus struct {
 	// +listType=map
 	// +listMapKey=nodeName
 	Nodes []ConfigurationNodeStatus `json:"nodes,omitempty"`
-	// Instances counts the Instances of this Configuration.
-	// +optional
-	Instances int32 `json:"instances,omitempty"`
 }
 
 // ConfigurationNodeStatus is one node's discovery state for a Configuration.
 type ConfigurationNodeStatus struct {
 	// +required
 	NodeName string `json:"nodeName"`
-	// Devices is how many devices this node's handler reports.
+	// Devices is how many Instances this node holds for the Configuration:
+	// the devices its handler reports, less any it had to drop.
 	// +optional
 	Devices int32 `json:"devices"`
 	// +optional

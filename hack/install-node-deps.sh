@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Installs what the real test node (test/cluster) needs from Debian, when
+# missing: runc, the OCI runtime containerd's shim starts. Everything else of
+# the node is built from the Go module proxy by hack/build-k8s.sh.
+set -euo pipefail
+need=()
+command -v runc >/dev/null || need+=(runc)
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" != 0 ]; then echo "please install: ${need[*]} (apt-get install ${need[*]})" >&2; exit 1; fi
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
+fi
