@@ -433,3 +433,36 @@ func TestInstanceNameCollisionIsReportedNotMerged(t *testing.T) {
 		t.Fatalf("the collision was merged: first %v", got)
 	}
 }
+
+func TestDeletedInstanceComesBack(t *testing.T) {
+	ns := namespace(t)
+	a := startAgent(t, "node-a", stateDir(t))
+	startScripted(t, a.stateDir, "scripted", true, devices("keep"))
+	createConfiguration(t, ns, "heal", "scripted", `{}`)
+	var name string
+	eventually(t, 10*time.Second, func() error {
+		got := listInstances(t, ns, "heal")
+		if len(got) != 1 {
+			return fmt.Errorf("%d instances", len(got))
+		}
+		name = got[0].Name
+		return nil
+	})
+	inst := &v1alpha1.Instance{}
+	if err := k8sClient.Get(context.Background(), keyOf(ns, name), inst); err != nil {
+		t.Fatal(err)
+	}
+	if err := k8sClient.Delete(context.Background(), inst); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, func() error {
+		again := &v1alpha1.Instance{}
+		if err := k8sClient.Get(context.Background(), keyOf(ns, name), again); err != nil {
+			return err
+		}
+		if again.UID == inst.UID || len(again.Status.Nodes) != 1 {
+			return fmt.Errorf("not recreated yet: %+v", again.Status)
+		}
+		return nil
+	})
+}
