@@ -333,3 +333,14 @@ func nodeStatus(t *testing.T, ns, name, node string) *v1alpha1.ConfigurationNode
 }
 
 func keyOf(ns, name string) client.ObjectKey { return client.ObjectKey{Namespace: ns, Name: name} }
+
+// expectCount waits until cfg has n Instances.
+func expectCount(t *testing.T, ns, cfg string, n int, timeout time.Duration) {
+	t.Helper()
+	eventually(t, timeout, func() error {
+		if got := len(listInstances(t, ns, cfg)); got != n {
+			return fmt.Errorf("%s: %d instances, want %d", cfg, got, n)
+		}
+		return nil
+	})
+}

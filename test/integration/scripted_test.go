@@ -70,12 +70,7 @@ func TestKilledHandlerDevicesGoAfterGracePeriod(t *testing.T) {
 	a := startAgent(t, "node-a", stateDir(t), withGrace(grace))
 	h := startScripted(t, a.stateDir, "scripted", true, devices("d1", "d2"))
 	createConfiguration(t, ns, "grace", "scripted", `{}`)
-	eventually(t, 10*time.Second, func() error {
-		if n := len(listInstances(t, ns, "grace")); n != 2 {
-			return fmt.Errorf("%d instances", n)
-		}
-		return nil
-	})
+	expectCount(t, ns, "grace", 2, 10*time.Second)
 	killed := time.Now()
 	h.kill()
 	// Within the grace period the devices stay.
@@ -85,12 +80,7 @@ func TestKilledHandlerDevicesGoAfterGracePeriod(t *testing.T) {
 		}
 		return nil
 	})
-	eventually(t, 10*time.Second, func() error {
-		if n := len(listInstances(t, ns, "grace")); n != 0 {
-			return fmt.Errorf("%d instances", n)
-		}
-		return nil
-	})
+	expectCount(t, ns, "grace", 0, 10*time.Second)
 	eventually(t, 5*time.Second, func() error {
 		st := nodeStatus(t, ns, "grace", "node-a")
 		if st == nil || st.Devices != 0 {
@@ -109,21 +99,11 @@ func TestHandlerComingBackWithinGraceKeepsInstances(t *testing.T) {
 	a := startAgent(t, "node-a", stateDir(t), withGrace(time.Minute))
 	h := startScripted(t, a.stateDir, "scripted", true, devices("d1", "d2"))
 	createConfiguration(t, ns, "comeback", "scripted", `{}`)
-	eventually(t, 10*time.Second, func() error {
-		if n := len(listInstances(t, ns, "comeback")); n != 2 {
-			return fmt.Errorf("%d instances", n)
-		}
-		return nil
-	})
+	expectCount(t, ns, "comeback", 2, 10*time.Second)
 	before := listInstances(t, ns, "comeback")
 	h.kill()
 	startScripted(t, a.stateDir, "scripted", true, devices("d1", "d2", "d3"))
-	eventually(t, 10*time.Second, func() error {
-		if n := len(listInstances(t, ns, "comeback")); n != 3 {
-			return fmt.Errorf("%d instances", n)
-		}
-		return nil
-	})
+	expectCount(t, ns, "comeback", 3, 10*time.Second)
 	after := listInstances(t, ns, "comeback")
 	for _, b := range before {
 		found := false
@@ -229,12 +209,7 @@ func TestUnknownHandlerAndBadConfiguration(t *testing.T) {
 		t.Fatalf("want a validation error for a property without a value, got %v", err)
 	}
 
-	eventually(t, 10*time.Second, func() error {
-		if n := len(listInstances(t, ns, "fine")); n != 1 {
-			return fmt.Errorf("%d instances", n)
-		}
-		return nil
-	})
+	expectCount(t, ns, "fine", 1, 10*time.Second)
 	var cfg v1alpha1.Configuration
 	if err := k8sClient.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "nobody"}, &cfg); err != nil {
 		t.Fatal(err)
@@ -244,12 +219,7 @@ func TestUnknownHandlerAndBadConfiguration(t *testing.T) {
 	}
 	// A handler of that name registering later is picked up at once.
 	startScripted(t, a.stateDir, "no-such-handler", true, devices("late"))
-	eventually(t, 10*time.Second, func() error {
-		if n := len(listInstances(t, ns, "nobody")); n != 1 {
-			return fmt.Errorf("%d instances", n)
-		}
-		return nil
-	})
+	expectCount(t, ns, "nobody", 1, 10*time.Second)
 }
 
 func TestPropertiesFromConfigMapAndSecretReachTheHandler(t *testing.T) {
@@ -407,12 +377,7 @@ func TestInstanceNameCollisionIsReportedNotMerged(t *testing.T) {
 	// the same Instance name prefix; with the same device id the names meet.
 	prefix := strings.Repeat("c", 46)
 	createConfiguration(t, ns, prefix+"-first", "scripted", `{}`)
-	eventually(t, 10*time.Second, func() error {
-		if n := len(listInstances(t, ns, prefix+"-first")); n != 1 {
-			return fmt.Errorf("%d instances", n)
-		}
-		return nil
-	})
+	expectCount(t, ns, prefix+"-first", 1, 10*time.Second)
 	createConfiguration(t, ns, prefix+"-second", "scripted", `{}`)
 	eventually(t, 10*time.Second, func() error {
 		st := nodeStatus(t, ns, prefix+"-second", "node-a")

@@ -1,0 +1,71 @@
+// Command images turns static binaries into OCI image archives
+// bin/images/<name>.tar, named <registry>/<name>:<tag> like the manifests in
+// deploy/ name them.
+//
+//	go run ./hack/images -out bin/images -tag latest bin/static/dowse-agent ...
+package main
+
+import (
+	"debug/elf"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/dowse-dev/dowse/hack/images/ociarchive"
+)
+
+type config struct {
+	out      string
+	registry string
+	tag      string
+	binaries []string
+}
+
+func main() {
+	var cfg config
+	flag.StringVar(&cfg.out, "out", "bin/images", "folder the archives are written to")
+	flag.StringVar(&cfg.registry, "registry", "ghcr.io/dowse-dev", "registry and owner part of each image name")
+	flag.StringVar(&cfg.tag, "tag", "latest", "tag of every image")
+	flag.Parse()
+	cfg.binaries = flag.Args()
+	if err := run(cfg); err != nil {
+		fmt.Fprintln(os.Stderr, "images:", err)
+		os.Exit(1)
+	}
+}
+
+func run(cfg config) error {
+	if len(cfg.binaries) == 0 {
+		return fmt.Errorf("no binaries given")
+	}
+	for _, b := range cfg.binaries {
+		if err := checkStatic(b); err != nil {
+			return err
+		}
+		name := filepath.Base(b)
+		ref := fmt.Sprintf("%s/%s:%s", cfg.registry, name, cfg.tag)
+		out := filepath.Join(cfg.out, name+".tar")
+		if err := ociarchive.Write(out, ociarchive.Image{Ref: ref, Binary: b}); err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+		fmt.Printf("%s -> %s\n", ref, out)
+	}
+	return nil
+}
+
+// checkStatic refuses a dynamically linked binary: the image holds nothing but
+// the binary, so it would fail only when the pod starts, far from the cause.
+func checkStatic(path string) error {
+	f, err := elf.Open(path)
+	if err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			return fmt.Errorf("%s is dynamically linked: build it with CGO_ENABLED=0", path)
+		}
+	}
+	return nil
+}
