@@ -11,7 +11,6 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/runtime"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -24,6 +23,7 @@ import (
 	"github.com/dowse-dev/dowse/agent/registration"
 	"github.com/dowse-dev/dowse/agent/registry"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+	"github.com/dowse-dev/dowse/shared/scheme"
 )
 
 // Config is everything the agent needs; main fills it from flags.
@@ -69,16 +69,7 @@ func (c *Config) Validate() error {
 }
 
 // Scheme returns a scheme with the Kubernetes and Dowse types.
-func Scheme() (*runtime.Scheme, error) {
-	s := runtime.NewScheme()
-	if err := clientgoscheme.AddToScheme(s); err != nil {
-		return nil, err
-	}
-	if err := v1alpha1.AddToScheme(s); err != nil {
-		return nil, err
-	}
-	return s, nil
-}
+func Scheme() (*runtime.Scheme, error) { return scheme.New() }
 
 // Run runs the agent until ctx ends.
 func Run(ctx context.Context, cfg Config, log logr.Logger) error {
@@ -103,7 +94,7 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 	}
 	restCfg.UserAgent = "dowse-agent/" + cfg.NodeName
 
-	scheme, err := Scheme()
+	sch, err := scheme.New()
 	if err != nil {
 		return err
 	}
@@ -114,7 +105,7 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 		cacheOpts.DefaultNamespaces = map[string]cache.Config{cfg.Namespace: {}}
 	}
 	mgr, err := ctrl.NewManager(restCfg, ctrl.Options{
-		Scheme:                 scheme,
+		Scheme:                 sch,
 		Logger:                 log,
 		Cache:                  cacheOpts,
 		Metrics:                metricsserver.Options{BindAddress: orZero(cfg.MetricsAddr)},

@@ -21,7 +21,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/validation"
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -83,16 +82,8 @@ func NewReconciler(c client.Client, reg *registry.Registry, w *instances.Writer,
 }
 
 // Finalizer is the finalizer one node's agent keeps on a Configuration
-// while it may hold Instances of it, so that deleting the Configuration
-// waits for the node to release them.
-func Finalizer(nodeName string) string {
-	name := nodeName
-	if len(validation.IsQualifiedName("agent.dowse.dev/"+name)) > 0 {
-		sum := sha256.Sum256([]byte(nodeName))
-		name = "node-" + hex.EncodeToString(sum[:])[:32]
-	}
-	return "agent.dowse.dev/" + name
-}
+// while it may hold Instances of it.
+func Finalizer(nodeName string) string { return v1alpha1.AgentFinalizer(nodeName) }
 
 // SetupWithManager registers the controller, its indexes and this Runnable.
 func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) error {

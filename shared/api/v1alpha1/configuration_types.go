@@ -134,6 +134,9 @@ const (
 	// handler accepts the details; False with the handler's message when it
 	// rejects them.
 	ConditionDiscovering = "Discovering"
+	// ConditionBrokersDeployed is the controller's: False with the API
+	// server's message when a broker it made was refused.
+	ConditionBrokersDeployed = "BrokersDeployed"
 )
 
 // ConfigurationStatus is what the agents and the controller observe.
@@ -143,6 +146,19 @@ type ConfigurationStatus struct {
 	// +listType=map
 	// +listMapKey=nodeName
 	Nodes []ConfigurationNodeStatus `json:"nodes,omitempty"`
+	// Instances counts this Configuration's Instances (written by the
+	// controller).
+	// +optional
+	Instances int32 `json:"instances"`
+	// Brokers counts its broker Pods that are Running (written by the
+	// controller).
+	// +optional
+	Brokers int32 `json:"brokers"`
+	// Conditions are the controller's, e.g. BrokersDeployed.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
 }
 
 // ConfigurationNodeStatus is one node's discovery state for a Configuration.
@@ -166,6 +182,8 @@ type ConfigurationNodeStatus struct {
 // +kubebuilder:resource:shortName=dcfg
 // +kubebuilder:printcolumn:name="Handler",type=string,JSONPath=`.spec.discoveryHandler.name`
 // +kubebuilder:printcolumn:name="Capacity",type=integer,JSONPath=`.spec.capacity`
+// +kubebuilder:printcolumn:name="Instances",type=integer,JSONPath=`.status.instances`
+// +kubebuilder:printcolumn:name="Brokers",type=integer,JSONPath=`.status.brokers`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type Configuration struct {
 	metav1.TypeMeta   `json:",inline"`

@@ -1,0 +1,141 @@
+package broker
+
+import (
+	"context"
+	"encoding/json"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
+
+	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+)
+
+// ConfigurationReconciler keeps a Configuration's Service and the
+// controller's part of its status: Instance and running-broker counts and
+// the BrokersDeployed condition.
+type ConfigurationReconciler struct {
+	client client.Client
+	errors *Errors
+}
+
+// NewConfigurationReconciler wires a ConfigurationReconciler.
+func NewConfigurationReconciler(c client.Client, errs *Errors) *ConfigurationReconciler {
+	return &ConfigurationReconciler{client: c, errors: errs}
+}
+
+// SetupWithManager registers the controller.
+func (r *ConfigurationReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("configuration-status").
+		For(&v1alpha1.Configuration{}).
+		Owns(&corev1.Service{}).
+		Watches(&v1alpha1.Instance{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+			return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: o.(*v1alpha1.Instance).Spec.ConfigurationName}}}
+		})).
+		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(r.configurationOfPod)).
+		WatchesRawSource(source.Channel(r.errors.changes, &handler.TypedEnqueueRequestForObject[*v1alpha1.Configuration]{})).
+		WithOptions(controller.Options{MaxConcurrentReconciles: 2, SkipNameValidation: ptr.To(true)}).
+		Complete(r)
+}
+
+func (r *ConfigurationReconciler) configurationOfPod(ctx context.Context, o client.Object) []reconcile.Request {
+	name := o.GetLabels()[v1alpha1.LabelInstance]
+	if name == "" {
+		return nil
+	}
+	var inst v1alpha1.Instance
+	if err := r.client.Get(ctx, types.NamespacedName{Namespace: o.GetNamespace(), Name: name}, &inst); err != nil {
+		return nil
+	}
+	return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: inst.Namespace, Name: inst.Spec.ConfigurationName}}}
+}
+
+// Reconcile is idempotent and writes only what differs from the cache.
+func (r *ConfigurationReconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	var cfg v1alpha1.Configuration
+	if err := r.client.Get(ctx, req.NamespacedName, &cfg); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.errors.Set(req.NamespacedName, "")
+			return reconcile.Result{}, ensureService(ctx, r.client, types.NamespacedName{Namespace: req.Namespace, Name: ConfigurationServiceName(req.Name)}, nil)
+		}
+		return reconcile.Result{}, err
+	}
+	var insts v1alpha1.InstanceList
+	if err := r.client.List(ctx, &insts, client.InNamespace(cfg.Namespace), client.MatchingFields{ConfigurationIndex: cfg.Name}); err != nil {
+		return reconcile.Result{}, err
+	}
+	running := int32(0)
+	for i := range insts.Items {
+		var pods corev1.PodList
+		if err := r.client.List(ctx, &pods, client.InNamespace(cfg.Namespace), client.MatchingLabels{v1alpha1.LabelInstance: insts.Items[i].Name}); err != nil {
+			return reconcile.Result{}, err
+		}
+		for _, p := range pods.Items {
+			if p.Status.Phase == corev1.PodRunning && p.DeletionTimestamp.IsZero() {
+				running++
+			}
+		}
+	}
+
+	var want *corev1.Service
+	if cfg.Spec.ConfigurationServiceSpec != nil && running > 0 {
+		t := true
+		want = service(ConfigurationServiceName(cfg.Name), cfg.Namespace, cfg.Spec.ConfigurationServiceSpec,
+			map[string]string{v1alpha1.LabelConfiguration: v1alpha1.LabelValue(cfg.Name)},
+			map[string]string{v1alpha1.LabelConfiguration: v1alpha1.LabelValue(cfg.Name)},
+			[]metav1.OwnerReference{{APIVersion: v1alpha1.GroupVersion.String(), Kind: "Configuration", Name: cfg.Name, UID: cfg.UID, Controller: &t}})
+	}
+	if err := ensureService(ctx, r.client, types.NamespacedName{Namespace: cfg.Namespace, Name: ConfigurationServiceName(cfg.Name)}, want); err != nil {
+		return reconcile.Result{}, err
+	}
+	return reconcile.Result{}, r.writeStatus(ctx, &cfg, int32(len(insts.Items)), running)
+}
+
+type statusApply struct {
+	APIVersion string            `json:"apiVersion"`
+	Kind       string            `json:"kind"`
+	Metadata   map[string]string `json:"metadata"`
+	Status     struct {
+		Instances  int32              `json:"instances"`
+		Brokers    int32              `json:"brokers"`
+		Conditions []metav1.Condition `json:"conditions"`
+	} `json:"status"`
+}
+
+func (r *ConfigurationReconciler) writeStatus(ctx context.Context, cfg *v1alpha1.Configuration, instances, brokers int32) error {
+	conds := append([]metav1.Condition(nil), cfg.Status.Conditions...)
+	c := metav1.Condition{Type: v1alpha1.ConditionBrokersDeployed, Status: metav1.ConditionTrue, Reason: "Deployed",
+		Message: "every broker the Configuration asks for was accepted", ObservedGeneration: cfg.Generation}
+	if cfg.Spec.BrokerSpec == nil {
+		c.Reason, c.Message = "NoBroker", "the Configuration asks for no broker"
+	}
+	if msg := r.errors.Get(client.ObjectKeyFromObject(cfg)); msg != "" {
+		c.Status, c.Reason, c.Message = metav1.ConditionFalse, "Refused", msg
+	}
+	meta.SetStatusCondition(&conds, c)
+	if cfg.Status.Instances == instances && cfg.Status.Brokers == brokers && equality.Semantic.DeepEqual(conds, cfg.Status.Conditions) {
+		return nil
+	}
+	var a statusApply
+	a.APIVersion, a.Kind = v1alpha1.GroupVersion.String(), "Configuration"
+	a.Metadata = map[string]string{"name": cfg.Name, "namespace": cfg.Namespace}
+	a.Status.Instances, a.Status.Brokers, a.Status.Conditions = instances, brokers, conds
+	body, err := json.Marshal(a)
+	if err != nil {
+		return err
+	}
+	obj := &v1alpha1.Configuration{ObjectMeta: metav1.ObjectMeta{Name: cfg.Name, Namespace: cfg.Namespace}}
+	err = r.client.Status().Patch(ctx, obj, client.RawPatch(types.ApplyPatchType, body), client.FieldOwner(FieldManager), client.ForceOwnership)
+	return client.IgnoreNotFound(err)
+}

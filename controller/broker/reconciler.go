@@ -1,0 +1,369 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/recorder"
+
+	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+)
+
+// ConfigurationIndex indexes Instances by spec.configurationName.
+const ConfigurationIndex = "spec.configurationName"
+
+// Errors remembers, per Configuration, the last broker object the API
+// server refused, so that the Configuration's status can say why.
+type Errors struct {
+	mu      sync.Mutex
+	m       map[types.NamespacedName]string
+	changes chan event.TypedGenericEvent[*v1alpha1.Configuration]
+}
+
+// NewErrors makes an empty store.
+func NewErrors() *Errors {
+	return &Errors{m: map[types.NamespacedName]string{}, changes: make(chan event.TypedGenericEvent[*v1alpha1.Configuration], 1024)}
+}
+
+// Set records (msg != "") or clears the error of a Configuration and says
+// whether it changed.
+func (e *Errors) Set(cfg types.NamespacedName, msg string) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.m[cfg] == msg {
+		return false
+	}
+	if msg == "" {
+		delete(e.m, cfg)
+	} else {
+		e.m[cfg] = msg
+	}
+	// Tell the status reconciler; a full buffer only delays the status to
+	// its next reconcile.
+	select {
+	case e.changes <- event.TypedGenericEvent[*v1alpha1.Configuration]{Object: &v1alpha1.Configuration{ObjectMeta: metav1.ObjectMeta{Namespace: cfg.Namespace, Name: cfg.Name}}}:
+	default:
+	}
+	return true
+}
+
+// Get returns a Configuration's recorded error.
+func (e *Errors) Get(cfg types.NamespacedName) string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.m[cfg]
+}
+
+// InstanceReconciler keeps the broker Pods, Job and Instance Service of
+// each Instance as its Configuration asks. It reads from the cache and
+// writes only what differs, so a steady state costs no requests.
+type InstanceReconciler struct {
+	client   client.Client
+	recorder recorder.EventRecorder
+	errors   *Errors
+	log      logr.Logger
+
+	mu      sync.Mutex
+	backoff map[types.NamespacedName]restart // per broker Pod
+}
+
+type restart struct {
+	failures int
+	notUntil time.Time
+}
+
+// NewInstanceReconciler wires an InstanceReconciler.
+func NewInstanceReconciler(c client.Client, rec recorder.EventRecorder, errs *Errors, log logr.Logger) *InstanceReconciler {
+	return &InstanceReconciler{client: c, recorder: rec, errors: errs, log: log, backoff: map[types.NamespacedName]restart{}}
+}
+
+// SetupWithManager registers the controller.
+func (r *InstanceReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("broker").
+		For(&v1alpha1.Instance{}).
+		Owns(&corev1.Pod{}).
+		Owns(&batchv1.Job{}).
+		Owns(&corev1.Service{}).
+		Watches(&v1alpha1.Configuration{}, handler.EnqueueRequestsFromMapFunc(r.instancesOf)).
+		WithOptions(controller.Options{MaxConcurrentReconciles: 8, SkipNameValidation: ptr.To(true)}).
+		Complete(r)
+}
+
+func (r *InstanceReconciler) instancesOf(ctx context.Context, o client.Object) []reconcile.Request {
+	var list v1alpha1.InstanceList
+	if err := r.client.List(ctx, &list, client.InNamespace(o.GetNamespace()), client.MatchingFields{ConfigurationIndex: o.GetName()}); err != nil {
+		return nil
+	}
+	reqs := make([]reconcile.Request, 0, len(list.Items))
+	for i := range list.Items {
+		reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
+	}
+	return reqs
+}
+
+// Reconcile makes the Instance's broker objects match its Configuration
+// and the nodes that see it. It is idempotent.
+func (r *InstanceReconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	var inst v1alpha1.Instance
+	if err := r.client.Get(ctx, req.NamespacedName, &inst); err != nil {
+		if apierrors.IsNotFound(err) {
+			// Owner references collect these on a real cluster; deleting
+			// them here too keeps clusters without a garbage collector clean.
+			return reconcile.Result{}, r.removeAll(ctx, req.Namespace, req.Name)
+		}
+		return reconcile.Result{}, err
+	}
+	var cfg v1alpha1.Configuration
+	if err := r.client.Get(ctx, types.NamespacedName{Namespace: inst.Namespace, Name: inst.Spec.ConfigurationName}, &cfg); err != nil {
+		if apierrors.IsNotFound(err) {
+			return reconcile.Result{}, r.removeAll(ctx, inst.Namespace, inst.Name)
+		}
+		return reconcile.Result{}, err
+	}
+	cfgKey := client.ObjectKeyFromObject(&cfg)
+
+	var pods corev1.PodList
+	if err := r.client.List(ctx, &pods, client.InNamespace(inst.Namespace), client.MatchingLabels{v1alpha1.LabelInstance: inst.Name}); err != nil {
+		return reconcile.Result{}, err
+	}
+	requeue, refused, err := r.reconcilePods(ctx, &inst, &cfg, pods.Items)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	jobRefused, err := r.reconcileJob(ctx, &inst, &cfg)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	if refused == "" {
+		refused = jobRefused
+	}
+	if refused != "" || r.errors.Get(cfgKey) != "" {
+		r.errors.Set(cfgKey, refused)
+	}
+	running := false
+	for i := range pods.Items {
+		running = running || pods.Items[i].Status.Phase == corev1.PodRunning
+	}
+	if err := r.reconcileService(ctx, &inst, &cfg, running); err != nil {
+		return reconcile.Result{}, err
+	}
+	return reconcile.Result{RequeueAfter: requeue}, nil
+}
+
+// reconcilePods returns how soon to look again (for a broker in restart
+// backoff) and the API server's message when it refused a Pod.
+func (r *InstanceReconciler) reconcilePods(ctx context.Context, inst *v1alpha1.Instance, cfg *v1alpha1.Configuration, existing []corev1.Pod) (time.Duration, string, error) {
+	desired := map[string]*corev1.Pod{}
+	if cfg.Spec.BrokerSpec != nil && cfg.Spec.BrokerSpec.BrokerPodSpec != nil {
+		for _, n := range inst.Status.Nodes {
+			var node corev1.Node
+			if err := r.client.Get(ctx, types.NamespacedName{Name: n.Name}, &node); err != nil {
+				if apierrors.IsNotFound(err) {
+					r.recorder.Eventf(inst, nil, corev1.EventTypeWarning, "NodeNotFound", "DeployBroker",
+						"no broker for node %q: the cluster has no such node", n.Name)
+					continue
+				}
+				return 0, "", err
+			}
+			p := brokerPod(inst, cfg, n.Name)
+			desired[p.Name] = p
+		}
+	}
+	have := map[string]bool{}
+	for i := range existing {
+		p := &existing[i]
+		want := desired[p.Name]
+		key := client.ObjectKeyFromObject(p)
+		reason := ""
+		switch {
+		case !p.DeletionTimestamp.IsZero():
+			have[p.Name] = true // wait until it is gone
+			continue
+		case want == nil:
+			reason = "BrokerRemoved"
+		case p.Annotations[v1alpha1.AnnotationSpecHash] != want.Annotations[v1alpha1.AnnotationSpecHash]:
+			reason = "BrokerRolled"
+		case p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded:
+			reason = "BrokerRestarted"
+			r.noteFailure(key)
+		default:
+			if p.Status.Phase == corev1.PodRunning {
+				r.clearFailures(key)
+			}
+			have[p.Name] = true
+			continue
+		}
+		if err := r.client.Delete(ctx, p); client.IgnoreNotFound(err) != nil {
+			return 0, "", err
+		}
+		r.recorder.Eventf(inst, p, corev1.EventTypeNormal, reason, "DeleteBroker", "deleted broker pod %s", p.Name)
+	}
+	var requeue time.Duration
+	refused := ""
+	for name, p := range desired {
+		if have[name] {
+			continue
+		}
+		if wait := r.waitBeforeRestart(client.ObjectKeyFromObject(p)); wait > 0 {
+			if requeue == 0 || wait < requeue {
+				requeue = wait
+			}
+			continue
+		}
+		if err := r.client.Create(ctx, p); err != nil {
+			if apierrors.IsAlreadyExists(err) {
+				continue
+			}
+			if apierrors.IsInvalid(err) || apierrors.IsForbidden(err) || apierrors.IsBadRequest(err) {
+				refused = fmt.Sprintf("broker pod %s refused: %v", p.Name, err)
+				r.recorder.Eventf(inst, nil, corev1.EventTypeWarning, "BrokerRefused", "CreateBroker", "%s", refused)
+				continue
+			}
+			return 0, "", err
+		}
+		r.recorder.Eventf(inst, p, corev1.EventTypeNormal, "BrokerCreated", "CreateBroker", "created broker pod %s", p.Name)
+	}
+	return requeue, refused, nil
+}
+
+func (r *InstanceReconciler) noteFailure(key types.NamespacedName) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	b := r.backoff[key]
+	b.failures++
+	// 1s, 2s, 4s ... capped at 5 minutes, like the kubelet's crash backoff.
+	d := min(time.Second<<min(b.failures-1, 9), 5*time.Minute)
+	b.notUntil = time.Now().Add(d)
+	r.backoff[key] = b
+}
+
+func (r *InstanceReconciler) clearFailures(key types.NamespacedName) {
+	r.mu.Lock()
+	delete(r.backoff, key)
+	r.mu.Unlock()
+}
+
+func (r *InstanceReconciler) waitBeforeRestart(key types.NamespacedName) time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return time.Until(r.backoff[key].notUntil)
+}
+
+// reconcileJob keeps one Job per Instance and Configuration generation.
+func (r *InstanceReconciler) reconcileJob(ctx context.Context, inst *v1alpha1.Instance, cfg *v1alpha1.Configuration) (string, error) {
+	var jobs batchv1.JobList
+	if err := r.client.List(ctx, &jobs, client.InNamespace(inst.Namespace), client.MatchingLabels{v1alpha1.LabelInstance: inst.Name}); err != nil {
+		return "", err
+	}
+	want := ""
+	if cfg.Spec.BrokerSpec != nil && cfg.Spec.BrokerSpec.BrokerJobSpec != nil {
+		want = JobName(inst.Name, cfg.Generation)
+	}
+	found := false
+	for i := range jobs.Items {
+		j := &jobs.Items[i]
+		if j.Name == want {
+			found = true
+			continue
+		}
+		if !j.DeletionTimestamp.IsZero() {
+			continue
+		}
+		if err := r.client.Delete(ctx, j, client.PropagationPolicy(metav1.DeletePropagationBackground)); client.IgnoreNotFound(err) != nil {
+			return "", err
+		}
+		r.recorder.Eventf(inst, j, corev1.EventTypeNormal, "BrokerRemoved", "DeleteBroker", "deleted broker job %s", j.Name)
+	}
+	if want == "" || found {
+		return "", nil
+	}
+	spec := cfg.Spec.BrokerSpec.BrokerJobSpec.DeepCopy()
+	spec.Template.Spec = *withDevice(&spec.Template.Spec, inst.Name)
+	if spec.Template.Labels == nil {
+		spec.Template.Labels = map[string]string{}
+	}
+	for k, v := range labels(inst, "") {
+		spec.Template.Labels[k] = v
+	}
+	job := &batchv1.Job{
+		ObjectMeta: metav1.ObjectMeta{Name: want, Namespace: inst.Namespace, Labels: labels(inst, ""), OwnerReferences: owner(inst)},
+		Spec:       *spec,
+	}
+	if err := r.client.Create(ctx, job); err != nil {
+		if apierrors.IsAlreadyExists(err) {
+			return "", nil
+		}
+		if apierrors.IsInvalid(err) || apierrors.IsForbidden(err) || apierrors.IsBadRequest(err) {
+			msg := fmt.Sprintf("broker job %s refused: %v", want, err)
+			r.recorder.Eventf(inst, nil, corev1.EventTypeWarning, "BrokerRefused", "CreateBroker", "%s", msg)
+			return msg, nil
+		}
+		return "", err
+	}
+	r.recorder.Eventf(inst, job, corev1.EventTypeNormal, "BrokerCreated", "CreateBroker", "created broker job %s", want)
+	return "", nil
+}
+
+// reconcileService keeps the Instance Service while a broker runs.
+func (r *InstanceReconciler) reconcileService(ctx context.Context, inst *v1alpha1.Instance, cfg *v1alpha1.Configuration, running bool) error {
+	name := InstanceServiceName(inst.Name)
+	var want *corev1.Service
+	if cfg.Spec.InstanceServiceSpec != nil && running {
+		want = service(name, inst.Namespace, cfg.Spec.InstanceServiceSpec, labels(inst, ""),
+			map[string]string{v1alpha1.LabelInstance: inst.Name}, owner(inst))
+	}
+	return ensureService(ctx, r.client, types.NamespacedName{Namespace: inst.Namespace, Name: name}, want)
+}
+
+// removeAll deletes every broker object of an Instance that is gone.
+func (r *InstanceReconciler) removeAll(ctx context.Context, namespace, instance string) error {
+	sel := client.MatchingLabels{v1alpha1.LabelInstance: instance}
+	var errs []error
+	for _, list := range []client.ObjectList{&corev1.PodList{}, &batchv1.JobList{}, &corev1.ServiceList{}} {
+		if err := r.client.List(ctx, list, client.InNamespace(namespace), sel); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		var objs []client.Object
+		switch l := list.(type) {
+		case *corev1.PodList:
+			for i := range l.Items {
+				objs = append(objs, &l.Items[i])
+			}
+		case *batchv1.JobList:
+			for i := range l.Items {
+				objs = append(objs, &l.Items[i])
+			}
+		case *corev1.ServiceList:
+			for i := range l.Items {
+				objs = append(objs, &l.Items[i])
+			}
+		}
+		for _, o := range objs {
+			if !o.GetDeletionTimestamp().IsZero() {
+				continue
+			}
+			if err := r.client.Delete(ctx, o, client.PropagationPolicy(metav1.DeletePropagationBackground)); client.IgnoreNotFound(err) != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
