@@ -1,0 +1,33 @@
+// Command dowse-debug-echo-broker is the sample broker for debug-echo
+// devices: it logs and serves over HTTP the device environment it received.
+package main
+
+import (
+	"context"
+	"flag"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/go-logr/logr"
+
+	debugecho "github.com/dowse-dev/dowse/brokers/debug-echo"
+)
+
+func main() {
+	cfg := debugecho.Config{Logger: logr.FromSlogHandler(slog.NewJSONHandler(os.Stderr, nil))}
+	fs := flag.NewFlagSet(os.Args[0], flag.ExitOnError)
+	fs.StringVar(&cfg.Listen, "listen", ":8080", "HTTP listen address")
+	prefixes := fs.String("env-prefixes", "DEBUG_ECHO_", "comma-separated prefixes of the environment variables that describe the device")
+	_ = fs.Parse(os.Args[1:])
+	cfg.Prefixes = strings.Split(*prefixes, ",")
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := debugecho.Run(ctx, cfg); err != nil {
+		cfg.Logger.Error(err, "Broker failed")
+		stop()
+		os.Exit(1)
+	}
+}
