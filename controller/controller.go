@@ -9,6 +9,10 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -35,8 +39,10 @@ type Config struct {
 	// before it is removed from the Instances that name it.
 	NodeGracePeriod         time.Duration
 	MetricsAddr, HealthAddr string
-	QPS                     float32
-	Burst                   int
+	// PprofAddr serves Go's profiles when set ("0" or empty disables).
+	PprofAddr string
+	QPS       float32
+	Burst     int
 }
 
 // Run runs the controller until ctx ends.
@@ -65,12 +71,27 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 	if err != nil {
 		return err
 	}
+	req, err := labels.NewRequirement(v1alpha1.LabelConfiguration, selection.Exists, nil)
+	if err != nil {
+		return err
+	}
+	ours := labels.NewSelector().Add(*req)
 	mgr, err := ctrl.NewManager(restCfg, ctrl.Options{
-		Scheme:                  sch,
-		Logger:                  log,
-		Cache:                   cache.Options{DefaultTransform: cache.TransformStripManagedFields()},
+		Scheme: sch,
+		Logger: log,
+		Cache: cache.Options{
+			DefaultTransform: cache.TransformStripManagedFields(),
+			// Only what the controller made: caching every Pod of a large
+			// cluster would cost more than the Instances themselves.
+			ByObject: map[client.Object]cache.ByObject{
+				&corev1.Pod{}:     {Label: ours, Transform: slimPod},
+				&batchv1.Job{}:    {Label: ours, Transform: slimJob},
+				&corev1.Service{}: {Label: ours},
+			},
+		},
 		Metrics:                 metricsserver.Options{BindAddress: orZero(cfg.MetricsAddr)},
 		HealthProbeBindAddress:  orZero(cfg.HealthAddr),
+		PprofBindAddress:        orZero(cfg.PprofAddr),
 		LeaderElection:          cfg.LeaderElection,
 		LeaderElectionID:        "dowse-controller.dowse.dev",
 		LeaderElectionNamespace: cfg.LeaderElectionNamespace,
@@ -81,9 +102,7 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
 		return err
 	}
-	if err := mgr.GetFieldIndexer().IndexField(ctx, &v1alpha1.Instance{}, broker.ConfigurationIndex, func(o client.Object) []string {
-		return []string{o.(*v1alpha1.Instance).Spec.ConfigurationName}
-	}); err != nil {
+	if err := broker.AddIndexes(ctx, mgr.GetFieldIndexer()); err != nil {
 		return err
 	}
 	errs := broker.NewErrors()
@@ -105,4 +124,30 @@ func orZero(addr string) string {
 		return "0"
 	}
 	return addr
+}
+
+// slimPod keeps what the controller reads of a broker Pod (metadata and
+// phase): a Pod's spec is most of its size, and the controller compares
+// spec-hash annotations instead.
+func slimPod(obj any) (any, error) {
+	p, ok := obj.(*corev1.Pod)
+	if !ok {
+		return obj, nil
+	}
+	p.ManagedFields = nil
+	p.Spec = corev1.PodSpec{}
+	p.Status = corev1.PodStatus{Phase: p.Status.Phase}
+	return p, nil
+}
+
+// slimJob keeps a Job's metadata: the controller only names and deletes them.
+func slimJob(obj any) (any, error) {
+	j, ok := obj.(*batchv1.Job)
+	if !ok {
+		return obj, nil
+	}
+	j.ManagedFields = nil
+	j.Spec = batchv1.JobSpec{}
+	j.Status = batchv1.JobStatus{}
+	return j, nil
 }

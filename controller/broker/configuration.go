@@ -3,6 +3,7 @@ package broker
 import (
 	"context"
 	"encoding/json"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -10,10 +11,12 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
@@ -40,13 +43,42 @@ func (r *ConfigurationReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Named("configuration-status").
 		For(&v1alpha1.Configuration{}).
 		Owns(&corev1.Service{}).
-		Watches(&v1alpha1.Instance{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+		Watches(&v1alpha1.Instance{}, debounced(func(_ context.Context, o client.Object) []reconcile.Request {
 			return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: o.(*v1alpha1.Instance).Spec.ConfigurationName}}}
 		})).
-		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(r.configurationOfPod)).
+		Watches(&corev1.Pod{}, debounced(r.configurationOfPod)).
 		WatchesRawSource(source.Channel(r.errors.changes, &handler.TypedEnqueueRequestForObject[*v1alpha1.Configuration]{})).
 		WithOptions(controller.Options{MaxConcurrentReconciles: 2, SkipNameValidation: ptr.To(true)}).
 		Complete(r)
+}
+
+// statusDelay coalesces the Instance and Pod events of a burst into one
+// status update per Configuration per interval: each update counts every
+// Instance and Pod of the Configuration.
+const statusDelay = time.Second
+
+// debounced enqueues what mapFn returns after statusDelay; the delaying
+// queue keeps one entry per Configuration meanwhile.
+func debounced(mapFn handler.MapFunc) handler.EventHandler {
+	add := func(ctx context.Context, o client.Object, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+		for _, req := range mapFn(ctx, o) {
+			q.AddAfter(req, statusDelay)
+		}
+	}
+	return handler.Funcs{
+		CreateFunc: func(ctx context.Context, e event.CreateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			add(ctx, e.Object, q)
+		},
+		UpdateFunc: func(ctx context.Context, e event.UpdateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			add(ctx, e.ObjectNew, q)
+		},
+		DeleteFunc: func(ctx context.Context, e event.DeleteEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			add(ctx, e.Object, q)
+		},
+		GenericFunc: func(ctx context.Context, e event.GenericEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			add(ctx, e.Object, q)
+		},
+	}
 }
 
 func (r *ConfigurationReconciler) configurationOfPod(ctx context.Context, o client.Object) []reconcile.Request {
@@ -72,19 +104,18 @@ func (r *ConfigurationReconciler) Reconcile(ctx context.Context, req reconcile.R
 		return reconcile.Result{}, err
 	}
 	var insts v1alpha1.InstanceList
-	if err := r.client.List(ctx, &insts, client.InNamespace(cfg.Namespace), client.MatchingFields{ConfigurationIndex: cfg.Name}); err != nil {
+	// Counting only: the cache's objects are read in place, not copied.
+	if err := r.client.List(ctx, &insts, client.InNamespace(cfg.Namespace), client.MatchingFields{ConfigurationIndex: cfg.Name}, client.UnsafeDisableDeepCopy); err != nil {
 		return reconcile.Result{}, err
 	}
 	running := int32(0)
-	for i := range insts.Items {
-		var pods corev1.PodList
-		if err := r.client.List(ctx, &pods, client.InNamespace(cfg.Namespace), client.MatchingLabels{v1alpha1.LabelInstance: insts.Items[i].Name}); err != nil {
-			return reconcile.Result{}, err
-		}
-		for _, p := range pods.Items {
-			if p.Status.Phase == corev1.PodRunning && p.DeletionTimestamp.IsZero() {
-				running++
-			}
+	var pods corev1.PodList
+	if err := r.client.List(ctx, &pods, client.InNamespace(cfg.Namespace), client.MatchingFields{ConfigurationLabelIndex: v1alpha1.LabelValue(cfg.Name)}, client.UnsafeDisableDeepCopy); err != nil {
+		return reconcile.Result{}, err
+	}
+	for _, p := range pods.Items {
+		if p.Status.Phase == corev1.PodRunning && p.DeletionTimestamp.IsZero() {
+			running++
 		}
 	}
 

@@ -4,11 +4,18 @@
 package broker
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"strings"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 )
 
 // Placeholder is the resource name a broker spec may use in its requests
@@ -59,4 +66,35 @@ func cut(s string, n int) string {
 func specHash(v any) string {
 	b, _ := json.Marshal(v)
 	return shortHash(string(b), 16)
+}
+
+// Cache indexes on the labels of what the controller makes: listing by
+// label selector scans every cached object, which grows with the square of
+// the number of Instances.
+const (
+	InstanceLabelIndex      = "label.instance"
+	ConfigurationLabelIndex = "label.configuration"
+)
+
+// AddIndexes registers the controller's cache indexes.
+func AddIndexes(ctx context.Context, fi client.FieldIndexer) error {
+	byLabel := func(key string) client.IndexerFunc {
+		return func(o client.Object) []string {
+			if v, ok := o.GetLabels()[key]; ok {
+				return []string{v}
+			}
+			return nil
+		}
+	}
+	for _, obj := range []client.Object{&corev1.Pod{}, &batchv1.Job{}} {
+		if err := fi.IndexField(ctx, obj, InstanceLabelIndex, byLabel(v1alpha1.LabelInstance)); err != nil {
+			return err
+		}
+	}
+	if err := fi.IndexField(ctx, &corev1.Pod{}, ConfigurationLabelIndex, byLabel(v1alpha1.LabelConfiguration)); err != nil {
+		return err
+	}
+	return fi.IndexField(ctx, &v1alpha1.Instance{}, ConfigurationIndex, func(o client.Object) []string {
+		return []string{o.(*v1alpha1.Instance).Spec.ConfigurationName}
+	})
 }

@@ -140,7 +140,7 @@ func (r *InstanceReconciler) Reconcile(ctx context.Context, req reconcile.Reques
 	cfgKey := client.ObjectKeyFromObject(&cfg)
 
 	var pods corev1.PodList
-	if err := r.client.List(ctx, &pods, client.InNamespace(inst.Namespace), client.MatchingLabels{v1alpha1.LabelInstance: inst.Name}); err != nil {
+	if err := r.client.List(ctx, &pods, client.InNamespace(inst.Namespace), client.MatchingFields{InstanceLabelIndex: inst.Name}); err != nil {
 		return reconcile.Result{}, err
 	}
 	requeue, refused, err := r.reconcilePods(ctx, &inst, &cfg, pods.Items)
@@ -269,7 +269,7 @@ func (r *InstanceReconciler) waitBeforeRestart(key types.NamespacedName) time.Du
 // reconcileJob keeps one Job per Instance and Configuration generation.
 func (r *InstanceReconciler) reconcileJob(ctx context.Context, inst *v1alpha1.Instance, cfg *v1alpha1.Configuration) (string, error) {
 	var jobs batchv1.JobList
-	if err := r.client.List(ctx, &jobs, client.InNamespace(inst.Namespace), client.MatchingLabels{v1alpha1.LabelInstance: inst.Name}); err != nil {
+	if err := r.client.List(ctx, &jobs, client.InNamespace(inst.Namespace), client.MatchingFields{InstanceLabelIndex: inst.Name}); err != nil {
 		return "", err
 	}
 	want := ""

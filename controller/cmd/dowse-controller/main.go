@@ -8,16 +8,24 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"syscall"
 	"time"
 
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/dowse-dev/dowse/controller"
 )
 
 func main() {
+	// The controller's live heap is small next to the garbage a burst of
+	// broker creation makes: collecting at 50% growth keeps peak memory
+	// down for little CPU, unless GOGC says otherwise.
+	if os.Getenv("GOGC") == "" {
+		debug.SetGCPercent(50)
+	}
 	cfg := controller.Config{}
 	// A FlagSet of our own: controller-runtime registers --kubeconfig on
 	// flag.CommandLine in an init function.
@@ -28,6 +36,7 @@ func main() {
 	fs.DurationVar(&cfg.NodeGracePeriod, "node-grace-period", 5*time.Minute, "how long a node may be NotReady before it is removed from Instances")
 	fs.StringVar(&cfg.MetricsAddr, "metrics-bind-address", ":9745", "Prometheus metrics address (0 disables)")
 	fs.StringVar(&cfg.HealthAddr, "health-probe-bind-address", ":9746", "health probe address (0 disables)")
+	fs.StringVar(&cfg.PprofAddr, "pprof-bind-address", "0", "Go profiling address (0 disables)")
 	qps := fs.Float64("kube-api-qps", 200, "API client requests per second")
 	fs.IntVar(&cfg.Burst, "kube-api-burst", 400, "API client burst")
 	zapOpts := zap.Options{}
@@ -35,6 +44,9 @@ func main() {
 	_ = fs.Parse(os.Args[1:])
 	cfg.QPS = float32(*qps)
 
+	// Request latency lets an operator tell a slow API server from a slow
+	// controller.
+	ctrlmetrics.RegisterRESTClientMetrics(ctrlmetrics.MetricRequestLatency)
 	log := zap.New(zap.UseFlagOptions(&zapOpts))
 	ctrl.SetLogger(log)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
