@@ -3,7 +3,7 @@ SHELL := /bin/bash
 BIN := $(CURDIR)/bin
 GO_TEST_FLAGS ?= -count=1 -timeout 30m
 
-.PHONY: all build generate verify-generate test test-unit test-integration bench demo k8s deps clean
+.PHONY: all build images generate verify-generate test test-unit test-integration test-node node-deps bench demo k8s deps clean
 
 all: build
 
@@ -13,11 +13,28 @@ deps:
 
 build:
 	@mkdir -p $(BIN)
-	go build -trimpath -ldflags="-s -w" -o $(BIN)/ ./agent/cmd/dowse-agent ./discovery-handlers/debug-echo/cmd/dowse-debug-echo-discovery
+	go build -trimpath -ldflags="-s -w" -o $(BIN)/ ./agent/cmd/dowse-agent ./controller/cmd/dowse-controller ./discovery-handlers/debug-echo/cmd/dowse-debug-echo-discovery \
+	  ./discovery-handlers/opcua/cmd/dowse-opcua-discovery ./discovery-handlers/modbus/cmd/dowse-modbus-discovery \
+	  ./brokers/debug-echo/cmd/dowse-debug-echo-broker
 
-# Test control plane (kube-apiserver, etcd) built from the module proxy, once.
+# Test cluster binaries built from the module proxy, once each: the control
+# plane (etcd, kube-apiserver, controller manager, scheduler) and the node
+# (kubelet, containerd, its runc shim, ctr) into bin/k8s/.
 k8s:
 	@hack/build-k8s.sh
+
+# Debian's runc for the test node, installed when missing.
+node-deps:
+	@hack/install-node-deps.sh
+
+# OCI image archives bin/images/<name>.tar (ghcr.io/dowse-dev/<name>:latest,
+# as deploy/ names them) of every Dowse binary, built static because an image
+# holds nothing but the binary, plus the pause image of the test node's pods.
+images:
+	@mkdir -p $(BIN)/static
+	@cmds="$$(go list -f '{{if eq .Name "main"}}{{.ImportPath}}{{end}}' ./... | grep '/cmd/dowse-' | grep -v '/test/')"; \
+	  set -x; CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o $(BIN)/static/ $$cmds ./hack/images/dowse-pause && \
+	  go run ./hack/images -out $(BIN)/images $(BIN)/static/dowse-pause $$(for c in $$cmds; do echo $(BIN)/static/$${c##*/}; done)
 
 # Regenerates protobuf Go, deepcopy and CRD YAML with the pinned tools.
 generate: deps
@@ -36,8 +53,13 @@ test-unit:
 test-integration: k8s build
 	go test $(GO_TEST_FLAGS) ./test/...
 
+# The real-node tier alone (test/cluster): needs root and runc; about half a
+# minute once the binaries are built. `make test` runs it too, within ./...
+test-node: k8s node-deps
+	go test $(GO_TEST_FLAGS) -v ./test/node/
+
 # Everything CI runs: generated code check, unit and integration tests.
-test: deps k8s build verify-generate
+test: deps node-deps k8s build verify-generate
 	go vet ./...
 	go test $(GO_TEST_FLAGS) ./...
 

@@ -3,6 +3,10 @@
 set -euo pipefail
 need=()
 command -v protoc >/dev/null || need+=(protobuf-compiler)
+# Modbus tests cross-check values with Debian's mbpoll; OPC UA and Modbus
+# tests run npm peers with Node.js.
+command -v mbpoll >/dev/null || need+=(mbpoll)
+command -v npm >/dev/null || need+=(nodejs npm)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then echo "please install: ${need[*]} (apt-get install ${need[*]})" >&2; exit 1; fi
   apt-get update -qq

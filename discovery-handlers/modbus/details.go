@@ -1,0 +1,435 @@
+package modbus
+
+import (
+	"fmt"
+	"math"
+	"net"
+	"net/netip"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"sigs.k8s.io/yaml"
+)
+
+// Device properties, handed to brokers as environment variables. The
+// identification ones are set only when the device answered Read Device
+// Identification with that object.
+const (
+	AddressProperty             = "MODBUS_TCP_ADDRESS" // host:port
+	UnitIDProperty              = "MODBUS_UNIT_ID"
+	VendorNameProperty          = "MODBUS_VENDOR_NAME"
+	ProductCodeProperty         = "MODBUS_PRODUCT_CODE"
+	RevisionProperty            = "MODBUS_REVISION"
+	VendorURLProperty           = "MODBUS_VENDOR_URL"
+	ProductNameProperty         = "MODBUS_PRODUCT_NAME"
+	ModelNameProperty           = "MODBUS_MODEL_NAME"
+	UserApplicationNameProperty = "MODBUS_USER_APPLICATION_NAME"
+	SerialNumberProperty        = "MODBUS_SERIAL_NUMBER"
+)
+
+// Probe functions.
+const (
+	HoldingRegisters     = "holdingRegisters"
+	InputRegisters       = "inputRegisters"
+	DeviceIdentification = "deviceIdentification"
+)
+
+// Defaults and bounds of Details.
+const (
+	DefaultPort             = 502
+	DefaultMaxTargets       = 1024
+	MaxMaxTargets           = 65536
+	DefaultTimeout          = time.Second
+	DefaultConcurrency      = 16
+	MaxConcurrency          = 256
+	DefaultProbesPerSecond  = 100
+	MaxProbesPerSecond      = 1000
+	DefaultRescanInterval   = 30 * time.Second
+	MinRescanInterval       = 100 * time.Millisecond
+	DefaultFailureThreshold = 2
+	// MaxBackoffRounds caps the exponential backoff of a target that times
+	// out: it is probed at least every MaxBackoffRounds rounds.
+	MaxBackoffRounds = 16
+)
+
+// identificationFields names the identification objects in match and in
+// properties, by object id (Modbus Application Protocol 6.21). The serial
+// number has no standard object; probe.serialObjectId names a private one.
+var identificationFields = map[string]byte{
+	"vendorName":          0x00,
+	"productCode":         0x01,
+	"revision":            0x02,
+	"vendorUrl":           0x03,
+	"productName":         0x04,
+	"modelName":           0x05,
+	"userApplicationName": 0x06,
+}
+
+const serialNumberField = "serialNumber"
+
+var identificationProperties = map[byte]string{
+	0x00: VendorNameProperty,
+	0x01: ProductCodeProperty,
+	0x02: RevisionProperty,
+	0x03: VendorURLProperty,
+	0x04: ProductNameProperty,
+	0x05: ModelNameProperty,
+	0x06: UserApplicationNameProperty,
+}
+
+// Details are a Configuration's discoveryDetails for Modbus TCP, e.g.
+//
+//	targets: ["10.0.4.0/24", "plc-7.plant.local:5020"]
+//	unitIds: [1, 2]
+//	probe: {function: holdingRegisters, address: 0, count: 2}
+//	match: {registers: [{offset: 0, equals: 4711}]}
+type Details struct {
+	// Targets are "host:port", "host" (on each of Ports) or an IPv4/IPv6
+	// CIDR range (every host address in it, on each of Ports). Required.
+	Targets []string `json:"targets"`
+	// Ports are the ports of targets given without one. Default [502].
+	Ports []int `json:"ports,omitempty"`
+	// MaxTargets refuses details whose targets expand to more host:port
+	// pairs than this. Default 1024, at most 65536.
+	MaxTargets int `json:"maxTargets,omitempty"`
+	// UnitIDs are the unit ids to probe on each target, 0-255. Default [1].
+	UnitIDs []int `json:"unitIds,omitempty"`
+	// Probe is the request a device must answer.
+	Probe Probe `json:"probe,omitempty"`
+	// Match, when set, keeps only devices whose probed values or
+	// identification pass it.
+	Match *Match `json:"match,omitempty"`
+	// Timeout bounds the connection and each request, a Go duration.
+	// Default 1s.
+	Timeout string `json:"timeout,omitempty"`
+	// Concurrency bounds the targets probed at once. Default 16, at most
+	// 256.
+	Concurrency int `json:"concurrency,omitempty"`
+	// ProbesPerSecond bounds the connection attempts per second of one
+	// Configuration. Default 100, at most 1000.
+	ProbesPerSecond int `json:"probesPerSecond,omitempty"`
+	// RescanInterval is the pause between the end of a round and the next.
+	// Default 30s, at least 100ms.
+	RescanInterval string `json:"rescanInterval,omitempty"`
+	// FailureThreshold is how many rounds in a row a known device must go
+	// unanswered before it is dropped. Default 2.
+	FailureThreshold int `json:"failureThreshold,omitempty"`
+
+	targets  []string // expanded host:port pairs, in order
+	timeout  time.Duration
+	interval time.Duration
+	idMatch  map[byte]*regexp.Regexp
+	serialRe *regexp.Regexp
+}
+
+// Probe is the request that tells a device is there.
+type Probe struct {
+	// Function is holdingRegisters (the default), inputRegisters or
+	// deviceIdentification (function 43/14).
+	Function string `json:"function,omitempty"`
+	// Address is the first register to read, 0-65535.
+	Address int `json:"address,omitempty"`
+	// Count is the number of registers to read, 1-125. Default 1.
+	Count int `json:"count,omitempty"`
+	// Identify also asks a device that answered a register probe for its
+	// identification; a device that does not support it is still a device.
+	Identify bool `json:"identify,omitempty"`
+	// SerialObjectID is the private identification object (128-255) in
+	// which the device keeps its serial number. With a vendor name,
+	// product code and serial the device id is vendor/product/serial, which
+	// survives an address change; otherwise it is host:port/unit.
+	SerialObjectID *int `json:"serialObjectId,omitempty"`
+}
+
+// Match keeps only the devices whose answers pass every condition.
+type Match struct {
+	// Registers are conditions on the probed registers.
+	Registers []RegisterMatch `json:"registers,omitempty"`
+	// Identification maps identification fields (vendorName, productCode,
+	// revision, vendorUrl, productName, modelName, userApplicationName,
+	// serialNumber) to RE2 regular expressions the value must match.
+	Identification map[string]string `json:"identification,omitempty"`
+}
+
+// RegisterMatch is a condition on one probed register, read as an unsigned
+// 16-bit value.
+type RegisterMatch struct {
+	// Offset is the register's index in the probed block (0 is
+	// probe.address).
+	Offset int  `json:"offset"`
+	Equals *int `json:"equals,omitempty"`
+	Min    *int `json:"min,omitempty"`
+	Max    *int `json:"max,omitempty"`
+}
+
+func (m RegisterMatch) accepts(v uint16) bool {
+	x := int(v)
+	return (m.Equals == nil || x == *m.Equals) && (m.Min == nil || x >= *m.Min) && (m.Max == nil || x <= *m.Max)
+}
+
+// AddressList returns the expanded host:port targets, in order.
+func (d *Details) AddressList() []string { return d.targets }
+
+// ProbeTimeout returns the parsed timeout.
+func (d *Details) ProbeTimeout() time.Duration { return d.timeout }
+
+// Interval returns the parsed rescan interval.
+func (d *Details) Interval() time.Duration { return d.interval }
+
+// ParseDetails parses and validates discovery_details (JSON or YAML), fills
+// in defaults and expands the targets. Unknown fields are errors. Its errors
+// are InvalidArgument statuses naming the bad field, ready to return from
+// Discover.
+func ParseDetails(s string) (*Details, error) {
+	var d Details
+	if err := yaml.UnmarshalStrict([]byte(s), &d); err != nil {
+		return nil, invalid("%v", err)
+	}
+	if err := d.defaultAndValidate(); err != nil {
+		return nil, err
+	}
+	return &d, nil
+}
+
+func (d *Details) defaultAndValidate() error {
+	if d.MaxTargets == 0 {
+		d.MaxTargets = DefaultMaxTargets
+	}
+	if d.MaxTargets < 0 || d.MaxTargets > MaxMaxTargets {
+		return invalid("maxTargets: %d is not between 1 and %d", d.MaxTargets, MaxMaxTargets)
+	}
+	if len(d.Ports) == 0 {
+		d.Ports = []int{DefaultPort}
+	}
+	for i, p := range d.Ports {
+		if p < 1 || p > 65535 {
+			return invalid("ports[%d]: %d is not a TCP port", i, p)
+		}
+	}
+	if len(d.Targets) == 0 {
+		return invalid("targets: at least one target is required")
+	}
+	if err := d.expandTargets(); err != nil {
+		return err
+	}
+
+	if len(d.UnitIDs) == 0 {
+		d.UnitIDs = []int{1}
+	}
+	seenUnit := map[int]int{}
+	for i, u := range d.UnitIDs {
+		if u < 0 || u > 255 {
+			return invalid("unitIds[%d]: %d is not between 0 and 255", i, u)
+		}
+		if j, dup := seenUnit[u]; dup {
+			return invalid("unitIds[%d]: %d duplicates unitIds[%d]", i, u, j)
+		}
+		seenUnit[u] = i
+	}
+
+	p := &d.Probe
+	switch p.Function {
+	case "":
+		p.Function = HoldingRegisters
+	case HoldingRegisters, InputRegisters, DeviceIdentification:
+	default:
+		return invalid("probe.function: %q is not one of %s, %s, %s", p.Function, HoldingRegisters, InputRegisters, DeviceIdentification)
+	}
+	if p.Function == DeviceIdentification {
+		if p.Address != 0 || p.Count != 0 {
+			return invalid("probe.address/probe.count: not used by %s", DeviceIdentification)
+		}
+		p.Identify = true
+	} else {
+		if p.Count == 0 {
+			p.Count = 1
+		}
+		if p.Count < 1 || p.Count > 125 {
+			return invalid("probe.count: %d is not between 1 and 125", p.Count)
+		}
+		if p.Address < 0 || p.Address+p.Count > 65536 {
+			return invalid("probe.address: %d (with count %d) is outside 0-65535", p.Address, p.Count)
+		}
+	}
+	if p.SerialObjectID != nil {
+		if *p.SerialObjectID < 0x80 || *p.SerialObjectID > 0xFF {
+			return invalid("probe.serialObjectId: %d is not a private object id (128-255)", *p.SerialObjectID)
+		}
+		if !p.Identify {
+			return invalid("probe.serialObjectId: needs probe.identify or function %s", DeviceIdentification)
+		}
+	}
+
+	if m := d.Match; m != nil {
+		for i, r := range m.Registers {
+			if p.Function == DeviceIdentification {
+				return invalid("match.registers: the %s probe reads no registers", DeviceIdentification)
+			}
+			if r.Offset < 0 || r.Offset >= p.Count {
+				return invalid("match.registers[%d].offset: %d is outside the %d probed registers", i, r.Offset, p.Count)
+			}
+			if r.Equals == nil && r.Min == nil && r.Max == nil {
+				return invalid("match.registers[%d]: needs equals, min or max", i)
+			}
+			for name, v := range map[string]*int{"equals": r.Equals, "min": r.Min, "max": r.Max} {
+				if v != nil && (*v < 0 || *v > math.MaxUint16) {
+					return invalid("match.registers[%d].%s: %d is not between 0 and 65535", i, name, *v)
+				}
+			}
+		}
+		for field, expr := range m.Identification {
+			if !p.Identify {
+				return invalid("match.identification: needs probe.identify or function %s", DeviceIdentification)
+			}
+			re, err := regexp.Compile(expr)
+			if err != nil {
+				return invalid("match.identification.%s: %v", field, err)
+			}
+			if field == serialNumberField {
+				if p.SerialObjectID == nil {
+					return invalid("match.identification.serialNumber: needs probe.serialObjectId")
+				}
+				d.serialRe = re
+				continue
+			}
+			id, ok := identificationFields[field]
+			if !ok {
+				return invalid("match.identification.%s: not an identification field", field)
+			}
+			if d.idMatch == nil {
+				d.idMatch = map[byte]*regexp.Regexp{}
+			}
+			d.idMatch[id] = re
+		}
+	}
+
+	var err error
+	if d.timeout, err = parseDuration("timeout", d.Timeout, DefaultTimeout, time.Millisecond); err != nil {
+		return err
+	}
+	if d.interval, err = parseDuration("rescanInterval", d.RescanInterval, DefaultRescanInterval, MinRescanInterval); err != nil {
+		return err
+	}
+	if err := defaultInt("concurrency", &d.Concurrency, DefaultConcurrency, MaxConcurrency); err != nil {
+		return err
+	}
+	if err := defaultInt("probesPerSecond", &d.ProbesPerSecond, DefaultProbesPerSecond, MaxProbesPerSecond); err != nil {
+		return err
+	}
+	return defaultInt("failureThreshold", &d.FailureThreshold, DefaultFailureThreshold, 1000)
+}
+
+// expandTargets turns Targets into host:port pairs, refusing more than
+// MaxTargets before it builds any list, so that a /8 costs nothing.
+func (d *Details) expandTargets() error {
+	seen := map[string]bool{}
+	add := func(hostPort string) {
+		if !seen[hostPort] {
+			seen[hostPort] = true
+			d.targets = append(d.targets, hostPort)
+		}
+	}
+	total := 0
+	for i, t := range d.Targets {
+		t = strings.TrimSpace(t)
+		if t == "" {
+			return invalid("targets[%d]: must not be empty", i)
+		}
+		if strings.Contains(t, "/") {
+			prefix, err := netip.ParsePrefix(t)
+			if err != nil {
+				return invalid("targets[%d]: %q is not a CIDR range: %v", i, t, err)
+			}
+			prefix = prefix.Masked()
+			hostBits := prefix.Addr().BitLen() - prefix.Bits()
+			if hostBits > 24 {
+				return invalid("targets[%d]: %s has 2^%d addresses, more than maxTargets (%d) allows", i, t, hostBits, d.MaxTargets)
+			}
+			hosts := 1 << hostBits
+			// The network and broadcast addresses of an IPv4 range hold
+			// no device.
+			skipEnds := prefix.Addr().Is4() && hostBits >= 2
+			if skipEnds {
+				hosts -= 2
+			}
+			total += hosts * len(d.Ports)
+			if total > d.MaxTargets {
+				return invalid("targets[%d]: %s on %d port(s) brings the targets to %d, more than maxTargets (%d)", i, t, len(d.Ports), total, d.MaxTargets)
+			}
+			addr := prefix.Addr()
+			for n := 0; n < 1<<hostBits; n, addr = n+1, addr.Next() {
+				if skipEnds && (n == 0 || n == 1<<hostBits-1) {
+					continue
+				}
+				for _, port := range d.Ports {
+					add(netip.AddrPortFrom(addr, uint16(port)).String())
+				}
+			}
+			continue
+		}
+		host, portStr, err := net.SplitHostPort(t)
+		if err != nil {
+			// No port: the host on each of Ports. A bare IPv6 address is
+			// taken as such; with a port it must be bracketed.
+			host, portStr = strings.Trim(t, "[]"), ""
+		}
+		if host == "" || strings.ContainsAny(host, " \t/") {
+			return invalid("targets[%d]: %q has no valid host", i, t)
+		}
+		if _, err := netip.ParseAddr(host); err != nil && strings.Contains(host, ":") {
+			return invalid("targets[%d]: %q is neither host:port nor an IPv6 address", i, t)
+		}
+		if portStr == "" {
+			total += len(d.Ports)
+			if total > d.MaxTargets {
+				return invalid("targets[%d]: brings the targets to %d, more than maxTargets (%d)", i, total, d.MaxTargets)
+			}
+			for _, port := range d.Ports {
+				add(net.JoinHostPort(host, strconv.Itoa(port)))
+			}
+			continue
+		}
+		port, err := strconv.Atoi(portStr)
+		if err != nil || port < 1 || port > 65535 {
+			return invalid("targets[%d]: %q: %q is not a TCP port", i, t, portStr)
+		}
+		total++
+		if total > d.MaxTargets {
+			return invalid("targets[%d]: brings the targets to %d, more than maxTargets (%d)", i, total, d.MaxTargets)
+		}
+		add(net.JoinHostPort(host, portStr))
+	}
+	return nil
+}
+
+func defaultInt(field string, v *int, def, max int) error {
+	if *v == 0 {
+		*v = def
+	}
+	if *v < 1 || *v > max {
+		return invalid("%s: %d is not between 1 and %d", field, *v, max)
+	}
+	return nil
+}
+
+func parseDuration(field, s string, def, min time.Duration) (time.Duration, error) {
+	if s == "" {
+		return def, nil
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return 0, invalid("%s: %q is not a duration such as \"1s\"", field, s)
+	}
+	if v < min {
+		return 0, invalid("%s: %v is shorter than the minimum %v", field, v, min)
+	}
+	return v, nil
+}
+
+func invalid(format string, args ...any) error {
+	return status.Error(codes.InvalidArgument, "discovery_details: "+fmt.Sprintf(format, args...))
+}
