@@ -14,15 +14,20 @@ build() { # name dir package [env...]
   if [ -x "$OUT/$name" ]; then return; fi
   echo "building $name (first time only)" >&2
   local start=$SECONDS
-  (cd "hack/k8s/$dir" && env "$@" go build -trimpath -ldflags="-s -w" ${TAGS:+-tags "$TAGS"} -o "$OUT/$name.tmp" "$pkg")
+  (cd "hack/k8s/$dir" && env "$@" go build -trimpath -ldflags="-s -w ${XFLAGS:-}" ${TAGS:+-tags "$TAGS"} -o "$OUT/$name.tmp" "$pkg")
   mv "$OUT/$name.tmp" "$OUT/$name"
   echo "built $name in $((SECONDS - start))s" >&2
 }
 build etcd etcd .
-build kube-apiserver kube k8s.io/kubernetes/cmd/kube-apiserver
-build kube-controller-manager kube k8s.io/kubernetes/cmd/kube-controller-manager
-build kube-scheduler kube k8s.io/kubernetes/cmd/kube-scheduler
-build kubelet kube k8s.io/kubernetes/cmd/kubelet
+# Stamp the release version, as Kubernetes' own build does: without it every
+# component (and the Node's kubeletVersion) reports v0.0.0-master.
+KUBE_VERSION=$(cd hack/k8s/kube && go list -m -f '{{.Version}}' k8s.io/kubernetes)
+KUBE_MINOR=$(echo "$KUBE_VERSION" | cut -d. -f2)
+v=k8s.io/component-base/version
+XFLAGS="-X $v.gitVersion=$KUBE_VERSION -X $v.gitMajor=1 -X $v.gitMinor=$KUBE_MINOR -X $v.gitTreeState=clean"
+for cmd in kube-apiserver kube-controller-manager kube-scheduler kubelet; do
+  XFLAGS=$XFLAGS build $cmd kube k8s.io/kubernetes/cmd/$cmd
+done
 # containerd static and without the snapshotters that need C libraries; the
 # test node uses overlayfs (or native) only.
 TAGS="no_btrfs no_devmapper no_zfs" build containerd containerd github.com/containerd/containerd/v2/cmd/containerd CGO_ENABLED=0

@@ -169,6 +169,9 @@ func Write(out string, img Image) error {
 		return err
 	}
 	defer os.Remove(tmp.Name())
+	if err := tmp.Chmod(0o644); err != nil { // CreateTemp makes 0600; images are not secret
+		return err
+	}
 	tw := tar.NewWriter(tmp)
 	files := []struct {
 		name string
