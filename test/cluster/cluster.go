@@ -1,0 +1,485 @@
+// Package cluster starts a real single-node Kubernetes cluster for tests and
+// the demo: etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
+// containerd (with Debian's runc) and a kubelet, all from bin/k8s (built by
+// hack/build-k8s.sh), all under one state directory, talking on loopback.
+// Images come from local OCI archives (hack/images), loaded with ctr; nothing
+// is pulled.
+//
+// It needs root (the kubelet and runc mount, make cgroups and device nodes).
+// Only one cluster can run on a machine at a time: the kubelet's device-plugin
+// directory is fixed at /var/lib/kubelet/device-plugins.
+package cluster
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/dowse-dev/dowse/hack/images/ociarchive"
+	"github.com/dowse-dev/dowse/test/kube"
+)
+
+// DevicePluginDir is where every kubelet looks for device plugins; it cannot
+// be moved under the state directory.
+const DevicePluginDir = "/var/lib/kubelet/device-plugins"
+
+// PauseImage is the sandbox image the harness builds from hack/images/dowse-pause.
+const PauseImage = "ghcr.io/dowse-dev/dowse-pause:latest"
+
+// Options configure Start. The zero value is usable.
+type Options struct {
+	// StateDir holds everything the cluster writes; a new folder under /tmp
+	// when empty (kept short: unix socket paths are limited to 108 bytes).
+	StateDir string
+	// BinDir holds the Kubernetes and containerd binaries; bin/k8s when empty.
+	BinDir string
+	// NodeName is the node's name. It is also the address the API server
+	// dials to reach the kubelet (logs, exec), so it must resolve to
+	// loopback: "localhost" when empty. Test traffic never leaves loopback.
+	NodeName string
+	// Images are OCI archives loaded into containerd before Start returns.
+	Images []string
+	// Detach lets the processes outlive the caller (dowse-cluster up);
+	// otherwise they are killed if the caller dies without calling Stop.
+	Detach bool
+	// Timeout bounds Start; 3 minutes when zero.
+	Timeout time.Duration
+}
+
+// Cluster is a running cluster.
+type Cluster struct {
+	StateDir   string
+	Kubeconfig string
+	NodeName   string
+	// CDIDir is containerd's CDI spec directory.
+	CDIDir string
+	// PodLogsDir is where the kubelet writes container logs.
+	PodLogsDir string
+	Config     *rest.Config
+	Client     kubernetes.Interface
+
+	binDir         string
+	containerdSock string
+	procs          []*proc
+}
+
+// Start brings the whole cluster up and returns once the node is registered
+// and Ready, the default ServiceAccount exists and the images are loaded. On
+// error everything started so far is stopped.
+func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
+	if os.Geteuid() != 0 {
+		return nil, errors.New("the test cluster needs root")
+	}
+	if _, err := exec.LookPath("runc"); err != nil {
+		return nil, errors.New("runc is missing: run hack/install-node-deps.sh (apt-get install runc)")
+	}
+	if o.BinDir == "" {
+		o.BinDir = kube.BinDir()
+	}
+	for _, b := range []string{"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "containerd", "containerd-shim-runc-v2", "ctr"} {
+		if _, err := os.Stat(filepath.Join(o.BinDir, b)); err != nil {
+			return nil, fmt.Errorf("%s is missing from %s: run `make k8s` (hack/build-k8s.sh)", b, o.BinDir)
+		}
+	}
+	if o.NodeName == "" {
+		o.NodeName = "localhost"
+	}
+	if o.Timeout == 0 {
+		o.Timeout = 3 * time.Minute
+	}
+	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
+	defer cancel()
+	if o.StateDir == "" {
+		if o.StateDir, err = os.MkdirTemp("/tmp", "dowse-cluster-"); err != nil {
+			return nil, err
+		}
+	}
+	if o.StateDir, err = filepath.Abs(o.StateDir); err != nil {
+		return nil, err
+	}
+	// A reused state directory would mix a new CA with old etcd data.
+	if ents, _ := os.ReadDir(o.StateDir); len(ents) > 0 {
+		return nil, fmt.Errorf("state directory %s is not empty: stop its cluster and remove it first", o.StateDir)
+	}
+	// One kubelet per machine: they would share the device-plugin directory.
+	if conn, err := net.DialTimeout("unix", filepath.Join(DevicePluginDir, "kubelet.sock"), time.Second); err == nil {
+		conn.Close()
+		return nil, fmt.Errorf("a kubelet already serves %s: only one test cluster can run on a machine", DevicePluginDir)
+	}
+	if !o.Detach {
+		// A detached cluster outlives us, so its shims must not be ours.
+		if err := becomeSubreaper(); err != nil {
+			return nil, fmt.Errorf("becoming a child subreaper: %w", err)
+		}
+	}
+	pause, err := BuildPauseImage(ctx)
+	if err != nil {
+		return nil, err
+	}
+
+	c := &Cluster{
+		StateDir: o.StateDir, NodeName: o.NodeName, binDir: o.BinDir,
+		Kubeconfig:     filepath.Join(o.StateDir, "kubeconfig"),
+		CDIDir:         filepath.Join(o.StateDir, "cdi"),
+		PodLogsDir:     filepath.Join(o.StateDir, "pod-logs"),
+		containerdSock: filepath.Join(o.StateDir, "containerd", "containerd.sock"),
+	}
+	defer func() {
+		if err != nil {
+			_ = c.Stop()
+			err = fmt.Errorf("%w (logs in %s)", err, filepath.Join(o.StateDir, "logs"))
+		}
+	}()
+	logs := filepath.Join(o.StateDir, "logs")
+	for _, d := range []string{logs, c.CDIDir, c.PodLogsDir, filepath.Join(o.StateDir, "cni", "net.d"), filepath.Join(o.StateDir, "cni", "bin")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return nil, err
+		}
+	}
+	p, err := newPKI(filepath.Join(o.StateDir, "pki"))
+	if err != nil {
+		return nil, err
+	}
+	ports, err := freePorts(7)
+	if err != nil {
+		return nil, err
+	}
+	etcdClient, etcdPeer, apiPort, kcmPort, schedPort, kubeletPort, kubeletHealthz := ports[0], ports[1], ports[2], ports[3], ports[4], ports[5], ports[6]
+	server := fmt.Sprintf("https://127.0.0.1:%d", apiPort)
+	if err := writeFile(c.Kubeconfig, kubeconfig(server, p)); err != nil {
+		return nil, err
+	}
+	env := append(os.Environ(), "PATH="+o.BinDir+":"+os.Getenv("PATH"))
+	start := func(name string, args ...string) error {
+		pr, err := startProc(name, filepath.Join(o.BinDir, name), args, env, filepath.Join(logs, name+".log"), o.Detach)
+		if err != nil {
+			return err
+		}
+		c.procs = append(c.procs, pr)
+		return writePids(filepath.Join(o.StateDir, "pids.json"), c.procs)
+	}
+	u := func(port int) string { return fmt.Sprintf("http://127.0.0.1:%d", port) }
+
+	// containerd first: it loads the images while the control plane boots.
+	ctrdDir := filepath.Join(o.StateDir, "containerd")
+	runc, _ := exec.LookPath("runc")
+	if err := writeFile(filepath.Join(o.StateDir, "cni", "net.d", "10-dowse.conflist"), noPodNetworkCNI); err != nil {
+		return nil, err
+	}
+	if err := writeFile(filepath.Join(ctrdDir, "config.toml"), containerdConfig(ctrdDir, runc, PauseImage, c.CDIDir,
+		filepath.Join(o.StateDir, "cni", "net.d"), filepath.Join(o.StateDir, "cni", "bin"))); err != nil {
+		return nil, err
+	}
+	if err := start("containerd", "--config", filepath.Join(ctrdDir, "config.toml")); err != nil {
+		return nil, err
+	}
+
+	if err := start("etcd", "--name", "default", "--data-dir", filepath.Join(o.StateDir, "etcd"),
+		"--listen-client-urls", u(etcdClient), "--advertise-client-urls", u(etcdClient),
+		"--listen-peer-urls", u(etcdPeer), "--initial-advertise-peer-urls", u(etcdPeer),
+		"--initial-cluster", "default="+u(etcdPeer), "--unsafe-no-fsync", "--log-level", "warn"); err != nil {
+		return nil, err
+	}
+	if err := start("kube-apiserver",
+		"--etcd-servers", u(etcdClient),
+		"--bind-address", "127.0.0.1", "--secure-port", strconv.Itoa(apiPort),
+		// A loopback advertise address is refused unless no endpoint
+		// reconciler maintains the kubernetes Service's endpoints.
+		"--advertise-address", "127.0.0.1", "--endpoint-reconciler-type", "none",
+		"--cert-dir", filepath.Join(o.StateDir, "pki"),
+		"--tls-cert-file", p.servingCert, "--tls-private-key-file", p.servingKey,
+		"--client-ca-file", p.caCert,
+		"--service-cluster-ip-range", serviceCIDR,
+		"--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
+		"--service-account-key-file", p.saPub, "--service-account-signing-key-file", p.saKey,
+		"--authorization-mode", "RBAC", "--allow-privileged=true",
+		// The kubelet listens on loopback only; its Hostname address (the
+		// node name) resolves there.
+		"--kubelet-preferred-address-types", "Hostname",
+		"--kubelet-client-certificate", p.adminCert, "--kubelet-client-key", p.adminKey,
+	); err != nil {
+		return nil, err
+	}
+	// Wait for containerd before loading images; then load while the API
+	// server starts.
+	if err := waitForProcs(ctx, c.procs, "containerd", func() error { _, err := os.Stat(c.containerdSock); return err }); err != nil {
+		return nil, err
+	}
+	loadErr := make(chan error, 1)
+	go func() { loadErr <- c.LoadImages(ctx, append([]string{pause}, o.Images...)...) }()
+
+	cfg, err := clientcmd.BuildConfigFromFlags("", c.Kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	c.Config = cfg
+	if c.Client, err = kubernetes.NewForConfig(cfg); err != nil {
+		return nil, err
+	}
+	if err := waitForProcs(ctx, c.procs, "kube-apiserver /readyz", func() error {
+		body, err := c.Client.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
+		if err != nil {
+			return fmt.Errorf("%w: %s", err, body)
+		}
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	auth := []string{"--kubeconfig", c.Kubeconfig, "--authentication-kubeconfig", c.Kubeconfig, "--authorization-kubeconfig", c.Kubeconfig}
+	if err := start("kube-controller-manager", append(auth,
+		"--bind-address", "127.0.0.1", "--secure-port", strconv.Itoa(kcmPort),
+		"--cert-dir", filepath.Join(o.StateDir, "kcm"),
+		"--leader-elect=false",
+		"--service-account-private-key-file", p.saKey, "--root-ca-file", p.caCert,
+		"--service-cluster-ip-range", serviceCIDR)...); err != nil {
+		return nil, err
+	}
+	if err := start("kube-scheduler", append(auth,
+		"--bind-address", "127.0.0.1", "--secure-port", strconv.Itoa(schedPort),
+		"--cert-dir", filepath.Join(o.StateDir, "scheduler"),
+		"--leader-elect=false")...); err != nil {
+		return nil, err
+	}
+	if err := <-loadErr; err != nil {
+		return nil, err
+	}
+	kubeletDir := filepath.Join(o.StateDir, "kubelet")
+	if err := writeFile(filepath.Join(kubeletDir, "config.yaml"), kubeletConfig(kubeletOpts{
+		port: kubeletPort, healthzPort: kubeletHealthz, containerdSock: c.containerdSock,
+		clientCA: p.caCert, podLogsDir: c.PodLogsDir,
+	})); err != nil {
+		return nil, err
+	}
+	if err := start("kubelet", "--config", filepath.Join(kubeletDir, "config.yaml"),
+		"--kubeconfig", c.Kubeconfig, "--root-dir", kubeletDir,
+		"--cert-dir", filepath.Join(kubeletDir, "pki"),
+		"--hostname-override", o.NodeName); err != nil {
+		return nil, err
+	}
+	if err := waitForProcs(ctx, c.procs, "node "+o.NodeName+" Ready", func() error {
+		n, err := c.Client.CoreV1().Nodes().Get(ctx, o.NodeName, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		for _, cond := range n.Status.Conditions {
+			if cond.Type == corev1.NodeReady && cond.Status == corev1.ConditionTrue {
+				for _, t := range n.Spec.Taints {
+					if t.Effect == corev1.TaintEffectNoSchedule || t.Effect == corev1.TaintEffectNoExecute {
+						return fmt.Errorf("node tainted %s", t.Key)
+					}
+				}
+				return nil
+			}
+		}
+		return errors.New("node not Ready")
+	}); err != nil {
+		return nil, err
+	}
+	// Pods are refused by admission until the controller manager has made the
+	// namespace's ServiceAccount.
+	if err := waitForProcs(ctx, c.procs, "default ServiceAccount", func() error {
+		_, err := c.Client.CoreV1().ServiceAccounts("default").Get(ctx, "default", metav1.GetOptions{})
+		return err
+	}); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// Attach finds the cluster a detached Start left in stateDir, to stop it.
+func Attach(stateDir string) (*Cluster, error) {
+	procs, err := readPids(filepath.Join(stateDir, "pids.json"))
+	if err != nil {
+		return nil, err
+	}
+	return &Cluster{StateDir: stateDir, Kubeconfig: filepath.Join(stateDir, "kubeconfig"), procs: procs,
+		containerdSock: filepath.Join(stateDir, "containerd", "containerd.sock"), binDir: kube.BinDir()}, nil
+}
+
+// LoadImages imports OCI archives into containerd's k8s.io namespace, where
+// the CRI (and so the kubelet) finds them.
+func (c *Cluster) LoadImages(ctx context.Context, archives ...string) error {
+	for _, a := range archives {
+		out, err := exec.CommandContext(ctx, filepath.Join(c.binDir, "ctr"), "--address", c.containerdSock,
+			"--namespace", "k8s.io", "images", "import", "--local", a).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("loading %s: %w: %s", a, err, out)
+		}
+	}
+	return nil
+}
+
+// Stop stops every process the cluster started, the containers' shims and
+// processes, and unmounts what they left under the state directory. The state
+// directory itself is kept (it holds the logs); RemoveAll it when done.
+func (c *Cluster) Stop() error {
+	var errs []error
+	// The kubelet first so that it restarts nothing; the control plane and
+	// containerd in reverse start order.
+	byName := map[string]*proc{}
+	for _, p := range c.procs {
+		byName[p.Name] = p
+	}
+	if p := byName["kubelet"]; p != nil {
+		p.stop(10 * time.Second)
+	}
+	killShims(c.containerdSock)
+	for i := len(c.procs) - 1; i >= 0; i-- {
+		c.procs[i].stop(10 * time.Second)
+	}
+	// A shim that was starting while containerd stopped: look once more.
+	killShims(c.containerdSock)
+	reapShims()
+	for _, p := range c.procs {
+		if p.alive() {
+			errs = append(errs, fmt.Errorf("%s (pid %d) did not stop", p.Name, p.Pid))
+		}
+	}
+	if err := unmountAll(c.StateDir); err != nil {
+		errs = append(errs, err)
+	}
+	// The kubelet links every container log into /var/log/containers (a
+	// path no setting moves); the links point into our state directory.
+	for _, l := range c.logLinks() {
+		_ = os.Remove(l)
+	}
+	// runc leaves the empty parent cgroup of the k8s.io namespace behind;
+	// rmdir only removes it when nothing else lives in it.
+	cgs, _ := filepath.Glob("/sys/fs/cgroup/*/k8s.io")
+	for _, cg := range cgs {
+		_ = syscall.Rmdir(cg)
+	}
+	return errors.Join(errs...)
+}
+
+// logLinks are the kubelet's links in /var/log/containers into our state
+// directory.
+func (c *Cluster) logLinks() []string {
+	ents, _ := os.ReadDir(varLogContainers)
+	var out []string
+	for _, e := range ents {
+		l := filepath.Join(varLogContainers, e.Name())
+		if t, err := os.Readlink(l); err == nil && strings.HasPrefix(t, c.StateDir+"/") {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+const varLogContainers = "/var/log/containers"
+
+// Pids lists the process ids the cluster started.
+func (c *Cluster) Pids() map[string]int {
+	out := map[string]int{}
+	for _, p := range c.procs {
+		out[p.Name] = p.Pid
+	}
+	return out
+}
+
+// Leftovers lists what of this cluster still runs or is mounted: processes it
+// started, shims of its containerd, mounts under its state directory. Empty
+// after a clean Stop.
+func (c *Cluster) Leftovers() []string {
+	var out []string
+	for _, p := range c.procs {
+		if p.alive() {
+			out = append(out, fmt.Sprintf("process %s (pid %d)", p.Name, p.Pid))
+		}
+	}
+	for _, s := range shimsOf(c.containerdSock) {
+		out = append(out, fmt.Sprintf("shim pid %d", s.pid))
+	}
+	mps, _ := MountsUnder(c.StateDir)
+	for _, m := range mps {
+		out = append(out, "mount "+m)
+	}
+	for _, l := range c.logLinks() {
+		out = append(out, "log link "+l)
+	}
+	return out
+}
+
+// BuildPauseImage builds bin/images/dowse-pause.tar and returns its path.
+func BuildPauseImage(ctx context.Context) (string, error) {
+	return BuildImage(ctx, "./hack/images/dowse-pause", "dowse-pause", PauseImage)
+}
+
+// BuildImage builds the Go main package pkg (relative to the repository)
+// statically and writes bin/images/<name>.tar tagged ref. It always rebuilds:
+// Go's build cache and the reproducible archive make that about a second, and
+// an archive left from older code would test the wrong thing.
+func BuildImage(ctx context.Context, pkg, name, ref string) (string, error) {
+	out := filepath.Join(kube.RepoRoot(), "bin", "images", name+".tar")
+	bin := filepath.Join(kube.RepoRoot(), "bin", "static", name)
+	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags=-s -w", "-o", bin, pkg)
+	cmd.Dir = kube.RepoRoot()
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("building %s: %w: %s", pkg, err, b)
+	}
+	if err := ociarchive.Write(out, ociarchive.Image{Ref: ref, Binary: bin}); err != nil {
+		return "", err
+	}
+	return out, nil
+}
+
+// waitForProcs polls check until it succeeds or ctx ends, and gives up at once
+// when one of procs has exited: a component that failed to start would
+// otherwise cost the whole timeout.
+func waitForProcs(ctx context.Context, procs []*proc, what string, check func() error) error {
+	var last error
+	for {
+		if last = check(); last == nil {
+			return nil
+		}
+		for _, p := range procs {
+			if !p.alive() {
+				return fmt.Errorf("waiting for %s: %s exited (see its log)", what, p.Name)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for %s: %w (last error: %v)", what, context.Cause(ctx), last)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// freePorts reserves n distinct loopback ports. They are released before the
+// components bind them; on a test machine the race is acceptable.
+func freePorts(n int) ([]int, error) {
+	var ls []net.Listener
+	defer func() {
+		for _, l := range ls {
+			_ = l.Close()
+		}
+	}()
+	var out []int
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		ls = append(ls, l)
+		out = append(out, l.Addr().(*net.TCPAddr).Port)
+	}
+	return out, nil
+}
+
+func base64Std(b []byte) string { return base64.StdEncoding.EncodeToString(b) }

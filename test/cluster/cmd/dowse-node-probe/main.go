@@ -1,0 +1,58 @@
+// Command dowse-node-probe is the workload of the node tests: a static binary
+// that reports what its container sees, one line per argument, on stdout
+// (where the kubelet's log and the API's pod log read it):
+//
+//	echo:TEXT      prints TEXT
+//	env:NAME       prints "env NAME=value" (or "env NAME unset")
+//	dev:PATH       prints "dev PATH char|block|other|missing"
+//	sleep:DURATION sleeps (e.g. sleep:1h) before the next argument
+package main
+
+import (
+	"fmt"
+	"os"
+	"strings"
+	"time"
+)
+
+func main() {
+	for _, a := range os.Args[1:] {
+		kind, val, _ := strings.Cut(a, ":")
+		switch kind {
+		case "echo":
+			fmt.Println(val)
+		case "env":
+			if v, ok := os.LookupEnv(val); ok {
+				fmt.Printf("env %s=%s\n", val, v)
+			} else {
+				fmt.Printf("env %s unset\n", val)
+			}
+		case "dev":
+			fmt.Printf("dev %s %s\n", val, devKind(val))
+		case "sleep":
+			d, err := time.ParseDuration(val)
+			if err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				os.Exit(2)
+			}
+			time.Sleep(d)
+		default:
+			fmt.Fprintf(os.Stderr, "unknown probe %q\n", a)
+			os.Exit(2)
+		}
+	}
+}
+
+func devKind(path string) string {
+	fi, err := os.Stat(path)
+	switch {
+	case err != nil:
+		return "missing"
+	case fi.Mode()&os.ModeCharDevice != 0:
+		return "char"
+	case fi.Mode()&os.ModeDevice != 0:
+		return "block"
+	default:
+		return "other"
+	}
+}
