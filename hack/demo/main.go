@@ -29,10 +29,23 @@ import (
 func main() {
 	every := flag.Duration("flip-every", 5*time.Second, "how often to flip the handler's availability")
 	flips := flag.Int("flips", 0, "stop after this many flips, checking each one (0: run until Ctrl-C)")
+	node := flag.String("node", "auto", "on: run Dowse as pods on a real one-node cluster (kubelet, containerd; needs root and runc); off: run the binaries as processes beside an API server; auto: on when possible")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, *every, *flips); err != nil && !errors.Is(err, context.Canceled) {
+	var err error
+	switch onNode, why := canUseNode(); {
+	case *node == "on" || (*node == "auto" && onNode):
+		err = runOnNode(ctx, *every, *flips)
+	case *node == "off" || *node == "auto":
+		if *node == "auto" {
+			say("no real node: %s; running the binaries as processes instead", why)
+		}
+		err = run(ctx, *every, *flips)
+	default:
+		err = fmt.Errorf("--node must be auto, on or off, not %q", *node)
+	}
+	if err != nil && !errors.Is(err, context.Canceled) {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		os.Exit(1)
 	}
@@ -78,14 +91,21 @@ func run(ctx context.Context, every time.Duration, flips int) error {
 	say("agent pid %d and debug-echo handler pid %d running; their logs: %s", ag.Pid(), h.Pid(), logs.Name())
 	say("try: kubectl --kubeconfig %s get instances -o wide", kubeconfig)
 
-	scheme, err := agent.Scheme()
+	sch, err := agent.Scheme()
 	if err != nil {
 		return err
 	}
-	c, err := client.NewWithWatch(cp.Config, client.Options{Scheme: scheme})
+	c, err := client.NewWithWatch(cp.Config, client.Options{Scheme: sch})
 	if err != nil {
 		return err
 	}
+	return watchAndFlip(ctx, c, avail, every, flips)
+}
+
+// watchAndFlip applies samples/debug-echo.yaml, then prints Instances as
+// they change while it flips the availability file every interval. With
+// flips > 0 it checks each flip's effect and returns after that many.
+func watchAndFlip(ctx context.Context, c client.WithWatch, avail string, every time.Duration, flips int) error {
 	raw, err := os.ReadFile(filepath.Join(kube.RepoRoot(), "samples", "debug-echo.yaml"))
 	if err != nil {
 		return err

@@ -18,7 +18,7 @@ import (
 func TestDemo(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "go", "run", "./hack/demo", "--flips", "4", "--flip-every", "2s")
+	cmd := exec.CommandContext(ctx, "go", "run", "./hack/demo", "--node", "off", "--flips", "4", "--flip-every", "2s")
 	cmd.Dir = kube.RepoRoot()
 	out, err := cmd.CombinedOutput()
 	t.Logf("demo output:\n%s", out)

@@ -30,6 +30,23 @@ const probeImage = "ghcr.io/dowse-dev/dowse-node-probe:test"
 // condition is a failure, so the tier can never pass there by not running.
 func startCluster(t *testing.T, ctx context.Context) *cluster.Cluster {
 	t.Helper()
+	requireNode(t)
+	probe, err := cluster.BuildImage(ctx, "./test/cluster/cmd/dowse-node-probe", "dowse-node-probe", probeImage)
+	if err != nil {
+		t.Fatal(err)
+	}
+	begin := time.Now()
+	c, err := cluster.Start(ctx, cluster.Options{Images: []string{probe}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("cluster up in %s, state %s", time.Since(begin).Round(100*time.Millisecond), c.StateDir)
+	return c
+}
+
+// requireNode skips (or, in CI, fails) when this machine cannot run a node.
+func requireNode(t *testing.T) {
+	t.Helper()
 	ci := os.Getenv("CI") == "true"
 	unable := func(format string, args ...any) {
 		t.Helper()
@@ -44,17 +61,6 @@ func startCluster(t *testing.T, ctx context.Context) *cluster.Cluster {
 	if _, err := exec.LookPath("runc"); err != nil {
 		unable("node tests need runc: run hack/install-node-deps.sh (apt-get install runc)")
 	}
-	probe, err := cluster.BuildImage(ctx, "./test/cluster/cmd/dowse-node-probe", "dowse-node-probe", probeImage)
-	if err != nil {
-		t.Fatal(err)
-	}
-	begin := time.Now()
-	c, err := cluster.Start(ctx, cluster.Options{Images: []string{probe}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("cluster up in %s, state %s", time.Since(begin).Round(100*time.Millisecond), c.StateDir)
-	return c
 }
 
 // TestNode brings one cluster up and runs each check against it, then tears it
