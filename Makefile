@@ -3,7 +3,7 @@ SHELL := /bin/bash
 BIN := $(CURDIR)/bin
 GO_TEST_FLAGS ?= -count=1 -timeout 30m
 
-.PHONY: all build images generate verify-generate test test-unit test-integration test-node node-deps bench demo k8s deps clean
+.PHONY: all build images peers generate verify-generate test test-unit test-integration test-node node-deps bench demo k8s deps clean
 
 all: build
 
@@ -15,6 +15,7 @@ build:
 	@mkdir -p $(BIN)
 	go build -trimpath -ldflags="-s -w" -o $(BIN)/ ./agent/cmd/dowse-agent ./controller/cmd/dowse-controller ./discovery-handlers/debug-echo/cmd/dowse-debug-echo-discovery \
 	  ./discovery-handlers/opcua/cmd/dowse-opcua-discovery ./discovery-handlers/modbus/cmd/dowse-modbus-discovery \
+	  ./discovery-handlers/udev/cmd/dowse-udev-discovery ./discovery-handlers/onvif/cmd/dowse-onvif-discovery \
 	  ./brokers/debug-echo/cmd/dowse-debug-echo-broker
 
 # Test cluster binaries built from the module proxy, once each: the control
@@ -59,7 +60,11 @@ test-node: k8s node-deps
 	go test $(GO_TEST_FLAGS) -v ./test/node/
 
 # Everything CI runs: generated code check, unit and integration tests.
-test: deps node-deps k8s build verify-generate
+# Real protocol peers built from the module proxy (go2rtc for ONVIF).
+peers:
+	@hack/build-go2rtc.sh
+
+test: deps node-deps k8s peers build verify-generate
 	go vet ./...
 	go test $(GO_TEST_FLAGS) ./...
 

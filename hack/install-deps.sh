@@ -7,6 +7,11 @@ command -v protoc >/dev/null || need+=(protobuf-compiler)
 # tests run npm peers with Node.js.
 command -v mbpoll >/dev/null || need+=(mbpoll)
 command -v npm >/dev/null || need+=(nodejs npm)
+# udev: libudev for the udev handler's cgo build, systemd-udevd for its
+# tests; wsdd is the WS-Discovery peer of the ONVIF handler's tests.
+[ -e /usr/include/libudev.h ] || need+=(libudev-dev)
+[ -x /lib/systemd/systemd-udevd ] || need+=(udev)
+command -v wsdd >/dev/null || need+=(wsdd)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then echo "please install: ${need[*]} (apt-get install ${need[*]})" >&2; exit 1; fi
   apt-get update -qq

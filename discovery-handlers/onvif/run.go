@@ -1,0 +1,45 @@
+package onvif
+
+import (
+	"context"
+	"errors"
+
+	"github.com/go-logr/logr"
+
+	"github.com/dowse-dev/dowse/shared/handler"
+)
+
+// DefaultName is the handler name Configurations use by default.
+const DefaultName = "onvif"
+
+// Config is what Run needs.
+type Config struct {
+	// Name is the handler name to register; DefaultName when empty.
+	Name string
+	// StateDir is the agent's state directory (required).
+	StateDir string
+	Logger   logr.Logger
+}
+
+// Run serves the ONVIF handler until ctx ends (then it returns nil) or the
+// server fails. Cameras are network devices, so the handler registers as
+// shared: every node that sees a camera agrees on one Instance.
+func Run(ctx context.Context, cfg Config) error {
+	if cfg.StateDir == "" {
+		return errors.New("onvif: a state directory is required")
+	}
+	if cfg.Name == "" {
+		cfg.Name = DefaultName
+	}
+	srv, err := handler.NewServer(handler.Config{
+		Name:       cfg.Name,
+		Shared:     true,
+		StateDir:   cfg.StateDir,
+		Discoverer: NewDiscoverer(),
+		Logger:     cfg.Logger,
+	})
+	if err != nil {
+		return err
+	}
+	return srv.Start(ctx)
+}

@@ -1,0 +1,71 @@
+//go:build linux
+
+package onvif
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr/testr"
+
+	"github.com/dowse-dev/dowse/discovery-handlers/onvif/internal/peertest"
+	discoveryv1 "github.com/dowse-dev/dowse/proto/discovery/v1"
+	"github.com/dowse-dev/dowse/shared/handler/handlertest"
+)
+
+func runHandler(t *testing.T) *discoveryv1.RegisterDiscoveryHandlerRequest {
+	t.Helper()
+	dir := handlertest.ShortTempDir(t)
+	agent := handlertest.StartAgent(t, dir)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- Run(ctx, Config{StateDir: dir, Logger: testr.New(t)}) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("Run = %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Error("Run did not return within 10s of its context ending")
+		}
+	})
+	reg := agent.WaitForRegistration(t, 5*time.Second)
+	if !reg.GetShared() {
+		t.Error("ONVIF handler registered as not shared")
+	}
+	return reg
+}
+
+// TestHandlerWithWsdd runs the handler against Debian's wsdd, a foreign
+// WS-Discovery peer that is no camera, in a namespace of the test's. With
+// the ONVIF probe types wsdd never answers; probing for its own type
+// (wsdp:Device) it answers and its Hello (which names no types) triggers a
+// probe, but its device service is no ONVIF one, so it is skipped with a log
+// line. Either way no device is listed, and the handler keeps serving.
+func TestHandlerWithWsdd(t *testing.T) {
+	ns, local, peerIf, _ := peertest.PeerNet(t)
+	const uuid = "d0e5e000-0000-4000-8000-00000000d05f"
+	reg := runHandler(t)
+
+	wsdp := handlertest.Discover(t, reg.GetEndpoint(), &discoveryv1.DiscoverRequest{DiscoveryDetails: fmt.Sprintf(
+		`{"interfaces": [%q], "probeTypes": ["wsdp:Device"], "probeInterval": "1s"}`, local.Name)})
+	onvifOnly := handlertest.Discover(t, reg.GetEndpoint(), &discoveryv1.DiscoverRequest{DiscoveryDetails: fmt.Sprintf(
+		`{"interfaces": [%q], "probeInterval": "1s"}`, local.Name)})
+	for _, s := range []*handlertest.Stream{wsdp, onvifOnly} {
+		if devs := s.Next(t, 5*time.Second); len(devs) != 0 {
+			t.Fatalf("before wsdd: %v", devs)
+		}
+	}
+	w := peertest.StartWsdd(t, ns, peerIf, uuid)
+	// Several probe rounds with wsdd up.
+	time.Sleep(3500 * time.Millisecond)
+	w.Stop()
+	for _, s := range []*handlertest.Stream{wsdp, onvifOnly} {
+		s.Close()
+		s.Err(t, 5*time.Second) // fails the test if a list was sent
+	}
+}
