@@ -31,15 +31,11 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.Name == "" {
 		cfg.Name = DefaultName
 	}
-	srv, err := handler.NewServer(handler.Config{
+	return handler.Serve(ctx, handler.Config{
 		Name:       cfg.Name,
 		Shared:     true,
 		StateDir:   cfg.StateDir,
 		Discoverer: NewDiscoverer(),
 		Logger:     cfg.Logger,
 	})
-	if err != nil {
-		return err
-	}
-	return srv.Start(ctx)
 }

@@ -44,15 +44,11 @@ func Run(ctx context.Context, cfg Config) error {
 			cfg.Logger.Info("Following the udev daemon's events")
 		}
 	}
-	srv, err := handler.NewServer(handler.Config{
+	return handler.Serve(ctx, handler.Config{
 		Name:       cfg.Name,
 		Shared:     false,
 		StateDir:   cfg.StateDir,
 		Discoverer: NewDiscoverer(cfg.Source),
 		Logger:     cfg.Logger,
 	})
-	if err != nil {
-		return err
-	}
-	return srv.Start(ctx)
 }

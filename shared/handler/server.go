@@ -194,3 +194,13 @@ func (s *Server) requestRegistration(reason string) {
 	default:
 	}
 }
+
+// Serve builds a Server from cfg and runs it until ctx ends: what most
+// handler packages' Run needs.
+func Serve(ctx context.Context, cfg Config) error {
+	srv, err := NewServer(cfg)
+	if err != nil {
+		return err
+	}
+	return srv.Start(ctx)
+}
