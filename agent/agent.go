@@ -1,5 +1,5 @@
 // Package agent wires the per-node Dowse agent: registration server, handler
-// registry, Configuration reconciler and Instance writer.
+// registry, Configuration reconciler, Instance writer and device plugins.
 package agent
 
 import (
@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	"github.com/dowse-dev/dowse/agent/deviceplugin"
 	"github.com/dowse-dev/dowse/agent/discovery"
 	"github.com/dowse-dev/dowse/agent/instances"
 	"github.com/dowse-dev/dowse/agent/registration"
@@ -48,6 +49,25 @@ type Config struct {
 	Burst int
 	// MetricsAddr and HealthAddr are listen addresses; "0" disables.
 	MetricsAddr, HealthAddr string
+	// DevicePluginDir is the kubelet's device-plugin directory; empty
+	// disables device plugins and CDI specs (the in-process integration
+	// tests run several agents and no kubelet).
+	DevicePluginDir string
+	// CDISpecDir is where the agent writes a CDI spec per Instance;
+	// required with device plugins unless ClassicAllocate.
+	CDISpecDir string
+	// ClassicAllocate makes Allocate answer with env, mounts and device
+	// nodes instead of CDI device names, for runtimes without CDI.
+	ClassicAllocate bool
+	// SlotReclaimGrace is how long a slot this node holds may go unused by
+	// any pod (per the kubelet's pod-resources API) before it is freed; 0
+	// disables the reclaimer.
+	SlotReclaimGrace time.Duration
+	// PodResourcesSocket is the kubelet's pod-resources API socket the
+	// reclaimer lists pods' devices with (deviceplugin's default when empty).
+	PodResourcesSocket string
+	// SlotReclaimInterval is the time between reclaimer scans (10s when 0).
+	SlotReclaimInterval time.Duration
 	// Registerer receives the agent's own metrics; nil means the manager's
 	// metrics registry (served on MetricsAddr).
 	Registerer prometheus.Registerer
@@ -134,6 +154,19 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 	}, log.WithName("discovery"))
 	if err := rec.SetupWithManager(ctx, mgr); err != nil {
 		return fmt.Errorf("setting up configuration controller: %w", err)
+	}
+	if cfg.DevicePluginDir != "" {
+		plugins, err := deviceplugin.NewManager(mgr.GetClient(), deviceplugin.Options{
+			NodeName: cfg.NodeName, PluginDir: cfg.DevicePluginDir, CDIDir: cfg.CDISpecDir, Classic: cfg.ClassicAllocate,
+			ReclaimGrace: cfg.SlotReclaimGrace, ReclaimInterval: cfg.SlotReclaimInterval,
+			PodResourcesSocket: cfg.PodResourcesSocket,
+		}, log.WithName("deviceplugin"))
+		if err != nil {
+			return err
+		}
+		if err := plugins.SetupWithManager(mgr); err != nil {
+			return fmt.Errorf("setting up device plugins: %w", err)
+		}
 	}
 	if err := mgr.Add(registration.New(cfg.StateDir, handlers, log.WithName("registration"))); err != nil {
 		return err

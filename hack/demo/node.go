@@ -105,7 +105,7 @@ func runOnNode(ctx context.Context, every time.Duration, flips int) error {
 			return err
 		}
 		for _, o := range objs {
-			adapt(o, state, api)
+			adapt(o, state, c.CDIDir, api)
 			if err := cl.Create(ctx, o); err != nil && !apierrors.IsAlreadyExists(err) {
 				return fmt.Errorf("%s: creating %T %s: %w", f, o, o.GetName(), err)
 			}
@@ -125,8 +125,9 @@ func runOnNode(ctx context.Context, every time.Duration, flips int) error {
 // adapt fits deploy/'s manifests to the demo node: images are local only
 // (never pulled), pods use the host network (the node has no CNI) and reach
 // the API server on loopback (there is no kube-proxy for the kubernetes
-// Service), and the agent's state lives under the cluster's state folder.
-func adapt(o client.Object, state string, api *url.URL) {
+// Service), and the agent's state and CDI specs live under the cluster's
+// state folder.
+func adapt(o client.Object, state, cdiDir string, api *url.URL) {
 	var spec *corev1.PodSpec
 	switch w := o.(type) {
 	case *appsv1.DaemonSet:
@@ -154,6 +155,10 @@ func adapt(o client.Object, state string, api *url.URL) {
 	for i := range spec.Volumes {
 		if hp := spec.Volumes[i].HostPath; hp != nil && hp.Path == "/var/lib/dowse" {
 			hp.Path = state
+		}
+		// The cluster's containerd reads CDI specs from its own folder.
+		if hp := spec.Volumes[i].HostPath; hp != nil && hp.Path == "/var/run/cdi" {
+			hp.Path = cdiDir
 		}
 	}
 }

@@ -38,6 +38,11 @@ func main() {
 	fs.IntVar(&cfg.Burst, "kube-api-burst", 2000, "API client burst")
 	fs.StringVar(&cfg.MetricsAddr, "metrics-bind-address", ":9743", "Prometheus metrics address (0 disables)")
 	fs.StringVar(&cfg.HealthAddr, "health-probe-bind-address", ":9744", "health probe address (0 disables)")
+	fs.StringVar(&cfg.DevicePluginDir, "device-plugin-dir", "/var/lib/kubelet/device-plugins", "the kubelet's device-plugin directory; empty disables device plugins and CDI specs")
+	fs.StringVar(&cfg.CDISpecDir, "cdi-spec-dir", "/var/run/cdi", "directory the agent writes a CDI spec per Instance to")
+	fs.BoolVar(&cfg.ClassicAllocate, "classic-allocate", false, "answer Allocate with env, mounts and device nodes instead of CDI device names (runtimes without CDI)")
+	fs.DurationVar(&cfg.SlotReclaimGrace, "slot-reclaim-grace", time.Minute, "free a capacity slot no running pod has used for this long (0 disables)")
+	fs.StringVar(&cfg.PodResourcesSocket, "pod-resources-socket", "/var/lib/kubelet/pod-resources/kubelet.sock", "the kubelet's pod-resources API socket, read by the slot reclaimer")
 	zapOpts := zap.Options{}
 	zapOpts.BindFlags(fs)
 	_ = fs.Parse(os.Args[1:])

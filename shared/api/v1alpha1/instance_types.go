@@ -66,6 +66,34 @@ type InstanceStatus struct {
 	// +listType=map
 	// +listMapKey=name
 	Nodes []InstanceNode `json:"nodes,omitempty"`
+	// Slots are the capacity slots that nodes hold. Each agent applies its
+	// own node's entries under a field manager of its own (not the one that
+	// writes spec and nodes, whose applies would otherwise drop them), and
+	// without force: a second node stating another node's slot gets a
+	// conflict, so two nodes can never hold one slot.
+	// +optional
+	// +listType=map
+	// +listMapKey=id
+	Slots []InstanceSlot `json:"slots,omitempty"`
+}
+
+// InstanceSlot is one capacity slot held by one node.
+type InstanceSlot struct {
+	// ID is the slot's device id in the device plugins, "<hash>-<n>".
+	// +required
+	ID string `json:"id"`
+	// Node holds the slot.
+	// +required
+	Node string `json:"node"`
+	// Resource is the extended resource the slot was allocated through,
+	// dowse.dev/<instance> or dowse.dev/<configuration>: on its node the
+	// slot is then unavailable through the other one, so the two never
+	// hand out one slot twice.
+	// +optional
+	Resource string `json:"resource,omitempty"`
+	// AllocationID names the kubelet allocation that claimed the slot.
+	// +optional
+	AllocationID string `json:"allocationID,omitempty"`
 }
 
 // InstanceNode is one node that sees the device.

@@ -1,0 +1,137 @@
+package deviceplugin
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+
+	"tags.cncf.io/container-device-interface/pkg/cdi"
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
+
+	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+)
+
+// Env is the environment a container using inst gets: each broker property
+// as NAME and as NAME_<HASH> (so that a container given several devices of
+// one Configuration can tell them apart), names made valid. Properties whose
+// name has no valid form (empty) are dropped.
+func Env(inst *v1alpha1.Instance) map[string]string {
+	hash := EnvName(InstanceHash(inst.Name))
+	env := make(map[string]string, 2*len(inst.Spec.BrokerProperties))
+	for _, k := range slices.Sorted(maps.Keys(inst.Spec.BrokerProperties)) {
+		name := EnvName(k)
+		if name == "" {
+			continue
+		}
+		v := inst.Spec.BrokerProperties[k]
+		env[name] = v
+		env[name+"_"+hash] = v
+	}
+	return env
+}
+
+// checkPaths refuses what would break a container start later, when the
+// runtime applies the edits: relative paths, and device nodes that do not
+// exist on this node (the runtime stats them).
+func checkPaths(inst *v1alpha1.Instance, stat func(string) (os.FileInfo, error)) error {
+	var errs []error
+	for _, m := range inst.Spec.Mounts {
+		if !filepath.IsAbs(m.HostPath) || !filepath.IsAbs(m.ContainerPath) {
+			errs = append(errs, fmt.Errorf("mount %q -> %q: paths must be absolute", m.HostPath, m.ContainerPath))
+		}
+	}
+	for _, d := range inst.Spec.DeviceSpecs {
+		if !filepath.IsAbs(d.HostPath) || !filepath.IsAbs(d.ContainerPath) {
+			errs = append(errs, fmt.Errorf("device node %q -> %q: paths must be absolute", d.HostPath, d.ContainerPath))
+			continue
+		}
+		if _, err := stat(d.HostPath); err != nil {
+			errs = append(errs, fmt.Errorf("device node %q: %w", d.HostPath, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// CDISpec is inst's CDI spec: kind dowse.dev/<configuration>, one device
+// named after the Instance's hash, with its env, mounts and device nodes.
+func CDISpec(inst *v1alpha1.Instance) (*cdispec.Spec, error) {
+	if err := checkPaths(inst, os.Stat); err != nil {
+		return nil, err
+	}
+	env := Env(inst)
+	edits := cdispec.ContainerEdits{}
+	for _, k := range slices.Sorted(maps.Keys(env)) {
+		edits.Env = append(edits.Env, k+"="+env[k])
+	}
+	for _, m := range inst.Spec.Mounts {
+		opts := []string{"rbind", "rw"}
+		if m.ReadOnly {
+			opts[1] = "ro"
+		}
+		edits.Mounts = append(edits.Mounts, &cdispec.Mount{HostPath: m.HostPath, ContainerPath: m.ContainerPath, Type: "bind", Options: opts})
+	}
+	for _, d := range inst.Spec.DeviceSpecs {
+		edits.DeviceNodes = append(edits.DeviceNodes, &cdispec.DeviceNode{Path: d.ContainerPath, HostPath: d.HostPath, Permissions: d.Permissions})
+	}
+	spec := &cdispec.Spec{
+		Kind:    CDIKind(inst.Spec.ConfigurationName),
+		Devices: []cdispec.Device{{Name: InstanceHash(inst.Name), ContainerEdits: edits}},
+	}
+	v, err := cdi.MinimumRequiredVersion(spec)
+	if err != nil {
+		return nil, err
+	}
+	spec.Version = v
+	return spec, nil
+}
+
+// CDIWriter writes and removes Instances' CDI specs in one directory.
+type CDIWriter struct {
+	dir   string
+	cache *cdi.Cache
+}
+
+// NewCDIWriter makes a CDIWriter for dir (created if missing).
+func NewCDIWriter(dir string) (*CDIWriter, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	// No auto-refresh: the cache is only used to validate and write
+	// atomically, never to read specs back.
+	c, err := cdi.NewCache(cdi.WithSpecDirs(dir), cdi.WithAutoRefresh(false))
+	if err != nil {
+		return nil, fmt.Errorf("CDI cache for %s: %w", dir, err)
+	}
+	return &CDIWriter{dir: dir, cache: c}, nil
+}
+
+// SpecFileName is the file inst's spec is written to, without extension:
+// namespace and name keep Instances of every namespace apart.
+func SpecFileName(inst *v1alpha1.Instance) string {
+	return "dowse.dev_" + inst.Namespace + "_" + inst.Name
+}
+
+// Write validates inst's spec with the CDI library and writes it atomically
+// (a temporary file renamed over the old one). Idempotent.
+func (w *CDIWriter) Write(inst *v1alpha1.Instance) error {
+	spec, err := CDISpec(inst)
+	if err != nil {
+		return fmt.Errorf("CDI spec of %s/%s: %w", inst.Namespace, inst.Name, err)
+	}
+	if err := w.cache.WriteSpec(spec, SpecFileName(inst)+".json"); err != nil {
+		return fmt.Errorf("writing CDI spec of %s/%s: %w", inst.Namespace, inst.Name, err)
+	}
+	return nil
+}
+
+// Remove removes the spec of the Instance namespace/name; a missing spec is
+// no error.
+func (w *CDIWriter) Remove(namespace, name string) error {
+	return w.cache.RemoveSpec(SpecFileName(&v1alpha1.Instance{ObjectMeta: objectMeta(namespace, name)}) + ".json")
+}
+
+// Dir is the spec directory.
+func (w *CDIWriter) Dir() string { return w.dir }

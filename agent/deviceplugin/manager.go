@@ -1,0 +1,478 @@
+package deviceplugin
+
+import (
+	"cmp"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"maps"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	dp "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+)
+
+// Options configure a Manager.
+type Options struct {
+	NodeName string
+	// PluginDir is the kubelet's device-plugin directory (DefaultDir).
+	PluginDir string
+	// CDIDir is where CDI specs go; required unless Classic.
+	CDIDir string
+	// Classic makes Allocate answer with env, mounts and device nodes
+	// instead of CDI device names, for runtimes without CDI. The CDI specs
+	// are still written when CDIDir is set.
+	Classic bool
+	// ReclaimGrace is how long a slot this node holds may go unused by any
+	// pod before the reclaimer frees it; 0 disables the reclaimer.
+	ReclaimGrace time.Duration
+	// ReclaimInterval is the time between reclaimer scans (10s when 0).
+	ReclaimInterval time.Duration
+	// PodResourcesSocket is the kubelet's pod-resources API
+	// (DefaultPodResourcesSocket when empty).
+	PodResourcesSocket string
+}
+
+// Manager runs the device plugins of the Instances on this node and of
+// their Configurations, and keeps their CDI specs, following the agent's
+// Instance cache: a plugin and spec appear when an Instance lists this node
+// and go when it no longer does.
+type Manager struct {
+	opts    Options
+	client  client.Client // reads from the cache
+	claimer slotClaimer
+	slots   *Claimer
+	cdi     *CDIWriter
+	watcher *KubeletWatcher
+	log     logr.Logger
+	// synced waits for the Instance cache (nil: the stale-spec sweep is
+	// skipped, as in unit tests).
+	synced func(ctx context.Context) bool
+
+	started chan struct{}
+	ctx     context.Context // Start's, for the plugins' goroutines
+	wg      sync.WaitGroup
+
+	mu        sync.Mutex
+	instances map[types.NamespacedName]*instancePlugin
+	configs   map[types.NamespacedName]*configPlugin // key: namespace, configuration name
+}
+
+type running struct {
+	svc    *service
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+func (r *running) stop() {
+	r.cancel()
+	<-r.done
+}
+
+type instancePlugin struct {
+	inst *v1alpha1.Instance
+	run  *running // nil when the resource name is invalid
+}
+
+type configPlugin struct {
+	members map[string]bool // Instance names
+	run     *running
+}
+
+// slotClaimer is what the Manager needs of a Claimer (tests fake it).
+type slotClaimer interface {
+	Claim(ctx context.Context, inst *v1alpha1.Instance, ids []string, resource string) error
+	Forget(key types.NamespacedName)
+}
+
+// NewManager makes a Manager. c reads Instances from the agent's cache and
+// writes slot claims.
+func NewManager(c client.Client, opts Options, log logr.Logger) (*Manager, error) {
+	if opts.PluginDir == "" {
+		opts.PluginDir = DefaultDir
+	}
+	m := &Manager{
+		opts: opts, client: c,
+		watcher: NewKubeletWatcher(opts.PluginDir, log.WithName("kubelet-watch")), log: log,
+		started:   make(chan struct{}),
+		instances: map[types.NamespacedName]*instancePlugin{},
+		configs:   map[types.NamespacedName]*configPlugin{},
+	}
+	m.slots = NewClaimer(c, opts.NodeName)
+	m.claimer = m.slots
+	if opts.CDIDir != "" {
+		w, err := NewCDIWriter(opts.CDIDir)
+		if err != nil {
+			return nil, err
+		}
+		m.cdi = w
+	} else if !opts.Classic {
+		return nil, errors.New("device plugins: a CDI spec directory is required unless Allocate answers the classic way")
+	}
+	return m, nil
+}
+
+// SetupWithManager adds the Manager and its Instance controller to mgr.
+func (m *Manager) SetupWithManager(mgr ctrl.Manager) error {
+	m.synced = mgr.GetCache().WaitForCacheSync
+	if err := mgr.Add(m); err != nil {
+		return err
+	}
+	return ctrl.NewControllerManagedBy(mgr).
+		For(&v1alpha1.Instance{}).
+		Named("deviceplugins").
+		// One worker: plugin start and stop are cheap, and one worker keeps
+		// the Configuration plugins' membership simple. Several agents run
+		// in one process in tests: names need not be unique.
+		WithOptions(controller.Options{MaxConcurrentReconciles: 1, SkipNameValidation: ptr.To(true)}).
+		Complete(m)
+}
+
+// Start runs the kubelet watch until ctx ends, then stops every plugin and
+// removes its socket. CDI specs stay: running containers do not need them,
+// and the next agent rewrites them.
+func (m *Manager) Start(ctx context.Context) error {
+	m.ctx = ctx
+	close(m.started)
+	if m.opts.ReclaimGrace > 0 {
+		r := &Reclaimer{
+			InUse:   PodResourcesSlots(cmp.Or(m.opts.PodResourcesSocket, DefaultPodResourcesSocket)),
+			Claimer: m.slots, Node: m.opts.NodeName, Grace: m.opts.ReclaimGrace,
+			Interval: cmp.Or(m.opts.ReclaimInterval, 10*time.Second), Instances: m.here,
+			Log: m.log.WithName("reclaimer"),
+		}
+		m.wg.Go(func() { _ = r.Start(ctx) })
+	}
+	if m.cdi != nil && m.synced != nil {
+		m.wg.Go(func() {
+			if m.synced(ctx) {
+				m.sweepCDI(ctx)
+			}
+		})
+	}
+	err := m.watcher.Start(ctx)
+	m.wg.Wait()
+	return err
+}
+
+// Reconcile brings the plugins and CDI spec of one Instance in line with
+// the cache.
+func (m *Manager) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	select {
+	case <-m.started:
+	case <-ctx.Done():
+		return reconcile.Result{}, ctx.Err()
+	}
+	log := m.log.WithValues("instance", req.NamespacedName)
+	inst := &v1alpha1.Instance{}
+	err := m.client.Get(ctx, req.NamespacedName, inst)
+	if err != nil && !apierrors.IsNotFound(err) {
+		return reconcile.Result{}, err
+	}
+	here := err == nil && inst.DeletionTimestamp == nil && onNode(inst, m.opts.NodeName)
+	if here && m.cdi != nil {
+		if err := m.cdi.Write(inst); err != nil {
+			// Bad input from the handler: no plugin rather than pods that
+			// fail to start. The Instance's next change brings us back.
+			log.Error(err, "invalid device; not offering it")
+			here = false
+		}
+	}
+	if !here {
+		m.remove(req.NamespacedName, log)
+		if m.cdi != nil {
+			if err := m.cdi.Remove(req.Namespace, req.Name); err != nil {
+				return reconcile.Result{}, err
+			}
+		}
+		return reconcile.Result{}, nil
+	}
+	m.upsert(inst, log)
+	return reconcile.Result{}, nil
+}
+
+// sweepCDI removes the specs of Instances that went away, or left this
+// node, while no agent ran: no Reconcile comes for those.
+func (m *Manager) sweepCDI(ctx context.Context) {
+	files, err := filepath.Glob(filepath.Join(m.cdi.Dir(), "dowse.dev_*_*.json"))
+	if err != nil {
+		return
+	}
+	for _, f := range files {
+		// Namespaces and Instance names never contain '_'.
+		parts := strings.Split(strings.TrimSuffix(filepath.Base(f), ".json"), "_")
+		if len(parts) != 3 {
+			continue
+		}
+		key := types.NamespacedName{Namespace: parts[1], Name: parts[2]}
+		inst := &v1alpha1.Instance{}
+		err := m.client.Get(ctx, key, inst)
+		if err != nil && !apierrors.IsNotFound(err) {
+			continue
+		}
+		if err == nil && onNode(inst, m.opts.NodeName) {
+			continue
+		}
+		if err := m.cdi.Remove(key.Namespace, key.Name); err != nil {
+			m.log.Error(err, "removing stale CDI spec", "instance", key)
+			continue
+		}
+		m.log.Info("stale CDI spec removed", "instance", key)
+	}
+}
+
+// here lists the Instances this node offers, as last seen.
+func (m *Manager) here() []*v1alpha1.Instance {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]*v1alpha1.Instance, 0, len(m.instances))
+	for _, ip := range m.instances {
+		out = append(out, ip.inst)
+	}
+	return out
+}
+
+func onNode(inst *v1alpha1.Instance, node string) bool {
+	for _, n := range inst.Status.Nodes {
+		if n.Name == node {
+			return true
+		}
+	}
+	return false
+}
+
+func (m *Manager) upsert(inst *v1alpha1.Instance, log logr.Logger) {
+	key := client.ObjectKeyFromObject(inst)
+	ckey := types.NamespacedName{Namespace: inst.Namespace, Name: inst.Spec.ConfigurationName}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	ip, ok := m.instances[key]
+	if ok {
+		ip.inst = inst
+		if ip.run != nil {
+			ip.run.svc.changed.Notify()
+		}
+	} else {
+		ip = &instancePlugin{inst: inst}
+		if res, err := ResourceName(inst.Name); err != nil {
+			log.Error(err, "no Instance device plugin")
+		} else {
+			ip.run = m.startPlugin(res, m.instanceService(key, res), log)
+		}
+		m.instances[key] = ip
+		log.Info("device offered", "slots", len(SlotIDs(inst)))
+	}
+	cp, ok := m.configs[ckey]
+	if !ok {
+		cp = &configPlugin{members: map[string]bool{}}
+		if res, err := ResourceName(ckey.Name); err != nil {
+			log.Error(err, "no Configuration device plugin")
+		} else {
+			cp.run = m.startPlugin(res, m.configService(ckey, res), log)
+		}
+		m.configs[ckey] = cp
+	}
+	cp.members[inst.Name] = true
+	if cp.run != nil {
+		cp.run.svc.changed.Notify()
+	}
+}
+
+func (m *Manager) remove(key types.NamespacedName, log logr.Logger) {
+	m.mu.Lock()
+	ip, ok := m.instances[key]
+	var stops []*running
+	if ok {
+		delete(m.instances, key)
+		if ip.run != nil {
+			stops = append(stops, ip.run)
+		}
+		ckey := types.NamespacedName{Namespace: key.Namespace, Name: ip.inst.Spec.ConfigurationName}
+		if cp := m.configs[ckey]; cp != nil {
+			delete(cp.members, key.Name)
+			if len(cp.members) == 0 {
+				delete(m.configs, ckey)
+				if cp.run != nil {
+					stops = append(stops, cp.run)
+				}
+			} else if cp.run != nil {
+				cp.run.svc.changed.Notify()
+			}
+		}
+	}
+	m.mu.Unlock()
+	for _, r := range stops {
+		r.stop()
+	}
+	if ok {
+		m.claimer.Forget(key)
+		log.Info("device withdrawn")
+	}
+}
+
+func (m *Manager) startPlugin(resource string, svc *service, log logr.Logger) *running {
+	ctx, cancel := context.WithCancel(m.ctx)
+	stopped := make(chan struct{})
+	svc.stopped = stopped
+	svc.changed = newChanges()
+	r := &running{svc: svc, cancel: cancel, done: make(chan struct{})}
+	p := &Plugin{
+		ResourceName: resource, Dir: m.opts.PluginDir,
+		// Unique per agent and resource, so several agents (tests) never
+		// collide, and short: a resource name of 63 characters in the
+		// socket path would pass the 108-byte limit of unix sockets.
+		Endpoint: endpoint(m.opts.NodeName, resource),
+		Service:  svc, Watcher: m.watcher, Log: log,
+	}
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		defer close(r.done)
+		_ = p.Start(ctx)
+		close(stopped)
+	}()
+	return r
+}
+
+func endpoint(node, resource string) string {
+	sum := sha256.Sum256([]byte(node + "\x00" + resource))
+	return "dowse-" + hex.EncodeToString(sum[:10]) + ".sock"
+}
+
+// devicesOf lists inst's slots as seen by the plugin of resource; a slot
+// another node holds, or this node through the other resource, is
+// Unhealthy so that the kubelet does not hand it out here.
+func devicesOf(inst *v1alpha1.Instance, node, resource string) []*dp.Device {
+	elsewhere := map[string]bool{}
+	for _, s := range inst.Status.Slots {
+		if s.Node != node || (s.Resource != "" && s.Resource != resource) {
+			elsewhere[s.ID] = true
+		}
+	}
+	var out []*dp.Device
+	for _, id := range SlotIDs(inst) {
+		h := dp.Healthy
+		if elsewhere[id] {
+			h = dp.Unhealthy
+		}
+		out = append(out, &dp.Device{ID: id, Health: h})
+	}
+	return out
+}
+
+func (m *Manager) instance(key types.NamespacedName) *v1alpha1.Instance {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if ip := m.instances[key]; ip != nil {
+		return ip.inst
+	}
+	return nil
+}
+
+func (m *Manager) instanceService(key types.NamespacedName, resource string) *service {
+	return &service{
+		devices: func() []*dp.Device {
+			if inst := m.instance(key); inst != nil {
+				return devicesOf(inst, m.opts.NodeName, resource)
+			}
+			return nil
+		},
+		allocate: func(ctx context.Context, ids []string) (*dp.ContainerAllocateResponse, error) {
+			inst := m.instance(key)
+			if inst == nil {
+				return nil, fmt.Errorf("Instance %s is no longer on this node", key)
+			}
+			return m.allocate(ctx, resource, map[*v1alpha1.Instance][]string{inst: ids})
+		},
+	}
+}
+
+func (m *Manager) configService(ckey types.NamespacedName, resource string) *service {
+	members := func() []*v1alpha1.Instance {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		cp := m.configs[ckey]
+		if cp == nil {
+			return nil
+		}
+		var out []*v1alpha1.Instance
+		for _, name := range slices.Sorted(maps.Keys(cp.members)) {
+			if ip := m.instances[types.NamespacedName{Namespace: ckey.Namespace, Name: name}]; ip != nil {
+				out = append(out, ip.inst)
+			}
+		}
+		return out
+	}
+	return &service{
+		devices: func() []*dp.Device {
+			var out []*dp.Device
+			for _, inst := range members() {
+				out = append(out, devicesOf(inst, m.opts.NodeName, resource)...)
+			}
+			return out
+		},
+		allocate: func(ctx context.Context, ids []string) (*dp.ContainerAllocateResponse, error) {
+			byHash := map[string]*v1alpha1.Instance{}
+			for _, inst := range members() {
+				byHash[InstanceHash(inst.Name)] = inst
+			}
+			want := map[*v1alpha1.Instance][]string{}
+			for _, id := range ids {
+				i := strings.LastIndexByte(id, '-')
+				inst := byHash[id[:max(i, 0)]]
+				if inst == nil {
+					return nil, fmt.Errorf("device %s is not a slot of Configuration %s on this node", id, ckey)
+				}
+				want[inst] = append(want[inst], id)
+			}
+			return m.allocate(ctx, resource, want)
+		},
+	}
+}
+
+// allocate claims the slots and answers with CDI device names, or, in
+// classic mode, with env, mounts and device nodes: never both, so that a
+// runtime with CDI does not get every edit twice.
+func (m *Manager) allocate(ctx context.Context, resource string, want map[*v1alpha1.Instance][]string) (*dp.ContainerAllocateResponse, error) {
+	resp := &dp.ContainerAllocateResponse{}
+	insts := slices.SortedFunc(maps.Keys(want), func(a, b *v1alpha1.Instance) int { return strings.Compare(a.Name, b.Name) })
+	for _, inst := range insts {
+		if err := m.claimer.Claim(ctx, inst, want[inst], resource); err != nil {
+			return nil, err
+		}
+		if !m.opts.Classic {
+			resp.CdiDevices = append(resp.CdiDevices, &dp.CDIDevice{Name: CDIName(inst)})
+			continue
+		}
+		if resp.Envs == nil {
+			resp.Envs = map[string]string{}
+		}
+		maps.Copy(resp.Envs, Env(inst))
+		for _, mt := range inst.Spec.Mounts {
+			resp.Mounts = append(resp.Mounts, &dp.Mount{ContainerPath: mt.ContainerPath, HostPath: mt.HostPath, ReadOnly: mt.ReadOnly})
+		}
+		for _, d := range inst.Spec.DeviceSpecs {
+			perm := d.Permissions
+			if perm == "" {
+				perm = "rw"
+			}
+			resp.Devices = append(resp.Devices, &dp.DeviceSpec{ContainerPath: d.ContainerPath, HostPath: d.HostPath, Permissions: perm})
+		}
+	}
+	return resp, nil
+}

@@ -1,0 +1,138 @@
+package deviceplugin
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/go-logr/logr"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	podresources "k8s.io/kubelet/pkg/apis/podresources/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+)
+
+// DefaultPodResourcesSocket is the kubelet's pod-resources API.
+const DefaultPodResourcesSocket = "/var/lib/kubelet/pod-resources/kubelet.sock"
+
+// SlotsInUse lists the Dowse slot ids the kubelet has assigned to pods it
+// still runs.
+type SlotsInUse func(ctx context.Context) (map[string]bool, error)
+
+// PodResourcesSlots is a SlotsInUse over the kubelet's pod-resources List.
+func PodResourcesSlots(socket string) SlotsInUse {
+	return func(ctx context.Context) (map[string]bool, error) {
+		conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			return nil, err
+		}
+		defer conn.Close()
+		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		resp, err := podresources.NewPodResourcesListerClient(conn).List(ctx, &podresources.ListPodResourcesRequest{})
+		if err != nil {
+			return nil, fmt.Errorf("listing pod resources: %w", err)
+		}
+		used := map[string]bool{}
+		for _, p := range resp.PodResources {
+			for _, c := range p.Containers {
+				for _, d := range c.Devices {
+					if strings.HasPrefix(d.ResourceName, ResourcePrefix) {
+						for _, id := range d.DeviceIds {
+							used[id] = true
+						}
+					}
+				}
+			}
+		}
+		return used, nil
+	}
+}
+
+// Reclaimer frees the slots this node holds that no pod of the kubelet has
+// used for Grace: Allocate claims slots, but nothing tells a plugin that a
+// pod ended. The grace covers the time between Allocate and the container
+// showing in the pod-resources API, and brief gaps.
+type Reclaimer struct {
+	InUse    SlotsInUse
+	Claimer  *Claimer
+	Node     string
+	Grace    time.Duration
+	Interval time.Duration
+	// Instances lists the Instances on this node, as last seen.
+	Instances func() []*v1alpha1.Instance
+	Log       logr.Logger
+
+	unusedSince map[string]time.Time
+}
+
+// Start scans every Interval until ctx ends. A failing List (no kubelet)
+// is logged and retried: it never frees anything.
+func (r *Reclaimer) Start(ctx context.Context) error {
+	t := time.NewTicker(r.Interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+			if err := r.Scan(ctx, time.Now()); err != nil {
+				r.Log.Error(err, "reclaiming slots")
+			}
+		}
+	}
+}
+
+// Scan frees what has been unused for Grace at now.
+func (r *Reclaimer) Scan(ctx context.Context, now time.Time) error {
+	used, err := r.InUse(ctx)
+	if err != nil {
+		return err
+	}
+	if r.unusedSince == nil {
+		r.unusedSince = map[string]time.Time{}
+	}
+	seen := map[string]bool{}
+	var errs []error
+	for _, inst := range r.Instances() {
+		var free []string
+		for _, id := range r.Claimer.Held(inst) {
+			seen[id] = true
+			if used[id] {
+				delete(r.unusedSince, id)
+				continue
+			}
+			since, ok := r.unusedSince[id]
+			if !ok {
+				r.unusedSince[id] = now
+				continue
+			}
+			if now.Sub(since) >= r.Grace {
+				free = append(free, id)
+			}
+		}
+		if len(free) == 0 {
+			continue
+		}
+		if err := r.Claimer.Release(ctx, inst, free); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		r.Log.Info("slots freed", "instance", client.ObjectKeyFromObject(inst), "slots", free)
+		for _, id := range free {
+			delete(r.unusedSince, id)
+		}
+	}
+	for id := range r.unusedSince {
+		if !seen[id] {
+			delete(r.unusedSince, id)
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("%d Instances: %v", len(errs), errs)
+	}
+	return nil
+}

@@ -1,0 +1,374 @@
+package node
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr/testr"
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	"github.com/dowse-dev/dowse/agent"
+	"github.com/dowse-dev/dowse/agent/deviceplugin"
+	debugecho "github.com/dowse-dev/dowse/discovery-handlers/debug-echo"
+	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+	"github.com/dowse-dev/dowse/shared/scheme"
+	"github.com/dowse-dev/dowse/test/kube"
+)
+
+// TestDowseDevicePlugins runs the agent and the debug-echo handler in this
+// process against a real kubelet and containerd: pods that ask for
+// dowse.dev/<instance> or dowse.dev/<configuration> get the device's
+// environment through CDI, and no more pods than the capacity run at once.
+func TestDowseDevicePlugins(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	c := startCluster(t, ctx)
+	t.Cleanup(func() {
+		_ = c.Stop()
+		if !t.Failed() {
+			_ = os.RemoveAll(c.StateDir)
+		}
+	})
+
+	sch, err := scheme.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := apiextensionsv1.AddToScheme(sch); err != nil {
+		t.Fatal(err)
+	}
+	cl, err := client.New(c.Config, client.Options{Scheme: sch})
+	if err != nil {
+		t.Fatal(err)
+	}
+	applyCRDs(t, ctx, cl)
+
+	// The agent and the handler, stopped before the cluster (cleanups run
+	// last-in first-out).
+	state := filepath.Join(c.StateDir, "dowse")
+	if err := os.MkdirAll(state, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stopRun := context.WithCancel(ctx)
+	handlerDone := make(chan error, 1)
+	// startAgent runs an agent until the returned function stops it.
+	startAgent := func(classic bool) (stop func()) {
+		actx, acancel := context.WithCancel(runCtx)
+		done := make(chan error, 1)
+		go func() {
+			done <- agent.Run(actx, agent.Config{
+				RESTConfig: c.Config, NodeName: c.NodeName, StateDir: state,
+				GracePeriod: time.Minute, WriteConcurrency: 4, MetricsAddr: "0", HealthAddr: "0",
+				Registerer:      prometheus.NewRegistry(),
+				DevicePluginDir: deviceplugin.DefaultDir, CDISpecDir: c.CDIDir, ClassicAllocate: classic,
+				SlotReclaimGrace: 2 * time.Second, SlotReclaimInterval: time.Second,
+				// The cluster's kubelet has a root directory of its own.
+				PodResourcesSocket: filepath.Join(c.StateDir, "kubelet", "pod-resources", "kubelet.sock"),
+			}, testr.New(t).WithName("agent"))
+		}()
+		var once bool
+		return func() {
+			if once {
+				return
+			}
+			once = true
+			acancel()
+			if err := <-done; err != nil {
+				t.Errorf("agent: %v", err)
+			}
+		}
+	}
+	// A spec left by an Instance deleted while no agent ran: the agent
+	// removes it when it starts.
+	stale := filepath.Join(c.CDIDir, "dowse.dev_default_gone-0000.json")
+	if err := os.WriteFile(stale, []byte(`{"cdiVersion":"0.6.0","kind":"dowse.dev/gone","devices":[{"name":"0000","containerEdits":{"env":["A=b"]}}]}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	stopAgent := startAgent(false)
+	go func() {
+		handlerDone <- debugecho.Run(runCtx, debugecho.Config{StateDir: state, Logger: testr.New(t).WithName("debug-echo")})
+	}()
+	t.Cleanup(func() {
+		stopAgent()
+		stopRun()
+		// The handler may report its server stopping as an error: only log.
+		if err := <-handlerDone; err != nil {
+			t.Logf("debug-echo: %v", err)
+		}
+	})
+
+	cfg := &v1alpha1.Configuration{ObjectMeta: metav1.ObjectMeta{Name: "echo", Namespace: "default"}}
+	cfg.Spec.DiscoveryHandler.Name = debugecho.DefaultName
+	cfg.Spec.DiscoveryHandler.DiscoveryDetails = &apiextensionsv1.JSON{Raw: []byte(`{"descriptions":["foo0"]}`)}
+	cfg.Spec.Capacity = 2
+	if err := cl.Create(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+
+	// The Instance appears, then its resource in the node's allocatable.
+	var inst v1alpha1.Instance
+	for {
+		var l v1alpha1.InstanceList
+		if err := cl.List(ctx, &l, client.InNamespace("default")); err != nil {
+			t.Fatal(err)
+		}
+		if len(l.Items) > 0 {
+			inst = l.Items[0]
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatal("no Instance")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	seen := time.Now()
+	instRes := corev1.ResourceName(deviceplugin.ResourcePrefix + inst.Name)
+	cfgRes := corev1.ResourceName(deviceplugin.ResourcePrefix + cfg.Name)
+	waitAllocatable := func() {
+		t.Helper()
+		for {
+			n, err := c.Client.CoreV1().Nodes().Get(ctx, c.NodeName, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			qi, qc := n.Status.Allocatable[instRes], n.Status.Allocatable[cfgRes]
+			if qi.Value() == 2 && qc.Value() == 2 {
+				return
+			}
+			if ctx.Err() != nil {
+				t.Fatalf("node never offered %s and %s: %v", instRes, cfgRes, n.Status.Allocatable)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	waitAllocatable()
+	t.Logf("Instance %s seen to both resources allocatable: %s (Instance created %s before it was seen)",
+		inst.Name, time.Since(seen).Round(time.Millisecond), seen.Sub(inst.CreationTimestamp.Time).Round(time.Second))
+	if _, err := os.Stat(filepath.Join(c.CDIDir, deviceplugin.SpecFileName(&inst)+".json")); err != nil {
+		t.Fatalf("no CDI spec: %v", err)
+	}
+	if _, err := os.Stat(stale); !os.IsNotExist(err) {
+		t.Fatalf("stale CDI spec not removed: %v", err)
+	}
+
+	hashEnv := "DEBUG_ECHO_DESCRIPTION_" + deviceplugin.EnvName(deviceplugin.InstanceHash(inst.Name))
+	pods := c.Client.CoreV1().Pods("default")
+	devicePod := func(name string, res corev1.ResourceName) {
+		t.Helper()
+		p := probePod(name, "env:DEBUG_ECHO_DESCRIPTION", "env:"+hashEnv, "echo:probed", "sleep:10m")
+		p.Spec.Containers[0].Resources.Limits = corev1.ResourceList{res: resource.MustParse("1")}
+		if _, err := pods.Create(ctx, p, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	expectEnv := func(name string) {
+		t.Helper()
+		p := waitPodPhase(t, ctx, c.Client, name, corev1.PodRunning, corev1.PodFailed, corev1.PodSucceeded)
+		if p.Status.Phase != corev1.PodRunning {
+			t.Fatalf("pod %s: %+v", name, p.Status)
+		}
+		var logs string
+		for ctx.Err() == nil {
+			if logs = podLogs(t, ctx, c.Client, name); strings.Contains(logs, "probed") {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		for _, want := range []string{"env DEBUG_ECHO_DESCRIPTION=foo0", "env " + hashEnv + "=foo0"} {
+			if !strings.Contains(logs, want) {
+				t.Errorf("pod %s logs lack %q:\n%s", name, want, logs)
+			}
+		}
+	}
+	deletePod := func(name string) {
+		t.Helper()
+		if err := pods.Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err != nil {
+			t.Fatal(err)
+		}
+		waitGone(t, ctx, "pod "+name, func() error { _, err := pods.Get(ctx, name, metav1.GetOptions{}); return err })
+	}
+
+	t.Run("InstanceResource", func(t *testing.T) {
+		devicePod("inst-1", instRes)
+		devicePod("inst-2", instRes)
+		expectEnv("inst-1")
+		expectEnv("inst-2")
+	})
+	t.Run("BeyondCapacityPending", func(t *testing.T) {
+		devicePod("inst-3", instRes)
+		time.Sleep(3 * time.Second)
+		p, err := pods.Get(ctx, "inst-3", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.Status.Phase != corev1.PodPending {
+			t.Fatalf("third pod is %s, want Pending", p.Status.Phase)
+		}
+		// Freeing a slot lets it run.
+		deletePod("inst-1")
+		expectEnv("inst-3")
+	})
+	t.Run("NoDoubleBookingAcrossResources", func(t *testing.T) {
+		// Both slots are held through the Instance's resource: the
+		// Configuration's resource offers none of them.
+		for {
+			n, err := c.Client.CoreV1().Nodes().Get(ctx, c.NodeName, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if q := n.Status.Allocatable[cfgRes]; q.Value() == 0 {
+				break
+			}
+			if ctx.Err() != nil {
+				t.Fatalf("%s still allocatable: %v", cfgRes, n.Status.Allocatable)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		devicePod("cfg-0", cfgRes)
+		time.Sleep(3 * time.Second)
+		p, err := pods.Get(ctx, "cfg-0", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.Status.Phase != corev1.PodPending {
+			t.Fatalf("pod for %s is %s, want Pending", cfgRes, p.Status.Phase)
+		}
+	})
+	t.Run("SlotsClaimed", func(t *testing.T) {
+		var cur v1alpha1.Instance
+		if err := cl.Get(ctx, client.ObjectKeyFromObject(&inst), &cur); err != nil {
+			t.Fatal(err)
+		}
+		if len(cur.Status.Slots) == 0 {
+			t.Fatal("no slot claimed in status")
+		}
+		for _, s := range cur.Status.Slots {
+			if s.Node != c.NodeName {
+				t.Errorf("slot %+v held by another node", s)
+			}
+		}
+		t.Logf("slots: %+v", cur.Status.Slots)
+	})
+	t.Run("ConfigurationResource", func(t *testing.T) {
+		// Freed (after the reclaimer's grace), the slots serve the pending
+		// pod that asked for any device of the Configuration.
+		deletePod("inst-2")
+		deletePod("inst-3")
+		begin := time.Now()
+		expectEnv("cfg-0")
+		t.Logf("pending Configuration pod ran %s after the Instance pods were deleted", time.Since(begin).Round(100*time.Millisecond))
+		deletePod("cfg-0")
+	})
+	t.Run("ClassicAfterAgentRestart", func(t *testing.T) {
+		var before v1alpha1.Instance
+		if err := cl.Get(ctx, client.ObjectKeyFromObject(&inst), &before); err != nil {
+			t.Fatal(err)
+		}
+		stopAgent()
+		// The kubelet notices the plugins gone (their devices unhealthy)
+		// before the new agent starts, so that the wait below sees the new
+		// agent's plugins, not the old figures.
+		for {
+			n, err := c.Client.CoreV1().Nodes().Get(ctx, c.NodeName, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if q := n.Status.Allocatable[instRes]; q.Value() == 0 {
+				break
+			}
+			if ctx.Err() != nil {
+				t.Fatalf("%s still allocatable with the agent stopped: %v", instRes, n.Status.Allocatable)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		// A classic answer names no CDI device, so the env the pod sees
+		// can only come from Allocate's response.
+		stopAgent = startAgent(true)
+		begin := time.Now()
+		waitAllocatable()
+		t.Logf("agent restarted; resources allocatable after %s", time.Since(begin).Round(time.Millisecond))
+		devicePod("classic-1", instRes)
+		expectEnv("classic-1")
+		var after v1alpha1.Instance
+		if err := cl.Get(ctx, client.ObjectKeyFromObject(&inst), &after); err != nil {
+			t.Fatal(err)
+		}
+		// The reclaimer may have freed unused slots meanwhile; none is
+		// doubled and the running pod's is held.
+		ids := map[string]bool{}
+		for _, s := range after.Status.Slots {
+			if ids[s.ID] || s.Node != c.NodeName {
+				t.Fatalf("slots before restart %+v, after %+v", before.Status.Slots, after.Status.Slots)
+			}
+			ids[s.ID] = true
+		}
+		if len(ids) == 0 || len(ids) > 2 {
+			t.Fatalf("slots before restart %+v, after %+v", before.Status.Slots, after.Status.Slots)
+		}
+		deletePod("classic-1")
+	})
+	t.Run("Reclaim", func(t *testing.T) {
+		// Every pod is gone: the reclaimer frees every slot within the
+		// grace period (2s) plus a scan (1s).
+		begin := time.Now()
+		for {
+			var cur v1alpha1.Instance
+			if err := cl.Get(ctx, client.ObjectKeyFromObject(&inst), &cur); err != nil {
+				t.Fatal(err)
+			}
+			if len(cur.Status.Slots) == 0 {
+				break
+			}
+			if time.Since(begin) > 10*time.Second {
+				t.Fatalf("slots still held: %+v", cur.Status.Slots)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		t.Logf("all slots freed %s after the last pod was deleted", time.Since(begin).Round(100*time.Millisecond))
+	})
+}
+
+// applyCRDs creates deploy/crds' CRDs and waits until they are established.
+func applyCRDs(t *testing.T, ctx context.Context, cl client.Client) {
+	t.Helper()
+	for _, f := range []string{"dowse.dev_configurations.yaml", "dowse.dev_instances.yaml"} {
+		raw, err := os.ReadFile(filepath.Join(kube.RepoRoot(), "deploy", "crds", f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		crd := &apiextensionsv1.CustomResourceDefinition{}
+		if err := yaml.Unmarshal(raw, crd); err != nil {
+			t.Fatal(err)
+		}
+		if err := cl.Create(ctx, crd); err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatal(err)
+		}
+		for {
+			if err := cl.Get(ctx, client.ObjectKeyFromObject(crd), crd); err != nil {
+				t.Fatal(err)
+			}
+			established := false
+			for _, c := range crd.Status.Conditions {
+				established = established || (c.Type == apiextensionsv1.Established && c.Status == apiextensionsv1.ConditionTrue)
+			}
+			if established {
+				break
+			}
+			if ctx.Err() != nil {
+				t.Fatalf("CRD %s never established", crd.Name)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+}
