@@ -1,0 +1,41 @@
+package handler
+
+import (
+	"context"
+	"flag"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/go-logr/logr"
+)
+
+// Settings are what a handler binary is told on its command line.
+type Settings struct {
+	// Name is the handler name to register (--name).
+	Name string
+	// StateDir is the agent's state directory (--state-dir, DOWSE_STATE_DIR).
+	StateDir string
+	Logger   logr.Logger
+}
+
+// Main is the whole main of a handler binary that takes only --name and
+// --state-dir: it tunes the GC, parses the flags, runs run until SIGINT or
+// SIGTERM, and exits 1 when run fails. Only main should call it.
+func Main(defaultName string, run func(context.Context, Settings) error) {
+	TuneGC()
+	s := Settings{Logger: NewLogger()}
+	fs := flag.NewFlagSet(os.Args[0], flag.ExitOnError)
+	fs.StringVar(&s.Name, "name", defaultName, "handler name that Configurations use in spec.discoveryHandler.name")
+	stateDir := StateDirFlag(fs)
+	_ = fs.Parse(os.Args[1:]) // ExitOnError: Parse exits on a bad flag
+	s.StateDir = *stateDir
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, s); err != nil {
+		s.Logger.Error(err, "Discovery handler failed", "handler", s.Name)
+		stop()
+		os.Exit(1)
+	}
+}
