@@ -5,8 +5,6 @@ import (
 	"strings"
 	"testing"
 
-	"k8s.io/apimachinery/pkg/util/validation"
-
 	discoveryv1 "github.com/dowse-dev/dowse/proto/discovery/v1"
 )
 
@@ -53,23 +51,5 @@ func TestScreen(t *testing.T) {
 				}
 			}
 		})
-	}
-}
-
-func TestFinalizerIsAlwaysValid(t *testing.T) {
-	for _, node := range []string{"node-a", "ip-10-0-0-1.eu-west-1.compute.internal", strings.Repeat("n", 63), strings.Repeat("n", 64) + ".example.com"} {
-		f := Finalizer(node)
-		if len(f) > len("agent.dowse.dev/")+63 {
-			t.Fatalf("%s: finalizer %q too long", node, f)
-		}
-		if errs := validation.IsQualifiedName(f); len(errs) > 0 {
-			t.Fatalf("%s: finalizer %q is invalid: %v", node, f, errs)
-		}
-		if Finalizer(node) != f {
-			t.Fatal("finalizer is not stable")
-		}
-	}
-	if Finalizer(strings.Repeat("a", 70)) == Finalizer(strings.Repeat("a", 71)) {
-		t.Fatal("long node names must not share a finalizer")
 	}
 }

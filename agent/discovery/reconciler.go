@@ -74,16 +74,12 @@ type Reconciler struct {
 func NewReconciler(c client.Client, reg *registry.Registry, w *instances.Writer, opts Options, log logr.Logger) *Reconciler {
 	return &Reconciler{
 		client: c, registry: reg, writer: w, opts: opts, log: log,
-		finalizer: Finalizer(opts.NodeName),
+		finalizer: v1alpha1.AgentFinalizer(opts.NodeName),
 		events:    make(chan event.TypedGenericEvent[*v1alpha1.Configuration], 1024),
 		started:   make(chan struct{}),
 		sessions:  map[types.NamespacedName]*session{},
 	}
 }
-
-// Finalizer is the finalizer one node's agent keeps on a Configuration
-// while it may hold Instances of it.
-func Finalizer(nodeName string) string { return v1alpha1.AgentFinalizer(nodeName) }
 
 // SetupWithManager registers the controller, its indexes and this Runnable.
 func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) error {

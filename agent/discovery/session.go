@@ -140,7 +140,7 @@ func (s *session) run(ctx context.Context) {
 
 	var target list
 	have := false // whether target holds anything to apply yet
-	sync := func() {
+	applyTarget := func() {
 		kept, problem := screen(target.devices, s.maxDevices)
 		res, err := s.writer.Sync(ctx, s.cfg, target.shared, kept)
 		if err != nil {
@@ -182,7 +182,7 @@ func (s *session) run(ctx context.Context) {
 				l.devices = []*discoveryv1.Device{}
 			}
 			target, have = l, true
-			sync()
+			applyTarget()
 		case <-lost:
 			if !graceRunning {
 				grace.Reset(s.grace)
@@ -192,14 +192,14 @@ func (s *session) run(ctx context.Context) {
 			graceRunning = false
 			s.log.Info("handler gone for the grace period; releasing its devices", "grace", s.grace)
 			target, have = list{}, true
-			sync()
+			applyTarget()
 		case <-s.resync:
 			if have {
-				sync()
+				applyTarget()
 			}
 		case <-retry.C:
 			if have {
-				sync()
+				applyTarget()
 			}
 		}
 	}

@@ -3,11 +3,11 @@ package debugecho
 import (
 	"strings"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"sigs.k8s.io/yaml"
 
 	discoveryv1 "github.com/dowse-dev/dowse/proto/discovery/v1"
+
+	"github.com/dowse-dev/dowse/shared/handler"
 )
 
 // DescriptionProperty is the device property, and so the broker environment
@@ -29,19 +29,19 @@ type Details struct {
 func ParseDetails(s string) (*Details, error) {
 	var d Details
 	if err := yaml.UnmarshalStrict([]byte(s), &d); err != nil {
-		return nil, status.Errorf(codes.InvalidArgument, "discovery_details: %v", err)
+		return nil, handler.InvalidDetails("%v", err)
 	}
 	if len(d.Descriptions) == 0 {
-		return nil, status.Error(codes.InvalidArgument, "discovery_details: descriptions: at least one description is required")
+		return nil, handler.InvalidDetails("descriptions: at least one description is required")
 	}
 	seen := make(map[string]int, len(d.Descriptions))
 	for i, desc := range d.Descriptions {
 		if strings.TrimSpace(desc) == "" {
-			return nil, status.Errorf(codes.InvalidArgument, "discovery_details: descriptions[%d]: must not be empty", i)
+			return nil, handler.InvalidDetails("descriptions[%d]: must not be empty", i)
 		}
 		// Descriptions are device ids, which must be unique in a list.
 		if j, dup := seen[desc]; dup {
-			return nil, status.Errorf(codes.InvalidArgument, "discovery_details: descriptions[%d]: %q duplicates descriptions[%d]", i, desc, j)
+			return nil, handler.InvalidDetails("descriptions[%d]: %q duplicates descriptions[%d]", i, desc, j)
 		}
 		seen[desc] = i
 	}

@@ -1,7 +1,6 @@
 package modbus
 
 import (
-	"fmt"
 	"math"
 	"net"
 	"net/netip"
@@ -10,9 +9,9 @@ import (
 	"strings"
 	"time"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"sigs.k8s.io/yaml"
+
+	"github.com/dowse-dev/dowse/shared/handler"
 )
 
 // Device properties, handed to brokers as environment variables. The
@@ -187,7 +186,7 @@ func (d *Details) Interval() time.Duration { return d.interval }
 func ParseDetails(s string) (*Details, error) {
 	var d Details
 	if err := yaml.UnmarshalStrict([]byte(s), &d); err != nil {
-		return nil, invalid("%v", err)
+		return nil, handler.InvalidDetails("%v", err)
 	}
 	if err := d.defaultAndValidate(); err != nil {
 		return nil, err
@@ -200,18 +199,18 @@ func (d *Details) defaultAndValidate() error {
 		d.MaxTargets = DefaultMaxTargets
 	}
 	if d.MaxTargets < 0 || d.MaxTargets > MaxMaxTargets {
-		return invalid("maxTargets: %d is not between 1 and %d", d.MaxTargets, MaxMaxTargets)
+		return handler.InvalidDetails("maxTargets: %d is not between 1 and %d", d.MaxTargets, MaxMaxTargets)
 	}
 	if len(d.Ports) == 0 {
 		d.Ports = []int{DefaultPort}
 	}
 	for i, p := range d.Ports {
 		if p < 1 || p > 65535 {
-			return invalid("ports[%d]: %d is not a TCP port", i, p)
+			return handler.InvalidDetails("ports[%d]: %d is not a TCP port", i, p)
 		}
 	}
 	if len(d.Targets) == 0 {
-		return invalid("targets: at least one target is required")
+		return handler.InvalidDetails("targets: at least one target is required")
 	}
 	if err := d.expandTargets(); err != nil {
 		return err
@@ -223,10 +222,10 @@ func (d *Details) defaultAndValidate() error {
 	seenUnit := map[int]int{}
 	for i, u := range d.UnitIDs {
 		if u < 0 || u > 255 {
-			return invalid("unitIds[%d]: %d is not between 0 and 255", i, u)
+			return handler.InvalidDetails("unitIds[%d]: %d is not between 0 and 255", i, u)
 		}
 		if j, dup := seenUnit[u]; dup {
-			return invalid("unitIds[%d]: %d duplicates unitIds[%d]", i, u, j)
+			return handler.InvalidDetails("unitIds[%d]: %d duplicates unitIds[%d]", i, u, j)
 		}
 		seenUnit[u] = i
 	}
@@ -237,11 +236,11 @@ func (d *Details) defaultAndValidate() error {
 		p.Function = HoldingRegisters
 	case HoldingRegisters, InputRegisters, DeviceIdentification:
 	default:
-		return invalid("probe.function: %q is not one of %s, %s, %s", p.Function, HoldingRegisters, InputRegisters, DeviceIdentification)
+		return handler.InvalidDetails("probe.function: %q is not one of %s, %s, %s", p.Function, HoldingRegisters, InputRegisters, DeviceIdentification)
 	}
 	if p.Function == DeviceIdentification {
 		if p.Address != 0 || p.Count != 0 {
-			return invalid("probe.address/probe.count: not used by %s", DeviceIdentification)
+			return handler.InvalidDetails("probe.address/probe.count: not used by %s", DeviceIdentification)
 		}
 		p.Identify = true
 	} else {
@@ -249,56 +248,56 @@ func (d *Details) defaultAndValidate() error {
 			p.Count = 1
 		}
 		if p.Count < 1 || p.Count > 125 {
-			return invalid("probe.count: %d is not between 1 and 125", p.Count)
+			return handler.InvalidDetails("probe.count: %d is not between 1 and 125", p.Count)
 		}
 		if p.Address < 0 || p.Address+p.Count > 65536 {
-			return invalid("probe.address: %d (with count %d) is outside 0-65535", p.Address, p.Count)
+			return handler.InvalidDetails("probe.address: %d (with count %d) is outside 0-65535", p.Address, p.Count)
 		}
 	}
 	if p.SerialObjectID != nil {
 		if *p.SerialObjectID < 0x80 || *p.SerialObjectID > 0xFF {
-			return invalid("probe.serialObjectId: %d is not a private object id (128-255)", *p.SerialObjectID)
+			return handler.InvalidDetails("probe.serialObjectId: %d is not a private object id (128-255)", *p.SerialObjectID)
 		}
 		if !p.Identify {
-			return invalid("probe.serialObjectId: needs probe.identify or function %s", DeviceIdentification)
+			return handler.InvalidDetails("probe.serialObjectId: needs probe.identify or function %s", DeviceIdentification)
 		}
 	}
 
 	if m := d.Match; m != nil {
 		for i, r := range m.Registers {
 			if p.Function == DeviceIdentification {
-				return invalid("match.registers: the %s probe reads no registers", DeviceIdentification)
+				return handler.InvalidDetails("match.registers: the %s probe reads no registers", DeviceIdentification)
 			}
 			if r.Offset < 0 || r.Offset >= p.Count {
-				return invalid("match.registers[%d].offset: %d is outside the %d probed registers", i, r.Offset, p.Count)
+				return handler.InvalidDetails("match.registers[%d].offset: %d is outside the %d probed registers", i, r.Offset, p.Count)
 			}
 			if r.Equals == nil && r.Min == nil && r.Max == nil {
-				return invalid("match.registers[%d]: needs equals, min or max", i)
+				return handler.InvalidDetails("match.registers[%d]: needs equals, min or max", i)
 			}
 			for name, v := range map[string]*int{"equals": r.Equals, "min": r.Min, "max": r.Max} {
 				if v != nil && (*v < 0 || *v > math.MaxUint16) {
-					return invalid("match.registers[%d].%s: %d is not between 0 and 65535", i, name, *v)
+					return handler.InvalidDetails("match.registers[%d].%s: %d is not between 0 and 65535", i, name, *v)
 				}
 			}
 		}
 		for field, expr := range m.Identification {
 			if !p.Identify {
-				return invalid("match.identification: needs probe.identify or function %s", DeviceIdentification)
+				return handler.InvalidDetails("match.identification: needs probe.identify or function %s", DeviceIdentification)
 			}
 			re, err := regexp.Compile(expr)
 			if err != nil {
-				return invalid("match.identification.%s: %v", field, err)
+				return handler.InvalidDetails("match.identification.%s: %v", field, err)
 			}
 			if field == serialNumberField {
 				if p.SerialObjectID == nil {
-					return invalid("match.identification.serialNumber: needs probe.serialObjectId")
+					return handler.InvalidDetails("match.identification.serialNumber: needs probe.serialObjectId")
 				}
 				d.serialRe = re
 				continue
 			}
 			id, ok := identificationFields[field]
 			if !ok {
-				return invalid("match.identification.%s: not an identification field", field)
+				return handler.InvalidDetails("match.identification.%s: not an identification field", field)
 			}
 			if d.idMatch == nil {
 				d.idMatch = map[byte]*regexp.Regexp{}
@@ -308,10 +307,10 @@ func (d *Details) defaultAndValidate() error {
 	}
 
 	var err error
-	if d.timeout, err = parseDuration("timeout", d.Timeout, DefaultTimeout, time.Millisecond); err != nil {
+	if d.timeout, err = handler.ParseDuration("timeout", d.Timeout, DefaultTimeout, time.Millisecond); err != nil {
 		return err
 	}
-	if d.interval, err = parseDuration("rescanInterval", d.RescanInterval, DefaultRescanInterval, MinRescanInterval); err != nil {
+	if d.interval, err = handler.ParseDuration("rescanInterval", d.RescanInterval, DefaultRescanInterval, MinRescanInterval); err != nil {
 		return err
 	}
 	if err := defaultInt("concurrency", &d.Concurrency, DefaultConcurrency, MaxConcurrency); err != nil {
@@ -337,17 +336,17 @@ func (d *Details) expandTargets() error {
 	for i, t := range d.Targets {
 		t = strings.TrimSpace(t)
 		if t == "" {
-			return invalid("targets[%d]: must not be empty", i)
+			return handler.InvalidDetails("targets[%d]: must not be empty", i)
 		}
 		if strings.Contains(t, "/") {
 			prefix, err := netip.ParsePrefix(t)
 			if err != nil {
-				return invalid("targets[%d]: %q is not a CIDR range: %v", i, t, err)
+				return handler.InvalidDetails("targets[%d]: %q is not a CIDR range: %v", i, t, err)
 			}
 			prefix = prefix.Masked()
 			hostBits := prefix.Addr().BitLen() - prefix.Bits()
 			if hostBits > 24 {
-				return invalid("targets[%d]: %s has 2^%d addresses, more than maxTargets (%d) allows", i, t, hostBits, d.MaxTargets)
+				return handler.InvalidDetails("targets[%d]: %s has 2^%d addresses, more than maxTargets (%d) allows", i, t, hostBits, d.MaxTargets)
 			}
 			hosts := 1 << hostBits
 			// The network and broadcast addresses of an IPv4 range hold
@@ -358,7 +357,7 @@ func (d *Details) expandTargets() error {
 			}
 			total += hosts * len(d.Ports)
 			if total > d.MaxTargets {
-				return invalid("targets[%d]: %s on %d port(s) brings the targets to %d, more than maxTargets (%d)", i, t, len(d.Ports), total, d.MaxTargets)
+				return handler.InvalidDetails("targets[%d]: %s on %d port(s) brings the targets to %d, more than maxTargets (%d)", i, t, len(d.Ports), total, d.MaxTargets)
 			}
 			addr := prefix.Addr()
 			for n := 0; n < 1<<hostBits; n, addr = n+1, addr.Next() {
@@ -378,15 +377,15 @@ func (d *Details) expandTargets() error {
 			host, portStr = strings.Trim(t, "[]"), ""
 		}
 		if host == "" || strings.ContainsAny(host, " \t/") {
-			return invalid("targets[%d]: %q has no valid host", i, t)
+			return handler.InvalidDetails("targets[%d]: %q has no valid host", i, t)
 		}
 		if _, err := netip.ParseAddr(host); err != nil && strings.Contains(host, ":") {
-			return invalid("targets[%d]: %q is neither host:port nor an IPv6 address", i, t)
+			return handler.InvalidDetails("targets[%d]: %q is neither host:port nor an IPv6 address", i, t)
 		}
 		if portStr == "" {
 			total += len(d.Ports)
 			if total > d.MaxTargets {
-				return invalid("targets[%d]: brings the targets to %d, more than maxTargets (%d)", i, total, d.MaxTargets)
+				return handler.InvalidDetails("targets[%d]: brings the targets to %d, more than maxTargets (%d)", i, total, d.MaxTargets)
 			}
 			for _, port := range d.Ports {
 				add(net.JoinHostPort(host, strconv.Itoa(port)))
@@ -395,11 +394,11 @@ func (d *Details) expandTargets() error {
 		}
 		port, err := strconv.Atoi(portStr)
 		if err != nil || port < 1 || port > 65535 {
-			return invalid("targets[%d]: %q: %q is not a TCP port", i, t, portStr)
+			return handler.InvalidDetails("targets[%d]: %q: %q is not a TCP port", i, t, portStr)
 		}
 		total++
 		if total > d.MaxTargets {
-			return invalid("targets[%d]: brings the targets to %d, more than maxTargets (%d)", i, total, d.MaxTargets)
+			return handler.InvalidDetails("targets[%d]: brings the targets to %d, more than maxTargets (%d)", i, total, d.MaxTargets)
 		}
 		add(net.JoinHostPort(host, portStr))
 	}
@@ -411,25 +410,7 @@ func defaultInt(field string, v *int, def, max int) error {
 		*v = def
 	}
 	if *v < 1 || *v > max {
-		return invalid("%s: %d is not between 1 and %d", field, *v, max)
+		return handler.InvalidDetails("%s: %d is not between 1 and %d", field, *v, max)
 	}
 	return nil
-}
-
-func parseDuration(field, s string, def, min time.Duration) (time.Duration, error) {
-	if s == "" {
-		return def, nil
-	}
-	v, err := time.ParseDuration(s)
-	if err != nil {
-		return 0, invalid("%s: %q is not a duration such as \"1s\"", field, s)
-	}
-	if v < min {
-		return 0, invalid("%s: %v is shorter than the minimum %v", field, v, min)
-	}
-	return v, nil
-}
-
-func invalid(format string, args ...any) error {
-	return status.Error(codes.InvalidArgument, "discovery_details: "+fmt.Sprintf(format, args...))
 }

@@ -2,17 +2,16 @@ package onvif
 
 import (
 	"encoding/xml"
-	"fmt"
 	"net"
 	"net/netip"
 	"strings"
 	"time"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"sigs.k8s.io/yaml"
 
 	"github.com/dowse-dev/dowse/discovery-handlers/onvif/wsdiscovery"
+
+	"github.com/dowse-dev/dowse/shared/handler"
 )
 
 // Filter actions.
@@ -109,7 +108,7 @@ func (d *Details) Types() []xml.Name { return d.types }
 func ParseDetails(s string) (*Details, error) {
 	var d Details
 	if err := yaml.UnmarshalStrict([]byte(s), &d); err != nil {
-		return nil, invalid("%v", err)
+		return nil, handler.InvalidDetails("%v", err)
 	}
 	for name, f := range map[string]*Filter{"ipAddresses": d.IPAddresses, "macAddresses": d.MACAddresses, "scopes": d.Scopes, "uuids": d.UUIDs} {
 		if f == nil {
@@ -120,10 +119,10 @@ func ParseDetails(s string) (*Details, error) {
 			f.Action = Include
 		case Include, Exclude:
 		default:
-			return nil, invalid("%s.action: %q is not Include or Exclude", name, f.Action)
+			return nil, handler.InvalidDetails("%s.action: %q is not Include or Exclude", name, f.Action)
 		}
 		if len(f.Items) == 0 {
-			return nil, invalid("%s.items: at least one item is required", name)
+			return nil, handler.InvalidDetails("%s.items: at least one item is required", name)
 		}
 	}
 	if f := d.IPAddresses; f != nil {
@@ -131,7 +130,7 @@ func ParseDetails(s string) (*Details, error) {
 		for i, it := range f.Items {
 			p, err := parseAddrOrPrefix(it)
 			if err != nil {
-				return nil, invalid("ipAddresses.items[%d]: %q is not an IP address or CIDR range", i, it)
+				return nil, handler.InvalidDetails("ipAddresses.items[%d]: %q is not an IP address or CIDR range", i, it)
 			}
 			d.ips.prefixes = append(d.ips.prefixes, p)
 		}
@@ -141,7 +140,7 @@ func ParseDetails(s string) (*Details, error) {
 		for i, it := range f.Items {
 			hw, err := net.ParseMAC(strings.TrimSpace(it))
 			if err != nil || len(hw) != 6 {
-				return nil, invalid("macAddresses.items[%d]: %q is not a MAC address", i, it)
+				return nil, handler.InvalidDetails("macAddresses.items[%d]: %q is not a MAC address", i, it)
 			}
 			d.macs[hw.String()] = true
 		}
@@ -151,7 +150,7 @@ func ParseDetails(s string) (*Details, error) {
 		for i, it := range f.Items {
 			u, ok := normalizeUUID(it)
 			if !ok {
-				return nil, invalid("uuids.items[%d]: %q is not a UUID", i, it)
+				return nil, handler.InvalidDetails("uuids.items[%d]: %q is not a UUID", i, it)
 			}
 			d.uuids[u] = true
 		}
@@ -159,14 +158,14 @@ func ParseDetails(s string) (*Details, error) {
 	if f := d.Scopes; f != nil {
 		for i, it := range f.Items {
 			if strings.TrimSpace(it) == "" || strings.ContainsAny(it, " \t\n") {
-				return nil, invalid("scopes.items[%d]: %q is not a scope URI", i, it)
+				return nil, handler.InvalidDetails("scopes.items[%d]: %q is not a scope URI", i, it)
 			}
 		}
 	}
 	if d.DiscoveryTimeoutSeconds == 0 {
 		d.timeout = DefaultDiscoveryTimeout
 	} else if d.DiscoveryTimeoutSeconds < 1 || time.Duration(d.DiscoveryTimeoutSeconds)*time.Second > MaxDiscoveryTimeout {
-		return nil, invalid("discoveryTimeoutSeconds: %d is not between 1 and %d", d.DiscoveryTimeoutSeconds, int(MaxDiscoveryTimeout/time.Second))
+		return nil, handler.InvalidDetails("discoveryTimeoutSeconds: %d is not between 1 and %d", d.DiscoveryTimeoutSeconds, int(MaxDiscoveryTimeout/time.Second))
 	} else {
 		d.timeout = time.Duration(d.DiscoveryTimeoutSeconds) * time.Second
 	}
@@ -174,10 +173,10 @@ func ParseDetails(s string) (*Details, error) {
 	if d.ProbeInterval != "" {
 		v, err := time.ParseDuration(d.ProbeInterval)
 		if err != nil {
-			return nil, invalid("probeInterval: %q is not a duration such as \"30s\"", d.ProbeInterval)
+			return nil, handler.InvalidDetails("probeInterval: %q is not a duration such as \"30s\"", d.ProbeInterval)
 		}
 		if v < MinProbeInterval {
-			return nil, invalid("probeInterval: %v is shorter than the minimum %v", v, MinProbeInterval)
+			return nil, handler.InvalidDetails("probeInterval: %v is shorter than the minimum %v", v, MinProbeInterval)
 		}
 		d.interval = v
 	}
@@ -185,11 +184,11 @@ func ParseDetails(s string) (*Details, error) {
 		d.FailureThreshold = DefaultFailureThreshold
 	}
 	if d.FailureThreshold < 1 || d.FailureThreshold > 100 {
-		return nil, invalid("failureThreshold: %d is not between 1 and 100", d.FailureThreshold)
+		return nil, handler.InvalidDetails("failureThreshold: %d is not between 1 and 100", d.FailureThreshold)
 	}
 	for i, name := range d.Interfaces {
 		if name == "" || len(name) > 15 || strings.ContainsAny(name, "/ \t") {
-			return nil, invalid("interfaces[%d]: %q is not an interface name", i, name)
+			return nil, handler.InvalidDetails("interfaces[%d]: %q is not an interface name", i, name)
 		}
 	}
 	if len(d.ProbeTypes) == 0 {
@@ -199,7 +198,7 @@ func ParseDetails(s string) (*Details, error) {
 		prefix, local, ok := strings.Cut(q, ":")
 		space, known := wsdiscovery.KnownPrefixes[prefix]
 		if !ok || !known || local == "" || strings.ContainsAny(local, ": \t<>&") {
-			return nil, invalid("probeTypes[%d]: %q is not prefix:name with a prefix of dn, tds or wsdp", i, q)
+			return nil, handler.InvalidDetails("probeTypes[%d]: %q is not prefix:name with a prefix of dn, tds or wsdp", i, q)
 		}
 		d.types = append(d.types, xml.Name{Space: space, Local: local})
 	}
@@ -297,8 +296,4 @@ func (d *Details) passesMACs(macs []string) bool {
 		}
 	}
 	return in == (d.MACAddresses.Action == Include)
-}
-
-func invalid(format string, args ...any) error {
-	return status.Error(codes.InvalidArgument, "discovery_details: "+fmt.Sprintf(format, args...))
 }

@@ -1,14 +1,13 @@
 package opcua
 
 import (
-	"fmt"
 	"net/url"
 	"strings"
 	"time"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"sigs.k8s.io/yaml"
+
+	"github.com/dowse-dev/dowse/shared/handler"
 )
 
 // Device properties, handed to brokers as environment variables.
@@ -137,27 +136,27 @@ func (d *Details) CallTimeout() time.Duration { return d.timeout }
 func ParseDetails(s string) (*Details, error) {
 	var d Details
 	if err := yaml.UnmarshalStrict([]byte(s), &d); err != nil {
-		return nil, invalid("%v", err)
+		return nil, handler.InvalidDetails("%v", err)
 	}
 	if len(d.DiscoveryURLs) == 0 {
 		d.DiscoveryURLs = []string{DefaultDiscoveryURL}
 	}
 	if len(d.DiscoveryURLs) > MaxDiscoveryURLs {
-		return nil, invalid("discoveryUrls: %d URLs, more than the %d allowed", len(d.DiscoveryURLs), MaxDiscoveryURLs)
+		return nil, handler.InvalidDetails("discoveryUrls: %d URLs, more than the %d allowed", len(d.DiscoveryURLs), MaxDiscoveryURLs)
 	}
 	seen := make(map[string]int, len(d.DiscoveryURLs))
 	for i, raw := range d.DiscoveryURLs {
 		u, err := url.Parse(raw)
 		switch {
 		case err != nil:
-			return nil, invalid("discoveryUrls[%d]: %q is not a URL: %v", i, raw, err)
+			return nil, handler.InvalidDetails("discoveryUrls[%d]: %q is not a URL: %v", i, raw, err)
 		case u.Scheme != "opc.tcp":
-			return nil, invalid("discoveryUrls[%d]: %q: the scheme must be opc.tcp", i, raw)
+			return nil, handler.InvalidDetails("discoveryUrls[%d]: %q: the scheme must be opc.tcp", i, raw)
 		case u.Hostname() == "":
-			return nil, invalid("discoveryUrls[%d]: %q has no host", i, raw)
+			return nil, handler.InvalidDetails("discoveryUrls[%d]: %q has no host", i, raw)
 		}
 		if j, dup := seen[raw]; dup {
-			return nil, invalid("discoveryUrls[%d]: %q duplicates discoveryUrls[%d]", i, raw, j)
+			return nil, handler.InvalidDetails("discoveryUrls[%d]: %q duplicates discoveryUrls[%d]", i, raw, j)
 		}
 		seen[raw] = i
 	}
@@ -167,44 +166,26 @@ func ParseDetails(s string) (*Details, error) {
 			f.Action = Exclude
 		case Include, Exclude:
 		default:
-			return nil, invalid("applicationNames.action: %q is neither Include nor Exclude", f.Action)
+			return nil, handler.InvalidDetails("applicationNames.action: %q is neither Include nor Exclude", f.Action)
 		}
 		for i, item := range f.Items {
 			if strings.TrimSpace(item) == "" {
-				return nil, invalid("applicationNames.items[%d]: must not be empty", i)
+				return nil, handler.InvalidDetails("applicationNames.items[%d]: must not be empty", i)
 			}
 		}
 	}
 	var err error
-	if d.interval, err = parseDuration("rediscoveryInterval", d.RediscoveryInterval, DefaultRediscoveryInterval, MinRediscoveryInterval); err != nil {
+	if d.interval, err = handler.ParseDuration("rediscoveryInterval", d.RediscoveryInterval, DefaultRediscoveryInterval, MinRediscoveryInterval); err != nil {
 		return nil, err
 	}
-	if d.timeout, err = parseDuration("timeout", d.Timeout, DefaultTimeout, time.Millisecond); err != nil {
+	if d.timeout, err = handler.ParseDuration("timeout", d.Timeout, DefaultTimeout, time.Millisecond); err != nil {
 		return nil, err
 	}
 	switch {
 	case d.FailureThreshold == 0:
 		d.FailureThreshold = DefaultFailureThreshold
 	case d.FailureThreshold < 0 || d.FailureThreshold > 1000:
-		return nil, invalid("failureThreshold: %d is not between 1 and 1000", d.FailureThreshold)
+		return nil, handler.InvalidDetails("failureThreshold: %d is not between 1 and 1000", d.FailureThreshold)
 	}
 	return &d, nil
-}
-
-func parseDuration(field, s string, def, min time.Duration) (time.Duration, error) {
-	if s == "" {
-		return def, nil
-	}
-	v, err := time.ParseDuration(s)
-	if err != nil {
-		return 0, invalid("%s: %q is not a duration such as \"10s\"", field, s)
-	}
-	if v < min {
-		return 0, invalid("%s: %v is shorter than the minimum %v", field, v, min)
-	}
-	return v, nil
-}
-
-func invalid(format string, args ...any) error {
-	return status.Error(codes.InvalidArgument, "discovery_details: "+fmt.Sprintf(format, args...))
 }

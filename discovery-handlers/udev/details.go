@@ -4,9 +4,9 @@ import (
 	"errors"
 	"fmt"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"sigs.k8s.io/yaml"
+
+	"github.com/dowse-dev/dowse/shared/handler"
 )
 
 // Device properties handed to brokers as environment variables.
@@ -59,19 +59,19 @@ func (d *Details) Rules() []Rule { return d.rules }
 func ParseDetails(s string) (*Details, error) {
 	var d Details
 	if err := yaml.UnmarshalStrict([]byte(s), &d); err != nil {
-		return nil, invalid("%v", err)
+		return nil, handler.InvalidDetails("%v", err)
 	}
 	if len(d.UDevRules) == 0 {
-		return nil, invalid("udevRules: at least one rule is required")
+		return nil, handler.InvalidDetails("udevRules: at least one rule is required")
 	}
 	for i, text := range d.UDevRules {
 		r, err := ParseRule(i, text)
 		if err != nil {
 			var pe *ParseError
 			if errors.As(err, &pe) {
-				return nil, invalid("%s (rule %q)", pe.Error(), text)
+				return nil, handler.InvalidDetails("%s (rule %q)", pe.Error(), text)
 			}
-			return nil, invalid("udevRules[%d]: %v", i, err)
+			return nil, handler.InvalidDetails("udevRules[%d]: %v", i, err)
 		}
 		d.rules = append(d.rules, r)
 	}
@@ -79,7 +79,7 @@ func ParseDetails(s string) (*Details, error) {
 		d.Permissions = DefaultPermissions
 	}
 	if err := checkPermissions(d.Permissions); err != nil {
-		return nil, invalid("permissions: %q %v", d.Permissions, err)
+		return nil, handler.InvalidDetails("permissions: %q %v", d.Permissions, err)
 	}
 	return &d, nil
 }
@@ -96,8 +96,4 @@ func checkPermissions(p string) error {
 		seen[c] = true
 	}
 	return nil
-}
-
-func invalid(format string, args ...any) error {
-	return status.Error(codes.InvalidArgument, "discovery_details: "+fmt.Sprintf(format, args...))
 }

@@ -374,10 +374,17 @@ func TestControllerJobsAndRefusedSpecs(t *testing.T) {
 		return nil
 	})
 	// The broken Configuration did not disturb the good one.
-	c := meta.FindStatusCondition(cfg.Status.Conditions, v1alpha1.ConditionBrokersDeployed)
-	if c != nil && c.Status != metav1.ConditionTrue {
-		t.Fatalf("good configuration condition %+v", c)
-	}
+	eventually(t, 10*time.Second, func() error {
+		var good v1alpha1.Configuration
+		if err := k8sClient.Get(ctx, keyOf(ns, "jobs"), &good); err != nil {
+			return err
+		}
+		c := meta.FindStatusCondition(good.Status.Conditions, v1alpha1.ConditionBrokersDeployed)
+		if c == nil || c.Status != metav1.ConditionTrue || c.ObservedGeneration != good.Generation {
+			return fmt.Errorf("good configuration condition %+v", c)
+		}
+		return nil
+	})
 }
 
 func TestControllerRemovesDeadNodes(t *testing.T) {

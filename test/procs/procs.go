@@ -6,6 +6,7 @@ import (
 	"bufio"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -116,4 +117,15 @@ func (p *Proc) PeakRSS() (int, error) {
 		}
 	}
 	return 0, fmt.Errorf("no VmHWM for %s", p.Name)
+}
+
+// FreePort returns a loopback TCP port that was free a moment ago, for a
+// binary's metrics or probe address.
+func FreePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
 }

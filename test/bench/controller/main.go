@@ -9,7 +9,6 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/signal"
@@ -84,7 +83,7 @@ func run(ctx context.Context, n int) error {
 	}
 	fmt.Printf("created %d Instances in %s (before the controller starts)\n", n, time.Since(t0).Round(time.Millisecond))
 
-	port, err := freePort()
+	port, err := procs.FreePort()
 	if err != nil {
 		return err
 	}
@@ -180,15 +179,6 @@ func createInstances(ctx context.Context, c client.Client, n int) error {
 	default:
 		return nil
 	}
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 type requestMetrics struct{ count, seconds float64 }

@@ -14,7 +14,6 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/signal"
@@ -66,15 +65,6 @@ func start(dir, name string, args ...string) (*procs.Proc, error) {
 	return p, nil
 }
 
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
 func run(ctx context.Context, flips, applyN, idleN int, idleFor time.Duration) error {
 	cp, err := kube.Start()
 	if err != nil {
@@ -102,7 +92,7 @@ func run(ctx context.Context, flips, applyN, idleN int, idleFor time.Duration) e
 	if err != nil {
 		return err
 	}
-	port, err := freePort()
+	port, err := procs.FreePort()
 	if err != nil {
 		return err
 	}
