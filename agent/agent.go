@@ -159,7 +159,7 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 		plugins, err := deviceplugin.NewManager(mgr.GetClient(), deviceplugin.Options{
 			NodeName: cfg.NodeName, PluginDir: cfg.DevicePluginDir, CDIDir: cfg.CDISpecDir, Classic: cfg.ClassicAllocate,
 			ReclaimGrace: cfg.SlotReclaimGrace, ReclaimInterval: cfg.SlotReclaimInterval,
-			PodResourcesSocket: cfg.PodResourcesSocket,
+			PodResourcesSocket: cfg.PodResourcesSocket, Metrics: deviceplugin.NewMetrics(reg),
 		}, log.WithName("deviceplugin"))
 		if err != nil {
 			return err

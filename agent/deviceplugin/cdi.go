@@ -3,6 +3,7 @@ package deviceplugin
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"maps"
 	"os"
 	"path/filepath"
@@ -127,10 +128,14 @@ func (w *CDIWriter) Write(inst *v1alpha1.Instance) error {
 	return nil
 }
 
-// Remove removes the spec of the Instance namespace/name; a missing spec is
-// no error.
-func (w *CDIWriter) Remove(namespace, name string) error {
-	return w.cache.RemoveSpec(SpecFileName(&v1alpha1.Instance{ObjectMeta: objectMeta(namespace, name)}) + ".json")
+// Remove removes the spec of the Instance namespace/name and reports
+// whether there was one; a missing spec is no error.
+func (w *CDIWriter) Remove(namespace, name string) (bool, error) {
+	file := SpecFileName(&v1alpha1.Instance{ObjectMeta: objectMeta(namespace, name)}) + ".json"
+	if _, err := os.Stat(filepath.Join(w.dir, file)); errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	return true, w.cache.RemoveSpec(file)
 }
 
 // Dir is the spec directory.

@@ -67,14 +67,14 @@ func TestCDISpecValidatedByLibrary(t *testing.T) {
 	if len(files) != 1 || !strings.HasSuffix(files[0].Name(), ".json") {
 		t.Fatalf("files = %v", files)
 	}
-	if err := w.Remove(inst.Namespace, inst.Name); err != nil {
-		t.Fatal(err)
+	if removed, err := w.Remove(inst.Namespace, inst.Name); err != nil || !removed {
+		t.Fatalf("Remove = %v, %v", removed, err)
 	}
 	if _, err := os.Stat(filepath.Join(dir, files[0].Name())); !os.IsNotExist(err) {
 		t.Fatalf("spec not removed: %v", err)
 	}
-	if err := w.Remove(inst.Namespace, inst.Name); err != nil {
-		t.Fatalf("removing twice: %v", err)
+	if removed, err := w.Remove(inst.Namespace, inst.Name); err != nil || removed {
+		t.Fatalf("removing twice: %v, %v", removed, err)
 	}
 }
 

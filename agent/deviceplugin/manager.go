@@ -46,6 +46,8 @@ type Options struct {
 	// PodResourcesSocket is the kubelet's pod-resources API
 	// (DefaultPodResourcesSocket when empty).
 	PodResourcesSocket string
+	// Metrics records the plugins' work; nil records nothing.
+	Metrics *Metrics
 }
 
 // Manager runs the device plugins of the Instances on this node and of
@@ -154,7 +156,7 @@ func (m *Manager) Start(ctx context.Context) error {
 			InUse:   PodResourcesSlots(cmp.Or(m.opts.PodResourcesSocket, DefaultPodResourcesSocket)),
 			Claimer: m.slots, Node: m.opts.NodeName, Grace: m.opts.ReclaimGrace,
 			Interval: cmp.Or(m.opts.ReclaimInterval, 10*time.Second), Instances: m.here,
-			Log: m.log.WithName("reclaimer"),
+			Log: m.log.WithName("reclaimer"), Metrics: m.opts.Metrics,
 		}
 		m.wg.Go(func() { _ = r.Start(ctx) })
 	}
@@ -190,14 +192,19 @@ func (m *Manager) Reconcile(ctx context.Context, req reconcile.Request) (reconci
 			// Bad input from the handler: no plugin rather than pods that
 			// fail to start. The Instance's next change brings us back.
 			log.Error(err, "invalid device; not offering it")
+			m.opts.Metrics.invalidDevice()
 			here = false
+		} else {
+			m.opts.Metrics.cdiWritten()
 		}
 	}
 	if !here {
 		m.remove(req.NamespacedName, log)
 		if m.cdi != nil {
-			if err := m.cdi.Remove(req.Namespace, req.Name); err != nil {
+			if removed, err := m.cdi.Remove(req.Namespace, req.Name); err != nil {
 				return reconcile.Result{}, err
+			} else if removed {
+				m.opts.Metrics.cdiRemoved()
 			}
 		}
 		return reconcile.Result{}, nil
@@ -228,7 +235,7 @@ func (m *Manager) sweepCDI(ctx context.Context) {
 		if err == nil && onNode(inst, m.opts.NodeName) {
 			continue
 		}
-		if err := m.cdi.Remove(key.Namespace, key.Name); err != nil {
+		if _, err := m.cdi.Remove(key.Namespace, key.Name); err != nil {
 			m.log.Error(err, "removing stale CDI spec", "instance", key)
 			continue
 		}
@@ -319,6 +326,7 @@ func (m *Manager) remove(key types.NamespacedName, log logr.Logger) {
 	for _, r := range stops {
 		r.stop()
 	}
+	m.opts.Metrics.pluginStarted(-len(stops))
 	if ok {
 		m.claimer.Forget(key)
 		log.Info("device withdrawn")
@@ -338,7 +346,9 @@ func (m *Manager) startPlugin(resource string, svc *service, log logr.Logger) *r
 		// socket path would pass the 108-byte limit of unix sockets.
 		Endpoint: endpoint(m.opts.NodeName, resource),
 		Service:  svc, Watcher: m.watcher, Log: log,
+		OnRegistered: m.opts.Metrics.registered,
 	}
+	m.opts.Metrics.pluginStarted(1)
 	m.wg.Add(1)
 	go func() {
 		defer m.wg.Done()
@@ -449,6 +459,13 @@ func (m *Manager) configService(ckey types.NamespacedName, resource string) *ser
 // classic mode, with env, mounts and device nodes: never both, so that a
 // runtime with CDI does not get every edit twice.
 func (m *Manager) allocate(ctx context.Context, resource string, want map[*v1alpha1.Instance][]string) (*dp.ContainerAllocateResponse, error) {
+	began := time.Now()
+	resp, err := m.answer(ctx, resource, want)
+	m.opts.Metrics.allocated(began, err)
+	return resp, err
+}
+
+func (m *Manager) answer(ctx context.Context, resource string, want map[*v1alpha1.Instance][]string) (*dp.ContainerAllocateResponse, error) {
 	resp := &dp.ContainerAllocateResponse{}
 	insts := slices.SortedFunc(maps.Keys(want), func(a, b *v1alpha1.Instance) int { return strings.Compare(a.Name, b.Name) })
 	for _, inst := range insts {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
@@ -138,9 +139,16 @@ func (p *Plugin) Start(ctx context.Context) error {
 			srv = nil
 		}
 	}
+	// registered names the kubelet we registered with by its socket's inode:
+	// a kubelet refuses a second registration of a connected endpoint and,
+	// in refusing it, forgets the live connection (it then never notices
+	// the plugin go away), so a plugin must register exactly once per
+	// kubelet, however many events announce it.
 	registered := false
+	var kubeletIno uint64
+	attempt := true
 	for {
-		if srv == nil || !registered {
+		if attempt && (srv == nil || !registered) {
 			if srv == nil {
 				var err error
 				if srv, err = p.serve(sock); err != nil {
@@ -148,10 +156,11 @@ func (p *Plugin) Start(ctx context.Context) error {
 				}
 			}
 			if srv != nil {
+				ino := inode(kubeletSock)
 				if err := p.register(ctx, kubeletSock); err != nil {
 					log.V(1).Info("registering with the kubelet failed; will retry", "err", err.Error())
 				} else {
-					registered = true
+					registered, kubeletIno = true, ino
 					log.V(1).Info("registered with the kubelet")
 					if p.OnRegistered != nil {
 						p.OnRegistered()
@@ -159,6 +168,7 @@ func (p *Plugin) Start(ctx context.Context) error {
 				}
 			}
 		}
+		attempt = false
 		var retry <-chan time.Time
 		if srv == nil || !registered {
 			retry = time.After(retryEvery)
@@ -167,6 +177,7 @@ func (p *Plugin) Start(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-retry:
+			attempt = true
 		case ev := <-events:
 			// Our own stops and restarts also remove the socket: only a
 			// socket that is missing now means someone else removed it.
@@ -174,19 +185,31 @@ func (p *Plugin) Start(ctx context.Context) error {
 			missing := statErr != nil
 			switch {
 			case ev.Name == kubeletSock && ev.Has(fsnotify.Create):
+				if registered && !missing && inode(kubeletSock) == kubeletIno {
+					break // the kubelet we registered with
+				}
 				// A new kubelet forgot every plugin: register again.
 				log.Info("kubelet restarted; registering again")
-				registered = false
+				registered, attempt = false, true
 				if missing {
 					drop()
 				}
 			case ev.Name == sock && ev.Has(fsnotify.Remove) && missing && srv != nil:
 				log.Info("plugin socket removed; serving again")
 				drop()
-				registered = false
+				registered, attempt = false, true
 			}
 		}
 	}
+}
+
+// inode identifies the file at path (0 when missing).
+func inode(path string) uint64 {
+	var st syscall.Stat_t
+	if err := syscall.Stat(path, &st); err != nil {
+		return 0
+	}
+	return st.Ino
 }
 
 func (p *Plugin) serve(sock string) (*grpc.Server, error) {

@@ -3,6 +3,8 @@ package deviceplugin
 import (
 	"context"
 	"errors"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"net"
 	"os"
 	"path/filepath"
@@ -26,11 +28,30 @@ type fakeKubelet struct {
 	dp.UnimplementedRegistrationServer
 	regs chan *dp.RegisterRequest
 	srv  *grpc.Server
+
+	mu        sync.Mutex
+	endpoints map[string]bool
+	dups      int
 }
 
+// Register refuses a second registration of an endpoint, as the real
+// kubelet does ("device plugin already connected").
 func (k *fakeKubelet) Register(_ context.Context, r *dp.RegisterRequest) (*dp.Empty, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.endpoints[r.Endpoint] {
+		k.dups++
+		return nil, errors.New("device plugin already connected: " + r.Endpoint)
+	}
+	k.endpoints[r.Endpoint] = true
 	k.regs <- r
 	return &dp.Empty{}, nil
+}
+
+func (k *fakeKubelet) duplicates() int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.dups
 }
 
 func startKubelet(t *testing.T, dir string, regs chan *dp.RegisterRequest) *fakeKubelet {
@@ -41,7 +62,7 @@ func startKubelet(t *testing.T, dir string, regs chan *dp.RegisterRequest) *fake
 	if err != nil {
 		t.Fatal(err)
 	}
-	k := &fakeKubelet{regs: regs, srv: grpc.NewServer()}
+	k := &fakeKubelet{regs: regs, srv: grpc.NewServer(), endpoints: map[string]bool{}}
 	dp.RegisterRegistrationServer(k.srv, k)
 	go func() { _ = k.srv.Serve(l) }()
 	t.Cleanup(k.srv.Stop)
@@ -95,7 +116,8 @@ func TestManagerPluginsAndAllocate(t *testing.T) {
 			dir, cdiDir := t.TempDir(), t.TempDir()
 			regs := make(chan *dp.RegisterRequest, 16)
 			startKubelet(t, dir, regs)
-			m, err := NewManager(nil, Options{NodeName: "n1", PluginDir: dir, CDIDir: cdiDir, Classic: classic}, testr.New(t))
+			metrics := NewMetrics(prometheus.NewRegistry())
+			m, err := NewManager(nil, Options{NodeName: "n1", PluginDir: dir, CDIDir: cdiDir, Classic: classic, Metrics: metrics}, testr.New(t))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -188,6 +210,19 @@ func TestManagerPluginsAndAllocate(t *testing.T) {
 			} else {
 				t.Log(err)
 			}
+			for name, c := range map[string]struct {
+				got  float64
+				want float64
+			}{
+				"plugins":       {testutil.ToFloat64(metrics.plugins), 2},
+				"registrations": {testutil.ToFloat64(metrics.registrations), 2},
+				"ok":            {testutil.ToFloat64(metrics.allocations.WithLabelValues("ok")), 2},
+				"conflict":      {testutil.ToFloat64(metrics.allocations.WithLabelValues("conflict")), 1},
+			} {
+				if c.got != c.want {
+					t.Errorf("metric %s = %v, want %v", name, c.got, c.want)
+				}
+			}
 
 			// The Instance leaves the node: both plugins go, ListAndWatch ends.
 			m.remove(types.NamespacedName{Namespace: "default", Name: inst.Name}, testr.New(t))
@@ -196,6 +231,9 @@ func TestManagerPluginsAndAllocate(t *testing.T) {
 			}
 			if _, err := os.Stat(filepath.Join(dir, endpoint("n1", "dowse.dev/debug-echo-a1b2c3"))); !os.IsNotExist(err) {
 				t.Fatalf("socket left: %v", err)
+			}
+			if n := testutil.ToFloat64(metrics.plugins); n != 0 {
+				t.Fatalf("plugins gauge %v after removal", n)
 			}
 		})
 	}
@@ -249,11 +287,11 @@ func TestPluginRegistersAgainAfterKubeletRestart(t *testing.T) {
 		if err != nil {
 			t.Fatalf("plugin not served again: %v", err)
 		}
-		// Drain registrations caused by both events (socket removed,
-		// kubelet socket created).
-		time.Sleep(100 * time.Millisecond)
-		for len(regs) > 0 {
-			<-regs
+		// Both events (socket removed, kubelet socket created) must lead
+		// to one registration, not two.
+		time.Sleep(300 * time.Millisecond)
+		if len(regs) > 0 || k.duplicates() > 0 {
+			t.Fatalf("round %d: %d more registrations, %d refused as duplicates", round, len(regs), k.duplicates())
 		}
 	}
 	cancel()

@@ -65,6 +65,7 @@ type Reclaimer struct {
 	// Instances lists the Instances on this node, as last seen.
 	Instances func() []*v1alpha1.Instance
 	Log       logr.Logger
+	Metrics   *Metrics
 
 	unusedSince map[string]time.Time
 }
@@ -122,6 +123,7 @@ func (r *Reclaimer) Scan(ctx context.Context, now time.Time) error {
 			continue
 		}
 		r.Log.Info("slots freed", "instance", client.ObjectKeyFromObject(inst), "slots", free)
+		r.Metrics.slotsReclaimed(len(free))
 		for _, id := range free {
 			delete(r.unusedSince, id)
 		}

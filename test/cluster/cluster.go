@@ -76,6 +76,8 @@ type Cluster struct {
 	binDir         string
 	containerdSock string
 	procs          []*proc
+	// restartKubelet starts the kubelet again as Start did (nil after Attach).
+	restartKubelet func() (*proc, error)
 }
 
 // Start brings the whole cluster up and returns once the node is registered
@@ -265,10 +267,14 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 	})); err != nil {
 		return nil, err
 	}
-	if err := start("kubelet", "--config", filepath.Join(kubeletDir, "config.yaml"),
+	kubeletArgs := []string{"--config", filepath.Join(kubeletDir, "config.yaml"),
 		"--kubeconfig", c.Kubeconfig, "--root-dir", kubeletDir,
 		"--cert-dir", filepath.Join(kubeletDir, "pki"),
-		"--hostname-override", o.NodeName); err != nil {
+		"--hostname-override", o.NodeName}
+	c.restartKubelet = func() (*proc, error) {
+		return startProc("kubelet", filepath.Join(o.BinDir, "kubelet"), kubeletArgs, env, filepath.Join(logs, "kubelet.log"), o.Detach)
+	}
+	if err := start("kubelet", kubeletArgs...); err != nil {
 		return nil, err
 	}
 	if err := waitForProcs(ctx, c.procs, "node "+o.NodeName+" Ready", func() error {
@@ -299,6 +305,45 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 		return nil, err
 	}
 	return c, nil
+}
+
+// RestartKubelet stops the kubelet and starts it again, as an upgrade or a
+// crash would: containers keep running, and the kubelet recreates
+// kubelet.sock in the device-plugin directory, which plugins must notice to
+// register again. It returns once the new kubelet serves that socket.
+func (c *Cluster) RestartKubelet(ctx context.Context) error {
+	if c.restartKubelet == nil {
+		return errors.New("this cluster was attached, not started here: it cannot restart its kubelet")
+	}
+	i := -1
+	for j, p := range c.procs {
+		if p.Name == "kubelet" {
+			i = j
+		}
+	}
+	if i < 0 {
+		return errors.New("no kubelet to restart")
+	}
+	c.procs[i].stop(10 * time.Second)
+	sock := filepath.Join(DevicePluginDir, "kubelet.sock")
+	// The old socket file stays behind; waiting for a fresh one below needs
+	// it gone.
+	_ = os.Remove(sock)
+	p, err := c.restartKubelet()
+	if err != nil {
+		return err
+	}
+	c.procs[i] = p
+	if err := writePids(filepath.Join(c.StateDir, "pids.json"), c.procs); err != nil {
+		return err
+	}
+	return waitForProcs(ctx, []*proc{p}, "kubelet.sock", func() error {
+		conn, err := net.DialTimeout("unix", sock, time.Second)
+		if err != nil {
+			return err
+		}
+		return conn.Close()
+	})
 }
 
 // Attach finds the cluster a detached Start left in stateDir, to stop it.
@@ -337,6 +382,13 @@ func (c *Cluster) Stop() error {
 	}
 	if p := byName["kubelet"]; p != nil {
 		p.stop(10 * time.Second)
+		// The device-plugin directory is the machine's, not ours: the next
+		// cluster's kubelet would restore this one's resources from the
+		// checkpoint and list them on its node.
+		if !p.alive() {
+			_ = os.Remove(filepath.Join(DevicePluginDir, "kubelet_internal_checkpoint"))
+			_ = os.Remove(filepath.Join(DevicePluginDir, "kubelet.sock"))
+		}
 	}
 	killShims(c.containerdSock)
 	for i := len(c.procs) - 1; i >= 0; i-- {

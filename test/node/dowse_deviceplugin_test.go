@@ -62,15 +62,18 @@ func TestDowseDevicePlugins(t *testing.T) {
 	}
 	runCtx, stopRun := context.WithCancel(ctx)
 	handlerDone := make(chan error, 1)
+	var reg *prometheus.Registry // the running agent's metrics
 	// startAgent runs an agent until the returned function stops it.
 	startAgent := func(classic bool) (stop func()) {
 		actx, acancel := context.WithCancel(runCtx)
 		done := make(chan error, 1)
+		reg = prometheus.NewRegistry()
+		agentReg := reg
 		go func() {
 			done <- agent.Run(actx, agent.Config{
 				RESTConfig: c.Config, NodeName: c.NodeName, StateDir: state,
 				GracePeriod: time.Minute, WriteConcurrency: 4, MetricsAddr: "0", HealthAddr: "0",
-				Registerer:      prometheus.NewRegistry(),
+				Registerer:      agentReg,
 				DevicePluginDir: deviceplugin.DefaultDir, CDISpecDir: c.CDIDir, ClassicAllocate: classic,
 				SlotReclaimGrace: 2 * time.Second, SlotReclaimInterval: time.Second,
 				// The cluster's kubelet has a root directory of its own.
@@ -337,6 +340,112 @@ func TestDowseDevicePlugins(t *testing.T) {
 		}
 		t.Logf("all slots freed %s after the last pod was deleted", time.Since(begin).Round(100*time.Millisecond))
 	})
+	t.Run("KubeletRestart", func(t *testing.T) {
+		devicePod("steady", instRes)
+		expectEnv("steady")
+		before, err := pods.Get(ctx, "steady", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		regsBefore := metricValue(t, reg, "dowse_agent_device_plugin_registrations_total")
+		begin := time.Now()
+		if err := c.RestartKubelet(ctx); err != nil {
+			t.Fatal(err)
+		}
+		sockUp := time.Since(begin)
+		// Both plugins (Instance and Configuration) register with the new
+		// kubelet, within a second of its socket appearing.
+		for metricValue(t, reg, "dowse_agent_device_plugin_registrations_total") < regsBefore+2 {
+			if time.Since(begin) > sockUp+10*time.Second {
+				t.Fatalf("plugins did not register again: %v registrations before, %v now", regsBefore,
+					metricValue(t, reg, "dowse_agent_device_plugin_registrations_total"))
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		t.Logf("kubelet socket back after %s; both plugins registered again %s after the restart began",
+			sockUp.Round(time.Millisecond), time.Since(begin).Round(time.Millisecond))
+		// The new kubelet allocates from them: a new pod gets the device.
+		devicePod("after-restart", instRes)
+		expectEnv("after-restart")
+		// The pod that ran through the restart was not disturbed.
+		after, err := pods.Get(ctx, "steady", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, a := before.Status.ContainerStatuses[0], after.Status.ContainerStatuses[0]
+		if after.Status.Phase != corev1.PodRunning || a.ContainerID != b.ContainerID || a.RestartCount != 0 {
+			t.Fatalf("pod across the kubelet restart: phase %s, container %s -> %s, restarts %d", after.Status.Phase, b.ContainerID, a.ContainerID, a.RestartCount)
+		}
+		deletePod("steady")
+		deletePod("after-restart")
+	})
+	t.Run("OfflineRemovesPluginAndSpec", func(t *testing.T) {
+		spec := filepath.Join(c.CDIDir, deviceplugin.SpecFileName(&inst)+".json")
+		avail := filepath.Join(state, debugecho.DefaultAvailabilityFileName)
+		sockets := func() []string {
+			m, _ := filepath.Glob(filepath.Join(deviceplugin.DefaultDir, "dowse-*.sock"))
+			return m
+		}
+		if len(sockets()) != 2 {
+			t.Fatalf("plugin sockets before OFFLINE: %v", sockets())
+		}
+		if err := os.WriteFile(avail, []byte("OFFLINE"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		begin := time.Now()
+		for {
+			err := cl.Get(ctx, client.ObjectKeyFromObject(&inst), &v1alpha1.Instance{})
+			_, specErr := os.Stat(spec)
+			if apierrors.IsNotFound(err) && os.IsNotExist(specErr) && len(sockets()) == 0 {
+				break
+			}
+			if time.Since(begin) > 30*time.Second {
+				t.Fatalf("after OFFLINE: Instance get %v, spec %v, sockets %v", err, specErr, sockets())
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		t.Logf("OFFLINE: Instance, CDI spec and plugin sockets gone after %s", time.Since(begin).Round(time.Millisecond))
+		for {
+			n, err := c.Client.CoreV1().Nodes().Get(ctx, c.NodeName, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if q := n.Status.Allocatable[instRes]; q.Value() == 0 {
+				break
+			}
+			if time.Since(begin) > 30*time.Second {
+				t.Fatalf("%s still allocatable after OFFLINE: %v", instRes, n.Status.Allocatable)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		// ONLINE brings the same Instance, spec and resources back.
+		if err := os.WriteFile(avail, []byte("ONLINE"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		waitAllocatable()
+		if _, err := os.Stat(spec); err != nil {
+			t.Fatalf("CDI spec not back after ONLINE: %v", err)
+		}
+	})
+}
+
+// metricValue sums the samples of a counter or gauge family in reg.
+func metricValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
+		}
+	}
+	return sum
 }
 
 // applyCRDs creates deploy/crds' CRDs and waits until they are established.
