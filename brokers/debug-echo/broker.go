@@ -27,6 +27,11 @@ type Config struct {
 	Logger   logr.Logger
 	// Environ returns the environment; os.Environ when nil (tests set it).
 	Environ func() []string
+	// Once logs the device environment and returns without serving, as a
+	// Job broker that handles its device once and completes. It fails when
+	// there is no device environment, so a Job that got no device is seen
+	// failing rather than succeeding.
+	Once bool
 }
 
 // Reply is what the broker serves.
@@ -70,6 +75,12 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	if len(dev) == 0 {
 		cfg.Logger.Info("no device environment: was the pod allocated a device?", "prefixes", cfg.Prefixes)
+		if cfg.Once {
+			return errors.New("no device environment")
+		}
+	}
+	if cfg.Once {
+		return nil
 	}
 	host, _ := os.Hostname()
 	body, err := json.Marshal(Reply{Hostname: host, Device: dev})

@@ -52,3 +52,18 @@ func TestServesDeviceEnvironment(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestOnce(t *testing.T) {
+	withDevice := func() []string { return []string{"DEBUG_ECHO_DESCRIPTION=foo0"} }
+	without := func() []string { return []string{"PATH=/bin"} }
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	// An address nobody can listen on: returning nil proves Once did not
+	// serve.
+	if err := Run(ctx, Config{Once: true, Listen: "256.0.0.1:1", Prefixes: []string{"DEBUG_ECHO_"}, Logger: testr.New(t), Environ: withDevice}); err != nil {
+		t.Fatalf("with a device: %v", err)
+	}
+	if err := Run(ctx, Config{Once: true, Prefixes: []string{"DEBUG_ECHO_"}, Logger: testr.New(t), Environ: without}); err == nil {
+		t.Fatal("without a device: no error")
+	}
+}

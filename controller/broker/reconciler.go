@@ -189,6 +189,11 @@ func (r *InstanceReconciler) reconcilePods(ctx context.Context, inst *v1alpha1.I
 	have := map[string]bool{}
 	for i := range existing {
 		p := &existing[i]
+		// Job brokers' pods carry the Instance's labels too, but are their
+		// Job's to manage.
+		if !metav1.IsControlledBy(p, inst) {
+			continue
+		}
 		want := desired[p.Name]
 		key := client.ObjectKeyFromObject(p)
 		reason := ""

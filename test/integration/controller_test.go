@@ -357,6 +357,16 @@ func TestControllerJobsAndRefusedSpecs(t *testing.T) {
 		}
 		return nil
 	})
+	// A Job's pod carries the Instance's labels, but is the Job's: the
+	// controller must leave it alone (it once deleted such pods as stray
+	// brokers, failing every Job broker).
+	job := jobsOf()[0]
+	jobPod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: job.Name + "-pod", Namespace: ns, Labels: job.Spec.Template.Labels,
+		OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(&job, batchv1.SchemeGroupVersion.WithKind("Job"))}},
+		Spec: job.Spec.Template.Spec}
+	if err := k8sClient.Create(ctx, jobPod); err != nil {
+		t.Fatal(err)
+	}
 	// A new generation gets a new Job; the old one goes.
 	var cfg v1alpha1.Configuration
 	if err := k8sClient.Get(ctx, keyOf(ns, "jobs"), &cfg); err != nil {
@@ -373,6 +383,9 @@ func TestControllerJobsAndRefusedSpecs(t *testing.T) {
 		}
 		return nil
 	})
+	if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(jobPod), &corev1.Pod{}); err != nil {
+		t.Fatalf("the Job's pod: %v", err)
+	}
 	// The broken Configuration did not disturb the good one.
 	eventually(t, 10*time.Second, func() error {
 		var good v1alpha1.Configuration

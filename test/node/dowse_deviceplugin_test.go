@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-logr/logr/testr"
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
@@ -18,11 +17,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
-	"github.com/dowse-dev/dowse/agent"
 	"github.com/dowse-dev/dowse/agent/deviceplugin"
 	debugecho "github.com/dowse-dev/dowse/discovery-handlers/debug-echo"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
-	"github.com/dowse-dev/dowse/shared/scheme"
 	"github.com/dowse-dev/dowse/test/kube"
 )
 
@@ -41,75 +38,15 @@ func TestDowseDevicePlugins(t *testing.T) {
 		}
 	})
 
-	sch, err := scheme.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := apiextensionsv1.AddToScheme(sch); err != nil {
-		t.Fatal(err)
-	}
-	cl, err := client.New(c.Config, client.Options{Scheme: sch})
-	if err != nil {
-		t.Fatal(err)
-	}
-	applyCRDs(t, ctx, cl)
-
-	// The agent and the handler, stopped before the cluster (cleanups run
-	// last-in first-out).
-	state := filepath.Join(c.StateDir, "dowse")
-	if err := os.MkdirAll(state, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	runCtx, stopRun := context.WithCancel(ctx)
-	handlerDone := make(chan error, 1)
-	var reg *prometheus.Registry // the running agent's metrics
-	// startAgent runs an agent until the returned function stops it.
-	startAgent := func(classic bool) (stop func()) {
-		actx, acancel := context.WithCancel(runCtx)
-		done := make(chan error, 1)
-		reg = prometheus.NewRegistry()
-		agentReg := reg
-		go func() {
-			done <- agent.Run(actx, agent.Config{
-				RESTConfig: c.Config, NodeName: c.NodeName, StateDir: state,
-				GracePeriod: time.Minute, WriteConcurrency: 4, MetricsAddr: "0", HealthAddr: "0",
-				Registerer:      agentReg,
-				DevicePluginDir: deviceplugin.DefaultDir, CDISpecDir: c.CDIDir, ClassicAllocate: classic,
-				SlotReclaimGrace: 2 * time.Second, SlotReclaimInterval: time.Second,
-				// The cluster's kubelet has a root directory of its own.
-				PodResourcesSocket: filepath.Join(c.StateDir, "kubelet", "pod-resources", "kubelet.sock"),
-			}, testr.New(t).WithName("agent"))
-		}()
-		var once bool
-		return func() {
-			if once {
-				return
-			}
-			once = true
-			acancel()
-			if err := <-done; err != nil {
-				t.Errorf("agent: %v", err)
-			}
-		}
-	}
+	d := startDowse(t, ctx, c)
+	cl := d.cl
 	// A spec left by an Instance deleted while no agent ran: the agent
 	// removes it when it starts.
 	stale := filepath.Join(c.CDIDir, "dowse.dev_default_gone-0000.json")
 	if err := os.WriteFile(stale, []byte(`{"cdiVersion":"0.6.0","kind":"dowse.dev/gone","devices":[{"name":"0000","containerEdits":{"env":["A=b"]}}]}`), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	stopAgent := startAgent(false)
-	go func() {
-		handlerDone <- debugecho.Run(runCtx, debugecho.Config{StateDir: state, Logger: testr.New(t).WithName("debug-echo")})
-	}()
-	t.Cleanup(func() {
-		stopAgent()
-		stopRun()
-		// The handler may report its server stopping as an error: only log.
-		if err := <-handlerDone; err != nil {
-			t.Logf("debug-echo: %v", err)
-		}
-	})
+	d.startAgent(false)
 
 	cfg := &v1alpha1.Configuration{ObjectMeta: metav1.ObjectMeta{Name: "echo", Namespace: "default"}}
 	cfg.Spec.DiscoveryHandler.Name = debugecho.DefaultName
@@ -278,7 +215,7 @@ func TestDowseDevicePlugins(t *testing.T) {
 		if err := cl.Get(ctx, client.ObjectKeyFromObject(&inst), &before); err != nil {
 			t.Fatal(err)
 		}
-		stopAgent()
+		d.stopAgent()
 		// The kubelet notices the plugins gone (their devices unhealthy)
 		// before the new agent starts, so that the wait below sees the new
 		// agent's plugins, not the old figures.
@@ -297,7 +234,7 @@ func TestDowseDevicePlugins(t *testing.T) {
 		}
 		// A classic answer names no CDI device, so the env the pod sees
 		// can only come from Allocate's response.
-		stopAgent = startAgent(true)
+		d.startAgent(true)
 		begin := time.Now()
 		waitAllocatable()
 		t.Logf("agent restarted; resources allocatable after %s", time.Since(begin).Round(time.Millisecond))
@@ -347,7 +284,7 @@ func TestDowseDevicePlugins(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		regsBefore := metricValue(t, reg, "dowse_agent_device_plugin_registrations_total")
+		regsBefore := metricValue(t, d.reg, "dowse_agent_device_plugin_registrations_total")
 		begin := time.Now()
 		if err := c.RestartKubelet(ctx); err != nil {
 			t.Fatal(err)
@@ -355,10 +292,10 @@ func TestDowseDevicePlugins(t *testing.T) {
 		sockUp := time.Since(begin)
 		// Both plugins (Instance and Configuration) register with the new
 		// kubelet, within a second of its socket appearing.
-		for metricValue(t, reg, "dowse_agent_device_plugin_registrations_total") < regsBefore+2 {
+		for metricValue(t, d.reg, "dowse_agent_device_plugin_registrations_total") < regsBefore+2 {
 			if time.Since(begin) > sockUp+10*time.Second {
 				t.Fatalf("plugins did not register again: %v registrations before, %v now", regsBefore,
-					metricValue(t, reg, "dowse_agent_device_plugin_registrations_total"))
+					metricValue(t, d.reg, "dowse_agent_device_plugin_registrations_total"))
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
@@ -381,7 +318,6 @@ func TestDowseDevicePlugins(t *testing.T) {
 	})
 	t.Run("OfflineRemovesPluginAndSpec", func(t *testing.T) {
 		spec := filepath.Join(c.CDIDir, deviceplugin.SpecFileName(&inst)+".json")
-		avail := filepath.Join(state, debugecho.DefaultAvailabilityFileName)
 		sockets := func() []string {
 			m, _ := filepath.Glob(filepath.Join(deviceplugin.DefaultDir, "dowse-*.sock"))
 			return m
@@ -389,9 +325,7 @@ func TestDowseDevicePlugins(t *testing.T) {
 		if len(sockets()) != 2 {
 			t.Fatalf("plugin sockets before OFFLINE: %v", sockets())
 		}
-		if err := os.WriteFile(avail, []byte("OFFLINE"), 0o644); err != nil {
-			t.Fatal(err)
-		}
+		d.setAvailability(false)
 		begin := time.Now()
 		for {
 			err := cl.Get(ctx, client.ObjectKeyFromObject(&inst), &v1alpha1.Instance{})
@@ -419,9 +353,7 @@ func TestDowseDevicePlugins(t *testing.T) {
 			time.Sleep(100 * time.Millisecond)
 		}
 		// ONLINE brings the same Instance, spec and resources back.
-		if err := os.WriteFile(avail, []byte("ONLINE"), 0o644); err != nil {
-			t.Fatal(err)
-		}
+		d.setAvailability(true)
 		waitAllocatable()
 		if _, err := os.Stat(spec); err != nil {
 			t.Fatalf("CDI spec not back after ONLINE: %v", err)

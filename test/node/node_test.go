@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -28,15 +29,22 @@ const probeImage = "ghcr.io/dowse-dev/dowse-node-probe:test"
 // startCluster starts the cluster or explains why it cannot. On a developer's
 // machine without root or runc the tier skips; in CI (CI=true) the same
 // condition is a failure, so the tier can never pass there by not running.
-func startCluster(t *testing.T, ctx context.Context) *cluster.Cluster {
+// Images are built from their packages (import path: image ref) beside the
+// probe image and loaded into the node.
+func startCluster(t *testing.T, ctx context.Context, images ...[2]string) *cluster.Cluster {
 	t.Helper()
 	requireNode(t)
-	probe, err := cluster.BuildImage(ctx, "./test/cluster/cmd/dowse-node-probe", "dowse-node-probe", probeImage)
-	if err != nil {
-		t.Fatal(err)
+	var archives []string
+	for _, im := range append([][2]string{{"./test/cluster/cmd/dowse-node-probe", probeImage}}, images...) {
+		name := filepath.Base(im[0])
+		a, err := cluster.BuildImage(ctx, im[0], name, im[1])
+		if err != nil {
+			t.Fatal(err)
+		}
+		archives = append(archives, a)
 	}
 	begin := time.Now()
-	c, err := cluster.Start(ctx, cluster.Options{Images: []string{probe}})
+	c, err := cluster.Start(ctx, cluster.Options{Images: archives})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,6 +20,7 @@ func main() {
 	cfg := debugecho.Config{Logger: logr.FromSlogHandler(slog.NewJSONHandler(os.Stderr, nil))}
 	fs := flag.NewFlagSet(os.Args[0], flag.ExitOnError)
 	fs.StringVar(&cfg.Listen, "listen", ":8080", "HTTP listen address")
+	fs.BoolVar(&cfg.Once, "once", false, "log the device environment and exit (a Job broker); fails when there is none")
 	prefixes := fs.String("env-prefixes", "DEBUG_ECHO_", "comma-separated prefixes of the environment variables that describe the device")
 	_ = fs.Parse(os.Args[1:])
 	cfg.Prefixes = strings.Split(*prefixes, ",")
