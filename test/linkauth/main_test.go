@@ -1,0 +1,184 @@
+// Package linkauth_test proves node identity on the cloud/edge link
+// (controller/linkauth, agent/edgecert, dowsectl) against a real
+// kube-apiserver and etcd, over real HTTPS on loopback.
+package linkauth_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/dowse-dev/dowse/agent/edgecert"
+	"github.com/dowse-dev/dowse/controller/linkauth"
+	"github.com/dowse-dev/dowse/shared/link/pki"
+	"github.com/dowse-dev/dowse/test/kube"
+)
+
+var (
+	cp        *kube.ControlPlane
+	clientset *kubernetes.Clientset
+)
+
+func TestMain(m *testing.M) { os.Exit(run(m)) }
+
+func run(m *testing.M) int {
+	var err error
+	if cp, err = kube.Start(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer func() {
+		if err := cp.Stop(); err != nil {
+			fmt.Fprintln(os.Stderr, "stopping control plane:", err)
+		}
+	}()
+	clientset = kubernetes.NewForConfigOrDie(cp.Config)
+	return m.Run()
+}
+
+// namespace gives each test its own controller namespace.
+func namespace(t *testing.T) string {
+	t.Helper()
+	ns, err := clientset.CoreV1().Namespaces().Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "linkauth-"}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ns.Name
+}
+
+// logLines records log lines as "message key=value ..." strings.
+type logLines struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (l *logLines) logger(t *testing.T) logr.Logger {
+	return funcr.New(func(prefix, args string) {
+		l.mu.Lock()
+		l.lines = append(l.lines, prefix+" "+args)
+		l.mu.Unlock()
+		t.Log(prefix, args)
+	}, funcr.Options{Verbosity: 1})
+}
+
+// find returns the first line holding every part.
+func (l *logLines) find(parts ...string) string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+next:
+	for _, line := range l.lines {
+		for _, p := range parts {
+			if !strings.Contains(line, p) {
+				continue next
+			}
+		}
+		return line
+	}
+	return ""
+}
+
+// cloud is a running linkauth endpoint in its own namespace.
+type cloud struct {
+	ns      string
+	secrets linkauth.SecretClient
+	ca      *pki.CA
+	tokens  *linkauth.Tokens
+	url     string
+	reg     *prometheus.Registry
+	logs    *logLines
+}
+
+func startCloud(t *testing.T, certValidity time.Duration, opts ...func(*linkauth.Config)) *cloud {
+	t.Helper()
+	c := &cloud{ns: namespace(t), reg: prometheus.NewRegistry(), logs: &logLines{}}
+	ctx, cancel := context.WithCancel(logr.NewContext(context.Background(), c.logs.logger(t)))
+	c.secrets = clientset.CoreV1().Secrets(c.ns)
+	var err error
+	if c.ca, err = linkauth.LoadOrCreateCA(ctx, c.secrets, 0); err != nil {
+		t.Fatal(err)
+	}
+	c.tokens = linkauth.NewTokens(c.secrets)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := linkauth.Config{
+		CA: c.ca, Tokens: c.tokens, CertValidity: certValidity,
+		Hosts: []string{"127.0.0.1"}, Listener: lis, Metrics: linkauth.NewMetrics(c.reg),
+		// Tests that want expired tokens around call DeleteExpired themselves.
+		TokenCleanupInterval: -1,
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	srv, err := linkauth.NewServer(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- srv.Start(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("linkauth server: %v", err)
+		}
+	})
+	c.url = "https://" + lis.Addr().String()
+	return c
+}
+
+func (c *cloud) token(t *testing.T, node string, ttl time.Duration) string {
+	t.Helper()
+	tok, _, err := c.tokens.Create(context.Background(), node, ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok.String()
+}
+
+// edgeConfig is an edge of node with its own state dir, bootstrapping with
+// token and the CA pin.
+func (c *cloud) edgeConfig(t *testing.T, node, token string) edgecert.Config {
+	return edgecert.Config{Dir: filepath.Join(t.TempDir(), "link"), Node: node, URL: c.url, Token: token, CAPin: pki.CAPin(c.ca.Cert)}
+}
+
+// counter reads one sample of a counter vector from the cloud's registry.
+func (c *cloud) counter(t *testing.T, name string, labels map[string]string) float64 {
+	t.Helper()
+	mfs, err := c.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	metric:
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if v, ok := labels[lp.GetName()]; ok && v != lp.GetValue() {
+					continue metric
+				}
+			}
+			return m.GetCounter().GetValue()
+		}
+	}
+	return 0
+}
+
+type corev1Secret = corev1.Secret
+
+var schemaSecrets = corev1.Resource("secrets")
