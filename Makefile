@@ -68,9 +68,13 @@ test: deps node-deps k8s peers build verify-generate
 	go vet ./...
 	go test $(GO_TEST_FLAGS) ./...
 
-# Benchmarks: discovery latency, apply rate, idle requests, peak RSS.
+# Benchmarks: discovery latency, apply rate, idle requests, peak RSS; the
+# controller's broker rate and memory; device-plugin registration and
+# Allocate latency on the real node (root only).
 bench: k8s build
 	go run ./test/bench/discovery
+	go run ./test/bench/controller
+	@if [ "$$(id -u)" = 0 ]; then go run ./test/bench/deviceplugin; else echo "bench/deviceplugin skipped: it runs a kubelet, which needs root"; fi
 
 # Local demo: control plane, agent, debug-echo handler, live Instances.
 # On a root machine with runc the agent and controller run as pods on a real

@@ -344,7 +344,7 @@ func (m *Manager) startPlugin(resource string, svc *service, log logr.Logger) *r
 		// Unique per agent and resource, so several agents (tests) never
 		// collide, and short: a resource name of 63 characters in the
 		// socket path would pass the 108-byte limit of unix sockets.
-		Endpoint: endpoint(m.opts.NodeName, resource),
+		Endpoint: SocketName(m.opts.NodeName, resource),
 		Service:  svc, Watcher: m.watcher, Log: log,
 		OnRegistered: m.opts.Metrics.registered,
 	}
@@ -359,7 +359,9 @@ func (m *Manager) startPlugin(resource string, svc *service, log logr.Logger) *r
 	return r
 }
 
-func endpoint(node, resource string) string {
+// SocketName is the file name, in the device-plugin directory, of the
+// socket that serves resource on node.
+func SocketName(node, resource string) string {
 	sum := sha256.Sum256([]byte(node + "\x00" + resource))
 	return "dowse-" + hex.EncodeToString(sum[:10]) + ".sock"
 }

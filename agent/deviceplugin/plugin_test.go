@@ -102,7 +102,7 @@ func waitReg(t *testing.T, regs chan *dp.RegisterRequest, within time.Duration) 
 
 func dialPlugin(t *testing.T, dir, node, resource string) dp.DevicePluginClient {
 	t.Helper()
-	conn, err := grpc.NewClient("unix://"+filepath.Join(dir, endpoint(node, resource)), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient("unix://"+filepath.Join(dir, SocketName(node, resource)), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -229,7 +229,7 @@ func TestManagerPluginsAndAllocate(t *testing.T) {
 			if _, err := law.Recv(); err == nil {
 				t.Fatal("ListAndWatch still open")
 			}
-			if _, err := os.Stat(filepath.Join(dir, endpoint("n1", "dowse.dev/debug-echo-a1b2c3"))); !os.IsNotExist(err) {
+			if _, err := os.Stat(filepath.Join(dir, SocketName("n1", "dowse.dev/debug-echo-a1b2c3"))); !os.IsNotExist(err) {
 				t.Fatalf("socket left: %v", err)
 			}
 			if n := testutil.ToFloat64(metrics.plugins); n != 0 {

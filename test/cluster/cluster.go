@@ -11,6 +11,7 @@
 package cluster
 
 import (
+	"cmp"
 	"context"
 	"encoding/base64"
 	"errors"
@@ -59,6 +60,10 @@ type Options struct {
 	Detach bool
 	// Timeout bounds Start; 3 minutes when zero.
 	Timeout time.Duration
+	// NodeStatusEvery is the kubelet's nodeStatusUpdateFrequency (how soon
+	// a new device-plugin resource shows in the node's allocatable); 2s
+	// when zero (the kubelet's own default is 10s).
+	NodeStatusEvery time.Duration
 }
 
 // Cluster is a running cluster.
@@ -263,7 +268,7 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 	kubeletDir := filepath.Join(o.StateDir, "kubelet")
 	if err := writeFile(filepath.Join(kubeletDir, "config.yaml"), kubeletConfig(kubeletOpts{
 		port: kubeletPort, healthzPort: kubeletHealthz, containerdSock: c.containerdSock,
-		clientCA: p.caCert, podLogsDir: c.PodLogsDir,
+		clientCA: p.caCert, podLogsDir: c.PodLogsDir, nodeStatusEvery: cmp.Or(o.NodeStatusEvery, 2*time.Second),
 	})); err != nil {
 		return nil, err
 	}

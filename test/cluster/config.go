@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 )
 
 const (
@@ -123,8 +124,8 @@ serializeImagePulls: false
 registerNode: true
 syncFrequency: 5s
 fileCheckFrequency: 5s
-nodeStatusUpdateFrequency: 2s
-`, o.port, o.healthzPort, o.containerdSock, o.clientCA, o.podLogsDir)
+nodeStatusUpdateFrequency: %[6]s
+`, o.port, o.healthzPort, o.containerdSock, o.clientCA, o.podLogsDir, o.nodeStatusEvery)
 }
 
 type kubeletOpts struct {
@@ -132,6 +133,7 @@ type kubeletOpts struct {
 	containerdSock    string
 	clientCA          string
 	podLogsDir        string
+	nodeStatusEvery   time.Duration
 }
 
 // kubeconfig for the admin identity every component and test uses.
