@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -87,6 +88,9 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 				&corev1.Pod{}:     {Label: ours, Transform: slimPod},
 				&batchv1.Job{}:    {Label: ours, Transform: slimJob},
 				&corev1.Service{}: {Label: ours},
+				// Read only, and often (one Get per broker): no copies.
+				&corev1.Node{}:       {Transform: slimNode, UnsafeDisableDeepCopy: ptr.To(true)},
+				&v1alpha1.Instance{}: {Transform: slimInstance},
 			},
 		},
 		Metrics:                 metricsserver.Options{BindAddress: orZero(cfg.MetricsAddr)},
@@ -105,14 +109,18 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 	if err := broker.AddIndexes(ctx, mgr.GetFieldIndexer()); err != nil {
 		return err
 	}
+	idx, err := broker.NewIndexes(ctx, mgr.GetCache())
+	if err != nil {
+		return err
+	}
 	errs := broker.NewErrors()
-	if err := broker.NewInstanceReconciler(mgr.GetClient(), mgr.GetEventRecorder("dowse-controller"), errs, log.WithName("broker")).SetupWithManager(mgr); err != nil {
+	if err := broker.NewInstanceReconciler(mgr.GetClient(), idx, mgr.GetEventRecorder("dowse-controller"), errs, log.WithName("broker")).SetupWithManager(mgr); err != nil {
 		return err
 	}
-	if err := broker.NewConfigurationReconciler(mgr.GetClient(), errs).SetupWithManager(mgr); err != nil {
+	if err := broker.NewConfigurationReconciler(mgr.GetClient(), idx, errs).SetupWithManager(mgr); err != nil {
 		return err
 	}
-	if err := nodes.NewReconciler(mgr.GetClient(), cfg.NodeGracePeriod, log.WithName("nodes")).SetupWithManager(mgr); err != nil {
+	if err := nodes.NewReconciler(mgr.GetClient(), mgr.GetAPIReader(), cfg.NodeGracePeriod, log.WithName("nodes")).SetupWithManager(mgr); err != nil {
 		return err
 	}
 	log.Info("starting controller")
@@ -138,6 +146,33 @@ func slimPod(obj any) (any, error) {
 	p.Spec = corev1.PodSpec{}
 	p.Status = corev1.PodStatus{Phase: p.Status.Phase}
 	return p, nil
+}
+
+// slimNode keeps what the controller reads of a Node: its name, deletion
+// and conditions (a Node's image list alone can be kilobytes).
+func slimNode(obj any) (any, error) {
+	n, ok := obj.(*corev1.Node)
+	if !ok {
+		return obj, nil
+	}
+	n.ManagedFields, n.Annotations = nil, nil
+	n.Spec = corev1.NodeSpec{}
+	n.Status = corev1.NodeStatus{Conditions: n.Status.Conditions}
+	return n, nil
+}
+
+// slimInstance keeps what the controller reads of an Instance: its
+// Configuration and the nodes that see it. Whatever writes an Instance reads
+// it from the API server first (nodes.Reconciler).
+func slimInstance(obj any) (any, error) {
+	i, ok := obj.(*v1alpha1.Instance)
+	if !ok {
+		return obj, nil
+	}
+	i.ManagedFields, i.Annotations = nil, nil
+	i.Spec = v1alpha1.InstanceSpec{ConfigurationName: i.Spec.ConfigurationName}
+	i.Status.Slots = nil
+	return i, nil
 }
 
 // slimJob keeps a Job's metadata: the controller only names and deletes them.

@@ -28,13 +28,14 @@ import (
 // controller's part of its status: Instance and running-broker counts and
 // the BrokersDeployed condition.
 type ConfigurationReconciler struct {
-	client client.Client
-	errors *Errors
+	client  client.Client
+	indexes *Indexes
+	errors  *Errors
 }
 
 // NewConfigurationReconciler wires a ConfigurationReconciler.
-func NewConfigurationReconciler(c client.Client, errs *Errors) *ConfigurationReconciler {
-	return &ConfigurationReconciler{client: c, errors: errs}
+func NewConfigurationReconciler(c client.Client, idx *Indexes, errs *Errors) *ConfigurationReconciler {
+	return &ConfigurationReconciler{client: c, indexes: idx, errors: errs}
 }
 
 // SetupWithManager registers the controller.
@@ -103,18 +104,17 @@ func (r *ConfigurationReconciler) Reconcile(ctx context.Context, req reconcile.R
 		}
 		return reconcile.Result{}, err
 	}
-	var insts v1alpha1.InstanceList
-	// Counting only: the cache's objects are read in place, not copied.
-	if err := r.client.List(ctx, &insts, client.InNamespace(cfg.Namespace), client.MatchingFields{ConfigurationIndex: cfg.Name}, client.UnsafeDisableDeepCopy); err != nil {
+	insts, err := r.indexes.InstancesByConfiguration.Objects(cfg.Namespace, cfg.Name)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	pods, err := r.indexes.PodsByConfiguration.Objects(cfg.Namespace, v1alpha1.LabelValue(cfg.Name))
+	if err != nil {
 		return reconcile.Result{}, err
 	}
 	running := int32(0)
-	var pods corev1.PodList
-	if err := r.client.List(ctx, &pods, client.InNamespace(cfg.Namespace), client.MatchingFields{ConfigurationLabelIndex: v1alpha1.LabelValue(cfg.Name)}, client.UnsafeDisableDeepCopy); err != nil {
-		return reconcile.Result{}, err
-	}
-	for _, p := range pods.Items {
-		if p.Status.Phase == corev1.PodRunning && p.DeletionTimestamp.IsZero() {
+	for _, o := range pods {
+		if p := o.(*corev1.Pod); p.Status.Phase == corev1.PodRunning && p.DeletionTimestamp.IsZero() {
 			running++
 		}
 	}
@@ -130,7 +130,7 @@ func (r *ConfigurationReconciler) Reconcile(ctx context.Context, req reconcile.R
 	if err := ensureService(ctx, r.client, types.NamespacedName{Namespace: cfg.Namespace, Name: ConfigurationServiceName(cfg.Name)}, want); err != nil {
 		return reconcile.Result{}, err
 	}
-	return reconcile.Result{}, r.writeStatus(ctx, &cfg, int32(len(insts.Items)), running)
+	return reconcile.Result{}, r.writeStatus(ctx, &cfg, int32(len(insts)), running)
 }
 
 type statusApply struct {

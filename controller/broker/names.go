@@ -68,13 +68,10 @@ func specHash(v any) string {
 	return shortHash(string(b), 16)
 }
 
-// Cache indexes on the labels of what the controller makes: listing by
-// label selector scans every cached object, which grows with the square of
-// the number of Instances.
-const (
-	InstanceLabelIndex      = "label.instance"
-	ConfigurationLabelIndex = "label.configuration"
-)
+// InstanceLabelIndex is the cache index on the instance label of what the
+// controller makes: listing by label selector scans every cached object,
+// which grows with the square of the number of Instances.
+const InstanceLabelIndex = "label.instance"
 
 // AddIndexes registers the controller's cache indexes.
 func AddIndexes(ctx context.Context, fi client.FieldIndexer) error {
@@ -91,10 +88,5 @@ func AddIndexes(ctx context.Context, fi client.FieldIndexer) error {
 			return err
 		}
 	}
-	if err := fi.IndexField(ctx, &corev1.Pod{}, ConfigurationLabelIndex, byLabel(v1alpha1.LabelConfiguration)); err != nil {
-		return err
-	}
-	return fi.IndexField(ctx, &v1alpha1.Instance{}, ConfigurationIndex, func(o client.Object) []string {
-		return []string{o.(*v1alpha1.Instance).Spec.ConfigurationName}
-	})
+	return nil
 }

@@ -25,9 +25,6 @@ import (
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 )
 
-// ConfigurationIndex indexes Instances by spec.configurationName.
-const ConfigurationIndex = "spec.configurationName"
-
 // Errors remembers, per Configuration, the last broker object the API
 // server refused, so that the Configuration's status can say why.
 type Errors struct {
@@ -75,6 +72,7 @@ func (e *Errors) Get(cfg types.NamespacedName) string {
 // writes only what differs, so a steady state costs no requests.
 type InstanceReconciler struct {
 	client   client.Client
+	indexes  *Indexes
 	recorder recorder.EventRecorder
 	errors   *Errors
 	log      logr.Logger
@@ -89,8 +87,8 @@ type restart struct {
 }
 
 // NewInstanceReconciler wires an InstanceReconciler.
-func NewInstanceReconciler(c client.Client, rec recorder.EventRecorder, errs *Errors, log logr.Logger) *InstanceReconciler {
-	return &InstanceReconciler{client: c, recorder: rec, errors: errs, log: log, backoff: map[types.NamespacedName]restart{}}
+func NewInstanceReconciler(c client.Client, idx *Indexes, rec recorder.EventRecorder, errs *Errors, log logr.Logger) *InstanceReconciler {
+	return &InstanceReconciler{client: c, indexes: idx, recorder: rec, errors: errs, log: log, backoff: map[types.NamespacedName]restart{}}
 }
 
 // SetupWithManager registers the controller.
@@ -106,14 +104,14 @@ func (r *InstanceReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Complete(r)
 }
 
-func (r *InstanceReconciler) instancesOf(ctx context.Context, o client.Object) []reconcile.Request {
-	var list v1alpha1.InstanceList
-	if err := r.client.List(ctx, &list, client.InNamespace(o.GetNamespace()), client.MatchingFields{ConfigurationIndex: o.GetName()}); err != nil {
+func (r *InstanceReconciler) instancesOf(_ context.Context, o client.Object) []reconcile.Request {
+	insts, err := r.indexes.InstancesByConfiguration.Objects(o.GetNamespace(), o.GetName())
+	if err != nil {
 		return nil
 	}
-	reqs := make([]reconcile.Request, 0, len(list.Items))
-	for i := range list.Items {
-		reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
+	reqs := make([]reconcile.Request, 0, len(insts))
+	for _, inst := range insts {
+		reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(inst)})
 	}
 	return reqs
 }

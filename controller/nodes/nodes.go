@@ -32,9 +32,12 @@ import (
 // removing it at once would fight that agent in a tight loop).
 type Reconciler struct {
 	client client.Client
-	grace  time.Duration
-	log    logr.Logger
-	now    func() time.Time
+	// live reads Instances from the API server before rewriting them: the
+	// cache holds them trimmed to what the controller reads.
+	live  client.Reader
+	grace time.Duration
+	log   logr.Logger
+	now   func() time.Time
 
 	mu           sync.Mutex
 	seen         map[string]bool
@@ -42,8 +45,8 @@ type Reconciler struct {
 }
 
 // NewReconciler wires a Reconciler.
-func NewReconciler(c client.Client, grace time.Duration, log logr.Logger) *Reconciler {
-	return &Reconciler{client: c, grace: grace, log: log, now: time.Now, seen: map[string]bool{}, missingSince: map[string]time.Time{}}
+func NewReconciler(c client.Client, live client.Reader, grace time.Duration, log logr.Logger) *Reconciler {
+	return &Reconciler{client: c, live: live, grace: grace, log: log, now: time.Now, seen: map[string]bool{}, missingSince: map[string]time.Time{}}
 }
 
 // SetupWithManager registers the controller; Instances enqueue the nodes
@@ -151,7 +154,7 @@ func (r *Reconciler) removeFromInstances(ctx context.Context, node string) (int,
 		}
 		err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 			var cur v1alpha1.Instance
-			if err := r.client.Get(ctx, client.ObjectKeyFromObject(inst), &cur); err != nil {
+			if err := r.live.Get(ctx, client.ObjectKeyFromObject(inst), &cur); err != nil {
 				return err
 			}
 			cur.Status.Nodes = slices.DeleteFunc(cur.Status.Nodes, func(n v1alpha1.InstanceNode) bool { return n.Name == node })
