@@ -32,7 +32,9 @@ import (
 
 func main() {
 	n := flag.Int("instances", 2000, "Instances to create brokers for")
+	qps := flag.Int("kube-api-qps", 200, "the controller's --kube-api-qps (its default is 200; burst is twice it)")
 	flag.Parse()
+	ctlQPS = *qps
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, *n); err != nil {
@@ -40,6 +42,10 @@ func main() {
 		os.Exit(1)
 	}
 }
+
+// ctlQPS is the controller's client rate limit: at its default, the limit
+// and not the API server sets the pace.
+var ctlQPS int
 
 func run(ctx context.Context, n int) error {
 	cp, err := kube.Start()
@@ -94,7 +100,8 @@ func run(ctx context.Context, n int) error {
 	t1 := time.Now()
 	ctl, err := procs.Start("dowse-controller", logf, "--kubeconfig", kubeconfig, "--leader-elect=false",
 		"--metrics-bind-address", fmt.Sprintf("127.0.0.1:%d", port), "--health-probe-bind-address", "0",
-		"--pprof-bind-address", os.Getenv("BENCH_PPROF"))
+		"--pprof-bind-address", os.Getenv("BENCH_PPROF"),
+		"--kube-api-qps", strconv.Itoa(ctlQPS), "--kube-api-burst", strconv.Itoa(2*ctlQPS))
 	if err != nil {
 		return err
 	}
