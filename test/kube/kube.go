@@ -38,7 +38,7 @@ func Start() (*ControlPlane, error) {
 	}
 	env := &envtest.Environment{
 		BinaryAssetsDirectory: BinDir(),
-		CRDDirectoryPaths:     []string{filepath.Join(RepoRoot(), "deploy", "crds")},
+		CRDDirectoryPaths:     []string{CRDDir()},
 		ErrorIfCRDPathMissing: true,
 	}
 	cfg, err := env.Start()
@@ -46,6 +46,16 @@ func Start() (*ControlPlane, error) {
 		return nil, fmt.Errorf("starting control plane: %w", err)
 	}
 	return &ControlPlane{env: env, Config: cfg}, nil
+}
+
+// CRDDir holds Dowse's generated CRDs.
+func CRDDir() string { return filepath.Join(RepoRoot(), "deploy", "crds") }
+
+// InstallCRDs creates Dowse's CRDs on another API server (the test
+// cluster's) and waits until they are served.
+func InstallCRDs(cfg *rest.Config) error {
+	_, err := envtest.InstallCRDs(cfg, envtest.CRDInstallOptions{Paths: []string{CRDDir()}, ErrorIfPathMissing: true})
+	return err
 }
 
 // Stop stops the API server and etcd and removes their data.

@@ -15,12 +15,10 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/yaml"
 
 	"github.com/dowse-dev/dowse/agent/deviceplugin"
 	debugecho "github.com/dowse-dev/dowse/discovery-handlers/debug-echo"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
-	"github.com/dowse-dev/dowse/test/kube"
 )
 
 // TestDowseDevicePlugins runs the agent and the debug-echo handler in this
@@ -75,23 +73,31 @@ func TestDowseDevicePlugins(t *testing.T) {
 	seen := time.Now()
 	instRes := corev1.ResourceName(deviceplugin.ResourcePrefix + inst.Name)
 	cfgRes := corev1.ResourceName(deviceplugin.ResourcePrefix + cfg.Name)
-	waitAllocatable := func() {
+	// allocatableIs waits until the node offers exactly want of each
+	// resource (within limit).
+	allocatableIs := func(limit time.Duration, want map[corev1.ResourceName]int64) {
 		t.Helper()
+		deadline := time.Now().Add(limit)
 		for {
 			n, err := c.Client.CoreV1().Nodes().Get(ctx, c.NodeName, metav1.GetOptions{})
 			if err != nil {
 				t.Fatal(err)
 			}
-			qi, qc := n.Status.Allocatable[instRes], n.Status.Allocatable[cfgRes]
-			if qi.Value() == 2 && qc.Value() == 2 {
+			ok := true
+			for res, v := range want {
+				q := n.Status.Allocatable[res]
+				ok = ok && q.Value() == v
+			}
+			if ok {
 				return
 			}
-			if ctx.Err() != nil {
-				t.Fatalf("node never offered %s and %s: %v", instRes, cfgRes, n.Status.Allocatable)
+			if ctx.Err() != nil || time.Now().After(deadline) {
+				t.Fatalf("node allocatable %v, want %v", n.Status.Allocatable, want)
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
 	}
+	waitAllocatable := func() { t.Helper(); allocatableIs(time.Minute, map[corev1.ResourceName]int64{instRes: 2, cfgRes: 2}) }
 	waitAllocatable()
 	t.Logf("Instance %s seen to both resources allocatable: %s (Instance created %s before it was seen)",
 		inst.Name, time.Since(seen).Round(time.Millisecond), seen.Sub(inst.CreationTimestamp.Time).Round(time.Second))
@@ -162,19 +168,7 @@ func TestDowseDevicePlugins(t *testing.T) {
 	t.Run("NoDoubleBookingAcrossResources", func(t *testing.T) {
 		// Both slots are held through the Instance's resource: the
 		// Configuration's resource offers none of them.
-		for {
-			n, err := c.Client.CoreV1().Nodes().Get(ctx, c.NodeName, metav1.GetOptions{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if q := n.Status.Allocatable[cfgRes]; q.Value() == 0 {
-				break
-			}
-			if ctx.Err() != nil {
-				t.Fatalf("%s still allocatable: %v", cfgRes, n.Status.Allocatable)
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+		allocatableIs(time.Minute, map[corev1.ResourceName]int64{cfgRes: 0})
 		devicePod("cfg-0", cfgRes)
 		time.Sleep(3 * time.Second)
 		p, err := pods.Get(ctx, "cfg-0", metav1.GetOptions{})
@@ -219,19 +213,7 @@ func TestDowseDevicePlugins(t *testing.T) {
 		// The kubelet notices the plugins gone (their devices unhealthy)
 		// before the new agent starts, so that the wait below sees the new
 		// agent's plugins, not the old figures.
-		for {
-			n, err := c.Client.CoreV1().Nodes().Get(ctx, c.NodeName, metav1.GetOptions{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if q := n.Status.Allocatable[instRes]; q.Value() == 0 {
-				break
-			}
-			if ctx.Err() != nil {
-				t.Fatalf("%s still allocatable with the agent stopped: %v", instRes, n.Status.Allocatable)
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+		allocatableIs(time.Minute, map[corev1.ResourceName]int64{instRes: 0})
 		// A classic answer names no CDI device, so the env the pod sees
 		// can only come from Allocate's response.
 		d.startAgent(true)
@@ -339,19 +321,7 @@ func TestDowseDevicePlugins(t *testing.T) {
 			time.Sleep(50 * time.Millisecond)
 		}
 		t.Logf("OFFLINE: Instance, CDI spec and plugin sockets gone after %s", time.Since(begin).Round(time.Millisecond))
-		for {
-			n, err := c.Client.CoreV1().Nodes().Get(ctx, c.NodeName, metav1.GetOptions{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if q := n.Status.Allocatable[instRes]; q.Value() == 0 {
-				break
-			}
-			if time.Since(begin) > 30*time.Second {
-				t.Fatalf("%s still allocatable after OFFLINE: %v", instRes, n.Status.Allocatable)
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+		allocatableIs(30*time.Second, map[corev1.ResourceName]int64{instRes: 0})
 		// ONLINE brings the same Instance, spec and resources back.
 		d.setAvailability(true)
 		waitAllocatable()
@@ -378,38 +348,4 @@ func metricValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
 		}
 	}
 	return sum
-}
-
-// applyCRDs creates deploy/crds' CRDs and waits until they are established.
-func applyCRDs(t *testing.T, ctx context.Context, cl client.Client) {
-	t.Helper()
-	for _, f := range []string{"dowse.dev_configurations.yaml", "dowse.dev_instances.yaml"} {
-		raw, err := os.ReadFile(filepath.Join(kube.RepoRoot(), "deploy", "crds", f))
-		if err != nil {
-			t.Fatal(err)
-		}
-		crd := &apiextensionsv1.CustomResourceDefinition{}
-		if err := yaml.Unmarshal(raw, crd); err != nil {
-			t.Fatal(err)
-		}
-		if err := cl.Create(ctx, crd); err != nil && !apierrors.IsAlreadyExists(err) {
-			t.Fatal(err)
-		}
-		for {
-			if err := cl.Get(ctx, client.ObjectKeyFromObject(crd), crd); err != nil {
-				t.Fatal(err)
-			}
-			established := false
-			for _, c := range crd.Status.Conditions {
-				established = established || (c.Type == apiextensionsv1.Established && c.Status == apiextensionsv1.ConditionTrue)
-			}
-			if established {
-				break
-			}
-			if ctx.Err() != nil {
-				t.Fatalf("CRD %s never established", crd.Name)
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
-	}
 }

@@ -17,6 +17,7 @@ import (
 	debugecho "github.com/dowse-dev/dowse/discovery-handlers/debug-echo"
 	"github.com/dowse-dev/dowse/shared/scheme"
 	"github.com/dowse-dev/dowse/test/cluster"
+	"github.com/dowse-dev/dowse/test/kube"
 )
 
 // dowseOnNode is Dowse's agent and debug-echo handler running in this
@@ -49,7 +50,9 @@ func startDowse(t *testing.T, ctx context.Context, c *cluster.Cluster) *dowseOnN
 	if err != nil {
 		t.Fatal(err)
 	}
-	applyCRDs(t, ctx, cl)
+	if err := kube.InstallCRDs(c.Config); err != nil {
+		t.Fatal(err)
+	}
 	d := &dowseOnNode{t: t, c: c, cl: cl, state: filepath.Join(c.StateDir, "dowse"), stopAgent: func() {}}
 	if err := os.MkdirAll(d.state, 0o755); err != nil {
 		t.Fatal(err)

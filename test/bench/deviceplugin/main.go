@@ -25,7 +25,6 @@ import (
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/yaml"
 	dp "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -72,7 +71,7 @@ func run(ctx context.Context, rounds, allocs int, statusEvery time.Duration) err
 	if err != nil {
 		return err
 	}
-	if err := applyCRDs(ctx, cl); err != nil {
+	if err := kube.InstallCRDs(c.Config); err != nil {
 		return err
 	}
 	state := filepath.Join(c.StateDir, "dowse")
@@ -276,34 +275,4 @@ func pct(ds []time.Duration, p int) string {
 	i := (len(s)*p + 99) / 100
 	i = min(max(i-1, 0), len(s)-1)
 	return s[i].Round(10 * time.Microsecond).String()
-}
-
-func applyCRDs(ctx context.Context, cl client.Client) error {
-	for _, f := range []string{"dowse.dev_configurations.yaml", "dowse.dev_instances.yaml"} {
-		raw, err := os.ReadFile(filepath.Join(kube.RepoRoot(), "deploy", "crds", f))
-		if err != nil {
-			return err
-		}
-		crd := &apiextensionsv1.CustomResourceDefinition{}
-		if err := yaml.Unmarshal(raw, crd); err != nil {
-			return err
-		}
-		if err := cl.Create(ctx, crd); err != nil {
-			return err
-		}
-		if err := poll(ctx, 30*time.Second, "CRD "+crd.Name, func() (bool, error) {
-			if err := cl.Get(ctx, client.ObjectKeyFromObject(crd), crd); err != nil {
-				return false, err
-			}
-			for _, c := range crd.Status.Conditions {
-				if c.Type == apiextensionsv1.Established && c.Status == apiextensionsv1.ConditionTrue {
-					return true, nil
-				}
-			}
-			return false, nil
-		}); err != nil {
-			return err
-		}
-	}
-	return nil
 }
