@@ -67,14 +67,17 @@ peers:
 test: deps node-deps k8s peers build verify-generate
 	go vet ./...
 	go test $(GO_TEST_FLAGS) ./...
+	go test -run='^$$' -fuzz=FuzzFrameDecode -fuzztime=15s ./shared/link
 
 # Benchmarks: discovery latency, apply rate, idle requests, peak RSS; the
 # controller's broker rate and memory; device-plugin registration and
-# Allocate latency on the real node (root only).
+# Allocate latency on the real node (root only); the cloud/edge link's idle
+# connections, throughput and latency (WebSocket and QUIC).
 bench: k8s build
 	go run ./test/bench/discovery
 	go run ./test/bench/controller
 	@if [ "$$(id -u)" = 0 ]; then go run ./test/bench/deviceplugin; else echo "bench/deviceplugin skipped: it runs a kubelet, which needs root"; fi
+	go run ./test/bench/link
 
 # Local demo: control plane, agent, debug-echo handler, live Instances.
 # On a root machine with runc the agent and controller run as pods on a real

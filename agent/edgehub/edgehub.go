@@ -1,0 +1,342 @@
+// Package edgehub is the edge end of the cloud/edge link: it dials the
+// cloudhub (WebSocket or QUIC), keeps one connection up with heartbeats,
+// reconnects with jittered exponential backoff, resumes where the link left
+// off, and keeps a bbolt store under the agent's state directory so that
+// unacknowledged messages and the last state received survive a restart.
+package edgehub
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
+	"github.com/dowse-dev/dowse/shared/link"
+)
+
+// Config configures an EdgeHub. Zero values take the defaults noted.
+type Config struct {
+	// Node is this node's name; the cloud checks it against the certificate.
+	Node string
+	// Transport is "websocket" or "quic"; Server is the cloudhub's host:port.
+	Transport, Server string
+	// TLS is the client configuration, normally pki.ClientTLSConfig, whose
+	// GetClientCertificate lets the caller rotate the node certificate.
+	TLS *tls.Config
+	// Dialer, when set, replaces the one Transport/Server/TLS would make.
+	Dialer link.Dialer
+	// StateDir holds the store (edge.db); normally /var/lib/dowse.
+	StateDir string
+	// Heartbeat interval (10s); the cloud is declared dead after twice that.
+	Heartbeat time.Duration
+	// MaxFrame is the largest frame accepted (link.DefaultMaxFrame).
+	MaxFrame int
+	// StoreMaxEntries and StoreMaxBytes bound the unacknowledged outbound
+	// messages (10000 entries, 64 MiB); beyond them the oldest are dropped
+	// and counted in dowse_edgehub_dropped_messages_total.
+	StoreMaxEntries, StoreMaxBytes int
+	// BackoffMin and BackoffMax bound the reconnect delay (500ms, 30s).
+	BackoffMin, BackoffMax time.Duration
+	// NoSync skips fsync on store commits (tests only: a power cut may then
+	// lose recent messages).
+	NoSync bool
+}
+
+// OnMessage is told of each inbound sequenced message exactly once, in
+// order, after the store has committed it (so Desired and Membership
+// already answer with it). After a restart, messages committed before it
+// are not told again: read the state from the store instead. It runs on the
+// connection's reader goroutine and should not block long.
+type OnMessage func(ctx context.Context, env *linkv1.Envelope)
+
+// EdgeHub is the edge end of the link.
+type EdgeHub struct {
+	cfg       Config
+	onMessage OnMessage
+	store     *store
+	sess      *link.Session
+	dialer    link.Dialer
+	metrics   *link.Metrics
+	dropped   prometheus.Counter
+	connected atomic.Bool
+
+	ackMu    sync.Mutex
+	ackWant  uint64
+	ackKick  chan struct{}
+	closeMu  sync.Mutex
+	isClosed bool
+}
+
+// New opens the store under cfg.StateDir and restores the session; messages
+// may be reported before Start. onMessage may be nil. reg receives the
+// metrics (nil: not registered).
+func New(cfg Config, onMessage OnMessage, reg prometheus.Registerer) (*EdgeHub, error) {
+	if cfg.Node == "" || cfg.StateDir == "" {
+		return nil, errors.New("edgehub: node and state directory are required")
+	}
+	if cfg.Heartbeat <= 0 {
+		cfg.Heartbeat = 10 * time.Second
+	}
+	if cfg.MaxFrame <= 0 {
+		cfg.MaxFrame = link.DefaultMaxFrame
+	}
+	if cfg.StoreMaxEntries <= 0 {
+		cfg.StoreMaxEntries = 10000
+	}
+	if cfg.StoreMaxBytes <= 0 {
+		cfg.StoreMaxBytes = 64 << 20
+	}
+	if cfg.BackoffMin <= 0 {
+		cfg.BackoffMin = 500 * time.Millisecond
+	}
+	if cfg.BackoffMax <= 0 {
+		cfg.BackoffMax = 30 * time.Second
+	}
+	dialer := cfg.Dialer
+	if dialer == nil {
+		if cfg.TLS == nil {
+			return nil, errors.New("edgehub: TLS config is required")
+		}
+		var err error
+		if dialer, err = link.NewDialer(cfg.Transport, cfg.Server, cfg.TLS); err != nil {
+			return nil, err
+		}
+	}
+	st, err := openStore(cfg.StateDir, cfg.NoSync)
+	if err != nil {
+		return nil, err
+	}
+	scfg, err := st.load()
+	if err != nil {
+		st.close()
+		return nil, err
+	}
+	e := &EdgeHub{cfg: cfg, onMessage: onMessage, store: st, dialer: dialer, ackKick: make(chan struct{}, 1),
+		metrics: link.NewMetrics(reg, "edgehub"),
+		dropped: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "dowse", Subsystem: "edgehub", Name: "dropped_messages_total",
+			Help: "Outbound messages dropped, oldest first, because the edge store was full."}),
+	}
+	scfg.MaxEntries, scfg.MaxBytes, scfg.DropOldest = cfg.StoreMaxEntries, cfg.StoreMaxBytes, true
+	scfg.Persist = st.persist
+	scfg.Acked = e.acked
+	e.sess = link.NewSession(scfg)
+	if reg != nil {
+		reg.MustRegister(e.dropped,
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "dowse", Subsystem: "edgehub", Name: "queued_messages",
+				Help: "Outbound messages not yet acknowledged by the cloud (held in the store)."}, func() float64 { n, _ := e.sess.Len(); return float64(n) }),
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "dowse", Subsystem: "edgehub", Name: "connected",
+				Help: "1 while the link to the cloud is up."}, func() float64 {
+				if e.connected.Load() {
+					return 1
+				}
+				return 0
+			}))
+	}
+	return e, nil
+}
+
+// acked is called under the session lock: hand the deletion to the store
+// goroutine rather than sync on every ack.
+func (e *EdgeHub) acked(through uint64) {
+	e.ackMu.Lock()
+	e.ackWant = max(e.ackWant, through)
+	e.ackMu.Unlock()
+	select {
+	case e.ackKick <- struct{}{}:
+	default:
+	}
+}
+
+// Report queues a property value read from a device. While it has not been
+// written to the cloud (offline, or queued behind others) a newer value of
+// the same device property replaces it.
+func (e *EdgeHub) Report(device *linkv1.DeviceRef, property string, v *linkv1.Value, at time.Time) (uint64, error) {
+	env := &linkv1.Envelope{Kind: &linkv1.Envelope_TwinReported{TwinReported: &linkv1.TwinReportedUpdate{
+		Device: device, Property: property, Value: v, Time: timestamppb.New(at)}}}
+	return e.enqueue(env, coalesceKey(env))
+}
+
+// Send queues any sequenced message (a ProcessedAck, a membership report)
+// without coalescing. env must not be modified afterwards.
+func (e *EdgeHub) Send(env *linkv1.Envelope) (uint64, error) {
+	if !link.Sequenced(env) {
+		return 0, fmt.Errorf("edgehub: %T is not an application message", env.Kind)
+	}
+	return e.enqueue(env, "")
+}
+
+func (e *EdgeHub) enqueue(env *linkv1.Envelope, key string) (uint64, error) {
+	env.Version = link.ProtocolVersion
+	if err := link.Validate(&linkv1.Envelope{Version: env.Version, Seq: 1, Kind: env.Kind}); err != nil {
+		return 0, err
+	}
+	seq, dropped, err := e.sess.Enqueue(env, key)
+	if dropped > 0 {
+		e.dropped.Add(float64(dropped))
+	}
+	return seq, err
+}
+
+// Desired is the last desired value received for a device property (nil when none).
+func (e *EdgeHub) Desired(device *linkv1.DeviceRef, property string) (*linkv1.TwinDesiredUpdate, error) {
+	return e.store.desired(device, property)
+}
+
+// Membership is the last device membership received (nil when none).
+func (e *EdgeHub) Membership() (*linkv1.DeviceMembership, error) { return e.store.membership() }
+
+// Connected reports whether the link is up.
+func (e *EdgeHub) Connected() bool { return e.connected.Load() }
+
+// Pending is the number of outbound messages not yet acknowledged.
+func (e *EdgeHub) Pending() int { n, _ := e.sess.Len(); return n }
+
+// Close closes the store; Start does it when it returns. Idempotent.
+func (e *EdgeHub) Close() error {
+	e.closeMu.Lock()
+	defer e.closeMu.Unlock()
+	if e.isClosed {
+		return nil
+	}
+	e.isClosed = true
+	return e.store.close()
+}
+
+// Start keeps the link up until ctx ends, then closes the store (so it runs
+// once per EdgeHub; a restarted agent builds a new one on the same state
+// directory). Connection failures, refusals included, are retried forever
+// with jittered exponential backoff; only a store failure ends it early
+// with an error.
+func (e *EdgeHub) Start(ctx context.Context) error {
+	log := logr.FromContextOrDiscard(ctx).WithName("edgehub").WithValues("node", e.cfg.Node)
+	ctx = logr.NewContext(ctx, log)
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	var wg sync.WaitGroup
+	defer func() {
+		cancel(nil)
+		wg.Wait()
+		e.Close()
+	}()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		e.ackLoop(ctx, cancel)
+	}()
+
+	backoff := e.cfg.BackoffMin
+	for ctx.Err() == nil {
+		up, err := e.connectOnce(ctx)
+		e.connected.Store(false)
+		if ctx.Err() != nil {
+			break
+		}
+		var pe *link.PeerError
+		switch {
+		case errors.As(err, &pe):
+			log.Info("cloud refused the link", "code", pe.Code.String(), "reason", pe.Message)
+		case up:
+			log.V(1).Info("link down", "reason", err.Error())
+		default:
+			log.V(1).Info("cannot reach the cloud", "reason", err.Error())
+		}
+		if up {
+			backoff = e.cfg.BackoffMin
+		}
+		// Full jitter in [backoff/2, backoff): a fleet cut off together
+		// does not reconnect in lockstep.
+		d := backoff/2 + rand.N(backoff/2+1)
+		select {
+		case <-ctx.Done():
+		case <-time.After(d):
+		}
+		backoff = min(2*backoff, e.cfg.BackoffMax)
+	}
+	if c := context.Cause(ctx); c != nil && !errors.Is(c, context.Canceled) {
+		return c
+	}
+	return nil
+}
+
+func (e *EdgeHub) ackLoop(ctx context.Context, fail context.CancelCauseFunc) {
+	var done uint64
+	for {
+		select {
+		case <-ctx.Done():
+		case <-e.ackKick:
+		}
+		e.ackMu.Lock()
+		want := e.ackWant
+		e.ackMu.Unlock()
+		if want > done {
+			if err := e.store.markAcked(want); err != nil {
+				fail(fmt.Errorf("edge store: %w", err))
+				return
+			}
+			done = want
+		}
+		if ctx.Err() != nil {
+			return
+		}
+	}
+}
+
+// connectOnce dials, shakes hands and runs one connection; up reports
+// whether the handshake completed.
+func (e *EdgeHub) connectOnce(ctx context.Context) (up bool, err error) {
+	// A handshake slower than a few heartbeats is as good as a dead peer.
+	handshake := max(4*e.cfg.Heartbeat, time.Second)
+	dctx, cancel := context.WithTimeout(ctx, handshake)
+	c, err := e.dialer.Dial(dctx)
+	cancel()
+	if err != nil {
+		return false, err
+	}
+	f := link.NewFramed(c, e.cfg.MaxFrame)
+	timer := time.AfterFunc(handshake, func() { _ = c.Close() })
+	peer, received := e.sess.Received()
+	err = f.Write(&linkv1.Envelope{Kind: &linkv1.Envelope_Hello{Hello: &linkv1.Hello{
+		Node: e.cfg.Node, StreamId: e.sess.StreamID(), PeerStreamId: peer, Received: received}}})
+	var w linkv1.Envelope
+	if err == nil {
+		_, err = f.Read(&w)
+	}
+	timer.Stop()
+	if err == nil && w.GetError() != nil {
+		err = &link.PeerError{Code: w.GetError().Code, Message: w.GetError().Message}
+	} else if err == nil && w.GetWelcome() == nil {
+		err = fmt.Errorf("%w: expected welcome, got %T", link.ErrMalformed, w.Kind)
+	}
+	if err != nil {
+		_ = c.Close()
+		return false, err
+	}
+	wl := w.GetWelcome()
+	e.sess.SetPeer(wl.StreamId)
+	e.sess.Resume(wl.PeerStreamId, wl.Received)
+	e.connected.Store(true)
+	logr.FromContextOrDiscard(ctx).V(1).Info("link up", "resumeFrom", wl.Received, "pending", e.Pending())
+	err = link.RunConn(ctx, f, e.sess, link.ConnConfig{
+		Heartbeat: e.cfg.Heartbeat, MaxFrame: e.cfg.MaxFrame, Metrics: e.metrics,
+		Deliver: func(ctx context.Context, env *linkv1.Envelope) error {
+			peer, _ := e.sess.Received()
+			if err := e.store.received(peer, env); err != nil {
+				return fmt.Errorf("edge store: %w", err)
+			}
+			if e.onMessage != nil {
+				e.onMessage(ctx, env)
+			}
+			return nil
+		},
+	})
+	return true, err
+}

@@ -1,0 +1,229 @@
+package edgehub
+
+// The edge store is a bbolt file, not SQLite through modernc.org/sqlite.
+// Both are pure Go, so either builds into the static agent. bbolt is the
+// smaller dependency by far (one package against a transpiled C library of
+// several MB), and what the link keeps is key/value by nature: an append log
+// of outbound messages keyed by sequence (ordered keys make "everything
+// after N" and "delete through N" cursor walks), and latest-state maps keyed
+// by device and property. A single writer is all the edgehub has, and each
+// change is one small transaction, so SQL, its planner and its WAL buy
+// nothing here.
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+	"google.golang.org/protobuf/proto"
+
+	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
+	"github.com/dowse-dev/dowse/shared/link"
+)
+
+var (
+	bMeta    = []byte("meta")
+	bOut     = []byte("out")
+	bDesired = []byte("desired")
+	bState   = []byte("state")
+
+	kStream     = []byte("stream")
+	kNextSeq    = []byte("next-seq")
+	kAcked      = []byte("acked")
+	kPeerStream = []byte("peer-stream")
+	kReceived   = []byte("received")
+	kMembership = []byte("membership")
+)
+
+// store persists one edge's link state. Restart contract: what Persist,
+// received and markAcked committed is what load returns; an entry acked but
+// not yet deleted is skipped at load (deletion is lazy, so an ack costs no
+// sync).
+type store struct {
+	db *bolt.DB
+}
+
+func openStore(dir string, noSync bool) (*store, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	db, err := bolt.Open(filepath.Join(dir, "edge.db"), 0o600, &bolt.Options{Timeout: 2 * time.Second, NoSync: noSync})
+	if err != nil {
+		return nil, fmt.Errorf("edge store: %w", err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		for _, b := range [][]byte{bMeta, bOut, bDesired, bState} {
+			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		db.Close()
+		return nil, err
+	}
+	return &store{db: db}, nil
+}
+
+func u64(b []byte) uint64 {
+	if len(b) != 8 {
+		return 0
+	}
+	return binary.BigEndian.Uint64(b)
+}
+
+func be(v uint64) []byte { return binary.BigEndian.AppendUint64(nil, v) }
+
+// load returns the session configuration the store holds.
+func (s *store) load() (link.SessionConfig, error) {
+	var cfg link.SessionConfig
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		meta := tx.Bucket(bMeta)
+		cfg.StreamID = u64(meta.Get(kStream))
+		if cfg.StreamID == 0 {
+			// A new store starts a new stream: the cloud must not match it
+			// against what it remembers of an earlier one.
+			cfg.StreamID = link.RandomID()
+			if err := meta.Put(kStream, be(cfg.StreamID)); err != nil {
+				return err
+			}
+		}
+		cfg.NextSeq = u64(meta.Get(kNextSeq))
+		cfg.PeerStreamID = u64(meta.Get(kPeerStream))
+		cfg.Received = u64(meta.Get(kReceived))
+		acked := u64(meta.Get(kAcked))
+		c := tx.Bucket(bOut).Cursor()
+		for k, v := c.Seek(be(acked + 1)); k != nil; k, v = c.Next() {
+			env := &linkv1.Envelope{}
+			if err := proto.Unmarshal(v, env); err != nil {
+				return fmt.Errorf("edge store: entry %d: %w", u64(k), err)
+			}
+			cfg.Unacked = append(cfg.Unacked, &link.Entry{Seq: u64(k), Env: env, Key: coalesceKey(env)})
+		}
+		return nil
+	})
+	return cfg, err
+}
+
+// persist adds an outbound entry and removes the ones it replaced.
+func (s *store) persist(e *link.Entry, removed []uint64) error {
+	data, err := proto.Marshal(e.Env)
+	if err != nil {
+		return err
+	}
+	return s.db.Update(func(tx *bolt.Tx) error {
+		out := tx.Bucket(bOut)
+		for _, r := range removed {
+			if err := out.Delete(be(r)); err != nil {
+				return err
+			}
+		}
+		if err := out.Put(be(e.Seq), data); err != nil {
+			return err
+		}
+		return tx.Bucket(bMeta).Put(kNextSeq, be(e.Seq+1))
+	})
+}
+
+// markAcked records the cumulative ack and deletes the entries it covers.
+func (s *store) markAcked(through uint64) error {
+	return s.db.Update(func(tx *bolt.Tx) error {
+		meta := tx.Bucket(bMeta)
+		if through <= u64(meta.Get(kAcked)) {
+			return nil
+		}
+		if err := meta.Put(kAcked, be(through)); err != nil {
+			return err
+		}
+		c := tx.Bucket(bOut).Cursor()
+		for k, _ := c.First(); k != nil && u64(k) <= through; k, _ = c.First() {
+			if err := c.Delete(); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// received applies an inbound message to the latest state and records it as
+// received, in one transaction, so that after a restart the edge neither
+// lacks it nor takes it twice.
+func (s *store) received(peerStream uint64, env *linkv1.Envelope) error {
+	return s.db.Update(func(tx *bolt.Tx) error {
+		switch k := env.Kind.(type) {
+		case *linkv1.Envelope_TwinDesired:
+			data, err := proto.Marshal(k.TwinDesired)
+			if err != nil {
+				return err
+			}
+			if err := tx.Bucket(bDesired).Put([]byte(propKey(k.TwinDesired.Device, k.TwinDesired.Property)), data); err != nil {
+				return err
+			}
+		case *linkv1.Envelope_DeviceMembership:
+			data, err := proto.Marshal(k.DeviceMembership)
+			if err != nil {
+				return err
+			}
+			if err := tx.Bucket(bState).Put(kMembership, data); err != nil {
+				return err
+			}
+		}
+		meta := tx.Bucket(bMeta)
+		if err := meta.Put(kPeerStream, be(peerStream)); err != nil {
+			return err
+		}
+		return meta.Put(kReceived, be(env.Seq))
+	})
+}
+
+func (s *store) desired(d *linkv1.DeviceRef, property string) (*linkv1.TwinDesiredUpdate, error) {
+	var out *linkv1.TwinDesiredUpdate
+	err := s.db.View(func(tx *bolt.Tx) error {
+		v := tx.Bucket(bDesired).Get([]byte(propKey(d, property)))
+		if v == nil {
+			return nil
+		}
+		out = &linkv1.TwinDesiredUpdate{}
+		return proto.Unmarshal(v, out)
+	})
+	return out, err
+}
+
+func (s *store) membership() (*linkv1.DeviceMembership, error) {
+	var out *linkv1.DeviceMembership
+	err := s.db.View(func(tx *bolt.Tx) error {
+		v := tx.Bucket(bState).Get(kMembership)
+		if v == nil {
+			return nil
+		}
+		out = &linkv1.DeviceMembership{}
+		return proto.Unmarshal(v, out)
+	})
+	return out, err
+}
+
+func (s *store) close() error {
+	if s == nil || s.db == nil {
+		return errors.New("edge store closed")
+	}
+	return s.db.Close()
+}
+
+// propKey names a device property; NUL cannot occur in Kubernetes names.
+func propKey(d *linkv1.DeviceRef, property string) string {
+	return d.GetNamespace() + "\x00" + d.GetName() + "\x00" + property
+}
+
+// coalesceKey: reported values of one property replace each other while
+// unsent; other kinds are never coalesced.
+func coalesceKey(env *linkv1.Envelope) string {
+	if r := env.GetTwinReported(); r != nil {
+		return propKey(r.Device, r.Property)
+	}
+	return ""
+}

@@ -1,0 +1,421 @@
+// Package cloudhub is the cloud end of the cloud/edge link: one Hub per
+// cluster accepts every node's edgehub over WebSocket and QUIC at once,
+// authenticates each node by its client certificate, and carries typed
+// Envelopes both ways with the guarantees of package link.
+package cloudhub
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/errgroup"
+	"golang.org/x/time/rate"
+
+	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
+	"github.com/dowse-dev/dowse/shared/link"
+	"github.com/dowse-dev/dowse/shared/link/pki"
+)
+
+// Config configures a Hub. Zero values take the defaults noted.
+type Config struct {
+	// WebSocketAddr and QUICAddr are the listen addresses (TCP and UDP); an
+	// empty one disables that transport, at least one must be set.
+	WebSocketAddr, QUICAddr string
+	// TLS is the server configuration, normally pki.ServerTLSConfig; the
+	// caller owns it so that it can rotate the server certificate
+	// (GetCertificate / GetConfigForClient). It must require and verify
+	// client certificates.
+	TLS *tls.Config
+	// Heartbeat interval (10s); a silent edge is dropped after twice that.
+	Heartbeat time.Duration
+	// MaxFrame is the largest frame accepted (link.DefaultMaxFrame).
+	MaxFrame int
+	// QueueSize bounds each node's messages sent but not yet acknowledged
+	// (1024); Send returns link.ErrQueueFull beyond it.
+	QueueSize int
+	// RateLimit and RateBurst pace each node's inbound messages (100/s,
+	// burst 200); a node over it is slowed down, not disconnected.
+	RateLimit float64
+	RateBurst int
+	// HandshakeTimeout bounds the wait for a connection's Hello (10s).
+	HandshakeTimeout time.Duration
+	// OnConnect, when set, is called after a node's handshake, on the
+	// connection's goroutine: the application may resend state the node
+	// might lack (a restarted hub holds no queue from before).
+	OnConnect func(ctx context.Context, node string)
+}
+
+// Authorizer decides which devices a node may speak about.
+//
+// AuthorizeDevice is called for every inbound message that names a device,
+// on the goroutine of that node's connection, before the Handler sees it;
+// it must be safe for concurrent use and should answer from a cache (a slow
+// answer slows that node only). A nil error allows; any error refuses the
+// message: the hub acknowledges and drops it (it is not redelivered), tells
+// the edge with an Error PERMISSION_DENIED naming its sequence, logs it, and
+// keeps the connection. It must be deterministic for a given state: a
+// refused message is never asked about again.
+type Authorizer interface {
+	AuthorizeDevice(ctx context.Context, node string, device *linkv1.DeviceRef) error
+}
+
+// Handler receives each inbound sequenced message (twin reported updates,
+// processed acks) exactly once per hub process, in the node's order, after
+// authorization; calls for one node never overlap, calls for different
+// nodes do. A nil error marks it delivered. A *link.RefusedError refuses it
+// as the Authorizer would. Any other error drops the node's connection
+// without marking the message, which the edge then resends after it
+// reconnects (use it for transient failures; do not return it forever).
+type Handler func(ctx context.Context, node string, env *linkv1.Envelope) error
+
+// Hub is the cloud end of the link.
+type Hub struct {
+	cfg     Config
+	auth    Authorizer
+	handler Handler
+	metrics *link.Metrics
+	hsFail  *prometheus.CounterVec
+
+	mu    sync.Mutex
+	nodes map[string]*nodeState
+	ready chan struct{}
+	addrs struct{ ws, quic net.Addr }
+}
+
+type nodeState struct {
+	sess    *link.Session
+	limiter *rate.Limiter
+
+	mu     sync.Mutex
+	cancel context.CancelCauseFunc // of the current connection
+	done   chan struct{}           // closed when the current connection ends
+}
+
+var errReplaced = errors.New("cloudhub: a newer connection of the same node replaced this one")
+
+// New builds a Hub. auth and handler are required; reg receives the metrics
+// (nil: not registered).
+func New(cfg Config, auth Authorizer, handler Handler, reg prometheus.Registerer) (*Hub, error) {
+	if cfg.WebSocketAddr == "" && cfg.QUICAddr == "" {
+		return nil, errors.New("cloudhub: no listen address")
+	}
+	if cfg.TLS == nil || cfg.TLS.ClientAuth != tls.RequireAndVerifyClientCert {
+		return nil, errors.New("cloudhub: TLS config must require and verify client certificates")
+	}
+	if auth == nil || handler == nil {
+		return nil, errors.New("cloudhub: authorizer and handler are required")
+	}
+	if cfg.Heartbeat <= 0 {
+		cfg.Heartbeat = 10 * time.Second
+	}
+	if cfg.MaxFrame <= 0 {
+		cfg.MaxFrame = link.DefaultMaxFrame
+	}
+	if cfg.QueueSize <= 0 {
+		cfg.QueueSize = 1024
+	}
+	if cfg.RateLimit <= 0 {
+		cfg.RateLimit = 100
+	}
+	if cfg.RateBurst <= 0 {
+		cfg.RateBurst = 200
+	}
+	if cfg.HandshakeTimeout <= 0 {
+		cfg.HandshakeTimeout = 10 * time.Second
+	}
+	h := &Hub{cfg: cfg, auth: auth, handler: handler, nodes: map[string]*nodeState{}, ready: make(chan struct{}),
+		metrics: link.NewMetrics(reg, "cloudhub"),
+		hsFail: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "dowse", Subsystem: "cloudhub", Name: "refused_connections_total",
+			Help: "Connections refused at the handshake, by reason."}, []string{"reason"}),
+	}
+	if reg != nil {
+		reg.MustRegister(h.hsFail,
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "dowse", Subsystem: "cloudhub", Name: "connected_nodes",
+				Help: "Nodes with a live connection."}, func() float64 { c, _, _ := h.stats(); return float64(c) }),
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "dowse", Subsystem: "cloudhub", Name: "queued_messages",
+				Help: "Messages to nodes not yet acknowledged, all nodes."}, func() float64 { _, q, _ := h.stats(); return float64(q) }),
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "dowse", Subsystem: "cloudhub", Name: "max_node_queued_messages",
+				Help: "The deepest node send queue."}, func() float64 { _, _, m := h.stats(); return float64(m) }),
+		)
+	}
+	return h, nil
+}
+
+func (h *Hub) stats() (connected, queued, maxQueued int) {
+	h.mu.Lock()
+	states := make([]*nodeState, 0, len(h.nodes))
+	for _, s := range h.nodes {
+		states = append(states, s)
+	}
+	h.mu.Unlock()
+	for _, s := range states {
+		n, _ := s.sess.Len()
+		queued += n
+		maxQueued = max(maxQueued, n)
+		s.mu.Lock()
+		if s.cancel != nil {
+			connected++
+		}
+		s.mu.Unlock()
+	}
+	return connected, queued, maxQueued
+}
+
+// Start listens on the configured transports and serves until ctx ends.
+// It returns an error when a listener cannot be opened or fails.
+func (h *Hub) Start(ctx context.Context) error {
+	log := logr.FromContextOrDiscard(ctx).WithName("cloudhub")
+	ctx = logr.NewContext(ctx, log)
+	var listeners []link.Listener
+	var names []string
+	if h.cfg.WebSocketAddr != "" {
+		l, err := link.ListenWebSocket(h.cfg.WebSocketAddr, h.cfg.TLS)
+		if err != nil {
+			return fmt.Errorf("cloudhub websocket: %w", err)
+		}
+		h.addrs.ws = l.Addr()
+		listeners, names = append(listeners, l), append(names, link.WebSocket)
+	}
+	if h.cfg.QUICAddr != "" {
+		l, err := link.ListenQUIC(h.cfg.QUICAddr, h.cfg.TLS)
+		if err != nil {
+			return fmt.Errorf("cloudhub quic: %w", err)
+		}
+		h.addrs.quic = l.Addr()
+		listeners, names = append(listeners, l), append(names, link.QUIC)
+	}
+	close(h.ready)
+	g, gctx := errgroup.WithContext(ctx)
+	// Connections end with gctx; Start returns only once they have, so that
+	// a stopped hub holds no session goroutine. A transport may still hand
+	// over a connection after its Serve returned: stopping turns it away.
+	var (
+		connMu   sync.Mutex
+		stopping bool
+		conns    sync.WaitGroup
+	)
+	for i, l := range listeners {
+		log.Info("listening", "transport", names[i], "address", l.Addr().String())
+		g.Go(func() error {
+			return l.Serve(gctx, func(c link.Conn) {
+				connMu.Lock()
+				if stopping {
+					connMu.Unlock()
+					return
+				}
+				conns.Add(1)
+				connMu.Unlock()
+				defer conns.Done()
+				h.serveConn(gctx, names[i], c)
+			})
+		})
+	}
+	err := g.Wait()
+	connMu.Lock()
+	stopping = true
+	connMu.Unlock()
+	conns.Wait()
+	return err
+}
+
+// Addrs are the bound listen addresses (nil for a disabled transport); they
+// are valid once Ready is closed.
+func (h *Hub) Addrs() (websocket, quic net.Addr) { return h.addrs.ws, h.addrs.quic }
+
+// Ready is closed when the listeners are open.
+func (h *Hub) Ready() <-chan struct{} { return h.ready }
+
+func (h *Hub) state(node string) *nodeState {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	s := h.nodes[node]
+	if s == nil {
+		s = &nodeState{
+			sess:    link.NewSession(link.SessionConfig{MaxEntries: h.cfg.QueueSize}),
+			limiter: rate.NewLimiter(rate.Limit(h.cfg.RateLimit), h.cfg.RateBurst),
+		}
+		h.nodes[node] = s
+	}
+	return s
+}
+
+// Send queues env (a TwinDesiredUpdate, DeviceMembership or ProcessedAck)
+// for node; it is delivered exactly once, in order, for as long as this Hub
+// runs, whether the node is connected now or later. It returns
+// link.ErrQueueFull when the node already has QueueSize messages
+// unacknowledged (retry later, or coalesce: a slow node never slows others).
+// env must not be modified afterwards.
+func (h *Hub) Send(node string, env *linkv1.Envelope) (uint64, error) {
+	if !link.Sequenced(env) {
+		return 0, fmt.Errorf("cloudhub: %T is not an application message", env.Kind)
+	}
+	if m := env.GetDeviceMembership(); m != nil && m.Node != node {
+		return 0, fmt.Errorf("cloudhub: membership for node %q sent to node %q", m.Node, node)
+	}
+	seq, _, err := h.state(node).sess.Enqueue(env, "")
+	return seq, err
+}
+
+// Connected lists the nodes with a live connection, sorted.
+func (h *Hub) Connected() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []string
+	for n, s := range h.nodes {
+		s.mu.Lock()
+		if s.cancel != nil {
+			out = append(out, n)
+		}
+		s.mu.Unlock()
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Forget drops a node's session (its queue and receive position), for a
+// node that was deleted; a live connection of it is closed.
+func (h *Hub) Forget(node string) {
+	h.mu.Lock()
+	s := h.nodes[node]
+	delete(h.nodes, node)
+	h.mu.Unlock()
+	if s != nil {
+		s.mu.Lock()
+		if s.cancel != nil {
+			s.cancel(errors.New("cloudhub: node forgotten"))
+		}
+		s.mu.Unlock()
+	}
+}
+
+func (h *Hub) refuse(ctx context.Context, reason string, c link.Conn, msg string, kv ...any) {
+	h.hsFail.WithLabelValues(reason).Inc()
+	logr.FromContextOrDiscard(ctx).Info(msg, append([]any{"remote", c.RemoteAddr()}, kv...)...)
+}
+
+func (h *Hub) serveConn(ctx context.Context, transport string, c link.Conn) {
+	log := logr.FromContextOrDiscard(ctx).WithValues("transport", transport)
+	ctx = logr.NewContext(ctx, log)
+	certs := c.PeerCertificates()
+	if len(certs) == 0 {
+		h.refuse(ctx, "no-certificate", c, "refusing connection without a client certificate")
+		return
+	}
+	node, err := pki.NodeFromCert(certs[0])
+	if err != nil {
+		h.refuse(ctx, "not-a-node", c, "refusing connection: certificate names no node", "subject", certs[0].Subject.CommonName, "reason", err.Error())
+		return
+	}
+	log = log.WithValues("node", node)
+	ctx = logr.NewContext(ctx, log)
+
+	f := link.NewFramed(c, h.cfg.MaxFrame)
+	timer := time.AfterFunc(h.cfg.HandshakeTimeout, func() { _ = c.Close() })
+	var hello linkv1.Envelope
+	_, err = f.Read(&hello)
+	timer.Stop()
+	switch {
+	case err != nil:
+		h.refuse(ctx, "bad-hello", c, "refusing connection: no valid hello", "reason", err.Error())
+		code := linkv1.Error_MALFORMED
+		if errors.Is(err, link.ErrFrameTooLarge) {
+			code = linkv1.Error_TOO_LARGE
+		}
+		f.WriteError(code, err.Error())
+		return
+	case hello.GetHello() == nil:
+		h.refuse(ctx, "bad-hello", c, "refusing connection: first frame is not a hello", "kind", fmt.Sprintf("%T", hello.Kind))
+		f.WriteError(linkv1.Error_MALFORMED, "the first frame must be a hello")
+		return
+	case hello.GetHello().Node != node:
+		h.refuse(ctx, "node-mismatch", c, "refusing hello that claims another node", "claimed", hello.GetHello().Node)
+		f.WriteError(linkv1.Error_NODE_MISMATCH, fmt.Sprintf("certificate is for node %q, hello claims %q", node, hello.GetHello().Node))
+		return
+	}
+	hl := hello.GetHello()
+
+	st := h.state(node)
+	cctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	done := make(chan struct{})
+	defer close(done)
+	st.mu.Lock()
+	if st.cancel != nil {
+		// The edge reconnected before we noticed its old connection died:
+		// the newest wins, after the old one has let go of the session.
+		st.cancel(errReplaced)
+		old := st.done
+		st.mu.Unlock()
+		<-old
+		st.mu.Lock()
+	}
+	st.cancel, st.done = cancel, done
+	st.mu.Unlock()
+	defer func() {
+		st.mu.Lock()
+		if st.done == done {
+			st.cancel, st.done = nil, nil
+		}
+		st.mu.Unlock()
+	}()
+
+	st.sess.SetPeer(hl.StreamId)
+	st.sess.Resume(hl.PeerStreamId, hl.Received)
+	peer, received := st.sess.Received()
+	if err := f.Write(&linkv1.Envelope{Kind: &linkv1.Envelope_Welcome{Welcome: &linkv1.Welcome{
+		StreamId: st.sess.StreamID(), PeerStreamId: peer, Received: received,
+		HeartbeatIntervalMs: uint32(h.cfg.Heartbeat / time.Millisecond)}}}); err != nil {
+		log.V(1).Info("connection lost during handshake", "error", err.Error())
+		return
+	}
+	log.V(1).Info("node connected", "resumeFrom", hl.Received)
+	if h.cfg.OnConnect != nil {
+		h.cfg.OnConnect(cctx, node)
+	}
+	err = link.RunConn(cctx, f, st.sess, link.ConnConfig{
+		Heartbeat: h.cfg.Heartbeat, MaxFrame: h.cfg.MaxFrame, Limiter: st.limiter, Metrics: h.metrics,
+		Deliver: func(ctx context.Context, env *linkv1.Envelope) error { return h.deliver(ctx, node, env) },
+	})
+	switch {
+	case errors.Is(err, link.ErrMalformed) || errors.Is(err, link.ErrFrameTooLarge):
+		log.Info("closing connection: bad frame from node", "reason", err.Error())
+	case errors.Is(err, errReplaced):
+		log.V(1).Info("connection replaced by a newer one")
+	default:
+		log.V(1).Info("node disconnected", "reason", fmt.Sprint(err))
+	}
+}
+
+func (h *Hub) deliver(ctx context.Context, node string, env *linkv1.Envelope) error {
+	var devices []*linkv1.DeviceRef
+	switch k := env.Kind.(type) {
+	case *linkv1.Envelope_TwinReported:
+		devices = append(devices, k.TwinReported.Device)
+	case *linkv1.Envelope_DeviceMembership:
+		if k.DeviceMembership.Node != node {
+			return h.refused(ctx, env, fmt.Sprintf("membership names node %q", k.DeviceMembership.Node))
+		}
+		devices = k.DeviceMembership.Devices
+	case *linkv1.Envelope_TwinDesired:
+		return h.refused(ctx, env, "desired values come from the cloud only")
+	}
+	for _, d := range devices {
+		if err := h.auth.AuthorizeDevice(ctx, node, d); err != nil {
+			return h.refused(ctx, env, fmt.Sprintf("device %s/%s: %v", d.GetNamespace(), d.GetName(), err))
+		}
+	}
+	return h.handler(ctx, node, env)
+}
+
+func (h *Hub) refused(ctx context.Context, env *linkv1.Envelope, why string) error {
+	logr.FromContextOrDiscard(ctx).Info("refusing message about a device or node not the node's", "seq", env.Seq, "reason", why)
+	return &link.RefusedError{Code: linkv1.Error_PERMISSION_DENIED, Message: why}
+}

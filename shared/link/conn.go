@@ -1,0 +1,414 @@
+package link
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"golang.org/x/time/rate"
+
+	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
+)
+
+// ErrPeerDead: nothing arrived from the peer for two heartbeat intervals.
+var ErrPeerDead = errors.New("link: peer silent for two heartbeat intervals")
+
+// ackDelay is how long a bare acknowledgement waits for a message to ride on.
+const ackDelay = 5 * time.Millisecond
+
+// RefusedError, returned by a ConnConfig.Deliver, refuses one message: it is
+// acknowledged and dropped, the peer is told with an Error of Code, and the
+// connection goes on.
+type RefusedError struct {
+	Code    linkv1.Error_Code
+	Message string
+}
+
+func (e *RefusedError) Error() string { return fmt.Sprintf("refused (%s): %s", e.Code, e.Message) }
+
+// PeerError is the error RunConn returns when the peer ends the connection
+// with an Error frame.
+type PeerError struct {
+	Code    linkv1.Error_Code
+	Message string
+}
+
+func (e *PeerError) Error() string { return fmt.Sprintf("peer error %s: %s", e.Code, e.Message) }
+
+// ConnConfig drives one connection.
+type ConnConfig struct {
+	// Heartbeat is the interval of heartbeats sent; the peer is declared
+	// dead when nothing arrives for twice that.
+	Heartbeat time.Duration
+	// MaxFrame bounds received frames (DefaultMaxFrame when 0).
+	MaxFrame int
+	// Deliver (required) gets each new sequenced message exactly once, in
+	// order, on one goroutine. nil marks it delivered; a *RefusedError refuses it (see
+	// there); any other error ends the connection without marking it, so it
+	// is received again after the reconnect.
+	Deliver func(ctx context.Context, env *linkv1.Envelope) error
+	// Limiter, when set, paces received sequenced messages and heartbeats
+	// (the reader waits, which pushes back on the peer through the
+	// transport). It must allow at least a few messages per heartbeat
+	// interval, or the wait itself starves the dead-peer watchdog.
+	Limiter *rate.Limiter
+	Metrics *Metrics
+	// OnAcked, when set, is told how many messages an ack released.
+	OnAcked func(released int)
+}
+
+// Framed is a Conn with its frame reader, for the handshake and RunConn.
+type Framed struct {
+	Conn Conn
+	fr   *FrameReader
+	mu   sync.Mutex
+	buf  []byte
+}
+
+// NewFramed wraps c, reading frames of at most maxFrame bytes.
+func NewFramed(c Conn, maxFrame int) *Framed {
+	if maxFrame <= 0 {
+		maxFrame = DefaultMaxFrame
+	}
+	return &Framed{Conn: c, fr: NewFrameReader(c, maxFrame)}
+}
+
+// Read reads and validates the next Envelope.
+func (f *Framed) Read(env *linkv1.Envelope) (int, error) {
+	b, err := f.fr.Next()
+	if err != nil {
+		return 0, err
+	}
+	return len(b), Decode(b, env)
+}
+
+// Write writes one Envelope (for the handshake; RunConn batches its own).
+func (f *Framed) Write(env *linkv1.Envelope) error {
+	env.Version = ProtocolVersion
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	b, err := AppendFrame(f.buf[:0], env)
+	if err != nil {
+		return err
+	}
+	f.buf = b[:0]
+	_, err = f.Conn.Write(b)
+	return err
+}
+
+// WriteError tells the peer why the connection is about to end, waiting at
+// most a short while (the peer may be the reason).
+func (f *Framed) WriteError(code linkv1.Error_Code, msg string) {
+	done := make(chan struct{})
+	go func() {
+		_ = f.Write(&linkv1.Envelope{Kind: &linkv1.Envelope_Error{Error: &linkv1.Error{Code: code, Message: msg}}})
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(200 * time.Millisecond):
+	}
+	f.linger(200 * time.Millisecond)
+}
+
+// linger waits until the peer hangs up or d passes. Closing at once may
+// discard what was just written (QUIC's close does not wait for stream
+// data to be delivered), and the peer should learn why it was refused.
+func (f *Framed) linger(d time.Duration) {
+	done := make(chan struct{})
+	go func() {
+		buf := make([]byte, 512)
+		for {
+			if _, err := f.Conn.Read(buf); err != nil {
+				close(done)
+				return
+			}
+		}
+	}()
+	select {
+	case <-done:
+	case <-time.After(d):
+	}
+}
+
+// RunConn carries sess over one connection after the handshake (the caller
+// has exchanged Hello/Welcome and called sess.Resume and sess.SetPeer). It
+// writes the session's unacknowledged messages and every new one, acks what
+// it receives, sends and answers heartbeats, and returns when the
+// connection fails, the peer goes silent (ErrPeerDead), a frame is
+// malformed or too large (after telling the peer), or ctx ends. It closes
+// the connection before returning. The session stays usable for the next
+// connection.
+func RunConn(ctx context.Context, f *Framed, sess *Session, cfg ConnConfig) error {
+	if cfg.Heartbeat <= 0 {
+		cfg.Heartbeat = 10 * time.Second
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = NewMetrics(nil, "link")
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	r := &runner{f: f, sess: sess, cfg: cfg, kick: make(chan struct{}, 1), start: time.Now()}
+	// Close the connection when the context ends: it unblocks the reader
+	// and a writer stuck on a peer that does not read.
+	stop := context.AfterFunc(ctx, func() { _ = f.Conn.Close() })
+	defer stop()
+	watchdog := time.AfterFunc(2*cfg.Heartbeat, func() { cancel(ErrPeerDead) })
+	defer watchdog.Stop()
+
+	werr := make(chan error, 1)
+	go func() {
+		err := r.writeLoop(ctx)
+		if err != nil {
+			cancel(err) // a failed write ends the connection, reader too
+		}
+		werr <- err
+	}()
+	rerr := r.readLoop(ctx, watchdog)
+	watchdog.Stop()
+	// When the context ended first (peer dead, replaced, shutting down) the
+	// read error is only its consequence.
+	if c := context.Cause(ctx); c != nil {
+		rerr = c
+	}
+	var code linkv1.Error_Code
+	switch {
+	case errors.Is(rerr, ErrFrameTooLarge):
+		code = linkv1.Error_TOO_LARGE
+	case errors.Is(rerr, ErrMalformed):
+		code = linkv1.Error_MALFORMED
+	}
+	if code != 0 {
+		// Let the writer finish what it has, then say why we hang up.
+		r.final(code, rerr.Error())
+		f.linger(200 * time.Millisecond)
+	}
+	cancel(rerr)
+	_ = f.Conn.Close()
+	<-werr
+	return rerr
+}
+
+type runner struct {
+	f     *Framed
+	sess  *Session
+	cfg   ConnConfig
+	start time.Time
+
+	mu      sync.Mutex
+	ctrl    []*linkv1.Envelope
+	lastAck uint64
+	closing bool
+	kick    chan struct{}
+	flushed chan struct{}
+}
+
+func (r *runner) push(env *linkv1.Envelope) {
+	r.mu.Lock()
+	r.ctrl = append(r.ctrl, env)
+	r.mu.Unlock()
+	r.wake()
+}
+
+func (r *runner) wake() {
+	select {
+	case r.kick <- struct{}{}:
+	default:
+	}
+}
+
+// final queues a last Error and waits briefly for the writer to flush it.
+func (r *runner) final(code linkv1.Error_Code, msg string) {
+	done := make(chan struct{})
+	r.mu.Lock()
+	r.ctrl = append(r.ctrl, &linkv1.Envelope{Kind: &linkv1.Envelope_Error{Error: &linkv1.Error{Code: code, Message: msg}}})
+	r.closing = true
+	r.flushed = done
+	r.mu.Unlock()
+	r.wake()
+	select {
+	case <-done:
+	case <-time.After(200 * time.Millisecond):
+	}
+}
+
+func (r *runner) readLoop(ctx context.Context, watchdog *time.Timer) error {
+	m := r.cfg.Metrics
+	for {
+		var env linkv1.Envelope
+		n, err := r.f.Read(&env)
+		if err != nil {
+			if ctx.Err() != nil {
+				return context.Cause(ctx)
+			}
+			return err
+		}
+		watchdog.Reset(2 * r.cfg.Heartbeat)
+		m.MessagesIn.Inc()
+		m.BytesIn.Add(float64(n))
+		if env.Ack > 0 {
+			if released := r.sess.Ack(env.Ack); released > 0 && r.cfg.OnAcked != nil {
+				r.cfg.OnAcked(released)
+			}
+		}
+		switch k := env.Kind.(type) {
+		case nil:
+		case *linkv1.Envelope_Heartbeat:
+			if k.Heartbeat.Reply {
+				m.RTT.Observe(time.Since(r.start.Add(time.Duration(k.Heartbeat.SentNanos))).Seconds())
+			} else {
+				// Each heartbeat costs us a reply: pace them like messages.
+				if r.cfg.Limiter != nil {
+					if err := r.cfg.Limiter.Wait(ctx); err != nil {
+						return context.Cause(ctx)
+					}
+				}
+				r.push(&linkv1.Envelope{Kind: &linkv1.Envelope_Heartbeat{Heartbeat: &linkv1.Heartbeat{SentNanos: k.Heartbeat.SentNanos, Reply: true}}})
+			}
+		case *linkv1.Envelope_Error:
+			if k.Error.Code != linkv1.Error_PERMISSION_DENIED {
+				return &PeerError{Code: k.Error.Code, Message: k.Error.Message}
+			}
+			// A refused message: the application above learns of it through
+			// the log; the link goes on.
+			logr.FromContextOrDiscard(ctx).Info("peer refused a message", "code", k.Error.Code.String(), "seq", k.Error.RefSeq, "reason", k.Error.Message)
+		case *linkv1.Envelope_Hello, *linkv1.Envelope_Welcome:
+			return fmt.Errorf("%w: %T after the handshake", ErrMalformed, env.Kind)
+		default:
+			if !r.sess.Accept(env.Seq) {
+				m.Duplicates.Inc()
+				r.wake() // re-ack, the peer evidently missed it
+				continue
+			}
+			if r.cfg.Limiter != nil {
+				if err := r.cfg.Limiter.Wait(ctx); err != nil {
+					return context.Cause(ctx)
+				}
+			}
+			if err := r.cfg.Deliver(ctx, &env); err != nil {
+				var refused *RefusedError
+				if !errors.As(err, &refused) {
+					return err
+				}
+				m.Refused.Inc()
+				r.push(&linkv1.Envelope{Kind: &linkv1.Envelope_Error{Error: &linkv1.Error{Code: refused.Code, Message: refused.Message, RefSeq: env.Seq}}})
+			}
+			r.sess.Delivered(env.Seq)
+			r.wake()
+		}
+	}
+}
+
+func (r *runner) writeLoop(ctx context.Context) error {
+	m := r.cfg.Metrics
+	tick := time.NewTicker(r.cfg.Heartbeat)
+	defer tick.Stop()
+	var buf []byte
+	var batch []*Entry
+	heartbeat := true // announce ourselves at once: it also carries the first ack
+	// Acks ride on outgoing messages; a bare ack waits ackDelay for one to
+	// come along (as TCP's delayed ack does), which saves a frame per
+	// message in request/response traffic.
+	var ackTimer *time.Timer
+	var ackC <-chan time.Time
+	ackDue := false
+	defer func() {
+		if ackTimer != nil {
+			ackTimer.Stop()
+		}
+	}()
+	for {
+		buf = buf[:0]
+		var err error
+		frames := 0
+		// One ack value for the whole write, so that lastAck is what the
+		// peer was told.
+		_, ack := r.sess.Received()
+		// Sequenced messages first, in order, in batches up to ~64 KiB.
+		for len(buf) < 64<<10 {
+			var resent int
+			batch, resent = r.sess.Next(64, batch)
+			if len(batch) == 0 {
+				break
+			}
+			m.Resends.Add(float64(resent))
+			for _, e := range batch {
+				e.Env.Ack = ack
+				if buf, err = AppendFrame(buf, e.Env); err != nil {
+					return err
+				}
+				frames++
+			}
+			clear(batch)
+		}
+		r.mu.Lock()
+		ctrl := r.ctrl
+		r.ctrl = nil
+		closing, flushed := r.closing, r.flushed
+		r.mu.Unlock()
+		if heartbeat {
+			ctrl = append(ctrl, &linkv1.Envelope{Kind: &linkv1.Envelope_Heartbeat{Heartbeat: &linkv1.Heartbeat{SentNanos: int64(time.Since(r.start))}}})
+			heartbeat = false
+		}
+		for _, c := range ctrl {
+			c.Version, c.Ack = ProtocolVersion, ack
+			if buf, err = AppendFrame(buf, c); err != nil {
+				return err
+			}
+			frames++
+		}
+		r.mu.Lock()
+		if frames == 0 && ack > r.lastAck {
+			if ackDue {
+				// Nothing carried the ack within ackDelay: send it bare.
+				if buf, err = AppendFrame(buf, &linkv1.Envelope{Version: ProtocolVersion, Ack: ack}); err != nil {
+					r.mu.Unlock()
+					return err
+				}
+				frames++
+			} else if ackTimer == nil {
+				ackTimer = time.NewTimer(ackDelay)
+				ackC = ackTimer.C
+			}
+		}
+		if frames > 0 {
+			r.lastAck = ack
+			ackDue = false
+			if ackTimer != nil {
+				ackTimer.Stop()
+				ackTimer, ackC = nil, nil
+			}
+		}
+		r.mu.Unlock()
+		if frames > 0 {
+			if _, err := r.f.Conn.Write(buf); err != nil {
+				return err
+			}
+			m.MessagesOut.Add(float64(frames))
+			m.BytesOut.Add(float64(len(buf)))
+		}
+		if closing {
+			close(flushed)
+			return nil
+		}
+		if cap(buf) > 256<<10 {
+			buf = nil // an idle connection should not pin a burst's buffer
+		}
+		if len(batch) > 0 || len(buf) >= 64<<10 {
+			continue // more waiting
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-r.sess.Notify():
+		case <-r.kick:
+		case <-tick.C:
+			heartbeat = true
+		case <-ackC:
+			ackTimer, ackC, ackDue = nil, nil, true
+		}
+	}
+}

@@ -1,0 +1,144 @@
+package link
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+
+	"google.golang.org/protobuf/proto"
+
+	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
+)
+
+// ProtocolVersion is the Envelope.version this package speaks.
+const ProtocolVersion = 1
+
+// DefaultMaxFrame is the default largest frame (encoded Envelope) accepted.
+const DefaultMaxFrame = 1 << 20
+
+var (
+	// ErrFrameTooLarge: a frame's length prefix exceeds the maximum. The
+	// connection cannot be resynchronised and must be closed.
+	ErrFrameTooLarge = errors.New("link: frame too large")
+	// ErrMalformed: a frame is not a valid Envelope or breaks the protocol.
+	ErrMalformed = errors.New("link: malformed frame")
+)
+
+// A frame is a uvarint length followed by that many bytes of a marshalled
+// Envelope. WebSocket and QUIC both carry the same byte stream, so one codec
+// serves both (a WebSocket message may hold several frames or part of one).
+
+// AppendFrame appends env as one frame to dst.
+func AppendFrame(dst []byte, env *linkv1.Envelope) ([]byte, error) {
+	n := proto.Size(env)
+	dst = binary.AppendUvarint(dst, uint64(n))
+	return proto.MarshalOptions{}.MarshalAppend(dst, env)
+}
+
+// FrameReader reads frames from a byte stream. The length is checked against
+// the maximum before any buffer is allocated for the frame, so a peer cannot
+// make the reader allocate more than max bytes.
+type FrameReader struct {
+	r   *bufio.Reader
+	max int
+	buf []byte
+}
+
+// NewFrameReader reads frames of at most max bytes from r.
+func NewFrameReader(r io.Reader, max int) *FrameReader {
+	// A small buffer: idle connections hold it for their whole life, and
+	// large frames are read straight into buf.
+	return &FrameReader{r: bufio.NewReaderSize(r, 2048), max: max}
+}
+
+// Next returns the next frame's bytes, valid until the following call.
+func (fr *FrameReader) Next() ([]byte, error) {
+	n, err := binary.ReadUvarint(fr.r)
+	if err != nil {
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+			return nil, err
+		}
+		// Overflowing varint.
+		return nil, fmt.Errorf("%w: %v", ErrMalformed, err)
+	}
+	if n > uint64(fr.max) {
+		return nil, fmt.Errorf("%w: %d bytes, limit %d", ErrFrameTooLarge, n, fr.max)
+	}
+	if cap(fr.buf) < int(n) {
+		fr.buf = make([]byte, n)
+	}
+	b := fr.buf[:n]
+	if _, err := io.ReadFull(fr.r, b); err != nil {
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
+		return nil, err
+	}
+	// Let a single large frame's buffer go rather than pin it for the life
+	// of an otherwise idle connection.
+	if cap(fr.buf) > 64<<10 {
+		fr.buf = nil
+	}
+	return b, nil
+}
+
+// Decode unmarshals a frame into env and validates it.
+func Decode(frame []byte, env *linkv1.Envelope) error {
+	if err := proto.Unmarshal(frame, env); err != nil {
+		return fmt.Errorf("%w: %v", ErrMalformed, err)
+	}
+	return Validate(env)
+}
+
+// Sequenced reports whether env's kind is numbered and resent until acked.
+func Sequenced(env *linkv1.Envelope) bool {
+	switch env.Kind.(type) {
+	case *linkv1.Envelope_TwinDesired, *linkv1.Envelope_TwinReported,
+		*linkv1.Envelope_DeviceMembership, *linkv1.Envelope_Processed:
+		return true
+	}
+	return false
+}
+
+// Validate checks the protocol rules a decoded Envelope must follow.
+func Validate(env *linkv1.Envelope) error {
+	if env.Version != ProtocolVersion {
+		return fmt.Errorf("%w: version %d, want %d", ErrMalformed, env.Version, ProtocolVersion)
+	}
+	if Sequenced(env) != (env.Seq > 0) {
+		return fmt.Errorf("%w: seq %d on %T", ErrMalformed, env.Seq, env.Kind)
+	}
+	switch k := env.Kind.(type) {
+	case *linkv1.Envelope_TwinDesired:
+		return validTwin(k.TwinDesired.GetDevice(), k.TwinDesired.GetProperty(), k.TwinDesired.GetValue())
+	case *linkv1.Envelope_TwinReported:
+		return validTwin(k.TwinReported.GetDevice(), k.TwinReported.GetProperty(), k.TwinReported.GetValue())
+	case *linkv1.Envelope_DeviceMembership:
+		if k.DeviceMembership.GetNode() == "" {
+			return fmt.Errorf("%w: membership without node", ErrMalformed)
+		}
+		for _, d := range k.DeviceMembership.GetDevices() {
+			if d.GetName() == "" {
+				return fmt.Errorf("%w: device without name", ErrMalformed)
+			}
+		}
+	case *linkv1.Envelope_Hello:
+		if k.Hello.GetNode() == "" || k.Hello.GetStreamId() == 0 {
+			return fmt.Errorf("%w: hello without node or stream", ErrMalformed)
+		}
+	case *linkv1.Envelope_Welcome:
+		if k.Welcome.GetStreamId() == 0 {
+			return fmt.Errorf("%w: welcome without stream", ErrMalformed)
+		}
+	}
+	return nil
+}
+
+func validTwin(d *linkv1.DeviceRef, prop string, v *linkv1.Value) error {
+	if d.GetName() == "" || prop == "" || v.GetKind() == nil {
+		return fmt.Errorf("%w: twin update needs device, property and value", ErrMalformed)
+	}
+	return nil
+}

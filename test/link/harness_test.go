@@ -1,0 +1,229 @@
+package link_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/dowse-dev/dowse/agent/edgehub"
+	"github.com/dowse-dev/dowse/controller/cloudhub"
+	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
+	"github.com/dowse-dev/dowse/shared/link"
+	"github.com/dowse-dev/dowse/shared/link/pki"
+)
+
+const heartbeat = 50 * time.Millisecond
+
+// logBuf collects log lines so that tests can assert on refusals.
+type logBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuf) logger() logr.Logger {
+	return funcr.New(func(prefix, args string) {
+		l.mu.Lock()
+		fmt.Fprintf(&l.b, "%s %s\n", prefix, args)
+		l.mu.Unlock()
+	}, funcr.Options{Verbosity: 0})
+}
+
+func (l *logBuf) has(s string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return strings.Contains(l.b.String(), s)
+}
+
+func (l *logBuf) String() string { l.mu.Lock(); defer l.mu.Unlock(); return l.b.String() }
+
+type cluster struct {
+	ca        *pki.CA
+	serverTLS *tls.Config
+}
+
+func newCluster(t *testing.T) *cluster {
+	t.Helper()
+	ca, err := pki.NewCA("dowse-link-test", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := ca.IssueServer([]string{"127.0.0.1"}, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &cluster{ca: ca, serverTLS: pki.ServerTLSConfig(srv, ca.Pool())}
+}
+
+func (c *cluster) clientTLS(t *testing.T, ca *pki.CA, node string) *tls.Config {
+	t.Helper()
+	cert, err := ca.IssueNode(node, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pki.ClientTLSConfig(func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &cert, nil }, c.ca.Pool(), "127.0.0.1")
+}
+
+// authz lets node N speak about devices named "N-...".
+type authz struct{}
+
+func (authz) AuthorizeDevice(_ context.Context, node string, d *linkv1.DeviceRef) error {
+	if !strings.HasPrefix(d.GetName(), node+"-") {
+		return errors.New("device belongs to another node")
+	}
+	return nil
+}
+
+// recorder keeps the int values each node's application received, in order.
+type recorder struct {
+	mu  sync.Mutex
+	got map[string][]int64
+}
+
+func newRecorder() *recorder { return &recorder{got: map[string][]int64{}} }
+
+func (r *recorder) add(node string, v int64) {
+	r.mu.Lock()
+	r.got[node] = append(r.got[node], v)
+	r.mu.Unlock()
+}
+
+func (r *recorder) get(node string) []int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]int64(nil), r.got[node]...)
+}
+
+type hubRun struct {
+	hub    *cloudhub.Hub
+	cancel context.CancelFunc
+	done   chan error
+	once   sync.Once
+}
+
+func (h *hubRun) stop() { h.once.Do(func() { h.cancel(); <-h.done }) }
+
+func startHub(t *testing.T, c *cluster, wsAddr, quicAddr string, rec *recorder, logs *logBuf) *hubRun {
+	t.Helper()
+	hub, err := cloudhub.New(cloudhub.Config{
+		WebSocketAddr: wsAddr, QUICAddr: quicAddr, TLS: c.serverTLS, Heartbeat: heartbeat,
+		MaxFrame: 64 << 10, QueueSize: 256, RateLimit: 1e5, RateBurst: 1000,
+	}, authz{}, func(_ context.Context, node string, env *linkv1.Envelope) error {
+		if r := env.GetTwinReported(); r != nil {
+			rec.add(node, r.GetValue().GetIntValue())
+		}
+		return nil
+	}, prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(logr.NewContext(context.Background(), logs.logger()))
+	done := make(chan error, 1)
+	go func() { done <- hub.Start(ctx) }()
+	select {
+	case <-hub.Ready():
+	case err := <-done:
+		t.Fatal(err)
+	}
+	h := &hubRun{hub: hub, cancel: cancel, done: done}
+	t.Cleanup(h.stop)
+	return h
+}
+
+type edgeRun struct {
+	edge   *edgehub.EdgeHub
+	cancel context.CancelFunc
+	done   chan error
+	once   sync.Once
+}
+
+func (e *edgeRun) stop() {
+	e.once.Do(func() {
+		e.cancel()
+		<-e.done
+	})
+}
+
+func startEdge(t *testing.T, node string, dialer link.Dialer, dir string, rec *recorder, logs *logBuf, tweak func(*edgehub.Config)) *edgeRun {
+	t.Helper()
+	cfg := edgehub.Config{Node: node, Dialer: dialer, StateDir: dir, Heartbeat: heartbeat,
+		BackoffMin: 10 * time.Millisecond, BackoffMax: 200 * time.Millisecond, NoSync: true, MaxFrame: 64 << 10}
+	if tweak != nil {
+		tweak(&cfg)
+	}
+	e, err := edgehub.New(cfg, func(_ context.Context, env *linkv1.Envelope) {
+		if d := env.GetTwinDesired(); d != nil {
+			rec.add(node, d.GetValue().GetIntValue())
+		}
+	}, prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(logr.NewContext(context.Background(), logs.logger()))
+	r := &edgeRun{edge: e, cancel: cancel, done: make(chan error, 1)}
+	go func() { r.done <- e.Start(ctx) }()
+	t.Cleanup(r.stop)
+	return r
+}
+
+func intValue(v int64) *linkv1.Value { return &linkv1.Value{Kind: &linkv1.Value_IntValue{IntValue: v}} }
+
+func dev(name string) *linkv1.DeviceRef { return &linkv1.DeviceRef{Namespace: "default", Name: name} }
+
+func desired(node string, i int64) *linkv1.Envelope {
+	return &linkv1.Envelope{Kind: &linkv1.Envelope_TwinDesired{TwinDesired: &linkv1.TwinDesiredUpdate{
+		Device: dev(node + "-cam"), Property: fmt.Sprintf("p%05d", i), Value: intValue(i)}}}
+}
+
+// sendDesired queues value i for node, waiting while its queue is full.
+func sendDesired(ctx context.Context, hub *cloudhub.Hub, node string, i int64) error {
+	for {
+		_, err := hub.Send(node, desired(node, i))
+		if !errors.Is(err, link.ErrQueueFull) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+// exactly checks got is 0..n-1, each once, in order.
+func exactly(got []int64, n int) error {
+	if len(got) != n {
+		return fmt.Errorf("%d values, want %d", len(got), n)
+	}
+	for i, v := range got {
+		if v != int64(i) {
+			return fmt.Errorf("value %d at position %d", v, i)
+		}
+	}
+	return nil
+}
+
+// waitFor polls cond until it holds or the deadline passes.
+func waitFor(t *testing.T, d time.Duration, what string, cond func() error) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		err := cond()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %v", what, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
