@@ -71,6 +71,9 @@ type Config struct {
 	// Registerer receives the agent's own metrics; nil means the manager's
 	// metrics registry (served on MetricsAddr).
 	Registerer prometheus.Registerer
+	// Link is the node's end of the cloud/edge link (off when its Server
+	// is empty).
+	Link LinkConfig
 }
 
 // Validate says what is wrong with c.
@@ -170,6 +173,11 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 	}
 	if err := mgr.Add(registration.New(cfg.StateDir, handlers, log.WithName("registration"))); err != nil {
 		return err
+	}
+	if cfg.Link.Server != "" {
+		if err := addLink(mgr, cfg, reg, log); err != nil {
+			return fmt.Errorf("setting up the cloud/edge link: %w", err)
+		}
 	}
 	log.Info("starting agent", "node", cfg.NodeName, "stateDir", cfg.StateDir)
 	return mgr.Start(ctx)

@@ -6,6 +6,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/prometheus/client_golang/prometheus"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -44,6 +46,15 @@ type Config struct {
 	PprofAddr string
 	QPS       float32
 	Burst     int
+	// Namespace is the controller's own: the link CA and bootstrap tokens
+	// live there.
+	Namespace string
+	// Link is the cloud end of the cloud/edge link (off when its Hosts is
+	// empty).
+	Link LinkConfig
+	// Registerer receives the link's metrics; nil means the manager's
+	// metrics registry (served on MetricsAddr).
+	Registerer prometheus.Registerer
 }
 
 // Run runs the controller until ctx ends.
@@ -122,6 +133,15 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 	}
 	if err := nodes.NewReconciler(mgr.GetClient(), mgr.GetAPIReader(), cfg.NodeGracePeriod, log.WithName("nodes")).SetupWithManager(mgr); err != nil {
 		return err
+	}
+	if len(cfg.Link.Hosts) > 0 {
+		reg := cfg.Registerer
+		if reg == nil {
+			reg = ctrlmetrics.Registry
+		}
+		if err := addLink(ctx, mgr, cfg, reg, log.WithName("link")); err != nil {
+			return fmt.Errorf("setting up the cloud/edge link: %w", err)
+		}
 	}
 	log.Info("starting controller")
 	return mgr.Start(ctx)

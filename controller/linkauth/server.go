@@ -115,6 +115,12 @@ func (s *Server) TLSConfig() *tls.Config {
 	}
 }
 
+// ServerCertificate is the endpoint's current server certificate, for a
+// tls.Config's GetCertificate: the cloudhub serves the same one.
+func (s *Server) ServerCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+	return s.currentServerCert()
+}
+
 func (s *Server) currentServerCert() (*tls.Certificate, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

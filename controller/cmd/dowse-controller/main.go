@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"strings"
 	"syscall"
 	"time"
 
@@ -39,10 +40,25 @@ func main() {
 	fs.StringVar(&cfg.PprofAddr, "pprof-bind-address", "0", "Go profiling address (0 disables)")
 	qps := fs.Float64("kube-api-qps", 200, "API client requests per second")
 	fs.IntVar(&cfg.Burst, "kube-api-burst", 400, "API client burst")
+	fs.StringVar(&cfg.Namespace, "namespace", envOr("POD_NAMESPACE", "dowse-system"), "the controller's namespace, where the link CA and bootstrap tokens live (env POD_NAMESPACE)")
+	linkHosts := fs.String("link-hosts", "", "comma-separated names and addresses edges dial to reach this controller; empty: no cloud/edge link")
+	fs.StringVar(&cfg.Link.WebSocketAddr, "link-websocket-address", ":7443", "cloudhub WebSocket address (TCP; empty disables)")
+	fs.StringVar(&cfg.Link.QUICAddr, "link-quic-address", ":7443", "cloudhub QUIC address (UDP; empty disables)")
+	fs.StringVar(&cfg.Link.AuthAddr, "link-auth-bind-address", ":9747", "the edges' bootstrap and certificate renewal endpoint")
+	fs.DurationVar(&cfg.Link.CertValidity, "link-cert-validity", 24*time.Hour, "lifetime of node certificates (renewed at about two thirds)")
+	fs.DurationVar(&cfg.Link.CAValidity, "link-ca-validity", 10*365*24*time.Hour, "lifetime of the link CA, when the controller creates it")
+	fs.DurationVar(&cfg.Link.Heartbeat, "link-heartbeat", 10*time.Second, "link heartbeat interval; a silent edge is dropped after two")
+	fs.IntVar(&cfg.Link.MaxMessageSize, "link-max-message-size", 1<<20, "largest link message accepted, in bytes")
+	fs.IntVar(&cfg.Link.QueueSize, "link-queue-size", 1024, "most unacknowledged messages queued for one node")
+	fs.Float64Var(&cfg.Link.RateLimit, "link-rate-limit", 100, "messages per second accepted from one node")
+	fs.IntVar(&cfg.Link.RateBurst, "link-rate-burst", 200, "burst of messages accepted from one node")
 	zapOpts := zap.Options{}
 	zapOpts.BindFlags(fs)
 	_ = fs.Parse(os.Args[1:])
 	cfg.QPS = float32(*qps)
+	if *linkHosts != "" {
+		cfg.Link.Hosts = strings.Split(*linkHosts, ",")
+	}
 
 	// Request latency lets an operator tell a slow API server from a slow
 	// controller.
@@ -55,4 +71,11 @@ func main() {
 		fmt.Fprintln(os.Stderr, "dowse-controller:", err)
 		os.Exit(1)
 	}
+}
+
+func envOr(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
 }

@@ -1,0 +1,103 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+
+	"github.com/dowse-dev/dowse/agent/edgecert"
+	"github.com/dowse-dev/dowse/agent/edgehub"
+	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
+	"github.com/dowse-dev/dowse/shared/link/pki"
+)
+
+// LinkConfig is the node's end of the cloud/edge link; the link is off
+// when Server is empty.
+type LinkConfig struct {
+	// Server is the cloudhub's host:port; Transport is "websocket" or "quic".
+	Server, Transport string
+	// AuthURL is the controller's bootstrap and renewal endpoint,
+	// https://host:port.
+	AuthURL string
+	// Token, with CAPin (sha256:...) or CAFile, bootstraps the node's
+	// certificate once (dowsectl token create); afterwards the credentials
+	// under <state dir>/link are used and renewed.
+	Token, CAPin, CAFile string
+	Heartbeat            time.Duration
+	// StoreMaxEntries and StoreMaxBytes bound what the edge store keeps
+	// unacknowledged while offline.
+	StoreMaxEntries, StoreMaxBytes int
+}
+
+// addLink adds the node's credentials and its edgehub to mgr. Bad settings
+// fail the start; a token the cloud refuses only stops the link (logged and
+// counted), never discovery.
+func addLink(mgr manager.Manager, cfg Config, reg prometheus.Registerer, log logr.Logger) error {
+	lc := cfg.Link
+	if lc.AuthURL == "" {
+		return errors.New("the link needs the controller's bootstrap endpoint (--link-auth-url)")
+	}
+	var caPEM []byte
+	if lc.CAFile != "" {
+		var err error
+		if caPEM, err = os.ReadFile(lc.CAFile); err != nil {
+			return fmt.Errorf("link CA file: %w", err)
+		}
+	}
+	host, _, err := net.SplitHostPort(lc.Server)
+	if err != nil {
+		return fmt.Errorf("link server %q: %w", lc.Server, err)
+	}
+	certs, err := edgecert.New(edgecert.Config{
+		Dir: filepath.Join(cfg.StateDir, "link"), Node: cfg.NodeName, URL: lc.AuthURL,
+		Token: lc.Token, CAPin: lc.CAPin, CAPEM: caPEM, Metrics: edgecert.NewMetrics(reg),
+	})
+	if err != nil {
+		return err
+	}
+	log = log.WithName("link")
+	if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
+		err := certs.Start(logr.NewContext(ctx, log.WithName("credentials")))
+		var refused *edgecert.Refused
+		if errors.As(err, &refused) {
+			log.Error(err, "the cloud refused this node's credentials; the link stays down until the agent restarts with a new token (dowsectl token create)")
+			return nil
+		}
+		return err
+	})); err != nil {
+		return err
+	}
+	return mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
+		select {
+		case <-certs.Ready():
+		case <-ctx.Done():
+			return nil
+		}
+		hub, err := edgehub.New(edgehub.Config{
+			Node: cfg.NodeName, Transport: lc.Transport, Server: lc.Server,
+			TLS:      pki.ClientTLSConfig(certs.GetClientCertificate, certs.RootCAs(), host),
+			StateDir: cfg.StateDir, Heartbeat: lc.Heartbeat,
+			StoreMaxEntries: lc.StoreMaxEntries, StoreMaxBytes: lc.StoreMaxBytes,
+		}, func(ctx context.Context, env *linkv1.Envelope) {
+			// The twin layer consumes these; until then they are kept in the
+			// edge store (Desired, Membership) and noted here.
+			if m := env.GetDeviceMembership(); m != nil {
+				log.Info("device membership from the cloud", "devices", len(m.Devices))
+			}
+		}, reg)
+		if err != nil {
+			return err
+		}
+		defer hub.Close()
+		log.Info("starting edgehub", "server", lc.Server, "transport", lc.Transport)
+		return hub.Start(logr.NewContext(ctx, log))
+	}))
+}

@@ -1,0 +1,78 @@
+// Package edges is what the controller makes of its nodes' link: which
+// devices a node may speak about, and which devices each node is told it
+// has.
+package edges
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/go-logr/logr"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
+	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+)
+
+// Authorizer lets a node speak about the Instances that list it in
+// status.nodes, and no others. It reads the controller's cache.
+type Authorizer struct {
+	Reader client.Reader
+}
+
+// AuthorizeDevice is cloudhub.Authorizer's: nil when inst lists node.
+func (a Authorizer) AuthorizeDevice(ctx context.Context, node string, device *linkv1.DeviceRef) error {
+	if device == nil || device.Name == "" {
+		return fmt.Errorf("node %s named no device", node)
+	}
+	var inst v1alpha1.Instance
+	if err := a.Reader.Get(ctx, types.NamespacedName{Namespace: device.Namespace, Name: device.Name}, &inst); err != nil {
+		if apierrors.IsNotFound(err) {
+			return fmt.Errorf("node %s named Instance %s/%s, which does not exist", node, device.Namespace, device.Name)
+		}
+		return err
+	}
+	if !seenBy(&inst, node) {
+		return fmt.Errorf("node %s named Instance %s/%s, which it does not see", node, device.Namespace, device.Name)
+	}
+	return nil
+}
+
+func seenBy(inst *v1alpha1.Instance, node string) bool {
+	return slices.ContainsFunc(inst.Status.Nodes, func(n v1alpha1.InstanceNode) bool { return n.Name == node })
+}
+
+// Membership lists the Instances node sees, sorted, as the cloud tells the
+// node when it connects.
+func Membership(ctx context.Context, r client.Reader, node string) (*linkv1.DeviceMembership, error) {
+	var list v1alpha1.InstanceList
+	// Read only: the cache's objects are not copied.
+	if err := r.List(ctx, &list, client.UnsafeDisableDeepCopy); err != nil {
+		return nil, err
+	}
+	m := &linkv1.DeviceMembership{Node: node}
+	for i := range list.Items {
+		if inst := &list.Items[i]; seenBy(inst, node) {
+			m.Devices = append(m.Devices, &linkv1.DeviceRef{Namespace: inst.Namespace, Name: inst.Name})
+		}
+	}
+	slices.SortFunc(m.Devices, func(a, b *linkv1.DeviceRef) int {
+		return strings.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name)
+	})
+	return m, nil
+}
+
+// Handler takes what nodes send. Reported twin values have no consumer
+// until device twins exist; they are logged, and counted by the hub.
+func Handler(log logr.Logger) func(ctx context.Context, node string, env *linkv1.Envelope) error {
+	return func(_ context.Context, node string, env *linkv1.Envelope) error {
+		if r := env.GetTwinReported(); r != nil {
+			log.V(1).Info("reported value", "node", node, "device", r.GetDevice().GetNamespace()+"/"+r.GetDevice().GetName(), "property", r.GetProperty())
+		}
+		return nil
+	}
+}

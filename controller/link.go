@@ -1,0 +1,121 @@
+package controller
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
+
+	"github.com/dowse-dev/dowse/controller/cloudhub"
+	"github.com/dowse-dev/dowse/controller/edges"
+	"github.com/dowse-dev/dowse/controller/linkauth"
+	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
+	"github.com/dowse-dev/dowse/shared/link/pki"
+)
+
+// LinkConfig is the cloud end of the cloud/edge link; the link is off when
+// Hosts is empty.
+type LinkConfig struct {
+	// Hosts are the names and addresses edges dial; they go into the
+	// server certificate.
+	Hosts []string
+	// WebSocketAddr and QUICAddr are the cloudhub's listen addresses (TCP,
+	// UDP; either may be empty); AuthAddr is the bootstrap and renewal
+	// endpoint's.
+	WebSocketAddr, QUICAddr, AuthAddr string
+	// CertValidity is the lifetime of node certificates; CAValidity that of
+	// the CA, when the controller creates it.
+	CertValidity, CAValidity time.Duration
+	Heartbeat                time.Duration
+	MaxMessageSize           int
+	// QueueSize bounds each node's unacknowledged outbound messages;
+	// RateLimit and RateBurst pace each node's inbound ones.
+	QueueSize int
+	RateLimit float64
+	RateBurst int
+}
+
+// alwaysRunnable runs on every replica: the bootstrap endpoint keeps no
+// state, so edges may reach any of them.
+type alwaysRunnable func(context.Context) error
+
+func (f alwaysRunnable) Start(ctx context.Context) error { return f(ctx) }
+func (alwaysRunnable) NeedLeaderElection() bool          { return false }
+
+// addLink adds the link CA (loaded or created in namespace), the bootstrap
+// endpoint and the cloudhub to mgr. The hub runs on the leader only: what it
+// receives turns into writes that one replica must own.
+func addLink(ctx context.Context, mgr ctrl.Manager, cfg Config, reg prometheus.Registerer, log logr.Logger) error {
+	lc := cfg.Link
+	cs, err := kubernetes.NewForConfig(mgr.GetConfig())
+	if err != nil {
+		return err
+	}
+	// The Secrets are read through a client of their own: the manager's
+	// would cache every Secret of the cluster.
+	secrets := cs.CoreV1().Secrets(cfg.Namespace)
+	ca, err := linkauth.LoadOrCreateCA(ctx, secrets, lc.CAValidity)
+	if err != nil {
+		return fmt.Errorf("link CA: %w", err)
+	}
+	live := mgr.GetAPIReader()
+	auth, err := linkauth.NewServer(linkauth.Config{
+		CA: ca, Tokens: linkauth.NewTokens(secrets), CertValidity: lc.CertValidity,
+		Hosts: lc.Hosts, ServerCertValidity: 30 * 24 * time.Hour, Addr: lc.AuthAddr,
+		Metrics: linkauth.NewMetrics(reg),
+		// A node removed from the cluster cannot keep renewing.
+		NodeAllowed: func(ctx context.Context, node string) (bool, error) {
+			err := live.Get(ctx, client.ObjectKey{Name: node}, &corev1.Node{})
+			if apierrors.IsNotFound(err) {
+				return false, nil
+			}
+			return err == nil, err
+		},
+	})
+	if err != nil {
+		return err
+	}
+	if err := mgr.Add(alwaysRunnable(func(ctx context.Context) error {
+		return auth.Start(logr.NewContext(ctx, log))
+	})); err != nil {
+		return err
+	}
+
+	tlsCfg := pki.ServerTLSConfig(tls.Certificate{}, ca.Pool())
+	tlsCfg.Certificates, tlsCfg.GetCertificate = nil, auth.ServerCertificate
+	var hub *cloudhub.Hub
+	hub, err = cloudhub.New(cloudhub.Config{
+		WebSocketAddr: lc.WebSocketAddr, QUICAddr: lc.QUICAddr, TLS: tlsCfg,
+		Heartbeat: lc.Heartbeat, MaxFrame: lc.MaxMessageSize, QueueSize: lc.QueueSize,
+		RateLimit: lc.RateLimit, RateBurst: lc.RateBurst,
+		// A node that (re)connects learns which devices are its.
+		OnConnect: func(ctx context.Context, node string) {
+			m, err := edges.Membership(ctx, mgr.GetClient(), node)
+			if err == nil {
+				_, err = hub.Send(node, &linkv1.Envelope{Kind: &linkv1.Envelope_DeviceMembership{DeviceMembership: m}})
+			}
+			if err != nil {
+				log.Error(err, "sending device membership", "node", node)
+			}
+		},
+	}, edges.Authorizer{Reader: mgr.GetClient()}, edges.Handler(log.WithName("edges")), reg)
+	if err != nil {
+		return err
+	}
+	return mgr.Add(ctrl.RunnableFunc(func(ctx context.Context) error {
+		if !mgr.GetCache().WaitForCacheSync(ctx) {
+			return errors.New("cache never synced")
+		}
+		log.Info("starting cloudhub", "websocket", lc.WebSocketAddr, "quic", lc.QUICAddr)
+		return hub.Start(logr.NewContext(ctx, log))
+	}))
+}

@@ -1,0 +1,220 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/dowse-dev/dowse/test/kube"
+	"github.com/dowse-dev/dowse/test/procs"
+)
+
+// TestLinkBinaries joins two nodes to the controller's cloud/edge link with
+// the real binaries, as an operator would: dowsectl mints a token per node,
+// each dowse-agent trades it for a certificate and connects, one over
+// WebSocket and one over QUIC. A restarted agent reconnects with what it
+// stored; a token used for another node is refused without stopping the
+// agent.
+func TestLinkBinaries(t *testing.T) {
+	cp, err := kube.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cp.Stop() })
+	dir := t.TempDir()
+	kubeconfig := filepath.Join(dir, "kubeconfig")
+	if err := cp.Kubeconfig(kubeconfig); err != nil {
+		t.Fatal(err)
+	}
+	cs, err := kubernetes.NewForConfig(cp.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "dowse-system"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	ports := make([]int, 4)
+	for i := range ports {
+		if ports[i], err = procs.FreePort(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctlMetrics, wsPort, quicPort, authPort := ports[0], ports[1], ports[2], ports[3]
+	start := func(name, logName string, args ...string) *procs.Proc {
+		t.Helper()
+		logf, err := os.Create(filepath.Join(dir, logName+".log"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := procs.Start(name, logf, args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			p.Stop()
+			logf.Close()
+			if t.Failed() {
+				b, _ := os.ReadFile(logf.Name())
+				t.Logf("%s log:\n%s", logName, b)
+			}
+		})
+		return p
+	}
+	start("dowse-controller", "controller", "--kubeconfig", kubeconfig, "--leader-elect=false",
+		"--metrics-bind-address", fmt.Sprintf("127.0.0.1:%d", ctlMetrics), "--health-probe-bind-address", "0",
+		"--link-hosts", "127.0.0.1", "--link-heartbeat", "1s",
+		"--link-websocket-address", fmt.Sprintf("127.0.0.1:%d", wsPort),
+		"--link-quic-address", fmt.Sprintf("127.0.0.1:%d", quicPort),
+		"--link-auth-bind-address", fmt.Sprintf("127.0.0.1:%d", authPort))
+
+	type tokenOut struct {
+		Token, Node, CACertHash string
+	}
+	token := func(node string) tokenOut {
+		t.Helper()
+		var out tokenOut
+		// The controller creates the CA as it starts; dowsectl would
+		// create it too, but the test wants the controller's.
+		eventually(t, 30*time.Second, func() error {
+			if _, err := cs.CoreV1().Secrets("dowse-system").Get(ctx, "dowse-link-ca", metav1.GetOptions{}); err != nil {
+				return err
+			}
+			b, err := exec.CommandContext(ctx, filepath.Join(kube.RepoRoot(), "bin", "dowsectl"), "token", "create",
+				"--kubeconfig", kubeconfig, "--node", node, "--ttl", "10m", "--output", "json").CombinedOutput()
+			if err != nil {
+				return fmt.Errorf("%v: %s", err, b)
+			}
+			return json.Unmarshal(b, &out)
+		})
+		return out
+	}
+	agentMetrics := map[string]int{}
+	agent := func(node, transport string, tok tokenOut) *procs.Proc {
+		t.Helper()
+		port, err := procs.FreePort()
+		if err != nil {
+			t.Fatal(err)
+		}
+		agentMetrics[node] = port
+		server := fmt.Sprintf("127.0.0.1:%d", wsPort)
+		if transport == "quic" {
+			server = fmt.Sprintf("127.0.0.1:%d", quicPort)
+		}
+		state := filepath.Join(dir, node)
+		return start("dowse-agent", node+"-"+strconv.Itoa(port), "--kubeconfig", kubeconfig, "--node-name", node,
+			"--state-dir", state, "--device-plugin-dir", "",
+			"--metrics-bind-address", fmt.Sprintf("127.0.0.1:%d", port), "--health-probe-bind-address", "0",
+			"--link-server", server, "--link-transport", transport, "--link-heartbeat", "1s",
+			"--link-auth-url", fmt.Sprintf("https://127.0.0.1:%d", authPort),
+			"--link-bootstrap-token", tok.Token, "--link-ca-cert-hash", tok.CACertHash)
+	}
+
+	wsTok, quicTok := token("edge-ws"), token("edge-quic")
+	wsAgent := agent("edge-ws", "websocket", wsTok)
+	agent("edge-quic", "quic", quicTok)
+	eventually(t, time.Minute, func() error {
+		return metricIs(ctlMetrics, "dowse_cloudhub_connected_nodes", 2)
+	})
+	for _, node := range []string{"edge-ws", "edge-quic"} {
+		eventually(t, 10*time.Second, func() error { return metricIs(agentMetrics[node], "dowse_edgehub_connected", 1) })
+		if _, err := os.Stat(filepath.Join(dir, node, "link", "node.pem")); err != nil {
+			t.Fatalf("%s stored no credentials: %v", node, err)
+		}
+		// On connecting, the cloud told the node which devices are its.
+		eventually(t, 10*time.Second, func() error {
+			logs, _ := filepath.Glob(filepath.Join(dir, node+"-*.log"))
+			for _, l := range logs {
+				if b, _ := os.ReadFile(l); bytes.Contains(b, []byte("device membership from the cloud")) {
+					return nil
+				}
+			}
+			return fmt.Errorf("%s got no device membership", node)
+		})
+	}
+
+	t.Run("RestartReusesCredentials", func(t *testing.T) {
+		wsAgent.Stop()
+		eventually(t, 30*time.Second, func() error { return metricIs(ctlMetrics, "dowse_cloudhub_connected_nodes", 1) })
+		// The token is spent; the stored certificate is what connects.
+		agent("edge-ws", "websocket", wsTok)
+		eventually(t, 30*time.Second, func() error { return metricIs(ctlMetrics, "dowse_cloudhub_connected_nodes", 2) })
+	})
+	t.Run("TokenOfAnotherNodeRefused", func(t *testing.T) {
+		spare := token("edge-spare")
+		p := agent("edge-thief", "websocket", spare)
+		eventually(t, 30*time.Second, func() error {
+			return metricIs(ctlMetrics, `dowse_linkauth_requests_refused_total{reason="wrong_node",request="bootstrap"}`, 1)
+		})
+		time.Sleep(time.Second)
+		if p.Exited() {
+			t.Fatal("the agent stopped: a refused link must leave discovery running")
+		}
+		if err := metricIs(ctlMetrics, "dowse_cloudhub_connected_nodes", 2); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := os.Stat(filepath.Join(dir, "edge-thief", "link", "node.pem")); !os.IsNotExist(err) {
+			t.Fatalf("the refused node stored credentials: %v", err)
+		}
+	})
+}
+
+// metricIs checks that the metrics endpoint on port shows the sample
+// (name with labels, as Prometheus prints it) at want.
+func metricIs(port int, sample string, want float64) error {
+	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", port))
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	for _, line := range bytes.Split(body, []byte("\n")) {
+		name, value, ok := strings.Cut(string(line), " ")
+		if !ok || name != sample {
+			continue
+		}
+		v, err := strconv.ParseFloat(value, 64)
+		if err != nil {
+			return err
+		}
+		if v != want {
+			return fmt.Errorf("%s = %v, want %v", sample, v, want)
+		}
+		return nil
+	}
+	return fmt.Errorf("no %s on :%d", sample, port)
+}
+
+func eventually(t *testing.T, limit time.Duration, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for {
+		err := f()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal(err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
