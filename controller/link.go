@@ -18,7 +18,7 @@ import (
 	"github.com/dowse-dev/dowse/controller/cloudhub"
 	"github.com/dowse-dev/dowse/controller/edges"
 	"github.com/dowse-dev/dowse/controller/linkauth"
-	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
+	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	"github.com/dowse-dev/dowse/shared/link/pki"
 )
 
@@ -92,23 +92,22 @@ func addLink(ctx context.Context, mgr ctrl.Manager, cfg Config, reg prometheus.R
 
 	tlsCfg := pki.ServerTLSConfig(tls.Certificate{}, ca.Pool())
 	tlsCfg.Certificates, tlsCfg.GetCertificate = nil, auth.ServerCertificate
-	var hub *cloudhub.Hub
-	hub, err = cloudhub.New(cloudhub.Config{
+	if err := mgr.GetFieldIndexer().IndexField(ctx, &v1alpha1.Instance{}, edges.NodeIndex, edges.IndexByNode); err != nil {
+		return err
+	}
+	var members *edges.Memberships
+	hub, err := cloudhub.New(cloudhub.Config{
 		WebSocketAddr: lc.WebSocketAddr, QUICAddr: lc.QUICAddr, TLS: tlsCfg,
 		Heartbeat: lc.Heartbeat, MaxFrame: lc.MaxMessageSize, QueueSize: lc.QueueSize,
 		RateLimit: lc.RateLimit, RateBurst: lc.RateBurst,
 		// A node that (re)connects learns which devices are its.
-		OnConnect: func(ctx context.Context, node string) {
-			m, err := edges.Membership(ctx, mgr.GetClient(), node)
-			if err == nil {
-				_, err = hub.Send(node, &linkv1.Envelope{Kind: &linkv1.Envelope_DeviceMembership{DeviceMembership: m}})
-			}
-			if err != nil {
-				log.Error(err, "sending device membership", "node", node)
-			}
-		},
+		OnConnect: func(ctx context.Context, node string) { members.OnConnect(ctx, node) },
 	}, edges.Authorizer{Reader: mgr.GetClient()}, edges.Handler(log.WithName("edges")), reg)
 	if err != nil {
+		return err
+	}
+	members = edges.NewMemberships(mgr.GetClient(), hub, log.WithName("membership"))
+	if err := members.SetupWithManager(mgr); err != nil {
 		return err
 	}
 	return mgr.Add(ctrl.RunnableFunc(func(ctx context.Context) error {

@@ -7,7 +7,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"strings"
 
 	"github.com/go-logr/logr"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -44,26 +43,6 @@ func (a Authorizer) AuthorizeDevice(ctx context.Context, node string, device *li
 
 func seenBy(inst *v1alpha1.Instance, node string) bool {
 	return slices.ContainsFunc(inst.Status.Nodes, func(n v1alpha1.InstanceNode) bool { return n.Name == node })
-}
-
-// Membership lists the Instances node sees, sorted, as the cloud tells the
-// node when it connects.
-func Membership(ctx context.Context, r client.Reader, node string) (*linkv1.DeviceMembership, error) {
-	var list v1alpha1.InstanceList
-	// Read only: the cache's objects are not copied.
-	if err := r.List(ctx, &list, client.UnsafeDisableDeepCopy); err != nil {
-		return nil, err
-	}
-	m := &linkv1.DeviceMembership{Node: node}
-	for i := range list.Items {
-		if inst := &list.Items[i]; seenBy(inst, node) {
-			m.Devices = append(m.Devices, &linkv1.DeviceRef{Namespace: inst.Namespace, Name: inst.Name})
-		}
-	}
-	slices.SortFunc(m.Devices, func(a, b *linkv1.DeviceRef) int {
-		return strings.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name)
-	})
-	return m, nil
 }
 
 // Handler takes what nodes send. Reported twin values have no consumer

@@ -4,20 +4,27 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+	"github.com/dowse-dev/dowse/shared/scheme"
 
 	"github.com/dowse-dev/dowse/test/kube"
 	"github.com/dowse-dev/dowse/test/procs"
@@ -155,6 +162,35 @@ func TestLinkBinaries(t *testing.T) {
 		// The token is spent; the stored certificate is what connects.
 		agent("edge-ws", "websocket", wsTok)
 		eventually(t, 30*time.Second, func() error { return metricIs(ctlMetrics, "dowse_cloudhub_connected_nodes", 2) })
+	})
+	t.Run("MembershipFollowsInstances", func(t *testing.T) {
+		// Devices found on edge-ws become Instances; the cloud tells edge-ws
+		// its new set over the link.
+		start("dowse-debug-echo-discovery", "debug-echo", "--state-dir", filepath.Join(dir, "edge-ws"))
+		sch, err := scheme.New()
+		if err != nil {
+			t.Fatal(err)
+		}
+		cl, err := client.New(cp.Config, client.Options{Scheme: sch})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg := &v1alpha1.Configuration{ObjectMeta: metav1.ObjectMeta{Name: "echo", Namespace: "default"}}
+		cfg.Spec.DiscoveryHandler.Name = "debug-echo"
+		cfg.Spec.DiscoveryHandler.DiscoveryDetails = &apiextensionsv1.JSON{Raw: []byte(`{"descriptions":["a","b"]}`)}
+		if err := cl.Create(ctx, cfg); err != nil {
+			t.Fatal(err)
+		}
+		told := regexp.MustCompile(`device membership from the cloud.*"devices":\s*2`)
+		eventually(t, 30*time.Second, func() error {
+			logs, _ := filepath.Glob(filepath.Join(dir, "edge-ws-*.log"))
+			for _, l := range logs {
+				if b, _ := os.ReadFile(l); told.Match(b) {
+					return nil
+				}
+			}
+			return errors.New("edge-ws was not told of its 2 devices")
+		})
 	})
 	t.Run("TokenOfAnotherNodeRefused", func(t *testing.T) {
 		spare := token("edge-spare")
