@@ -7,6 +7,7 @@ package cloudhub
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
@@ -176,8 +177,9 @@ func (h *Hub) Start(ctx context.Context) error {
 	ctx = logr.NewContext(ctx, log)
 	var listeners []link.Listener
 	var names []string
+	tlsCfg := h.verifyingTLS(log)
 	if h.cfg.WebSocketAddr != "" {
-		l, err := link.ListenWebSocket(h.cfg.WebSocketAddr, h.cfg.TLS)
+		l, err := link.ListenWebSocket(h.cfg.WebSocketAddr, tlsCfg)
 		if err != nil {
 			return fmt.Errorf("cloudhub websocket: %w", err)
 		}
@@ -185,7 +187,7 @@ func (h *Hub) Start(ctx context.Context) error {
 		listeners, names = append(listeners, l), append(names, link.WebSocket)
 	}
 	if h.cfg.QUICAddr != "" {
-		l, err := link.ListenQUIC(h.cfg.QUICAddr, h.cfg.TLS)
+		l, err := link.ListenQUIC(h.cfg.QUICAddr, tlsCfg)
 		if err != nil {
 			return fmt.Errorf("cloudhub quic: %w", err)
 		}
@@ -294,6 +296,46 @@ func (h *Hub) Forget(node string) {
 		}
 		s.mu.Unlock()
 	}
+}
+
+// verifyingTLS is the configured TLS with the client certificate verified
+// by the hub itself, against the same CAs and for client authentication, so
+// that a refused certificate is logged and counted on both transports
+// (quic-go tells nobody why a handshake failed). The line names the
+// certificate's subject: the handshake does not know the remote address.
+func (h *Hub) verifyingTLS(log logr.Logger) *tls.Config {
+	out := h.cfg.TLS.Clone()
+	roots := out.ClientCAs
+	out.ClientAuth = tls.RequireAnyClientCert
+	out.VerifyPeerCertificate = func(raw [][]byte, _ [][]*x509.Certificate) error {
+		subject, err := verifyClient(raw, roots)
+		if err != nil {
+			h.hsFail.WithLabelValues("untrusted-certificate").Inc()
+			log.Info("refusing connection: client certificate not trusted", "subject", subject, "reason", err.Error())
+		}
+		return err
+	}
+	return out
+}
+
+func verifyClient(raw [][]byte, roots *x509.CertPool) (subject string, err error) {
+	if len(raw) == 0 {
+		return "", errors.New("no client certificate")
+	}
+	certs := make([]*x509.Certificate, len(raw))
+	for i, r := range raw {
+		c, err := x509.ParseCertificate(r)
+		if err != nil {
+			return "", fmt.Errorf("client certificate %d: %w", i, err)
+		}
+		certs[i] = c
+	}
+	inter := x509.NewCertPool()
+	for _, c := range certs[1:] {
+		inter.AddCert(c)
+	}
+	_, err = certs[0].Verify(x509.VerifyOptions{Roots: roots, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}})
+	return certs[0].Subject.CommonName, err
 }
 
 func (h *Hub) refuse(ctx context.Context, reason string, c link.Conn, msg string, kv ...any) {
