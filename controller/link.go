@@ -42,6 +42,8 @@ type LinkConfig struct {
 	QueueSize int
 	RateLimit float64
 	RateBurst int
+	// MaxConnections caps the edges connected at once.
+	MaxConnections int
 }
 
 // alwaysRunnable runs on every replica: the bootstrap endpoint keeps no
@@ -99,7 +101,7 @@ func addLink(ctx context.Context, mgr ctrl.Manager, cfg Config, reg prometheus.R
 	hub, err := cloudhub.New(cloudhub.Config{
 		WebSocketAddr: lc.WebSocketAddr, QUICAddr: lc.QUICAddr, TLS: tlsCfg,
 		Heartbeat: lc.Heartbeat, MaxFrame: lc.MaxMessageSize, QueueSize: lc.QueueSize,
-		RateLimit: lc.RateLimit, RateBurst: lc.RateBurst,
+		RateLimit: lc.RateLimit, RateBurst: lc.RateBurst, MaxConnections: lc.MaxConnections,
 		// A node that (re)connects learns which devices are its.
 		OnConnect: func(ctx context.Context, node string) { members.OnConnect(ctx, node) },
 	}, edges.Authorizer{Reader: mgr.GetClient()}, edges.Handler(log.WithName("edges")), reg)

@@ -13,6 +13,7 @@ import (
 	"net"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -48,6 +49,10 @@ type Config struct {
 	RateBurst int
 	// HandshakeTimeout bounds the wait for a connection's Hello (10s).
 	HandshakeTimeout time.Duration
+	// MaxConnections caps the connections served at once (20000); one more
+	// is closed at once, logged and counted, so that a flood of edges (or
+	// of anyone holding a node certificate) cannot exhaust the hub.
+	MaxConnections int
 	// OnConnect, when set, is called after a node's handshake, on the
 	// connection's goroutine: the application may resend state the node
 	// might lack (a restarted hub holds no queue from before).
@@ -89,6 +94,7 @@ type Hub struct {
 	nodes map[string]*nodeState
 	ready chan struct{}
 	addrs struct{ ws, quic net.Addr }
+	live  atomic.Int64 // connections being served
 }
 
 type nodeState struct {
@@ -131,6 +137,9 @@ func New(cfg Config, auth Authorizer, handler Handler, reg prometheus.Registerer
 	}
 	if cfg.HandshakeTimeout <= 0 {
 		cfg.HandshakeTimeout = 10 * time.Second
+	}
+	if cfg.MaxConnections <= 0 {
+		cfg.MaxConnections = 20000
 	}
 	h := &Hub{cfg: cfg, auth: auth, handler: handler, nodes: map[string]*nodeState{}, ready: make(chan struct{}),
 		metrics: link.NewMetrics(reg, "cloudhub"),
@@ -216,6 +225,13 @@ func (h *Hub) Start(ctx context.Context) error {
 				conns.Add(1)
 				connMu.Unlock()
 				defer conns.Done()
+				if n := h.live.Add(1); n > int64(h.cfg.MaxConnections) {
+					h.live.Add(-1)
+					h.refuse(gctx, "hub-full", c, "refusing connection: the hub serves its maximum of connections", "max", h.cfg.MaxConnections)
+					_ = c.Close()
+					return
+				}
+				defer h.live.Add(-1)
 				h.serveConn(gctx, names[i], c)
 			})
 		})

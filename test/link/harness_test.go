@@ -112,12 +112,16 @@ type hubRun struct {
 
 func (h *hubRun) stop() { h.once.Do(func() { h.cancel(); <-h.done }) }
 
-func startHub(t *testing.T, c *cluster, wsAddr, quicAddr string, rec *recorder, logs *logBuf) *hubRun {
+func startHub(t *testing.T, c *cluster, wsAddr, quicAddr string, rec *recorder, logs *logBuf, tweak ...func(*cloudhub.Config)) *hubRun {
 	t.Helper()
-	hub, err := cloudhub.New(cloudhub.Config{
+	cfg := cloudhub.Config{
 		WebSocketAddr: wsAddr, QUICAddr: quicAddr, TLS: c.serverTLS, Heartbeat: heartbeat,
 		MaxFrame: 64 << 10, QueueSize: 256, RateLimit: 1e5, RateBurst: 1000,
-	}, authz{}, func(_ context.Context, node string, env *linkv1.Envelope) error {
+	}
+	for _, f := range tweak {
+		f(&cfg)
+	}
+	hub, err := cloudhub.New(cfg, authz{}, func(_ context.Context, node string, env *linkv1.Envelope) error {
 		if r := env.GetTwinReported(); r != nil {
 			rec.add(node, r.GetValue().GetIntValue())
 		}

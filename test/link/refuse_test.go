@@ -3,11 +3,14 @@ package link_test
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/dowse-dev/dowse/controller/cloudhub"
 	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
 	"github.com/dowse-dev/dowse/shared/link"
 	"github.com/dowse-dev/dowse/shared/link/pki"
@@ -193,4 +196,41 @@ func TestRefusals(t *testing.T) {
 	if t.Failed() {
 		t.Log(strings.TrimSpace(logs.String()))
 	}
+}
+
+// TestHubFull: beyond MaxConnections a connection is refused with a log
+// line; the edge keeps retrying and gets in once a place is free.
+func TestHubFull(t *testing.T) {
+	c := newCluster(t)
+	logs := &logBuf{}
+	hub := startHub(t, c, "127.0.0.1:0", "", newRecorder(), logs, func(cfg *cloudhub.Config) { cfg.MaxConnections = 1 })
+	ws, _ := hub.hub.Addrs()
+	edge := func(node string) *edgeRun {
+		d, _ := link.NewDialer(link.WebSocket, ws.String(), c.clientTLS(t, c.ca, node))
+		return startEdge(t, node, d, t.TempDir(), newRecorder(), logs, nil)
+	}
+	first := edge("first")
+	waitFor(t, 5*time.Second, "first connected", func() error {
+		if got := hub.hub.Connected(); !slices.Equal(got, []string{"first"}) {
+			return fmt.Errorf("connected %v", got)
+		}
+		return nil
+	})
+	edge("second")
+	waitFor(t, 5*time.Second, "refusal", func() error {
+		if !logs.has("refusing connection: the hub serves its maximum of connections") {
+			return errors.New("no log line")
+		}
+		return nil
+	})
+	if got := hub.hub.Connected(); !slices.Equal(got, []string{"first"}) {
+		t.Fatalf("connected %v with a maximum of 1", got)
+	}
+	first.stop()
+	waitFor(t, 10*time.Second, "second connected", func() error {
+		if got := hub.hub.Connected(); !slices.Equal(got, []string{"second"}) {
+			return fmt.Errorf("connected %v", got)
+		}
+		return nil
+	})
 }

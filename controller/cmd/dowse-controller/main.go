@@ -52,6 +52,7 @@ func main() {
 	fs.IntVar(&cfg.Link.QueueSize, "link-queue-size", 1024, "most unacknowledged messages queued for one node")
 	fs.Float64Var(&cfg.Link.RateLimit, "link-rate-limit", 100, "messages per second accepted from one node")
 	fs.IntVar(&cfg.Link.RateBurst, "link-rate-burst", 200, "burst of messages accepted from one node")
+	fs.IntVar(&cfg.Link.MaxConnections, "link-max-connections", 20000, "most edge connections served at once")
 	zapOpts := zap.Options{}
 	zapOpts.BindFlags(fs)
 	_ = fs.Parse(os.Args[1:])
