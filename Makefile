@@ -43,8 +43,8 @@ generate: deps
 
 # Fails when the committed generated files differ from what `make generate` makes.
 verify-generate: generate
-	@if [ -n "$$(git status --porcelain -- proto shared/api deploy/crds)" ]; then \
-	  git status --porcelain -- proto shared/api deploy/crds; git diff --stat -- proto shared/api deploy/crds; \
+	@if [ -n "$$(git status --porcelain -- proto shared/api deploy/crds controller/broker/zz_generated.deepcopy.go)" ]; then \
+	  git status --porcelain -- proto shared/api deploy/crds controller/broker/zz_generated.deepcopy.go; git diff --stat -- proto shared/api deploy/crds controller/broker; \
 	  echo "generated files are stale: run 'make generate' and commit the result" >&2; exit 1; fi
 
 test-unit:

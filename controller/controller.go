@@ -14,6 +14,7 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -88,15 +89,27 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 		return err
 	}
 	ours := labels.NewSelector().Add(*req)
+	cacheScheme, err := broker.CacheScheme(sch)
+	if err != nil {
+		return err
+	}
 	mgr, err := ctrl.NewManager(restCfg, ctrl.Options{
 		Scheme: sch,
 		Logger: log,
+		// The cache reads JSON: it decodes Pods into broker.BrokerPod,
+		// which protobuf cannot.
+		NewCache: func(config *rest.Config, opts cache.Options) (cache.Cache, error) {
+			config = rest.CopyConfig(config)
+			config.ContentType = runtime.ContentTypeJSON
+			return cache.New(config, opts)
+		},
 		Cache: cache.Options{
+			Scheme:           cacheScheme,
 			DefaultTransform: cache.TransformStripManagedFields(),
 			// Only what the controller made: caching every Pod of a large
 			// cluster would cost more than the Instances themselves.
 			ByObject: map[client.Object]cache.ByObject{
-				&corev1.Pod{}:     {Label: ours, Transform: slimPod},
+				&broker.BrokerPod{}: {Label: ours},
 				&batchv1.Job{}:    {Label: ours, Transform: slimJob},
 				&corev1.Service{}: {Label: ours},
 				// Read only, and often (one Get per broker): no copies.
@@ -152,20 +165,6 @@ func orZero(addr string) string {
 		return "0"
 	}
 	return addr
-}
-
-// slimPod keeps what the controller reads of a broker Pod (metadata and
-// phase): a Pod's spec is most of its size, and the controller compares
-// spec-hash annotations instead.
-func slimPod(obj any) (any, error) {
-	p, ok := obj.(*corev1.Pod)
-	if !ok {
-		return obj, nil
-	}
-	p.ManagedFields = nil
-	p.Spec = corev1.PodSpec{}
-	p.Status = corev1.PodStatus{Phase: p.Status.Phase}
-	return p, nil
 }
 
 // slimNode keeps what the controller reads of a Node: its name, deletion

@@ -47,7 +47,7 @@ func (r *ConfigurationReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Watches(&v1alpha1.Instance{}, debounced(func(_ context.Context, o client.Object) []reconcile.Request {
 			return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: o.(*v1alpha1.Instance).Spec.ConfigurationName}}}
 		})).
-		Watches(&corev1.Pod{}, debounced(r.configurationOfPod)).
+		Watches(&BrokerPod{}, debounced(r.configurationOfPod)).
 		WatchesRawSource(source.Channel(r.errors.changes, &handler.TypedEnqueueRequestForObject[*v1alpha1.Configuration]{})).
 		WithOptions(controller.Options{MaxConcurrentReconciles: 2, SkipNameValidation: ptr.To(true)}).
 		Complete(r)
@@ -114,7 +114,7 @@ func (r *ConfigurationReconciler) Reconcile(ctx context.Context, req reconcile.R
 	}
 	running := int32(0)
 	for _, o := range pods {
-		if p := o.(*corev1.Pod); p.Status.Phase == corev1.PodRunning && p.DeletionTimestamp.IsZero() {
+		if p := o.(*BrokerPod); p.Status.Phase == corev1.PodRunning && p.DeletionTimestamp.IsZero() {
 			running++
 		}
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 
-	corev1 "k8s.io/api/core/v1"
 	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -68,8 +67,10 @@ func (i *CacheIndex) Objects(namespace, value string) ([]client.Object, error) {
 	return out, nil
 }
 
-// Indexes are the controller's in-place indexes.
+// Indexes are the controller's in-place indexes, and the cache they index.
 type Indexes struct {
+	// Cache reads BrokerPods, which the client's scheme does not know.
+	Cache cache.Cache
 	// InstancesByConfiguration finds Instances by spec.configurationName.
 	InstancesByConfiguration *CacheIndex
 	// PodsByConfiguration finds broker Pods by their configuration label.
@@ -84,7 +85,7 @@ func NewIndexes(ctx context.Context, c cache.Cache) (*Indexes, error) {
 	if err != nil {
 		return nil, err
 	}
-	pods, err := NewCacheIndex(ctx, c, &corev1.Pod{}, "dowse.dev/configuration-label", func(o client.Object) []string {
+	pods, err := NewCacheIndex(ctx, c, &BrokerPod{}, "dowse.dev/configuration-label", func(o client.Object) []string {
 		if v, ok := o.GetLabels()[v1alpha1.LabelConfiguration]; ok {
 			return []string{v}
 		}
@@ -93,5 +94,5 @@ func NewIndexes(ctx context.Context, c cache.Cache) (*Indexes, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Indexes{InstancesByConfiguration: insts, PodsByConfiguration: pods}, nil
+	return &Indexes{Cache: c, InstancesByConfiguration: insts, PodsByConfiguration: pods}, nil
 }

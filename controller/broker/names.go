@@ -12,7 +12,6 @@ import (
 	"strings"
 
 	batchv1 "k8s.io/api/batch/v1"
-	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
@@ -83,7 +82,7 @@ func AddIndexes(ctx context.Context, fi client.FieldIndexer) error {
 			return nil
 		}
 	}
-	for _, obj := range []client.Object{&corev1.Pod{}, &batchv1.Job{}} {
+	for _, obj := range []client.Object{&BrokerPod{}, &batchv1.Job{}} {
 		if err := fi.IndexField(ctx, obj, InstanceLabelIndex, byLabel(v1alpha1.LabelInstance)); err != nil {
 			return err
 		}

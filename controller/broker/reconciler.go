@@ -96,7 +96,7 @@ func (r *InstanceReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("broker").
 		For(&v1alpha1.Instance{}).
-		Owns(&corev1.Pod{}).
+		Owns(&BrokerPod{}).
 		Owns(&batchv1.Job{}).
 		Owns(&corev1.Service{}).
 		Watches(&v1alpha1.Configuration{}, handler.EnqueueRequestsFromMapFunc(r.instancesOf)).
@@ -137,8 +137,8 @@ func (r *InstanceReconciler) Reconcile(ctx context.Context, req reconcile.Reques
 	}
 	cfgKey := client.ObjectKeyFromObject(&cfg)
 
-	var pods corev1.PodList
-	if err := r.client.List(ctx, &pods, client.InNamespace(inst.Namespace), client.MatchingFields{InstanceLabelIndex: inst.Name}); err != nil {
+	var pods BrokerPodList
+	if err := r.indexes.Cache.List(ctx, &pods, client.InNamespace(inst.Namespace), client.MatchingFields{InstanceLabelIndex: inst.Name}); err != nil {
 		return reconcile.Result{}, err
 	}
 	requeue, refused, err := r.reconcilePods(ctx, &inst, &cfg, pods.Items)
@@ -167,7 +167,7 @@ func (r *InstanceReconciler) Reconcile(ctx context.Context, req reconcile.Reques
 
 // reconcilePods returns how soon to look again (for a broker in restart
 // backoff) and the API server's message when it refused a Pod.
-func (r *InstanceReconciler) reconcilePods(ctx context.Context, inst *v1alpha1.Instance, cfg *v1alpha1.Configuration, existing []corev1.Pod) (time.Duration, string, error) {
+func (r *InstanceReconciler) reconcilePods(ctx context.Context, inst *v1alpha1.Instance, cfg *v1alpha1.Configuration, existing []BrokerPod) (time.Duration, string, error) {
 	desired := map[string]*corev1.Pod{}
 	if cfg.Spec.BrokerSpec != nil && cfg.Spec.BrokerSpec.BrokerPodSpec != nil {
 		for _, n := range inst.Status.Nodes {
@@ -213,10 +213,10 @@ func (r *InstanceReconciler) reconcilePods(ctx context.Context, inst *v1alpha1.I
 			have[p.Name] = true
 			continue
 		}
-		if err := r.client.Delete(ctx, p); client.IgnoreNotFound(err) != nil {
+		if err := deletePod(ctx, r.client, p); client.IgnoreNotFound(err) != nil {
 			return 0, "", err
 		}
-		r.recorder.Eventf(inst, p, corev1.EventTypeNormal, reason, "DeleteBroker", "deleted broker pod %s", p.Name)
+		r.recorder.Eventf(inst, &corev1.Pod{ObjectMeta: p.ObjectMeta}, corev1.EventTypeNormal, reason, "DeleteBroker", "deleted broker pod %s", p.Name)
 	}
 	var requeue time.Duration
 	refused := ""
@@ -335,20 +335,28 @@ func (r *InstanceReconciler) reconcileService(ctx context.Context, inst *v1alpha
 	return ensureService(ctx, r.client, types.NamespacedName{Namespace: inst.Namespace, Name: name}, want)
 }
 
+// deletePod deletes the Pod p names (the client knows Pods as corev1.Pods),
+// if it is still the same Pod.
+func deletePod(ctx context.Context, c client.Client, p *BrokerPod) error {
+	uid := p.UID
+	return c.Delete(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name}}, client.Preconditions{UID: &uid})
+}
+
 // removeAll deletes every broker object of an Instance that is gone.
 func (r *InstanceReconciler) removeAll(ctx context.Context, namespace, instance string) error {
 	sel := client.MatchingLabels{v1alpha1.LabelInstance: instance}
 	var errs []error
-	for _, list := range []client.ObjectList{&corev1.PodList{}, &batchv1.JobList{}, &corev1.ServiceList{}} {
-		if err := r.client.List(ctx, list, client.InNamespace(namespace), sel); err != nil {
+	for _, list := range []client.ObjectList{&BrokerPodList{}, &batchv1.JobList{}, &corev1.ServiceList{}} {
+		if err := r.indexes.Cache.List(ctx, list, client.InNamespace(namespace), sel); err != nil {
 			errs = append(errs, err)
 			continue
 		}
 		var objs []client.Object
 		switch l := list.(type) {
-		case *corev1.PodList:
+		case *BrokerPodList:
 			for i := range l.Items {
-				objs = append(objs, &l.Items[i])
+				// The client writes Pods as corev1.Pods.
+				objs = append(objs, &corev1.Pod{ObjectMeta: l.Items[i].ObjectMeta})
 			}
 		case *batchv1.JobList:
 			for i := range l.Items {
