@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/selection"
+	eventsclient "k8s.io/client-go/kubernetes/typed/events/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
@@ -26,6 +27,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/dowse-dev/dowse/controller/broker"
+	"github.com/dowse-dev/dowse/controller/events"
 	"github.com/dowse-dev/dowse/controller/nodes"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	"github.com/dowse-dev/dowse/shared/scheme"
@@ -110,8 +112,8 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 			// cluster would cost more than the Instances themselves.
 			ByObject: map[client.Object]cache.ByObject{
 				&broker.BrokerPod{}: {Label: ours},
-				&batchv1.Job{}:    {Label: ours, Transform: slimJob},
-				&corev1.Service{}: {Label: ours},
+				&batchv1.Job{}:      {Label: ours, Transform: slimJob},
+				&corev1.Service{}:   {Label: ours},
 				// Read only, and often (one Get per broker): no copies.
 				&corev1.Node{}:       {Transform: slimNode, UnsafeDisableDeepCopy: ptr.To(true)},
 				&v1alpha1.Instance{}: {Transform: slimInstance},
@@ -137,8 +139,20 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 	if err != nil {
 		return err
 	}
+	reg := cfg.Registerer
+	if reg == nil {
+		reg = ctrlmetrics.Registry
+	}
+	evClient, err := eventsclient.NewForConfig(restCfg)
+	if err != nil {
+		return err
+	}
+	recorder := events.New(evClient, sch, "dowse-controller", 1000, reg)
+	if err := mgr.Add(recorder); err != nil {
+		return err
+	}
 	errs := broker.NewErrors()
-	if err := broker.NewInstanceReconciler(mgr.GetClient(), idx, mgr.GetEventRecorder("dowse-controller"), errs, log.WithName("broker")).SetupWithManager(mgr); err != nil {
+	if err := broker.NewInstanceReconciler(mgr.GetClient(), idx, recorder, errs, log.WithName("broker")).SetupWithManager(mgr); err != nil {
 		return err
 	}
 	if err := broker.NewConfigurationReconciler(mgr.GetClient(), idx, errs).SetupWithManager(mgr); err != nil {
@@ -148,10 +162,6 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 		return err
 	}
 	if len(cfg.Link.Hosts) > 0 {
-		reg := cfg.Registerer
-		if reg == nil {
-			reg = ctrlmetrics.Registry
-		}
 		if err := addLink(ctx, mgr, cfg, reg, log.WithName("link")); err != nil {
 			return fmt.Errorf("setting up the cloud/edge link: %w", err)
 		}

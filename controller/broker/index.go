@@ -73,8 +73,9 @@ type Indexes struct {
 	Cache cache.Cache
 	// InstancesByConfiguration finds Instances by spec.configurationName.
 	InstancesByConfiguration *CacheIndex
-	// PodsByConfiguration finds broker Pods by their configuration label.
-	PodsByConfiguration *CacheIndex
+	// PodsByConfiguration and PodsByInstance find broker Pods by their
+	// configuration and instance labels.
+	PodsByConfiguration, PodsByInstance *CacheIndex
 }
 
 // NewIndexes adds the controller's in-place indexes to c.
@@ -85,14 +86,21 @@ func NewIndexes(ctx context.Context, c cache.Cache) (*Indexes, error) {
 	if err != nil {
 		return nil, err
 	}
-	pods, err := NewCacheIndex(ctx, c, &BrokerPod{}, "dowse.dev/configuration-label", func(o client.Object) []string {
-		if v, ok := o.GetLabels()[v1alpha1.LabelConfiguration]; ok {
-			return []string{v}
+	byLabel := func(key string) func(client.Object) []string {
+		return func(o client.Object) []string {
+			if v, ok := o.GetLabels()[key]; ok {
+				return []string{v}
+			}
+			return nil
 		}
-		return nil
-	})
+	}
+	pods, err := NewCacheIndex(ctx, c, &BrokerPod{}, "dowse.dev/configuration-label", byLabel(v1alpha1.LabelConfiguration))
 	if err != nil {
 		return nil, err
 	}
-	return &Indexes{Cache: c, InstancesByConfiguration: insts, PodsByConfiguration: pods}, nil
+	podsByInst, err := NewCacheIndex(ctx, c, &BrokerPod{}, "dowse.dev/instance-label", byLabel(v1alpha1.LabelInstance))
+	if err != nil {
+		return nil, err
+	}
+	return &Indexes{Cache: c, InstancesByConfiguration: insts, PodsByConfiguration: pods, PodsByInstance: podsByInst}, nil
 }

@@ -67,9 +67,10 @@ func specHash(v any) string {
 	return shortHash(string(b), 16)
 }
 
-// InstanceLabelIndex is the cache index on the instance label of what the
-// controller makes: listing by label selector scans every cached object,
-// which grows with the square of the number of Instances.
+// InstanceLabelIndex is the cache index on the instance label of broker
+// Jobs: listing by label selector scans every cached object, which grows
+// with the square of the number of Instances. (Pods have an in-place
+// CacheIndex: they are many more.)
 const InstanceLabelIndex = "label.instance"
 
 // AddIndexes registers the controller's cache indexes.
@@ -82,10 +83,5 @@ func AddIndexes(ctx context.Context, fi client.FieldIndexer) error {
 			return nil
 		}
 	}
-	for _, obj := range []client.Object{&BrokerPod{}, &batchv1.Job{}} {
-		if err := fi.IndexField(ctx, obj, InstanceLabelIndex, byLabel(v1alpha1.LabelInstance)); err != nil {
-			return err
-		}
-	}
-	return nil
+	return fi.IndexField(ctx, &batchv1.Job{}, InstanceLabelIndex, byLabel(v1alpha1.LabelInstance))
 }

@@ -137,11 +137,15 @@ func (r *InstanceReconciler) Reconcile(ctx context.Context, req reconcile.Reques
 	}
 	cfgKey := client.ObjectKeyFromObject(&cfg)
 
-	var pods BrokerPodList
-	if err := r.indexes.Cache.List(ctx, &pods, client.InNamespace(inst.Namespace), client.MatchingFields{InstanceLabelIndex: inst.Name}); err != nil {
+	objs, err := r.indexes.PodsByInstance.Objects(inst.Namespace, inst.Name)
+	if err != nil {
 		return reconcile.Result{}, err
 	}
-	requeue, refused, err := r.reconcilePods(ctx, &inst, &cfg, pods.Items)
+	pods := make([]*BrokerPod, len(objs))
+	for i, o := range objs {
+		pods[i] = o.(*BrokerPod)
+	}
+	requeue, refused, err := r.reconcilePods(ctx, &inst, &cfg, pods)
 	if err != nil {
 		return reconcile.Result{}, err
 	}
@@ -156,8 +160,8 @@ func (r *InstanceReconciler) Reconcile(ctx context.Context, req reconcile.Reques
 		r.errors.Set(cfgKey, refused)
 	}
 	running := false
-	for i := range pods.Items {
-		running = running || pods.Items[i].Status.Phase == corev1.PodRunning
+	for _, p := range pods {
+		running = running || p.Status.Phase == corev1.PodRunning
 	}
 	if err := r.reconcileService(ctx, &inst, &cfg, running); err != nil {
 		return reconcile.Result{}, err
@@ -167,7 +171,7 @@ func (r *InstanceReconciler) Reconcile(ctx context.Context, req reconcile.Reques
 
 // reconcilePods returns how soon to look again (for a broker in restart
 // backoff) and the API server's message when it refused a Pod.
-func (r *InstanceReconciler) reconcilePods(ctx context.Context, inst *v1alpha1.Instance, cfg *v1alpha1.Configuration, existing []BrokerPod) (time.Duration, string, error) {
+func (r *InstanceReconciler) reconcilePods(ctx context.Context, inst *v1alpha1.Instance, cfg *v1alpha1.Configuration, existing []*BrokerPod) (time.Duration, string, error) {
 	desired := map[string]*corev1.Pod{}
 	if cfg.Spec.BrokerSpec != nil && cfg.Spec.BrokerSpec.BrokerPodSpec != nil {
 		for _, n := range inst.Status.Nodes {
@@ -185,8 +189,8 @@ func (r *InstanceReconciler) reconcilePods(ctx context.Context, inst *v1alpha1.I
 		}
 	}
 	have := map[string]bool{}
-	for i := range existing {
-		p := &existing[i]
+	// The cache's own objects: read, never changed.
+	for _, p := range existing {
 		// Job brokers' pods carry the Instance's labels too, but are their
 		// Job's to manage.
 		if !metav1.IsControlledBy(p, inst) {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr/testr"
+	"github.com/prometheus/client_golang/prometheus"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -38,7 +39,7 @@ func startController(t *testing.T, grace time.Duration) *runningController {
 	c := &runningController{requests: counter, cancel: cancel, done: make(chan error, 1)}
 	go func() {
 		c.done <- controller.Run(ctx, controller.Config{RESTConfig: restCfg, NodeGracePeriod: grace, QPS: 1000, Burst: 2000,
-			MetricsAddr: "0", HealthAddr: "0"}, testr.New(t).WithName("controller"))
+			MetricsAddr: "0", HealthAddr: "0", Registerer: prometheus.NewRegistry()}, testr.New(t).WithName("controller"))
 	}()
 	t.Cleanup(func() {
 		cancel()

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr/testr"
+	"github.com/prometheus/client_golang/prometheus"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -52,7 +53,7 @@ func TestBrokersOnNode(t *testing.T) {
 	ctrlDone := make(chan error, 1)
 	go func() {
 		ctrlDone <- controller.Run(ctrlCtx, controller.Config{RESTConfig: c.Config, NodeGracePeriod: time.Minute,
-			MetricsAddr: "0", HealthAddr: "0"}, testr.New(t).WithName("controller"))
+			MetricsAddr: "0", HealthAddr: "0", Registerer: prometheus.NewRegistry()}, testr.New(t).WithName("controller"))
 	}()
 	t.Cleanup(func() {
 		stopCtrl()
