@@ -1,5 +1,5 @@
 // Package events records Kubernetes Events (events.k8s.io/v1) through a
-// bounded queue and one sender, and keeps nothing once an event is sent.
+// bounded queue and a few senders, and keeps nothing once an event is sent.
 // client-go's events broadcaster keeps every event it sent for six minutes
 // to spot series: a burst of 10,000 broker creations held 12 MB there, the
 // largest part of the controller's memory after its caches.
@@ -9,6 +9,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -87,25 +88,39 @@ func (r *Recorder) AnnotatedEventf(regarding, related runtime.Object, annotation
 	}
 }
 
+// senders write events in parallel: one at a time, a burst of broker
+// creations outran a single sender and most of its events were dropped.
+const senders = 8
+
 // Start sends queued events until ctx ends.
 func (r *Recorder) Start(ctx context.Context) error {
 	log := logr.FromContextOrDiscard(ctx).WithName("events")
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case ev := <-r.queue:
-			cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			_, err := r.client.Events(ev.Namespace).Create(cctx, ev, metav1.CreateOptions{})
-			cancel()
-			if err != nil {
-				r.dropped.Inc()
-				log.V(1).Info("event not recorded", "reason", ev.Reason, "regarding", ev.Regarding.Name, "err", err.Error())
-				continue
+	var wg sync.WaitGroup
+	for range senders {
+		wg.Go(func() {
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case ev := <-r.queue:
+					r.send(ctx, log, ev)
+				}
 			}
-			r.sent.Inc()
-		}
+		})
 	}
+	wg.Wait()
+	return nil
+}
+
+func (r *Recorder) send(ctx context.Context, log logr.Logger, ev *eventsv1.Event) {
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := r.client.Events(ev.Namespace).Create(cctx, ev, metav1.CreateOptions{}); err != nil {
+		r.dropped.Inc()
+		log.V(1).Info("event not recorded", "reason", ev.Reason, "regarding", ev.Regarding.Name, "err", err.Error())
+		return
+	}
+	r.sent.Inc()
 }
 
 // NeedLeaderElection is false: every replica's reconcilers may record.
