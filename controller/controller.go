@@ -132,9 +132,6 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
 		return err
 	}
-	if err := broker.AddIndexes(ctx, mgr.GetFieldIndexer()); err != nil {
-		return err
-	}
 	idx, err := broker.NewIndexes(ctx, mgr.GetCache())
 	if err != nil {
 		return err

@@ -2,7 +2,6 @@ package controller
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"time"
@@ -92,8 +91,8 @@ func addLink(ctx context.Context, mgr ctrl.Manager, cfg Config, reg prometheus.R
 		return err
 	}
 
-	tlsCfg := pki.ServerTLSConfig(tls.Certificate{}, ca.Pool())
-	tlsCfg.Certificates, tlsCfg.GetCertificate = nil, auth.ServerCertificate
+	// The hub serves the bootstrap endpoint's certificate, re-issued with it.
+	tlsCfg := pki.ServerTLSConfig(auth.ServerCertificate, ca.Pool())
 	if err := mgr.GetFieldIndexer().IndexField(ctx, &v1alpha1.Instance{}, edges.NodeIndex, edges.IndexByNode); err != nil {
 		return err
 	}

@@ -326,7 +326,7 @@ func (m *Manager) remove(key types.NamespacedName, log logr.Logger) {
 	for _, r := range stops {
 		r.stop()
 	}
-	m.opts.Metrics.pluginStarted(-len(stops))
+	m.opts.Metrics.pluginsRunning(-len(stops))
 	if ok {
 		m.claimer.Forget(key)
 		log.Info("device withdrawn")
@@ -348,7 +348,7 @@ func (m *Manager) startPlugin(resource string, svc *service, log logr.Logger) *r
 		Service:  svc, Watcher: m.watcher, Log: log,
 		OnRegistered: m.opts.Metrics.registered,
 	}
-	m.opts.Metrics.pluginStarted(1)
+	m.opts.Metrics.pluginsRunning(1)
 	m.wg.Add(1)
 	go func() {
 		defer m.wg.Done()

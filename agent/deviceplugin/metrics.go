@@ -54,9 +54,10 @@ func (m *Metrics) allocated(began time.Time, err error) {
 	m.allocations.WithLabelValues(result).Inc()
 }
 
-func (m *Metrics) pluginStarted(n int) {
+// pluginsRunning moves the plugin gauge by delta (+1 started, -n stopped).
+func (m *Metrics) pluginsRunning(delta int) {
 	if m != nil {
-		m.plugins.Add(float64(n))
+		m.plugins.Add(float64(delta))
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	batchv1 "k8s.io/api/batch/v1"
 	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -74,8 +75,8 @@ type Indexes struct {
 	// InstancesByConfiguration finds Instances by spec.configurationName.
 	InstancesByConfiguration *CacheIndex
 	// PodsByConfiguration and PodsByInstance find broker Pods by their
-	// configuration and instance labels.
-	PodsByConfiguration, PodsByInstance *CacheIndex
+	// configuration and instance labels, JobsByInstance broker Jobs.
+	PodsByConfiguration, PodsByInstance, JobsByInstance *CacheIndex
 }
 
 // NewIndexes adds the controller's in-place indexes to c.
@@ -102,5 +103,9 @@ func NewIndexes(ctx context.Context, c cache.Cache) (*Indexes, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Indexes{Cache: c, InstancesByConfiguration: insts, PodsByConfiguration: pods, PodsByInstance: podsByInst}, nil
+	jobsByInst, err := NewCacheIndex(ctx, c, &batchv1.Job{}, "dowse.dev/instance-label", byLabel(v1alpha1.LabelInstance))
+	if err != nil {
+		return nil, err
+	}
+	return &Indexes{Cache: c, InstancesByConfiguration: insts, PodsByConfiguration: pods, PodsByInstance: podsByInst, JobsByInstance: jobsByInst}, nil
 }

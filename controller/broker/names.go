@@ -4,17 +4,11 @@
 package broker
 
 import (
-	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"strings"
-
-	batchv1 "k8s.io/api/batch/v1"
-	"sigs.k8s.io/controller-runtime/pkg/client"
-
-	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 )
 
 // Placeholder is the resource name a broker spec may use in its requests
@@ -65,23 +59,4 @@ func cut(s string, n int) string {
 func specHash(v any) string {
 	b, _ := json.Marshal(v)
 	return shortHash(string(b), 16)
-}
-
-// InstanceLabelIndex is the cache index on the instance label of broker
-// Jobs: listing by label selector scans every cached object, which grows
-// with the square of the number of Instances. (Pods have an in-place
-// CacheIndex: they are many more.)
-const InstanceLabelIndex = "label.instance"
-
-// AddIndexes registers the controller's cache indexes.
-func AddIndexes(ctx context.Context, fi client.FieldIndexer) error {
-	byLabel := func(key string) client.IndexerFunc {
-		return func(o client.Object) []string {
-			if v, ok := o.GetLabels()[key]; ok {
-				return []string{v}
-			}
-			return nil
-		}
-	}
-	return fi.IndexField(ctx, &batchv1.Job{}, InstanceLabelIndex, byLabel(v1alpha1.LabelInstance))
 }

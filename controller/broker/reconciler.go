@@ -275,8 +275,8 @@ func (r *InstanceReconciler) waitBeforeRestart(key types.NamespacedName) time.Du
 
 // reconcileJob keeps one Job per Instance and Configuration generation.
 func (r *InstanceReconciler) reconcileJob(ctx context.Context, inst *v1alpha1.Instance, cfg *v1alpha1.Configuration) (string, error) {
-	var jobs batchv1.JobList
-	if err := r.client.List(ctx, &jobs, client.InNamespace(inst.Namespace), client.MatchingFields{InstanceLabelIndex: inst.Name}); err != nil {
+	jobs, err := r.indexes.JobsByInstance.Objects(inst.Namespace, inst.Name)
+	if err != nil {
 		return "", err
 	}
 	want := ""
@@ -284,15 +284,16 @@ func (r *InstanceReconciler) reconcileJob(ctx context.Context, inst *v1alpha1.In
 		want = JobName(inst.Name, cfg.Generation)
 	}
 	found := false
-	for i := range jobs.Items {
-		j := &jobs.Items[i]
-		if j.Name == want {
+	for _, o := range jobs {
+		if o.GetName() == want {
 			found = true
 			continue
 		}
-		if !j.DeletionTimestamp.IsZero() {
+		if !o.GetDeletionTimestamp().IsZero() {
 			continue
 		}
+		// The cache's own object is read, never handed to a write.
+		j := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Namespace: o.GetNamespace(), Name: o.GetName()}}
 		if err := r.client.Delete(ctx, j, client.PropagationPolicy(metav1.DeletePropagationBackground)); client.IgnoreNotFound(err) != nil {
 			return "", err
 		}

@@ -61,7 +61,7 @@ func newCluster(t *testing.T) *cluster {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &cluster{ca: ca, serverTLS: pki.ServerTLSConfig(srv, ca.Pool())}
+	return &cluster{ca: ca, serverTLS: pki.ServerTLSConfig(pki.Static[*tls.ClientHelloInfo](srv), ca.Pool())}
 }
 
 func (c *cluster) clientTLS(t *testing.T, ca *pki.CA, node string) *tls.Config {
@@ -70,7 +70,7 @@ func (c *cluster) clientTLS(t *testing.T, ca *pki.CA, node string) *tls.Config {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return pki.ClientTLSConfig(func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &cert, nil }, c.ca.Pool(), "127.0.0.1")
+	return pki.ClientTLSConfig(pki.Static[*tls.CertificateRequestInfo](cert), c.ca.Pool(), "127.0.0.1")
 }
 
 // authz lets node N speak about devices named "N-...".

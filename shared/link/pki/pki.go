@@ -239,14 +239,22 @@ func ValidateNodeName(node string) error {
 }
 
 // ServerTLSConfig is the cloud side's mutual-TLS configuration: TLS 1.3 only,
-// a client certificate from clientCAs required.
-func ServerTLSConfig(cert tls.Certificate, clientCAs *x509.CertPool) *tls.Config {
+// a client certificate from clientCAs required. getCert is asked on every
+// handshake, so a re-issued server certificate is served without
+// rebuilding the config.
+func ServerTLSConfig(getCert func(*tls.ClientHelloInfo) (*tls.Certificate, error), clientCAs *x509.CertPool) *tls.Config {
 	return &tls.Config{
-		MinVersion:   tls.VersionTLS13,
-		Certificates: []tls.Certificate{cert},
-		ClientAuth:   tls.RequireAndVerifyClientCert,
-		ClientCAs:    clientCAs,
+		MinVersion:     tls.VersionTLS13,
+		GetCertificate: getCert,
+		ClientAuth:     tls.RequireAndVerifyClientCert,
+		ClientCAs:      clientCAs,
 	}
+}
+
+// Static serves one fixed certificate, for ServerTLSConfig and
+// ClientTLSConfig.
+func Static[Info any](cert tls.Certificate) func(Info) (*tls.Certificate, error) {
+	return func(Info) (*tls.Certificate, error) { return &cert, nil }
 }
 
 // ClientTLSConfig is the edge side's mutual-TLS configuration. getCert is

@@ -110,7 +110,7 @@ func TestNodeFromCertRefusesServerAndForeignNames(t *testing.T) {
 func TestMutualTLS(t *testing.T) {
 	ca, _ := NewCA("ca", time.Hour)
 	srvCert, _ := ca.IssueServer([]string{"127.0.0.1"}, time.Hour)
-	ln, err := tls.Listen("tcp", "127.0.0.1:0", ServerTLSConfig(srvCert, ca.Pool()))
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", ServerTLSConfig(Static[*tls.ClientHelloInfo](srvCert), ca.Pool()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -140,7 +140,7 @@ func TestMutualTLS(t *testing.T) {
 	}()
 
 	dial := func(cert tls.Certificate) error {
-		cfg := ClientTLSConfig(func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &cert, nil }, ca.Pool(), "127.0.0.1")
+		cfg := ClientTLSConfig(Static[*tls.CertificateRequestInfo](cert), ca.Pool(), "127.0.0.1")
 		c, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", ln.Addr().String(), cfg)
 		if err != nil {
 			return err

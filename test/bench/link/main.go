@@ -94,7 +94,7 @@ func runHub(dir string) error {
 	if err != nil {
 		return err
 	}
-	serverTLS := pki.ServerTLSConfig(srv, ca.Pool())
+	serverTLS := pki.ServerTLSConfig(pki.Static[*tls.ClientHelloInfo](srv), ca.Pool())
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var hub *cloudhub.Hub
@@ -377,7 +377,7 @@ func (b *bench) clientTLS(node string) *tls.Config {
 	if !ok {
 		c, _ = b.ca.IssueNode(node, time.Hour)
 	}
-	return pki.ClientTLSConfig(func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &c, nil }, b.ca.Pool(), "127.0.0.1")
+	return pki.ClientTLSConfig(pki.Static[*tls.CertificateRequestInfo](c), b.ca.Pool(), "127.0.0.1")
 }
 
 // edge is a minimal edge: a memory session over one connection, counting
