@@ -210,6 +210,11 @@ func TestManagerPluginsAndAllocate(t *testing.T) {
 			} else {
 				t.Log(err)
 			}
+			// The kubelet records a registration before its answer reaches
+			// the plugin, which counts it only then.
+			for deadline := time.Now().Add(2 * time.Second); testutil.ToFloat64(metrics.registrations) < 2 && time.Now().Before(deadline); {
+				time.Sleep(5 * time.Millisecond)
+			}
 			for name, c := range map[string]struct {
 				got  float64
 				want float64
