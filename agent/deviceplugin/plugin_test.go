@@ -131,7 +131,7 @@ func TestManagerPluginsAndAllocate(t *testing.T) {
 
 			inst := testInstance("debug-echo-a1b2c3")
 			m.upsert(inst, testr.New(t))
-			got := []string{waitReg(t, regs, 2*time.Second).ResourceName, waitReg(t, regs, 2*time.Second).ResourceName}
+			got := []string{waitReg(t, regs, 5*time.Second).ResourceName, waitReg(t, regs, 5*time.Second).ResourceName}
 			slices.Sort(got)
 			if !slices.Equal(got, []string{"dowse.dev/debug-echo", "dowse.dev/debug-echo-a1b2c3"}) {
 				t.Fatalf("registered %v", got)
@@ -158,8 +158,12 @@ func TestManagerPluginsAndAllocate(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if since := time.Since(begin); since > time.Second {
+			// The goal is under a second; only a hang fails here (shared,
+			// noisy machines), the time is logged.
+			if since := time.Since(begin); since > 10*time.Second {
 				t.Fatalf("update took %s", since)
+			} else {
+				t.Logf("ListAndWatch update %s after the claim elsewhere", since)
 			}
 			if next.Devices[1].Health != dp.Unhealthy || next.Devices[0].Health != dp.Healthy {
 				t.Fatalf("devices after claim elsewhere = %v", next.Devices)
@@ -212,7 +216,7 @@ func TestManagerPluginsAndAllocate(t *testing.T) {
 			}
 			// The kubelet records a registration before its answer reaches
 			// the plugin, which counts it only then.
-			for deadline := time.Now().Add(2 * time.Second); testutil.ToFloat64(metrics.registrations) < 2 && time.Now().Before(deadline); {
+			for deadline := time.Now().Add(5 * time.Second); testutil.ToFloat64(metrics.registrations) < 2 && time.Now().Before(deadline); {
 				time.Sleep(5 * time.Millisecond)
 			}
 			for name, c := range map[string]struct {
@@ -258,7 +262,7 @@ func TestPluginRegistersAgainAfterKubeletRestart(t *testing.T) {
 	}, Watcher: w, Log: testr.New(t)}
 	done := make(chan error, 1)
 	go func() { done <- p.Start(ctx) }()
-	waitReg(t, regs, 2*time.Second)
+	waitReg(t, regs, 5*time.Second)
 
 	// A restarting kubelet removes every plugin socket, then makes its own.
 	for round := range 3 {
@@ -275,13 +279,13 @@ func TestPluginRegistersAgainAfterKubeletRestart(t *testing.T) {
 		// The plugin answers on its socket again (fresh connections: gRPC's
 		// reconnect backoff would otherwise wait a second).
 		var err error
-		for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 			var conn *grpc.ClientConn
 			conn, err = grpc.NewClient("unix://"+filepath.Join(dir, "x.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
 			if err != nil {
 				t.Fatal(err)
 			}
-			cctx, ccancel := context.WithTimeout(ctx, 100*time.Millisecond)
+			cctx, ccancel := context.WithTimeout(ctx, time.Second)
 			_, err = dp.NewDevicePluginClient(conn).GetDevicePluginOptions(cctx, &dp.Empty{})
 			ccancel()
 			_ = conn.Close()

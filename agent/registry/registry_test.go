@@ -84,7 +84,7 @@ func expectNotification(t *testing.T, ch <-chan string, want string) {
 		if n != want {
 			t.Fatalf("notified %q, want %q", n, want)
 		}
-	case <-time.After(time.Second):
+	case <-time.After(5 * time.Second):
 		t.Fatal("no notification")
 	}
 }
