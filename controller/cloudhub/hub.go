@@ -57,6 +57,33 @@ type Config struct {
 	// connection's goroutine: the application may resend state the node
 	// might lack (a restarted hub holds no queue from before).
 	OnConnect func(ctx context.Context, node string)
+	// Positions, when set, tells the hub how far the application got in a
+	// node's stream the first time the node connects to this hub process;
+	// see Positions.
+	Positions Positions
+}
+
+// Position is a place in a node's outbound stream.
+type Position struct {
+	// Stream is the node's stream id (Hello.stream_id); a node whose store
+	// was wiped starts a new one.
+	Stream uint64
+	// Seq is the sequence of the message in that stream.
+	Seq uint64
+}
+
+// Positions lets a restarted hub keep exactly-once delivery. The hub holds
+// its receive positions in memory; without Positions, a message the
+// application took just before the hub stopped, but whose ack never
+// reached the edge, is resent by the edge and handed to the application
+// again. An application that stores each Inbound's Position together with
+// its effect (in the same write) and answers Delivered from that store
+// sees every message exactly once across hub restarts as well.
+type Positions interface {
+	// Delivered is the position of the last message of node the
+	// application took; the zero Position when it knows of none. An error
+	// closes the node's connection (the edge retries with backoff).
+	Delivered(ctx context.Context, node string) (Position, error)
 }
 
 // Authorizer decides which devices a node may speak about.
@@ -73,14 +100,24 @@ type Authorizer interface {
 	AuthorizeDevice(ctx context.Context, node string, device *linkv1.DeviceRef) error
 }
 
+// Inbound is one sequenced message from a node.
+type Inbound struct {
+	Node string
+	// At is where the message sits in the node's stream (At.Seq ==
+	// Env.Seq); see Positions.
+	At  Position
+	Env *linkv1.Envelope
+}
+
 // Handler receives each inbound sequenced message (twin reported updates,
-// processed acks) exactly once per hub process, in the node's order, after
+// processed acks) exactly once per hub process (across hub restarts too,
+// with Config.Positions), in the node's order, after
 // authorization; calls for one node never overlap, calls for different
 // nodes do. A nil error marks it delivered. A *link.RefusedError refuses it
 // as the Authorizer would. Any other error drops the node's connection
 // without marking the message, which the edge then resends after it
 // reconnects (use it for transient failures; do not return it forever).
-type Handler func(ctx context.Context, node string, env *linkv1.Envelope) error
+type Handler func(ctx context.Context, m Inbound) error
 
 // Hub is the cloud end of the link.
 type Hub struct {
@@ -425,6 +462,10 @@ func (h *Hub) serveConn(ctx context.Context, transport string, c link.Conn) {
 		st.mu.Unlock()
 	}()
 
+	if err := h.seedPosition(ctx, st, node, hl.StreamId); err != nil {
+		h.refuse(ctx, "positions-unavailable", c, "closing connection: the application's position in the node's stream is unknown", "reason", err.Error())
+		return
+	}
 	st.sess.SetPeer(hl.StreamId)
 	st.sess.Resume(hl.PeerStreamId, hl.Received)
 	peer, received := st.sess.Received()
@@ -440,7 +481,9 @@ func (h *Hub) serveConn(ctx context.Context, transport string, c link.Conn) {
 	}
 	err = link.RunConn(cctx, f, st.sess, link.ConnConfig{
 		Heartbeat: h.cfg.Heartbeat, MaxFrame: h.cfg.MaxFrame, Limiter: st.limiter, Metrics: h.metrics,
-		Deliver: func(ctx context.Context, env *linkv1.Envelope) error { return h.deliver(ctx, node, env) },
+		Deliver: func(ctx context.Context, env *linkv1.Envelope) error {
+			return h.deliver(ctx, Inbound{Node: node, At: Position{Stream: hl.StreamId, Seq: env.Seq}, Env: env})
+		},
 	})
 	switch {
 	case errors.Is(err, link.ErrMalformed) || errors.Is(err, link.ErrFrameTooLarge):
@@ -452,7 +495,29 @@ func (h *Hub) serveConn(ctx context.Context, transport string, c link.Conn) {
 	}
 }
 
-func (h *Hub) deliver(ctx context.Context, node string, env *linkv1.Envelope) error {
+// seedPosition starts a session this process has not received on yet at
+// the application's position, when it is for the stream the node resumes.
+func (h *Hub) seedPosition(ctx context.Context, st *nodeState, node string, stream uint64) error {
+	if h.cfg.Positions == nil {
+		return nil
+	}
+	if peer, _ := st.sess.Received(); peer != 0 {
+		return nil // this process's own position is newer than any stored one
+	}
+	pos, err := h.cfg.Positions.Delivered(ctx, node)
+	if err != nil {
+		return err
+	}
+	if pos.Stream == stream && pos.Seq > 0 {
+		st.sess.SetPeer(stream)
+		st.sess.Delivered(pos.Seq)
+		logr.FromContextOrDiscard(ctx).V(1).Info("resuming the node's stream where the application left it", "seq", pos.Seq)
+	}
+	return nil
+}
+
+func (h *Hub) deliver(ctx context.Context, m Inbound) error {
+	node, env := m.Node, m.Env
 	var devices []*linkv1.DeviceRef
 	switch k := env.Kind.(type) {
 	case *linkv1.Envelope_TwinReported:
@@ -470,7 +535,7 @@ func (h *Hub) deliver(ctx context.Context, node string, env *linkv1.Envelope) er
 			return h.refused(ctx, env, fmt.Sprintf("device %s/%s: %v", d.GetNamespace(), d.GetName(), err))
 		}
 	}
-	return h.handler(ctx, node, env)
+	return h.handler(ctx, m)
 }
 
 func (h *Hub) refused(ctx context.Context, env *linkv1.Envelope, why string) error {

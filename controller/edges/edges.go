@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/dowse-dev/dowse/controller/cloudhub"
 	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 )
@@ -46,11 +47,13 @@ func seenBy(inst *v1alpha1.Instance, node string) bool {
 }
 
 // Handler takes what nodes send. Reported twin values have no consumer
-// until device twins exist; they are logged, and counted by the hub.
-func Handler(log logr.Logger) func(ctx context.Context, node string, env *linkv1.Envelope) error {
-	return func(_ context.Context, node string, env *linkv1.Envelope) error {
-		if r := env.GetTwinReported(); r != nil {
-			log.V(1).Info("reported value", "node", node, "device", r.GetDevice().GetNamespace()+"/"+r.GetDevice().GetName(), "property", r.GetProperty())
+// until device twins exist; they are logged, and counted by the hub. (The
+// twin store, once it exists, keeps each value's cloudhub.Position with it
+// and serves cloudhub.Positions, for exactly-once across hub restarts.)
+func Handler(log logr.Logger) cloudhub.Handler {
+	return func(_ context.Context, m cloudhub.Inbound) error {
+		if r := m.Env.GetTwinReported(); r != nil {
+			log.V(1).Info("reported value", "node", m.Node, "device", r.GetDevice().GetNamespace()+"/"+r.GetDevice().GetName(), "property", r.GetProperty(), "seq", m.At.Seq)
 		}
 		return nil
 	}

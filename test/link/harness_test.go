@@ -83,19 +83,46 @@ func (authz) AuthorizeDevice(_ context.Context, node string, d *linkv1.DeviceRef
 	return nil
 }
 
-// recorder keeps the int values each node's application received, in order.
+// recorder keeps the int values each node's application received, in
+// order. On the cloud side it is also the application's durable store: it
+// keeps the stream position with each value (one lock, so one "write") and
+// outlives hub restarts, which makes it a cloudhub.Positions.
 type recorder struct {
-	mu  sync.Mutex
-	got map[string][]int64
+	mu     sync.Mutex
+	got    map[string][]int64
+	at     map[string]cloudhub.Position
+	seeded int // Delivered answers with a position
 }
 
-func newRecorder() *recorder { return &recorder{got: map[string][]int64{}} }
+func newRecorder() *recorder {
+	return &recorder{got: map[string][]int64{}, at: map[string]cloudhub.Position{}}
+}
 
 func (r *recorder) add(node string, v int64) {
 	r.mu.Lock()
 	r.got[node] = append(r.got[node], v)
 	r.mu.Unlock()
 }
+
+func (r *recorder) take(m cloudhub.Inbound) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if rep := m.Env.GetTwinReported(); rep != nil {
+		r.got[m.Node] = append(r.got[m.Node], rep.GetValue().GetIntValue())
+	}
+	r.at[m.Node] = m.At
+}
+
+func (r *recorder) Delivered(_ context.Context, node string) (cloudhub.Position, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.at[node].Seq > 0 {
+		r.seeded++
+	}
+	return r.at[node], nil
+}
+
+func (r *recorder) seeds() int { r.mu.Lock(); defer r.mu.Unlock(); return r.seeded }
 
 func (r *recorder) get(node string) []int64 {
 	r.mu.Lock()
@@ -121,10 +148,8 @@ func startHub(t *testing.T, c *cluster, wsAddr, quicAddr string, rec *recorder, 
 	for _, f := range tweak {
 		f(&cfg)
 	}
-	hub, err := cloudhub.New(cfg, authz{}, func(_ context.Context, node string, env *linkv1.Envelope) error {
-		if r := env.GetTwinReported(); r != nil {
-			rec.add(node, r.GetValue().GetIntValue())
-		}
+	hub, err := cloudhub.New(cfg, authz{}, func(_ context.Context, m cloudhub.Inbound) error {
+		rec.take(m)
 		return nil
 	}, prometheus.NewRegistry())
 	if err != nil {

@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dowse-dev/dowse/agent/edgehub"
+	"github.com/dowse-dev/dowse/controller/cloudhub"
 	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
 	"github.com/dowse-dev/dowse/shared/link"
 	"github.com/dowse-dev/dowse/test/link/faultproxy"
@@ -310,6 +311,64 @@ func TestCloudRestart(t *testing.T) {
 				}
 			}
 			waitFor(t, 10*time.Second, "desired after restart", func() error { return exactly(edgeGot.get("edge"), 40) })
+		})
+	}
+}
+
+// TestCloudRestartsMidStream: the hub is stopped five times while an edge
+// streams readings. An application that keeps the stream position with its
+// effect (cloudhub.Positions) gets each reading exactly once, in order,
+// although the edge resends what the stopped hub had taken but not acked.
+func TestCloudRestartsMidStream(t *testing.T) {
+	for _, transport := range []string{link.WebSocket, link.QUIC} {
+		t.Run(transport, func(t *testing.T) {
+			t.Parallel()
+			c := newCluster(t)
+			logs := &logBuf{}
+			cloudGot := newRecorder()
+			positions := func(cfg *cloudhub.Config) { cfg.Positions = cloudGot }
+			hub := startHub(t, c, "127.0.0.1:0", "127.0.0.1:0", cloudGot, logs, positions)
+			ws, q := hub.hub.Addrs()
+			addr := ws.String()
+			if transport == link.QUIC {
+				addr = q.String()
+			}
+			d, _ := link.NewDialer(transport, addr, c.clientTLS(t, c.ca, "edge"))
+			e := startEdge(t, "edge", d, t.TempDir(), newRecorder(), logs, func(cfg *edgehub.Config) {
+				cfg.BackoffMin, cfg.BackoffMax = 20*time.Millisecond, 100*time.Millisecond
+			})
+			const total = 3000
+			reported := make(chan error, 1)
+			go func() {
+				for i := range total {
+					if _, err := e.edge.Report(dev("edge-cam"), fmt.Sprintf("p%05d", i), intValue(int64(i)), time.Now()); err != nil {
+						reported <- err
+						return
+					}
+					if i%2 == 0 {
+						time.Sleep(time.Millisecond)
+					}
+				}
+				reported <- nil
+			}()
+			for k := 1; k <= 5; k++ {
+				// Stop while readings are in flight: some were taken but not
+				// yet acked.
+				waitFor(t, 20*time.Second, "readings flowing", func() error {
+					if n := len(cloudGot.get("edge")); n < k*total/6 {
+						return fmt.Errorf("%d of %d taken", n, total)
+					}
+					return nil
+				})
+				hub.stop()
+				hub = startHub(t, c, ws.String(), q.String(), cloudGot, logs, positions)
+				time.Sleep(50 * time.Millisecond)
+			}
+			if err := <-reported; err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, 20*time.Second, "after the restarts", func() error { return exactly(cloudGot.get("edge"), total) })
+			t.Logf("%d readings exactly once across 5 hub restarts; %d restarted hubs resumed at the application's position", total, cloudGot.seeds())
 		})
 	}
 }

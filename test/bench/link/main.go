@@ -100,8 +100,8 @@ func runHub(dir string) error {
 	var hub *cloudhub.Hub
 	hub, err = cloudhub.New(cloudhub.Config{WebSocketAddr: "127.0.0.1:0", QUICAddr: "127.0.0.1:0", TLS: serverTLS,
 		Heartbeat: 30 * time.Second, QueueSize: 4096, RateLimit: 1e9, RateBurst: 1 << 30},
-		allowAll{}, func(_ context.Context, node string, env *linkv1.Envelope) error {
-			r := env.GetTwinReported()
+		allowAll{}, func(_ context.Context, m cloudhub.Inbound) error {
+			node, r := m.Node, m.Env.GetTwinReported()
 			if r == nil {
 				return nil
 			}
