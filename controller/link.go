@@ -43,6 +43,10 @@ type LinkConfig struct {
 	RateBurst int
 	// MaxConnections caps the edges connected at once.
 	MaxConnections int
+	// AuthRateLimit and AuthRateBurst pace the bootstrap and renewal
+	// requests of all edges together.
+	AuthRateLimit float64
+	AuthRateBurst int
 }
 
 // alwaysRunnable runs on every replica: the bootstrap endpoint keeps no
@@ -72,7 +76,9 @@ func addLink(ctx context.Context, mgr ctrl.Manager, cfg Config, reg prometheus.R
 	auth, err := linkauth.NewServer(linkauth.Config{
 		CA: ca, Tokens: linkauth.NewTokens(secrets), CertValidity: lc.CertValidity,
 		Hosts: lc.Hosts, ServerCertValidity: 30 * 24 * time.Hour, Addr: lc.AuthAddr,
-		Metrics: linkauth.NewMetrics(reg),
+		Metrics:      linkauth.NewMetrics(reg),
+		RequestRate:  lc.AuthRateLimit,
+		RequestBurst: lc.AuthRateBurst,
 		// A node removed from the cluster cannot keep renewing.
 		NodeAllowed: func(ctx context.Context, node string) (bool, error) {
 			err := live.Get(ctx, client.ObjectKey{Name: node}, &corev1.Node{})

@@ -25,7 +25,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"request"}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dowse_linkauth_requests_refused_total",
-			Help: "Bootstrap and renew requests refused, by request and reason (unknown_token, invalid_token, expired_token, reused_token, wrong_node, bad_client_cert, node_not_allowed, malformed).",
+			Help: "Bootstrap and renew requests refused, by request and reason (unknown_token, invalid_token, expired_token, reused_token, wrong_node, bad_client_cert, node_not_allowed, malformed, rate_limited).",
 		}, []string{"request", "reason"}),
 		failed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dowse_linkauth_requests_failed_total",

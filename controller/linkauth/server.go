@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"golang.org/x/time/rate"
 
 	"github.com/dowse-dev/dowse/shared/link/pki"
 )
@@ -24,6 +25,8 @@ const (
 	DefaultCertValidity         = 24 * time.Hour
 	DefaultServerCertValidity   = 30 * 24 * time.Hour
 	DefaultTokenCleanupInterval = 10 * time.Minute
+	DefaultRequestRate          = 20
+	DefaultRequestBurst         = 100
 	// maxBody bounds a request: a CSR is a few hundred bytes.
 	maxBody = 64 << 10
 )
@@ -60,6 +63,13 @@ type Config struct {
 	// TokenCleanupInterval is how often Start deletes expired tokens;
 	// negative disables.
 	TokenCleanupInterval time.Duration
+	// RequestRate and RequestBurst pace bootstrap and renew requests
+	// together (20/s, burst 100). Each costs API reads, and a refused one
+	// costs them too, so a flood of bad tokens must not reach the API
+	// server at its own pace; a request over the limit is answered 429 with
+	// Retry-After, which edges retry with backoff.
+	RequestRate  float64
+	RequestBurst int
 	// Metrics may be nil.
 	Metrics *Metrics
 }
@@ -70,6 +80,7 @@ type Server struct {
 	cfg    Config
 	caPool *x509.CertPool
 	now    func() time.Time
+	limit  *rate.Limiter
 
 	mu          sync.Mutex
 	serverCert  *tls.Certificate
@@ -95,10 +106,17 @@ func NewServer(cfg Config) (*Server, error) {
 	if cfg.TokenCleanupInterval == 0 {
 		cfg.TokenCleanupInterval = DefaultTokenCleanupInterval
 	}
+	if cfg.RequestRate <= 0 {
+		cfg.RequestRate = DefaultRequestRate
+	}
+	if cfg.RequestBurst <= 0 {
+		cfg.RequestBurst = DefaultRequestBurst
+	}
 	if cfg.Metrics == nil {
 		cfg.Metrics = NewMetrics(nil)
 	}
-	return &Server{cfg: cfg, caPool: cfg.CA.Pool(), now: time.Now}, nil
+	return &Server{cfg: cfg, caPool: cfg.CA.Pool(), now: time.Now,
+		limit: rate.NewLimiter(rate.Limit(cfg.RequestRate), cfg.RequestBurst)}, nil
 }
 
 // TLSConfig is the endpoint's TLS: 1.3 only, the server certificate chain
@@ -143,8 +161,8 @@ func (s *Server) currentServerCert() (*tls.Certificate, error) {
 func (s *Server) Handler() http.Handler {
 	s.handlerOnce.Do(func() {
 		mux := http.NewServeMux()
-		mux.HandleFunc("POST "+pki.BootstrapPath, s.bootstrap)
-		mux.HandleFunc("POST "+pki.RenewPath, s.renew)
+		mux.HandleFunc("POST "+pki.BootstrapPath, s.limited(requestBootstrap, s.bootstrap))
+		mux.HandleFunc("POST "+pki.RenewPath, s.limited(requestRenew, s.renew))
 		s.handler = mux
 	})
 	return s.handler
@@ -217,6 +235,22 @@ func (s *Server) cleanTokens(ctx context.Context) {
 			return
 		case <-t.C:
 		}
+	}
+}
+
+// limited answers 429 when requests come faster than Config.RequestRate.
+// Refusals are counted, and logged only at V(1): a flood would flood the log.
+func (s *Server) limited(request string, next http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if s.limit.Allow() {
+			next(w, r)
+			return
+		}
+		logr.FromContextOrDiscard(r.Context()).V(1).Info("refused node certificate request", "request", request,
+			"remote", r.RemoteAddr, "reason", ReasonRateLimited)
+		s.cfg.Metrics.refused.WithLabelValues(request, ReasonRateLimited).Inc()
+		w.Header().Set("Retry-After", "1")
+		writeJSON(w, http.StatusTooManyRequests, pki.ErrorResponse{Error: "too many certificate requests; retry later"})
 	}
 }
 

@@ -146,6 +146,7 @@ const (
 	ReasonWrongNode      = "wrong_node"       // the CSR names a node other than the token's or certificate's
 	ReasonBadClientCert  = "bad_client_cert"  // renew without a valid certificate from the link CA
 	ReasonNodeNotAllowed = "node_not_allowed" // renew for a node Config.NodeAllowed rejects
+	ReasonRateLimited    = "rate_limited"     // over Config.RequestRate; retryable (HTTP 429)
 )
 
 func refuse(reason string, status int, format string, args ...any) *Refused {

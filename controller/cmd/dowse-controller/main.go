@@ -18,6 +18,7 @@ import (
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/dowse-dev/dowse/controller"
+	"github.com/dowse-dev/dowse/controller/linkauth"
 )
 
 func main() {
@@ -54,6 +55,8 @@ func main() {
 	fs.Float64Var(&cfg.Link.RateLimit, "link-rate-limit", 100, "messages per second accepted from one node")
 	fs.IntVar(&cfg.Link.RateBurst, "link-rate-burst", 200, "burst of messages accepted from one node")
 	fs.IntVar(&cfg.Link.MaxConnections, "link-max-connections", 20000, "most edge connections served at once")
+	fs.Float64Var(&cfg.Link.AuthRateLimit, "link-auth-rate-limit", linkauth.DefaultRequestRate, "bootstrap and renewal requests per second, all edges together (more are answered 429 and retried)")
+	fs.IntVar(&cfg.Link.AuthRateBurst, "link-auth-rate-burst", linkauth.DefaultRequestBurst, "burst of bootstrap and renewal requests")
 	zapOpts := zap.Options{}
 	zapOpts.BindFlags(fs)
 	_ = fs.Parse(os.Args[1:])
