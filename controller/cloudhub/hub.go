@@ -53,6 +53,9 @@ type Config struct {
 	// is closed at once, logged and counted, so that a flood of edges (or
 	// of anyone holding a node certificate) cannot exhaust the hub.
 	MaxConnections int
+	// MaxHandshakes caps, per transport, the connections accepted whose TLS
+	// handshake and upgrade are not done yet (link.DefaultMaxHandshakes).
+	MaxHandshakes int
 	// OnConnect, when set, is called after a node's handshake, on the
 	// connection's goroutine: the application may resend state the node
 	// might lack (a restarted hub holds no queue from before).
@@ -225,7 +228,7 @@ func (h *Hub) Start(ctx context.Context) error {
 	var names []string
 	tlsCfg := h.verifyingTLS(log)
 	if h.cfg.WebSocketAddr != "" {
-		l, err := link.ListenWebSocket(h.cfg.WebSocketAddr, tlsCfg)
+		l, err := link.ListenWebSocket(h.cfg.WebSocketAddr, tlsCfg, h.cfg.MaxHandshakes)
 		if err != nil {
 			return fmt.Errorf("cloudhub websocket: %w", err)
 		}
@@ -233,7 +236,7 @@ func (h *Hub) Start(ctx context.Context) error {
 		listeners, names = append(listeners, l), append(names, link.WebSocket)
 	}
 	if h.cfg.QUICAddr != "" {
-		l, err := link.ListenQUIC(h.cfg.QUICAddr, tlsCfg)
+		l, err := link.ListenQUIC(h.cfg.QUICAddr, tlsCfg, h.cfg.MaxHandshakes)
 		if err != nil {
 			return fmt.Errorf("cloudhub quic: %w", err)
 		}

@@ -56,7 +56,9 @@ const ALPN = "dowse-link/1"
 
 // ListenWebSocket listens on addr (TLS over TCP) with tlsConf, which should
 // come from pki.ServerTLSConfig (client certificates required and verified).
-func ListenWebSocket(addr string, tlsConf *tls.Config) (Listener, error) {
+// At most maxHandshakes connections (DefaultMaxHandshakes when 0) are held
+// before their upgrade; more wait in the kernel's backlog.
+func ListenWebSocket(addr string, tlsConf *tls.Config, maxHandshakes int) (Listener, error) {
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
@@ -64,23 +66,28 @@ func ListenWebSocket(addr string, tlsConf *tls.Config) (Listener, error) {
 	conf := tlsConf.Clone()
 	// HTTP/1.1 only: the WebSocket upgrade needs it.
 	conf.NextProtos = []string{"http/1.1"}
-	return &wsListener{l: l, tls: conf}, nil
+	return &wsListener{l: l, tls: conf, gate: newHandshakeGate(maxHandshakes)}, nil
 }
 
 type wsListener struct {
-	l   net.Listener
-	tls *tls.Config
+	l    net.Listener
+	tls  *tls.Config
+	gate *handshakeGate
 }
 
 func (w *wsListener) Addr() net.Addr { return w.l.Addr() }
 
 func (w *wsListener) Serve(ctx context.Context, handle func(Conn)) error {
 	srv := &http.Server{
+		// Bounds the TLS handshake and the upgrade request too.
 		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       30 * time.Second,
+		ConnContext:       connAdmission,
 		// TLS handshake failures (a certificate of another CA, none at
 		// all) are refusals worth a line in the hub's log.
 		ErrorLog: log.New(httpErrorLog{logr.FromContextOrDiscard(ctx)}, "", 0),
 		Handler: http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+			releaseFrom(r.Context()) // the handshake is over
 			if r.URL.Path != WebSocketPath || r.TLS == nil || len(r.TLS.PeerCertificates) == 0 {
 				http.NotFound(rw, r)
 				return
@@ -101,7 +108,7 @@ func (w *wsListener) Serve(ctx context.Context, handle func(Conn)) error {
 		<-ctx.Done()
 		_ = srv.Close()
 	}()
-	err := srv.Serve(tls.NewListener(w.l, w.tls))
+	err := srv.Serve(tls.NewListener(&gatedListener{Listener: w.l, gate: w.gate, done: ctx.Done()}, w.tls))
 	if ctx.Err() != nil {
 		return nil
 	}
@@ -178,8 +185,11 @@ func quicConfig() *quic.Config {
 }
 
 // ListenQUIC listens on addr (UDP) with tlsConf (see ListenWebSocket); each
-// connection carries one bidirectional stream, opened by the client.
-func ListenQUIC(addr string, tlsConf *tls.Config) (Listener, error) {
+// connection carries one bidirectional stream, opened by the client. At
+// most maxHandshakes connections are held before their stream is open;
+// more are refused, and once half of them are taken, new attempts must
+// first prove their source address (a QUIC Retry).
+func ListenQUIC(addr string, tlsConf *tls.Config, maxHandshakes int) (Listener, error) {
 	conf := tlsConf.Clone()
 	conf.NextProtos = []string{ALPN}
 	ua, err := net.ResolveUDPAddr("udp", addr)
@@ -193,7 +203,20 @@ func ListenQUIC(addr string, tlsConf *tls.Config) (Listener, error) {
 	// Our own socket and Transport, closed in order when Serve ends, so
 	// that the port is free again when Serve returns (a restarted hub binds
 	// it at once).
-	tr := &quic.Transport{Conn: udp}
+	gate := newHandshakeGate(maxHandshakes)
+	tr := &quic.Transport{Conn: udp,
+		ConnContext: func(ctx context.Context, _ *quic.ClientInfo) (context.Context, error) {
+			a := gate.tryEnter()
+			if a == nil {
+				return nil, errTooManyHandshakes
+			}
+			// The context ends when the handshake fails or the connection
+			// closes.
+			context.AfterFunc(ctx, a.release)
+			return context.WithValue(ctx, admissionKey{}, a), nil
+		},
+		VerifySourceAddress: func(net.Addr) bool { return gate.busy() },
+	}
 	l, err := tr.Listen(conf, quicConfig())
 	if err != nil {
 		udp.Close()
@@ -228,6 +251,7 @@ func (q *quicListener) Serve(ctx context.Context, handle func(Conn)) error {
 			sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 			st, err := qc.AcceptStream(sctx)
 			cancel()
+			releaseFrom(qc.Context())
 			if err != nil {
 				_ = qc.CloseWithError(0, "no stream")
 				return
