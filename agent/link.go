@@ -31,7 +31,11 @@ type LinkConfig struct {
 	// certificate once (dowsectl token create); afterwards the credentials
 	// under <state dir>/link are used and renewed.
 	Token, CAPin, CAFile string
-	Heartbeat            time.Duration
+	// ServiceAccountTokenFile, instead of Token, bootstraps with the agent
+	// pod's projected service account token (one DaemonSet, every node its
+	// own identity).
+	ServiceAccountTokenFile string
+	Heartbeat               time.Duration
 	// StoreMaxEntries and StoreMaxBytes bound what the edge store keeps
 	// unacknowledged while offline.
 	StoreMaxEntries, StoreMaxBytes int
@@ -58,7 +62,7 @@ func addLink(mgr manager.Manager, cfg Config, reg prometheus.Registerer, log log
 	}
 	certs, err := edgecert.New(edgecert.Config{
 		Dir: filepath.Join(cfg.StateDir, "link"), Node: cfg.NodeName, URL: lc.AuthURL,
-		Token: lc.Token, CAPin: lc.CAPin, CAPEM: caPEM, Metrics: edgecert.NewMetrics(reg),
+		Token: lc.Token, ServiceAccountTokenFile: lc.ServiceAccountTokenFile, CAPin: lc.CAPin, CAPEM: caPEM, Metrics: edgecert.NewMetrics(reg),
 	})
 	if err != nil {
 		return err

@@ -47,6 +47,9 @@ type LinkConfig struct {
 	// requests of all edges together.
 	AuthRateLimit float64
 	AuthRateBurst int
+	// AgentServiceAccounts ("namespace/name") may bootstrap with a service
+	// account token bound to an agent pod; empty: bootstrap tokens only.
+	AgentServiceAccounts []string
 }
 
 // alwaysRunnable runs on every replica: the bootstrap endpoint keeps no
@@ -79,6 +82,9 @@ func addLink(ctx context.Context, mgr ctrl.Manager, cfg Config, reg prometheus.R
 		Metrics:      linkauth.NewMetrics(reg),
 		RequestRate:  lc.AuthRateLimit,
 		RequestBurst: lc.AuthRateBurst,
+		// Agents of a DaemonSet join with their pod's service account token.
+		TokenReviews:         cs.AuthenticationV1().TokenReviews(),
+		AgentServiceAccounts: lc.AgentServiceAccounts,
 		// A node removed from the cluster cannot keep renewing.
 		NodeAllowed: func(ctx context.Context, node string) (bool, error) {
 			err := live.Get(ctx, client.ObjectKey{Name: node}, &corev1.Node{})

@@ -65,8 +65,15 @@ type Config struct {
 	// holds no usable credentials; ignored otherwise, so it may stay in the
 	// agent's flags after it was used.
 	Token string
+	// ServiceAccountTokenFile, instead of Token, is a projected service
+	// account token of the agent's pod (audience pki.ServiceAccountAudience),
+	// read afresh at each bootstrap since the kubelet rotates it. The cloud
+	// issues the certificate for the node the pod runs on. Unlike a
+	// bootstrap token it stays valid, so a node whose certificate expired
+	// while offline bootstraps again by itself.
+	ServiceAccountTokenFile string
 	// CAPin ("sha256:<hex>") or CAPEM tells the edge which CA to trust at
-	// bootstrap; one of them is needed with Token. When CAPin is set and
+	// bootstrap; one of them is needed with Token or ServiceAccountTokenFile. When CAPin is set and
 	// the stored CA does not match it, the stored credentials belong to
 	// another cluster and are replaced by bootstrapping with Token.
 	CAPin string
@@ -145,19 +152,22 @@ func New(cfg Config) (*Manager, error) {
 		if _, err := pki.ParseToken(cfg.Token); err != nil {
 			return nil, err
 		}
+		if cfg.ServiceAccountTokenFile != "" {
+			return nil, errors.New("edgecert: give a bootstrap token or a service account token file, not both")
+		}
 	}
 	stored, err := m.load()
 	if err != nil {
 		return nil, err
 	}
 	if !stored && !m.canBootstrap() {
-		return nil, fmt.Errorf("edgecert: no usable credentials in %s and no bootstrap token with a CA pin: create one with `dowsectl token create --node %s`", cfg.Dir, cfg.Node)
+		return nil, fmt.Errorf("edgecert: no usable credentials in %s and no bootstrap token (or service account token file) with a CA pin: create a token with `dowsectl token create --node %s`", cfg.Dir, cfg.Node)
 	}
 	return m, nil
 }
 
 func (m *Manager) canBootstrap() bool {
-	return m.cfg.Token != "" && (m.pin != "" || len(m.cfg.CAPEM) > 0)
+	return (m.cfg.Token != "" || m.cfg.ServiceAccountTokenFile != "") && (m.pin != "" || len(m.cfg.CAPEM) > 0)
 }
 
 // load reads Dir. It reports false, with no error, when there is nothing
@@ -258,7 +268,8 @@ func (m *Manager) Ready() <-chan struct{} { return m.ready }
 // or unknown token): only a new token helps. A refused or failed renewal
 // is retried with backoff while the current certificate keeps serving;
 // once it has expired, only a restart with a new token helps (New then
-// bootstraps over the expired credentials).
+// bootstraps over the expired credentials), or, with a service account
+// token file, a bootstrap with it, which Start then tries.
 func (m *Manager) Start(ctx context.Context) error {
 	log := logr.FromContextOrDiscard(ctx).WithName("edgecert").WithValues("node", m.cfg.Node)
 	ctx = logr.NewContext(ctx, log)
@@ -277,7 +288,14 @@ func (m *Manager) Start(ctx context.Context) error {
 			return nil
 		}
 		err := retry(ctx, func() error {
-			err := m.Renew(ctx)
+			var err error
+			if m.cfg.ServiceAccountTokenFile != "" && m.now().After(m.cert.Load().Leaf.NotAfter) {
+				// Too late to renew (the node was offline): the pod's
+				// token still says who it is.
+				err = m.Bootstrap(ctx)
+			} else {
+				err = m.Renew(ctx)
+			}
 			var ref *Refused
 			if errors.As(err, &ref) {
 				// A renewal the cloud refuses today may pass tomorrow
@@ -332,7 +350,22 @@ func (m *Manager) Bootstrap(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	resp, err := m.post(ctx, tlsCfg, pki.BootstrapPath, pki.BootstrapRequest{Token: m.cfg.Token, CSR: csr})
+	req := pki.BootstrapRequest{Token: m.cfg.Token, CSR: csr}
+	if m.cfg.ServiceAccountTokenFile != "" {
+		b, err := os.ReadFile(m.cfg.ServiceAccountTokenFile)
+		if err == nil && len(bytes.TrimSpace(b)) == 0 {
+			err = errors.New("empty")
+		}
+		if err != nil {
+			// Retryable: the kubelet may not have written it yet.
+			err = fmt.Errorf("edgecert: service account token: %w", err)
+			m.count(m.cfg.Metrics.bootstraps, err)
+			log.Error(err, "bootstrap failed")
+			return err
+		}
+		req.ServiceAccountToken = string(bytes.TrimSpace(b))
+	}
+	resp, err := m.post(ctx, tlsCfg, pki.BootstrapPath, req)
 	if err != nil {
 		m.count(m.cfg.Metrics.bootstraps, err)
 		log.Error(err, "bootstrap failed", "url", m.cfg.URL)

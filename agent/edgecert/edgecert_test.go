@@ -117,13 +117,15 @@ func TestNewLoadsOrNeedsToken(t *testing.T) {
 func TestNewRefusesBadConfig(t *testing.T) {
 	good := Config{Dir: t.TempDir(), Node: "edge-a", URL: "https://cloud:9747", Token: testToken, CAPin: pki.CAPin(newCA(t).Cert)}
 	for name, mutate := range map[string]func(*Config){
-		"http URL":  func(c *Config) { c.URL = "http://cloud:9747" },
-		"no host":   func(c *Config) { c.URL = "https://" },
-		"bad node":  func(c *Config) { c.Node = "Edge_A" },
-		"no dir":    func(c *Config) { c.Dir = "" },
-		"bad pin":   func(c *Config) { c.CAPin = "sha256:abc" },
-		"bad token": func(c *Config) { c.Token = "abcdef" },
-		"bad CA":    func(c *Config) { c.CAPin, c.CAPEM = "", []byte("junk") },
+		"http URL":                        func(c *Config) { c.URL = "http://cloud:9747" },
+		"no host":                         func(c *Config) { c.URL = "https://" },
+		"bad node":                        func(c *Config) { c.Node = "Edge_A" },
+		"no dir":                          func(c *Config) { c.Dir = "" },
+		"bad pin":                         func(c *Config) { c.CAPin = "sha256:abc" },
+		"bad token":                       func(c *Config) { c.Token = "abcdef" },
+		"bad CA":                          func(c *Config) { c.CAPin, c.CAPEM = "", []byte("junk") },
+		"token and service account token": func(c *Config) { c.ServiceAccountTokenFile = "/var/run/secrets/dowse.dev/link/token" },
+		"service account token, no CA":    func(c *Config) { c.Token, c.CAPin, c.ServiceAccountTokenFile = "", "", "/token" },
 	} {
 		cfg := good
 		mutate(&cfg)
@@ -133,6 +135,11 @@ func TestNewRefusesBadConfig(t *testing.T) {
 	}
 	if _, err := New(good); err != nil {
 		t.Fatalf("good config: %v", err)
+	}
+	sa := good
+	sa.Token, sa.ServiceAccountTokenFile = "", "/var/run/secrets/dowse.dev/link/token"
+	if _, err := New(sa); err != nil {
+		t.Fatalf("service account token config: %v", err)
 	}
 }
 

@@ -25,7 +25,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"request"}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dowse_linkauth_requests_refused_total",
-			Help: "Bootstrap and renew requests refused, by request and reason (unknown_token, invalid_token, expired_token, reused_token, wrong_node, bad_client_cert, node_not_allowed, malformed, rate_limited).",
+			Help: "Bootstrap and renew requests refused, by request and reason (unknown_token, invalid_token, expired_token, reused_token, wrong_node, bad_client_cert, node_not_allowed, malformed, rate_limited, invalid_service_account_token, service_account_not_allowed, service_account_token_not_bound, service_account_bootstrap_off).",
 		}, []string{"request", "reason"}),
 		failed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dowse_linkauth_requests_failed_total",

@@ -16,6 +16,8 @@ import (
 
 	"github.com/go-logr/logr"
 	"golang.org/x/time/rate"
+	authnv1 "k8s.io/api/authentication/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/dowse-dev/dowse/shared/link/pki"
 )
@@ -63,6 +65,16 @@ type Config struct {
 	// TokenCleanupInterval is how often Start deletes expired tokens;
 	// negative disables.
 	TokenCleanupInterval time.Duration
+	// TokenReviews, when set, lets agents bootstrap with a service account
+	// token bound to their pod (pki.ServiceAccountAudience) instead of a
+	// bootstrap token: the API server authenticates it, and the node it
+	// names (the pod's) must be the one the CSR names. This is how agents
+	// of a DaemonSet join, each as its own node. Normally the clientset's
+	// AuthenticationV1().TokenReviews().
+	TokenReviews TokenReviewer
+	// AgentServiceAccounts are the service accounts ("namespace/name")
+	// whose tokens are taken; any other is refused.
+	AgentServiceAccounts []string
 	// RequestRate and RequestBurst pace bootstrap and renew requests
 	// together (20/s, burst 100). Each costs API reads, and a refused one
 	// costs them too, so a flood of bad tokens must not reach the API
@@ -96,6 +108,11 @@ func NewServer(cfg Config) (*Server, error) {
 	}
 	if len(cfg.Hosts) == 0 {
 		return nil, errors.New("linkauth: at least one host name or address is required for the server certificate")
+	}
+	for _, sa := range cfg.AgentServiceAccounts {
+		if ns, name, ok := strings.Cut(sa, "/"); !ok || ns == "" || name == "" || strings.Contains(name, "/") {
+			return nil, fmt.Errorf("linkauth: agent service account %q: want namespace/name", sa)
+		}
 	}
 	if cfg.CertValidity <= 0 {
 		cfg.CertValidity = DefaultCertValidity
@@ -254,6 +271,50 @@ func (s *Server) limited(request string, next http.HandlerFunc) http.HandlerFunc
 	}
 }
 
+// TokenReviewer asks the API server about a token.
+type TokenReviewer interface {
+	Create(ctx context.Context, review *authnv1.TokenReview, opts metav1.CreateOptions) (*authnv1.TokenReview, error)
+}
+
+// The node a bound service account token's pod runs on, in the reviewed
+// user's extra (Kubernetes 1.32+).
+const (
+	extraNodeName = "authentication.kubernetes.io/node-name"
+	extraPodName  = "authentication.kubernetes.io/pod-name"
+)
+
+// serviceAccountNode authenticates a service account token and returns the
+// node of the pod it is bound to, and who it is for the log.
+func (s *Server) serviceAccountNode(ctx context.Context, token string) (node string, who []any, err error) {
+	if s.cfg.TokenReviews == nil || len(s.cfg.AgentServiceAccounts) == 0 {
+		return "", nil, refuse(ReasonSABootstrapOff, http.StatusForbidden, "this cloud does not take service account tokens; bootstrap with a token from `dowsectl token create`")
+	}
+	review, err := s.cfg.TokenReviews.Create(ctx, &authnv1.TokenReview{Spec: authnv1.TokenReviewSpec{
+		Token: token, Audiences: []string{pki.ServiceAccountAudience}}}, metav1.CreateOptions{})
+	if err != nil {
+		return "", nil, fmt.Errorf("reviewing the service account token: %w", err)
+	}
+	st := review.Status
+	if !st.Authenticated {
+		// The API server's reason (expired, audience, pod deleted) is about
+		// the caller's own token: safe and useful to send back.
+		return "", nil, refuse(ReasonInvalidSAToken, http.StatusUnauthorized, "the service account token is not valid for audience %q: %s", pki.ServiceAccountAudience, st.Error)
+	}
+	allowed := false
+	for _, sa := range s.cfg.AgentServiceAccounts {
+		ns, name, _ := strings.Cut(sa, "/")
+		allowed = allowed || st.User.Username == "system:serviceaccount:"+ns+":"+name
+	}
+	if !allowed {
+		return "", nil, refuse(ReasonSANotAllowed, http.StatusForbidden, "%s may not join nodes to the link (allowed: %s)", st.User.Username, strings.Join(s.cfg.AgentServiceAccounts, ", "))
+	}
+	nodes := st.User.Extra[extraNodeName]
+	if len(nodes) != 1 || nodes[0] == "" {
+		return "", nil, refuse(ReasonSATokenNotBound, http.StatusUnauthorized, "the service account token is not bound to a pod on a node: mount a projected service account token with audience %q", pki.ServiceAccountAudience)
+	}
+	return nodes[0], []any{"serviceAccount", st.User.Username, "pod", strings.Join(st.User.Extra[extraPodName], ",")}, nil
+}
+
 func (s *Server) bootstrap(w http.ResponseWriter, r *http.Request) {
 	log := logr.FromContextOrDiscard(r.Context()).WithValues("request", requestBootstrap, "remote", r.RemoteAddr)
 	var req pki.BootstrapRequest
@@ -273,6 +334,24 @@ func (s *Server) bootstrap(w http.ResponseWriter, r *http.Request) {
 	certPEM, err := s.cfg.CA.SignNodeCSR(req.CSR, node, s.cfg.CertValidity)
 	if err != nil {
 		s.refused(w, log, requestBootstrap, refuse(ReasonMalformed, http.StatusBadRequest, "%v", err))
+		return
+	}
+	switch {
+	case req.Token != "" && req.ServiceAccountToken != "":
+		s.refused(w, log, requestBootstrap, refuse(ReasonMalformed, http.StatusBadRequest, "a bootstrap request carries a bootstrap token or a service account token, not both"))
+		return
+	case req.ServiceAccountToken != "":
+		podNode, who, err := s.serviceAccountNode(r.Context(), req.ServiceAccountToken)
+		if err == nil && podNode != node {
+			err = refuse(ReasonWrongNode, http.StatusForbidden, "the service account token is of a pod on node %q, but the certificate request names node %q", podNode, node)
+		}
+		if err != nil {
+			s.refused(w, log, requestBootstrap, err)
+			return
+		}
+		log.Info("issued node certificate", append(who, "validity", s.cfg.CertValidity)...)
+		s.cfg.Metrics.issued.WithLabelValues(requestBootstrap).Inc()
+		writeJSON(w, http.StatusOK, pki.CertificateResponse{CertificatePEM: certPEM, CAPEM: s.cfg.CA.CertPEM})
 		return
 	}
 	info, err := s.cfg.Tokens.Consume(r.Context(), req.Token, node, key)

@@ -147,6 +147,11 @@ const (
 	ReasonBadClientCert  = "bad_client_cert"  // renew without a valid certificate from the link CA
 	ReasonNodeNotAllowed = "node_not_allowed" // renew for a node Config.NodeAllowed rejects
 	ReasonRateLimited    = "rate_limited"     // over Config.RequestRate; retryable (HTTP 429)
+	// Service account bootstrap (Config.TokenReviews).
+	ReasonInvalidSAToken  = "invalid_service_account_token"   // the API server does not authenticate it (expired, wrong audience, pod gone)
+	ReasonSANotAllowed    = "service_account_not_allowed"     // not one of Config.AgentServiceAccounts
+	ReasonSATokenNotBound = "service_account_token_not_bound" // not bound to a pod on a node
+	ReasonSABootstrapOff  = "service_account_bootstrap_off"   // this cloud takes bootstrap tokens only
 )
 
 func refuse(reason string, status int, format string, args ...any) *Refused {

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	authnv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -24,6 +25,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+	"github.com/dowse-dev/dowse/shared/link/pki"
 	"github.com/dowse-dev/dowse/shared/scheme"
 
 	"github.com/dowse-dev/dowse/test/kube"
@@ -113,7 +115,9 @@ func TestLinkBinaries(t *testing.T) {
 		return out
 	}
 	agentMetrics := map[string]int{}
-	agent := func(node, transport string, tok tokenOut) *procs.Proc {
+	// agent starts an agent of node that bootstraps with tok, or with the
+	// service account token in saTokenFile when set.
+	agent := func(node, transport string, tok tokenOut, saTokenFile ...string) *procs.Proc {
 		t.Helper()
 		port, err := procs.FreePort()
 		if err != nil {
@@ -125,12 +129,16 @@ func TestLinkBinaries(t *testing.T) {
 			server = fmt.Sprintf("127.0.0.1:%d", quicPort)
 		}
 		state := filepath.Join(dir, node)
-		return start("dowse-agent", node+"-"+strconv.Itoa(port), "--kubeconfig", kubeconfig, "--node-name", node,
+		bootstrap := []string{"--link-bootstrap-token", tok.Token}
+		if len(saTokenFile) > 0 {
+			bootstrap = []string{"--link-service-account-token-file", saTokenFile[0]}
+		}
+		return start("dowse-agent", node+"-"+strconv.Itoa(port), append([]string{"--kubeconfig", kubeconfig, "--node-name", node,
 			"--state-dir", state, "--device-plugin-dir", "",
 			"--metrics-bind-address", fmt.Sprintf("127.0.0.1:%d", port), "--health-probe-bind-address", "0",
 			"--link-server", server, "--link-transport", transport, "--link-heartbeat", "1s",
 			"--link-auth-url", fmt.Sprintf("https://127.0.0.1:%d", authPort),
-			"--link-bootstrap-token", tok.Token, "--link-ca-cert-hash", tok.CACertHash)
+			"--link-ca-cert-hash", tok.CACertHash}, bootstrap...)...)
 	}
 
 	wsTok, quicTok := token("edge-ws"), token("edge-quic")
@@ -207,6 +215,39 @@ func TestLinkBinaries(t *testing.T) {
 		}
 		if _, err := os.Stat(filepath.Join(dir, "edge-thief", "link", "node.pem")); !os.IsNotExist(err) {
 			t.Fatalf("the refused node stored credentials: %v", err)
+		}
+	})
+	t.Run("DaemonSetAgentJoinsWithServiceAccount", func(t *testing.T) {
+		// deploy/agent/agent.yaml's pod: service account dowse-agent, a
+		// projected token with audience dowse-link, no per-node token. The
+		// API server binds the token to the pod object; no kubelet needed.
+		if _, err := cs.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "edge-ds"}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := cs.CoreV1().ServiceAccounts("dowse-system").Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "dowse-agent"}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		pod, err := cs.CoreV1().Pods("dowse-system").Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "dowse-agent-edge-ds"},
+			Spec: corev1.PodSpec{ServiceAccountName: "dowse-agent", NodeName: "edge-ds", Containers: []corev1.Container{{Name: "agent", Image: "dowse-agent"}}}},
+			metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tr, err := cs.CoreV1().ServiceAccounts("dowse-system").CreateToken(ctx, "dowse-agent", &authnv1.TokenRequest{Spec: authnv1.TokenRequestSpec{
+			Audiences:      []string{pki.ServiceAccountAudience},
+			BoundObjectRef: &authnv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID}}}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tokenFile := filepath.Join(dir, "edge-ds-sa-token")
+		if err := os.WriteFile(tokenFile, []byte(tr.Status.Token), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		agent("edge-ds", "quic", wsTok, tokenFile)
+		eventually(t, 30*time.Second, func() error { return metricIs(ctlMetrics, "dowse_cloudhub_connected_nodes", 3) })
+		eventually(t, 10*time.Second, func() error { return metricIs(agentMetrics["edge-ds"], "dowse_edgehub_connected", 1) })
+		if _, err := os.Stat(filepath.Join(dir, "edge-ds", "link", "node.pem")); err != nil {
+			t.Fatalf("edge-ds stored no credentials: %v", err)
 		}
 	})
 }

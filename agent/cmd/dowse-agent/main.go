@@ -47,6 +47,7 @@ func main() {
 	fs.StringVar(&cfg.Link.Transport, "link-transport", "websocket", "cloud/edge link transport: websocket or quic")
 	fs.StringVar(&cfg.Link.AuthURL, "link-auth-url", "", "the controller's link bootstrap endpoint, https://host:port")
 	fs.StringVar(&cfg.Link.Token, "link-bootstrap-token", os.Getenv("DOWSE_LINK_TOKEN"), "one-time token from `dowsectl token create` (env DOWSE_LINK_TOKEN); needed until the node holds a certificate")
+	fs.StringVar(&cfg.Link.ServiceAccountTokenFile, "link-service-account-token-file", "", "instead of a bootstrap token: the agent pod's projected service account token (audience dowse-link); the cloud issues the certificate for the pod's node")
 	fs.StringVar(&cfg.Link.CAPin, "link-ca-cert-hash", "", "sha256:<hex> pin of the link CA, printed by `dowsectl token create`")
 	fs.StringVar(&cfg.Link.CAFile, "link-ca-file", "", "the link CA certificate (PEM), instead of --link-ca-cert-hash")
 	fs.DurationVar(&cfg.Link.Heartbeat, "link-heartbeat", 10*time.Second, "link heartbeat interval; a silent cloud is dropped after two")

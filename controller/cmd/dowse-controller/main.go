@@ -55,6 +55,7 @@ func main() {
 	fs.Float64Var(&cfg.Link.RateLimit, "link-rate-limit", 100, "messages per second accepted from one node")
 	fs.IntVar(&cfg.Link.RateBurst, "link-rate-burst", 200, "burst of messages accepted from one node")
 	fs.IntVar(&cfg.Link.MaxConnections, "link-max-connections", 20000, "most edge connections served at once")
+	agentSAs := fs.String("link-agent-service-accounts", "dowse-agent", "comma-separated service accounts (name in --namespace, or namespace/name) whose pod-bound tokens (audience dowse-link) may bootstrap their pod's node; empty: bootstrap tokens only")
 	fs.Float64Var(&cfg.Link.AuthRateLimit, "link-auth-rate-limit", linkauth.DefaultRequestRate, "bootstrap and renewal requests per second, all edges together (more are answered 429 and retried)")
 	fs.IntVar(&cfg.Link.AuthRateBurst, "link-auth-rate-burst", linkauth.DefaultRequestBurst, "burst of bootstrap and renewal requests")
 	zapOpts := zap.Options{}
@@ -63,6 +64,14 @@ func main() {
 	cfg.QPS = float32(*qps)
 	if *linkHosts != "" {
 		cfg.Link.Hosts = strings.Split(*linkHosts, ",")
+	}
+	for _, sa := range strings.Split(*agentSAs, ",") {
+		if sa = strings.TrimSpace(sa); sa != "" && !strings.Contains(sa, "/") {
+			sa = cfg.Namespace + "/" + sa
+		}
+		if sa != "" {
+			cfg.Link.AgentServiceAccounts = append(cfg.Link.AgentServiceAccounts, sa)
+		}
 	}
 
 	// Request latency lets an operator tell a slow API server from a slow

@@ -23,10 +23,20 @@ const (
 	RenewPath = "/linkauth/v1/renew"
 )
 
-// BootstrapRequest trades a bootstrap token for a node client certificate.
+// ServiceAccountAudience is the audience of the Kubernetes service account
+// tokens an agent bootstraps with (a projected token in its pod).
+const ServiceAccountAudience = "dowse-link"
+
+// BootstrapRequest trades a bootstrap token, or a service account token of
+// an agent pod, for a node client certificate. Exactly one is set.
 type BootstrapRequest struct {
 	// Token is "<id>.<secret>" as dowsectl printed it.
-	Token string `json:"token"`
+	Token string `json:"token,omitempty"`
+	// ServiceAccountToken is a token of the agent's service account, bound
+	// to its pod and so to the pod's node, with ServiceAccountAudience: an
+	// agent run by a DaemonSet gets its own node's identity without a token
+	// per node.
+	ServiceAccountToken string `json:"serviceAccountToken,omitempty"`
 	// CSR is a DER certificate request whose CN is "node:<node>", the node
 	// the token was made for (NewNodeKeyAndCSR).
 	CSR []byte `json:"csr"`
