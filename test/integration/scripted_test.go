@@ -81,7 +81,7 @@ func TestKilledHandlerDevicesGoAfterGracePeriod(t *testing.T) {
 		return nil
 	})
 	expectCount(t, ns, "grace", 0, 10*time.Second)
-	eventually(t, 5*time.Second, func() error {
+	eventually(t, 15*time.Second, func() error {
 		st := nodeStatus(t, ns, "grace", "node-a")
 		if st == nil || st.Devices != 0 {
 			return fmt.Errorf("status %+v", st)

@@ -436,7 +436,7 @@ func TestDeadPeerDetected(t *testing.T) {
 			p := newProxy(t, transport, hub)
 			d, _ := link.NewDialer(transport, p.Addr(), c.clientTLS(t, c.ca, "edge"))
 			e := startEdge(t, "edge", d, t.TempDir(), newRecorder(), logs, nil)
-			waitFor(t, 5*time.Second, "connected", func() error {
+			waitFor(t, 15*time.Second, "connected", func() error {
 				if len(hub.hub.Connected()) != 1 || !e.edge.Connected() {
 					return fmt.Errorf("not connected")
 				}

@@ -39,7 +39,7 @@ func TestRefusals(t *testing.T) {
 			t.Fatal(err)
 		}
 		n++
-		waitFor(t, 5*time.Second, "healthy edge after "+what, func() error {
+		waitFor(t, 15*time.Second, "healthy edge after "+what, func() error {
 			if err := exactly(cloudGot.get("good"), n); err != nil {
 				return err
 			}
@@ -73,7 +73,7 @@ func TestRefusals(t *testing.T) {
 			}
 		}
 		// One clear line per refused connection, whichever the transport.
-		waitFor(t, 5*time.Second, "log", func() error {
+		waitFor(t, 15*time.Second, "log", func() error {
 			if n := strings.Count(logs.String(), "refusing connection: client certificate not trusted"); n < 2 {
 				return fmt.Errorf("%d log lines for 2 refused connections:\n%s", n, logs.String())
 			}
@@ -86,7 +86,7 @@ func TestRefusals(t *testing.T) {
 		// "mallory" holds a genuine certificate for itself and claims "good".
 		d, _ := link.NewDialer(link.QUIC, q.String(), c.clientTLS(t, c.ca, "mallory"))
 		liar := startEdge(t, "good", d, t.TempDir(), newRecorder(), logs, nil)
-		waitFor(t, 5*time.Second, "refusal logged", func() error {
+		waitFor(t, 15*time.Second, "refusal logged", func() error {
 			if !logs.has("refusing hello that claims another node") || !logs.has(`"code"="NODE_MISMATCH"`) {
 				return fmt.Errorf("no refusal in logs")
 			}
@@ -105,7 +105,7 @@ func TestRefusals(t *testing.T) {
 		if _, err := nosy.edge.Report(dev("nosy-cam"), "temperature", intValue(1), time.Now()); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, 5*time.Second, "own device delivered, other's refused", func() error {
+		waitFor(t, 15*time.Second, "own device delivered, other's refused", func() error {
 			if got := cloudGot.get("nosy"); fmt.Sprint(got) != "[1]" {
 				return fmt.Errorf("hub delivered %v, want [1]", got)
 			}
@@ -163,7 +163,7 @@ func TestRefusals(t *testing.T) {
 			t.Fatal(err)
 		}
 		expectError(t, f, linkv1.Error_MALFORMED)
-		waitFor(t, 5*time.Second, "log", func() error {
+		waitFor(t, 15*time.Second, "log", func() error {
 			if !logs.has("closing connection: bad frame from node") {
 				return fmt.Errorf("no log line")
 			}
@@ -180,7 +180,7 @@ func TestRefusals(t *testing.T) {
 			t.Fatal(err)
 		}
 		expectError(t, f, linkv1.Error_TOO_LARGE)
-		waitFor(t, 5*time.Second, "log", func() error {
+		waitFor(t, 15*time.Second, "log", func() error {
 			if !logs.has("frame too large") {
 				return fmt.Errorf("no log line")
 			}
@@ -210,14 +210,14 @@ func TestHubFull(t *testing.T) {
 		return startEdge(t, node, d, t.TempDir(), newRecorder(), logs, nil)
 	}
 	first := edge("first")
-	waitFor(t, 5*time.Second, "first connected", func() error {
+	waitFor(t, 15*time.Second, "first connected", func() error {
 		if got := hub.hub.Connected(); !slices.Equal(got, []string{"first"}) {
 			return fmt.Errorf("connected %v", got)
 		}
 		return nil
 	})
 	edge("second")
-	waitFor(t, 5*time.Second, "refusal", func() error {
+	waitFor(t, 15*time.Second, "refusal", func() error {
 		if !logs.has("refusing connection: the hub serves its maximum of connections") {
 			return errors.New("no log line")
 		}
