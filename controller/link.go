@@ -109,18 +109,26 @@ func addLink(ctx context.Context, mgr ctrl.Manager, cfg Config, reg prometheus.R
 		return err
 	}
 	var members *edges.Memberships
+	var departures *edges.Departures
 	hub, err := cloudhub.New(cloudhub.Config{
 		WebSocketAddr: lc.WebSocketAddr, QUICAddr: lc.QUICAddr, TLS: tlsCfg,
 		Heartbeat: lc.Heartbeat, MaxFrame: lc.MaxMessageSize, QueueSize: lc.QueueSize,
 		RateLimit: lc.RateLimit, RateBurst: lc.RateBurst, MaxConnections: lc.MaxConnections,
 		// A node that (re)connects learns which devices are its.
 		OnConnect: func(ctx context.Context, node string) { members.OnConnect(ctx, node) },
+		// Only nodes of the cluster: a deleted Node's certificate, still
+		// valid, no longer gets in.
+		NodeAllowed: func(ctx context.Context, node string) (bool, error) { return departures.Allowed(ctx, node) },
 	}, edges.Authorizer{Reader: mgr.GetClient()}, edges.Handler(log.WithName("edges")), reg)
 	if err != nil {
 		return err
 	}
 	members = edges.NewMemberships(mgr.GetClient(), hub, log.WithName("membership"))
 	if err := members.SetupWithManager(mgr); err != nil {
+		return err
+	}
+	departures = edges.NewDepartures(mgr.GetClient(), hub, members, log.WithName("departures"))
+	if err := departures.SetupWithManager(mgr); err != nil {
 		return err
 	}
 	return mgr.Add(ctrl.RunnableFunc(func(ctx context.Context) error {

@@ -60,6 +60,12 @@ type Config struct {
 	// connection's goroutine: the application may resend state the node
 	// might lack (a restarted hub holds no queue from before).
 	OnConnect func(ctx context.Context, node string)
+	// NodeAllowed, when set, is asked after each Hello whether the node may
+	// connect; false refuses it (Error PERMISSION_DENIED), an error closes
+	// the connection for the edge to retry. A certificate outlives the Node
+	// it names (nothing revokes it), so the controller passes "the Node
+	// object exists": a node removed from the cluster is out at once.
+	NodeAllowed func(ctx context.Context, node string) (bool, error)
 	// Positions, when set, tells the hub how far the application got in a
 	// node's stream the first time the node connects to this hub process;
 	// see Positions.
@@ -439,6 +445,18 @@ func (h *Hub) serveConn(ctx context.Context, transport string, c link.Conn) {
 		return
 	}
 	hl := hello.GetHello()
+	if h.cfg.NodeAllowed != nil {
+		ok, err := h.cfg.NodeAllowed(ctx, node)
+		switch {
+		case err != nil:
+			h.refuse(ctx, "node-check-failed", c, "closing connection: could not check that the node is in the cluster", "reason", err.Error())
+			return
+		case !ok:
+			h.refuse(ctx, "node-not-allowed", c, "refusing node that is not in the cluster")
+			f.WriteError(linkv1.Error_PERMISSION_DENIED, fmt.Sprintf("node %q is not in the cluster", node))
+			return
+		}
+	}
 
 	st := h.state(node)
 	cctx, cancel := context.WithCancelCause(ctx)

@@ -70,6 +70,14 @@ func (m *Memberships) SetupWithManager(mgr ctrl.Manager) error {
 		Complete(m)
 }
 
+// Forget drops what was last sent to node, for a node that left the
+// cluster.
+func (m *Memberships) Forget(node string) {
+	m.mu.Lock()
+	delete(m.sent, node)
+	m.mu.Unlock()
+}
+
 // OnConnect sends node its whole membership: a (re)connected node may have
 // missed any earlier one (a restarted hub keeps no queue).
 func (m *Memberships) OnConnect(ctx context.Context, node string) {

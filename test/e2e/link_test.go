@@ -141,6 +141,12 @@ func TestLinkBinaries(t *testing.T) {
 			"--link-ca-cert-hash", tok.CACertHash}, bootstrap...)...)
 	}
 
+	// Only nodes of the cluster may connect (a deleted Node is out).
+	for _, n := range []string{"edge-ws", "edge-quic"} {
+		if _, err := cs.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
 	wsTok, quicTok := token("edge-ws"), token("edge-quic")
 	wsAgent := agent("edge-ws", "websocket", wsTok)
 	agent("edge-quic", "quic", quicTok)
@@ -250,11 +256,35 @@ func TestLinkBinaries(t *testing.T) {
 			t.Fatalf("edge-ds stored no credentials: %v", err)
 		}
 	})
+	t.Run("DeletedNodeLeavesTheLink", func(t *testing.T) {
+		// Its certificate is still valid for hours; the Node is what counts.
+		if err := cs.CoreV1().Nodes().Delete(ctx, "edge-quic", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 30*time.Second, func() error { return metricIs(ctlMetrics, "dowse_cloudhub_connected_nodes", 2) })
+		// The agent dials again and is refused, while the others stay.
+		eventually(t, 30*time.Second, func() error {
+			return metricAtLeast(ctlMetrics, `dowse_cloudhub_refused_connections_total{reason="node-not-allowed"}`, 1)
+		})
+		eventually(t, 10*time.Second, func() error { return metricIs(agentMetrics["edge-quic"], "dowse_edgehub_connected", 0) })
+		if err := metricIs(ctlMetrics, "dowse_cloudhub_connected_nodes", 2); err != nil {
+			t.Fatal(err)
+		}
+	})
 }
 
 // metricIs checks that the metrics endpoint on port shows the sample
 // (name with labels, as Prometheus prints it) at want.
 func metricIs(port int, sample string, want float64) error {
+	return metricCheck(port, sample, want, func(v float64) bool { return v == want })
+}
+
+// metricAtLeast is metricIs for a counter that may have gone past min.
+func metricAtLeast(port int, sample string, min float64) error {
+	return metricCheck(port, sample, min, func(v float64) bool { return v >= min })
+}
+
+func metricCheck(port int, sample string, want float64, holds func(float64) bool) error {
 	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", port))
 	if err != nil {
 		return err
@@ -273,7 +303,7 @@ func metricIs(port int, sample string, want float64) error {
 		if err != nil {
 			return err
 		}
-		if v != want {
+		if !holds(v) {
 			return fmt.Errorf("%s = %v, want %v", sample, v, want)
 		}
 		return nil

@@ -24,7 +24,9 @@ func TestRefusals(t *testing.T) {
 	c := newCluster(t)
 	logs := &logBuf{}
 	cloudGot, edgeGot := newRecorder(), newRecorder()
-	hub := startHub(t, c, "127.0.0.1:0", "127.0.0.1:0", cloudGot, logs)
+	hub := startHub(t, c, "127.0.0.1:0", "127.0.0.1:0", cloudGot, logs, func(cfg *cloudhub.Config) {
+		cfg.NodeAllowed = func(_ context.Context, node string) (bool, error) { return node != "departed", nil }
+	})
 	ws, q := hub.hub.Addrs()
 	good, _ := link.NewDialer(link.WebSocket, ws.String(), c.clientTLS(t, c.ca, "good"))
 	healthy := startEdge(t, "good", good, t.TempDir(), edgeGot, logs, nil)
@@ -94,6 +96,26 @@ func TestRefusals(t *testing.T) {
 		})
 		liar.stop()
 		healthyStep("impostor")
+	})
+
+	t.Run("node no longer in the cluster", func(t *testing.T) {
+		// A genuine, unexpired certificate of a node whose Node is gone.
+		d, _ := link.NewDialer(link.QUIC, q.String(), c.clientTLS(t, c.ca, "departed"))
+		gone := startEdge(t, "departed", d, t.TempDir(), newRecorder(), logs, nil)
+		if _, err := gone.edge.Report(dev("departed-cam"), "temperature", intValue(1), time.Now()); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, 15*time.Second, "refusal logged", func() error {
+			if !logs.has("refusing node that is not in the cluster") || !logs.has(`"code"="PERMISSION_DENIED"`) {
+				return fmt.Errorf("no refusal in logs")
+			}
+			return nil
+		})
+		gone.stop()
+		if got := cloudGot.get("departed"); len(got) != 0 {
+			t.Fatalf("hub delivered %v from a departed node", got)
+		}
+		healthyStep("departed node")
 	})
 
 	t.Run("message about another node's device", func(t *testing.T) {

@@ -1,0 +1,73 @@
+package edges
+
+import (
+	"context"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+)
+
+// Forgetter is what Departures needs of the cloudhub.
+type Forgetter interface {
+	Forget(node string)
+}
+
+// Departures ends the link of a node that leaves the cluster. Its client
+// certificate stays valid until it expires (nothing revokes it), so a
+// deleted Node object is what counts: the node's connection is closed, its
+// session and membership forgotten (no memory kept for departed nodes), and
+// Allowed keeps it out.
+type Departures struct {
+	reader  client.Reader // the cache
+	hub     Forgetter
+	members *Memberships
+	log     logr.Logger
+}
+
+// NewDepartures makes a Departures; members may be nil.
+func NewDepartures(reader client.Reader, hub Forgetter, members *Memberships, log logr.Logger) *Departures {
+	return &Departures{reader: reader, hub: hub, members: members, log: log}
+}
+
+// SetupWithManager reconciles Nodes as they are deleted.
+func (d *Departures) SetupWithManager(mgr ctrl.Manager) error {
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("edge-departures").
+		For(&corev1.Node{}, builder.WithPredicates(predicate.Funcs{
+			CreateFunc:  func(event.CreateEvent) bool { return false },
+			UpdateFunc:  func(event.UpdateEvent) bool { return false },
+			GenericFunc: func(event.GenericEvent) bool { return false },
+		})).
+		Complete(d)
+}
+
+// Reconcile forgets the node if its Node object is gone.
+func (d *Departures) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	ok, err := d.Allowed(ctx, req.Name)
+	if err != nil || ok {
+		return reconcile.Result{}, err
+	}
+	d.hub.Forget(req.Name)
+	if d.members != nil {
+		d.members.Forget(req.Name)
+	}
+	d.log.Info("node left the cluster: its link is closed and forgotten", "node", req.Name)
+	return reconcile.Result{}, nil
+}
+
+// Allowed reports whether node's Node object exists; it is the cloudhub's
+// NodeAllowed.
+func (d *Departures) Allowed(ctx context.Context, node string) (bool, error) {
+	err := d.reader.Get(ctx, client.ObjectKey{Name: node}, &corev1.Node{})
+	if apierrors.IsNotFound(err) {
+		return false, nil
+	}
+	return err == nil, err
+}
