@@ -120,9 +120,8 @@ type Inbound struct {
 
 // Handler receives each inbound sequenced message (twin reported updates,
 // processed acks) exactly once per hub process (across hub restarts too,
-// with Config.Positions), in the node's order, after
-// authorization; calls for one node never overlap, calls for different
-// nodes do. A nil error marks it delivered. A *link.RefusedError refuses it
+// with Config.Positions), in the node's order, after authorization; calls
+// for one node never overlap, calls for different nodes do. A nil error marks it delivered. A *link.RefusedError refuses it
 // as the Authorizer would. Any other error drops the node's connection
 // without marking the message, which the edge then resends after it
 // reconnects (use it for transient failures; do not return it forever).

@@ -1,7 +1,8 @@
 // Package linkauth gives edge nodes their identity on the cloud/edge link:
 // the cluster's link CA kept in a Secret, bootstrap tokens kept as Secrets,
-// and the HTTPS endpoint where an edge trades a token for a client
-// certificate naming "node:<name>" and later renews it.
+// and the HTTPS endpoint where an edge trades a token (or its agent pod's
+// service account token) for a client certificate naming "node:<name>" and
+// later renews it.
 //
 // Everything it keeps is in the API server, so any number of controller
 // replicas may serve the endpoint at once, leader or not.

@@ -87,7 +87,8 @@ type Config struct {
 }
 
 // Server is the bootstrap and renew endpoint (pki.BootstrapPath,
-// pki.RenewPath). It keeps no state of its own.
+// pki.RenewPath). It keeps no state of its own beyond its request rate
+// limiter (each replica paces its own requests).
 type Server struct {
 	cfg    Config
 	caPool *x509.CertPool
