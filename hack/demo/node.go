@@ -53,7 +53,8 @@ var images = []struct{ pkg, name string }{
 
 // runOnNode runs the demo on a real kubelet: the agent (with the debug-echo
 // handler beside it) and the controller run as pods from locally built
-// images, deployed from deploy/.
+// images, deployed from deploy/, and the agent joins the controller's
+// cloud/edge link.
 func runOnNode(ctx context.Context, every time.Duration, flips int) error {
 	var archives []string
 	for _, im := range images {
@@ -98,6 +99,10 @@ func runOnNode(ctx context.Context, every time.Duration, flips int) error {
 	if err != nil {
 		return err
 	}
+	link, err := prepareLink(ctx, c, cl)
+	if err != nil {
+		return err
+	}
 	root := kube.RepoRoot()
 	for _, f := range []string{"deploy/crds/dowse.dev_configurations.yaml", "deploy/crds/dowse.dev_instances.yaml", "deploy/agent/agent.yaml", "deploy/controller/controller.yaml"} {
 		objs, err := decodeFile(sch, filepath.Join(root, f))
@@ -106,6 +111,9 @@ func runOnNode(ctx context.Context, every time.Duration, flips int) error {
 		}
 		for _, o := range objs {
 			adapt(o, state, c.CDIDir, api)
+			if err := link.adapt(o); err != nil {
+				return fmt.Errorf("%s: %w", f, err)
+			}
 			if err := cl.Create(ctx, o); err != nil && !apierrors.IsAlreadyExists(err) {
 				return fmt.Errorf("%s: creating %T %s: %w", f, o, o.GetName(), err)
 			}
@@ -119,6 +127,9 @@ func runOnNode(ctx context.Context, every time.Duration, flips int) error {
 		return err
 	}
 	say("agent (with the debug-echo handler) and controller pods are Running")
+	if err := link.waitJoined(ctx); err != nil {
+		return err
+	}
 	return watchAndFlip(ctx, cl, filepath.Join(state, "debug-echo-availability"), every, flips)
 }
 

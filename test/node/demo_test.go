@@ -25,7 +25,7 @@ func TestDemoOnNode(t *testing.T) {
 	if err != nil {
 		t.Fatalf("demo on the node failed: %v", err)
 	}
-	for _, want := range []string{"controller pods are Running", "2 flips checked", "nodes [localhost]", "stopping the cluster"} {
+	for _, want := range []string{"controller pods are Running", "agent joined the cloud/edge link", "2 flips checked", "nodes [localhost]", "stopping the cluster"} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("demo output lacks %q", want)
 		}
