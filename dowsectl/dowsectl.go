@@ -1,5 +1,5 @@
-// Package dowsectl is the operator's command line: for now, minting the
-// bootstrap tokens that give edge nodes their link identity.
+// Package dowsectl is the operator's command line: for now, what edge nodes
+// need to join the cloud/edge link (bootstrap tokens, the CA pin).
 package dowsectl
 
 import (
@@ -30,28 +30,38 @@ const usage = `dowsectl manages Dowse.
       mint a bootstrap token that gives node NAME its link identity once
   dowsectl token list
       list bootstrap tokens (never their secrets)
+  dowsectl ca-hash
+      print the link CA's pin (sha256:...) for --link-ca-cert-hash, as agents
+      that join with their service account token need (no token is made)
 
 Common flags: --kubeconfig PATH, --namespace NS (the controller's, default dowse-system)
 `
 
 // Run runs one command; args exclude the program name.
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) < 2 || args[0] != "token" || (args[1] != "create" && args[1] != "list") {
+	var cmd string
+	var flagArgs []string
+	switch {
+	case len(args) >= 1 && args[0] == "ca-hash":
+		cmd, flagArgs = "ca-hash", args[1:]
+	case len(args) >= 2 && args[0] == "token" && (args[1] == "create" || args[1] == "list"):
+		cmd, flagArgs = args[1], args[2:]
+	default:
 		fmt.Fprint(stderr, usage)
 		return ErrUsage
 	}
-	fs := flag.NewFlagSet("dowsectl token "+args[1], flag.ContinueOnError)
+	fs := flag.NewFlagSet("dowsectl "+cmd, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	kubeconfig := fs.String("kubeconfig", "", "path to a kubeconfig; default $KUBECONFIG or ~/.kube/config")
 	namespace := fs.String("namespace", "dowse-system", "the controller's namespace, where the link CA and the tokens are kept")
 	var node, output string
 	var ttl time.Duration
-	if args[1] == "create" {
+	if cmd == "create" {
 		fs.StringVar(&node, "node", "", "the node the token is for (its Kubernetes node name)")
 		fs.DurationVar(&ttl, "ttl", time.Hour, "how long the token may be used")
 		fs.StringVar(&output, "output", "text", "text, or json for scripts")
 	}
-	if err := fs.Parse(args[2:]); err != nil {
+	if err := fs.Parse(flagArgs); err != nil {
 		return fmt.Errorf("%w: %v", ErrUsage, err)
 	}
 	if fs.NArg() > 0 {
@@ -66,8 +76,16 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	secrets := cs.CoreV1().Secrets(*namespace)
-	if args[1] == "list" {
+	switch cmd {
+	case "list":
 		return list(ctx, linkauth.NewTokens(secrets), stdout)
+	case "ca-hash":
+		ca, err := linkauth.LoadOrCreateCA(ctx, secrets, linkauth.DefaultCAValidity)
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Fprintln(stdout, pki.CAPin(ca.Cert))
+		return err
 	}
 	if node == "" {
 		return fmt.Errorf("%w: --node is required", ErrUsage)

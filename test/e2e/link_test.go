@@ -249,7 +249,15 @@ func TestLinkBinaries(t *testing.T) {
 		if err := os.WriteFile(tokenFile, []byte(tr.Status.Token), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		agent("edge-ds", "quic", wsTok, tokenFile)
+		// The CA pin, without minting a token.
+		pin, err := exec.CommandContext(ctx, filepath.Join(kube.RepoRoot(), "bin", "dowsectl"), "ca-hash", "--kubeconfig", kubeconfig).CombinedOutput()
+		if err != nil {
+			t.Fatalf("dowsectl ca-hash: %v: %s", err, pin)
+		}
+		if got := strings.TrimSpace(string(pin)); got != wsTok.CACertHash {
+			t.Fatalf("dowsectl ca-hash printed %q, token create %q", got, wsTok.CACertHash)
+		}
+		agent("edge-ds", "quic", tokenOut{CACertHash: strings.TrimSpace(string(pin))}, tokenFile)
 		eventually(t, 30*time.Second, func() error { return metricIs(ctlMetrics, "dowse_cloudhub_connected_nodes", 3) })
 		eventually(t, 10*time.Second, func() error { return metricIs(agentMetrics["edge-ds"], "dowse_edgehub_connected", 1) })
 		if _, err := os.Stat(filepath.Join(dir, "edge-ds", "link", "node.pem")); err != nil {
