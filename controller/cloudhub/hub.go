@@ -233,7 +233,7 @@ func (h *Hub) Start(ctx context.Context) error {
 	var names []string
 	tlsCfg := h.verifyingTLS(log)
 	if h.cfg.WebSocketAddr != "" {
-		l, err := link.ListenWebSocket(h.cfg.WebSocketAddr, tlsCfg, h.cfg.MaxHandshakes)
+		l, err := link.ListenWebSocket(h.cfg.WebSocketAddr, tlsCfg, link.ListenOptions{MaxHandshakes: h.cfg.MaxHandshakes})
 		if err != nil {
 			return fmt.Errorf("cloudhub websocket: %w", err)
 		}
@@ -241,7 +241,8 @@ func (h *Hub) Start(ctx context.Context) error {
 		listeners, names = append(listeners, l), append(names, link.WebSocket)
 	}
 	if h.cfg.QUICAddr != "" {
-		l, err := link.ListenQUIC(h.cfg.QUICAddr, tlsCfg, h.cfg.MaxHandshakes)
+		l, err := link.ListenQUIC(h.cfg.QUICAddr, tlsCfg, link.ListenOptions{MaxHandshakes: h.cfg.MaxHandshakes,
+			Refused: func() { h.hsFail.WithLabelValues("handshakes-full").Inc() }})
 		if err != nil {
 			return fmt.Errorf("cloudhub quic: %w", err)
 		}

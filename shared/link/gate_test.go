@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"net"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -50,7 +51,7 @@ func serve(t *testing.T, l link.Listener) <-chan link.Conn {
 // connection holds none.
 func TestWebSocketHandshakesBounded(t *testing.T) {
 	serverTLS, clientTLS := gateTLS(t)
-	l, err := link.ListenWebSocket("127.0.0.1:0", serverTLS, 2)
+	l, err := link.ListenWebSocket("127.0.0.1:0", serverTLS, link.ListenOptions{MaxHandshakes: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,7 +98,7 @@ func TestWebSocketHandshakesBounded(t *testing.T) {
 // a row get in through a gate of two.
 func TestQUICHandshakeSlotsReleased(t *testing.T) {
 	serverTLS, clientTLS := gateTLS(t)
-	l, err := link.ListenQUIC("127.0.0.1:0", serverTLS, 2)
+	l, err := link.ListenQUIC("127.0.0.1:0", serverTLS, link.ListenOptions{MaxHandshakes: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,5 +122,72 @@ func TestQUICHandshakeSlotsReleased(t *testing.T) {
 			t.Fatalf("edge %d not handed over", i)
 		}
 		cancel()
+	}
+}
+
+// A QUIC edge whose handshake stalls (its client certificate never comes)
+// holds the only slot: the next attempt is refused and reported, and gets
+// in once the slot is free.
+func TestQUICHandshakesBounded(t *testing.T) {
+	serverTLS, clientTLS := gateTLS(t)
+	var refused atomic.Int64
+	l, err := link.ListenQUIC("127.0.0.1:0", serverTLS, link.ListenOptions{MaxHandshakes: 1, Refused: func() { refused.Add(1) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := serve(t, l)
+	asked, release := make(chan struct{}), make(chan struct{})
+	stalledTLS := clientTLS.Clone()
+	getCert := clientTLS.GetClientCertificate
+	stalledTLS.GetClientCertificate = func(cri *tls.CertificateRequestInfo) (*tls.Certificate, error) {
+		close(asked) // the server is in this handshake, holding the slot
+		<-release
+		return getCert(cri)
+	}
+	stalledDone := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		c, err := (&link.QUICDialer{Addr: l.Addr().String(), TLS: stalledTLS}).Dial(ctx)
+		if err == nil {
+			t.Cleanup(func() { c.Close() }) // open until handed over
+			_, err = c.Write([]byte{0})
+		}
+		stalledDone <- err
+	}()
+	select {
+	case <-asked:
+	case err := <-stalledDone:
+		t.Fatalf("the stalled edge ended: %v", err)
+	}
+	d := &link.QUICDialer{Addr: l.Addr().String(), TLS: clientTLS}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	if c, err := d.Dial(ctx); err == nil {
+		c.Close()
+		t.Fatal("an edge got in while a stalled handshake held the only slot")
+	}
+	cancel()
+	// (quic-go may turn one dial's retransmitted Initial away twice.)
+	if refused.Load() == 0 {
+		t.Fatal("the refusal was not reported")
+	}
+	close(release)
+	if err := <-stalledDone; err != nil {
+		t.Fatalf("stalled edge: %v", err)
+	}
+	select {
+	case <-got:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the stalled edge was not handed over once it finished")
+	}
+	ctx, cancel = context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := d.Dial(ctx)
+	if err != nil {
+		t.Fatalf("after the slot was freed: %v", err)
+	}
+	defer c.Close()
+	if _, err := c.Write([]byte{0}); err != nil {
+		t.Fatal(err)
 	}
 }

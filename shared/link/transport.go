@@ -54,11 +54,23 @@ const WebSocketPath = "/link/v1"
 // ALPN is the QUIC application protocol.
 const ALPN = "dowse-link/1"
 
+// ListenOptions bound a listener.
+type ListenOptions struct {
+	// MaxHandshakes bounds the connections held between accept and
+	// hand-over (DefaultMaxHandshakes when 0).
+	MaxHandshakes int
+	// Refused, when set, is called each time a connection attempt is turned
+	// away because MaxHandshakes are in progress (QUIC: a retransmitted
+	// Initial may count twice; WebSocket attempts wait in the kernel's
+	// backlog instead).
+	Refused func()
+}
+
 // ListenWebSocket listens on addr (TLS over TCP) with tlsConf, which should
 // come from pki.ServerTLSConfig (client certificates required and verified).
-// At most maxHandshakes connections (DefaultMaxHandshakes when 0) are held
-// before their upgrade; more wait in the kernel's backlog.
-func ListenWebSocket(addr string, tlsConf *tls.Config, maxHandshakes int) (Listener, error) {
+// At most opts.MaxHandshakes connections are held before their upgrade;
+// more wait in the kernel's backlog.
+func ListenWebSocket(addr string, tlsConf *tls.Config, opts ListenOptions) (Listener, error) {
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
@@ -66,7 +78,7 @@ func ListenWebSocket(addr string, tlsConf *tls.Config, maxHandshakes int) (Liste
 	conf := tlsConf.Clone()
 	// HTTP/1.1 only: the WebSocket upgrade needs it.
 	conf.NextProtos = []string{"http/1.1"}
-	return &wsListener{l: l, tls: conf, gate: newHandshakeGate(maxHandshakes)}, nil
+	return &wsListener{l: l, tls: conf, gate: newHandshakeGate(opts.MaxHandshakes)}, nil
 }
 
 type wsListener struct {
@@ -186,10 +198,10 @@ func quicConfig() *quic.Config {
 
 // ListenQUIC listens on addr (UDP) with tlsConf (see ListenWebSocket); each
 // connection carries one bidirectional stream, opened by the client. At
-// most maxHandshakes connections are held before their stream is open;
-// more are refused, and once half of them are taken, new attempts must
-// first prove their source address (a QUIC Retry).
-func ListenQUIC(addr string, tlsConf *tls.Config, maxHandshakes int) (Listener, error) {
+// most opts.MaxHandshakes connections are held before their stream is
+// open; more are refused, and once half of them are taken, new attempts
+// must first prove their source address (a QUIC Retry).
+func ListenQUIC(addr string, tlsConf *tls.Config, opts ListenOptions) (Listener, error) {
 	conf := tlsConf.Clone()
 	conf.NextProtos = []string{ALPN}
 	ua, err := net.ResolveUDPAddr("udp", addr)
@@ -203,11 +215,14 @@ func ListenQUIC(addr string, tlsConf *tls.Config, maxHandshakes int) (Listener, 
 	// Our own socket and Transport, closed in order when Serve ends, so
 	// that the port is free again when Serve returns (a restarted hub binds
 	// it at once).
-	gate := newHandshakeGate(maxHandshakes)
+	gate := newHandshakeGate(opts.MaxHandshakes)
 	tr := &quic.Transport{Conn: udp,
 		ConnContext: func(ctx context.Context, _ *quic.ClientInfo) (context.Context, error) {
 			a := gate.tryEnter()
 			if a == nil {
+				if opts.Refused != nil {
+					opts.Refused()
+				}
 				return nil, errTooManyHandshakes
 			}
 			// The context ends when the handshake fails or the connection
