@@ -1,6 +1,6 @@
 // Package edges is what the controller makes of its nodes' link: which
-// devices a node may speak about, and which devices each node is told it
-// has.
+// devices a node may speak about, which devices each node is told it has,
+// and that a node removed from the cluster is off the link.
 package edges
 
 import (
