@@ -81,6 +81,7 @@ bench: k8s build
 	@if [ "$$(id -u)" = 0 ]; then go run ./test/bench/deviceplugin; else echo "bench/deviceplugin skipped: it runs a kubelet, which needs root"; fi
 	go run ./test/bench/link
 	go test -run '^$$' -bench . -benchtime 2s ./agent/edgehub/
+	go test -run '^$$' -bench . -benchtime 3000x ./test/link/
 
 # Local demo: control plane, agent, debug-echo handler, live Instances.
 # On a root machine with runc the agent and controller run as pods on a real

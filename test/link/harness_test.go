@@ -51,7 +51,7 @@ type cluster struct {
 	serverTLS *tls.Config
 }
 
-func newCluster(t *testing.T) *cluster {
+func newCluster(t testing.TB) *cluster {
 	t.Helper()
 	ca, err := pki.NewCA("dowse-link-test", time.Hour)
 	if err != nil {
@@ -64,7 +64,7 @@ func newCluster(t *testing.T) *cluster {
 	return &cluster{ca: ca, serverTLS: pki.ServerTLSConfig(pki.Static[*tls.ClientHelloInfo](srv), ca.Pool())}
 }
 
-func (c *cluster) clientTLS(t *testing.T, ca *pki.CA, node string) *tls.Config {
+func (c *cluster) clientTLS(t testing.TB, ca *pki.CA, node string) *tls.Config {
 	t.Helper()
 	cert, err := ca.IssueNode(node, time.Hour)
 	if err != nil {
@@ -139,7 +139,7 @@ type hubRun struct {
 
 func (h *hubRun) stop() { h.once.Do(func() { h.cancel(); <-h.done }) }
 
-func startHub(t *testing.T, c *cluster, wsAddr, quicAddr string, rec *recorder, logs *logBuf, tweak ...func(*cloudhub.Config)) *hubRun {
+func startHub(t testing.TB, c *cluster, wsAddr, quicAddr string, rec *recorder, logs *logBuf, tweak ...func(*cloudhub.Config)) *hubRun {
 	t.Helper()
 	cfg := cloudhub.Config{
 		WebSocketAddr: wsAddr, QUICAddr: quicAddr, TLS: c.serverTLS, Heartbeat: heartbeat,
@@ -182,7 +182,7 @@ func (e *edgeRun) stop() {
 	})
 }
 
-func startEdge(t *testing.T, node string, dialer link.Dialer, dir string, rec *recorder, logs *logBuf, tweak func(*edgehub.Config)) *edgeRun {
+func startEdge(t testing.TB, node string, dialer link.Dialer, dir string, rec *recorder, logs *logBuf, tweak func(*edgehub.Config)) *edgeRun {
 	t.Helper()
 	cfg := edgehub.Config{Node: node, Dialer: dialer, StateDir: dir, Heartbeat: heartbeat,
 		BackoffMin: 10 * time.Millisecond, BackoffMax: 200 * time.Millisecond, NoSync: true, MaxFrame: 64 << 10}
@@ -242,7 +242,7 @@ func exactly(got []int64, n int) error {
 }
 
 // waitFor polls cond until it holds or the deadline passes.
-func waitFor(t *testing.T, d time.Duration, what string, cond func() error) {
+func waitFor(t testing.TB, d time.Duration, what string, cond func() error) {
 	t.Helper()
 	deadline := time.Now().Add(d)
 	for {
