@@ -195,13 +195,18 @@ func (h *scriptedHandler) set(devices []*discoveryv1.Device) {
 	}
 }
 
-func (h *scriptedHandler) lastRequest() *discoveryv1.DiscoverRequest {
+// lastRequestWith is the newest request carrying discovery property name.
+// The agent sees every test's Configurations, so a handler named like
+// another test's gets their requests too; a property tells its own apart.
+func (h *scriptedHandler) lastRequestWith(name string) *discoveryv1.DiscoverRequest {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if len(h.requests) == 0 {
-		return nil
+	for i := len(h.requests) - 1; i >= 0; i-- {
+		if _, ok := h.requests[i].GetDiscoveryProperties()[name]; ok {
+			return h.requests[i]
+		}
 	}
-	return h.requests[len(h.requests)-1]
+	return nil
 }
 
 func (h *scriptedHandler) Discover(req *discoveryv1.DiscoverRequest, stream grpc.ServerStreamingServer[discoveryv1.DiscoverResponse]) error {

@@ -245,7 +245,7 @@ func TestPropertiesFromConfigMapAndSecretReachTheHandler(t *testing.T) {
 	})
 	want := func(url string) func() error {
 		return func() error {
-			r := h.lastRequest()
+			r := h.lastRequestWith("LITERAL")
 			if r == nil {
 				return errPending
 			}
