@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -20,6 +21,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -50,7 +52,8 @@ func namespace(t *testing.T) string {
 }
 
 // requestCounter counts an agent's API requests, so tests can assert that a
-// steady state costs no writes.
+// steady state costs no writes. Events are not counted: the controller
+// sends them asynchronously, a moment after the write they report.
 type requestCounter struct {
 	writes, reads, watches atomic.Int64
 }
@@ -58,6 +61,7 @@ type requestCounter struct {
 func (c *requestCounter) wrap(rt http.RoundTripper) http.RoundTripper {
 	return roundTripFunc(func(r *http.Request) (*http.Response, error) {
 		switch {
+		case strings.Contains(r.URL.Path, "/events"):
 		case r.Method != http.MethodGet:
 			c.writes.Add(1)
 		case r.URL.Query().Get("watch") == "true":
@@ -262,7 +266,40 @@ func createConfiguration(t *testing.T, ns, name, handler string, details string,
 	if err := k8sClient.Create(context.Background(), cfg); err != nil {
 		t.Fatal(err)
 	}
+	// Agents serve every namespace's Configurations: one left behind would
+	// reach the next tests' agents and handlers of the same name. Cleanups
+	// run in reverse, so the test's agent (started before) still runs and
+	// lets go of its finalizer; one started after has stopped, and its
+	// finalizer is removed here.
+	t.Cleanup(func() { deleteConfiguration(t, cfg) })
 	return cfg
+}
+
+func deleteConfiguration(t *testing.T, cfg *v1alpha1.Configuration) {
+	ctx := context.Background()
+	if err := k8sClient.Delete(ctx, cfg); client.IgnoreNotFound(err) != nil {
+		t.Errorf("deleting Configuration %s/%s: %v", cfg.Namespace, cfg.Name, err)
+		return
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		var cur v1alpha1.Configuration
+		err := k8sClient.Get(ctx, client.ObjectKeyFromObject(cfg), &cur)
+		if apierrors.IsNotFound(err) {
+			return
+		}
+		if err == nil && time.Now().After(deadline) && len(cur.Finalizers) > 0 {
+			cur.Finalizers = nil
+			err = k8sClient.Update(ctx, &cur)
+		}
+		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+			t.Errorf("deleting Configuration %s/%s: %v", cfg.Namespace, cfg.Name, err)
+			return
+		}
+		if time.Now().After(deadline.Add(10 * time.Second)) {
+			t.Errorf("Configuration %s/%s still there", cfg.Namespace, cfg.Name)
+			return
+		}
+	}
 }
 
 // instanceView is an Instance reduced to what tests compare.
