@@ -94,6 +94,8 @@ type Server struct {
 	caPool *x509.CertPool
 	now    func() time.Time
 	limit  *rate.Limiter
+	// agents are the user names of Config.AgentServiceAccounts.
+	agents map[string]bool
 
 	mu          sync.Mutex
 	serverCert  *tls.Certificate
@@ -110,10 +112,13 @@ func NewServer(cfg Config) (*Server, error) {
 	if len(cfg.Hosts) == 0 {
 		return nil, errors.New("linkauth: at least one host name or address is required for the server certificate")
 	}
+	agents := map[string]bool{}
 	for _, sa := range cfg.AgentServiceAccounts {
-		if ns, name, ok := strings.Cut(sa, "/"); !ok || ns == "" || name == "" || strings.Contains(name, "/") {
+		ns, name, ok := strings.Cut(sa, "/")
+		if !ok || ns == "" || name == "" || strings.Contains(name, "/") {
 			return nil, fmt.Errorf("linkauth: agent service account %q: want namespace/name", sa)
 		}
+		agents["system:serviceaccount:"+ns+":"+name] = true
 	}
 	if cfg.CertValidity <= 0 {
 		cfg.CertValidity = DefaultCertValidity
@@ -133,7 +138,7 @@ func NewServer(cfg Config) (*Server, error) {
 	if cfg.Metrics == nil {
 		cfg.Metrics = NewMetrics(nil)
 	}
-	return &Server{cfg: cfg, caPool: cfg.CA.Pool(), now: time.Now,
+	return &Server{cfg: cfg, caPool: cfg.CA.Pool(), now: time.Now, agents: agents,
 		limit: rate.NewLimiter(rate.Limit(cfg.RequestRate), cfg.RequestBurst)}, nil
 }
 
@@ -287,7 +292,7 @@ const (
 // serviceAccountNode authenticates a service account token and returns the
 // node of the pod it is bound to, and who it is for the log.
 func (s *Server) serviceAccountNode(ctx context.Context, token string) (node string, who []any, err error) {
-	if s.cfg.TokenReviews == nil || len(s.cfg.AgentServiceAccounts) == 0 {
+	if s.cfg.TokenReviews == nil || len(s.agents) == 0 {
 		return "", nil, refuse(ReasonSABootstrapOff, http.StatusForbidden, "this cloud does not take service account tokens; bootstrap with a token from `dowsectl token create`")
 	}
 	review, err := s.cfg.TokenReviews.Create(ctx, &authnv1.TokenReview{Spec: authnv1.TokenReviewSpec{
@@ -301,12 +306,7 @@ func (s *Server) serviceAccountNode(ctx context.Context, token string) (node str
 		// the caller's own token: safe and useful to send back.
 		return "", nil, refuse(ReasonInvalidSAToken, http.StatusUnauthorized, "the service account token is not valid for audience %q: %s", pki.ServiceAccountAudience, st.Error)
 	}
-	allowed := false
-	for _, sa := range s.cfg.AgentServiceAccounts {
-		ns, name, _ := strings.Cut(sa, "/")
-		allowed = allowed || st.User.Username == "system:serviceaccount:"+ns+":"+name
-	}
-	if !allowed {
+	if !s.agents[st.User.Username] {
 		return "", nil, refuse(ReasonSANotAllowed, http.StatusForbidden, "%s may not join nodes to the link (allowed: %s)", st.User.Username, strings.Join(s.cfg.AgentServiceAccounts, ", "))
 	}
 	nodes := st.User.Extra[extraNodeName]

@@ -24,12 +24,7 @@ func BenchmarkEdgeReports(b *testing.B) {
 				hub := startHub(b, c, "127.0.0.1:0", "127.0.0.1:0", got, logs, func(cfg *cloudhub.Config) {
 					cfg.RateLimit, cfg.RateBurst = 1e9, 1<<30
 				})
-				ws, q := hub.hub.Addrs()
-				addr := ws.String()
-				if transport == link.QUIC {
-					addr = q.String()
-				}
-				d, _ := link.NewDialer(transport, addr, c.clientTLS(b, c.ca, "edge"))
+				d, _ := link.NewDialer(transport, hub.addr(transport), c.clientTLS(b, c.ca, "edge"))
 				e := startEdge(b, "edge", d, b.TempDir(), newRecorder(), logs, func(cfg *edgehub.Config) {
 					cfg.NoSync, cfg.StoreMaxEntries = noSync, 1<<30
 				})

@@ -139,6 +139,15 @@ type hubRun struct {
 
 func (h *hubRun) stop() { h.once.Do(func() { h.cancel(); <-h.done }) }
 
+// addr is where the hub listens for transport.
+func (h *hubRun) addr(transport string) string {
+	ws, q := h.hub.Addrs()
+	if transport == link.QUIC {
+		return q.String()
+	}
+	return ws.String()
+}
+
 func startHub(t testing.TB, c *cluster, wsAddr, quicAddr string, rec *recorder, logs *logBuf, tweak ...func(*cloudhub.Config)) *hubRun {
 	t.Helper()
 	cfg := cloudhub.Config{

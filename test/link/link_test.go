@@ -18,6 +18,7 @@ import (
 	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
 	"github.com/dowse-dev/dowse/shared/link"
 	"github.com/dowse-dev/dowse/test/link/faultproxy"
+	"github.com/dowse-dev/dowse/test/promtest"
 )
 
 // faulty is a proxy of either kind as the fault loop sees it.
@@ -246,25 +247,9 @@ func TestEdgeRestartWhileOffline(t *testing.T) {
 	if n := e3.Pending(); n != 10 {
 		t.Fatalf("bounded store holds %d, want 10", n)
 	}
-	if n := counterValue(t, reg, "dowse_edgehub_dropped_messages_total"); n != 15 {
+	if n := promtest.Sum(t, reg, "dowse_edgehub_dropped_messages_total", nil); n != 15 {
 		t.Fatalf("dropped %v, want 15", n)
 	}
-}
-
-// counterValue reads a registered counter by name.
-func counterValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == name && len(mf.Metric) == 1 {
-			return mf.Metric[0].GetCounter().GetValue()
-		}
-	}
-	t.Fatalf("metric %s not registered", name)
-	return 0
 }
 
 // TestCloudRestart: the hub stops and starts again on the same addresses;
@@ -278,11 +263,7 @@ func TestCloudRestart(t *testing.T) {
 			cloudGot, edgeGot := newRecorder(), newRecorder()
 			hub := startHub(t, c, "127.0.0.1:0", "127.0.0.1:0", cloudGot, logs)
 			ws, q := hub.hub.Addrs()
-			addr := ws.String()
-			if transport == link.QUIC {
-				addr = q.String()
-			}
-			d, _ := link.NewDialer(transport, addr, c.clientTLS(t, c.ca, "edge"))
+			d, _ := link.NewDialer(transport, hub.addr(transport), c.clientTLS(t, c.ca, "edge"))
 			e := startEdge(t, "edge", d, t.TempDir(), edgeGot, logs, nil)
 			report := func(from, to int) {
 				for i := from; i < to; i++ {
@@ -329,11 +310,7 @@ func TestCloudRestartsMidStream(t *testing.T) {
 			positions := func(cfg *cloudhub.Config) { cfg.Positions = cloudGot }
 			hub := startHub(t, c, "127.0.0.1:0", "127.0.0.1:0", cloudGot, logs, positions)
 			ws, q := hub.hub.Addrs()
-			addr := ws.String()
-			if transport == link.QUIC {
-				addr = q.String()
-			}
-			d, _ := link.NewDialer(transport, addr, c.clientTLS(t, c.ca, "edge"))
+			d, _ := link.NewDialer(transport, hub.addr(transport), c.clientTLS(t, c.ca, "edge"))
 			e := startEdge(t, "edge", d, t.TempDir(), newRecorder(), logs, func(cfg *edgehub.Config) {
 				cfg.BackoffMin, cfg.BackoffMax = 20*time.Millisecond, 100*time.Millisecond
 			})

@@ -56,11 +56,7 @@ func TestRefusals(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, tr := range []string{link.WebSocket, link.QUIC} {
-			addr := ws.String()
-			if tr == link.QUIC {
-				addr = q.String()
-			}
-			d, _ := link.NewDialer(tr, addr, c.clientTLS(t, other, "good"))
+			d, _ := link.NewDialer(tr, hub.addr(tr), c.clientTLS(t, other, "good"))
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 			conn, err := d.Dial(ctx)
 			if err == nil {

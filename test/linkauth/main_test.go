@@ -25,6 +25,7 @@ import (
 	"github.com/dowse-dev/dowse/controller/linkauth"
 	"github.com/dowse-dev/dowse/shared/link/pki"
 	"github.com/dowse-dev/dowse/test/kube"
+	"github.com/dowse-dev/dowse/test/promtest"
 )
 
 var (
@@ -155,28 +156,10 @@ func (c *cloud) edgeConfig(t *testing.T, node, token string) edgecert.Config {
 	return edgecert.Config{Dir: filepath.Join(t.TempDir(), "link"), Node: node, URL: c.url, Token: token, CAPin: pki.CAPin(c.ca.Cert)}
 }
 
-// counter reads one sample of a counter vector from the cloud's registry.
+// counter sums the samples of a metric with these labels in the cloud's registry.
 func (c *cloud) counter(t *testing.T, name string, labels map[string]string) float64 {
 	t.Helper()
-	mfs, err := c.reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	metric:
-		for _, m := range mf.GetMetric() {
-			for _, lp := range m.GetLabel() {
-				if v, ok := labels[lp.GetName()]; ok && v != lp.GetValue() {
-					continue metric
-				}
-			}
-			return m.GetCounter().GetValue()
-		}
-	}
-	return 0
+	return promtest.Sum(t, c.reg, name, labels)
 }
 
 type corev1Secret = corev1.Secret

@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -19,6 +18,7 @@ import (
 	"github.com/dowse-dev/dowse/agent/deviceplugin"
 	debugecho "github.com/dowse-dev/dowse/discovery-handlers/debug-echo"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+	"github.com/dowse-dev/dowse/test/promtest"
 )
 
 // TestDowseDevicePlugins runs the agent and the debug-echo handler in this
@@ -266,7 +266,7 @@ func TestDowseDevicePlugins(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		regsBefore := metricValue(t, d.reg, "dowse_agent_device_plugin_registrations_total")
+		regsBefore := promtest.Sum(t, d.reg, "dowse_agent_device_plugin_registrations_total", nil)
 		begin := time.Now()
 		if err := c.RestartKubelet(ctx); err != nil {
 			t.Fatal(err)
@@ -274,10 +274,10 @@ func TestDowseDevicePlugins(t *testing.T) {
 		sockUp := time.Since(begin)
 		// Both plugins (Instance and Configuration) register with the new
 		// kubelet, within a second of its socket appearing.
-		for metricValue(t, d.reg, "dowse_agent_device_plugin_registrations_total") < regsBefore+2 {
+		for promtest.Sum(t, d.reg, "dowse_agent_device_plugin_registrations_total", nil) < regsBefore+2 {
 			if time.Since(begin) > sockUp+10*time.Second {
 				t.Fatalf("plugins did not register again: %v registrations before, %v now", regsBefore,
-					metricValue(t, d.reg, "dowse_agent_device_plugin_registrations_total"))
+					promtest.Sum(t, d.reg, "dowse_agent_device_plugin_registrations_total", nil))
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
@@ -329,23 +329,4 @@ func TestDowseDevicePlugins(t *testing.T) {
 			t.Fatalf("CDI spec not back after ONLINE: %v", err)
 		}
 	})
-}
-
-// metricValue sums the samples of a counter or gauge family in reg.
-func metricValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sum float64
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
-		}
-	}
-	return sum
 }
