@@ -229,8 +229,10 @@ func TestModbusPeers(t *testing.T) {
 		gone := p.start("jsmodbus-2", map[string]any{"impl": "jsmodbus", "host": "127.0.0.30", "port": port})
 		s := discover(fmt.Sprintf(`{"targets": [%q, %q], "rescanInterval": %q, "failureThreshold": %d}`, js.address, gone.address, interval, threshold))
 		waitFor(t, s, unitID(js.address, 1), unitID(gone.address, 1))
-		gone.Stop()
+		// From before Stop: the server stops answering while Stop still
+		// waits for its process to exit.
 		stopped := time.Now()
+		gone.Stop()
 		waitFor(t, s, unitID(js.address, 1))
 		if took, min := time.Since(stopped), time.Duration(threshold-1)*interval; took < min {
 			t.Errorf("dropped %v after the server stopped, want at least %v (%d rounds %v apart)", took, min, threshold, interval)
