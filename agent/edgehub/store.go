@@ -219,11 +219,15 @@ func propKey(d *linkv1.DeviceRef, property string) string {
 	return d.GetNamespace() + "\x00" + d.GetName() + "\x00" + property
 }
 
-// coalesceKey: reported values of one property replace each other while
-// unsent; other kinds are never coalesced.
+// coalesceKey: reported values of one property, and states of one device,
+// replace each other while unsent; other kinds are never coalesced.
 func coalesceKey(env *linkv1.Envelope) string {
 	if r := env.GetTwinReported(); r != nil {
 		return propKey(r.Device, r.Property)
+	}
+	if st := env.GetDeviceState(); st != nil {
+		// No property is named "": one state per device.
+		return propKey(st.Device, "")
 	}
 	return ""
 }

@@ -244,7 +244,7 @@ func (w *Writer) desiredInstance(cfg *v1alpha1.Configuration, shared bool, d *di
 		inst.Spec.Mounts = append(inst.Spec.Mounts, v1alpha1.Mount{ContainerPath: m.GetContainerPath(), HostPath: m.GetHostPath(), ReadOnly: m.GetReadOnly()})
 	}
 	for _, s := range d.GetDeviceSpecs() {
-		inst.Spec.DeviceSpecs = append(inst.Spec.DeviceSpecs, v1alpha1.DeviceSpec{ContainerPath: s.GetContainerPath(), HostPath: s.GetHostPath(), Permissions: s.GetPermissions()})
+		inst.Spec.DeviceSpecs = append(inst.Spec.DeviceSpecs, v1alpha1.DeviceNode{ContainerPath: s.GetContainerPath(), HostPath: s.GetHostPath(), Permissions: s.GetPermissions()})
 	}
 	sort.Slice(inst.Spec.Mounts, func(i, j int) bool { return inst.Spec.Mounts[i].ContainerPath < inst.Spec.Mounts[j].ContainerPath })
 	sort.Slice(inst.Spec.DeviceSpecs, func(i, j int) bool {

@@ -548,8 +548,11 @@ func (h *Hub) deliver(ctx context.Context, m Inbound) error {
 			return h.refused(ctx, env, fmt.Sprintf("membership names node %q", k.DeviceMembership.Node))
 		}
 		devices = k.DeviceMembership.Devices
-	case *linkv1.Envelope_TwinDesired:
-		return h.refused(ctx, env, "desired values come from the cloud only")
+	case *linkv1.Envelope_DeviceState:
+		devices = append(devices, k.DeviceState.Device)
+	case *linkv1.Envelope_TwinDesired, *linkv1.Envelope_DeviceUpdate, *linkv1.Envelope_DeviceRemoval,
+		*linkv1.Envelope_ModelUpdate, *linkv1.Envelope_ModelRemoval, *linkv1.Envelope_DeviceInventory:
+		return h.refused(ctx, env, "devices, models and desired values come from the cloud only")
 	}
 	for _, d := range devices {
 		if err := h.auth.AuthorizeDevice(ctx, node, d); err != nil {

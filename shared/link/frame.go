@@ -96,7 +96,10 @@ func Decode(frame []byte, env *linkv1.Envelope) error {
 func Sequenced(env *linkv1.Envelope) bool {
 	switch env.Kind.(type) {
 	case *linkv1.Envelope_TwinDesired, *linkv1.Envelope_TwinReported,
-		*linkv1.Envelope_DeviceMembership, *linkv1.Envelope_Processed:
+		*linkv1.Envelope_DeviceMembership, *linkv1.Envelope_Processed,
+		*linkv1.Envelope_DeviceUpdate, *linkv1.Envelope_DeviceRemoval,
+		*linkv1.Envelope_ModelUpdate, *linkv1.Envelope_ModelRemoval,
+		*linkv1.Envelope_DeviceInventory, *linkv1.Envelope_DeviceState:
 		return true
 	}
 	return false
@@ -123,6 +126,36 @@ func Validate(env *linkv1.Envelope) error {
 			if d.GetName() == "" {
 				return fmt.Errorf("%w: device without name", ErrMalformed)
 			}
+		}
+	case *linkv1.Envelope_DeviceState:
+		if k.DeviceState.GetDevice().GetName() == "" || k.DeviceState.GetState() == "" {
+			return fmt.Errorf("%w: device state needs device and state", ErrMalformed)
+		}
+	case *linkv1.Envelope_DeviceUpdate:
+		d := k.DeviceUpdate.GetDevice()
+		if d.GetRef().GetName() == "" || d.GetModel() == "" {
+			return fmt.Errorf("%w: device update needs device and model", ErrMalformed)
+		}
+		for _, p := range d.GetProperties() {
+			if p.GetName() == "" {
+				return fmt.Errorf("%w: device %s has a property without name", ErrMalformed, d.GetRef().GetName())
+			}
+		}
+	case *linkv1.Envelope_DeviceRemoval:
+		if k.DeviceRemoval.GetDevice().GetName() == "" {
+			return fmt.Errorf("%w: device removal without device", ErrMalformed)
+		}
+	case *linkv1.Envelope_ModelUpdate:
+		if k.ModelUpdate.GetModel().GetRef().GetName() == "" {
+			return fmt.Errorf("%w: model update without model", ErrMalformed)
+		}
+	case *linkv1.Envelope_ModelRemoval:
+		if k.ModelRemoval.GetModel().GetName() == "" {
+			return fmt.Errorf("%w: model removal without model", ErrMalformed)
+		}
+	case *linkv1.Envelope_DeviceInventory:
+		if k.DeviceInventory.GetNode() == "" {
+			return fmt.Errorf("%w: inventory without node", ErrMalformed)
 		}
 	case *linkv1.Envelope_Hello:
 		if k.Hello.GetNode() == "" || k.Hello.GetStreamId() == 0 {

@@ -27,6 +27,7 @@ package linkv1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	structpb "google.golang.org/protobuf/types/known/structpb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
@@ -99,7 +100,7 @@ func (x Error_Code) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Error_Code.Descriptor instead.
 func (Error_Code) EnumDescriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{10, 0}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{22, 0}
 }
 
 type Envelope struct {
@@ -123,6 +124,12 @@ type Envelope struct {
 	//	*Envelope_DeviceMembership
 	//	*Envelope_Processed
 	//	*Envelope_Error
+	//	*Envelope_DeviceUpdate
+	//	*Envelope_DeviceRemoval
+	//	*Envelope_ModelUpdate
+	//	*Envelope_ModelRemoval
+	//	*Envelope_DeviceInventory
+	//	*Envelope_DeviceState
 	Kind          isEnvelope_Kind `protobuf_oneof:"kind"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -258,6 +265,60 @@ func (x *Envelope) GetError() *Error {
 	return nil
 }
 
+func (x *Envelope) GetDeviceUpdate() *DeviceUpdate {
+	if x != nil {
+		if x, ok := x.Kind.(*Envelope_DeviceUpdate); ok {
+			return x.DeviceUpdate
+		}
+	}
+	return nil
+}
+
+func (x *Envelope) GetDeviceRemoval() *DeviceRemoval {
+	if x != nil {
+		if x, ok := x.Kind.(*Envelope_DeviceRemoval); ok {
+			return x.DeviceRemoval
+		}
+	}
+	return nil
+}
+
+func (x *Envelope) GetModelUpdate() *DeviceModelUpdate {
+	if x != nil {
+		if x, ok := x.Kind.(*Envelope_ModelUpdate); ok {
+			return x.ModelUpdate
+		}
+	}
+	return nil
+}
+
+func (x *Envelope) GetModelRemoval() *DeviceModelRemoval {
+	if x != nil {
+		if x, ok := x.Kind.(*Envelope_ModelRemoval); ok {
+			return x.ModelRemoval
+		}
+	}
+	return nil
+}
+
+func (x *Envelope) GetDeviceInventory() *DeviceInventory {
+	if x != nil {
+		if x, ok := x.Kind.(*Envelope_DeviceInventory); ok {
+			return x.DeviceInventory
+		}
+	}
+	return nil
+}
+
+func (x *Envelope) GetDeviceState() *DeviceStateUpdate {
+	if x != nil {
+		if x, ok := x.Kind.(*Envelope_DeviceState); ok {
+			return x.DeviceState
+		}
+	}
+	return nil
+}
+
 type isEnvelope_Kind interface {
 	isEnvelope_Kind()
 }
@@ -294,6 +355,30 @@ type Envelope_Error struct {
 	Error *Error `protobuf:"bytes,17,opt,name=error,proto3,oneof"`
 }
 
+type Envelope_DeviceUpdate struct {
+	DeviceUpdate *DeviceUpdate `protobuf:"bytes,18,opt,name=device_update,json=deviceUpdate,proto3,oneof"`
+}
+
+type Envelope_DeviceRemoval struct {
+	DeviceRemoval *DeviceRemoval `protobuf:"bytes,19,opt,name=device_removal,json=deviceRemoval,proto3,oneof"`
+}
+
+type Envelope_ModelUpdate struct {
+	ModelUpdate *DeviceModelUpdate `protobuf:"bytes,20,opt,name=model_update,json=modelUpdate,proto3,oneof"`
+}
+
+type Envelope_ModelRemoval struct {
+	ModelRemoval *DeviceModelRemoval `protobuf:"bytes,21,opt,name=model_removal,json=modelRemoval,proto3,oneof"`
+}
+
+type Envelope_DeviceInventory struct {
+	DeviceInventory *DeviceInventory `protobuf:"bytes,22,opt,name=device_inventory,json=deviceInventory,proto3,oneof"`
+}
+
+type Envelope_DeviceState struct {
+	DeviceState *DeviceStateUpdate `protobuf:"bytes,23,opt,name=device_state,json=deviceState,proto3,oneof"`
+}
+
 func (*Envelope_Hello) isEnvelope_Kind() {}
 
 func (*Envelope_Welcome) isEnvelope_Kind() {}
@@ -309,6 +394,18 @@ func (*Envelope_DeviceMembership) isEnvelope_Kind() {}
 func (*Envelope_Processed) isEnvelope_Kind() {}
 
 func (*Envelope_Error) isEnvelope_Kind() {}
+
+func (*Envelope_DeviceUpdate) isEnvelope_Kind() {}
+
+func (*Envelope_DeviceRemoval) isEnvelope_Kind() {}
+
+func (*Envelope_ModelUpdate) isEnvelope_Kind() {}
+
+func (*Envelope_ModelRemoval) isEnvelope_Kind() {}
+
+func (*Envelope_DeviceInventory) isEnvelope_Kind() {}
+
+func (*Envelope_DeviceState) isEnvelope_Kind() {}
 
 // Hello is the edge's first frame. The cloud refuses it unless node equals
 // the node its verified client certificate names.
@@ -763,15 +860,24 @@ func (x *TwinDesiredUpdate) GetTime() *timestamppb.Timestamp {
 	return nil
 }
 
-// TwinReportedUpdate: edge to cloud, a property's value read from the device.
+// TwinReportedUpdate: edge to cloud, a property's value read from the
+// device, typed by the DeviceModel (the edge refuses a mapper's report that
+// does not parse as the property's type). While unsent, a newer report of
+// the same device property replaces it.
 type TwinReportedUpdate struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Device        *DeviceRef             `protobuf:"bytes,1,opt,name=device,proto3" json:"device,omitempty"`
-	Property      string                 `protobuf:"bytes,2,opt,name=property,proto3" json:"property,omitempty"`
-	Value         *Value                 `protobuf:"bytes,3,opt,name=value,proto3" json:"value,omitempty"`
-	Time          *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=time,proto3" json:"time,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Device   *DeviceRef             `protobuf:"bytes,1,opt,name=device,proto3" json:"device,omitempty"`
+	Property string                 `protobuf:"bytes,2,opt,name=property,proto3" json:"property,omitempty"`
+	Value    *Value                 `protobuf:"bytes,3,opt,name=value,proto3" json:"value,omitempty"`
+	// When the mapper read the value (its report's timestamp metadata, else
+	// when the agent took the report).
+	Time *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=time,proto3" json:"time,omitempty"`
+	// The mapper's metadata of the reported value, as it sent it.
+	Metadata map[string]string `protobuf:"bytes,5,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// The desired value the mapper last applied, when it said (unset: none).
+	ObservedDesired *Value `protobuf:"bytes,6,opt,name=observed_desired,json=observedDesired,proto3" json:"observed_desired,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *TwinReportedUpdate) Reset() {
@@ -832,6 +938,814 @@ func (x *TwinReportedUpdate) GetTime() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *TwinReportedUpdate) GetMetadata() map[string]string {
+	if x != nil {
+		return x.Metadata
+	}
+	return nil
+}
+
+func (x *TwinReportedUpdate) GetObservedDesired() *Value {
+	if x != nil {
+		return x.ObservedDesired
+	}
+	return nil
+}
+
+// DeviceStateUpdate: edge to cloud, the state a mapper reports for a device
+// (ok, online, offline, unhealthy, unknown, disconnected). Coalesced per
+// device while unsent.
+type DeviceStateUpdate struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Device *DeviceRef             `protobuf:"bytes,1,opt,name=device,proto3" json:"device,omitempty"`
+	State  string                 `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"`
+	Time   *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=time,proto3" json:"time,omitempty"`
+	// The mapper's registration name and protocol, for the Device's
+	// MapperConnected condition.
+	Mapper        string `protobuf:"bytes,4,opt,name=mapper,proto3" json:"mapper,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeviceStateUpdate) Reset() {
+	*x = DeviceStateUpdate{}
+	mi := &file_link_v1_link_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeviceStateUpdate) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeviceStateUpdate) ProtoMessage() {}
+
+func (x *DeviceStateUpdate) ProtoReflect() protoreflect.Message {
+	mi := &file_link_v1_link_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeviceStateUpdate.ProtoReflect.Descriptor instead.
+func (*DeviceStateUpdate) Descriptor() ([]byte, []int) {
+	return file_link_v1_link_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *DeviceStateUpdate) GetDevice() *DeviceRef {
+	if x != nil {
+		return x.Device
+	}
+	return nil
+}
+
+func (x *DeviceStateUpdate) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *DeviceStateUpdate) GetTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Time
+	}
+	return nil
+}
+
+func (x *DeviceStateUpdate) GetMapper() string {
+	if x != nil {
+		return x.Mapper
+	}
+	return ""
+}
+
+// DeviceUpdate: cloud to edge, a Device the node owns was assigned or
+// changed (desired values ride it). It replaces what the edge held of it.
+type DeviceUpdate struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Device        *EdgeDevice            `protobuf:"bytes,1,opt,name=device,proto3" json:"device,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeviceUpdate) Reset() {
+	*x = DeviceUpdate{}
+	mi := &file_link_v1_link_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeviceUpdate) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeviceUpdate) ProtoMessage() {}
+
+func (x *DeviceUpdate) ProtoReflect() protoreflect.Message {
+	mi := &file_link_v1_link_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeviceUpdate.ProtoReflect.Descriptor instead.
+func (*DeviceUpdate) Descriptor() ([]byte, []int) {
+	return file_link_v1_link_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *DeviceUpdate) GetDevice() *EdgeDevice {
+	if x != nil {
+		return x.Device
+	}
+	return nil
+}
+
+// DeviceRemoval: cloud to edge, a Device is no longer the node's.
+type DeviceRemoval struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Device        *DeviceRef             `protobuf:"bytes,1,opt,name=device,proto3" json:"device,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeviceRemoval) Reset() {
+	*x = DeviceRemoval{}
+	mi := &file_link_v1_link_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeviceRemoval) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeviceRemoval) ProtoMessage() {}
+
+func (x *DeviceRemoval) ProtoReflect() protoreflect.Message {
+	mi := &file_link_v1_link_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeviceRemoval.ProtoReflect.Descriptor instead.
+func (*DeviceRemoval) Descriptor() ([]byte, []int) {
+	return file_link_v1_link_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *DeviceRemoval) GetDevice() *DeviceRef {
+	if x != nil {
+		return x.Device
+	}
+	return nil
+}
+
+// DeviceModelUpdate: cloud to edge, a DeviceModel that a Device of the node
+// names was added or changed.
+type DeviceModelUpdate struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Model         *EdgeDeviceModel       `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeviceModelUpdate) Reset() {
+	*x = DeviceModelUpdate{}
+	mi := &file_link_v1_link_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeviceModelUpdate) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeviceModelUpdate) ProtoMessage() {}
+
+func (x *DeviceModelUpdate) ProtoReflect() protoreflect.Message {
+	mi := &file_link_v1_link_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeviceModelUpdate.ProtoReflect.Descriptor instead.
+func (*DeviceModelUpdate) Descriptor() ([]byte, []int) {
+	return file_link_v1_link_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *DeviceModelUpdate) GetModel() *EdgeDeviceModel {
+	if x != nil {
+		return x.Model
+	}
+	return nil
+}
+
+// DeviceModelRemoval: cloud to edge, no Device of the node names the model
+// any more.
+type DeviceModelRemoval struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Model         *DeviceRef             `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeviceModelRemoval) Reset() {
+	*x = DeviceModelRemoval{}
+	mi := &file_link_v1_link_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeviceModelRemoval) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeviceModelRemoval) ProtoMessage() {}
+
+func (x *DeviceModelRemoval) ProtoReflect() protoreflect.Message {
+	mi := &file_link_v1_link_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeviceModelRemoval.ProtoReflect.Descriptor instead.
+func (*DeviceModelRemoval) Descriptor() ([]byte, []int) {
+	return file_link_v1_link_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *DeviceModelRemoval) GetModel() *DeviceRef {
+	if x != nil {
+		return x.Model
+	}
+	return nil
+}
+
+// DeviceInventory: cloud to edge, after the updates of a (re)connect: the
+// complete set of Devices and models the node has; the edge forgets any
+// other it holds.
+type DeviceInventory struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	Devices       []*DeviceRef           `protobuf:"bytes,2,rep,name=devices,proto3" json:"devices,omitempty"`
+	Models        []*DeviceRef           `protobuf:"bytes,3,rep,name=models,proto3" json:"models,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeviceInventory) Reset() {
+	*x = DeviceInventory{}
+	mi := &file_link_v1_link_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeviceInventory) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeviceInventory) ProtoMessage() {}
+
+func (x *DeviceInventory) ProtoReflect() protoreflect.Message {
+	mi := &file_link_v1_link_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeviceInventory.ProtoReflect.Descriptor instead.
+func (*DeviceInventory) Descriptor() ([]byte, []int) {
+	return file_link_v1_link_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *DeviceInventory) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *DeviceInventory) GetDevices() []*DeviceRef {
+	if x != nil {
+		return x.Devices
+	}
+	return nil
+}
+
+func (x *DeviceInventory) GetModels() []*DeviceRef {
+	if x != nil {
+		return x.Models
+	}
+	return nil
+}
+
+// EdgeDevice is what an edge needs of a Device object.
+type EdgeDevice struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Ref   *DeviceRef             `protobuf:"bytes,1,opt,name=ref,proto3" json:"ref,omitempty"`
+	// The Device's metadata.generation, so the edge can tell stale copies.
+	Generation int64 `protobuf:"varint,2,opt,name=generation,proto3" json:"generation,omitempty"`
+	// The DeviceModel's name (same namespace).
+	Model string `protobuf:"bytes,3,opt,name=model,proto3" json:"model,omitempty"`
+	// The registration name of the mapper that should serve it; empty: any
+	// mapper of its protocol.
+	Mapper         string                `protobuf:"bytes,4,opt,name=mapper,proto3" json:"mapper,omitempty"`
+	ProtocolName   string                `protobuf:"bytes,5,opt,name=protocol_name,json=protocolName,proto3" json:"protocol_name,omitempty"`
+	ProtocolConfig *structpb.Struct      `protobuf:"bytes,6,opt,name=protocol_config,json=protocolConfig,proto3" json:"protocol_config,omitempty"`
+	Properties     []*EdgeDeviceProperty `protobuf:"bytes,7,rep,name=properties,proto3" json:"properties,omitempty"`
+	Methods        []*EdgeDeviceMethod   `protobuf:"bytes,8,rep,name=methods,proto3" json:"methods,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *EdgeDevice) Reset() {
+	*x = EdgeDevice{}
+	mi := &file_link_v1_link_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EdgeDevice) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EdgeDevice) ProtoMessage() {}
+
+func (x *EdgeDevice) ProtoReflect() protoreflect.Message {
+	mi := &file_link_v1_link_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EdgeDevice.ProtoReflect.Descriptor instead.
+func (*EdgeDevice) Descriptor() ([]byte, []int) {
+	return file_link_v1_link_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *EdgeDevice) GetRef() *DeviceRef {
+	if x != nil {
+		return x.Ref
+	}
+	return nil
+}
+
+func (x *EdgeDevice) GetGeneration() int64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *EdgeDevice) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *EdgeDevice) GetMapper() string {
+	if x != nil {
+		return x.Mapper
+	}
+	return ""
+}
+
+func (x *EdgeDevice) GetProtocolName() string {
+	if x != nil {
+		return x.ProtocolName
+	}
+	return ""
+}
+
+func (x *EdgeDevice) GetProtocolConfig() *structpb.Struct {
+	if x != nil {
+		return x.ProtocolConfig
+	}
+	return nil
+}
+
+func (x *EdgeDevice) GetProperties() []*EdgeDeviceProperty {
+	if x != nil {
+		return x.Properties
+	}
+	return nil
+}
+
+func (x *EdgeDevice) GetMethods() []*EdgeDeviceMethod {
+	if x != nil {
+		return x.Methods
+	}
+	return nil
+}
+
+type EdgeDeviceProperty struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Unset: no desired value.
+	Desired         *TwinValue       `protobuf:"bytes,2,opt,name=desired,proto3" json:"desired,omitempty"`
+	VisitorProtocol string           `protobuf:"bytes,3,opt,name=visitor_protocol,json=visitorProtocol,proto3" json:"visitor_protocol,omitempty"`
+	VisitorConfig   *structpb.Struct `protobuf:"bytes,4,opt,name=visitor_config,json=visitorConfig,proto3" json:"visitor_config,omitempty"`
+	CollectCycleMs  int64            `protobuf:"varint,5,opt,name=collect_cycle_ms,json=collectCycleMs,proto3" json:"collect_cycle_ms,omitempty"`
+	ReportCycleMs   int64            `protobuf:"varint,6,opt,name=report_cycle_ms,json=reportCycleMs,proto3" json:"report_cycle_ms,omitempty"`
+	ReportToCloud   bool             `protobuf:"varint,7,opt,name=report_to_cloud,json=reportToCloud,proto3" json:"report_to_cloud,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *EdgeDeviceProperty) Reset() {
+	*x = EdgeDeviceProperty{}
+	mi := &file_link_v1_link_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EdgeDeviceProperty) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EdgeDeviceProperty) ProtoMessage() {}
+
+func (x *EdgeDeviceProperty) ProtoReflect() protoreflect.Message {
+	mi := &file_link_v1_link_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EdgeDeviceProperty.ProtoReflect.Descriptor instead.
+func (*EdgeDeviceProperty) Descriptor() ([]byte, []int) {
+	return file_link_v1_link_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *EdgeDeviceProperty) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *EdgeDeviceProperty) GetDesired() *TwinValue {
+	if x != nil {
+		return x.Desired
+	}
+	return nil
+}
+
+func (x *EdgeDeviceProperty) GetVisitorProtocol() string {
+	if x != nil {
+		return x.VisitorProtocol
+	}
+	return ""
+}
+
+func (x *EdgeDeviceProperty) GetVisitorConfig() *structpb.Struct {
+	if x != nil {
+		return x.VisitorConfig
+	}
+	return nil
+}
+
+func (x *EdgeDeviceProperty) GetCollectCycleMs() int64 {
+	if x != nil {
+		return x.CollectCycleMs
+	}
+	return 0
+}
+
+func (x *EdgeDeviceProperty) GetReportCycleMs() int64 {
+	if x != nil {
+		return x.ReportCycleMs
+	}
+	return 0
+}
+
+func (x *EdgeDeviceProperty) GetReportToCloud() bool {
+	if x != nil {
+		return x.ReportToCloud
+	}
+	return false
+}
+
+// TwinValue is a value as the Device object holds it: text typed by the
+// model, with metadata.
+type TwinValue struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Value         string                 `protobuf:"bytes,1,opt,name=value,proto3" json:"value,omitempty"`
+	Metadata      map[string]string      `protobuf:"bytes,2,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TwinValue) Reset() {
+	*x = TwinValue{}
+	mi := &file_link_v1_link_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TwinValue) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TwinValue) ProtoMessage() {}
+
+func (x *TwinValue) ProtoReflect() protoreflect.Message {
+	mi := &file_link_v1_link_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TwinValue.ProtoReflect.Descriptor instead.
+func (*TwinValue) Descriptor() ([]byte, []int) {
+	return file_link_v1_link_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *TwinValue) GetValue() string {
+	if x != nil {
+		return x.Value
+	}
+	return ""
+}
+
+func (x *TwinValue) GetMetadata() map[string]string {
+	if x != nil {
+		return x.Metadata
+	}
+	return nil
+}
+
+type EdgeDeviceMethod struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Description   string                 `protobuf:"bytes,2,opt,name=description,proto3" json:"description,omitempty"`
+	PropertyNames []string               `protobuf:"bytes,3,rep,name=property_names,json=propertyNames,proto3" json:"property_names,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EdgeDeviceMethod) Reset() {
+	*x = EdgeDeviceMethod{}
+	mi := &file_link_v1_link_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EdgeDeviceMethod) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EdgeDeviceMethod) ProtoMessage() {}
+
+func (x *EdgeDeviceMethod) ProtoReflect() protoreflect.Message {
+	mi := &file_link_v1_link_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EdgeDeviceMethod.ProtoReflect.Descriptor instead.
+func (*EdgeDeviceMethod) Descriptor() ([]byte, []int) {
+	return file_link_v1_link_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *EdgeDeviceMethod) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *EdgeDeviceMethod) GetDescription() string {
+	if x != nil {
+		return x.Description
+	}
+	return ""
+}
+
+func (x *EdgeDeviceMethod) GetPropertyNames() []string {
+	if x != nil {
+		return x.PropertyNames
+	}
+	return nil
+}
+
+// EdgeDeviceModel is what an edge needs of a DeviceModel object.
+type EdgeDeviceModel struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Ref           *DeviceRef             `protobuf:"bytes,1,opt,name=ref,proto3" json:"ref,omitempty"`
+	Generation    int64                  `protobuf:"varint,2,opt,name=generation,proto3" json:"generation,omitempty"`
+	Protocol      string                 `protobuf:"bytes,3,opt,name=protocol,proto3" json:"protocol,omitempty"`
+	Properties    []*EdgeModelProperty   `protobuf:"bytes,4,rep,name=properties,proto3" json:"properties,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EdgeDeviceModel) Reset() {
+	*x = EdgeDeviceModel{}
+	mi := &file_link_v1_link_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EdgeDeviceModel) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EdgeDeviceModel) ProtoMessage() {}
+
+func (x *EdgeDeviceModel) ProtoReflect() protoreflect.Message {
+	mi := &file_link_v1_link_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EdgeDeviceModel.ProtoReflect.Descriptor instead.
+func (*EdgeDeviceModel) Descriptor() ([]byte, []int) {
+	return file_link_v1_link_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *EdgeDeviceModel) GetRef() *DeviceRef {
+	if x != nil {
+		return x.Ref
+	}
+	return nil
+}
+
+func (x *EdgeDeviceModel) GetGeneration() int64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *EdgeDeviceModel) GetProtocol() string {
+	if x != nil {
+		return x.Protocol
+	}
+	return ""
+}
+
+func (x *EdgeDeviceModel) GetProperties() []*EdgeModelProperty {
+	if x != nil {
+		return x.Properties
+	}
+	return nil
+}
+
+type EdgeModelProperty struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Name        string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Description string                 `protobuf:"bytes,2,opt,name=description,proto3" json:"description,omitempty"`
+	// INT, FLOAT, DOUBLE, STRING, BOOLEAN, BYTES.
+	Type string `protobuf:"bytes,3,opt,name=type,proto3" json:"type,omitempty"`
+	// ReadWrite or ReadOnly.
+	AccessMode    string `protobuf:"bytes,4,opt,name=access_mode,json=accessMode,proto3" json:"access_mode,omitempty"`
+	Minimum       string `protobuf:"bytes,5,opt,name=minimum,proto3" json:"minimum,omitempty"`
+	Maximum       string `protobuf:"bytes,6,opt,name=maximum,proto3" json:"maximum,omitempty"`
+	Unit          string `protobuf:"bytes,7,opt,name=unit,proto3" json:"unit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EdgeModelProperty) Reset() {
+	*x = EdgeModelProperty{}
+	mi := &file_link_v1_link_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EdgeModelProperty) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EdgeModelProperty) ProtoMessage() {}
+
+func (x *EdgeModelProperty) ProtoReflect() protoreflect.Message {
+	mi := &file_link_v1_link_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EdgeModelProperty.ProtoReflect.Descriptor instead.
+func (*EdgeModelProperty) Descriptor() ([]byte, []int) {
+	return file_link_v1_link_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *EdgeModelProperty) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *EdgeModelProperty) GetDescription() string {
+	if x != nil {
+		return x.Description
+	}
+	return ""
+}
+
+func (x *EdgeModelProperty) GetType() string {
+	if x != nil {
+		return x.Type
+	}
+	return ""
+}
+
+func (x *EdgeModelProperty) GetAccessMode() string {
+	if x != nil {
+		return x.AccessMode
+	}
+	return ""
+}
+
+func (x *EdgeModelProperty) GetMinimum() string {
+	if x != nil {
+		return x.Minimum
+	}
+	return ""
+}
+
+func (x *EdgeModelProperty) GetMaximum() string {
+	if x != nil {
+		return x.Maximum
+	}
+	return ""
+}
+
+func (x *EdgeModelProperty) GetUnit() string {
+	if x != nil {
+		return x.Unit
+	}
+	return ""
+}
+
 // DeviceMembership: cloud to edge, the complete set of devices the node
 // serves; it replaces the previous set. Node must be the session's node.
 type DeviceMembership struct {
@@ -844,7 +1758,7 @@ type DeviceMembership struct {
 
 func (x *DeviceMembership) Reset() {
 	*x = DeviceMembership{}
-	mi := &file_link_v1_link_proto_msgTypes[8]
+	mi := &file_link_v1_link_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -856,7 +1770,7 @@ func (x *DeviceMembership) String() string {
 func (*DeviceMembership) ProtoMessage() {}
 
 func (x *DeviceMembership) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[8]
+	mi := &file_link_v1_link_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -869,7 +1783,7 @@ func (x *DeviceMembership) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeviceMembership.ProtoReflect.Descriptor instead.
 func (*DeviceMembership) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{8}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *DeviceMembership) GetNode() string {
@@ -899,7 +1813,7 @@ type ProcessedAck struct {
 
 func (x *ProcessedAck) Reset() {
 	*x = ProcessedAck{}
-	mi := &file_link_v1_link_proto_msgTypes[9]
+	mi := &file_link_v1_link_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -911,7 +1825,7 @@ func (x *ProcessedAck) String() string {
 func (*ProcessedAck) ProtoMessage() {}
 
 func (x *ProcessedAck) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[9]
+	mi := &file_link_v1_link_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -924,7 +1838,7 @@ func (x *ProcessedAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessedAck.ProtoReflect.Descriptor instead.
 func (*ProcessedAck) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{9}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ProcessedAck) GetRefSeq() uint64 {
@@ -953,7 +1867,7 @@ type Error struct {
 
 func (x *Error) Reset() {
 	*x = Error{}
-	mi := &file_link_v1_link_proto_msgTypes[10]
+	mi := &file_link_v1_link_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -965,7 +1879,7 @@ func (x *Error) String() string {
 func (*Error) ProtoMessage() {}
 
 func (x *Error) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[10]
+	mi := &file_link_v1_link_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -978,7 +1892,7 @@ func (x *Error) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Error.ProtoReflect.Descriptor instead.
 func (*Error) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{10}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Error) GetCode() Error_Code {
@@ -1006,7 +1920,7 @@ var File_link_v1_link_proto protoreflect.FileDescriptor
 
 const file_link_v1_link_proto_rawDesc = "" +
 	"\n" +
-	"\x12link/v1/link.proto\x12\rdowse.link.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb8\x04\n" +
+	"\x12link/v1/link.proto\x12\rdowse.link.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe8\a\n" +
 	"\bEnvelope\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x10\n" +
@@ -1019,7 +1933,13 @@ const file_link_v1_link_proto_rawDesc = "" +
 	"\rtwin_reported\x18\x0e \x01(\v2!.dowse.link.v1.TwinReportedUpdateH\x00R\ftwinReported\x12N\n" +
 	"\x11device_membership\x18\x0f \x01(\v2\x1f.dowse.link.v1.DeviceMembershipH\x00R\x10deviceMembership\x12;\n" +
 	"\tprocessed\x18\x10 \x01(\v2\x1b.dowse.link.v1.ProcessedAckH\x00R\tprocessed\x12,\n" +
-	"\x05error\x18\x11 \x01(\v2\x14.dowse.link.v1.ErrorH\x00R\x05errorB\x06\n" +
+	"\x05error\x18\x11 \x01(\v2\x14.dowse.link.v1.ErrorH\x00R\x05error\x12B\n" +
+	"\rdevice_update\x18\x12 \x01(\v2\x1b.dowse.link.v1.DeviceUpdateH\x00R\fdeviceUpdate\x12E\n" +
+	"\x0edevice_removal\x18\x13 \x01(\v2\x1c.dowse.link.v1.DeviceRemovalH\x00R\rdeviceRemoval\x12E\n" +
+	"\fmodel_update\x18\x14 \x01(\v2 .dowse.link.v1.DeviceModelUpdateH\x00R\vmodelUpdate\x12H\n" +
+	"\rmodel_removal\x18\x15 \x01(\v2!.dowse.link.v1.DeviceModelRemovalH\x00R\fmodelRemoval\x12K\n" +
+	"\x10device_inventory\x18\x16 \x01(\v2\x1e.dowse.link.v1.DeviceInventoryH\x00R\x0fdeviceInventory\x12E\n" +
+	"\fdevice_state\x18\x17 \x01(\v2 .dowse.link.v1.DeviceStateUpdateH\x00R\vdeviceStateB\x06\n" +
 	"\x04kind\"z\n" +
 	"\x05Hello\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1b\n" +
@@ -1051,12 +1971,84 @@ const file_link_v1_link_proto_rawDesc = "" +
 	"\x06device\x18\x01 \x01(\v2\x18.dowse.link.v1.DeviceRefR\x06device\x12\x1a\n" +
 	"\bproperty\x18\x02 \x01(\tR\bproperty\x12*\n" +
 	"\x05value\x18\x03 \x01(\v2\x14.dowse.link.v1.ValueR\x05value\x12.\n" +
-	"\x04time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\"\xbe\x01\n" +
+	"\x04time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\"\x89\x03\n" +
 	"\x12TwinReportedUpdate\x120\n" +
 	"\x06device\x18\x01 \x01(\v2\x18.dowse.link.v1.DeviceRefR\x06device\x12\x1a\n" +
 	"\bproperty\x18\x02 \x01(\tR\bproperty\x12*\n" +
 	"\x05value\x18\x03 \x01(\v2\x14.dowse.link.v1.ValueR\x05value\x12.\n" +
-	"\x04time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\"Z\n" +
+	"\x04time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12K\n" +
+	"\bmetadata\x18\x05 \x03(\v2/.dowse.link.v1.TwinReportedUpdate.MetadataEntryR\bmetadata\x12?\n" +
+	"\x10observed_desired\x18\x06 \x01(\v2\x14.dowse.link.v1.ValueR\x0fobservedDesired\x1a;\n" +
+	"\rMetadataEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa3\x01\n" +
+	"\x11DeviceStateUpdate\x120\n" +
+	"\x06device\x18\x01 \x01(\v2\x18.dowse.link.v1.DeviceRefR\x06device\x12\x14\n" +
+	"\x05state\x18\x02 \x01(\tR\x05state\x12.\n" +
+	"\x04time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x16\n" +
+	"\x06mapper\x18\x04 \x01(\tR\x06mapper\"A\n" +
+	"\fDeviceUpdate\x121\n" +
+	"\x06device\x18\x01 \x01(\v2\x19.dowse.link.v1.EdgeDeviceR\x06device\"A\n" +
+	"\rDeviceRemoval\x120\n" +
+	"\x06device\x18\x01 \x01(\v2\x18.dowse.link.v1.DeviceRefR\x06device\"I\n" +
+	"\x11DeviceModelUpdate\x124\n" +
+	"\x05model\x18\x01 \x01(\v2\x1e.dowse.link.v1.EdgeDeviceModelR\x05model\"D\n" +
+	"\x12DeviceModelRemoval\x12.\n" +
+	"\x05model\x18\x01 \x01(\v2\x18.dowse.link.v1.DeviceRefR\x05model\"\x8b\x01\n" +
+	"\x0fDeviceInventory\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x122\n" +
+	"\adevices\x18\x02 \x03(\v2\x18.dowse.link.v1.DeviceRefR\adevices\x120\n" +
+	"\x06models\x18\x03 \x03(\v2\x18.dowse.link.v1.DeviceRefR\x06models\"\xeb\x02\n" +
+	"\n" +
+	"EdgeDevice\x12*\n" +
+	"\x03ref\x18\x01 \x01(\v2\x18.dowse.link.v1.DeviceRefR\x03ref\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x02 \x01(\x03R\n" +
+	"generation\x12\x14\n" +
+	"\x05model\x18\x03 \x01(\tR\x05model\x12\x16\n" +
+	"\x06mapper\x18\x04 \x01(\tR\x06mapper\x12#\n" +
+	"\rprotocol_name\x18\x05 \x01(\tR\fprotocolName\x12@\n" +
+	"\x0fprotocol_config\x18\x06 \x01(\v2\x17.google.protobuf.StructR\x0eprotocolConfig\x12A\n" +
+	"\n" +
+	"properties\x18\a \x03(\v2!.dowse.link.v1.EdgeDevicePropertyR\n" +
+	"properties\x129\n" +
+	"\amethods\x18\b \x03(\v2\x1f.dowse.link.v1.EdgeDeviceMethodR\amethods\"\xc1\x02\n" +
+	"\x12EdgeDeviceProperty\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x122\n" +
+	"\adesired\x18\x02 \x01(\v2\x18.dowse.link.v1.TwinValueR\adesired\x12)\n" +
+	"\x10visitor_protocol\x18\x03 \x01(\tR\x0fvisitorProtocol\x12>\n" +
+	"\x0evisitor_config\x18\x04 \x01(\v2\x17.google.protobuf.StructR\rvisitorConfig\x12(\n" +
+	"\x10collect_cycle_ms\x18\x05 \x01(\x03R\x0ecollectCycleMs\x12&\n" +
+	"\x0freport_cycle_ms\x18\x06 \x01(\x03R\rreportCycleMs\x12&\n" +
+	"\x0freport_to_cloud\x18\a \x01(\bR\rreportToCloud\"\xa2\x01\n" +
+	"\tTwinValue\x12\x14\n" +
+	"\x05value\x18\x01 \x01(\tR\x05value\x12B\n" +
+	"\bmetadata\x18\x02 \x03(\v2&.dowse.link.v1.TwinValue.MetadataEntryR\bmetadata\x1a;\n" +
+	"\rMetadataEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"o\n" +
+	"\x10EdgeDeviceMethod\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12 \n" +
+	"\vdescription\x18\x02 \x01(\tR\vdescription\x12%\n" +
+	"\x0eproperty_names\x18\x03 \x03(\tR\rpropertyNames\"\xbb\x01\n" +
+	"\x0fEdgeDeviceModel\x12*\n" +
+	"\x03ref\x18\x01 \x01(\v2\x18.dowse.link.v1.DeviceRefR\x03ref\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x02 \x01(\x03R\n" +
+	"generation\x12\x1a\n" +
+	"\bprotocol\x18\x03 \x01(\tR\bprotocol\x12@\n" +
+	"\n" +
+	"properties\x18\x04 \x03(\v2 .dowse.link.v1.EdgeModelPropertyR\n" +
+	"properties\"\xc6\x01\n" +
+	"\x11EdgeModelProperty\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12 \n" +
+	"\vdescription\x18\x02 \x01(\tR\vdescription\x12\x12\n" +
+	"\x04type\x18\x03 \x01(\tR\x04type\x12\x1f\n" +
+	"\vaccess_mode\x18\x04 \x01(\tR\n" +
+	"accessMode\x12\x18\n" +
+	"\aminimum\x18\x05 \x01(\tR\aminimum\x12\x18\n" +
+	"\amaximum\x18\x06 \x01(\tR\amaximum\x12\x12\n" +
+	"\x04unit\x18\a \x01(\tR\x04unit\"Z\n" +
 	"\x10DeviceMembership\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x122\n" +
 	"\adevices\x18\x02 \x03(\v2\x18.dowse.link.v1.DeviceRefR\adevices\"=\n" +
@@ -1088,7 +2080,7 @@ func file_link_v1_link_proto_rawDescGZIP() []byte {
 }
 
 var file_link_v1_link_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_link_v1_link_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_link_v1_link_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_link_v1_link_proto_goTypes = []any{
 	(Error_Code)(0),               // 0: dowse.link.v1.Error.Code
 	(*Envelope)(nil),              // 1: dowse.link.v1.Envelope
@@ -1099,10 +2091,25 @@ var file_link_v1_link_proto_goTypes = []any{
 	(*Value)(nil),                 // 6: dowse.link.v1.Value
 	(*TwinDesiredUpdate)(nil),     // 7: dowse.link.v1.TwinDesiredUpdate
 	(*TwinReportedUpdate)(nil),    // 8: dowse.link.v1.TwinReportedUpdate
-	(*DeviceMembership)(nil),      // 9: dowse.link.v1.DeviceMembership
-	(*ProcessedAck)(nil),          // 10: dowse.link.v1.ProcessedAck
-	(*Error)(nil),                 // 11: dowse.link.v1.Error
-	(*timestamppb.Timestamp)(nil), // 12: google.protobuf.Timestamp
+	(*DeviceStateUpdate)(nil),     // 9: dowse.link.v1.DeviceStateUpdate
+	(*DeviceUpdate)(nil),          // 10: dowse.link.v1.DeviceUpdate
+	(*DeviceRemoval)(nil),         // 11: dowse.link.v1.DeviceRemoval
+	(*DeviceModelUpdate)(nil),     // 12: dowse.link.v1.DeviceModelUpdate
+	(*DeviceModelRemoval)(nil),    // 13: dowse.link.v1.DeviceModelRemoval
+	(*DeviceInventory)(nil),       // 14: dowse.link.v1.DeviceInventory
+	(*EdgeDevice)(nil),            // 15: dowse.link.v1.EdgeDevice
+	(*EdgeDeviceProperty)(nil),    // 16: dowse.link.v1.EdgeDeviceProperty
+	(*TwinValue)(nil),             // 17: dowse.link.v1.TwinValue
+	(*EdgeDeviceMethod)(nil),      // 18: dowse.link.v1.EdgeDeviceMethod
+	(*EdgeDeviceModel)(nil),       // 19: dowse.link.v1.EdgeDeviceModel
+	(*EdgeModelProperty)(nil),     // 20: dowse.link.v1.EdgeModelProperty
+	(*DeviceMembership)(nil),      // 21: dowse.link.v1.DeviceMembership
+	(*ProcessedAck)(nil),          // 22: dowse.link.v1.ProcessedAck
+	(*Error)(nil),                 // 23: dowse.link.v1.Error
+	nil,                           // 24: dowse.link.v1.TwinReportedUpdate.MetadataEntry
+	nil,                           // 25: dowse.link.v1.TwinValue.MetadataEntry
+	(*timestamppb.Timestamp)(nil), // 26: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),       // 27: google.protobuf.Struct
 }
 var file_link_v1_link_proto_depIdxs = []int32{
 	2,  // 0: dowse.link.v1.Envelope.hello:type_name -> dowse.link.v1.Hello
@@ -1110,22 +2117,47 @@ var file_link_v1_link_proto_depIdxs = []int32{
 	4,  // 2: dowse.link.v1.Envelope.heartbeat:type_name -> dowse.link.v1.Heartbeat
 	7,  // 3: dowse.link.v1.Envelope.twin_desired:type_name -> dowse.link.v1.TwinDesiredUpdate
 	8,  // 4: dowse.link.v1.Envelope.twin_reported:type_name -> dowse.link.v1.TwinReportedUpdate
-	9,  // 5: dowse.link.v1.Envelope.device_membership:type_name -> dowse.link.v1.DeviceMembership
-	10, // 6: dowse.link.v1.Envelope.processed:type_name -> dowse.link.v1.ProcessedAck
-	11, // 7: dowse.link.v1.Envelope.error:type_name -> dowse.link.v1.Error
-	5,  // 8: dowse.link.v1.TwinDesiredUpdate.device:type_name -> dowse.link.v1.DeviceRef
-	6,  // 9: dowse.link.v1.TwinDesiredUpdate.value:type_name -> dowse.link.v1.Value
-	12, // 10: dowse.link.v1.TwinDesiredUpdate.time:type_name -> google.protobuf.Timestamp
-	5,  // 11: dowse.link.v1.TwinReportedUpdate.device:type_name -> dowse.link.v1.DeviceRef
-	6,  // 12: dowse.link.v1.TwinReportedUpdate.value:type_name -> dowse.link.v1.Value
-	12, // 13: dowse.link.v1.TwinReportedUpdate.time:type_name -> google.protobuf.Timestamp
-	5,  // 14: dowse.link.v1.DeviceMembership.devices:type_name -> dowse.link.v1.DeviceRef
-	0,  // 15: dowse.link.v1.Error.code:type_name -> dowse.link.v1.Error.Code
-	16, // [16:16] is the sub-list for method output_type
-	16, // [16:16] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	21, // 5: dowse.link.v1.Envelope.device_membership:type_name -> dowse.link.v1.DeviceMembership
+	22, // 6: dowse.link.v1.Envelope.processed:type_name -> dowse.link.v1.ProcessedAck
+	23, // 7: dowse.link.v1.Envelope.error:type_name -> dowse.link.v1.Error
+	10, // 8: dowse.link.v1.Envelope.device_update:type_name -> dowse.link.v1.DeviceUpdate
+	11, // 9: dowse.link.v1.Envelope.device_removal:type_name -> dowse.link.v1.DeviceRemoval
+	12, // 10: dowse.link.v1.Envelope.model_update:type_name -> dowse.link.v1.DeviceModelUpdate
+	13, // 11: dowse.link.v1.Envelope.model_removal:type_name -> dowse.link.v1.DeviceModelRemoval
+	14, // 12: dowse.link.v1.Envelope.device_inventory:type_name -> dowse.link.v1.DeviceInventory
+	9,  // 13: dowse.link.v1.Envelope.device_state:type_name -> dowse.link.v1.DeviceStateUpdate
+	5,  // 14: dowse.link.v1.TwinDesiredUpdate.device:type_name -> dowse.link.v1.DeviceRef
+	6,  // 15: dowse.link.v1.TwinDesiredUpdate.value:type_name -> dowse.link.v1.Value
+	26, // 16: dowse.link.v1.TwinDesiredUpdate.time:type_name -> google.protobuf.Timestamp
+	5,  // 17: dowse.link.v1.TwinReportedUpdate.device:type_name -> dowse.link.v1.DeviceRef
+	6,  // 18: dowse.link.v1.TwinReportedUpdate.value:type_name -> dowse.link.v1.Value
+	26, // 19: dowse.link.v1.TwinReportedUpdate.time:type_name -> google.protobuf.Timestamp
+	24, // 20: dowse.link.v1.TwinReportedUpdate.metadata:type_name -> dowse.link.v1.TwinReportedUpdate.MetadataEntry
+	6,  // 21: dowse.link.v1.TwinReportedUpdate.observed_desired:type_name -> dowse.link.v1.Value
+	5,  // 22: dowse.link.v1.DeviceStateUpdate.device:type_name -> dowse.link.v1.DeviceRef
+	26, // 23: dowse.link.v1.DeviceStateUpdate.time:type_name -> google.protobuf.Timestamp
+	15, // 24: dowse.link.v1.DeviceUpdate.device:type_name -> dowse.link.v1.EdgeDevice
+	5,  // 25: dowse.link.v1.DeviceRemoval.device:type_name -> dowse.link.v1.DeviceRef
+	19, // 26: dowse.link.v1.DeviceModelUpdate.model:type_name -> dowse.link.v1.EdgeDeviceModel
+	5,  // 27: dowse.link.v1.DeviceModelRemoval.model:type_name -> dowse.link.v1.DeviceRef
+	5,  // 28: dowse.link.v1.DeviceInventory.devices:type_name -> dowse.link.v1.DeviceRef
+	5,  // 29: dowse.link.v1.DeviceInventory.models:type_name -> dowse.link.v1.DeviceRef
+	5,  // 30: dowse.link.v1.EdgeDevice.ref:type_name -> dowse.link.v1.DeviceRef
+	27, // 31: dowse.link.v1.EdgeDevice.protocol_config:type_name -> google.protobuf.Struct
+	16, // 32: dowse.link.v1.EdgeDevice.properties:type_name -> dowse.link.v1.EdgeDeviceProperty
+	18, // 33: dowse.link.v1.EdgeDevice.methods:type_name -> dowse.link.v1.EdgeDeviceMethod
+	17, // 34: dowse.link.v1.EdgeDeviceProperty.desired:type_name -> dowse.link.v1.TwinValue
+	27, // 35: dowse.link.v1.EdgeDeviceProperty.visitor_config:type_name -> google.protobuf.Struct
+	25, // 36: dowse.link.v1.TwinValue.metadata:type_name -> dowse.link.v1.TwinValue.MetadataEntry
+	5,  // 37: dowse.link.v1.EdgeDeviceModel.ref:type_name -> dowse.link.v1.DeviceRef
+	20, // 38: dowse.link.v1.EdgeDeviceModel.properties:type_name -> dowse.link.v1.EdgeModelProperty
+	5,  // 39: dowse.link.v1.DeviceMembership.devices:type_name -> dowse.link.v1.DeviceRef
+	0,  // 40: dowse.link.v1.Error.code:type_name -> dowse.link.v1.Error.Code
+	41, // [41:41] is the sub-list for method output_type
+	41, // [41:41] is the sub-list for method input_type
+	41, // [41:41] is the sub-list for extension type_name
+	41, // [41:41] is the sub-list for extension extendee
+	0,  // [0:41] is the sub-list for field type_name
 }
 
 func init() { file_link_v1_link_proto_init() }
@@ -1142,6 +2174,12 @@ func file_link_v1_link_proto_init() {
 		(*Envelope_DeviceMembership)(nil),
 		(*Envelope_Processed)(nil),
 		(*Envelope_Error)(nil),
+		(*Envelope_DeviceUpdate)(nil),
+		(*Envelope_DeviceRemoval)(nil),
+		(*Envelope_ModelUpdate)(nil),
+		(*Envelope_ModelRemoval)(nil),
+		(*Envelope_DeviceInventory)(nil),
+		(*Envelope_DeviceState)(nil),
 	}
 	file_link_v1_link_proto_msgTypes[5].OneofWrappers = []any{
 		(*Value_BoolValue)(nil),
@@ -1156,7 +2194,7 @@ func file_link_v1_link_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_link_v1_link_proto_rawDesc), len(file_link_v1_link_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   11,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

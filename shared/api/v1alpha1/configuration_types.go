@@ -41,6 +41,12 @@ type ConfigurationSpec struct {
 	// +kubebuilder:pruning:PreserveUnknownFields
 	ConfigurationServiceSpec *corev1.ServiceSpec `json:"configurationServiceSpec,omitempty"`
 
+	// DeviceTemplate, when set, gives every Instance of the Configuration a
+	// Device of the same name: a twin the controller keeps in step with the
+	// Instance (and deletes with it).
+	// +optional
+	DeviceTemplate *DeviceTemplate `json:"deviceTemplate,omitempty"`
+
 	// BrokerProperties are added to every Instance's broker properties; a
 	// device property of the same name wins.
 	// +optional

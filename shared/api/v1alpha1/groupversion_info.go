@@ -1,5 +1,5 @@
 // Package v1alpha1 holds the dowse.dev/v1alpha1 API: Configuration, Instance,
-// and (later) DeviceModel and Device.
+// DeviceModel and Device.
 // +kubebuilder:object:generate=true
 // +groupName=dowse.dev
 package v1alpha1
@@ -19,6 +19,8 @@ func AddToScheme(s *runtime.Scheme) error {
 	s.AddKnownTypes(GroupVersion,
 		&Configuration{}, &ConfigurationList{},
 		&Instance{}, &InstanceList{},
+		&DeviceModel{}, &DeviceModelList{},
+		&Device{}, &DeviceList{},
 	)
 	metav1.AddToGroupVersion(s, GroupVersion)
 	return nil

@@ -33,7 +33,7 @@ type InstanceSpec struct {
 	Mounts []Mount `json:"mounts,omitempty"`
 	// DeviceSpecs are device nodes a broker of this device needs.
 	// +optional
-	DeviceSpecs []DeviceSpec `json:"deviceSpecs,omitempty"`
+	DeviceSpecs []DeviceNode `json:"deviceSpecs,omitempty"`
 }
 
 // Mount is a host path mounted into a broker container.
@@ -46,8 +46,8 @@ type Mount struct {
 	ReadOnly bool `json:"readOnly,omitempty"`
 }
 
-// DeviceSpec is a device node passed into a broker container.
-type DeviceSpec struct {
+// DeviceNode is a device node passed into a broker container.
+type DeviceNode struct {
 	// +required
 	ContainerPath string `json:"containerPath"`
 	// +required
