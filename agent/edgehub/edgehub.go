@@ -52,8 +52,8 @@ type Config struct {
 }
 
 // OnMessage is told of each inbound sequenced message exactly once, in
-// order, after the store has committed it (so Desired and Membership
-// already answer with it). After a restart, messages committed before it
+// order, after the store has committed it (so Desired, Membership,
+// Devices and Models already answer with it). After a restart, messages committed before it
 // are not told again: read the state from the store instead. It runs on the
 // connection's reader goroutine and should not block long.
 type OnMessage func(ctx context.Context, env *linkv1.Envelope)
@@ -156,12 +156,40 @@ func (e *EdgeHub) acked(through uint64) {
 	}
 }
 
-// Report queues a property value read from a device. While it has not been
-// written to the cloud (offline, or queued behind others) a newer value of
-// the same device property replaces it.
-func (e *EdgeHub) Report(device *linkv1.DeviceRef, property string, v *linkv1.Value, at time.Time) (uint64, error) {
-	env := &linkv1.Envelope{Kind: &linkv1.Envelope_TwinReported{TwinReported: &linkv1.TwinReportedUpdate{
-		Device: device, Property: property, Value: v, Time: timestamppb.New(at)}}}
+// ReportOption adds to a Report.
+type ReportOption func(*linkv1.TwinReportedUpdate)
+
+// WithMetadata attaches the mapper's metadata of the value (as it sent it).
+func WithMetadata(md map[string]string) ReportOption {
+	return func(r *linkv1.TwinReportedUpdate) { r.Metadata = md }
+}
+
+// WithObservedDesired names the desired value the mapper last applied.
+func WithObservedDesired(v *linkv1.Value) ReportOption {
+	return func(r *linkv1.TwinReportedUpdate) { r.ObservedDesired = v }
+}
+
+// Report queues a property value read from a device; at is when it was
+// read. While it has not been written to the cloud (offline, or queued
+// behind others) a newer value of the same device property replaces it
+// (metadata and observed desired value included: the newest report wins
+// whole). It returns once the store has committed it.
+func (e *EdgeHub) Report(device *linkv1.DeviceRef, property string, v *linkv1.Value, at time.Time, opts ...ReportOption) (uint64, error) {
+	r := &linkv1.TwinReportedUpdate{Device: device, Property: property, Value: v, Time: timestamppb.New(at)}
+	for _, o := range opts {
+		o(r)
+	}
+	env := &linkv1.Envelope{Kind: &linkv1.Envelope_TwinReported{TwinReported: r}}
+	return e.enqueue(env, coalesceKey(env))
+}
+
+// ReportState queues the state a mapper reports for a device (ok, online,
+// offline, unhealthy, unknown, disconnected; the caller checks), with the
+// mapper's registration name. While unsent, a newer state of the same
+// device replaces it. It returns once the store has committed it.
+func (e *EdgeHub) ReportState(device *linkv1.DeviceRef, state, mapper string, at time.Time) (uint64, error) {
+	env := &linkv1.Envelope{Kind: &linkv1.Envelope_DeviceState{DeviceState: &linkv1.DeviceStateUpdate{
+		Device: device, State: state, Time: timestamppb.New(at), Mapper: mapper}}}
 	return e.enqueue(env, coalesceKey(env))
 }
 
@@ -189,6 +217,26 @@ func (e *EdgeHub) enqueue(env *linkv1.Envelope, key string) (uint64, error) {
 // Desired is the last desired value received for a device property (nil when none).
 func (e *EdgeHub) Desired(device *linkv1.DeviceRef, property string) (*linkv1.TwinDesiredUpdate, error) {
 	return e.store.desired(device, property)
+}
+
+// Devices are the Devices the cloud last assigned to this node, as the
+// store holds them (DeviceUpdate, DeviceRemoval and DeviceInventory
+// applied), ordered by namespace and name. They survive restarts: after an
+// agent restart without the cloud this is what the mappers get.
+func (e *EdgeHub) Devices() ([]*linkv1.EdgeDevice, error) { return e.store.devices() }
+
+// Models are the DeviceModels the cloud last sent this node, ordered by
+// namespace and name.
+func (e *EdgeHub) Models() ([]*linkv1.EdgeDeviceModel, error) { return e.store.models() }
+
+// Device is the Device ref names (nil when the node does not hold it).
+func (e *EdgeHub) Device(ref *linkv1.DeviceRef) (*linkv1.EdgeDevice, error) {
+	return e.store.device(ref)
+}
+
+// Model is the DeviceModel ref names (nil when the node does not hold it).
+func (e *EdgeHub) Model(ref *linkv1.DeviceRef) (*linkv1.EdgeDeviceModel, error) {
+	return e.store.model(ref)
 }
 
 // Membership is the last device membership received (nil when none).

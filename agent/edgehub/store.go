@@ -30,6 +30,8 @@ var (
 	bOut     = []byte("out")
 	bDesired = []byte("desired")
 	bState   = []byte("state")
+	bDevices = []byte("devices")
+	bModels  = []byte("models")
 
 	kStream     = []byte("stream")
 	kNextSeq    = []byte("next-seq")
@@ -56,7 +58,7 @@ func openStore(dir string, noSync bool) (*store, error) {
 		return nil, fmt.Errorf("edge store: %w", err)
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bMeta, bOut, bDesired, bState} {
+		for _, b := range [][]byte{bMeta, bOut, bDesired, bState, bDevices, bModels} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
@@ -172,6 +174,39 @@ func (s *store) received(peerStream uint64, env *linkv1.Envelope) error {
 			if err := tx.Bucket(bState).Put(kMembership, data); err != nil {
 				return err
 			}
+		case *linkv1.Envelope_DeviceUpdate:
+			d := k.DeviceUpdate.GetDevice()
+			data, err := proto.Marshal(d)
+			if err != nil {
+				return err
+			}
+			if err := tx.Bucket(bDevices).Put([]byte(refKey(d.GetRef())), data); err != nil {
+				return err
+			}
+		case *linkv1.Envelope_DeviceRemoval:
+			if err := tx.Bucket(bDevices).Delete([]byte(refKey(k.DeviceRemoval.GetDevice()))); err != nil {
+				return err
+			}
+		case *linkv1.Envelope_ModelUpdate:
+			m := k.ModelUpdate.GetModel()
+			data, err := proto.Marshal(m)
+			if err != nil {
+				return err
+			}
+			if err := tx.Bucket(bModels).Put([]byte(refKey(m.GetRef())), data); err != nil {
+				return err
+			}
+		case *linkv1.Envelope_ModelRemoval:
+			if err := tx.Bucket(bModels).Delete([]byte(refKey(k.ModelRemoval.GetModel()))); err != nil {
+				return err
+			}
+		case *linkv1.Envelope_DeviceInventory:
+			if err := keepOnly(tx.Bucket(bDevices), k.DeviceInventory.GetDevices()); err != nil {
+				return err
+			}
+			if err := keepOnly(tx.Bucket(bModels), k.DeviceInventory.GetModels()); err != nil {
+				return err
+			}
 		}
 		meta := tx.Bucket(bMeta)
 		if err := meta.Put(kPeerStream, be(peerStream)); err != nil {
@@ -207,6 +242,88 @@ func (s *store) membership() (*linkv1.DeviceMembership, error) {
 	return out, err
 }
 
+// keepOnly deletes the entries of b that refs does not name.
+func keepOnly(b *bolt.Bucket, refs []*linkv1.DeviceRef) error {
+	keep := make(map[string]bool, len(refs))
+	for _, r := range refs {
+		keep[refKey(r)] = true
+	}
+	var gone [][]byte
+	err := b.ForEach(func(k, _ []byte) error {
+		if !keep[string(k)] {
+			gone = append(gone, append([]byte(nil), k...))
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for _, k := range gone {
+		if err := b.Delete(k); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// devices returns every Device held, in key order (namespace, name).
+func (s *store) devices() ([]*linkv1.EdgeDevice, error) {
+	var out []*linkv1.EdgeDevice
+	err := s.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(bDevices).ForEach(func(_, v []byte) error {
+			d := &linkv1.EdgeDevice{}
+			if err := proto.Unmarshal(v, d); err != nil {
+				return err
+			}
+			out = append(out, d)
+			return nil
+		})
+	})
+	return out, err
+}
+
+// models returns every DeviceModel held, in key order (namespace, name).
+func (s *store) models() ([]*linkv1.EdgeDeviceModel, error) {
+	var out []*linkv1.EdgeDeviceModel
+	err := s.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(bModels).ForEach(func(_, v []byte) error {
+			m := &linkv1.EdgeDeviceModel{}
+			if err := proto.Unmarshal(v, m); err != nil {
+				return err
+			}
+			out = append(out, m)
+			return nil
+		})
+	})
+	return out, err
+}
+
+func (s *store) device(ref *linkv1.DeviceRef) (*linkv1.EdgeDevice, error) {
+	var out *linkv1.EdgeDevice
+	err := s.db.View(func(tx *bolt.Tx) error {
+		v := tx.Bucket(bDevices).Get([]byte(refKey(ref)))
+		if v == nil {
+			return nil
+		}
+		out = &linkv1.EdgeDevice{}
+		return proto.Unmarshal(v, out)
+	})
+	return out, err
+}
+
+func (s *store) model(ref *linkv1.DeviceRef) (*linkv1.EdgeDeviceModel, error) {
+	var out *linkv1.EdgeDeviceModel
+	err := s.db.View(func(tx *bolt.Tx) error {
+		v := tx.Bucket(bModels).Get([]byte(refKey(ref)))
+		if v == nil {
+			return nil
+		}
+		out = &linkv1.EdgeDeviceModel{}
+		return proto.Unmarshal(v, out)
+	})
+	return out, err
+}
+
 func (s *store) close() error {
 	if s == nil || s.db == nil {
 		return errors.New("edge store closed")
@@ -218,6 +335,9 @@ func (s *store) close() error {
 func propKey(d *linkv1.DeviceRef, property string) string {
 	return d.GetNamespace() + "\x00" + d.GetName() + "\x00" + property
 }
+
+// refKey names a Device or DeviceModel.
+func refKey(r *linkv1.DeviceRef) string { return r.GetNamespace() + "\x00" + r.GetName() }
 
 // coalesceKey: reported values of one property, and states of one device,
 // replace each other while unsent; other kinds are never coalesced.
