@@ -27,6 +27,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/dowse-dev/dowse/controller/broker"
+	"github.com/dowse-dev/dowse/controller/devices"
 	"github.com/dowse-dev/dowse/controller/events"
 	"github.com/dowse-dev/dowse/controller/nodes"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
@@ -153,6 +154,17 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 		return err
 	}
 	if err := broker.NewConfigurationReconciler(mgr.GetClient(), idx, errs).SetupWithManager(mgr); err != nil {
+		return err
+	}
+	instancesOf := func(namespace, configuration string) ([]string, error) {
+		objs, err := idx.InstancesByConfiguration.Objects(namespace, configuration)
+		names := make([]string, len(objs))
+		for i, o := range objs {
+			names[i] = o.GetName()
+		}
+		return names, err
+	}
+	if err := devices.NewProvisioner(mgr.GetClient(), mgr.GetAPIReader(), instancesOf, recorder, reg, log.WithName("devices")).SetupWithManager(mgr); err != nil {
 		return err
 	}
 	if err := nodes.NewReconciler(mgr.GetClient(), mgr.GetAPIReader(), cfg.NodeGracePeriod, log.WithName("nodes")).SetupWithManager(mgr); err != nil {

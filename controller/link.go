@@ -17,6 +17,7 @@ import (
 	"github.com/dowse-dev/dowse/controller/cloudhub"
 	"github.com/dowse-dev/dowse/controller/edges"
 	"github.com/dowse-dev/dowse/controller/linkauth"
+	"github.com/dowse-dev/dowse/controller/twins"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	"github.com/dowse-dev/dowse/shared/link/pki"
 )
@@ -50,6 +51,24 @@ type LinkConfig struct {
 	// AgentServiceAccounts ("namespace/name") may bootstrap with a service
 	// account token bound to an agent pod; empty: bootstrap tokens only.
 	AgentServiceAccounts []string
+	// TwinStatusInterval is the least time between two status writes of
+	// one Device (twins' default when 0).
+	TwinStatusInterval time.Duration
+}
+
+type committer func(node string, pos cloudhub.Position)
+
+func (c committer) Commit(node string, pos cloudhub.Position) { c(node, pos) }
+
+// forgetBoth forgets a departed node in the hub and in the twin sync.
+type forgetBoth struct {
+	hub  *cloudhub.Hub
+	sync *twins.Sync
+}
+
+func (f forgetBoth) Forget(node string) {
+	f.hub.Forget(node)
+	f.sync.Forget(node)
 }
 
 // alwaysRunnable runs on every replica: the bootstrap endpoint keeps no
@@ -108,18 +127,37 @@ func addLink(ctx context.Context, mgr ctrl.Manager, cfg Config, reg prometheus.R
 	if err := mgr.GetFieldIndexer().IndexField(ctx, &v1alpha1.Instance{}, edges.NodeIndex, edges.IndexByNode); err != nil {
 		return err
 	}
+	for _, ix := range []struct {
+		name string
+		fn   client.IndexerFunc
+	}{{twins.NodeIndex, twins.IndexByNode}, {twins.ModelIndex, twins.IndexByModel}} {
+		if err := mgr.GetFieldIndexer().IndexField(ctx, &v1alpha1.Device{}, ix.name, ix.fn); err != nil {
+			return err
+		}
+	}
 	var members *edges.Memberships
 	var departures *edges.Departures
-	hub, err := cloudhub.New(cloudhub.Config{
+	var twinSync *twins.Sync
+	var hub *cloudhub.Hub
+	twinMetrics := twins.NewMetrics(reg)
+	status := twins.NewStatus(mgr.GetClient(), mgr.GetClient(), committer(func(node string, pos cloudhub.Position) { hub.Commit(node, pos) }),
+		twins.StatusConfig{Interval: lc.TwinStatusInterval}, twinMetrics, log.WithName("twins"))
+	hub, err = cloudhub.New(cloudhub.Config{
 		WebSocketAddr: lc.WebSocketAddr, QUICAddr: lc.QUICAddr, TLS: tlsCfg,
 		Heartbeat: lc.Heartbeat, MaxFrame: lc.MaxMessageSize, QueueSize: lc.QueueSize,
 		RateLimit: lc.RateLimit, RateBurst: lc.RateBurst, MaxConnections: lc.MaxConnections,
 		// A node that (re)connects learns which devices are its.
-		OnConnect: func(ctx context.Context, node string) { members.OnConnect(ctx, node) },
+		OnConnect: func(ctx context.Context, node string) {
+			members.OnConnect(ctx, node)
+			twinSync.OnConnect(ctx, node)
+		},
+		// Reports are acknowledged once they are in Device.status, not
+		// when taken: nothing is lost if the controller dies in between.
+		ManualCommit: true,
 		// Only nodes of the cluster: a deleted Node's certificate, still
 		// valid, no longer gets in.
 		NodeAllowed: func(ctx context.Context, node string) (bool, error) { return departures.Allowed(ctx, node) },
-	}, edges.Authorizer{Reader: mgr.GetClient()}, edges.Handler(log.WithName("edges")), reg)
+	}, edges.Authorizer{Reader: mgr.GetClient()}, status.Handle, reg)
 	if err != nil {
 		return err
 	}
@@ -127,7 +165,14 @@ func addLink(ctx context.Context, mgr ctrl.Manager, cfg Config, reg prometheus.R
 	if err := members.SetupWithManager(mgr); err != nil {
 		return err
 	}
-	departures = edges.NewDepartures(mgr.GetClient(), hub, members, log.WithName("departures"))
+	twinSync = twins.NewSync(mgr.GetClient(), hub, status, twinMetrics, log.WithName("twin-sync"))
+	if err := twinSync.SetupWithManager(mgr); err != nil {
+		return err
+	}
+	if err := mgr.Add(status); err != nil {
+		return err
+	}
+	departures = edges.NewDepartures(mgr.GetClient(), forgetBoth{hub, twinSync}, members, log.WithName("departures"))
 	if err := departures.SetupWithManager(mgr); err != nil {
 		return err
 	}

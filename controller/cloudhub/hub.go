@@ -70,6 +70,13 @@ type Config struct {
 	// node's stream the first time the node connects to this hub process;
 	// see Positions.
 	Positions Positions
+	// ManualCommit acknowledges a node's messages to it only as far as the
+	// application says it made them durable (Hub.Commit), instead of as
+	// soon as the Handler took them: an application that batches its
+	// writes (one status write per device per interval) then loses nothing
+	// when it dies between taking a message and writing it. Use it with
+	// Positions.
+	ManualCommit bool
 }
 
 // Position is a place in a node's outbound stream.
@@ -303,7 +310,7 @@ func (h *Hub) state(node string) *nodeState {
 	s := h.nodes[node]
 	if s == nil {
 		s = &nodeState{
-			sess:    link.NewSession(link.SessionConfig{MaxEntries: h.cfg.QueueSize}),
+			sess:    link.NewSession(link.SessionConfig{MaxEntries: h.cfg.QueueSize, ManualCommit: h.cfg.ManualCommit}),
 			limiter: rate.NewLimiter(rate.Limit(h.cfg.RateLimit), h.cfg.RateBurst),
 		}
 		h.nodes[node] = s
@@ -326,6 +333,18 @@ func (h *Hub) Send(node string, env *linkv1.Envelope) (uint64, error) {
 	}
 	seq, _, err := h.state(node).sess.Enqueue(env, "")
 	return seq, err
+}
+
+// Commit tells a ManualCommit hub that the application has made node's
+// messages through pos durable; the node is acknowledged that far and may
+// forget them. Safe from any goroutine; unknown nodes are ignored.
+func (h *Hub) Commit(node string, pos Position) {
+	h.mu.Lock()
+	st := h.nodes[node]
+	h.mu.Unlock()
+	if st != nil {
+		st.sess.Commit(pos.Stream, pos.Seq)
+	}
 }
 
 // Connected lists the nodes with a live connection, sorted.
@@ -489,7 +508,8 @@ func (h *Hub) serveConn(ctx context.Context, transport string, c link.Conn) {
 	}
 	st.sess.SetPeer(hl.StreamId)
 	st.sess.Resume(hl.PeerStreamId, hl.Received)
-	peer, received := st.sess.Received()
+	peer, _ := st.sess.Received()
+	received := st.sess.AckPosition()
 	if err := f.Write(&linkv1.Envelope{Kind: &linkv1.Envelope_Welcome{Welcome: &linkv1.Welcome{
 		StreamId: st.sess.StreamID(), PeerStreamId: peer, Received: received,
 		HeartbeatIntervalMs: uint32(h.cfg.Heartbeat / time.Millisecond)}}}); err != nil {
@@ -532,6 +552,7 @@ func (h *Hub) seedPosition(ctx context.Context, st *nodeState, node string, stre
 	if pos.Stream == stream && pos.Seq > 0 {
 		st.sess.SetPeer(stream)
 		st.sess.Delivered(pos.Seq)
+		st.sess.Commit(stream, pos.Seq)
 		logr.FromContextOrDiscard(ctx).V(1).Info("resuming the node's stream where the application left it", "seq", pos.Seq)
 	}
 	return nil

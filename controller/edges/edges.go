@@ -18,16 +18,29 @@ import (
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 )
 
-// Authorizer lets a node speak about the Instances that list it in
+// Authorizer lets a node speak about the Devices whose spec.nodeName is
+// the node (their twins are its), and the Instances that list it in
 // status.nodes, and no others. It reads the controller's cache.
 type Authorizer struct {
 	Reader client.Reader
 }
 
-// AuthorizeDevice is cloudhub.Authorizer's: nil when inst lists node.
+// AuthorizeDevice is cloudhub.Authorizer's: nil when the Device of that
+// name is the node's or, with no such Device, the Instance lists node.
 func (a Authorizer) AuthorizeDevice(ctx context.Context, node string, device *linkv1.DeviceRef) error {
 	if device == nil || device.Name == "" {
 		return fmt.Errorf("node %s named no device", node)
+	}
+	var dev v1alpha1.Device
+	err := a.Reader.Get(ctx, types.NamespacedName{Namespace: device.Namespace, Name: device.Name}, &dev)
+	if err == nil {
+		if dev.Spec.NodeName != node {
+			return fmt.Errorf("node %s named Device %s/%s, whose twin is node %q's", node, device.Namespace, device.Name, dev.Spec.NodeName)
+		}
+		return nil
+	}
+	if !apierrors.IsNotFound(err) {
+		return err
 	}
 	var inst v1alpha1.Instance
 	if err := a.Reader.Get(ctx, types.NamespacedName{Namespace: device.Namespace, Name: device.Name}, &inst); err != nil {

@@ -326,7 +326,7 @@ func (r *runner) writeLoop(ctx context.Context) error {
 		frames := 0
 		// One ack value for the whole write, so that lastAck is what the
 		// peer was told.
-		_, ack := r.sess.Received()
+		ack := r.sess.AckPosition()
 		// Sequenced messages first, in order, in batches up to ~64 KiB.
 		for len(buf) < 64<<10 {
 			var resent int

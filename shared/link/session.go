@@ -53,6 +53,11 @@ type SessionConfig struct {
 	// Acked, when set, is called under the session lock with the new
 	// cumulative ack; it must not block.
 	Acked func(through uint64)
+	// ManualCommit makes the ack told to the peer the position the
+	// application committed (Commit) rather than the one it took: for an
+	// application that makes what it took durable later, in batches. The
+	// peer keeps what is not committed, and resends it to a restarted side.
+	ManualCommit bool
 }
 
 // Session is one side's state of a link, which outlives connections: the
@@ -74,6 +79,7 @@ type Session struct {
 
 	peerStream uint64
 	received   uint64
+	committed  uint64 // with ManualCommit
 
 	notify chan struct{}
 }
@@ -81,7 +87,7 @@ type Session struct {
 // NewSession builds a session from cfg.
 func NewSession(cfg SessionConfig) *Session {
 	s := &Session{cfg: cfg, streamID: cfg.StreamID, nextSeq: cfg.NextSeq, peerStream: cfg.PeerStreamID,
-		received: cfg.Received, byKey: map[string]*Entry{}, notify: make(chan struct{}, 1)}
+		received: cfg.Received, committed: cfg.Received, byKey: map[string]*Entry{}, notify: make(chan struct{}, 1)}
 	if s.streamID == 0 {
 		s.streamID = RandomID()
 	}
@@ -299,8 +305,38 @@ func (s *Session) SetPeer(peerStream uint64) {
 	defer s.mu.Unlock()
 	if peerStream != s.peerStream {
 		s.peerStream = peerStream
-		s.received = 0
+		s.received, s.committed = 0, 0
 	}
+}
+
+// Commit records, with ManualCommit, that the application has made
+// everything of the peer's stream peerStream through seq durable; the ack
+// told to the peer moves up to it. A position in another stream than the
+// current one (the peer started afresh meanwhile) is ignored.
+func (s *Session) Commit(peerStream, seq uint64) {
+	s.mu.Lock()
+	moved := peerStream == s.peerStream && seq > s.committed
+	if moved {
+		s.committed = seq
+	}
+	s.mu.Unlock()
+	if moved {
+		select {
+		case s.notify <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// AckPosition is the highest seq of the peer's stream to acknowledge: the
+// delivered one, or with ManualCommit the committed one.
+func (s *Session) AckPosition() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cfg.ManualCommit {
+		return min(s.received, s.committed)
+	}
+	return s.received
 }
 
 // Accept reports whether a sequenced message with seq is new (it must then

@@ -178,9 +178,6 @@ const (
 	// ConditionDesiredApplied is True when every desired value has been
 	// reported back as observedDesired; False with the mapper's error.
 	ConditionDesiredApplied = "DesiredApplied"
-	// ConditionNodeAssigned is the controller's, for Devices made from an
-	// Instance: True with the node chosen among those that see it.
-	ConditionNodeAssigned = "NodeAssigned"
 )
 
 // DeviceStatus is what the edge observed, written by the controller from
@@ -207,10 +204,27 @@ type DeviceStatus struct {
 	// ObservedGeneration is the spec generation the status was written for.
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+	// ReportedPosition is where in its node's link stream the newest report
+	// written here came from: the controller skips reports at or before it,
+	// so a report resent after a controller restart is never applied twice.
+	// +optional
+	ReportedPosition *LinkPosition `json:"reportedPosition,omitempty"`
 	// +optional
 	// +listType=map
 	// +listMapKey=type
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// LinkPosition is a message's place in a node's link stream.
+type LinkPosition struct {
+	// +required
+	Node string `json:"node"`
+	// Stream is the edge's stream id (decimal: it may not fit an int64); a
+	// wiped edge store starts a new one.
+	// +required
+	Stream string `json:"stream"`
+	// +required
+	Seq int64 `json:"seq"`
 }
 
 // Device is one device's twin: desired values in spec, reported ones in

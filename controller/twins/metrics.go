@@ -1,0 +1,40 @@
+package twins
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Metrics are the twins' Prometheus metrics (NewMetrics(nil) for unregistered ones).
+type Metrics struct {
+	Reports        *prometheus.CounterVec
+	Dropped        *prometheus.CounterVec
+	Coalesced      prometheus.Counter
+	Writes         *prometheus.CounterVec
+	WriteSeconds   prometheus.Histogram
+	ReportToStatus prometheus.Histogram
+	Sent           *prometheus.CounterVec
+}
+
+// NewMetrics registers the metrics with reg (nil: unregistered).
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		Reports: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "dowse", Subsystem: "twins", Name: "reports_total",
+			Help: "Reports taken from nodes, by kind (reported, state)."}, []string{"kind"}),
+		Dropped: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "dowse", Subsystem: "twins", Name: "dropped_reports_total",
+			Help: "Reports not applied, by reason (device-gone, already-written)."}, []string{"reason"}),
+		Coalesced: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "dowse", Subsystem: "twins", Name: "coalesced_reports_total",
+			Help: "Reported values replaced by a newer one of the same property before they were written."}),
+		Writes: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "dowse", Subsystem: "twins", Name: "status_writes_total",
+			Help: "Device status writes, by result."}, []string{"result"}),
+		WriteSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "dowse", Subsystem: "twins", Name: "status_write_duration_seconds",
+			Help: "Duration of one Device status write.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)}),
+		ReportToStatus: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "dowse", Subsystem: "twins", Name: "report_to_status_seconds",
+			Help: "From a device's oldest unwritten report (its read time) to its status write.", Buckets: prometheus.ExponentialBuckets(0.01, 2, 12)}),
+		Sent: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "dowse", Subsystem: "twins", Name: "sent_total",
+			Help: "Messages sent to nodes, by kind (device, device-removal, model, model-removal, inventory)."}, []string{"kind"}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.Reports, m.Dropped, m.Coalesced, m.Writes, m.WriteSeconds, m.ReportToStatus, m.Sent)
+	}
+	return m
+}
+
+func (m *Metrics) dropped(reason string) { m.Dropped.WithLabelValues(reason).Inc() }
