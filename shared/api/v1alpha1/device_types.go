@@ -98,12 +98,14 @@ type DeviceProperty struct {
 	// KubeEdge's integer milliseconds.
 	// +optional
 	// +kubebuilder:validation:XIntOrString
+	// +kubebuilder:validation:MaxLength=32
 	// +kubebuilder:validation:XValidation:rule="type(self) == int ? self >= 0 : self.matches('^([0-9]+([.][0-9]+)?(ns|us|ms|s|m|h))+$')",message="must be a duration such as 500ms or 10s, or integer milliseconds"
 	ReportCycle *intstr.IntOrString `json:"reportCycle,omitempty"`
 	// CollectCycle is the time between two reads: a duration or integer
 	// milliseconds.
 	// +optional
 	// +kubebuilder:validation:XIntOrString
+	// +kubebuilder:validation:MaxLength=32
 	// +kubebuilder:validation:XValidation:rule="type(self) == int ? self >= 0 : self.matches('^([0-9]+([.][0-9]+)?(ns|us|ms|s|m|h))+$')",message="must be a duration such as 500ms or 10s, or integer milliseconds"
 	CollectCycle *intstr.IntOrString `json:"collectCycle,omitempty"`
 	// ReportToCloud sends the property's reported value to Device.status

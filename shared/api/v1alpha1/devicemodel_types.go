@@ -80,8 +80,10 @@ type ModelProperty struct {
 	// Minimum and Maximum bound numeric desired values (text, as in
 	// KubeEdge).
 	// +optional
+	// +kubebuilder:validation:MaxLength=64
 	Minimum string `json:"minimum,omitempty"`
 	// +optional
+	// +kubebuilder:validation:MaxLength=64
 	Maximum string `json:"maximum,omitempty"`
 	// +optional
 	Unit string `json:"unit,omitempty"`
