@@ -1,0 +1,354 @@
+package twins
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr/testr"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+	"google.golang.org/protobuf/types/known/timestamppb"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/config"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"k8s.io/utils/ptr"
+
+	"github.com/dowse-dev/dowse/controller/cloudhub"
+	"github.com/dowse-dev/dowse/controller/twins"
+	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
+	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+	"github.com/dowse-dev/dowse/shared/scheme"
+)
+
+// fakeHub records what is sent to each node, and what is committed.
+type fakeHub struct {
+	mu        sync.Mutex
+	connected []string
+	sent      map[string][]*linkv1.Envelope
+	committed map[string]cloudhub.Position
+}
+
+func newFakeHub(connected ...string) *fakeHub {
+	return &fakeHub{connected: connected, sent: map[string][]*linkv1.Envelope{}, committed: map[string]cloudhub.Position{}}
+}
+
+func (h *fakeHub) Send(node string, env *linkv1.Envelope) (uint64, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.sent[node] = append(h.sent[node], env)
+	return uint64(len(h.sent[node])), nil
+}
+
+func (h *fakeHub) Connected() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Clone(h.connected)
+}
+
+func (h *fakeHub) Commit(node string, pos cloudhub.Position) {
+	h.mu.Lock()
+	h.committed[node] = pos
+	h.mu.Unlock()
+}
+
+// take returns and forgets what node was sent, as "kind name" strings.
+func (h *fakeHub) take(node string) ([]string, []*linkv1.Envelope) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	envs := h.sent[node]
+	h.sent[node] = nil
+	var out []string
+	for _, e := range envs {
+		switch k := e.Kind.(type) {
+		case *linkv1.Envelope_ModelUpdate:
+			out = append(out, "model "+k.ModelUpdate.Model.Ref.Name)
+		case *linkv1.Envelope_ModelRemoval:
+			out = append(out, "model-removal "+k.ModelRemoval.Model.Name)
+		case *linkv1.Envelope_DeviceUpdate:
+			out = append(out, "device "+k.DeviceUpdate.Device.Ref.Name)
+		case *linkv1.Envelope_DeviceRemoval:
+			out = append(out, "device-removal "+k.DeviceRemoval.Device.Name)
+		case *linkv1.Envelope_DeviceInventory:
+			out = append(out, fmt.Sprintf("inventory %d/%d", len(k.DeviceInventory.Devices), len(k.DeviceInventory.Models)))
+		}
+	}
+	return out, envs
+}
+
+type twinRig struct {
+	hub    *fakeHub
+	sync   *twins.Sync
+	status *twins.Status
+	writes *writeCounter
+}
+
+// startTwins runs the twin sync and status writer in a manager of their
+// own against the API server, with a fake hub.
+func startTwins(t *testing.T, hub *fakeHub) *twinRig {
+	t.Helper()
+	sch, err := scheme.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	writes := &writeCounter{match: "/status"}
+	restCfg := rest.CopyConfig(cp.Config)
+	restCfg.WrapTransport = writes.wrap
+	mgr, err := ctrl.NewManager(restCfg, ctrl.Options{Scheme: sch, Metrics: metricsserver.Options{BindAddress: "0"},
+		Controller: config.Controller{SkipNameValidation: ptr.To(true)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	if err := mgr.GetFieldIndexer().IndexField(ctx, &v1alpha1.Device{}, twins.NodeIndex, twins.IndexByNode); err != nil {
+		t.Fatal(err)
+	}
+	if err := mgr.GetFieldIndexer().IndexField(ctx, &v1alpha1.Device{}, twins.ModelIndex, twins.IndexByModel); err != nil {
+		t.Fatal(err)
+	}
+	m := twins.NewMetrics(nil)
+	log := testr.New(t)
+	status := twins.NewStatus(mgr.GetClient(), mgr.GetClient(), hub, twins.StatusConfig{Interval: time.Hour}, m, log)
+	s := twins.NewSync(mgr.GetClient(), hub, status, m, log)
+	if err := s.SetupWithManager(mgr); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("manager: %v", err)
+		}
+	})
+	if !mgr.GetCache().WaitForCacheSync(ctx) {
+		t.Fatal("cache never synced")
+	}
+	return &twinRig{hub: hub, sync: s, status: status, writes: writes}
+}
+
+func device(ns, name, node string, props ...v1alpha1.DeviceProperty) *v1alpha1.Device {
+	return &v1alpha1.Device{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: v1alpha1.DeviceSpec{DeviceModelRef: &corev1.LocalObjectReference{Name: "thermostat"}, NodeName: node, Properties: props}}
+}
+
+func desired(name, v string) v1alpha1.DeviceProperty {
+	return v1alpha1.DeviceProperty{Name: name, Desired: &v1alpha1.TwinProperty{Value: v}}
+}
+
+func waitSent(t *testing.T, hub *fakeHub, node string, want ...string) []*linkv1.Envelope {
+	t.Helper()
+	var got []string
+	var envs []*linkv1.Envelope
+	eventually(t, 10*time.Second, func() error {
+		g, e := hub.take(node)
+		got, envs = append(got, g...), append(envs, e...)
+		if len(got) < len(want) {
+			return fmt.Errorf("node %s was sent %v, want %v", node, got, want)
+		}
+		return nil
+	})
+	if !slices.Equal(got, want) {
+		t.Fatalf("node %s was sent %v, want %v", node, got, want)
+	}
+	return envs
+}
+
+// TestTwinSync: a node is sent its valid Devices and their model when it
+// connects, then an inventory; a changed desired value is sent; a Device
+// that moves away is removed (and its model with it); a Device that does
+// not fit its model is not sent and says why.
+func TestTwinSync(t *testing.T) {
+	ctx := context.Background()
+	ns := namespace(t)
+	if err := k8sClient.Create(ctx, thermostatModel(ns)); err != nil {
+		t.Fatal(err)
+	}
+	good := device(ns, "good", "edge-1", desired("setpoint", "21"))
+	bad := device(ns, "readonly", "edge-1", desired("temperature", "3"))
+	outOfRange := device(ns, "too-hot", "edge-1", desired("setpoint", "31"))
+	unknown := device(ns, "unknown", "edge-1", v1alpha1.DeviceProperty{Name: "humidity"})
+	for _, d := range []*v1alpha1.Device{good, bad, outOfRange, unknown, device(ns, "elsewhere", "edge-2")} {
+		if err := k8sClient.Create(ctx, d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hub := newFakeHub("edge-1")
+	rig := startTwins(t, hub)
+	// Whatever the reconciler sent before the connect is not what counts.
+	time.Sleep(200 * time.Millisecond)
+	hub.take("edge-1")
+	rig.sync.OnConnect(ctx, "edge-1")
+	envs := waitSent(t, hub, "edge-1", "model thermostat", "device good", "inventory 1/1")
+	ed := envs[1].GetDeviceUpdate().Device
+	if p := ed.Properties[0]; p.Name != "setpoint" || p.Desired.GetValue() != "21" || ed.ProtocolName != "virtual" {
+		t.Errorf("device sent %v: want setpoint desired 21 and the model's protocol", ed)
+	}
+	if got := hub.sent["edge-2"]; len(got) != 0 {
+		t.Errorf("a node that is not connected was sent %d messages", len(got))
+	}
+
+	rig.status.Flush(ctx)
+	for name, want := range map[string]string{"readonly": "ReadOnly", "too-hot": "above the maximum 30", "unknown": "humidity is not in DeviceModel"} {
+		d, err := getDevice(ns, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := meta.FindStatusCondition(d.Status.Conditions, v1alpha1.ConditionDeviceValid)
+		if c == nil || c.Status != metav1.ConditionFalse || !strings.Contains(c.Message, want) {
+			t.Errorf("%s: Valid condition %+v, want False saying %q", name, c, want)
+		}
+	}
+	if d, _ := getDevice(ns, "good"); !meta.IsStatusConditionTrue(d.Status.Conditions, v1alpha1.ConditionDeviceValid) {
+		t.Errorf("good device: conditions %+v, want Valid", d.Status.Conditions)
+	}
+
+	// A new desired value.
+	d, _ := getDevice(ns, "good")
+	d.Spec.Properties[0].Desired.Value = "22"
+	if err := k8sClient.Update(ctx, d); err != nil {
+		t.Fatal(err)
+	}
+	envs = waitSent(t, hub, "edge-1", "device good")
+	if v := envs[0].GetDeviceUpdate().Device.Properties[0].Desired.GetValue(); v != "22" {
+		t.Errorf("desired sent %q, want 22", v)
+	}
+	// Fixed, the out-of-range one is sent.
+	d, _ = getDevice(ns, "too-hot")
+	d.Spec.Properties[0].Desired.Value = "30"
+	if err := k8sClient.Update(ctx, d); err != nil {
+		t.Fatal(err)
+	}
+	waitSent(t, hub, "edge-1", "device too-hot")
+	// Moved to another node: removed here, model too once no device needs it.
+	for _, name := range []string{"good", "too-hot"} {
+		d, _ = getDevice(ns, name)
+		d.Spec.NodeName = "edge-2"
+		if err := k8sClient.Update(ctx, d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitSent(t, hub, "edge-1", "device-removal good", "device-removal too-hot", "model-removal thermostat")
+}
+
+// TestTwinStatus: however many reports arrive between two flushes, a Device
+// gets one status write with the newest value of every property; reports
+// are committed to the hub only after the write; a report resent after a
+// restart is not applied again; DesiredApplied follows observedDesired.
+func TestTwinStatus(t *testing.T) {
+	ctx := context.Background()
+	ns := namespace(t)
+	if err := k8sClient.Create(ctx, thermostatModel(ns)); err != nil {
+		t.Fatal(err)
+	}
+	if err := k8sClient.Create(ctx, device(ns, "t1", "edge-1", desired("setpoint", "21"))); err != nil {
+		t.Fatal(err)
+	}
+	hub := newFakeHub()
+	rig := startTwins(t, hub)
+	eventually(t, 10*time.Second, func() error {
+		_, err := getDevice(ns, "t1")
+		return err
+	})
+	const stream = 77
+	seq := uint64(0)
+	report := func(prop string, v *linkv1.Value, observed *linkv1.Value) error {
+		seq++
+		return rig.status.Handle(ctx, cloudhub.Inbound{Node: "edge-1", At: cloudhub.Position{Stream: stream, Seq: seq},
+			Env: &linkv1.Envelope{Seq: seq, Kind: &linkv1.Envelope_TwinReported{TwinReported: &linkv1.TwinReportedUpdate{
+				Device: &linkv1.DeviceRef{Namespace: ns, Name: "t1"}, Property: prop, Value: v, ObservedDesired: observed,
+				Time: timestamppb.New(time.UnixMilli(1_700_000_000_000 + int64(seq)))}}}})
+	}
+	before := rig.writes.writes.Load()
+	for i := range 500 {
+		if err := report("temperature", &linkv1.Value{Kind: &linkv1.Value_DoubleValue{DoubleValue: float64(i) / 2}}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := report("setpoint", &linkv1.Value{Kind: &linkv1.Value_IntValue{IntValue: 20}}, &linkv1.Value{Kind: &linkv1.Value_IntValue{IntValue: 20}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := hub.committed["edge-1"]; ok {
+		t.Fatal("reports committed before they were written")
+	}
+	rig.status.Flush(ctx)
+	if n := rig.writes.writes.Load() - before; n != 1 {
+		t.Errorf("%d status writes for 501 reports between two flushes, want 1", n)
+	}
+	if got := hub.committed["edge-1"]; got.Seq != seq || got.Stream != stream {
+		t.Errorf("committed %+v after the write, want seq %d", got, seq)
+	}
+	d, err := getDevice(ns, "t1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tw := findTwin(d, "temperature"); tw == nil || tw.Reported.Value != "249.5" || tw.Reported.Metadata["timestamp"] != strconv.Itoa(1_700_000_000_000+500) {
+		t.Errorf("temperature twin %+v: want the newest value 249.5 with its read time", tw)
+	}
+	if c := meta.FindStatusCondition(d.Status.Conditions, v1alpha1.ConditionDesiredApplied); c == nil || c.Status != metav1.ConditionFalse {
+		t.Errorf("DesiredApplied %+v: want False (observed 20, desired 21)", c)
+	}
+
+	// The mapper applies 21; a report resent from before (a controller
+	// restart) changes nothing.
+	if err := report("setpoint", &linkv1.Value{Kind: &linkv1.Value_IntValue{IntValue: 21}}, &linkv1.Value{Kind: &linkv1.Value_IntValue{IntValue: 21}}); err != nil {
+		t.Fatal(err)
+	}
+	last := seq
+	seq = 10 // a resend of seq 11: temperature 5
+	if err := report("temperature", &linkv1.Value{Kind: &linkv1.Value_DoubleValue{DoubleValue: 5}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	seq = last
+	rig.status.Flush(ctx)
+	d, _ = getDevice(ns, "t1")
+	if tw := findTwin(d, "temperature"); tw.Reported.Value != "249.5" {
+		t.Errorf("a resent older report was applied: temperature %q", tw.Reported.Value)
+	}
+	if c := meta.FindStatusCondition(d.Status.Conditions, v1alpha1.ConditionDesiredApplied); c == nil || c.Status != metav1.ConditionTrue {
+		t.Errorf("DesiredApplied %+v: want True once 21 is observed", c)
+	}
+	if tw := findTwin(d, "setpoint"); tw.ObservedDesired == nil || tw.ObservedDesired.Value != "21" {
+		t.Errorf("setpoint observedDesired %+v, want 21", tw.ObservedDesired)
+	}
+	// A restarted controller (a new Status, seeded from the API server)
+	// skips what was written too.
+	restarted := twins.NewStatus(k8sClient, k8sClient, hub, twins.StatusConfig{}, twins.NewMetrics(nil), testr.New(t))
+	seq = 5
+	if err := restarted.Handle(ctx, cloudhub.Inbound{Node: "edge-1", At: cloudhub.Position{Stream: stream, Seq: seq}, Env: &linkv1.Envelope{Seq: seq,
+		Kind: &linkv1.Envelope_TwinReported{TwinReported: &linkv1.TwinReportedUpdate{Device: &linkv1.DeviceRef{Namespace: ns, Name: "t1"},
+			Property: "temperature", Value: &linkv1.Value{Kind: &linkv1.Value_DoubleValue{DoubleValue: 2}}}}}}); err != nil {
+		t.Fatal(err)
+	}
+	before = rig.writes.writes.Load()
+	restarted.Flush(ctx)
+	if d, _ = getDevice(ns, "t1"); findTwin(d, "temperature").Reported.Value != "249.5" {
+		t.Errorf("a restarted writer applied a resent report: %q", findTwin(d, "temperature").Reported.Value)
+	}
+	// A report for a Device that is gone is dropped and committed.
+	if err := restarted.Handle(ctx, cloudhub.Inbound{Node: "edge-1", At: cloudhub.Position{Stream: stream, Seq: 900}, Env: &linkv1.Envelope{Seq: 900,
+		Kind: &linkv1.Envelope_DeviceState{DeviceState: &linkv1.DeviceStateUpdate{Device: &linkv1.DeviceRef{Namespace: ns, Name: "gone"}, State: "ok"}}}}); err != nil {
+		t.Fatal(err)
+	}
+	restarted.Flush(ctx)
+	if got := hub.committed["edge-1"]; got.Seq != 900 {
+		t.Errorf("committed %+v, want 900 (a report about a deleted Device is dropped, not retried)", got)
+	}
+}
+
+func findTwin(d *v1alpha1.Device, prop string) *v1alpha1.Twin {
+	for i := range d.Status.Twins {
+		if d.Status.Twins[i].PropertyName == prop {
+			return &d.Status.Twins[i]
+		}
+	}
+	return nil
+}
+
