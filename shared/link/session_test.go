@@ -147,3 +147,50 @@ func TestSessionReceive(t *testing.T) {
 		})
 	}
 }
+
+// TestSessionManualCommit: with ManualCommit the ack told to the peer is
+// what the application committed, within the current peer stream, never
+// beyond what was delivered.
+func TestSessionManualCommit(t *testing.T) {
+	for _, manual := range []bool{false, true} {
+		s := NewSession(SessionConfig{ManualCommit: manual})
+		s.SetPeer(5)
+		for seq := uint64(1); seq <= 3; seq++ {
+			if !s.Accept(seq) {
+				t.Fatalf("seq %d refused", seq)
+			}
+			s.Delivered(seq)
+		}
+		want := uint64(3)
+		if manual {
+			want = 0
+		}
+		if got := s.AckPosition(); got != want {
+			t.Fatalf("manual=%v: ack %d before any commit, want %d", manual, got, want)
+		}
+		s.Commit(5, 2)
+		if manual {
+			want = 2
+		}
+		if got := s.AckPosition(); got != want {
+			t.Fatalf("manual=%v: ack %d after commit 2, want %d", manual, got, want)
+		}
+		if !manual {
+			continue
+		}
+		s.Commit(5, 9) // beyond delivered: the ack stays within it
+		if got := s.AckPosition(); got != 3 {
+			t.Fatalf("ack %d after committing past delivery, want 3", got)
+		}
+		s.SetPeer(6) // the peer started afresh
+		s.Commit(5, 10)
+		if got := s.AckPosition(); got != 0 {
+			t.Fatalf("ack %d after a commit in the old stream, want 0", got)
+		}
+		s.Delivered(1)
+		s.Commit(6, 1)
+		if got := s.AckPosition(); got != 1 {
+			t.Fatalf("ack %d in the new stream, want 1", got)
+		}
+	}
+}
