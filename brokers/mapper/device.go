@@ -1,0 +1,884 @@
+package mapper
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"google.golang.org/protobuf/proto"
+
+	dmiv1beta1 "github.com/dowse-dev/dowse/proto/dmi/v1beta1"
+)
+
+// Device states reported with ReportDeviceStates.
+const (
+	StateOK        = "ok"
+	StateOffline   = "offline"
+	StateUnhealthy = "unhealthy"
+	StateUnknown   = "unknown"
+)
+
+// Twin metadata keys. Besides KubeEdge's "timestamp" (Unix ms) and "type",
+// Dowse's mappers put "error" on a twin whose read failed (reported: the
+// value is the last good one, or empty) or whose desired value could not be
+// applied (observedDesired: the value is the desired one that failed). The
+// key goes away with the next good read or write.
+const (
+	MetaTimestamp = "timestamp"
+	MetaType      = "type"
+	MetaError     = "error"
+)
+
+// ErrDisconnected, wrapped in a driver's error, says the connection is gone
+// (reset, closed by the peer): the SDK reconnects at once instead of after
+// UnhealthyAfter failed rounds.
+var ErrDisconnected = errors.New("connection lost")
+
+// propState is one property of a running device.
+type propState struct {
+	p   *Property
+	bad error // from the model or Prepare: never read
+
+	value    string
+	hasValue bool
+	readAt   time.Time
+	readErr  string // last read error, "" after a good read
+
+	reported    string
+	hasReported bool
+	reportedErr string
+	reportedAt  time.Time
+	dirty       bool // something to report
+
+	desired      *dmiv1beta1.TwinProperty
+	desiredKey   string // value and timestamp of the desired value
+	appliedKey   string
+	failedKey    string // a desired value that failed permanently
+	retryAt      time.Time
+	observed     *dmiv1beta1.TwinProperty
+	observedSent bool
+}
+
+type group struct {
+	cycle time.Duration
+	next  time.Time
+	props []*propState
+}
+
+type pending struct {
+	dev   *dmiv1beta1.Device
+	model *dmiv1beta1.DeviceModel
+}
+
+type push struct {
+	p   *Property
+	v   any
+	err error
+}
+
+// device runs one device: its goroutine owns everything but mu's fields.
+type device struct {
+	m         *Mapper
+	ns, name  string
+	log       logr.Logger
+	notify    chan struct{}
+	pushes    chan push
+	done      chan struct{}
+	stopOnce  sync.Once
+	cancelRun context.CancelFunc
+
+	mu        sync.Mutex
+	next      *pending
+	resyncing bool
+	snap      *dmiv1beta1.Device
+
+	// The goroutine's own.
+	spec       *dmiv1beta1.Device
+	model      *dmiv1beta1.DeviceModel
+	driver     Driver
+	driverErr  error
+	connected  bool
+	props      map[string]*propState
+	order      []*propState
+	groups     []*group
+	failures   int
+	backoff    time.Duration
+	state      string
+	stateSent  string
+	stateErr   string
+	subCancel  context.CancelFunc
+	lastReport time.Time
+}
+
+func newDevice(m *Mapper, ns, name string) *device {
+	return &device{
+		m: m, ns: ns, name: name,
+		log:    m.log.WithValues("device", key(ns, name)),
+		notify: make(chan struct{}, 1),
+		pushes: make(chan push, 256),
+		done:   make(chan struct{}),
+		props:  map[string]*propState{},
+		state:  StateUnknown,
+	}
+}
+
+func (d *device) wake() {
+	select {
+	case d.notify <- struct{}{}:
+	default:
+	}
+}
+
+// update hands the goroutine a new spec (and its model, nil if unknown).
+func (d *device) update(dev *dmiv1beta1.Device, model *dmiv1beta1.DeviceModel) {
+	d.mu.Lock()
+	d.next = &pending{dev: dev, model: model}
+	d.mu.Unlock()
+	d.wake()
+}
+
+func (d *device) modelChanged(mod *dmiv1beta1.DeviceModel) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	cur := d.next
+	if cur == nil {
+		cur = &pending{dev: d.snapDevLocked()}
+	}
+	if cur.dev == nil || cur.dev.GetSpec().GetDeviceModelReference() != mod.GetName() || cur.dev.GetNamespace() != mod.GetNamespace() {
+		return
+	}
+	d.next = &pending{dev: cur.dev, model: proto.Clone(mod).(*dmiv1beta1.DeviceModel)}
+	d.wake()
+}
+
+func (d *device) snapDevLocked() *dmiv1beta1.Device {
+	if d.snap == nil {
+		return nil
+	}
+	dev := proto.Clone(d.snap).(*dmiv1beta1.Device)
+	dev.Status = nil
+	return dev
+}
+
+// resync makes the device report its state and every value again (after a
+// registration: the manager may have restarted).
+func (d *device) resync() {
+	d.mu.Lock()
+	d.resyncing = true
+	d.mu.Unlock()
+	d.wake()
+}
+
+func (d *device) stop() {
+	d.stopOnce.Do(func() { close(d.done) })
+}
+
+func (d *device) snapshot() *dmiv1beta1.Device {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.snap == nil {
+		return &dmiv1beta1.Device{Name: d.name, Namespace: d.ns}
+	}
+	return proto.Clone(d.snap).(*dmiv1beta1.Device)
+}
+
+func (d *device) run(parent context.Context) {
+	ctx, cancel := context.WithCancel(parent)
+	defer cancel()
+	go func() {
+		select {
+		case <-d.done:
+		case <-ctx.Done():
+		}
+		cancel()
+	}()
+	defer d.closeDriver()
+	d.backoff = d.m.cfg.ReconnectInitial
+	for ctx.Err() == nil {
+		d.takePending(ctx)
+		if d.driver == nil {
+			d.setState(StateOffline, d.driverErr)
+			d.sendState(ctx)
+			d.flush(ctx, time.Now())
+			d.wait(ctx, time.Time{})
+			continue
+		}
+		if !d.connected {
+			if !d.connect(ctx) {
+				d.sendState(ctx)
+				d.flush(ctx, time.Now())
+				d.wait(ctx, time.Now().Add(d.backoff))
+				d.backoff = min(d.backoff*2, d.m.cfg.ReconnectMax)
+				continue
+			}
+		}
+		now := time.Now()
+		d.applyDesired(ctx, now)
+		d.readDue(ctx, now)
+		if d.connected && d.failures >= d.m.cfg.UnhealthyAfter {
+			d.setState(StateUnhealthy, fmt.Errorf("%d read rounds in a row failed", d.failures))
+			d.sendState(ctx)
+			d.closeDriver()
+		}
+		d.sendState(ctx)
+		d.flush(ctx, time.Now())
+		if !d.connected {
+			continue // reconnect at once; backoff applies to failed connects
+		}
+		d.wait(ctx, d.nextDue())
+	}
+}
+
+// wait sleeps until at (zero: until woken), an update, a push or the end.
+func (d *device) wait(ctx context.Context, at time.Time) {
+	var timer <-chan time.Time
+	if !at.IsZero() {
+		dur := time.Until(at)
+		if dur <= 0 {
+			return
+		}
+		t := time.NewTimer(dur)
+		defer t.Stop()
+		timer = t.C
+	}
+	select {
+	case <-ctx.Done():
+	case <-d.notify:
+	case <-timer:
+	case p := <-d.pushes:
+		d.handlePush(p)
+		// Take whatever else arrived with it before reporting once.
+	more:
+		for {
+			select {
+			case p := <-d.pushes:
+				d.handlePush(p)
+			default:
+				break more
+			}
+		}
+	}
+}
+
+func (d *device) nextDue() time.Time {
+	var at time.Time
+	earlier := func(t time.Time) {
+		if !t.IsZero() && (at.IsZero() || t.Before(at)) {
+			at = t
+		}
+	}
+	for _, g := range d.groups {
+		earlier(g.next)
+	}
+	for _, ps := range d.order {
+		if ps.hasReported && ps.bad == nil {
+			earlier(ps.reportedAt.Add(d.reportCycle(ps)))
+		}
+		if !ps.retryAt.IsZero() {
+			earlier(ps.retryAt)
+		}
+	}
+	return at
+}
+
+func (d *device) reportCycle(ps *propState) time.Duration {
+	if ps.p.ReportCycle > 0 {
+		return ps.p.ReportCycle
+	}
+	return d.m.cfg.DefaultReportCycle
+}
+
+// takePending applies the newest spec handed to the device, if any.
+func (d *device) takePending(ctx context.Context) {
+	d.mu.Lock()
+	next := d.next
+	d.next = nil
+	resync := d.resyncing
+	d.resyncing = false
+	d.mu.Unlock()
+	if resync {
+		d.stateSent = ""
+		for _, ps := range d.order {
+			if ps.hasValue || ps.readErr != "" || ps.bad != nil {
+				ps.dirty = true
+			}
+			ps.observedSent = false
+		}
+	}
+	if next == nil {
+		return
+	}
+	old, oldModel := d.spec, d.model
+	d.spec, d.model = next.dev, next.model
+	d.updateSnap()
+	switch {
+	case d.model == nil:
+		d.closeDriver()
+		d.driver = nil
+		d.driverErr = fmt.Errorf("device model %q is not known to the mapper", d.spec.GetSpec().GetDeviceModelReference())
+		d.log.Info("Waiting for the device's model", "model", d.spec.GetSpec().GetDeviceModelReference())
+	case d.driver == nil || old == nil || !proto.Equal(old.GetSpec().GetProtocol(), d.spec.GetSpec().GetProtocol()):
+		d.closeDriver()
+		d.driver, d.driverErr = nil, nil
+		params, err := DecodeConfig(d.spec.GetSpec().GetProtocol().GetConfigData())
+		if err == nil {
+			d.driver, err = d.m.cfg.NewDriver(DeviceInfo{Name: d.name, Namespace: d.ns,
+				ProtocolName: d.spec.GetSpec().GetProtocol().GetProtocolName(), Protocol: params})
+		}
+		if err != nil {
+			d.driver, d.driverErr = nil, fmt.Errorf("protocol config: %w", err)
+			d.log.Error(err, "Device protocol config is invalid")
+		}
+		d.backoff = d.m.cfg.ReconnectInitial
+		d.buildProps()
+	case !proto.Equal(withoutDesired(old), withoutDesired(d.spec)) || !proto.Equal(oldModel, d.model):
+		d.buildProps()
+	default:
+		d.takeDesired()
+	}
+}
+
+func withoutDesired(dev *dmiv1beta1.Device) *dmiv1beta1.Device {
+	c := proto.Clone(dev).(*dmiv1beta1.Device)
+	c.Status = nil
+	for _, p := range c.GetSpec().GetProperties() {
+		p.Desired = nil
+	}
+	return c
+}
+
+// buildProps (re)prepares every property from the spec and model, keeping
+// what is known of properties that stay.
+func (d *device) buildProps() {
+	modelProps := map[string]*dmiv1beta1.ModelProperty{}
+	for _, mp := range d.model.GetSpec().GetProperties() {
+		modelProps[mp.GetName()] = mp
+	}
+	oldProps := d.props
+	d.props = map[string]*propState{}
+	d.order = nil
+	for _, dp := range d.spec.GetSpec().GetProperties() {
+		if dp.GetName() == "" || d.props[dp.GetName()] != nil {
+			continue
+		}
+		ps := &propState{}
+		if old := oldProps[dp.GetName()]; old != nil {
+			*ps = propState{value: old.value, hasValue: old.hasValue, readAt: old.readAt, reported: old.reported,
+				hasReported: old.hasReported, reportedAt: old.reportedAt, reportedErr: old.reportedErr,
+				appliedKey: old.appliedKey, observed: old.observed, observedSent: old.observedSent}
+		}
+		ps.p, ps.bad = d.prepare(dp, modelProps[dp.GetName()])
+		if ps.bad != nil {
+			ps.readErr = ps.bad.Error()
+			ps.dirty = ps.reportedErr != ps.readErr || !ps.hasReported
+			d.log.Info("Property is invalid; it is not read", "property", dp.GetName(), "err", ps.bad.Error())
+		}
+		d.props[dp.GetName()] = ps
+		d.order = append(d.order, ps)
+	}
+	d.takeDesired()
+	d.regroup()
+}
+
+func (d *device) prepare(dp *dmiv1beta1.DeviceProperty, mp *dmiv1beta1.ModelProperty) (*Property, error) {
+	p := &Property{Name: dp.GetName(), Type: TypeString, VisitorProtocol: dp.GetVisitors().GetProtocolName()}
+	if mp == nil {
+		return p, fmt.Errorf("property %q is not in device model %q", dp.GetName(), d.model.GetName())
+	}
+	var err error
+	if p.Type, err = NormalizeType(mp.GetType()); err != nil {
+		return p, err
+	}
+	p.Writable = mp.GetAccessMode() == "ReadWrite"
+	bound := func(s, what string) (*float64, error) {
+		if s == "" || !numericType(p.Type) {
+			return nil, nil
+		}
+		f, err := strconv.ParseFloat(s, 64)
+		if err != nil {
+			return nil, fmt.Errorf("model %s %q is not a number", what, s)
+		}
+		return &f, nil
+	}
+	if p.Min, err = bound(mp.GetMinimum(), "minimum"); err != nil {
+		return p, err
+	}
+	if p.Max, err = bound(mp.GetMaximum(), "maximum"); err != nil {
+		return p, err
+	}
+	if p.Visitor, err = DecodeConfig(dp.GetVisitors().GetConfigData()); err != nil {
+		return p, fmt.Errorf("visitor: %w", err)
+	}
+	if p.Transform, err = ParseTransform(p.Visitor); err != nil {
+		return p, fmt.Errorf("visitor: %w", err)
+	}
+	if p.Deadband, err = p.Visitor.Float("deadband", 0); err != nil || p.Deadband < 0 {
+		return p, fmt.Errorf("visitor: deadband must be a number, zero or more")
+	}
+	if p.Subscribe, err = p.Visitor.Bool("subscribe", false); err != nil {
+		return p, fmt.Errorf("visitor: %w", err)
+	}
+	p.CollectCycle = time.Duration(dp.GetCollectCycle()) * time.Millisecond
+	if p.CollectCycle <= 0 {
+		p.CollectCycle = d.m.cfg.DefaultCollectCycle
+	}
+	p.ReportCycle = time.Duration(dp.GetReportCycle()) * time.Millisecond
+	if p.Subscribe {
+		if _, ok := d.driver.(Subscriber); !ok {
+			return p, fmt.Errorf("visitor asks to subscribe, but the %s mapper cannot subscribe", d.m.cfg.Protocol)
+		}
+	}
+	if d.driver != nil {
+		if err := d.driver.Prepare(p); err != nil {
+			return p, fmt.Errorf("visitor: %w", err)
+		}
+	}
+	return p, nil
+}
+
+// takeDesired notes the spec's desired values; applyDesired writes new ones.
+func (d *device) takeDesired() {
+	for _, dp := range d.spec.GetSpec().GetProperties() {
+		ps := d.props[dp.GetName()]
+		if ps == nil {
+			continue
+		}
+		des := dp.GetDesired()
+		if des == nil || (des.GetValue() == "" && ps.p.Type != TypeString) {
+			ps.desired, ps.desiredKey = nil, ""
+			continue
+		}
+		ps.desired = des
+		ps.desiredKey = des.GetValue() + "\x00" + des.GetMetadata()[MetaTimestamp]
+	}
+}
+
+// regroup puts the polled properties into groups by collect cycle.
+func (d *device) regroup() {
+	byCycle := map[time.Duration]*group{}
+	now := time.Now()
+	d.groups = nil
+	for _, ps := range d.order {
+		if ps.bad != nil || ps.p.Subscribe {
+			continue
+		}
+		g := byCycle[ps.p.CollectCycle]
+		if g == nil {
+			g = &group{cycle: ps.p.CollectCycle, next: now}
+			byCycle[g.cycle] = g
+			d.groups = append(d.groups, g)
+		}
+		g.props = append(g.props, ps)
+	}
+	slices.SortFunc(d.groups, func(a, b *group) int { return int(a.cycle - b.cycle) })
+}
+
+func (d *device) closeDriver() {
+	if d.subCancel != nil {
+		d.subCancel()
+		d.subCancel = nil
+	}
+	if d.driver != nil && d.connected {
+		_ = d.driver.Close()
+	}
+	d.connected = false
+}
+
+func (d *device) callCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, d.m.cfg.CallTimeout)
+}
+
+func (d *device) connect(ctx context.Context) bool {
+	cctx, cancel := d.callCtx(ctx)
+	err := d.driver.Connect(cctx)
+	cancel()
+	d.m.cfg.Metrics.connect(err)
+	if err != nil {
+		if ctx.Err() == nil {
+			if d.state != StateOffline {
+				d.log.Info("Cannot connect to the device", "err", err.Error())
+			}
+			d.setState(StateOffline, err)
+		}
+		return false
+	}
+	d.connected = true
+	d.failures = 0
+	d.backoff = d.m.cfg.ReconnectInitial
+	d.log.Info("Connected to the device")
+	for _, ps := range d.order {
+		if ps.failedKey != "" && ps.retryAt.IsZero() {
+			ps.failedKey = "" // try a refused desired value again on a new connection
+		}
+	}
+	now := time.Now()
+	for _, g := range d.groups {
+		g.next = now
+	}
+	d.subscribe(ctx)
+	d.setState(StateOK, nil)
+	return true
+}
+
+func (d *device) subscribe(ctx context.Context) {
+	sub, ok := d.driver.(Subscriber)
+	if !ok {
+		return
+	}
+	var ps []*Property
+	for _, s := range d.order {
+		if s.bad == nil && s.p.Subscribe {
+			ps = append(ps, s.p)
+		}
+	}
+	if len(ps) == 0 {
+		return
+	}
+	sctx, cancel := context.WithCancel(ctx)
+	d.subCancel = cancel
+	err := sub.Subscribe(sctx, ps, func(p *Property, v any, err error) {
+		select {
+		case d.pushes <- push{p: p, v: v, err: err}:
+		case <-sctx.Done():
+		}
+	})
+	if err != nil {
+		d.log.Error(err, "Subscription failed")
+		for _, p := range ps {
+			d.record(d.props[p.Name], nil, err, time.Now())
+		}
+	}
+}
+
+func (d *device) handlePush(p push) {
+	ps := d.props[p.p.Name]
+	if ps == nil || ps.p != p.p {
+		return // from a property since rebuilt
+	}
+	d.m.cfg.Metrics.read(readResult(p.err), 1)
+	d.record(ps, p.v, p.err, time.Now())
+}
+
+func readResult(err error) string {
+	switch {
+	case err == nil:
+		return "ok"
+	case IsPermanent(err):
+		return "invalid"
+	}
+	return "error"
+}
+
+// readDue reads the groups that are due.
+func (d *device) readDue(ctx context.Context, now time.Time) {
+	if !d.connected {
+		return
+	}
+	attempted, failed := 0, 0
+	for _, g := range d.groups {
+		if g.next.After(now) {
+			continue
+		}
+		// The next read keeps to the cycle's grid, skipping missed beats.
+		g.next = g.next.Add(g.cycle)
+		if !g.next.After(now) {
+			g.next = now.Add(g.cycle)
+		}
+		props := make([]*Property, len(g.props))
+		for i, ps := range g.props {
+			props[i] = ps.p
+		}
+		results := d.read(ctx, props)
+		at := time.Now()
+		for i, r := range results {
+			ps := g.props[i]
+			d.record(ps, r.Value, r.Err, at)
+			if r.Err == nil || !IsPermanent(r.Err) {
+				attempted++
+				if r.Err != nil {
+					failed++
+					if errors.Is(r.Err, ErrDisconnected) {
+						d.failures = d.m.cfg.UnhealthyAfter
+					}
+				}
+			}
+		}
+		d.m.cfg.Metrics.read("ok", len(results)-countErr(results))
+		for _, r := range results {
+			if r.Err != nil {
+				d.m.cfg.Metrics.read(readResult(r.Err), 1)
+			}
+		}
+		if ctx.Err() != nil {
+			return
+		}
+	}
+	if attempted > 0 {
+		if failed == attempted {
+			d.failures++
+		} else {
+			d.failures = 0
+			if d.state != StateOK {
+				d.setState(StateOK, nil)
+			}
+		}
+	}
+}
+
+func countErr(rs []Result) int {
+	n := 0
+	for _, r := range rs {
+		if r.Err != nil {
+			n++
+		}
+	}
+	return n
+}
+
+func (d *device) read(ctx context.Context, props []*Property) []Result {
+	cctx, cancel := d.callCtx(ctx)
+	defer cancel()
+	start := time.Now()
+	defer func() { d.m.cfg.Metrics.readTook(time.Since(start)) }()
+	if br, ok := d.driver.(BatchReader); ok && len(props) > 1 {
+		rs := br.ReadBatch(cctx, props)
+		if len(rs) != len(props) {
+			rs = make([]Result, len(props))
+			for i := range rs {
+				rs[i].Err = fmt.Errorf("driver returned %d results for %d properties", len(rs), len(props))
+			}
+		}
+		return rs
+	}
+	rs := make([]Result, len(props))
+	for i, p := range props {
+		rs[i].Value, rs[i].Err = d.driver.Read(cctx, p)
+	}
+	return rs
+}
+
+// record takes one reading (or its failure) and marks what is to report.
+func (d *device) record(ps *propState, raw any, err error, at time.Time) {
+	if ps == nil {
+		return
+	}
+	if err == nil {
+		var s string
+		s, err = FormatValue(ps.p.Type, ps.p.Transform.Apply(raw))
+		if err == nil {
+			ps.value, ps.hasValue, ps.readAt, ps.readErr = s, true, at, ""
+			if !ps.hasReported || ps.reportedErr != "" || changed(ps.p.Type, ps.reported, s, ps.p.Deadband) {
+				ps.dirty = true
+			}
+			return
+		}
+		err = Permanent(err)
+	}
+	if ps.readErr != err.Error() {
+		d.log.Info("Reading a property failed", "property", ps.p.Name, "err", err.Error())
+	}
+	ps.readErr = err.Error()
+	if ps.reportedErr != ps.readErr {
+		ps.dirty = true
+	}
+}
+
+// applyDesired writes desired values not yet applied, then reads them back.
+func (d *device) applyDesired(ctx context.Context, now time.Time) {
+	var back []*propState
+	for _, ps := range d.order {
+		if ps.desired == nil || ps.desiredKey == ps.appliedKey || ps.desiredKey == ps.failedKey {
+			continue
+		}
+		if !ps.retryAt.IsZero() && now.Before(ps.retryAt) {
+			continue
+		}
+		ps.retryAt = time.Time{}
+		err := d.write(ctx, ps)
+		meta := map[string]string{MetaType: ps.p.Type}
+		for k, v := range ps.desired.GetMetadata() {
+			if k != MetaError {
+				meta[k] = v
+			}
+		}
+		if meta[MetaTimestamp] == "" {
+			meta[MetaTimestamp] = strconv.FormatInt(time.Now().UnixMilli(), 10)
+		}
+		if err != nil {
+			meta[MetaError] = err.Error()
+			d.log.Info("Writing a desired value failed", "property", ps.p.Name, "value", ps.desired.GetValue(), "err", err.Error())
+			if IsPermanent(err) {
+				ps.failedKey = ps.desiredKey
+			} else {
+				ps.retryAt = now.Add(min(ps.p.CollectCycle, time.Second))
+				d.failures++
+				if errors.Is(err, ErrDisconnected) {
+					d.failures = d.m.cfg.UnhealthyAfter
+				}
+			}
+		} else {
+			ps.appliedKey, ps.failedKey = ps.desiredKey, ""
+			back = append(back, ps)
+		}
+		ps.observed = &dmiv1beta1.TwinProperty{Value: ps.desired.GetValue(), Metadata: meta}
+		ps.observedSent = false
+		ps.dirty = true
+	}
+	if len(back) > 0 && d.connected {
+		props := make([]*Property, len(back))
+		for i, ps := range back {
+			props[i] = ps.p
+		}
+		for i, r := range d.read(ctx, props) {
+			d.record(back[i], r.Value, r.Err, time.Now())
+		}
+	}
+}
+
+func (d *device) write(ctx context.Context, ps *propState) error {
+	p := ps.p
+	if ps.bad != nil {
+		return Permanentf("property is invalid: %v", ps.bad)
+	}
+	if !p.Writable {
+		return Permanentf("property %q is ReadOnly in the model", p.Name)
+	}
+	v, err := ParseValue(p.Type, ps.desired.GetValue())
+	if err != nil {
+		return Permanent(err)
+	}
+	if f, ok := toFloat(v); ok && numericType(p.Type) {
+		if p.Min != nil && f < *p.Min {
+			return Permanentf("desired value %v is below the minimum %v", f, *p.Min)
+		}
+		if p.Max != nil && f > *p.Max {
+			return Permanentf("desired value %v is above the maximum %v", f, *p.Max)
+		}
+	}
+	if !d.connected {
+		return fmt.Errorf("not connected")
+	}
+	cctx, cancel := d.callCtx(ctx)
+	defer cancel()
+	start := time.Now()
+	err = d.driver.Write(cctx, p, p.Transform.Inverse(v))
+	d.m.cfg.Metrics.write(readResult(err), time.Since(start))
+	return err
+}
+
+func (d *device) setState(s string, err error) {
+	msg := ""
+	if err != nil {
+		msg = err.Error()
+	}
+	if s != d.state {
+		d.log.Info("Device state", "state", s, "reason", msg)
+		d.m.cfg.Metrics.state(d.state, s)
+	}
+	d.state, d.stateErr = s, msg
+}
+
+func (d *device) sendState(ctx context.Context) {
+	if d.state == d.stateSent || ctx.Err() != nil {
+		return
+	}
+	cctx, cancel := d.callCtx(ctx)
+	defer cancel()
+	_, err := d.m.agent.ReportDeviceStates(cctx, &dmiv1beta1.ReportDeviceStatesRequest{
+		DeviceName: d.name, DeviceNamespace: d.ns, State: d.state})
+	d.m.cfg.Metrics.report("states", err)
+	if err != nil {
+		if ctx.Err() == nil {
+			d.log.V(1).Info("Reporting the device state failed; retrying", "err", err.Error())
+		}
+		return
+	}
+	d.stateSent = d.state
+}
+
+// flush sends one ReportDeviceStatus with every property that changed, has
+// a new error or observed desired value, or is due a heartbeat.
+func (d *device) flush(ctx context.Context, now time.Time) {
+	var twins []*dmiv1beta1.Twin
+	var sent []*propState
+	for _, ps := range d.order {
+		heartbeat := ps.hasReported && ps.hasValue && now.Sub(ps.reportedAt) >= d.reportCycle(ps)
+		if !ps.dirty && !heartbeat && ps.observedSent {
+			continue
+		}
+		if !ps.dirty && !heartbeat && ps.observed == nil {
+			continue
+		}
+		tw := &dmiv1beta1.Twin{PropertyName: ps.p.Name, ObservedDesired: ps.observed}
+		if ps.hasValue || ps.readErr != "" {
+			meta := map[string]string{MetaType: ps.p.Type}
+			at := ps.readAt
+			if at.IsZero() {
+				at = now
+			}
+			meta[MetaTimestamp] = strconv.FormatInt(at.UnixMilli(), 10)
+			if ps.readErr != "" {
+				meta[MetaError] = ps.readErr
+			}
+			tw.Reported = &dmiv1beta1.TwinProperty{Value: ps.value, Metadata: meta}
+		}
+		twins = append(twins, tw)
+		sent = append(sent, ps)
+	}
+	if len(twins) == 0 || ctx.Err() != nil {
+		return
+	}
+	cctx, cancel := d.callCtx(ctx)
+	defer cancel()
+	_, err := d.m.agent.ReportDeviceStatus(cctx, &dmiv1beta1.ReportDeviceStatusRequest{
+		DeviceName: d.name, DeviceNamespace: d.ns,
+		ReportedDevice: &dmiv1beta1.DeviceStatus{Twins: twins, ReportToCloud: true},
+	})
+	d.m.cfg.Metrics.report("status", err)
+	if err != nil {
+		if ctx.Err() == nil {
+			d.log.V(1).Info("Reporting device status failed; retrying", "err", err.Error())
+		}
+		return
+	}
+	for _, ps := range sent {
+		ps.dirty = false
+		ps.observedSent = true
+		if ps.hasValue || ps.readErr != "" {
+			ps.reported, ps.hasReported, ps.reportedErr, ps.reportedAt = ps.value, true, ps.readErr, now
+		}
+	}
+	d.lastReport = now
+	d.updateSnap()
+}
+
+// updateSnap refreshes what GetDevice returns.
+func (d *device) updateSnap() {
+	var dev *dmiv1beta1.Device
+	if d.spec != nil {
+		dev = proto.Clone(d.spec).(*dmiv1beta1.Device)
+	} else {
+		dev = &dmiv1beta1.Device{Name: d.name, Namespace: d.ns}
+	}
+	st := &dmiv1beta1.DeviceStatus{ReportToCloud: true}
+	for _, ps := range d.order {
+		tw := &dmiv1beta1.Twin{PropertyName: ps.p.Name, ObservedDesired: ps.observed}
+		if ps.hasReported {
+			meta := map[string]string{MetaType: ps.p.Type, MetaTimestamp: strconv.FormatInt(ps.reportedAt.UnixMilli(), 10)}
+			if ps.reportedErr != "" {
+				meta[MetaError] = ps.reportedErr
+			}
+			tw.Reported = &dmiv1beta1.TwinProperty{Value: ps.reported, Metadata: meta}
+		}
+		st.Twins = append(st.Twins, tw)
+	}
+	dev.Status = st
+	d.mu.Lock()
+	d.snap = dev
+	d.mu.Unlock()
+}

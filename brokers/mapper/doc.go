@@ -1,0 +1,48 @@
+// Package mapper is Dowse's mapper SDK: what every mapper broker (one
+// process per protocol per node that reads and writes real devices) needs
+// besides its protocol, speaking KubeEdge's DMI v1beta1 to the node's device
+// manager (the Dowse agent on <state-dir>/dmi.sock, or KubeEdge's edgecore),
+// so the same mappers run under either.
+//
+// A protocol implements Driver (Prepare a property's visitor, Connect,
+// Read, Write, Close; optionally BatchReader and Subscriber) and its main is
+// one call:
+//
+//	func main() { mapper.Main("modbus", modbus.NewDriver) }
+//
+// What the SDK does for every protocol:
+//   - Registration: MapperRegister with data on start (the answer's devices
+//     and models are served), again whenever the connection to the manager
+//     comes back (it restarted) and every ReregisterInterval; the answer is
+//     reconciled (new devices start, missing ones stop).
+//   - DeviceMapperService on its own socket in the state directory, for
+//     RegisterDevice, UpdateDevice, RemoveDevice and the model calls.
+//   - One goroutine and one connection per device. Properties are read on
+//     their collectCycle; those of one device sharing a cycle are handed to
+//     a BatchReader together.
+//   - Reports on change: a value is reported when it differs from the last
+//     report (numbers: by more than the visitor's "deadband"), at least every
+//     reportCycle as a heartbeat, and the first value always. One
+//     ReportDeviceStatus carries every property of the device that is due,
+//     over one long-lived gRPC connection.
+//   - Typed values: the model's type, the visitor's "scale" and "offset"
+//     (value = raw*scale + offset), and RegisterCodec for word-based
+//     protocols (int16 ... float64, bool, string, byte and word order, bit
+//     masks). A desired value is parsed as the model type, checked against
+//     the model's minimum and maximum, put through the inverse transform,
+//     written, and read back; a refused or failed one is reported as the
+//     twin's observedDesired with metadata "error".
+//   - Updates: an UpdateDevice that changes only desired values writes them
+//     on the open connection; changed properties are prepared again on the
+//     open connection; a changed protocol config reconnects.
+//   - Health: ok; unhealthy after UnhealthyAfter read rounds in a row that
+//     all failed (then a reconnect); offline while it cannot connect;
+//     reconnects with exponential backoff; each change is sent with
+//     ReportDeviceStates.
+//   - Prometheus metrics (Metrics) and Main's --version.
+//
+// Departures from KubeEdge's mapper-framework: no package globals (a Config
+// and a Mapper value), reports on change over one connection instead of one
+// dial per property per cycle, desired values applied without restarting
+// the device, reconnects, and errors visible in the twins' metadata.
+package mapper

@@ -1,0 +1,111 @@
+package mapper
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"runtime/debug"
+	"syscall"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/dowse-dev/dowse/shared/handler"
+)
+
+// version is set at build time with
+// -ldflags "-X github.com/dowse-dev/dowse/brokers/mapper.version=v1.2.3".
+var version string
+
+// Version is the mapper's version: the one set at build time, else the main
+// module's, else "dev".
+func Version() string {
+	if version != "" {
+		return version
+	}
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+		return bi.Main.Version
+	}
+	return "dev"
+}
+
+// Main is the whole main of a mapper binary: it parses the common flags
+// (--name, --state-dir, --dmi-socket, --socket, --metrics-address,
+// --version), runs the mapper until SIGINT or SIGTERM and exits 1 when it
+// fails. Only main should call it.
+func Main(protocol string, newDriver NewDriver) {
+	handler.TuneGC()
+	cfg := Config{Protocol: protocol, NewDriver: newDriver, Logger: handler.NewLogger()}
+	fs := flag.NewFlagSet(os.Args[0], flag.ExitOnError)
+	fs.StringVar(&cfg.Name, "name", protocol, "registration name (Devices name it in spec.mapperName; a Configuration's mapper uses the Configuration's name)")
+	stateDir := handler.StateDirFlag(fs)
+	fs.StringVar(&cfg.DMISocket, "dmi-socket", "", "device manager's DMI socket (default <state-dir>/dmi.sock; KubeEdge edgecore: /etc/kubeedge/dmi.sock)")
+	fs.StringVar(&cfg.Socket, "socket", "", "socket this mapper serves DeviceMapperService on (default <state-dir>/mapper-<name>-<pid>.sock)")
+	metricsAddr := fs.String("metrics-address", "", "address to serve Prometheus metrics on at /metrics, e.g. :9471 (off when empty)")
+	fs.DurationVar(&cfg.DefaultCollectCycle, "default-collect-cycle", time.Second, "collect cycle of properties without one")
+	fs.DurationVar(&cfg.DefaultReportCycle, "default-report-cycle", time.Minute, "heartbeat of properties without a reportCycle: an unchanged value is reported again after this long")
+	fs.IntVar(&cfg.UnhealthyAfter, "unhealthy-after", 3, "read rounds in a row that all fail before a device is unhealthy and reconnected")
+	showVersion := fs.Bool("version", false, "print the version and exit")
+	_ = fs.Parse(os.Args[1:])
+	if *showVersion {
+		fmt.Printf("dowse-%s-mapper %s\n", protocol, Version())
+		return
+	}
+	cfg.StateDir = *stateDir
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	cfg.Metrics = NewMetrics(reg)
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if *metricsAddr != "" {
+		go serveMetrics(ctx, cfg.Logger, *metricsAddr, reg)
+	}
+	err := Run(ctx, cfg)
+	if err != nil {
+		cfg.Logger.Error(err, "Mapper failed", "protocol", protocol)
+		stop()
+		os.Exit(1)
+	}
+}
+
+// Run makes a Mapper of cfg and starts it.
+func Run(ctx context.Context, cfg Config) error {
+	m, err := New(cfg)
+	if err != nil {
+		return err
+	}
+	return m.Start(ctx)
+}
+
+// serveMetrics serves /metrics until ctx ends; a failure is logged and
+// never stops the mapper.
+func serveMetrics(ctx context.Context, log logr.Logger, addr string, reg *prometheus.Registry) {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		log.Error(err, "Metrics endpoint unavailable; the mapper goes on without it", "address", addr)
+		return
+	}
+	log.Info("Serving metrics", "address", lis.Addr().String())
+	go func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}()
+	if err := srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		log.Error(err, "Metrics endpoint failed; the mapper goes on without it")
+	}
+}

@@ -1,0 +1,488 @@
+package mapper_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr/testr"
+
+	"github.com/dowse-dev/dowse/brokers/mapper"
+	"github.com/dowse-dev/dowse/brokers/mapper/mappertest"
+	dmiv1beta1 "github.com/dowse-dev/dowse/proto/dmi/v1beta1"
+)
+
+const wait = 15 * time.Second
+
+// fakeDevices is a set of in-memory devices the fake driver talks to,
+// keyed by the protocol config's "id".
+type fakeDevices struct {
+	mu       sync.Mutex
+	values   map[string]map[string]any // id -> register -> value
+	down     map[string]bool           // connect and reads fail
+	connects map[string]int
+	batches  map[string]int
+	writes   map[string][]any
+	pushes   map[string]func(p *mapper.Property, v any, err error)
+	subProps map[string][]*mapper.Property
+}
+
+func newFake() *fakeDevices {
+	return &fakeDevices{values: map[string]map[string]any{}, down: map[string]bool{}, connects: map[string]int{},
+		batches: map[string]int{}, writes: map[string][]any{}, pushes: map[string]func(*mapper.Property, any, error){},
+		subProps: map[string][]*mapper.Property{}}
+}
+
+func (f *fakeDevices) set(id, reg string, v any) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.values[id] == nil {
+		f.values[id] = map[string]any{}
+	}
+	f.values[id][reg] = v
+}
+
+func (f *fakeDevices) get(id, reg string) any {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.values[id][reg]
+}
+
+func (f *fakeDevices) setDown(id string, down bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.down[id] = down
+}
+
+func (f *fakeDevices) count(m map[string]int, id string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return m[id]
+}
+
+func (f *fakeDevices) newDriver(dev mapper.DeviceInfo) (mapper.Driver, error) {
+	id, err := dev.Protocol.String("id", "")
+	if err != nil || id == "" {
+		return nil, fmt.Errorf("id is required")
+	}
+	return &fakeDriver{f: f, id: id}, nil
+}
+
+type fakeDriver struct {
+	f  *fakeDevices
+	id string
+}
+
+func (d *fakeDriver) Prepare(p *mapper.Property) error {
+	reg, err := p.Visitor.String("register", "")
+	if err != nil || reg == "" {
+		return fmt.Errorf("register is required")
+	}
+	if reg == "bad" {
+		return fmt.Errorf("register %q does not exist", reg)
+	}
+	p.Data = reg
+	return nil
+}
+
+func (d *fakeDriver) Connect(context.Context) error {
+	d.f.mu.Lock()
+	defer d.f.mu.Unlock()
+	d.f.connects[d.id]++
+	if d.f.down[d.id] {
+		return errors.New("connection refused")
+	}
+	return nil
+}
+
+func (d *fakeDriver) Read(_ context.Context, p *mapper.Property) (any, error) {
+	d.f.mu.Lock()
+	defer d.f.mu.Unlock()
+	if d.f.down[d.id] {
+		return nil, errors.New("i/o timeout")
+	}
+	v, ok := d.f.values[d.id][p.Data.(string)]
+	if !ok {
+		return nil, mapper.Permanentf("illegal data address %s", p.Data)
+	}
+	return v, nil
+}
+
+func (d *fakeDriver) ReadBatch(ctx context.Context, ps []*mapper.Property) []mapper.Result {
+	d.f.mu.Lock()
+	d.f.batches[d.id]++
+	d.f.mu.Unlock()
+	rs := make([]mapper.Result, len(ps))
+	for i, p := range ps {
+		rs[i].Value, rs[i].Err = d.Read(ctx, p)
+	}
+	return rs
+}
+
+func (d *fakeDriver) Write(_ context.Context, p *mapper.Property, v any) error {
+	d.f.mu.Lock()
+	defer d.f.mu.Unlock()
+	if d.f.down[d.id] {
+		return errors.New("i/o timeout")
+	}
+	d.f.writes[d.id] = append(d.f.writes[d.id], v)
+	d.f.values[d.id][p.Data.(string)] = v
+	return nil
+}
+
+func (d *fakeDriver) Close() error { return nil }
+
+func (d *fakeDriver) Subscribe(ctx context.Context, ps []*mapper.Property, push func(*mapper.Property, any, error)) error {
+	d.f.mu.Lock()
+	defer d.f.mu.Unlock()
+	d.f.pushes[d.id] = push
+	d.f.subProps[d.id] = ps
+	return nil
+}
+
+func (f *fakeDevices) push(t *testing.T, id, prop string, v any) {
+	t.Helper()
+	deadline := time.Now().Add(wait)
+	for {
+		f.mu.Lock()
+		push := f.pushes[id]
+		var p *mapper.Property
+		for _, sp := range f.subProps[id] {
+			if sp.Name == prop {
+				p = sp
+			}
+		}
+		f.mu.Unlock()
+		if push != nil && p != nil {
+			push(p, v, nil)
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no subscription of %s %s", id, prop)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+type run struct {
+	agent *mappertest.Agent
+	fake  *fakeDevices
+	m     *mapper.Mapper
+}
+
+var model = mappertest.NewModel("ns", "thermo",
+	mappertest.ModelProp("temp", "DOUBLE", "ReadOnly", "", ""),
+	mappertest.ModelProp("setpoint", "INT", "ReadWrite", "10", "30"),
+	mappertest.ModelProp("label", "STRING", "ReadOnly", "", ""),
+	mappertest.ModelProp("pushed", "DOUBLE", "ReadOnly", "", ""),
+)
+
+func thermo(t *testing.T, name, id string, props ...mappertest.Prop) *dmiv1beta1.Device {
+	if len(props) == 0 {
+		props = []mappertest.Prop{
+			{Name: "temp", Visitor: map[string]any{"register": "t", "scale": 0.5, "offset": -10, "deadband": 1}},
+			{Name: "setpoint", Visitor: map[string]any{"register": "s", "scale": 0.1}},
+		}
+	}
+	return mappertest.NewDevice(t, "ns", name, "thermo", "fake", map[string]any{"id": id}, props...)
+}
+
+func TestReportsOnChangeWithTransformsAndDeadband(t *testing.T) {
+	dev := thermo(t, "a", "A")
+	r := startWith(t, dev, func(f *fakeDevices) {
+		f.set("A", "t", int64(100)) // 100*0.5-10 = 40
+		f.set("A", "s", int64(200)) // 20
+	})
+	info := r.agent.WaitRegistrations(t, 1, wait)
+	if info.GetProtocol() != "fake" || info.GetName() != "fake" || info.GetApiVersion() != "v1beta1" || string(info.GetAddress()) != r.m.Socket() {
+		t.Errorf("registration = %v", info)
+	}
+	_, next := r.agent.WaitReported(t, "ns/a", "temp", "40", 0, wait)
+	tw, _ := r.agent.WaitReported(t, "ns/a", "setpoint", "20", 0, wait)
+	if md := tw.GetReported().GetMetadata(); md["type"] != "INT" || md["timestamp"] == "" {
+		t.Errorf("metadata = %v", md)
+	}
+	r.agent.WaitState(t, "ns/a", "ok", wait)
+
+	// Within the deadband (40 -> 40.5): not reported; beyond (-> 42): once.
+	r.fake.set("A", "t", int64(101))
+	time.Sleep(150 * time.Millisecond) // several cycles
+	r.fake.set("A", "t", int64(104))
+	_, after := r.agent.WaitReported(t, "ns/a", "temp", "42", next, wait)
+	time.Sleep(150 * time.Millisecond)
+	var temps []string
+	for _, tw := range r.agent.Twins("ns/a", "temp", next) {
+		temps = append(temps, tw.GetReported().GetValue())
+	}
+	if len(temps) != 1 || temps[0] != "42" {
+		t.Errorf("temp reports after the first = %q, want just [42] (no report within the deadband, one on change)", temps)
+	}
+	if n := len(r.agent.Twins("ns/a", "setpoint", after)); n != 0 {
+		t.Errorf("unchanged setpoint reported %d more times", n)
+	}
+	if r.fake.count(r.fake.batches, "A") == 0 {
+		t.Errorf("two properties of one cycle were never read as a batch")
+	}
+	// One report carries every changed property.
+	r.fake.set("A", "t", int64(120))
+	r.fake.set("A", "s", int64(150))
+	r.agent.WaitTwin(t, "ns/a", "temp", after, wait, func(*dmiv1beta1.Twin) bool { return true })
+	both := false
+	for _, rep := range r.agent.Reports(after) {
+		if len(rep.Req.GetReportedDevice().GetTwins()) == 2 {
+			both = true
+		}
+	}
+	if !both {
+		// They might straddle two reads; allow it but say so.
+		t.Logf("the two changes were read in different rounds")
+	}
+}
+
+func startWith(t *testing.T, dev *dmiv1beta1.Device, setup func(*fakeDevices)) *run {
+	t.Helper()
+	dir := mappertest.ShortTempDir(t)
+	agent := mappertest.Start(t, dir)
+	agent.SetData([]*dmiv1beta1.DeviceModel{model}, []*dmiv1beta1.Device{dev})
+	fake := newFake()
+	setup(fake)
+	m, err := mapper.New(mapper.Config{Protocol: "fake", StateDir: dir, NewDriver: fake.newDriver, Logger: testr.New(t),
+		DefaultCollectCycle: 20 * time.Millisecond, ReconnectInitial: 10 * time.Millisecond, ReconnectMax: 50 * time.Millisecond,
+		ReregisterInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- m.Start(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Start = %v", err)
+		}
+	})
+	return &run{agent: agent, fake: fake, m: m}
+}
+
+func TestHeartbeat(t *testing.T) {
+	dev := thermo(t, "a", "A", mappertest.Prop{Name: "temp", Visitor: map[string]any{"register": "t"}, ReportCycle: 100 * time.Millisecond})
+	r := startWith(t, dev, func(f *fakeDevices) { f.set("A", "t", 7.5) })
+	_, next := r.agent.WaitReported(t, "ns/a", "temp", "7.5", 0, wait)
+	// Unchanged, yet reported again within a few report cycles.
+	r.agent.WaitReported(t, "ns/a", "temp", "7.5", next, wait)
+}
+
+func TestDesiredWritesWithoutReconnecting(t *testing.T) {
+	dev := thermo(t, "a", "A")
+	r := startWith(t, dev, func(f *fakeDevices) {
+		f.set("A", "t", int64(100))
+		f.set("A", "s", int64(200))
+	})
+	r.agent.WaitReported(t, "ns/a", "setpoint", "20", 0, wait)
+	client := r.agent.Mapper(t)
+	ctx := context.Background()
+
+	// 25 -> raw 250 through the inverse transform.
+	from := r.agent.ReportCount()
+	dev = mappertest.SetDesired(dev, "setpoint", "25")
+	if _, err := client.UpdateDevice(ctx, &dmiv1beta1.UpdateDeviceRequest{Device: dev}); err != nil {
+		t.Fatal(err)
+	}
+	tw, _ := r.agent.WaitTwin(t, "ns/a", "setpoint", from, wait, func(tw *dmiv1beta1.Twin) bool {
+		return tw.GetObservedDesired().GetValue() == "25" && tw.GetReported().GetValue() == "25"
+	})
+	if e := tw.GetObservedDesired().GetMetadata()["error"]; e != "" {
+		t.Errorf("observedDesired error %q", e)
+	}
+	if got := r.fake.get("A", "s"); got != 250.0 {
+		t.Errorf("register s = %v, want 250", got)
+	}
+	if n := r.fake.count(r.fake.connects, "A"); n != 1 {
+		t.Errorf("%d connects for a desired-only update, want 1", n)
+	}
+
+	// Outside the model's maximum: refused before any write, with an error.
+	writes := len(r.fake.writes["A"])
+	from = r.agent.ReportCount()
+	dev = mappertest.SetDesired(dev, "setpoint", "31")
+	if _, err := client.UpdateDevice(ctx, &dmiv1beta1.UpdateDeviceRequest{Device: dev}); err != nil {
+		t.Fatal(err)
+	}
+	tw, _ = r.agent.WaitTwin(t, "ns/a", "setpoint", from, wait, func(tw *dmiv1beta1.Twin) bool {
+		return tw.GetObservedDesired().GetValue() == "31"
+	})
+	if e := tw.GetObservedDesired().GetMetadata()["error"]; e == "" {
+		t.Errorf("no error for a desired value above the maximum: %v", tw)
+	} else {
+		t.Logf("above maximum: %s", e)
+	}
+	// A read-only property and a value of the wrong type.
+	dev = mappertest.SetDesired(dev, "setpoint", "abc")
+	dev = mappertest.SetDesired(dev, "temp", "1")
+	from = r.agent.ReportCount()
+	if _, err := client.UpdateDevice(ctx, &dmiv1beta1.UpdateDeviceRequest{Device: dev}); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{"setpoint", "temp"} {
+		tw, _ = r.agent.WaitTwin(t, "ns/a", p, from, wait, func(tw *dmiv1beta1.Twin) bool {
+			return tw.GetObservedDesired().GetMetadata()["error"] != ""
+		})
+		t.Logf("%s: %s", p, tw.GetObservedDesired().GetMetadata()["error"])
+	}
+	r.fake.mu.Lock()
+	if n := len(r.fake.writes["A"]); n != writes {
+		t.Errorf("%d writes of refused values", n-writes)
+	}
+	r.fake.mu.Unlock()
+
+	// A protocol change reconnects.
+	dev.Spec.Protocol.ConfigData, _ = mapper.EncodeConfig(map[string]any{"id": "B"})
+	r.fake.set("B", "t", int64(40))
+	r.fake.set("B", "s", int64(100))
+	from = r.agent.ReportCount()
+	if _, err := client.UpdateDevice(ctx, &dmiv1beta1.UpdateDeviceRequest{Device: dev}); err != nil {
+		t.Fatal(err)
+	}
+	r.agent.WaitReported(t, "ns/a", "temp", "10", from, wait)
+	if n := r.fake.count(r.fake.connects, "B"); n != 1 {
+		t.Errorf("%d connects to the new device, want 1", n)
+	}
+}
+
+func TestHealthAndReconnect(t *testing.T) {
+	dev := thermo(t, "a", "A")
+	other := thermo(t, "b", "B")
+	dir := mappertest.ShortTempDir(t)
+	agent := mappertest.Start(t, dir)
+	agent.SetData([]*dmiv1beta1.DeviceModel{model}, []*dmiv1beta1.Device{dev, other})
+	fake := newFake()
+	for _, id := range []string{"A", "B"} {
+		fake.set(id, "t", int64(100))
+		fake.set(id, "s", int64(200))
+	}
+	m, err := mapper.New(mapper.Config{Protocol: "fake", StateDir: dir, NewDriver: fake.newDriver, Logger: testr.New(t),
+		DefaultCollectCycle: 20 * time.Millisecond, ReconnectInitial: 10 * time.Millisecond, ReconnectMax: 50 * time.Millisecond,
+		ReregisterInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- m.Start(ctx) }()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	agent.WaitState(t, "ns/a", "ok", wait)
+	fake.setDown("A", true)
+	agent.WaitState(t, "ns/a", "offline", wait)
+	seen := map[string]bool{}
+	for _, s := range agent.States() {
+		if s.Device == "a" {
+			seen[s.State] = true
+		}
+	}
+	if !seen["unhealthy"] {
+		t.Errorf("states of a = %v, want unhealthy before offline", agent.States())
+	}
+	// The other device goes on.
+	from := agent.ReportCount()
+	fake.set("B", "t", int64(110))
+	agent.WaitReported(t, "ns/b", "temp", "45", from, wait)
+
+	fake.set("A", "t", int64(120))
+	fake.setDown("A", false)
+	agent.WaitState(t, "ns/a", "ok", wait)
+	agent.WaitReported(t, "ns/a", "temp", "50", from, wait)
+}
+
+func TestBadPropertyAndModelLater(t *testing.T) {
+	dev := thermo(t, "a", "A",
+		mappertest.Prop{Name: "temp", Visitor: map[string]any{"register": "t"}},
+		mappertest.Prop{Name: "label", Visitor: map[string]any{"register": "bad"}},
+		mappertest.Prop{Name: "nothere", Visitor: map[string]any{"register": "t"}},
+		mappertest.Prop{Name: "setpoint", Visitor: map[string]any{"register": "missing"}},
+	)
+	dir := mappertest.ShortTempDir(t)
+	agent := mappertest.Start(t, dir)
+	// No model at first: the device waits for it.
+	agent.SetData(nil, []*dmiv1beta1.Device{dev})
+	fake := newFake()
+	fake.set("A", "t", 1.5)
+	m, err := mapper.New(mapper.Config{Protocol: "fake", StateDir: dir, NewDriver: fake.newDriver, Logger: testr.New(t),
+		DefaultCollectCycle: 20 * time.Millisecond, ReregisterInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- m.Start(ctx) }()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	agent.WaitState(t, "ns/a", "offline", wait)
+	if _, err := agent.Mapper(t).CreateDeviceModel(ctx, &dmiv1beta1.CreateDeviceModelRequest{Model: model}); err != nil {
+		t.Fatal(err)
+	}
+	agent.WaitReported(t, "ns/a", "temp", "1.5", 0, wait)
+	agent.WaitState(t, "ns/a", "ok", wait)
+	for _, p := range []string{"label", "nothere", "setpoint"} {
+		tw, _ := agent.WaitTwin(t, "ns/a", p, 0, wait, func(tw *dmiv1beta1.Twin) bool {
+			return tw.GetReported().GetMetadata()["error"] != ""
+		})
+		t.Logf("%s: %s", p, tw.GetReported().GetMetadata()["error"])
+	}
+	// Errors are reported once, not every cycle.
+	time.Sleep(150 * time.Millisecond)
+	if n := len(agent.Twins("ns/a", "setpoint", 0)); n != 1 {
+		t.Errorf("setpoint's read error reported %d times, want once", n)
+	}
+	got, err := agent.Mapper(t).GetDevice(ctx, &dmiv1beta1.GetDeviceRequest{DeviceName: "a", DeviceNamespace: "ns"})
+	if err != nil || len(got.GetDevice().GetStatus().GetTwins()) != 4 {
+		t.Errorf("GetDevice = %v, %v", got, err)
+	}
+	if _, err := agent.Mapper(t).RemoveDevice(ctx, &dmiv1beta1.RemoveDeviceRequest{DeviceName: "a", DeviceNamespace: "ns"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := agent.Mapper(t).GetDevice(ctx, &dmiv1beta1.GetDeviceRequest{DeviceName: "a", DeviceNamespace: "ns"}); err == nil {
+		t.Errorf("removed device still served")
+	}
+}
+
+func TestRegistersAgainWhenTheAgentRestarts(t *testing.T) {
+	dev := thermo(t, "a", "A")
+	r := startWith(t, dev, func(f *fakeDevices) {
+		f.set("A", "t", int64(100))
+		f.set("A", "s", int64(200))
+	})
+	r.agent.WaitReported(t, "ns/a", "temp", "40", 0, wait)
+	n := r.agent.Registrations()
+	r.agent.Stop()
+	time.Sleep(100 * time.Millisecond)
+	// The restarted agent knows a second device.
+	r.agent.SetData([]*dmiv1beta1.DeviceModel{model}, []*dmiv1beta1.Device{dev, thermo(t, "c", "A")})
+	from := r.agent.ReportCount()
+	r.agent.Serve(t)
+	r.agent.WaitRegistrations(t, n+1, wait)
+	// Values and state are sent again to the new agent, and the new device
+	// starts.
+	r.agent.WaitReported(t, "ns/a", "temp", "40", from, wait)
+	r.agent.WaitReported(t, "ns/c", "temp", "40", from, wait)
+	r.agent.WaitState(t, "ns/a", "ok", wait)
+}
+
+func TestSubscription(t *testing.T) {
+	dev := thermo(t, "a", "A",
+		mappertest.Prop{Name: "pushed", Visitor: map[string]any{"register": "p", "subscribe": true}},
+		mappertest.Prop{Name: "temp", Visitor: map[string]any{"register": "t"}})
+	r := startWith(t, dev, func(f *fakeDevices) { f.set("A", "t", 1.0) })
+	r.agent.WaitReported(t, "ns/a", "temp", "1", 0, wait)
+	r.fake.push(t, "A", "pushed", 3.25)
+	r.agent.WaitReported(t, "ns/a", "pushed", "3.25", 0, wait)
+	r.fake.push(t, "A", "pushed", 3.5)
+	r.agent.WaitReported(t, "ns/a", "pushed", "3.5", 0, wait)
+}

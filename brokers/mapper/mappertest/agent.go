@@ -1,0 +1,306 @@
+// Package mappertest is a fake device manager for mapper tests: it serves
+// DMI v1beta1 DeviceManagerService on <dir>/dmi.sock in-process, answers
+// MapperRegister with the devices and models a test sets, records every
+// report, and calls the mapper's DeviceMapperService.
+package mappertest
+
+import (
+	"context"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/dowse-dev/dowse/brokers/mapper"
+	dmiv1beta1 "github.com/dowse-dev/dowse/proto/dmi/v1beta1"
+)
+
+// Report is one ReportDeviceStatus as received.
+type Report struct {
+	At  time.Time
+	Req *dmiv1beta1.ReportDeviceStatusRequest
+}
+
+// State is one ReportDeviceStates as received.
+type State struct {
+	At                time.Time
+	Namespace, Device string
+	State             string
+}
+
+// Agent is a fake device manager.
+type Agent struct {
+	dmiv1beta1.UnimplementedDeviceManagerServiceServer
+
+	Socket string
+	// OnReport, when set before Start, is called for every status report
+	// as it arrives (benchmarks time with it).
+	OnReport func(Report)
+
+	mu            sync.Mutex
+	cond          *sync.Cond
+	srv           *grpc.Server
+	models        []*dmiv1beta1.DeviceModel
+	devices       []*dmiv1beta1.Device
+	registrations []*dmiv1beta1.MapperInfo
+	reports       []Report
+	states        []State
+	client        *grpc.ClientConn
+	clientAddr    string
+}
+
+// ShortTempDir makes a temporary directory short enough for Unix socket
+// paths, removed when the test ends.
+func ShortTempDir(t testing.TB) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "dowse-m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
+// Start serves a fake agent on <dir>/dmi.sock until the test ends.
+func Start(t testing.TB, dir string) *Agent {
+	t.Helper()
+	a := &Agent{Socket: filepath.Join(dir, mapper.DMISocketName)}
+	a.cond = sync.NewCond(&a.mu)
+	a.Serve(t)
+	t.Cleanup(func() {
+		a.Stop()
+		a.mu.Lock()
+		if a.client != nil {
+			a.client.Close()
+		}
+		a.mu.Unlock()
+	})
+	return a
+}
+
+// Serve (re)starts serving on the socket, as a restarted agent would.
+func (a *Agent) Serve(t testing.TB) {
+	t.Helper()
+	_ = os.Remove(a.Socket)
+	lis, err := net.Listen("unix", a.Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	dmiv1beta1.RegisterDeviceManagerServiceServer(srv, a)
+	a.mu.Lock()
+	a.srv = srv
+	a.mu.Unlock()
+	go func() { _ = srv.Serve(lis) }()
+}
+
+// Stop stops serving (the agent "goes away").
+func (a *Agent) Stop() {
+	a.mu.Lock()
+	srv := a.srv
+	a.srv = nil
+	a.mu.Unlock()
+	if srv != nil {
+		srv.Stop()
+	}
+}
+
+// SetData sets what MapperRegister answers with.
+func (a *Agent) SetData(models []*dmiv1beta1.DeviceModel, devices []*dmiv1beta1.Device) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.models, a.devices = models, devices
+}
+
+func (a *Agent) MapperRegister(_ context.Context, req *dmiv1beta1.MapperRegisterRequest) (*dmiv1beta1.MapperRegisterResponse, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.registrations = append(a.registrations, proto.Clone(req.GetMapper()).(*dmiv1beta1.MapperInfo))
+	a.cond.Broadcast()
+	resp := &dmiv1beta1.MapperRegisterResponse{}
+	if req.GetWithData() {
+		for _, m := range a.models {
+			resp.ModelList = append(resp.ModelList, proto.Clone(m).(*dmiv1beta1.DeviceModel))
+		}
+		for _, d := range a.devices {
+			resp.DeviceList = append(resp.DeviceList, proto.Clone(d).(*dmiv1beta1.Device))
+		}
+	}
+	return resp, nil
+}
+
+func (a *Agent) ReportDeviceStatus(_ context.Context, req *dmiv1beta1.ReportDeviceStatusRequest) (*dmiv1beta1.ReportDeviceStatusResponse, error) {
+	r := Report{At: time.Now(), Req: req}
+	if a.OnReport != nil {
+		a.OnReport(r)
+	}
+	a.mu.Lock()
+	a.reports = append(a.reports, r)
+	a.cond.Broadcast()
+	a.mu.Unlock()
+	return &dmiv1beta1.ReportDeviceStatusResponse{}, nil
+}
+
+func (a *Agent) ReportDeviceStates(_ context.Context, req *dmiv1beta1.ReportDeviceStatesRequest) (*dmiv1beta1.ReportDeviceStatesResponse, error) {
+	a.mu.Lock()
+	a.states = append(a.states, State{At: time.Now(), Namespace: req.GetDeviceNamespace(), Device: req.GetDeviceName(), State: req.GetState()})
+	a.cond.Broadcast()
+	a.mu.Unlock()
+	return &dmiv1beta1.ReportDeviceStatesResponse{}, nil
+}
+
+// waitFor waits until cond (called with a.mu held) is true.
+func (a *Agent) waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	timer := time.AfterFunc(timeout, func() {
+		a.mu.Lock()
+		a.cond.Broadcast()
+		a.mu.Unlock()
+	})
+	defer timer.Stop()
+	deadline := time.Now().Add(timeout)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		a.cond.Wait()
+	}
+}
+
+// WaitRegistrations waits until the mapper registered n times in all and
+// returns the last registration.
+func (a *Agent) WaitRegistrations(t testing.TB, n int, timeout time.Duration) *dmiv1beta1.MapperInfo {
+	t.Helper()
+	var info *dmiv1beta1.MapperInfo
+	a.waitFor(t, timeout, "a registration", func() bool {
+		if len(a.registrations) >= n {
+			info = a.registrations[len(a.registrations)-1]
+			return true
+		}
+		return false
+	})
+	return info
+}
+
+// Registrations returns how many registrations arrived.
+func (a *Agent) Registrations() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.registrations)
+}
+
+// Reports returns the status reports received so far (from index from).
+func (a *Agent) Reports(from int) []Report {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if from > len(a.reports) {
+		from = len(a.reports)
+	}
+	return append([]Report(nil), a.reports[from:]...)
+}
+
+// ReportCount returns how many status reports arrived.
+func (a *Agent) ReportCount() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.reports)
+}
+
+// States returns the state reports received so far.
+func (a *Agent) States() []State {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return append([]State(nil), a.states...)
+}
+
+// Twins returns, in order, every twin of property reported for device
+// (namespace/name) from report index from.
+func (a *Agent) Twins(device, property string, from int) []*dmiv1beta1.Twin {
+	var out []*dmiv1beta1.Twin
+	for _, r := range a.Reports(from) {
+		if r.Req.GetDeviceNamespace()+"/"+r.Req.GetDeviceName() != device {
+			continue
+		}
+		for _, tw := range r.Req.GetReportedDevice().GetTwins() {
+			if tw.GetPropertyName() == property {
+				out = append(out, tw)
+			}
+		}
+	}
+	return out
+}
+
+// WaitTwin waits for a twin of property of device (namespace/name), in a
+// report at index from or later, for which ok is true, and returns it with
+// the index after its report.
+func (a *Agent) WaitTwin(t testing.TB, device, property string, from int, timeout time.Duration, ok func(*dmiv1beta1.Twin) bool) (*dmiv1beta1.Twin, int) {
+	t.Helper()
+	var found *dmiv1beta1.Twin
+	next := from
+	a.waitFor(t, timeout, "a twin of "+device+" "+property, func() bool {
+		for i := next; i < len(a.reports); i++ {
+			r := a.reports[i].Req
+			if r.GetDeviceNamespace()+"/"+r.GetDeviceName() != device {
+				continue
+			}
+			for _, tw := range r.GetReportedDevice().GetTwins() {
+				if tw.GetPropertyName() == property && ok(tw) {
+					found, next = tw, i+1
+					return true
+				}
+			}
+		}
+		return false
+	})
+	return found, next
+}
+
+// WaitReported waits for property's reported value to be value.
+func (a *Agent) WaitReported(t testing.TB, device, property, value string, from int, timeout time.Duration) (*dmiv1beta1.Twin, int) {
+	t.Helper()
+	return a.WaitTwin(t, device, property, from, timeout, func(tw *dmiv1beta1.Twin) bool {
+		return tw.GetReported() != nil && tw.GetReported().GetValue() == value && tw.GetReported().GetMetadata()[mapper.MetaError] == ""
+	})
+}
+
+// WaitState waits until the last state reported for device is state.
+func (a *Agent) WaitState(t testing.TB, device, state string, timeout time.Duration) {
+	t.Helper()
+	a.waitFor(t, timeout, "state "+state+" of "+device, func() bool {
+		for i := len(a.states) - 1; i >= 0; i-- {
+			if a.states[i].Namespace+"/"+a.states[i].Device == device {
+				return a.states[i].State == state
+			}
+		}
+		return false
+	})
+}
+
+// Mapper returns a client of the DeviceMapperService the mapper registered
+// last.
+func (a *Agent) Mapper(t testing.TB) dmiv1beta1.DeviceMapperServiceClient {
+	t.Helper()
+	info := a.WaitRegistrations(t, 1, 15*time.Second)
+	addr := string(info.GetAddress())
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.client == nil || a.clientAddr != addr {
+		if a.client != nil {
+			a.client.Close()
+		}
+		c, err := grpc.NewClient("unix://"+addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		a.client, a.clientAddr = c, addr
+	}
+	return dmiv1beta1.NewDeviceMapperServiceClient(a.client)
+}
