@@ -1,5 +1,5 @@
-// Package dowsectl is the operator's command line: for now, what edge nodes
-// need to join the cloud/edge link (bootstrap tokens, the CA pin).
+// Package dowsectl is the operator's command line: what edge nodes need to
+// join the cloud/edge link (bootstrap tokens, the CA pin), and device twins.
 package dowsectl
 
 import (
@@ -35,13 +35,16 @@ const usage = `dowsectl manages Dowse.
       that join with their service account token need (no token is made)
 
 Common flags: --kubeconfig PATH, --namespace NS (the controller's, default dowse-system)
-`
+
+` + twinUsage
 
 // Run runs one command; args exclude the program name.
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var cmd string
 	var flagArgs []string
 	switch {
+	case len(args) >= 1 && args[0] == "twin":
+		return runTwin(ctx, args[1:], stdout, stderr)
 	case len(args) >= 1 && args[0] == "ca-hash":
 		cmd, flagArgs = "ca-hash", args[1:]
 	case len(args) >= 2 && args[0] == "token" && (args[1] == "create" || args[1] == "list"):
