@@ -17,7 +17,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/dowse-dev/dowse/discovery-handlers/internal/npmpeer"
+	"github.com/dowse-dev/dowse/test/npmpeer"
 	"github.com/dowse-dev/dowse/discovery-handlers/modbus"
 	discoveryv1 "github.com/dowse-dev/dowse/proto/discovery/v1"
 	"github.com/dowse-dev/dowse/shared/handler/handlertest"
