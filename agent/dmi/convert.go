@@ -1,0 +1,162 @@
+package dmi
+
+import (
+	"encoding/base64"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	dmiv1beta1 "github.com/dowse-dev/dowse/proto/dmi/v1beta1"
+	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
+)
+
+// customized converts a Device's configData (a JSON object on the Device,
+// a Struct on the link) into DMI's map of Any, as edgecore does: strings as
+// google.protobuf.StringValue, booleans as BoolValue, numbers as wrappers.
+//
+// Departures, both on purpose: edgecore sends every JSON number as a
+// FloatValue (float32, so integers above 2^24 lose digits); here a whole
+// number is an Int32Value (Int64Value beyond int32), which mapper-framework
+// decodes to the same JSON, and any other number a FloatValue as edgecore.
+// Nested objects and lists, for which edgecore refuses the whole Device, go
+// as google.protobuf.Struct / ListValue (mapper-framework skips keys it
+// cannot decode, as it does today; Dowse's mapper SDK reads them). Nulls are
+// left out. The result is never nil, because mapper-framework dereferences
+// configData without checking.
+func customized(s *structpb.Struct) *dmiv1beta1.CustomizedValue {
+	out := &dmiv1beta1.CustomizedValue{Data: map[string]*anypb.Any{}}
+	for k, v := range s.GetFields() {
+		if a := anyOf(v); a != nil {
+			out.Data[k] = a
+		}
+	}
+	return out
+}
+
+func anyOf(v *structpb.Value) *anypb.Any {
+	var m proto.Message
+	switch k := v.GetKind().(type) {
+	case *structpb.Value_StringValue:
+		m = wrapperspb.String(k.StringValue)
+	case *structpb.Value_BoolValue:
+		m = wrapperspb.Bool(k.BoolValue)
+	case *structpb.Value_NumberValue:
+		f := k.NumberValue
+		switch {
+		case f == math.Trunc(f) && f >= math.MinInt32 && f <= math.MaxInt32:
+			m = wrapperspb.Int32(int32(f))
+		case f == math.Trunc(f) && math.Abs(f) <= 1<<53:
+			m = wrapperspb.Int64(int64(f))
+		default:
+			m = wrapperspb.Float(float32(f))
+		}
+	case *structpb.Value_StructValue:
+		m = k.StructValue
+	case *structpb.Value_ListValue:
+		m = k.ListValue
+	default: // null, unset
+		return nil
+	}
+	a, err := anypb.New(m)
+	if err != nil { // only for unregistered types, which these are not
+		return nil
+	}
+	return a
+}
+
+// toDMIDevice is the Device a mapper is given. Every message that
+// mapper-framework dereferences unchecked (protocol, each property's
+// desired value and visitors, configData) is set. Status asks the mapper
+// to report the device's state (mapper-framework's template reports states
+// only when status.reportToCloud is true; KubeEdge sets it from
+// spec.stateReport, which Dowse's Device has no field for: states are
+// always wanted here), at its default cycle.
+func toDMIDevice(d *linkv1.EdgeDevice) *dmiv1beta1.Device {
+	spec := &dmiv1beta1.DeviceSpec{
+		DeviceModelReference: d.GetModel(),
+		Protocol:             &dmiv1beta1.ProtocolConfig{ProtocolName: d.GetProtocolName(), ConfigData: customized(d.GetProtocolConfig())},
+	}
+	for _, p := range d.GetProperties() {
+		vp := p.GetVisitorProtocol()
+		if vp == "" {
+			vp = d.GetProtocolName()
+		}
+		desired := &dmiv1beta1.TwinProperty{Value: p.GetDesired().GetValue(), Metadata: map[string]string{}}
+		for k, v := range p.GetDesired().GetMetadata() {
+			desired.Metadata[k] = v
+		}
+		spec.Properties = append(spec.Properties, &dmiv1beta1.DeviceProperty{
+			Name:          p.GetName(),
+			Desired:       desired,
+			Visitors:      &dmiv1beta1.VisitorConfig{ProtocolName: vp, ConfigData: customized(p.GetVisitorConfig())},
+			ReportCycle:   p.GetReportCycleMs(),
+			CollectCycle:  p.GetCollectCycleMs(),
+			ReportToCloud: p.GetReportToCloud(),
+		})
+	}
+	for _, m := range d.GetMethods() {
+		spec.Methods = append(spec.Methods, &dmiv1beta1.DeviceMethod{Name: m.GetName(), Description: m.GetDescription(), PropertyNames: m.GetPropertyNames()})
+	}
+	return &dmiv1beta1.Device{
+		Name: d.GetRef().GetName(), Namespace: d.GetRef().GetNamespace(), Spec: spec,
+		Status: &dmiv1beta1.DeviceStatus{ReportToCloud: true},
+	}
+}
+
+func toDMIModel(m *linkv1.EdgeDeviceModel) *dmiv1beta1.DeviceModel {
+	spec := &dmiv1beta1.DeviceModelSpec{}
+	for _, p := range m.GetProperties() {
+		spec.Properties = append(spec.Properties, &dmiv1beta1.ModelProperty{
+			Name: p.GetName(), Description: p.GetDescription(), Type: p.GetType(), AccessMode: p.GetAccessMode(),
+			Minimum: p.GetMinimum(), Maximum: p.GetMaximum(), Unit: p.GetUnit(),
+		})
+	}
+	return &dmiv1beta1.DeviceModel{Name: m.GetRef().GetName(), Namespace: m.GetRef().GetNamespace(), Spec: spec}
+}
+
+// parseValue reads a mapper's text value as the model's type: INT as a
+// 64-bit integer, FLOAT as a float that fits 32 bits, DOUBLE as 64 bits,
+// BOOLEAN as strconv.ParseBool does (true, false, 1, 0, t, f), STRING as
+// is, BYTES as standard base64 (the form Kubernetes gives bytes in JSON).
+// Type names are matched case-insensitively (mappers lower-case them).
+func parseValue(typ, s string) (*linkv1.Value, error) {
+	switch strings.ToUpper(typ) {
+	case "INT", "INTEGER":
+		n, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("%q is not an INT", s)
+		}
+		return &linkv1.Value{Kind: &linkv1.Value_IntValue{IntValue: n}}, nil
+	case "FLOAT", "DOUBLE":
+		bits := 64
+		if strings.EqualFold(typ, "FLOAT") {
+			bits = 32
+		}
+		f, err := strconv.ParseFloat(strings.TrimSpace(s), bits)
+		if err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
+			return nil, fmt.Errorf("%q is not a finite %s", s, strings.ToUpper(typ))
+		}
+		return &linkv1.Value{Kind: &linkv1.Value_DoubleValue{DoubleValue: f}}, nil
+	case "BOOLEAN", "BOOL":
+		b, err := strconv.ParseBool(strings.TrimSpace(s))
+		if err != nil {
+			return nil, fmt.Errorf("%q is not a BOOLEAN", s)
+		}
+		return &linkv1.Value{Kind: &linkv1.Value_BoolValue{BoolValue: b}}, nil
+	case "STRING", "":
+		return &linkv1.Value{Kind: &linkv1.Value_StringValue{StringValue: s}}, nil
+	case "BYTES":
+		b, err := base64.StdEncoding.DecodeString(s)
+		if err != nil {
+			return nil, fmt.Errorf("%q is not base64 BYTES", s)
+		}
+		return &linkv1.Value{Kind: &linkv1.Value_BytesValue{BytesValue: b}}, nil
+	}
+	return nil, fmt.Errorf("the model's type %q is not one Dowse knows", typ)
+}

@@ -1,0 +1,103 @@
+package dmi
+
+import (
+	"testing"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
+)
+
+func TestParseValue(t *testing.T) {
+	for _, c := range []struct {
+		typ, in string
+		want    *linkv1.Value
+	}{
+		{"INT", "42", &linkv1.Value{Kind: &linkv1.Value_IntValue{IntValue: 42}}},
+		{"int", "-7", &linkv1.Value{Kind: &linkv1.Value_IntValue{IntValue: -7}}},
+		{"INT", "4.2", nil},
+		{"INT", "", nil},
+		{"FLOAT", "1.5", &linkv1.Value{Kind: &linkv1.Value_DoubleValue{DoubleValue: 1.5}}},
+		{"FLOAT", "1e39", nil}, // beyond float32
+		{"DOUBLE", "1e39", &linkv1.Value{Kind: &linkv1.Value_DoubleValue{DoubleValue: 1e39}}},
+		{"DOUBLE", "NaN", nil},
+		{"DOUBLE", "abc", nil},
+		{"BOOLEAN", "true", &linkv1.Value{Kind: &linkv1.Value_BoolValue{BoolValue: true}}},
+		{"boolean", "0", &linkv1.Value{Kind: &linkv1.Value_BoolValue{BoolValue: false}}},
+		{"BOOLEAN", "yes", nil},
+		{"STRING", "", &linkv1.Value{Kind: &linkv1.Value_StringValue{StringValue: ""}}},
+		{"STRING", "on", &linkv1.Value{Kind: &linkv1.Value_StringValue{StringValue: "on"}}},
+		{"BYTES", "AAEC", &linkv1.Value{Kind: &linkv1.Value_BytesValue{BytesValue: []byte{0, 1, 2}}}},
+		{"BYTES", "not base64!", nil},
+		{"STREAM", "x", nil},
+	} {
+		got, err := parseValue(c.typ, c.in)
+		if c.want == nil {
+			if err == nil {
+				t.Errorf("%s %q: accepted as %v", c.typ, c.in, got)
+			}
+			continue
+		}
+		if err != nil || !proto.Equal(got, c.want) {
+			t.Errorf("%s %q: %v, %v; want %v", c.typ, c.in, got, err, c.want)
+		}
+	}
+}
+
+func TestCustomized(t *testing.T) {
+	s, err := structpb.NewStruct(map[string]any{
+		"address": "127.0.0.1:502", "slaveID": 1.0, "big": 5e9, "scale": 0.5, "swap": true,
+		"nested": map[string]any{"a": 1.0}, "list": []any{"x"}, "none": nil,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cv := customized(s)
+	check := func(key string, want proto.Message) {
+		t.Helper()
+		a := cv.Data[key]
+		if a == nil {
+			t.Fatalf("%s missing", key)
+		}
+		got, err := a.UnmarshalNew()
+		if err != nil {
+			t.Fatalf("%s: %v", key, err)
+		}
+		if !proto.Equal(got, want) {
+			t.Errorf("%s: %v (%s), want %v", key, got, a.TypeUrl, want)
+		}
+	}
+	check("address", wrapperspb.String("127.0.0.1:502"))
+	check("slaveID", wrapperspb.Int32(1))
+	check("big", wrapperspb.Int64(5_000_000_000))
+	check("scale", wrapperspb.Float(0.5))
+	check("swap", wrapperspb.Bool(true))
+	check("nested", s.Fields["nested"].GetStructValue())
+	check("list", s.Fields["list"].GetListValue())
+	if _, ok := cv.Data["none"]; ok {
+		t.Error("null sent")
+	}
+	if customized(nil).GetData() == nil {
+		t.Error("nil configData gives a nil map (mapper-framework dereferences it)")
+	}
+}
+
+// TestToDMIDevice: everything mapper-framework dereferences unchecked is set.
+func TestToDMIDevice(t *testing.T) {
+	d := toDMIDevice(&linkv1.EdgeDevice{
+		Ref: &linkv1.DeviceRef{Namespace: "ns", Name: "d"}, Model: "m", ProtocolName: "modbus",
+		Properties: []*linkv1.EdgeDeviceProperty{{Name: "p", CollectCycleMs: 500}, {Name: "q", VisitorProtocol: "other", Desired: &linkv1.TwinValue{Value: "3", Metadata: map[string]string{"type": "int"}}}},
+	})
+	if d.Name != "d" || d.Namespace != "ns" || d.Spec.DeviceModelReference != "m" || d.Spec.Protocol.ConfigData == nil || !d.Status.ReportToCloud {
+		t.Fatalf("device %v", d)
+	}
+	p, q := d.Spec.Properties[0], d.Spec.Properties[1]
+	if p.Desired == nil || p.Visitors == nil || p.Visitors.ConfigData == nil || p.Visitors.ProtocolName != "modbus" || p.CollectCycle != 500 {
+		t.Fatalf("property p %v", p)
+	}
+	if q.Desired.Value != "3" || q.Desired.Metadata["type"] != "int" || q.Visitors.ProtocolName != "other" {
+		t.Fatalf("property q %v", q)
+	}
+}

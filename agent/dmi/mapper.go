@@ -1,0 +1,263 @@
+package dmi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-logr/logr"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	dmiv1beta1 "github.com/dowse-dev/dowse/proto/dmi/v1beta1"
+)
+
+// maxRemoveFailures: a removal the mapper keeps failing is given up after
+// this many attempts (the mapper gets a clean slate when it registers again).
+const maxRemoveFailures = 5
+
+// mapper is one registration: its client and what it has accepted. Only
+// its worker touches devices, models and removeFailures after it starts.
+type mapper struct {
+	info     *dmiv1beta1.MapperInfo
+	conn     *grpc.ClientConn
+	client   dmiv1beta1.DeviceMapperServiceClient
+	kick     chan struct{}
+	cancel   context.CancelFunc
+	done     chan struct{}
+	healthy  atomic.Bool
+	restored bool // remembered from before an agent restart: what it holds is unknown
+
+	devices        map[string]string // accepted: key -> signature
+	models         map[string]string
+	removeFailures map[string]int
+}
+
+// mapperAddress is the mapper's DeviceMapperService socket path
+// (MapperInfo.address; a unix:// prefix is allowed).
+func mapperAddress(info *dmiv1beta1.MapperInfo) string {
+	a := strings.TrimSpace(string(info.GetAddress()))
+	a = strings.TrimPrefix(a, "unix://")
+	return strings.TrimPrefix(a, "unix:")
+}
+
+func (s *Server) newMapper(info *dmiv1beta1.MapperInfo) (*mapper, error) {
+	addr := mapperAddress(info)
+	conn, err := grpc.NewClient("passthrough:///"+addr,
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", addr)
+		}))
+	if err != nil {
+		return nil, err
+	}
+	m := &mapper{info: proto.Clone(info).(*dmiv1beta1.MapperInfo), conn: conn, client: dmiv1beta1.NewDeviceMapperServiceClient(conn),
+		kick: make(chan struct{}, 1), done: make(chan struct{}), cancel: func() {},
+		devices: map[string]string{}, models: map[string]string{}, removeFailures: map[string]int{}}
+	m.healthy.Store(true)
+	m.poke()
+	return m, nil
+}
+
+func (m *mapper) poke() {
+	select {
+	case m.kick <- struct{}{}:
+	default:
+	}
+}
+
+// startLocked runs m's worker under the server's run context.
+func (s *Server) startLocked(m *mapper) {
+	ctx, cancel := context.WithCancel(s.runCtx)
+	m.cancel = cancel
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		defer close(m.done)
+		s.work(ctx, m)
+	}()
+}
+
+func (s *Server) work(ctx context.Context, m *mapper) {
+	log := logr.FromContextOrDiscard(ctx).WithValues("mapper", m.info.GetName(), "protocol", m.info.GetProtocol())
+	ctx = logr.NewContext(ctx, log)
+	backoff := s.cfg.RetryMin
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-m.kick:
+		}
+		err := s.reconcile(ctx, m)
+		if ctx.Err() != nil {
+			return
+		}
+		if err == nil {
+			backoff = s.cfg.RetryMin
+			continue
+		}
+		log.Error(err, "mapper call failed; retrying", "retryIn", backoff.String())
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, s.cfg.RetryMax)
+		m.poke()
+	}
+}
+
+func signature(m proto.Message) string {
+	b, _ := proto.MarshalOptions{Deterministic: true}.Marshal(m)
+	return string(b)
+}
+
+// call runs one DeviceMapperService call with the call timeout and keeps
+// the mapper's health and the metrics.
+func (s *Server) call(ctx context.Context, m *mapper, method string, f func(ctx context.Context) error) error {
+	cctx, cancel := context.WithTimeout(ctx, s.cfg.CallTimeout)
+	err := f(cctx)
+	cancel()
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	s.metrics.call(method, err)
+	c := status.Code(err)
+	healthy := err == nil || (c != codes.Unavailable && c != codes.DeadlineExceeded)
+	if m.healthy.Swap(healthy) != healthy {
+		s.mu.Lock()
+		s.updateConnectedLocked()
+		s.mu.Unlock()
+	}
+	if err != nil {
+		return fmt.Errorf("%s: %w", method, err)
+	}
+	return nil
+}
+
+// reconcile makes the calls that bring m to what it should hold; it stops
+// at the first failure (the worker retries the whole pass).
+func (s *Server) reconcile(ctx context.Context, m *mapper) error {
+	s.mu.Lock()
+	devs, models := s.assignedLocked(m.info.GetName())
+	s.mu.Unlock()
+	wait := []grpc.CallOption{grpc.WaitForReady(true)}
+
+	modelSig := map[string]string{}
+	for _, md := range models {
+		k := refKey(md.GetRef())
+		dm := toDMIModel(md)
+		sig := signature(dm)
+		modelSig[k] = sig
+		had, known := m.models[k]
+		if known && had == sig {
+			continue
+		}
+		var err error
+		if known || m.restored {
+			err = s.call(ctx, m, "UpdateDeviceModel", func(ctx context.Context) error {
+				_, err := m.client.UpdateDeviceModel(ctx, &dmiv1beta1.UpdateDeviceModelRequest{Model: dm}, wait...)
+				return err
+			})
+		}
+		if !(known || m.restored) || err != nil {
+			err = s.call(ctx, m, "CreateDeviceModel", func(ctx context.Context) error {
+				_, err := m.client.CreateDeviceModel(ctx, &dmiv1beta1.CreateDeviceModelRequest{Model: dm}, wait...)
+				return err
+			})
+		}
+		if err != nil {
+			return fmt.Errorf("model %s: %w", k, err)
+		}
+		m.models[k] = sig
+	}
+
+	want := map[string]bool{}
+	for _, d := range devs {
+		k := refKey(d.GetRef())
+		want[k] = true
+		dd := toDMIDevice(d)
+		sig := signature(dd) + modelSig[modelKey(d)]
+		had, known := m.devices[k]
+		if known && had == sig {
+			continue
+		}
+		var err error
+		if known || m.restored {
+			err = s.call(ctx, m, "UpdateDevice", func(ctx context.Context) error {
+				_, err := m.client.UpdateDevice(ctx, &dmiv1beta1.UpdateDeviceRequest{Device: dd}, wait...)
+				return err
+			})
+		}
+		if !(known || m.restored) || err != nil {
+			err = s.call(ctx, m, "RegisterDevice", func(ctx context.Context) error {
+				_, err := m.client.RegisterDevice(ctx, &dmiv1beta1.RegisterDeviceRequest{Device: dd}, wait...)
+				return err
+			})
+		}
+		if err != nil {
+			return fmt.Errorf("device %s: %w", k, err)
+		}
+		m.devices[k] = sig
+		s.mu.Lock()
+		if t, ok := s.pending[k]; ok {
+			s.metrics.delivered(s.cfg.Now().Sub(t))
+			delete(s.pending, k)
+		}
+		s.mu.Unlock()
+		logr.FromContextOrDiscard(ctx).V(1).Info("device sent to mapper", "device", k, "again", known)
+	}
+
+	var errs []error
+	for k := range m.devices {
+		if want[k] {
+			continue
+		}
+		ns, name, _ := strings.Cut(k, "/")
+		err := s.call(ctx, m, "RemoveDevice", func(ctx context.Context) error {
+			_, err := m.client.RemoveDevice(ctx, &dmiv1beta1.RemoveDeviceRequest{DeviceName: name, DeviceNamespace: ns}, wait...)
+			return err
+		})
+		if err != nil && status.Code(err) != codes.NotFound {
+			if m.removeFailures[k]++; m.removeFailures[k] < maxRemoveFailures {
+				errs = append(errs, fmt.Errorf("device %s: %w", k, err))
+				continue
+			}
+			logr.FromContextOrDiscard(ctx).Error(err, "giving up removing a device from the mapper", "device", k)
+		}
+		delete(m.devices, k)
+		delete(m.removeFailures, k)
+	}
+	for k := range m.models {
+		if _, ok := modelSig[k]; ok {
+			continue
+		}
+		ns, name, _ := strings.Cut(k, "/")
+		err := s.call(ctx, m, "RemoveDeviceModel", func(ctx context.Context) error {
+			_, err := m.client.RemoveDeviceModel(ctx, &dmiv1beta1.RemoveDeviceModelRequest{ModelName: name, ModelNamespace: ns}, wait...)
+			return err
+		})
+		if err != nil && status.Code(err) != codes.NotFound {
+			if m.removeFailures["model:"+k]++; m.removeFailures["model:"+k] < maxRemoveFailures {
+				errs = append(errs, fmt.Errorf("model %s: %w", k, err))
+				continue
+			}
+			logr.FromContextOrDiscard(ctx).Error(err, "giving up removing a model from the mapper", "model", k)
+		}
+		delete(m.models, k)
+		delete(m.removeFailures, "model:"+k)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	m.restored = false
+	return nil
+}

@@ -1,0 +1,653 @@
+// Package dmi is the node's mapper API: it serves KubeEdge's DMI v1beta1
+// DeviceManagerService on <state-dir>/dmi.sock, so that mappers written for
+// KubeEdge's edgecore (mapper-framework's grpcclient) plug in unchanged,
+// and it calls each registered mapper's DeviceMapperService with the
+// Devices and DeviceModels of this node that are the mapper's.
+//
+// What the cloud assigned to the node comes from the edge store (Edge), so
+// a restarted agent serves its mappers while the cloud is unreachable.
+//
+// Assignment: a Device whose EdgeDevice.mapper names a registered mapper
+// (MapperInfo.name) is that mapper's; any other Device goes to a mapper of
+// its protocol whose name no Device of the node asks for (the first by
+// name when there are several). A Device whose DeviceModel the node does
+// not hold waits for it. Assignments follow registrations: a named mapper
+// that registers takes its Devices from the generic one (RemoveDevice
+// there, RegisterDevice here).
+//
+// Delivery is level-triggered, one worker per mapper: the worker compares
+// what the mapper should hold with what it has accepted and makes the
+// calls (models before devices, removals last), each bounded by
+// Config.CallTimeout; a failed call is retried with backoff and never
+// holds up another mapper. A model change is also sent again as
+// UpdateDevice to the model's devices, so that the mapper rebuilds them
+// with the new property types. GetDevice is never called (edgecore never
+// does, and KubeEdge's template mapper crashes on it).
+//
+// Restarts: MapperRegister(withData) answers with the mapper's Devices and
+// models and counts them as delivered; without data they are sent with
+// CreateDeviceModel/RegisterDevice. Registered mappers are remembered in
+// <state-dir>/dmi-mappers.json; a restarted agent sends each of them its
+// Devices again (UpdateDevice, falling back to RegisterDevice), since it
+// cannot know what the mapper kept.
+package dmi
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"golang.org/x/time/rate"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/dowse-dev/dowse/agent/edgehub"
+	dmiv1beta1 "github.com/dowse-dev/dowse/proto/dmi/v1beta1"
+	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
+)
+
+// Edge is what the mapper API needs of the edge store and link;
+// *edgehub.EdgeHub is one. Report and ReportState return once the report
+// is stored (it then reaches the cloud however long the link is down).
+type Edge interface {
+	Devices() ([]*linkv1.EdgeDevice, error)
+	Models() ([]*linkv1.EdgeDeviceModel, error)
+	Report(device *linkv1.DeviceRef, property string, v *linkv1.Value, at time.Time, opts ...edgehub.ReportOption) (uint64, error)
+	ReportState(device *linkv1.DeviceRef, state, mapper string, at time.Time) (uint64, error)
+}
+
+// States a mapper may report (ReportDeviceStates): KubeEdge's, and
+// mapper-framework's own "disconnected", which edgecore drops.
+var States = []string{"ok", "online", "offline", "unhealthy", "unknown", "disconnected"}
+
+// Config configures a Server. Zero values take the defaults noted.
+type Config struct {
+	// StateDir holds dmi-mappers.json and, by default, the socket.
+	StateDir string
+	// SocketPath is where DeviceManagerService is served
+	// (<StateDir>/dmi.sock), mode 0660.
+	SocketPath string
+	// Node names this node in messages.
+	Node string
+	// CallTimeout bounds each call to a mapper (5s).
+	CallTimeout time.Duration
+	// RetryMin and RetryMax bound the delay before a mapper whose call
+	// failed is called again (200ms, 30s).
+	RetryMin, RetryMax time.Duration
+	// ReportRate and ReportBurst bound the reports (property values and
+	// states) accepted per second for the Devices of one mapper (10000/s,
+	// burst 20000); beyond them a report is refused with
+	// ResourceExhausted, so that a flooding mapper cannot starve the
+	// others of the edge store. Negative: no bound.
+	ReportRate  float64
+	ReportBurst int
+	// Now is the clock (time.Now).
+	Now func() time.Time
+}
+
+// Server serves the mapper API. Build it with New, run it with Start.
+type Server struct {
+	dmiv1beta1.UnimplementedDeviceManagerServiceServer
+
+	cfg     Config
+	edge    Edge
+	metrics *Metrics
+
+	reloadMu sync.Mutex
+	fileMu   sync.Mutex
+
+	mu       sync.Mutex
+	devices  map[string]*linkv1.EdgeDevice
+	models   map[string]*linkv1.EdgeDeviceModel
+	mappers  map[string]*mapper
+	pending  map[string]time.Time // device -> when its update reached the edge
+	limiters map[string]*rate.Limiter
+	runCtx   context.Context // set by Start
+	wg       sync.WaitGroup
+}
+
+// New builds a Server on edge and restores the mappers remembered in
+// cfg.StateDir. metrics may be nil.
+func New(cfg Config, edge Edge, metrics *Metrics) (*Server, error) {
+	if cfg.StateDir == "" || edge == nil {
+		return nil, errors.New("dmi: state directory and edge are required")
+	}
+	if cfg.SocketPath == "" {
+		cfg.SocketPath = filepath.Join(cfg.StateDir, "dmi.sock")
+	}
+	if cfg.CallTimeout <= 0 {
+		cfg.CallTimeout = 5 * time.Second
+	}
+	if cfg.RetryMin <= 0 {
+		cfg.RetryMin = 200 * time.Millisecond
+	}
+	if cfg.RetryMax <= 0 {
+		cfg.RetryMax = 30 * time.Second
+	}
+	if cfg.ReportRate == 0 {
+		cfg.ReportRate = 10000
+	}
+	if cfg.ReportBurst <= 0 {
+		cfg.ReportBurst = 20000
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	s := &Server{cfg: cfg, edge: edge, metrics: metrics, mappers: map[string]*mapper{},
+		pending: map[string]time.Time{}, limiters: map[string]*rate.Limiter{}}
+	if err := s.reload(); err != nil {
+		return nil, err
+	}
+	infos, err := s.readMappers()
+	if err != nil {
+		return nil, err
+	}
+	for _, info := range infos {
+		m, err := s.newMapper(info)
+		if err != nil {
+			return nil, err
+		}
+		m.restored = true
+		s.mappers[info.GetName()] = m
+	}
+	return s, nil
+}
+
+func refKey(r *linkv1.DeviceRef) string { return r.GetNamespace() + "/" + r.GetName() }
+
+// reload takes the node's Devices and models from the edge store.
+func (s *Server) reload() error {
+	s.reloadMu.Lock()
+	defer s.reloadMu.Unlock()
+	devs, err := s.edge.Devices()
+	if err != nil {
+		return fmt.Errorf("dmi: devices from the edge store: %w", err)
+	}
+	models, err := s.edge.Models()
+	if err != nil {
+		return fmt.Errorf("dmi: models from the edge store: %w", err)
+	}
+	dm := make(map[string]*linkv1.EdgeDevice, len(devs))
+	for _, d := range devs {
+		dm[refKey(d.GetRef())] = d
+	}
+	mm := make(map[string]*linkv1.EdgeDeviceModel, len(models))
+	for _, m := range models {
+		mm[refKey(m.GetRef())] = m
+	}
+	s.mu.Lock()
+	s.devices, s.models = dm, mm
+	for k := range s.pending {
+		if dm[k] == nil {
+			delete(s.pending, k)
+		}
+	}
+	s.mu.Unlock()
+	return nil
+}
+
+// Changed tells the server that the edge store took a message from the
+// cloud; device and model messages make it read the store again and kick
+// the mappers' workers. Safe before Start; it does not block on mappers.
+func (s *Server) Changed(ctx context.Context, env *linkv1.Envelope) {
+	switch env.GetKind().(type) {
+	case *linkv1.Envelope_DeviceUpdate, *linkv1.Envelope_DeviceRemoval, *linkv1.Envelope_ModelUpdate,
+		*linkv1.Envelope_ModelRemoval, *linkv1.Envelope_DeviceInventory:
+	default:
+		return
+	}
+	if d := env.GetDeviceUpdate().GetDevice(); d != nil {
+		s.mu.Lock()
+		if _, ok := s.pending[refKey(d.GetRef())]; !ok {
+			s.pending[refKey(d.GetRef())] = s.cfg.Now()
+		}
+		s.mu.Unlock()
+	}
+	if err := s.reload(); err != nil {
+		logr.FromContextOrDiscard(ctx).WithName("dmi").Error(err, "cannot read the node's devices")
+		return
+	}
+	s.kickAll()
+}
+
+func (s *Server) kickAll() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, m := range s.mappers {
+		m.poke()
+	}
+}
+
+// Start serves the mapper API until ctx ends, then stops the workers and
+// removes the socket. It fails only when the socket cannot be served.
+func (s *Server) Start(ctx context.Context) error {
+	log := logr.FromContextOrDiscard(ctx).WithName("dmi")
+	ctx = logr.NewContext(ctx, log)
+	sock := s.cfg.SocketPath
+	if err := os.MkdirAll(filepath.Dir(sock), 0o750); err != nil {
+		return fmt.Errorf("dmi: %w", err)
+	}
+	if fi, err := os.Lstat(sock); err == nil && fi.Mode()&os.ModeSocket != 0 {
+		_ = os.Remove(sock) // left by an agent that did not stop cleanly
+	}
+	lis, err := net.Listen("unix", sock)
+	if err != nil {
+		return fmt.Errorf("dmi: listen on %s: %w", sock, err)
+	}
+	defer os.Remove(sock)
+	if err := os.Chmod(sock, 0o660); err != nil {
+		lis.Close()
+		return fmt.Errorf("dmi: %w", err)
+	}
+	gs := grpc.NewServer()
+	dmiv1beta1.RegisterDeviceManagerServiceServer(gs, s)
+
+	s.mu.Lock()
+	s.runCtx = ctx
+	for _, m := range s.mappers {
+		s.startLocked(m)
+	}
+	s.updateConnectedLocked()
+	n := len(s.mappers)
+	s.mu.Unlock()
+	log.Info("serving the mapper API", "socket", sock, "rememberedMappers", n)
+
+	served := make(chan error, 1)
+	go func() { served <- gs.Serve(lis) }()
+	var serveErr error
+	select {
+	case <-ctx.Done():
+	case serveErr = <-served:
+	}
+	stopped := make(chan struct{})
+	go func() { gs.GracefulStop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(2 * time.Second):
+		gs.Stop()
+		<-stopped
+	}
+	s.mu.Lock()
+	for _, m := range s.mappers {
+		m.cancel()
+	}
+	s.mu.Unlock()
+	s.wg.Wait()
+	s.mu.Lock()
+	for _, m := range s.mappers {
+		_ = m.conn.Close()
+	}
+	s.mu.Unlock()
+	if serveErr != nil && !errors.Is(serveErr, grpc.ErrServerStopped) {
+		return fmt.Errorf("dmi: %w", serveErr)
+	}
+	return nil
+}
+
+// MapperRegister records the mapper (replacing one of the same name) and,
+// withData, answers with its Devices and the models they name.
+func (s *Server) MapperRegister(ctx context.Context, req *dmiv1beta1.MapperRegisterRequest) (*dmiv1beta1.MapperRegisterResponse, error) {
+	info := req.GetMapper()
+	if info.GetProtocol() == "" {
+		return nil, status.Errorf(codes.InvalidArgument, "mapper %q registers without a protocol", info.GetName())
+	}
+	if mapperAddress(info) == "" {
+		return nil, status.Errorf(codes.InvalidArgument, "mapper %q registers without an address (its DeviceMapperService socket)", info.GetName())
+	}
+	m, err := s.newMapper(info)
+	if err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "mapper %q: %v", info.GetName(), err)
+	}
+	resp := &dmiv1beta1.MapperRegisterResponse{}
+	s.mu.Lock()
+	if s.runCtx == nil {
+		s.mu.Unlock()
+		return nil, status.Error(codes.Unavailable, "the mapper API is starting")
+	}
+	old := s.mappers[info.GetName()]
+	s.mappers[info.GetName()] = m
+	if req.GetWithData() {
+		devs, models := s.assignedLocked(info.GetName())
+		sigs := map[string]string{}
+		for _, md := range models {
+			dm := toDMIModel(md)
+			resp.ModelList = append(resp.ModelList, dm)
+			sigs[refKey(md.GetRef())] = signature(dm)
+			m.models[refKey(md.GetRef())] = sigs[refKey(md.GetRef())]
+		}
+		now := s.cfg.Now()
+		for _, d := range devs {
+			dd := toDMIDevice(d)
+			resp.DeviceList = append(resp.DeviceList, dd)
+			k := refKey(d.GetRef())
+			m.devices[k] = signature(dd) + sigs[modelKey(d)]
+			if t, ok := s.pending[k]; ok {
+				s.metrics.delivered(now.Sub(t))
+				delete(s.pending, k)
+			}
+		}
+	}
+	for _, o := range s.mappers {
+		o.poke() // assignments may have moved
+	}
+	s.startLocked(m)
+	s.updateConnectedLocked()
+	s.mu.Unlock()
+	if old != nil {
+		old.cancel()
+		<-old.done
+		_ = old.conn.Close()
+	}
+	log := logr.FromContextOrDiscard(s.runCtx).WithName("dmi")
+	if err := s.writeMappers(); err != nil {
+		log.Error(err, "cannot remember the mapper; it is told again only when it registers again", "mapper", info.GetName())
+	}
+	log.Info("mapper registered", "mapper", info.GetName(), "protocol", info.GetProtocol(), "address", mapperAddress(info),
+		"withData", req.GetWithData(), "devices", len(resp.DeviceList), "again", old != nil)
+	return resp, nil
+}
+
+// ReportDeviceStatus takes property values a mapper read. The request is
+// taken whole or refused whole: a device not assigned to this node, a
+// property its model lacks, or a reported (or observed desired) value that
+// does not parse as the property's type is refused with InvalidArgument
+// naming each problem.
+func (s *Server) ReportDeviceStatus(ctx context.Context, req *dmiv1beta1.ReportDeviceStatusRequest) (*dmiv1beta1.ReportDeviceStatusResponse, error) {
+	twins := req.GetReportedDevice().GetTwins()
+	s.metrics.receive("twin", max(len(twins), 1))
+	d, model, owner, err := s.lookup(req.GetDeviceNamespace(), req.GetDeviceName())
+	if err != nil {
+		s.metrics.refuse("twin", reasonUnknownDevice, max(len(twins), 1))
+		return nil, err
+	}
+	if len(twins) == 0 {
+		s.metrics.refuse("twin", reasonEmpty, 1)
+		return nil, status.Errorf(codes.InvalidArgument, "report for device %s carries no twins", refKey(d.GetRef()))
+	}
+	type item struct {
+		prop     string
+		v, od    *linkv1.Value
+		at       time.Time
+		metadata map[string]string
+	}
+	items := make([]item, 0, len(twins))
+	var problems []string
+	for _, t := range twins {
+		p := modelProperty(model, t.GetPropertyName())
+		if p == nil {
+			s.metrics.refuse("twin", reasonUnknownProperty, 1)
+			problems = append(problems, fmt.Sprintf("property %q: model %s has no such property", t.GetPropertyName(), refKey(model.GetRef())))
+			continue
+		}
+		if t.GetReported() == nil {
+			s.metrics.refuse("twin", reasonEmpty, 1)
+			problems = append(problems, fmt.Sprintf("property %q: no reported value", t.GetPropertyName()))
+			continue
+		}
+		v, err := parseValue(p.GetType(), t.GetReported().GetValue())
+		if err != nil {
+			s.metrics.refuse("twin", reasonBadValue, 1)
+			problems = append(problems, fmt.Sprintf("property %q: reported value %v", t.GetPropertyName(), err))
+			continue
+		}
+		var od *linkv1.Value
+		if ov := t.GetObservedDesired().GetValue(); ov != "" {
+			if od, err = parseValue(p.GetType(), ov); err != nil {
+				s.metrics.refuse("twin", reasonBadValue, 1)
+				problems = append(problems, fmt.Sprintf("property %q: observed desired value %v", t.GetPropertyName(), err))
+				continue
+			}
+		}
+		items = append(items, item{prop: t.GetPropertyName(), v: v, od: od, at: s.reportTime(t.GetReported().GetMetadata()), metadata: t.GetReported().GetMetadata()})
+	}
+	if len(problems) > 0 {
+		return nil, status.Errorf(codes.InvalidArgument, "report for device %s refused: %s", refKey(d.GetRef()), strings.Join(problems, "; "))
+	}
+	if !s.allow(owner, len(items)) {
+		s.metrics.refuse("twin", reasonRateLimited, len(items))
+		return nil, status.Errorf(codes.ResourceExhausted, "reports for the devices of mapper %q exceed %g a second", owner, s.cfg.ReportRate)
+	}
+	for i, it := range items {
+		opts := []edgehub.ReportOption{}
+		if len(it.metadata) > 0 {
+			opts = append(opts, edgehub.WithMetadata(it.metadata))
+		}
+		if it.od != nil {
+			opts = append(opts, edgehub.WithObservedDesired(it.od))
+		}
+		if _, err := s.edge.Report(d.GetRef(), it.prop, it.v, it.at, opts...); err != nil {
+			s.metrics.refuse("twin", reasonStore, len(items)-i)
+			return nil, status.Errorf(codes.Unavailable, "edge store: %v", err)
+		}
+	}
+	return &dmiv1beta1.ReportDeviceStatusResponse{}, nil
+}
+
+// ReportDeviceStates takes a device's state (one of States).
+func (s *Server) ReportDeviceStates(ctx context.Context, req *dmiv1beta1.ReportDeviceStatesRequest) (*dmiv1beta1.ReportDeviceStatesResponse, error) {
+	s.metrics.receive("state", 1)
+	d, _, owner, err := s.lookup(req.GetDeviceNamespace(), req.GetDeviceName())
+	if err != nil {
+		s.metrics.refuse("state", reasonUnknownDevice, 1)
+		return nil, err
+	}
+	st := strings.ToLower(strings.TrimSpace(req.GetState()))
+	known := false
+	for _, k := range States {
+		known = known || st == k
+	}
+	if !known {
+		s.metrics.refuse("state", reasonBadState, 1)
+		return nil, status.Errorf(codes.InvalidArgument, "device %s: state %q is not one of %s", refKey(d.GetRef()), req.GetState(), strings.Join(States, ", "))
+	}
+	if !s.allow(owner, 1) {
+		s.metrics.refuse("state", reasonRateLimited, 1)
+		return nil, status.Errorf(codes.ResourceExhausted, "reports for the devices of mapper %q exceed %g a second", owner, s.cfg.ReportRate)
+	}
+	if _, err := s.edge.ReportState(d.GetRef(), st, owner, s.cfg.Now()); err != nil {
+		s.metrics.refuse("state", reasonStore, 1)
+		return nil, status.Errorf(codes.Unavailable, "edge store: %v", err)
+	}
+	return &dmiv1beta1.ReportDeviceStatesResponse{}, nil
+}
+
+// lookup finds a reported device, its model and the mapper it is assigned
+// to. An empty namespace (older mappers) matches a device of that name
+// when the node has exactly one.
+func (s *Server) lookup(ns, name string) (*linkv1.EdgeDevice, *linkv1.EdgeDeviceModel, string, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	d := s.devices[ns+"/"+name]
+	if d == nil && ns == "" {
+		for _, c := range s.devices {
+			if c.GetRef().GetName() == name {
+				if d != nil {
+					return nil, nil, "", status.Errorf(codes.InvalidArgument, "device %q: no namespace given and several devices of node %s have that name", name, s.cfg.Node)
+				}
+				d = c
+			}
+		}
+	}
+	if d == nil {
+		return nil, nil, "", status.Errorf(codes.InvalidArgument, "device %s/%s is not assigned to node %s", ns, name, s.cfg.Node)
+	}
+	model := s.models[modelKey(d)]
+	if model == nil {
+		return nil, nil, "", status.Errorf(codes.InvalidArgument, "device %s: its model %s is not on node %s yet", refKey(d.GetRef()), modelKey(d), s.cfg.Node)
+	}
+	owner, _ := s.ownerLocked(d, s.askedLocked())
+	return d, model, owner, nil
+}
+
+func (s *Server) allow(owner string, n int) bool {
+	if s.cfg.ReportRate < 0 {
+		return true
+	}
+	s.mu.Lock()
+	l := s.limiters[owner]
+	if l == nil {
+		l = rate.NewLimiter(rate.Limit(s.cfg.ReportRate), s.cfg.ReportBurst)
+		s.limiters[owner] = l
+	}
+	s.mu.Unlock()
+	return l.AllowN(s.cfg.Now(), n)
+}
+
+// reportTime is the metadata "timestamp" (Unix milliseconds, as
+// mapper-framework writes it) or, without one, now.
+func (s *Server) reportTime(md map[string]string) time.Time {
+	if ms, err := strconv.ParseInt(md["timestamp"], 10, 64); err == nil && ms > 0 {
+		return time.UnixMilli(ms)
+	}
+	return s.cfg.Now()
+}
+
+func modelKey(d *linkv1.EdgeDevice) string { return d.GetRef().GetNamespace() + "/" + d.GetModel() }
+
+func modelProperty(m *linkv1.EdgeDeviceModel, name string) *linkv1.EdgeModelProperty {
+	for _, p := range m.GetProperties() {
+		if p.GetName() == name {
+			return p
+		}
+	}
+	return nil
+}
+
+func protocolOf(d *linkv1.EdgeDevice, models map[string]*linkv1.EdgeDeviceModel) string {
+	if p := d.GetProtocolName(); p != "" {
+		return p
+	}
+	return models[modelKey(d)].GetProtocol()
+}
+
+// askedLocked is the set of mapper names the node's Devices ask for.
+func (s *Server) askedLocked() map[string]bool {
+	asked := map[string]bool{}
+	for _, d := range s.devices {
+		if d.GetMapper() != "" {
+			asked[d.GetMapper()] = true
+		}
+	}
+	return asked
+}
+
+// ownerLocked is the mapper d is assigned to; false when none serves it.
+func (s *Server) ownerLocked(d *linkv1.EdgeDevice, asked map[string]bool) (string, bool) {
+	if n := d.GetMapper(); n != "" {
+		if _, ok := s.mappers[n]; ok {
+			return n, true
+		}
+	}
+	proto := protocolOf(d, s.models)
+	best, found := "", false
+	for name, m := range s.mappers {
+		if m.info.GetProtocol() != proto || asked[name] {
+			continue
+		}
+		if !found || name < best {
+			best, found = name, true
+		}
+	}
+	return best, found
+}
+
+// assignedLocked is what mapper name should hold: its Devices whose model
+// the node has, and those models, in name order.
+func (s *Server) assignedLocked(name string) ([]*linkv1.EdgeDevice, []*linkv1.EdgeDeviceModel) {
+	asked := s.askedLocked()
+	var devs []*linkv1.EdgeDevice
+	seen := map[string]bool{}
+	var models []*linkv1.EdgeDeviceModel
+	for _, d := range s.devices {
+		if owner, ok := s.ownerLocked(d, asked); !ok || owner != name {
+			continue
+		}
+		m := s.models[modelKey(d)]
+		if m == nil {
+			continue
+		}
+		devs = append(devs, d)
+		if !seen[modelKey(d)] {
+			seen[modelKey(d)] = true
+			models = append(models, m)
+		}
+	}
+	sort.Slice(devs, func(i, j int) bool { return refKey(devs[i].GetRef()) < refKey(devs[j].GetRef()) })
+	sort.Slice(models, func(i, j int) bool { return refKey(models[i].GetRef()) < refKey(models[j].GetRef()) })
+	return devs, models
+}
+
+func (s *Server) updateConnectedLocked() {
+	n := 0
+	for _, m := range s.mappers {
+		if m.healthy.Load() {
+			n++
+		}
+	}
+	s.metrics.setConnected(n)
+}
+
+// The registry file: the mappers that registered, so that a restarted
+// agent tells them their devices again.
+
+type savedMapper struct {
+	Name       string `json:"name"`
+	Version    string `json:"version,omitempty"`
+	APIVersion string `json:"apiVersion,omitempty"`
+	Protocol   string `json:"protocol"`
+	Address    string `json:"address"`
+}
+
+func (s *Server) mappersFile() string { return filepath.Join(s.cfg.StateDir, "dmi-mappers.json") }
+
+func (s *Server) readMappers() ([]*dmiv1beta1.MapperInfo, error) {
+	data, err := os.ReadFile(s.mappersFile())
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("dmi: %w", err)
+	}
+	var saved []savedMapper
+	if err := json.Unmarshal(data, &saved); err != nil {
+		return nil, fmt.Errorf("dmi: %s: %w", s.mappersFile(), err)
+	}
+	var out []*dmiv1beta1.MapperInfo
+	for _, m := range saved {
+		out = append(out, &dmiv1beta1.MapperInfo{Name: m.Name, Version: m.Version, ApiVersion: m.APIVersion, Protocol: m.Protocol, Address: []byte(m.Address)})
+	}
+	return out, nil
+}
+
+func (s *Server) writeMappers() error {
+	s.fileMu.Lock()
+	defer s.fileMu.Unlock()
+	s.mu.Lock()
+	saved := make([]savedMapper, 0, len(s.mappers))
+	for _, m := range s.mappers {
+		i := m.info
+		saved = append(saved, savedMapper{Name: i.GetName(), Version: i.GetVersion(), APIVersion: i.GetApiVersion(), Protocol: i.GetProtocol(), Address: mapperAddress(i)})
+	}
+	s.mu.Unlock()
+	sort.Slice(saved, func(i, j int) bool { return saved[i].Name < saved[j].Name })
+	data, err := json.MarshalIndent(saved, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp := s.mappersFile() + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, s.mappersFile())
+}
