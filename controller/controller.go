@@ -29,6 +29,7 @@ import (
 	"github.com/dowse-dev/dowse/controller/broker"
 	"github.com/dowse-dev/dowse/controller/devices"
 	"github.com/dowse-dev/dowse/controller/events"
+	"github.com/dowse-dev/dowse/controller/mappers"
 	"github.com/dowse-dev/dowse/controller/nodes"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	"github.com/dowse-dev/dowse/shared/scheme"
@@ -56,6 +57,9 @@ type Config struct {
 	// Link is the cloud end of the cloud/edge link (off when its Hosts is
 	// empty).
 	Link LinkConfig
+	// MapperStateDir is the agents' state directory on the nodes, mounted
+	// into mapper Pods (mappers.DefaultStateDir when empty).
+	MapperStateDir string
 	// Registerer receives the link's metrics; nil means the manager's
 	// metrics registry (served on MetricsAddr).
 	Registerer prometheus.Registerer
@@ -165,6 +169,12 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 		return names, err
 	}
 	if err := devices.NewProvisioner(mgr.GetClient(), mgr.GetAPIReader(), instancesOf, recorder, reg, log.WithName("devices")).SetupWithManager(mgr); err != nil {
+		return err
+	}
+	podsOf := func(namespace, configurationLabel string) ([]client.Object, error) {
+		return idx.PodsByConfiguration.Objects(namespace, configurationLabel)
+	}
+	if err := mappers.NewReconciler(mgr.GetClient(), podsOf, cfg.MapperStateDir, log.WithName("mappers")).SetupWithManager(mgr, &broker.BrokerPod{}); err != nil {
 		return err
 	}
 	if err := nodes.NewReconciler(mgr.GetClient(), mgr.GetAPIReader(), cfg.NodeGracePeriod, log.WithName("nodes")).SetupWithManager(mgr); err != nil {

@@ -1,0 +1,233 @@
+// Package mappers runs the mapper a Configuration's deviceTemplate names as
+// a broker: one Pod per node that owns Devices of the Configuration, pinned
+// to that node, with the node's state directory mounted (where the agent's
+// dmi.sock is) and the Configuration's name as its registration name, so
+// the agent hands it exactly those Devices. A node that owns none of them
+// any more loses its Pod.
+package mappers
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"slices"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+)
+
+// Labels and environment of mapper Pods.
+const (
+	// LabelMapper marks a mapper Pod; its value is "true". Mapper Pods also
+	// carry the Configuration and node labels of broker Pods.
+	LabelMapper = "dowse.dev/mapper"
+	// EnvMapperName is the registration name a mapper takes
+	// (MapperInfo.name); EnvStateDir the agent's state directory.
+	EnvMapperName = "DOWSE_MAPPER_NAME"
+	EnvStateDir   = "DOWSE_STATE_DIR"
+	// DefaultStateDir is the agent's default state directory.
+	DefaultStateDir = "/var/lib/dowse"
+)
+
+// PodsOf lists the cached Pods (metadata only) with the Configuration label
+// value in a namespace.
+type PodsOf func(namespace, configurationLabel string) ([]client.Object, error)
+
+// Reconciler keeps each Configuration's mapper Pods.
+type Reconciler struct {
+	client   client.Client
+	pods     PodsOf
+	stateDir string
+	log      logr.Logger
+}
+
+// NewReconciler makes a Reconciler; stateDir is the agents' state directory
+// on the nodes (DefaultStateDir when empty).
+func NewReconciler(c client.Client, pods PodsOf, stateDir string, log logr.Logger) *Reconciler {
+	if stateDir == "" {
+		stateDir = DefaultStateDir
+	}
+	return &Reconciler{client: c, pods: pods, stateDir: stateDir, log: log}
+}
+
+// SetupWithManager reconciles Configurations, and the Configuration a
+// Device asks a mapper of (spec.mapperName) when the Device changes;
+// podType is the cache's Pod type (the controller caches Pods as
+// metadata).
+func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, podType client.Object) error {
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("mappers").
+		For(&v1alpha1.Configuration{}).
+		Watches(&v1alpha1.Device{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+			d := o.(*v1alpha1.Device)
+			if d.Spec.MapperName == "" {
+				return nil
+			}
+			return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: d.Namespace, Name: d.Spec.MapperName}}}
+		})).
+		Watches(podType, handler.EnqueueRequestForOwner(mgr.GetScheme(), mgr.GetRESTMapper(), &v1alpha1.Configuration{}, handler.OnlyControllerOwner())).
+		Complete(r)
+}
+
+// Reconcile makes one mapper Pod per node owning the Configuration's
+// Devices and deletes the others. Idempotent.
+func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	var cfg v1alpha1.Configuration
+	if err := r.client.Get(ctx, req.NamespacedName, &cfg); err != nil {
+		if !apierrors.IsNotFound(err) {
+			return reconcile.Result{}, err
+		}
+		return reconcile.Result{}, r.prune(ctx, req.Namespace, v1alpha1.LabelValue(req.Name), nil)
+	}
+	want := map[string]bool{}
+	var spec *corev1.PodSpec
+	if t := cfg.Spec.DeviceTemplate; t != nil && t.MapperPodSpec != nil && cfg.DeletionTimestamp == nil {
+		spec = t.MapperPodSpec
+		var devs v1alpha1.DeviceList
+		if err := r.client.List(ctx, &devs, client.InNamespace(cfg.Namespace), client.MatchingLabels{v1alpha1.LabelConfiguration: v1alpha1.LabelValue(cfg.Name)}); err != nil {
+			return reconcile.Result{}, err
+		}
+		for _, d := range devs.Items {
+			if d.Spec.NodeName != "" && d.Spec.MapperName == cfg.Name {
+				want[d.Spec.NodeName] = true
+			}
+		}
+	}
+	if err := r.prune(ctx, cfg.Namespace, v1alpha1.LabelValue(cfg.Name), want); err != nil {
+		return reconcile.Result{}, err
+	}
+	if spec == nil {
+		return reconcile.Result{}, nil
+	}
+	have, err := r.current(cfg.Namespace, v1alpha1.LabelValue(cfg.Name))
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	nodes := make([]string, 0, len(want))
+	for n := range want {
+		nodes = append(nodes, n)
+	}
+	slices.Sort(nodes)
+	for _, node := range nodes {
+		pod, err := r.pod(&cfg, spec, node)
+		if err != nil {
+			return reconcile.Result{}, err
+		}
+		if _, ok := have[pod.Name]; !ok {
+			if err := r.client.Create(ctx, pod); err != nil && !apierrors.IsAlreadyExists(err) {
+				return reconcile.Result{}, fmt.Errorf("creating mapper pod for node %s: %w", node, err)
+			}
+			r.log.Info("created mapper pod", "configuration", req.String(), "node", node, "pod", pod.Name)
+		}
+		// A template change names a new Pod (a Pod's spec is immutable):
+		// the new one starts beside the old one, which then goes.
+		for name, old := range have {
+			if name != pod.Name && old.GetAnnotations()[annotationNode] == node {
+				if err := r.delete(ctx, old); err != nil {
+					return reconcile.Result{}, err
+				}
+			}
+		}
+	}
+	return reconcile.Result{}, nil
+}
+
+// current are the Configuration's mapper Pods, by name.
+func (r *Reconciler) current(ns, cfgLabel string) (map[string]client.Object, error) {
+	objs, err := r.pods(ns, cfgLabel)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]client.Object{}
+	for _, o := range objs {
+		// A terminating Pod is gone as far as this is concerned.
+		if o.GetLabels()[LabelMapper] == "true" && o.GetDeletionTimestamp() == nil {
+			out[o.GetName()] = o
+		}
+	}
+	return out, nil
+}
+
+// prune deletes the mapper Pods of nodes not in keep.
+func (r *Reconciler) prune(ctx context.Context, ns, cfgLabel string, keep map[string]bool) error {
+	have, err := r.current(ns, cfgLabel)
+	if err != nil {
+		return err
+	}
+	for _, o := range have {
+		if keep[o.GetAnnotations()[annotationNode]] {
+			continue
+		}
+		if err := r.delete(ctx, o); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (r *Reconciler) delete(ctx context.Context, o client.Object) error {
+	err := r.client.Delete(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: o.GetNamespace(), Name: o.GetName()}}, client.Preconditions{UID: ptr.To(o.GetUID())})
+	if client.IgnoreNotFound(err) != nil {
+		return err
+	}
+	r.log.Info("deleted mapper pod", "pod", o.GetNamespace()+"/"+o.GetName())
+	return nil
+}
+
+// annotationNode holds the node's full name (the node label may be cut).
+const annotationNode = "dowse.dev/node-name"
+
+// PodName is the mapper Pod of a Configuration on a node, for a spec hash.
+func PodName(cfg, node, specHash string) string {
+	sum := sha256.Sum256([]byte(node))
+	name := cfg
+	if len(name) > 200 {
+		name = name[:200]
+	}
+	return name + "-mapper-" + hex.EncodeToString(sum[:])[:10] + "-" + specHash[:6]
+}
+
+func (r *Reconciler) pod(cfg *v1alpha1.Configuration, spec *corev1.PodSpec, node string) (*corev1.Pod, error) {
+	s := spec.DeepCopy()
+	s.NodeName = node
+	const vol = "dowse-state"
+	s.Volumes = append(s.Volumes, corev1.Volume{Name: vol, VolumeSource: corev1.VolumeSource{
+		HostPath: &corev1.HostPathVolumeSource{Path: r.stateDir, Type: ptr.To(corev1.HostPathDirectory)}}})
+	for i := range s.Containers {
+		c := &s.Containers[i]
+		c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: vol, MountPath: r.stateDir})
+		c.Env = append(c.Env, corev1.EnvVar{Name: EnvStateDir, Value: r.stateDir}, corev1.EnvVar{Name: EnvMapperName, Value: cfg.Name})
+	}
+	raw, err := json.Marshal(s)
+	if err != nil {
+		return nil, err
+	}
+	sum := sha256.Sum256(raw)
+	hash := hex.EncodeToString(sum[:8])
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: PodName(cfg.Name, node, hash), Namespace: cfg.Namespace,
+			Labels: map[string]string{
+				v1alpha1.LabelConfiguration: v1alpha1.LabelValue(cfg.Name),
+				v1alpha1.LabelNode:          v1alpha1.LabelValue(node),
+				LabelMapper:                 "true",
+			},
+			Annotations: map[string]string{v1alpha1.AnnotationSpecHash: hash, annotationNode: node},
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: v1alpha1.GroupVersion.String(), Kind: "Configuration",
+				Name: cfg.Name, UID: cfg.UID, Controller: ptr.To(true)}},
+		},
+		Spec: *s,
+	}, nil
+}
