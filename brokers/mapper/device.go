@@ -107,6 +107,7 @@ type device struct {
 	order      []*propState
 	groups     []*group
 	failures   int
+	lastErr    error
 	backoff    time.Duration
 	state      string
 	stateSent  string
@@ -221,7 +222,7 @@ func (d *device) run(parent context.Context) {
 		d.applyDesired(ctx, now)
 		d.readDue(ctx, now)
 		if d.connected && d.failures >= d.m.cfg.UnhealthyAfter {
-			d.setState(StateUnhealthy, fmt.Errorf("%d read rounds in a row failed", d.failures))
+			d.setState(StateUnhealthy, fmt.Errorf("reads keep failing: %w", d.lastErr))
 			d.sendState(ctx)
 			d.closeDriver()
 		}
@@ -521,7 +522,11 @@ func (d *device) connect(ctx context.Context) bool {
 		g.next = now
 	}
 	d.subscribe(ctx)
-	d.setState(StateOK, nil)
+	if d.state != StateUnhealthy {
+		// An unhealthy device stays so until a read succeeds: a peer that
+		// accepts connections but never answers must not flap to ok.
+		d.setState(StateOK, nil)
+	}
 	return true
 }
 
@@ -602,6 +607,7 @@ func (d *device) readDue(ctx context.Context, now time.Time) {
 				attempted++
 				if r.Err != nil {
 					failed++
+					d.lastErr = r.Err
 					if errors.Is(r.Err, ErrDisconnected) {
 						d.failures = d.m.cfg.UnhealthyAfter
 					}
@@ -717,6 +723,7 @@ func (d *device) applyDesired(ctx context.Context, now time.Time) {
 			} else {
 				ps.retryAt = now.Add(min(ps.p.CollectCycle, time.Second))
 				d.failures++
+				d.lastErr = err
 				if errors.Is(err, ErrDisconnected) {
 					d.failures = d.m.cfg.UnhealthyAfter
 				}

@@ -1,0 +1,504 @@
+// Package modbus is Dowse's Modbus TCP mapper: a Driver for the mapper SDK
+// (brokers/mapper) that reads coils, discrete inputs, holding and input
+// registers, writes coils and holding registers, and reads the registers of
+// one device that share a collect cycle in as few requests as the protocol
+// allows (adjacent addresses of one unit and table in one request).
+//
+// Protocol configData (Device spec.protocol.configData, or the model's
+// protocolConfigData):
+//
+//	address     "host:port" (port defaults to 502); or KubeEdge's ip and port
+//	unitId      default unit id, 0-255 (default 1; KubeEdge's slaveID too)
+//	timeout     per request: "1s" or milliseconds (default 1s)
+//	maxGap      registers (or bits) of a gap that one request may bridge
+//	            when reading neighbours together (default 0: adjacent only)
+//
+// Visitor configData (each property's visitors.configData):
+//
+//	register    holding (default), input, coil or discreteInput; KubeEdge's
+//	            HoldingRegister, InputRegister, CoilRegister and
+//	            DiscreteInputRegister too
+//	address     0-based address (KubeEdge's "offset" when no address is set,
+//	            in which case "offset" is not a transform)
+//	unitId      overrides the device's
+//	dataType    int16, uint16 (default), int32, uint32, int64, uint64,
+//	            float32, float64, bool, string (registers only)
+//	byteOrder, wordOrder, bitMask, length: see mapper.RegisterCodec
+//	scale, offset, deadband: see the mapper SDK
+package modbus
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/goburrow/modbus"
+
+	"github.com/dowse-dev/dowse/brokers/mapper"
+)
+
+// Protocol is the protocol name the mapper registers.
+const Protocol = "modbus"
+
+// Register tables.
+const (
+	Coil          = "coil"
+	DiscreteInput = "discreteInput"
+	Holding       = "holding"
+	Input         = "input"
+)
+
+const (
+	maxRegisters = 125  // per read request
+	maxBits      = 2000 // per read request
+	maxWriteRegs = 123
+)
+
+type deviceConfig struct {
+	address string
+	unit    byte
+	timeout time.Duration
+	maxGap  int
+}
+
+// Driver is one Modbus TCP device (one connection; unit ids per property).
+type Driver struct {
+	cfg     deviceConfig
+	handler *modbus.TCPClientHandler
+	client  modbus.Client
+}
+
+// NewDriver is the mapper.NewDriver of Modbus TCP.
+func NewDriver(dev mapper.DeviceInfo) (mapper.Driver, error) {
+	cfg, err := parseDevice(dev.Protocol)
+	if err != nil {
+		return nil, err
+	}
+	return &Driver{cfg: cfg}, nil
+}
+
+func parseDevice(p mapper.Params) (deviceConfig, error) {
+	var c deviceConfig
+	addr, err := p.String("address", "")
+	if err != nil {
+		return c, err
+	}
+	if addr == "" {
+		host, err := p.String("ip", "")
+		if err != nil {
+			return c, err
+		}
+		if host == "" {
+			if host, err = p.String("host", ""); err != nil {
+				return c, err
+			}
+		}
+		if host == "" {
+			return c, errors.New("address (host:port) is required")
+		}
+		port, err := p.Int("port", 502)
+		if err != nil {
+			return c, err
+		}
+		addr = net.JoinHostPort(host, strconv.FormatInt(port, 10))
+	}
+	addr = strings.TrimPrefix(addr, "tcp://")
+	if _, _, err := net.SplitHostPort(addr); err != nil {
+		addr = net.JoinHostPort(addr, "502")
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil || host == "" {
+		return c, fmt.Errorf("address %q: want host:port", addr)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return c, fmt.Errorf("address %q: bad port", addr)
+	}
+	c.address = addr
+	unit, err := unitID(p, 1)
+	if err != nil {
+		return c, err
+	}
+	c.unit = unit
+	if c.timeout, err = p.Duration("timeout", time.Second); err != nil {
+		return c, err
+	}
+	if c.timeout <= 0 {
+		c.timeout = time.Second
+	}
+	gap, err := p.Int("maxGap", 0)
+	if err != nil || gap < 0 || gap > maxRegisters {
+		return c, fmt.Errorf("maxGap: want 0 to %d", maxRegisters)
+	}
+	c.maxGap = int(gap)
+	return c, nil
+}
+
+func unitID(p mapper.Params, def byte) (byte, error) {
+	key := "unitId"
+	if !p.Has(key) {
+		key = "slaveID"
+	}
+	n, err := p.Int(key, int64(def))
+	if err != nil {
+		return 0, err
+	}
+	if n < 0 || n > 255 {
+		return 0, fmt.Errorf("%s %d: want 0 to 255", key, n)
+	}
+	return byte(n), nil
+}
+
+// point is a prepared property.
+type point struct {
+	table   string
+	address uint16
+	unit    byte
+	codec   mapper.RegisterCodec
+	count   uint16 // registers or bits
+}
+
+func (pt *point) bits() bool { return pt.table == Coil || pt.table == DiscreteInput }
+
+// Prepare parses a property's visitor.
+func (d *Driver) Prepare(p *mapper.Property) error {
+	v := p.Visitor
+	table, err := v.String("register", Holding)
+	if err != nil {
+		return err
+	}
+	pt := &point{}
+	switch strings.ToLower(strings.TrimSpace(table)) {
+	case "holding", "holdingregister", "holdingregisters", "4":
+		pt.table = Holding
+	case "input", "inputregister", "inputregisters", "3":
+		pt.table = Input
+	case "coil", "coils", "coilregister", "0":
+		pt.table = Coil
+	case "discreteinput", "discreteinputs", "discreteinputregister", "discrete", "1":
+		pt.table = DiscreteInput
+	default:
+		return fmt.Errorf("register %q: want holding, input, coil or discreteInput", table)
+	}
+	addrKey := "address"
+	if !v.Has("address") && v.Has("offset") {
+		// KubeEdge's Modbus visitor: offset is the address, not a transform.
+		addrKey = "offset"
+		p.Transform.Offset = 0
+	}
+	if !v.Has(addrKey) {
+		return errors.New("address is required")
+	}
+	addr, err := v.Int(addrKey, 0)
+	if err != nil {
+		return err
+	}
+	if addr < 0 || addr > 65535 {
+		return fmt.Errorf("address %d: want 0 to 65535", addr)
+	}
+	pt.address = uint16(addr)
+	if pt.unit, err = unitID(v, d.cfg.unit); err != nil {
+		return err
+	}
+	if pt.bits() {
+		if dt, _ := v.String("dataType", "bool"); dt != "bool" && dt != "boolean" {
+			return fmt.Errorf("dataType %q: a %s holds one bit (bool)", dt, pt.table)
+		}
+		pt.count = 1
+		if p.Type != mapper.TypeBoolean && p.Type != mapper.TypeInt && p.Type != mapper.TypeString {
+			return fmt.Errorf("a %s is a bit; the model's type %s cannot hold it (use BOOLEAN or INT)", pt.table, p.Type)
+		}
+	} else {
+		def := mapper.DataUint16
+		switch p.Type {
+		case mapper.TypeBoolean:
+			def = mapper.DataBool
+		case mapper.TypeString:
+			def = mapper.DataString
+		}
+		if !v.Has("length") && v.Has("limit") && def == mapper.DataString {
+			v["length"] = v["limit"]
+		}
+		if pt.codec, err = mapper.ParseRegisterCodec(v, def); err != nil {
+			return err
+		}
+		if pt.codec.DataType == mapper.DataString && p.Type != mapper.TypeString && p.Type != mapper.TypeBytes {
+			return fmt.Errorf("dataType string needs a STRING or BYTES property, not %s", p.Type)
+		}
+		pt.count = uint16(pt.codec.Registers())
+	}
+	if int(pt.address)+int(pt.count) > 65536 {
+		return fmt.Errorf("address %d plus %d registers runs past 65535", pt.address, pt.count)
+	}
+	p.Data = pt
+	return nil
+}
+
+// Connect opens the TCP connection.
+func (d *Driver) Connect(ctx context.Context) error {
+	h := modbus.NewTCPClientHandler(d.cfg.address)
+	h.Timeout = d.cfg.timeout
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < h.Timeout {
+		h.Timeout = max(time.Until(dl), time.Millisecond)
+	}
+	h.IdleTimeout = 0 // the SDK keeps the connection busy, or closes it
+	h.SlaveId = d.cfg.unit
+	if err := h.Connect(); err != nil {
+		return fmt.Errorf("connecting to %s: %w", d.cfg.address, err)
+	}
+	h.Timeout = d.cfg.timeout
+	d.handler, d.client = h, modbus.NewClient(h)
+	return nil
+}
+
+// Close closes the connection.
+func (d *Driver) Close() error {
+	if d.handler == nil {
+		return nil
+	}
+	err := d.handler.Close()
+	d.handler, d.client = nil, nil
+	return err
+}
+
+// classify turns a library error into the SDK's kinds: an exception
+// response is about the request (permanent), a broken connection is
+// ErrDisconnected, anything else (a timeout, garbage) a failed exchange
+// after which the connection is dropped, so a late answer is never taken
+// for the next request's.
+func (d *Driver) classify(err error, what string) error {
+	if err == nil {
+		return nil
+	}
+	var me *modbus.ModbusError
+	if errors.As(err, &me) {
+		if me.ExceptionCode == modbus.ExceptionCodeServerDeviceBusy || me.ExceptionCode == modbus.ExceptionCodeGatewayTargetDeviceFailedToRespond ||
+			me.ExceptionCode == modbus.ExceptionCodeGatewayPathUnavailable {
+			return fmt.Errorf("%s: %w", what, err)
+		}
+		return mapper.Permanentf("%s: %w", what, err)
+	}
+	if strings.Contains(err.Error(), "does not match count") {
+		// A well-framed answer with fewer values than asked: the device's
+		// memory ends before the address (jsmodbus answers so).
+		return mapper.Permanentf("%s: the device answered with fewer values than asked (address past the end of its memory?): %w", what, err)
+	}
+	if d.handler != nil {
+		_ = d.handler.Close() // Send reconnects on the next request
+	}
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNREFUSED) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) || errors.Is(err, net.ErrClosed) {
+		return fmt.Errorf("%s: %w: %w", what, mapper.ErrDisconnected, err)
+	}
+	return fmt.Errorf("%s: %w", what, err)
+}
+
+func (d *Driver) readRaw(pt *point, address, count uint16) ([]byte, error) {
+	if d.client == nil {
+		return nil, fmt.Errorf("%w: not connected", mapper.ErrDisconnected)
+	}
+	d.handler.SlaveId = pt.unit
+	var b []byte
+	var err error
+	switch pt.table {
+	case Holding:
+		b, err = d.client.ReadHoldingRegisters(address, count)
+	case Input:
+		b, err = d.client.ReadInputRegisters(address, count)
+	case Coil:
+		b, err = d.client.ReadCoils(address, count)
+	case DiscreteInput:
+		b, err = d.client.ReadDiscreteInputs(address, count)
+	}
+	if err != nil {
+		return nil, d.classify(err, fmt.Sprintf("reading %d %s at %d (unit %d)", count, plural(pt.table), address, pt.unit))
+	}
+	want := int(count) * 2
+	if pt.bits() {
+		want = (int(count) + 7) / 8
+	}
+	if len(b) < want {
+		return nil, d.classify(fmt.Errorf("short answer: %d bytes, want %d", len(b), want), "reading")
+	}
+	return b, nil
+}
+
+func plural(table string) string {
+	switch table {
+	case Holding:
+		return "holding registers"
+	case Input:
+		return "input registers"
+	case Coil:
+		return "coils"
+	}
+	return "discrete inputs"
+}
+
+func (pt *point) decode(b []byte, base uint16) (any, error) {
+	off := int(pt.address - base)
+	if pt.bits() {
+		return b[off/8]>>(off%8)&1 == 1, nil
+	}
+	v, err := pt.codec.Decode(b[2*off : 2*off+2*int(pt.count)])
+	if err != nil {
+		return nil, mapper.Permanent(err)
+	}
+	return v, nil
+}
+
+// Read reads one property.
+func (d *Driver) Read(_ context.Context, p *mapper.Property) (any, error) {
+	pt := p.Data.(*point)
+	b, err := d.readRaw(pt, pt.address, pt.count)
+	if err != nil {
+		return nil, err
+	}
+	return pt.decode(b, pt.address)
+}
+
+// ReadBatch reads properties of one unit and table whose addresses are
+// adjacent (or within maxGap) in one request each. When a merged request
+// is refused with an exception (one property past the end), its properties
+// are read one by one so the others still get their values.
+func (d *Driver) ReadBatch(ctx context.Context, ps []*mapper.Property) []mapper.Result {
+	rs := make([]mapper.Result, len(ps))
+	idx := make([]int, len(ps))
+	for i := range idx {
+		idx[i] = i
+	}
+	pt := func(i int) *point { return ps[i].Data.(*point) }
+	slices.SortFunc(idx, func(a, b int) int {
+		pa, pb := pt(a), pt(b)
+		if pa.unit != pb.unit {
+			return int(pa.unit) - int(pb.unit)
+		}
+		if pa.table != pb.table {
+			return strings.Compare(pa.table, pb.table)
+		}
+		return int(pa.address) - int(pb.address)
+	})
+	for start := 0; start < len(idx); {
+		first := pt(idx[start])
+		lo, hi := int(first.address), int(first.address)+int(first.count)
+		limit := maxRegisters
+		if first.bits() {
+			limit = maxBits
+		}
+		end := start + 1
+		for ; end < len(idx); end++ {
+			p := pt(idx[end])
+			if p.unit != first.unit || p.table != first.table || int(p.address) > hi+d.cfg.maxGap {
+				break
+			}
+			nhi := max(hi, int(p.address)+int(p.count))
+			if nhi-lo > limit {
+				break
+			}
+			hi = nhi
+		}
+		group := idx[start:end]
+		start = end
+		if len(group) == 1 {
+			i := group[0]
+			rs[i].Value, rs[i].Err = d.Read(ctx, ps[i])
+			continue
+		}
+		b, err := d.readRaw(first, uint16(lo), uint16(hi-lo))
+		if err != nil && mapper.IsPermanent(err) {
+			for _, i := range group {
+				rs[i].Value, rs[i].Err = d.Read(ctx, ps[i])
+			}
+			continue
+		}
+		for _, i := range group {
+			if err != nil {
+				rs[i].Err = err
+				continue
+			}
+			rs[i].Value, rs[i].Err = pt(i).decode(b, uint16(lo))
+		}
+	}
+	return rs
+}
+
+// Write writes a raw value to a coil or holding register(s).
+func (d *Driver) Write(_ context.Context, p *mapper.Property, v any) error {
+	pt := p.Data.(*point)
+	if d.client == nil {
+		return fmt.Errorf("%w: not connected", mapper.ErrDisconnected)
+	}
+	what := fmt.Sprintf("writing %s at %d (unit %d)", plural(pt.table), pt.address, pt.unit)
+	switch pt.table {
+	case Input, DiscreteInput:
+		return mapper.Permanentf("%s: a Modbus %s cannot be written", what, plural(pt.table))
+	case Coil:
+		on, err := bit(v)
+		if err != nil {
+			return mapper.Permanentf("%s: %v", what, err)
+		}
+		val := uint16(0)
+		if on {
+			val = 0xFF00
+		}
+		d.handler.SlaveId = pt.unit
+		_, err = d.client.WriteSingleCoil(pt.address, val)
+		return d.classify(err, what)
+	}
+	var cur []byte
+	if pt.codec.NeedsCurrent() {
+		b, err := d.readRaw(pt, pt.address, pt.count)
+		if err != nil {
+			return err
+		}
+		cur = b[:2*pt.count]
+	}
+	if s, ok := v.(string); ok && pt.codec.DataType != mapper.DataString {
+		f, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
+		if err != nil {
+			return mapper.Permanentf("%s: %q is not a number", what, s)
+		}
+		v = f
+	}
+	if b, ok := v.([]byte); ok {
+		v = string(b)
+	}
+	b, err := pt.codec.Encode(v, cur)
+	if err != nil {
+		return mapper.Permanentf("%s: %v", what, err)
+	}
+	d.handler.SlaveId = pt.unit
+	if pt.count == 1 {
+		_, err = d.client.WriteSingleRegister(pt.address, uint16(b[0])<<8|uint16(b[1]))
+	} else {
+		if pt.count > maxWriteRegs {
+			return mapper.Permanentf("%s: %d registers is more than one write carries (%d)", what, pt.count, maxWriteRegs)
+		}
+		_, err = d.client.WriteMultipleRegisters(pt.address, pt.count, b)
+	}
+	return d.classify(err, what)
+}
+
+func bit(v any) (bool, error) {
+	switch x := v.(type) {
+	case bool:
+		return x, nil
+	case int64:
+		if x == 0 || x == 1 {
+			return x == 1, nil
+		}
+	case float64:
+		if x == 0 || x == 1 {
+			return x == 1, nil
+		}
+	case string:
+		return strconv.ParseBool(x)
+	}
+	return false, fmt.Errorf("%v is not a bit (true/false or 0/1)", v)
+}

@@ -1,0 +1,78 @@
+package modbus
+
+import (
+	"testing"
+
+	"github.com/dowse-dev/dowse/brokers/mapper"
+)
+
+func TestParseDevice(t *testing.T) {
+	for _, tc := range []struct {
+		p    mapper.Params
+		addr string
+		unit byte
+	}{
+		{mapper.Params{"address": "10.0.0.1:1502", "unitId": int64(7)}, "10.0.0.1:1502", 7},
+		{mapper.Params{"address": "tcp://10.0.0.1"}, "10.0.0.1:502", 1},
+		// KubeEdge's Modbus protocol config, numbers as edgecore sends them.
+		{mapper.Params{"ip": "10.0.0.2", "port": 5020.0, "slaveID": 3.0}, "10.0.0.2:5020", 3},
+	} {
+		c, err := parseDevice(tc.p)
+		if err != nil || c.address != tc.addr || c.unit != tc.unit {
+			t.Errorf("parseDevice(%v) = %+v, %v; want %s unit %d", tc.p, c, err, tc.addr, tc.unit)
+		}
+	}
+	for _, p := range []mapper.Params{{}, {"address": "h:0"}, {"address": "h:1", "unitId": int64(256)}, {"address": "h:1", "timeout": "soon"}} {
+		if _, err := parseDevice(p); err == nil {
+			t.Errorf("parseDevice(%v) did not fail", p)
+		}
+	}
+}
+
+func TestPrepare(t *testing.T) {
+	d := &Driver{cfg: deviceConfig{unit: 1}}
+	ok := []struct {
+		typ   string
+		v     mapper.Params
+		table string
+		addr  uint16
+		count uint16
+	}{
+		{mapper.TypeInt, mapper.Params{"address": int64(4)}, Holding, 4, 1},
+		{mapper.TypeFloat, mapper.Params{"register": "input", "address": int64(2), "dataType": "float32"}, Input, 2, 2},
+		{mapper.TypeBoolean, mapper.Params{"register": "coil", "address": int64(9)}, Coil, 9, 1},
+		{mapper.TypeString, mapper.Params{"register": "holding", "address": int64(0), "length": int64(8)}, Holding, 0, 8},
+		// KubeEdge's visitor: offset is the address.
+		{mapper.TypeInt, mapper.Params{"register": "HoldingRegister", "offset": int64(12), "scale": 1.0}, Holding, 12, 1},
+	}
+	for _, tc := range ok {
+		p := &mapper.Property{Name: "x", Type: tc.typ, Visitor: tc.v, Transform: mapper.Transform{Offset: 12}}
+		if err := d.Prepare(p); err != nil {
+			t.Errorf("Prepare(%v): %v", tc.v, err)
+			continue
+		}
+		pt := p.Data.(*point)
+		if pt.table != tc.table || pt.address != tc.addr || pt.count != tc.count {
+			t.Errorf("Prepare(%v) = %+v", tc.v, pt)
+		}
+		if _, kubeedge := tc.v["offset"]; kubeedge && p.Transform.Offset != 0 {
+			t.Errorf("KubeEdge offset kept as a transform")
+		}
+	}
+	for _, tc := range []struct {
+		typ string
+		v   mapper.Params
+	}{
+		{mapper.TypeInt, mapper.Params{}},
+		{mapper.TypeInt, mapper.Params{"register": "flags", "address": int64(1)}},
+		{mapper.TypeInt, mapper.Params{"address": int64(70000)}},
+		{mapper.TypeInt, mapper.Params{"address": int64(65535), "dataType": "float32"}},
+		{mapper.TypeFloat, mapper.Params{"register": "coil", "address": int64(1)}},
+		{mapper.TypeInt, mapper.Params{"register": "coil", "address": int64(1), "dataType": "int16"}},
+		{mapper.TypeInt, mapper.Params{"address": int64(1), "dataType": "string"}},
+	} {
+		if err := d.Prepare(&mapper.Property{Name: "x", Type: tc.typ, Visitor: tc.v}); err == nil {
+			t.Errorf("Prepare(%s %v) did not fail", tc.typ, tc.v)
+		}
+	}
+}
