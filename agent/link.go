@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 
+	"github.com/dowse-dev/dowse/agent/dmi"
 	"github.com/dowse-dev/dowse/agent/edgecert"
 	"github.com/dowse-dev/dowse/agent/edgehub"
 	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
@@ -85,6 +86,7 @@ func addLink(mgr manager.Manager, cfg Config, reg prometheus.Registerer, log log
 		case <-ctx.Done():
 			return nil
 		}
+		var mappers *dmi.Server // set before the hub starts delivering
 		hub, err := edgehub.New(edgehub.Config{
 			Node: cfg.NodeName, Transport: lc.Transport, Server: lc.Server,
 			TLS:      pki.ClientTLSConfig(certs.GetClientCertificate, certs.RootCAs(), host),
@@ -96,12 +98,16 @@ func addLink(mgr manager.Manager, cfg Config, reg prometheus.Registerer, log log
 			if m := env.GetDeviceMembership(); m != nil {
 				log.Info("device membership from the cloud", "devices", len(m.Devices))
 			}
+			if mappers != nil {
+				mappers.Changed(ctx, env)
+			}
 		}, reg)
 		if err != nil {
 			return err
 		}
 		defer hub.Close()
+		mappers = startMappers(cfg, hub, reg, log)
 		log.Info("starting edgehub", "server", lc.Server, "transport", lc.Transport)
-		return hub.Start(logr.NewContext(ctx, log))
+		return runEdge(logr.NewContext(ctx, log), hub, mappers)
 	}))
 }

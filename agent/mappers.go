@@ -1,0 +1,57 @@
+package agent
+
+import (
+	"context"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/dowse-dev/dowse/agent/dmi"
+	"github.com/dowse-dev/dowse/agent/edgehub"
+)
+
+// startMappers builds the node's mapper API (DMI on <state dir>/dmi.sock)
+// on the edgehub's store; nil when it cannot (logged: the link keeps
+// running without it).
+func startMappers(cfg Config, hub *edgehub.EdgeHub, reg prometheus.Registerer, log logr.Logger) *dmi.Server {
+	srv, err := dmi.New(dmi.Config{StateDir: cfg.StateDir, Node: cfg.NodeName}, hub, dmi.NewMetrics(reg))
+	if err != nil {
+		log.Error(err, "the mapper API is off")
+		return nil
+	}
+	return srv
+}
+
+// runEdge runs hub, and the mapper API when there is one, until ctx ends.
+// The mapper API serves from the store whether or not the cloud is
+// reachable; it stops before the hub closes the store. Its own failure
+// (the socket cannot be served) is logged and leaves the link up.
+func runEdge(ctx context.Context, hub *edgehub.EdgeHub, mappers *dmi.Server) error {
+	if mappers == nil {
+		return hub.Start(ctx)
+	}
+	log := logr.FromContextOrDiscard(ctx)
+	mctx, stopMappers := context.WithCancel(ctx)
+	defer stopMappers()
+	// The hub's context outlives ctx until the mapper API has stopped, so
+	// that no report meets a closed store.
+	hctx, stopHub := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopHub()
+	mdone := make(chan struct{})
+	go func() {
+		defer close(mdone)
+		if err := mappers.Start(mctx); err != nil {
+			log.Error(err, "the mapper API stopped")
+		}
+	}()
+	go func() {
+		<-ctx.Done()
+		stopMappers()
+		<-mdone
+		stopHub()
+	}()
+	err := hub.Start(hctx)
+	stopMappers()
+	<-mdone
+	return err
+}
