@@ -45,7 +45,11 @@ func Main(protocol string, newDriver NewDriver) {
 	handler.TuneGC()
 	cfg := Config{Protocol: protocol, NewDriver: newDriver, Logger: handler.NewLogger()}
 	fs := flag.NewFlagSet(os.Args[0], flag.ExitOnError)
-	fs.StringVar(&cfg.Name, "name", protocol, "registration name (Devices name it in spec.mapperName; a Configuration's mapper uses the Configuration's name)")
+	name := protocol
+	if n := os.Getenv("DOWSE_MAPPER_NAME"); n != "" {
+		name = n // set by the controller in the mapper Pods it runs
+	}
+	fs.StringVar(&cfg.Name, "name", name, "registration name (env DOWSE_MAPPER_NAME; Devices name it in spec.mapperName; a Configuration's mapper uses the Configuration's name)")
 	stateDir := handler.StateDirFlag(fs)
 	fs.StringVar(&cfg.DMISocket, "dmi-socket", "", "device manager's DMI socket (default <state-dir>/dmi.sock; KubeEdge edgecore: /etc/kubeedge/dmi.sock)")
 	fs.StringVar(&cfg.Socket, "socket", "", "socket this mapper serves DeviceMapperService on (default <state-dir>/mapper-<name>-<pid>.sock)")
