@@ -1,0 +1,326 @@
+// Command kubeedge-mapper is a test peer for Dowse's mapper API: a mapper
+// built the way KubeEdge's template mapper is, on mapper-framework v1.21.0
+// (config.Parse, grpcclient.RegisterMapper/ReportDeviceStatus/
+// ReportDeviceStates, grpcserver serving DeviceMapperService), with a small
+// in-memory "virtual" device driver of its own.
+//
+// Virtual devices: each property starts at the value of its visitor
+// configData key "initial" (an integer, a float or a string; "0" when
+// absent) and is reported every collectCycle (default 1s) with the desired
+// value the mapper holds as observedDesired. A desired value, on
+// registration or update, is written to the property at once (desired
+// writes apply). Device states are reported as "ok".
+//
+// For tests it prints one line per event on stdout:
+//
+//	EVENT registered devices=N models=M
+//	EVENT device-started id=NS/NAME desired=PROP:VALUE,...
+//	EVENT device-removed id=NS/NAME
+//	EVENT report-ok id=NS/NAME property=P value=V
+//	EVENT report-refused id=NS/NAME property=P code=CODE message=...
+//
+// Flags: --config-file (mapper-framework's config.yaml: grpc_server.socket_path,
+// common.name/protocol/edgecore_sock).
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/status"
+	"k8s.io/klog/v2"
+
+	dmiapi "github.com/kubeedge/api/apis/dmi/v1beta1"
+	"github.com/kubeedge/mapper-framework/pkg/common"
+	"github.com/kubeedge/mapper-framework/pkg/config"
+	"github.com/kubeedge/mapper-framework/pkg/grpcclient"
+	"github.com/kubeedge/mapper-framework/pkg/grpcserver"
+	"github.com/kubeedge/mapper-framework/pkg/util/parse"
+)
+
+var outMu sync.Mutex
+
+func event(format string, args ...any) {
+	outMu.Lock()
+	defer outMu.Unlock()
+	fmt.Printf("EVENT "+format+"\n", args...)
+}
+
+func main() {
+	c, err := config.Parse()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	// The agent may come up after the mapper: retry as a DaemonSet would
+	// by restarting (the template mapper exits at once).
+	var devs []*dmiapi.Device
+	var models []*dmiapi.DeviceModel
+	for i := 0; ; i++ {
+		if devs, models, err = grpcclient.RegisterMapper(true); err == nil {
+			break
+		}
+		if i == 100 {
+			fmt.Fprintln(os.Stderr, "register:", err)
+			os.Exit(1)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	event("registered devices=%d models=%d", len(devs), len(models))
+	panel := newPanel()
+	if err := panel.DevInit(devs, models); err != nil {
+		fmt.Fprintln(os.Stderr, "devinit:", err)
+		os.Exit(1)
+	}
+	srv := grpcserver.NewServer(grpcserver.Config{SockPath: c.GrpcServer.SocketPath, Protocol: common.ProtocolCustomized}, panel)
+	if err := srv.Start(); err != nil {
+		fmt.Fprintln(os.Stderr, "serve:", err)
+		os.Exit(1)
+	}
+}
+
+type vdev struct {
+	instance *common.DeviceInstance
+	mu       sync.Mutex
+	values   map[string]string
+	stop     chan struct{}
+	done     chan struct{}
+}
+
+type panel struct {
+	mu      sync.Mutex
+	models  map[string]common.DeviceModel
+	devices map[string]*vdev
+}
+
+func newPanel() *panel {
+	return &panel{models: map[string]common.DeviceModel{}, devices: map[string]*vdev{}}
+}
+
+func (p *panel) DevStart() {}
+
+func (p *panel) DevInit(deviceList []*dmiapi.Device, deviceModelList []*dmiapi.DeviceModel) error {
+	for _, m := range deviceModelList {
+		model := parse.GetDeviceModelFromGrpc(m)
+		p.UpdateModel(&model)
+	}
+	for _, d := range deviceList {
+		model, err := p.GetModel(parse.GetResourceID(d.GetNamespace(), d.GetSpec().GetDeviceModelReference()))
+		if err != nil {
+			return err
+		}
+		proto, err := parse.BuildProtocolFromGrpc(d)
+		if err != nil {
+			return err
+		}
+		inst, err := parse.GetDeviceFromGrpc(d, &model)
+		if err != nil {
+			return err
+		}
+		inst.PProtocol = proto
+		p.UpdateDev(&model, inst)
+	}
+	return nil
+}
+
+// initial reads the visitor configData's "initial" key.
+func initial(t common.Twin) string {
+	if t.Property == nil || len(t.Property.Visitors) == 0 {
+		return "0"
+	}
+	var v struct {
+		ConfigData map[string]any `json:"configData"`
+	}
+	if err := json.Unmarshal(t.Property.Visitors, &v); err != nil {
+		return "0"
+	}
+	x, ok := v.ConfigData["initial"]
+	if !ok {
+		return "0"
+	}
+	s, err := common.ConvertToString(x)
+	if err != nil {
+		return "0"
+	}
+	return s
+}
+
+func (p *panel) UpdateDev(model *common.DeviceModel, inst *common.DeviceInstance) {
+	p.mu.Lock()
+	old := p.devices[inst.ID]
+	d := &vdev{instance: inst, values: map[string]string{}, stop: make(chan struct{}), done: make(chan struct{})}
+	p.devices[inst.ID] = d
+	p.models[model.ID] = *model
+	p.mu.Unlock()
+	if old != nil {
+		close(old.stop)
+		<-old.done
+	}
+	var desired []string
+	d.mu.Lock()
+	for _, t := range inst.Twins {
+		d.values[t.PropertyName] = initial(t)
+		if t.ObservedDesired.Value != "" {
+			d.values[t.PropertyName] = t.ObservedDesired.Value // the desired write applies
+			desired = append(desired, t.PropertyName+":"+t.ObservedDesired.Value)
+		}
+	}
+	d.mu.Unlock()
+	sort.Strings(desired)
+	event("device-started id=%s desired=%s", inst.ID, strings.Join(desired, ","))
+	go d.run()
+}
+
+func (d *vdev) run() {
+	defer close(d.done)
+	cycle := time.Second
+	for _, t := range d.instance.Twins {
+		if t.Property != nil && t.Property.CollectCycle > 0 {
+			cycle = min(cycle, time.Duration(t.Property.CollectCycle)*time.Millisecond)
+		}
+	}
+	tick := time.NewTicker(cycle)
+	defer tick.Stop()
+	for {
+		d.report()
+		select {
+		case <-d.stop:
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// report sends each property in a request of its own, as the template's
+// TwinData does, and the device state.
+func (d *vdev) report() {
+	inst := d.instance
+	for _, t := range inst.Twins {
+		d.mu.Lock()
+		v := d.values[t.PropertyName]
+		d.mu.Unlock()
+		req := &dmiapi.ReportDeviceStatusRequest{DeviceName: inst.Name, DeviceNamespace: inst.Namespace, ReportedDevice: &dmiapi.DeviceStatus{
+			Twins: []*dmiapi.Twin{{
+				PropertyName:    t.PropertyName,
+				Reported:        &dmiapi.TwinProperty{Value: v, Metadata: map[string]string{"timestamp": fmt.Sprint(time.Now().UnixMilli()), "type": t.ObservedDesired.Metadata.Type}},
+				ObservedDesired: &dmiapi.TwinProperty{Value: t.ObservedDesired.Value, Metadata: map[string]string{"type": t.ObservedDesired.Metadata.Type}},
+			}},
+		}}
+		if err := grpcclient.ReportDeviceStatus(req); err != nil {
+			st := status.Convert(err)
+			event("report-refused id=%s property=%s code=%s message=%s", inst.ID, t.PropertyName, st.Code(), st.Message())
+		} else {
+			event("report-ok id=%s property=%s value=%s", inst.ID, t.PropertyName, v)
+		}
+	}
+	if err := grpcclient.ReportDeviceStates(&dmiapi.ReportDeviceStatesRequest{DeviceName: inst.Name, DeviceNamespace: inst.Namespace, State: common.DeviceStatusOK}); err != nil {
+		klog.V(2).Infof("state of %s: %v", inst.ID, err)
+	}
+}
+
+func (p *panel) UpdateDevTwins(deviceID string, twins []common.Twin) error {
+	p.mu.Lock()
+	d := p.devices[deviceID]
+	p.mu.Unlock()
+	if d == nil {
+		return fmt.Errorf("device %s not found", deviceID)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, t := range twins {
+		if t.ObservedDesired.Value != "" {
+			d.values[t.PropertyName] = t.ObservedDesired.Value
+		}
+	}
+	return nil
+}
+
+func (p *panel) DealDeviceTwinGet(deviceID, twinName string) (any, error) {
+	v, _, err := p.GetTwinResult(deviceID, twinName)
+	return v, err
+}
+
+func (p *panel) GetDevice(deviceID string) (any, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	d := p.devices[deviceID]
+	if d == nil {
+		return nil, fmt.Errorf("device %s not found", deviceID)
+	}
+	return struct{ Instance common.DeviceInstance }{*d.instance}, nil
+}
+
+func (p *panel) RemoveDevice(deviceID string) error {
+	p.mu.Lock()
+	d := p.devices[deviceID]
+	delete(p.devices, deviceID)
+	p.mu.Unlock()
+	if d == nil {
+		return fmt.Errorf("device %s not found", deviceID)
+	}
+	close(d.stop)
+	<-d.done
+	event("device-removed id=%s", deviceID)
+	return nil
+}
+
+func (p *panel) WriteDevice(_, deviceID, propertyName, data string) error {
+	p.mu.Lock()
+	d := p.devices[deviceID]
+	p.mu.Unlock()
+	if d == nil {
+		return fmt.Errorf("device %s not found", deviceID)
+	}
+	d.mu.Lock()
+	d.values[propertyName] = data
+	d.mu.Unlock()
+	return nil
+}
+
+func (p *panel) GetModel(modelID string) (common.DeviceModel, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	m, ok := p.models[modelID]
+	if !ok {
+		return common.DeviceModel{}, fmt.Errorf("model %s not found", modelID)
+	}
+	return m, nil
+}
+
+func (p *panel) UpdateModel(model *common.DeviceModel) {
+	p.mu.Lock()
+	p.models[model.ID] = *model
+	p.mu.Unlock()
+}
+
+func (p *panel) RemoveModel(modelID string) {
+	p.mu.Lock()
+	delete(p.models, modelID)
+	p.mu.Unlock()
+}
+
+func (p *panel) GetTwinResult(deviceID, twinName string) (string, string, error) {
+	p.mu.Lock()
+	d := p.devices[deviceID]
+	p.mu.Unlock()
+	if d == nil {
+		return "", "", fmt.Errorf("device %s not found", deviceID)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	v, ok := d.values[twinName]
+	if !ok {
+		return "", "", errors.New("no such property")
+	}
+	return v, "string", nil
+}
+
+func (p *panel) GetDeviceMethod(deviceID string) (map[string][]string, map[string]string, error) {
+	return map[string][]string{}, map[string]string{}, nil
+}
