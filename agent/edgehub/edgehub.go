@@ -67,7 +67,10 @@ type EdgeHub struct {
 	dialer    link.Dialer
 	metrics   *link.Metrics
 	dropped   prometheus.Counter
-	connected atomic.Bool
+	// removed counts entries replaced or dropped, droppedN those dropped:
+	// the difference is what coalesced.
+	removed, droppedN atomic.Uint64
+	connected         atomic.Bool
 
 	ackMu    sync.Mutex
 	ackWant  uint64
@@ -126,11 +129,20 @@ func New(cfg Config, onMessage OnMessage, reg prometheus.Registerer) (*EdgeHub, 
 			Help: "Outbound messages dropped, oldest first, because the edge store was full."}),
 	}
 	scfg.MaxEntries, scfg.MaxBytes, scfg.DropOldest = cfg.StoreMaxEntries, cfg.StoreMaxBytes, true
-	scfg.Persist = st.persist
+	scfg.Persist = func(add *link.Entry, removed []uint64) error {
+		if err := st.persist(add, removed); err != nil {
+			return err
+		}
+		e.removed.Add(uint64(len(removed)))
+		return nil
+	}
 	scfg.Acked = e.acked
 	e.sess = link.NewSession(scfg)
 	if reg != nil {
 		reg.MustRegister(e.dropped,
+			prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "dowse", Subsystem: "edgehub", Name: "coalesced_messages_total",
+				Help: "Outbound messages replaced, while unsent, by a newer one of the same key (a device property's report, a device's state)."},
+				func() float64 { return float64(e.Coalesced()) }),
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "dowse", Subsystem: "edgehub", Name: "queued_messages",
 				Help: "Outbound messages not yet acknowledged by the cloud (held in the store)."}, func() float64 { n, _ := e.sess.Len(); return float64(n) }),
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "dowse", Subsystem: "edgehub", Name: "connected",
@@ -209,6 +221,7 @@ func (e *EdgeHub) enqueue(env *linkv1.Envelope, key string) (uint64, error) {
 	}
 	seq, dropped, err := e.sess.Enqueue(env, key)
 	if dropped > 0 {
+		e.droppedN.Add(uint64(dropped))
 		e.dropped.Add(float64(dropped))
 	}
 	return seq, err
@@ -241,6 +254,16 @@ func (e *EdgeHub) Model(ref *linkv1.DeviceRef) (*linkv1.EdgeDeviceModel, error) 
 
 // Membership is the last device membership received (nil when none).
 func (e *EdgeHub) Membership() (*linkv1.DeviceMembership, error) { return e.store.membership() }
+
+// Coalesced is how many outbound messages a newer one of the same key
+// replaced while unsent, since New.
+func (e *EdgeHub) Coalesced() uint64 {
+	r, d := e.removed.Load(), e.droppedN.Load()
+	if d > r { // read between the two counts of one Enqueue
+		return 0
+	}
+	return r - d
+}
 
 // Connected reports whether the link is up.
 func (e *EdgeHub) Connected() bool { return e.connected.Load() }

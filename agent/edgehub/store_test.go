@@ -155,6 +155,9 @@ func TestReportStateAndExtras(t *testing.T) {
 	if n := e.Pending(); n != 3 {
 		t.Fatalf("pending %d, want 3 (one report, one state per device)", n)
 	}
+	if n := e.Coalesced(); n != 2 {
+		t.Fatalf("coalesced %d, want 2", n)
+	}
 	if _, err := e.ReportState(d, "", "m", at); err == nil {
 		t.Fatal("empty state accepted")
 	}
