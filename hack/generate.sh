@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Regenerates every generated file: protobuf Go, deepcopy, CRD YAML.
+# Regenerates every generated file: protobuf Go, deepcopy, CRD YAML, apply
+# configurations.
 # Tool versions are pinned in hack/tools/go.mod.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,3 +20,7 @@ command -v protoc >/dev/null || { echo "protoc missing: run hack/install-deps.sh
 "$TOOLBIN/controller-gen" object:headerFile=hack/boilerplate.go.txt paths=./shared/api/...
 "$TOOLBIN/controller-gen" object:headerFile=hack/boilerplate.go.txt paths=./controller/broker/...
 "$TOOLBIN/controller-gen" crd paths=./shared/api/... output:crd:artifacts:config=deploy/crds
+# Apply configurations for server-side apply; removed first, as the
+# generator leaves the files of types that are gone.
+rm -rf shared/api/v1alpha1/applyconfiguration
+"$TOOLBIN/controller-gen" applyconfiguration paths=./shared/api/...
