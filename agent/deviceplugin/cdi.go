@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
@@ -20,7 +21,7 @@ import (
 // one Configuration can tell them apart), names made valid. Properties whose
 // name has no valid form (empty) are dropped.
 func Env(inst *v1alpha1.Instance) map[string]string {
-	hash := EnvName(InstanceHash(inst.Name))
+	hash := EnvName(v1alpha1.InstanceHash(inst.Name))
 	env := make(map[string]string, 2*len(inst.Spec.BrokerProperties))
 	for _, k := range slices.Sorted(maps.Keys(inst.Spec.BrokerProperties)) {
 		name := EnvName(k)
@@ -78,8 +79,8 @@ func CDISpec(inst *v1alpha1.Instance) (*cdispec.Spec, error) {
 		edits.DeviceNodes = append(edits.DeviceNodes, &cdispec.DeviceNode{Path: d.ContainerPath, HostPath: d.HostPath, Permissions: d.Permissions})
 	}
 	spec := &cdispec.Spec{
-		Kind:    CDIKind(inst.Spec.ConfigurationName),
-		Devices: []cdispec.Device{{Name: InstanceHash(inst.Name), ContainerEdits: edits}},
+		Kind:    v1alpha1.CDIKind(inst.Spec.ConfigurationName),
+		Devices: []cdispec.Device{{Name: v1alpha1.InstanceHash(inst.Name), ContainerEdits: edits}},
 	}
 	v, err := cdi.MinimumRequiredVersion(spec)
 	if err != nil {
@@ -112,7 +113,7 @@ func NewCDIWriter(dir string) (*CDIWriter, error) {
 // SpecFileName is the file inst's spec is written to, without extension:
 // namespace and name keep Instances of every namespace apart.
 func SpecFileName(inst *v1alpha1.Instance) string {
-	return "dowse.dev_" + inst.Namespace + "_" + inst.Name
+	return v1alpha1.Domain + "_" + inst.Namespace + "_" + inst.Name
 }
 
 // Write validates inst's spec with the CDI library and writes it atomically
@@ -131,7 +132,7 @@ func (w *CDIWriter) Write(inst *v1alpha1.Instance) error {
 // Remove removes the spec of the Instance namespace/name and reports
 // whether there was one; a missing spec is no error.
 func (w *CDIWriter) Remove(namespace, name string) (bool, error) {
-	file := SpecFileName(&v1alpha1.Instance{ObjectMeta: objectMeta(namespace, name)}) + ".json"
+	file := SpecFileName(&v1alpha1.Instance{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name}}) + ".json"
 	if _, err := os.Stat(filepath.Join(w.dir, file)); errors.Is(err, fs.ErrNotExist) {
 		return false, nil
 	}

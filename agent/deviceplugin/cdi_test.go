@@ -20,7 +20,7 @@ func testInstance(name string) *v1alpha1.Instance {
 			ConfigurationName: "debug-echo", DeviceID: "foo0", Capacity: 2,
 			BrokerProperties: map[string]string{"DEBUG_ECHO_DESCRIPTION": "foo0", "weird.name-1": "v"},
 			Mounts:           []v1alpha1.Mount{{HostPath: "/tmp", ContainerPath: "/mnt/tmp", ReadOnly: true}},
-			DeviceSpecs:      []v1alpha1.DeviceSpec{{HostPath: "/dev/null", ContainerPath: "/dev/dowse0", Permissions: "rw"}},
+			DeviceSpecs:      []v1alpha1.DeviceNode{{HostPath: "/dev/null", ContainerPath: "/dev/dowse0", Permissions: "rw"}},
 		},
 	}
 }
@@ -47,7 +47,7 @@ func TestCDISpecValidatedByLibrary(t *testing.T) {
 	if dev == nil {
 		t.Fatalf("device not found; devices: %v", cache.ListDevices())
 	}
-	if got := CDIName(inst); got != "dowse.dev/debug-echo=a1b2c3" {
+	if got := inst.CDIName(); got != "dowse.dev/debug-echo=a1b2c3" {
 		t.Fatalf("CDIName = %q", got)
 	}
 	edits := dev.ContainerEdits

@@ -186,7 +186,7 @@ func (m *Manager) Reconcile(ctx context.Context, req reconcile.Request) (reconci
 	if err != nil && !apierrors.IsNotFound(err) {
 		return reconcile.Result{}, err
 	}
-	here := err == nil && inst.DeletionTimestamp == nil && onNode(inst, m.opts.NodeName)
+	here := err == nil && inst.DeletionTimestamp == nil && inst.HasNode(m.opts.NodeName)
 	if here && m.cdi != nil {
 		if err := m.cdi.Write(inst); err != nil {
 			// Bad input from the handler: no plugin rather than pods that
@@ -216,7 +216,7 @@ func (m *Manager) Reconcile(ctx context.Context, req reconcile.Request) (reconci
 // sweepCDI removes the specs of Instances that went away, or left this
 // node, while no agent ran: no Reconcile comes for those.
 func (m *Manager) sweepCDI(ctx context.Context) {
-	files, err := filepath.Glob(filepath.Join(m.cdi.Dir(), "dowse.dev_*_*.json"))
+	files, err := filepath.Glob(filepath.Join(m.cdi.Dir(), v1alpha1.Domain+"_*_*.json"))
 	if err != nil {
 		return
 	}
@@ -232,7 +232,7 @@ func (m *Manager) sweepCDI(ctx context.Context) {
 		if err != nil && !apierrors.IsNotFound(err) {
 			continue
 		}
-		if err == nil && onNode(inst, m.opts.NodeName) {
+		if err == nil && inst.HasNode(m.opts.NodeName) {
 			continue
 		}
 		if _, err := m.cdi.Remove(key.Namespace, key.Name); err != nil {
@@ -254,15 +254,6 @@ func (m *Manager) here() []*v1alpha1.Instance {
 	return out
 }
 
-func onNode(inst *v1alpha1.Instance, node string) bool {
-	for _, n := range inst.Status.Nodes {
-		if n.Name == node {
-			return true
-		}
-	}
-	return false
-}
-
 func (m *Manager) upsert(inst *v1alpha1.Instance, log logr.Logger) {
 	key := client.ObjectKeyFromObject(inst)
 	ckey := types.NamespacedName{Namespace: inst.Namespace, Name: inst.Spec.ConfigurationName}
@@ -276,18 +267,20 @@ func (m *Manager) upsert(inst *v1alpha1.Instance, log logr.Logger) {
 		}
 	} else {
 		ip = &instancePlugin{inst: inst}
-		if res, err := ResourceName(inst.Name); err != nil {
+		res := v1alpha1.ResourceName(inst.Name)
+		if err := v1alpha1.ValidateResourceName(res); err != nil {
 			log.Error(err, "no Instance device plugin")
 		} else {
 			ip.run = m.startPlugin(res, m.instanceService(key, res), log)
 		}
 		m.instances[key] = ip
-		log.Info("device offered", "slots", len(SlotIDs(inst)))
+		log.Info("device offered", "slots", len(inst.SlotIDs()))
 	}
 	cp, ok := m.configs[ckey]
 	if !ok {
 		cp = &configPlugin{members: map[string]bool{}}
-		if res, err := ResourceName(ckey.Name); err != nil {
+		res := v1alpha1.ResourceName(ckey.Name)
+		if err := v1alpha1.ValidateResourceName(res); err != nil {
 			log.Error(err, "no Configuration device plugin")
 		} else {
 			cp.run = m.startPlugin(res, m.configService(ckey, res), log)
@@ -377,7 +370,7 @@ func devicesOf(inst *v1alpha1.Instance, node, resource string) []*dp.Device {
 		}
 	}
 	var out []*dp.Device
-	for _, id := range SlotIDs(inst) {
+	for _, id := range inst.SlotIDs() {
 		h := dp.Healthy
 		if elsewhere[id] {
 			h = dp.Unhealthy
@@ -441,7 +434,7 @@ func (m *Manager) configService(ckey types.NamespacedName, resource string) *ser
 		allocate: func(ctx context.Context, ids []string) (*dp.ContainerAllocateResponse, error) {
 			byHash := map[string]*v1alpha1.Instance{}
 			for _, inst := range members() {
-				byHash[InstanceHash(inst.Name)] = inst
+				byHash[v1alpha1.InstanceHash(inst.Name)] = inst
 			}
 			want := map[*v1alpha1.Instance][]string{}
 			for _, id := range ids {
@@ -475,7 +468,7 @@ func (m *Manager) answer(ctx context.Context, resource string, want map[*v1alpha
 			return nil, err
 		}
 		if !m.opts.Classic {
-			resp.CdiDevices = append(resp.CdiDevices, &dp.CDIDevice{Name: CDIName(inst)})
+			resp.CdiDevices = append(resp.CdiDevices, &dp.CDIDevice{Name: inst.CDIName()})
 			continue
 		}
 		if resp.Envs == nil {

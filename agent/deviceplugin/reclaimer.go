@@ -40,7 +40,7 @@ func PodResourcesSlots(socket string) SlotsInUse {
 		for _, p := range resp.PodResources {
 			for _, c := range p.Containers {
 				for _, d := range c.Devices {
-					if strings.HasPrefix(d.ResourceName, ResourcePrefix) {
+					if strings.HasPrefix(d.ResourceName, v1alpha1.ResourcePrefix) {
 						for _, id := range d.DeviceIds {
 							used[id] = true
 						}

@@ -2,7 +2,6 @@ package deviceplugin
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -13,36 +12,28 @@ import (
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/dowse-dev/dowse/agent/instances"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+	"github.com/dowse-dev/dowse/shared/instancestore"
 )
-
-// SlotFieldManager is the field manager under which a node's agent applies
-// its entries in status.slots. It must differ from instances.FieldManager:
-// the Instance writer's applies do not state slots, and under the same
-// manager they would delete them.
-func SlotFieldManager(nodeName string) string { return instances.FieldManager(nodeName) + "/slots" }
 
 // ErrSlotTaken is wrapped by Claim's error when another node holds a slot.
 var ErrSlotTaken = errors.New("slot held elsewhere")
 
 // Claimer claims capacity slots of Instances for one node in the Instances'
-// status.slots. Each claim applies the node's whole set of slots of the
-// Instance, without force: a slot another node holds makes the API server
-// answer with a conflict, so two nodes never hold one slot. Allocate adds
-// slots with Claim; the Reclaimer frees them with Release.
+// status.slots. Each claim states the node's whole set of slots of the
+// Instance (instancestore.ApplySlots): a slot another node holds makes the
+// API server answer with a conflict, so two nodes never hold one slot.
+// Allocate adds slots with Claim; the Reclaimer frees them with Release.
 //
 // Claim is idempotent; after a restart the node's set is taken from the
 // Instance as the cache shows it, so no slot is lost or doubled.
 type Claimer struct {
-	c            client.Client
-	node         string
-	fieldManager string
-	seq          atomic.Uint64
+	c    client.Client
+	node string
+	seq  atomic.Uint64
 
 	mu   sync.Mutex
 	held map[types.NamespacedName]map[string]v1alpha1.InstanceSlot
@@ -50,7 +41,7 @@ type Claimer struct {
 
 // NewClaimer makes a Claimer for nodeName writing with c.
 func NewClaimer(c client.Client, nodeName string) *Claimer {
-	return &Claimer{c: c, node: nodeName, fieldManager: SlotFieldManager(nodeName), held: map[types.NamespacedName]map[string]v1alpha1.InstanceSlot{}}
+	return &Claimer{c: c, node: nodeName, held: map[types.NamespacedName]map[string]v1alpha1.InstanceSlot{}}
 }
 
 // Claim makes this node the holder of ids, slots of inst (as last seen),
@@ -87,7 +78,7 @@ func (c *Claimer) Claim(ctx context.Context, inst *v1alpha1.Instance, ids []stri
 	for _, k := range slices.Sorted(maps.Keys(want)) {
 		slots = append(slots, want[k])
 	}
-	if err := c.apply(ctx, inst, slots); err != nil {
+	if err := instancestore.ApplySlots(ctx, c.c, c.node, inst, slots); err != nil {
 		if apierrors.IsConflict(err) {
 			return fmt.Errorf("claiming slots %v of Instance %s: %w: %v", ids, key, ErrSlotTaken, err)
 		}
@@ -103,38 +94,6 @@ func (c *Claimer) Forget(key types.NamespacedName) {
 	c.mu.Lock()
 	delete(c.held, key)
 	c.mu.Unlock()
-}
-
-type slotApply struct {
-	APIVersion string `json:"apiVersion"`
-	Kind       string `json:"kind"`
-	Metadata   struct {
-		Name      string    `json:"name"`
-		Namespace string    `json:"namespace"`
-		UID       types.UID `json:"uid,omitempty"`
-	} `json:"metadata"`
-	Status struct {
-		Slots []v1alpha1.InstanceSlot `json:"slots"`
-	} `json:"status"`
-}
-
-func (c *Claimer) apply(ctx context.Context, inst *v1alpha1.Instance, slots []v1alpha1.InstanceSlot) error {
-	var body slotApply
-	body.APIVersion, body.Kind = v1alpha1.GroupVersion.String(), "Instance"
-	// The uid makes the apply fail rather than recreate a deleted Instance.
-	body.Metadata.Name, body.Metadata.Namespace, body.Metadata.UID = inst.Name, inst.Namespace, inst.UID
-	body.Status.Slots = slots
-	b, err := json.Marshal(body)
-	if err != nil {
-		return err
-	}
-	into := &v1alpha1.Instance{ObjectMeta: metav1.ObjectMeta{Name: inst.Name, Namespace: inst.Namespace}}
-	// No force: a conflict is exactly the "another node holds it" answer.
-	return c.c.Patch(ctx, into, client.RawPatch(types.ApplyPatchType, b), client.FieldOwner(c.fieldManager))
-}
-
-func objectMeta(namespace, name string) metav1.ObjectMeta {
-	return metav1.ObjectMeta{Namespace: namespace, Name: name}
 }
 
 // seed returns the node's set for key, taken from inst when not yet known.
@@ -177,7 +136,7 @@ func (c *Claimer) Release(ctx context.Context, inst *v1alpha1.Instance, ids []st
 	for _, k := range slices.Sorted(maps.Keys(want)) {
 		slots = append(slots, want[k])
 	}
-	if err := c.apply(ctx, inst, slots); err != nil {
+	if err := instancestore.ApplySlots(ctx, c.c, c.node, inst, slots); err != nil {
 		return fmt.Errorf("releasing slots %v of Instance %s: %w", ids, key, err)
 	}
 	c.held[key] = want

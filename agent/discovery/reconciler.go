@@ -39,6 +39,9 @@ import (
 	"github.com/dowse-dev/dowse/agent/registry"
 	discoveryv1 "github.com/dowse-dev/dowse/proto/discovery/v1"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+	acv1alpha1 "github.com/dowse-dev/dowse/shared/api/v1alpha1/applyconfiguration/api/v1alpha1"
+	"github.com/dowse-dev/dowse/shared/apply"
+	"github.com/dowse-dev/dowse/shared/instancestore"
 )
 
 // Options tune the reconciler.
@@ -136,7 +139,7 @@ func (r *Reconciler) Start(ctx context.Context) error {
 		UpdateFunc: func(oldObj, newObj any) {
 			o, ok1 := oldObj.(*v1alpha1.Instance)
 			n, ok2 := newObj.(*v1alpha1.Instance)
-			if ok1 && ok2 && listsNode(o, r.opts.NodeName) && !listsNode(n, r.opts.NodeName) {
+			if ok1 && ok2 && o.HasNode(r.opts.NodeName) && !n.HasNode(r.opts.NodeName) {
 				r.instanceLost(n)
 			}
 		},
@@ -196,15 +199,6 @@ func (r *Reconciler) instanceLost(inst *v1alpha1.Instance) {
 	if s != nil {
 		s.requestResync()
 	}
-}
-
-func listsNode(inst *v1alpha1.Instance, node string) bool {
-	for _, n := range inst.Status.Nodes {
-		if n.Name == node {
-			return true
-		}
-	}
-	return false
 }
 
 // Reconcile is idempotent and makes no request when nothing changed: it
@@ -342,37 +336,14 @@ func (r *Reconciler) replaceSession(cfg *v1alpha1.Configuration, key string, pro
 	return s
 }
 
-type applyConfiguration struct {
-	APIVersion string                         `json:"apiVersion"`
-	Kind       string                         `json:"kind"`
-	Metadata   applyConfigurationMeta         `json:"metadata"`
-	Status     *applyConfigurationNodesStatus `json:"status,omitempty"`
-}
-
-type applyConfigurationMeta struct {
-	Name       string    `json:"name"`
-	Namespace  string    `json:"namespace"`
-	UID        types.UID `json:"uid,omitempty"`
-	Finalizers []string  `json:"finalizers,omitempty"`
-}
-
-type applyConfigurationNodesStatus struct {
-	Nodes []v1alpha1.ConfigurationNodeStatus `json:"nodes"`
-}
-
 // applyFinalizer states (or stops stating) this node's finalizer. The uid
 // makes the apply fail rather than create a Configuration that is gone.
 func (r *Reconciler) applyFinalizer(ctx context.Context, cfg *v1alpha1.Configuration, present bool) error {
-	m := applyConfigurationMeta{Name: cfg.Name, Namespace: cfg.Namespace, UID: cfg.UID}
+	ac := acv1alpha1.Configuration(cfg.Name, cfg.Namespace).WithUID(cfg.UID)
 	if present {
-		m.Finalizers = []string{r.finalizer}
+		ac.WithFinalizers(r.finalizer)
 	}
-	body, err := json.Marshal(applyConfiguration{APIVersion: v1alpha1.GroupVersion.String(), Kind: "Configuration", Metadata: m})
-	if err != nil {
-		return err
-	}
-	obj := &v1alpha1.Configuration{ObjectMeta: metav1.ObjectMeta{Name: cfg.Name, Namespace: cfg.Namespace}}
-	err = r.client.Patch(ctx, obj, client.RawPatch(types.ApplyPatchType, body), client.FieldOwner(instances.FieldManager(r.opts.NodeName)), client.ForceOwnership)
+	err := r.client.Apply(ctx, ac, client.FieldOwner(instancestore.FieldManager(r.opts.NodeName)), client.ForceOwnership)
 	if apierrors.IsNotFound(err) || (apierrors.IsConflict(err) && !present) {
 		return nil
 	}
@@ -404,16 +375,9 @@ func (r *Reconciler) writeStatus(ctx context.Context, cfg *v1alpha1.Configuratio
 	if cur != nil && equality.Semantic.DeepEqual(*cur, want) {
 		return nil
 	}
-	body, err := json.Marshal(applyConfiguration{
-		APIVersion: v1alpha1.GroupVersion.String(), Kind: "Configuration",
-		Metadata: applyConfigurationMeta{Name: cfg.Name, Namespace: cfg.Namespace},
-		Status:   &applyConfigurationNodesStatus{Nodes: []v1alpha1.ConfigurationNodeStatus{want}},
-	})
-	if err != nil {
-		return err
-	}
-	obj := &v1alpha1.Configuration{ObjectMeta: metav1.ObjectMeta{Name: cfg.Name, Namespace: cfg.Namespace}}
-	err = r.client.Status().Patch(ctx, obj, client.RawPatch(types.ApplyPatchType, body), client.FieldOwner(instances.FieldManager(r.opts.NodeName)), client.ForceOwnership)
+	ac := acv1alpha1.Configuration(cfg.Name, cfg.Namespace).WithStatus(acv1alpha1.ConfigurationStatus().WithNodes(
+		acv1alpha1.ConfigurationNodeStatus().WithNodeName(want.NodeName).WithDevices(want.Devices).WithConditions(apply.Conditions(want.Conditions)...)))
+	err := r.client.Status().Apply(ctx, ac, client.FieldOwner(instancestore.FieldManager(r.opts.NodeName)), client.ForceOwnership)
 	if apierrors.IsNotFound(err) {
 		return nil
 	}

@@ -1,12 +1,11 @@
 // Package instances turns the devices a handler reports on this node into
-// Instance objects, shared with the agents of other nodes through
-// server-side apply.
+// Instance objects, shared with the agents of other nodes. Its Writer
+// decides what to write; shared/instancestore writes it.
 package instances
 
 import (
 	"context"
 	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"maps"
@@ -23,6 +22,7 @@ import (
 
 	discoveryv1 "github.com/dowse-dev/dowse/proto/discovery/v1"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+	"github.com/dowse-dev/dowse/shared/instancestore"
 )
 
 // ConfigurationIndex is the cache field index on spec.configurationName that
@@ -34,16 +34,15 @@ func IndexByConfiguration(obj client.Object) []string {
 	return []string{obj.(*v1alpha1.Instance).Spec.ConfigurationName}
 }
 
-// Writer applies one node's view of Instances. Each node applies under a
-// field manager of its own, so its entry in status.nodes is its own and
-// agents never overwrite each other.
+// Writer applies one node's view of Instances (instancestore.Apply and
+// Release), so its entry in status.nodes is its own and agents never
+// overwrite each other.
 type Writer struct {
-	client       client.Client // reads come from the informer cache
-	reader       client.Reader // reads straight from the API server
-	nodeName     string
-	fieldManager string
-	concurrency  int
-	metrics      *Metrics
+	client      client.Client // reads come from the informer cache
+	reader      client.Reader // reads straight from the API server
+	nodeName    string
+	concurrency int
+	metrics     *Metrics
 
 	// applied remembers the spec (as JSON) this node last applied, with its
 	// node entry, per Instance. The cache lags behind our own writes, so
@@ -64,17 +63,7 @@ func NewWriter(c client.Client, direct client.Reader, nodeName string, concurren
 	if concurrency < 1 {
 		concurrency = 1
 	}
-	return &Writer{client: c, reader: direct, nodeName: nodeName, fieldManager: FieldManager(nodeName), concurrency: concurrency, metrics: m, applied: map[types.NamespacedName]memo{}}
-}
-
-// FieldManager is the server-side-apply field manager of one node's agent.
-func FieldManager(nodeName string) string {
-	const prefix = "dowse-agent/"
-	if len(prefix)+len(nodeName) > 128 { // the API server's limit
-		sum := sha256.Sum256([]byte(nodeName))
-		return prefix + nodeName[:64] + "-" + hex.EncodeToString(sum[:])[:16]
-	}
-	return prefix + nodeName
+	return &Writer{client: c, reader: direct, nodeName: nodeName, concurrency: concurrency, metrics: m, applied: map[types.NamespacedName]memo{}}
 }
 
 // SyncResult says what a Sync did.
@@ -140,7 +129,7 @@ func (w *Writer) Sync(ctx context.Context, cfg *v1alpha1.Configuration, shared b
 	}
 	var release []*v1alpha1.Instance
 	for name, cur := range byName {
-		if _, want := desired[name]; !want && hasNode(cur, w.nodeName) {
+		if _, want := desired[name]; !want && cur.HasNode(w.nodeName) {
 			release = append(release, cur)
 		}
 	}
@@ -151,7 +140,7 @@ func (w *Writer) Sync(ctx context.Context, cfg *v1alpha1.Configuration, shared b
 			continue
 		}
 		_, want := desired[key.Name]
-		if cur, cached := byName[key.Name]; !want && (!cached || !hasNode(cur, w.nodeName)) {
+		if cur, cached := byName[key.Name]; !want && (!cached || !cur.HasNode(w.nodeName)) {
 			release = append(release, &v1alpha1.Instance{ObjectMeta: metav1.ObjectMeta{Name: key.Name, Namespace: key.Namespace}})
 		}
 	}
@@ -210,7 +199,7 @@ func (w *Writer) Holds(ctx context.Context, cfg *v1alpha1.Configuration) (bool, 
 		return false, err
 	}
 	for i := range cached.Items {
-		if hasNode(&cached.Items[i], w.nodeName) {
+		if cached.Items[i].HasNode(w.nodeName) {
 			return true, nil
 		}
 	}
@@ -218,7 +207,7 @@ func (w *Writer) Holds(ctx context.Context, cfg *v1alpha1.Configuration) (bool, 
 }
 
 func (w *Writer) desiredInstance(cfg *v1alpha1.Configuration, shared bool, d *discoveryv1.Device) *v1alpha1.Instance {
-	hash := DeviceHash(d.GetId(), shared, w.nodeName)
+	hash := v1alpha1.DeviceHash(d.GetId(), shared, w.nodeName)
 	props := make(map[string]string, len(cfg.Spec.BrokerProperties)+len(d.GetProperties()))
 	maps.Copy(props, cfg.Spec.BrokerProperties)
 	maps.Copy(props, d.GetProperties())
@@ -230,11 +219,10 @@ func (w *Writer) desiredInstance(cfg *v1alpha1.Configuration, shared bool, d *di
 		capacity = 1
 	}
 	inst := &v1alpha1.Instance{
-		ObjectMeta: metav1.ObjectMeta{Name: InstanceName(cfg.Name, hash), Namespace: cfg.Namespace},
+		ObjectMeta: metav1.ObjectMeta{Name: v1alpha1.InstanceName(cfg.Name, hash), Namespace: cfg.Namespace},
 		Spec: v1alpha1.InstanceSpec{
 			ConfigurationName: cfg.Name,
 			DeviceID:          d.GetId(),
-			CDIName:           CDIName(cfg.Name, hash),
 			Shared:            shared,
 			Capacity:          capacity,
 			BrokerProperties:  props,
@@ -260,7 +248,7 @@ func (w *Writer) desiredInstance(cfg *v1alpha1.Configuration, shared bool, d *di
 
 func (w *Writer) upToDate(cur, want *v1alpha1.Instance) bool {
 	key := client.ObjectKeyFromObject(want)
-	if cur != nil && hasNode(cur, w.nodeName) && equality.Semantic.DeepEqual(cur.Spec, want.Spec) && ownedBy(cur, want.OwnerReferences) {
+	if cur != nil && cur.HasNode(w.nodeName) && equality.Semantic.DeepEqual(cur.Spec, want.Spec) && ownedBy(cur, want.OwnerReferences) {
 		// The cache has caught up: the memo is no longer needed.
 		w.mu.Lock()
 		delete(w.applied, key)
@@ -303,20 +291,15 @@ func memoDigest(inst *v1alpha1.Instance) [sha256.Size]byte {
 
 func (w *Writer) upsert(ctx context.Context, want, cur *v1alpha1.Instance) error {
 	w.remember(want, false)
-	var applied v1alpha1.Instance
-	m := applyMeta{Name: want.Name, Namespace: want.Namespace, OwnerReferences: want.OwnerReferences}
-	if err := w.patch(ctx, m, &want.Spec, []v1alpha1.InstanceNode{{Name: w.nodeName}}, &applied); err != nil {
+	if _, err := instancestore.Apply(ctx, w.client, w.nodeName, want); err != nil {
 		return err
 	}
 	w.remember(want, true)
 	return nil
 }
 
-// release drops this node from cur and deletes cur if no node is left. The
-// apply restates the spec so that this node keeps co-owning it (dropping it
-// would remove fields nobody else owns); the delete is conditional on the
-// resourceVersion the apply returned, so a node that joined in between
-// keeps the Instance.
+// release drops this node from cur (instancestore.Release), after reading
+// an Instance the cache has not shown yet.
 func (w *Writer) release(ctx context.Context, cur *v1alpha1.Instance) (bool, error) {
 	if cur.Spec.DeviceID == "" {
 		// Known only from our own recent apply, not yet in the cache: read it
@@ -330,95 +313,14 @@ func (w *Writer) release(ctx context.Context, cur *v1alpha1.Instance) (bool, err
 			}
 			return false, err
 		}
-		if !hasNode(fresh, w.nodeName) {
+		if !fresh.HasNode(w.nodeName) {
 			w.remember(cur, false)
 			return false, nil
 		}
 		cur = fresh
 	}
-	spec, owners := cur.Spec, cur.OwnerReferences
 	w.remember(cur, false)
-	if cur.UID != "" && len(cur.Status.Nodes) == 1 && hasNode(cur, w.nodeName) {
-		// The last node: one conditional delete instead of apply and delete.
-		// A node that joined since changed the resourceVersion, and then
-		// the delete fails and we fall back to dropping only our entry.
-		uid, rv := cur.UID, cur.ResourceVersion
-		err := w.client.Delete(ctx, cur.DeepCopy(), client.Preconditions{UID: &uid, ResourceVersion: &rv})
-		switch {
-		case err == nil:
-			return true, nil
-		case apierrors.IsNotFound(err):
-			return false, nil
-		case !apierrors.IsConflict(err):
-			return false, err
-		}
-	}
-	var after v1alpha1.Instance
-	// The uid, when the cache knows it, makes the apply fail rather than
-	// create an Instance that is gone. Without it (an Instance so new the
-	// cache has not shown it) the apply may recreate it with no node, and
-	// the delete below removes it again.
-	err := w.patch(ctx, applyMeta{Name: cur.Name, Namespace: cur.Namespace, UID: cur.UID, OwnerReferences: owners}, &spec, nil, &after)
-	if err != nil {
-		if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
-			return false, nil
-		}
-		return false, err
-	}
-	if len(after.Status.Nodes) > 0 {
-		return false, nil
-	}
-	uid, rv := after.UID, after.ResourceVersion
-	err = w.client.Delete(ctx, &after, client.Preconditions{UID: &uid, ResourceVersion: &rv})
-	switch {
-	case err == nil:
-		return true, nil
-	case apierrors.IsNotFound(err), apierrors.IsConflict(err):
-		return false, nil
-	default:
-		return false, err
-	}
-}
-
-type applyMeta struct {
-	Name            string                  `json:"name"`
-	Namespace       string                  `json:"namespace"`
-	UID             types.UID               `json:"uid,omitempty"`
-	OwnerReferences []metav1.OwnerReference `json:"ownerReferences,omitempty"`
-}
-
-type applyInstance struct {
-	APIVersion string                   `json:"apiVersion"`
-	Kind       string                   `json:"kind"`
-	Metadata   applyMeta                `json:"metadata"`
-	Spec       *v1alpha1.InstanceSpec   `json:"spec,omitempty"`
-	Status     *v1alpha1.InstanceStatus `json:"status,omitempty"`
-}
-
-// patch applies this node's view of one Instance: its spec and this node's
-// entry in status.nodes (nodes holds this node, or is empty to drop it).
-// Force: every node that sees a shared device states the same spec; a
-// conflict only means another node saw different properties, and the latest
-// observation wins.
-func (w *Writer) patch(ctx context.Context, m applyMeta, spec *v1alpha1.InstanceSpec, nodes []v1alpha1.InstanceNode, into *v1alpha1.Instance) error {
-	body, err := json.Marshal(applyInstance{
-		APIVersion: v1alpha1.GroupVersion.String(), Kind: "Instance",
-		Metadata: m, Spec: spec, Status: &v1alpha1.InstanceStatus{Nodes: nodes},
-	})
-	if err != nil {
-		return err
-	}
-	into.Name, into.Namespace = m.Name, m.Namespace
-	return w.client.Patch(ctx, into, client.RawPatch(types.ApplyPatchType, body), client.FieldOwner(w.fieldManager), client.ForceOwnership)
-}
-
-func hasNode(inst *v1alpha1.Instance, node string) bool {
-	for _, n := range inst.Status.Nodes {
-		if n.Name == node {
-			return true
-		}
-	}
-	return false
+	return instancestore.Release(ctx, w.client, w.nodeName, cur)
 }
 
 func ownedBy(inst *v1alpha1.Instance, refs []metav1.OwnerReference) bool {

@@ -16,9 +16,6 @@ import (
 // Akri does with its own placeholder.
 const Placeholder = "{{PLACEHOLDER}}"
 
-// ResourcePrefix prefixes extended resource names.
-const ResourcePrefix = "dowse.dev/"
-
 func shortHash(s string, n int) string {
 	sum := sha256.Sum256([]byte(s))
 	return hex.EncodeToString(sum[:])[:n]

@@ -34,12 +34,13 @@ func owner(inst *v1alpha1.Instance) []metav1.OwnerReference {
 // without one the first container gets the resource as a limit.
 func withDevice(spec *corev1.PodSpec, instance string) *corev1.PodSpec {
 	out := spec.DeepCopy()
-	res := corev1.ResourceName(ResourcePrefix + instance)
+	// The agent's Instance device plugin serves this resource.
+	res := corev1.ResourceName(v1alpha1.ResourceName(instance))
 	one := resource.MustParse("1")
 	replaced := false
 	swap := func(l corev1.ResourceList) {
 		for name, q := range l {
-			if name == Placeholder || name == ResourcePrefix+Placeholder {
+			if name == Placeholder || name == corev1.ResourceName(v1alpha1.ResourceName(Placeholder)) {
 				delete(l, name)
 				l[res] = q
 				replaced = true

@@ -6,7 +6,6 @@ package edges
 import (
 	"context"
 	"fmt"
-	"slices"
 
 	"github.com/go-logr/logr"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -49,14 +48,10 @@ func (a Authorizer) AuthorizeDevice(ctx context.Context, node string, device *li
 		}
 		return err
 	}
-	if !seenBy(&inst, node) {
+	if !inst.HasNode(node) {
 		return fmt.Errorf("node %s named Instance %s/%s, which it does not see", node, device.Namespace, device.Name)
 	}
 	return nil
-}
-
-func seenBy(inst *v1alpha1.Instance, node string) bool {
-	return slices.ContainsFunc(inst.Status.Nodes, func(n v1alpha1.InstanceNode) bool { return n.Name == node })
 }
 
 // Handler takes what nodes send. Reported twin values have no consumer

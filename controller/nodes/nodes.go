@@ -5,7 +5,6 @@ package nodes
 
 import (
 	"context"
-	"fmt"
 	"slices"
 	"sync"
 	"time"
@@ -14,7 +13,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -23,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+	"github.com/dowse-dev/dowse/shared/instancestore"
 )
 
 // Reconciler handles one node name at a time. A node is dead when it was
@@ -149,23 +148,11 @@ func (r *Reconciler) removeFromInstances(ctx context.Context, node string) (int,
 	removed := 0
 	for i := range list.Items {
 		inst := &list.Items[i]
-		if !slices.ContainsFunc(inst.Status.Nodes, func(n v1alpha1.InstanceNode) bool { return n.Name == node }) {
+		if !inst.HasNode(node) {
 			continue
 		}
-		err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-			var cur v1alpha1.Instance
-			if err := r.live.Get(ctx, client.ObjectKeyFromObject(inst), &cur); err != nil {
-				return err
-			}
-			cur.Status.Nodes = slices.DeleteFunc(cur.Status.Nodes, func(n v1alpha1.InstanceNode) bool { return n.Name == node })
-			if len(cur.Status.Nodes) == 0 {
-				uid, rv := cur.UID, cur.ResourceVersion
-				return r.client.Delete(ctx, &cur, client.Preconditions{UID: &uid, ResourceVersion: &rv})
-			}
-			return r.client.Update(ctx, &cur)
-		})
-		if client.IgnoreNotFound(err) != nil {
-			return removed, fmt.Errorf("removing node %s from instance %s: %w", node, inst.Name, err)
+		if _, err := instancestore.DropNode(ctx, r.client, r.live, client.ObjectKeyFromObject(inst), node); err != nil {
+			return removed, err
 		}
 		removed++
 	}

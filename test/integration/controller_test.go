@@ -84,7 +84,7 @@ func createInstance(t *testing.T, ns, cfg, device string, nodes ...string) *v1al
 	t.Helper()
 	inst := &v1alpha1.Instance{
 		ObjectMeta: metav1.ObjectMeta{Name: cfg + "-" + device, Namespace: ns},
-		Spec: v1alpha1.InstanceSpec{ConfigurationName: cfg, DeviceID: device, CDIName: "dowse.dev/" + cfg + "=" + device,
+		Spec: v1alpha1.InstanceSpec{ConfigurationName: cfg, DeviceID: device,
 			Shared: true, Capacity: 1, BrokerProperties: map[string]string{"ID": device}},
 	}
 	for _, n := range nodes {

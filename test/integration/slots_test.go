@@ -2,7 +2,6 @@ package integration
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -11,14 +10,11 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/dowse-dev/dowse/agent/deviceplugin"
-	"github.com/dowse-dev/dowse/agent/instances"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+	"github.com/dowse-dev/dowse/shared/instancestore"
 )
 
 // TestSlotRace has two nodes' Claimers race for every slot of one shared
@@ -39,7 +35,7 @@ func TestSlotRace(t *testing.T) {
 		inst := &v1alpha1.Instance{
 			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
 			Spec: v1alpha1.InstanceSpec{
-				ConfigurationName: "race", DeviceID: name, CDIName: "dowse.dev/race=" + deviceplugin.InstanceHash(name),
+				ConfigurationName: "race", DeviceID: name,
 				Shared: true, Capacity: capacity,
 			},
 		}
@@ -51,7 +47,7 @@ func TestSlotRace(t *testing.T) {
 		var wg sync.WaitGroup
 		for _, n := range nodes {
 			wg.Go(func() {
-				ids := deviceplugin.SlotIDs(inst)
+				ids := inst.SlotIDs()
 				rand.Shuffle(len(ids), func(i, j int) { ids[i], ids[j] = ids[j], ids[i] })
 				for _, id := range ids {
 					// Both work from the same stale snapshot: only the API
@@ -94,17 +90,11 @@ func TestSlotRace(t *testing.T) {
 		}
 		// The Instance writer's applies (spec and status.nodes under the
 		// node's main field manager) leave the slots alone.
-		body, _ := json.Marshal(map[string]any{
-			"apiVersion": v1alpha1.GroupVersion.String(), "kind": "Instance",
-			"metadata": map[string]any{"name": name, "namespace": ns},
-			"spec":     inst.Spec,
-			"status":   map[string]any{"nodes": []map[string]string{{"name": "node-a"}}},
-		})
-		applied := &v1alpha1.Instance{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}}
-		if err := k8sClient.Patch(ctx, applied, client.RawPatch(types.ApplyPatchType, body), client.FieldOwner(instances.FieldManager("node-a")), client.ForceOwnership); err != nil {
+		applied, err := instancestore.Apply(ctx, k8sClient, "node-a", &v1alpha1.Instance{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}, Spec: inst.Spec})
+		if err != nil {
 			t.Fatal(err)
 		}
-		if len(applied.Status.Slots) != capacity {
+		if applied.Status == nil || len(applied.Status.Slots) != capacity {
 			t.Fatalf("round %d: the writer's apply left slots %+v", round, applied.Status.Slots)
 		}
 		// A node claiming again what it holds is a no-op, not an error.
@@ -123,7 +113,7 @@ func TestSlotReclaim(t *testing.T) {
 	ctx := context.Background()
 	inst := &v1alpha1.Instance{
 		ObjectMeta: metav1.ObjectMeta{Name: "reclaim-0123abcd", Namespace: ns},
-		Spec:       v1alpha1.InstanceSpec{ConfigurationName: "reclaim", DeviceID: "d", CDIName: "dowse.dev/reclaim=0123abcd", Capacity: 2},
+		Spec:       v1alpha1.InstanceSpec{ConfigurationName: "reclaim", DeviceID: "d", Capacity: 2},
 	}
 	if err := k8sClient.Create(ctx, inst); err != nil {
 		t.Fatal(err)

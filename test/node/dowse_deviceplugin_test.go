@@ -71,8 +71,8 @@ func TestDowseDevicePlugins(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	seen := time.Now()
-	instRes := corev1.ResourceName(deviceplugin.ResourcePrefix + inst.Name)
-	cfgRes := corev1.ResourceName(deviceplugin.ResourcePrefix + cfg.Name)
+	instRes := corev1.ResourceName(v1alpha1.ResourceName(inst.Name))
+	cfgRes := corev1.ResourceName(v1alpha1.ResourceName(cfg.Name))
 	// allocatableIs waits until the node offers exactly want of each
 	// resource (within limit).
 	allocatableIs := func(limit time.Duration, want map[corev1.ResourceName]int64) {
@@ -108,7 +108,7 @@ func TestDowseDevicePlugins(t *testing.T) {
 		t.Fatalf("stale CDI spec not removed: %v", err)
 	}
 
-	hashEnv := "DEBUG_ECHO_DESCRIPTION_" + deviceplugin.EnvName(deviceplugin.InstanceHash(inst.Name))
+	hashEnv := "DEBUG_ECHO_DESCRIPTION_" + deviceplugin.EnvName(v1alpha1.InstanceHash(inst.Name))
 	pods := c.Client.CoreV1().Pods("default")
 	devicePod := func(name string, res corev1.ResourceName) {
 		t.Helper()

@@ -46,7 +46,7 @@ func createInstance(t *testing.T, ns, cfg, name string, props map[string]string,
 	t.Helper()
 	inst := &v1alpha1.Instance{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
-		Spec: v1alpha1.InstanceSpec{ConfigurationName: cfg, DeviceID: name, CDIName: "dowse.dev/" + cfg + "=" + name,
+		Spec: v1alpha1.InstanceSpec{ConfigurationName: cfg, DeviceID: name,
 			Shared: true, Capacity: 1, BrokerProperties: props},
 	}
 	for _, n := range nodes {

@@ -14,10 +14,6 @@ type InstanceSpec struct {
 	// share one Instance.
 	// +required
 	DeviceID string `json:"deviceID"`
-	// CDIName is the fully qualified CDI device name,
-	// "dowse.dev/<configuration>=<hash>".
-	// +required
-	CDIName string `json:"cdiName"`
 	// Shared is true when several nodes can see the device.
 	// +optional
 	Shared bool `json:"shared"`

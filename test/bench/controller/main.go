@@ -163,7 +163,7 @@ func createInstances(ctx context.Context, c client.Client, n int) error {
 			for i := range work {
 				inst := &v1alpha1.Instance{
 					ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("bench-%05d", i), Namespace: "default"},
-					Spec:       v1alpha1.InstanceSpec{ConfigurationName: "bench", DeviceID: fmt.Sprint(i), CDIName: fmt.Sprintf("dowse.dev/bench=%d", i), Shared: true, Capacity: 1},
+					Spec:       v1alpha1.InstanceSpec{ConfigurationName: "bench", DeviceID: fmt.Sprint(i), Shared: true, Capacity: 1},
 					Status:     v1alpha1.InstanceStatus{Nodes: []v1alpha1.InstanceNode{{Name: "bench-node"}}},
 				}
 				if err := c.Create(ctx, inst); err != nil {

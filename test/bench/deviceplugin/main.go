@@ -169,7 +169,7 @@ func run(ctx context.Context, rounds, allocs int, statusEvery time.Duration) err
 
 	// Allocate as the kubelet calls it, on the Instance plugin's socket.
 	conn, err := grpc.NewClient("unix://"+filepath.Join(deviceplugin.DefaultDir,
-		deviceplugin.SocketName(c.NodeName, deviceplugin.ResourcePrefix+inst.Name)),
+		deviceplugin.SocketName(c.NodeName, v1alpha1.ResourceName(inst.Name))),
 		grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return err
@@ -188,7 +188,7 @@ func run(ctx context.Context, rounds, allocs int, statusEvery time.Duration) err
 		return time.Since(begin), nil
 	}
 	var fresh, held []time.Duration
-	ids := deviceplugin.SlotIDs(&inst)
+	ids := inst.SlotIDs()
 	for _, id := range ids {
 		d, err := allocate(id)
 		if err != nil {
@@ -231,7 +231,7 @@ func allocatable(ctx context.Context, c *cluster.Cluster, instance string) (int6
 	if err != nil {
 		return 0, err
 	}
-	q := n.Status.Allocatable[corev1.ResourceName(deviceplugin.ResourcePrefix+instance)]
+	q := n.Status.Allocatable[corev1.ResourceName(v1alpha1.ResourceName(instance))]
 	return q.Value(), nil
 }
 
