@@ -2,7 +2,6 @@ package broker
 
 import (
 	"context"
-	"encoding/json"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -22,6 +21,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+	acv1alpha1 "github.com/dowse-dev/dowse/shared/api/v1alpha1/applyconfiguration/api/v1alpha1"
+	"github.com/dowse-dev/dowse/shared/apply"
 )
 
 // ConfigurationReconciler keeps a Configuration's Service and the
@@ -133,17 +134,6 @@ func (r *ConfigurationReconciler) Reconcile(ctx context.Context, req reconcile.R
 	return reconcile.Result{}, r.writeStatus(ctx, &cfg, int32(len(insts)), running)
 }
 
-type statusApply struct {
-	APIVersion string            `json:"apiVersion"`
-	Kind       string            `json:"kind"`
-	Metadata   map[string]string `json:"metadata"`
-	Status     struct {
-		Instances  int32              `json:"instances"`
-		Brokers    int32              `json:"brokers"`
-		Conditions []metav1.Condition `json:"conditions"`
-	} `json:"status"`
-}
-
 func (r *ConfigurationReconciler) writeStatus(ctx context.Context, cfg *v1alpha1.Configuration, instances, brokers int32) error {
 	conds := append([]metav1.Condition(nil), cfg.Status.Conditions...)
 	c := metav1.Condition{Type: v1alpha1.ConditionBrokersDeployed, Status: metav1.ConditionTrue, Reason: "Deployed",
@@ -158,15 +148,8 @@ func (r *ConfigurationReconciler) writeStatus(ctx context.Context, cfg *v1alpha1
 	if cfg.Status.Instances == instances && cfg.Status.Brokers == brokers && equality.Semantic.DeepEqual(conds, cfg.Status.Conditions) {
 		return nil
 	}
-	var a statusApply
-	a.APIVersion, a.Kind = v1alpha1.GroupVersion.String(), "Configuration"
-	a.Metadata = map[string]string{"name": cfg.Name, "namespace": cfg.Namespace}
-	a.Status.Instances, a.Status.Brokers, a.Status.Conditions = instances, brokers, conds
-	body, err := json.Marshal(a)
-	if err != nil {
-		return err
-	}
-	obj := &v1alpha1.Configuration{ObjectMeta: metav1.ObjectMeta{Name: cfg.Name, Namespace: cfg.Namespace}}
-	err = r.client.Status().Patch(ctx, obj, client.RawPatch(types.ApplyPatchType, body), client.FieldOwner(FieldManager), client.ForceOwnership)
+	ac := acv1alpha1.Configuration(cfg.Name, cfg.Namespace).WithStatus(acv1alpha1.ConfigurationStatus().
+		WithInstances(instances).WithBrokers(brokers).WithConditions(apply.Conditions(conds)...))
+	err := r.client.Status().Apply(ctx, ac, client.FieldOwner(FieldManager), client.ForceOwnership)
 	return client.IgnoreNotFound(err)
 }

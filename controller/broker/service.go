@@ -2,15 +2,16 @@ package broker
 
 import (
 	"context"
-	"encoding/json"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+	"github.com/dowse-dev/dowse/shared/apply"
 )
 
 // FieldManager is the controller's server-side-apply field manager.
@@ -50,10 +51,11 @@ func ensureService(ctx context.Context, c client.Client, key types.NamespacedNam
 	if exists && cur.Annotations[v1alpha1.AnnotationSpecHash] == want.Annotations[v1alpha1.AnnotationSpecHash] {
 		return nil
 	}
-	body, err := json.Marshal(want)
-	if err != nil {
+	// The user's ServiceSpec is carried over whole (apply.FromObject): it
+	// is theirs, and any field of it may be set.
+	ac := corev1ac.Service(key.Name, key.Namespace)
+	if err := apply.FromObject(want, ac); err != nil {
 		return err
 	}
-	obj := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: key.Name, Namespace: key.Namespace}}
-	return c.Patch(ctx, obj, client.RawPatch(types.ApplyPatchType, body), client.FieldOwner(FieldManager), client.ForceOwnership)
+	return c.Apply(ctx, ac, client.FieldOwner(FieldManager), client.ForceOwnership)
 }
