@@ -13,8 +13,10 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
@@ -74,6 +76,10 @@ type Config struct {
 	// Link is the node's end of the cloud/edge link (off when its Server
 	// is empty).
 	Link LinkConfig
+	// SkipNameValidation lets one process run several of these managers,
+	// as tests do; otherwise controller names must be unique in a process,
+	// because their metrics are labelled by name. Only tests set it.
+	SkipNameValidation bool
 }
 
 // Validate says what is wrong with c.
@@ -135,6 +141,7 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 		HealthProbeBindAddress: orZero(cfg.HealthAddr),
 		// One agent per node, each with its own field manager: nothing to elect.
 		LeaderElection: false,
+		Controller:     config.Controller{SkipNameValidation: ptr.To(cfg.SkipNameValidation)},
 	})
 	if err != nil {
 		return fmt.Errorf("creating manager: %w", err)

@@ -23,6 +23,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
@@ -63,6 +64,10 @@ type Config struct {
 	// Registerer receives the link's metrics; nil means the manager's
 	// metrics registry (served on MetricsAddr).
 	Registerer prometheus.Registerer
+	// SkipNameValidation lets one process run several of these managers,
+	// as tests do; otherwise controller names must be unique in a process,
+	// because their metrics are labelled by name. Only tests set it.
+	SkipNameValidation bool
 }
 
 // Run runs the controller until ctx ends.
@@ -101,8 +106,9 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 		return err
 	}
 	mgr, err := ctrl.NewManager(restCfg, ctrl.Options{
-		Scheme: sch,
-		Logger: log,
+		Scheme:     sch,
+		Logger:     log,
+		Controller: config.Controller{SkipNameValidation: ptr.To(cfg.SkipNameValidation)},
 		// The cache reads JSON: it decodes Pods into broker.BrokerPod,
 		// which protobuf cannot.
 		NewCache: func(config *rest.Config, opts cache.Options) (cache.Cache, error) {

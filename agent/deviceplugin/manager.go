@@ -18,7 +18,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	dp "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
-	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
@@ -141,7 +140,7 @@ func (m *Manager) SetupWithManager(mgr ctrl.Manager) error {
 		// One worker: plugin start and stop are cheap, and one worker keeps
 		// the Configuration plugins' membership simple. Several agents run
 		// in one process in tests: names need not be unique.
-		WithOptions(controller.Options{MaxConcurrentReconciles: 1, SkipNameValidation: ptr.To(true)}).
+		WithOptions(controller.Options{MaxConcurrentReconciles: 1}).
 		Complete(m)
 }
 

@@ -38,7 +38,7 @@ func startController(t *testing.T, grace time.Duration) *runningController {
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &runningController{requests: counter, cancel: cancel, done: make(chan error, 1)}
 	go func() {
-		c.done <- controller.Run(ctx, controller.Config{RESTConfig: restCfg, NodeGracePeriod: grace, QPS: 1000, Burst: 2000,
+		c.done <- controller.Run(ctx, controller.Config{RESTConfig: restCfg, SkipNameValidation: true, NodeGracePeriod: grace, QPS: 1000, Burst: 2000,
 			MetricsAddr: "0", HealthAddr: "0", Registerer: prometheus.NewRegistry()}, testr.New(t).WithName("controller"))
 	}()
 	t.Cleanup(func() {

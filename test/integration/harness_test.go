@@ -97,7 +97,8 @@ func startAgent(t *testing.T, node, dir string, opts ...agentOption) *runningAge
 	restCfg := rest.CopyConfig(cp.Config)
 	restCfg.WrapTransport = counter.wrap
 	cfg := agent.Config{
-		RESTConfig: restCfg, NodeName: node, StateDir: dir,
+		SkipNameValidation: true,
+		RESTConfig:         restCfg, NodeName: node, StateDir: dir,
 		GracePeriod: time.Minute, MaxDevices: 10000, WriteConcurrency: 16,
 		QPS: 1000, Burst: 2000, MetricsAddr: "0", HealthAddr: "0",
 		Registerer: prometheus.NewRegistry(),

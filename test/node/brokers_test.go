@@ -52,7 +52,7 @@ func TestBrokersOnNode(t *testing.T) {
 	ctrlCtx, stopCtrl := context.WithCancel(ctx)
 	ctrlDone := make(chan error, 1)
 	go func() {
-		ctrlDone <- controller.Run(ctrlCtx, controller.Config{RESTConfig: c.Config, NodeGracePeriod: time.Minute,
+		ctrlDone <- controller.Run(ctrlCtx, controller.Config{RESTConfig: c.Config, SkipNameValidation: true, NodeGracePeriod: time.Minute,
 			MetricsAddr: "0", HealthAddr: "0", Registerer: prometheus.NewRegistry()}, testr.New(t).WithName("controller"))
 	}()
 	t.Cleanup(func() {

@@ -84,7 +84,8 @@ func (d *dowseOnNode) startAgent(classic bool) {
 	reg := d.reg
 	go func() {
 		done <- agent.Run(actx, agent.Config{
-			RESTConfig: d.c.Config, NodeName: d.c.NodeName, StateDir: d.state,
+			SkipNameValidation: true,
+			RESTConfig:         d.c.Config, NodeName: d.c.NodeName, StateDir: d.state,
 			GracePeriod: time.Minute, WriteConcurrency: 4, MetricsAddr: "0", HealthAddr: "0",
 			Registerer:      reg,
 			DevicePluginDir: deviceplugin.DefaultDir, CDISpecDir: d.c.CDIDir, ClassicAllocate: classic,

@@ -26,7 +26,7 @@ func startController(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- controller.Run(ctx, controller.Config{RESTConfig: rest.CopyConfig(cp.Config), NodeGracePeriod: time.Hour, QPS: 1000, Burst: 2000,
+		done <- controller.Run(ctx, controller.Config{RESTConfig: rest.CopyConfig(cp.Config), SkipNameValidation: true, NodeGracePeriod: time.Hour, QPS: 1000, Burst: 2000,
 			MetricsAddr: "0", HealthAddr: "0", Registerer: prometheus.NewRegistry()}, testr.New(t).WithName("controller"))
 	}()
 	t.Cleanup(func() {
