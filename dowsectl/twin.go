@@ -152,7 +152,7 @@ func ageOfTime(t *metav1.Time, now time.Time) string {
 	if t == nil || t.IsZero() {
 		return "-"
 	}
-	return now.Sub(t.Time).Round(100 * time.Millisecond).String() + " ago"
+	return now.Sub(t.Time).Round(100*time.Millisecond).String() + " ago"
 }
 
 func orDash(s string) string {
@@ -184,7 +184,7 @@ func SetDesired(ctx context.Context, c client.Client, key client.ObjectKey, prop
 	u := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": v1alpha1.GroupVersion.String(), "kind": "Device",
 		"metadata": map[string]any{"name": key.Name, "namespace": key.Namespace},
-		"spec": map[string]any{"properties": []any{map[string]any{"name": property, "desired": map[string]any{"value": value}}}},
+		"spec":     map[string]any{"properties": []any{map[string]any{"name": property, "desired": map[string]any{"value": value}}}},
 	}}
 	return c.Patch(ctx, u, client.Apply, client.FieldOwner(TwinFieldManager), client.ForceOwnership)
 }

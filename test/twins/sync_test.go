@@ -11,15 +11,15 @@ import (
 	"time"
 
 	"github.com/go-logr/logr/testr"
+	"google.golang.org/protobuf/types/known/timestamppb"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
-	"google.golang.org/protobuf/types/known/timestamppb"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
-	"k8s.io/utils/ptr"
 
 	"github.com/dowse-dev/dowse/controller/cloudhub"
 	"github.com/dowse-dev/dowse/controller/twins"
@@ -351,4 +351,3 @@ func findTwin(d *v1alpha1.Device, prop string) *v1alpha1.Twin {
 	}
 	return nil
 }
-
