@@ -84,6 +84,7 @@ type push struct {
 // device runs one device: its goroutine owns everything but mu's fields.
 type device struct {
 	m         *Mapper
+	seq       uint64 // Mapper.seq of its last change; under Mapper.mu
 	ns, name  string
 	log       logr.Logger
 	notify    chan struct{}

@@ -21,6 +21,10 @@ import (
 	"github.com/dowse-dev/dowse/shared/handler"
 )
 
+// defaultMemoryLimit is the Go runtime's soft memory limit in mapper
+// binaries unless GOMEMLIMIT is set.
+const defaultMemoryLimit = 8 << 20
+
 // version is set at build time with
 // -ldflags "-X github.com/dowse-dev/dowse/brokers/mapper.version=v1.2.3".
 var version string
@@ -43,6 +47,12 @@ func Version() string {
 // fails. Only main should call it.
 func Main(protocol string, newDriver NewDriver) {
 	handler.TuneGC()
+	if os.Getenv("GOMEMLIMIT") == "" {
+		// A soft limit: the collector works harder as the heap nears it, so
+		// a busy mapper's heap stays small on an edge node; it is never a
+		// cap that fails allocations.
+		debug.SetMemoryLimit(defaultMemoryLimit)
+	}
 	cfg := Config{Protocol: protocol, NewDriver: newDriver, Logger: handler.NewLogger()}
 	fs := flag.NewFlagSet(os.Args[0], flag.ExitOnError)
 	name := protocol

@@ -168,6 +168,9 @@ type Mapper struct {
 	devices    map[string]*device
 	registered chan struct{} // closed after the first successful registration
 	stopped    bool
+	// seq counts device changes; a device changed by a call after a
+	// registration began is newer than that registration's answer.
+	seq uint64
 }
 
 // New validates cfg and returns a Mapper; Start runs it.
@@ -348,6 +351,9 @@ func resetTimer(t *time.Timer, d time.Duration) {
 // register calls MapperRegister with data and reconciles the devices with
 // the answer: new ones start, changed ones update, missing ones stop.
 func (m *Mapper) register(ctx context.Context) error {
+	m.mu.Lock()
+	began := m.seq
+	m.mu.Unlock()
 	callCtx, cancel := context.WithTimeout(ctx, m.cfg.CallTimeout)
 	defer cancel()
 	resp, err := m.agent.MapperRegister(callCtx, &dmiv1beta1.MapperRegisterRequest{
@@ -370,7 +376,8 @@ func (m *Mapper) register(ctx context.Context) error {
 	if m.stopped {
 		return nil
 	}
-	m.models = map[string]*dmiv1beta1.DeviceModel{}
+	// Models are merged, never dropped here: one created by a call while the
+	// answer was on its way stays (RemoveDeviceModel removes them).
 	for _, mod := range resp.GetModelList() {
 		m.models[key(mod.GetNamespace(), mod.GetName())] = mod
 	}
@@ -381,14 +388,17 @@ func (m *Mapper) register(ctx context.Context) error {
 		}
 		k := key(dev.GetNamespace(), dev.GetName())
 		seen[k] = true
+		if d := m.devices[k]; d != nil && d.seq > began {
+			continue // changed by a call since the registration began
+		}
 		m.ensureLocked(dev)
 	}
 	for k, d := range m.devices {
-		if !seen[k] {
+		if !seen[k] && d.seq <= began {
 			m.log.Info("Device no longer in the device manager's list; removing", "device", k)
 			d.stop()
 			delete(m.devices, k)
-		} else {
+		} else if seen[k] {
 			d.resync()
 		}
 	}
@@ -413,6 +423,8 @@ func (m *Mapper) ensureLocked(dev *dmiv1beta1.Device) {
 		m.devices[k] = d
 		m.wg.Go(func() { d.run(m.runCtx) })
 	}
+	m.seq++
+	d.seq = m.seq
 	d.update(proto.Clone(dev).(*dmiv1beta1.Device), model)
 }
 

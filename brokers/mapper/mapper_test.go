@@ -486,3 +486,44 @@ func TestSubscription(t *testing.T) {
 	r.fake.push(t, "A", "pushed", 3.5)
 	r.agent.WaitReported(t, "ns/a", "pushed", "3.5", 0, wait)
 }
+
+// A device registered by a call while a registration's answer (which does
+// not list it yet) is on its way stays.
+func TestRegisterDeviceDuringRegistration(t *testing.T) {
+	dir := mappertest.ShortTempDir(t)
+	agent := mappertest.NewAgent(dir + "/dmi.sock")
+	release := make(chan struct{})
+	var once sync.Once
+	agent.BeforeRegisterReply = func() { once.Do(func() { <-release }) }
+	agent.SetData([]*dmiv1beta1.DeviceModel{model}, nil)
+	agent.Serve(t)
+	t.Cleanup(agent.Close)
+	fake := newFake()
+	fake.set("A", "t", int64(100))
+	fake.set("A", "s", int64(200))
+	m, err := mapper.New(mapper.Config{Protocol: "fake", StateDir: dir, NewDriver: fake.newDriver, Logger: testr.New(t),
+		DefaultCollectCycle: 20 * time.Millisecond, ReregisterInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- m.Start(ctx) }()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	client := agent.Mapper(t)
+	// The model arrives with the (held) answer; create it directly too.
+	if _, err := client.CreateDeviceModel(ctx, &dmiv1beta1.CreateDeviceModelRequest{Model: model}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.RegisterDevice(ctx, &dmiv1beta1.RegisterDeviceRequest{Device: thermo(t, "a", "A")}); err != nil {
+		t.Fatal(err)
+	}
+	close(release)
+	<-m.Registered()
+	from := agent.ReportCount()
+	fake.set("A", "t", int64(110))
+	agent.WaitReported(t, "ns/a", "temp", "45", from, wait)
+}

@@ -6,6 +6,7 @@ package mappertest
 
 import (
 	"context"
+	"errors"
 	"net"
 	"os"
 	"path/filepath"
@@ -42,6 +43,10 @@ type Agent struct {
 	// OnReport, when set before Start, is called for every status report
 	// as it arrives (benchmarks time with it).
 	OnReport func(Report)
+	// BeforeRegisterReply, when set before Start, runs after a
+	// registration is recorded and before it is answered (tests hold an
+	// answer back with it).
+	BeforeRegisterReply func()
 
 	mu            sync.Mutex
 	cond          *sync.Cond
@@ -70,27 +75,45 @@ func ShortTempDir(t testing.TB) string {
 // Start serves a fake agent on <dir>/dmi.sock until the test ends.
 func Start(t testing.TB, dir string) *Agent {
 	t.Helper()
-	a := &Agent{Socket: filepath.Join(dir, mapper.DMISocketName)}
-	a.cond = sync.NewCond(&a.mu)
+	a := NewAgent(filepath.Join(dir, mapper.DMISocketName))
 	a.Serve(t)
-	t.Cleanup(func() {
-		a.Stop()
-		a.mu.Lock()
-		if a.client != nil {
-			a.client.Close()
-		}
-		a.mu.Unlock()
-	})
+	t.Cleanup(a.Close)
 	return a
+}
+
+// NewAgent makes a fake agent for socket; Listen or Serve starts it, Close
+// ends it. Benchmarks use it outside tests.
+func NewAgent(socket string) *Agent {
+	a := &Agent{Socket: socket}
+	a.cond = sync.NewCond(&a.mu)
+	return a
+}
+
+// Close stops serving and closes the client of the mapper.
+func (a *Agent) Close() {
+	a.Stop()
+	a.mu.Lock()
+	if a.client != nil {
+		a.client.Close()
+		a.client = nil
+	}
+	a.mu.Unlock()
 }
 
 // Serve (re)starts serving on the socket, as a restarted agent would.
 func (a *Agent) Serve(t testing.TB) {
 	t.Helper()
+	if err := a.Listen(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Listen is Serve without a test.
+func (a *Agent) Listen() error {
 	_ = os.Remove(a.Socket)
 	lis, err := net.Listen("unix", a.Socket)
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	srv := grpc.NewServer()
 	dmiv1beta1.RegisterDeviceManagerServiceServer(srv, a)
@@ -98,6 +121,7 @@ func (a *Agent) Serve(t testing.TB) {
 	a.srv = srv
 	a.mu.Unlock()
 	go func() { _ = srv.Serve(lis) }()
+	return nil
 }
 
 // Stop stops serving (the agent "goes away").
@@ -120,9 +144,14 @@ func (a *Agent) SetData(models []*dmiv1beta1.DeviceModel, devices []*dmiv1beta1.
 
 func (a *Agent) MapperRegister(_ context.Context, req *dmiv1beta1.MapperRegisterRequest) (*dmiv1beta1.MapperRegisterResponse, error) {
 	a.mu.Lock()
-	defer a.mu.Unlock()
 	a.registrations = append(a.registrations, proto.Clone(req.GetMapper()).(*dmiv1beta1.MapperInfo))
 	a.cond.Broadcast()
+	a.mu.Unlock()
+	if a.BeforeRegisterReply != nil {
+		a.BeforeRegisterReply()
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
 	resp := &dmiv1beta1.MapperRegisterResponse{}
 	if req.GetWithData() {
 		for _, m := range a.models {
@@ -288,19 +317,32 @@ func (a *Agent) WaitState(t testing.TB, device, state string, timeout time.Durat
 // last.
 func (a *Agent) Mapper(t testing.TB) dmiv1beta1.DeviceMapperServiceClient {
 	t.Helper()
-	info := a.WaitRegistrations(t, 1, 15*time.Second)
-	addr := string(info.GetAddress())
+	a.WaitRegistrations(t, 1, 15*time.Second)
+	c, err := a.MapperClient()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// MapperClient returns a client of the DeviceMapperService the mapper
+// registered last (an error before any registration).
+func (a *Agent) MapperClient() (dmiv1beta1.DeviceMapperServiceClient, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	if len(a.registrations) == 0 {
+		return nil, errors.New("no mapper registered yet")
+	}
+	addr := string(a.registrations[len(a.registrations)-1].GetAddress())
 	if a.client == nil || a.clientAddr != addr {
 		if a.client != nil {
 			a.client.Close()
 		}
 		c, err := grpc.NewClient("unix://"+addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
-			t.Fatal(err)
+			return nil, err
 		}
 		a.client, a.clientAddr = c, addr
 	}
-	return dmiv1beta1.NewDeviceMapperServiceClient(a.client)
+	return dmiv1beta1.NewDeviceMapperServiceClient(a.client), nil
 }

@@ -25,9 +25,18 @@ type Prop struct {
 // configData the way mapper.EncodeConfig does.
 func NewDevice(t testing.TB, namespace, name, model, protocol string, config map[string]any, props ...Prop) *dmiv1beta1.Device {
 	t.Helper()
-	cd, err := mapper.EncodeConfig(config)
+	dev, err := MakeDevice(namespace, name, model, protocol, config, props...)
 	if err != nil {
 		t.Fatal(err)
+	}
+	return dev
+}
+
+// MakeDevice is NewDevice without a test.
+func MakeDevice(namespace, name, model, protocol string, config map[string]any, props ...Prop) (*dmiv1beta1.Device, error) {
+	cd, err := mapper.EncodeConfig(config)
+	if err != nil {
+		return nil, err
 	}
 	dev := &dmiv1beta1.Device{Name: name, Namespace: namespace, Spec: &dmiv1beta1.DeviceSpec{
 		DeviceModelReference: model,
@@ -36,7 +45,7 @@ func NewDevice(t testing.TB, namespace, name, model, protocol string, config map
 	for _, p := range props {
 		v, err := mapper.EncodeConfig(p.Visitor)
 		if err != nil {
-			t.Fatal(err)
+			return nil, err
 		}
 		dp := &dmiv1beta1.DeviceProperty{Name: p.Name, Visitors: &dmiv1beta1.VisitorConfig{ProtocolName: protocol, ConfigData: v},
 			CollectCycle: p.CollectCycle.Milliseconds(), ReportCycle: p.ReportCycle.Milliseconds(), ReportToCloud: true}
@@ -45,7 +54,7 @@ func NewDevice(t testing.TB, namespace, name, model, protocol string, config map
 		}
 		dev.Spec.Properties = append(dev.Spec.Properties, dp)
 	}
-	return dev
+	return dev, nil
 }
 
 // Desired is a desired twin value stamped now.

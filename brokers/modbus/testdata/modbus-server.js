@@ -2,7 +2,9 @@
 // Usage: node modbus-server.js '<json config>'
 //   {"impl": "jsmodbus" | "modbus-serial", "host": "127.0.0.x", "port": N,
 //    "size": registers and bits in each table (default 512),
-//    "holding": {"0": 42, ...}, "input": {...}, "coils": {"3": 1}, "discrete": {...}}
+//    "holding": {"0": 42, ...}, "input": {...}, "coils": {"3": 1}, "discrete": {...},
+//    "logWrites": true (jsmodbus: print "WRITE <address> <value>" for each
+//    single-register write)}
 // jsmodbus answers every unit id from plain buffers (a read past the end
 // gets a short answer); modbus-serial answers unit "unitId" (default: all)
 // and refuses an address past the end with exception 2 (illegal data
@@ -35,7 +37,11 @@ if (cfg.impl === "jsmodbus") {
   fillWords(input, cfg.input);
   fillBits(coils, cfg.coils);
   fillBits(discrete, cfg.discrete);
-  new modbus.server.TCP(netServer, { holding, input, coils, discrete });
+  const server = new modbus.server.TCP(netServer, { holding, input, coils, discrete });
+  if (cfg.logWrites) {
+    // Benchmarks time desired writes by these lines.
+    server.on("postWriteSingleRegister", (req) => console.log("WRITE " + req.body.address + " " + req.body.value));
+  }
   netServer.listen(cfg.port, cfg.host, ready);
 } else {
   const ModbusRTU = require("modbus-serial");
