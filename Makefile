@@ -74,12 +74,14 @@ test: deps node-deps k8s peers build verify-generate
 # Benchmarks: discovery latency, apply rate, idle requests, peak RSS; the
 # controller's broker rate and memory; device-plugin registration and
 # Allocate latency on the real node (root only); the cloud/edge link's idle
-# connections, throughput and latency (WebSocket and QUIC).
+# connections, throughput and latency (WebSocket and QUIC); the Modbus
+# mapper's read rates, write and report latencies and memory (jsmodbus peer).
 bench: k8s build
 	go run ./test/bench/discovery
 	go run ./test/bench/controller
 	@if [ "$$(id -u)" = 0 ]; then go run ./test/bench/deviceplugin; else echo "bench/deviceplugin skipped: it runs a kubelet, which needs root"; fi
 	go run ./test/bench/link
+	go run ./test/bench/mapper
 	go test -run '^$$' -bench . -benchtime 2s ./agent/edgehub/
 	go test -run '^$$' -bench . -benchtime 3000x ./test/link/
 
