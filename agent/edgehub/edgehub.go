@@ -70,7 +70,16 @@ type EdgeHub struct {
 	// removed counts entries replaced or dropped, droppedN those dropped:
 	// the difference is what coalesced.
 	removed, droppedN atomic.Uint64
-	connected         atomic.Bool
+
+	// The writer (writer.go): wq hands it messages, wstop ends it, wdone
+	// says it ended. reserved, adds and rems are its own.
+	wq        chan *enqReq
+	wstop     chan struct{}
+	wdone     chan struct{}
+	reserved  uint64
+	adds      []*link.Entry
+	rems      []uint64
+	connected atomic.Bool
 
 	ackMu    sync.Mutex
 	ackWant  uint64
@@ -129,15 +138,12 @@ func New(cfg Config, onMessage OnMessage, reg prometheus.Registerer) (*EdgeHub, 
 			Help: "Outbound messages dropped, oldest first, because the edge store was full."}),
 	}
 	scfg.MaxEntries, scfg.MaxBytes, scfg.DropOldest = cfg.StoreMaxEntries, cfg.StoreMaxBytes, true
-	scfg.Persist = func(add *link.Entry, removed []uint64) error {
-		if err := st.persist(add, removed); err != nil {
-			return err
-		}
-		e.removed.Add(uint64(len(removed)))
-		return nil
-	}
+	scfg.Persist = e.persistLater
+	e.reserved = scfg.NextSeq
+	e.wq, e.wstop, e.wdone = make(chan *enqReq), make(chan struct{}), make(chan struct{})
 	scfg.Acked = e.acked
 	e.sess = link.NewSession(scfg)
+	go e.writeLoop()
 	if reg != nil {
 		reg.MustRegister(e.dropped,
 			prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "dowse", Subsystem: "edgehub", Name: "coalesced_messages_total",
@@ -219,12 +225,7 @@ func (e *EdgeHub) enqueue(env *linkv1.Envelope, key string) (uint64, error) {
 	if err := link.Validate(&linkv1.Envelope{Version: env.Version, Seq: 1, Kind: env.Kind}); err != nil {
 		return 0, err
 	}
-	seq, dropped, err := e.sess.Enqueue(env, key)
-	if dropped > 0 {
-		e.droppedN.Add(uint64(dropped))
-		e.dropped.Add(float64(dropped))
-	}
-	return seq, err
+	return e.submit(env, key)
 }
 
 // Desired is the last desired value received for a device property (nil when none).
@@ -279,6 +280,8 @@ func (e *EdgeHub) Close() error {
 		return nil
 	}
 	e.isClosed = true
+	close(e.wstop)
+	<-e.wdone
 	return e.store.close()
 }
 

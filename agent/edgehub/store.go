@@ -112,11 +112,24 @@ func (s *store) load() (link.SessionConfig, error) {
 	return cfg, err
 }
 
-// persist adds an outbound entry and removes the ones it replaced.
-func (s *store) persist(e *link.Entry, removed []uint64) error {
-	data, err := proto.Marshal(e.Env)
-	if err != nil {
-		return err
+// persistBatch adds outbound entries and removes the ones they replaced
+// or dropped, in one transaction. An entry replaced within the same batch
+// is never written.
+func (s *store) persistBatch(adds []*link.Entry, removed []uint64) error {
+	gone := make(map[uint64]bool, len(removed))
+	for _, r := range removed {
+		gone[r] = true
+	}
+	data := make([][]byte, len(adds))
+	for i, e := range adds {
+		if gone[e.Seq] {
+			continue
+		}
+		b, err := proto.Marshal(e.Env)
+		if err != nil {
+			return err
+		}
+		data[i] = b
 	}
 	return s.db.Update(func(tx *bolt.Tx) error {
 		out := tx.Bucket(bOut)
@@ -125,10 +138,27 @@ func (s *store) persist(e *link.Entry, removed []uint64) error {
 				return err
 			}
 		}
-		if err := out.Put(be(e.Seq), data); err != nil {
-			return err
+		for i, e := range adds {
+			if data[i] == nil {
+				continue
+			}
+			if err := out.Put(be(e.Seq), data[i]); err != nil {
+				return err
+			}
 		}
-		return tx.Bucket(bMeta).Put(kNextSeq, be(e.Seq+1))
+		return nil
+	})
+}
+
+// reserve records that sequences below next may be in use: a restarted
+// session starts at next at the earliest.
+func (s *store) reserve(next uint64) error {
+	return s.db.Update(func(tx *bolt.Tx) error {
+		meta := tx.Bucket(bMeta)
+		if u64(meta.Get(kNextSeq)) >= next {
+			return nil
+		}
+		return meta.Put(kNextSeq, be(next))
 	})
 }
 

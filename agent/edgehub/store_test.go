@@ -1,6 +1,8 @@
 package edgehub
 
 import (
+	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -186,5 +188,59 @@ func TestReportStateAndExtras(t *testing.T) {
 	}
 	if cfg.Unacked[1].Key == cfg.Unacked[0].Key || cfg.Unacked[1].Key == cfg.Unacked[2].Key {
 		t.Fatal("a state shares a coalescing key with a report or another device's state")
+	}
+}
+
+// TestGroupCommit: concurrent reports are all committed before their calls
+// return and survive a reopen; a restarted edge never assigns a sequence
+// again, even one the store did not keep.
+func TestGroupCommit(t *testing.T) {
+	dir := t.TempDir()
+	e, err := New(Config{Node: "edge", StateDir: dir, Dialer: offline{}, NoSync: true, StoreMaxEntries: 1 << 20}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const writers, each = 8, 300
+	var wg sync.WaitGroup
+	errs := make(chan error, writers)
+	for w := range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range each {
+				if _, err := e.Report(ref("default", fmt.Sprintf("d%d", w)), fmt.Sprintf("p%d", i), &linkv1.Value{Kind: &linkv1.Value_IntValue{IntValue: int64(i)}}, time.Now()); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	last := e.sess.NextSeq() - 1
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Report(ref("default", "late"), "p", &linkv1.Value{Kind: &linkv1.Value_IntValue{IntValue: 1}}, time.Now()); err == nil {
+		t.Fatal("report after Close accepted")
+	}
+
+	e2, err := New(Config{Node: "edge", StateDir: dir, Dialer: offline{}, NoSync: true, StoreMaxEntries: 1 << 20}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e2.Close()
+	if n := e2.Pending(); n != writers*each {
+		t.Fatalf("%d messages after reopen, want %d", n, writers*each)
+	}
+	seq, err := e2.Report(ref("default", "after"), "p", &linkv1.Value{Kind: &linkv1.Value_IntValue{IntValue: 1}}, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if seq <= last {
+		t.Fatalf("restarted edge assigned seq %d again (last before restart %d)", seq, last)
 	}
 }

@@ -1,0 +1,124 @@
+package edgehub
+
+// Group commit. Every outbound message is committed to edge.db before the
+// call that queued it returns, and one fsync costs milliseconds: one
+// transaction per message bounds an edge at a few thousand messages a
+// second however many mappers report at once. So one writer goroutine
+// takes every message queued meanwhile (up to maxBatch), enqueues them in
+// the session and commits them in one transaction, then answers each
+// caller.
+//
+// The session may write a message on the connection before its batch is
+// committed. A crash in that window loses only messages whose callers got
+// no answer; what must not happen is a restarted edge assigning the same
+// sequence numbers again (the cloud would drop the new messages as
+// duplicates). So the store's next-seq runs ahead: before a batch could
+// reach it, a reservation seqReserve further on is committed first, and a
+// restarted session starts after it (gaps are allowed).
+
+import (
+	"errors"
+	"fmt"
+
+	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
+	"github.com/dowse-dev/dowse/shared/link"
+)
+
+const (
+	maxBatch   = 512
+	seqReserve = 4096
+)
+
+var errClosed = errors.New("edgehub: closed")
+
+type enqReq struct {
+	env  *linkv1.Envelope
+	key  string
+	seq  uint64
+	err  error
+	done chan struct{}
+}
+
+// submit hands env to the writer and waits for its commit.
+func (e *EdgeHub) submit(env *linkv1.Envelope, key string) (uint64, error) {
+	r := &enqReq{env: env, key: key, done: make(chan struct{})}
+	select {
+	case e.wq <- r:
+	case <-e.wstop:
+		return 0, errClosed
+	}
+	<-r.done
+	return r.seq, r.err
+}
+
+// writeLoop runs from New until Close.
+func (e *EdgeHub) writeLoop() {
+	defer close(e.wdone)
+	batch := make([]*enqReq, 0, maxBatch)
+	for {
+		select {
+		case <-e.wstop:
+			return
+		case r := <-e.wq:
+			batch = append(batch[:0], r)
+		}
+	fill:
+		for len(batch) < maxBatch {
+			select {
+			case r := <-e.wq:
+				batch = append(batch, r)
+			default:
+				break fill
+			}
+		}
+		e.commit(batch)
+	}
+}
+
+// persistLater is the session's Persist: it only collects, commit writes.
+// Only the writer goroutine enqueues, so no lock is needed.
+func (e *EdgeHub) persistLater(add *link.Entry, removed []uint64) error {
+	e.adds = append(e.adds, add)
+	e.rems = append(e.rems, removed...)
+	return nil
+}
+
+func (e *EdgeHub) commit(batch []*enqReq) {
+	fail := func(err error) {
+		for _, r := range batch {
+			if r.err == nil {
+				r.err = fmt.Errorf("edge store: %w", err)
+			}
+			close(r.done)
+		}
+	}
+	if next := e.sess.NextSeq() + uint64(len(batch)); next > e.reserved {
+		res := next + seqReserve
+		if err := e.store.reserve(res); err != nil {
+			fail(err)
+			return
+		}
+		e.reserved = res
+	}
+	e.adds, e.rems = e.adds[:0], e.rems[:0]
+	for _, r := range batch {
+		var dropped int
+		r.seq, dropped, r.err = e.sess.Enqueue(r.env, r.key)
+		if dropped > 0 {
+			e.droppedN.Add(uint64(dropped))
+			e.dropped.Add(float64(dropped))
+		}
+	}
+	if len(e.adds) > 0 {
+		if err := e.store.persistBatch(e.adds, e.rems); err != nil {
+			// The session holds them: they may still reach the cloud while
+			// this process runs, but a restart would not have them.
+			fail(err)
+			return
+		}
+	}
+	e.removed.Add(uint64(len(e.rems)))
+	for _, r := range batch {
+		close(r.done)
+	}
+}
