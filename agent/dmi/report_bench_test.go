@@ -26,7 +26,9 @@ type assigned struct {
 	device *linkv1.EdgeDevice
 }
 
-func (a *assigned) Devices() ([]*linkv1.EdgeDevice, error) { return []*linkv1.EdgeDevice{a.device}, nil }
+func (a *assigned) Devices() ([]*linkv1.EdgeDevice, error) {
+	return []*linkv1.EdgeDevice{a.device}, nil
+}
 
 func (a *assigned) Models() ([]*linkv1.EdgeDeviceModel, error) {
 	return []*linkv1.EdgeDeviceModel{a.model}, nil

@@ -51,8 +51,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/dowse-dev/dowse/agent/edgehub"
 	dmiv1beta1 "github.com/dowse-dev/dowse/proto/dmi/v1beta1"
 	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
 )
@@ -63,7 +63,8 @@ import (
 type Edge interface {
 	Devices() ([]*linkv1.EdgeDevice, error)
 	Models() ([]*linkv1.EdgeDeviceModel, error)
-	Report(device *linkv1.DeviceRef, property string, v *linkv1.Value, at time.Time, opts ...edgehub.ReportOption) (uint64, error)
+	// ReportMany stores a request's values in one transaction.
+	ReportMany(reports []*linkv1.TwinReportedUpdate) error
 	ReportState(device *linkv1.DeviceRef, state, mapper string, at time.Time) (uint64, error)
 }
 
@@ -418,18 +419,14 @@ func (s *Server) ReportDeviceStatus(ctx context.Context, req *dmiv1beta1.ReportD
 		s.metrics.refuse("twin", reasonRateLimited, len(items))
 		return nil, status.Errorf(codes.ResourceExhausted, "reports for the devices of mapper %q exceed %g a second", owner, s.cfg.ReportRate)
 	}
+	reports := make([]*linkv1.TwinReportedUpdate, len(items))
 	for i, it := range items {
-		opts := []edgehub.ReportOption{}
-		if len(it.metadata) > 0 {
-			opts = append(opts, edgehub.WithMetadata(it.metadata))
-		}
-		if it.od != nil {
-			opts = append(opts, edgehub.WithObservedDesired(it.od))
-		}
-		if _, err := s.edge.Report(d.GetRef(), it.prop, it.v, it.at, opts...); err != nil {
-			s.metrics.refuse("twin", reasonStore, len(items)-i)
-			return nil, status.Errorf(codes.Unavailable, "edge store: %v", err)
-		}
+		reports[i] = &linkv1.TwinReportedUpdate{Device: d.GetRef(), Property: it.prop, Value: it.v, Time: timestamppb.New(it.at),
+			Metadata: it.metadata, ObservedDesired: it.od}
+	}
+	if err := s.edge.ReportMany(reports); err != nil {
+		s.metrics.refuse("twin", reasonStore, len(items))
+		return nil, status.Errorf(codes.Unavailable, "edge store: %v", err)
 	}
 	return &dmiv1beta1.ReportDeviceStatusResponse{}, nil
 }

@@ -19,7 +19,6 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/dowse-dev/dowse/agent/edgehub"
 	dmiv1beta1 "github.com/dowse-dev/dowse/proto/dmi/v1beta1"
 	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
 	"github.com/dowse-dev/dowse/test/promtest"
@@ -58,17 +57,18 @@ func (f *fakeEdge) Models() ([]*linkv1.EdgeDeviceModel, error) {
 	return out, nil
 }
 
-func (f *fakeEdge) Report(d *linkv1.DeviceRef, p string, v *linkv1.Value, at time.Time, opts ...edgehub.ReportOption) (uint64, error) {
-	r := &linkv1.TwinReportedUpdate{Device: d, Property: p, Value: v}
-	for _, o := range opts {
-		o(r)
-	}
+func (f *fakeEdge) ReportMany(rs []*linkv1.TwinReportedUpdate) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	r.Time = nil
-	f.reports = append(f.reports, r)
-	_ = at
-	return uint64(len(f.reports)), nil
+	for _, r := range rs {
+		r = proto.Clone(r).(*linkv1.TwinReportedUpdate)
+		r.Time = nil
+		if len(r.Metadata) == 0 {
+			r.Metadata = nil
+		}
+		f.reports = append(f.reports, r)
+	}
+	return nil
 }
 
 func (f *fakeEdge) ReportState(d *linkv1.DeviceRef, st, mapper string, _ time.Time) (uint64, error) {

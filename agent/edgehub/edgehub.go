@@ -225,7 +225,32 @@ func (e *EdgeHub) enqueue(env *linkv1.Envelope, key string) (uint64, error) {
 	if err := link.Validate(&linkv1.Envelope{Version: env.Version, Seq: 1, Kind: env.Kind}); err != nil {
 		return 0, err
 	}
-	return e.submit(env, key)
+	seqs, err := e.submit([]*linkv1.Envelope{env}, []string{key})
+	if err != nil {
+		return 0, err
+	}
+	return seqs[0], nil
+}
+
+// ReportMany queues several reported values (TwinReportedUpdate: device,
+// property, value, time, and metadata and observed desired when known)
+// and returns once all are committed, in one store transaction. Each
+// coalesces as Report's do. An error refuses the ones not yet taken.
+func (e *EdgeHub) ReportMany(reports []*linkv1.TwinReportedUpdate) error {
+	if len(reports) == 0 {
+		return nil
+	}
+	envs := make([]*linkv1.Envelope, len(reports))
+	keys := make([]string, len(reports))
+	for i, r := range reports {
+		envs[i] = &linkv1.Envelope{Version: link.ProtocolVersion, Kind: &linkv1.Envelope_TwinReported{TwinReported: r}}
+		if err := link.Validate(&linkv1.Envelope{Version: link.ProtocolVersion, Seq: 1, Kind: envs[i].Kind}); err != nil {
+			return err
+		}
+		keys[i] = coalesceKey(envs[i])
+	}
+	_, err := e.submit(envs, keys)
+	return err
 }
 
 // Desired is the last desired value received for a device property (nil when none).

@@ -244,3 +244,44 @@ func TestGroupCommit(t *testing.T) {
 		t.Fatalf("restarted edge assigned seq %d again (last before restart %d)", seq, last)
 	}
 }
+
+// TestReportMany: one request's values commit together; two values of one
+// property in the same batch leave only the newer, in memory and on disk.
+func TestReportMany(t *testing.T) {
+	dir := t.TempDir()
+	e, err := New(Config{Node: "edge", StateDir: dir, Dialer: offline{}, NoSync: true}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := ref("default", "d")
+	iv := func(v int64) *linkv1.Value { return &linkv1.Value{Kind: &linkv1.Value_IntValue{IntValue: v}} }
+	if err := e.ReportMany([]*linkv1.TwinReportedUpdate{
+		{Device: d, Property: "a", Value: iv(1)}, {Device: d, Property: "b", Value: iv(2)}, {Device: d, Property: "a", Value: iv(3)},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.ReportMany([]*linkv1.TwinReportedUpdate{{Device: d, Property: "", Value: iv(1)}}); err == nil {
+		t.Fatal("a report without property accepted")
+	}
+	if n := e.Pending(); n != 2 {
+		t.Fatalf("pending %d, want 2", n)
+	}
+	e.Close()
+	st, err := openStore(dir, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.close()
+	cfg, err := st.load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, u := range cfg.Unacked {
+		r := u.Env.GetTwinReported()
+		got = append(got, fmt.Sprintf("%s=%d", r.Property, r.Value.GetIntValue()))
+	}
+	if !equal(got, []string{"b=2", "a=3"}) {
+		t.Fatalf("stored %v, want [b=2 a=3]", got)
+	}
+}

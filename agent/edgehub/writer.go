@@ -31,24 +31,26 @@ const (
 
 var errClosed = errors.New("edgehub: closed")
 
+// enqReq is one caller's messages, committed in one transaction.
 type enqReq struct {
-	env  *linkv1.Envelope
-	key  string
-	seq  uint64
+	envs []*linkv1.Envelope
+	keys []string
+	seqs []uint64
 	err  error
 	done chan struct{}
 }
 
-// submit hands env to the writer and waits for its commit.
-func (e *EdgeHub) submit(env *linkv1.Envelope, key string) (uint64, error) {
-	r := &enqReq{env: env, key: key, done: make(chan struct{})}
+// submit hands envs to the writer and waits for their commit; on an error
+// seqs holds the ones the session took.
+func (e *EdgeHub) submit(envs []*linkv1.Envelope, keys []string) ([]uint64, error) {
+	r := &enqReq{envs: envs, keys: keys, done: make(chan struct{})}
 	select {
 	case e.wq <- r:
 	case <-e.wstop:
-		return 0, errClosed
+		return nil, errClosed
 	}
 	<-r.done
-	return r.seq, r.err
+	return r.seqs, r.err
 }
 
 // writeLoop runs from New until Close.
@@ -56,17 +58,20 @@ func (e *EdgeHub) writeLoop() {
 	defer close(e.wdone)
 	batch := make([]*enqReq, 0, maxBatch)
 	for {
+		n := 0
 		select {
 		case <-e.wstop:
 			return
 		case r := <-e.wq:
 			batch = append(batch[:0], r)
+			n = len(r.envs)
 		}
 	fill:
-		for len(batch) < maxBatch {
+		for n < maxBatch {
 			select {
 			case r := <-e.wq:
 				batch = append(batch, r)
+				n += len(r.envs)
 			default:
 				break fill
 			}
@@ -92,7 +97,11 @@ func (e *EdgeHub) commit(batch []*enqReq) {
 			close(r.done)
 		}
 	}
-	if next := e.sess.NextSeq() + uint64(len(batch)); next > e.reserved {
+	n := 0
+	for _, r := range batch {
+		n += len(r.envs)
+	}
+	if next := e.sess.NextSeq() + uint64(n); next > e.reserved {
 		res := next + seqReserve
 		if err := e.store.reserve(res); err != nil {
 			fail(err)
@@ -102,11 +111,17 @@ func (e *EdgeHub) commit(batch []*enqReq) {
 	}
 	e.adds, e.rems = e.adds[:0], e.rems[:0]
 	for _, r := range batch {
-		var dropped int
-		r.seq, dropped, r.err = e.sess.Enqueue(r.env, r.key)
-		if dropped > 0 {
-			e.droppedN.Add(uint64(dropped))
-			e.dropped.Add(float64(dropped))
+		for i, env := range r.envs {
+			seq, dropped, err := e.sess.Enqueue(env, r.keys[i])
+			if dropped > 0 {
+				e.droppedN.Add(uint64(dropped))
+				e.dropped.Add(float64(dropped))
+			}
+			if err != nil {
+				r.err = err
+				break
+			}
+			r.seqs = append(r.seqs, seq)
 		}
 	}
 	if len(e.adds) > 0 {
