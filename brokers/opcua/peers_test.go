@@ -1,0 +1,199 @@
+package opcua_test
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr/testr"
+	"github.com/gopcua/opcua"
+	"github.com/gopcua/opcua/ua"
+
+	"github.com/dowse-dev/dowse/brokers/mapper"
+	"github.com/dowse-dev/dowse/brokers/mapper/mappertest"
+	mopcua "github.com/dowse-dev/dowse/brokers/opcua"
+	dmiv1beta1 "github.com/dowse-dev/dowse/proto/dmi/v1beta1"
+	"github.com/dowse-dev/dowse/test/npmpeer"
+)
+
+// node-opcua 2.183 and later need Node 22.
+var npmPackages = []string{
+	"node-opcua@2.182.2",
+	"node-opcua-address-space-for-conformance-testing@2.182.2",
+	"node-opcua-server-discovery@2.182.2",
+}
+
+const (
+	peerStart = 60 * time.Second // a node-opcua server is ready in about 5 s, more on a busy machine
+	wait      = 20 * time.Second
+)
+
+// startServer runs node-opcua's conformance server (the launcher the OPC
+// UA discovery handler's tests use) and returns its endpoint.
+func startServer(t *testing.T) (*npmpeer.Process, string) {
+	t.Helper()
+	modules := npmpeer.Install(t, "opcua", nil, npmPackages...)
+	script, err := filepath.Abs("../../discovery-handlers/opcua/testdata/opcua-server.js")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := npmpeer.FreePort(t, "127.0.0.1")
+	proc := npmpeer.Start(t, "node-opcua", modules, script, npmpeer.JSON(t, map[string]any{
+		"kind": "server", "port": port, "pkiDir": filepath.Join(t.TempDir(), "pki"),
+		"applicationName": "mapper-test", "applicationUri": "urn:dowse:test:mapper",
+	}))
+	proc.WaitLine(t, "READY", 0, peerStart)
+	return proc, "opc.tcp://127.0.0.1:" + strconv.Itoa(port)
+}
+
+var model = mappertest.NewModel("default", "opcua-sim",
+	mappertest.ModelProp("int32", "INT", "ReadWrite", "-100000", "100000"),
+	mappertest.ModelProp("double", "DOUBLE", "ReadWrite", "", ""),
+	mappertest.ModelProp("simulated", "DOUBLE", "ReadOnly", "", ""),
+	mappertest.ModelProp("serverTime", "STRING", "ReadOnly", "", ""),
+	mappertest.ModelProp("missing", "INT", "ReadOnly", "", ""),
+)
+
+func TestOPCUAMapperAgainstNodeOPCUA(t *testing.T) {
+	_, endpoint := startServer(t)
+	props := []mappertest.Prop{
+		{Name: "int32", Visitor: map[string]any{"nodeId": "ns=2;s=Static_Scalar_Int32"}, CollectCycle: 100 * time.Millisecond},
+		{Name: "double", Visitor: map[string]any{"nodeId": "ns=2;s=Static_Scalar_Double"}, CollectCycle: 100 * time.Millisecond},
+		{Name: "serverTime", Visitor: map[string]any{"nodeId": "i=2258"}, CollectCycle: 100 * time.Millisecond},
+		// Pushed by the server: no collect cycle at all.
+		{Name: "simulated", Visitor: map[string]any{"nodeId": "ns=2;s=Scalar_Simulation_Double", "subscribe": true}},
+		{Name: "missing", Visitor: map[string]any{"nodeId": "ns=2;s=No_Such_Node"}, CollectCycle: 100 * time.Millisecond},
+	}
+	plain := mappertest.NewDevice(t, "default", "sim", "opcua-sim", mopcua.Protocol, map[string]any{"endpoint": endpoint, "timeout": "3s"}, props...)
+	secure := mappertest.NewDevice(t, "default", "sim-secure", "opcua-sim", mopcua.Protocol, map[string]any{
+		"endpoint": endpoint, "securityPolicy": "Basic256Sha256", "securityMode": "SignAndEncrypt", "timeout": "3s"}, props[:3]...)
+
+	dir := mappertest.ShortTempDir(t)
+	agent := mappertest.Start(t, dir)
+	agent.SetData([]*dmiv1beta1.DeviceModel{model}, []*dmiv1beta1.Device{plain, secure})
+	m, err := mapper.New(mapper.Config{Protocol: mopcua.Protocol, StateDir: dir, NewDriver: mopcua.NewDriver, Logger: testr.New(t),
+		ReconnectInitial: 100 * time.Millisecond, ReconnectMax: time.Second, ReregisterInterval: time.Hour, CallTimeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- m.Start(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("mapper Start = %v", err)
+		}
+	})
+
+	t.Run("reads, and an unknown node is a clear error", func(t *testing.T) {
+		for _, dev := range []string{"default/sim", "default/sim-secure"} {
+			agent.WaitState(t, dev, "ok", wait)
+			agent.WaitTwin(t, dev, "serverTime", 0, wait, func(tw *dmiv1beta1.Twin) bool {
+				_, err := time.Parse(time.RFC3339Nano, tw.GetReported().GetValue())
+				return err == nil
+			})
+			agent.WaitTwin(t, dev, "int32", 0, wait, func(tw *dmiv1beta1.Twin) bool {
+				_, err := strconv.Atoi(tw.GetReported().GetValue())
+				return err == nil
+			})
+		}
+		tw, _ := agent.WaitTwin(t, "default/sim", "missing", 0, wait, func(tw *dmiv1beta1.Twin) bool {
+			return tw.GetReported().GetMetadata()[mapper.MetaError] != ""
+		})
+		if e := tw.GetReported().GetMetadata()[mapper.MetaError]; !strings.Contains(strings.ToLower(e), "badnodeidunknown") {
+			t.Errorf("unknown node: %q", e)
+		} else {
+			t.Logf("unknown node: %s", e)
+		}
+	})
+
+	t.Run("subscription reports each change without polling", func(t *testing.T) {
+		seen := map[string]bool{}
+		from := 0
+		deadline := time.Now().Add(wait)
+		for len(seen) < 3 && time.Now().Before(deadline) {
+			tw, next := agent.WaitTwin(t, "default/sim", "simulated", from, wait, func(tw *dmiv1beta1.Twin) bool {
+				return tw.GetReported().GetValue() != "" && !seen[tw.GetReported().GetValue()]
+			})
+			seen[tw.GetReported().GetValue()] = true
+			from = next
+		}
+		if len(seen) < 3 {
+			t.Fatalf("subscription reported %d distinct values", len(seen))
+		}
+		t.Logf("pushed values: %v", seen)
+	})
+
+	t.Run("a desired value is written and read back by another client", func(t *testing.T) {
+		want := 4242 + time.Now().Nanosecond()%1000
+		dev := mappertest.SetDesired(plain, "int32", strconv.Itoa(want))
+		dev = mappertest.SetDesired(dev, "double", "2.75")
+		from := agent.ReportCount()
+		if _, err := agent.Mapper(t).UpdateDevice(ctx, &dmiv1beta1.UpdateDeviceRequest{Device: dev}); err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range []string{"int32", "double"} {
+			tw, _ := agent.WaitTwin(t, "default/sim", p, from, wait, func(tw *dmiv1beta1.Twin) bool { return tw.GetObservedDesired() != nil })
+			if e := tw.GetObservedDesired().GetMetadata()[mapper.MetaError]; e != "" {
+				t.Fatalf("writing %s: %s", p, e)
+			}
+		}
+		agent.WaitReported(t, "default/sim", "int32", strconv.Itoa(want), from, wait)
+		if got := readWithOtherClient(t, endpoint, "ns=2;s=Static_Scalar_Int32"); got != int32(want) {
+			t.Errorf("another client reads %v, want %d", got, want)
+		}
+		if got := readWithOtherClient(t, endpoint, "ns=2;s=Static_Scalar_Double"); got != 2.75 {
+			t.Errorf("another client reads %v, want 2.75", got)
+		}
+		// Outside the model's bounds: refused before any write.
+		from = agent.ReportCount()
+		dev = mappertest.SetDesired(dev, "int32", "100001")
+		if _, err := agent.Mapper(t).UpdateDevice(ctx, &dmiv1beta1.UpdateDeviceRequest{Device: dev}); err != nil {
+			t.Fatal(err)
+		}
+		tw, _ := agent.WaitTwin(t, "default/sim", "int32", from, wait, func(tw *dmiv1beta1.Twin) bool {
+			return tw.GetObservedDesired().GetMetadata()[mapper.MetaError] != ""
+		})
+		t.Logf("out of bounds: %s", tw.GetObservedDesired().GetMetadata()[mapper.MetaError])
+		if got := readWithOtherClient(t, endpoint, "ns=2;s=Static_Scalar_Int32"); got != int32(want) {
+			t.Errorf("after a refused value another client reads %v, want %d", got, want)
+		}
+	})
+}
+
+// readWithOtherClient reads a node's value on a connection of its own.
+func readWithOtherClient(t *testing.T, endpoint, node string) any {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	eps, err := opcua.GetEndpoints(ctx, endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep, err := opcua.SelectEndpoint(eps, "None", ua.MessageSecurityModeNone)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := opcua.NewClient(endpoint, opcua.SecurityFromEndpoint(ep, ua.UserTokenTypeAnonymous), opcua.AuthAnonymous())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Connect(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(context.Background())
+	id := ua.MustParseNodeID(node)
+	resp, err := c.Read(ctx, &ua.ReadRequest{NodesToRead: []*ua.ReadValueID{{NodeID: id, AttributeID: ua.AttributeIDValue}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Results[0].Status != ua.StatusOK {
+		t.Fatal(fmt.Errorf("reading %s: %v", node, resp.Results[0].Status))
+	}
+	return resp.Results[0].Value.Value()
+}
