@@ -34,7 +34,7 @@ const (
 
 // startServer runs node-opcua's conformance server (the launcher the OPC
 // UA discovery handler's tests use) and returns its endpoint.
-func startServer(t *testing.T) (*npmpeer.Process, string) {
+func startServer(t *testing.T) (func() *npmpeer.Process, *npmpeer.Process, string) {
 	t.Helper()
 	modules := npmpeer.Install(t, "opcua", nil, npmPackages...)
 	script, err := filepath.Abs("../../discovery-handlers/opcua/testdata/opcua-server.js")
@@ -42,12 +42,16 @@ func startServer(t *testing.T) (*npmpeer.Process, string) {
 		t.Fatal(err)
 	}
 	port := npmpeer.FreePort(t, "127.0.0.1")
-	proc := npmpeer.Start(t, "node-opcua", modules, script, npmpeer.JSON(t, map[string]any{
+	cfg := npmpeer.JSON(t, map[string]any{
 		"kind": "server", "port": port, "pkiDir": filepath.Join(t.TempDir(), "pki"),
 		"applicationName": "mapper-test", "applicationUri": "urn:dowse:test:mapper",
-	}))
-	proc.WaitLine(t, "READY", 0, peerStart)
-	return proc, "opc.tcp://127.0.0.1:" + strconv.Itoa(port)
+	})
+	start := func() *npmpeer.Process {
+		proc := npmpeer.Start(t, "node-opcua", modules, script, cfg)
+		proc.WaitLine(t, "READY", 0, peerStart)
+		return proc
+	}
+	return start, start(), "opc.tcp://127.0.0.1:" + strconv.Itoa(port)
 }
 
 var model = mappertest.NewModel("default", "opcua-sim",
@@ -59,7 +63,7 @@ var model = mappertest.NewModel("default", "opcua-sim",
 )
 
 func TestOPCUAMapperAgainstNodeOPCUA(t *testing.T) {
-	_, endpoint := startServer(t)
+	restart, server, endpoint := startServer(t)
 	props := []mappertest.Prop{
 		{Name: "int32", Visitor: map[string]any{"nodeId": "ns=2;s=Static_Scalar_Int32"}, CollectCycle: 100 * time.Millisecond},
 		{Name: "double", Visitor: map[string]any{"nodeId": "ns=2;s=Static_Scalar_Double"}, CollectCycle: 100 * time.Millisecond},
@@ -162,6 +166,25 @@ func TestOPCUAMapperAgainstNodeOPCUA(t *testing.T) {
 		t.Logf("out of bounds: %s", tw.GetObservedDesired().GetMetadata()[mapper.MetaError])
 		if got := readWithOtherClient(t, endpoint, "ns=2;s=Static_Scalar_Int32"); got != int32(want) {
 			t.Errorf("after a refused value another client reads %v, want %d", got, want)
+		}
+	})
+
+	t.Run("server stopped and started: offline, then ok, subscription back", func(t *testing.T) {
+		server.Stop()
+		agent.WaitState(t, "default/sim", "offline", wait)
+		from := agent.ReportCount()
+		restart()
+		agent.WaitState(t, "default/sim", "ok", peerStart)
+		agent.WaitState(t, "default/sim-secure", "ok", peerStart)
+		// The restarted server starts from its initial values; the pushed
+		// property comes back on a new subscription.
+		seen := map[string]bool{}
+		for len(seen) < 2 {
+			tw, next := agent.WaitTwin(t, "default/sim", "simulated", from, wait, func(tw *dmiv1beta1.Twin) bool {
+				return tw.GetReported().GetValue() != "" && tw.GetReported().GetMetadata()[mapper.MetaError] == "" && !seen[tw.GetReported().GetValue()]
+			})
+			seen[tw.GetReported().GetValue()] = true
+			from = next
 		}
 	})
 }
