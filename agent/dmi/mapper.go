@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"sort"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -35,9 +37,44 @@ type mapper struct {
 	healthy  atomic.Bool
 	restored bool // remembered from before an agent restart: what it holds is unknown
 
-	devices        map[string]string // accepted: key -> signature
+	// devices and models are what it accepted (key -> signature; "" for
+	// one remembered across an agent restart). The worker writes them
+	// under mu; writeMappers reads them.
+	mu             sync.Mutex
+	devices        map[string]string
 	models         map[string]string
 	removeFailures map[string]int
+}
+
+// set records that the mapper holds key (of devices or models) with sig,
+// and whether it is a key it did not hold before.
+func (m *mapper) set(held map[string]string, key, sig string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	_, had := held[key]
+	held[key] = sig
+	return !had
+}
+
+func (m *mapper) forget(held map[string]string, key string) {
+	m.mu.Lock()
+	delete(held, key)
+	m.mu.Unlock()
+}
+
+// held lists the keys of devices and models the mapper holds, sorted.
+func (m *mapper) held() (devices, models []string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for k := range m.devices {
+		devices = append(devices, k)
+	}
+	for k := range m.models {
+		models = append(models, k)
+	}
+	sort.Strings(devices)
+	sort.Strings(models)
+	return devices, models
 }
 
 // mapperAddress is the mapper's DeviceMapperService socket path
@@ -145,7 +182,15 @@ func (s *Server) call(ctx context.Context, m *mapper, method string, f func(ctx 
 
 // reconcile makes the calls that bring m to what it should hold; it stops
 // at the first failure (the worker retries the whole pass).
-func (s *Server) reconcile(ctx context.Context, m *mapper) error {
+func (s *Server) reconcile(ctx context.Context, m *mapper) (err error) {
+	changed := false // the set of keys held: remembered across agent restarts
+	defer func() {
+		if changed {
+			if werr := s.writeMappers(); werr != nil {
+				logr.FromContextOrDiscard(ctx).Error(werr, "cannot remember what the mapper holds")
+			}
+		}
+	}()
 	s.mu.Lock()
 	devs, models := s.assignedLocked(m.info.GetName())
 	s.mu.Unlock()
@@ -177,7 +222,7 @@ func (s *Server) reconcile(ctx context.Context, m *mapper) error {
 		if err != nil {
 			return fmt.Errorf("model %s: %w", k, err)
 		}
-		m.models[k] = sig
+		changed = m.set(m.models, k, sig) || changed
 	}
 
 	want := map[string]bool{}
@@ -206,7 +251,7 @@ func (s *Server) reconcile(ctx context.Context, m *mapper) error {
 		if err != nil {
 			return fmt.Errorf("device %s: %w", k, err)
 		}
-		m.devices[k] = sig
+		changed = m.set(m.devices, k, sig) || changed
 		s.mu.Lock()
 		if t, ok := s.pending[k]; ok {
 			s.metrics.delivered(s.cfg.Now().Sub(t))
@@ -233,7 +278,8 @@ func (s *Server) reconcile(ctx context.Context, m *mapper) error {
 			}
 			logr.FromContextOrDiscard(ctx).Error(err, "giving up removing a device from the mapper", "device", k)
 		}
-		delete(m.devices, k)
+		m.forget(m.devices, k)
+		changed = true
 		delete(m.removeFailures, k)
 	}
 	for k := range m.models {
@@ -252,7 +298,8 @@ func (s *Server) reconcile(ctx context.Context, m *mapper) error {
 			}
 			logr.FromContextOrDiscard(ctx).Error(err, "giving up removing a model from the mapper", "model", k)
 		}
-		delete(m.models, k)
+		m.forget(m.models, k)
+		changed = true
 		delete(m.removeFailures, "model:"+k)
 	}
 	if err := errors.Join(errs...); err != nil {

@@ -26,10 +26,11 @@
 //
 // Restarts: MapperRegister(withData) answers with the mapper's Devices and
 // models and counts them as delivered; without data they are sent with
-// CreateDeviceModel/RegisterDevice. Registered mappers are remembered in
-// <state-dir>/dmi-mappers.json; a restarted agent sends each of them its
-// Devices again (UpdateDevice, falling back to RegisterDevice), since it
-// cannot know what the mapper kept.
+// CreateDeviceModel/RegisterDevice. Registered mappers, and the keys of
+// what each was sent, are remembered in <state-dir>/dmi-mappers.json; a
+// restarted agent sends each of them its Devices again (UpdateDevice,
+// falling back to RegisterDevice), since it cannot know what the mapper
+// kept, and removes what the node lost meanwhile.
 package dmi
 
 import (
@@ -154,12 +155,19 @@ func New(cfg Config, edge Edge, metrics *Metrics) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	for _, info := range infos {
+	for _, sm := range infos {
+		info := &dmiv1beta1.MapperInfo{Name: sm.Name, Version: sm.Version, ApiVersion: sm.APIVersion, Protocol: sm.Protocol, Address: []byte(sm.Address)}
 		m, err := s.newMapper(info)
 		if err != nil {
 			return nil, err
 		}
 		m.restored = true
+		for _, k := range sm.Devices {
+			m.devices[k] = "" // held, content unknown: sent again
+		}
+		for _, k := range sm.Models {
+			m.models[k] = ""
+		}
 		s.mappers[info.GetName()] = m
 	}
 	return s, nil
@@ -325,14 +333,14 @@ func (s *Server) MapperRegister(ctx context.Context, req *dmiv1beta1.MapperRegis
 			dm := toDMIModel(md)
 			resp.ModelList = append(resp.ModelList, dm)
 			sigs[refKey(md.GetRef())] = signature(dm)
-			m.models[refKey(md.GetRef())] = sigs[refKey(md.GetRef())]
+			m.set(m.models, refKey(md.GetRef()), sigs[refKey(md.GetRef())])
 		}
 		now := s.cfg.Now()
 		for _, d := range devs {
 			dd := toDMIDevice(d)
 			resp.DeviceList = append(resp.DeviceList, dd)
 			k := refKey(d.GetRef())
-			m.devices[k] = signature(dd) + sigs[modelKey(d)]
+			m.set(m.devices, k, signature(dd)+sigs[modelKey(d)])
 			if t, ok := s.pending[k]; ok {
 				s.metrics.delivered(now.Sub(t))
 				delete(s.pending, k)
@@ -604,11 +612,15 @@ type savedMapper struct {
 	APIVersion string `json:"apiVersion,omitempty"`
 	Protocol   string `json:"protocol"`
 	Address    string `json:"address"`
+	// Devices and Models it was sent (namespace/name), so that a restarted
+	// agent removes from it what the node lost meanwhile.
+	Devices []string `json:"devices,omitempty"`
+	Models  []string `json:"models,omitempty"`
 }
 
 func (s *Server) mappersFile() string { return filepath.Join(s.cfg.StateDir, "dmi-mappers.json") }
 
-func (s *Server) readMappers() ([]*dmiv1beta1.MapperInfo, error) {
+func (s *Server) readMappers() ([]savedMapper, error) {
 	data, err := os.ReadFile(s.mappersFile())
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
@@ -620,23 +632,25 @@ func (s *Server) readMappers() ([]*dmiv1beta1.MapperInfo, error) {
 	if err := json.Unmarshal(data, &saved); err != nil {
 		return nil, fmt.Errorf("dmi: %s: %w", s.mappersFile(), err)
 	}
-	var out []*dmiv1beta1.MapperInfo
-	for _, m := range saved {
-		out = append(out, &dmiv1beta1.MapperInfo{Name: m.Name, Version: m.Version, ApiVersion: m.APIVersion, Protocol: m.Protocol, Address: []byte(m.Address)})
-	}
-	return out, nil
+	return saved, nil
 }
 
 func (s *Server) writeMappers() error {
 	s.fileMu.Lock()
 	defer s.fileMu.Unlock()
 	s.mu.Lock()
-	saved := make([]savedMapper, 0, len(s.mappers))
+	ms := make([]*mapper, 0, len(s.mappers))
 	for _, m := range s.mappers {
-		i := m.info
-		saved = append(saved, savedMapper{Name: i.GetName(), Version: i.GetVersion(), APIVersion: i.GetApiVersion(), Protocol: i.GetProtocol(), Address: mapperAddress(i)})
+		ms = append(ms, m)
 	}
 	s.mu.Unlock()
+	saved := make([]savedMapper, 0, len(ms))
+	for _, m := range ms {
+		i := m.info
+		devs, models := m.held()
+		saved = append(saved, savedMapper{Name: i.GetName(), Version: i.GetVersion(), APIVersion: i.GetApiVersion(), Protocol: i.GetProtocol(), Address: mapperAddress(i),
+			Devices: devs, Models: models})
+	}
 	sort.Slice(saved, func(i, j int) bool { return saved[i].Name < saved[j].Name })
 	data, err := json.MarshalIndent(saved, "", "  ")
 	if err != nil {

@@ -540,5 +540,23 @@ func TestRestartAndIsolation(t *testing.T) {
 		}
 		return nil
 	})
-	_ = r2
+
+	// A device the node loses while the agent is down is removed from the
+	// still running mapper by the restarted agent.
+	r2.srv.Changed(context.Background(), edge.putDevice(device("t2", "thermo", "virtual", "", "7")))
+	waitFor(t, "t2 delivered", func() error {
+		if again.has("default/t2") == nil {
+			return fmt.Errorf("calls %v", again.callList())
+		}
+		return nil
+	})
+	r2.stop()
+	edge.removeDevice(&linkv1.DeviceRef{Namespace: "default", Name: "t2"})
+	startServer(t, dir, edge, nil)
+	waitFor(t, "t2 removed after the restart", func() error {
+		if again.has("default/t2") != nil || again.has("default/t1") == nil {
+			return fmt.Errorf("calls %v", again.callList())
+		}
+		return nil
+	})
 }
