@@ -560,3 +560,46 @@ func TestRestartAndIsolation(t *testing.T) {
 		return nil
 	})
 }
+
+// TestFloodIsolated: reports for one mapper's devices beyond its rate are
+// refused with ResourceExhausted and counted; another mapper's devices are
+// not affected. The clock stands still, so the bound is the burst.
+func TestFloodIsolated(t *testing.T) {
+	dir := t.TempDir()
+	edge := newFakeEdge()
+	edge.putModel(model("thermo", "virtual"))
+	edge.putModel(model("pump", "modbus"))
+	edge.putDevice(device("t1", "thermo", "virtual", "", "1"))
+	edge.putDevice(device("p1", "pump", "modbus", "", "2"))
+	frozen := time.Unix(1_800_000_000, 0)
+	r := startServer(t, dir, edge, func(c *Config) {
+		c.ReportRate, c.ReportBurst, c.Now = 10, 50, func() time.Time { return frozen }
+	})
+	register(t, r.client, "virtual-mapper", "virtual", startFakeMapper(t, filepath.Join(dir, "v.sock")).sock, true)
+	register(t, r.client, "modbus-mapper", "modbus", startFakeMapper(t, filepath.Join(dir, "m.sock")).sock, true)
+	report := func(name string) error {
+		_, err := r.client.ReportDeviceStatus(context.Background(), &dmiv1beta1.ReportDeviceStatusRequest{DeviceNamespace: "default", DeviceName: name,
+			ReportedDevice: &dmiv1beta1.DeviceStatus{Twins: []*dmiv1beta1.Twin{{PropertyName: "temp", Reported: &dmiv1beta1.TwinProperty{Value: "1"}}}}})
+		return err
+	}
+	accepted, limited := 0, 0
+	for range 200 {
+		switch err := report("t1"); status.Code(err) {
+		case codes.OK:
+			accepted++
+		case codes.ResourceExhausted:
+			limited++
+		default:
+			t.Fatal(err)
+		}
+	}
+	if accepted != 50 || limited != 150 {
+		t.Fatalf("flood: %d accepted, %d limited; want 50 and 150", accepted, limited)
+	}
+	if err := report("p1"); err != nil {
+		t.Fatalf("the other mapper's device: %v", err)
+	}
+	if got := promtest.Sum(t, r.reg, "dowse_dmi_reports_refused_total", map[string]string{"reason": reasonRateLimited}); got != 150 {
+		t.Fatalf("rate-limited counted %v", got)
+	}
+}
