@@ -207,27 +207,54 @@ func (s *Server) reload() error {
 }
 
 // Changed tells the server that the edge store took a message from the
-// cloud; device and model messages make it read the store again and kick
-// the mappers' workers. Safe before Start; it does not block on mappers.
+// cloud; device and model messages are applied to its copy of the node's
+// Devices and models as the store applied them, and kick the mappers'
+// workers. Safe before Start; it does not block on mappers.
 func (s *Server) Changed(ctx context.Context, env *linkv1.Envelope) {
-	switch env.GetKind().(type) {
-	case *linkv1.Envelope_DeviceUpdate, *linkv1.Envelope_DeviceRemoval, *linkv1.Envelope_ModelUpdate,
-		*linkv1.Envelope_ModelRemoval, *linkv1.Envelope_DeviceInventory:
-	default:
-		return
-	}
-	if d := env.GetDeviceUpdate().GetDevice(); d != nil {
-		s.mu.Lock()
-		if _, ok := s.pending[refKey(d.GetRef())]; !ok {
-			s.pending[refKey(d.GetRef())] = s.cfg.Now()
+	s.mu.Lock()
+	switch k := env.GetKind().(type) {
+	case *linkv1.Envelope_DeviceUpdate:
+		d := k.DeviceUpdate.GetDevice()
+		key := refKey(d.GetRef())
+		s.devices[key] = d
+		if _, ok := s.pending[key]; !ok {
+			s.pending[key] = s.cfg.Now()
 		}
+	case *linkv1.Envelope_DeviceRemoval:
+		delete(s.devices, refKey(k.DeviceRemoval.GetDevice()))
+		delete(s.pending, refKey(k.DeviceRemoval.GetDevice()))
+	case *linkv1.Envelope_ModelUpdate:
+		s.models[refKey(k.ModelUpdate.GetModel().GetRef())] = k.ModelUpdate.GetModel()
+	case *linkv1.Envelope_ModelRemoval:
+		delete(s.models, refKey(k.ModelRemoval.GetModel()))
+	case *linkv1.Envelope_DeviceInventory:
+		keep := map[string]bool{}
+		for _, r := range k.DeviceInventory.GetDevices() {
+			keep[refKey(r)] = true
+		}
+		for key := range s.devices {
+			if !keep[key] {
+				delete(s.devices, key)
+				delete(s.pending, key)
+			}
+		}
+		keep = map[string]bool{}
+		for _, r := range k.DeviceInventory.GetModels() {
+			keep[refKey(r)] = true
+		}
+		for key := range s.models {
+			if !keep[key] {
+				delete(s.models, key)
+			}
+		}
+	default:
 		s.mu.Unlock()
-	}
-	if err := s.reload(); err != nil {
-		logr.FromContextOrDiscard(ctx).WithName("dmi").Error(err, "cannot read the node's devices")
 		return
 	}
-	s.kickAll()
+	for _, m := range s.mappers {
+		m.poke()
+	}
+	s.mu.Unlock()
 }
 
 func (s *Server) kickAll() {
