@@ -158,7 +158,7 @@ type cloud struct {
 	states   []*linkv1.DeviceStateUpdate
 }
 
-func startCloud(t *testing.T, serverTLS *tls.Config, addr string) *cloud {
+func startCloud(t testing.TB, serverTLS *tls.Config, addr string) *cloud {
 	t.Helper()
 	c := &cloud{done: make(chan error, 1)}
 	hub, err := cloudhub.New(cloudhub.Config{WebSocketAddr: addr, TLS: serverTLS, Heartbeat: 100 * time.Millisecond, RateLimit: 1e5, RateBurst: 1000},
@@ -211,7 +211,7 @@ func (c *cloud) find(f func(*linkv1.TwinReportedUpdate) bool) []*linkv1.TwinRepo
 	return out
 }
 
-func (c *cloud) send(t *testing.T, env *linkv1.Envelope) {
+func (c *cloud) send(t testing.TB, env *linkv1.Envelope) {
 	t.Helper()
 	if _, err := c.hub.Send(node, env); err != nil {
 		t.Fatal(err)
@@ -232,13 +232,13 @@ type agentEdge struct {
 	done   chan struct{}
 }
 
-func startAgent(t *testing.T, stateDir string, dialer link.Dialer, logs *lines) *agentEdge {
+func startAgent(t testing.TB, stateDir string, dialer link.Dialer, logs *lines, noSync bool) *agentEdge {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	a := &agentEdge{reg: reg, done: make(chan struct{})}
 	var srv *dmi.Server
 	hub, err := edgehub.New(edgehub.Config{Node: node, Dialer: dialer, StateDir: stateDir, Heartbeat: 100 * time.Millisecond,
-		BackoffMin: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond, NoSync: true},
+		BackoffMin: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond, NoSync: noSync},
 		func(ctx context.Context, env *linkv1.Envelope) {
 			if srv != nil {
 				srv.Changed(ctx, env)
@@ -289,7 +289,7 @@ func (a *agentEdge) stop() {
 	}
 }
 
-func waitFor(t *testing.T, what string, cond func() error) {
+func waitFor(t testing.TB, what string, cond func() error) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
@@ -306,7 +306,7 @@ func waitFor(t *testing.T, what string, cond func() error) {
 
 func ref(name string) *linkv1.DeviceRef { return &linkv1.DeviceRef{Namespace: "default", Name: name} }
 
-func visitor(t *testing.T, initial any) *structpb.Struct {
+func visitor(t testing.TB, initial any) *structpb.Struct {
 	s, err := structpb.NewStruct(map[string]any{"initial": initial})
 	if err != nil {
 		t.Fatal(err)
@@ -325,7 +325,7 @@ func thermoModel() *linkv1.Envelope {
 
 // thermo1 has a desired temp; ghost is a property its model lacks (the
 // cloud validates Devices, but the edge does not trust that).
-func thermo1(t *testing.T, gen int64, desired string) *linkv1.Envelope {
+func thermo1(t testing.TB, gen int64, desired string) *linkv1.Envelope {
 	cfg, _ := structpb.NewStruct(map[string]any{"address": "sim://thermo-1", "slaveID": 1})
 	return &linkv1.Envelope{Kind: &linkv1.Envelope_DeviceUpdate{DeviceUpdate: &linkv1.DeviceUpdate{Device: &linkv1.EdgeDevice{
 		Ref: ref("thermo-1"), Generation: gen, Model: "thermo", ProtocolName: "virtual", ProtocolConfig: cfg,
@@ -394,7 +394,7 @@ func TestKubeEdgeMapperFramework(t *testing.T) {
 		t.Fatal(err)
 	}
 	logs := &lines{}
-	agent := startAgent(t, stateDir, dialer, logs)
+	agent := startAgent(t, stateDir, dialer, logs, true)
 	waitFor(t, "link up", func() error {
 		if !agent.hub.Connected() {
 			return fmt.Errorf("not connected")
@@ -507,7 +507,7 @@ func TestKubeEdgeMapperFramework(t *testing.T) {
 	c.stop()
 	agent.stop()
 	started := m.out.count("EVENT device-started id=default/thermo-1 desired=temp:30")
-	agent = startAgent(t, stateDir, dialer, logs)
+	agent = startAgent(t, stateDir, dialer, logs, true)
 	waitFor(t, "the restarted agent tells the remembered mapper its devices from the store", func() error {
 		if m.out.count("EVENT device-started id=default/thermo-1 desired=temp:30") <= started {
 			return fmt.Errorf("mapper:\n%s\nagent:\n%s", m.out, logs)
