@@ -18,6 +18,7 @@ import (
 	discoveryv0 "github.com/dowse-dev/dowse/proto/discovery/v0"
 	discoveryv1 "github.com/dowse-dev/dowse/proto/discovery/v1"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+	"github.com/dowse-dev/dowse/shared/backoff"
 )
 
 // maxDiscoverMessage bounds one device list; 10,000 devices with a few
@@ -136,7 +137,7 @@ func (s *session) run(ctx context.Context) {
 	graceRunning := true
 	retry := time.NewTimer(0)
 	<-retry.C
-	backoff := newBackoff(100*time.Millisecond, 10*time.Second)
+	writeRetry := backoff.Backoff{Initial: 100 * time.Millisecond, Max: 10 * time.Second}
 
 	var target list
 	have := false // whether target holds anything to apply yet
@@ -147,12 +148,12 @@ func (s *session) run(ctx context.Context) {
 			if ctx.Err() != nil {
 				return
 			}
-			d := backoff.next()
+			d := writeRetry.Next()
 			s.log.Error(err, "writing instances failed; retrying", "after", d)
 			retry.Reset(d)
 			return
 		}
-		backoff.reset()
+		writeRetry.Reset()
 		s.update(func(x *sessionState) { x.devices = int32(len(kept) - len(res.Collisions)) })
 		if target.devices == nil { // released after the grace period, not a list
 			return
@@ -218,7 +219,7 @@ func (s *session) stream(ctx context.Context, lists chan list, lost chan<- struc
 	}
 	name := s.cfg.Spec.DiscoveryHandler.Name
 	startedAt := time.Now()
-	backoff := newBackoff(200*time.Millisecond, 30*time.Second)
+	reconnect := backoff.Backoff{Initial: 200 * time.Millisecond, Max: 30 * time.Second}
 	// waitChange waits for the handler's registration to differ from gen, or
 	// for d to pass when d > 0.
 	waitChange := func(gen uint64, d time.Duration) {
@@ -275,7 +276,7 @@ func (s *session) stream(ctx context.Context, lists chan list, lost chan<- struc
 			waitChange(h.Generation, 0)
 			continue
 		}
-		d := backoff.next()
+		d := reconnect.Next()
 		s.setHandler(metav1.ConditionFalse, "Unreachable", fmt.Sprintf("discover stream to %s failed: %v", h.Endpoint, err))
 		s.log.Info("discover stream ended; reconnecting", "endpoint", h.Endpoint, "error", err.Error(), "after", d)
 		waitChange(h.Generation, d)
@@ -340,17 +341,3 @@ func offer(ch chan list, l list) {
 		}
 	}
 }
-
-type backoff struct{ initial, max, cur time.Duration }
-
-func newBackoff(initial, max time.Duration) *backoff {
-	return &backoff{initial: initial, max: max, cur: initial}
-}
-
-func (b *backoff) next() time.Duration {
-	d := b.cur
-	b.cur = min(b.cur*2, b.max)
-	return d
-}
-
-func (b *backoff) reset() { b.cur = b.initial }

@@ -38,6 +38,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/dowse-dev/dowse/shared/backoff"
 	"github.com/dowse-dev/dowse/shared/link/pki"
 )
 
@@ -284,7 +285,7 @@ func (m *Manager) Start(ctx context.Context) error {
 	for {
 		at := m.renewAt()
 		log.V(1).Info("next certificate renewal", "at", at)
-		if !sleep(ctx, at.Sub(m.now())) {
+		if !backoff.Sleep(ctx, at.Sub(m.now())) {
 			return nil
 		}
 		err := retry(ctx, func() error {
@@ -600,10 +601,10 @@ type retryable struct{ error }
 func (r retryable) Unwrap() error { return r.error }
 
 // retry calls f until it succeeds, returns a *Refused not wrapped in
-// retryable, or ctx ends, waiting 1 s doubling to 1 min, ±25%, between
-// tries.
+// retryable, or ctx ends, waiting 1 s doubling to 1 min, less up to 25%,
+// between tries.
 func retry(ctx context.Context, f func() error) error {
-	wait := time.Second
+	wait := backoff.Backoff{Initial: time.Second, Max: time.Minute, Jitter: 0.25}
 	for {
 		err := f()
 		if err == nil {
@@ -614,24 +615,8 @@ func retry(ctx context.Context, f func() error) error {
 		if errors.As(err, &ref) && !errors.As(err, &again) {
 			return err
 		}
-		if !sleep(ctx, time.Duration(float64(wait)*(0.75+0.5*rand.Float64()))) {
+		if !backoff.Sleep(ctx, wait.Next()) {
 			return ctx.Err()
 		}
-		wait = min(2*wait, time.Minute)
-	}
-}
-
-// sleep waits d, or less when ctx ends; it reports whether ctx is alive.
-func sleep(ctx context.Context, d time.Duration) bool {
-	if d <= 0 {
-		return ctx.Err() == nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
 	}
 }

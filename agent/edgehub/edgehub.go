@@ -10,7 +10,6 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -20,6 +19,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
+	"github.com/dowse-dev/dowse/shared/backoff"
 	"github.com/dowse-dev/dowse/shared/link"
 )
 
@@ -332,7 +332,9 @@ func (e *EdgeHub) Start(ctx context.Context) error {
 		e.ackLoop(ctx, cancel)
 	}()
 
-	backoff := e.cfg.BackoffMin
+	// Full jitter in [d/2, d]: a fleet cut off together does not reconnect
+	// in lockstep.
+	reconnect := backoff.Backoff{Initial: e.cfg.BackoffMin, Max: e.cfg.BackoffMax, Jitter: 0.5}
 	for ctx.Err() == nil {
 		up, err := e.connectOnce(ctx)
 		e.connected.Store(false)
@@ -349,16 +351,9 @@ func (e *EdgeHub) Start(ctx context.Context) error {
 			log.V(1).Info("cannot reach the cloud", "reason", err.Error())
 		}
 		if up {
-			backoff = e.cfg.BackoffMin
+			reconnect.Reset()
 		}
-		// Full jitter in [backoff/2, backoff): a fleet cut off together
-		// does not reconnect in lockstep.
-		d := backoff/2 + rand.N(backoff/2+1)
-		select {
-		case <-ctx.Done():
-		case <-time.After(d):
-		}
-		backoff = min(2*backoff, e.cfg.BackoffMax)
+		backoff.Sleep(ctx, reconnect.Next())
 	}
 	if c := context.Cause(ctx); c != nil && !errors.Is(c, context.Canceled) {
 		return c

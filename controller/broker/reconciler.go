@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/recorder"
 
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+	"github.com/dowse-dev/dowse/shared/backoff"
 )
 
 // Errors remembers, per Configuration, the last broker object the API
@@ -77,17 +78,20 @@ type InstanceReconciler struct {
 	log      logr.Logger
 
 	mu      sync.Mutex
-	backoff map[types.NamespacedName]restart // per broker Pod
+	backoff map[types.NamespacedName]*restart // per broker Pod
 }
 
+// restart is a broker Pod's restart backoff: 1s, 2s, 4s ... capped at 5
+// minutes, like the kubelet's crash backoff.
 type restart struct {
-	failures int
+	instance types.NamespacedName // forgotten with it
+	delay    backoff.Backoff
 	notUntil time.Time
 }
 
 // NewInstanceReconciler wires an InstanceReconciler.
 func NewInstanceReconciler(c client.Client, idx *Indexes, rec recorder.EventRecorder, errs *Errors, log logr.Logger) *InstanceReconciler {
-	return &InstanceReconciler{client: c, indexes: idx, recorder: rec, errors: errs, log: log, backoff: map[types.NamespacedName]restart{}}
+	return &InstanceReconciler{client: c, indexes: idx, recorder: rec, errors: errs, log: log, backoff: map[types.NamespacedName]*restart{}}
 }
 
 // SetupWithManager registers the controller.
@@ -123,6 +127,7 @@ func (r *InstanceReconciler) Reconcile(ctx context.Context, req reconcile.Reques
 		if apierrors.IsNotFound(err) {
 			// Owner references collect these on a real cluster; deleting
 			// them here too keeps clusters without a garbage collector clean.
+			r.forgetFailures(req.NamespacedName)
 			return reconcile.Result{}, r.removeAll(ctx, req.Namespace, req.Name)
 		}
 		return reconcile.Result{}, err
@@ -130,6 +135,7 @@ func (r *InstanceReconciler) Reconcile(ctx context.Context, req reconcile.Reques
 	var cfg v1alpha1.Configuration
 	if err := r.client.Get(ctx, types.NamespacedName{Namespace: inst.Namespace, Name: inst.Spec.ConfigurationName}, &cfg); err != nil {
 		if apierrors.IsNotFound(err) {
+			r.forgetFailures(req.NamespacedName)
 			return reconcile.Result{}, r.removeAll(ctx, inst.Namespace, inst.Name)
 		}
 		return reconcile.Result{}, err
@@ -208,7 +214,7 @@ func (r *InstanceReconciler) reconcilePods(ctx context.Context, inst *v1alpha1.I
 			reason = "BrokerRolled"
 		case p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded:
 			reason = "BrokerRestarted"
-			r.noteFailure(key)
+			r.noteFailure(client.ObjectKeyFromObject(inst), key)
 		default:
 			if p.Status.Phase == corev1.PodRunning {
 				r.clearFailures(key)
@@ -249,15 +255,27 @@ func (r *InstanceReconciler) reconcilePods(ctx context.Context, inst *v1alpha1.I
 	return requeue, refused, nil
 }
 
-func (r *InstanceReconciler) noteFailure(key types.NamespacedName) {
+func (r *InstanceReconciler) noteFailure(instance, pod types.NamespacedName) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	b := r.backoff[key]
-	b.failures++
-	// 1s, 2s, 4s ... capped at 5 minutes, like the kubelet's crash backoff.
-	d := min(time.Second<<min(b.failures-1, 9), 5*time.Minute)
-	b.notUntil = time.Now().Add(d)
-	r.backoff[key] = b
+	b := r.backoff[pod]
+	if b == nil {
+		b = &restart{instance: instance, delay: backoff.Backoff{Initial: time.Second, Max: 5 * time.Minute}}
+		r.backoff[pod] = b
+	}
+	b.notUntil = time.Now().Add(b.delay.Next())
+}
+
+// forgetFailures drops the restart backoff of every broker Pod of a gone
+// Instance.
+func (r *InstanceReconciler) forgetFailures(instance types.NamespacedName) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for pod, b := range r.backoff {
+		if b.instance == instance {
+			delete(r.backoff, pod)
+		}
+	}
 }
 
 func (r *InstanceReconciler) clearFailures(key types.NamespacedName) {
@@ -269,7 +287,10 @@ func (r *InstanceReconciler) clearFailures(key types.NamespacedName) {
 func (r *InstanceReconciler) waitBeforeRestart(key types.NamespacedName) time.Duration {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return time.Until(r.backoff[key].notUntil)
+	if b := r.backoff[key]; b != nil {
+		return time.Until(b.notUntil)
+	}
+	return 0
 }
 
 // reconcileJob keeps one Job per Instance and Configuration generation.

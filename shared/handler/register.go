@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	discoveryv1 "github.com/dowse-dev/dowse/proto/discovery/v1"
+	"github.com/dowse-dev/dowse/shared/backoff"
 )
 
 // Reasons for a registration, logged with it.
@@ -48,7 +49,7 @@ func (s *Server) registerLoop(ctx context.Context) error {
 // short and resets the backoff, so a restarted agent hears from its handlers
 // at once rather than after the longest backoff.
 func (s *Server) registerUntilDone(ctx context.Context, reason string) error {
-	backoff := s.cfg.RetryInitial
+	retry := backoff.Backoff{Initial: s.cfg.RetryInitial, Max: s.cfg.RetryMax}
 	for attempt := 1; ; attempt++ {
 		err := s.register(ctx)
 		if err == nil {
@@ -64,9 +65,10 @@ func (s *Server) registerUntilDone(ctx context.Context, reason string) error {
 		// Unavailable (no agent yet, or it is shutting down) is the usual
 		// case; anything else is retried too, as the agent may be midway
 		// through a restart.
-		s.log.Info("Registration failed, will retry", "reason", reason, "attempt", attempt, "backoff", backoff.String(), "error", err.Error())
+		wait := retry.Next()
+		s.log.Info("Registration failed, will retry", "reason", reason, "attempt", attempt, "backoff", wait.String(), "error", err.Error())
 
-		timer := time.NewTimer(backoff)
+		timer := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
 			timer.Stop()
@@ -74,9 +76,8 @@ func (s *Server) registerUntilDone(ctx context.Context, reason string) error {
 		case newReason := <-s.reregister:
 			timer.Stop()
 			reason = newReason
-			backoff = s.cfg.RetryInitial
+			retry.Reset()
 		case <-timer.C:
-			backoff = min(2*backoff, s.cfg.RetryMax)
 		}
 	}
 }
