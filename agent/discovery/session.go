@@ -127,11 +127,14 @@ func (s *session) setDiscovering(st metav1.ConditionStatus, reason, msg string) 
 // run owns all writes for the Configuration on this node. The stream
 // goroutine only delivers lists; run applies the newest one, retries failed
 // writes, and releases the devices when the handler has been gone for the
-// grace period.
+// grace period. It returns when ctx ends, after stream has (stream never
+// blocks on run: it hands lists over with offer).
 func (s *session) run(ctx context.Context) {
 	lists := make(chan list, 1)
 	lost := make(chan struct{}, 1)
-	go s.stream(ctx, lists, lost)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() { s.stream(ctx, lists, lost) })
 
 	grace := time.NewTimer(s.grace) // also covers a handler that never comes
 	graceRunning := true
