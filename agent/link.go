@@ -17,6 +17,7 @@ import (
 	"github.com/dowse-dev/dowse/agent/edgecert"
 	"github.com/dowse-dev/dowse/agent/edgehub"
 	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
+	"github.com/dowse-dev/dowse/shared/contain"
 	"github.com/dowse-dev/dowse/shared/link/pki"
 )
 
@@ -80,7 +81,12 @@ func addLink(mgr manager.Manager, cfg Config, reg prometheus.Registerer, log log
 	})); err != nil {
 		return err
 	}
-	return mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
+	// The edge's store or link failing is the link's failure, not the
+	// agent's: contained, it is logged, counted and retried, and fails only
+	// the "link" readiness check meanwhile, while discovery goes on.
+	partReg := contain.Reregistering(reg)
+	edge := &contain.Part{Name: "edgehub", Log: log, Failures: contain.NewFailures(reg, "dowse_agent"), Run: func(ctx context.Context) error {
+		reg := partReg // each run registers its metrics again
 		select {
 		case <-certs.Ready():
 		case <-ctx.Done():
@@ -109,5 +115,9 @@ func addLink(mgr manager.Manager, cfg Config, reg prometheus.Registerer, log log
 		mappers = startMappers(cfg, hub, reg, log)
 		log.Info("starting edgehub", "server", lc.Server, "transport", lc.Transport)
 		return runEdge(logr.NewContext(ctx, log), hub, mappers)
-	}))
+	}}
+	if err := mgr.AddReadyzCheck("link", edge.Check); err != nil {
+		return err
+	}
+	return mgr.Add(edge)
 }

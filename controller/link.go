@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -19,6 +20,7 @@ import (
 	"github.com/dowse-dev/dowse/controller/linkauth"
 	"github.com/dowse-dev/dowse/controller/twins"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+	"github.com/dowse-dev/dowse/shared/contain"
 	"github.com/dowse-dev/dowse/shared/link/pki"
 )
 
@@ -71,13 +73,6 @@ func (f forgetBoth) Forget(node string) {
 	f.sync.Forget(node)
 }
 
-// alwaysRunnable runs on every replica: the bootstrap endpoint keeps no
-// state, so edges may reach any of them.
-type alwaysRunnable func(context.Context) error
-
-func (f alwaysRunnable) Start(ctx context.Context) error { return f(ctx) }
-func (alwaysRunnable) NeedLeaderElection() bool          { return false }
-
 // addLink adds the link CA (loaded or created in namespace), the bootstrap
 // endpoint and the cloudhub to mgr. The hub runs on the leader only: what it
 // receives turns into writes that one replica must own.
@@ -116,9 +111,16 @@ func addLink(ctx context.Context, mgr ctrl.Manager, cfg Config, reg prometheus.R
 	if err != nil {
 		return err
 	}
-	if err := mgr.Add(alwaysRunnable(func(ctx context.Context) error {
+	// The link's listeners failing (an address in use) is the link's
+	// failure, not the controller's: contained, each is logged, counted and
+	// retried, and fails only the "link" readiness check meanwhile, while
+	// brokers go on. The bootstrap endpoint keeps no state, so it runs on
+	// every replica: edges may reach any of them.
+	failures := contain.NewFailures(reg, "dowse_controller")
+	authPart := &contain.Part{Name: "link-auth", Log: log, Failures: failures, Run: func(ctx context.Context) error {
 		return auth.Start(logr.NewContext(ctx, log))
-	})); err != nil {
+	}}
+	if err := mgr.Add(authPart); err != nil {
 		return err
 	}
 
@@ -176,11 +178,17 @@ func addLink(ctx context.Context, mgr ctrl.Manager, cfg Config, reg prometheus.R
 	if err := departures.SetupWithManager(mgr); err != nil {
 		return err
 	}
-	return mgr.Add(ctrl.RunnableFunc(func(ctx context.Context) error {
+	hubPart := &contain.Part{Name: "cloudhub", Log: log, Failures: failures, LeaderOnly: true, Run: func(ctx context.Context) error {
 		if !mgr.GetCache().WaitForCacheSync(ctx) {
 			return errors.New("cache never synced")
 		}
 		log.Info("starting cloudhub", "websocket", lc.WebSocketAddr, "quic", lc.QUICAddr)
 		return hub.Start(logr.NewContext(ctx, log))
-	}))
+	}}
+	if err := mgr.AddReadyzCheck("link", func(r *http.Request) error {
+		return errors.Join(authPart.Check(r), hubPart.Check(r))
+	}); err != nil {
+		return err
+	}
+	return mgr.Add(hubPart)
 }

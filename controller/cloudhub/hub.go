@@ -142,11 +142,12 @@ type Hub struct {
 	metrics *link.Metrics
 	hsFail  *prometheus.CounterVec
 
-	mu    sync.Mutex
-	nodes map[string]*nodeState
-	ready chan struct{}
-	addrs struct{ ws, quic net.Addr }
-	live  atomic.Int64 // connections being served
+	mu        sync.Mutex
+	nodes     map[string]*nodeState
+	ready     chan struct{}
+	readyOnce sync.Once // Start may be called again after it failed
+	addrs     struct{ ws, quic net.Addr }
+	live      atomic.Int64 // connections being served
 }
 
 type nodeState struct {
@@ -251,12 +252,19 @@ func (h *Hub) Start(ctx context.Context) error {
 		l, err := link.ListenQUIC(h.cfg.QUICAddr, tlsCfg, link.ListenOptions{MaxHandshakes: h.cfg.MaxHandshakes,
 			Refused: func() { h.hsFail.WithLabelValues("handshakes-full").Inc() }})
 		if err != nil {
+			// Free the WebSocket address for the next Start: a listener
+			// closes when its Serve's context has ended.
+			done, cancel := context.WithCancel(ctx)
+			cancel()
+			for _, l := range listeners {
+				_ = l.Serve(done, func(link.Conn) {})
+			}
 			return fmt.Errorf("cloudhub quic: %w", err)
 		}
 		h.addrs.quic = l.Addr()
 		listeners, names = append(listeners, l), append(names, link.QUIC)
 	}
-	close(h.ready)
+	h.readyOnce.Do(func() { close(h.ready) })
 	g, gctx := errgroup.WithContext(ctx)
 	// Connections end with gctx; Start returns only once they have, so that
 	// a stopped hub holds no session goroutine. A transport may still hand
