@@ -26,6 +26,7 @@ import (
 	"github.com/dowse-dev/dowse/agent/registration"
 	"github.com/dowse-dev/dowse/agent/registry"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+	"github.com/dowse-dev/dowse/shared/contain"
 	"github.com/dowse-dev/dowse/shared/scheme"
 )
 
@@ -149,6 +150,9 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
 		return err
 	}
+	if err := mgr.AddReadyzCheck("cache-sync", contain.CacheSynced(mgr.GetCache())); err != nil {
+		return err
+	}
 	if err := mgr.GetFieldIndexer().IndexField(ctx, &v1alpha1.Instance{}, instances.ConfigurationIndex, instances.IndexByConfiguration); err != nil {
 		return err
 	}
@@ -178,7 +182,16 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 			return fmt.Errorf("setting up device plugins: %w", err)
 		}
 	}
-	if err := mgr.Add(registration.New(cfg.StateDir, handlers, log.WithName("registration"))); err != nil {
+	regSrv := registration.New(cfg.StateDir, handlers, log.WithName("registration"))
+	if err := mgr.Add(regSrv); err != nil {
+		return err
+	}
+	// Handlers can register once the socket is served; a socket that stops
+	// answering (wedged, or removed under the agent) needs a restart.
+	if err := mgr.AddReadyzCheck("registration", regSrv.Ready); err != nil {
+		return err
+	}
+	if err := mgr.AddHealthzCheck("registration", regSrv.Healthy); err != nil {
 		return err
 	}
 	if cfg.Link.Server != "" {

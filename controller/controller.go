@@ -33,6 +33,7 @@ import (
 	"github.com/dowse-dev/dowse/controller/mappers"
 	"github.com/dowse-dev/dowse/controller/nodes"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+	"github.com/dowse-dev/dowse/shared/contain"
 	"github.com/dowse-dev/dowse/shared/scheme"
 )
 
@@ -141,6 +142,9 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 		return fmt.Errorf("creating manager: %w", err)
 	}
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+		return err
+	}
+	if err := mgr.AddReadyzCheck("cache-sync", contain.CacheSynced(mgr.GetCache())); err != nil {
 		return err
 	}
 	idx, err := broker.NewIndexes(ctx, mgr.GetCache())

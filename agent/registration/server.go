@@ -7,12 +7,18 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
+	"sync/atomic"
+	"time"
 
 	"github.com/go-logr/logr"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
 	"github.com/dowse-dev/dowse/agent/registry"
@@ -28,6 +34,7 @@ type Server struct {
 	socketPath string
 	registry   *registry.Registry
 	log        logr.Logger
+	serving    atomic.Bool
 }
 
 // New makes a Server that records registrations in reg.
@@ -51,8 +58,12 @@ func (s *Server) Start(ctx context.Context) error {
 	srv := grpc.NewServer()
 	discoveryv1.RegisterRegistrationServer(srv, &v1Server{s: s})
 	discoveryv0.RegisterRegistrationServer(srv, &v0Server{s: s})
+	// The agent's own health checks ask it through the socket.
+	healthpb.RegisterHealthServer(srv, health.NewServer())
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(lis) }()
+	s.serving.Store(true)
+	defer s.serving.Store(false)
 	s.log.Info("serving registration", "socket", s.socketPath)
 	select {
 	case <-ctx.Done():
@@ -62,6 +73,35 @@ func (s *Server) Start(ctx context.Context) error {
 	case err := <-errc:
 		return fmt.Errorf("registration server: %w", err)
 	}
+}
+
+// Ready is a readiness check: nil once the socket is served.
+func (s *Server) Ready(*http.Request) error {
+	if !s.serving.Load() {
+		return errors.New("registration socket not served yet")
+	}
+	return nil
+}
+
+// Healthy is a liveness check: once the socket is served, it must answer
+// through its path within a second. A wedged server, or a socket file
+// removed under the agent (handlers could no longer register), fails it,
+// and a restart makes the socket anew.
+func (s *Server) Healthy(req *http.Request) error {
+	if !s.serving.Load() {
+		return nil // not started, or stopping: not wedged
+	}
+	ctx, cancel := context.WithTimeout(req.Context(), time.Second)
+	defer cancel()
+	conn, err := grpc.NewClient("unix://"+s.socketPath, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	if _, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
+		return fmt.Errorf("registration socket %s does not answer: %w", s.socketPath, err)
+	}
+	return nil
 }
 
 func (s *Server) register(ctx context.Context, req *discoveryv1.RegisterDiscoveryHandlerRequest, proto registry.Protocol) (*discoveryv1.Empty, error) {
