@@ -1,0 +1,208 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+	"github.com/dowse-dev/dowse/test/kube"
+	"github.com/dowse-dev/dowse/test/npmpeer"
+)
+
+// buildKubeEdgeMapper builds test/kubeedge-mapper (a mapper on KubeEdge's
+// mapper-framework v1.21.0 runtime, a module of its own) into dir.
+func buildKubeEdgeMapper(t *testing.T, dir string) string {
+	t.Helper()
+	bin := filepath.Join(dir, "kubeedge-mapper")
+	cmd := exec.Command("go", "build", "-o", bin, ".")
+	cmd.Dir = filepath.Join(kube.RepoRoot(), "test", "kubeedge-mapper")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		npmpeer.Unavailable(t, "cannot build the mapper-framework test peer (%v): %s; it needs github.com/kubeedge/mapper-framework v1.21.0 and github.com/kubeedge/api v1.21.0: run `cd test/kubeedge-mapper && go mod download` with the Go module proxy reachable", err, out)
+	}
+	return bin
+}
+
+// kubeEdgeMapper runs the framework mapper against an agent's dmi.sock and
+// keeps its event lines.
+type kubeEdgeMapper struct {
+	mu    sync.Mutex
+	lines []string
+	cmd   *exec.Cmd
+	done  chan struct{}
+}
+
+func startKubeEdgeMapper(t *testing.T, bin, dmiSock string) *kubeEdgeMapper {
+	t.Helper()
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "config.yaml")
+	yaml := fmt.Sprintf("grpc_server:\n  socket_path: %s\ncommon:\n  name: virtual-mapper\n  version: v1.0.0\n  api_version: v1.0.0\n  protocol: virtual\n  address: 127.0.0.1\n  edgecore_sock: %s\n",
+		filepath.Join(dir, "mapper.sock"), dmiSock)
+	if err := os.WriteFile(cfg, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	m := &kubeEdgeMapper{cmd: exec.Command(bin, "--config-file", cfg, "--v", "1"), done: make(chan struct{})}
+	out, err := m.cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	logf, err := os.Create(filepath.Join(dir, "stderr.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.cmd.Stderr = logf
+	if err := m.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			m.mu.Lock()
+			m.lines = append(m.lines, sc.Text())
+			m.mu.Unlock()
+		}
+		_ = m.cmd.Wait()
+		close(m.done)
+	}()
+	t.Cleanup(func() {
+		_ = m.cmd.Process.Kill() // by its pid
+		<-m.done
+		logf.Close()
+		if t.Failed() {
+			b, _ := os.ReadFile(logf.Name())
+			t.Logf("kubeedge mapper events:\n%s\nstderr:\n%s", m.String(), b)
+		}
+	})
+	return m
+}
+
+func (m *kubeEdgeMapper) has(sub string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return slices.ContainsFunc(m.lines, func(l string) bool { return strings.Contains(l, sub) })
+}
+
+func (m *kubeEdgeMapper) String() string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if len(m.lines) > 60 {
+		return strings.Join(m.lines[len(m.lines)-60:], "\n")
+	}
+	return strings.Join(m.lines, "\n")
+}
+
+const kubeEdgeTwinManifest = `apiVersion: dowse.dev/v1alpha1
+kind: DeviceModel
+metadata: {name: thermo, namespace: default}
+spec:
+  protocol: virtual
+  properties:
+    - {name: temp, type: INT, accessMode: ReadWrite, minimum: "0", maximum: "100"}
+    - {name: label, type: STRING, accessMode: ReadOnly}
+---
+apiVersion: dowse.dev/v1alpha1
+kind: Device
+metadata: {name: thermo-1, namespace: default}
+spec:
+  deviceModelRef: {name: thermo}
+  nodeName: edge-1
+  protocol: {protocolName: virtual, configData: {address: "sim://thermo-1", slaveID: 1}}
+  properties:
+    - name: temp
+      desired: {value: "25"}
+      visitors: {protocolName: virtual, configData: {initial: 20}}
+      collectCycle: 200ms
+      reportCycle: 1s
+    - name: label
+      visitors: {protocolName: virtual, configData: {initial: lab-1}}
+      collectCycle: 200
+`
+
+// TestKubeEdgeMapperEndToEnd: with the real binaries (controller with the
+// link on, agent), a mapper built on KubeEdge's own mapper-framework
+// v1.21.0 runtime registers with the agent's dmi.sock exactly as it would
+// with edgecore and gets the Device written by hand; its desired value, and
+// the ones set later with kubectl and with dowsectl twin set, reach the
+// mapper and come back as reported and observedDesired in Device.status,
+// with the mapper's state.
+func TestKubeEdgeMapperEndToEnd(t *testing.T) {
+	bin := buildKubeEdgeMapper(t, t.TempDir())
+	c := startCloud(t, "--twin-status-interval", "500ms")
+	ctx := context.Background()
+	_, state, _ := c.joinAgent("edge-1", "")
+	dmiSock := filepath.Join(state, "dmi.sock")
+	eventually(t, 60*time.Second, func() error { _, err := os.Stat(dmiSock); return err })
+	m := startKubeEdgeMapper(t, bin, dmiSock)
+	eventually(t, 30*time.Second, func() error {
+		if !m.has("EVENT registered") {
+			return fmt.Errorf("the mapper has not registered:\n%s", m)
+		}
+		return nil
+	})
+	c.apply(t, kubeEdgeTwinManifest)
+
+	key := client.ObjectKey{Namespace: "default", Name: "thermo-1"}
+	see := func(how, value string) {
+		t.Helper()
+		eventually(t, 60*time.Second, func() error {
+			if !m.has("EVENT device-started id=default/thermo-1 desired=temp:" + value) {
+				return fmt.Errorf("%s: the mapper has not applied temp=%s:\n%s", how, value, m)
+			}
+			var d v1alpha1.Device
+			if err := c.client.Get(ctx, key, &d); err != nil {
+				return err
+			}
+			rep, obs := twinValue(&d, "temp")
+			if rep != value || obs != value {
+				return fmt.Errorf("%s: temp reported %q, observedDesired %q, want %s; status %+v", how, rep, obs, value, d.Status)
+			}
+			if rep, _ := twinValue(&d, "label"); rep != "lab-1" {
+				return fmt.Errorf("%s: label reported %q, want lab-1", how, rep)
+			}
+			if d.Status.State != v1alpha1.DeviceStateOK {
+				return fmt.Errorf("%s: state %q, want ok", how, d.Status.State)
+			}
+			if !meta.IsStatusConditionTrue(d.Status.Conditions, v1alpha1.ConditionDesiredApplied) {
+				return fmt.Errorf("%s: DesiredApplied not True: %+v", how, d.Status.Conditions)
+			}
+			return nil
+		})
+	}
+	see("the Device's own desired value", "25")
+
+	patch := `[{"op":"replace","path":"/spec/properties/0/desired","value":{"value":"42"}}]`
+	if kubectl, err := exec.LookPath("kubectl"); err == nil {
+		if out, err := exec.Command(kubectl, "--kubeconfig", c.kubeconfig, "-n", "default", "patch", "device", "thermo-1",
+			"--type", "json", "-p", patch).CombinedOutput(); err != nil {
+			t.Fatalf("kubectl patch: %v: %s", err, out)
+		}
+	} else {
+		t.Log("kubectl is not installed: setting the desired value with the API client instead")
+		var d v1alpha1.Device
+		if err := c.client.Get(ctx, key, &d); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.client.Patch(ctx, &d, client.RawPatch(types.JSONPatchType, []byte(patch))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	see("kubectl", "42")
+
+	if out, err := exec.Command(filepath.Join(kube.RepoRoot(), "bin", "dowsectl"), "twin", "set", "thermo-1", "temp", "7",
+		"--kubeconfig", c.kubeconfig, "-n", "default").CombinedOutput(); err != nil {
+		t.Fatalf("dowsectl twin set: %v: %s", err, out)
+	}
+	see("dowsectl twin set", "7")
+}
