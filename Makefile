@@ -16,7 +16,8 @@ build:
 	go build -trimpath -ldflags="-s -w" -o $(BIN)/ ./agent/cmd/dowse-agent ./controller/cmd/dowse-controller ./discovery-handlers/debug-echo/cmd/dowse-debug-echo-discovery \
 	  ./discovery-handlers/opcua/cmd/dowse-opcua-discovery ./discovery-handlers/modbus/cmd/dowse-modbus-discovery \
 	  ./discovery-handlers/udev/cmd/dowse-udev-discovery ./discovery-handlers/onvif/cmd/dowse-onvif-discovery \
-	  ./brokers/debug-echo/cmd/dowse-debug-echo-broker ./brokers/modbus/cmd/dowse-modbus-mapper ./brokers/opcua/cmd/dowse-opcua-mapper ./dowsectl/cmd/dowsectl
+	  ./brokers/debug-echo/cmd/dowse-debug-echo-broker ./brokers/modbus/cmd/dowse-modbus-mapper ./brokers/opcua/cmd/dowse-opcua-mapper \
+	  ./brokers/onvif/cmd/dowse-onvif-mapper ./dowsectl/cmd/dowsectl
 
 # Test cluster binaries built from the module proxy, once each: the control
 # plane (etcd, kube-apiserver, controller manager, scheduler) and the node

@@ -203,8 +203,13 @@ func (d *device) run(parent context.Context) {
 	d.backoff = d.m.cfg.ReconnectInitial
 	for ctx.Err() == nil {
 		d.takePending(ctx)
+		if d.spec == nil {
+			d.wait(ctx, time.Time{}) // the first spec is on its way
+			continue
+		}
 		if d.driver == nil {
 			d.setState(StateOffline, d.driverErr)
+			d.failAll(d.driverErr)
 			d.sendState(ctx)
 			d.flush(ctx, time.Now())
 			d.wait(ctx, time.Time{})
@@ -506,6 +511,7 @@ func (d *device) connect(ctx context.Context) bool {
 				d.log.Info("Cannot connect to the device", "err", err.Error())
 			}
 			d.setState(StateOffline, err)
+			d.failAll(fmt.Errorf("cannot connect to the device: %w", err))
 		}
 		return false
 	}
@@ -578,6 +584,24 @@ func readResult(err error) string {
 		return "invalid"
 	}
 	return "error"
+}
+
+// failAll puts err on every property that has no error of its own (a
+// device that cannot be reached, or whose protocol config is wrong), so the
+// reason reaches the twins and not only the log. It is reported once.
+func (d *device) failAll(err error) {
+	if err == nil {
+		return
+	}
+	for _, ps := range d.order {
+		if ps.bad != nil || ps.readErr == err.Error() {
+			continue
+		}
+		ps.readErr = err.Error()
+		if ps.reportedErr != ps.readErr {
+			ps.dirty = true
+		}
+	}
 }
 
 // readDue reads the groups that are due.

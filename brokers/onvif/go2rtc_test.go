@@ -1,0 +1,197 @@
+package onvif_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr/testr"
+
+	"github.com/dowse-dev/dowse/brokers/mapper"
+	"github.com/dowse-dev/dowse/brokers/mapper/mappertest"
+	"github.com/dowse-dev/dowse/brokers/onvif"
+	dmiv1beta1 "github.com/dowse-dev/dowse/proto/dmi/v1beta1"
+	"github.com/dowse-dev/dowse/test/npmpeer"
+)
+
+const wait = 15 * time.Second
+
+// go2rtc runs go2rtc v1.9.13 (hack/build-go2rtc.sh, or $DOWSE_GO2RTC) on
+// loopback as the camera; start starts it again on the same ports.
+type go2rtc struct {
+	t          *testing.T
+	bin, dir   string
+	api, rtsp  int
+	cmd        *exec.Cmd
+	out        bytes.Buffer
+	done       chan struct{}
+	serviceURL string
+}
+
+func startGo2rtc(t *testing.T) *go2rtc {
+	t.Helper()
+	bin := os.Getenv("DOWSE_GO2RTC")
+	if bin == "" {
+		_, file, _, _ := runtime.Caller(0)
+		bin = filepath.Join(filepath.Dir(file), "..", "..", "bin", "peers", "go2rtc")
+	}
+	if _, err := os.Stat(bin); err != nil {
+		npmpeer.Unavailable(t, "needs go2rtc v1.9.13 at %s: run hack/build-go2rtc.sh (make peers) or set DOWSE_GO2RTC", bin)
+	}
+	g := &go2rtc{t: t, bin: bin, dir: t.TempDir(), api: npmpeer.FreePort(t, "127.0.0.1"), rtsp: npmpeer.FreePort(t, "127.0.0.1")}
+	g.serviceURL = fmt.Sprintf("http://127.0.0.1:%d/onvif/device_service", g.api)
+	cfg := fmt.Sprintf("api:\n  listen: \"127.0.0.1:%d\"\nrtsp:\n  listen: \"127.0.0.1:%d\"\nwebrtc:\n  listen: \"\"\nstreams:\n  gate: exec:true\n  yard: exec:true\n", g.api, g.rtsp)
+	if err := os.WriteFile(filepath.Join(g.dir, "go2rtc.yaml"), []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	g.start()
+	t.Cleanup(g.stop)
+	return g
+}
+
+func (g *go2rtc) start() {
+	g.t.Helper()
+	g.out.Reset()
+	g.cmd = exec.Command(g.bin, "-config", filepath.Join(g.dir, "go2rtc.yaml"))
+	g.cmd.Dir = g.dir
+	g.cmd.Stdout, g.cmd.Stderr = &g.out, &g.out
+	g.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := g.cmd.Start(); err != nil {
+		g.t.Fatal(err)
+	}
+	g.done = make(chan struct{})
+	go func(cmd *exec.Cmd, done chan struct{}) { _ = cmd.Wait(); close(done) }(g.cmd, g.done)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(g.api), time.Second)
+		if err == nil {
+			c.Close()
+			return
+		}
+		if time.Now().After(deadline) {
+			g.t.Fatalf("go2rtc not listening: %v\n%s", err, g.out.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// stop ends go2rtc by its pid.
+func (g *go2rtc) stop() {
+	select {
+	case <-g.done:
+		return
+	default:
+	}
+	_ = g.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-g.done:
+	case <-time.After(5 * time.Second):
+		_ = g.cmd.Process.Kill()
+		<-g.done
+	}
+}
+
+var model = mappertest.NewModel("default", "camera",
+	mappertest.ModelProp("manufacturer", "STRING", "ReadOnly", "", ""),
+	mappertest.ModelProp("model", "STRING", "ReadOnly", "", ""),
+	mappertest.ModelProp("firmware", "STRING", "ReadOnly", "", ""),
+	mappertest.ModelProp("stream", "STRING", "ReadOnly", "", ""),
+	mappertest.ModelProp("yardStream", "STRING", "ReadOnly", "", ""),
+	mappertest.ModelProp("snapshot", "STRING", "ReadOnly", "", ""),
+	mappertest.ModelProp("profiles", "STRING", "ReadOnly", "", ""),
+	mappertest.ModelProp("clock", "STRING", "ReadOnly", "", ""),
+	mappertest.ModelProp("bogus", "STRING", "ReadWrite", "", ""),
+)
+
+func TestONVIFMapperAgainstGo2rtc(t *testing.T) {
+	cam := startGo2rtc(t)
+	cycle := 200 * time.Millisecond
+	prop := func(name string, v map[string]any) mappertest.Prop {
+		return mappertest.Prop{Name: name, Visitor: v, CollectCycle: cycle}
+	}
+	dev := mappertest.NewDevice(t, "default", "cam", "camera", onvif.Protocol,
+		// go2rtc takes any credentials; they travel as WS-Security.
+		map[string]any{"deviceServiceUrl": cam.serviceURL, "username": "admin", "password": "secret", "timeout": "2s"},
+		prop("manufacturer", map[string]any{"field": "manufacturer"}),
+		prop("model", map[string]any{"field": "model"}),
+		prop("firmware", map[string]any{"field": "firmwareVersion"}),
+		prop("stream", map[string]any{"field": "streamUri"}),
+		prop("yardStream", map[string]any{"field": "streamUri", "profileToken": "yard"}),
+		prop("snapshot", map[string]any{"field": "snapshotUri"}),
+		prop("profiles", map[string]any{"field": "profiles"}),
+		prop("clock", map[string]any{"field": "systemDateTime"}),
+		prop("bogus", map[string]any{"field": "zoom"}),
+	)
+	wrongPath := mappertest.NewDevice(t, "default", "wrong-path", "camera", onvif.Protocol,
+		map[string]any{"deviceServiceUrl": fmt.Sprintf("http://127.0.0.1:%d/not/onvif", cam.api), "timeout": "2s"},
+		prop("model", map[string]any{"field": "model"}))
+
+	dir := mappertest.ShortTempDir(t)
+	agent := mappertest.Start(t, dir)
+	agent.SetData([]*dmiv1beta1.DeviceModel{model}, []*dmiv1beta1.Device{dev, wrongPath})
+	m, err := mapper.New(mapper.Config{Protocol: onvif.Protocol, StateDir: dir, NewDriver: onvif.NewDriver, Logger: testr.New(t),
+		ReconnectInitial: 100 * time.Millisecond, ReconnectMax: 500 * time.Millisecond, ReregisterInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- m.Start(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("mapper Start = %v", err)
+		}
+	})
+
+	const d = "default/cam"
+	agent.WaitState(t, d, "ok", wait)
+	agent.WaitReported(t, d, "model", "go2rtc", 0, wait)
+	agent.WaitReported(t, d, "profiles", "gate,yard", 0, wait)
+	rtspPrefix := fmt.Sprintf("rtsp://127.0.0.1:%d/", cam.rtsp)
+	for prop, suffix := range map[string]string{"stream": "gate", "yardStream": "yard"} {
+		tw, _ := agent.WaitTwin(t, d, prop, 0, wait, func(tw *dmiv1beta1.Twin) bool { return tw.GetReported().GetValue() != "" })
+		if v := tw.GetReported().GetValue(); !strings.HasPrefix(v, rtspPrefix) || !strings.HasSuffix(v, suffix) {
+			t.Errorf("%s = %q, want %s...%s", prop, v, rtspPrefix, suffix)
+		}
+	}
+	tw, _ := agent.WaitTwin(t, d, "snapshot", 0, wait, func(tw *dmiv1beta1.Twin) bool { return tw.GetReported().GetValue() != "" })
+	t.Logf("snapshot URI: %s", tw.GetReported().GetValue())
+	tw, _ = agent.WaitTwin(t, d, "clock", 0, wait, func(tw *dmiv1beta1.Twin) bool { return tw.GetReported().GetValue() != "" })
+	clock, err := time.Parse(time.RFC3339, tw.GetReported().GetValue())
+	if err != nil || time.Since(clock).Abs() > time.Minute {
+		t.Errorf("camera clock %q (%v), want about now", tw.GetReported().GetValue(), err)
+	}
+	tw, _ = agent.WaitTwin(t, d, "bogus", 0, wait, func(tw *dmiv1beta1.Twin) bool { return tw.GetReported().GetMetadata()[mapper.MetaError] != "" })
+	t.Logf("unknown field: %s", tw.GetReported().GetMetadata()[mapper.MetaError])
+	// A wrong device service path: offline, and the reason in the twins.
+	agent.WaitState(t, "default/wrong-path", "offline", wait)
+	tw, _ = agent.WaitTwin(t, "default/wrong-path", "model", 0, wait, func(tw *dmiv1beta1.Twin) bool {
+		return strings.Contains(tw.GetReported().GetMetadata()[mapper.MetaError], "HTTP 404")
+	})
+	t.Logf("wrong device service path: %s", tw.GetReported().GetMetadata()[mapper.MetaError])
+
+	// A desired value: refused (read-only), reported as such.
+	from := agent.ReportCount()
+	if _, err := agent.Mapper(t).UpdateDevice(ctx, &dmiv1beta1.UpdateDeviceRequest{Device: mappertest.SetDesired(dev, "bogus", "x")}); err != nil {
+		t.Fatal(err)
+	}
+	agent.WaitTwin(t, d, "bogus", from, wait, func(tw *dmiv1beta1.Twin) bool { return tw.GetObservedDesired().GetMetadata()[mapper.MetaError] != "" })
+
+	// The camera goes away and comes back.
+	cam.stop()
+	agent.WaitState(t, d, "offline", wait)
+	cam.start()
+	agent.WaitState(t, d, "ok", wait)
+}
+
