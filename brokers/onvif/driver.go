@@ -306,4 +306,3 @@ func (d *Driver) ReadBatch(ctx context.Context, ps []*mapper.Property) []mapper.
 func (d *Driver) Write(context.Context, *mapper.Property, any) error {
 	return mapper.Permanentf("ONVIF properties are read-only")
 }
-

@@ -194,4 +194,3 @@ func TestONVIFMapperAgainstGo2rtc(t *testing.T) {
 	cam.start()
 	agent.WaitState(t, d, "ok", wait)
 }
-
