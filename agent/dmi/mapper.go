@@ -36,6 +36,9 @@ type mapper struct {
 	done     chan struct{}
 	healthy  atomic.Bool
 	restored bool // remembered from before an agent restart: what it holds is unknown
+	// unreachableSince is when calls started failing as unreachable (zero:
+	// reachable). The worker's own.
+	unreachableSince time.Time
 
 	// devices and models are what it accepted (key -> signature; "" for
 	// one remembered across an agent restart). The worker writes them
@@ -141,6 +144,10 @@ func (s *Server) work(ctx context.Context, m *mapper) {
 			backoff = s.cfg.RetryMin
 			continue
 		}
+		if !m.unreachableSince.IsZero() && s.cfg.ForgetAfter > 0 && s.cfg.Now().Sub(m.unreachableSince) >= s.cfg.ForgetAfter {
+			s.forget(ctx, m)
+			return
+		}
 		log.Error(err, "mapper call failed; retrying", "retryIn", backoff.String())
 		select {
 		case <-ctx.Done():
@@ -169,6 +176,12 @@ func (s *Server) call(ctx context.Context, m *mapper, method string, f func(ctx 
 	s.metrics.call(method, err)
 	c := status.Code(err)
 	healthy := err == nil || (c != codes.Unavailable && c != codes.DeadlineExceeded)
+	switch {
+	case healthy:
+		m.unreachableSince = time.Time{}
+	case m.unreachableSince.IsZero():
+		m.unreachableSince = s.cfg.Now()
+	}
 	if m.healthy.Swap(healthy) != healthy {
 		s.mu.Lock()
 		s.updateConnectedLocked()

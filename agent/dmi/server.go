@@ -94,6 +94,12 @@ type Config struct {
 	// others of the edge store. Negative: no bound.
 	ReportRate  float64
 	ReportBurst int
+	// ForgetAfter drops a mapper that has been unreachable (its socket
+	// refuses or its calls time out) this long (10m): it is told nothing
+	// more, and its Devices go to another mapper of their protocol if there
+	// is one. A mapper that comes back registers again (mapper-framework
+	// registers when it starts). Negative: never.
+	ForgetAfter time.Duration
 	// Now is the clock (time.Now).
 	Now func() time.Time
 }
@@ -142,6 +148,9 @@ func New(cfg Config, edge Edge, metrics *Metrics) (*Server, error) {
 	}
 	if cfg.ReportBurst <= 0 {
 		cfg.ReportBurst = 20000
+	}
+	if cfg.ForgetAfter == 0 {
+		cfg.ForgetAfter = 10 * time.Minute
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -618,6 +627,27 @@ func (s *Server) assignedLocked(name string) ([]*linkv1.EdgeDevice, []*linkv1.Ed
 	sort.Slice(devs, func(i, j int) bool { return refKey(devs[i].GetRef()) < refKey(devs[j].GetRef()) })
 	sort.Slice(models, func(i, j int) bool { return refKey(models[i].GetRef()) < refKey(models[j].GetRef()) })
 	return devs, models
+}
+
+// forget drops m if it is still the registration under its name.
+func (s *Server) forget(ctx context.Context, m *mapper) {
+	s.mu.Lock()
+	if s.mappers[m.info.GetName()] != m {
+		s.mu.Unlock()
+		return
+	}
+	delete(s.mappers, m.info.GetName())
+	for _, o := range s.mappers {
+		o.poke()
+	}
+	s.updateConnectedLocked()
+	s.mu.Unlock()
+	_ = m.conn.Close()
+	log := logr.FromContextOrDiscard(ctx)
+	log.Info("forgetting a mapper that stayed unreachable; it is told again when it registers", "unreachableFor", s.cfg.ForgetAfter.String())
+	if err := s.writeMappers(); err != nil {
+		log.Error(err, "cannot write the mapper registry")
+	}
 }
 
 func (s *Server) updateConnectedLocked() {

@@ -603,3 +603,30 @@ func TestFloodIsolated(t *testing.T) {
 		t.Fatalf("rate-limited counted %v", got)
 	}
 }
+
+// TestForgetUnreachable: a mapper whose socket stays dead is forgotten
+// (registry file too), and its device goes to the other mapper of its
+// protocol.
+func TestForgetUnreachable(t *testing.T) {
+	dir := t.TempDir()
+	edge := newFakeEdge()
+	edge.putModel(model("thermo", "virtual"))
+	edge.putDevice(device("t1", "thermo", "virtual", "", "1"))
+	r := startServer(t, dir, edge, func(c *Config) { c.ForgetAfter = 100 * time.Millisecond; c.CallTimeout = 100 * time.Millisecond })
+	register(t, r.client, "a-gone", "virtual", filepath.Join(dir, "nobody.sock"), false)
+	alive := startFakeMapper(t, filepath.Join(dir, "alive.sock"))
+	register(t, r.client, "b-alive", "virtual", alive.sock, false)
+	waitFor(t, "the device moves to the live mapper once the dead one is forgotten", func() error {
+		if alive.has("default/t1") == nil {
+			return fmt.Errorf("calls %v", alive.callList())
+		}
+		b, err := os.ReadFile(filepath.Join(dir, "dmi-mappers.json"))
+		if err != nil {
+			return err
+		}
+		if strings.Contains(string(b), "a-gone") {
+			return fmt.Errorf("still remembered: %s", b)
+		}
+		return nil
+	})
+}
