@@ -109,8 +109,9 @@ func (c *cloud) start(name, logName string, args ...string) *procs.Proc {
 }
 
 // joinAgent creates the Node, mints its token and starts its agent over
-// WebSocket; the agent's state directory is returned.
-func (c *cloud) joinAgent(node string, extra ...string) (*procs.Proc, string, int) {
+// WebSocket to server (the cloudhub when empty); the agent's state
+// directory and metrics port are returned.
+func (c *cloud) joinAgent(node, server string, extra ...string) (*procs.Proc, string, int) {
 	t := c.t
 	t.Helper()
 	ctx := context.Background()
@@ -134,10 +135,13 @@ func (c *cloud) joinAgent(node string, extra ...string) (*procs.Proc, string, in
 		t.Fatal(err)
 	}
 	state := filepath.Join(c.dir, node)
+	if server == "" {
+		server = fmt.Sprintf("127.0.0.1:%d", c.ws)
+	}
 	p := c.start("dowse-agent", node, append([]string{"--kubeconfig", c.kubeconfig, "--node-name", node,
 		"--state-dir", state, "--device-plugin-dir", "",
 		"--metrics-bind-address", fmt.Sprintf("127.0.0.1:%d", port), "--health-probe-bind-address", "0",
-		"--link-server", fmt.Sprintf("127.0.0.1:%d", c.ws), "--link-transport", "websocket", "--link-heartbeat", "1s",
+		"--link-server", server, "--link-transport", "websocket", "--link-heartbeat", "1s",
 		"--link-auth-url", fmt.Sprintf("https://127.0.0.1:%d", c.auth),
 		"--link-bootstrap-token", tok.Token, "--link-ca-cert-hash", tok.CACertHash}, extra...)...)
 	return p, state, port
@@ -247,7 +251,7 @@ func TestModbusTwinEndToEnd(t *testing.T) {
 
 	c := startCloud(t, "--twin-status-interval", "500ms")
 	ctx := context.Background()
-	_, state, _ := c.joinAgent("edge-1")
+	_, state, _ := c.joinAgent("edge-1", "")
 	c.start("dowse-modbus-discovery", "modbus-discovery", "--state-dir", state)
 	c.start("dowse-modbus-mapper", "modbus-mapper", "--state-dir", state, "--name", "plc")
 	c.apply(t, fmt.Sprintf(modbusTwinManifest, addr))
