@@ -112,8 +112,7 @@ type Server struct {
 	edge    Edge
 	metrics *Metrics
 
-	reloadMu sync.Mutex
-	fileMu   sync.Mutex
+	fileMu sync.Mutex
 
 	mu       sync.Mutex
 	devices  map[string]*linkv1.EdgeDevice
@@ -157,7 +156,7 @@ func New(cfg Config, edge Edge, metrics *Metrics) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, edge: edge, metrics: metrics, mappers: map[string]*mapper{},
 		pending: map[string]time.Time{}, limiters: map[string]*rate.Limiter{}}
-	if err := s.reload(); err != nil {
+	if err := s.load(); err != nil {
 		return nil, err
 	}
 	infos, err := s.readMappers()
@@ -184,10 +183,9 @@ func New(cfg Config, edge Edge, metrics *Metrics) (*Server, error) {
 
 func refKey(r *linkv1.DeviceRef) string { return r.GetNamespace() + "/" + r.GetName() }
 
-// reload takes the node's Devices and models from the edge store.
-func (s *Server) reload() error {
-	s.reloadMu.Lock()
-	defer s.reloadMu.Unlock()
+// load takes the node's Devices and models from the edge store; Changed
+// keeps them afterwards.
+func (s *Server) load() error {
 	devs, err := s.edge.Devices()
 	if err != nil {
 		return fmt.Errorf("dmi: devices from the edge store: %w", err)
@@ -196,22 +194,14 @@ func (s *Server) reload() error {
 	if err != nil {
 		return fmt.Errorf("dmi: models from the edge store: %w", err)
 	}
-	dm := make(map[string]*linkv1.EdgeDevice, len(devs))
+	s.devices = make(map[string]*linkv1.EdgeDevice, len(devs))
 	for _, d := range devs {
-		dm[refKey(d.GetRef())] = d
+		s.devices[refKey(d.GetRef())] = d
 	}
-	mm := make(map[string]*linkv1.EdgeDeviceModel, len(models))
+	s.models = make(map[string]*linkv1.EdgeDeviceModel, len(models))
 	for _, m := range models {
-		mm[refKey(m.GetRef())] = m
+		s.models[refKey(m.GetRef())] = m
 	}
-	s.mu.Lock()
-	s.devices, s.models = dm, mm
-	for k := range s.pending {
-		if dm[k] == nil {
-			delete(s.pending, k)
-		}
-	}
-	s.mu.Unlock()
 	return nil
 }
 
