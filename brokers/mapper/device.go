@@ -89,14 +89,14 @@ type device struct {
 	log       logr.Logger
 	notify    chan struct{}
 	pushes    chan push
-	done      chan struct{}
-	stopOnce  sync.Once
-	cancelRun context.CancelFunc
+	cancelRun context.CancelFunc // under mu
+	stopped   bool               // under mu
 
 	mu        sync.Mutex
 	next      *pending
 	resyncing bool
-	snap      *dmiv1beta1.Device
+	snapSpec  *dmiv1beta1.Device          // the spec served; never changed once set
+	snapTwins map[string]*dmiv1beta1.Twin // the last twin sent per property; never changed once sent
 
 	// The goroutine's own.
 	spec       *dmiv1beta1.Device
@@ -122,8 +122,7 @@ func newDevice(m *Mapper, ns, name string) *device {
 		m: m, ns: ns, name: name,
 		log:    m.log.WithValues("device", key(ns, name)),
 		notify: make(chan struct{}, 1),
-		pushes: make(chan push, 256),
-		done:   make(chan struct{}),
+		pushes: make(chan push, 64),
 		props:  map[string]*propState{},
 		state:  StateUnknown,
 	}
@@ -158,14 +157,7 @@ func (d *device) modelChanged(mod *dmiv1beta1.DeviceModel) {
 	d.wake()
 }
 
-func (d *device) snapDevLocked() *dmiv1beta1.Device {
-	if d.snap == nil {
-		return nil
-	}
-	dev := proto.Clone(d.snap).(*dmiv1beta1.Device)
-	dev.Status = nil
-	return dev
-}
+func (d *device) snapDevLocked() *dmiv1beta1.Device { return d.snapSpec }
 
 // resync makes the device report its state and every value again (after a
 // registration: the manager may have restarted).
@@ -177,28 +169,42 @@ func (d *device) resync() {
 }
 
 func (d *device) stop() {
-	d.stopOnce.Do(func() { close(d.done) })
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.stopped = true
+	if d.cancelRun != nil {
+		d.cancelRun()
+	}
 }
 
+// snapshot is what GetDevice returns: the spec served and the twins last
+// reported, built on demand (GetDevice is rare; reports are not).
 func (d *device) snapshot() *dmiv1beta1.Device {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.snap == nil {
-		return &dmiv1beta1.Device{Name: d.name, Namespace: d.ns}
+	dev := &dmiv1beta1.Device{Name: d.name, Namespace: d.ns}
+	if d.snapSpec != nil {
+		dev = proto.Clone(d.snapSpec).(*dmiv1beta1.Device)
 	}
-	return proto.Clone(d.snap).(*dmiv1beta1.Device)
+	dev.Status = &dmiv1beta1.DeviceStatus{ReportToCloud: true}
+	for _, p := range dev.GetSpec().GetProperties() {
+		if tw := d.snapTwins[p.GetName()]; tw != nil {
+			dev.Status.Twins = append(dev.Status.Twins, proto.Clone(tw).(*dmiv1beta1.Twin))
+		}
+	}
+	return dev
 }
 
 func (d *device) run(parent context.Context) {
 	ctx, cancel := context.WithCancel(parent)
 	defer cancel()
-	go func() {
-		select {
-		case <-d.done:
-		case <-ctx.Done():
-		}
-		cancel()
-	}()
+	d.mu.Lock()
+	d.cancelRun = cancel
+	stopped := d.stopped
+	d.mu.Unlock()
+	if stopped {
+		return
+	}
 	defer d.closeDriver()
 	d.backoff = d.m.cfg.ReconnectInitial
 	for ctx.Err() == nil {
@@ -886,31 +892,24 @@ func (d *device) flush(ctx context.Context, now time.Time) {
 		}
 	}
 	d.lastReport = now
-	d.updateSnap()
+	d.snapTwinsSent(twins)
 }
 
-// updateSnap refreshes what GetDevice returns.
+// updateSnap records the spec served for GetDevice.
 func (d *device) updateSnap() {
-	var dev *dmiv1beta1.Device
-	if d.spec != nil {
-		dev = proto.Clone(d.spec).(*dmiv1beta1.Device)
-	} else {
-		dev = &dmiv1beta1.Device{Name: d.name, Namespace: d.ns}
-	}
-	st := &dmiv1beta1.DeviceStatus{ReportToCloud: true}
-	for _, ps := range d.order {
-		tw := &dmiv1beta1.Twin{PropertyName: ps.p.Name, ObservedDesired: ps.observed}
-		if ps.hasReported {
-			meta := map[string]string{MetaType: ps.p.Type, MetaTimestamp: strconv.FormatInt(ps.reportedAt.UnixMilli(), 10)}
-			if ps.reportedErr != "" {
-				meta[MetaError] = ps.reportedErr
-			}
-			tw.Reported = &dmiv1beta1.TwinProperty{Value: ps.reported, Metadata: meta}
-		}
-		st.Twins = append(st.Twins, tw)
-	}
-	dev.Status = st
 	d.mu.Lock()
-	d.snap = dev
+	d.snapSpec = d.spec
 	d.mu.Unlock()
+}
+
+// snapTwinsSent records twins just sent for GetDevice.
+func (d *device) snapTwinsSent(twins []*dmiv1beta1.Twin) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.snapTwins == nil {
+		d.snapTwins = map[string]*dmiv1beta1.Twin{}
+	}
+	for _, tw := range twins {
+		d.snapTwins[tw.GetPropertyName()] = tw
+	}
 }

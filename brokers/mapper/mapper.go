@@ -382,6 +382,10 @@ func (m *Mapper) register(ctx context.Context) error {
 		m.models[key(mod.GetNamespace(), mod.GetName())] = mod
 	}
 	seen := map[string]bool{}
+	existed := map[string]bool{}
+	for k := range m.devices {
+		existed[k] = true
+	}
 	for _, dev := range resp.GetDeviceList() {
 		if dev.GetName() == "" {
 			continue
@@ -398,8 +402,8 @@ func (m *Mapper) register(ctx context.Context) error {
 			m.log.Info("Device no longer in the device manager's list; removing", "device", k)
 			d.stop()
 			delete(m.devices, k)
-		} else if seen[k] {
-			d.resync()
+		} else if seen[k] && existed[k] {
+			d.resync() // the manager may have restarted and lost what it had
 		}
 	}
 	select {
