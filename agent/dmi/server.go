@@ -117,6 +117,7 @@ type Server struct {
 	mu       sync.Mutex
 	devices  map[string]*linkv1.EdgeDevice
 	models   map[string]*linkv1.EdgeDeviceModel
+	asked    map[string]bool // see askedLocked; nil when devices changed
 	mappers  map[string]*mapper
 	pending  map[string]time.Time // device -> when its update reached the edge
 	limiters map[string]*rate.Limiter
@@ -250,6 +251,7 @@ func (s *Server) Changed(ctx context.Context, env *linkv1.Envelope) {
 		s.mu.Unlock()
 		return
 	}
+	s.asked = nil
 	for _, m := range s.mappers {
 		m.poke()
 	}
@@ -562,15 +564,18 @@ func protocolOf(d *linkv1.EdgeDevice, models map[string]*linkv1.EdgeDeviceModel)
 	return models[modelKey(d)].GetProtocol()
 }
 
-// askedLocked is the set of mapper names the node's Devices ask for.
+// askedLocked is the set of mapper names the node's Devices ask for
+// (kept with the Devices: reports ask for it each time).
 func (s *Server) askedLocked() map[string]bool {
-	asked := map[string]bool{}
-	for _, d := range s.devices {
-		if d.GetMapper() != "" {
-			asked[d.GetMapper()] = true
+	if s.asked == nil {
+		s.asked = map[string]bool{}
+		for _, d := range s.devices {
+			if d.GetMapper() != "" {
+				s.asked[d.GetMapper()] = true
+			}
 		}
 	}
-	return asked
+	return s.asked
 }
 
 // ownerLocked is the mapper d is assigned to; false when none serves it.
