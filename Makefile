@@ -85,6 +85,7 @@ bench: k8s build
 	go run ./test/bench/mapper
 	go test -run '^$$' -bench . -benchtime 2s ./agent/edgehub/
 	go test -run '^$$' -bench . -benchtime 3000x ./test/link/
+	go test -run '^$$' -bench Twins -benchtime 1x ./test/e2e/
 
 # Local demo: control plane, agent, debug-echo handler, live Instances.
 # On a root machine with runc the agent and controller run as pods on a real

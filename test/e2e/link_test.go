@@ -319,7 +319,7 @@ func metricCheck(port int, sample string, want float64, holds func(float64) bool
 	return fmt.Errorf("no %s on :%d", sample, port)
 }
 
-func eventually(t *testing.T, limit time.Duration, f func() error) {
+func eventually(t testing.TB, limit time.Duration, f func() error) {
 	t.Helper()
 	deadline := time.Now().Add(limit)
 	for {

@@ -32,7 +32,7 @@ import (
 // cloud is a control plane with dowse-controller (link on) and a way to
 // join agents to it, all real binaries.
 type cloud struct {
-	t                       *testing.T
+	t                       testing.TB
 	cp                      *kube.ControlPlane
 	dir, kubeconfig         string
 	client                  client.Client
@@ -41,7 +41,7 @@ type cloud struct {
 	controllerArgs          []string
 }
 
-func startCloud(t *testing.T, controllerArgs ...string) *cloud {
+func startCloud(t testing.TB, controllerArgs ...string) *cloud {
 	t.Helper()
 	cp, err := kube.Start()
 	if err != nil {
@@ -147,7 +147,7 @@ func (c *cloud) joinAgent(node, server string, extra ...string) (*procs.Proc, st
 	return p, state, port
 }
 
-func (c *cloud) apply(t *testing.T, manifest string) {
+func (c *cloud) apply(t testing.TB, manifest string) {
 	t.Helper()
 	for _, doc := range strings.Split(manifest, "\n---\n") {
 		u := &unstructured.Unstructured{}

@@ -1,0 +1,242 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+	"github.com/dowse-dev/dowse/test/dmitest"
+)
+
+// BenchmarkTwins prints the twin figures with the real binaries on
+// loopback (run it with -benchtime 1x; make bench does):
+//   - desired set in Device.spec → the mapper's UpdateDevice, p50/p99 over
+//     100 changes;
+//   - a mapper's report → the value visible in Device.status (1 s
+//     coalescing), p50/p99 over 100 reports;
+//   - reports one agent takes from its mappers, sustained (32 concurrent
+//     DMI clients, each call one property of one device), and the agent's
+//     CPU meanwhile;
+//   - API status writes a second for 1,000 Devices reporting every 100 ms.
+func BenchmarkTwins(b *testing.B) {
+	for range b.N {
+		benchTwins(b)
+	}
+}
+
+func benchTwins(b *testing.B) {
+	c := startCloud(b, "--twin-status-interval", "1s", "--kube-api-qps", "5000", "--kube-api-burst", "10000", "--link-rate-limit", "50000", "--link-rate-burst", "100000")
+	ctx := context.Background()
+	agent, state, _ := c.joinAgent("edge-1", "")
+	model := &v1alpha1.DeviceModel{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "bench"},
+		Spec: v1alpha1.DeviceModelSpec{Protocol: "scripted", Properties: []v1alpha1.ModelProperty{
+			{Name: "p0", Type: v1alpha1.PropertyInt}, {Name: "setpoint", Type: v1alpha1.PropertyInt, AccessMode: v1alpha1.ReadWrite}}}}
+	if err := c.client.Create(ctx, model); err != nil {
+		b.Fatal(err)
+	}
+	newDevice := func(name string) *v1alpha1.Device {
+		d := &v1alpha1.Device{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name},
+			Spec: v1alpha1.DeviceSpec{DeviceModelRef: &corev1.LocalObjectReference{Name: "bench"}, NodeName: "edge-1",
+				Properties: []v1alpha1.DeviceProperty{{Name: "setpoint", Desired: &v1alpha1.TwinProperty{Value: "0"}}}}}
+		if err := c.client.Create(ctx, d); err != nil {
+			b.Fatal(err)
+		}
+		return d
+	}
+	dev := newDevice("bench-0")
+	m, err := dmitest.Start(ctx, state, "bench", "scripted")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer m.Stop()
+	eventually(b, 30*time.Second, func() error {
+		if !m.Has("default", dev.Name) {
+			return fmt.Errorf("no device at the mapper yet")
+		}
+		return nil
+	})
+
+	// Desired → UpdateDevice.
+	var desired []time.Duration
+	for i := 1; i <= 100; i++ {
+		patch := fmt.Appendf(nil, `[{"op":"replace","path":"/spec/properties/0/desired/value","value":"%d"}]`, i)
+		start := time.Now()
+		if err := c.client.Patch(ctx, dev, client.RawPatch(types.JSONPatchType, patch)); err != nil {
+			b.Fatal(err)
+		}
+		for m.Desired("default", dev.Name, "setpoint") != strconv.Itoa(i) {
+			if time.Since(start) > 30*time.Second {
+				b.Fatalf("desired %d never reached the mapper", i)
+			}
+			time.Sleep(200 * time.Microsecond)
+		}
+		desired = append(desired, time.Since(start))
+	}
+
+	// Report → Device.status, seen through a watch.
+	wc, err := client.NewWithWatch(c.cp.Config, client.Options{Scheme: c.client.Scheme()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	w, err := wc.Watch(wctx, &v1alpha1.DeviceList{}, client.InNamespace("default"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	seen := make(chan string, 1024)
+	go func() {
+		for ev := range w.ResultChan() {
+			if d, ok := ev.Object.(*v1alpha1.Device); ok && d.Name == dev.Name {
+				if v, _ := twinValue(d, "p0"); v != "" {
+					seen <- v
+				}
+			}
+		}
+	}()
+	var toStatus []time.Duration
+	for i := 1; i <= 100; i++ {
+		start := time.Now()
+		if err := m.Report(ctx, "default", dev.Name, map[string]string{"p0": strconv.Itoa(i)}); err != nil {
+			b.Fatal(err)
+		}
+	wait:
+		for {
+			select {
+			case v := <-seen:
+				if v == strconv.Itoa(i) {
+					break wait
+				}
+			case <-time.After(30 * time.Second):
+				b.Fatalf("report %d never reached Device.status", i)
+			}
+		}
+		toStatus = append(toStatus, time.Since(start))
+		// Reports arrive at random points of the coalescing interval.
+		time.Sleep(time.Duration(i*37%300) * time.Millisecond)
+	}
+	cancel()
+	w.Stop()
+
+	// Sustained intake: 32 clients, each call one value.
+	var accepted, refused atomic.Int64
+	cpu0 := cpuSeconds(agent.Pid())
+	intakeStart := time.Now()
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	for g := range 32 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if err := m.Report(ctx, "default", dev.Name, map[string]string{"p0": strconv.Itoa(g*1_000_000 + i)}); err != nil {
+					refused.Add(1)
+					continue
+				}
+				accepted.Add(1)
+			}
+		}()
+	}
+	time.Sleep(5 * time.Second)
+	close(stop)
+	wg.Wait()
+	intake := time.Since(intakeStart)
+	cpu := cpuSeconds(agent.Pid()) - cpu0
+
+	// 1,000 Devices reporting every 100 ms.
+	const n = 1000
+	names := make([]string, n)
+	for i := range n {
+		names[i] = fmt.Sprintf("bench-%d", i+1)
+		newDevice(names[i])
+	}
+	eventually(b, 60*time.Second, func() error {
+		for _, nm := range names {
+			if !m.Has("default", nm) {
+				return fmt.Errorf("device %s not at the mapper yet", nm)
+			}
+		}
+		return nil
+	})
+	writes0, _ := metricValue(c.metrics, `dowse_twins_status_writes_total{result="ok"}`)
+	fleetStart := time.Now()
+	stopFleet := make(chan struct{})
+	var fleet sync.WaitGroup
+	for g := range 10 {
+		fleet.Add(1)
+		go func() {
+			defer fleet.Done()
+			tick := time.NewTicker(100 * time.Millisecond)
+			defer tick.Stop()
+			for k := 0; ; k++ {
+				select {
+				case <-stopFleet:
+					return
+				case <-tick.C:
+				}
+				for i := g; i < n; i += 10 {
+					_ = m.Report(ctx, "default", names[i], map[string]string{"p0": strconv.Itoa(k)})
+				}
+			}
+		}()
+	}
+	time.Sleep(10 * time.Second)
+	close(stopFleet)
+	fleet.Wait()
+	fleetTime := time.Since(fleetStart)
+	writes1, _ := metricValue(c.metrics, `dowse_twins_status_writes_total{result="ok"}`)
+
+	fmt.Fprintf(os.Stdout, "\nTwins on loopback, real controller and agent (WebSocket link), scripted DMI mapper, 1 s status coalescing:\n")
+	fmt.Fprintf(os.Stdout, "  desired in Device.spec -> mapper UpdateDevice, 100 changes:  p50 %v  p99 %v\n", pct(desired, 50), pct(desired, 99))
+	fmt.Fprintf(os.Stdout, "  mapper report -> value in Device.status, 100 reports:       p50 %v  p99 %v\n", pct(toStatus, 50), pct(toStatus, 99))
+	fmt.Fprintf(os.Stdout, "  agent intake, 32 DMI clients, one value a call:             %.0f reports/s accepted (%d refused), agent CPU %.2f cores\n",
+		float64(accepted.Load())/intake.Seconds(), refused.Load(), cpu/intake.Seconds())
+	fmt.Fprintf(os.Stdout, "  1,000 Devices reporting every 100 ms for %v:               %.0f status writes/s (at most %d: one per Device per second)\n",
+		fleetTime.Round(time.Second), (writes1-writes0)/fleetTime.Seconds(), n)
+}
+
+func pct(ds []time.Duration, p int) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	i := (len(s)*p + 99) / 100
+	return s[max(0, min(len(s)-1, i-1))].Round(100 * time.Microsecond)
+}
+
+// cpuSeconds is the user and system CPU time of a process.
+func cpuSeconds(pid int) float64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// Fields after the command name (which may contain spaces).
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+2:]))
+	if len(f) < 13 {
+		return 0
+	}
+	ut, _ := strconv.ParseFloat(f[11], 64)
+	st, _ := strconv.ParseFloat(f[12], 64)
+	return (ut + st) / 100 // clock ticks: 100 a second on Linux
+}
+
+func metricValue(port int, sample string) (float64, error) {
+	var v float64
+	err := metricCheck(port, sample, 0, func(x float64) bool { v = x; return true })
+	return v, err
+}
