@@ -51,6 +51,7 @@ import (
 	"golang.org/x/time/rate"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -289,6 +290,7 @@ func (s *Server) Start(ctx context.Context) error {
 	}
 	gs := grpc.NewServer()
 	dmiv1beta1.RegisterDeviceManagerServiceServer(gs, s)
+	reflection.Register(gs) // as edgecore does: grpcurl -unix <socket> list
 
 	s.mu.Lock()
 	s.runCtx = ctx
