@@ -352,6 +352,7 @@ func (s *Server) MapperRegister(ctx context.Context, req *dmiv1beta1.MapperRegis
 	s.mu.Lock()
 	if s.runCtx == nil {
 		s.mu.Unlock()
+		_ = m.conn.Close()
 		return nil, status.Error(codes.Unavailable, "the mapper API is starting")
 	}
 	old := s.mappers[info.GetName()]
