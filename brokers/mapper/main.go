@@ -14,9 +14,6 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/dowse-dev/dowse/shared/handler"
 )
@@ -75,14 +72,12 @@ func Main(protocol string, newDriver NewDriver) {
 	}
 	cfg.StateDir = *stateDir
 
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	cfg.Metrics = NewMetrics(reg)
+	cfg.Metrics = NewMetrics()
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if *metricsAddr != "" {
-		go serveMetrics(ctx, cfg.Logger, *metricsAddr, reg)
+		go serveMetrics(ctx, cfg.Logger, *metricsAddr, cfg.Metrics)
 	}
 	err := Run(ctx, cfg)
 	if err != nil {
@@ -103,9 +98,9 @@ func Run(ctx context.Context, cfg Config) error {
 
 // serveMetrics serves /metrics until ctx ends; a failure is logged and
 // never stops the mapper.
-func serveMetrics(ctx context.Context, log logr.Logger, addr string, reg *prometheus.Registry) {
+func serveMetrics(ctx context.Context, log logr.Logger, addr string, m *Metrics) {
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.Handle("/metrics", m.Handler())
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
