@@ -101,6 +101,10 @@ type Config struct {
 	// is one. A mapper that comes back registers again (mapper-framework
 	// registers when it starts). Negative: never.
 	ForgetAfter time.Duration
+	// UnservedInterval is how often Devices no mapper serves are looked
+	// for (5s); each is reported once, as state "unknown" without a
+	// mapper, which the cloud shows as MapperConnected False.
+	UnservedInterval time.Duration
 	// Now is the clock (time.Now).
 	Now func() time.Time
 }
@@ -122,6 +126,7 @@ type Server struct {
 	mappers  map[string]*mapper
 	pending  map[string]time.Time // device -> when its update reached the edge
 	limiters map[string]*rate.Limiter
+	unserved map[string]bool // Devices told to the cloud as served by no mapper
 	runCtx   context.Context // set by Start
 	wg       sync.WaitGroup
 }
@@ -157,7 +162,7 @@ func New(cfg Config, edge Edge, metrics *Metrics) (*Server, error) {
 		cfg.Now = time.Now
 	}
 	s := &Server{cfg: cfg, edge: edge, metrics: metrics, mappers: map[string]*mapper{},
-		pending: map[string]time.Time{}, limiters: map[string]*rate.Limiter{}}
+		pending: map[string]time.Time{}, limiters: map[string]*rate.Limiter{}, unserved: map[string]bool{}}
 	if err := s.load(); err != nil {
 		return nil, err
 	}
@@ -304,6 +309,24 @@ func (s *Server) Start(ctx context.Context) error {
 
 	served := make(chan error, 1)
 	go func() { served <- gs.Serve(lis) }()
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		every := s.cfg.UnservedInterval
+		if every <= 0 {
+			every = 5 * time.Second
+		}
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				s.reportUnserved(ctx)
+			}
+		}
+	}()
 	var serveErr error
 	select {
 	case <-ctx.Done():
@@ -332,6 +355,39 @@ func (s *Server) Start(ctx context.Context) error {
 		return fmt.Errorf("dmi: %w", serveErr)
 	}
 	return nil
+}
+
+// reportUnserved tells the cloud, once each time it happens, of every
+// Device that no mapper on this node serves (no mapper of its name or
+// protocol is registered): state "unknown" with no mapper.
+func (s *Server) reportUnserved(ctx context.Context) {
+	s.mu.Lock()
+	asked := s.askedLocked()
+	var now []*linkv1.DeviceRef
+	for key, d := range s.devices {
+		if _, ok := s.ownerLocked(d, asked); ok {
+			delete(s.unserved, key)
+			continue
+		}
+		if !s.unserved[key] {
+			s.unserved[key] = true
+			now = append(now, d.GetRef())
+		}
+	}
+	for key := range s.unserved {
+		if s.devices[key] == nil {
+			delete(s.unserved, key)
+		}
+	}
+	s.mu.Unlock()
+	for _, ref := range now {
+		if _, err := s.edge.ReportState(ref, "unknown", "", s.cfg.Now()); err != nil {
+			logr.FromContextOrDiscard(ctx).Error(err, "reporting a device no mapper serves", "device", refKey(ref))
+			s.mu.Lock()
+			delete(s.unserved, refKey(ref))
+			s.mu.Unlock()
+		}
+	}
 }
 
 // MapperRegister records the mapper (replacing one of the same name) and,

@@ -661,3 +661,56 @@ func TestReflection(t *testing.T) {
 		t.Fatalf("services %v", names)
 	}
 }
+
+// TestUnservedDevicesAreReported: a Device no mapper of the node serves is
+// reported once as state "unknown" with no mapper (the cloud's
+// MapperConnected False); once a mapper serves it, nothing more is said for
+// it, and it is said again when it is unserved again.
+func TestUnservedDevicesAreReported(t *testing.T) {
+	dir := t.TempDir()
+	edge := newFakeEdge()
+	edge.putModel(model("thermo", "virtual"))
+	edge.putDevice(device("a", "thermo", "virtual", "", "1"))
+	r := startServer(t, dir, edge, func(c *Config) { c.UnservedInterval = 20 * time.Millisecond })
+	unserved := func() []string {
+		edge.mu.Lock()
+		defer edge.mu.Unlock()
+		var out []string
+		for _, s := range edge.states {
+			if s.Mapper == "" {
+				out = append(out, s.Device.Name+":"+s.State)
+			}
+		}
+		return out
+	}
+	waitFor(t, "unserved report", func() error {
+		if got := unserved(); len(got) != 1 || got[0] != "a:unknown" {
+			return fmt.Errorf("unserved reports %v, want [a:unknown]", got)
+		}
+		return nil
+	})
+	time.Sleep(100 * time.Millisecond) // several checks: still one report
+	if got := unserved(); len(got) != 1 {
+		t.Fatalf("unserved reports %v, want one", got)
+	}
+	startFakeMapper(t, filepath.Join(dir, "m.sock"))
+	register(t, r.client, "virt", "virtual", filepath.Join(dir, "m.sock"), true)
+	time.Sleep(100 * time.Millisecond)
+	if got := unserved(); len(got) != 1 {
+		t.Fatalf("unserved reports %v after a mapper took the device, want still one", got)
+	}
+	// A device asking for a mapper name nobody registered: the protocol's
+	// mapper serves it.
+	r.srv.Changed(context.Background(), edge.putDevice(device("a", "thermo", "virtual", "special", "1")))
+	time.Sleep(100 * time.Millisecond)
+	if got := unserved(); len(got) != 1 {
+		t.Fatalf("unserved reports %v, want one: the protocol's mapper serves a device whose named mapper is absent", got)
+	}
+	r.srv.Changed(context.Background(), edge.putDevice(device("b", "thermo", "nothing-speaks-this", "", "1")))
+	waitFor(t, "second unserved report", func() error {
+		if got := unserved(); len(got) != 2 || got[1] != "b:unknown" {
+			return fmt.Errorf("unserved reports %v, want a then b", got)
+		}
+		return nil
+	})
+}

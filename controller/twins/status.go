@@ -154,8 +154,14 @@ func (s *Status) Handle(ctx context.Context, m cloudhub.Inbound) error {
 		if ds.State == v1alpha1.DeviceStateOK || ds.State == v1alpha1.DeviceStateOnline {
 			st.status.LastOnlineTime = &metav1.Time{Time: at}
 		}
-		meta.SetStatusCondition(&st.status.Conditions, metav1.Condition{Type: v1alpha1.ConditionMapperConnected, Status: metav1.ConditionTrue,
-			Reason: "Reporting", Message: fmt.Sprintf("mapper %q on node %s reports the device %s", ds.Mapper, m.Node, ds.State), ObservedGeneration: d.Generation})
+		c := metav1.Condition{Type: v1alpha1.ConditionMapperConnected, Status: metav1.ConditionTrue,
+			Reason: "Reporting", Message: fmt.Sprintf("mapper %q on node %s reports the device %s", ds.Mapper, m.Node, ds.State), ObservedGeneration: d.Generation}
+		if ds.Mapper == "" {
+			// The agent's word: no mapper on the node serves the device.
+			c.Status, c.Reason, c.Message = metav1.ConditionFalse, "NoMapper",
+				fmt.Sprintf("no mapper on node %s serves the device (none registered under its mapperName or its protocol)", m.Node)
+		}
+		meta.SetStatusCondition(&st.status.Conditions, c)
 		s.metrics.Reports.WithLabelValues("state").Inc()
 	}
 	st.status.ReportedPosition = &pos

@@ -332,6 +332,26 @@ func TestTwinStatus(t *testing.T) {
 	if d, _ = getDevice(ns, "t1"); findTwin(d, "temperature").Reported.Value != "249.5" {
 		t.Errorf("a restarted writer applied a resent report: %q", findTwin(d, "temperature").Reported.Value)
 	}
+	// The agent says no mapper serves the device: MapperConnected False;
+	// a mapper's state report turns it True.
+	state := func(seq uint64, st, mapper string) {
+		t.Helper()
+		if err := restarted.Handle(ctx, cloudhub.Inbound{Node: "edge-1", At: cloudhub.Position{Stream: stream, Seq: seq}, Env: &linkv1.Envelope{Seq: seq,
+			Kind: &linkv1.Envelope_DeviceState{DeviceState: &linkv1.DeviceStateUpdate{Device: &linkv1.DeviceRef{Namespace: ns, Name: "t1"}, State: st, Mapper: mapper}}}}); err != nil {
+			t.Fatal(err)
+		}
+		restarted.Flush(ctx)
+	}
+	state(800, "unknown", "")
+	d, _ = getDevice(ns, "t1")
+	if c := meta.FindStatusCondition(d.Status.Conditions, v1alpha1.ConditionMapperConnected); c == nil || c.Status != metav1.ConditionFalse || c.Reason != "NoMapper" {
+		t.Errorf("MapperConnected %+v, want False NoMapper", c)
+	}
+	state(801, "ok", "thermostats")
+	d, _ = getDevice(ns, "t1")
+	if c := meta.FindStatusCondition(d.Status.Conditions, v1alpha1.ConditionMapperConnected); c == nil || c.Status != metav1.ConditionTrue || d.Status.State != "ok" || d.Status.LastOnlineTime == nil {
+		t.Errorf("MapperConnected %+v, state %q, lastOnlineTime %v: want True, ok and a time", c, d.Status.State, d.Status.LastOnlineTime)
+	}
 	// A report for a Device that is gone is dropped and committed.
 	if err := restarted.Handle(ctx, cloudhub.Inbound{Node: "edge-1", At: cloudhub.Position{Stream: stream, Seq: 900}, Env: &linkv1.Envelope{Seq: 900,
 		Kind: &linkv1.Envelope_DeviceState{DeviceState: &linkv1.DeviceStateUpdate{Device: &linkv1.DeviceRef{Namespace: ns, Name: "gone"}, State: "ok"}}}}); err != nil {
