@@ -1,0 +1,76 @@
+package devices
+
+import (
+	"encoding/json"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+)
+
+func TestPickNode(t *testing.T) {
+	inst := func(nodes ...string) *v1alpha1.Instance {
+		i := &v1alpha1.Instance{}
+		for _, n := range nodes {
+			i.Status.Nodes = append(i.Status.Nodes, v1alpha1.InstanceNode{Name: n})
+		}
+		return i
+	}
+	for _, tc := range []struct {
+		inst    *v1alpha1.Instance
+		current string
+		want    string
+	}{
+		{inst("b", "a"), "", "a"},  // first by name
+		{inst("b", "a"), "b", "b"}, // kept while it sees the device
+		{inst("c", "b"), "a", "b"}, // failover
+		{inst(), "a", ""},          // nobody sees it
+	} {
+		if got := pickNode(tc.inst, tc.current); got != tc.want {
+			t.Errorf("pickNode(%v, %q) = %q, want %q", tc.inst.Status.Nodes, tc.current, got, tc.want)
+		}
+	}
+}
+
+// TestFromTemplate: ${NAME} in configData strings (nested too) and desired
+// values take the Instance's properties; unknown names stay; the Device is
+// named, labelled and owned after the Instance and asks for the
+// Configuration's mapper.
+func TestFromTemplate(t *testing.T) {
+	inst := &v1alpha1.Instance{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "plc-abc", UID: "u1"},
+		Spec: v1alpha1.InstanceSpec{BrokerProperties: map[string]string{"ADDR": "10.0.0.7:502", "UNIT": "3", "SET": "21"}}}
+	cfg := &v1alpha1.Configuration{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "plc"},
+		Spec: v1alpha1.ConfigurationSpec{DeviceTemplate: &v1alpha1.DeviceTemplate{
+			DeviceModelRef: corev1.LocalObjectReference{Name: "m"},
+			Protocol:       v1alpha1.ProtocolConfig{ProtocolName: "modbus", ConfigData: &apiextensionsv1.JSON{Raw: []byte(`{"address":"${ADDR}","opts":{"unit":"${UNIT}","list":["${NOPE}",1]}}`)}},
+			Properties:     []v1alpha1.DeviceProperty{{Name: "s", Desired: &v1alpha1.TwinProperty{Value: "${SET}"}}},
+		}}}
+	d, err := FromTemplate(inst, cfg, "edge-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got map[string]any
+	if err := json.Unmarshal(d.Spec.Protocol.ConfigData.Raw, &got); err != nil {
+		t.Fatal(err)
+	}
+	opts := got["opts"].(map[string]any)
+	if got["address"] != "10.0.0.7:502" || opts["unit"] != "3" || opts["list"].([]any)[0] != "${NOPE}" || opts["list"].([]any)[1] != float64(1) {
+		t.Errorf("configData %v: want names expanded, unknown ones kept, other values untouched", got)
+	}
+	if d.Spec.Properties[0].Desired.Value != "21" || d.Spec.NodeName != "edge-1" || d.Spec.MapperName != "plc" || d.Name != inst.Name {
+		t.Errorf("device %+v: want desired 21, node edge-1, mapper plc, the Instance's name", d.Spec)
+	}
+	if !metav1.IsControlledBy(d, inst) || d.Labels[v1alpha1.LabelInstance] != inst.Name {
+		t.Errorf("owners %v labels %v: want the Instance", d.OwnerReferences, d.Labels)
+	}
+	if cfg.Spec.DeviceTemplate.Properties[0].Desired.Value != "${SET}" {
+		t.Error("FromTemplate changed the Configuration's template")
+	}
+	cfg.Spec.DeviceTemplate.Protocol.ConfigData = &apiextensionsv1.JSON{Raw: []byte(`{bad`)}
+	if _, err := FromTemplate(inst, cfg, "edge-1"); err == nil {
+		t.Error("malformed configData accepted")
+	}
+}

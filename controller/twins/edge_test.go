@@ -1,0 +1,100 @@
+package twins
+
+import (
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
+
+	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
+	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+)
+
+func js(s string) *apiextensionsv1.JSON { return &apiextensionsv1.JSON{Raw: []byte(s)} }
+
+// TestEdgeDevice: the model fills in the protocol, default configData
+// (the Device's keys win) and default visitors; cycles become
+// milliseconds; reportToCloud defaults to true.
+func TestEdgeDevice(t *testing.T) {
+	model := &v1alpha1.DeviceModel{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "m", Generation: 3},
+		Spec: v1alpha1.DeviceModelSpec{Protocol: "modbus", ProtocolConfigData: js(`{"timeout":"1s","unitId":1}`),
+			Properties: []v1alpha1.ModelProperty{
+				{Name: "t", Type: v1alpha1.PropertyInt, Visitors: &v1alpha1.VisitorConfig{ProtocolName: "modbus", ConfigData: js(`{"address":1}`)}},
+				{Name: "s", Type: v1alpha1.PropertyInt, AccessMode: v1alpha1.ReadWrite},
+			}}}
+	d := &v1alpha1.Device{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "d", Generation: 7},
+		Spec: v1alpha1.DeviceSpec{DeviceModelRef: &corev1.LocalObjectReference{Name: "m"}, MapperName: "plc",
+			Protocol: v1alpha1.ProtocolConfig{ConfigData: js(`{"address":"10.0.0.1:502","unitId":2}`)},
+			Properties: []v1alpha1.DeviceProperty{
+				{Name: "t", CollectCycle: ptr.To(intstr.FromString("250ms")), ReportCycle: ptr.To(intstr.FromInt32(10000))},
+				{Name: "s", Desired: &v1alpha1.TwinProperty{Value: "5", Metadata: map[string]string{"by": "me"}}, ReportToCloud: ptr.To(false),
+					Visitors: &v1alpha1.VisitorConfig{ProtocolName: "modbus", ConfigData: js(`{"address":9}`)}},
+			}}}
+	ed, err := EdgeDevice(d, model)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ed.ProtocolName != "modbus" || ed.Mapper != "plc" || ed.Generation != 7 || ed.Model != "m" {
+		t.Errorf("device %v: want the model's protocol, the mapper name, generation and model", ed)
+	}
+	cfg := ed.ProtocolConfig.AsMap()
+	if cfg["address"] != "10.0.0.1:502" || cfg["unitId"] != float64(2) || cfg["timeout"] != "1s" {
+		t.Errorf("protocol config %v: want the Device's keys over the model's", cfg)
+	}
+	p0, p1 := ed.Properties[0], ed.Properties[1]
+	if p0.CollectCycleMs != 250 || p0.ReportCycleMs != 10000 || !p0.ReportToCloud || p0.VisitorConfig.AsMap()["address"] != float64(1) {
+		t.Errorf("property t %v: want 250 ms, 10 s, reportToCloud and the model's visitor", p0)
+	}
+	if p1.Desired.GetValue() != "5" || p1.Desired.Metadata["by"] != "me" || p1.ReportToCloud || p1.VisitorConfig.AsMap()["address"] != float64(9) {
+		t.Errorf("property s %v: want its desired value, reportToCloud false and its own visitor", p1)
+	}
+	d.Spec.Protocol.ConfigData = js(`[1,2]`)
+	if _, err := EdgeDevice(d, model); err == nil {
+		t.Error("configData that is not an object was accepted")
+	}
+}
+
+func TestFormatValue(t *testing.T) {
+	for _, tc := range []struct {
+		v    *linkv1.Value
+		want string
+	}{
+		{&linkv1.Value{Kind: &linkv1.Value_IntValue{IntValue: -42}}, "-42"},
+		{&linkv1.Value{Kind: &linkv1.Value_DoubleValue{DoubleValue: 21.5}}, "21.5"},
+		{&linkv1.Value{Kind: &linkv1.Value_DoubleValue{DoubleValue: 1e21}}, "1e+21"},
+		{&linkv1.Value{Kind: &linkv1.Value_BoolValue{BoolValue: true}}, "true"},
+		{&linkv1.Value{Kind: &linkv1.Value_StringValue{StringValue: "on"}}, "on"},
+		{&linkv1.Value{Kind: &linkv1.Value_BytesValue{BytesValue: []byte{1, 2}}}, "AQI="},
+		{nil, ""},
+	} {
+		if got := FormatValue(tc.v); got != tc.want {
+			t.Errorf("FormatValue(%v) = %q, want %q", tc.v, got, tc.want)
+		}
+	}
+}
+
+// TestDesiredApplied: True only once every desired value is observed
+// (numbers compared as numbers), absent without desired values.
+func TestDesiredApplied(t *testing.T) {
+	d := &v1alpha1.Device{Spec: v1alpha1.DeviceSpec{Properties: []v1alpha1.DeviceProperty{
+		{Name: "a", Desired: &v1alpha1.TwinProperty{Value: "1.50"}}, {Name: "b", Desired: &v1alpha1.TwinProperty{Value: "on"}}, {Name: "c"}}}}
+	st := &v1alpha1.DeviceStatus{Twins: []v1alpha1.Twin{{PropertyName: "a", ObservedDesired: &v1alpha1.TwinProperty{Value: "1.5"}}}}
+	desiredApplied(d, st)
+	if c := meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionDesiredApplied); c == nil || c.Status != metav1.ConditionFalse {
+		t.Fatalf("condition %+v, want False while b is not observed", c)
+	}
+	st.Twins = append(st.Twins, v1alpha1.Twin{PropertyName: "b", ObservedDesired: &v1alpha1.TwinProperty{Value: "on"}})
+	desiredApplied(d, st)
+	if !meta.IsStatusConditionTrue(st.Conditions, v1alpha1.ConditionDesiredApplied) {
+		t.Fatalf("conditions %+v, want DesiredApplied True", st.Conditions)
+	}
+	d.Spec.Properties = d.Spec.Properties[2:]
+	desiredApplied(d, st)
+	if c := meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionDesiredApplied); c != nil {
+		t.Fatalf("condition %+v without desired values, want none", c)
+	}
+}
