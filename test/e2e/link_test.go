@@ -68,23 +68,7 @@ func TestLinkBinaries(t *testing.T) {
 	ctlMetrics, wsPort, quicPort, authPort := ports[0], ports[1], ports[2], ports[3]
 	start := func(name, logName string, args ...string) *procs.Proc {
 		t.Helper()
-		logf, err := os.Create(filepath.Join(dir, logName+".log"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		p, err := procs.Start(name, logf, args...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			p.Stop()
-			logf.Close()
-			if t.Failed() {
-				b, _ := os.ReadFile(logf.Name())
-				t.Logf("%s log:\n%s", logName, b)
-			}
-		})
-		return p
+		return startLogged(t, dir, name, logName, args...)
 	}
 	start("dowse-controller", "controller", "--kubeconfig", kubeconfig, "--leader-elect=false",
 		"--metrics-bind-address", fmt.Sprintf("127.0.0.1:%d", ctlMetrics), "--health-probe-bind-address", "0",

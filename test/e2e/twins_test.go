@@ -84,12 +84,18 @@ func (c *cloud) startController() {
 		"--link-auth-bind-address", fmt.Sprintf("127.0.0.1:%d", c.auth)}, c.controllerArgs...)...)
 }
 
-// start runs a binary with its output in <dir>/<logName>.log, printed when
-// the test fails, and stops it when the test ends.
+// start runs a binary with its output in the cloud's directory.
 func (c *cloud) start(name, logName string, args ...string) *procs.Proc {
-	t := c.t
+	c.t.Helper()
+	return startLogged(c.t, c.dir, name, logName, args...)
+}
+
+// startLogged runs bin/<name> with its output appended to
+// <dir>/<logName>.log, printed when the test fails, and stops it when the
+// test ends.
+func startLogged(t testing.TB, dir, name, logName string, args ...string) *procs.Proc {
 	t.Helper()
-	logf, err := os.OpenFile(filepath.Join(c.dir, logName+".log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	logf, err := os.OpenFile(filepath.Join(dir, logName+".log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {
 		t.Fatal(err)
 	}
