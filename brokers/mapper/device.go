@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	dmiv1beta1 "github.com/dowse-dev/dowse/proto/dmi/v1beta1"
@@ -23,15 +25,20 @@ const (
 	StateUnknown   = "unknown"
 )
 
-// Twin metadata keys. Besides KubeEdge's "timestamp" (Unix ms) and "type",
-// Dowse's mappers put "error" on a twin whose read failed (reported: the
-// value is the last good one, or empty) or whose desired value could not be
-// applied (observedDesired: the value is the desired one that failed). The
-// key goes away with the next good read or write.
+// Twin metadata keys. Besides KubeEdge's "timestamp" (Unix ms of the read)
+// and "type", Dowse's mappers put on a reported twin "error" when the last
+// read of the property failed (the value is then the last good one) and
+// "desiredError" when the last desired value could not be applied
+// (observedDesired then stays the last value applied). Both go away with
+// the next good read or write. A property never read successfully is not
+// reported at all (a device manager refuses a twin without a value of the
+// property's type, and with it the whole report); its error shows in
+// GetDevice, the logs and the device's state.
 const (
-	MetaTimestamp = "timestamp"
-	MetaType      = "type"
-	MetaError     = "error"
+	MetaTimestamp    = "timestamp"
+	MetaType         = "type"
+	MetaError        = "error"
+	MetaDesiredError = "desiredError"
 )
 
 // ErrDisconnected, wrapped in a driver's error, says the connection is gone
@@ -49,11 +56,14 @@ type propState struct {
 	readAt   time.Time
 	readErr  string // last read error, "" after a good read
 
-	reported    string
-	hasReported bool
-	reportedErr string
-	reportedAt  time.Time
-	dirty       bool // something to report
+	reported           string
+	hasReported        bool
+	reportedErr        string
+	reportedDesiredErr string
+	reportedAt         time.Time
+	dirty              bool // something to report
+
+	desiredErr string // the last desired value's failure, "" once applied
 
 	desired      *dmiv1beta1.TwinProperty
 	desiredKey   string // value and timestamp of the desired value
@@ -95,8 +105,8 @@ type device struct {
 	mu        sync.Mutex
 	next      *pending
 	resyncing bool
-	snapSpec  *dmiv1beta1.Device          // the spec served; never changed once set
-	snapTwins map[string]*dmiv1beta1.Twin // the last twin sent per property; never changed once sent
+	snapSpec  *dmiv1beta1.Device  // the spec served; never changed once set
+	snapProps map[string]snapProp // per property, as of the last flush
 
 	// The goroutine's own.
 	spec       *dmiv1beta1.Device
@@ -114,7 +124,8 @@ type device struct {
 	stateSent  string
 	stateErr   string
 	subCancel  context.CancelFunc
-	lastReport time.Time
+	resubAt    time.Time     // when to subscribe again (an item failed)
+	resubDelay time.Duration // backoff of resubAt
 }
 
 func newDevice(m *Mapper, ns, name string) *device {
@@ -188,9 +199,27 @@ func (d *device) snapshot() *dmiv1beta1.Device {
 	}
 	dev.Status = &dmiv1beta1.DeviceStatus{ReportToCloud: true}
 	for _, p := range dev.GetSpec().GetProperties() {
-		if tw := d.snapTwins[p.GetName()]; tw != nil {
-			dev.Status.Twins = append(dev.Status.Twins, proto.Clone(tw).(*dmiv1beta1.Twin))
+		sp, ok := d.snapProps[p.GetName()]
+		if !ok {
+			continue
 		}
+		// Unlike a report, GetDevice shows properties never read too, with
+		// an empty value and their error.
+		meta := map[string]string{MetaType: sp.typ}
+		if sp.hasValue {
+			meta[MetaTimestamp] = strconv.FormatInt(sp.readAt.UnixMilli(), 10)
+		}
+		if sp.readErr != "" {
+			meta[MetaError] = sp.readErr
+		}
+		if sp.desError != "" {
+			meta[MetaDesiredError] = sp.desError
+		}
+		tw := &dmiv1beta1.Twin{PropertyName: p.GetName(), Reported: &dmiv1beta1.TwinProperty{Value: sp.value, Metadata: meta}}
+		if sp.observed != nil {
+			tw.ObservedDesired = proto.Clone(sp.observed).(*dmiv1beta1.TwinProperty)
+		}
+		dev.Status.Twins = append(dev.Status.Twins, tw)
 	}
 	return dev
 }
@@ -231,6 +260,11 @@ func (d *device) run(parent context.Context) {
 			}
 		}
 		now := time.Now()
+		if !d.resubAt.IsZero() && !now.Before(d.resubAt) {
+			if err := d.subscribe(ctx); err != nil {
+				d.failures, d.lastErr = d.m.cfg.UnhealthyAfter, err
+			}
+		}
 		d.applyDesired(ctx, now)
 		d.readDue(ctx, now)
 		if d.connected && d.failures >= d.m.cfg.UnhealthyAfter {
@@ -288,6 +322,7 @@ func (d *device) nextDue() time.Time {
 	for _, g := range d.groups {
 		earlier(g.next)
 	}
+	earlier(d.resubAt)
 	for _, ps := range d.order {
 		if ps.hasReported && ps.bad == nil {
 			earlier(ps.reportedAt.Add(d.reportCycle(ps)))
@@ -351,6 +386,12 @@ func (d *device) takePending(ctx context.Context) {
 		d.buildProps()
 	case !proto.Equal(withoutDesired(old), withoutDesired(d.spec)) || !proto.Equal(oldModel, d.model):
 		d.buildProps()
+		if d.connected {
+			if err := d.subscribe(ctx); err != nil {
+				d.log.Info("Subscribing failed; reconnecting", "err", err.Error())
+				d.failures, d.lastErr = d.m.cfg.UnhealthyAfter, err
+			}
+		}
 	default:
 		d.takeDesired()
 	}
@@ -383,6 +424,7 @@ func (d *device) buildProps() {
 		if old := oldProps[dp.GetName()]; old != nil {
 			*ps = propState{value: old.value, hasValue: old.hasValue, readAt: old.readAt, reported: old.reported,
 				hasReported: old.hasReported, reportedAt: old.reportedAt, reportedErr: old.reportedErr,
+				reportedDesiredErr: old.reportedDesiredErr, desiredErr: old.desiredErr,
 				appliedKey: old.appliedKey, observed: old.observed, observedSent: old.observedSent}
 		}
 		ps.p, ps.bad = d.prepare(dp, modelProps[dp.GetName()])
@@ -534,7 +576,13 @@ func (d *device) connect(ctx context.Context) bool {
 	for _, g := range d.groups {
 		g.next = now
 	}
-	d.subscribe(ctx)
+	if err := d.subscribe(ctx); err != nil {
+		// The session is no good for pushes: start over, with backoff.
+		d.log.Info("Subscribing failed; reconnecting", "err", err.Error())
+		d.closeDriver()
+		d.setState(StateUnhealthy, fmt.Errorf("subscribing: %w", err))
+		return false
+	}
 	if d.state != StateUnhealthy {
 		// An unhealthy device stays so until a read succeeds: a peer that
 		// accepts connections but never answers must not flap to ok.
@@ -543,10 +591,18 @@ func (d *device) connect(ctx context.Context) bool {
 	return true
 }
 
-func (d *device) subscribe(ctx context.Context) {
+// subscribe sets up the pushed properties (after a connect, or when the
+// properties were rebuilt on an open connection), replacing an earlier
+// subscription.
+func (d *device) subscribe(ctx context.Context) error {
+	d.resubAt = time.Time{}
+	if d.subCancel != nil {
+		d.subCancel()
+		d.subCancel = nil
+	}
 	sub, ok := d.driver.(Subscriber)
 	if !ok {
-		return
+		return nil
 	}
 	var ps []*Property
 	for _, s := range d.order {
@@ -555,7 +611,7 @@ func (d *device) subscribe(ctx context.Context) {
 		}
 	}
 	if len(ps) == 0 {
-		return
+		return nil
 	}
 	sctx, cancel := context.WithCancel(ctx)
 	d.subCancel = cancel
@@ -566,11 +622,13 @@ func (d *device) subscribe(ctx context.Context) {
 		}
 	})
 	if err != nil {
-		d.log.Error(err, "Subscription failed")
+		cancel()
+		d.subCancel = nil
 		for _, p := range ps {
 			d.record(d.props[p.Name], nil, err, time.Now())
 		}
 	}
+	return err
 }
 
 func (d *device) handlePush(p push) {
@@ -580,6 +638,29 @@ func (d *device) handlePush(p push) {
 	}
 	d.m.cfg.Metrics.read(readResult(p.err), 1)
 	d.record(ps, p.v, p.err, time.Now())
+	if p.err != nil && d.resubAt.IsZero() {
+		// A monitored item the server refused (a node not there yet) or a
+		// failed publish: subscribe again later, with backoff.
+		if d.resubDelay == 0 {
+			d.resubDelay = d.m.cfg.ReconnectInitial
+		}
+		d.resubAt = time.Now().Add(d.resubDelay)
+		d.resubDelay = min(2*d.resubDelay, d.m.cfg.ReconnectMax)
+	} else if p.err == nil {
+		d.resubDelay = 0
+	}
+	switch {
+	case p.err == nil:
+		d.failures = 0
+		if d.state == StateUnhealthy {
+			d.setState(StateOK, nil)
+		}
+	case errors.Is(p.err, ErrDisconnected):
+		d.failures, d.lastErr = d.m.cfg.UnhealthyAfter, p.err
+	case !IsPermanent(p.err):
+		d.failures++
+		d.lastErr = p.err
+	}
 }
 
 func readResult(err error) string {
@@ -737,17 +818,9 @@ func (d *device) applyDesired(ctx context.Context, now time.Time) {
 		}
 		ps.retryAt = time.Time{}
 		err := d.write(ctx, ps)
-		meta := map[string]string{MetaType: ps.p.Type}
-		for k, v := range ps.desired.GetMetadata() {
-			if k != MetaError {
-				meta[k] = v
-			}
-		}
-		if meta[MetaTimestamp] == "" {
-			meta[MetaTimestamp] = strconv.FormatInt(time.Now().UnixMilli(), 10)
-		}
+		ps.dirty = true
 		if err != nil {
-			meta[MetaError] = err.Error()
+			ps.desiredErr = fmt.Sprintf("desired value %q: %v", ps.desired.GetValue(), err)
 			d.log.Info("Writing a desired value failed", "property", ps.p.Name, "value", ps.desired.GetValue(), "err", err.Error())
 			if IsPermanent(err) {
 				ps.failedKey = ps.desiredKey
@@ -759,13 +832,21 @@ func (d *device) applyDesired(ctx context.Context, now time.Time) {
 					d.failures = d.m.cfg.UnhealthyAfter
 				}
 			}
-		} else {
-			ps.appliedKey, ps.failedKey = ps.desiredKey, ""
-			back = append(back, ps)
+			continue
 		}
+		meta := map[string]string{MetaType: ps.p.Type}
+		for k, v := range ps.desired.GetMetadata() {
+			if k != MetaError && k != MetaDesiredError {
+				meta[k] = v
+			}
+		}
+		if meta[MetaTimestamp] == "" {
+			meta[MetaTimestamp] = strconv.FormatInt(time.Now().UnixMilli(), 10)
+		}
+		ps.appliedKey, ps.failedKey, ps.desiredErr = ps.desiredKey, "", ""
 		ps.observed = &dmiv1beta1.TwinProperty{Value: ps.desired.GetValue(), Metadata: meta}
 		ps.observedSent = false
-		ps.dirty = true
+		back = append(back, ps)
 	}
 	if len(back) > 0 && d.connected {
 		props := make([]*Property, len(back))
@@ -840,32 +921,29 @@ func (d *device) sendState(ctx context.Context) {
 }
 
 // flush sends one ReportDeviceStatus with every property that changed, has
-// a new error or observed desired value, or is due a heartbeat.
+// a new error or observed desired value, or is due a heartbeat. Only
+// properties with a value are sent (see MetaError).
 func (d *device) flush(ctx context.Context, now time.Time) {
+	defer d.updateSnapProps()
 	var twins []*dmiv1beta1.Twin
 	var sent []*propState
 	for _, ps := range d.order {
-		heartbeat := ps.hasReported && ps.hasValue && now.Sub(ps.reportedAt) >= d.reportCycle(ps)
-		if !ps.dirty && !heartbeat && ps.observedSent {
+		if !ps.hasValue {
 			continue
 		}
-		if !ps.dirty && !heartbeat && ps.observed == nil {
+		heartbeat := ps.hasReported && now.Sub(ps.reportedAt) >= d.reportCycle(ps)
+		if !ps.dirty && !heartbeat && (ps.observed == nil || ps.observedSent) {
 			continue
 		}
-		tw := &dmiv1beta1.Twin{PropertyName: ps.p.Name, ObservedDesired: ps.observed}
-		if ps.hasValue || ps.readErr != "" {
-			meta := map[string]string{MetaType: ps.p.Type}
-			at := ps.readAt
-			if at.IsZero() {
-				at = now
-			}
-			meta[MetaTimestamp] = strconv.FormatInt(at.UnixMilli(), 10)
-			if ps.readErr != "" {
-				meta[MetaError] = ps.readErr
-			}
-			tw.Reported = &dmiv1beta1.TwinProperty{Value: ps.value, Metadata: meta}
+		meta := map[string]string{MetaType: ps.p.Type, MetaTimestamp: strconv.FormatInt(ps.readAt.UnixMilli(), 10)}
+		if ps.readErr != "" {
+			meta[MetaError] = ps.readErr
 		}
-		twins = append(twins, tw)
+		if ps.desiredErr != "" {
+			meta[MetaDesiredError] = ps.desiredErr
+		}
+		twins = append(twins, &dmiv1beta1.Twin{PropertyName: ps.p.Name, ObservedDesired: ps.observed,
+			Reported: &dmiv1beta1.TwinProperty{Value: ps.value, Metadata: meta}})
 		sent = append(sent, ps)
 	}
 	if len(twins) == 0 || ctx.Err() != nil {
@@ -879,20 +957,44 @@ func (d *device) flush(ctx context.Context, now time.Time) {
 	})
 	d.m.cfg.Metrics.report("status", err)
 	if err != nil {
-		if ctx.Err() == nil {
-			d.log.V(1).Info("Reporting device status failed; retrying", "err", err.Error())
+		if ctx.Err() != nil {
+			return
 		}
-		return
+		if status.Code(err) != codes.InvalidArgument {
+			d.log.V(1).Info("Reporting device status failed; retrying", "err", err.Error())
+			return
+		}
+		// Refused as wrong: sending it again would be refused again.
+		d.log.Error(err, "The device manager refused a report; its values are dropped")
 	}
 	for _, ps := range sent {
 		ps.dirty = false
 		ps.observedSent = true
-		if ps.hasValue || ps.readErr != "" {
-			ps.reported, ps.hasReported, ps.reportedErr, ps.reportedAt = ps.value, true, ps.readErr, now
-		}
+		ps.reported, ps.hasReported, ps.reportedErr, ps.reportedDesiredErr, ps.reportedAt = ps.value, true, ps.readErr, ps.desiredErr, now
 	}
-	d.lastReport = now
-	d.snapTwinsSent(twins)
+}
+
+// snapProp is one property as GetDevice shows it.
+type snapProp struct {
+	value             string
+	hasValue          bool
+	readAt            time.Time
+	typ               string
+	readErr, desError string
+	observed          *dmiv1beta1.TwinProperty
+}
+
+// updateSnapProps records every property's state for GetDevice.
+func (d *device) updateSnapProps() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.snapProps == nil {
+		d.snapProps = map[string]snapProp{}
+	}
+	for _, ps := range d.order {
+		d.snapProps[ps.p.Name] = snapProp{value: ps.value, hasValue: ps.hasValue, readAt: ps.readAt, typ: ps.p.Type,
+			readErr: ps.readErr, desError: ps.desiredErr, observed: ps.observed}
+	}
 }
 
 // updateSnap records the spec served for GetDevice.
@@ -900,16 +1002,4 @@ func (d *device) updateSnap() {
 	d.mu.Lock()
 	d.snapSpec = d.spec
 	d.mu.Unlock()
-}
-
-// snapTwinsSent records twins just sent for GetDevice.
-func (d *device) snapTwinsSent(twins []*dmiv1beta1.Twin) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.snapTwins == nil {
-		d.snapTwins = map[string]*dmiv1beta1.Twin{}
-	}
-	for _, tw := range twins {
-		d.snapTwins[tw.GetPropertyName()] = tw
-	}
 }

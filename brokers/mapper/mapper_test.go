@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -28,6 +29,7 @@ type fakeDevices struct {
 	writes   map[string][]any
 	pushes   map[string]func(p *mapper.Property, v any, err error)
 	subProps map[string][]*mapper.Property
+	subFails int // Subscribe calls to fail
 }
 
 func newFake() *fakeDevices {
@@ -138,6 +140,11 @@ func (d *fakeDriver) Close() error { return nil }
 func (d *fakeDriver) Subscribe(ctx context.Context, ps []*mapper.Property, push func(*mapper.Property, any, error)) error {
 	d.f.mu.Lock()
 	defer d.f.mu.Unlock()
+	d.f.connects[d.id+"/subscribe"]++
+	if d.f.subFails > 0 {
+		d.f.subFails--
+		return errors.New("BadTooManySubscriptions")
+	}
 	d.f.pushes[d.id] = push
 	d.f.subProps[d.id] = ps
 	return nil
@@ -311,11 +318,12 @@ func TestDesiredWritesWithoutReconnecting(t *testing.T) {
 	if _, err := client.UpdateDevice(ctx, &dmiv1beta1.UpdateDeviceRequest{Device: dev}); err != nil {
 		t.Fatal(err)
 	}
+	// The reported twin says why; observedDesired stays the value applied.
 	tw, _ = r.agent.WaitTwin(t, "ns/a", "setpoint", from, wait, func(tw *dmiv1beta1.Twin) bool {
-		return tw.GetObservedDesired().GetValue() == "31"
+		return tw.GetReported().GetMetadata()[mapper.MetaDesiredError] != ""
 	})
-	if e := tw.GetObservedDesired().GetMetadata()["error"]; e == "" {
-		t.Errorf("no error for a desired value above the maximum: %v", tw)
+	if e := tw.GetReported().GetMetadata()[mapper.MetaDesiredError]; !strings.Contains(e, "maximum") || tw.GetObservedDesired().GetValue() != "25" {
+		t.Errorf("desired value above the maximum: twin %v", tw)
 	} else {
 		t.Logf("above maximum: %s", e)
 	}
@@ -326,11 +334,11 @@ func TestDesiredWritesWithoutReconnecting(t *testing.T) {
 	if _, err := client.UpdateDevice(ctx, &dmiv1beta1.UpdateDeviceRequest{Device: dev}); err != nil {
 		t.Fatal(err)
 	}
-	for _, p := range []string{"setpoint", "temp"} {
+	for p, want := range map[string]string{"setpoint": "not an INT", "temp": "ReadOnly"} {
 		tw, _ = r.agent.WaitTwin(t, "ns/a", p, from, wait, func(tw *dmiv1beta1.Twin) bool {
-			return tw.GetObservedDesired().GetMetadata()["error"] != ""
+			return strings.Contains(tw.GetReported().GetMetadata()[mapper.MetaDesiredError], want)
 		})
-		t.Logf("%s: %s", p, tw.GetObservedDesired().GetMetadata()["error"])
+		t.Logf("%s: %s", p, tw.GetReported().GetMetadata()[mapper.MetaDesiredError])
 	}
 	r.fake.mu.Lock()
 	if n := len(r.fake.writes["A"]); n != writes {
@@ -430,16 +438,32 @@ func TestBadPropertyAndModelLater(t *testing.T) {
 	}
 	agent.WaitReported(t, "ns/a", "temp", "1.5", 0, wait)
 	agent.WaitState(t, "ns/a", "ok", wait)
+	// Never read: not reported (a device manager would refuse the report),
+	// but shown with the error by GetDevice.
 	for _, p := range []string{"label", "nothere", "setpoint"} {
-		tw, _ := agent.WaitTwin(t, "ns/a", p, 0, wait, func(tw *dmiv1beta1.Twin) bool {
-			return tw.GetReported().GetMetadata()["error"] != ""
-		})
-		t.Logf("%s: %s", p, tw.GetReported().GetMetadata()["error"])
+		t.Logf("%s: %s", p, agent.WaitDeviceError(t, "ns", "a", p, wait))
 	}
-	// Errors are reported once, not every cycle.
 	time.Sleep(150 * time.Millisecond)
-	if n := len(agent.Twins("ns/a", "setpoint", 0)); n != 1 {
-		t.Errorf("setpoint's read error reported %d times, want once", n)
+	for _, p := range []string{"label", "nothere", "setpoint"} {
+		if n := len(agent.Twins("ns/a", p, 0)); n != 0 {
+			t.Errorf("%s, never read, reported %d times", p, n)
+		}
+	}
+	// A property that was read and now fails: reported once with its last
+	// good value and the error.
+	from := agent.ReportCount()
+	fake.mu.Lock()
+	delete(fake.values["A"], "t")
+	fake.mu.Unlock()
+	tw, _ := agent.WaitTwin(t, "ns/a", "temp", from, wait, func(tw *dmiv1beta1.Twin) bool {
+		return tw.GetReported().GetMetadata()[mapper.MetaError] != ""
+	})
+	if tw.GetReported().GetValue() != "1.5" {
+		t.Errorf("failing property reported %q, want the last good value 1.5", tw.GetReported().GetValue())
+	}
+	time.Sleep(150 * time.Millisecond)
+	if n := len(agent.Twins("ns/a", "temp", from)); n != 1 {
+		t.Errorf("temp's read error reported %d times, want once", n)
 	}
 	got, err := agent.Mapper(t).GetDevice(ctx, &dmiv1beta1.GetDeviceRequest{DeviceName: "a", DeviceNamespace: "ns"})
 	if err != nil || len(got.GetDevice().GetStatus().GetTwins()) != 4 {
@@ -479,12 +503,39 @@ func TestSubscription(t *testing.T) {
 	dev := thermo(t, "a", "A",
 		mappertest.Prop{Name: "pushed", Visitor: map[string]any{"register": "p", "subscribe": true}},
 		mappertest.Prop{Name: "temp", Visitor: map[string]any{"register": "t"}})
-	r := startWith(t, dev, func(f *fakeDevices) { f.set("A", "t", 1.0) })
+	// The first subscription fails: the mapper reconnects and subscribes
+	// again.
+	r := startWith(t, dev, func(f *fakeDevices) {
+		f.set("A", "t", 1.0)
+		f.subFails = 1
+	})
 	r.agent.WaitReported(t, "ns/a", "temp", "1", 0, wait)
 	r.fake.push(t, "A", "pushed", 3.25)
 	r.agent.WaitReported(t, "ns/a", "pushed", "3.25", 0, wait)
 	r.fake.push(t, "A", "pushed", 3.5)
 	r.agent.WaitReported(t, "ns/a", "pushed", "3.5", 0, wait)
+	if n := r.fake.count(r.fake.connects, "A"); n != 2 {
+		t.Errorf("%d connects, want 2 (the first subscription failed)", n)
+	}
+
+	// Properties changed on the open connection: subscribed again, the
+	// new properties pushed.
+	dev.Spec.Properties[0].Visitors.ConfigData, _ = mapper.EncodeConfig(map[string]any{"register": "p", "subscribe": true, "deadband": 0.1})
+	if _, err := r.agent.Mapper(t).UpdateDevice(context.Background(), &dmiv1beta1.UpdateDeviceRequest{Device: dev}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(wait)
+	for r.fake.count(r.fake.connects, "A/subscribe") < 3 {
+		if time.Now().After(deadline) {
+			t.Fatal("no new subscription after the properties changed")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	r.fake.push(t, "A", "pushed", 4.5)
+	r.agent.WaitReported(t, "ns/a", "pushed", "4.5", 0, wait)
+	if n := r.fake.count(r.fake.connects, "A"); n != 2 {
+		t.Errorf("%d connects after a property change, want still 2", n)
+	}
 }
 
 // A device registered by a call while a registration's answer (which does

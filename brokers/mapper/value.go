@@ -155,6 +155,9 @@ func FormatValue(typ string, v any) (string, error) {
 		if !ok {
 			return "", fmt.Errorf("device value %v (%T) is not a %s", v, v, typ)
 		}
+		if math.IsNaN(f) || math.IsInf(f, 0) {
+			return "", fmt.Errorf("device value %v is not a finite number", f)
+		}
 		return strconv.FormatFloat(f, 'g', -1, bits), nil
 	case TypeBoolean:
 		switch x := v.(type) {

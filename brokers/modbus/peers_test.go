@@ -119,7 +119,7 @@ func mbpollWrite(t *testing.T, address string, ref int, value string, args ...st
 }
 
 type mapperRun struct {
-	agent *mappertest.Agent
+	agent   *mappertest.Agent
 	metrics *mapper.Metrics
 }
 
@@ -232,18 +232,13 @@ func TestModbusMapperPeers(t *testing.T) {
 	})
 
 	t.Run("bad visitors are clear errors and the rest goes on", func(t *testing.T) {
-		tw, _ := agent.WaitTwin(t, "default/ms", "past", 0, wait, func(tw *dmiv1beta1.Twin) bool {
-			return tw.GetReported().GetMetadata()[mapper.MetaError] != ""
-		})
-		if e := tw.GetReported().GetMetadata()[mapper.MetaError]; !strings.Contains(e, "illegal data address") {
+		// Never read, so never reported; GetDevice shows why.
+		if e := agent.WaitDeviceError(t, "default", "ms", "past", wait); !strings.Contains(e, "illegal data address") {
 			t.Errorf("past the end: %q, want the device's illegal data address", e)
 		} else {
 			t.Logf("past the end: %s", e)
 		}
-		tw, _ = agent.WaitTwin(t, "default/ms", "wrong", 0, wait, func(tw *dmiv1beta1.Twin) bool {
-			return tw.GetReported().GetMetadata()[mapper.MetaError] != ""
-		})
-		if e := tw.GetReported().GetMetadata()[mapper.MetaError]; !strings.Contains(e, "int128") {
+		if e := agent.WaitDeviceError(t, "default", "ms", "wrong", wait); !strings.Contains(e, "int128") {
 			t.Errorf("wrong type: %q", e)
 		} else {
 			t.Logf("wrong type: %s", e)
@@ -252,10 +247,10 @@ func TestModbusMapperPeers(t *testing.T) {
 	})
 
 	t.Run("a peer that hangs is unhealthy, the others go on", func(t *testing.T) {
-		agent.WaitTwin(t, "default/hung", "count", 0, wait, func(tw *dmiv1beta1.Twin) bool {
-			return strings.Contains(tw.GetReported().GetMetadata()[mapper.MetaError], "timeout")
-		})
 		agent.WaitState(t, "default/hung", "unhealthy", wait)
+		if e := agent.WaitDeviceError(t, "default", "hung", "count", wait); !strings.Contains(e, "timeout") {
+			t.Errorf("hanging peer: %q, want a timeout", e)
+		}
 		from := agent.ReportCount()
 		mbpollWrite(t, js.address, 0, "1235", "-t", "4")
 		agent.WaitReported(t, "default/js", "count", "1235", from, wait)
@@ -290,7 +285,7 @@ func TestModbusMapperPeers(t *testing.T) {
 		}
 		for _, prop := range []string{"count", "flowBig", "flowLittle", "pump", "mode"} {
 			agent.WaitTwin(t, "default/js", prop, from, wait, func(tw *dmiv1beta1.Twin) bool {
-				return tw.GetObservedDesired() != nil && tw.GetObservedDesired().GetMetadata()[mapper.MetaError] == ""
+				return tw.GetObservedDesired() != nil && tw.GetReported().GetMetadata()[mapper.MetaDesiredError] == ""
 			})
 		}
 		agent.WaitReported(t, "default/js", "count", "321", from, wait)
@@ -317,10 +312,10 @@ func TestModbusMapperPeers(t *testing.T) {
 			t.Fatal(err)
 		}
 		tw, _ := agent.WaitTwin(t, "default/js", "count", from, wait, func(tw *dmiv1beta1.Twin) bool {
-			return tw.GetObservedDesired().GetValue() == "1001"
+			return tw.GetReported().GetMetadata()[mapper.MetaDesiredError] != ""
 		})
-		if e := tw.GetObservedDesired().GetMetadata()[mapper.MetaError]; !strings.Contains(e, "maximum") {
-			t.Errorf("desired above the maximum: error %q", e)
+		if e := tw.GetReported().GetMetadata()[mapper.MetaDesiredError]; !strings.Contains(e, "maximum") || tw.GetObservedDesired().GetValue() != "321" {
+			t.Errorf("desired above the maximum: twin %v", tw)
 		} else {
 			t.Logf("above the maximum: %s", e)
 		}
@@ -334,9 +329,9 @@ func TestModbusMapperPeers(t *testing.T) {
 			t.Fatal(err)
 		}
 		tw, _ = agent.WaitTwin(t, "default/ms", "temperature", from, wait, func(tw *dmiv1beta1.Twin) bool {
-			return tw.GetObservedDesired().GetMetadata()[mapper.MetaError] != ""
+			return tw.GetReported().GetMetadata()[mapper.MetaDesiredError] != ""
 		})
-		t.Logf("desired on a ReadOnly input register: %s", tw.GetObservedDesired().GetMetadata()[mapper.MetaError])
+		t.Logf("desired on a ReadOnly input register: %s", tw.GetReported().GetMetadata()[mapper.MetaDesiredError])
 	})
 
 	t.Run("server stopped and started: offline, then ok, reads resume", func(t *testing.T) {

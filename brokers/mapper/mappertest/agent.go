@@ -10,12 +10,15 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/dowse-dev/dowse/brokers/mapper"
@@ -58,6 +61,61 @@ type Agent struct {
 	states        []State
 	client        *grpc.ClientConn
 	clientAddr    string
+	refused       []string
+}
+
+func (a *Agent) check(req *dmiv1beta1.ReportDeviceStatusRequest) error {
+	a.mu.Lock()
+	types := map[string]string{}
+	for _, d := range a.devices {
+		if d.GetName() != req.GetDeviceName() || d.GetNamespace() != req.GetDeviceNamespace() {
+			continue
+		}
+		for _, m := range a.models {
+			if m.GetNamespace() == d.GetNamespace() && m.GetName() == d.GetSpec().GetDeviceModelReference() {
+				for _, p := range m.GetSpec().GetProperties() {
+					types[p.GetName()] = p.GetType()
+				}
+			}
+		}
+	}
+	a.mu.Unlock()
+	if len(req.GetReportedDevice().GetTwins()) == 0 {
+		return status.Error(codes.InvalidArgument, "report carries no twins")
+	}
+	for _, tw := range req.GetReportedDevice().GetTwins() {
+		if tw.GetReported() == nil {
+			return status.Errorf(codes.InvalidArgument, "property %q: no reported value", tw.GetPropertyName())
+		}
+		typ, known := types[tw.GetPropertyName()]
+		if !known {
+			continue
+		}
+		nt, err := mapper.NormalizeType(typ)
+		if err != nil {
+			continue
+		}
+		values := []string{tw.GetReported().GetValue()}
+		if od := tw.GetObservedDesired().GetValue(); od != "" {
+			values = append(values, od)
+		}
+		for _, v := range values {
+			if nt != mapper.TypeString && strings.TrimSpace(v) == "" {
+				return status.Errorf(codes.InvalidArgument, "property %q: empty %s value", tw.GetPropertyName(), nt)
+			}
+			if _, err := mapper.ParseValue(nt, v); err != nil {
+				return status.Errorf(codes.InvalidArgument, "property %q: %v", tw.GetPropertyName(), err)
+			}
+		}
+	}
+	return nil
+}
+
+// Refused returns the reports refused so far, as their errors.
+func (a *Agent) Refused() []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return append([]string(nil), a.refused...)
 }
 
 // ShortTempDir makes a temporary directory short enough for Unix socket
@@ -77,7 +135,12 @@ func Start(t testing.TB, dir string) *Agent {
 	t.Helper()
 	a := NewAgent(filepath.Join(dir, mapper.DMISocketName))
 	a.Serve(t)
-	t.Cleanup(a.Close)
+	t.Cleanup(func() {
+		a.Close()
+		if r := a.Refused(); len(r) > 0 {
+			t.Errorf("the fake agent refused %d reports, as Dowse's agent would; the first: %s", len(r), r[0])
+		}
+	})
 	return a
 }
 
@@ -164,7 +227,17 @@ func (a *Agent) MapperRegister(_ context.Context, req *dmiv1beta1.MapperRegister
 	return resp, nil
 }
 
+// ReportDeviceStatus refuses a report whole, as Dowse's agent does, when a
+// twin has no reported value or a value (reported or observed desired)
+// that does not parse as the type its model (as set with SetData) gives.
+// Refusals are kept (Refused) and fail the test that started the agent.
 func (a *Agent) ReportDeviceStatus(_ context.Context, req *dmiv1beta1.ReportDeviceStatusRequest) (*dmiv1beta1.ReportDeviceStatusResponse, error) {
+	if err := a.check(req); err != nil {
+		a.mu.Lock()
+		a.refused = append(a.refused, err.Error())
+		a.mu.Unlock()
+		return nil, err
+	}
 	r := Report{At: time.Now(), Req: req}
 	if a.OnReport != nil {
 		a.OnReport(r)
@@ -345,4 +418,40 @@ func (a *Agent) MapperClient() (dmiv1beta1.DeviceMapperServiceClient, error) {
 		a.client, a.clientAddr = c, addr
 	}
 	return dmiv1beta1.NewDeviceMapperServiceClient(a.client), nil
+}
+
+// DeviceTwin returns the mapper's own view of a property (GetDevice), which
+// includes properties never read successfully, with their error.
+func (a *Agent) DeviceTwin(t testing.TB, namespace, name, property string) *dmiv1beta1.Twin {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	resp, err := a.Mapper(t).GetDevice(ctx, &dmiv1beta1.GetDeviceRequest{DeviceName: name, DeviceNamespace: namespace})
+	if err != nil {
+		t.Fatalf("GetDevice %s/%s: %v", namespace, name, err)
+	}
+	for _, tw := range resp.GetDevice().GetStatus().GetTwins() {
+		if tw.GetPropertyName() == property {
+			return tw
+		}
+	}
+	return nil
+}
+
+// WaitDeviceError waits until GetDevice shows property with a read error
+// (metadata "error") and returns it.
+func (a *Agent) WaitDeviceError(t testing.TB, namespace, name, property string, timeout time.Duration) string {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		if tw := a.DeviceTwin(t, namespace, name, property); tw != nil {
+			if e := tw.GetReported().GetMetadata()[mapper.MetaError]; e != "" {
+				return e
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("GetDevice shows no error for %s/%s %s within %v", namespace, name, property, timeout)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
