@@ -30,8 +30,12 @@
 //     protocols (int16 ... float64, bool, string, byte and word order, bit
 //     masks). A desired value is parsed as the model type, checked against
 //     the model's minimum and maximum, put through the inverse transform,
-//     written, and read back; a refused or failed one is reported as the
-//     twin's observedDesired with metadata "error".
+//     written, and read back; it is then the twin's observedDesired. A
+//     refused or failed one leaves observedDesired alone and puts metadata
+//     "desiredError" on the reported twin; a failed read puts "error" there
+//     (with the last good value). A property never read is not reported
+//     (a device manager refuses twins without a value of their type); its
+//     error shows in GetDevice.
 //   - Updates: an UpdateDevice that changes only desired values writes them
 //     on the open connection; changed properties are prepared again on the
 //     open connection; a changed protocol config reconnects.
@@ -45,4 +49,8 @@
 // and a Mapper value), reports on change over one connection instead of one
 // dial per property per cycle, desired values applied without restarting
 // the device, reconnects, and errors visible in the twins' metadata.
+//
+// Devices that cannot connect, and properties whose reads fail, keep the
+// others going: every device has its own goroutine and connection, every
+// exchange a timeout.
 package mapper
