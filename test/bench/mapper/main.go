@@ -14,8 +14,11 @@
 //     10 ms (-latency-cycle; half a cycle is the expected wait);
 //   - the mapper's peak RSS (VmHWM).
 //
+// Then the same for dowse-opcua-mapper against node-opcua's conformance
+// server (opcua.go), with the pushed (subscribed) change -> report latency.
+//
 // jsmodbus comes from the npm registry into bin/npm-peers/modbus, as the
-// tests install it.
+// tests install it; node-opcua from bin/npm-peers/opcua.
 package main
 
 import (
@@ -57,11 +60,17 @@ func main() {
 	devices := flag.Int("devices", 100, "devices of the many-device read rate")
 	props := flag.Int("properties", 10, "properties per device")
 	samples := flag.Int("samples", 200, "samples of each latency figure")
+	withOPCUA := flag.Bool("opcua", true, "also measure dowse-opcua-mapper against node-opcua")
 	flag.DurationVar(&latCycle, "latency-cycle", 10*time.Millisecond, "collect cycle of the latency device")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, *window, *devices, *props, *samples); err != nil {
+	err := run(ctx, *window, *devices, *props, *samples)
+	if err == nil && *withOPCUA {
+		root, _ := repoRoot()
+		err = runOPCUA(ctx, root, *window, *samples)
+	}
+	if err != nil {
 		if b, rerr := os.ReadFile(mapperLog); rerr == nil {
 			lines := strings.Split(strings.TrimSpace(string(b)), "\n")
 			fmt.Fprintln(os.Stderr, "mapper log, last lines:")
