@@ -499,6 +499,8 @@ func pct(d []time.Duration) (time.Duration, time.Duration) {
 	}
 	s := append([]time.Duration(nil), d...)
 	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
-	at := func(q float64) time.Duration { return s[min(len(s)-1, int(q*float64(len(s))))].Round(10 * time.Microsecond) }
+	at := func(q float64) time.Duration {
+		return s[min(len(s)-1, int(q*float64(len(s))))].Round(10 * time.Microsecond)
+	}
 	return at(0.50), at(0.99)
 }

@@ -231,7 +231,9 @@ func runOPCUA(ctx context.Context, root string, window time.Duration, samples in
 		}
 		changed := time.Now()
 		want := strconv.FormatFloat(v, 'g', -1, 64)
-		at, err := waitTwin(func(tw *dmiv1beta1.Twin) bool { return tw.GetPropertyName() == "c" && tw.GetReported().GetValue() == want }, 5*time.Second)
+		at, err := waitTwin(func(tw *dmiv1beta1.Twin) bool {
+			return tw.GetPropertyName() == "c" && tw.GetReported().GetValue() == want
+		}, 5*time.Second)
 		if err != nil {
 			return fmt.Errorf("pushed %s: %w", want, err)
 		}
