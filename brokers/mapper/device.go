@@ -873,10 +873,10 @@ func (d *device) write(ctx context.Context, ps *propState) error {
 	}
 	if f, ok := toFloat(v); ok && numericType(p.Type) {
 		if p.Min != nil && f < *p.Min {
-			return Permanentf("desired value %v is below the minimum %v", f, *p.Min)
+			return Permanentf("%v is below the minimum %v", f, *p.Min)
 		}
 		if p.Max != nil && f > *p.Max {
-			return Permanentf("desired value %v is above the maximum %v", f, *p.Max)
+			return Permanentf("%v is above the maximum %v", f, *p.Max)
 		}
 	}
 	if !d.connected {

@@ -213,7 +213,9 @@ func TestModbusMapperPeers(t *testing.T) {
 		prop("wrong", map[string]any{"register": "holding", "address": 7, "dataType": "int128"}))
 	msDev := plcDevice(t, "ms", ms.address, 1, msProps...)
 	hungDev := plcDevice(t, "hung", hung, 1, prop("count", map[string]any{"register": "holding", "address": 0}))
-	run := startMapper(t, []*dmiv1beta1.DeviceModel{plcModel}, jsDev, msDev, hungDev)
+	garbage := garbagePeer(t, "127.0.0.13")
+	garbageDev := plcDevice(t, "garbage", garbage, 1, prop("count", map[string]any{"register": "holding", "address": 0}))
+	run := startMapper(t, []*dmiv1beta1.DeviceModel{plcModel}, jsDev, msDev, hungDev, garbageDev)
 	agent := run.agent
 
 	want := map[string]string{"count": "1234", "flowBig": "12.375", "flowLittle": "12.375", "signed": "-5", "mode": "10",
@@ -254,6 +256,15 @@ func TestModbusMapperPeers(t *testing.T) {
 		from := agent.ReportCount()
 		mbpollWrite(t, js.address, 0, "1235", "-t", "4")
 		agent.WaitReported(t, "default/js", "count", "1235", from, wait)
+	})
+
+	t.Run("a peer that answers garbage is unhealthy, the others go on", func(t *testing.T) {
+		agent.WaitState(t, "default/garbage", "unhealthy", wait)
+		e := agent.WaitDeviceError(t, "default", "garbage", "count", wait)
+		t.Logf("garbage: %s", e)
+		from := agent.ReportCount()
+		mbpollWrite(t, js.address, 0, "1236", "-t", "4")
+		agent.WaitReported(t, "default/js", "count", "1236", from, wait)
 	})
 
 	t.Run("a register changed by mbpoll is reported once", func(t *testing.T) {
@@ -462,6 +473,51 @@ func hangingPeer(t *testing.T, host string) string {
 			c.Close()
 		}
 		mu.Unlock()
+	})
+	return l.Addr().String()
+}
+
+// garbagePeer accepts TCP connections and answers every request with an
+// HTTP error page: a device that answers garbage.
+func garbagePeer(t *testing.T, host string) string {
+	t.Helper()
+	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var conns []net.Conn
+	wg.Go(func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+			wg.Go(func() {
+				buf := make([]byte, 512)
+				for {
+					if _, err := c.Read(buf); err != nil {
+						return
+					}
+					if _, err := c.Write([]byte("HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")); err != nil {
+						return
+					}
+				}
+			})
+		}
+	})
+	t.Cleanup(func() {
+		l.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
 	})
 	return l.Addr().String()
 }
