@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -577,4 +578,40 @@ func TestRegisterDeviceDuringRegistration(t *testing.T) {
 	from := agent.ReportCount()
 	fake.set("A", "t", int64(110))
 	agent.WaitReported(t, "ns/a", "temp", "45", from, wait)
+}
+
+// Under KubeEdge's edgecore the mapper is pointed at its DMI socket and
+// needs no Dowse state directory.
+func TestOwnSocketsWithoutStateDir(t *testing.T) {
+	dir := mappertest.ShortTempDir(t)
+	agent := mappertest.NewAgent(dir + "/edgecore-dmi.sock")
+	agent.SetData([]*dmiv1beta1.DeviceModel{model}, []*dmiv1beta1.Device{thermo(t, "a", "A")})
+	agent.Serve(t)
+	t.Cleanup(agent.Close)
+	fake := newFake()
+	fake.set("A", "t", int64(100))
+	fake.set("A", "s", int64(200))
+	m, err := mapper.New(mapper.Config{Protocol: "fake", Name: "fake-1", DMISocket: dir + "/edgecore-dmi.sock", Socket: dir + "/m.sock",
+		NewDriver: fake.newDriver, Logger: testr.New(t), DefaultCollectCycle: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- m.Start(ctx) }()
+	info := agent.WaitRegistrations(t, 1, wait)
+	if string(info.GetAddress()) != dir+"/m.sock" || info.GetName() != "fake-1" {
+		t.Errorf("registration %v", info)
+	}
+	agent.WaitReported(t, "ns/a", "temp", "40", 0, wait)
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("Start = %v", err)
+	}
+	if _, err := os.Stat(dir + "/m.sock"); !os.IsNotExist(err) {
+		t.Errorf("the mapper's socket is left behind: %v", err)
+	}
+	if _, err := mapper.New(mapper.Config{Protocol: "fake", NewDriver: fake.newDriver}); err == nil {
+		t.Errorf("a mapper without a state directory or sockets was accepted")
+	}
 }
