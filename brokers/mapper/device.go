@@ -109,23 +109,25 @@ type device struct {
 	snapProps map[string]snapProp // per property, as of the last flush
 
 	// The goroutine's own.
-	spec       *dmiv1beta1.Device
-	model      *dmiv1beta1.DeviceModel
-	driver     Driver
-	driverErr  error
-	connected  bool
-	props      map[string]*propState
-	order      []*propState
-	groups     []*group
-	failures   int
-	lastErr    error
-	backoff    time.Duration
-	state      string
-	stateSent  string
-	stateErr   string
-	subCancel  context.CancelFunc
-	resubAt    time.Time     // when to subscribe again (an item failed)
-	resubDelay time.Duration // backoff of resubAt
+	spec         *dmiv1beta1.Device
+	model        *dmiv1beta1.DeviceModel
+	driver       Driver
+	driverErr    error
+	connected    bool
+	props        map[string]*propState
+	order        []*propState
+	groups       []*group
+	failures     int
+	lastErr      error
+	backoff      time.Duration
+	state        string
+	stateSent    string
+	stateErr     string
+	subCancel    context.CancelFunc
+	resubAt      time.Time     // when to subscribe again (an item failed)
+	flushRetryAt time.Time     // heartbeats wait for it while reports fail
+	flushDelay   time.Duration // backoff of flushRetryAt
+	resubDelay   time.Duration // backoff of resubAt
 }
 
 func newDevice(m *Mapper, ns, name string) *device {
@@ -325,13 +327,21 @@ func (d *device) nextDue() time.Time {
 	earlier(d.resubAt)
 	for _, ps := range d.order {
 		if ps.hasReported && ps.bad == nil {
-			earlier(ps.reportedAt.Add(d.reportCycle(ps)))
+			// While reports fail, a heartbeat waits for the retry.
+			earlier(later(ps.reportedAt.Add(d.reportCycle(ps)), d.flushRetryAt))
 		}
 		if !ps.retryAt.IsZero() {
 			earlier(ps.retryAt)
 		}
 	}
 	return at
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 func (d *device) reportCycle(ps *propState) time.Duration {
@@ -931,7 +941,7 @@ func (d *device) flush(ctx context.Context, now time.Time) {
 		if !ps.hasValue {
 			continue
 		}
-		heartbeat := ps.hasReported && now.Sub(ps.reportedAt) >= d.reportCycle(ps)
+		heartbeat := ps.hasReported && now.Sub(ps.reportedAt) >= d.reportCycle(ps) && !now.Before(d.flushRetryAt)
 		if !ps.dirty && !heartbeat && (ps.observed == nil || ps.observedSent) {
 			continue
 		}
@@ -961,12 +971,20 @@ func (d *device) flush(ctx context.Context, now time.Time) {
 			return
 		}
 		if status.Code(err) != codes.InvalidArgument {
+			// Changed values go again with the next read; heartbeats wait
+			// for a retry time, with backoff, instead of spinning.
+			if d.flushDelay == 0 {
+				d.flushDelay = d.m.cfg.ReconnectInitial
+			}
+			d.flushRetryAt = now.Add(d.flushDelay)
+			d.flushDelay = min(2*d.flushDelay, d.m.cfg.ReconnectMax)
 			d.log.V(1).Info("Reporting device status failed; retrying", "err", err.Error())
 			return
 		}
 		// Refused as wrong: sending it again would be refused again.
 		d.log.Error(err, "The device manager refused a report; its values are dropped")
 	}
+	d.flushRetryAt, d.flushDelay = time.Time{}, 0
 	for _, ps := range sent {
 		ps.dirty = false
 		ps.observedSent = true

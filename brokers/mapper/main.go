@@ -16,27 +16,17 @@ import (
 	"github.com/go-logr/logr"
 
 	"github.com/dowse-dev/dowse/shared/handler"
+	"github.com/dowse-dev/dowse/shared/version"
 )
 
 // defaultMemoryLimit is the Go runtime's soft memory limit in mapper
 // binaries unless GOMEMLIMIT is set.
 const defaultMemoryLimit = 8 << 20
 
-// version is set at build time with
-// -ldflags "-X github.com/dowse-dev/dowse/brokers/mapper.version=v1.2.3".
-var version string
-
-// Version is the mapper's version: the one set at build time, else the main
-// module's, else "dev".
-func Version() string {
-	if version != "" {
-		return version
-	}
-	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
-		return bi.Main.Version
-	}
-	return "dev"
-}
+// Version is the mapper's version: shared/version's, stamped at build
+// time (-ldflags "-X github.com/dowse-dev/dowse/shared/version.version=v1.2.3"),
+// else the main module's, else "dev".
+func Version() string { return version.Get() }
 
 // Main is the whole main of a mapper binary: it parses the common flags
 // (--name, --state-dir, --dmi-socket, --socket, --metrics-address,

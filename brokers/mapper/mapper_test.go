@@ -615,3 +615,39 @@ func TestOwnSocketsWithoutStateDir(t *testing.T) {
 		t.Errorf("a mapper without a state directory or sockets was accepted")
 	}
 }
+
+// While the agent is away the mapper keeps reading, and retries its reports
+// with backoff rather than in a loop.
+func TestAgentAwayNoSpin(t *testing.T) {
+	dev := thermo(t, "a", "A", mappertest.Prop{Name: "temp", Visitor: map[string]any{"register": "t"}, ReportCycle: 50 * time.Millisecond})
+	dir := mappertest.ShortTempDir(t)
+	agent := mappertest.Start(t, dir)
+	agent.SetData([]*dmiv1beta1.DeviceModel{model}, []*dmiv1beta1.Device{dev})
+	fake := newFake()
+	fake.set("A", "t", 7.5)
+	metrics := mapper.NewMetrics()
+	m, err := mapper.New(mapper.Config{Protocol: "fake", StateDir: dir, NewDriver: fake.newDriver, Logger: testr.New(t), Metrics: metrics,
+		DefaultCollectCycle: time.Hour, ReconnectInitial: 50 * time.Millisecond, ReconnectMax: 200 * time.Millisecond, ReregisterInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- m.Start(ctx) }()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	_, next := agent.WaitReported(t, "ns/a", "temp", "7.5", 0, wait)
+	agent.WaitReported(t, "ns/a", "temp", "7.5", next, wait) // a heartbeat
+	agent.Stop()
+	time.Sleep(time.Second)
+	failed := metrics.Value("dowse_mapper_reports_total", `kind="status",result="error"`)
+	t.Logf("%v failed reports in a second without the agent", failed)
+	if failed > 20 {
+		t.Errorf("%v failed report attempts in a second without the agent: the heartbeat spins", failed)
+	}
+	from := agent.ReportCount()
+	agent.Serve(t)
+	agent.WaitReported(t, "ns/a", "temp", "7.5", from, wait)
+}
