@@ -277,7 +277,12 @@ func (d *device) run(parent context.Context) {
 		d.sendState(ctx)
 		d.flush(ctx, time.Now())
 		if !d.connected {
-			continue // reconnect at once; backoff applies to failed connects
+			// Dropped as unhealthy: reconnect after the backoff, which
+			// only a good read resets (a peer that accepts and fails at
+			// once must not be redialled in a loop).
+			d.wait(ctx, time.Now().Add(d.backoff))
+			d.backoff = min(d.backoff*2, d.m.cfg.ReconnectMax)
+			continue
 		}
 		d.wait(ctx, d.nextDue())
 	}
@@ -575,7 +580,6 @@ func (d *device) connect(ctx context.Context) bool {
 	}
 	d.connected = true
 	d.failures = 0
-	d.backoff = d.m.cfg.ReconnectInitial
 	d.log.Info("Connected to the device")
 	for _, ps := range d.order {
 		if ps.failedKey != "" && ps.retryAt.IsZero() {
@@ -662,6 +666,7 @@ func (d *device) handlePush(p push) {
 	switch {
 	case p.err == nil:
 		d.failures = 0
+		d.backoff = d.m.cfg.ReconnectInitial
 		if d.state == StateUnhealthy {
 			d.setState(StateOK, nil)
 		}
@@ -751,6 +756,7 @@ func (d *device) readDue(ctx context.Context, now time.Time) {
 			d.failures++
 		} else {
 			d.failures = 0
+			d.backoff = d.m.cfg.ReconnectInitial
 			if d.state != StateOK {
 				d.setState(StateOK, nil)
 			}

@@ -25,6 +25,7 @@ type fakeDevices struct {
 	mu       sync.Mutex
 	values   map[string]map[string]any // id -> register -> value
 	down     map[string]bool           // connect and reads fail
+	drops    map[string]bool           // connect works, every read finds the connection closed
 	connects map[string]int
 	batches  map[string]int
 	writes   map[string][]any
@@ -34,7 +35,7 @@ type fakeDevices struct {
 }
 
 func newFake() *fakeDevices {
-	return &fakeDevices{values: map[string]map[string]any{}, down: map[string]bool{}, connects: map[string]int{},
+	return &fakeDevices{values: map[string]map[string]any{}, down: map[string]bool{}, drops: map[string]bool{}, connects: map[string]int{},
 		batches: map[string]int{}, writes: map[string][]any{}, pushes: map[string]func(*mapper.Property, any, error){},
 		subProps: map[string][]*mapper.Property{}}
 }
@@ -106,6 +107,9 @@ func (d *fakeDriver) Read(_ context.Context, p *mapper.Property) (any, error) {
 	defer d.f.mu.Unlock()
 	if d.f.down[d.id] {
 		return nil, errors.New("i/o timeout")
+	}
+	if d.f.drops[d.id] {
+		return nil, fmt.Errorf("read: %w", mapper.ErrDisconnected)
 	}
 	v, ok := d.f.values[d.id][p.Data.(string)]
 	if !ok {
@@ -650,4 +654,41 @@ func TestAgentAwayNoSpin(t *testing.T) {
 	from := agent.ReportCount()
 	agent.Serve(t)
 	agent.WaitReported(t, "ns/a", "temp", "7.5", from, wait)
+}
+
+// A peer that accepts connections and drops them at the first read is
+// redialled with backoff, not in a loop.
+func TestDroppingPeerBackoff(t *testing.T) {
+	dev := thermo(t, "a", "A")
+	dir := mappertest.ShortTempDir(t)
+	agent := mappertest.Start(t, dir)
+	agent.SetData([]*dmiv1beta1.DeviceModel{model}, []*dmiv1beta1.Device{dev})
+	fake := newFake()
+	fake.set("A", "t", int64(100))
+	fake.set("A", "s", int64(200))
+	fake.drops["A"] = true
+	m, err := mapper.New(mapper.Config{Protocol: "fake", StateDir: dir, NewDriver: fake.newDriver, Logger: testr.New(t),
+		DefaultCollectCycle: 20 * time.Millisecond, ReconnectInitial: 50 * time.Millisecond, ReconnectMax: 200 * time.Millisecond, ReregisterInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- m.Start(ctx) }()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	agent.WaitState(t, "ns/a", "unhealthy", wait)
+	time.Sleep(time.Second)
+	n := fake.count(fake.connects, "A")
+	t.Logf("%d connects in about a second", n)
+	if n > 20 {
+		t.Errorf("%d connects to a peer that drops every connection: no backoff", n)
+	}
+	// Once reads work the device is ok again.
+	fake.mu.Lock()
+	fake.drops["A"] = false
+	fake.mu.Unlock()
+	agent.WaitState(t, "ns/a", "ok", wait)
 }
