@@ -19,10 +19,12 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	"github.com/dowse-dev/dowse/shared/scheme"
@@ -34,6 +36,9 @@ func main() {
 	n := flag.Int("instances", 2000, "Instances to create brokers for")
 	qps := flag.Int("kube-api-qps", 200, "the controller's --kube-api-qps (its default is 200; burst is twice it)")
 	flag.Parse()
+	// Nothing here logs through controller-runtime; unset, its logger
+	// prints a stack trace the first time a client would.
+	ctrllog.SetLogger(logr.Discard())
 	ctlQPS = *qps
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

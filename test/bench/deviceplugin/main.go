@@ -27,6 +27,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	dp "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/dowse-dev/dowse/agent"
 	"github.com/dowse-dev/dowse/agent/deviceplugin"
@@ -42,6 +43,9 @@ func main() {
 	allocs := flag.Int("allocations", 200, "Allocate calls (each a new slot: the Configuration's capacity)")
 	statusEvery := flag.Duration("node-status-every", 2*time.Second, "the kubelet's nodeStatusUpdateFrequency (its default is 10s)")
 	flag.Parse()
+	// Nothing here logs through controller-runtime; unset, its logger
+	// prints a stack trace the first time a client would.
+	ctrllog.SetLogger(logr.Discard())
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, *rounds, *allocs, *statusEvery); err != nil {

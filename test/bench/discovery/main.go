@@ -5,7 +5,11 @@
 //     Instance change seen through a watch, p50 and p99 over 100 flips;
 //   - time to apply 5,000 devices from one handler (Instances per second);
 //   - API requests the agent makes in 60 idle seconds holding 1,000 Instances;
-//   - peak RSS (VmHWM) of the agent and the handler.
+//   - peak RSS (VmHWM) of the agent and the handler;
+//
+// each twice, named: without device plugins, and with them (CDI specs
+// written, plugins serving sockets with no kubelet to register with). It
+// writes only under its own temporary directory.
 package main
 
 import (
@@ -24,10 +28,13 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/dowse-dev/dowse/agent"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
@@ -37,6 +44,9 @@ import (
 
 var agentArgs string
 
+// namespace holds the objects of the case being measured.
+var namespace string
+
 func main() {
 	flips := flag.Int("flips", 100, "availability flips for the latency figure")
 	applyN := flag.Int("apply", 5000, "devices for the apply-rate figure")
@@ -44,6 +54,9 @@ func main() {
 	idleFor := flag.Duration("idle", 60*time.Second, "idle measurement window")
 	flag.StringVar(&agentArgs, "agent-args", "", "extra dowse-agent flags, space-separated")
 	flag.Parse()
+	// Nothing here logs through controller-runtime; unset, its logger
+	// prints a stack trace the first time a client would.
+	ctrllog.SetLogger(logr.Discard())
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, *flips, *applyN, *idleN, *idleFor); err != nil {
@@ -92,14 +105,43 @@ func run(ctx context.Context, flips, applyN, idleN int, idleFor time.Duration) e
 	if err != nil {
 		return err
 	}
+	// Both cases write only under dir: the agent's default CDI directory is
+	// the machine's /var/run/cdi.
+	for _, cs := range []struct{ name, pluginDir string }{
+		{"without-device-plugins", ""},
+		// No kubelet listens there: the plugins serve their sockets and retry
+		// registering, and the agent writes a CDI spec per Instance.
+		{"with-device-plugins", filepath.Join(dir, "with-device-plugins", "device-plugins")},
+	} {
+		namespace = cs.name
+		if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: cs.name}}); err != nil {
+			return err
+		}
+		fmt.Printf("== %s\n", cs.name)
+		caseDir := filepath.Join(dir, cs.name)
+		if err := os.MkdirAll(caseDir, 0o755); err != nil {
+			return err
+		}
+		if err := measure(ctx, c, caseDir, kubeconfig, flips, applyN, idleN, idleFor,
+			"--device-plugin-dir", cs.pluginDir, "--cdi-spec-dir", filepath.Join(caseDir, "cdi")); err != nil {
+			return fmt.Errorf("%s: %w", cs.name, err)
+		}
+	}
+	return nil
+}
+
+// measure runs one agent and one handler in dir, prints the figures, and
+// removes its Configurations (and so the Instances) before it stops them.
+func measure(ctx context.Context, c client.WithWatch, dir, kubeconfig string, flips, applyN, idleN int, idleFor time.Duration, args ...string) error {
 	port, err := procs.FreePort()
 	if err != nil {
 		return err
 	}
 	metricsURL := fmt.Sprintf("http://127.0.0.1:%d/metrics", port)
 	avail := filepath.Join(dir, "availability")
-	ag, err := start(dir, "dowse-agent", append([]string{"--kubeconfig", kubeconfig, "--node-name", "bench-node", "--state-dir", dir,
-		"--metrics-bind-address", fmt.Sprintf("127.0.0.1:%d", port), "--health-probe-bind-address", "0"}, strings.Fields(agentArgs)...)...)
+	args = append([]string{"--kubeconfig", kubeconfig, "--node-name", "bench-node", "--state-dir", dir,
+		"--metrics-bind-address", fmt.Sprintf("127.0.0.1:%d", port), "--health-probe-bind-address", "0"}, args...)
+	ag, err := start(dir, "dowse-agent", append(args, strings.Fields(agentArgs)...)...)
 	if err != nil {
 		return err
 	}
@@ -158,7 +200,7 @@ func run(ctx context.Context, flips, applyN, idleN int, idleFor time.Duration) e
 	}
 	el := time.Since(t0)
 	fmt.Printf("applied %d instances in %s: %.0f instances/s (goal: > 500/s)\n", applyN, el.Round(time.Millisecond), float64(applyN)/el.Seconds())
-	if err := c.Delete(ctx, &v1alpha1.Configuration{ObjectMeta: metav1.ObjectMeta{Name: "many", Namespace: "default"}}); err != nil {
+	if err := c.Delete(ctx, &v1alpha1.Configuration{ObjectMeta: metav1.ObjectMeta{Name: "many", Namespace: namespace}}); err != nil {
 		return err
 	}
 	if err := waitCount(ctx, c, "many", 0, 10*time.Minute, ag, h); err != nil {
@@ -213,6 +255,14 @@ func run(ctx context.Context, flips, applyN, idleN int, idleFor time.Duration) e
 			p.Name, mib(kib), mib(peakAnon[p.Name]), mib(now.RSS), mib(now.File))
 	}
 	fmt.Println("goals: agent < 64 MiB, handler < 16 MiB")
+	for _, name := range []string{"flip", "idle"} {
+		if err := c.Delete(ctx, &v1alpha1.Configuration{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace}}); err != nil {
+			return err
+		}
+		if err := waitCount(ctx, c, name, 0, 10*time.Minute, ag, h); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -226,7 +276,7 @@ func createConfig(ctx context.Context, c client.Client, name string, n int) erro
 		return err
 	}
 	return c.Create(ctx, &v1alpha1.Configuration{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
 		Spec: v1alpha1.ConfigurationSpec{DiscoveryHandler: v1alpha1.DiscoveryHandlerSpec{
 			Name: "debug-echo", DiscoveryDetails: &apiextensionsv1.JSON{Raw: raw}}},
 	})
@@ -240,7 +290,7 @@ func waitCount(ctx context.Context, c client.WithWatch, cfg string, want int, ti
 	ctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
 	var l v1alpha1.InstanceList
-	if err := c.List(ctx, &l, client.InNamespace("default")); err != nil {
+	if err := c.List(ctx, &l, client.InNamespace(namespace)); err != nil {
 		return err
 	}
 	live := map[string]bool{}
@@ -249,7 +299,7 @@ func waitCount(ctx context.Context, c client.WithWatch, cfg string, want int, ti
 			live[i.Name] = true
 		}
 	}
-	w, err := c.Watch(ctx, &v1alpha1.InstanceList{}, client.InNamespace("default"), &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: l.ResourceVersion}})
+	w, err := c.Watch(ctx, &v1alpha1.InstanceList{}, client.InNamespace(namespace), &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: l.ResourceVersion}})
 	if err != nil {
 		return err
 	}
@@ -292,10 +342,10 @@ func measureFlips(ctx context.Context, c client.WithWatch, avail string, flips i
 	var lat []time.Duration
 	for i := 0; i < flips; i++ {
 		var l v1alpha1.InstanceList
-		if err := c.List(ctx, &l, client.InNamespace("default")); err != nil {
+		if err := c.List(ctx, &l, client.InNamespace(namespace)); err != nil {
 			return nil, err
 		}
-		w, err := c.Watch(ctx, &v1alpha1.InstanceList{}, client.InNamespace("default"), &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: l.ResourceVersion}})
+		w, err := c.Watch(ctx, &v1alpha1.InstanceList{}, client.InNamespace(namespace), &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: l.ResourceVersion}})
 		if err != nil {
 			return nil, err
 		}
