@@ -21,6 +21,7 @@ import (
 	discoveryv1 "github.com/dowse-dev/dowse/proto/discovery/v1"
 	"github.com/dowse-dev/dowse/shared/handler"
 	"github.com/dowse-dev/dowse/shared/handler/handlertest"
+	"github.com/dowse-dev/dowse/test/testwait"
 )
 
 const wait = 5 * time.Second
@@ -122,13 +123,12 @@ func (r *running) result(t *testing.T) error {
 // waitFor polls cond until it holds, failing the test after wait.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(wait)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
+	testwait.For(t, wait, func() error {
+		if !cond() {
+			return errors.New(what)
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 func TestRegistersAndReregistersWhenAgentRestarts(t *testing.T) {

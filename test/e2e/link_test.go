@@ -30,6 +30,7 @@ import (
 
 	"github.com/dowse-dev/dowse/test/kube"
 	"github.com/dowse-dev/dowse/test/procs"
+	"github.com/dowse-dev/dowse/test/testwait"
 )
 
 // TestLinkBinaries joins two nodes to the controller's cloud/edge link with
@@ -305,15 +306,5 @@ func metricCheck(port int, sample string, want float64, holds func(float64) bool
 
 func eventually(t testing.TB, limit time.Duration, f func() error) {
 	t.Helper()
-	deadline := time.Now().Add(limit)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal(err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	testwait.For(t, limit, f)
 }

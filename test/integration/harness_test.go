@@ -29,6 +29,7 @@ import (
 	"github.com/dowse-dev/dowse/agent"
 	discoveryv1 "github.com/dowse-dev/dowse/proto/discovery/v1"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+	"github.com/dowse-dev/dowse/test/testwait"
 )
 
 // stateDir makes a short temp dir: Unix socket paths must stay under 108 bytes.
@@ -334,17 +335,7 @@ func listInstances(t *testing.T, ns, cfg string) []instanceView {
 // eventually polls f until it returns nil or the timeout passes.
 func eventually(t *testing.T, timeout time.Duration, f func() error) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	var err error
-	for {
-		if err = f(); err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("condition not met within %s: %v", timeout, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testwait.For(t, timeout, f)
 }
 
 // consistently checks that f stays nil for d.

@@ -20,6 +20,7 @@ import (
 	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
 	"github.com/dowse-dev/dowse/shared/link"
 	"github.com/dowse-dev/dowse/shared/link/pki"
+	"github.com/dowse-dev/dowse/test/testwait"
 )
 
 const heartbeat = 50 * time.Millisecond
@@ -253,15 +254,10 @@ func exactly(got []int64, n int) error {
 // waitFor polls cond until it holds or the deadline passes.
 func waitFor(t testing.TB, d time.Duration, what string, cond func() error) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		err := cond()
-		if err == nil {
-			return
+	testwait.For(t, d, func() error {
+		if err := cond(); err != nil {
+			return fmt.Errorf("%s: %w", what, err)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: %v", what, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
 }
