@@ -67,6 +67,7 @@ peers:
 
 test: deps node-deps k8s peers build verify-generate
 	go vet ./...
+	$(MAKE) lint
 	go test $(GO_TEST_FLAGS) ./...
 	# Minimizing a new input (60 s by default) would stall the fuzzer for
 	# the rest of its 15 s; 1 s keeps it fuzzing.
@@ -93,6 +94,19 @@ bench: k8s build
 demo: k8s build
 	@hack/install-node-deps.sh || echo "runc unavailable: the demo runs without a real node"
 	go run ./hack/demo
+
+# golangci-lint (.golangci.yml), pinned in its own tools module
+# (hack/tools/lint: its dependencies would clash with controller-gen's), and
+# the structured-logging rules it has no linter for (hack/lint-logs.sh).
+LINT := $(BIN)/tools/golangci-lint
+$(LINT): hack/tools/lint/go.mod hack/tools/lint/go.sum
+	@mkdir -p $(BIN)/tools
+	cd hack/tools/lint && go build -o $(LINT) github.com/golangci/golangci-lint/v2/cmd/golangci-lint
+
+.PHONY: lint
+lint: $(LINT)
+	$(LINT) run ./...
+	hack/lint-logs.sh
 
 clean:
 	rm -rf $(BIN)

@@ -82,7 +82,7 @@ func CDISpec(inst *v1alpha1.Instance) (*cdispec.Spec, error) {
 		Kind:    v1alpha1.CDIKind(inst.Spec.ConfigurationName),
 		Devices: []cdispec.Device{{Name: v1alpha1.InstanceHash(inst.Name), ContainerEdits: edits}},
 	}
-	v, err := cdi.MinimumRequiredVersion(spec)
+	v, err := cdispec.MinimumRequiredVersion(spec)
 	if err != nil {
 		return nil, err
 	}

@@ -208,7 +208,7 @@ func (m *Manager) Reconcile(ctx context.Context, req reconcile.Request) (reconci
 		}
 		return reconcile.Result{}, nil
 	}
-	m.upsert(inst, log)
+	m.upsert(inst, log) //nolint:contextcheck // plugins live as long as the manager, not the Reconcile that starts them
 	return reconcile.Result{}, nil
 }
 
@@ -399,7 +399,7 @@ func (m *Manager) instanceService(key types.NamespacedName, resource string) *se
 		allocate: func(ctx context.Context, ids []string) (*dp.ContainerAllocateResponse, error) {
 			inst := m.instance(key)
 			if inst == nil {
-				return nil, fmt.Errorf("Instance %s is no longer on this node", key)
+				return nil, fmt.Errorf("instance %s is no longer on this node", key)
 			}
 			return m.allocate(ctx, resource, map[*v1alpha1.Instance][]string{inst: ids})
 		},

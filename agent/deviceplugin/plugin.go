@@ -158,7 +158,7 @@ func (p *Plugin) Start(ctx context.Context) error {
 			if srv != nil {
 				ino := inode(kubeletSock)
 				if err := p.register(ctx, kubeletSock); err != nil {
-					log.V(1).Info("registering with the kubelet failed; will retry", "err", err.Error())
+					log.V(1).Info("registering with the kubelet failed; will retry", "err", err)
 				} else {
 					registered, kubeletIno = true, ino
 					log.V(1).Info("registered with the kubelet")

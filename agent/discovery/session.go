@@ -281,7 +281,7 @@ func (s *session) stream(ctx context.Context, lists chan list, lost chan<- struc
 		}
 		d := reconnect.Next()
 		s.setHandler(metav1.ConditionFalse, "Unreachable", fmt.Sprintf("discover stream to %s failed: %v", h.Endpoint, err))
-		s.log.Info("discover stream ended; reconnecting", "endpoint", h.Endpoint, "error", err.Error(), "after", d)
+		s.log.Info("discover stream ended; reconnecting", "endpoint", h.Endpoint, "err", err, "after", d)
 		waitChange(h.Generation, d)
 	}
 }

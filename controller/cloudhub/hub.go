@@ -521,7 +521,7 @@ func (h *Hub) serveConn(ctx context.Context, transport string, c link.Conn) {
 	if err := f.Write(&linkv1.Envelope{Kind: &linkv1.Envelope_Welcome{Welcome: &linkv1.Welcome{
 		StreamId: st.sess.StreamID(), PeerStreamId: peer, Received: received,
 		HeartbeatIntervalMs: uint32(h.cfg.Heartbeat / time.Millisecond)}}}); err != nil {
-		log.V(1).Info("connection lost during handshake", "error", err.Error())
+		log.V(1).Info("connection lost during handshake", "err", err)
 		return
 	}
 	log.V(1).Info("node connected", "resumeFrom", hl.Received)

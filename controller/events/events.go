@@ -117,7 +117,7 @@ func (r *Recorder) send(ctx context.Context, log logr.Logger, ev *eventsv1.Event
 	defer cancel()
 	if _, err := r.client.Events(ev.Namespace).Create(cctx, ev, metav1.CreateOptions{}); err != nil {
 		r.dropped.Inc()
-		log.V(1).Info("event not recorded", "reason", ev.Reason, "regarding", ev.Regarding.Name, "err", err.Error())
+		log.V(1).Info("event not recorded", "reason", ev.Reason, "regarding", ev.Regarding.Name, "err", err)
 		return
 	}
 	r.sent.Inc()

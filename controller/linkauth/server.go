@@ -457,7 +457,7 @@ func (s *Server) refused(w http.ResponseWriter, log logr.Logger, request string,
 		writeJSON(w, http.StatusServiceUnavailable, pki.ErrorResponse{Error: "the cloud could not handle the request now; retry later"})
 		return
 	}
-	log.Info("refused node certificate request", "reason", ref.Reason, "error", ref.Msg)
+	log.Info("refused node certificate request", "reason", ref.Reason, "detail", ref.Msg)
 	s.cfg.Metrics.refused.WithLabelValues(request, ref.Reason).Inc()
 	writeJSON(w, ref.Status, pki.ErrorResponse{Error: ref.Msg})
 }
@@ -481,6 +481,6 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 type logWriter struct{ log logr.Logger }
 
 func (l logWriter) Write(p []byte) (int, error) {
-	l.log.Info("https server error", "error", strings.TrimSpace(string(p)))
+	l.log.Info("https server error", "detail", strings.TrimSpace(string(p)))
 	return len(p), nil
 }

@@ -101,7 +101,7 @@ func (a *availability) Start(ctx context.Context) error {
 			if !ok {
 				return nil
 			}
-			a.log.Error(err, "Watching the availability file failed")
+			a.log.Error(err, "watching the availability file failed")
 			if errors.Is(err, fsnotify.ErrEventOverflow) && settled == nil {
 				// The lost events may have been about the file.
 				settled = time.After(a.settle)
@@ -120,7 +120,7 @@ func (a *availability) read() bool {
 	content, err := os.ReadFile(a.path)
 	if err != nil {
 		if !errors.Is(err, os.ErrNotExist) {
-			a.log.Error(err, "Could not read the availability file, taking the devices as online")
+			a.log.Error(err, "could not read the availability file, taking the devices as online")
 		}
 		return true
 	}
@@ -138,5 +138,5 @@ func (a *availability) refresh() {
 	a.online = online
 	close(a.changed)
 	a.changed = make(chan struct{})
-	a.log.Info("Device availability changed", "online", online)
+	a.log.Info("device availability changed", "online", online)
 }

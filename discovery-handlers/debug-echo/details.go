@@ -6,7 +6,6 @@ import (
 	"sigs.k8s.io/yaml"
 
 	discoveryv1 "github.com/dowse-dev/dowse/proto/discovery/v1"
-
 	"github.com/dowse-dev/dowse/shared/handler"
 )
 

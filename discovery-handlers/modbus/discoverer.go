@@ -36,7 +36,7 @@ func (d *discoverer) Discover(ctx context.Context, req *discoveryv1.DiscoverRequ
 		if ctx.Err() != nil {
 			return nil
 		}
-		s.log.V(1).Info("Modbus scan round done", "targets", len(details.targets), "devices", len(devs), "duration", time.Since(start).String())
+		s.log.V(1).Info("modbus scan round done", "targets", len(details.targets), "devices", len(devs), "duration", time.Since(start).String())
 		if err := send(devs); err != nil {
 			return err
 		}
@@ -132,7 +132,7 @@ func (s *scanner) round(ctx context.Context) []*discoveryv1.Device {
 				s.known[key] = &tracked{dev: newDevice(d, r.address, u)}
 			case notDevice:
 				if _, ok := s.known[key]; ok {
-					s.log.Info("Modbus device no longer answers the probe or match, dropped", "address", r.address, "unitId", u.unit)
+					s.log.Info("modbus device no longer answers the probe or match, dropped", "address", r.address, "unitId", u.unit)
 					delete(s.known, key)
 				}
 			case noAnswer:
@@ -157,7 +157,7 @@ func (s *scanner) fail(key unitKey) {
 	}
 	t.failures++
 	if t.failures >= s.details.FailureThreshold {
-		s.log.Info("Modbus device dropped", "address", key.address, "unitId", key.unit, "failedRounds", t.failures)
+		s.log.Info("modbus device dropped", "address", key.address, "unitId", key.unit, "failedRounds", t.failures)
 		delete(s.known, key)
 	}
 }

@@ -17,10 +17,10 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/dowse-dev/dowse/test/npmpeer"
 	"github.com/dowse-dev/dowse/discovery-handlers/modbus"
 	discoveryv1 "github.com/dowse-dev/dowse/proto/discovery/v1"
 	"github.com/dowse-dev/dowse/shared/handler/handlertest"
+	"github.com/dowse-dev/dowse/test/npmpeer"
 )
 
 var npmPackages = []string{"jsmodbus@5.0.0", "modbus-serial@8.0.25"}

@@ -10,7 +10,6 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/dowse-dev/dowse/discovery-handlers/onvif/wsdiscovery"
-
 	"github.com/dowse-dev/dowse/shared/handler"
 )
 

@@ -102,7 +102,7 @@ func (d *discoverer) Discover(ctx context.Context, req *discoveryv1.DiscoverRequ
 			}
 		}, s.bad)
 		if err != nil {
-			s.log.Info("Cannot listen for WS-Discovery Hello and Bye; probing only", "error", err.Error())
+			s.log.Info("cannot listen for WS-Discovery Hello and Bye; probing only", "err", err)
 		}
 	}()
 
@@ -158,7 +158,7 @@ func (s *stream) interfaces() []net.Interface {
 	if len(s.details.Interfaces) == 0 {
 		ifaces, err := wsdiscovery.MulticastInterfaces()
 		if err != nil {
-			s.log.Info("Cannot list network interfaces", "error", err.Error())
+			s.log.Info("cannot list network interfaces", "err", err)
 		}
 		return ifaces
 	}
@@ -166,7 +166,7 @@ func (s *stream) interfaces() []net.Interface {
 	for _, name := range s.details.Interfaces {
 		ifc, err := net.InterfaceByName(name)
 		if err != nil {
-			s.log.Info("Configured interface not found on this node, skipped", "interface", name)
+			s.log.Info("configured interface not found on this node, skipped", "interface", name)
 			continue
 		}
 		out = append(out, *ifc)
@@ -175,7 +175,7 @@ func (s *stream) interfaces() []net.Interface {
 }
 
 func (s *stream) bad(from netip.Addr, err error) {
-	s.log.V(1).Info("Malformed WS-Discovery message ignored", "from", from.String(), "error", err.Error())
+	s.log.V(1).Info("malformed WS-Discovery message ignored", "from", from.String(), "err", err)
 }
 
 // probe sends one probe round and returns what answered.
@@ -186,7 +186,7 @@ func (s *stream) probe(ctx context.Context, ifaces []net.Interface) []wsdiscover
 	}
 	found, err := wsdiscovery.Probe(ctx, ifaces, s.details.Timeout(), s.bad, sets...)
 	if err != nil {
-		s.log.Info("WS-Discovery probe failed", "error", err.Error())
+		s.log.Info("WS-Discovery probe failed", "err", err)
 	}
 	return found
 }
@@ -283,7 +283,7 @@ func (s *stream) applyInspection(r inspection) {
 	delete(s.pending, r.id)
 	if r.err != nil {
 		s.failed[r.id] = failure{xaddr: r.xaddr, until: time.Now().Add(s.retryAfter())}
-		s.log.Info("ONVIF device skipped: its device service did not answer", "uuid", r.id, "deviceService", r.xaddr, "from", r.found.From.String(), "retryAfter", s.retryAfter().String(), "error", r.err.Error())
+		s.log.Info("ONVIF device skipped: its device service did not answer", "uuid", r.id, "deviceService", r.xaddr, "from", r.found.From.String(), "retryAfter", s.retryAfter().String(), "err", r.err)
 		return
 	}
 	delete(s.failed, r.id)

@@ -100,7 +100,7 @@ func scan(ctx context.Context, details *Details, creds *credentials, log logr.Lo
 			defer cancel()
 			servers, err := opcua.FindServers(callCtx, u, discoveryOptions(details)...)
 			if err != nil {
-				log.V(1).Info("FindServers failed", "discoveryUrl", u, "error", err.Error())
+				log.V(1).Info("FindServers failed", "discoveryUrl", u, "err", err)
 				return
 			}
 			mu.Lock()
@@ -195,7 +195,7 @@ func secureChannel(ctx context.Context, details *Details, creds *credentials, ur
 	callCtx, cancel := context.WithTimeout(ctx, details.CallTimeout())
 	defer cancel()
 	if _, err := opcua.GetEndpoints(callCtx, url, opts...); err != nil {
-		logr.FromContextOrDiscard(ctx).V(1).Info("Secure channel with the client certificate failed", "url", url, "error", err.Error())
+		logr.FromContextOrDiscard(ctx).V(1).Info("secure channel with the client certificate failed", "url", url, "err", err)
 		return SecureChannelRejected
 	}
 	return securityModeName(best.SecurityMode) + " " + policyName(best.SecurityPolicyURI)

@@ -21,10 +21,10 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/dowse-dev/dowse/test/npmpeer"
 	"github.com/dowse-dev/dowse/discovery-handlers/opcua"
 	discoveryv1 "github.com/dowse-dev/dowse/proto/discovery/v1"
 	"github.com/dowse-dev/dowse/shared/handler/handlertest"
+	"github.com/dowse-dev/dowse/test/npmpeer"
 )
 
 // node-opcua 2.183 and later need Node 22.

@@ -74,7 +74,7 @@ func testBinary(t *testing.T, cgo string) {
 	if reg.GetShared() {
 		t.Error("registered as shared")
 	}
-	if !strings.Contains(stderr.String(), "No udev daemon runs: following kernel uevents") && !strings.Contains(stderr.String(), "Following the udev daemon's events") {
+	if !strings.Contains(stderr.String(), "no udev daemon runs: following kernel uevents") && !strings.Contains(stderr.String(), "following the udev daemon's events") {
 		t.Errorf("no start line saying what the handler follows in:\n%s", stderr.String())
 	}
 	s := discover(t, reg, `KERNEL=="null"`)

@@ -5,7 +5,6 @@ package udev
 import (
 	"bytes"
 	"errors"
-
 	"fmt"
 	"net"
 	"os"

@@ -39,9 +39,9 @@ func Run(ctx context.Context, cfg Config) error {
 	if m, ok := cfg.Source.(interface{ Mode() string }); ok {
 		switch m.Mode() {
 		case ModeKernel:
-			cfg.Logger.Info("No udev daemon runs: following kernel uevents, so udev properties (ENV{ID_*}) are only those the kernel sends", "controlSocket", DefaultControlSocket)
+			cfg.Logger.Info("no udev daemon runs: following kernel uevents, so udev properties (ENV{ID_*}) are only those the kernel sends", "controlSocket", DefaultControlSocket)
 		case ModeUdev:
-			cfg.Logger.Info("Following the udev daemon's events")
+			cfg.Logger.Info("following the udev daemon's events")
 		}
 	}
 	return handler.Serve(ctx, handler.Config{

@@ -39,7 +39,7 @@ func (d *discoveryService) Discover(req *discoveryv1.DiscoverRequest, stream grp
 	defer stopOnShutdown()
 
 	log := d.server.log.WithValues("stream", d.server.streams.Add(1))
-	log.Info("Discover stream opened")
+	log.Info("discover stream opened")
 	ctx = logr.NewContext(ctx, log)
 
 	s := &dedupingSender{send: stream.Send}
@@ -49,22 +49,22 @@ func (d *discoveryService) Discover(req *discoveryv1.DiscoverRequest, stream grp
 	case d.runCtx.Err() != nil:
 		// The agent retries Unavailable, which is what a handler that is
 		// going away should tell it, whatever the Discoverer returned.
-		log.Info("Discover stream ended", "why", "handler shutting down")
+		log.Info("discover stream ended", "why", "handler shutting down")
 		return status.Error(codes.Unavailable, "discovery handler is shutting down")
 	case streamCtx.Err() != nil:
 		// The agent cancelled the stream: its Configuration changed or went
 		// away, or the agent itself went away. The registration is checked
 		// in case it was the last; registering again is idempotent.
-		log.Info("Discover stream ended", "why", "closed by the agent")
+		log.Info("discover stream ended", "why", "closed by the agent")
 		d.server.requestRegistration(reasonStreamGone)
 		return status.FromContextError(streamCtx.Err()).Err()
 	case err != nil:
-		log.Info("Discover stream ended", "why", "discoverer failed", "code", status.Code(err).String(), "error", err.Error())
+		log.Info("discover stream ended", "why", "discoverer failed", "code", status.Code(err).String(), "err", err)
 		return err
 	default:
 		// The contract is to send until the stream ends; a Discoverer that
 		// stops early is a bug, and Internal makes the agent retry it.
-		log.Info("Discover stream ended", "why", "discoverer returned early")
+		log.Info("discover stream ended", "why", "discoverer returned early")
 		return status.Error(codes.Internal, "discoverer returned before the stream ended")
 	}
 }

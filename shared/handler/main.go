@@ -34,7 +34,7 @@ func Main(defaultName string, run func(context.Context, Settings) error) {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, s); err != nil {
-		s.Logger.Error(err, "Discovery handler failed", "handler", s.Name)
+		s.Logger.Error(err, "discovery handler failed", "handler", s.Name)
 		stop()
 		os.Exit(1)
 	}

@@ -53,7 +53,7 @@ func (s *Server) registerUntilDone(ctx context.Context, reason string) error {
 	for attempt := 1; ; attempt++ {
 		err := s.register(ctx)
 		if err == nil {
-			s.log.Info("Registered with agent", "reason", reason, "attempt", attempt)
+			s.log.Info("registered with agent", "reason", reason, "attempt", attempt)
 			return nil
 		}
 		if ctx.Err() != nil {
@@ -66,7 +66,7 @@ func (s *Server) registerUntilDone(ctx context.Context, reason string) error {
 		// case; anything else is retried too, as the agent may be midway
 		// through a restart.
 		wait := retry.Next()
-		s.log.Info("Registration failed, will retry", "reason", reason, "attempt", attempt, "backoff", wait.String(), "error", err.Error())
+		s.log.Info("registration failed, will retry", "reason", reason, "attempt", attempt, "backoff", wait.String(), "err", err)
 
 		timer := time.NewTimer(wait)
 		select {
@@ -142,7 +142,7 @@ func (s *Server) watchStateDir(ctx context.Context, watcher *fsnotify.Watcher, o
 				s.requestRegistration(reasonEventOverflow)
 				continue
 			}
-			s.log.Error(err, "Watching state directory failed")
+			s.log.Error(err, "watching state directory failed")
 		}
 	}
 }

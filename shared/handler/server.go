@@ -119,7 +119,7 @@ func (s *Server) Start(ctx context.Context) error {
 			fail(err)
 		}
 	})
-	s.log.Info("Serving discovery handler", "shared", s.cfg.Shared)
+	s.log.Info("serving discovery handler", "shared", s.cfg.Shared)
 
 	<-ctx.Done()
 	s.stopGRPC(grpcServer)
@@ -128,7 +128,7 @@ func (s *Server) Start(ctx context.Context) error {
 	if fatal != nil {
 		return fatal
 	}
-	s.log.Info("Discovery handler stopped")
+	s.log.Info("discovery handler stopped")
 	return nil
 }
 
@@ -162,7 +162,7 @@ func (s *Server) removeSocket(ours os.FileInfo) {
 		return
 	}
 	if err := os.Remove(s.socketPath); err != nil && !errors.Is(err, os.ErrNotExist) {
-		s.log.Error(err, "Could not remove handler socket")
+		s.log.Error(err, "could not remove handler socket")
 	}
 }
 
@@ -180,7 +180,7 @@ func (s *Server) stopGRPC(grpcServer *grpc.Server) {
 	select {
 	case <-done:
 	case <-timer.C:
-		s.log.Info("Open Discover streams did not end in time, closing them", "timeout", s.cfg.ShutdownTimeout.String())
+		s.log.Info("open Discover streams did not end in time, closing them", "timeout", s.cfg.ShutdownTimeout.String())
 		grpcServer.Stop()
 		<-done
 	}

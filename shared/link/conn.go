@@ -188,7 +188,7 @@ func RunConn(ctx context.Context, f *Framed, sess *Session, cfg ConnConfig) erro
 	}
 	cancel(rerr)
 	_ = f.Conn.Close()
-	<-werr
+	<-werr //nolint:errcheck // the writer ends with this same hang-up; rerr says why
 	return rerr
 }
 

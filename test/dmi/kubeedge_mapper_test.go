@@ -143,7 +143,11 @@ type lockedWriter struct {
 	w  *bytes.Buffer
 }
 
-func (l *lockedWriter) Write(b []byte) (int, error) { l.mu.Lock(); defer l.mu.Unlock(); return l.w.Write(b) }
+func (l *lockedWriter) Write(b []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(b)
+}
 
 func (l *lockedWriter) String() string { l.mu.Lock(); defer l.mu.Unlock(); return l.w.String() }
 
@@ -478,7 +482,9 @@ func TestKubeEdgeMapperFramework(t *testing.T) {
 	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "default/stranger is not assigned to node "+node) {
 		t.Fatalf("report for an unknown device: %v", err)
 	}
-	if n := len(c.find(func(r *linkv1.TwinReportedUpdate) bool { return r.Property == "ghost" || r.Device.GetName() == "thermo-bad" })); n != 0 {
+	if n := len(c.find(func(r *linkv1.TwinReportedUpdate) bool {
+		return r.Property == "ghost" || r.Device.GetName() == "thermo-bad"
+	})); n != 0 {
 		t.Fatalf("%d refused reports reached the cloud", n)
 	}
 	for _, reason := range []string{"unknown-property", "bad-value", "unknown-device"} {

@@ -27,7 +27,6 @@ import (
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	"github.com/dowse-dev/dowse/shared/link/pki"
 	"github.com/dowse-dev/dowse/shared/scheme"
-
 	"github.com/dowse-dev/dowse/test/kube"
 	"github.com/dowse-dev/dowse/test/procs"
 	"github.com/dowse-dev/dowse/test/testwait"

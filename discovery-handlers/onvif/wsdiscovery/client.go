@@ -222,7 +222,8 @@ func Listen(ctx context.Context, ifaces []net.Interface, fn func(Announcement), 
 		// Without this a socket bound to the group's port gets the group's
 		// traffic of every interface some socket joined.
 		if rc, err := conn.SyscallConn(); err == nil {
-			rc.Control(func(fd uintptr) {
+			// Best effort: kernels without the option deliver as before.
+			_ = rc.Control(func(fd uintptr) {
 				_ = syscall.SetsockoptInt(int(fd), syscall.IPPROTO_IP, unix.IP_MULTICAST_ALL, 0)
 			})
 		}

@@ -184,10 +184,10 @@ func run(ctx context.Context, rounds, allocs int, statusEvery time.Duration) err
 		begin := time.Now()
 		resp, err := pl.Allocate(ctx, &dp.AllocateRequest{ContainerRequests: []*dp.ContainerAllocateRequest{{DevicesIds: []string{id}}}})
 		if err != nil {
-			return 0, fmt.Errorf("Allocate %s: %w", id, err)
+			return 0, fmt.Errorf("allocate %s: %w", id, err)
 		}
 		if len(resp.ContainerResponses) != 1 || len(resp.ContainerResponses[0].CdiDevices) != 1 {
-			return 0, fmt.Errorf("Allocate %s answered %v", id, resp)
+			return 0, fmt.Errorf("allocate %s answered %v", id, resp)
 		}
 		return time.Since(begin), nil
 	}
