@@ -521,10 +521,14 @@ func (d *device) takeDesired() {
 		des := dp.GetDesired()
 		if des == nil || (des.GetValue() == "" && ps.p.Type != TypeString) {
 			ps.desired, ps.desiredKey = nil, ""
-			continue
+		} else {
+			ps.desired = des
+			ps.desiredKey = des.GetValue() + "\x00" + des.GetMetadata()[MetaTimestamp]
 		}
-		ps.desired = des
-		ps.desiredKey = des.GetValue() + "\x00" + des.GetMetadata()[MetaTimestamp]
+		if ps.desiredErr != "" && (ps.desired == nil || ps.desiredKey == ps.appliedKey) {
+			// The failed value is no longer wanted.
+			ps.desiredErr, ps.dirty = "", true
+		}
 	}
 }
 
