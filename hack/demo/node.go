@@ -104,7 +104,14 @@ func runOnNode(ctx context.Context, every time.Duration, flips int) error {
 		return err
 	}
 	root := kube.RepoRoot()
-	for _, f := range []string{"deploy/crds/dowse.dev_configurations.yaml", "deploy/crds/dowse.dev_instances.yaml", "deploy/agent/agent.yaml", "deploy/controller/controller.yaml"} {
+	crds, err := filepath.Glob(filepath.Join(root, "deploy", "crds", "*.yaml"))
+	if err != nil || len(crds) == 0 {
+		return fmt.Errorf("no CRDs in deploy/crds (%v)", err)
+	}
+	for i := range crds {
+		crds[i], _ = filepath.Rel(root, crds[i])
+	}
+	for _, f := range append(crds, "deploy/agent/agent.yaml", "deploy/controller/controller.yaml") {
 		objs, err := decodeFile(sch, filepath.Join(root, f))
 		if err != nil {
 			return err
@@ -207,7 +214,7 @@ func decodeFile(sch *runtime.Scheme, path string) ([]client.Object, error) {
 
 func waitCRDs(ctx context.Context, cl client.Client) error {
 	deadline := time.Now().Add(time.Minute)
-	for _, name := range []string{"configurations.dowse.dev", "instances.dowse.dev"} {
+	for _, name := range []string{"configurations.dowse.dev", "instances.dowse.dev", "devicemodels.dowse.dev", "devices.dowse.dev"} {
 		for {
 			var crd apiextensionsv1.CustomResourceDefinition
 			if err := cl.Get(ctx, client.ObjectKey{Name: name}, &crd); err != nil {
