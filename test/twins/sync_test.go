@@ -168,30 +168,33 @@ func waitSent(t *testing.T, hub *fakeHub, node string, want ...string) []*linkv1
 func TestTwinSync(t *testing.T) {
 	ctx := context.Background()
 	ns := namespace(t)
+	// Node names of this test's own: the sync lists Devices by node
+	// across namespaces, and other tests use edge-1 too.
+	edge1, edge2 := ns+"-edge-1", ns+"-edge-2"
 	if err := k8sClient.Create(ctx, thermostatModel(ns)); err != nil {
 		t.Fatal(err)
 	}
-	good := device(ns, "good", "edge-1", desired("setpoint", "21"))
-	bad := device(ns, "readonly", "edge-1", desired("temperature", "3"))
-	outOfRange := device(ns, "too-hot", "edge-1", desired("setpoint", "31"))
-	unknown := device(ns, "unknown", "edge-1", v1alpha1.DeviceProperty{Name: "humidity"})
-	for _, d := range []*v1alpha1.Device{good, bad, outOfRange, unknown, device(ns, "elsewhere", "edge-2")} {
+	good := device(ns, "good", edge1, desired("setpoint", "21"))
+	bad := device(ns, "readonly", edge1, desired("temperature", "3"))
+	outOfRange := device(ns, "too-hot", edge1, desired("setpoint", "31"))
+	unknown := device(ns, "unknown", edge1, v1alpha1.DeviceProperty{Name: "humidity"})
+	for _, d := range []*v1alpha1.Device{good, bad, outOfRange, unknown, device(ns, "elsewhere", edge2)} {
 		if err := k8sClient.Create(ctx, d); err != nil {
 			t.Fatal(err)
 		}
 	}
-	hub := newFakeHub("edge-1")
+	hub := newFakeHub(edge1)
 	rig := startTwins(t, hub)
 	// Whatever the reconciler sent before the connect is not what counts.
 	time.Sleep(200 * time.Millisecond)
-	hub.take("edge-1")
-	rig.sync.OnConnect(ctx, "edge-1")
-	envs := waitSent(t, hub, "edge-1", "model thermostat", "device good", "inventory 1/1")
+	hub.take(edge1)
+	rig.sync.OnConnect(ctx, edge1)
+	envs := waitSent(t, hub, edge1, "model thermostat", "device good", "inventory 1/1")
 	ed := envs[1].GetDeviceUpdate().Device
 	if p := ed.Properties[0]; p.Name != "setpoint" || p.Desired.GetValue() != "21" || ed.ProtocolName != "virtual" {
 		t.Errorf("device sent %v: want setpoint desired 21 and the model's protocol", ed)
 	}
-	if got := hub.sent["edge-2"]; len(got) != 0 {
+	if got := hub.sent[edge2]; len(got) != 0 {
 		t.Errorf("a node that is not connected was sent %d messages", len(got))
 	}
 
@@ -216,7 +219,7 @@ func TestTwinSync(t *testing.T) {
 	if err := k8sClient.Update(ctx, d); err != nil {
 		t.Fatal(err)
 	}
-	envs = waitSent(t, hub, "edge-1", "device good")
+	envs = waitSent(t, hub, edge1, "device good")
 	if v := envs[0].GetDeviceUpdate().Device.Properties[0].Desired.GetValue(); v != "22" {
 		t.Errorf("desired sent %q, want 22", v)
 	}
@@ -226,16 +229,16 @@ func TestTwinSync(t *testing.T) {
 	if err := k8sClient.Update(ctx, d); err != nil {
 		t.Fatal(err)
 	}
-	waitSent(t, hub, "edge-1", "device too-hot")
+	waitSent(t, hub, edge1, "device too-hot")
 	// Moved to another node: removed here, model too once no device needs it.
 	for _, name := range []string{"good", "too-hot"} {
 		d, _ = getDevice(ns, name)
-		d.Spec.NodeName = "edge-2"
+		d.Spec.NodeName = edge2
 		if err := k8sClient.Update(ctx, d); err != nil {
 			t.Fatal(err)
 		}
 	}
-	waitSent(t, hub, "edge-1", "device-removal good", "device-removal too-hot", "model-removal thermostat")
+	waitSent(t, hub, edge1, "device-removal good", "device-removal too-hot", "model-removal thermostat")
 }
 
 // TestTwinStatus: however many reports arrive between two flushes, a Device
