@@ -19,6 +19,7 @@ type config struct {
 	out      string
 	registry string
 	tag      string
+	version  string
 	binaries []string
 }
 
@@ -27,6 +28,7 @@ func main() {
 	flag.StringVar(&cfg.out, "out", "bin/images", "folder the archives are written to")
 	flag.StringVar(&cfg.registry, "registry", "ghcr.io/dowse-dev", "registry and owner part of each image name")
 	flag.StringVar(&cfg.tag, "tag", "latest", "tag of every image")
+	flag.StringVar(&cfg.version, "version", "dev", "version the binaries were stamped with (--version), in each image's labels")
 	flag.Parse()
 	cfg.binaries = flag.Args()
 	if err := run(cfg); err != nil {
@@ -46,7 +48,12 @@ func run(cfg config) error {
 		name := filepath.Base(b)
 		ref := fmt.Sprintf("%s/%s:%s", cfg.registry, name, cfg.tag)
 		out := filepath.Join(cfg.out, name+".tar")
-		if err := ociarchive.Write(out, ociarchive.Image{Ref: ref, Binary: b}); err != nil {
+		if err := ociarchive.Write(out, ociarchive.Image{Ref: ref, Binary: b, Labels: map[string]string{
+			"org.opencontainers.image.title":    name,
+			"org.opencontainers.image.version":  cfg.version,
+			"org.opencontainers.image.source":   "https://github.com/dowse-dev/dowse",
+			"org.opencontainers.image.licenses": "Apache-2.0",
+		}}); err != nil {
 			return fmt.Errorf("%s: %w", name, err)
 		}
 		fmt.Printf("%s -> %s\n", ref, out)

@@ -8,6 +8,8 @@ import (
 	"syscall"
 
 	"github.com/go-logr/logr"
+
+	"github.com/dowse-dev/dowse/shared/version"
 )
 
 // Settings are what a handler binary is told on its command line.
@@ -28,7 +30,11 @@ func Main(defaultName string, run func(context.Context, Settings) error) {
 	fs := flag.NewFlagSet(os.Args[0], flag.ExitOnError)
 	fs.StringVar(&s.Name, "name", defaultName, "handler name that Configurations use in spec.discoveryHandler.name")
 	stateDir := StateDirFlag(fs)
+	showVersion := version.Flag(fs, "dowse-"+defaultName+"-discovery")
 	_ = fs.Parse(os.Args[1:]) // ExitOnError: Parse exits on a bad flag
+	if showVersion.Print(os.Stdout) {
+		return
+	}
 	s.StateDir = *stateDir
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/dowse-dev/dowse/agent"
+	"github.com/dowse-dev/dowse/shared/version"
 )
 
 func main() {
@@ -55,7 +56,11 @@ func main() {
 	fs.IntVar(&cfg.Link.StoreMaxBytes, "link-store-max-bytes", 64<<20, "most bytes of unacknowledged messages the edge store keeps")
 	zapOpts := zap.Options{}
 	zapOpts.BindFlags(fs)
+	showVersion := version.Flag(fs, "dowse-agent")
 	_ = fs.Parse(os.Args[1:])
+	if showVersion.Print(os.Stdout) {
+		return
+	}
 	cfg.QPS = float32(*qps)
 
 	log := zap.New(zap.UseFlagOptions(&zapOpts))

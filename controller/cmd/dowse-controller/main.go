@@ -19,6 +19,7 @@ import (
 
 	"github.com/dowse-dev/dowse/controller"
 	"github.com/dowse-dev/dowse/controller/linkauth"
+	"github.com/dowse-dev/dowse/shared/version"
 )
 
 func main() {
@@ -62,7 +63,11 @@ func main() {
 	fs.IntVar(&cfg.Link.AuthRateBurst, "link-auth-rate-burst", linkauth.DefaultRequestBurst, "burst of bootstrap and renewal requests")
 	zapOpts := zap.Options{}
 	zapOpts.BindFlags(fs)
+	showVersion := version.Flag(fs, "dowse-controller")
 	_ = fs.Parse(os.Args[1:])
+	if showVersion.Print(os.Stdout) {
+		return
+	}
 	cfg.QPS = float32(*qps)
 	if *linkHosts != "" {
 		cfg.Link.Hosts = strings.Split(*linkHosts, ",")

@@ -11,9 +11,14 @@ import (
 	"syscall"
 
 	"github.com/dowse-dev/dowse/dowsectl"
+	"github.com/dowse-dev/dowse/shared/version"
 )
 
 func main() {
+	if len(os.Args) == 2 && (os.Args[1] == "--version" || os.Args[1] == "-version" || os.Args[1] == "version") {
+		fmt.Println(version.Line("dowsectl"))
+		return
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	if err := dowsectl.Run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {

@@ -56,6 +56,8 @@ type Image struct {
 	Env []string
 	// Arch is the GOARCH the binary was built for; runtime.GOARCH if empty.
 	Arch string
+	// Labels are the image config's labels (org.opencontainers.image.*).
+	Labels map[string]string
 }
 
 type descriptor struct {
@@ -128,6 +130,7 @@ func Write(out string, img Image) error {
 			"Entrypoint": append([]string{img.Path}, img.Args...),
 			"Env":        env,
 			"WorkingDir": "/",
+			"Labels":     img.Labels,
 		},
 		"rootfs":  map[string]any{"type": "layers", "diff_ids": []string{diffID}},
 		"history": []map[string]any{{"created": epoch.Format(time.RFC3339), "created_by": "dowse hack/images"}},

@@ -22,7 +22,7 @@ func TestWrite(t *testing.T) {
 		t.Fatal(err)
 	}
 	out := filepath.Join(dir, "a.tar")
-	img := Image{Ref: "ghcr.io/dowse-dev/tool:v1", Binary: bin}
+	img := Image{Ref: "ghcr.io/dowse-dev/tool:v1", Binary: bin, Labels: map[string]string{"org.opencontainers.image.version": "v1.2.3"}}
 	if err := Write(out, img); err != nil {
 		t.Fatal(err)
 	}
@@ -63,6 +63,21 @@ func TestWrite(t *testing.T) {
 	}
 	if _, ok := files[blobPath(index.Manifests[0].Digest)]; !ok {
 		t.Fatal("manifest blob missing")
+	}
+	var manifest struct {
+		Config descriptor `json:"config"`
+	}
+	if err := json.Unmarshal(files[blobPath(index.Manifests[0].Digest)], &manifest); err != nil {
+		t.Fatal(err)
+	}
+	var config struct {
+		Config struct{ Labels map[string]string }
+	}
+	if err := json.Unmarshal(files[blobPath(manifest.Config.Digest)], &config); err != nil {
+		t.Fatal(err)
+	}
+	if config.Config.Labels["org.opencontainers.image.version"] != "v1.2.3" {
+		t.Errorf("image config labels %v lack the version", config.Config.Labels)
 	}
 	first, _ := os.ReadFile(out)
 	if err := Write(out, img); err != nil {

@@ -14,6 +14,7 @@ import (
 	"github.com/go-logr/logr"
 
 	debugecho "github.com/dowse-dev/dowse/brokers/debug-echo"
+	"github.com/dowse-dev/dowse/shared/version"
 )
 
 func main() {
@@ -22,7 +23,11 @@ func main() {
 	fs.StringVar(&cfg.Listen, "listen", ":8080", "HTTP listen address")
 	fs.BoolVar(&cfg.Once, "once", false, "log the device environment and exit (a Job broker); fails when there is none")
 	prefixes := fs.String("env-prefixes", "DEBUG_ECHO_", "comma-separated prefixes of the environment variables that describe the device")
+	showVersion := version.Flag(fs, "dowse-debug-echo-broker")
 	_ = fs.Parse(os.Args[1:])
+	if showVersion.Print(os.Stdout) {
+		return
+	}
 	cfg.Prefixes = strings.Split(*prefixes, ",")
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

@@ -12,6 +12,7 @@ import (
 
 	debugecho "github.com/dowse-dev/dowse/discovery-handlers/debug-echo"
 	"github.com/dowse-dev/dowse/shared/handler"
+	"github.com/dowse-dev/dowse/shared/version"
 )
 
 func main() {
@@ -23,7 +24,11 @@ func main() {
 	stateDir := handler.StateDirFlag(fs)
 	fs.StringVar(&cfg.AvailabilityFile, "availability-file", "",
 		"file whose content OFFLINE takes every device offline (default <state-dir>/"+debugecho.DefaultAvailabilityFileName+")")
+	showVersion := version.Flag(fs, "dowse-debug-echo-discovery")
 	_ = fs.Parse(os.Args[1:]) // ExitOnError: Parse exits on a bad flag
+	if showVersion.Print(os.Stdout) {
+		return
+	}
 	cfg.StateDir = *stateDir
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
