@@ -203,7 +203,10 @@ func TestControllerBrokerPodsServicesAndStatus(t *testing.T) {
 		return nil
 	})
 
-	// Steady state: no writes.
+	// Steady state: no writes. A status reconcile is debounced by a second
+	// (broker.statusDelay) and may still be queued from the last change;
+	// let it run first.
+	time.Sleep(1500 * time.Millisecond)
 	before := ctl.requests.writes.Load()
 	consistently(t, 2*time.Second, func() error {
 		if w := ctl.requests.writes.Load() - before; w != 0 {
