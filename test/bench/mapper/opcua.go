@@ -151,7 +151,14 @@ func runOPCUA(ctx context.Context, root string, window time.Duration, samples in
 	if _, err := client.RegisterDevice(ctx, &dmiv1beta1.RegisterDeviceRequest{Device: poll}); err != nil {
 		return err
 	}
-	time.Sleep(2 * time.Second)
+	// Measure once the session is up and values flow.
+	deadline = time.Now().Add(60 * time.Second)
+	for len(agent.Twins("bench/poll", "n0", 0)) == 0 {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the polled OPC UA device never reported (log: %s)", logf.Name())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	ok0, _ := counter(metrics, `dowse_mapper_reads_total{result="ok"}`)
 	start := time.Now()
 	time.Sleep(window)
