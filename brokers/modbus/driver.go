@@ -73,6 +73,7 @@ type Driver struct {
 	cfg     deviceConfig
 	handler *modbus.TCPClientHandler
 	client  modbus.Client
+	noMerge map[string]bool // spans a merged read of which the device refused
 }
 
 // NewDriver is the mapper.NewDriver of Modbus TCP.
@@ -363,19 +364,23 @@ func (d *Driver) Read(_ context.Context, p *mapper.Property) (any, error) {
 	return pt.decode(b, pt.address)
 }
 
-// ReadBatch reads properties of one unit and table whose addresses are
-// adjacent (or within maxGap) in one request each. When a merged request
-// is refused with an exception (one property past the end), its properties
-// are read one by one so the others still get their values.
-func (d *Driver) ReadBatch(ctx context.Context, ps []*mapper.Property) []mapper.Result {
-	rs := make([]mapper.Result, len(ps))
-	idx := make([]int, len(ps))
+// span is one read request: points of one unit and table whose addresses
+// lie within [lo, hi).
+type span struct {
+	idx    []int // indexes into the points
+	lo, hi int
+}
+
+// plan groups points into as few requests as the protocol allows: one unit
+// and table, addresses adjacent or within maxGap, at most 125 registers or
+// 2000 bits.
+func plan(pts []*point, maxGap int) []span {
+	idx := make([]int, len(pts))
 	for i := range idx {
 		idx[i] = i
 	}
-	pt := func(i int) *point { return ps[i].Data.(*point) }
 	slices.SortFunc(idx, func(a, b int) int {
-		pa, pb := pt(a), pt(b)
+		pa, pb := pts[a], pts[b]
 		if pa.unit != pb.unit {
 			return int(pa.unit) - int(pb.unit)
 		}
@@ -384,8 +389,9 @@ func (d *Driver) ReadBatch(ctx context.Context, ps []*mapper.Property) []mapper.
 		}
 		return int(pa.address) - int(pb.address)
 	})
+	var out []span
 	for start := 0; start < len(idx); {
-		first := pt(idx[start])
+		first := pts[idx[start]]
 		lo, hi := int(first.address), int(first.address)+int(first.count)
 		limit := maxRegisters
 		if first.bits() {
@@ -393,8 +399,8 @@ func (d *Driver) ReadBatch(ctx context.Context, ps []*mapper.Property) []mapper.
 		}
 		end := start + 1
 		for ; end < len(idx); end++ {
-			p := pt(idx[end])
-			if p.unit != first.unit || p.table != first.table || int(p.address) > hi+d.cfg.maxGap {
+			p := pts[idx[end]]
+			if p.unit != first.unit || p.table != first.table || int(p.address) > hi+maxGap {
 				break
 			}
 			nhi := max(hi, int(p.address)+int(p.count))
@@ -403,26 +409,49 @@ func (d *Driver) ReadBatch(ctx context.Context, ps []*mapper.Property) []mapper.
 			}
 			hi = nhi
 		}
-		group := idx[start:end]
+		out = append(out, span{idx: idx[start:end], lo: lo, hi: hi})
 		start = end
-		if len(group) == 1 {
-			i := group[0]
-			rs[i].Value, rs[i].Err = d.Read(ctx, ps[i])
-			continue
-		}
-		b, err := d.readRaw(first, uint16(lo), uint16(hi-lo))
-		if err != nil && mapper.IsPermanent(err) {
-			for _, i := range group {
+	}
+	return out
+}
+
+// ReadBatch reads properties of one unit and table whose addresses are
+// adjacent (or within maxGap) in one request each. When a merged request
+// is refused with an exception (one property past the end), its properties
+// are read one by one so the others still get their values, and that span
+// is not merged again.
+func (d *Driver) ReadBatch(ctx context.Context, ps []*mapper.Property) []mapper.Result {
+	rs := make([]mapper.Result, len(ps))
+	pts := make([]*point, len(ps))
+	for i, p := range ps {
+		pts[i] = p.Data.(*point)
+	}
+	for _, sp := range plan(pts, d.cfg.maxGap) {
+		first := pts[sp.idx[0]]
+		key := fmt.Sprintf("%d/%s/%d/%d", first.unit, first.table, sp.lo, sp.hi)
+		if len(sp.idx) == 1 || d.noMerge[key] {
+			for _, i := range sp.idx {
 				rs[i].Value, rs[i].Err = d.Read(ctx, ps[i])
 			}
 			continue
 		}
-		for _, i := range group {
+		b, err := d.readRaw(first, uint16(sp.lo), uint16(sp.hi-sp.lo))
+		if err != nil && mapper.IsPermanent(err) {
+			if d.noMerge == nil {
+				d.noMerge = map[string]bool{}
+			}
+			d.noMerge[key] = true
+			for _, i := range sp.idx {
+				rs[i].Value, rs[i].Err = d.Read(ctx, ps[i])
+			}
+			continue
+		}
+		for _, i := range sp.idx {
 			if err != nil {
 				rs[i].Err = err
 				continue
 			}
-			rs[i].Value, rs[i].Err = pt(i).decode(b, uint16(lo))
+			rs[i].Value, rs[i].Err = pts[i].decode(b, uint16(sp.lo))
 		}
 	}
 	return rs

@@ -1,6 +1,7 @@
 package modbus
 
 import (
+	"strconv"
 	"testing"
 
 	"github.com/dowse-dev/dowse/brokers/mapper"
@@ -76,3 +77,39 @@ func TestPrepare(t *testing.T) {
 		}
 	}
 }
+
+func TestPlan(t *testing.T) {
+	h := func(unit byte, addr, count uint16) *point {
+		return &point{table: Holding, unit: unit, address: addr, count: count}
+	}
+	pts := []*point{
+		h(1, 10, 2), h(1, 0, 1), h(1, 1, 2), h(1, 3, 1), // 0-3 adjacent, 10-11 apart
+		h(2, 0, 1), // another unit
+		{table: Input, unit: 1, address: 0, count: 1}, // another table
+		{table: Coil, unit: 1, address: 5, count: 1}, {table: Coil, unit: 1, address: 6, count: 1},
+		h(1, 200, 100), h(1, 300, 100), // 200 registers: more than one request carries
+	}
+	got := map[string][]int{}
+	for _, sp := range plan(pts, 0) {
+		p := pts[sp.idx[0]]
+		got[string(rune('0'+p.unit))+p.table+":"+itoa(sp.lo)+"-"+itoa(sp.hi)] = sp.idx
+	}
+	want := []string{"1holding:0-4", "1holding:10-12", "2holding:0-1", "1input:0-1", "1coil:5-7", "1holding:200-300", "1holding:300-400"}
+	if len(got) != len(want) {
+		t.Errorf("plan = %v, want spans %v", got, want)
+	}
+	for _, w := range want {
+		if _, ok := got[w]; !ok {
+			t.Errorf("no span %s in %v", w, got)
+		}
+	}
+	if n := len(got["1holding:0-4"]); n != 3 {
+		t.Errorf("span 0-4 has %d points, want 3", n)
+	}
+	// A gap of 6 registers is bridged with maxGap 6.
+	if spans := plan([]*point{h(1, 0, 4), h(1, 10, 2)}, 6); len(spans) != 1 || spans[0].hi != 12 {
+		t.Errorf("maxGap 6: %+v", spans)
+	}
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }
