@@ -2,8 +2,11 @@
 SHELL := /bin/bash
 BIN := $(CURDIR)/bin
 GO_TEST_FLAGS ?= -count=1 -timeout 30m
+# Every binary's --version (shared/version) and the images' labels.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+GO_LDFLAGS := -s -w -X github.com/dowse-dev/dowse/shared/version.version=$(VERSION)
 
-.PHONY: all build images peers generate verify-generate test test-unit test-integration test-node node-deps bench demo k8s deps clean
+.PHONY: all build images peers helm generate verify-generate test test-unit test-integration test-node node-deps bench demo k8s deps clean
 
 all: build
 
@@ -13,7 +16,7 @@ deps:
 
 build:
 	@mkdir -p $(BIN)
-	go build -trimpath -ldflags="-s -w" -o $(BIN)/ ./agent/cmd/dowse-agent ./controller/cmd/dowse-controller ./discovery-handlers/debug-echo/cmd/dowse-debug-echo-discovery \
+	go build -trimpath -ldflags="$(GO_LDFLAGS)" -o $(BIN)/ ./agent/cmd/dowse-agent ./controller/cmd/dowse-controller ./discovery-handlers/debug-echo/cmd/dowse-debug-echo-discovery \
 	  ./discovery-handlers/opcua/cmd/dowse-opcua-discovery ./discovery-handlers/modbus/cmd/dowse-modbus-discovery \
 	  ./discovery-handlers/udev/cmd/dowse-udev-discovery ./discovery-handlers/onvif/cmd/dowse-onvif-discovery \
 	  ./brokers/debug-echo/cmd/dowse-debug-echo-broker ./brokers/modbus/cmd/dowse-modbus-mapper ./brokers/opcua/cmd/dowse-opcua-mapper \
@@ -25,6 +28,11 @@ build:
 k8s:
 	@hack/build-k8s.sh
 
+# Helm built from the module proxy into bin/helm, once (version pinned in
+# hack/helm/go.mod): the chart's tests and `make generate` use it.
+helm:
+	@hack/build-helm.sh
+
 # Debian's runc for the test node, installed when missing.
 node-deps:
 	@hack/install-node-deps.sh
@@ -35,24 +43,25 @@ node-deps:
 images:
 	@mkdir -p $(BIN)/static
 	@cmds="$$(go list -f '{{if eq .Name "main"}}{{.ImportPath}}{{end}}' ./... | grep '/cmd/dowse-' | grep -v '/test/')"; \
-	  set -x; CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o $(BIN)/static/ $$cmds ./hack/images/dowse-pause && \
-	  go run ./hack/images -out $(BIN)/images $(BIN)/static/dowse-pause $$(for c in $$cmds; do echo $(BIN)/static/$${c##*/}; done)
+	  set -x; CGO_ENABLED=0 go build -trimpath -ldflags="$(GO_LDFLAGS)" -o $(BIN)/static/ $$cmds ./hack/images/dowse-pause && \
+	  go run ./hack/images -out $(BIN)/images -version $(VERSION) $(BIN)/static/dowse-pause $$(for c in $$cmds; do echo $(BIN)/static/$${c##*/}; done)
 
 # Regenerates protobuf Go, deepcopy and CRD YAML with the pinned tools.
-generate: deps
+generate: deps helm
 	@hack/generate.sh
+	@hack/render-deploy.sh
 
 # Fails when the committed generated files differ from what `make generate` makes.
 verify-generate: generate
-	@if [ -n "$$(git status --porcelain -- proto shared/api deploy/crds controller/broker/zz_generated.deepcopy.go)" ]; then \
-	  git status --porcelain -- proto shared/api deploy/crds controller/broker/zz_generated.deepcopy.go; git diff --stat -- proto shared/api deploy/crds controller/broker; \
+	@if [ -n "$$(git status --porcelain -- proto shared/api deploy controller/broker/zz_generated.deepcopy.go)" ]; then \
+	  git status --porcelain -- proto shared/api deploy controller/broker/zz_generated.deepcopy.go; git diff --stat -- proto shared/api deploy controller/broker; \
 	  echo "generated files are stale: run 'make generate' and commit the result" >&2; exit 1; fi
 
 test-unit:
 	go vet ./...
 	go test $(GO_TEST_FLAGS) $$(go list ./... | grep -v /test/)
 
-test-integration: k8s build
+test-integration: k8s helm build
 	go test $(GO_TEST_FLAGS) ./test/...
 
 # The real-node tier alone (test/cluster): needs root and runc; about half a
@@ -65,7 +74,7 @@ test-node: k8s node-deps
 peers:
 	@hack/build-go2rtc.sh
 
-test: deps node-deps k8s peers build verify-generate
+test: deps node-deps k8s helm peers build verify-generate
 	go vet ./...
 	$(MAKE) lint
 	go test $(GO_TEST_FLAGS) ./...

@@ -111,7 +111,7 @@ func runOnNode(ctx context.Context, every time.Duration, flips int) error {
 	for i := range crds {
 		crds[i], _ = filepath.Rel(root, crds[i])
 	}
-	for _, f := range append(crds, "deploy/agent/agent.yaml", "deploy/controller/controller.yaml") {
+	for _, f := range append(crds, "deploy/agent/agent.yaml", "deploy/handlers/debug-echo.yaml", "deploy/controller/controller.yaml") {
 		objs, err := decodeFile(sch, filepath.Join(root, f))
 		if err != nil {
 			return err
@@ -130,10 +130,10 @@ func runOnNode(ctx context.Context, every time.Duration, flips int) error {
 	if err := waitCRDs(ctx, cl); err != nil {
 		return err
 	}
-	if err := waitRunning(ctx, cl, "dowse-system", 2); err != nil {
+	if err := waitRunning(ctx, cl, "dowse-system", 3); err != nil {
 		return err
 	}
-	say("agent (with the debug-echo handler) and controller pods are Running")
+	say("agent, debug-echo handler and controller pods are Running")
 	if err := link.waitJoined(ctx); err != nil {
 		return err
 	}
@@ -152,6 +152,10 @@ func adapt(o client.Object, state, cdiDir string, api *url.URL) {
 		spec = &w.Spec.Template.Spec
 	case *appsv1.Deployment:
 		spec = &w.Spec.Template.Spec
+		// One node, one host network: a second controller replica would
+		// contend for the first one's ports.
+		one := int32(1)
+		w.Spec.Replicas = &one
 	default:
 		return
 	}
@@ -248,18 +252,30 @@ func waitRunning(ctx context.Context, cl client.Client, ns string, n int) error 
 		var states []string
 		for _, p := range pods.Items {
 			ok := p.Status.Phase == corev1.PodRunning
+			state := string(p.Status.Phase)
 			for _, cs := range p.Status.ContainerStatuses {
 				ok = ok && cs.Ready
+				if !cs.Ready {
+					state += fmt.Sprintf(" (%s not ready, %d restarts)", cs.Name, cs.RestartCount)
+				}
 			}
 			if ok {
 				ready++
 			}
-			states = append(states, fmt.Sprintf("%s=%s", p.Name, p.Status.Phase))
+			states = append(states, fmt.Sprintf("%s=%s", p.Name, state))
 		}
 		if ready >= n {
 			return nil
 		}
 		if time.Now().After(deadline) {
+			// The kubelet's events say why a probe failed.
+			var events corev1.EventList
+			_ = cl.List(ctx, &events, client.InNamespace(ns))
+			for _, e := range events.Items {
+				if e.Type == corev1.EventTypeWarning {
+					states = append(states, fmt.Sprintf("%s: %s %s", e.InvolvedObject.Name, e.Reason, e.Message))
+				}
+			}
 			return fmt.Errorf("%d of %d Dowse pods running after 3 minutes: %v", ready, n, states)
 		}
 		select {

@@ -1,0 +1,84 @@
+{{/* Common labels of every object of the chart. */}}
+{{- define "dowse.labels" -}}
+app.kubernetes.io/part-of: dowse
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | quote }}
+{{- end -}}
+
+{{/*
+An image reference: dowse.image (dict "root" $ "name" "dowse-agent" "image" .Values.agent.image).
+*/}}
+{{- define "dowse.image" -}}
+{{- $repo := .image.repository | default (printf "%s/%s" .root.Values.image.registry .name) -}}
+{{- $tag := .image.tag | default .root.Values.image.tag | default .root.Chart.AppVersion -}}
+{{- printf "%s:%s" $repo $tag -}}
+{{- end -}}
+
+{{/* Pod-level scheduling fields: dowse.scheduling (dict "root" $ "part" .Values.agent). */}}
+{{- define "dowse.scheduling" -}}
+{{- with (.part.nodeSelector | default .root.Values.nodeSelector) }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with (.part.tolerations | default .root.Values.tolerations) }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with (.part.affinity | default .root.Values.affinity) }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with (.part.priorityClassName | default .root.Values.priorityClassName) }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- with .root.Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* Pod template metadata: dowse.podMeta (dict "root" $ "name" "dowse-agent"). */}}
+{{- define "dowse.podMeta" -}}
+labels:
+  app.kubernetes.io/name: {{ .name }}
+  app.kubernetes.io/part-of: dowse
+  app.kubernetes.io/instance: {{ .root.Release.Name }}
+  {{- with .root.Values.podLabels }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
+{{- with .root.Values.podAnnotations }}
+annotations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* Selector labels of a part. */}}
+{{- define "dowse.selector" -}}
+app.kubernetes.io/name: {{ .name }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+{{- end -}}
+
+{{/* The link's first host: the name agents dial. */}}
+{{- define "dowse.linkHost" -}}
+{{- if .Values.link.hosts -}}
+{{- first .Values.link.hosts -}}
+{{- else -}}
+{{- printf "dowse-cloudhub.%s.svc" .Release.Namespace -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The link's hosts in the controller's serving certificate. */}}
+{{- define "dowse.linkHosts" -}}
+{{- if .Values.link.hosts -}}
+{{- join "," .Values.link.hosts -}}
+{{- else -}}
+{{- printf "dowse-cloudhub.%s.svc,dowse-cloudhub.%s.svc.cluster.local" .Release.Namespace .Release.Namespace -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Whether the chart hands agents the link CA's certificate (else a pin). */}}
+{{- define "dowse.linkCAFromChart" -}}
+{{- if and .Values.link.enabled (or .Values.link.ca.cert (and .Values.link.ca.generate (not .Values.link.caCertHash))) -}}true{{- end -}}
+{{- end -}}
