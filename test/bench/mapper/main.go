@@ -15,7 +15,8 @@
 //   - the mapper's peak RSS (VmHWM).
 //
 // Then the same for dowse-opcua-mapper against node-opcua's conformance
-// server (opcua.go), with the pushed (subscribed) change -> report latency.
+// server (opcua.go), with the pushed (subscribed) change -> report latency,
+// and dowse-onvif-mapper's read rate against go2rtc (onvif.go).
 //
 // jsmodbus comes from the npm registry into bin/npm-peers/modbus, as the
 // tests install it; node-opcua from bin/npm-peers/opcua.
@@ -61,14 +62,18 @@ func main() {
 	props := flag.Int("properties", 10, "properties per device")
 	samples := flag.Int("samples", 200, "samples of each latency figure")
 	withOPCUA := flag.Bool("opcua", true, "also measure dowse-opcua-mapper against node-opcua")
+	withONVIF := flag.Bool("onvif", true, "also measure dowse-onvif-mapper against go2rtc")
 	flag.DurationVar(&latCycle, "latency-cycle", 10*time.Millisecond, "collect cycle of the latency device")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	err := run(ctx, *window, *devices, *props, *samples)
+	root, _ := repoRoot()
 	if err == nil && *withOPCUA {
-		root, _ := repoRoot()
 		err = runOPCUA(ctx, root, *window, *samples)
+	}
+	if err == nil && *withONVIF {
+		err = runONVIF(ctx, root, *window)
 	}
 	if err != nil {
 		if b, rerr := os.ReadFile(mapperLog); rerr == nil {
