@@ -310,10 +310,7 @@ func (r *Reconciler) stopSession(key types.NamespacedName) {
 func (r *Reconciler) replaceSession(cfg *v1alpha1.Configuration, key string, props map[string]*discoveryv1.ByteData, blocked string) *session {
 	nn := client.ObjectKeyFromObject(cfg)
 	r.stopSession(nn)
-	details := ""
-	if d := cfg.Spec.DiscoveryHandler.DiscoveryDetails; d != nil {
-		details = string(d.Raw)
-	}
+	details := DetailsText(cfg.Spec.DiscoveryHandler.DiscoveryDetails)
 	cfgCopy := cfg.DeepCopy()
 	s := &session{
 		key:        key,

@@ -29,9 +29,17 @@ import (
 // SocketName is the registration socket's file name inside the state dir.
 const SocketName = "registration.sock"
 
-// Server serves Registration on <state-dir>/registration.sock.
+// AkriSocketName is the name Akri's agent serves registration on, which
+// Akri's discovery handlers (discovery-utils) dial in
+// DISCOVERY_HANDLERS_DIRECTORY. The agent serves both, so that an Akri
+// handler container mounting the state directory registers unchanged.
+const AkriSocketName = "agent-registration.sock"
+
+// Server serves Registration on <state-dir>/registration.sock and
+// <state-dir>/agent-registration.sock (one gRPC server on both).
 type Server struct {
 	socketPath string
+	akriPath   string
 	registry   *registry.Registry
 	log        logr.Logger
 	serving    atomic.Bool
@@ -39,7 +47,7 @@ type Server struct {
 
 // New makes a Server that records registrations in reg.
 func New(stateDir string, reg *registry.Registry, log logr.Logger) *Server {
-	return &Server{socketPath: filepath.Join(stateDir, SocketName), registry: reg, log: log}
+	return &Server{socketPath: filepath.Join(stateDir, SocketName), akriPath: filepath.Join(stateDir, AkriSocketName), registry: reg, log: log}
 }
 
 // Start serves until ctx ends. It replaces a stale socket left by an earlier
@@ -48,30 +56,46 @@ func (s *Server) Start(ctx context.Context) error {
 	if err := os.MkdirAll(filepath.Dir(s.socketPath), 0o750); err != nil {
 		return fmt.Errorf("creating state directory: %w", err)
 	}
-	if err := os.Remove(s.socketPath); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("removing stale registration socket: %w", err)
-	}
-	lis, err := net.Listen("unix", s.socketPath)
-	if err != nil {
-		return fmt.Errorf("listening on registration socket: %w", err)
+	var listeners []net.Listener
+	for _, p := range []string{s.socketPath, s.akriPath} {
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			closeAll(listeners)
+			return fmt.Errorf("removing stale registration socket: %w", err)
+		}
+		lis, err := net.Listen("unix", p)
+		if err != nil {
+			closeAll(listeners)
+			return fmt.Errorf("listening on registration socket: %w", err)
+		}
+		listeners = append(listeners, lis)
 	}
 	srv := grpc.NewServer()
 	discoveryv1.RegisterRegistrationServer(srv, &v1Server{s: s})
 	discoveryv0.RegisterRegistrationServer(srv, &v0Server{s: s})
 	// The agent's own health checks ask it through the socket.
 	healthpb.RegisterHealthServer(srv, health.NewServer())
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(lis) }()
+	errc := make(chan error, len(listeners))
+	for _, lis := range listeners {
+		go func() { errc <- srv.Serve(lis) }()
+	}
 	s.serving.Store(true)
 	defer s.serving.Store(false)
-	s.log.Info("serving registration", "socket", s.socketPath)
+	s.log.Info("serving registration", "socket", s.socketPath, "akriSocket", s.akriPath)
 	select {
 	case <-ctx.Done():
 		srv.Stop()
 		_ = os.Remove(s.socketPath)
+		_ = os.Remove(s.akriPath)
 		return nil
 	case err := <-errc:
+		srv.Stop()
 		return fmt.Errorf("registration server: %w", err)
+	}
+}
+
+func closeAll(ls []net.Listener) {
+	for _, l := range ls {
+		_ = l.Close()
 	}
 }
 

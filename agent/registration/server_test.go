@@ -2,6 +2,7 @@ package registration
 
 import (
 	"context"
+	"errors"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -9,8 +10,12 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/dowse-dev/dowse/agent/registry"
+	discoveryv0 "github.com/dowse-dev/dowse/proto/discovery/v0"
+	discoveryv1 "github.com/dowse-dev/dowse/proto/discovery/v1"
 )
 
 // The readiness check passes once the socket is served; the liveness
@@ -52,5 +57,58 @@ func TestHealthChecksFollowTheSocket(t *testing.T) {
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// An Akri discovery handler dials agent-registration.sock (Akri's name) and
+// registers under Akri's v0 service, with its network endpoint in Akri's
+// http://host:port form; the agent records it as Dowse's own socket does.
+func TestAkriRegistrationSocket(t *testing.T) {
+	dir, err := os.MkdirTemp("", "reg")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	reg := registry.New(dir)
+	s := New(dir, reg, logr.Discard())
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Start(ctx) }()
+	deadline := time.Now().Add(5 * time.Second)
+	for s.Ready(httptest.NewRequest("GET", "/readyz", nil)) != nil {
+		if time.Now().After(deadline) {
+			t.Fatal("never ready")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	conn, err := grpc.NewClient("unix://"+filepath.Join(dir, AkriSocketName), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	rctx, rcancel := context.WithTimeout(ctx, 5*time.Second)
+	defer rcancel()
+	for _, req := range []*discoveryv1.RegisterDiscoveryHandlerRequest{
+		{Name: "akri-uds", Endpoint: filepath.Join(dir, "akri-uds.sock"), EndpointType: discoveryv1.RegisterDiscoveryHandlerRequest_UDS},
+		{Name: "akri-net", Endpoint: "http://10.1.2.3:10000", EndpointType: discoveryv1.RegisterDiscoveryHandlerRequest_NETWORK, Shared: true},
+	} {
+		if _, err := discoveryv0.NewRegistrationClient(conn).RegisterDiscoveryHandler(rctx, req); err != nil {
+			t.Fatalf("registering %s on %s: %v", req.GetName(), AkriSocketName, err)
+		}
+	}
+	if h, ok := reg.Get("akri-uds"); !ok || h.Protocol != registry.ProtocolV0 || h.EndpointType != registry.UDS {
+		t.Errorf("akri-uds registered as %+v", h)
+	}
+	if h, ok := reg.Get("akri-net"); !ok || h.Protocol != registry.ProtocolV0 || h.Endpoint != "10.1.2.3:10000" || !h.Shared {
+		t.Errorf("akri-net registered as %+v", h)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{SocketName, AkriSocketName} {
+		if _, err := os.Stat(filepath.Join(dir, n)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s left behind after stopping (%v)", n, err)
+		}
 	}
 }

@@ -17,7 +17,8 @@ type EndpointType int
 const (
 	// UDS endpoints are Unix socket paths inside the agent's state directory.
 	UDS EndpointType = iota
-	// Network endpoints are host:port.
+	// Network endpoints are host:port, or http://host:port as Akri's
+	// handlers register them (kept as host:port).
 	Network
 )
 
@@ -145,8 +146,16 @@ func (r *Registry) validate(h *Handler) error {
 		}
 		h.Endpoint = clean
 	case Network:
-		if _, _, err := net.SplitHostPort(h.Endpoint); err != nil {
-			return &InvalidError{Reason: fmt.Sprintf("endpoint %q of handler %q is not host:port: %v", h.Endpoint, h.Name, err)}
+		// Akri's handlers register http://<POD_IP>:<port> (discovery-utils
+		// with POD_IP set): the same plaintext gRPC endpoint as host:port.
+		if rest, ok := strings.CutPrefix(h.Endpoint, "http://"); ok {
+			h.Endpoint = strings.TrimSuffix(rest, "/")
+		}
+		if strings.Contains(h.Endpoint, "://") {
+			return &InvalidError{Reason: fmt.Sprintf("endpoint %q of handler %q: only host:port and http://host:port are served (plaintext gRPC)", h.Endpoint, h.Name)}
+		}
+		if _, port, err := net.SplitHostPort(h.Endpoint); err != nil || port == "" {
+			return &InvalidError{Reason: fmt.Sprintf("endpoint %q of handler %q is not host:port or http://host:port: %v", h.Endpoint, h.Name, err)}
 		}
 	default:
 		return &InvalidError{Reason: fmt.Sprintf("endpoint type %d of handler %q is unknown", h.EndpointType, h.Name)}

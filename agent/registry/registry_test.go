@@ -23,6 +23,10 @@ func TestRegisterValidates(t *testing.T) {
 		{"the dir itself", Handler{Name: "evil", Endpoint: "/var/lib/dowse"}, false},
 		{"relative", Handler{Name: "evil", Endpoint: "x.sock"}, false},
 		{"network without port", Handler{Name: "n", Endpoint: "10.0.0.1", EndpointType: Network}, false},
+		{"akri network", Handler{Name: "akri", Endpoint: "http://10.0.0.1:10000", EndpointType: Network}, true},
+		{"akri network ipv6", Handler{Name: "akri6", Endpoint: "http://[fd00::1]:10000", EndpointType: Network}, true},
+		{"https", Handler{Name: "n", Endpoint: "https://10.0.0.1:10000", EndpointType: Network}, false},
+		{"http without port", Handler{Name: "n", Endpoint: "http://10.0.0.1", EndpointType: Network}, false},
 		{"unknown type", Handler{Name: "n", Endpoint: "/var/lib/dowse/x.sock", EndpointType: 7}, false},
 	}
 	for _, c := range cases {
@@ -38,6 +42,19 @@ func TestRegisterValidates(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// An endpoint registered as Akri's handlers do (http://host:port) is kept
+// as the host:port the agent dials.
+func TestAkriNetworkEndpointIsHostPort(t *testing.T) {
+	r := New("/var/lib/dowse")
+	if err := r.Register(Handler{Name: "akri", Endpoint: "http://10.0.0.1:10000", EndpointType: Network, Protocol: ProtocolV0}); err != nil {
+		t.Fatal(err)
+	}
+	h, ok := r.Get("akri")
+	if !ok || h.Endpoint != "10.0.0.1:10000" {
+		t.Fatalf("registered %+v, want endpoint 10.0.0.1:10000", h)
 	}
 }
 

@@ -22,6 +22,10 @@ const (
 	// StateDirEnv names the environment variable that overrides
 	// DefaultStateDir when --state-dir is not given.
 	StateDirEnv = "DOWSE_STATE_DIR"
+	// AkriStateDirEnv is Akri's name for the folder of the registration
+	// and handler sockets, honoured after StateDirEnv so that a handler
+	// deployed with Akri's pod spec finds the agent.
+	AkriStateDirEnv = "DISCOVERY_HANDLERS_DIRECTORY"
 	// RegistrationSocketName is the agent's registration socket, relative to
 	// the state directory.
 	RegistrationSocketName = "registration.sock"
@@ -156,12 +160,15 @@ func (cfg *Config) validateAndDefault() (string, error) {
 
 // StateDirFromEnv resolves the state directory the way every handler binary
 // does: the --state-dir flag when given, else $DOWSE_STATE_DIR, else
-// /var/lib/dowse.
+// Akri's $DISCOVERY_HANDLERS_DIRECTORY, else /var/lib/dowse.
 func StateDirFromEnv(flagValue string) string {
 	if flagValue != "" {
 		return flagValue
 	}
 	if v := os.Getenv(StateDirEnv); v != "" {
+		return v
+	}
+	if v := os.Getenv(AkriStateDirEnv); v != "" {
 		return v
 	}
 	return DefaultStateDir

@@ -420,15 +420,19 @@ func TestNewServerValidates(t *testing.T) {
 func TestStateDir(t *testing.T) {
 	for name, tc := range map[string]struct {
 		env, flag string
+		akriEnv   string
 		want      string
 	}{
-		"default":      {want: handler.DefaultStateDir},
-		"env":          {env: "/from/env", want: "/from/env"},
-		"flag wins":    {env: "/from/env", flag: "/from/flag", want: "/from/flag"},
-		"flag, no env": {flag: "/from/flag", want: "/from/flag"},
+		"default":       {want: handler.DefaultStateDir},
+		"env":           {env: "/from/env", want: "/from/env"},
+		"akri env":      {akriEnv: "/from/akri", want: "/from/akri"},
+		"env wins akri": {env: "/from/env", akriEnv: "/from/akri", want: "/from/env"},
+		"flag wins":     {env: "/from/env", flag: "/from/flag", want: "/from/flag"},
+		"flag, no env":  {flag: "/from/flag", want: "/from/flag"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Setenv(handler.StateDirEnv, tc.env)
+			t.Setenv(handler.AkriStateDirEnv, tc.akriEnv)
 			if got := handler.StateDirFromEnv(tc.flag); got != tc.want {
 				t.Errorf("StateDirFromEnv(%q) = %q, want %q", tc.flag, got, tc.want)
 			}
