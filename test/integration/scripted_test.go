@@ -431,3 +431,70 @@ func TestDeletedInstanceComesBack(t *testing.T) {
 		return nil
 	})
 }
+
+// akriNetHandler is an Akri v0 handler that records the discovery details
+// it is sent, as Akri's handlers parse them (YAML text).
+type akriNetHandler struct {
+	discoveryv0.UnimplementedDiscoveryHandlerServer
+	details chan string
+}
+
+func (h akriNetHandler) Discover(req *discoveryv1.DiscoverRequest, stream grpc.ServerStreamingServer[discoveryv1.DiscoverResponse]) error {
+	select {
+	case h.details <- req.GetDiscoveryDetails():
+	default:
+	}
+	if err := stream.Send(&discoveryv1.DiscoverResponse{Devices: devices("akri-net-1")}); err != nil {
+		return err
+	}
+	<-stream.Context().Done()
+	return nil
+}
+
+// TestAkriConventions: a handler registering as Akri's discovery-utils does
+// with POD_IP set (on agent-registration.sock, a network endpoint in the
+// http://host:port form, Akri's v0 service names) is dialed by the agent,
+// and a Configuration whose discoveryDetails are one YAML string (Akri's
+// form) reaches it as that YAML text.
+func TestAkriConventions(t *testing.T) {
+	ns := namespace(t)
+	a := startAgent(t, "node-a", stateDir(t))
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := akriNetHandler{details: make(chan string, 1)}
+	srv := grpc.NewServer()
+	discoveryv0.RegisterDiscoveryHandlerServer(srv, h)
+	go func() { _ = srv.Serve(lis) }()
+	defer srv.Stop()
+	conn, err := grpc.NewClient("unix://"+filepath.Join(a.stateDir, "agent-registration.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	if _, err := discoveryv0.NewRegistrationClient(conn).RegisterDiscoveryHandler(ctx, &discoveryv1.RegisterDiscoveryHandlerRequest{
+		Name: "akri-net", Endpoint: "http://" + lis.Addr().String(), EndpointType: discoveryv1.RegisterDiscoveryHandlerRequest_NETWORK, Shared: true,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	const yamlDetails = "udevRules:\n- SUBSYSTEM==\"tty\"\n"
+	createConfiguration(t, ns, "akri-net", "akri-net", `"udevRules:\n- SUBSYSTEM==\"tty\"\n"`)
+	select {
+	case got := <-h.details:
+		if got != yamlDetails {
+			t.Errorf("the handler got discovery details %q, want the Configuration's YAML text %q", got, yamlDetails)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the agent never dialed the handler's http:// endpoint")
+	}
+	eventually(t, 10*time.Second, func() error {
+		got := listInstances(t, ns, "akri-net")
+		if len(got) != 1 || got[0].DeviceID != "akri-net-1" {
+			return fmt.Errorf("instances %v", got)
+		}
+		return nil
+	})
+}
