@@ -163,11 +163,11 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 	if err := mgr.Add(recorder); err != nil {
 		return err
 	}
-	errs := broker.NewErrors()
-	if err := broker.NewInstanceReconciler(mgr.GetClient(), idx, recorder, errs, log.WithName("broker")).SetupWithManager(mgr); err != nil {
+	refusals := broker.NewRefusals()
+	if err := broker.NewInstanceReconciler(mgr.GetClient(), idx, recorder, refusals, log.WithName("broker")).SetupWithManager(mgr); err != nil {
 		return err
 	}
-	if err := broker.NewConfigurationReconciler(mgr.GetClient(), idx, errs).SetupWithManager(mgr); err != nil {
+	if err := broker.NewConfigurationReconciler(mgr.GetClient(), idx, refusals).SetupWithManager(mgr); err != nil {
 		return err
 	}
 	instancesOf := func(namespace, configuration string) ([]string, error) {

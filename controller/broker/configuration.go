@@ -28,14 +28,14 @@ import (
 // controller's part of its status: Instance and running-broker counts and
 // the BrokersDeployed condition.
 type ConfigurationReconciler struct {
-	client  client.Client
-	indexes *Indexes
-	errors  *Errors
+	client   client.Client
+	indexes  *Indexes
+	refusals *Refusals
 }
 
 // NewConfigurationReconciler wires a ConfigurationReconciler.
-func NewConfigurationReconciler(c client.Client, idx *Indexes, errs *Errors) *ConfigurationReconciler {
-	return &ConfigurationReconciler{client: c, indexes: idx, errors: errs}
+func NewConfigurationReconciler(c client.Client, idx *Indexes, refusals *Refusals) *ConfigurationReconciler {
+	return &ConfigurationReconciler{client: c, indexes: idx, refusals: refusals}
 }
 
 // SetupWithManager registers the controller.
@@ -48,7 +48,7 @@ func (r *ConfigurationReconciler) SetupWithManager(mgr ctrl.Manager) error {
 			return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: o.(*v1alpha1.Instance).Spec.ConfigurationName}}}
 		})).
 		Watches(&BrokerPod{}, debounced(r.configurationOfPod)).
-		WatchesRawSource(source.Channel(r.errors.changes, &handler.TypedEnqueueRequestForObject[*v1alpha1.Configuration]{})).
+		WatchesRawSource(source.Channel(r.refusals.changes, &handler.TypedEnqueueRequestForObject[*v1alpha1.Configuration]{})).
 		WithOptions(controller.Options{MaxConcurrentReconciles: 2}).
 		Complete(r)
 }
@@ -99,7 +99,7 @@ func (r *ConfigurationReconciler) Reconcile(ctx context.Context, req reconcile.R
 	var cfg v1alpha1.Configuration
 	if err := r.client.Get(ctx, req.NamespacedName, &cfg); err != nil {
 		if apierrors.IsNotFound(err) {
-			r.errors.Set(req.NamespacedName, "")
+			r.refusals.Set(req.NamespacedName, "")
 			return reconcile.Result{}, ensureService(ctx, r.client, types.NamespacedName{Namespace: req.Namespace, Name: ConfigurationServiceName(req.Name)}, nil)
 		}
 		return reconcile.Result{}, err
@@ -140,7 +140,7 @@ func (r *ConfigurationReconciler) writeStatus(ctx context.Context, cfg *v1alpha1
 	if cfg.Spec.BrokerSpec == nil {
 		c.Reason, c.Message = "NoBroker", "the Configuration asks for no broker"
 	}
-	if msg := r.errors.Get(client.ObjectKeyFromObject(cfg)); msg != "" {
+	if msg := r.refusals.Get(client.ObjectKeyFromObject(cfg)); msg != "" {
 		c.Status, c.Reason, c.Message = metav1.ConditionFalse, "Refused", msg
 	}
 	meta.SetStatusCondition(&conds, c)

@@ -25,22 +25,23 @@ import (
 	"github.com/dowse-dev/dowse/shared/backoff"
 )
 
-// Errors remembers, per Configuration, the last broker object the API
-// server refused, so that the Configuration's status can say why.
-type Errors struct {
+// Refusals remembers, per Configuration, the API server's message for the
+// last broker object it refused, so that the Configuration's status can say
+// why (BrokersDeployed False, reason Refused).
+type Refusals struct {
 	mu      sync.Mutex
 	m       map[types.NamespacedName]string
 	changes chan event.TypedGenericEvent[*v1alpha1.Configuration]
 }
 
-// NewErrors makes an empty store.
-func NewErrors() *Errors {
-	return &Errors{m: map[types.NamespacedName]string{}, changes: make(chan event.TypedGenericEvent[*v1alpha1.Configuration], 1024)}
+// NewRefusals makes an empty store.
+func NewRefusals() *Refusals {
+	return &Refusals{m: map[types.NamespacedName]string{}, changes: make(chan event.TypedGenericEvent[*v1alpha1.Configuration], 1024)}
 }
 
-// Set records (msg != "") or clears the error of a Configuration and says
+// Set records (msg != "") or clears the refusal of a Configuration and says
 // whether it changed.
-func (e *Errors) Set(cfg types.NamespacedName, msg string) bool {
+func (e *Refusals) Set(cfg types.NamespacedName, msg string) bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.m[cfg] == msg {
@@ -60,8 +61,8 @@ func (e *Errors) Set(cfg types.NamespacedName, msg string) bool {
 	return true
 }
 
-// Get returns a Configuration's recorded error.
-func (e *Errors) Get(cfg types.NamespacedName) string {
+// Get returns a Configuration's recorded refusal ("" when none).
+func (e *Refusals) Get(cfg types.NamespacedName) string {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.m[cfg]
@@ -74,7 +75,7 @@ type InstanceReconciler struct {
 	client   client.Client
 	indexes  *Indexes
 	recorder recorder.EventRecorder
-	errors   *Errors
+	refusals *Refusals
 	log      logr.Logger
 
 	mu      sync.Mutex
@@ -90,8 +91,8 @@ type restart struct {
 }
 
 // NewInstanceReconciler wires an InstanceReconciler.
-func NewInstanceReconciler(c client.Client, idx *Indexes, rec recorder.EventRecorder, errs *Errors, log logr.Logger) *InstanceReconciler {
-	return &InstanceReconciler{client: c, indexes: idx, recorder: rec, errors: errs, log: log, backoff: map[types.NamespacedName]*restart{}}
+func NewInstanceReconciler(c client.Client, idx *Indexes, rec recorder.EventRecorder, refusals *Refusals, log logr.Logger) *InstanceReconciler {
+	return &InstanceReconciler{client: c, indexes: idx, recorder: rec, refusals: refusals, log: log, backoff: map[types.NamespacedName]*restart{}}
 }
 
 // SetupWithManager registers the controller.
@@ -161,8 +162,8 @@ func (r *InstanceReconciler) Reconcile(ctx context.Context, req reconcile.Reques
 	if refused == "" {
 		refused = jobRefused
 	}
-	if refused != "" || r.errors.Get(cfgKey) != "" {
-		r.errors.Set(cfgKey, refused)
+	if refused != "" || r.refusals.Get(cfgKey) != "" {
+		r.refusals.Set(cfgKey, refused)
 	}
 	running := false
 	for _, p := range pods {
