@@ -384,7 +384,7 @@ func (d *device) takePending(ctx context.Context) {
 		d.closeDriver()
 		d.driver = nil
 		d.driverErr = fmt.Errorf("device model %q is not known to the mapper", d.spec.GetSpec().GetDeviceModelReference())
-		d.log.Info("Waiting for the device's model", "model", d.spec.GetSpec().GetDeviceModelReference())
+		d.log.Info("waiting for the device's model", "model", d.spec.GetSpec().GetDeviceModelReference())
 	case d.driver == nil || old == nil || !proto.Equal(old.GetSpec().GetProtocol(), d.spec.GetSpec().GetProtocol()):
 		d.closeDriver()
 		d.driver, d.driverErr = nil, nil
@@ -395,7 +395,7 @@ func (d *device) takePending(ctx context.Context) {
 		}
 		if err != nil {
 			d.driver, d.driverErr = nil, fmt.Errorf("protocol config: %w", err)
-			d.log.Error(err, "Device protocol config is invalid")
+			d.log.Error(err, "device protocol config is invalid")
 		}
 		d.backoff = d.m.cfg.ReconnectInitial
 		d.buildProps()
@@ -403,7 +403,7 @@ func (d *device) takePending(ctx context.Context) {
 		d.buildProps()
 		if d.connected {
 			if err := d.subscribe(ctx); err != nil {
-				d.log.Info("Subscribing failed; reconnecting", "err", err.Error())
+				d.log.Info("subscribing failed; reconnecting", "err", err)
 				d.failures, d.lastErr = d.m.cfg.UnhealthyAfter, err
 			}
 		}
@@ -446,7 +446,7 @@ func (d *device) buildProps() {
 		if ps.bad != nil {
 			ps.readErr = ps.bad.Error()
 			ps.dirty = ps.reportedErr != ps.readErr || !ps.hasReported
-			d.log.Info("Property is invalid; it is not read", "property", dp.GetName(), "err", ps.bad.Error())
+			d.log.Info("property is invalid; it is not read", "property", dp.GetName(), "err", ps.bad)
 		}
 		d.props[dp.GetName()] = ps
 		d.order = append(d.order, ps)
@@ -575,7 +575,7 @@ func (d *device) connect(ctx context.Context) bool {
 	if err != nil {
 		if ctx.Err() == nil {
 			if d.state != StateOffline {
-				d.log.Info("Cannot connect to the device", "err", err.Error())
+				d.log.Info("cannot connect to the device", "err", err)
 			}
 			d.setState(StateOffline, err)
 			d.failAll(fmt.Errorf("cannot connect to the device: %w", err))
@@ -584,7 +584,7 @@ func (d *device) connect(ctx context.Context) bool {
 	}
 	d.connected = true
 	d.failures = 0
-	d.log.Info("Connected to the device")
+	d.log.Info("connected to the device")
 	for _, ps := range d.order {
 		if ps.failedKey != "" && ps.retryAt.IsZero() {
 			ps.failedKey = "" // try a refused desired value again on a new connection
@@ -596,7 +596,7 @@ func (d *device) connect(ctx context.Context) bool {
 	}
 	if err := d.subscribe(ctx); err != nil {
 		// The session is no good for pushes: start over, with backoff.
-		d.log.Info("Subscribing failed; reconnecting", "err", err.Error())
+		d.log.Info("subscribing failed; reconnecting", "err", err)
 		d.closeDriver()
 		d.setState(StateUnhealthy, fmt.Errorf("subscribing: %w", err))
 		return false
@@ -818,7 +818,7 @@ func (d *device) record(ps *propState, raw any, err error, at time.Time) {
 		err = Permanent(err)
 	}
 	if ps.readErr != err.Error() {
-		d.log.Info("Reading a property failed", "property", ps.p.Name, "err", err.Error())
+		d.log.Info("reading a property failed", "property", ps.p.Name, "err", err)
 	}
 	ps.readErr = err.Error()
 	if ps.reportedErr != ps.readErr {
@@ -841,7 +841,7 @@ func (d *device) applyDesired(ctx context.Context, now time.Time) {
 		ps.dirty = true
 		if err != nil {
 			ps.desiredErr = fmt.Sprintf("desired value %q: %v", ps.desired.GetValue(), err)
-			d.log.Info("Writing a desired value failed", "property", ps.p.Name, "value", ps.desired.GetValue(), "err", err.Error())
+			d.log.Info("writing a desired value failed", "property", ps.p.Name, "value", ps.desired.GetValue(), "err", err)
 			if IsPermanent(err) {
 				ps.failedKey = ps.desiredKey
 			} else {
@@ -916,7 +916,7 @@ func (d *device) setState(s string, err error) {
 		msg = err.Error()
 	}
 	if s != d.state {
-		d.log.Info("Device state", "state", s, "reason", msg)
+		d.log.Info("device state", "state", s, "reason", msg)
 		d.m.cfg.Metrics.state(d.state, s)
 	}
 	d.state, d.stateErr = s, msg
@@ -933,7 +933,7 @@ func (d *device) sendState(ctx context.Context) {
 	d.m.cfg.Metrics.report("states", err)
 	if err != nil {
 		if ctx.Err() == nil {
-			d.log.V(1).Info("Reporting the device state failed; retrying", "err", err.Error())
+			d.log.V(1).Info("reporting the device state failed; retrying", "err", err)
 		}
 		return
 	}
@@ -988,11 +988,11 @@ func (d *device) flush(ctx context.Context, now time.Time) {
 			}
 			d.flushRetryAt = now.Add(d.flushDelay)
 			d.flushDelay = min(2*d.flushDelay, d.m.cfg.ReconnectMax)
-			d.log.V(1).Info("Reporting device status failed; retrying", "err", err.Error())
+			d.log.V(1).Info("reporting device status failed; retrying", "err", err)
 			return
 		}
 		// Refused as wrong: sending it again would be refused again.
-		d.log.Error(err, "The device manager refused a report; its values are dropped")
+		d.log.Error(err, "the device manager refused a report; its values are dropped")
 	}
 	d.flushRetryAt, d.flushDelay = time.Time{}, 0
 	for _, ps := range sent {

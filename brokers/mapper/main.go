@@ -71,7 +71,7 @@ func Main(protocol string, newDriver NewDriver) {
 	}
 	err := Run(ctx, cfg)
 	if err != nil {
-		cfg.Logger.Error(err, "Mapper failed", "protocol", protocol)
+		cfg.Logger.Error(err, "mapper failed", "protocol", protocol)
 		stop()
 		os.Exit(1)
 	}
@@ -94,17 +94,17 @@ func serveMetrics(ctx context.Context, log logr.Logger, addr string, m *Metrics)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
-		log.Error(err, "Metrics endpoint unavailable; the mapper goes on without it", "address", addr)
+		log.Error(err, "metrics endpoint unavailable; the mapper goes on without it", "address", addr)
 		return
 	}
-	log.Info("Serving metrics", "address", lis.Addr().String())
+	log.Info("serving metrics", "address", lis.Addr().String())
 	go func() {
 		<-ctx.Done()
-		sctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 		defer cancel()
 		_ = srv.Shutdown(sctx)
 	}()
 	if err := srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
-		log.Error(err, "Metrics endpoint failed; the mapper goes on without it")
+		log.Error(err, "metrics endpoint failed; the mapper goes on without it")
 	}
 }

@@ -224,7 +224,7 @@ func (m *Mapper) Start(ctx context.Context) error {
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	m.runCtx = runCtx
-	m.log.Info("Mapper serving", "protocol", m.cfg.Protocol, "socket", m.cfg.Socket, "dmiSocket", m.cfg.DMISocket, "version", m.cfg.Version)
+	m.log.Info("mapper serving", "protocol", m.cfg.Protocol, "socket", m.cfg.Socket, "dmiSocket", m.cfg.DMISocket, "version", m.cfg.Version)
 
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(lis) }()
@@ -255,7 +255,7 @@ func (m *Mapper) Start(ctx context.Context) error {
 	}
 	m.mu.Unlock()
 	m.wg.Wait()
-	m.log.Info("Mapper stopped")
+	m.log.Info("mapper stopped")
 	return result
 }
 
@@ -291,7 +291,7 @@ func (m *Mapper) watchConn(ctx context.Context, kick chan<- struct{}) {
 		switch s {
 		case connectivity.Ready:
 			if wasReady && lost {
-				m.log.Info("Device manager connection is back; registering again")
+				m.log.Info("device manager connection is back; registering again")
 				select {
 				case kick <- struct{}{}:
 				default:
@@ -329,7 +329,7 @@ func (m *Mapper) registerLoop(ctx context.Context, kick <-chan struct{}) {
 			if ctx.Err() != nil {
 				return
 			}
-			m.log.Info("Registration with the device manager failed; retrying", "socket", m.cfg.DMISocket, "in", delay, "err", err.Error())
+			m.log.Info("registration with the device manager failed; retrying", "socket", m.cfg.DMISocket, "in", delay, "err", err)
 			resetTimer(timer, delay)
 			delay = min(delay*2, m.cfg.ReconnectMax)
 			continue
@@ -399,7 +399,7 @@ func (m *Mapper) register(ctx context.Context) error {
 	}
 	for k, d := range m.devices {
 		if !seen[k] && d.seq <= began {
-			m.log.Info("Device no longer in the device manager's list; removing", "device", k)
+			m.log.Info("device no longer in the device manager's list; removing", "device", k)
 			d.stop()
 			delete(m.devices, k)
 		} else if seen[k] && existed[k] {
@@ -411,7 +411,7 @@ func (m *Mapper) register(ctx context.Context) error {
 	default:
 		close(m.registered)
 	}
-	m.log.Info("Registered with the device manager", "devices", len(resp.GetDeviceList()), "models", len(resp.GetModelList()))
+	m.log.Info("registered with the device manager", "devices", len(resp.GetDeviceList()), "models", len(resp.GetModelList()))
 	return nil
 }
 

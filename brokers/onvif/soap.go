@@ -162,24 +162,6 @@ func findTextIn(b []byte, parent, local string) string {
 	}
 }
 
-// findAttr returns attribute attr of the first element named local.
-func findAttr(b []byte, local, attr string) string {
-	dec := xml.NewDecoder(bytes.NewReader(b))
-	for {
-		tok, err := dec.Token()
-		if err != nil {
-			return ""
-		}
-		if t, ok := tok.(xml.StartElement); ok && t.Name.Local == local {
-			for _, a := range t.Attr {
-				if a.Name.Local == attr {
-					return a.Value
-				}
-			}
-		}
-	}
-}
-
 // allAttrs returns attribute attr of every element named local.
 func allAttrs(b []byte, local, attr string) []string {
 	var out []string

@@ -588,7 +588,9 @@ func (d *Driver) Subscribe(ctx context.Context, ps []*mapper.Property, push func
 	}
 	res, err := sub.Monitor(ctx, ua.TimestampsToReturnBoth, items...)
 	if err != nil {
-		_ = sub.Cancel(context.Background())
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+		defer cancel()
+		_ = sub.Cancel(cctx)
 		return d.classify(err, "monitoring nodes")
 	}
 	for i, r := range res.Results {
@@ -598,7 +600,8 @@ func (d *Driver) Subscribe(ctx context.Context, ps []*mapper.Property, push func
 	}
 	go func() {
 		defer func() {
-			cctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			// ctx has ended; the cancel call gets a moment of its own.
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 			defer cancel()
 			_ = sub.Cancel(cctx)
 		}()

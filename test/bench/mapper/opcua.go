@@ -224,7 +224,7 @@ func runOPCUA(ctx context.Context, root string, window time.Duration, samples in
 	if err != nil {
 		return err
 	}
-	defer other.Close(context.Background())
+	defer other.Close(context.WithoutCancel(ctx))
 	var changeLat []time.Duration
 	for i := range samples {
 		v := 100.5 + float64(i)
