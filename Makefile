@@ -114,7 +114,7 @@ $(LINT): hack/tools/lint/go.mod hack/tools/lint/go.sum
 
 .PHONY: lint
 lint: $(LINT)
-	$(LINT) run ./...
+	$(LINT) run --allow-parallel-runners ./...
 	hack/lint-logs.sh
 
 clean:
