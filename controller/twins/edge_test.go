@@ -1,6 +1,7 @@
 package twins
 
 import (
+	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -91,6 +92,13 @@ func TestDesiredApplied(t *testing.T) {
 	desiredApplied(d, st)
 	if !meta.IsStatusConditionTrue(st.Conditions, v1alpha1.ConditionDesiredApplied) {
 		t.Fatalf("conditions %+v, want DesiredApplied True", st.Conditions)
+	}
+	// The mapper could not write b's new value: its error is the reason.
+	d.Spec.Properties[1].Desired.Value = "off"
+	st.Twins[1].Reported = &v1alpha1.TwinProperty{Value: "on", Metadata: map[string]string{MetaDesiredError: "coil 3 is read-only"}}
+	desiredApplied(d, st)
+	if c := meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionDesiredApplied); c == nil || c.Reason != "MapperError" || !strings.Contains(c.Message, "b: coil 3 is read-only") {
+		t.Fatalf("condition %+v, want False with the mapper's error", c)
 	}
 	d.Spec.Properties = d.Spec.Properties[2:]
 	desiredApplied(d, st)

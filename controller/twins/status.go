@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -337,23 +338,43 @@ func (s *Status) write(ctx context.Context, w *pendingWrite) error {
 	return nil
 }
 
+// Metadata keys Dowse's mappers put on a reported value (brokers/mapper's
+// MetaError and MetaDesiredError; the mapper SDK links no Kubernetes API
+// package to share them from): the error of the last read (the value is
+// the last good one) and of the last desired write.
+const (
+	MetaError        = "error"
+	MetaDesiredError = "desiredError"
+)
+
 // desiredApplied sets DesiredApplied: True once every desired value of the
-// spec has come back as observedDesired.
+// spec has come back as observedDesired; False with the mapper's error when
+// it reports one for a desired write, else Pending.
 func desiredApplied(d *v1alpha1.Device, st *v1alpha1.DeviceStatus) {
-	var waiting []string
+	var waiting, failed []string
 	some := false
 	for _, p := range d.Spec.Properties {
 		if p.Desired == nil {
 			continue
 		}
 		some = true
-		var observed string
+		var observed, writeErr string
 		for _, t := range st.Twins {
-			if t.PropertyName == p.Name && t.ObservedDesired != nil {
+			if t.PropertyName != p.Name {
+				continue
+			}
+			if t.ObservedDesired != nil {
 				observed = t.ObservedDesired.Value
 			}
+			if t.Reported != nil {
+				writeErr = t.Reported.Metadata[MetaDesiredError]
+			}
 		}
-		if !sameValue(observed, p.Desired.Value) {
+		switch {
+		case sameValue(observed, p.Desired.Value):
+		case writeErr != "":
+			failed = append(failed, fmt.Sprintf("%s: %s", p.Name, writeErr))
+		default:
 			waiting = append(waiting, p.Name)
 		}
 	}
@@ -363,7 +384,10 @@ func desiredApplied(d *v1alpha1.Device, st *v1alpha1.DeviceStatus) {
 	}
 	c := metav1.Condition{Type: v1alpha1.ConditionDesiredApplied, Status: metav1.ConditionTrue, Reason: "Applied",
 		Message: "every desired value is observed on the device", ObservedGeneration: d.Generation}
-	if len(waiting) > 0 {
+	switch {
+	case len(failed) > 0:
+		c.Status, c.Reason, c.Message = metav1.ConditionFalse, "MapperError", "the mapper could not write: "+strings.Join(failed, "; ")
+	case len(waiting) > 0:
 		c.Status, c.Reason, c.Message = metav1.ConditionFalse, "Pending", fmt.Sprintf("not yet observed: %v", waiting)
 	}
 	meta.SetStatusCondition(&st.Conditions, c)
