@@ -1,0 +1,255 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+	"github.com/dowse-dev/dowse/shared/scheme"
+	"github.com/dowse-dev/dowse/test/kube"
+	"github.com/dowse-dev/dowse/test/procs"
+)
+
+// TestChartOnNode installs the Helm chart on the real node with bin/helm:
+// the agent, the debug-echo handler and the controller run as the chart's
+// pods (from locally built images), a sample Configuration's devices become
+// Instances, a pod asking for one gets it through the agent's device plugin
+// and CDI, and `helm uninstall` leaves none of the chart's objects or pods.
+// The node has no pod network: the chart's hostNetwork and probeHost keep
+// the pods on loopback, on ports picked free.
+func TestChartOnNode(t *testing.T) {
+	helmBin := filepath.Join(kube.RepoRoot(), "bin", "helm")
+	if _, err := os.Stat(helmBin); err != nil {
+		msg := "bin/helm is missing: run `make helm` (hack/build-helm.sh builds Helm from the Go module proxy)"
+		if os.Getenv("CI") == "true" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+	defer cancel()
+	c := startCluster(t, ctx,
+		[2]string{"./agent/cmd/dowse-agent", "ghcr.io/dowse-dev/dowse-agent:latest"},
+		[2]string{"./controller/cmd/dowse-controller", "ghcr.io/dowse-dev/dowse-controller:latest"},
+		[2]string{"./discovery-handlers/debug-echo/cmd/dowse-debug-echo-discovery", "ghcr.io/dowse-dev/dowse-debug-echo-discovery:latest"})
+	t.Cleanup(func() {
+		_ = c.Stop()
+		if !t.Failed() {
+			_ = os.RemoveAll(c.StateDir)
+		}
+	})
+	sch, err := scheme.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl, err := client.New(c.Config, client.Options{Scheme: sch})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	api := strings.TrimPrefix(c.Config.Host, "https://")
+	apiHost, apiPort, _ := strings.Cut(api, ":")
+	var ports [4]int
+	for i := range ports {
+		if ports[i], err = procs.FreePort(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	apiEnv := []map[string]string{{"name": "KUBERNETES_SERVICE_HOST", "value": apiHost}, {"name": "KUBERNETES_SERVICE_PORT", "value": apiPort}}
+	values := map[string]any{
+		"image":           map[string]any{"tag": "latest", "pullPolicy": "Never"},
+		"hostNetwork":     true,
+		"probeHost":       "127.0.0.1",
+		"stateDir":        filepath.Join(c.StateDir, "dowse"),
+		"cdiSpecDir":      c.CDIDir,
+		"devicePluginDir": "/var/lib/kubelet/device-plugins",
+		"podResourcesDir": filepath.Join(c.StateDir, "kubelet", "pod-resources"),
+		"agent":           map[string]any{"env": apiEnv, "ports": map[string]any{"metrics": ports[0], "health": ports[1]}},
+		"controller": map[string]any{"env": apiEnv, "replicas": 1, "ports": map[string]any{"metrics": ports[2], "health": ports[3]},
+			"extraArgs": []string{"--pprof-bind-address=0"}},
+	}
+	raw, err := yaml.Marshal(values)
+	if err != nil {
+		t.Fatal(err)
+	}
+	valuesFile := filepath.Join(t.TempDir(), "values.yaml")
+	if err := os.WriteFile(valuesFile, raw, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	home := t.TempDir()
+	helm := func(args ...string) string {
+		t.Helper()
+		cmd := exec.CommandContext(ctx, helmBin, append(args, "--kubeconfig", c.Kubeconfig)...)
+		cmd.Env = append(os.Environ(), "HELM_CACHE_HOME="+filepath.Join(home, "cache"),
+			"HELM_CONFIG_HOME="+filepath.Join(home, "config"), "HELM_DATA_HOME="+filepath.Join(home, "data"))
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("helm %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+		return string(out)
+	}
+	t.Log(helm("install", "dowse", filepath.Join(kube.RepoRoot(), "deploy", "helm", "dowse"),
+		"--namespace", "dowse-system", "--create-namespace", "--values", valuesFile))
+
+	waitReady(t, ctx, cl, "dowse-system", []string{"dowse-agent", "dowse-debug-echo-discovery", "dowse-controller"})
+
+	cfg := loadSample(t, "debug-echo.yaml")
+	if err := cl.Create(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	waitInstances(t, ctx, cl, cfg.Name, 2)
+
+	res := corev1.ResourceName(v1alpha1.ResourceName(cfg.Name))
+	p := probePod("chart-device", "env:DEBUG_ECHO_DESCRIPTION", "env:GREETING")
+	p.Spec.Containers[0].Resources.Limits = corev1.ResourceList{res: resource.MustParse("1")}
+	if _, err := c.Client.CoreV1().Pods("default").Create(ctx, p, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitPodPhase(t, ctx, c.Client, p.Name, corev1.PodSucceeded)
+	logs := podLogs(t, ctx, c.Client, p.Name)
+	if !strings.Contains(logs, "env DEBUG_ECHO_DESCRIPTION=foo") || !strings.Contains(logs, "env GREETING=hello") {
+		t.Fatalf("the pod did not get its device's environment through the chart's agent:\n%s", logs)
+	}
+	if err := c.Client.CoreV1().Pods("default").Delete(ctx, p.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// The Configuration goes first, while the agent still runs to let go
+	// of its Instances; then the release.
+	if err := cl.Delete(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	waitInstances(t, ctx, cl, cfg.Name, 0)
+	// The check below sees the release while it is installed.
+	if before := leftovers(ctx, t, cl); len(before) < 10 {
+		t.Fatalf("the leftover check sees only %v of the installed release", before)
+	}
+	t.Log(helm("uninstall", "dowse", "--namespace", "dowse-system", "--wait", "--timeout", "2m"))
+
+	for ctx.Err() == nil {
+		left := leftovers(ctx, t, cl)
+		if len(left) == 0 {
+			return
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		time.Sleep(500 * time.Millisecond)
+		if deadline, _ := ctx.Deadline(); time.Until(deadline) < 5*time.Second {
+			t.Fatalf("left behind after helm uninstall: %v", left)
+		}
+	}
+}
+
+// leftovers names the chart's objects and pods still there.
+func leftovers(ctx context.Context, t *testing.T, cl client.Client) []string {
+	t.Helper()
+	var left []string
+	sel := client.MatchingLabels{"app.kubernetes.io/part-of": "dowse"}
+	var pods corev1.PodList
+	if err := cl.List(ctx, &pods, client.InNamespace("dowse-system")); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range pods.Items {
+		left = append(left, "pod "+p.Name)
+	}
+	for _, l := range []client.ObjectList{&corev1.ServiceAccountList{}, &corev1.ServiceList{}, &corev1.ConfigMapList{},
+		&appsv1.DaemonSetList{}, &appsv1.DeploymentList{}, &policyv1.PodDisruptionBudgetList{}, &rbacv1.RoleList{}, &rbacv1.RoleBindingList{}} {
+		if err := cl.List(ctx, l, client.InNamespace("dowse-system"), sel); err != nil {
+			t.Fatal(err)
+		}
+		left = append(left, names(t, l)...)
+	}
+	for _, l := range []client.ObjectList{&rbacv1.ClusterRoleList{}, &rbacv1.ClusterRoleBindingList{}} {
+		if err := cl.List(ctx, l, sel); err != nil {
+			t.Fatal(err)
+		}
+		left = append(left, names(t, l)...)
+	}
+	var insts v1alpha1.InstanceList
+	if err := cl.List(ctx, &insts); err != nil {
+		t.Fatal(err)
+	}
+	for _, in := range insts.Items {
+		left = append(left, "instance "+in.Name)
+	}
+	return left
+}
+
+func names(t *testing.T, l client.ObjectList) []string {
+	t.Helper()
+	items, err := meta.ExtractList(l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, it := range items {
+		o, err := meta.Accessor(it)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, fmt.Sprintf("%T %s", it, o.GetName()))
+	}
+	return out
+}
+
+// waitReady waits until a pod of each named part (app.kubernetes.io/name)
+// runs with every container ready, and says which are not when time is up.
+func waitReady(t *testing.T, ctx context.Context, cl client.Client, ns string, parts []string) {
+	t.Helper()
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		var pods corev1.PodList
+		if err := cl.List(ctx, &pods, client.InNamespace(ns)); err != nil {
+			t.Fatal(err)
+		}
+		ready := map[string]bool{}
+		var states []string
+		for _, p := range pods.Items {
+			ok := p.Status.Phase == corev1.PodRunning
+			for _, cs := range p.Status.ContainerStatuses {
+				ok = ok && cs.Ready
+				if !cs.Ready {
+					states = append(states, fmt.Sprintf("%s/%s not ready (%d restarts)", p.Name, cs.Name, cs.RestartCount))
+				}
+			}
+			if ok {
+				ready[p.Labels["app.kubernetes.io/name"]] = true
+			}
+			states = append(states, fmt.Sprintf("%s=%s", p.Name, p.Status.Phase))
+		}
+		all := true
+		for _, part := range parts {
+			all = all && ready[part]
+		}
+		if all {
+			return
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			var events corev1.EventList
+			_ = cl.List(ctx, &events, client.InNamespace(ns))
+			for _, e := range events.Items {
+				if e.Type == corev1.EventTypeWarning {
+					states = append(states, fmt.Sprintf("%s: %s %s", e.InvolvedObject.Name, e.Reason, e.Message))
+				}
+			}
+			t.Fatalf("the chart's pods are not all ready: %v", states)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
