@@ -46,7 +46,8 @@ images:
 	  set -x; CGO_ENABLED=0 go build -trimpath -ldflags="$(GO_LDFLAGS)" -o $(BIN)/static/ $$cmds ./hack/images/dowse-pause && \
 	  go run ./hack/images -out $(BIN)/images -version $(VERSION) $(BIN)/static/dowse-pause $$(for c in $$cmds; do echo $(BIN)/static/$${c##*/}; done)
 
-# Regenerates protobuf Go, deepcopy and CRD YAML with the pinned tools.
+# Regenerates protobuf Go, deepcopy and CRD YAML with the pinned tools, then
+# the chart's crds/ and the manifests under deploy/ rendered from the chart.
 generate: deps helm
 	@hack/generate.sh
 	@hack/render-deploy.sh
