@@ -23,6 +23,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
+	"github.com/dowse-dev/dowse/agent/cdi"
+	"github.com/dowse-dev/dowse/agent/slots"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 )
 
@@ -57,8 +59,8 @@ type Manager struct {
 	opts    Options
 	client  client.Client // reads from the cache
 	claimer slotClaimer
-	slots   *Claimer
-	cdi     *CDIWriter
+	slots   *slots.Claimer
+	cdi     *cdi.Writer
 	watcher *KubeletWatcher
 	log     logr.Logger
 	// synced waits for the Instance cache (nil: the stale-spec sweep is
@@ -114,10 +116,10 @@ func NewManager(c client.Client, opts Options, log logr.Logger) (*Manager, error
 		instances: map[types.NamespacedName]*instancePlugin{},
 		configs:   map[types.NamespacedName]*configPlugin{},
 	}
-	m.slots = NewClaimer(c, opts.NodeName)
+	m.slots = slots.NewClaimer(c, opts.NodeName)
 	m.claimer = m.slots
 	if opts.CDIDir != "" {
-		w, err := NewCDIWriter(opts.CDIDir)
+		w, err := cdi.NewWriter(opts.CDIDir)
 		if err != nil {
 			return nil, err
 		}
@@ -151,11 +153,11 @@ func (m *Manager) Start(ctx context.Context) error {
 	m.ctx = ctx
 	close(m.started)
 	if m.opts.ReclaimGrace > 0 {
-		r := &Reclaimer{
-			InUse:   PodResourcesSlots(cmp.Or(m.opts.PodResourcesSocket, DefaultPodResourcesSocket)),
+		r := &slots.Reclaimer{
+			InUse:   slots.PodResourcesSlots(cmp.Or(m.opts.PodResourcesSocket, slots.DefaultPodResourcesSocket)),
 			Claimer: m.slots, Node: m.opts.NodeName, Grace: m.opts.ReclaimGrace,
 			Interval: cmp.Or(m.opts.ReclaimInterval, 10*time.Second), Instances: m.here,
-			Log: m.log.WithName("reclaimer"), Metrics: m.opts.Metrics,
+			Log: m.log.WithName("reclaimer"), Reclaimed: m.opts.Metrics.slotsReclaimed,
 		}
 		m.wg.Go(func() { _ = r.Start(ctx) })
 	}
@@ -473,7 +475,7 @@ func (m *Manager) answer(ctx context.Context, resource string, want map[*v1alpha
 		if resp.Envs == nil {
 			resp.Envs = map[string]string{}
 		}
-		maps.Copy(resp.Envs, Env(inst))
+		maps.Copy(resp.Envs, cdi.Env(inst))
 		for _, mt := range inst.Spec.Mounts {
 			resp.Mounts = append(resp.Mounts, &dp.Mount{ContainerPath: mt.ContainerPath, HostPath: mt.HostPath, ReadOnly: mt.ReadOnly})
 		}

@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/dowse-dev/dowse/agent/slots"
 )
 
 // Metrics counts what the device plugins do. A nil *Metrics records nothing.
@@ -46,7 +48,7 @@ func (m *Metrics) allocated(began time.Time, err error) {
 	result := "ok"
 	switch {
 	case err == nil:
-	case errors.Is(err, ErrSlotTaken):
+	case errors.Is(err, slots.ErrSlotTaken):
 		result = "conflict"
 	default:
 		result = "error"

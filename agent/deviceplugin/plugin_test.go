@@ -16,9 +16,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	dp "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/dowse-dev/dowse/agent/slots"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 )
 
@@ -81,7 +83,7 @@ func (f *fakeClaimer) Claim(_ context.Context, inst *v1alpha1.Instance, ids []st
 	defer f.mu.Unlock()
 	for _, id := range ids {
 		if f.taken[id] {
-			return errors.Join(ErrSlotTaken, errors.New(id))
+			return errors.Join(slots.ErrSlotTaken, errors.New(id))
 		}
 	}
 	f.claims = append(f.claims, ids)
@@ -309,5 +311,18 @@ func TestPluginRegistersAgainAfterKubeletRestart(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dir, "x.sock")); !os.IsNotExist(err) {
 		t.Fatalf("socket left after stop: %v", err)
+	}
+}
+
+// testInstance is an Instance with properties, a mount and a device node.
+func testInstance(name string) *v1alpha1.Instance {
+	return &v1alpha1.Instance{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
+		Spec: v1alpha1.InstanceSpec{
+			ConfigurationName: "debug-echo", DeviceID: "foo0", Capacity: 2,
+			BrokerProperties: map[string]string{"DEBUG_ECHO_DESCRIPTION": "foo0", "weird.name-1": "v"},
+			Mounts:           []v1alpha1.Mount{{HostPath: "/tmp", ContainerPath: "/mnt/tmp", ReadOnly: true}},
+			DeviceSpecs:      []v1alpha1.DeviceNode{{HostPath: "/dev/null", ContainerPath: "/dev/dowse0", Permissions: "rw"}},
+		},
 	}
 }

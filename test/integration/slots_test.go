@@ -12,7 +12,7 @@ import (
 	"github.com/go-logr/logr"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/dowse-dev/dowse/agent/deviceplugin"
+	"github.com/dowse-dev/dowse/agent/slots"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	"github.com/dowse-dev/dowse/shared/instancestore"
 )
@@ -26,9 +26,9 @@ func TestSlotRace(t *testing.T) {
 	ctx := context.Background()
 	const rounds, capacity = 25, 3
 	nodes := []string{"node-a", "node-b"}
-	claimers := map[string]*deviceplugin.Claimer{}
+	claimers := map[string]*slots.Claimer{}
 	for _, n := range nodes {
-		claimers[n] = deviceplugin.NewClaimer(k8sClient, n)
+		claimers[n] = slots.NewClaimer(k8sClient, n)
 	}
 	for round := range rounds {
 		name := fmt.Sprintf("race-%08x", round)
@@ -58,7 +58,7 @@ func TestSlotRace(t *testing.T) {
 						mu.Lock()
 						won[id] = append(won[id], n)
 						mu.Unlock()
-					case errors.Is(err, deviceplugin.ErrSlotTaken):
+					case errors.Is(err, slots.ErrSlotTaken):
 					default:
 						t.Errorf("%s claiming %s: %v", n, id, err)
 					}
@@ -118,11 +118,11 @@ func TestSlotReclaim(t *testing.T) {
 	if err := k8sClient.Create(ctx, inst); err != nil {
 		t.Fatal(err)
 	}
-	claimer := deviceplugin.NewClaimer(k8sClient, "node-a")
+	claimer := slots.NewClaimer(k8sClient, "node-a")
 	if err := claimer.Claim(ctx, inst, []string{"0123abcd-0", "0123abcd-1"}, "dowse.dev/reclaim"); err != nil {
 		t.Fatal(err)
 	}
-	r := &deviceplugin.Reclaimer{
+	r := &slots.Reclaimer{
 		InUse: func(context.Context) (map[string]bool, error) {
 			return map[string]bool{"0123abcd-1": true}, nil
 		},
@@ -150,7 +150,7 @@ func TestSlotReclaim(t *testing.T) {
 		t.Fatalf("slots after reclaim = %+v, want only the one in use", cur.Status.Slots)
 	}
 	// Another node can now claim the freed slot.
-	if err := deviceplugin.NewClaimer(k8sClient, "node-b").Claim(ctx, &cur, []string{"0123abcd-0"}, "dowse.dev/reclaim"); err != nil {
+	if err := slots.NewClaimer(k8sClient, "node-b").Claim(ctx, &cur, []string{"0123abcd-0"}, "dowse.dev/reclaim"); err != nil {
 		t.Fatalf("node-b claiming the freed slot: %v", err)
 	}
 }

@@ -1,4 +1,4 @@
-package deviceplugin
+package cdi
 
 import (
 	"os"
@@ -27,7 +27,7 @@ func testInstance(name string) *v1alpha1.Instance {
 
 func TestCDISpecValidatedByLibrary(t *testing.T) {
 	dir := t.TempDir()
-	w, err := NewCDIWriter(dir)
+	w, err := NewWriter(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,7 +87,7 @@ func TestCDISpecBadInput(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			inst := testInstance("debug-echo-a1b2c3")
 			mutate(inst)
-			w, err := NewCDIWriter(t.TempDir())
+			w, err := NewWriter(t.TempDir())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -97,5 +97,21 @@ func TestCDISpecBadInput(t *testing.T) {
 				t.Log(err)
 			}
 		})
+	}
+}
+
+func TestEnvName(t *testing.T) {
+	for in, want := range map[string]string{
+		"DEBUG_ECHO_DESCRIPTION": "DEBUG_ECHO_DESCRIPTION",
+		"onvif.ip-address":       "ONVIF_IP_ADDRESS",
+		"9lives":                 "_9LIVES",
+		"a b=c":                  "A_B_C",
+		"ünïcode":                "_N_CODE",
+		"":                       "",
+		"_x":                     "_X",
+	} {
+		if got := EnvName(in); got != want {
+			t.Errorf("EnvName(%q) = %q, want %q", in, got, want)
+		}
 	}
 }

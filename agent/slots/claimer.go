@@ -1,4 +1,7 @@
-package deviceplugin
+// Package slots holds a node's claims on the capacity slots of Instances
+// (status.slots): Claimer claims and releases them, Reclaimer frees those no
+// pod of the kubelet uses any more.
+package slots
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package deviceplugin
+package slots
 
 import (
 	"context"
@@ -65,7 +65,9 @@ type Reclaimer struct {
 	// Instances lists the Instances on this node, as last seen.
 	Instances func() []*v1alpha1.Instance
 	Log       logr.Logger
-	Metrics   *Metrics
+	// Reclaimed, when set, is told how many slots each scan freed (a
+	// metric).
+	Reclaimed func(n int)
 
 	unusedSince map[string]time.Time
 }
@@ -123,7 +125,9 @@ func (r *Reclaimer) Scan(ctx context.Context, now time.Time) error {
 			continue
 		}
 		r.Log.Info("slots freed", "instance", client.ObjectKeyFromObject(inst), "slots", free)
-		r.Metrics.slotsReclaimed(len(free))
+		if r.Reclaimed != nil {
+			r.Reclaimed(len(free))
+		}
 		for _, id := range free {
 			delete(r.unusedSince, id)
 		}

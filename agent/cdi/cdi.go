@@ -1,4 +1,7 @@
-package deviceplugin
+// Package cdi writes the CDI spec of each Instance on this node, so that a
+// container allocated one of its slots gets the device's env, mounts and
+// device nodes (kind dowse.dev/<configuration>, device <hash>).
+package cdi
 
 import (
 	"errors"
@@ -8,9 +11,10 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"tags.cncf.io/container-device-interface/pkg/cdi"
+	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
@@ -59,7 +63,7 @@ func checkPaths(inst *v1alpha1.Instance, stat func(string) (os.FileInfo, error))
 
 // CDISpec is inst's CDI spec: kind dowse.dev/<configuration>, one device
 // named after the Instance's hash, with its env, mounts and device nodes.
-func CDISpec(inst *v1alpha1.Instance) (*cdispec.Spec, error) {
+func Spec(inst *v1alpha1.Instance) (*cdispec.Spec, error) {
 	if err := checkPaths(inst, os.Stat); err != nil {
 		return nil, err
 	}
@@ -90,24 +94,24 @@ func CDISpec(inst *v1alpha1.Instance) (*cdispec.Spec, error) {
 	return spec, nil
 }
 
-// CDIWriter writes and removes Instances' CDI specs in one directory.
-type CDIWriter struct {
+// Writer writes and removes Instances' CDI specs in one directory.
+type Writer struct {
 	dir   string
-	cache *cdi.Cache
+	cache *cdiapi.Cache
 }
 
-// NewCDIWriter makes a CDIWriter for dir (created if missing).
-func NewCDIWriter(dir string) (*CDIWriter, error) {
+// NewWriter makes a Writer for dir (created if missing).
+func NewWriter(dir string) (*Writer, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
 	// No auto-refresh: the cache is only used to validate and write
 	// atomically, never to read specs back.
-	c, err := cdi.NewCache(cdi.WithSpecDirs(dir), cdi.WithAutoRefresh(false))
+	c, err := cdiapi.NewCache(cdiapi.WithSpecDirs(dir), cdiapi.WithAutoRefresh(false))
 	if err != nil {
 		return nil, fmt.Errorf("CDI cache for %s: %w", dir, err)
 	}
-	return &CDIWriter{dir: dir, cache: c}, nil
+	return &Writer{dir: dir, cache: c}, nil
 }
 
 // SpecFileName is the file inst's spec is written to, without extension:
@@ -118,8 +122,8 @@ func SpecFileName(inst *v1alpha1.Instance) string {
 
 // Write validates inst's spec with the CDI library and writes it atomically
 // (a temporary file renamed over the old one). Idempotent.
-func (w *CDIWriter) Write(inst *v1alpha1.Instance) error {
-	spec, err := CDISpec(inst)
+func (w *Writer) Write(inst *v1alpha1.Instance) error {
+	spec, err := Spec(inst)
 	if err != nil {
 		return fmt.Errorf("CDI spec of %s/%s: %w", inst.Namespace, inst.Name, err)
 	}
@@ -131,7 +135,7 @@ func (w *CDIWriter) Write(inst *v1alpha1.Instance) error {
 
 // Remove removes the spec of the Instance namespace/name and reports
 // whether there was one; a missing spec is no error.
-func (w *CDIWriter) Remove(namespace, name string) (bool, error) {
+func (w *Writer) Remove(namespace, name string) (bool, error) {
 	file := SpecFileName(&v1alpha1.Instance{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name}}) + ".json"
 	if _, err := os.Stat(filepath.Join(w.dir, file)); errors.Is(err, fs.ErrNotExist) {
 		return false, nil
@@ -140,4 +144,26 @@ func (w *CDIWriter) Remove(namespace, name string) (bool, error) {
 }
 
 // Dir is the spec directory.
-func (w *CDIWriter) Dir() string { return w.dir }
+func (w *Writer) Dir() string { return w.dir }
+
+// EnvName makes s a valid, conventional environment variable name:
+// upper case, every character outside [A-Z0-9_] replaced by '_', and a
+// leading '_' when it would start with a digit. An empty s gives "".
+func EnvName(s string) string {
+	if s == "" {
+		return ""
+	}
+	var b strings.Builder
+	if s[0] >= '0' && s[0] <= '9' {
+		b.WriteByte('_')
+	}
+	for _, r := range strings.ToUpper(s) {
+		switch {
+		case r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '_':
+			b.WriteRune(r)
+		default:
+			b.WriteByte('_')
+		}
+	}
+	return b.String()
+}
