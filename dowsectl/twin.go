@@ -11,13 +11,13 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+	acv1alpha1 "github.com/dowse-dev/dowse/shared/api/v1alpha1/applyconfiguration/api/v1alpha1"
 	"github.com/dowse-dev/dowse/shared/scheme"
 )
 
@@ -181,12 +181,9 @@ func SetDesired(ctx context.Context, c client.Client, key client.ObjectKey, prop
 	if err := mp.CheckDesired(value); err != nil {
 		return err
 	}
-	u := &unstructured.Unstructured{Object: map[string]any{
-		"apiVersion": v1alpha1.GroupVersion.String(), "kind": "Device",
-		"metadata": map[string]any{"name": key.Name, "namespace": key.Namespace},
-		"spec":     map[string]any{"properties": []any{map[string]any{"name": property, "desired": map[string]any{"value": value}}}},
-	}}
-	return c.Patch(ctx, u, client.Apply, client.FieldOwner(TwinFieldManager), client.ForceOwnership)
+	ac := acv1alpha1.Device(key.Name, key.Namespace).WithSpec(acv1alpha1.DeviceSpec().WithProperties(
+		acv1alpha1.DeviceProperty().WithName(property).WithDesired(acv1alpha1.TwinProperty().WithValue(value))))
+	return c.Apply(ctx, ac, client.FieldOwner(TwinFieldManager), client.ForceOwnership)
 }
 
 func watchTwin(ctx context.Context, c client.WithWatch, key client.ObjectKey, w io.Writer) error {

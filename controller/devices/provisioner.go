@@ -14,10 +14,10 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
@@ -27,6 +27,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+	acv1alpha1 "github.com/dowse-dev/dowse/shared/api/v1alpha1/applyconfiguration/api/v1alpha1"
+	"github.com/dowse-dev/dowse/shared/apply"
 )
 
 // Field managers of the Device writes. The spec is applied with force by
@@ -189,31 +191,28 @@ func (p *Provisioner) deleteOwned(ctx context.Context, d *v1alpha1.Device, have 
 	return client.IgnoreNotFound(err)
 }
 
-// apply server-side-applies dev's spec (with desired values only when
-// withDesired) under manager, forcing ownership.
+// apply server-side-applies dev's metadata and spec (with only the desired
+// values in the spec when withDesired) under manager, forcing ownership.
 func (p *Provisioner) apply(ctx context.Context, dev *v1alpha1.Device, manager string, withDesired bool) error {
-	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(dev)
-	if err != nil {
+	ac := acv1alpha1.Device(dev.Name, dev.Namespace)
+	if err := apply.FromObject(dev, ac); err != nil {
 		return err
 	}
-	u := &unstructured.Unstructured{Object: m}
-	delete(u.Object, "status")
-	unstructured.RemoveNestedField(u.Object, "metadata", "creationTimestamp")
+	ac.Status = nil
 	if withDesired {
 		// Only the desired values: the spec's other fields are FieldManager's.
-		var props []any
+		var props []*acv1alpha1.DevicePropertyApplyConfiguration
 		for _, pr := range dev.Spec.Properties {
 			if pr.Desired != nil {
-				props = append(props, map[string]any{"name": pr.Name, "desired": map[string]any{"value": pr.Desired.Value}})
+				props = append(props, acv1alpha1.DeviceProperty().WithName(pr.Name).WithDesired(acv1alpha1.TwinProperty().WithValue(pr.Desired.Value)))
 			}
 		}
 		if len(props) == 0 {
 			return nil
 		}
-		u.Object["spec"] = map[string]any{"deviceModelRef": map[string]any{"name": dev.Spec.DeviceModelRef.Name}, "properties": props}
+		ac.Spec = acv1alpha1.DeviceSpec().WithDeviceModelRef(corev1.LocalObjectReference{Name: dev.Spec.DeviceModelRef.Name}).WithProperties(props...)
 	}
-	u.SetGroupVersionKind(v1alpha1.GroupVersion.WithKind("Device"))
-	return p.client.Patch(ctx, u, client.Apply, client.FieldOwner(manager), client.ForceOwnership)
+	return p.client.Apply(ctx, ac, client.FieldOwner(manager), client.ForceOwnership)
 }
 
 // FromTemplate is the Device the Instance's Configuration asks for, on node:
