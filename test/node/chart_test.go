@@ -3,6 +3,8 @@ package node
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -30,7 +32,9 @@ import (
 // the agent, the debug-echo handler and the controller run as the chart's
 // pods (from locally built images), a sample Configuration's devices become
 // Instances, a pod asking for one gets it through the agent's device plugin
-// and CDI, and `helm uninstall` leaves none of the chart's objects or pods.
+// and CDI, the agent joins the cloud/edge link with the CA the chart made
+// and its pod's service account token, and `helm uninstall` leaves none of
+// the chart's objects or pods (but the link CA's Secret, kept on purpose).
 // The node has no pod network: the chart's hostNetwork and probeHost keep
 // the pods on loopback, on ports picked free.
 func TestChartOnNode(t *testing.T) {
@@ -65,7 +69,7 @@ func TestChartOnNode(t *testing.T) {
 
 	api := strings.TrimPrefix(c.Config.Host, "https://")
 	apiHost, apiPort, _ := strings.Cut(api, ":")
-	var ports [4]int
+	var ports [6]int
 	for i := range ports {
 		if ports[i], err = procs.FreePort(); err != nil {
 			t.Fatal(err)
@@ -83,6 +87,10 @@ func TestChartOnNode(t *testing.T) {
 		"agent":           map[string]any{"env": apiEnv, "ports": map[string]any{"metrics": ports[0], "health": ports[1]}},
 		"controller": map[string]any{"env": apiEnv, "replicas": 1, "ports": map[string]any{"metrics": ports[2], "health": ports[3]},
 			"extraArgs": []string{"--pprof-bind-address=0"}},
+		// The link with the CA the chart makes: the agent pins its
+		// certificate and joins with its pod's service account token.
+		"link": map[string]any{"enabled": true, "hosts": []string{"127.0.0.1"}, "quic": false,
+			"ports": map[string]any{"websocket": ports[4], "auth": ports[5]}},
 	}
 	raw, err := yaml.Marshal(values)
 	if err != nil {
@@ -108,6 +116,8 @@ func TestChartOnNode(t *testing.T) {
 		"--namespace", "dowse-system", "--create-namespace", "--values", valuesFile))
 
 	waitReady(t, ctx, cl, "dowse-system", []string{"dowse-agent", "dowse-debug-echo-discovery", "dowse-controller"})
+
+	waitMetric(t, ctx, ports[2], "dowse_cloudhub_connected_nodes 1")
 
 	cfg := loadSample(t, "debug-echo.yaml")
 	if err := cl.Create(ctx, cfg); err != nil {
@@ -252,4 +262,28 @@ func waitReady(t *testing.T, ctx context.Context, cl client.Client, ns string, p
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
+}
+
+// waitMetric waits until the metrics on 127.0.0.1:port have line.
+func waitMetric(t *testing.T, ctx context.Context, port int, line string) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	var last string
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://127.0.0.1:%d/metrics", port), nil)
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			_ = resp.Body.Close()
+			for _, l := range strings.Split(string(b), "\n") {
+				if strings.TrimSpace(l) == line {
+					return
+				}
+			}
+			last = "no such line"
+		} else {
+			last = err.Error()
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	t.Fatalf("metrics on port %d never had %q (%s)", port, line, last)
 }
