@@ -39,6 +39,7 @@ import (
 	"math/big"
 	"net/url"
 	"os"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -593,11 +594,20 @@ func (d *Driver) Subscribe(ctx context.Context, ps []*mapper.Property, push func
 		_ = sub.Cancel(cctx)
 		return d.classify(err, "monitoring nodes")
 	}
-	for i, r := range res.Results {
-		if bad(r.StatusCode) && i < len(ps) {
-			push(ps[i], nil, d.classify(r.StatusCode, "monitoring "+ps[i].Data.(*point).id.String()))
+	// Items the server refused (a node it does not have yet, say) are
+	// asked for again with backoff while the others report.
+	var retry []*ua.MonitoredItemCreateRequest
+	var retryProps []*mapper.Property
+	refused := func(res *ua.CreateMonitoredItemsResponse, asked []*ua.MonitoredItemCreateRequest, props []*mapper.Property) {
+		retry, retryProps = retry[:0], retryProps[:0]
+		for i, r := range res.Results {
+			if bad(r.StatusCode) && i < len(props) {
+				push(props[i], nil, d.classify(r.StatusCode, "monitoring "+props[i].Data.(*point).id.String()))
+				retry, retryProps = append(retry, asked[i]), append(retryProps, props[i])
+			}
 		}
 	}
+	refused(res, items, ps)
 	go func() {
 		defer func() {
 			// ctx has ended; the cancel call gets a moment of its own.
@@ -605,10 +615,22 @@ func (d *Driver) Subscribe(ctx context.Context, ps []*mapper.Property, push func
 			defer cancel()
 			_ = sub.Cancel(cctx)
 		}()
+		wait := time.Second
+		again := time.NewTimer(wait)
+		defer again.Stop()
 		for {
 			select {
 			case <-ctx.Done():
 				return
+			case <-again.C:
+				if len(retry) > 0 {
+					asked, props := slices.Clone(retry), slices.Clone(retryProps)
+					if res, err := sub.Monitor(ctx, ua.TimestampsToReturnBoth, asked...); err == nil {
+						refused(res, asked, props)
+					}
+					wait = min(2*wait, 30*time.Second)
+				}
+				again.Reset(wait)
 			case msg := <-ch:
 				if msg == nil {
 					continue
