@@ -160,7 +160,7 @@ func (c *cloud) apply(t testing.TB, manifest string) {
 		if err := yaml.Unmarshal([]byte(doc), &u.Object); err != nil {
 			t.Fatal(err)
 		}
-		if err := c.client.Patch(context.Background(), u, client.Apply, client.FieldOwner("e2e"), client.ForceOwnership); err != nil {
+		if err := c.client.Apply(context.Background(), client.ApplyConfigurationFromUnstructured(u), client.FieldOwner("e2e"), client.ForceOwnership); err != nil {
 			t.Fatalf("applying %s %s: %v", u.GetKind(), u.GetName(), err)
 		}
 	}

@@ -330,7 +330,6 @@ func TestTwinStatus(t *testing.T) {
 			Property: "temperature", Value: &linkv1.Value{Kind: &linkv1.Value_DoubleValue{DoubleValue: 2}}}}}}); err != nil {
 		t.Fatal(err)
 	}
-	before = rig.writes.writes.Load()
 	restarted.Flush(ctx)
 	if d, _ = getDevice(ns, "t1"); findTwin(d, "temperature").Reported.Value != "249.5" {
 		t.Errorf("a restarted writer applied a resent report: %q", findTwin(d, "temperature").Reported.Value)
