@@ -101,7 +101,7 @@ bench: k8s build
 # Local demo: control plane, agent, debug-echo handler, live Instances.
 # On a root machine with runc the agent and controller run as pods on a real
 # one-node cluster; elsewhere as processes beside an API server.
-demo: k8s build
+demo: k8s helm build
 	@hack/install-node-deps.sh || echo "runc unavailable: the demo runs without a real node"
 	go run ./hack/demo
 

@@ -5,89 +5,16 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"path"
 	"strings"
 	"time"
-
-	appsv1 "k8s.io/api/apps/v1"
-	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
-	"sigs.k8s.io/controller-runtime/pkg/client"
-
-	"github.com/dowse-dev/dowse/controller/linkauth"
-	"github.com/dowse-dev/dowse/shared/link/pki"
-	"github.com/dowse-dev/dowse/test/cluster"
-	"github.com/dowse-dev/dowse/test/procs"
 )
 
-// demoLink turns the cloud/edge link on in the demo's pods: the controller
-// serves it on loopback, and the agent DaemonSet joins with its pod's
-// projected service account token, as deploy/agent/agent.yaml describes,
-// with no per-node token.
+// demoLink is the demo's cloud/edge link, turned on by the chart: the
+// controller serves it on the host network, and the agent DaemonSet joins
+// with its pod's projected service account token, pinning the CA the chart
+// made, with no per-node token.
 type demoLink struct {
-	linkPort, authPort int
-	caPin              string
-	metricsPort        int // the controller's, as the manifest's binary default
-}
-
-// prepareLink creates the link CA (the controller would, but the agent's
-// flags need its pin before either starts) and picks free ports.
-func prepareLink(ctx context.Context, c *cluster.Cluster, cl client.Client) (*demoLink, error) {
-	if err := cl.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "dowse-system"}}); err != nil && !apierrors.IsAlreadyExists(err) {
-		return nil, err
-	}
-	cs, err := kubernetes.NewForConfig(c.Config)
-	if err != nil {
-		return nil, err
-	}
-	ca, err := linkauth.LoadOrCreateCA(ctx, cs.CoreV1().Secrets("dowse-system"), 0)
-	if err != nil {
-		return nil, err
-	}
-	l := &demoLink{caPin: pki.CAPin(ca.Cert), metricsPort: 9745}
-	if l.linkPort, err = procs.FreePort(); err != nil {
-		return nil, err
-	}
-	if l.authPort, err = procs.FreePort(); err != nil {
-		return nil, err
-	}
-	return l, nil
-}
-
-// adapt adds the link flags to the controller and agent containers.
-func (l *demoLink) adapt(o client.Object) error {
-	switch w := o.(type) {
-	case *appsv1.Deployment:
-		for i := range w.Spec.Template.Spec.Containers {
-			if ctr := &w.Spec.Template.Spec.Containers[i]; ctr.Name == "controller" {
-				ctr.Args = append(ctr.Args, "--link-hosts=127.0.0.1", "--link-quic-address=",
-					fmt.Sprintf("--link-websocket-address=127.0.0.1:%d", l.linkPort),
-					fmt.Sprintf("--link-auth-bind-address=127.0.0.1:%d", l.authPort))
-			}
-		}
-	case *appsv1.DaemonSet:
-		for i := range w.Spec.Template.Spec.Containers {
-			ctr := &w.Spec.Template.Spec.Containers[i]
-			if ctr.Name != "agent" {
-				continue
-			}
-			token := ""
-			for _, m := range ctr.VolumeMounts {
-				if m.Name == "link-token" {
-					token = path.Join(m.MountPath, "token")
-				}
-			}
-			if token == "" {
-				return fmt.Errorf("the agent container mounts no link-token volume")
-			}
-			ctr.Args = append(ctr.Args, fmt.Sprintf("--link-server=127.0.0.1:%d", l.linkPort),
-				fmt.Sprintf("--link-auth-url=https://127.0.0.1:%d", l.authPort),
-				"--link-ca-cert-hash="+l.caPin, "--link-service-account-token-file="+token)
-		}
-	}
-	return nil
+	metricsPort int // the controller's
 }
 
 // waitJoined waits until the controller's cloudhub has the node connected.

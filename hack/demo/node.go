@@ -1,25 +1,15 @@
 package main
 
 import (
-	"bufio"
-	"bytes"
 	"context"
-	"errors"
 	"fmt"
-	"io"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"time"
 
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/serializer"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/dowse-dev/dowse/shared/scheme"
@@ -40,21 +30,24 @@ func canUseNode() (bool, string) {
 			return false, b + " is not built (make k8s)"
 		}
 	}
+	if _, err := os.Stat(helmPath()); err != nil {
+		return false, "bin/helm is not built (make helm)"
+	}
 	return true, ""
 }
 
 // images are the Dowse pods of the demo, built as OCI archives from the
-// binaries and named as deploy/ names them.
+// binaries and named as the chart names them (tag latest).
 var images = []struct{ pkg, name string }{
 	{"./agent/cmd/dowse-agent", "dowse-agent"},
 	{"./controller/cmd/dowse-controller", "dowse-controller"},
 	{"./discovery-handlers/debug-echo/cmd/dowse-debug-echo-discovery", "dowse-debug-echo-discovery"},
 }
 
-// runOnNode runs the demo on a real kubelet: the agent (with the debug-echo
-// handler beside it) and the controller run as pods from locally built
-// images, deployed from deploy/, and the agent joins the controller's
-// cloud/edge link.
+// runOnNode runs the demo on a real kubelet: Dowse is installed with its
+// Helm chart (installChart), so the agent, the debug-echo handler and the
+// controller run as the chart's pods from locally built images, and the
+// agent joins the controller's cloud/edge link.
 func runOnNode(ctx context.Context, every time.Duration, flips int) error {
 	var archives []string
 	for _, im := range images {
@@ -95,37 +88,9 @@ func runOnNode(ctx context.Context, every time.Duration, flips int) error {
 	if err := os.MkdirAll(state, 0o755); err != nil {
 		return err
 	}
-	api, err := url.Parse(c.Config.Host)
+	link, err := installChart(ctx, c, state)
 	if err != nil {
 		return err
-	}
-	link, err := prepareLink(ctx, c, cl)
-	if err != nil {
-		return err
-	}
-	root := kube.RepoRoot()
-	crds, err := filepath.Glob(filepath.Join(root, "deploy", "crds", "*.yaml"))
-	if err != nil || len(crds) == 0 {
-		return fmt.Errorf("no CRDs in deploy/crds (%v)", err)
-	}
-	for i := range crds {
-		crds[i], _ = filepath.Rel(root, crds[i])
-	}
-	for _, f := range append(crds, "deploy/agent/agent.yaml", "deploy/handlers/debug-echo.yaml", "deploy/controller/controller.yaml") {
-		objs, err := decodeFile(sch, filepath.Join(root, f))
-		if err != nil {
-			return err
-		}
-		for _, o := range objs {
-			adapt(o, state, c.CDIDir, api)
-			if err := link.adapt(o); err != nil {
-				return fmt.Errorf("%s: %w", f, err)
-			}
-			if err := cl.Create(ctx, o); err != nil && !apierrors.IsAlreadyExists(err) {
-				return fmt.Errorf("%s: creating %T %s: %w", f, o, o.GetName(), err)
-			}
-		}
-		say("applied %s", f)
 	}
 	if err := waitCRDs(ctx, cl); err != nil {
 		return err
@@ -138,82 +103,6 @@ func runOnNode(ctx context.Context, every time.Duration, flips int) error {
 		return err
 	}
 	return watchAndFlip(ctx, cl, filepath.Join(state, "debug-echo-availability"), every, flips)
-}
-
-// adapt fits deploy/'s manifests to the demo node: images are local only
-// (never pulled), pods use the host network (the node has no CNI) and reach
-// the API server on loopback (there is no kube-proxy for the kubernetes
-// Service), and the agent's state and CDI specs live under the cluster's
-// state folder.
-func adapt(o client.Object, state, cdiDir string, api *url.URL) {
-	var spec *corev1.PodSpec
-	switch w := o.(type) {
-	case *appsv1.DaemonSet:
-		spec = &w.Spec.Template.Spec
-	case *appsv1.Deployment:
-		spec = &w.Spec.Template.Spec
-		// One node, one host network: a second controller replica would
-		// contend for the first one's ports.
-		one := int32(1)
-		w.Spec.Replicas = &one
-	default:
-		return
-	}
-	spec.HostNetwork = true
-	for i := range spec.Containers {
-		ctr := &spec.Containers[i]
-		ctr.ImagePullPolicy = corev1.PullNever
-		// With the host network a probe would go to the node's own
-		// interface address; keep it on loopback.
-		for _, p := range []*corev1.Probe{ctr.LivenessProbe, ctr.ReadinessProbe} {
-			if p != nil && p.HTTPGet != nil {
-				p.HTTPGet.Host = "127.0.0.1"
-			}
-		}
-		ctr.Env = append(ctr.Env,
-			corev1.EnvVar{Name: "KUBERNETES_SERVICE_HOST", Value: api.Hostname()},
-			corev1.EnvVar{Name: "KUBERNETES_SERVICE_PORT", Value: api.Port()})
-	}
-	for i := range spec.Volumes {
-		if hp := spec.Volumes[i].HostPath; hp != nil && hp.Path == "/var/lib/dowse" {
-			hp.Path = state
-		}
-		// The cluster's containerd reads CDI specs from its own folder.
-		if hp := spec.Volumes[i].HostPath; hp != nil && hp.Path == "/var/run/cdi" {
-			hp.Path = cdiDir
-		}
-	}
-}
-
-func decodeFile(sch *runtime.Scheme, path string) ([]client.Object, error) {
-	raw, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
-	dec := serializer.NewCodecFactory(sch).UniversalDeserializer()
-	r := utilyaml.NewYAMLReader(bufioReader(raw))
-	var out []client.Object
-	for {
-		doc, err := r.Read()
-		if errors.Is(err, io.EOF) {
-			return out, nil
-		}
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", path, err)
-		}
-		if len(bytes.TrimSpace(doc)) == 0 {
-			continue
-		}
-		obj, _, err := dec.Decode(doc, nil, nil)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", path, err)
-		}
-		co, ok := obj.(client.Object)
-		if !ok {
-			return nil, fmt.Errorf("%s: %T is not an object", path, obj)
-		}
-		out = append(out, co)
-	}
 }
 
 func waitCRDs(ctx context.Context, cl client.Client) error {
@@ -286,4 +175,3 @@ func waitRunning(ctx context.Context, cl client.Client, ns string, n int) error 
 	}
 }
 
-func bufioReader(b []byte) *bufio.Reader { return bufio.NewReader(bytes.NewReader(b)) }

@@ -12,7 +12,7 @@ import (
 
 // TestDemoOnNode runs `make demo`'s program on the real node: the agent with
 // the debug-echo handler and the controller run as pods from locally built
-// images deployed from deploy/, and the demo checks that each availability
+// images installed with the Helm chart, and the demo checks that each availability
 // flip removes or restores every Instance.
 func TestDemoOnNode(t *testing.T) {
 	requireNode(t)
