@@ -55,6 +55,7 @@ func main() {
 	fs.IntVar(&cfg.Link.QueueSize, "link-queue-size", 16384, "most unacknowledged messages queued for one node (a node is sent each of its Devices when it connects)")
 	fs.StringVar(&cfg.MapperStateDir, "mapper-state-dir", "/var/lib/dowse", "the agents' state directory on the nodes (their --state-dir), mounted into the mapper Pods the controller runs")
 	fs.DurationVar(&cfg.Link.TwinStatusInterval, "twin-status-interval", time.Second, "least time between two status writes of one Device, however fast its mappers report")
+	fs.IntVar(&cfg.Link.TwinStatusConcurrency, "twin-status-concurrency", 16, "parallel Device status writes")
 	fs.Float64Var(&cfg.Link.RateLimit, "link-rate-limit", 2000, "messages per second accepted from one node (each reported value is one; the edge coalesces what waits)")
 	fs.IntVar(&cfg.Link.RateBurst, "link-rate-burst", 4000, "burst of messages accepted from one node")
 	fs.IntVar(&cfg.Link.MaxConnections, "link-max-connections", 20000, "most edge connections served at once")
