@@ -230,7 +230,7 @@ func benchTwins(b *testing.B) {
 	fmt.Fprintf(os.Stdout, "  1,000 Devices reporting every 100 ms for %v:               %.0f status writes/s (at most %d: one per Device per second)\n",
 		fleetTime.Round(time.Second), (writes1-writes0)/fleetTime.Seconds(), n)
 	fmt.Fprintf(os.Stdout, "    (one status write takes %v on average here; %s parallel writes)\n",
-		(time.Duration(wsum/max(wcount, 1)*float64(time.Second))).Round(time.Millisecond), concurrency)
+		(time.Duration(wsum / max(wcount, 1) * float64(time.Second))).Round(time.Millisecond), concurrency)
 }
 
 func pct(ds []time.Duration, p int) time.Duration {
