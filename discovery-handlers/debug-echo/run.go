@@ -28,6 +28,9 @@ type Config struct {
 	Shared bool
 	// StateDir is the agent's state directory (required).
 	StateDir string
+	// MetricsAddr is where the handler serves Prometheus metrics
+	// (handler.Config.MetricsAddr); empty: not served.
+	MetricsAddr string
 	// AvailabilityFile takes the devices offline while its trimmed content
 	// is OFFLINE; <StateDir>/debug-echo-availability when empty.
 	AvailabilityFile string
@@ -53,11 +56,12 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	srv, err := handler.NewServer(handler.Config{
-		Name:       cfg.Name,
-		Shared:     cfg.Shared,
-		StateDir:   cfg.StateDir,
-		Discoverer: &discoverer{availability: avail},
-		Logger:     cfg.Logger,
+		Name:        cfg.Name,
+		Shared:      cfg.Shared,
+		StateDir:    cfg.StateDir,
+		MetricsAddr: cfg.MetricsAddr,
+		Discoverer:  &discoverer{availability: avail},
+		Logger:      cfg.Logger,
 	})
 	if err != nil {
 		return err

@@ -18,7 +18,10 @@ type Config struct {
 	Name string
 	// StateDir is the agent's state directory (required).
 	StateDir string
-	Logger   logr.Logger
+	// MetricsAddr is where the handler serves Prometheus metrics
+	// (handler.Config.MetricsAddr); empty: not served.
+	MetricsAddr string
+	Logger      logr.Logger
 }
 
 // Run serves the ONVIF handler until ctx ends (then it returns nil) or the
@@ -32,10 +35,11 @@ func Run(ctx context.Context, cfg Config) error {
 		cfg.Name = DefaultName
 	}
 	return handler.Serve(ctx, handler.Config{
-		Name:       cfg.Name,
-		Shared:     true,
-		StateDir:   cfg.StateDir,
-		Discoverer: NewDiscoverer(),
-		Logger:     cfg.Logger,
+		Name:        cfg.Name,
+		Shared:      true,
+		StateDir:    cfg.StateDir,
+		MetricsAddr: cfg.MetricsAddr,
+		Discoverer:  NewDiscoverer(),
+		Logger:      cfg.Logger,
 	})
 }

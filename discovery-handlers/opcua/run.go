@@ -18,7 +18,10 @@ type Config struct {
 	Name string
 	// StateDir is the agent's state directory (required).
 	StateDir string
-	Logger   logr.Logger
+	// MetricsAddr is where the handler serves Prometheus metrics
+	// (handler.Config.MetricsAddr); empty: not served.
+	MetricsAddr string
+	Logger      logr.Logger
 }
 
 // NewDiscoverer returns the OPC UA handler.Discoverer, for callers that
@@ -36,10 +39,11 @@ func Run(ctx context.Context, cfg Config) error {
 		cfg.Name = DefaultName
 	}
 	return handler.Serve(ctx, handler.Config{
-		Name:       cfg.Name,
-		Shared:     true,
-		StateDir:   cfg.StateDir,
-		Discoverer: NewDiscoverer(),
-		Logger:     cfg.Logger,
+		Name:        cfg.Name,
+		Shared:      true,
+		StateDir:    cfg.StateDir,
+		MetricsAddr: cfg.MetricsAddr,
+		Discoverer:  NewDiscoverer(),
+		Logger:      cfg.Logger,
 	})
 }

@@ -18,6 +18,9 @@ type Config struct {
 	Name string
 	// StateDir is the agent's state directory (required).
 	StateDir string
+	// MetricsAddr is where the handler serves Prometheus metrics
+	// (handler.Config.MetricsAddr); empty: not served.
+	MetricsAddr string
 	// Source reads the machine's devices; NewSource() when nil.
 	Source Source
 	Logger logr.Logger
@@ -45,10 +48,11 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 	}
 	return handler.Serve(ctx, handler.Config{
-		Name:       cfg.Name,
-		Shared:     false,
-		StateDir:   cfg.StateDir,
-		Discoverer: NewDiscoverer(cfg.Source),
-		Logger:     cfg.Logger,
+		Name:        cfg.Name,
+		Shared:      false,
+		StateDir:    cfg.StateDir,
+		MetricsAddr: cfg.MetricsAddr,
+		Discoverer:  NewDiscoverer(cfg.Source),
+		Logger:      cfg.Logger,
 	})
 }

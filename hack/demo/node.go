@@ -174,4 +174,3 @@ func waitRunning(ctx context.Context, cl client.Client, ns string, n int) error 
 		}
 	}
 }
-

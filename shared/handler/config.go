@@ -72,6 +72,10 @@ type Config struct {
 	// Name is the handler name that Configurations use in
 	// spec.discoveryHandler.name, a DNS-1123 label such as "debug-echo".
 	Name string
+	// MetricsAddr is the TCP address the Server serves Prometheus metrics on
+	// at /metrics (streams, lists sent, errors, registrations), e.g. ":9460";
+	// empty: not served. A failure to listen is logged, never fatal.
+	MetricsAddr string
 	// Shared is true when the devices this handler finds can be seen from
 	// several nodes (network devices), false for devices attached to the node.
 	Shared bool

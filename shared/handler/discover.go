@@ -38,11 +38,15 @@ func (d *discoveryService) Discover(req *discoveryv1.DiscoverRequest, stream grp
 	stopOnShutdown := context.AfterFunc(d.runCtx, cancel)
 	defer stopOnShutdown()
 
+	m := d.server.metrics
+	m.streamsOpened.Add(1)
+	m.streamsOpen.Add(1)
+	defer m.streamsOpen.Add(-1)
 	log := d.server.log.WithValues("stream", d.server.streams.Add(1))
 	log.Info("discover stream opened")
 	ctx = logr.NewContext(ctx, log)
 
-	s := &dedupingSender{send: stream.Send}
+	s := &dedupingSender{send: stream.Send, metrics: m}
 	err := d.server.cfg.Discoverer.Discover(ctx, req, s.Send)
 
 	switch {
@@ -60,11 +64,13 @@ func (d *discoveryService) Discover(req *discoveryv1.DiscoverRequest, stream grp
 		return status.FromContextError(streamCtx.Err()).Err()
 	case err != nil:
 		log.Info("discover stream ended", "why", "discoverer failed", "code", status.Code(err).String(), "err", err)
+		m.streamFailed(status.Code(err))
 		return err
 	default:
 		// The contract is to send until the stream ends; a Discoverer that
 		// stops early is a bug, and Internal makes the agent retry it.
 		log.Info("discover stream ended", "why", "discoverer returned early")
+		m.streamFailed(codes.Internal)
 		return status.Error(codes.Internal, "discoverer returned before the stream ended")
 	}
 }
@@ -76,10 +82,11 @@ func (d *discoveryService) Discover(req *discoveryv1.DiscoverRequest, stream grp
 type dedupingSender struct {
 	// mu serialises Send: a gRPC stream must not be sent on concurrently and
 	// a Discoverer may call send from several goroutines.
-	mu   sync.Mutex
-	send func(*discoveryv1.DiscoverResponse) error
-	sent bool
-	last [sha256.Size]byte
+	mu      sync.Mutex
+	send    func(*discoveryv1.DiscoverResponse) error
+	metrics *metrics // nil: not counted
+	sent    bool
+	last    [sha256.Size]byte
 }
 
 // Send checks devs against the protocol, sorts a shallow copy by id and
@@ -105,10 +112,17 @@ func (d *dedupingSender) Send(devs []*discoveryv1.Device) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.sent && sum == d.last {
+		if d.metrics != nil {
+			d.metrics.listsUnchanged.Add(1)
+		}
 		return nil
 	}
 	if err := d.send(&discoveryv1.DiscoverResponse{Devices: list}); err != nil {
 		return err
+	}
+	if d.metrics != nil {
+		d.metrics.listsSent.Add(1)
+		d.metrics.devices.Store(int64(len(list)))
 	}
 	d.sent = true
 	d.last = sum

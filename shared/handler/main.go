@@ -18,7 +18,10 @@ type Settings struct {
 	Name string
 	// StateDir is the agent's state directory (--state-dir, DOWSE_STATE_DIR).
 	StateDir string
-	Logger   logr.Logger
+	// MetricsAddr is where Prometheus metrics are served (--metrics-address;
+	// empty: not served), for the protocol's Config.MetricsAddr.
+	MetricsAddr string
+	Logger      logr.Logger
 }
 
 // Main is the whole main of a handler binary that takes only --name and
@@ -30,6 +33,7 @@ func Main(defaultName string, run func(context.Context, Settings) error) {
 	fs := flag.NewFlagSet(os.Args[0], flag.ExitOnError)
 	fs.StringVar(&s.Name, "name", defaultName, "handler name that Configurations use in spec.discoveryHandler.name")
 	stateDir := StateDirFlag(fs)
+	fs.StringVar(&s.MetricsAddr, "metrics-address", "", "address to serve Prometheus metrics on at /metrics, e.g. :9460 (off when empty)")
 	showVersion := version.Flag(fs, "dowse-"+defaultName+"-discovery")
 	_ = fs.Parse(os.Args[1:]) // ExitOnError: Parse exits on a bad flag
 	if showVersion.Print(os.Stdout) {

@@ -53,12 +53,14 @@ func (s *Server) registerUntilDone(ctx context.Context, reason string) error {
 	for attempt := 1; ; attempt++ {
 		err := s.register(ctx)
 		if err == nil {
+			s.metrics.registrations.Add(1)
 			s.log.Info("registered with agent", "reason", reason, "attempt", attempt)
 			return nil
 		}
 		if ctx.Err() != nil {
 			return nil
 		}
+		s.metrics.registerFails.Add(1)
 		if status.Code(err) == codes.InvalidArgument {
 			return fmt.Errorf("agent rejected the registration of handler %q: %w", s.cfg.Name, err)
 		}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -30,6 +31,7 @@ type Server struct {
 	reregister chan string
 
 	started atomic.Bool
+	metrics *metrics
 	// streams numbers Discover streams, so that the log lines of one stream
 	// can be told from another's.
 	streams atomic.Uint64
@@ -46,8 +48,13 @@ func NewServer(cfg Config) (*Server, error) {
 		socketPath: sock,
 		log:        cfg.Logger.WithValues("handler", cfg.Name, "endpoint", sock),
 		reregister: make(chan string, 1),
+		metrics:    newMetrics(cfg.Name),
 	}, nil
 }
+
+// Metrics is an http.Handler writing the Server's metrics in the Prometheus
+// text format, as served on Config.MetricsAddr.
+func (s *Server) Metrics() http.Handler { return s.metrics }
 
 // Endpoint is the absolute path of the Unix socket the Server listens on and
 // registers with the agent.
@@ -119,6 +126,9 @@ func (s *Server) Start(ctx context.Context) error {
 			fail(err)
 		}
 	})
+	if s.cfg.MetricsAddr != "" {
+		wg.Go(func() { s.serveMetrics(ctx, s.cfg.MetricsAddr) })
+	}
 	s.log.Info("serving discovery handler", "shared", s.cfg.Shared)
 
 	<-ctx.Done()

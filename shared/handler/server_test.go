@@ -4,6 +4,10 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -451,4 +455,75 @@ func TestStateDir(t *testing.T) {
 			}
 		})
 	}
+}
+
+// The Server counts streams, lists sent and dropped as unchanged, the
+// devices of the newest list, registrations and failed streams, and serves
+// them in the Prometheus text format on MetricsAddr.
+func TestMetrics(t *testing.T) {
+	dir := handlertest.ShortTempDir(t)
+	agent := handlertest.StartAgent(t, dir)
+	lists := make(chan []*discoveryv1.Device)
+	d := discoverFunc(func(ctx context.Context, req *discoveryv1.DiscoverRequest, send func([]*discoveryv1.Device) error) error {
+		if req.GetDiscoveryDetails() == "fail" {
+			return status.Error(codes.InvalidArgument, "bad details")
+		}
+		for {
+			select {
+			case <-ctx.Done():
+				return nil
+			case l := <-lists:
+				if err := send(l); err != nil {
+					return err
+				}
+			}
+		}
+	})
+	port := freePort(t)
+	srv := start(t, handler.Config{Name: "counted", StateDir: dir, Discoverer: d, MetricsAddr: fmt.Sprintf("127.0.0.1:%d", port)})
+	agent.WaitForRegistration(t, wait)
+	stream := handlertest.Discover(t, srv.Endpoint(), &discoveryv1.DiscoverRequest{})
+	lists <- devices("a", "b")
+	stream.Next(t, wait)
+	lists <- devices("b", "a") // the same list: not sent
+	lists <- devices("c")
+	stream.Next(t, wait)
+	failed := handlertest.Discover(t, srv.Endpoint(), &discoveryv1.DiscoverRequest{DiscoveryDetails: "fail"})
+	if code := status.Code(failed.Err(t, wait)); code != codes.InvalidArgument {
+		t.Fatalf("failing stream ended with %v", code)
+	}
+
+	want := []string{
+		`dowse_handler_discover_streams_total{handler="counted"} 2`,
+		`dowse_handler_discover_streams{handler="counted"} 1`,
+		`dowse_handler_device_lists_sent_total{handler="counted"} 2`,
+		`dowse_handler_device_lists_unchanged_total{handler="counted"} 1`,
+		`dowse_handler_devices{handler="counted"} 1`,
+		`dowse_handler_registrations_total{handler="counted"} 1`,
+		`dowse_handler_discover_errors_total{handler="counted",code="InvalidArgument"} 1`,
+	}
+	testwait.For(t, wait, func() error {
+		resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", port))
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		for _, w := range want {
+			if !strings.Contains(string(b), w+"\n") {
+				return fmt.Errorf("metrics lack %q:\n%s", w, b)
+			}
+		}
+		return nil
+	})
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
 }

@@ -213,7 +213,7 @@ func TestAllOn(t *testing.T) {
 	got := index(objs)
 	var want []string
 	for _, p := range []string{"debug-echo", "onvif", "udev", "opcua", "modbus"} {
-		want = append(want, "DaemonSet/dowse-"+p+"-discovery")
+		want = append(want, "DaemonSet/dowse-"+p+"-discovery", "PodMonitor/dowse-"+p+"-discovery")
 	}
 	for _, p := range []string{"onvif", "opcua", "modbus"} {
 		want = append(want, "DaemonSet/dowse-"+p+"-mapper", "PodMonitor/dowse-"+p+"-mapper")

@@ -69,7 +69,7 @@ func TestChartOnNode(t *testing.T) {
 
 	api := strings.TrimPrefix(c.Config.Host, "https://")
 	apiHost, apiPort, _ := strings.Cut(api, ":")
-	var ports [6]int
+	var ports [7]int
 	for i := range ports {
 		if ports[i], err = procs.FreePort(); err != nil {
 			t.Fatal(err)
@@ -91,6 +91,7 @@ func TestChartOnNode(t *testing.T) {
 		// certificate and joins with its pod's service account token.
 		"link": map[string]any{"enabled": true, "hosts": []string{"127.0.0.1"}, "quic": false,
 			"ports": map[string]any{"websocket": ports[4], "auth": ports[5]}},
+		"debugEcho": map[string]any{"discovery": map[string]any{"metricsPort": ports[6]}},
 	}
 	raw, err := yaml.Marshal(values)
 	if err != nil {
@@ -124,6 +125,9 @@ func TestChartOnNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitInstances(t, ctx, cl, cfg.Name, 2)
+	// The handler's own metrics: the agent's stream, and the devices sent.
+	waitMetric(t, ctx, ports[6], `dowse_handler_discover_streams{handler="debug-echo"} 1`)
+	waitMetric(t, ctx, ports[6], `dowse_handler_devices{handler="debug-echo"} 2`)
 
 	res := corev1.ResourceName(v1alpha1.ResourceName(cfg.Name))
 	p := probePod("chart-device", "env:DEBUG_ECHO_DESCRIPTION", "env:GREETING")

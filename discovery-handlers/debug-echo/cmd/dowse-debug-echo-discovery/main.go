@@ -22,6 +22,7 @@ func main() {
 	fs.StringVar(&cfg.Name, "name", debugecho.DefaultName, "handler name that Configurations use in spec.discoveryHandler.name")
 	fs.BoolVar(&cfg.Shared, "shared", false, "report the devices as shared: visible from every node that runs this handler")
 	stateDir := handler.StateDirFlag(fs)
+	fs.StringVar(&cfg.MetricsAddr, "metrics-address", "", "address to serve Prometheus metrics on at /metrics, e.g. :9460 (off when empty)")
 	fs.StringVar(&cfg.AvailabilityFile, "availability-file", "",
 		"file whose content OFFLINE takes every device offline (default <state-dir>/"+debugecho.DefaultAvailabilityFileName+")")
 	showVersion := version.Flag(fs, "dowse-debug-echo-discovery")

@@ -11,6 +11,6 @@ import (
 
 func main() {
 	handler.Main(modbus.DefaultName, func(ctx context.Context, s handler.Settings) error {
-		return modbus.Run(ctx, modbus.Config{Name: s.Name, StateDir: s.StateDir, Logger: s.Logger})
+		return modbus.Run(ctx, modbus.Config{Name: s.Name, StateDir: s.StateDir, MetricsAddr: s.MetricsAddr, Logger: s.Logger})
 	})
 }

@@ -11,6 +11,6 @@ import (
 
 func main() {
 	handler.Main(onvif.DefaultName, func(ctx context.Context, s handler.Settings) error {
-		return onvif.Run(ctx, onvif.Config{Name: s.Name, StateDir: s.StateDir, Logger: s.Logger})
+		return onvif.Run(ctx, onvif.Config{Name: s.Name, StateDir: s.StateDir, MetricsAddr: s.MetricsAddr, Logger: s.Logger})
 	})
 }

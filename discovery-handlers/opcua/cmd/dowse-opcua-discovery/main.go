@@ -11,6 +11,6 @@ import (
 
 func main() {
 	handler.Main(opcua.DefaultName, func(ctx context.Context, s handler.Settings) error {
-		return opcua.Run(ctx, opcua.Config{Name: s.Name, StateDir: s.StateDir, Logger: s.Logger})
+		return opcua.Run(ctx, opcua.Config{Name: s.Name, StateDir: s.StateDir, MetricsAddr: s.MetricsAddr, Logger: s.Logger})
 	})
 }

@@ -11,6 +11,6 @@ import (
 
 func main() {
 	handler.Main(udev.DefaultName, func(ctx context.Context, s handler.Settings) error {
-		return udev.Run(ctx, udev.Config{Name: s.Name, StateDir: s.StateDir, Logger: s.Logger})
+		return udev.Run(ctx, udev.Config{Name: s.Name, StateDir: s.StateDir, MetricsAddr: s.MetricsAddr, Logger: s.Logger})
 	})
 }
