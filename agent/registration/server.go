@@ -63,6 +63,13 @@ func (s *Server) Start(ctx context.Context) error {
 			return fmt.Errorf("removing stale registration socket: %w", err)
 		}
 		lis, err := net.Listen("unix", p)
+		if err != nil && p == s.akriPath {
+			// Akri's name is a convenience for Akri's handlers: without it
+			// (a state directory too long for its longer name, say) Dowse's
+			// own socket still serves every handler.
+			s.log.Error(err, "akri's registration socket not served", "socket", p)
+			continue
+		}
 		if err != nil {
 			closeAll(listeners)
 			return fmt.Errorf("listening on registration socket: %w", err)

@@ -6,6 +6,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -110,5 +111,50 @@ func TestAkriRegistrationSocket(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(dir, n)); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("%s left behind after stopping (%v)", n, err)
 		}
+	}
+}
+
+// A state directory too long for Akri's longer socket name still serves
+// Dowse's own socket: Akri's name is never a reason to stop registration.
+func TestAkriSocketTooLongIsNotFatal(t *testing.T) {
+	base, err := os.MkdirTemp("", "reg")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(base) })
+	// 107 bytes fit in a socket path: registration.sock fits, Akri's not.
+	pad := 107 - len(base) - len("/") - len("/"+SocketName)
+	if pad < 1 {
+		t.Skipf("temp dir %s too long for this test", base)
+	}
+	dir := filepath.Join(base, strings.Repeat("d", pad))
+	if len(filepath.Join(dir, AkriSocketName)) <= 107 || len(filepath.Join(dir, SocketName)) > 107 {
+		t.Fatalf("bad test dir %s", dir)
+	}
+	s := New(dir, registry.New(dir), logr.Discard())
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Start(ctx) }()
+	deadline := time.Now().Add(5 * time.Second)
+	for s.Ready(httptest.NewRequest("GET", "/readyz", nil)) != nil {
+		select {
+		case err := <-done:
+			t.Fatalf("Start failed: %v", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("never ready")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := s.Healthy(httptest.NewRequest("GET", "/healthz", nil)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(filepath.Join(dir, AkriSocketName)); err == nil {
+		t.Error("a socket path longer than 107 bytes was served")
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
 	}
 }
