@@ -59,6 +59,10 @@ type Config struct {
 	// Link is the cloud end of the cloud/edge link (off when its Hosts is
 	// empty).
 	Link LinkConfig
+	// PodName is this replica's Pod (in Namespace), labelled LabelCloudhub
+	// while it leads so that the link's Service selects it; empty: not run
+	// as a Pod, no label.
+	PodName string
 	// MapperStateDir is the agents' state directory on the nodes, mounted
 	// into mapper Pods (mappers.DefaultStateDir when empty).
 	MapperStateDir string

@@ -188,6 +188,13 @@ func addLink(ctx context.Context, mgr ctrl.Manager, cfg Config, reg prometheus.R
 		log.Info("starting cloudhub", "websocket", lc.WebSocketAddr, "quic", lc.QUICAddr)
 		return hub.Start(logr.NewContext(ctx, log))
 	}}
+	if cfg.PodName != "" {
+		label := hubLabel{pods: cs.CoreV1().Pods(cfg.Namespace), name: cfg.PodName, log: log}
+		label.clear(ctx)
+		if err := mgr.Add(label); err != nil {
+			return err
+		}
+	}
 	if err := mgr.AddReadyzCheck("link", func(r *http.Request) error {
 		return errors.Join(authPart.Check(r), hubPart.Check(r))
 	}); err != nil {

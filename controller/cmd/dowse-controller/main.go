@@ -53,6 +53,7 @@ func main() {
 	fs.DurationVar(&cfg.Link.Heartbeat, "link-heartbeat", 10*time.Second, "link heartbeat interval; a silent edge is dropped after two")
 	fs.IntVar(&cfg.Link.MaxMessageSize, "link-max-message-size", 1<<20, "largest link message accepted, in bytes")
 	fs.IntVar(&cfg.Link.QueueSize, "link-queue-size", 16384, "most unacknowledged messages queued for one node (a node is sent each of its Devices when it connects)")
+	fs.StringVar(&cfg.PodName, "pod-name", os.Getenv("POD_NAME"), "this replica's Pod (env POD_NAME), labelled dowse.dev/cloudhub=leader while it leads, for the link's Service")
 	fs.StringVar(&cfg.MapperStateDir, "mapper-state-dir", "/var/lib/dowse", "the agents' state directory on the nodes (their --state-dir), mounted into the mapper Pods the controller runs")
 	fs.DurationVar(&cfg.Link.TwinStatusInterval, "twin-status-interval", time.Second, "least time between two status writes of one Device, however fast its mappers report")
 	fs.IntVar(&cfg.Link.TwinStatusConcurrency, "twin-status-concurrency", 16, "parallel Device status writes")
