@@ -45,7 +45,8 @@ async function main() {
     }
     server = new opcua.OPCUAServer(options);
     await server.initialize();
-    build_address_space_for_conformance_testing(server.engine.addressSpace, { mass_variable: false });
+    // It is async: its simulation variables come after an await inside.
+    await build_address_space_for_conformance_testing(server.engine.addressSpace, { mass_variable: false });
     server.on("serverRegistered", () => console.log("REGISTERED " + Date.now()));
     server.on("serverRegistrationRenewed", () => console.log("RENEWED " + Date.now()));
   }
