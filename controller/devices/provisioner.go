@@ -6,6 +6,7 @@
 package devices
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -142,6 +143,11 @@ func (p *Provisioner) Reconcile(ctx context.Context, req reconcile.Request) (rec
 	for i := range dev.Spec.Properties {
 		dev.Spec.Properties[i].Desired = nil
 	}
+	if have && upToDate(&existing, dev) {
+		// Most Instance events (slots, the nodes' views) change nothing
+		// here: no write for them.
+		return reconcile.Result{}, nil
+	}
 	if err := p.apply(ctx, dev, FieldManager, false); err != nil {
 		return reconcile.Result{}, err
 	}
@@ -155,6 +161,29 @@ func (p *Provisioner) Reconcile(ctx context.Context, req reconcile.Request) (rec
 		p.log.Info("moved a device twin to another node", "device", req.String(), "from", existing.Spec.NodeName, "to", node)
 	}
 	return reconcile.Result{}, nil
+}
+
+// upToDate says whether existing already holds what applying want (whose
+// desired values are stripped) would state: its spec but for desired
+// values (a person's or the defaults manager's), its labels and its owner.
+// A false "no" only costs a redundant apply.
+func upToDate(existing, want *v1alpha1.Device) bool {
+	have := existing.Spec.DeepCopy()
+	for i := range have.Properties {
+		have.Properties[i].Desired = nil
+	}
+	a, errA := json.Marshal(have)
+	b, errB := json.Marshal(&want.Spec)
+	if errA != nil || errB != nil || !bytes.Equal(a, b) {
+		return false
+	}
+	for k, v := range want.Labels {
+		if existing.Labels[k] != v {
+			return false
+		}
+	}
+	owner := metav1.GetControllerOf(existing)
+	return owner != nil && owner.UID == want.OwnerReferences[0].UID
 }
 
 // pickNode keeps current while the Instance lists it, else takes the first

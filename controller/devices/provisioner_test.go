@@ -74,3 +74,40 @@ func TestFromTemplate(t *testing.T) {
 		t.Error("malformed configData accepted")
 	}
 }
+
+// TestUpToDate: a Device as applied needs no new apply, whatever desired
+// values a person set; a changed spec, label or owner does.
+func TestUpToDate(t *testing.T) {
+	inst := &v1alpha1.Instance{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "plc-abc", UID: "u1"},
+		Spec: v1alpha1.InstanceSpec{BrokerProperties: map[string]string{"ADDR": "10.0.0.7:502"}}}
+	cfg := &v1alpha1.Configuration{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "plc"},
+		Spec: v1alpha1.ConfigurationSpec{DeviceTemplate: &v1alpha1.DeviceTemplate{
+			DeviceModelRef: corev1.LocalObjectReference{Name: "m"},
+			Protocol:       v1alpha1.ProtocolConfig{ConfigData: &apiextensionsv1.JSON{Raw: []byte(`{"address":"${ADDR}"}`)}},
+			Properties:     []v1alpha1.DeviceProperty{{Name: "s"}},
+		}}}
+	want, err := FromTemplate(inst, cfg, "edge-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	existing := want.DeepCopy()
+	existing.Spec.Properties[0].Desired = &v1alpha1.TwinProperty{Value: "25"} // a person's
+	existing.Labels["extra"] = "kept"
+	if !upToDate(existing, want) {
+		t.Fatal("an applied Device with a person's desired value is not up to date")
+	}
+	for name, change := range map[string]func(d *v1alpha1.Device){
+		"node": func(d *v1alpha1.Device) { d.Spec.NodeName = "edge-2" },
+		"configData": func(d *v1alpha1.Device) {
+			d.Spec.Protocol.ConfigData = &apiextensionsv1.JSON{Raw: []byte(`{"address":"x"}`)}
+		},
+		"label": func(d *v1alpha1.Device) { d.Labels[v1alpha1.LabelConfiguration] = "other" },
+		"owner": func(d *v1alpha1.Device) { d.OwnerReferences = nil },
+	} {
+		d := existing.DeepCopy()
+		change(d)
+		if upToDate(d, want) {
+			t.Errorf("%s changed: still up to date", name)
+		}
+	}
+}

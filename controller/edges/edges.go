@@ -31,7 +31,8 @@ func (a Authorizer) AuthorizeDevice(ctx context.Context, node string, device *li
 		return fmt.Errorf("node %s named no device", node)
 	}
 	var dev v1alpha1.Device
-	err := a.Reader.Get(ctx, types.NamespacedName{Namespace: device.Namespace, Name: device.Name}, &dev)
+	// Read only, once per message: no copy of the cached object.
+	err := a.Reader.Get(ctx, types.NamespacedName{Namespace: device.Namespace, Name: device.Name}, &dev, client.UnsafeDisableDeepCopy)
 	if err == nil {
 		if dev.Spec.NodeName != node {
 			return fmt.Errorf("node %s named Device %s/%s, whose twin is node %q's", node, device.Namespace, device.Name, dev.Spec.NodeName)

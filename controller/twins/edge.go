@@ -5,9 +5,11 @@
 package twins
 
 import (
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"maps"
+	"strconv"
 
 	"google.golang.org/protobuf/types/known/structpb"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
@@ -114,11 +116,11 @@ func FormatValue(v *linkv1.Value) string {
 	case *linkv1.Value_IntValue:
 		return fmt.Sprint(k.IntValue)
 	case *linkv1.Value_DoubleValue:
-		return formatFloat(k.DoubleValue)
+		return strconv.FormatFloat(k.DoubleValue, 'g', -1, 64)
 	case *linkv1.Value_StringValue:
 		return k.StringValue
 	case *linkv1.Value_BytesValue:
-		return base64Std(k.BytesValue)
+		return base64.StdEncoding.EncodeToString(k.BytesValue)
 	}
 	return ""
 }

@@ -104,7 +104,9 @@ func (s *Status) Handle(ctx context.Context, m cloudhub.Inbound) error {
 	}
 	key := types.NamespacedName{Namespace: ref.Namespace, Name: ref.Name}
 	var d v1alpha1.Device
-	if err := s.reader.Get(ctx, key, &d); err != nil {
+	// Read only (state copies what it keeps): no copy of the cached
+	// Device for every report.
+	if err := s.reader.Get(ctx, key, &d, client.UnsafeDisableDeepCopy); err != nil {
 		if apierrors.IsNotFound(err) {
 			s.metrics.dropped("device-gone")
 			return nil

@@ -138,6 +138,10 @@ func (s *Sync) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.
 	if ed == nil || d.Spec.NodeName == "" {
 		return reconcile.Result{}, nil
 	}
+	if s.nodes[d.Spec.NodeName] != nil && !slices.Contains(s.hub.Connected(), d.Spec.NodeName) {
+		// Gone since it connected: it is sent everything when it is back.
+		delete(s.nodes, d.Spec.NodeName)
+	}
 	err = s.give(d.Spec.NodeName, ed, model)
 	if errors.Is(err, link.ErrQueueFull) {
 		// The node is slow to acknowledge; only the newest state matters.
@@ -178,10 +182,6 @@ func (s *Sync) edgeDevice(ctx context.Context, d *v1alpha1.Device) (*linkv1.Edge
 func (s *Sync) give(node string, ed *linkv1.EdgeDevice, model *v1alpha1.DeviceModel) error {
 	key := types.NamespacedName{Namespace: ed.Ref.Namespace, Name: ed.Ref.Name}
 	st := s.nodes[node]
-	if st != nil && !slices.Contains(s.hub.Connected(), node) {
-		delete(s.nodes, node)
-		st = nil
-	}
 	if st == nil {
 		// Not connected: it gets everything when it connects.
 		s.where[key] = node

@@ -77,8 +77,10 @@ func run(ctx context.Context, every time.Duration, flips int) error {
 		return err
 	}
 	defer logs.Close()
+	// No kubelet runs beside these processes: no device plugins, and so no
+	// CDI specs in the machine's /var/run/cdi.
 	ag, err := procs.Start("dowse-agent", logs, "--kubeconfig", kubeconfig, "--node-name", "demo-node", "--state-dir", dir,
-		"--metrics-bind-address", "0", "--health-probe-bind-address", "0")
+		"--device-plugin-dir", "", "--metrics-bind-address", "0", "--health-probe-bind-address", "0")
 	if err != nil {
 		return err
 	}

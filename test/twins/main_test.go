@@ -21,6 +21,7 @@ import (
 
 	"github.com/dowse-dev/dowse/shared/scheme"
 	"github.com/dowse-dev/dowse/test/kube"
+	"github.com/dowse-dev/dowse/test/testwait"
 )
 
 var (
@@ -65,17 +66,7 @@ func namespace(t *testing.T) string {
 
 func eventually(t *testing.T, timeout time.Duration, f func() error) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %v: %v", timeout, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	testwait.For(t, timeout, f)
 }
 
 // writeCounter counts writes to one resource path fragment.

