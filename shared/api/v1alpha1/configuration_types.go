@@ -21,6 +21,20 @@ type ConfigurationSpec struct {
 	// +kubebuilder:validation:Maximum=1000
 	Capacity int32 `json:"capacity,omitempty"`
 
+	// Allocation says how pods are given this Configuration's devices:
+	// DevicePlugin (the default) through the agents' kubelet device plugins
+	// and the extended resources dowse.dev/<instance> and
+	// dowse.dev/<configuration>; DRA through Dynamic Resource Allocation (a
+	// DeviceClass named <configuration>.<namespace>.dowse.dev and
+	// ResourceSlices of driver dowse.dev, pods asking by ResourceClaim);
+	// Both offers each device both ways, for moving a cluster from one to
+	// the other. With Both each way counts capacity on its own, so a device
+	// can be used by up to twice its capacity at once.
+	// +optional
+	// +kubebuilder:default=DevicePlugin
+	// +kubebuilder:validation:Enum=DevicePlugin;DRA;Both
+	Allocation Allocation `json:"allocation,omitempty"`
+
 	// BrokerSpec is the workload the controller runs for each device.
 	// +optional
 	BrokerSpec *BrokerSpec `json:"brokerSpec,omitempty"`
@@ -51,6 +65,29 @@ type ConfigurationSpec struct {
 	// device property of the same name wins.
 	// +optional
 	BrokerProperties map[string]string `json:"brokerProperties,omitempty"`
+}
+
+// Allocation is how pods are given a Configuration's devices.
+type Allocation string
+
+// The Allocation values.
+const (
+	AllocationDevicePlugin Allocation = "DevicePlugin"
+	AllocationDRA          Allocation = "DRA"
+	AllocationBoth         Allocation = "Both"
+)
+
+// UsesDRA says whether the Configuration's devices are offered through
+// Dynamic Resource Allocation.
+func (s *ConfigurationSpec) UsesDRA() bool {
+	return s.Allocation == AllocationDRA || s.Allocation == AllocationBoth
+}
+
+// UsesDevicePlugins says whether the Configuration's devices are offered
+// through kubelet device plugins (the default, also when Allocation is
+// empty, as in objects written before the field existed).
+func (s *ConfigurationSpec) UsesDevicePlugins() bool {
+	return s.Allocation != AllocationDRA
 }
 
 // DiscoveryHandlerSpec selects a discovery handler and configures it.
@@ -188,6 +225,7 @@ type ConfigurationNodeStatus struct {
 // +kubebuilder:resource:shortName=dcfg
 // +kubebuilder:printcolumn:name="Handler",type=string,JSONPath=`.spec.discoveryHandler.name`
 // +kubebuilder:printcolumn:name="Capacity",type=integer,JSONPath=`.spec.capacity`
+// +kubebuilder:printcolumn:name="Allocation",type=string,JSONPath=`.spec.allocation`,priority=1
 // +kubebuilder:printcolumn:name="Instances",type=integer,JSONPath=`.status.instances`
 // +kubebuilder:printcolumn:name="Brokers",type=integer,JSONPath=`.status.brokers`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`

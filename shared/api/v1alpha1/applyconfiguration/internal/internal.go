@@ -23,6 +23,8 @@ func Parser() *typed.Parser {
 var parserOnce sync.Once
 var parser *typed.Parser
 var schemaYAML = typed.YAMLObject(`types:
+- name: com.github.dowse-dev.dowse.shared.api.v1alpha1.Allocation
+  scalar: string
 - name: com.github.dowse-dev.dowse.shared.api.v1alpha1.BrokerSpec
   map:
     fields:
@@ -90,6 +92,10 @@ var schemaYAML = typed.YAMLObject(`types:
 - name: com.github.dowse-dev.dowse.shared.api.v1alpha1.ConfigurationSpec
   map:
     fields:
+    - name: allocation
+      type:
+        namedType: com.github.dowse-dev.dowse.shared.api.v1alpha1.Allocation
+      default: DevicePlugin
     - name: brokerProperties
       type:
         map:

@@ -3,6 +3,7 @@
 package v1alpha1
 
 import (
+	apiv1alpha1 "github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	v1 "k8s.io/api/core/v1"
 )
 
@@ -16,6 +17,16 @@ type ConfigurationSpecApplyConfiguration struct {
 	DiscoveryHandler *DiscoveryHandlerSpecApplyConfiguration `json:"discoveryHandler,omitempty"`
 	// Capacity is how many pods may use one device at once, across all nodes.
 	Capacity *int32 `json:"capacity,omitempty"`
+	// Allocation says how pods are given this Configuration's devices:
+	// DevicePlugin (the default) through the agents' kubelet device plugins
+	// and the extended resources dowse.dev/<instance> and
+	// dowse.dev/<configuration>; DRA through Dynamic Resource Allocation (a
+	// DeviceClass named <configuration>.<namespace>.dowse.dev and
+	// ResourceSlices of driver dowse.dev, pods asking by ResourceClaim);
+	// Both offers each device both ways, for moving a cluster from one to
+	// the other. With Both each way counts capacity on its own, so a device
+	// can be used by up to twice its capacity at once.
+	Allocation *apiv1alpha1.Allocation `json:"allocation,omitempty"`
 	// BrokerSpec is the workload the controller runs for each device.
 	BrokerSpec *BrokerSpecApplyConfiguration `json:"brokerSpec,omitempty"`
 	// InstanceServiceSpec, when set, gives each Instance a Service that
@@ -52,6 +63,14 @@ func (b *ConfigurationSpecApplyConfiguration) WithDiscoveryHandler(value *Discov
 // If called multiple times, the Capacity field is set to the value of the last call.
 func (b *ConfigurationSpecApplyConfiguration) WithCapacity(value int32) *ConfigurationSpecApplyConfiguration {
 	b.Capacity = &value
+	return b
+}
+
+// WithAllocation sets the Allocation field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the Allocation field is set to the value of the last call.
+func (b *ConfigurationSpecApplyConfiguration) WithAllocation(value apiv1alpha1.Allocation) *ConfigurationSpecApplyConfiguration {
+	b.Allocation = &value
 	return b
 }
 
