@@ -11,6 +11,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
@@ -130,6 +131,9 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 	}
 	// managedFields are most of an applied object's size and the agent never
 	// reads them: dropping them from the cache roughly halves its memory.
+	// The cache holds no Secret or ConfigMap: the agent may not list them,
+	// and reads the few that discoveryProperties name one by one
+	// (agent/propertyrefs).
 	cacheOpts := cache.Options{DefaultTransform: cache.TransformStripManagedFields()}
 	if cfg.Namespace != "" {
 		cacheOpts.DefaultNamespaces = map[string]cache.Config{cfg.Namespace: {}}
@@ -163,7 +167,13 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 	}
 	handlers := registry.New(cfg.StateDir)
 	writer := instances.NewWriter(mgr.GetClient(), mgr.GetAPIReader(), cfg.NodeName, cfg.WriteConcurrency, instances.NewMetrics(reg))
-	rec := discovery.NewReconciler(mgr.GetClient(), handlers, writer, discovery.Options{
+	propCfg := rest.CopyConfig(restCfg)
+	propCfg.ContentType = runtime.ContentTypeProtobuf
+	props, err := kubernetes.NewForConfig(propCfg)
+	if err != nil {
+		return err
+	}
+	rec := discovery.NewReconciler(mgr.GetClient(), props, handlers, writer, discovery.Options{
 		NodeName: cfg.NodeName, GracePeriod: cfg.GracePeriod, MaxDevices: cfg.MaxDevices,
 	}, log.WithName("discovery"))
 	if err := rec.SetupWithManager(ctx, mgr); err != nil {

@@ -9,18 +9,19 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sort"
 	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
 	toolscache "k8s.io/client-go/tools/cache"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -35,6 +36,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/dowse-dev/dowse/agent/instances"
+	"github.com/dowse-dev/dowse/agent/propertyrefs"
 	"github.com/dowse-dev/dowse/agent/registry"
 	discoveryv1 "github.com/dowse-dev/dowse/proto/discovery/v1"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
@@ -60,6 +62,7 @@ type Reconciler struct {
 	cache     cache.Cache
 	registry  *registry.Registry
 	writer    *instances.Writer
+	refs      *propertyrefs.Watcher
 	opts      Options
 	finalizer string
 	log       logr.Logger
@@ -72,22 +75,33 @@ type Reconciler struct {
 	sessions map[types.NamespacedName]*session
 }
 
-// NewReconciler wires a Reconciler; call SetupWithManager to run it.
-func NewReconciler(c client.Client, reg *registry.Registry, w *instances.Writer, opts Options, log logr.Logger) *Reconciler {
-	return &Reconciler{
+// NewReconciler wires a Reconciler; call SetupWithManager to run it. c
+// reads Configurations and Instances (through the manager's cache); cs
+// reads the Secrets and ConfigMaps that discoveryProperties name, each by
+// name and only while a Configuration handled here names it (never through
+// the cache: the agent may not list them).
+func NewReconciler(c client.Client, cs kubernetes.Interface, reg *registry.Registry, w *instances.Writer, opts Options, log logr.Logger) *Reconciler {
+	r := &Reconciler{
 		client: c, registry: reg, writer: w, opts: opts, log: log,
 		finalizer: v1alpha1.AgentFinalizer(opts.NodeName),
 		events:    make(chan event.TypedGenericEvent[*v1alpha1.Configuration], 1024),
 		started:   make(chan struct{}),
 		sessions:  map[types.NamespacedName]*session{},
 	}
+	r.refs = propertyrefs.New(cs, r.propertiesChanged, log.WithName("properties"))
+	return r
+}
+
+// propertiesChanged re-resolves the Configurations that read an object
+// that changed (or could be read at last).
+func (r *Reconciler) propertiesChanged(owners []types.NamespacedName) {
+	for _, o := range owners {
+		r.enqueue(r.runCtx, &v1alpha1.Configuration{ObjectMeta: metav1.ObjectMeta{Namespace: o.Namespace, Name: o.Name}})
+	}
 }
 
 // SetupWithManager registers the controller, its indexes and this Runnable.
 func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) error {
-	if err := mgr.GetFieldIndexer().IndexField(ctx, &v1alpha1.Configuration{}, refIndex, indexPropertyRefs); err != nil {
-		return err
-	}
 	if err := mgr.GetFieldIndexer().IndexField(ctx, &v1alpha1.Configuration{}, handlerIndex, func(o client.Object) []string {
 		return []string{o.(*v1alpha1.Configuration).Spec.DiscoveryHandler.Name}
 	}); err != nil {
@@ -97,11 +111,12 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) err
 	if err := mgr.Add(r); err != nil {
 		return err
 	}
+	if err := mgr.Add(r.refs); err != nil {
+		return err
+	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("configuration").
 		For(&v1alpha1.Configuration{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
-		Watches(&corev1.ConfigMap{}, handler.EnqueueRequestsFromMapFunc(r.referencing("ConfigMap"))).
-		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.referencing("Secret"))).
 		WatchesRawSource(source.Channel(r.events, &handler.TypedEnqueueRequestForObject[*v1alpha1.Configuration]{})).
 		// Several agents may share a process in tests; names are per manager.
 		WithOptions(controller.Options{MaxConcurrentReconciles: 4}).
@@ -110,19 +125,9 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) err
 
 const handlerIndex = "spec.discoveryHandler.name"
 
-func (r *Reconciler) referencing(kind string) handler.MapFunc {
-	return func(ctx context.Context, o client.Object) []reconcile.Request {
-		var cfgs v1alpha1.ConfigurationList
-		if err := r.client.List(ctx, &cfgs, client.MatchingFields{refIndex: refKey(kind, o.GetNamespace(), o.GetName())}); err != nil {
-			return nil
-		}
-		reqs := make([]reconcile.Request, 0, len(cfgs.Items))
-		for _, c := range cfgs.Items {
-			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&c)})
-		}
-		return reqs
-	}
-}
+// pendingRecheck looks again at a Configuration whose property objects are
+// being read, should the watcher's notice be lost.
+const pendingRecheck = 30 * time.Second
 
 // Start runs until ctx ends: it forwards handler registrations to the
 // reconciler, watches Instances for deletions that need a resync, and stops
@@ -214,6 +219,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	if err := r.client.Get(ctx, req.NamespacedName, &cfg); err != nil {
 		if apierrors.IsNotFound(err) {
 			r.stopSession(req.NamespacedName)
+			r.refs.Set(req.NamespacedName, nil)
 			return reconcile.Result{}, nil
 		}
 		return reconcile.Result{}, err
@@ -221,6 +227,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 
 	if !cfg.DeletionTimestamp.IsZero() {
 		r.stopSession(req.NamespacedName)
+		r.refs.Set(req.NamespacedName, nil)
 		if !controllerutil.ContainsFinalizer(&cfg, r.finalizer) {
 			return reconcile.Result{}, nil
 		}
@@ -239,6 +246,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 			return reconcile.Result{}, err
 		}
 		if !holds {
+			r.refs.Set(req.NamespacedName, nil)
 			return reconcile.Result{}, nil // not this node's business (yet)
 		}
 	}
@@ -248,7 +256,14 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		}
 	}
 
-	props, perr := resolveProperties(ctx, r.client, &cfg)
+	r.refs.Set(req.NamespacedName, propertyRefs(&cfg))
+	props, perr := resolveProperties(r.refs, &cfg)
+	if errors.Is(perr, propertyrefs.ErrPending) {
+		// Read in a moment (the watcher enqueues this Configuration then):
+		// a session started now would flap the status to unresolved.
+		log.V(1).Info("waiting for discovery property objects", "err", perr)
+		return reconcile.Result{RequeueAfter: pendingRecheck}, nil
+	}
 	blocked := ""
 	if perr != nil {
 		blocked = perr.Error()
