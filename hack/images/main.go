@@ -1,4 +1,5 @@
-// Command images turns static binaries into OCI image archives
+// Command images turns static binaries into OCI image archives (made with
+// go-containerregistry, package imagearchive)
 // bin/images/<name>.tar, named <registry>/<name>:<tag> like the manifests in
 // deploy/ name them.
 //
@@ -12,7 +13,7 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/dowse-dev/dowse/hack/images/ociarchive"
+	"github.com/dowse-dev/dowse/hack/images/imagearchive"
 )
 
 type config struct {
@@ -48,12 +49,7 @@ func run(cfg config) error {
 		name := filepath.Base(b)
 		ref := fmt.Sprintf("%s/%s:%s", cfg.registry, name, cfg.tag)
 		out := filepath.Join(cfg.out, name+".tar")
-		if err := ociarchive.Write(out, ociarchive.Image{Ref: ref, Binary: b, Labels: map[string]string{
-			"org.opencontainers.image.title":    name,
-			"org.opencontainers.image.version":  cfg.version,
-			"org.opencontainers.image.source":   "https://github.com/dowse-dev/dowse",
-			"org.opencontainers.image.licenses": "Apache-2.0",
-		}}); err != nil {
+		if err := imagearchive.Write(out, imagearchive.Image{Ref: ref, Binary: b, Labels: imagearchive.Labels(name, cfg.version)}); err != nil {
 			return fmt.Errorf("%s: %w", name, err)
 		}
 		fmt.Printf("%s -> %s\n", ref, out)

@@ -2,8 +2,8 @@
 // the demo: etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
 // containerd (with Debian's runc) and a kubelet, all from bin/k8s (built by
 // hack/build-k8s.sh), all under one state directory, talking on loopback.
-// Images come from local OCI archives (hack/images), loaded with ctr; nothing
-// is pulled.
+// Images come from local OCI archives (hack/images/imagearchive, made with
+// go-containerregistry), loaded with ctr; nothing is pulled.
 //
 // It needs root (the kubelet and runc mount, make cgroups and device nodes).
 // Only one cluster can run on a machine at a time: the kubelet's device-plugin
@@ -31,7 +31,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/dowse-dev/dowse/hack/images/ociarchive"
+	"github.com/dowse-dev/dowse/hack/images/imagearchive"
 	"github.com/dowse-dev/dowse/test/kube"
 )
 
@@ -484,16 +484,29 @@ func BuildPauseImage(ctx context.Context) (string, error) {
 func BuildImage(ctx context.Context, pkg, name, ref string) (string, error) {
 	out := filepath.Join(kube.RepoRoot(), "bin", "images", name+".tar")
 	bin := filepath.Join(kube.RepoRoot(), "bin", "static", name)
-	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags=-s -w", "-o", bin, pkg)
+	version := imageVersion(ctx)
+	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath",
+		"-ldflags=-s -w -X github.com/dowse-dev/dowse/shared/version.version="+version, "-o", bin, pkg)
 	cmd.Dir = kube.RepoRoot()
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("building %s: %w: %s", pkg, err, b)
 	}
-	if err := ociarchive.Write(out, ociarchive.Image{Ref: ref, Binary: bin}); err != nil {
+	if err := imagearchive.Write(out, imagearchive.Image{Ref: ref, Binary: bin, Labels: imagearchive.Labels(name, version)}); err != nil {
 		return "", err
 	}
 	return out, nil
+}
+
+// imageVersion is the version BuildImage stamps, as the Makefile's VERSION
+// says it: git describe of the tree, else "dev".
+func imageVersion(ctx context.Context) string {
+	cmd := exec.CommandContext(ctx, "git", "describe", "--tags", "--always", "--dirty")
+	cmd.Dir = kube.RepoRoot()
+	if out, err := cmd.Output(); err == nil && len(strings.TrimSpace(string(out))) > 0 {
+		return strings.TrimSpace(string(out))
+	}
+	return "dev"
 }
 
 // waitForProcs polls check until it succeeds or ctx ends, and gives up at once
