@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/selection"
@@ -32,6 +33,7 @@ import (
 	"github.com/dowse-dev/dowse/controller/events"
 	"github.com/dowse-dev/dowse/controller/mappers"
 	"github.com/dowse-dev/dowse/controller/nodes"
+	"github.com/dowse-dev/dowse/controller/propertyaccess"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	"github.com/dowse-dev/dowse/shared/contain"
 	"github.com/dowse-dev/dowse/shared/scheme"
@@ -69,6 +71,11 @@ type Config struct {
 	// Registerer receives the link's metrics; nil means the manager's
 	// metrics registry (served on MetricsAddr).
 	Registerer prometheus.Registerer
+	// AgentServiceAccounts are the agents' service accounts
+	// ("namespace/name"), granted read of exactly the Secrets and
+	// ConfigMaps that discoveryProperties name (controller/propertyaccess);
+	// empty: the controller grants nothing.
+	AgentServiceAccounts []string
 	// SkipNameValidation lets one process run several of these managers,
 	// as tests do; otherwise controller names must be unique in a process,
 	// because their metrics are labelled by name. Only tests set it.
@@ -133,6 +140,9 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 				// Read only, and often (one Get per broker): no copies.
 				&corev1.Node{}:       {Transform: slimNode, UnsafeDisableDeepCopy: ptr.To(true)},
 				&v1alpha1.Instance{}: {Transform: slimInstance},
+				// Only the grants controller/propertyaccess keeps.
+				&rbacv1.Role{}:        {Label: propertyaccess.Managed},
+				&rbacv1.RoleBinding{}: {Label: propertyaccess.Managed},
 			},
 		},
 		Metrics:                 metricsserver.Options{BindAddress: orZero(cfg.MetricsAddr)},
@@ -193,6 +203,19 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 	}
 	if err := nodes.NewReconciler(mgr.GetClient(), mgr.GetAPIReader(), cfg.NodeGracePeriod, log.WithName("nodes")).SetupWithManager(mgr); err != nil {
 		return err
+	}
+	if len(cfg.AgentServiceAccounts) > 0 {
+		agents, err := propertyaccess.ParseServiceAccounts(cfg.AgentServiceAccounts, cfg.Namespace)
+		if err != nil {
+			return err
+		}
+		access, err := propertyaccess.NewReconciler(mgr.GetClient(), agents, log.WithName("property-access"))
+		if err != nil {
+			return err
+		}
+		if err := access.SetupWithManager(ctx, mgr); err != nil {
+			return err
+		}
 	}
 	if len(cfg.Link.Hosts) > 0 {
 		if err := addLink(ctx, mgr, cfg, reg, log.WithName("link")); err != nil {

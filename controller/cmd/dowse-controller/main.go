@@ -19,6 +19,7 @@ import (
 
 	"github.com/dowse-dev/dowse/controller"
 	"github.com/dowse-dev/dowse/controller/linkauth"
+	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	"github.com/dowse-dev/dowse/shared/version"
 )
 
@@ -60,6 +61,7 @@ func main() {
 	fs.Float64Var(&cfg.Link.RateLimit, "link-rate-limit", 2000, "messages per second accepted from one node (each reported value is one; the edge coalesces what waits)")
 	fs.IntVar(&cfg.Link.RateBurst, "link-rate-burst", 4000, "burst of messages accepted from one node")
 	fs.IntVar(&cfg.Link.MaxConnections, "link-max-connections", 20000, "most edge connections served at once")
+	propertyAgents := fs.String("agent-service-accounts", "dowse-agent", "comma-separated service accounts of the agents (name in --namespace, or namespace/name), granted read of exactly the Secrets and ConfigMaps that Configurations' discoveryProperties name (a Role and RoleBinding "+v1alpha1.PropertyAccessRole+" in each namespace holding some); empty: the controller grants nothing")
 	agentSAs := fs.String("link-agent-service-accounts", "dowse-agent", "comma-separated service accounts (name in --namespace, or namespace/name) whose pod-bound tokens (audience dowse-link) may bootstrap their pod's node; empty: bootstrap tokens only")
 	fs.Float64Var(&cfg.Link.AuthRateLimit, "link-auth-rate-limit", linkauth.DefaultRequestRate, "bootstrap and renewal requests per second, all edges together (more are answered 429 and retried)")
 	fs.IntVar(&cfg.Link.AuthRateBurst, "link-auth-rate-burst", linkauth.DefaultRequestBurst, "burst of bootstrap and renewal requests")
@@ -71,6 +73,9 @@ func main() {
 		return
 	}
 	cfg.QPS = float32(*qps)
+	if *propertyAgents != "" {
+		cfg.AgentServiceAccounts = strings.Split(*propertyAgents, ",")
+	}
 	if *linkHosts != "" {
 		cfg.Link.Hosts = strings.Split(*linkHosts, ",")
 	}
