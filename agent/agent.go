@@ -10,13 +10,16 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
@@ -135,6 +138,15 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 	// and reads the few that discoveryProperties name one by one
 	// (agent/propertyrefs).
 	cacheOpts := cache.Options{DefaultTransform: cache.TransformStripManagedFields()}
+	// The agent caches only its own node's Instances (those with its node
+	// label), so its memory and watch traffic do not grow with other nodes'.
+	ownNode, err := labels.NewRequirement(v1alpha1.NodeLabel(cfg.NodeName), selection.Exists, nil)
+	if err != nil {
+		return fmt.Errorf("node %q makes no label selector: %w", cfg.NodeName, err)
+	}
+	cacheOpts.ByObject = map[client.Object]cache.ByObject{
+		&v1alpha1.Instance{}: {Label: labels.NewSelector().Add(*ownNode)},
+	}
 	if cfg.Namespace != "" {
 		cacheOpts.DefaultNamespaces = map[string]cache.Config{cfg.Namespace: {}}
 	}

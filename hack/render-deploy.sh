@@ -28,8 +28,8 @@ render() { # out header helm-args...
 }
 
 rm -rf deploy/agent deploy/controller deploy/handlers deploy/mappers
-render deploy/agent/agent.yaml "# The dowse-system namespace and the agent DaemonSet with its RBAC. Apply deploy/crds first, then a handler from deploy/handlers." \
-  --set createNamespace=true --show-only templates/namespace.yaml --show-only templates/agent.yaml
+render deploy/agent/agent.yaml "# The dowse-system namespace and the agent DaemonSet with its RBAC and admission policy. Apply deploy/crds first, then a handler from deploy/handlers." \
+  --set createNamespace=true --show-only templates/namespace.yaml --show-only templates/agent.yaml --show-only templates/agent-policy.yaml
 render deploy/controller/controller.yaml "# The controller Deployment (two replicas, leader election), its PodDisruptionBudget and RBAC. Apply deploy/agent/agent.yaml (the namespace) first." \
   --show-only templates/controller.yaml
 # The link's Service alone: the agents' link flags need the CA's pin, which

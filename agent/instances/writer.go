@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"maps"
 	"sort"
+	"strings"
 	"sync"
 
 	"github.com/go-logr/logr"
@@ -110,7 +111,10 @@ func (w *Writer) Sync(ctx context.Context, cfg *v1alpha1.Configuration, shared b
 		cur := byName[inst.Name]
 		if cur == nil {
 			// Not one of this Configuration's: the name may still be taken
-			// by another Configuration whose name shares our prefix.
+			// by another Configuration whose name shares our prefix. The
+			// cache holds only this node's Instances; another node's is
+			// caught by the apply (its configurationName and deviceID are
+			// immutable).
 			other := &v1alpha1.Instance{}
 			if err := w.client.Get(ctx, client.ObjectKeyFromObject(inst), other); err == nil {
 				cur = other
@@ -155,6 +159,12 @@ func (w *Writer) Sync(ctx context.Context, cfg *v1alpha1.Configuration, shared b
 	for _, wk := range todo {
 		g.Go(func() error {
 			if err := w.upsert(gctx, wk.desired, wk.cached); err != nil {
+				if wk.cached == nil && apierrors.IsInvalid(err) && strings.Contains(err.Error(), "is immutable") {
+					// Not in this node's cache: an Instance of another node's,
+					// whose derived fields the API server keeps immutable.
+					results <- SyncResult{Collisions: []string{fmt.Sprintf("device %q maps to Instance %s, which belongs to another device or Configuration: %v", wk.desired.Spec.DeviceID, wk.desired.Name, err)}}
+					return nil
+				}
 				return fmt.Errorf("applying instance %s: %w", wk.desired.Name, err)
 			}
 			results <- SyncResult{Applied: 1}
@@ -181,6 +191,7 @@ func (w *Writer) Sync(ctx context.Context, cfg *v1alpha1.Configuration, shared b
 		res.Applied += r.Applied
 		res.Released += r.Released
 		res.Deleted += r.Deleted
+		res.Collisions = append(res.Collisions, r.Collisions...)
 	}
 	w.metrics.observe(res)
 	log.V(1).Info("instances synced", "applied", res.Applied, "released", res.Released, "deleted", res.Deleted, "collisions", len(res.Collisions))

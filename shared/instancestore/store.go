@@ -2,8 +2,8 @@
 // that each write's field manager, force and preconditions are said once:
 //
 //   - Apply: a node states its view of a device: the spec, the owner
-//     references and its own entry in status.nodes, under FieldManager(node),
-//     forced. Every node that sees a shared device states the same spec; a
+//     references, its own entry in status.nodes and its NodeLabel, under
+//     FieldManager(node), forced. Every node that sees a shared device states the same spec; a
 //     conflict only means another node saw different properties, and the
 //     latest observation wins.
 //   - Release: a node drops its own entry and the Instance is deleted when no
@@ -80,9 +80,10 @@ func applyView(ctx context.Context, c client.Client, node string, inst *v1alpha1
 	st := acv1alpha1.InstanceStatus()
 	if withNode {
 		st.WithNodes(acv1alpha1.InstanceNode().WithName(node))
+		ac.WithLabels(map[string]string{v1alpha1.NodeLabel(node): ""})
 	}
-	// Without the node's entry, the apply removes it (the field manager no
-	// longer states it).
+	// Without the node's entry and label, the apply removes them (the field
+	// manager no longer states them).
 	ac.WithStatus(st)
 	if err := c.Apply(ctx, ac, client.FieldOwner(FieldManager(node)), client.ForceOwnership); err != nil {
 		return nil, err
@@ -154,6 +155,7 @@ func DropNode(ctx context.Context, c client.Client, live client.Reader, key type
 		}
 		dropped = true
 		cur.Status.Nodes = slices.DeleteFunc(cur.Status.Nodes, func(n v1alpha1.InstanceNode) bool { return n.Name == node })
+		delete(cur.Labels, v1alpha1.NodeLabel(node))
 		if len(cur.Status.Nodes) == 0 {
 			uid, rv := cur.UID, cur.ResourceVersion
 			return c.Delete(ctx, &cur, client.Preconditions{UID: &uid, ResourceVersion: &rv})

@@ -9,13 +9,16 @@ import (
 type InstanceSpec struct {
 	// ConfigurationName is the Configuration (same namespace) that found it.
 	// +required
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="configurationName is immutable: the Instance name is derived from it"
 	ConfigurationName string `json:"configurationName"`
 	// DeviceID is the handler's stable id for the device; two ids never
 	// share one Instance.
 	// +required
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="deviceID is immutable: the Instance name is derived from it"
 	DeviceID string `json:"deviceID"`
 	// Shared is true when several nodes can see the device.
 	// +optional
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="shared is immutable: the Instance name is derived from it"
 	Shared bool `json:"shared"`
 	// Capacity is how many pods may use the device at once.
 	// +optional

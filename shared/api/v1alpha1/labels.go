@@ -28,6 +28,17 @@ func LabelValue(name string) string {
 	return name[:46] + "-" + hex.EncodeToString(sum[:])[:16]
 }
 
+// NodeLabelPrefix starts the label each node that sees an Instance puts on
+// it (NodeLabel), so that an agent can watch only its own node's Instances.
+const NodeLabelPrefix = "nodes.dowse.dev/"
+
+// NodeLabel is the label key node's agent states on every Instance whose
+// status.nodes has node, with an empty value: the agent's cache selects on
+// it, and so does `kubectl get instances -l nodes.dowse.dev/<node>`. A node
+// name longer than the 63 characters a key's name allows is cut and given a
+// hash suffix, as LabelValue does.
+func NodeLabel(nodeName string) string { return NodeLabelPrefix + LabelValue(nodeName) }
+
 // AgentFinalizer is the finalizer one node's agent keeps on a Configuration
 // while it may hold Instances of it, so that deleting the Configuration
 // waits for the node to release them. The controller removes it for a node
