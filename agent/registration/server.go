@@ -50,6 +50,9 @@ func New(stateDir string, reg *registry.Registry, log logr.Logger) *Server {
 	return &Server{socketPath: filepath.Join(stateDir, SocketName), akriPath: filepath.Join(stateDir, AkriSocketName), registry: reg, log: log}
 }
 
+// socketMode lets the agent's user and group, and nobody else, use a socket.
+const socketMode = 0o660
+
 // Start serves until ctx ends. It replaces a stale socket left by an earlier
 // agent; handlers notice the new socket and register again.
 func (s *Server) Start(ctx context.Context) error {
@@ -73,6 +76,11 @@ func (s *Server) Start(ctx context.Context) error {
 		if err != nil {
 			closeAll(listeners)
 			return fmt.Errorf("listening on registration socket: %w", err)
+		}
+		// Only the agent's user and group may register a handler.
+		if err := os.Chmod(p, socketMode); err != nil {
+			closeAll(append(listeners, lis))
+			return fmt.Errorf("restricting registration socket: %w", err)
 		}
 		listeners = append(listeners, lis)
 	}

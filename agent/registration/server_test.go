@@ -82,6 +82,15 @@ func TestAkriRegistrationSocket(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+	for _, name := range []string{SocketName, AkriSocketName} {
+		fi, err := os.Stat(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if perm := fi.Mode().Perm(); perm != 0o660 {
+			t.Fatalf("%s has mode %v: only the agent's user and group may register", name, perm)
+		}
+	}
 	conn, err := grpc.NewClient("unix://"+filepath.Join(dir, AkriSocketName), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)

@@ -153,6 +153,11 @@ func (s *Server) listen() (net.Listener, os.FileInfo, error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("listening on handler socket: %w", err)
 	}
+	// Only the handler's (and the agent's) user and group may discover.
+	if err := os.Chmod(s.socketPath, 0o660); err != nil {
+		lis.Close()
+		return nil, nil, fmt.Errorf("restricting handler socket: %w", err)
+	}
 	// Go unlinks a Unix socket's path when its listener closes, whoever owns
 	// the path by then. A successor with the same name and pid (a container
 	// restarted while this one shuts down) may have replaced it, so removal

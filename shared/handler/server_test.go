@@ -152,6 +152,9 @@ func TestRegistersAndReregistersWhenAgentRestarts(t *testing.T) {
 	if reg.GetEndpoint() != srv.Endpoint() || !filepath.IsAbs(reg.GetEndpoint()) || filepath.Dir(reg.GetEndpoint()) != dir {
 		t.Errorf("endpoint = %q, want %q, an absolute path directly inside %s", reg.GetEndpoint(), srv.Endpoint(), dir)
 	}
+	if fi, err := os.Stat(reg.GetEndpoint()); err != nil || fi.Mode().Perm() != 0o660 {
+		t.Errorf("handler socket: %v, %v; want mode 0660 (the handler's and agent's user and group only)", fi, err)
+	}
 
 	// The agent reaches the handler at the endpoint it registered.
 	stream := handlertest.Discover(t, reg.GetEndpoint(), &discoveryv1.DiscoverRequest{})
