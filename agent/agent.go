@@ -81,6 +81,9 @@ type Config struct {
 	// Link is the node's end of the cloud/edge link (off when its Server
 	// is empty).
 	Link LinkConfig
+	// DRA is the node's part of Dynamic Resource Allocation (off when its
+	// Enabled is false).
+	DRA DRAConfig
 	// SkipNameValidation lets one process run several of these managers,
 	// as tests do; otherwise controller names must be unique in a process,
 	// because their metrics are labelled by name. Only tests set it.
@@ -202,6 +205,11 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 		}
 		if err := plugins.SetupWithManager(mgr); err != nil {
 			return fmt.Errorf("setting up device plugins: %w", err)
+		}
+	}
+	if cfg.DRA.Enabled {
+		if err := addDRA(mgr, restCfg, cfg, reg, log.WithName("dra")); err != nil {
+			return fmt.Errorf("setting up dynamic resource allocation: %w", err)
 		}
 	}
 	regSrv := registration.New(cfg.StateDir, handlers, log.WithName("registration"))

@@ -76,6 +76,12 @@ type Config struct {
 	// ConfigMaps that discoveryProperties name (controller/propertyaccess);
 	// empty: the controller grants nothing.
 	AgentServiceAccounts []string
+	// DRA runs the Dynamic Resource Allocation part (controller/dra): a
+	// DeviceClass per Configuration whose spec.allocation asks for DRA and
+	// the ResourceSlices of their shared devices. Off when false (tests
+	// that do not need it); on an API server without resource.k8s.io/v1 it
+	// is logged and left off.
+	DRA bool
 	// SkipNameValidation lets one process run several of these managers,
 	// as tests do; otherwise controller names must be unique in a process,
 	// because their metrics are labelled by name. Only tests set it.
@@ -217,6 +223,11 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 			return err
 		}
 	}
+	if cfg.DRA {
+		if err := addDRA(mgr, restCfg, reg, log.WithName("dra")); err != nil {
+			return fmt.Errorf("setting up dynamic resource allocation: %w", err)
+		}
+	}
 	if len(cfg.Link.Hosts) > 0 {
 		if err := addLink(ctx, mgr, cfg, reg, log.WithName("link")); err != nil {
 			return fmt.Errorf("setting up the cloud/edge link: %w", err)
@@ -247,7 +258,8 @@ func slimNode(obj any) (any, error) {
 }
 
 // slimInstance keeps what the controller reads of an Instance: its
-// Configuration and the nodes that see it. Whatever writes an Instance reads
+// Configuration and the nodes that see it (and, for a shared device, what
+// controller/dra publishes of it). Whatever writes an Instance reads
 // it from the API server first (nodes.Reconciler).
 func slimInstance(obj any) (any, error) {
 	i, ok := obj.(*v1alpha1.Instance)
@@ -255,7 +267,13 @@ func slimInstance(obj any) (any, error) {
 		return obj, nil
 	}
 	i.ManagedFields, i.Annotations = nil, nil
-	i.Spec = v1alpha1.InstanceSpec{ConfigurationName: i.Spec.ConfigurationName}
+	spec := v1alpha1.InstanceSpec{ConfigurationName: i.Spec.ConfigurationName, Shared: i.Spec.Shared}
+	if i.Spec.Shared {
+		// controller/dra publishes shared devices with their properties
+		// and capacity.
+		spec.Capacity, spec.BrokerProperties = i.Spec.Capacity, i.Spec.BrokerProperties
+	}
+	i.Spec = spec
 	i.Status.Slots = nil
 	return i, nil
 }

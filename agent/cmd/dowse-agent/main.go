@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/dowse-dev/dowse/agent"
+	"github.com/dowse-dev/dowse/agent/dra"
 	"github.com/dowse-dev/dowse/shared/version"
 )
 
@@ -40,6 +41,9 @@ func main() {
 	fs.StringVar(&cfg.MetricsAddr, "metrics-bind-address", ":9743", "Prometheus metrics address (0 disables)")
 	fs.StringVar(&cfg.HealthAddr, "health-probe-bind-address", ":9744", "health probe address (0 disables)")
 	fs.StringVar(&cfg.DevicePluginDir, "device-plugin-dir", "/var/lib/kubelet/device-plugins", "the kubelet's device-plugin directory; empty disables device plugins and CDI specs")
+	fs.BoolVar(&cfg.DRA.Enabled, "dra", false, "serve Dynamic Resource Allocation for Configurations with spec.allocation DRA or Both: publish this node's local devices as ResourceSlices and run the kubelet DRA plugin of driver dowse.dev (Kubernetes 1.34+)")
+	fs.StringVar(&cfg.DRA.RegistrarDir, "dra-registrar-dir", dra.DefaultRegistrarDir, "the kubelet's plugin registration directory; empty: publish slices but serve no kubelet plugin")
+	fs.StringVar(&cfg.DRA.PluginDir, "dra-plugin-dir", dra.DefaultPluginDir, "the DRA plugin's socket and prepared-claims checkpoint directory")
 	fs.StringVar(&cfg.CDISpecDir, "cdi-spec-dir", "/var/run/cdi", "directory the agent writes a CDI spec per Instance to")
 	fs.BoolVar(&cfg.ClassicAllocate, "classic-allocate", false, "answer Allocate with env, mounts and device nodes instead of CDI device names (runtimes without CDI)")
 	fs.DurationVar(&cfg.SlotReclaimGrace, "slot-reclaim-grace", time.Minute, "free a capacity slot no running pod has used for this long (0 disables)")

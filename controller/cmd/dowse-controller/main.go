@@ -41,6 +41,7 @@ func main() {
 	fs.DurationVar(&cfg.NodeGracePeriod, "node-grace-period", 5*time.Minute, "how long a node may be NotReady before it is removed from Instances")
 	fs.StringVar(&cfg.MetricsAddr, "metrics-bind-address", ":9745", "Prometheus metrics address (0 disables)")
 	fs.StringVar(&cfg.HealthAddr, "health-probe-bind-address", ":9746", "health probe address (0 disables)")
+	fs.BoolVar(&cfg.DRA, "dra", true, "publish DeviceClasses and shared devices' ResourceSlices for Configurations with spec.allocation DRA or Both (needs resource.k8s.io/v1, Kubernetes 1.34+)")
 	fs.StringVar(&cfg.PprofAddr, "pprof-bind-address", "0", "Go profiling address (0 disables)")
 	qps := fs.Float64("kube-api-qps", 200, "API client requests per second")
 	fs.IntVar(&cfg.Burst, "kube-api-burst", 400, "API client burst")

@@ -1,0 +1,444 @@
+// Package dra is the agent's part of Dynamic Resource Allocation for the
+// Configurations whose spec.allocation is DRA or Both: it publishes this
+// node's local devices as ResourceSlices (one pool per Configuration,
+// shared/dra.LocalPool, spec.nodeName this node), writes the CDI spec of
+// every such Instance on this node, local or shared (agent/cdi), and serves
+// the kubelet DRA plugin of driver dowse.dev (k8s.io/dynamic-resource-
+// allocation's kubeletplugin helper), whose NodePrepareResources answers
+// with the allocated Instances' CDI device names. Shared devices are
+// published by the controller (controller/dra); their claims are prepared
+// here like local ones.
+package dra
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"path/filepath"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
+	"k8s.io/klog/v2"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/dowse-dev/dowse/agent/cdi"
+	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+	shareddra "github.com/dowse-dev/dowse/shared/dra"
+)
+
+// Defaults of Options.
+const (
+	DefaultRegistrarDir = kubeletplugin.KubeletRegistryDir
+	DefaultPluginDir    = kubeletplugin.KubeletPluginsDir + "/" + shareddra.DriverName
+	// CheckpointFile, in PluginDir, holds the prepared claims.
+	CheckpointFile = "checkpoint.json"
+	debounce       = 200 * time.Millisecond
+)
+
+// Options configure a Driver.
+type Options struct {
+	NodeName string
+	// RegistrarDir is the kubelet's plugin registration directory
+	// (DefaultRegistrarDir); empty serves no kubelet plugin, so that only
+	// the slices and CDI specs are kept (tests on an API server alone).
+	RegistrarDir string
+	// PluginDir is the plugin's own directory: its dra.sock and the
+	// checkpoint of prepared claims (DefaultPluginDir when empty).
+	PluginDir string
+	// CDIDir is where the CDI specs go; required.
+	CDIDir string
+	// Metrics records the driver's work; nil records nothing.
+	Metrics *Metrics
+}
+
+// Driver is the node's DRA driver. Start runs it; its PrepareResourceClaims
+// and UnprepareResourceClaims are the kubelet's calls (through the
+// kubeletplugin helper, which serializes them).
+type Driver struct {
+	opts  Options
+	cache cache.Cache
+	kube  kubernetes.Interface
+	cdi   *cdi.Writer
+	log   logr.Logger
+	dirty chan struct{}
+
+	mu         sync.Mutex
+	checkpoint *checkpoint
+	// specs are the CDI specs this driver keeps, by Instance, with the
+	// Instance's resourceVersion when written.
+	specs map[types.NamespacedName]string
+}
+
+// New makes a Driver. c is the agent's cache (Instances and
+// Configurations); kube writes ResourceSlices and reads ResourceClaims.
+func New(c cache.Cache, kube kubernetes.Interface, opts Options, log logr.Logger) (*Driver, error) {
+	if opts.NodeName == "" {
+		return nil, errors.New("dra: node name is required")
+	}
+	if opts.CDIDir == "" {
+		return nil, errors.New("dra: a CDI spec directory is required")
+	}
+	if opts.PluginDir == "" {
+		opts.PluginDir = DefaultPluginDir
+	}
+	w, err := cdi.NewWriter(opts.CDIDir)
+	if err != nil {
+		return nil, err
+	}
+	return &Driver{opts: opts, cache: c, kube: kube, cdi: w, log: log, dirty: make(chan struct{}, 1),
+		specs: map[types.NamespacedName]string{}}, nil
+}
+
+func (d *Driver) poke() {
+	select {
+	case d.dirty <- struct{}{}:
+	default:
+	}
+}
+
+// Start publishes this node's devices and serves the kubelet plugin until
+// ctx ends; then the plugin's sockets go and the slices stay (a restarted
+// agent takes them over; the Node's deletion removes them, as they are
+// owned by it). Errors writing slices are logged, counted and retried.
+func (d *Driver) Start(ctx context.Context) error {
+	handler := toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { d.poke() },
+		UpdateFunc: func(_, _ any) { d.poke() },
+		DeleteFunc: func(any) { d.poke() },
+	}
+	for _, obj := range []client.Object{&v1alpha1.Instance{}, &v1alpha1.Configuration{}} {
+		inf, err := d.cache.GetInformer(ctx, obj)
+		if err != nil {
+			return fmt.Errorf("watching %T: %w", obj, err)
+		}
+		if _, err := inf.AddEventHandler(handler); err != nil {
+			return err
+		}
+	}
+	if !d.cache.WaitForCacheSync(ctx) {
+		return ctx.Err()
+	}
+	if d.opts.RegistrarDir != "" {
+		cp, err := loadCheckpoint(filepath.Join(d.opts.PluginDir, CheckpointFile))
+		if err != nil {
+			return err
+		}
+		d.checkpoint = cp
+		d.opts.Metrics.prepared(len(cp.Claims))
+	}
+	desired, err := d.sync(ctx)
+	if err != nil {
+		return err
+	}
+	klogCtx := klog.NewContext(ctx, d.log)
+	rc, err := resourceslice.StartController(klogCtx, resourceslice.Options{
+		DriverName: shareddra.DriverName,
+		KubeClient: d.kube,
+		Owner:      &resourceslice.Owner{APIVersion: "v1", Kind: "Node", Name: d.opts.NodeName},
+		Resources:  desired,
+		ErrorHandler: func(_ context.Context, err error, msg string) {
+			d.opts.Metrics.publishError()
+			d.log.Error(err, "publishing this node's devices", "what", msg)
+		},
+	})
+	if err != nil {
+		return fmt.Errorf("starting the ResourceSlice controller: %w", err)
+	}
+	defer rc.Stop()
+	if d.opts.RegistrarDir != "" {
+		if err := mkdirAll(d.opts.PluginDir); err != nil {
+			return err
+		}
+		helper, err := kubeletplugin.Start(klogCtx, d,
+			kubeletplugin.DriverName(shareddra.DriverName),
+			kubeletplugin.NodeName(d.opts.NodeName),
+			kubeletplugin.KubeClient(d.kube),
+			kubeletplugin.RegistrarDirectoryPath(d.opts.RegistrarDir),
+			kubeletplugin.PluginDataDirectoryPath(d.opts.PluginDir),
+			// Device health: an Instance that goes OFFLINE leaves the
+			// slice; there is nothing finer to report per device.
+			kubeletplugin.HealthService(false),
+		)
+		if err != nil {
+			return fmt.Errorf("starting the kubelet DRA plugin: %w", err)
+		}
+		defer helper.Stop()
+		d.log.Info("kubelet DRA plugin serving", "driver", shareddra.DriverName, "registrarDir", d.opts.RegistrarDir)
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-d.dirty:
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(debounce):
+		}
+		desired, err := d.sync(ctx)
+		if err != nil {
+			d.log.Error(err, "listing this node's devices")
+			d.poke()
+			continue
+		}
+		rc.Update(desired)
+	}
+}
+
+// here lists the Instances on this node of DRA Configurations.
+func (d *Driver) here(ctx context.Context) ([]*v1alpha1.Instance, error) {
+	var cfgs v1alpha1.ConfigurationList
+	if err := d.cache.List(ctx, &cfgs); err != nil {
+		return nil, err
+	}
+	dra := map[types.NamespacedName]bool{}
+	for i := range cfgs.Items {
+		c := &cfgs.Items[i]
+		if c.DeletionTimestamp == nil && c.Spec.UsesDRA() {
+			dra[types.NamespacedName{Namespace: c.Namespace, Name: c.Name}] = true
+		}
+	}
+	if len(dra) == 0 {
+		return nil, nil
+	}
+	var insts v1alpha1.InstanceList
+	if err := d.cache.List(ctx, &insts); err != nil {
+		return nil, err
+	}
+	var out []*v1alpha1.Instance
+	for i := range insts.Items {
+		inst := &insts.Items[i]
+		if inst.DeletionTimestamp == nil && inst.HasNode(d.opts.NodeName) &&
+			dra[types.NamespacedName{Namespace: inst.Namespace, Name: inst.Spec.ConfigurationName}] {
+			out = append(out, inst)
+		}
+	}
+	return out, nil
+}
+
+// sync writes the CDI specs of the DRA Instances here, removes those of
+// Instances that left, and returns the local pools to publish. An Instance
+// whose spec cannot be written (a device node missing on this node) is not
+// published.
+func (d *Driver) sync(ctx context.Context) (*resourceslice.DriverResources, error) {
+	insts, err := d.here(ctx)
+	if err != nil {
+		return nil, err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	keep := map[types.NamespacedName]bool{}
+	devices := map[string][]resourceapi.Device{}
+	for _, inst := range insts {
+		key := client.ObjectKeyFromObject(inst)
+		if rv, ok := d.specs[key]; !ok || rv != inst.ResourceVersion {
+			if err := d.cdi.Write(inst); err != nil {
+				d.log.Error(err, "invalid device; not offering it", "instance", key)
+				d.opts.Metrics.invalidDevice()
+				continue
+			}
+			d.specs[key] = inst.ResourceVersion
+		}
+		keep[key] = true
+		if inst.Spec.Shared {
+			continue // the controller publishes it
+		}
+		pool := shareddra.Pool(inst, d.opts.NodeName)
+		if err := shareddra.ValidPool(pool); err != nil {
+			d.log.Error(err, "device not published", "instance", key)
+			continue
+		}
+		devices[pool] = append(devices[pool], shareddra.Device(inst))
+	}
+	for key := range d.specs {
+		if keep[key] || d.inUse(key) {
+			continue
+		}
+		if _, err := d.cdi.Remove(key.Namespace, key.Name); err != nil {
+			d.log.Error(err, "removing CDI spec", "instance", key)
+			continue
+		}
+		delete(d.specs, key)
+	}
+	out := &resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{}}
+	n := 0
+	for pool, devs := range devices {
+		slices.SortFunc(devs, func(a, b resourceapi.Device) int { return cmpString(a.Name, b.Name) })
+		p := resourceslice.Pool{}
+		for _, chunk := range shareddra.Chunk(devs) {
+			p.Slices = append(p.Slices, resourceslice.Slice{Devices: chunk})
+		}
+		out.Pools[pool] = p
+		n += len(devs)
+	}
+	d.opts.Metrics.devices(n)
+	return out, nil
+}
+
+func cmpString(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// inUse says whether a prepared claim still uses the Instance key: its CDI
+// spec stays until the claim is unprepared, so that a container that
+// restarts still finds it. Called with d.mu held.
+func (d *Driver) inUse(key types.NamespacedName) bool {
+	if d.checkpoint == nil {
+		return false
+	}
+	for _, c := range d.checkpoint.Claims {
+		for _, dev := range c.Devices {
+			if ns, name, ok := shareddra.ParseDevice(dev.Pool, dev.Device); ok && ns == key.Namespace && name == key.Name {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// PrepareResourceClaims answers each claim with the CDI devices of the
+// Instances allocated to it by driver dowse.dev. Idempotent: a claim
+// prepared before (by this process or, through the checkpoint, an earlier
+// one) gets the same answer without looking at the Instances again, so a
+// kubelet or agent restart never prepares a claim twice. A device that is
+// not on this node (it left after the allocation) fails its claim with a
+// retryable error.
+func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
+	changed := false
+	for _, claim := range claims {
+		if c, ok := d.checkpoint.Claims[claim.UID]; ok {
+			out[claim.UID] = kubeletplugin.PrepareResult{Devices: c.result()}
+			d.opts.Metrics.prepare("again")
+			continue
+		}
+		c, err := d.prepare(ctx, claim)
+		if err != nil {
+			out[claim.UID] = kubeletplugin.PrepareResult{Err: err}
+			d.opts.Metrics.prepare("error")
+			d.log.Error(err, "claim not prepared", "claim", types.NamespacedName{Namespace: claim.Namespace, Name: claim.Name})
+			continue
+		}
+		d.checkpoint.Claims[claim.UID] = c
+		changed = true
+		out[claim.UID] = kubeletplugin.PrepareResult{Devices: c.result()}
+		d.opts.Metrics.prepare("prepared")
+		d.log.Info("claim prepared", "claim", types.NamespacedName{Namespace: claim.Namespace, Name: claim.Name}, "devices", len(c.Devices))
+	}
+	if changed {
+		if err := d.checkpoint.save(); err != nil {
+			return nil, err
+		}
+		d.opts.Metrics.prepared(len(d.checkpoint.Claims))
+	}
+	return out, nil
+}
+
+func (d *Driver) prepare(ctx context.Context, claim *resourceapi.ResourceClaim) (*preparedClaim, error) {
+	if claim.Status.Allocation == nil {
+		return nil, errors.New("claim is not allocated")
+	}
+	c := &preparedClaim{Namespace: claim.Namespace, Name: claim.Name}
+	for _, r := range claim.Status.Allocation.Devices.Results {
+		if r.Driver != shareddra.DriverName {
+			continue
+		}
+		ns, name, ok := shareddra.ParseDevice(r.Pool, r.Device)
+		if !ok {
+			return nil, fmt.Errorf("device %s/%s is not one of Dowse's", r.Pool, r.Device)
+		}
+		key := types.NamespacedName{Namespace: ns, Name: name}
+		var inst v1alpha1.Instance
+		if err := d.cache.Get(ctx, key, &inst); err != nil {
+			if apierrors.IsNotFound(err) {
+				return nil, fmt.Errorf("device %s/%s: Instance %s is gone", r.Pool, r.Device, key)
+			}
+			return nil, err
+		}
+		if !inst.HasNode(d.opts.NodeName) {
+			return nil, fmt.Errorf("device %s/%s: Instance %s is not on node %s", r.Pool, r.Device, key, d.opts.NodeName)
+		}
+		// The spec may not be written yet when the claim comes before the
+		// next sync.
+		if rv, ok := d.specs[key]; !ok || rv != inst.ResourceVersion {
+			if err := d.cdi.Write(&inst); err != nil {
+				return nil, err
+			}
+			d.specs[key] = inst.ResourceVersion
+		}
+		dev := preparedDevice{Requests: []string{r.Request}, Pool: r.Pool, Device: r.Device, CDIDeviceIDs: []string{inst.CDIName()}}
+		if r.ShareID != nil {
+			dev.ShareID = string(*r.ShareID)
+		}
+		c.Devices = append(c.Devices, dev)
+	}
+	return c, nil
+}
+
+// UnprepareResourceClaims forgets the claims; CDI specs of Instances that
+// left this node while a claim used them go at the next sync. Idempotent:
+// an unknown claim is no error.
+func (d *Driver) UnprepareResourceClaims(_ context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := make(map[types.UID]error, len(claims))
+	changed := false
+	for _, c := range claims {
+		out[c.UID] = nil
+		if _, ok := d.checkpoint.Claims[c.UID]; ok {
+			delete(d.checkpoint.Claims, c.UID)
+			changed = true
+			d.opts.Metrics.unprepare()
+			d.log.Info("claim unprepared", "claim", c.NamespacedName)
+		}
+	}
+	if changed {
+		if err := d.checkpoint.save(); err != nil {
+			return nil, err
+		}
+		d.opts.Metrics.prepared(len(d.checkpoint.Claims))
+		d.poke()
+	}
+	return out, nil
+}
+
+// HandleError logs background errors of the kubelet plugin; all of them
+// are retried by the helper, none stops the agent.
+func (d *Driver) HandleError(_ context.Context, err error, msg string) {
+	d.log.Error(err, "kubelet DRA plugin", "what", msg)
+}
+
+// WatchHealthStatus is not called: the health service is off.
+func (d *Driver) WatchHealthStatus(context.Context, chan<- kubeletplugin.DeviceHealthReport) error {
+	return kubeletplugin.ErrHealthNotSupported
+}
+
+// Prepared lists the prepared claims' UIDs (tests).
+func (d *Driver) Prepared() []types.UID {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.checkpoint == nil {
+		return nil
+	}
+	return slices.Sorted(maps.Keys(d.checkpoint.Claims))
+}

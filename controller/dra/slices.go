@@ -1,0 +1,274 @@
+package dra
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
+	"k8s.io/klog/v2"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+	shareddra "github.com/dowse-dev/dowse/shared/dra"
+)
+
+// Publisher publishes the shared devices of DRA Configurations: one pool
+// per shared Instance (shared/dra.SharedPool), one ResourceSlice holding its
+// one device, with a nodeSelector naming exactly the nodes in the
+// Instance's status.nodes (by their kubernetes.io/hostname label, see
+// shared/dra.NodeSelector), so that the scheduler puts a pod on a node that
+// sees the device and counts the device's capacity across all of them.
+//
+// The slices are written by k8s.io/dynamic-resource-allocation's
+// resourceslice controller, which keeps the pool generations and
+// resourceSliceCount as the DRA contract asks and deletes the slices of a
+// pool that is no longer desired. It owns every slice of driver dowse.dev
+// without a nodeName (the agents' slices have one): on start it deletes
+// those of Instances that went while the controller was down. The desired
+// set is rebuilt from the cache at most every Debounce after an Instance
+// or Configuration changes. It runs on the leader only.
+type Publisher struct {
+	cache    cache.Cache
+	kube     kubernetes.Interface
+	log      logr.Logger
+	metrics  *Metrics
+	debounce time.Duration
+
+	dirty chan struct{}
+}
+
+// Debounce is the default time the Publisher gathers changes before it
+// rebuilds the desired slices.
+const Debounce = 200 * time.Millisecond
+
+// NewPublisher wires a Publisher. c is the manager's cache (Instances
+// must keep spec.shared, capacity and brokerProperties of shared devices);
+// kube writes the slices; metrics may be nil.
+func NewPublisher(c cache.Cache, kube kubernetes.Interface, metrics *Metrics, log logr.Logger) *Publisher {
+	return &Publisher{cache: c, kube: kube, log: log, metrics: metrics, debounce: Debounce, dirty: make(chan struct{}, 1)}
+}
+
+func (p *Publisher) poke() {
+	select {
+	case p.dirty <- struct{}{}:
+	default:
+	}
+}
+
+// Start publishes until ctx ends. Errors writing slices are logged,
+// counted and retried by the resourceslice controller; Start fails only
+// when the cache cannot be watched.
+func (p *Publisher) Start(ctx context.Context) error {
+	handler := toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { p.poke() },
+		UpdateFunc: func(_, _ any) { p.poke() },
+		DeleteFunc: func(any) { p.poke() },
+	}
+	for _, obj := range []client.Object{&v1alpha1.Instance{}, &v1alpha1.Configuration{}} {
+		inf, err := p.cache.GetInformer(ctx, obj)
+		if err != nil {
+			return fmt.Errorf("watching %T: %w", obj, err)
+		}
+		if _, err := inf.AddEventHandler(handler); err != nil {
+			return err
+		}
+	}
+	// Nodes change often (status); only a hostname label matters here.
+	nodes, err := p.cache.GetInformer(ctx, &corev1.Node{})
+	if err != nil {
+		return fmt.Errorf("watching nodes: %w", err)
+	}
+	if _, err := nodes.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc: func(any) { p.poke() },
+		UpdateFunc: func(o, n any) {
+			if on, ok := o.(*corev1.Node); ok {
+				if nn, ok := n.(*corev1.Node); ok && on.Labels[corev1.LabelHostname] == nn.Labels[corev1.LabelHostname] {
+					return
+				}
+			}
+			p.poke()
+		},
+		DeleteFunc: func(any) { p.poke() },
+	}); err != nil {
+		return err
+	}
+	if !p.cache.WaitForCacheSync(ctx) {
+		return ctx.Err()
+	}
+	desired, err := p.Desired(ctx)
+	if err != nil {
+		return err
+	}
+	ctrlCtx := klog.NewContext(ctx, p.log.WithName("resourceslices"))
+	rc, err := resourceslice.StartController(ctrlCtx, resourceslice.Options{
+		DriverName: shareddra.DriverName,
+		KubeClient: p.kube,
+		Resources:  desired,
+		ErrorHandler: func(ctx context.Context, err error, msg string) {
+			p.metrics.publishError()
+			p.log.Error(err, "publishing shared devices", "what", msg)
+		},
+	})
+	if err != nil {
+		return fmt.Errorf("starting the ResourceSlice controller: %w", err)
+	}
+	defer rc.Stop()
+	p.metrics.watch(rc)
+	p.metrics.devices(countDevices(desired))
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-p.dirty:
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(p.debounce):
+		}
+		desired, err := p.Desired(ctx)
+		if err != nil {
+			p.log.Error(err, "listing devices to publish")
+			p.poke()
+			continue
+		}
+		rc.Update(desired)
+		p.metrics.devices(countDevices(desired))
+	}
+}
+
+// Desired is the pools the Publisher wants, from the cache.
+func (p *Publisher) Desired(ctx context.Context) (*resourceslice.DriverResources, error) {
+	var cfgs v1alpha1.ConfigurationList
+	if err := p.cache.List(ctx, &cfgs); err != nil {
+		return nil, err
+	}
+	dra := map[types.NamespacedName]bool{}
+	for i := range cfgs.Items {
+		c := &cfgs.Items[i]
+		if c.DeletionTimestamp == nil && c.Spec.UsesDRA() {
+			dra[types.NamespacedName{Namespace: c.Namespace, Name: c.Name}] = true
+		}
+	}
+	out := &resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{}}
+	if len(dra) == 0 {
+		return out, nil
+	}
+	var insts v1alpha1.InstanceList
+	if err := p.cache.List(ctx, &insts); err != nil {
+		return nil, err
+	}
+	var errs []error
+	for i := range insts.Items {
+		inst := &insts.Items[i]
+		if !inst.Spec.Shared || inst.DeletionTimestamp != nil || len(inst.Status.Nodes) == 0 ||
+			!dra[types.NamespacedName{Namespace: inst.Namespace, Name: inst.Spec.ConfigurationName}] {
+			continue
+		}
+		pool := shareddra.Pool(inst, "")
+		if err := shareddra.ValidPool(pool); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		hostnames := make([]string, len(inst.Status.Nodes))
+		for j, n := range inst.Status.Nodes {
+			hostnames[j] = p.hostname(ctx, n.Name)
+		}
+		out.Pools[pool] = resourceslice.Pool{
+			NodeSelector: shareddra.NodeSelector(hostnames),
+			Slices:       []resourceslice.Slice{{Devices: []resourceapi.Device{shareddra.Device(inst)}}},
+		}
+	}
+	if len(errs) > 0 {
+		// Not fatal: the other devices are published.
+		p.log.Error(errors.Join(errs...), "devices left out of the slices")
+	}
+	return out, nil
+}
+
+// hostname is the kubernetes.io/hostname label of node, or its name when
+// the Node is unknown or has no such label.
+func (p *Publisher) hostname(ctx context.Context, node string) string {
+	var n corev1.Node
+	if err := p.cache.Get(ctx, types.NamespacedName{Name: node}, &n); err == nil {
+		if h := n.Labels[corev1.LabelHostname]; h != "" {
+			return h
+		}
+	}
+	return node
+}
+
+func countDevices(r *resourceslice.DriverResources) int {
+	n := 0
+	for _, p := range r.Pools {
+		for _, s := range p.Slices {
+			n += len(s.Devices)
+		}
+	}
+	return n
+}
+
+// Metrics are the Publisher's; a nil *Metrics records nothing.
+type Metrics struct {
+	published prometheus.Gauge
+	errors    prometheus.Counter
+	rc        atomic.Pointer[resourceslice.Controller]
+}
+
+// NewMetrics registers the DRA metrics with reg (nil: none).
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		published: prometheus.NewGauge(prometheus.GaugeOpts{Name: "dowse_dra_shared_devices", Help: "Shared devices the controller publishes in ResourceSlices."}),
+		errors:    prometheus.NewCounter(prometheus.CounterOpts{Name: "dowse_dra_publish_errors_total", Help: "Errors writing ResourceSlices of shared devices (retried)."}),
+	}
+	if reg == nil {
+		return m
+	}
+	reg.MustRegister(m.published, m.errors)
+	for op, f := range map[string]func(resourceslice.Stats) int64{
+		"create": func(s resourceslice.Stats) int64 { return s.NumCreates },
+		"update": func(s resourceslice.Stats) int64 { return s.NumUpdates },
+		"delete": func(s resourceslice.Stats) int64 { return s.NumDeletes },
+	} {
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "dowse_dra_resourceslice_writes_total", Help: "ResourceSlice writes for the controller's shared devices in this leader term.",
+			ConstLabels: prometheus.Labels{"op": op},
+		}, func() float64 {
+			if rc := m.rc.Load(); rc != nil {
+				return float64(f(rc.GetStats()))
+			}
+			return 0
+		}))
+	}
+	return m
+}
+
+func (m *Metrics) devices(n int) {
+	if m != nil {
+		m.published.Set(float64(n))
+	}
+}
+
+func (m *Metrics) publishError() {
+	if m != nil {
+		m.errors.Inc()
+	}
+}
+
+// watch exports rc's write counts.
+func (m *Metrics) watch(rc *resourceslice.Controller) {
+	if m != nil {
+		m.rc.Store(rc)
+	}
+}

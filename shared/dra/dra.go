@@ -1,0 +1,272 @@
+// Package dra names and describes Dowse's devices for Dynamic Resource
+// Allocation (resource.k8s.io/v1), so that the controller (which publishes
+// shared devices), the agents (which publish their node's local devices and
+// prepare claims) and the samples agree. It is the one owner of these names:
+//
+//	driver        dowse.dev
+//	DeviceClass   <configuration>.<namespace>.dowse.dev     (DeviceClassName)
+//	local pool    <node>/<namespace>/<configuration>        (LocalPool)
+//	              one pool per node and Configuration, published by the
+//	              node's agent with spec.nodeName
+//	shared pool   shared/<namespace>/<configuration>/<hash> (SharedPool)
+//	              one pool per shared Instance, published by the controller
+//	              with a nodeSelector naming the Instance's status.nodes
+//	device        <hash>, the Instance hash                 (Device)
+//
+// ParseDevice reads a (pool, device) pair of an allocation back into the
+// Instance it names. Each device carries the Instance's broker properties
+// as attributes (Attributes) and its capacity as the consumable capacity
+// "slots", one consumed per claim, so that at most capacity claims share it.
+package dra
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/utils/ptr"
+
+	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+)
+
+const (
+	// DriverName is the DRA driver of every Dowse device.
+	DriverName = v1alpha1.Domain
+	// CapacitySlots is the consumable capacity of each device: the
+	// Configuration's capacity, one consumed by each claim by default.
+	CapacitySlots resourceapi.QualifiedName = "slots"
+
+	// The attributes every device has, besides its broker properties.
+	AttrConfiguration resourceapi.QualifiedName = "configuration"
+	AttrNamespace     resourceapi.QualifiedName = "namespace"
+	AttrInstance      resourceapi.QualifiedName = "instance"
+	AttrShared        resourceapi.QualifiedName = "shared"
+
+	// MaxDevicesPerSlice is how many devices one ResourceSlice of Dowse's
+	// holds: the API's limit for slices whose devices use advanced
+	// features, so that no slice is refused whatever the devices carry.
+	MaxDevicesPerSlice = resourceapi.ResourceSliceMaxDevicesWithAdvancedFeatures
+
+	sharedPrefix = "shared"
+	// LabelNamespace marks a DeviceClass with its Configuration's namespace
+	// (v1alpha1.LabelConfiguration holds the Configuration's name).
+	LabelNamespace = v1alpha1.Domain + "/namespace"
+)
+
+// DeviceClassName is the DeviceClass of a Configuration's devices,
+// "<configuration>.<namespace>.dowse.dev". A name too long for an object
+// name has its Configuration part cut and a hash of the whole appended.
+func DeviceClassName(namespace, configuration string) string {
+	name := configuration + "." + namespace + "." + v1alpha1.Domain
+	if len(name) <= validation.DNS1123SubdomainMaxLength {
+		return name
+	}
+	sum := sha256.Sum256([]byte(namespace + "/" + configuration))
+	suffix := "-" + hex.EncodeToString(sum[:])[:v1alpha1.HashLen] + "." + namespace + "." + v1alpha1.Domain
+	cut := strings.TrimRight(configuration[:max(0, validation.DNS1123SubdomainMaxLength-len(suffix))], "-.")
+	return cut + suffix
+}
+
+// ClassSelector is the CEL expression of a Configuration's DeviceClass: the
+// driver's devices whose namespace and configuration attributes name it.
+func ClassSelector(namespace, configuration string) string {
+	return fmt.Sprintf("device.driver == %q && device.attributes[%q].%s == %q && device.attributes[%q].%s == %q",
+		DriverName, DriverName, AttrNamespace, namespace, DriverName, AttrConfiguration, configuration)
+}
+
+// LocalPool is the pool of a node's local devices of one Configuration.
+func LocalPool(node, namespace, configuration string) string {
+	return node + "/" + namespace + "/" + configuration
+}
+
+// SharedPool is the pool of one shared Instance.
+func SharedPool(namespace, configuration, hash string) string {
+	return sharedPrefix + "/" + namespace + "/" + configuration + "/" + hash
+}
+
+// ParseDevice is the inverse of LocalPool and SharedPool with the device
+// name: the namespace and name of the Instance that a pool's device is.
+func ParseDevice(pool, device string) (namespace, instance string, ok bool) {
+	parts := strings.Split(pool, "/")
+	var cfg string
+	switch {
+	case len(parts) == 4 && parts[0] == sharedPrefix && parts[3] == device:
+		namespace, cfg = parts[1], parts[2]
+	case len(parts) == 3:
+		namespace, cfg = parts[1], parts[2]
+	default:
+		return "", "", false
+	}
+	if namespace == "" || cfg == "" || device == "" {
+		return "", "", false
+	}
+	return namespace, v1alpha1.InstanceName(cfg, device), true
+}
+
+// Pool is the pool that publishes inst: its shared pool, or the local pool
+// of node.
+func Pool(inst *v1alpha1.Instance, node string) string {
+	if inst.Spec.Shared {
+		return SharedPool(inst.Namespace, inst.Spec.ConfigurationName, v1alpha1.InstanceHash(inst.Name))
+	}
+	return LocalPool(node, inst.Namespace, inst.Spec.ConfigurationName)
+}
+
+// ValidPool returns an error when the API would refuse pool as a pool name
+// (at most 253 characters; each '/'-separated part a DNS subdomain).
+func ValidPool(pool string) error {
+	if len(pool) > resourceapi.PoolNameMaxLength {
+		return fmt.Errorf("pool name %q is longer than %d characters", pool, resourceapi.PoolNameMaxLength)
+	}
+	for part := range strings.SplitSeq(pool, "/") {
+		if errs := validation.IsDNS1123Subdomain(part); len(errs) > 0 {
+			return fmt.Errorf("pool name %q: %s", pool, strings.Join(errs, "; "))
+		}
+	}
+	return nil
+}
+
+// Device is inst as a ResourceSlice device: named by its hash, with its
+// attributes and its capacity as consumable "slots".
+func Device(inst *v1alpha1.Instance) resourceapi.Device {
+	capacity := max(inst.Spec.Capacity, 1)
+	return resourceapi.Device{
+		Name:                     v1alpha1.InstanceHash(inst.Name),
+		Attributes:               Attributes(inst),
+		AllowMultipleAllocations: ptr.To(true),
+		Capacity: map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
+			CapacitySlots: {
+				Value: *resource.NewQuantity(int64(capacity), resource.DecimalSI),
+				RequestPolicy: &resourceapi.CapacityRequestPolicy{
+					Default: resource.NewQuantity(1, resource.DecimalSI),
+					// No step: the API refuses one when min + step passes
+					// the capacity (capacity 1).
+					ValidRange: &resourceapi.CapacityRequestPolicyRange{
+						Min: resource.NewQuantity(1, resource.DecimalSI),
+						Max: resource.NewQuantity(int64(capacity), resource.DecimalSI),
+					},
+				},
+			},
+		},
+	}
+}
+
+// Attributes are inst's device attributes: configuration, namespace,
+// instance and shared, then each broker property under AttributeName of its
+// name (one that has no valid name, or collides with one before it in name
+// order, is left out), typed int when it parses as a base-10 integer, bool
+// when it is "true" or "false", string otherwise (a string longer than the
+// API's 64 characters is left out rather than cut: a cut value would match
+// no CEL comparison a user writes). At most 32 attributes and capacities
+// per device, as the API allows: the rest of the properties in name order
+// are left out.
+func Attributes(inst *v1alpha1.Instance) map[resourceapi.QualifiedName]resourceapi.DeviceAttribute {
+	attrs := map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
+		AttrConfiguration: {StringValue: ptr.To(inst.Spec.ConfigurationName)},
+		AttrNamespace:     {StringValue: ptr.To(inst.Namespace)},
+		AttrInstance:      {StringValue: ptr.To(inst.Name)},
+		AttrShared:        {BoolValue: ptr.To(inst.Spec.Shared)},
+	}
+	limit := resourceapi.ResourceSliceMaxAttributesAndCapacitiesPerDevice - 1 // one capacity
+	for _, k := range slices.Sorted(maps.Keys(inst.Spec.BrokerProperties)) {
+		if len(attrs) >= limit {
+			break
+		}
+		name := AttributeName(k)
+		if name == "" {
+			continue
+		}
+		if _, taken := attrs[name]; taken {
+			continue
+		}
+		if a, ok := Attribute(inst.Spec.BrokerProperties[k]); ok {
+			attrs[name] = a
+		}
+	}
+	return attrs
+}
+
+// Attribute types v: int, bool or string; false for a string the API would
+// refuse (longer than 64 characters).
+func Attribute(v string) (resourceapi.DeviceAttribute, bool) {
+	if i, err := strconv.ParseInt(v, 10, 64); err == nil {
+		return resourceapi.DeviceAttribute{IntValue: ptr.To(i)}, true
+	}
+	switch v {
+	case "true":
+		return resourceapi.DeviceAttribute{BoolValue: ptr.To(true)}, true
+	case "false":
+		return resourceapi.DeviceAttribute{BoolValue: ptr.To(false)}, true
+	}
+	if len(v) > resourceapi.DeviceAttributeMaxValueLength {
+		return resourceapi.DeviceAttribute{}, false
+	}
+	return resourceapi.DeviceAttribute{StringValue: ptr.To(v)}, true
+}
+
+// AttributeName makes a broker property name a valid attribute name: a C
+// identifier of at most 32 characters, every other character replaced by
+// '_' and a leading '_' added when it would start with a digit; case is
+// kept (DEBUG_ECHO_DESCRIPTION stays as it is, for CEL to read as
+// device.attributes["dowse.dev"].DEBUG_ECHO_DESCRIPTION). "" when s is
+// empty.
+func AttributeName(s string) resourceapi.QualifiedName {
+	if s == "" {
+		return ""
+	}
+	var b strings.Builder
+	if s[0] >= '0' && s[0] <= '9' {
+		b.WriteByte('_')
+	}
+	for _, r := range s {
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '_':
+			b.WriteRune(r)
+		default:
+			b.WriteByte('_')
+		}
+	}
+	name := b.String()
+	if len(name) > resourceapi.DeviceMaxIDLength {
+		name = name[:resourceapi.DeviceMaxIDLength]
+	}
+	return resourceapi.QualifiedName(name)
+}
+
+// NodeSelector selects the nodes whose kubernetes.io/hostname label is one
+// of hostnames (a ResourceSlice's selector takes exactly one term, and a
+// metadata.name field requirement one value only, so the label is the way
+// to name several nodes; the kubelet sets it to the node's name unless its
+// hostname is overridden); nil when there are none.
+func NodeSelector(hostnames []string) *corev1.NodeSelector {
+	if len(hostnames) == 0 {
+		return nil
+	}
+	return &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+		MatchExpressions: []corev1.NodeSelectorRequirement{{
+			Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpIn, Values: slices.Compact(slices.Sorted(slices.Values(hostnames))),
+		}},
+	}}}
+}
+
+// Chunk splits devices into slices of at most MaxDevicesPerSlice, in order;
+// one empty slice when there are none (an empty pool says that the
+// publisher runs and has no devices).
+func Chunk(devices []resourceapi.Device) [][]resourceapi.Device {
+	if len(devices) == 0 {
+		return [][]resourceapi.Device{nil}
+	}
+	var out [][]resourceapi.Device
+	for d := range slices.Chunk(devices, MaxDevicesPerSlice) {
+		out = append(out, d)
+	}
+	return out
+}

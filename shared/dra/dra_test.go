@@ -1,0 +1,120 @@
+package dra
+
+import (
+	"strconv"
+	"strings"
+	"testing"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+)
+
+func TestPoolsRoundTrip(t *testing.T) {
+	for _, shared := range []bool{false, true} {
+		inst := &v1alpha1.Instance{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "plant", Name: v1alpha1.InstanceName("cams", "0123456789abcdef")},
+			Spec:       v1alpha1.InstanceSpec{ConfigurationName: "cams", Shared: shared},
+		}
+		pool := Pool(inst, "node-1.example")
+		if err := ValidPool(pool); err != nil {
+			t.Fatal(err)
+		}
+		dev := Device(inst)
+		ns, name, ok := ParseDevice(pool, dev.Name)
+		if !ok || ns != "plant" || name != inst.Name {
+			t.Errorf("shared=%v: ParseDevice(%q, %q) = %q %q %v", shared, pool, dev.Name, ns, name, ok)
+		}
+	}
+	if _, _, ok := ParseDevice("shared/ns/cfg/aaaa", "bbbb"); ok {
+		t.Error("a shared pool's device must be its hash")
+	}
+	if _, _, ok := ParseDevice("x", "y"); ok {
+		t.Error("parsed a pool that is not Dowse's")
+	}
+}
+
+func TestDeviceClassName(t *testing.T) {
+	if got := DeviceClassName("plant", "cams"); got != "cams.plant.dowse.dev" {
+		t.Errorf("got %q", got)
+	}
+	long := DeviceClassName(strings.Repeat("n", 63), strings.Repeat("c", 250))
+	if errs := validation.IsDNS1123Subdomain(long); len(errs) > 0 {
+		t.Errorf("%q: %v", long, errs)
+	}
+	if long == DeviceClassName(strings.Repeat("n", 63), strings.Repeat("c", 249)) {
+		t.Error("two long names share a class")
+	}
+}
+
+func TestAttributes(t *testing.T) {
+	inst := &v1alpha1.Instance{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "cfg-0123456789abcdef"},
+		Spec: v1alpha1.InstanceSpec{ConfigurationName: "cfg", Capacity: 3, BrokerProperties: map[string]string{
+			"DEBUG_ECHO_DESCRIPTION": "foo1",
+			"port":                   "4840",
+			"enabled":                "true",
+			"1st.value-x":            "1.5",
+			"long":                   strings.Repeat("x", 65),
+			"configuration":          "not me",
+			"":                       "empty",
+		}},
+	}
+	a := Attributes(inst)
+	check := func(name string, want string) {
+		t.Helper()
+		v, ok := a[AttributeName(name)]
+		got := "<none>"
+		switch {
+		case !ok:
+		case v.StringValue != nil:
+			got = "s:" + *v.StringValue
+		case v.IntValue != nil:
+			got = "i:" + itoa(*v.IntValue)
+		case v.BoolValue != nil:
+			got = "b:" + map[bool]string{true: "true", false: "false"}[*v.BoolValue]
+		}
+		if got != want {
+			t.Errorf("%s: got %s, want %s", name, got, want)
+		}
+	}
+	check("DEBUG_ECHO_DESCRIPTION", "s:foo1")
+	check("port", "i:4840")
+	check("enabled", "b:true")
+	check("_1st_value_x", "s:1.5")
+	check("long", "<none>")
+	check("configuration", "s:cfg")
+	check("namespace", "s:ns")
+	check("instance", "s:cfg-0123456789abcdef")
+	check("shared", "b:false")
+	if len(a) != 8 {
+		t.Errorf("%d attributes: %v", len(a), a)
+	}
+	d := Device(inst)
+	if c := d.Capacity[CapacitySlots]; c.Value.Value() != 3 || c.RequestPolicy.Default.Value() != 1 {
+		t.Errorf("capacity %v", c)
+	}
+	if AttributeName(strings.Repeat("a", 40)) != AttributeName(strings.Repeat("a", 32)) {
+		t.Error("names are cut at 32")
+	}
+}
+
+func TestAttributesAtMost32(t *testing.T) {
+	props := map[string]string{}
+	for i := range 50 {
+		props["p"+itoa(int64(i))] = "v"
+	}
+	inst := &v1alpha1.Instance{Spec: v1alpha1.InstanceSpec{ConfigurationName: "c", BrokerProperties: props}}
+	if n := len(Device(inst).Attributes) + len(Device(inst).Capacity); n != 32 {
+		t.Errorf("%d attributes and capacities", n)
+	}
+}
+
+func TestChunk(t *testing.T) {
+	if c := Chunk(nil); len(c) != 1 || len(c[0]) != 0 {
+		t.Errorf("empty: %v", c)
+	}
+}
+
+func itoa(i int64) string { return strconv.FormatInt(i, 10) }
