@@ -29,6 +29,7 @@ import (
 	"github.com/dowse-dev/dowse/agent"
 	discoveryv1 "github.com/dowse-dev/dowse/proto/discovery/v1"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+	"github.com/dowse-dev/dowse/test/kube"
 	"github.com/dowse-dev/dowse/test/testwait"
 )
 
@@ -91,11 +92,31 @@ type agentOption func(*agent.Config)
 func withGrace(d time.Duration) agentOption { return func(c *agent.Config) { c.GracePeriod = d } }
 func withMaxDevices(n int) agentOption      { return func(c *agent.Config) { c.MaxDevices = n } }
 
-// startAgent runs the real agent in-process against the test API server.
+// agentConfigs holds each node's agent credentials, minted once.
+var agentConfigs sync.Map // node name -> *rest.Config
+
+// agentConfig is node's agent's rest.Config: the token of the agent
+// DaemonSet's pod on node, under deploy/agent's RBAC and admission policy,
+// as in a cluster, not admin's.
+func agentConfig(t *testing.T, node string) *rest.Config {
+	t.Helper()
+	if cfg, ok := agentConfigs.Load(node); ok {
+		return rest.CopyConfig(cfg.(*rest.Config))
+	}
+	cfg, err := kube.AgentConfig(context.Background(), cp.Config, node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	agentConfigs.Store(node, cfg)
+	return rest.CopyConfig(cfg)
+}
+
+// startAgent runs the real agent in-process against the test API server,
+// with its node's agent credentials.
 func startAgent(t *testing.T, node, dir string, opts ...agentOption) *runningAgent {
 	t.Helper()
 	counter := &requestCounter{}
-	restCfg := rest.CopyConfig(cp.Config)
+	restCfg := agentConfig(t, node)
 	restCfg.WrapTransport = counter.wrap
 	cfg := agent.Config{
 		SkipNameValidation: true,

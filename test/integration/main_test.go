@@ -3,6 +3,7 @@
 package integration
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"testing"
@@ -52,5 +53,11 @@ func run(m *testing.M) int {
 		return 1
 	}
 	clientset = kubernetes.NewForConfigOrDie(cp.Config)
+	// Agents run as in a cluster: under their pods' tokens, with the RBAC
+	// and node admission policy of deploy/agent.
+	if err := kube.InstallAgentAccess(context.Background(), cp.Config); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
 	return m.Run()
 }

@@ -225,6 +225,8 @@ func TestUnknownHandlerAndBadConfiguration(t *testing.T) {
 func TestPropertiesFromConfigMapAndSecretReachTheHandler(t *testing.T) {
 	ns := namespace(t)
 	ctx := context.Background()
+	// The controller grants the agents read of the objects named below.
+	startController(t, time.Minute)
 	a := startAgent(t, "node-a", stateDir(t))
 	h := startScripted(t, a.stateDir, "scripted", true, devices("x"))
 	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "cm", Namespace: ns}, Data: map[string]string{"url": "opc.tcp://one"}}
