@@ -5,6 +5,9 @@ GO_TEST_FLAGS ?= -count=1 -timeout 30m
 # Every binary's --version (shared/version) and the images' labels.
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 GO_LDFLAGS := -s -w -X github.com/dowse-dev/dowse/shared/version.version=$(VERSION)
+# grpcnotrace leaves out gRPC's golang.org/x/net/trace (and the html/template
+# it links), which no Dowse binary turns on: 2.5 MB less in each mapper.
+GO_TAGS := grpcnotrace
 
 .PHONY: all build images peers helm generate verify-generate test test-unit test-integration test-node node-deps bench demo k8s deps clean
 
@@ -16,11 +19,13 @@ deps:
 
 build:
 	@mkdir -p $(BIN)
-	go build -trimpath -ldflags="$(GO_LDFLAGS)" -o $(BIN)/ ./agent/cmd/dowse-agent ./controller/cmd/dowse-controller ./discovery-handlers/debug-echo/cmd/dowse-debug-echo-discovery \
+	go build -tags $(GO_TAGS) -trimpath -ldflags="$(GO_LDFLAGS)" -o $(BIN)/ ./agent/cmd/dowse-agent ./controller/cmd/dowse-controller ./discovery-handlers/debug-echo/cmd/dowse-debug-echo-discovery \
 	  ./discovery-handlers/opcua/cmd/dowse-opcua-discovery ./discovery-handlers/modbus/cmd/dowse-modbus-discovery \
 	  ./discovery-handlers/udev/cmd/dowse-udev-discovery ./discovery-handlers/onvif/cmd/dowse-onvif-discovery \
-	  ./brokers/debug-echo/cmd/dowse-debug-echo-broker ./brokers/modbus/cmd/dowse-modbus-mapper ./brokers/opcua/cmd/dowse-opcua-mapper \
-	  ./brokers/onvif/cmd/dowse-onvif-mapper ./dowsectl/cmd/dowsectl
+	  ./brokers/debug-echo/cmd/dowse-debug-echo-broker ./dowsectl/cmd/dowsectl
+	# Mappers static, as in their images (no libc pages in their memory).
+	CGO_ENABLED=0 go build -tags $(GO_TAGS) -trimpath -ldflags="$(GO_LDFLAGS)" -o $(BIN)/ ./brokers/modbus/cmd/dowse-modbus-mapper \
+	  ./brokers/opcua/cmd/dowse-opcua-mapper ./brokers/onvif/cmd/dowse-onvif-mapper
 
 # Test cluster binaries built from the module proxy, once each: the control
 # plane (etcd, kube-apiserver, controller manager, scheduler) and the node
@@ -43,7 +48,7 @@ node-deps:
 images:
 	@mkdir -p $(BIN)/static
 	@cmds="$$(go list -f '{{if eq .Name "main"}}{{.ImportPath}}{{end}}' ./... | grep '/cmd/dowse-' | grep -v '/test/')"; \
-	  set -x; CGO_ENABLED=0 go build -trimpath -ldflags="$(GO_LDFLAGS)" -o $(BIN)/static/ $$cmds ./hack/images/dowse-pause && \
+	  set -x; CGO_ENABLED=0 go build -tags $(GO_TAGS) -trimpath -ldflags="$(GO_LDFLAGS)" -o $(BIN)/static/ $$cmds ./hack/images/dowse-pause && \
 	  go run ./hack/images -out $(BIN)/images -version $(VERSION) $(BIN)/static/dowse-pause $$(for c in $$cmds; do echo $(BIN)/static/$${c##*/}; done)
 
 # Regenerates protobuf Go, deepcopy and CRD YAML with the pinned tools, then

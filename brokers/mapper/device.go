@@ -2,6 +2,7 @@ package mapper
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"slices"
@@ -78,6 +79,7 @@ type group struct {
 	cycle time.Duration
 	next  time.Time
 	props []*propState
+	ps    []*Property // props' Property, handed to the driver every cycle
 }
 
 type pending struct {
@@ -98,18 +100,22 @@ type device struct {
 	ns, name  string
 	log       logr.Logger
 	notify    chan struct{}
-	pushes    chan push
+	pushes    chan push          // made by the first subscription: most devices never push
 	cancelRun context.CancelFunc // under mu
 	stopped   bool               // under mu
 
 	mu        sync.Mutex
 	next      *pending
 	resyncing bool
-	snapSpec  *dmiv1beta1.Device  // the spec served; never changed once set
+	// snapSpec is the spec served, marshalled: GetDevice and a model
+	// change unmarshal it (both are rare), so no device keeps its spec's
+	// messages (about 7 KiB a device of ten properties) for them.
+	snapSpec  []byte
 	snapProps map[string]snapProp // per property, as of the last flush
 
 	// The goroutine's own.
-	spec         *dmiv1beta1.Device
+	hasSpec      bool
+	specKeys     specKeys // of the spec served
 	model        *dmiv1beta1.DeviceModel
 	driver       Driver
 	driverErr    error
@@ -135,7 +141,6 @@ func newDevice(m *Mapper, ns, name string) *device {
 		m: m, ns: ns, name: name,
 		log:    m.log.WithValues("device", key(ns, name)),
 		notify: make(chan struct{}, 1),
-		pushes: make(chan push, 64),
 		props:  map[string]*propState{},
 		state:  StateUnknown,
 	}
@@ -170,7 +175,18 @@ func (d *device) modelChanged(mod *dmiv1beta1.DeviceModel) {
 	d.wake()
 }
 
-func (d *device) snapDevLocked() *dmiv1beta1.Device { return d.snapSpec }
+// snapDevLocked returns the spec served (nil before the first); d.mu is
+// held.
+func (d *device) snapDevLocked() *dmiv1beta1.Device {
+	if d.snapSpec == nil {
+		return nil
+	}
+	dev := &dmiv1beta1.Device{}
+	if err := proto.Unmarshal(d.snapSpec, dev); err != nil {
+		return nil // it was marshalled here
+	}
+	return dev
+}
 
 // resync makes the device report its state and every value again (after a
 // registration: the manager may have restarted).
@@ -195,9 +211,9 @@ func (d *device) stop() {
 func (d *device) snapshot() *dmiv1beta1.Device {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	dev := &dmiv1beta1.Device{Name: d.name, Namespace: d.ns}
-	if d.snapSpec != nil {
-		dev = proto.Clone(d.snapSpec).(*dmiv1beta1.Device)
+	dev := d.snapDevLocked()
+	if dev == nil {
+		dev = &dmiv1beta1.Device{Name: d.name, Namespace: d.ns}
 	}
 	dev.Status = &dmiv1beta1.DeviceStatus{ReportToCloud: true}
 	for _, p := range dev.GetSpec().GetProperties() {
@@ -240,7 +256,7 @@ func (d *device) run(parent context.Context) {
 	d.backoff = d.m.cfg.ReconnectInitial
 	for ctx.Err() == nil {
 		d.takePending(ctx)
-		if d.spec == nil {
+		if !d.hasSpec {
 			d.wait(ctx, time.Time{}) // the first spec is on its way
 			continue
 		}
@@ -376,31 +392,34 @@ func (d *device) takePending(ctx context.Context) {
 	if next == nil {
 		return
 	}
-	old, oldModel := d.spec, d.model
-	d.spec, d.model = next.dev, next.model
-	d.updateSnap()
+	// The spec is used here and dropped: what later updates are compared
+	// with is its keys, what GetDevice shows its marshalled copy.
+	spec := next.dev
+	first, old, oldModel := !d.hasSpec, d.specKeys, d.model
+	d.hasSpec, d.specKeys, d.model = true, keysOf(spec), next.model
+	d.updateSnap(spec)
 	switch {
 	case d.model == nil:
 		d.closeDriver()
 		d.driver = nil
-		d.driverErr = fmt.Errorf("device model %q is not known to the mapper", d.spec.GetSpec().GetDeviceModelReference())
-		d.log.Info("waiting for the device's model", "model", d.spec.GetSpec().GetDeviceModelReference())
-	case d.driver == nil || old == nil || !proto.Equal(old.GetSpec().GetProtocol(), d.spec.GetSpec().GetProtocol()):
+		d.driverErr = fmt.Errorf("device model %q is not known to the mapper", spec.GetSpec().GetDeviceModelReference())
+		d.log.Info("waiting for the device's model", "model", spec.GetSpec().GetDeviceModelReference())
+	case d.driver == nil || first || old.protocol != d.specKeys.protocol:
 		d.closeDriver()
 		d.driver, d.driverErr = nil, nil
-		params, err := DecodeConfig(d.spec.GetSpec().GetProtocol().GetConfigData())
+		params, err := DecodeConfig(spec.GetSpec().GetProtocol().GetConfigData())
 		if err == nil {
 			d.driver, err = d.m.cfg.NewDriver(DeviceInfo{Name: d.name, Namespace: d.ns,
-				ProtocolName: d.spec.GetSpec().GetProtocol().GetProtocolName(), Protocol: params})
+				ProtocolName: spec.GetSpec().GetProtocol().GetProtocolName(), Protocol: params})
 		}
 		if err != nil {
 			d.driver, d.driverErr = nil, fmt.Errorf("protocol config: %w", err)
 			d.log.Error(err, "device protocol config is invalid")
 		}
 		d.backoff = d.m.cfg.ReconnectInitial
-		d.buildProps()
-	case !proto.Equal(withoutDesired(old), withoutDesired(d.spec)) || !proto.Equal(oldModel, d.model):
-		d.buildProps()
+		d.buildProps(spec)
+	case old.shape != d.specKeys.shape || !proto.Equal(oldModel, d.model):
+		d.buildProps(spec)
 		if d.connected {
 			if err := d.subscribe(ctx); err != nil {
 				d.log.Info("subscribing failed; reconnecting", "err", err)
@@ -408,22 +427,37 @@ func (d *device) takePending(ctx context.Context) {
 			}
 		}
 	default:
-		d.takeDesired()
+		d.takeDesired(spec)
 	}
 }
 
-func withoutDesired(dev *dmiv1beta1.Device) *dmiv1beta1.Device {
+// specKeys tell which parts of a device's spec changed: its protocol (a
+// reconnect) and the rest but desired values and status (properties
+// prepared again).
+type specKeys struct{ protocol, shape [sha256.Size]byte }
+
+func keysOf(dev *dmiv1beta1.Device) specKeys {
 	c := proto.Clone(dev).(*dmiv1beta1.Device)
 	c.Status = nil
 	for _, p := range c.GetSpec().GetProperties() {
 		p.Desired = nil
 	}
-	return c
+	return specKeys{protocol: digest(dev.GetSpec().GetProtocol()), shape: digest(c)}
+}
+
+// digest hashes m's deterministic encoding; equal messages hash equal (an
+// unequal pair that hashed equal would need a SHA-256 collision).
+func digest(m proto.Message) [sha256.Size]byte {
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(m)
+	if err != nil {
+		b = nil // cannot fail for a message that was unmarshalled
+	}
+	return sha256.Sum256(b)
 }
 
 // buildProps (re)prepares every property from the spec and model, keeping
 // what is known of properties that stay.
-func (d *device) buildProps() {
+func (d *device) buildProps(spec *dmiv1beta1.Device) {
 	modelProps := map[string]*dmiv1beta1.ModelProperty{}
 	for _, mp := range d.model.GetSpec().GetProperties() {
 		modelProps[mp.GetName()] = mp
@@ -431,7 +465,7 @@ func (d *device) buildProps() {
 	oldProps := d.props
 	d.props = map[string]*propState{}
 	d.order = nil
-	for _, dp := range d.spec.GetSpec().GetProperties() {
+	for _, dp := range spec.GetSpec().GetProperties() {
 		if dp.GetName() == "" || d.props[dp.GetName()] != nil {
 			continue
 		}
@@ -451,7 +485,7 @@ func (d *device) buildProps() {
 		d.props[dp.GetName()] = ps
 		d.order = append(d.order, ps)
 	}
-	d.takeDesired()
+	d.takeDesired(spec)
 	d.regroup()
 }
 
@@ -512,8 +546,8 @@ func (d *device) prepare(dp *dmiv1beta1.DeviceProperty, mp *dmiv1beta1.ModelProp
 }
 
 // takeDesired notes the spec's desired values; applyDesired writes new ones.
-func (d *device) takeDesired() {
-	for _, dp := range d.spec.GetSpec().GetProperties() {
+func (d *device) takeDesired(spec *dmiv1beta1.Device) {
+	for _, dp := range spec.GetSpec().GetProperties() {
 		ps := d.props[dp.GetName()]
 		if ps == nil {
 			continue
@@ -548,6 +582,7 @@ func (d *device) regroup() {
 			d.groups = append(d.groups, g)
 		}
 		g.props = append(g.props, ps)
+		g.ps = append(g.ps, ps.p)
 	}
 	slices.SortFunc(d.groups, func(a, b *group) int { return int(a.cycle - b.cycle) })
 }
@@ -631,11 +666,15 @@ func (d *device) subscribe(ctx context.Context) error {
 	if len(ps) == 0 {
 		return nil
 	}
+	if d.pushes == nil {
+		d.pushes = make(chan push, 64)
+	}
+	pushes := d.pushes
 	sctx, cancel := context.WithCancel(ctx)
 	d.subCancel = cancel
 	err := sub.Subscribe(sctx, ps, func(p *Property, v any, err error) {
 		select {
-		case d.pushes <- push{p: p, v: v, err: err}:
+		case pushes <- push{p: p, v: v, err: err}:
 		case <-sctx.Done():
 		}
 	})
@@ -725,11 +764,7 @@ func (d *device) readDue(ctx context.Context, now time.Time) {
 		if !g.next.After(now) {
 			g.next = now.Add(g.cycle)
 		}
-		props := make([]*Property, len(g.props))
-		for i, ps := range g.props {
-			props[i] = ps.p
-		}
-		results := d.read(ctx, props)
+		results := d.read(ctx, g.ps)
 		at := time.Now()
 		for i, r := range results {
 			ps := g.props[i]
@@ -928,8 +963,11 @@ func (d *device) sendState(ctx context.Context) {
 	}
 	cctx, cancel := d.callCtx(ctx)
 	defer cancel()
-	_, err := d.m.agent.ReportDeviceStates(cctx, &dmiv1beta1.ReportDeviceStatesRequest{
-		DeviceName: d.name, DeviceNamespace: d.ns, State: d.state})
+	req := &dmiv1beta1.ReportDeviceStatesRequest{DeviceName: d.name, DeviceNamespace: d.ns, State: d.state}
+	err := d.m.agentCall(cctx, func(ctx context.Context) error {
+		_, err := d.m.agent.ReportDeviceStates(ctx, req)
+		return err
+	})
 	d.m.cfg.Metrics.report("states", err)
 	if err != nil {
 		if ctx.Err() == nil {
@@ -971,9 +1009,13 @@ func (d *device) flush(ctx context.Context, now time.Time) {
 	}
 	cctx, cancel := d.callCtx(ctx)
 	defer cancel()
-	_, err := d.m.agent.ReportDeviceStatus(cctx, &dmiv1beta1.ReportDeviceStatusRequest{
+	req := &dmiv1beta1.ReportDeviceStatusRequest{
 		DeviceName: d.name, DeviceNamespace: d.ns,
 		ReportedDevice: &dmiv1beta1.DeviceStatus{Twins: twins, ReportToCloud: true},
+	}
+	err := d.m.agentCall(cctx, func(ctx context.Context) error {
+		_, err := d.m.agent.ReportDeviceStatus(ctx, req)
+		return err
 	})
 	d.m.cfg.Metrics.report("status", err)
 	if err != nil {
@@ -1026,8 +1068,12 @@ func (d *device) updateSnapProps() {
 }
 
 // updateSnap records the spec served for GetDevice.
-func (d *device) updateSnap() {
+func (d *device) updateSnap(spec *dmiv1beta1.Device) {
+	b, err := proto.Marshal(spec)
+	if err != nil {
+		b = nil // cannot fail for a message that was unmarshalled
+	}
 	d.mu.Lock()
-	d.snapSpec = d.spec
+	d.snapSpec = b
 	d.mu.Unlock()
 }

@@ -55,7 +55,9 @@ type Driver interface {
 // BatchReader is implemented by drivers that read several properties in
 // fewer exchanges (Modbus: one request for adjacent registers). The SDK
 // hands it every property due at one time, all with the same collect
-// cycle; it returns one Result per property, in order.
+// cycle; it returns one Result per property, in order. ps is the SDK's:
+// the same slice comes back every cycle until the properties change (a
+// driver may key a cached request plan on it), and must not be modified.
 type BatchReader interface {
 	ReadBatch(ctx context.Context, ps []*Property) []Result
 }

@@ -5,11 +5,14 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math"
 	"net"
 	"net/http"
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -19,9 +22,12 @@ import (
 	"github.com/dowse-dev/dowse/shared/version"
 )
 
-// defaultMemoryLimit is the Go runtime's soft memory limit in mapper
-// binaries unless GOMEMLIMIT is set.
-const defaultMemoryLimit = 8 << 20
+// DefaultMemoryLimit is the Go runtime's soft memory limit in mapper
+// binaries (--memory-limit) unless GOMEMLIMIT is set.
+const DefaultMemoryLimit = 8 << 20
+
+const memoryLimitUsage = "soft limit of the Go runtime's memory (the collector works harder near it; never a cap that fails allocations), " +
+	"in bytes or with a KiB/MiB/GiB suffix; 0 or \"off\" for none; GOMEMLIMIT, when set, wins"
 
 // Version is the mapper's version: shared/version's, stamped at build
 // time (-ldflags "-X github.com/dowse-dev/dowse/shared/version.version=v1.2.3"),
@@ -30,16 +36,10 @@ func Version() string { return version.Get() }
 
 // Main is the whole main of a mapper binary: it parses the common flags
 // (--name, --state-dir, --dmi-socket, --socket, --metrics-address,
-// --version), runs the mapper until SIGINT or SIGTERM and exits 1 when it
-// fails. Only main should call it.
+// --memory-limit, --version), runs the mapper until SIGINT or SIGTERM and
+// exits 1 when it fails. Only main should call it.
 func Main(protocol string, newDriver NewDriver) {
 	handler.TuneGC()
-	if os.Getenv("GOMEMLIMIT") == "" {
-		// A soft limit: the collector works harder as the heap nears it, so
-		// a busy mapper's heap stays small on an edge node; it is never a
-		// cap that fails allocations.
-		debug.SetMemoryLimit(defaultMemoryLimit)
-	}
 	cfg := Config{Protocol: protocol, NewDriver: newDriver, Logger: handler.NewLogger()}
 	fs := flag.NewFlagSet(os.Args[0], flag.ExitOnError)
 	name := protocol
@@ -54,11 +54,23 @@ func Main(protocol string, newDriver NewDriver) {
 	fs.DurationVar(&cfg.DefaultCollectCycle, "default-collect-cycle", time.Second, "collect cycle of properties without one")
 	fs.DurationVar(&cfg.DefaultReportCycle, "default-report-cycle", time.Minute, "heartbeat of properties without a reportCycle: an unchanged value is reported again after this long")
 	fs.IntVar(&cfg.UnhealthyAfter, "unhealthy-after", 3, "read rounds in a row that all fail before a device is unhealthy and reconnected")
+	memLimit := fs.String("memory-limit", FormatBytes(DefaultMemoryLimit), memoryLimitUsage)
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	_ = fs.Parse(os.Args[1:])
 	if *showVersion {
 		fmt.Printf("dowse-%s-mapper %s\n", protocol, Version())
 		return
+	}
+	if os.Getenv("GOMEMLIMIT") == "" {
+		limit, err := ParseBytes(*memLimit)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "--memory-limit: %v\n", err)
+			os.Exit(2)
+		}
+		if limit == 0 {
+			limit = math.MaxInt64 // the runtime's "no limit"
+		}
+		debug.SetMemoryLimit(limit)
 	}
 	cfg.StateDir = *stateDir
 
@@ -75,6 +87,43 @@ func Main(protocol string, newDriver NewDriver) {
 		stop()
 		os.Exit(1)
 	}
+}
+
+// ParseBytes reads a size: bytes, or a number with a B, KiB, MiB or GiB
+// suffix (K, M, G, KB, MB, GB are taken as the binary units too); "off" is 0.
+func ParseBytes(s string) (int64, error) {
+	t := strings.TrimSpace(s)
+	if strings.EqualFold(t, "off") || t == "" {
+		return 0, nil
+	}
+	mult := int64(1)
+	upper := strings.ToUpper(t)
+	for _, u := range []struct {
+		suffix string
+		mult   int64
+	}{{"KIB", 1 << 10}, {"MIB", 1 << 20}, {"GIB", 1 << 30}, {"KB", 1 << 10}, {"MB", 1 << 20}, {"GB", 1 << 30},
+		{"K", 1 << 10}, {"M", 1 << 20}, {"G", 1 << 30}, {"B", 1}} {
+		if strings.HasSuffix(upper, u.suffix) {
+			t, mult = strings.TrimSpace(t[:len(t)-len(u.suffix)]), u.mult
+			break
+		}
+	}
+	f, err := strconv.ParseFloat(t, 64)
+	if err != nil || f < 0 || math.IsInf(f, 0) || math.IsNaN(f) || f*float64(mult) > math.MaxInt64/2 {
+		return 0, fmt.Errorf("%q is not a size (bytes, or a number with KiB, MiB or GiB)", s)
+	}
+	return int64(f * float64(mult)), nil
+}
+
+// FormatBytes writes n as ParseBytes reads it, in MiB or KiB when exact.
+func FormatBytes(n int64) string {
+	switch {
+	case n != 0 && n%(1<<20) == 0:
+		return strconv.FormatInt(n>>20, 10) + "MiB"
+	case n != 0 && n%(1<<10) == 0:
+		return strconv.FormatInt(n>>10, 10) + "KiB"
+	}
+	return strconv.FormatInt(n, 10)
 }
 
 // Run makes a Mapper of cfg and starts it.

@@ -31,6 +31,10 @@ const (
 	APIVersion = "v1beta1"
 
 	maxSocketPath = 107
+	dmiBufferSize = 8 << 10
+	// agentCallers is the number of goroutines that make the devices'
+	// calls to the device manager.
+	agentCallers = 4
 )
 
 // Config is what a Mapper needs. Protocol, NewDriver and StateDir (or both
@@ -162,6 +166,8 @@ type Mapper struct {
 
 	runCtx context.Context
 	wg     sync.WaitGroup
+	// calls takes the devices' reports to the agentCallers goroutines.
+	calls chan func()
 
 	mu         sync.Mutex
 	models     map[string]*dmiv1beta1.DeviceModel
@@ -204,11 +210,15 @@ func (m *Mapper) Start(ctx context.Context) error {
 		return err
 	}
 	defer os.Remove(m.cfg.Socket)
-	srv := grpc.NewServer()
+	// Small transport buffers (gRPC gives the write buffer back between
+	// writes): DMI messages are a few hundred bytes, and 32 KiB defaults per
+	// direction per connection are a mapper's memory on an edge node.
+	srv := grpc.NewServer(grpc.ReadBufferSize(dmiBufferSize), grpc.WriteBufferSize(dmiBufferSize))
 	dmiv1beta1.RegisterDeviceMapperServiceServer(srv, m)
 
 	conn, err := grpc.NewClient("unix://"+m.cfg.DMISocket,
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithReadBufferSize(dmiBufferSize), grpc.WithWriteBufferSize(dmiBufferSize),
 		grpc.WithConnectParams(grpc.ConnectParams{
 			Backoff:           backoff.Config{BaseDelay: m.cfg.ReconnectInitial, Multiplier: 1.6, Jitter: 0.2, MaxDelay: min(m.cfg.ReconnectMax, 5*time.Second)},
 			MinConnectTimeout: m.cfg.CallTimeout,
@@ -224,6 +234,21 @@ func (m *Mapper) Start(ctx context.Context) error {
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	m.runCtx = runCtx
+	m.calls = make(chan func())
+	quitCalls := make(chan struct{})
+	var callers sync.WaitGroup
+	for range agentCallers {
+		callers.Go(func() {
+			for {
+				select {
+				case f := <-m.calls:
+					f()
+				case <-quitCalls:
+					return
+				}
+			}
+		})
+	}
 	m.log.Info("mapper serving", "protocol", m.cfg.Protocol, "socket", m.cfg.Socket, "dmiSocket", m.cfg.DMISocket, "version", m.cfg.Version)
 
 	serveErr := make(chan error, 1)
@@ -255,8 +280,31 @@ func (m *Mapper) Start(ctx context.Context) error {
 	}
 	m.mu.Unlock()
 	m.wg.Wait()
+	close(quitCalls) // no device is left to call
+	callers.Wait()
 	m.log.Info("mapper stopped")
 	return result
+}
+
+// agentCall runs f (a call to the device manager) on one of the mapper's
+// caller goroutines and returns its error, or ctx's when ctx ends before a
+// caller is free. A device's goroutine then never holds the stack of a gRPC
+// call (16 KiB and more once grown, kept until a collection shrinks it):
+// with a hundred devices those stacks were a mapper's largest memory after
+// its heap. Devices still wait for their own reports, in order.
+func (m *Mapper) agentCall(ctx context.Context, f func(context.Context) error) error {
+	if m.calls == nil {
+		return f(ctx)
+	}
+	var err error
+	done := make(chan struct{})
+	select {
+	case m.calls <- func() { err = f(ctx); close(done) }:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	<-done
+	return err
 }
 
 // listenUnix listens on path, replacing a stale socket file but never one a
@@ -429,7 +477,9 @@ func (m *Mapper) ensureLocked(dev *dmiv1beta1.Device) {
 	}
 	m.seq++
 	d.seq = m.seq
-	d.update(proto.Clone(dev).(*dmiv1beta1.Device), model)
+	// Kept as it came (no copy): a request's message is the handler's
+	// alone once unmarshalled, and the device never changes it.
+	d.update(dev, model)
 }
 
 func (m *Mapper) deviceRequest(dev *dmiv1beta1.Device) error {

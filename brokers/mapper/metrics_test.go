@@ -49,3 +49,23 @@ func TestMetricsTextFormat(t *testing.T) {
 	var nilM *Metrics
 	nilM.read("ok", 1) // nil-safe
 }
+
+func TestParseBytes(t *testing.T) {
+	for in, want := range map[string]int64{"8MiB": 8 << 20, "8 MiB": 8 << 20, "512KiB": 512 << 10, "1.5GiB": 3 << 29,
+		"12m": 12 << 20, "4096": 4096, "0": 0, "off": 0, "": 0, "100B": 100} {
+		got, err := ParseBytes(in)
+		if err != nil || got != want {
+			t.Errorf("ParseBytes(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"lots", "-1MiB", "1TiB", "MiB"} {
+		if _, err := ParseBytes(in); err == nil {
+			t.Errorf("ParseBytes(%q) did not fail", in)
+		}
+	}
+	for _, n := range []int64{DefaultMemoryLimit, 1536, 1000} {
+		if got, err := ParseBytes(FormatBytes(n)); err != nil || got != n {
+			t.Errorf("ParseBytes(FormatBytes(%d)) = %d, %v", n, got, err)
+		}
+	}
+}

@@ -73,7 +73,24 @@ type Driver struct {
 	cfg     deviceConfig
 	handler *modbus.TCPClientHandler
 	client  modbus.Client
-	noMerge map[string]bool // spans a merged read of which the device refused
+	noMerge map[spanKey]bool // spans a merged read of which the device refused
+
+	// Request plans of the batches the SDK hands (one slice per collect
+	// cycle, the same until the properties change), by the slice.
+	plans map[**mapper.Property]*batchPlan
+}
+
+type batchPlan struct {
+	ps    []*mapper.Property
+	pts   []*point
+	spans []span
+}
+
+// spanKey names a merged read.
+type spanKey struct {
+	unit   byte
+	table  string
+	lo, hi int
 }
 
 // NewDriver is the mapper.NewDriver of Modbus TCP.
@@ -422,13 +439,10 @@ func plan(pts []*point, maxGap int) []span {
 // is not merged again.
 func (d *Driver) ReadBatch(ctx context.Context, ps []*mapper.Property) []mapper.Result {
 	rs := make([]mapper.Result, len(ps))
-	pts := make([]*point, len(ps))
-	for i, p := range ps {
-		pts[i] = p.Data.(*point)
-	}
-	for _, sp := range plan(pts, d.cfg.maxGap) {
+	pts, spans := d.plan(ps)
+	for _, sp := range spans {
 		first := pts[sp.idx[0]]
-		key := fmt.Sprintf("%d/%s/%d/%d", first.unit, first.table, sp.lo, sp.hi)
+		key := spanKey{unit: first.unit, table: first.table, lo: sp.lo, hi: sp.hi}
 		if len(sp.idx) == 1 || d.noMerge[key] {
 			for _, i := range sp.idx {
 				rs[i].Value, rs[i].Err = d.Read(ctx, ps[i])
@@ -438,7 +452,7 @@ func (d *Driver) ReadBatch(ctx context.Context, ps []*mapper.Property) []mapper.
 		b, err := d.readRaw(first, uint16(sp.lo), uint16(sp.hi-sp.lo))
 		if err != nil && mapper.IsPermanent(err) {
 			if d.noMerge == nil {
-				d.noMerge = map[string]bool{}
+				d.noMerge = map[spanKey]bool{}
 			}
 			d.noMerge[key] = true
 			for _, i := range sp.idx {
@@ -455,6 +469,33 @@ func (d *Driver) ReadBatch(ctx context.Context, ps []*mapper.Property) []mapper.
 		}
 	}
 	return rs
+}
+
+// plan returns ps's points and request plan, computed again only when ps is
+// not the slice (and properties) of the last call.
+func (d *Driver) plan(ps []*mapper.Property) ([]*point, []span) {
+	if len(ps) == 0 {
+		return nil, nil
+	}
+	if bp := d.plans[&ps[0]]; bp != nil && len(bp.ps) == len(ps) {
+		same := true
+		for i := 0; same && i < len(ps); i++ {
+			same = ps[i] == bp.ps[i] && ps[i].Data == any(bp.pts[i])
+		}
+		if same {
+			return bp.pts, bp.spans
+		}
+	}
+	pts := make([]*point, len(ps))
+	for i, p := range ps {
+		pts[i] = p.Data.(*point)
+	}
+	if d.plans == nil || len(d.plans) >= 16 {
+		d.plans = map[**mapper.Property]*batchPlan{} // stale ones go with the rest
+	}
+	bp := &batchPlan{ps: ps, pts: pts, spans: plan(pts, d.cfg.maxGap)}
+	d.plans[&ps[0]] = bp
+	return bp.pts, bp.spans
 }
 
 // Write writes a raw value to a coil or holding register(s).

@@ -113,3 +113,30 @@ func TestPlan(t *testing.T) {
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }
+
+// The request plan of a batch is computed once per slice the SDK hands
+// (one per collect cycle), and again when the slice or a property changes.
+func TestPlanCached(t *testing.T) {
+	d := &Driver{}
+	prop := func(addr int) *mapper.Property {
+		p := &mapper.Property{Name: "p" + strconv.Itoa(addr), Type: mapper.TypeInt, Visitor: mapper.Params{"address": int64(addr)}}
+		if err := d.Prepare(p); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	a := []*mapper.Property{prop(0), prop(1), prop(5)}
+	b := []*mapper.Property{prop(10), prop(11)}
+	_, spansA := d.plan(a)
+	_, spansB := d.plan(b)
+	if len(spansA) != 2 || len(spansB) != 1 {
+		t.Fatalf("plans: %d and %d requests, want 2 and 1", len(spansA), len(spansB))
+	}
+	if _, again := d.plan(a); &again[0] != &spansA[0] {
+		t.Error("the same slice was planned again")
+	}
+	a[2] = prop(2) // now adjacent: one request
+	if _, again := d.plan(a); len(again) != 1 {
+		t.Errorf("a changed property kept the old plan: %d requests", len(again))
+	}
+}

@@ -25,9 +25,18 @@ type Proc struct {
 	done chan struct{}
 }
 
-// Start runs bin/<name> with args, its output going to out.
+// BinDir is where Start finds binaries: $DOWSE_BIN_DIR when set (a bench
+// comparing two builds), else the repository's bin/.
+func BinDir() string {
+	if d := os.Getenv("DOWSE_BIN_DIR"); d != "" {
+		return d
+	}
+	return filepath.Join(kube.RepoRoot(), "bin")
+}
+
+// Start runs <BinDir>/<name> with args, its output going to out.
 func Start(name string, out io.Writer, args ...string) (*Proc, error) {
-	path := filepath.Join(kube.RepoRoot(), "bin", name)
+	path := filepath.Join(BinDir(), name)
 	if _, err := os.Stat(path); err != nil {
 		return nil, fmt.Errorf("%s is missing: run `make build` first", path)
 	}

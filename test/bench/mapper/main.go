@@ -222,7 +222,7 @@ func run(ctx context.Context, window time.Duration, nDevices, nProps, samples in
 	if err != nil {
 		return err
 	}
-	if _, err := os.Stat(filepath.Join(root, "bin", "dowse-modbus-mapper")); err != nil {
+	if _, err := os.Stat(filepath.Join(procs.BinDir(), "dowse-modbus-mapper")); err != nil {
 		return fmt.Errorf("bin/dowse-modbus-mapper is missing: run make build")
 	}
 	modules, err := jsmodbusModules(root)

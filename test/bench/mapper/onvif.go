@@ -26,7 +26,7 @@ func runONVIF(ctx context.Context, root string, window time.Duration) error {
 		fmt.Println("ONVIF skipped: bin/peers/go2rtc is missing (make peers builds it)")
 		return nil
 	}
-	if _, err := os.Stat(filepath.Join(root, "bin", "dowse-onvif-mapper")); err != nil {
+	if _, err := os.Stat(filepath.Join(procs.BinDir(), "dowse-onvif-mapper")); err != nil {
 		return fmt.Errorf("bin/dowse-onvif-mapper is missing: run make build")
 	}
 	dir, err := os.MkdirTemp("", "dowse-vb")

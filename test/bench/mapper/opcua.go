@@ -68,7 +68,7 @@ func startNodeOPCUA(root, dir string, port int) (*peer, error) {
 // changed by another client -> the pushed value reported (subscription,
 // 10 ms publishing interval), and peak RSS.
 func runOPCUA(ctx context.Context, root string, window time.Duration, samples int) error {
-	if _, err := os.Stat(filepath.Join(root, "bin", "dowse-opcua-mapper")); err != nil {
+	if _, err := os.Stat(filepath.Join(procs.BinDir(), "dowse-opcua-mapper")); err != nil {
 		return fmt.Errorf("bin/dowse-opcua-mapper is missing: run make build")
 	}
 	dir, err := os.MkdirTemp("", "dowse-ob")
