@@ -9,6 +9,7 @@ import (
 
 	authnv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
+	resourcev1 "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -333,4 +334,30 @@ func TestCredentialsThatAreNotAnAgentPod(t *testing.T) {
 func eventually(t *testing.T, f func() error) {
 	t.Helper()
 	testwait.For(t, 30*time.Second, f)
+}
+
+// An agent publishes DRA ResourceSlices for its own node only.
+func TestAgentPublishesOnlyItsOwnNodesSlices(t *testing.T) {
+	ctx := context.Background()
+	a := agentClient(t, nodeA)
+	slice := func(name, node string) *resourcev1.ResourceSlice {
+		return &resourcev1.ResourceSlice{
+			ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec: resourcev1.ResourceSliceSpec{Driver: "dowse.dev", NodeName: ptr.To(node),
+				Pool:    resourcev1.ResourcePool{Name: node, ResourceSliceCount: 1},
+				Devices: []resourcev1.Device{{Name: "d0"}}},
+		}
+	}
+	own := slice("iso-slice-a", nodeA)
+	mustOK(t, "publish its own node's slice", a.Create(ctx, own))
+	t.Cleanup(func() { _ = admin.Delete(ctx, own) })
+	expectRefused(t, "publish a slice for node B", a.Create(ctx, slice("iso-slice-forged", nodeB)), "resourceslice-node")
+	b := slice("iso-slice-b", nodeB)
+	mustOK(t, "admin publishes node B's slice", admin.Create(ctx, b))
+	t.Cleanup(func() { _ = admin.Delete(ctx, b) })
+	expectRefused(t, "change node B's slice", patch(t, a, b, func(s *resourcev1.ResourceSlice) {
+		s.Spec.Devices = append(s.Spec.Devices, resourcev1.Device{Name: "d1"})
+	}), "resourceslice-node")
+	expectRefused(t, "delete node B's slice", a.Delete(ctx, fresh(t, b.DeepCopy())), "resourceslice-node")
+	mustOK(t, "delete its own slice", a.Delete(ctx, fresh(t, own.DeepCopy())))
 }
