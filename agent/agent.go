@@ -27,6 +27,7 @@ import (
 	"github.com/dowse-dev/dowse/agent/deviceplugin"
 	"github.com/dowse-dev/dowse/agent/discovery"
 	"github.com/dowse-dev/dowse/agent/instances"
+	"github.com/dowse-dev/dowse/agent/propertyrefs"
 	"github.com/dowse-dev/dowse/agent/registration"
 	"github.com/dowse-dev/dowse/agent/registry"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
@@ -190,6 +191,7 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 	}
 	rec := discovery.NewReconciler(mgr.GetClient(), props, handlers, writer, discovery.Options{
 		NodeName: cfg.NodeName, GracePeriod: cfg.GracePeriod, MaxDevices: cfg.MaxDevices,
+		PropertyMetrics: propertyrefs.NewMetrics(reg),
 	}, log.WithName("discovery"))
 	if err := rec.SetupWithManager(ctx, mgr); err != nil {
 		return fmt.Errorf("setting up configuration controller: %w", err)

@@ -53,6 +53,9 @@ type Options struct {
 	GracePeriod time.Duration
 	// MaxDevices caps the devices taken from one list (0: no cap).
 	MaxDevices int
+	// PropertyMetrics counts the watches of discovery property objects
+	// (nil: not counted).
+	PropertyMetrics *propertyrefs.Metrics
 }
 
 // Reconciler reconciles Configurations for one node. It is also a manager
@@ -88,7 +91,7 @@ func NewReconciler(c client.Client, cs kubernetes.Interface, reg *registry.Regis
 		started:   make(chan struct{}),
 		sessions:  map[types.NamespacedName]*session{},
 	}
-	r.refs = propertyrefs.New(cs, r.propertiesChanged, log.WithName("properties"))
+	r.refs = propertyrefs.New(cs, r.propertiesChanged, opts.PropertyMetrics, log.WithName("properties"))
 	return r
 }
 

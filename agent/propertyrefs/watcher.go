@@ -49,9 +49,10 @@ var ErrPending = errors.New("not read yet")
 // Watcher keeps one watch per object some owner (a Configuration) reads.
 // It is safe for concurrent use. Its Start is a manager Runnable.
 type Watcher struct {
-	client kubernetes.Interface
-	notify func(owners []types.NamespacedName)
-	log    logr.Logger
+	client  kubernetes.Interface
+	notify  func(owners []types.NamespacedName)
+	metrics *Metrics
+	log     logr.Logger
 
 	mu      sync.Mutex
 	ctx     context.Context // nil until Start
@@ -62,9 +63,10 @@ type Watcher struct {
 // New makes a Watcher reading through c. notify is called (from the
 // watches' goroutines, never with a lock held) with the owners of an object
 // when it has been read for the first time, changed, was deleted, or its
-// first read failed in a new way; it must not block for long.
-func New(c kubernetes.Interface, notify func(owners []types.NamespacedName), log logr.Logger) *Watcher {
-	return &Watcher{client: c, notify: notify, log: log,
+// first read failed in a new way; it must not block for long. metrics may
+// be nil.
+func New(c kubernetes.Interface, notify func(owners []types.NamespacedName), metrics *Metrics, log logr.Logger) *Watcher {
+	return &Watcher{client: c, notify: notify, metrics: metrics, log: log,
 		owners: map[types.NamespacedName]map[Ref]bool{}, watches: map[Ref]*objectWatch{}}
 }
 
@@ -104,6 +106,7 @@ func (w *Watcher) Set(owner types.NamespacedName, refs []Ref) {
 			}
 		}
 	}
+	w.metrics.setWatched(len(w.watches))
 	w.mu.Unlock()
 	for _, ow := range stop {
 		ow.stop()
@@ -174,6 +177,7 @@ func (w *Watcher) Start(ctx context.Context) error {
 	w.mu.Lock()
 	all := w.watches
 	w.watches = map[Ref]*objectWatch{}
+	w.metrics.setWatched(0)
 	w.mu.Unlock()
 	for _, ow := range all {
 		ow.stop()
@@ -204,6 +208,7 @@ type objectWatch struct {
 	ref      Ref
 	informer toolscache.SharedIndexInformer
 	log      logr.Logger
+	metrics  *Metrics
 	changed  func()
 
 	cancel context.CancelFunc
@@ -249,7 +254,7 @@ func (w *Watcher) newWatch(ref Ref) *objectWatch {
 	inf := toolscache.NewSharedIndexInformerWithOptions(lw, example, toolscache.SharedIndexInformerOptions{
 		ObjectDescription: ref.String(),
 	})
-	ow := &objectWatch{ref: ref, informer: inf, log: w.log.WithValues("object", ref.String()), changed: func() { w.changed(ref) }}
+	ow := &objectWatch{ref: ref, informer: inf, log: w.log.WithValues("object", ref.String()), metrics: w.metrics, changed: func() { w.changed(ref) }}
 	// Keep what Value reads: managedFields and annotations (a
 	// last-applied-configuration holds the values a second time) go.
 	_ = inf.SetTransform(func(obj any) (any, error) {
@@ -315,6 +320,7 @@ func (ow *objectWatch) lastError() error {
 // (0.8 s doubling to 30 s). A new failure before the object was ever read
 // is logged and told to the owners, for their status.
 func (ow *objectWatch) failed(err error) {
+	ow.metrics.failed(err)
 	ow.mu.Lock()
 	same := ow.err != nil && ow.err.Error() == err.Error()
 	ow.err = err

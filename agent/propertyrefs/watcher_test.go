@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr/testr"
+	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -16,6 +17,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/dowse-dev/dowse/test/promtest"
 )
 
 type notes struct {
@@ -46,10 +49,10 @@ func eventually(t *testing.T, what string, f func() bool) {
 	}
 }
 
-func start(t *testing.T, cs *fake.Clientset) (*Watcher, *notes) {
+func start(t *testing.T, cs *fake.Clientset, reg prometheus.Registerer) (*Watcher, *notes) {
 	t.Helper()
 	n := &notes{got: map[types.NamespacedName]int{}}
-	w := New(cs, n.notify, testr.New(t))
+	w := New(cs, n.notify, NewMetrics(reg), testr.New(t))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- w.Start(ctx) }()
@@ -67,12 +70,16 @@ func TestValuesAndChanges(t *testing.T) {
 		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "cred"}, Data: map[string][]byte{"password": []byte("one")}},
 		&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "cm"}, Data: map[string]string{"url": "opc.tcp://a"}, BinaryData: map[string][]byte{"blob": {1, 2}}},
 	)
-	w, n := start(t, cs)
+	reg := prometheus.NewRegistry()
+	w, n := start(t, cs, reg)
 	owner := types.NamespacedName{Namespace: "ns", Name: "cfg"}
 	sec := Ref{Secret, types.NamespacedName{Namespace: "ns", Name: "cred"}}
 	cm := Ref{ConfigMap, types.NamespacedName{Namespace: "ns", Name: "cm"}}
 	absent := Ref{Secret, types.NamespacedName{Namespace: "ns", Name: "absent"}}
 	w.Set(owner, []Ref{sec, cm, absent})
+	if got := promtest.Sum(t, reg, "dowse_agent_property_objects_watched", nil); got != 3 {
+		t.Errorf("watched gauge %v, want 3", got)
+	}
 
 	eventually(t, "the objects read", func() bool {
 		_, _, e1 := w.Value(sec, "password")
@@ -138,7 +145,8 @@ func TestForbiddenUntilGranted(t *testing.T) {
 		}
 		return true, nil, apierrors.NewForbidden(corev1.Resource("secrets"), "", errors.New("no rule"))
 	})
-	w, n := start(t, cs)
+	reg := prometheus.NewRegistry()
+	w, n := start(t, cs, reg)
 	owner := types.NamespacedName{Namespace: "ns", Name: "cfg"}
 	ref := Ref{Secret, types.NamespacedName{Namespace: "ns", Name: "cred"}}
 	w.Set(owner, []Ref{ref})
@@ -150,6 +158,9 @@ func TestForbiddenUntilGranted(t *testing.T) {
 		return apierrors.IsForbidden(err) && n.count(owner) > 0
 	})
 	told := n.count(owner)
+	if got := promtest.Sum(t, reg, "dowse_agent_property_read_failures_total", map[string]string{"reason": "Forbidden"}); got < 1 {
+		t.Errorf("%v Forbidden failures counted", got)
+	}
 	granted.Store(true)
 	eventually(t, "the value once granted", func() bool {
 		v, found, err := w.Value(ref, "k")
@@ -158,7 +169,7 @@ func TestForbiddenUntilGranted(t *testing.T) {
 }
 
 func TestValueOfUnwatched(t *testing.T) {
-	w := New(fake.NewClientset(), func([]types.NamespacedName) {}, testr.New(t))
+	w := New(fake.NewClientset(), func([]types.NamespacedName) {}, nil, testr.New(t))
 	if _, _, err := w.Value(Ref{Secret, types.NamespacedName{Namespace: "a", Name: "b"}}, "k"); err == nil {
 		t.Fatal("no error for an object nobody Set")
 	}
