@@ -19,11 +19,15 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	dp "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/dowse-dev/dowse/agent/cdi"
+	"github.com/dowse-dev/dowse/agent/instances"
 	"github.com/dowse-dev/dowse/agent/slots"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 )
@@ -138,12 +142,30 @@ func (m *Manager) SetupWithManager(mgr ctrl.Manager) error {
 	}
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&v1alpha1.Instance{}).
+		// A Configuration's spec.allocation decides whether its Instances
+		// get plugins: a change of it revisits them.
+		Watches(&v1alpha1.Configuration{}, handler.EnqueueRequestsFromMapFunc(m.instancesOf),
+			builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Named("deviceplugins").
 		// One worker: plugin start and stop are cheap, and one worker keeps
 		// the Configuration plugins' membership simple. Several agents run
 		// in one process in tests: names need not be unique.
 		WithOptions(controller.Options{MaxConcurrentReconciles: 1}).
 		Complete(m)
+}
+
+// instancesOf lists the Instances of a Configuration, from the cache.
+func (m *Manager) instancesOf(ctx context.Context, o client.Object) []reconcile.Request {
+	var list v1alpha1.InstanceList
+	if err := m.client.List(ctx, &list, client.InNamespace(o.GetNamespace()), client.MatchingFields{instances.ConfigurationIndex: o.GetName()}); err != nil {
+		m.log.Error(err, "listing a Configuration's Instances", "configuration", client.ObjectKeyFromObject(o))
+		return nil
+	}
+	out := make([]reconcile.Request, len(list.Items))
+	for i := range list.Items {
+		out[i] = reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])}
+	}
+	return out
 }
 
 // Start runs the kubelet watch until ctx ends, then stops every plugin and
@@ -188,6 +210,12 @@ func (m *Manager) Reconcile(ctx context.Context, req reconcile.Request) (reconci
 		return reconcile.Result{}, err
 	}
 	here := err == nil && inst.DeletionTimestamp == nil && inst.HasNode(m.opts.NodeName)
+	if here && !m.usesDevicePlugins(ctx, inst) {
+		// A Configuration allocated through DRA alone: no plugin, and its
+		// CDI spec is agent/dra's to keep.
+		m.remove(req.NamespacedName, log)
+		return reconcile.Result{}, nil
+	}
 	if here && m.cdi != nil {
 		if err := m.cdi.Write(inst); err != nil {
 			// Bad input from the handler: no plugin rather than pods that
@@ -212,6 +240,17 @@ func (m *Manager) Reconcile(ctx context.Context, req reconcile.Request) (reconci
 	}
 	m.upsert(inst, log) //nolint:contextcheck // plugins live as long as the manager, not the Reconcile that starts them
 	return reconcile.Result{}, nil
+}
+
+// usesDevicePlugins says whether inst's Configuration asks for device
+// plugins (spec.allocation DevicePlugin or Both); true when it is not in
+// the cache (the default allocation).
+func (m *Manager) usesDevicePlugins(ctx context.Context, inst *v1alpha1.Instance) bool {
+	var cfg v1alpha1.Configuration
+	if err := m.client.Get(ctx, types.NamespacedName{Namespace: inst.Namespace, Name: inst.Spec.ConfigurationName}, &cfg); err != nil {
+		return true
+	}
+	return cfg.Spec.UsesDevicePlugins()
 }
 
 // sweepCDI removes the specs of Instances that went away, or left this
