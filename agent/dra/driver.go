@@ -68,10 +68,12 @@ type Options struct {
 type Driver struct {
 	opts  Options
 	cache cache.Cache
-	kube  kubernetes.Interface
-	cdi   *cdi.Writer
-	log   logr.Logger
-	dirty chan struct{}
+	// reader reads Instances and Configurations: the cache (tests: a fake).
+	reader client.Reader
+	kube   kubernetes.Interface
+	cdi    *cdi.Writer
+	log    logr.Logger
+	dirty  chan struct{}
 
 	mu         sync.Mutex
 	checkpoint *checkpoint
@@ -96,7 +98,7 @@ func New(c cache.Cache, kube kubernetes.Interface, opts Options, log logr.Logger
 	if err != nil {
 		return nil, err
 	}
-	return &Driver{opts: opts, cache: c, kube: kube, cdi: w, log: log, dirty: make(chan struct{}, 1),
+	return &Driver{opts: opts, cache: c, reader: c, kube: kube, cdi: w, log: log, dirty: make(chan struct{}, 1),
 		specs: map[types.NamespacedName]string{}}, nil
 }
 
@@ -200,7 +202,7 @@ func (d *Driver) Start(ctx context.Context) error {
 // here lists the Instances on this node of DRA Configurations.
 func (d *Driver) here(ctx context.Context) ([]*v1alpha1.Instance, error) {
 	var cfgs v1alpha1.ConfigurationList
-	if err := d.cache.List(ctx, &cfgs); err != nil {
+	if err := d.reader.List(ctx, &cfgs); err != nil {
 		return nil, err
 	}
 	dra := map[types.NamespacedName]bool{}
@@ -214,7 +216,7 @@ func (d *Driver) here(ctx context.Context) ([]*v1alpha1.Instance, error) {
 		return nil, nil
 	}
 	var insts v1alpha1.InstanceList
-	if err := d.cache.List(ctx, &insts); err != nil {
+	if err := d.reader.List(ctx, &insts); err != nil {
 		return nil, err
 	}
 	var out []*v1alpha1.Instance
@@ -369,7 +371,7 @@ func (d *Driver) prepare(ctx context.Context, claim *resourceapi.ResourceClaim) 
 		}
 		key := types.NamespacedName{Namespace: ns, Name: name}
 		var inst v1alpha1.Instance
-		if err := d.cache.Get(ctx, key, &inst); err != nil {
+		if err := d.reader.Get(ctx, key, &inst); err != nil {
 			if apierrors.IsNotFound(err) {
 				return nil, fmt.Errorf("device %s/%s: Instance %s is gone", r.Pool, r.Device, key)
 			}

@@ -1,0 +1,137 @@
+package dra
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/go-logr/logr/testr"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	"github.com/dowse-dev/dowse/agent/cdi"
+	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+	shareddra "github.com/dowse-dev/dowse/shared/dra"
+	"github.com/dowse-dev/dowse/shared/scheme"
+)
+
+func newTestDriver(t *testing.T, c client.Reader, pluginDir, cdiDir string) *Driver {
+	t.Helper()
+	d, err := New(nil, nil, Options{NodeName: "n1", RegistrarDir: "unused", PluginDir: pluginDir, CDIDir: cdiDir}, testr.New(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.reader = c
+	if d.checkpoint, err = loadCheckpoint(filepath.Join(pluginDir, CheckpointFile)); err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+func claimFor(uid, pool, device string) *resourceapi.ResourceClaim {
+	return &resourceapi.ResourceClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: "c-" + uid, Namespace: "apps", UID: types.UID(uid)},
+		Status: resourceapi.ResourceClaimStatus{Allocation: &resourceapi.AllocationResult{Devices: resourceapi.DeviceAllocationResult{
+			Results: []resourceapi.DeviceRequestAllocationResult{{Request: "echo", Driver: shareddra.DriverName, Pool: pool, Device: device}},
+		}}},
+	}
+}
+
+// TestPrepareCheckpointed: sync publishes the local device in its pool and
+// writes its CDI spec; a claim allocated to it is answered with its CDI
+// device, again from the checkpoint (also by a new driver, after the
+// Instance went); unprepare forgets it; a device not on this node fails
+// its claim.
+func TestPrepareCheckpointed(t *testing.T) {
+	sch, err := scheme.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	inst := &v1alpha1.Instance{
+		ObjectMeta: metav1.ObjectMeta{Name: "echo-0123456789abcdef", Namespace: "default", ResourceVersion: "1"},
+		Spec: v1alpha1.InstanceSpec{ConfigurationName: "echo", DeviceID: "foo1", Capacity: 2,
+			BrokerProperties: map[string]string{"DEBUG_ECHO_DESCRIPTION": "foo1"}},
+		Status: v1alpha1.InstanceStatus{Nodes: []v1alpha1.InstanceNode{{Name: "n1"}}},
+	}
+	elsewhere := inst.DeepCopy()
+	elsewhere.Name, elsewhere.Status.Nodes = "echo-fedcba9876543210", []v1alpha1.InstanceNode{{Name: "n2"}}
+	cfg := &v1alpha1.Configuration{ObjectMeta: metav1.ObjectMeta{Name: "echo", Namespace: "default"},
+		Spec: v1alpha1.ConfigurationSpec{Allocation: v1alpha1.AllocationDRA}}
+	c := fake.NewClientBuilder().WithScheme(sch).WithObjects(inst, elsewhere, cfg).Build()
+	pluginDir, cdiDir := t.TempDir(), t.TempDir()
+	d := newTestDriver(t, c, pluginDir, cdiDir)
+	ctx := context.Background()
+
+	res, err := d.sync(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := shareddra.LocalPool("n1", "default", "echo")
+	if p, ok := res.Pools[pool]; !ok || len(res.Pools) != 1 || len(p.Slices) != 1 || len(p.Slices[0].Devices) != 1 || p.Slices[0].Devices[0].Name != "0123456789abcdef" {
+		t.Fatalf("pools %+v", res.Pools)
+	}
+	if _, err := os.Stat(filepath.Join(cdiDir, cdi.SpecFileName(inst)+".json")); err != nil {
+		t.Fatalf("no CDI spec: %v", err)
+	}
+
+	claim := claimFor("u1", pool, "0123456789abcdef")
+	check := func(d *Driver) {
+		t.Helper()
+		out, err := d.PrepareResourceClaims(ctx, []*resourceapi.ResourceClaim{claim})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := out["u1"]
+		if r.Err != nil || len(r.Devices) != 1 || r.Devices[0].CDIDeviceIDs[0] != "dowse.dev/echo=0123456789abcdef" || r.Devices[0].Requests[0] != "echo" {
+			t.Fatalf("prepare = %+v", r)
+		}
+	}
+	check(d)
+	check(d)
+	// The CDI spec stays while the claim is prepared, even with the
+	// Instance gone.
+	if err := c.Delete(ctx, inst); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(cdiDir, cdi.SpecFileName(inst)+".json")); err != nil {
+		t.Fatalf("CDI spec of a prepared claim removed: %v", err)
+	}
+	// A new process answers from the checkpoint.
+	d2 := newTestDriver(t, c, pluginDir, cdiDir)
+	check(d2)
+
+	out, err := d2.UnprepareResourceClaims(ctx, []kubeletplugin.NamespacedObject{
+		{NamespacedName: types.NamespacedName{Namespace: "apps", Name: "c-u1"}, UID: "u1"},
+		{NamespacedName: types.NamespacedName{Namespace: "apps", Name: "c-unknown"}, UID: "unknown"},
+	})
+	if err != nil || out["u1"] != nil || out["unknown"] != nil {
+		t.Fatalf("unprepare = %v %v", out, err)
+	}
+	if got := newTestDriver(t, c, pluginDir, cdiDir).Prepared(); len(got) != 0 {
+		t.Fatalf("prepared after unprepare: %v", got)
+	}
+	// No claim and no Instance: the spec goes at the next sync.
+	d2.specs = d.specs
+	if _, err := d2.sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(cdiDir, cdi.SpecFileName(inst)+".json")); !os.IsNotExist(err) {
+		t.Fatalf("CDI spec left behind: %v", err)
+	}
+
+	out2, err := d2.PrepareResourceClaims(ctx, []*resourceapi.ResourceClaim{claimFor("u2", shareddra.LocalPool("n2", "default", "echo"), "fedcba9876543210")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out2["u2"].Err == nil {
+		t.Fatal("a device of another node was prepared")
+	}
+}
