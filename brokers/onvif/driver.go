@@ -3,13 +3,15 @@
 // services tell, as read-only properties: device information, the stream
 // and snapshot URIs of a profile, the profile tokens and the camera's
 // clock. Credentials go in every request as a WS-Security UsernameToken
-// (password digest).
+// (password digest); a camera that answers 401 asking for HTTP Basic or
+// Digest authentication (RFC 7616, MD5 or SHA-256) gets it too.
 //
 // Protocol configData:
 //
 //	deviceServiceUrl   http://host:port/onvif/device_service (required; a
 //	                   bare host:port means that path)
-//	username, password         WS-Security credentials (default none)
+//	username, password         credentials (default none): WS-Security, and
+//	                           HTTP Basic or Digest when the camera asks
 //	usernameFile, passwordFile the same from files (a mounted Secret)
 //	profileToken       the media profile of streamUri and snapshotUri
 //	                   (default: the first profile)

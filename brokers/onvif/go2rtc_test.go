@@ -3,6 +3,8 @@ package onvif_test
 import (
 	"bytes"
 	"context"
+	"crypto/sha1"
+	"encoding/base64"
 	"fmt"
 	"net"
 	"os"
@@ -12,6 +14,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -34,12 +37,43 @@ type go2rtc struct {
 	bin, dir   string
 	api, rtsp  int
 	cmd        *exec.Cmd
-	out        bytes.Buffer
+	out        syncBuffer
 	done       chan struct{}
 	serviceURL string
 }
 
+// syncBuffer is go2rtc's output, read by the test while go2rtc writes it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+func (b *syncBuffer) Reset() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.b.Reset()
+}
+
 func startGo2rtc(t *testing.T) *go2rtc {
+	t.Helper()
+	return startGo2rtcWith(t, "", "")
+}
+
+// startGo2rtcWith adds api settings (indented lines under api:) and
+// top-level settings to go2rtc's config.
+func startGo2rtcWith(t *testing.T, api, top string) *go2rtc {
 	t.Helper()
 	bin := os.Getenv("DOWSE_GO2RTC")
 	if bin == "" {
@@ -51,7 +85,7 @@ func startGo2rtc(t *testing.T) *go2rtc {
 	}
 	g := &go2rtc{t: t, bin: bin, dir: t.TempDir(), api: npmpeer.FreePort(t, "127.0.0.1"), rtsp: npmpeer.FreePort(t, "127.0.0.1")}
 	g.serviceURL = fmt.Sprintf("http://127.0.0.1:%d/onvif/device_service", g.api)
-	cfg := fmt.Sprintf("api:\n  listen: \"127.0.0.1:%d\"\nrtsp:\n  listen: \"127.0.0.1:%d\"\nwebrtc:\n  listen: \"\"\nstreams:\n  gate: exec:true\n  yard: exec:true\n", g.api, g.rtsp)
+	cfg := fmt.Sprintf("api:\n  listen: \"127.0.0.1:%d\"\n%srtsp:\n  listen: \"127.0.0.1:%d\"\nwebrtc:\n  listen: \"\"\nstreams:\n  gate: exec:true\n  yard: exec:true\n%s", g.api, api, g.rtsp, top)
 	if err := os.WriteFile(filepath.Join(g.dir, "go2rtc.yaml"), []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -121,7 +155,8 @@ func TestONVIFMapperAgainstGo2rtc(t *testing.T) {
 		return mappertest.Prop{Name: name, Visitor: v, CollectCycle: cycle}
 	}
 	dev := mappertest.NewDevice(t, "default", "cam", "camera", onvif.Protocol,
-		// go2rtc takes any credentials; they travel as WS-Security.
+		// go2rtc's ONVIF service checks no WS-Security: any credentials
+		// do here (TestONVIFCredentials has a camera that checks).
 		map[string]any{"deviceServiceUrl": cam.serviceURL, "username": "admin", "password": "secret", "timeout": "2s"},
 		prop("manufacturer", map[string]any{"field": "manufacturer"}),
 		prop("model", map[string]any{"field": "model"}),
@@ -207,4 +242,117 @@ func TestONVIFMapperAgainstGo2rtc(t *testing.T) {
 	agent.WaitState(t, d, "offline", wait)
 	cam.start()
 	agent.WaitState(t, d, "ok", wait)
+}
+
+// Credentials against go2rtc. Its ONVIF service checks no WS-Security
+// token (it takes any), but its API, /onvif/ included, can demand HTTP
+// Basic authentication (api username, password, local_auth), as cameras
+// that ask for HTTP authentication instead of WS-Security do: the right
+// password reads, a wrong one or none is refused with the camera's 401. The
+// UsernameToken the mapper sends is read from go2rtc's own log of the
+// requests it received and checked as a camera that verifies WS-Security
+// would: SHA-1 of nonce, created and the password it knows (go2rtc itself
+// does not check it).
+func TestONVIFCredentials(t *testing.T) {
+	cam := startGo2rtcWith(t, "  username: \"plant\"\n  password: \"s3cret-Pw\"\n  local_auth: true\n", "log:\n  level: info\n  onvif: trace\n")
+	prop := mappertest.Prop{Name: "model", Visitor: map[string]any{"field": "model"}, CollectCycle: 200 * time.Millisecond}
+	device := func(name string, creds map[string]any) *dmiv1beta1.Device {
+		creds["deviceServiceUrl"], creds["timeout"] = cam.serviceURL, "2s"
+		return mappertest.NewDevice(t, "default", name, "camera", onvif.Protocol, creds, prop)
+	}
+	devs := []*dmiv1beta1.Device{
+		device("right", map[string]any{"username": "plant", "password": "s3cret-Pw"}),
+		device("wrong", map[string]any{"username": "plant", "password": "guess"}),
+		device("none", map[string]any{}),
+	}
+	dir := mappertest.ShortTempDir(t)
+	agent := mappertest.Start(t, dir)
+	agent.SetData([]*dmiv1beta1.DeviceModel{model}, devs)
+	m, err := mapper.New(mapper.Config{Protocol: onvif.Protocol, StateDir: dir, NewDriver: onvif.NewDriver, Logger: testr.New(t),
+		ReconnectInitial: 100 * time.Millisecond, ReconnectMax: time.Second, ReregisterInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- m.Start(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("mapper Start = %v", err)
+		}
+	})
+
+	agent.WaitState(t, "default/right", "ok", wait)
+	agent.WaitReported(t, "default/right", "model", "go2rtc", 0, wait)
+	for name, want := range map[string]string{"wrong": `refused the credentials of user "plant"`, "none": "wants credentials"} {
+		agent.WaitState(t, "default/"+name, "offline", wait)
+		if e := agent.WaitDeviceError(t, "default", name, "model", wait); !strings.Contains(e, "HTTP 401") || !strings.Contains(e, want) {
+			t.Errorf("%s: error %q, want the camera's 401 (%s)", name, e, want)
+		} else {
+			t.Logf("%s: %s", name, e)
+		}
+		if tws := agent.Twins("default/"+name, "model", 0); len(tws) != 0 {
+			t.Errorf("%s: %d values reported without the camera's consent", name, len(tws))
+		}
+	}
+
+	// The UsernameTokens go2rtc received (it logs the body of each request
+	// that passed its HTTP authentication, so the right device's): each
+	// verifies with the camera's password and not with another.
+	var toks []usernameToken
+	for deadline := time.Now().Add(wait); len(toks) == 0 && time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		toks = usernameTokens(cam.out.String())
+	}
+	if len(toks) == 0 {
+		t.Fatalf("no UsernameToken in go2rtc's log of the requests it received:\n%s", cam.out.String())
+	}
+	for _, tok := range toks {
+		if tok.user != "plant" || !tok.verifies("s3cret-Pw") || tok.verifies("guess") {
+			t.Errorf("token %+v: want user plant, verifying with the camera's password only", tok)
+		}
+	}
+	t.Logf("%d UsernameTokens received by go2rtc verify with the camera's password", len(toks))
+}
+
+type usernameToken struct{ user, digest, nonce, created string }
+
+// verifies checks the token as WS-Security's UsernameToken profile says:
+// Base64(SHA-1(nonce + created + password)), the nonce Base64 on the wire.
+func (u usernameToken) verifies(password string) bool {
+	nonce, err := base64.StdEncoding.DecodeString(u.nonce)
+	if err != nil || u.created == "" {
+		return false
+	}
+	sum := sha1.Sum(append(append(nonce, u.created...), password...))
+	return base64.StdEncoding.EncodeToString(sum[:]) == u.digest
+}
+
+// usernameTokens finds the UsernameTokens in go2rtc's log of request bodies.
+func usernameTokens(log string) []usernameToken {
+	var out []usernameToken
+	for _, chunk := range strings.Split(log, "<wsse:UsernameToken>")[1:] {
+		end := strings.Index(chunk, "</wsse:UsernameToken>")
+		if end < 0 {
+			continue
+		}
+		chunk = chunk[:end]
+		text := func(open, close string) string {
+			i := strings.Index(chunk, open)
+			if i < 0 {
+				return ""
+			}
+			rest := chunk[i+len(open):]
+			if j := strings.Index(rest, ">"); j >= 0 && !strings.HasSuffix(open, ">") {
+				rest = rest[j+1:]
+			}
+			if j := strings.Index(rest, close); j >= 0 {
+				return rest[:j]
+			}
+			return ""
+		}
+		out = append(out, usernameToken{user: text("<wsse:Username>", "</wsse:Username>"), digest: text("<wsse:Password", "</wsse:Password>"),
+			nonce: text("<wsse:Nonce", "</wsse:Nonce>"), created: text("<wsu:Created>", "</wsu:Created>")})
+	}
+	return out
 }

@@ -31,6 +31,9 @@ const (
 type soapClient struct {
 	http               *http.Client
 	username, password string
+	// auth is the HTTP authentication the camera asked for (a 401 with
+	// WWW-Authenticate: Basic or Digest), sent with every later request.
+	auth *httpAuth
 }
 
 func newSOAPClient(timeout time.Duration) *soapClient {
@@ -49,7 +52,30 @@ func (c *soapClient) close() { c.http.CloseIdleConnections() }
 // call posts one SOAP 1.2 request and returns the response body. A SOAP
 // fault (the camera refused the request: not authorized, not supported) is
 // permanent; a transport failure is not.
+//
+// With credentials, every request carries a WS-Security UsernameToken; a
+// camera that answers 401 asking for HTTP authentication (Basic or Digest,
+// as ONVIF's core specification allows beside WS-Security) gets the request
+// again with it, and every later one too. Without credentials a 401 is
+// returned as it is.
 func (c *soapClient) call(ctx context.Context, url, body string) ([]byte, error) {
+	for attempt := 0; ; attempt++ {
+		b, resp, err := c.post(ctx, url, body)
+		if err != nil {
+			return nil, err
+		}
+		if resp.StatusCode == http.StatusUnauthorized && c.username != "" && attempt == 0 {
+			if a := parseChallenge(resp.Header.Values("WWW-Authenticate")); a != nil && (c.auth == nil || a.stale || !c.auth.same(a)) {
+				c.auth = a
+				continue
+			}
+		}
+		return c.check(b, resp)
+	}
+}
+
+// post sends one request and reads its answer.
+func (c *soapClient) post(ctx context.Context, url, body string) ([]byte, *http.Response, error) {
 	var env bytes.Buffer
 	env.WriteString(`<?xml version="1.0" encoding="UTF-8"?><s:Envelope xmlns:s="http://www.w3.org/2003/05/soap-envelope" xmlns:tds="` + nsDeviceWSDL + `" xmlns:trt="` + nsMediaWSDL + `" xmlns:tt="` + nsSchema + `">`)
 	if c.username != "" {
@@ -58,26 +84,40 @@ func (c *soapClient) call(ctx context.Context, url, body string) ([]byte, error)
 	env.WriteString(`<s:Body>` + body + `</s:Body></s:Envelope>`)
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, &env)
 	if err != nil {
-		return nil, mapper.Permanent(err)
+		return nil, nil, mapper.Permanent(err)
 	}
 	req.Header.Set("Content-Type", "application/soap+xml; charset=utf-8")
+	if c.auth != nil {
+		req.Header.Set("Authorization", c.auth.authorization(c.username, c.password, http.MethodPost, req.URL.RequestURI()))
+	}
 	resp, err := c.http.Do(req)
 	if err != nil {
 		if errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, io.EOF) {
-			return nil, fmt.Errorf("%w: %w", mapper.ErrDisconnected, err)
+			return nil, nil, fmt.Errorf("%w: %w", mapper.ErrDisconnected, err)
 		}
-		return nil, err
+		return nil, nil, err
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(io.LimitReader(resp.Body, maxSOAPResponse))
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
+	return b, resp, nil
+}
+
+// check turns an answer into its body or the error it says.
+func (c *soapClient) check(b []byte, resp *http.Response) ([]byte, error) {
 	if bytes.Contains(b, []byte(":Fault>")) || findText(b, "Fault") != "" {
 		return nil, mapper.Permanentf("SOAP fault (HTTP %d): %s", resp.StatusCode, strings.Join(strings.Fields(findText(b, "Text")), " "))
 	}
 	if resp.StatusCode/100 != 2 {
-		if resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden || resp.StatusCode == http.StatusNotFound {
+		if resp.StatusCode == http.StatusUnauthorized {
+			if c.username == "" {
+				return nil, mapper.Permanentf("HTTP 401: the camera wants credentials (username and password in the protocol config)")
+			}
+			return nil, mapper.Permanentf("HTTP 401: the camera refused the credentials of user %q", c.username)
+		}
+		if resp.StatusCode == http.StatusForbidden || resp.StatusCode == http.StatusNotFound {
 			return nil, mapper.Permanentf("HTTP %d", resp.StatusCode)
 		}
 		return nil, fmt.Errorf("HTTP %d", resp.StatusCode)

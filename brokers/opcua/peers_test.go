@@ -36,16 +36,26 @@ const (
 // UA discovery handler's tests use) and returns its endpoint.
 func startServer(t *testing.T) (func() *npmpeer.Process, *npmpeer.Process, string) {
 	t.Helper()
+	return startServerWith(t, nil)
+}
+
+// startServerWith starts the server with extra launcher settings (users).
+func startServerWith(t *testing.T, extra map[string]any) (func() *npmpeer.Process, *npmpeer.Process, string) {
+	t.Helper()
 	modules := npmpeer.Install(t, "opcua", nil, npmPackages...)
 	script, err := filepath.Abs("../../discovery-handlers/opcua/testdata/opcua-server.js")
 	if err != nil {
 		t.Fatal(err)
 	}
 	port := npmpeer.FreePort(t, "127.0.0.1")
-	cfg := npmpeer.JSON(t, map[string]any{
+	settings := map[string]any{
 		"kind": "server", "port": port, "pkiDir": filepath.Join(t.TempDir(), "pki"),
 		"applicationName": "mapper-test", "applicationUri": "urn:dowse:test:mapper",
-	})
+	}
+	for k, v := range extra {
+		settings[k] = v
+	}
+	cfg := npmpeer.JSON(t, settings)
 	start := func() *npmpeer.Process {
 		proc := npmpeer.Start(t, "node-opcua", modules, script, cfg)
 		proc.WaitLine(t, "READY", 0, peerStart)
@@ -225,6 +235,110 @@ func readWithOtherClient(t *testing.T, endpoint, node string) any {
 	}
 	if resp.Results[0].Status != ua.StatusOK {
 		t.Fatal(fmt.Errorf("reading %s: %v", node, resp.Results[0].Status))
+	}
+	return resp.Results[0].Value.Value()
+}
+
+// A server that takes only user names and passwords (node-opcua's
+// userManager, anonymous sessions refused): the mapper's session with the
+// right password reads and writes, with a wrong one or none it is refused,
+// and the server's own check says which user it saw.
+func TestOPCUAMapperUserNameAgainstNodeOPCUA(t *testing.T) {
+	_, server, endpoint := startServerWith(t, map[string]any{"users": []map[string]string{{"user": "plant", "password": "s3cret-Pw"}}})
+	props := []mappertest.Prop{{Name: "int32", Visitor: map[string]any{"nodeId": "ns=2;s=Static_Scalar_Int32"}, CollectCycle: 100 * time.Millisecond}}
+	device := func(name string, protocol map[string]any) *dmiv1beta1.Device {
+		protocol["endpoint"], protocol["timeout"] = endpoint, "3s"
+		return mappertest.NewDevice(t, "default", name, "opcua-sim", mopcua.Protocol, protocol, props...)
+	}
+	right := device("right", map[string]any{"username": "plant", "password": "s3cret-Pw"})
+	// The password encrypted for the server's certificate on a signed and
+	// encrypted channel too.
+	rightSecure := device("right-secure", map[string]any{"username": "plant", "password": "s3cret-Pw",
+		"securityPolicy": "Basic256Sha256", "securityMode": "SignAndEncrypt"})
+	wrong := device("wrong", map[string]any{"username": "plant", "password": "guess"})
+	anonymous := device("anonymous", map[string]any{})
+
+	dir := mappertest.ShortTempDir(t)
+	agent := mappertest.Start(t, dir)
+	agent.SetData([]*dmiv1beta1.DeviceModel{model}, []*dmiv1beta1.Device{right, rightSecure, wrong, anonymous})
+	m, err := mapper.New(mapper.Config{Protocol: mopcua.Protocol, StateDir: dir, NewDriver: mopcua.NewDriver, Logger: testr.New(t),
+		ReconnectInitial: 200 * time.Millisecond, ReconnectMax: 2 * time.Second, ReregisterInterval: time.Hour, CallTimeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- m.Start(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("mapper Start = %v", err)
+		}
+	})
+
+	for _, dev := range []string{"default/right", "default/right-secure"} {
+		agent.WaitState(t, dev, "ok", wait)
+		agent.WaitTwin(t, dev, "int32", 0, wait, func(tw *dmiv1beta1.Twin) bool {
+			_, err := strconv.Atoi(tw.GetReported().GetValue())
+			return err == nil
+		})
+	}
+	server.WaitLine(t, "AUTH plant ok", 0, wait)
+	server.WaitLine(t, "AUTH plant refused", 0, wait)
+
+	// Refused sessions: offline, the server's refusal in the twins' error,
+	// never a value.
+	for name, refusal := range map[string]string{"wrong": "BadUserAccessDenied", "anonymous": "BadIdentityToken"} {
+		agent.WaitState(t, "default/"+name, "offline", wait)
+		e := agent.WaitDeviceError(t, "default", name, "int32", wait)
+		if !strings.Contains(e, refusal) {
+			t.Errorf("%s: error %q does not carry the server's refusal", name, e)
+		}
+		t.Logf("%s: %s", name, e)
+		if tws := agent.Twins("default/"+name, "int32", 0); len(tws) != 0 {
+			t.Errorf("%s: %d values reported through a refused session", name, len(tws))
+		}
+	}
+
+	// The right session writes too: read back by another (user-name) client.
+	want := 7000 + time.Now().Nanosecond()%1000
+	from := agent.ReportCount()
+	if _, err := agent.Mapper(t).UpdateDevice(ctx, &dmiv1beta1.UpdateDeviceRequest{Device: mappertest.SetDesired(right, "int32", strconv.Itoa(want))}); err != nil {
+		t.Fatal(err)
+	}
+	agent.WaitReported(t, "default/right", "int32", strconv.Itoa(want), from, wait)
+	if got := readAs(t, endpoint, "ns=2;s=Static_Scalar_Int32", "plant", "s3cret-Pw"); got != int32(want) {
+		t.Errorf("another client reads %v, want %d", got, want)
+	}
+}
+
+// readAs reads a node's value on a session of its own as a user.
+func readAs(t *testing.T, endpoint, node, user, password string) any {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	eps, err := opcua.GetEndpoints(ctx, endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep, err := opcua.SelectEndpoint(eps, "None", ua.MessageSecurityModeNone)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := opcua.NewClient(endpoint, opcua.SecurityFromEndpoint(ep, ua.UserTokenTypeUserName), opcua.AuthUsername(user, password))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Connect(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(context.Background())
+	resp, err := c.Read(ctx, &ua.ReadRequest{NodesToRead: []*ua.ReadValueID{{NodeID: ua.MustParseNodeID(node), AttributeID: ua.AttributeIDValue}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Results[0].Status != ua.StatusOK {
+		t.Fatalf("reading %s: %v", node, resp.Results[0].Status)
 	}
 	return resp.Results[0].Value.Value()
 }

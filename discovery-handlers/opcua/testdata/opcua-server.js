@@ -1,7 +1,11 @@
 // Launcher for a real node-opcua peer, used by the OPC UA handler's tests.
 // Usage: node opcua-server.js '<json config>'
 //   {"kind": "server" | "lds", "port": N, "pkiDir": "...",
-//    "applicationName": "...", "applicationUri": "...", "ldsUrl": "opc.tcp://..."}
+//    "applicationName": "...", "applicationUri": "...", "ldsUrl": "opc.tcp://...",
+//    "users": [{"user": "...", "password": "..."}]}
+// With users, the server accepts those user names and passwords (node-opcua's
+// userManager) and refuses anonymous sessions; it prints "AUTH <user> ok" or
+// "AUTH <user> refused" for each user-name check.
 // It prints "READY" once it listens, "REGISTERED" each time it has registered
 // with the LDS, and exits on SIGTERM/SIGINT after a graceful shutdown.
 "use strict";
@@ -39,6 +43,16 @@ async function main() {
       },
       nodeset_filename: [opcua.nodesets.standard],
     };
+    if (cfg.users && cfg.users.length) {
+      options.allowAnonymous = false;
+      options.userManager = {
+        isValidUser: (userName, password) => {
+          const ok = cfg.users.some((u) => u.user === userName && u.password === password);
+          console.log("AUTH " + userName + (ok ? " ok" : " refused"));
+          return ok;
+        },
+      };
+    }
     if (cfg.ldsUrl) {
       options.registerServerMethod = opcua.RegisterServerMethod.LDS;
       options.discoveryServerEndpointUrl = cfg.ldsUrl;
