@@ -157,6 +157,11 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 		LeaderElection:          cfg.LeaderElection,
 		LeaderElectionID:        "dowse-controller.dowse.dev",
 		LeaderElectionNamespace: cfg.LeaderElectionNamespace,
+		// A replica told to stop (its Pod deleted, a rolling update) hands
+		// the lease over at once instead of making the next leader wait
+		// out the lease (15 s). Run returns and main exits when the
+		// manager stops, as this needs.
+		LeaderElectionReleaseOnCancel: true,
 	})
 	if err != nil {
 		return fmt.Errorf("creating manager: %w", err)

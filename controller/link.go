@@ -117,10 +117,12 @@ func addLink(ctx context.Context, mgr ctrl.Manager, cfg Config, reg prometheus.R
 	// The link's listeners failing (an address in use) is the link's
 	// failure, not the controller's: contained, each is logged, counted and
 	// retried, and fails only the "link" readiness check meanwhile, while
-	// brokers go on. The bootstrap endpoint keeps no state, so it runs on
-	// every replica: edges may reach any of them.
+	// brokers go on. The bootstrap endpoint, like the hub, runs on the
+	// leader only: the link's Service selects the leader's Pod (hubLabel),
+	// so no edge reaches another replica's, and on a host network a
+	// standby holding the port would keep the new leader from serving it.
 	failures := contain.NewFailures(reg, "dowse_controller")
-	authPart := &contain.Part{Name: "link-auth", Log: log, Failures: failures, Run: func(ctx context.Context) error {
+	authPart := &contain.Part{Name: "link-auth", Log: log, Failures: failures, LeaderOnly: true, Run: func(ctx context.Context) error {
 		return auth.Start(logr.NewContext(ctx, log))
 	}}
 	if err := mgr.Add(authPart); err != nil {

@@ -1,0 +1,280 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	"github.com/dowse-dev/dowse/controller"
+	"github.com/dowse-dev/dowse/shared/scheme"
+	"github.com/dowse-dev/dowse/test/kube"
+	"github.com/dowse-dev/dowse/test/procs"
+)
+
+// postRenderEnv makes this test binary Helm's post-renderer (TestMain): it
+// reads the rendered manifests on stdin and writes them back changed by
+// sharedHostNetwork.
+const postRenderEnv = "DOWSE_NODE_TEST_POST_RENDER"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(postRenderEnv) != "" {
+		if err := sharedHostNetwork(os.Stdin, os.Stdout); err != nil {
+			fmt.Fprintln(os.Stderr, "post-render:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// sharedHostNetwork lets the chart's two controller replicas share the
+// test node's one host network. Each replica serves metrics and health
+// probes (the link only while it leads), so on a host network two of them
+// on one node would contend for those ports, and their declared container
+// ports become host ports, which keep the scheduler from putting the second
+// replica on the node at all. On a real cluster the replicas have a pod
+// network or a node each; here the controller's metrics and probes are
+// turned off and its ports left undeclared. Leader election, the leader
+// label and the link's Service are the chart's own.
+func sharedHostNetwork(in io.Reader, out io.Writer) error {
+	raw, err := io.ReadAll(in)
+	if err != nil {
+		return err
+	}
+	var docs []string
+	for _, doc := range strings.Split(string(raw), "\n---") {
+		var obj map[string]any
+		if err := yaml.Unmarshal([]byte(doc), &obj); err != nil {
+			return err
+		}
+		if obj == nil {
+			continue
+		}
+		if meta, _ := obj["metadata"].(map[string]any); obj["kind"] == "Deployment" && meta["name"] == "dowse-controller" {
+			tmpl := obj["spec"].(map[string]any)["template"].(map[string]any)
+			for _, c := range tmpl["spec"].(map[string]any)["containers"].([]any) {
+				c := c.(map[string]any)
+				delete(c, "ports")
+				delete(c, "livenessProbe")
+				delete(c, "readinessProbe")
+				var args []any
+				for _, a := range c["args"].([]any) {
+					s := a.(string)
+					switch {
+					case strings.HasPrefix(s, "--metrics-bind-address="):
+						s = "--metrics-bind-address=0"
+					case strings.HasPrefix(s, "--health-probe-bind-address="):
+						s = "--health-probe-bind-address=0"
+					}
+					args = append(args, s)
+				}
+				c["args"] = append(args, "--pprof-bind-address=0")
+			}
+		}
+		b, err := yaml.Marshal(obj)
+		if err != nil {
+			return err
+		}
+		docs = append(docs, string(b))
+	}
+	_, err = io.WriteString(out, "---\n"+strings.Join(docs, "---\n"))
+	return err
+}
+
+// TestChartLeaderOnNode installs the chart with its default two controller
+// replicas and leader election on the real node: exactly one replica's Pod
+// carries dowse.dev/cloudhub=leader, the dowse-cloudhub Service's
+// EndpointSlice names that Pod alone, and the agent joins the link it
+// serves. When the leader's Pod is deleted the other replica takes the
+// lease and the label, the EndpointSlice follows, and the agent joins
+// again.
+func TestChartLeaderOnNode(t *testing.T) {
+	helmBin := filepath.Join(kube.RepoRoot(), "bin", "helm")
+	if _, err := os.Stat(helmBin); err != nil {
+		msg := "bin/helm is missing: run `make helm` (hack/build-helm.sh builds Helm from the Go module proxy)"
+		if os.Getenv("CI") == "true" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+	defer cancel()
+	c := startCluster(t, ctx,
+		[2]string{"./agent/cmd/dowse-agent", "ghcr.io/dowse-dev/dowse-agent:latest"},
+		[2]string{"./controller/cmd/dowse-controller", "ghcr.io/dowse-dev/dowse-controller:latest"})
+	t.Cleanup(func() {
+		_ = c.Stop()
+		if !t.Failed() {
+			_ = os.RemoveAll(c.StateDir)
+		}
+	})
+	sch, err := scheme.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl, err := client.New(c.Config, client.Options{Scheme: sch})
+	if err != nil {
+		t.Fatal(err)
+	}
+	api := strings.TrimPrefix(c.Config.Host, "https://")
+	apiHost, apiPort, _ := strings.Cut(api, ":")
+	var ports [4]int
+	for i := range ports {
+		if ports[i], err = procs.FreePort(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	agentMetrics := ports[0]
+	apiEnv := []map[string]string{{"name": "KUBERNETES_SERVICE_HOST", "value": apiHost}, {"name": "KUBERNETES_SERVICE_PORT", "value": apiPort}}
+	values := map[string]any{
+		"image":           map[string]any{"tag": "latest", "pullPolicy": "Never"},
+		"hostNetwork":     true,
+		"probeHost":       "127.0.0.1",
+		"stateDir":        filepath.Join(c.StateDir, "dowse"),
+		"cdiSpecDir":      c.CDIDir,
+		"devicePluginDir": "/var/lib/kubelet/device-plugins",
+		"podResourcesDir": filepath.Join(c.StateDir, "kubelet", "pod-resources"),
+		"agent":           map[string]any{"env": apiEnv, "ports": map[string]any{"metrics": agentMetrics, "health": ports[1]}},
+		// The chart's own replicas (2) and leader election.
+		"controller": map[string]any{"env": apiEnv},
+		"link": map[string]any{"enabled": true, "hosts": []string{"127.0.0.1"}, "quic": false,
+			"ports": map[string]any{"websocket": ports[2], "auth": ports[3]}},
+		"debugEcho": map[string]any{"discovery": map[string]any{"enabled": false}},
+	}
+	raw, err := yaml.Marshal(values)
+	if err != nil {
+		t.Fatal(err)
+	}
+	valuesFile := filepath.Join(t.TempDir(), "values.yaml")
+	if err := os.WriteFile(valuesFile, raw, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	home := t.TempDir()
+	cmd := exec.CommandContext(ctx, helmBin, "install", "dowse", filepath.Join(kube.RepoRoot(), "deploy", "helm", "dowse"),
+		"--namespace", "dowse-system", "--create-namespace", "--values", valuesFile, "--kubeconfig", c.Kubeconfig,
+		"--post-renderer", self)
+	cmd.Env = append(os.Environ(), postRenderEnv+"=1", "HELM_CACHE_HOME="+filepath.Join(home, "cache"),
+		"HELM_CONFIG_HOME="+filepath.Join(home, "config"), "HELM_DATA_HOME="+filepath.Join(home, "data"))
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("helm install: %v\n%s", err, out)
+	}
+
+	leader := waitLeader(t, ctx, cl, "", func(pods []corev1.Pod) error {
+		if len(pods) != 2 {
+			return fmt.Errorf("%d controller pods running, want the chart's 2", len(pods))
+		}
+		return nil
+	})
+	t.Logf("leader %s", leader)
+	waitMetric(t, ctx, agentMetrics, "dowse_edgehub_connected 1")
+
+	begin := time.Now()
+	if err := c.Client.CoreV1().Pods("dowse-system").Delete(ctx, leader, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	next := waitLeader(t, ctx, cl, leader, func(pods []corev1.Pod) error {
+		for _, p := range pods {
+			if p.Name == leader {
+				return fmt.Errorf("the old leader %s still runs", leader)
+			}
+		}
+		return nil
+	})
+	t.Logf("after deleting %s, %s leads (%s)", leader, next, time.Since(begin).Round(100*time.Millisecond))
+	// The old leader's process is gone with its Pod: a connected agent is
+	// one that joined the new leader's link, which sent it its device
+	// membership again (logged on every connection).
+	waitMetric(t, ctx, agentMetrics, "dowse_edgehub_connected 1")
+	var agents corev1.PodList
+	if err := cl.List(ctx, &agents, client.InNamespace("dowse-system"), client.MatchingLabels{"app.kubernetes.io/name": "dowse-agent"}); err != nil || len(agents.Items) != 1 {
+		t.Fatalf("agent pods %v: %v", agents.Items, err)
+	}
+	for n := 0; n < 2; {
+		logs, err := c.Client.CoreV1().Pods("dowse-system").GetLogs(agents.Items[0].Name, &corev1.PodLogOptions{}).DoRaw(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n = strings.Count(string(logs), "device membership from the cloud"); n < 2 && ctx.Err() != nil {
+			t.Fatalf("the agent joined the link %d times, want 2 (the first leader's and the next one's):\n%s", n, logs)
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+}
+
+// waitLeader waits until exactly one running controller Pod, not old,
+// carries the leader label, the dowse-cloudhub Service's EndpointSlices
+// name that Pod alone, and check passes for the running controller Pods;
+// it returns the leader's name.
+func waitLeader(t *testing.T, ctx context.Context, cl client.Client, old string, check func([]corev1.Pod) error) string {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	var last error
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		name, err := leaderNow(ctx, cl, old, check)
+		if err == nil {
+			return name
+		}
+		last = err
+		time.Sleep(500 * time.Millisecond)
+	}
+	t.Fatalf("no single cloudhub leader: %v", last)
+	return ""
+}
+
+func leaderNow(ctx context.Context, cl client.Client, old string, check func([]corev1.Pod) error) (string, error) {
+	var pods corev1.PodList
+	if err := cl.List(ctx, &pods, client.InNamespace("dowse-system"), client.MatchingLabels{"app.kubernetes.io/name": "dowse-controller"}); err != nil {
+		return "", err
+	}
+	var running, labelled []string
+	var live []corev1.Pod
+	for _, p := range pods.Items {
+		if p.DeletionTimestamp != nil || p.Status.Phase != corev1.PodRunning {
+			continue
+		}
+		live = append(live, p)
+		running = append(running, p.Name)
+		if p.Labels[controller.LabelCloudhub] == "leader" {
+			labelled = append(labelled, p.Name)
+		}
+	}
+	if err := check(live); err != nil {
+		return "", err
+	}
+	if len(labelled) != 1 || labelled[0] == old {
+		return "", fmt.Errorf("running controller pods %v, labelled %s=leader: %v", running, controller.LabelCloudhub, labelled)
+	}
+	var eps discoveryv1.EndpointSliceList
+	if err := cl.List(ctx, &eps, client.InNamespace("dowse-system"), client.MatchingLabels{discoveryv1.LabelServiceName: "dowse-cloudhub"}); err != nil {
+		return "", err
+	}
+	var named []string
+	for _, s := range eps.Items {
+		for _, e := range s.Endpoints {
+			if e.TargetRef != nil {
+				named = append(named, e.TargetRef.Name)
+			}
+		}
+	}
+	if !slices.Equal(named, labelled) {
+		return "", fmt.Errorf("the dowse-cloudhub EndpointSlices name %v, want the leader %s alone", named, labelled[0])
+	}
+	return labelled[0], nil
+}
