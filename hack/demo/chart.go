@@ -20,7 +20,8 @@ func helmPath() string { return filepath.Join(kube.RepoRoot(), "bin", "helm") }
 
 // installChart installs Dowse on the demo's node as a user would, with
 // `helm install` of deploy/helm/dowse into dowse-system: the agent, the
-// debug-echo handler and the controller from the locally built images, and
+// debug-echo and Modbus handlers and the controller from the locally built
+// images, and
 // the cloud/edge link with the CA the chart makes (the agent pins it and
 // joins with its pod's service account token). The node has no pod network
 // and no kube-proxy: the values put every pod on the host network, the
@@ -28,7 +29,7 @@ func helmPath() string { return filepath.Join(kube.RepoRoot(), "bin", "helm") }
 // on free ones; the agent's state and CDI specs live under the cluster's
 // state folder. It returns the link (its ports, for waitJoined).
 func installChart(ctx context.Context, c *cluster.Cluster, state string) (*demoLink, error) {
-	var ports [6]int
+	var ports [8]int
 	for i := range ports {
 		p, err := procs.FreePort()
 		if err != nil {
@@ -53,6 +54,10 @@ func installChart(ctx context.Context, c *cluster.Cluster, state string) (*demoL
 		"controller": map[string]any{"env": apiEnv, "replicas": 1, "ports": map[string]any{"metrics": ports[2], "health": ports[3]}},
 		"link": map[string]any{"enabled": true, "hosts": []string{"127.0.0.1"}, "quic": false,
 			"ports": map[string]any{"websocket": ports[4], "auth": ports[5]}},
+		"debugEcho": map[string]any{"discovery": map[string]any{"metricsPort": ports[6]}},
+		// The Modbus handler for the twin (showTwin); the mapper is the
+		// one samples/modbus-plc.yaml has the controller run.
+		"modbus": map[string]any{"discovery": map[string]any{"enabled": true, "metricsPort": ports[7]}},
 	}
 	raw, err := yaml.Marshal(values)
 	if err != nil {
@@ -72,5 +77,5 @@ func installChart(ctx context.Context, c *cluster.Cluster, state string) (*demoL
 		return nil, fmt.Errorf("helm %s: %w\n%s", strings.Join(args, " "), err, out)
 	}
 	say("installed the chart: bin/helm install dowse deploy/helm/dowse -n dowse-system --values %s", valuesFile)
-	return &demoLink{metricsPort: ports[2]}, nil
+	return &demoLink{metricsPort: ports[2], how: "its pod's service account token"}, nil
 }

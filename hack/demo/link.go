@@ -14,7 +14,8 @@ import (
 // with its pod's projected service account token, pinning the CA the chart
 // made, with no per-node token.
 type demoLink struct {
-	metricsPort int // the controller's
+	metricsPort int    // the controller's
+	how         string // what the agent joined with
 }
 
 // waitJoined waits until the controller's cloudhub has the node connected.
@@ -23,7 +24,7 @@ func (l *demoLink) waitJoined(ctx context.Context) error {
 	deadline := time.Now().Add(time.Minute)
 	for {
 		if found, err := metricsHave(ctx, l.metricsPort, sample); found {
-			say("the agent joined the cloud/edge link with its pod's service account token (%s)", sample)
+			say("the agent joined the cloud/edge link with %s (%s)", l.how, sample)
 			return nil
 		} else if time.Now().After(deadline) {
 			return fmt.Errorf("the agent did not join the cloud/edge link within a minute (controller metrics: %v)", err)

@@ -1,8 +1,13 @@
-// Command demo shows Dowse's discovery on a local control plane: it starts
-// etcd and kube-apiserver, the agent and the debug-echo handler as real
-// processes, applies samples/debug-echo.yaml, and prints Instances live as
-// they appear, vanish (availability flipped to OFFLINE) and come back.
-// Ctrl-C stops everything it started.
+// Command demo shows Dowse on a local cluster. As root with runc it starts a
+// real one-node cluster and installs Dowse with its Helm chart (node.go);
+// elsewhere it starts etcd and kube-apiserver and runs the controller, the
+// agent, the debug-echo and Modbus handlers and the Modbus mapper as
+// processes. Either way it shows a twin (product.go: a desired setpoint
+// moves the demo's Modbus controller, plc.go, and the readings come back
+// reported), on the node a broker pod that got its device through the
+// device plugin and CDI, and then applies samples/debug-echo.yaml and
+// prints Instances live as they appear, vanish (availability flipped to
+// OFFLINE) and come back. Ctrl-C stops everything it started.
 package main
 
 import (
@@ -16,14 +21,15 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/watch"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/yaml"
 
-	"github.com/dowse-dev/dowse/agent"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+	"github.com/dowse-dev/dowse/shared/scheme"
 	"github.com/dowse-dev/dowse/test/kube"
-	"github.com/dowse-dev/dowse/test/procs"
 )
 
 func main() {
@@ -31,6 +37,9 @@ func main() {
 	flips := flag.Int("flips", 0, "stop after this many flips, checking each one (0: run until Ctrl-C)")
 	node := flag.String("node", "auto", "on: run Dowse as pods on a real one-node cluster (kubelet, containerd; needs root and runc); off: run the binaries as processes beside an API server; auto: on when possible")
 	flag.Parse()
+	// The demo prints what it sees itself; the API clients' own logging
+	// would only warn that it is off.
+	ctrllog.SetLogger(logr.Discard())
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	var err error
@@ -77,29 +86,54 @@ func run(ctx context.Context, every time.Duration, flips int) error {
 		return err
 	}
 	defer logs.Close()
-	// No kubelet runs beside these processes: no device plugins, and so no
-	// CDI specs in the machine's /var/run/cdi.
-	ag, err := procs.Start("dowse-agent", logs, "--kubeconfig", kubeconfig, "--node-name", "demo-node", "--state-dir", dir,
-		"--device-plugin-dir", "", "--metrics-bind-address", "0", "--health-probe-bind-address", "0")
-	if err != nil {
-		return err
-	}
-	defer func() { say("stopping dowse-agent (pid %d)", ag.Pid()); ag.Stop() }()
-	h, err := procs.Start("dowse-debug-echo-discovery", logs, "--state-dir", dir, "--availability-file", avail)
-	if err != nil {
-		return err
-	}
-	defer func() { say("stopping dowse-debug-echo-discovery (pid %d)", h.Pid()); h.Stop() }()
-	say("agent pid %d and debug-echo handler pid %d running; their logs: %s", ag.Pid(), h.Pid(), logs.Name())
-	say("try: kubectl --kubeconfig %s get instances -o wide", kubeconfig)
-
-	sch, err := agent.Scheme()
+	sch, err := scheme.New()
 	if err != nil {
 		return err
 	}
 	c, err := client.NewWithWatch(cp.Config, client.Options{Scheme: sch})
 	if err != nil {
 		return err
+	}
+	ps := &processes{logs: logs}
+	defer ps.stop()
+
+	// The controller with the cloud/edge link; the agent joins it with a
+	// bootstrap token, as `dowsectl token create` gives a person.
+	link, err := startProcessLink(ctx, c, ps, kubeconfig)
+	if err != nil {
+		return err
+	}
+	// No kubelet runs beside these processes: no device plugins, and so no
+	// CDI specs in the machine's /var/run/cdi.
+	if err := ps.start("dowse-agent", append([]string{"--kubeconfig", kubeconfig, "--node-name", processNode, "--state-dir", dir,
+		"--device-plugin-dir", "", "--metrics-bind-address", "0", "--health-probe-bind-address", "0"}, link.agentArgs...)...); err != nil {
+		return err
+	}
+	if err := ps.start("dowse-debug-echo-discovery", "--state-dir", dir, "--availability-file", avail); err != nil {
+		return err
+	}
+	if err := ps.start("dowse-modbus-discovery", "--state-dir", dir); err != nil {
+		return err
+	}
+	// The mapper the controller would run as a Pod for
+	// samples/modbus-plc.yaml, named after it.
+	if err := ps.start("dowse-modbus-mapper", "--state-dir", dir, "--name", "modbus-plc"); err != nil {
+		return err
+	}
+	say("running %s; their logs: %s", ps, logs.Name())
+	say("try: kubectl --kubeconfig %s get instances,devices -o wide", kubeconfig)
+	if err := link.waitJoined(ctx); err != nil {
+		return err
+	}
+	say("broker pods need a kubelet: run the demo as root with runc (make demo) to see one get its device through the device plugin and CDI")
+	p, err := startPLC(func(v int16) { say("Modbus controller: holding register 0 (setpoint) written: %d", v) })
+	if err != nil {
+		return err
+	}
+	defer p.Stop()
+	say("a Modbus TCP controller (github.com/simonvetter/modbus) serves the modbus-plc model's registers on %s; its temperature follows its setpoint", p.addr)
+	if err := showTwin(ctx, c, kubeconfig, p); err != nil {
+		return fmt.Errorf("the twin: %w", err)
 	}
 	return watchAndFlip(ctx, c, avail, every, flips)
 }
@@ -147,8 +181,10 @@ func watchAndFlip(ctx context.Context, c client.WithWatch, avail string, every t
 			if !ok {
 				return errors.New("instance watch closed")
 			}
+			// This Configuration's Instances only: the node demo's
+			// broker and twin made others.
 			inst, ok := ev.Object.(*v1alpha1.Instance)
-			if !ok {
+			if !ok || inst.Spec.ConfigurationName != cfg.Name {
 				continue
 			}
 			var nodes []string

@@ -37,28 +37,42 @@ func canUseNode() (bool, string) {
 }
 
 // images are the Dowse pods of the demo, built as OCI archives from the
-// binaries and named as the chart names them (tag latest).
+// binaries and named as the chart and the samples name them (tag latest).
 var images = []struct{ pkg, name string }{
 	{"./agent/cmd/dowse-agent", "dowse-agent"},
 	{"./controller/cmd/dowse-controller", "dowse-controller"},
 	{"./discovery-handlers/debug-echo/cmd/dowse-debug-echo-discovery", "dowse-debug-echo-discovery"},
+	{"./brokers/debug-echo/cmd/dowse-debug-echo-broker", "dowse-debug-echo-broker"},
+	{"./discovery-handlers/modbus/cmd/dowse-modbus-discovery", "dowse-modbus-discovery"},
+	{"./brokers/modbus/cmd/dowse-modbus-mapper", "dowse-modbus-mapper"},
 }
 
 // runOnNode runs the demo on a real kubelet: Dowse is installed with its
-// Helm chart (installChart), so the agent, the debug-echo handler and the
-// controller run as the chart's pods from locally built images, and the
-// agent joins the controller's cloud/edge link.
+// Helm chart (installChart), so the agent, the debug-echo and Modbus
+// handlers and the controller run as the chart's pods from locally built
+// images, and the agent joins the controller's cloud/edge link. Then a
+// broker pod gets a device (showBroker), a desired value moves a Modbus
+// controller and its readings come back (showTwin), and the Instances
+// flip.
 func runOnNode(ctx context.Context, every time.Duration, flips int) error {
 	var archives []string
-	for _, im := range images {
-		say("building image ghcr.io/dowse-dev/%s:latest", im.name)
+	for i, im := range images {
+		// The first static build compiles the module's dependencies.
+		how := "about a second when cached"
+		if i == 0 {
+			how = "a static Go build: 1 to 3 minutes the first time, seconds after"
+		}
+		begin := time.Now()
+		say("building image ghcr.io/dowse-dev/%s:latest with go-containerregistry (%s)", im.name, how)
 		a, err := cluster.BuildImage(ctx, im.pkg, im.name, "ghcr.io/dowse-dev/"+im.name+":latest")
 		if err != nil {
 			return err
 		}
+		say("  built %s in %s", a, time.Since(begin).Round(100*time.Millisecond))
 		archives = append(archives, a)
 	}
-	say("starting a one-node cluster: etcd, kube-apiserver, controller-manager, scheduler, containerd, kubelet")
+	say("starting a one-node cluster: etcd, kube-apiserver, controller-manager, scheduler, containerd, kubelet (about 10 s)")
+	begin := time.Now()
 	c, err := cluster.Start(ctx, cluster.Options{Images: archives})
 	if err != nil {
 		return err
@@ -71,7 +85,7 @@ func runOnNode(ctx context.Context, every time.Duration, flips int) error {
 		}
 		_ = os.RemoveAll(c.StateDir)
 	}()
-	say("cluster up; try: kubectl --kubeconfig %s get pods -A -o wide", c.Kubeconfig)
+	say("cluster up in %s; try: kubectl --kubeconfig %s get pods -A -o wide", time.Since(begin).Round(100*time.Millisecond), c.Kubeconfig)
 
 	sch, err := scheme.New()
 	if err != nil {
@@ -95,12 +109,24 @@ func runOnNode(ctx context.Context, every time.Duration, flips int) error {
 	if err := waitCRDs(ctx, cl); err != nil {
 		return err
 	}
-	if err := waitRunning(ctx, cl, "dowse-system", 3); err != nil {
+	if err := waitRunning(ctx, cl, "dowse-system", 4); err != nil {
 		return err
 	}
-	say("agent, debug-echo handler and controller pods are Running")
+	say("agent, debug-echo and Modbus handlers and controller pods are Running")
 	if err := link.waitJoined(ctx); err != nil {
 		return err
+	}
+	if err := showBroker(ctx, c, cl); err != nil {
+		return fmt.Errorf("the broker pod: %w", err)
+	}
+	p, err := startPLC(func(v int16) { say("Modbus controller: holding register 0 (setpoint) written: %d", v) })
+	if err != nil {
+		return err
+	}
+	defer p.Stop()
+	say("a Modbus TCP controller (github.com/simonvetter/modbus) serves the modbus-plc model's registers on %s; its temperature follows its setpoint", p.addr)
+	if err := showTwin(ctx, cl, c.Kubeconfig, p); err != nil {
+		return fmt.Errorf("the twin: %w", err)
 	}
 	return watchAndFlip(ctx, cl, filepath.Join(state, "debug-echo-availability"), every, flips)
 }

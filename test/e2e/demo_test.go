@@ -11,10 +11,14 @@ import (
 	"github.com/dowse-dev/dowse/test/kube"
 )
 
-// TestDemo runs `make demo`'s program with the real agent and debug-echo
-// binaries for a few availability flips. The demo itself checks that every
-// OFFLINE removed all Instances and every ONLINE brought them all back, and
-// exits non-zero otherwise.
+// TestDemo runs `make demo`'s program with the real controller, agent,
+// debug-echo and Modbus handlers and Modbus mapper binaries: the agent
+// joins the cloud/edge link with a bootstrap token, a desired setpoint set
+// with dowsectl moves the demo's Modbus controller and the setpoint and the
+// temperature following it come back as reported (the demo checks both),
+// then a few availability flips. The demo itself checks that every OFFLINE
+// removed all Instances and every ONLINE brought them all back, and exits
+// non-zero otherwise.
 func TestDemo(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -25,7 +29,10 @@ func TestDemo(t *testing.T) {
 	if err != nil {
 		t.Fatalf("demo failed: %v (needs `make build` and `make k8s` first)", err)
 	}
-	for _, want := range []string{"4 flips checked", "availability file -> OFFLINE", "availability file -> ONLINE", "stopping dowse-agent"} {
+	for _, want := range []string{"agent joined the cloud/edge link with the bootstrap token",
+		"holding register 0 (setpoint) written: 30",
+		"the reported value followed the desired one: setpoint 30 reported, temperature 30 reported",
+		"4 flips checked", "availability file -> OFFLINE", "availability file -> ONLINE", "stopping dowse-agent"} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("demo output lacks %q", want)
 		}

@@ -2,7 +2,8 @@
 // tar file) of a single static binary, with go-containerregistry. There is
 // no registry and no Docker engine on our machines, so images are made here
 // and loaded straight into containerd (`ctr -n k8s.io images import`); the
-// same archive is what a user would push to a registry (`crane push`).
+// same layout, unpacked, is what a user would push to a registry
+// (`crane push DIR`).
 package imagearchive
 
 import (
