@@ -19,6 +19,7 @@ deps:
 
 build:
 	@mkdir -p $(BIN)
+	@echo "building Dowse's binaries into bin/ (about 3 minutes the first time, seconds after)"
 	go build -tags $(GO_TAGS) -trimpath -ldflags="$(GO_LDFLAGS)" -o $(BIN)/ ./agent/cmd/dowse-agent ./controller/cmd/dowse-controller ./discovery-handlers/debug-echo/cmd/dowse-debug-echo-discovery \
 	  ./discovery-handlers/opcua/cmd/dowse-opcua-discovery ./discovery-handlers/modbus/cmd/dowse-modbus-discovery \
 	  ./discovery-handlers/udev/cmd/dowse-udev-discovery ./discovery-handlers/onvif/cmd/dowse-onvif-discovery \
@@ -43,10 +44,11 @@ node-deps:
 	@hack/install-node-deps.sh
 
 # OCI image archives bin/images/<name>.tar (ghcr.io/dowse-dev/<name>:latest,
-# as deploy/ names them) of every Dowse binary, built static because an image
+# as deploy/ names them), made with go-containerregistry (hack/images) of every Dowse binary, built static because an image
 # holds nothing but the binary, plus the pause image of the test node's pods.
 images:
 	@mkdir -p $(BIN)/static
+	@echo "building static binaries and their images into bin/images with go-containerregistry (about 3 minutes the first time, half a minute after)"
 	@cmds="$$(go list -f '{{if eq .Name "main"}}{{.ImportPath}}{{end}}' ./... | grep '/cmd/dowse-' | grep -v '/test/')"; \
 	  set -x; CGO_ENABLED=0 go build -tags $(GO_TAGS) -trimpath -ldflags="$(GO_LDFLAGS)" -o $(BIN)/static/ $$cmds ./hack/images/dowse-pause && \
 	  go run ./hack/images -out $(BIN)/images -version $(VERSION) $(BIN)/static/dowse-pause $$(for c in $$cmds; do echo $(BIN)/static/$${c##*/}; done)

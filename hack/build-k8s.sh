@@ -9,27 +9,30 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=$PWD/bin/k8s
 mkdir -p "$OUT"
-build() { # name dir package [env...]
-  local name=$1 dir=$2 pkg=$3; shift 3
+build() { # name dir package about [env...]
+  local name=$1 dir=$2 pkg=$3 about=$4; shift 4
   if [ -x "$OUT/$name" ]; then return; fi
-  echo "building $name (first time only)" >&2
+  echo "building $name from the Go module proxy into bin/k8s (first time only, about $about on two cores)" >&2
   local start=$SECONDS
   (cd "hack/k8s/$dir" && env "$@" go build -trimpath -ldflags="-s -w ${XFLAGS:-}" ${TAGS:+-tags "$TAGS"} -o "$OUT/$name.tmp" "$pkg")
   mv "$OUT/$name.tmp" "$OUT/$name"
   echo "built $name in $((SECONDS - start))s" >&2
 }
-build etcd etcd .
+build etcd etcd . "30 s"
 # Stamp the release version, as Kubernetes' own build does: without it every
 # component (and the Node's kubeletVersion) reports v0.0.0-master.
 KUBE_VERSION=$(cd hack/k8s/kube && go list -m -f '{{.Version}}' k8s.io/kubernetes)
 KUBE_MINOR=$(echo "$KUBE_VERSION" | cut -d. -f2)
 v=k8s.io/component-base/version
 XFLAGS="-X $v.gitVersion=$KUBE_VERSION -X $v.gitMajor=1 -X $v.gitMinor=$KUBE_MINOR -X $v.gitTreeState=clean"
+# The first one downloads and compiles most of Kubernetes; the others reuse it.
+about="5 to 7 minutes"
 for cmd in kube-apiserver kube-controller-manager kube-scheduler kubelet; do
-  XFLAGS=$XFLAGS build $cmd kube k8s.io/kubernetes/cmd/$cmd
+  XFLAGS=$XFLAGS build $cmd kube k8s.io/kubernetes/cmd/$cmd "$about"
+  about="1 to 2 minutes"
 done
 # containerd static and without the snapshotters that need C libraries; the
 # test node uses overlayfs (or native) only.
-TAGS="no_btrfs no_devmapper no_zfs" build containerd containerd github.com/containerd/containerd/v2/cmd/containerd CGO_ENABLED=0
-TAGS="no_btrfs no_devmapper no_zfs" build containerd-shim-runc-v2 containerd github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 CGO_ENABLED=0
-TAGS="no_btrfs no_devmapper no_zfs" build ctr containerd github.com/containerd/containerd/v2/cmd/ctr CGO_ENABLED=0
+TAGS="no_btrfs no_devmapper no_zfs" build containerd containerd github.com/containerd/containerd/v2/cmd/containerd "a minute" CGO_ENABLED=0
+TAGS="no_btrfs no_devmapper no_zfs" build containerd-shim-runc-v2 containerd github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 "20 s" CGO_ENABLED=0
+TAGS="no_btrfs no_devmapper no_zfs" build ctr containerd github.com/containerd/containerd/v2/cmd/ctr "20 s" CGO_ENABLED=0
