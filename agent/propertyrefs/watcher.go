@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
@@ -43,8 +44,15 @@ type Ref struct {
 func (r Ref) String() string { return string(r.Kind) + " " + r.NamespacedName.String() }
 
 // ErrPending says that a watched object has not been read yet (its first
-// list is under way); the owners are notified when it has been.
+// list is under way, or failed for less than ReportAfter); the owners are
+// notified when it has been, or when the failure is to be reported.
 var ErrPending = errors.New("not read yet")
+
+// ReportAfter is how long a new watch's reads may fail before Value
+// reports the failure instead of ErrPending: a Configuration that names a
+// new object is often read by the agent a moment before the controller has
+// granted it, and its status should not flap to Forbidden for that moment.
+const ReportAfter = 5 * time.Second
 
 // Watcher keeps one watch per object some owner (a Configuration) reads.
 // It is safe for concurrent use. Its Start is a manager Runnable.
@@ -53,6 +61,8 @@ type Watcher struct {
 	notify  func(owners []types.NamespacedName)
 	metrics *Metrics
 	log     logr.Logger
+
+	reportAfter time.Duration
 
 	mu      sync.Mutex
 	ctx     context.Context // nil until Start
@@ -66,7 +76,7 @@ type Watcher struct {
 // first read failed in a new way; it must not block for long. metrics may
 // be nil.
 func New(c kubernetes.Interface, notify func(owners []types.NamespacedName), metrics *Metrics, log logr.Logger) *Watcher {
-	return &Watcher{client: c, notify: notify, metrics: metrics, log: log,
+	return &Watcher{client: c, notify: notify, metrics: metrics, log: log, reportAfter: ReportAfter,
 		owners: map[types.NamespacedName]map[Ref]bool{}, watches: map[Ref]*objectWatch{}}
 }
 
@@ -127,11 +137,11 @@ func (w *Watcher) Watched() []Ref {
 // Value returns key of the object ref, which an owner must have Set.
 // found is false, with a nil error, when the object or its key does not
 // exist. Before the object has been read the error is ErrPending, or, when
-// reading it failed (for example Forbidden: the controller has not granted
-// this node's agent the object yet), that failure; the watch retries with
-// backoff meanwhile and the owners are notified once it succeeds. After
-// the first read the last known object is served, also while its watch is
-// failing.
+// reading it has failed for ReportAfter (for example Forbidden: the
+// controller has not granted this node's agent the object), that failure;
+// the watch retries with backoff meanwhile and the owners are notified
+// once it succeeds. After the first read the last known object is served,
+// also while its watch is failing.
 func (w *Watcher) Value(ref Ref, key string) (v []byte, found bool, err error) {
 	w.mu.Lock()
 	ow := w.watches[ref]
@@ -140,10 +150,14 @@ func (w *Watcher) Value(ref Ref, key string) (v []byte, found bool, err error) {
 		return nil, false, fmt.Errorf("%s is not watched", ref)
 	}
 	if !ow.informer.HasSynced() {
-		if err := ow.lastError(); err != nil {
-			return nil, false, err
+		err := ow.lastError()
+		switch {
+		case err == nil:
+			return nil, false, ErrPending
+		case time.Since(ow.started) < ow.reportAfter:
+			return nil, false, fmt.Errorf("%w (retrying: %v)", ErrPending, err)
 		}
-		return nil, false, ErrPending
+		return nil, false, err
 	}
 	obj, exists, err := ow.informer.GetStore().GetByKey(ref.Namespace + "/" + ref.Name)
 	if err != nil || !exists {
@@ -211,6 +225,9 @@ type objectWatch struct {
 	metrics  *Metrics
 	changed  func()
 
+	reportAfter time.Duration
+	started     time.Time
+
 	cancel context.CancelFunc
 	done   chan struct{}
 
@@ -254,7 +271,7 @@ func (w *Watcher) newWatch(ref Ref) *objectWatch {
 	inf := toolscache.NewSharedIndexInformerWithOptions(lw, example, toolscache.SharedIndexInformerOptions{
 		ObjectDescription: ref.String(),
 	})
-	ow := &objectWatch{ref: ref, informer: inf, log: w.log.WithValues("object", ref.String()), metrics: w.metrics, changed: func() { w.changed(ref) }}
+	ow := &objectWatch{ref: ref, informer: inf, log: w.log.WithValues("object", ref.String()), metrics: w.metrics, changed: func() { w.changed(ref) }, reportAfter: w.reportAfter}
 	// Keep what Value reads: managedFields and annotations (a
 	// last-applied-configuration holds the values a second time) go.
 	_ = inf.SetTransform(func(obj any) (any, error) {
@@ -285,6 +302,7 @@ func (w *Watcher) newWatch(ref Ref) *objectWatch {
 func (ow *objectWatch) start(ctx context.Context) {
 	ctx, ow.cancel = context.WithCancel(ctx)
 	ow.done = make(chan struct{})
+	ow.started = time.Now()
 	go func() {
 		defer close(ow.done)
 		var wg sync.WaitGroup
@@ -293,6 +311,18 @@ func (ow *objectWatch) start(ctx context.Context) {
 			// has been read.
 			if toolscache.WaitForCacheSync(ctx.Done(), ow.informer.HasSynced) {
 				ow.changed()
+			}
+		})
+		wg.Go(func() {
+			// Failing still when failures are to be reported: say so.
+			t := time.NewTimer(ow.reportAfter)
+			defer t.Stop()
+			select {
+			case <-ctx.Done():
+			case <-t.C:
+				if !ow.informer.HasSynced() && ow.lastError() != nil {
+					ow.changed()
+				}
 			}
 		})
 		ow.informer.RunWithContext(ctx)
