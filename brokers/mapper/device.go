@@ -67,7 +67,8 @@ type propState struct {
 	desiredErr string // the last desired value's failure, "" once applied
 
 	desired      *dmiv1beta1.TwinProperty
-	desiredKey   string // value and timestamp of the desired value
+	desiredKey   string    // value and timestamp of the desired value
+	desiredAt    time.Time // when a new desired value arrived, until its first write
 	appliedKey   string
 	failedKey    string // a desired value that failed permanently
 	retryAt      time.Time
@@ -85,6 +86,7 @@ type group struct {
 type pending struct {
 	dev   *dmiv1beta1.Device
 	model *dmiv1beta1.DeviceModel
+	at    time.Time // when it was handed over
 }
 
 type push struct {
@@ -156,7 +158,7 @@ func (d *device) wake() {
 // update hands the goroutine a new spec (and its model, nil if unknown).
 func (d *device) update(dev *dmiv1beta1.Device, model *dmiv1beta1.DeviceModel) {
 	d.mu.Lock()
-	d.next = &pending{dev: dev, model: model}
+	d.next = &pending{dev: dev, model: model, at: time.Now()}
 	d.mu.Unlock()
 	d.wake()
 }
@@ -171,7 +173,7 @@ func (d *device) modelChanged(mod *dmiv1beta1.DeviceModel) {
 	if cur.dev == nil || cur.dev.GetSpec().GetDeviceModelReference() != mod.GetName() || cur.dev.GetNamespace() != mod.GetNamespace() {
 		return
 	}
-	d.next = &pending{dev: cur.dev, model: proto.Clone(mod).(*dmiv1beta1.DeviceModel)}
+	d.next = &pending{dev: cur.dev, model: proto.Clone(mod).(*dmiv1beta1.DeviceModel), at: time.Now()}
 	d.wake()
 }
 
@@ -186,6 +188,13 @@ func (d *device) snapDevLocked() *dmiv1beta1.Device {
 		return nil // it was marshalled here
 	}
 	return dev
+}
+
+// hasNext says whether an update waits for the device's goroutine.
+func (d *device) hasNext() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.next != nil
 }
 
 // resync makes the device report its state and every value again (after a
@@ -254,6 +263,7 @@ func (d *device) run(parent context.Context) {
 	}
 	defer d.closeDriver()
 	d.backoff = d.m.cfg.ReconnectInitial
+	deferred := false // the last round's report waits for an update's write
 	for ctx.Err() == nil {
 		d.takePending(ctx)
 		if !d.hasSpec {
@@ -290,6 +300,15 @@ func (d *device) run(parent context.Context) {
 			d.sendState(ctx)
 			d.closeDriver()
 		}
+		if d.connected && !deferred && d.hasNext() {
+			// An update (a desired value, most likely) came during the
+			// reads: write it before reporting them, so it never waits for
+			// a report's round trip too. Once in a row, so a stream of
+			// updates cannot hold reports back.
+			deferred = true
+			continue
+		}
+		deferred = false
 		d.sendState(ctx)
 		d.flush(ctx, time.Now())
 		if !d.connected {
@@ -417,9 +436,9 @@ func (d *device) takePending(ctx context.Context) {
 			d.log.Error(err, "device protocol config is invalid")
 		}
 		d.backoff = d.m.cfg.ReconnectInitial
-		d.buildProps(spec)
+		d.buildProps(spec, next.at)
 	case old.shape != d.specKeys.shape || !proto.Equal(oldModel, d.model):
-		d.buildProps(spec)
+		d.buildProps(spec, next.at)
 		if d.connected {
 			if err := d.subscribe(ctx); err != nil {
 				d.log.Info("subscribing failed; reconnecting", "err", err)
@@ -427,7 +446,7 @@ func (d *device) takePending(ctx context.Context) {
 			}
 		}
 	default:
-		d.takeDesired(spec)
+		d.takeDesired(spec, next.at)
 	}
 }
 
@@ -457,7 +476,7 @@ func digest(m proto.Message) [sha256.Size]byte {
 
 // buildProps (re)prepares every property from the spec and model, keeping
 // what is known of properties that stay.
-func (d *device) buildProps(spec *dmiv1beta1.Device) {
+func (d *device) buildProps(spec *dmiv1beta1.Device, at time.Time) {
 	modelProps := map[string]*dmiv1beta1.ModelProperty{}
 	for _, mp := range d.model.GetSpec().GetProperties() {
 		modelProps[mp.GetName()] = mp
@@ -485,7 +504,7 @@ func (d *device) buildProps(spec *dmiv1beta1.Device) {
 		d.props[dp.GetName()] = ps
 		d.order = append(d.order, ps)
 	}
-	d.takeDesired(spec)
+	d.takeDesired(spec, at)
 	d.regroup()
 }
 
@@ -546,7 +565,7 @@ func (d *device) prepare(dp *dmiv1beta1.DeviceProperty, mp *dmiv1beta1.ModelProp
 }
 
 // takeDesired notes the spec's desired values; applyDesired writes new ones.
-func (d *device) takeDesired(spec *dmiv1beta1.Device) {
+func (d *device) takeDesired(spec *dmiv1beta1.Device, at time.Time) {
 	for _, dp := range spec.GetSpec().GetProperties() {
 		ps := d.props[dp.GetName()]
 		if ps == nil {
@@ -556,8 +575,11 @@ func (d *device) takeDesired(spec *dmiv1beta1.Device) {
 		if des == nil || (des.GetValue() == "" && ps.p.Type != TypeString) {
 			ps.desired, ps.desiredKey = nil, ""
 		} else {
-			ps.desired = des
-			ps.desiredKey = des.GetValue() + "\x00" + des.GetMetadata()[MetaTimestamp]
+			key := des.GetValue() + "\x00" + des.GetMetadata()[MetaTimestamp]
+			if key != ps.desiredKey && key != ps.appliedKey {
+				ps.desiredAt = at
+			}
+			ps.desired, ps.desiredKey = des, key
 		}
 		if ps.desiredErr != "" && (ps.desired == nil || ps.desiredKey == ps.appliedKey) {
 			// The failed value is no longer wanted.
@@ -759,6 +781,11 @@ func (d *device) readDue(ctx context.Context, now time.Time) {
 		if g.next.After(now) {
 			continue
 		}
+		if attempted > 0 && d.hasNext() {
+			// An update came: the groups still due are read right after
+			// it is applied (their next stays due).
+			break
+		}
 		// The next read keeps to the cycle's grid, skipping missed beats.
 		g.next = g.next.Add(g.cycle)
 		if !g.next.After(now) {
@@ -872,6 +899,10 @@ func (d *device) applyDesired(ctx context.Context, now time.Time) {
 			continue
 		}
 		ps.retryAt = time.Time{}
+		if !ps.desiredAt.IsZero() {
+			d.m.cfg.Metrics.desiredWait(time.Since(ps.desiredAt))
+			ps.desiredAt = time.Time{}
+		}
 		err := d.write(ctx, ps)
 		ps.dirty = true
 		if err != nil {

@@ -32,6 +32,12 @@ type fakeDevices struct {
 	pushes   map[string]func(p *mapper.Property, v any, err error)
 	subProps map[string][]*mapper.Property
 	subFails int // Subscribe calls to fail
+	// hold, when set, stops reads of holdReg until a value is sent on it
+	// (each read signals held as it stops); events logs reads and writes.
+	hold    chan struct{}
+	held    chan struct{}
+	holdReg string
+	events  []string
 }
 
 func newFake() *fakeDevices {
@@ -104,7 +110,14 @@ func (d *fakeDriver) Connect(context.Context) error {
 
 func (d *fakeDriver) Read(_ context.Context, p *mapper.Property) (any, error) {
 	d.f.mu.Lock()
+	if hold := d.f.hold; hold != nil && p.Data.(string) == d.f.holdReg {
+		d.f.mu.Unlock()
+		d.f.held <- struct{}{}
+		<-hold
+		d.f.mu.Lock()
+	}
 	defer d.f.mu.Unlock()
+	d.f.events = append(d.f.events, "read "+p.Data.(string))
 	if d.f.down[d.id] {
 		return nil, errors.New("i/o timeout")
 	}
@@ -136,6 +149,7 @@ func (d *fakeDriver) Write(_ context.Context, p *mapper.Property, v any) error {
 		return errors.New("i/o timeout")
 	}
 	d.f.writes[d.id] = append(d.f.writes[d.id], v)
+	d.f.events = append(d.f.events, "write "+p.Data.(string))
 	d.f.values[d.id][p.Data.(string)] = v
 	return nil
 }
@@ -691,4 +705,44 @@ func TestDroppingPeerBackoff(t *testing.T) {
 	fake.drops["A"] = false
 	fake.mu.Unlock()
 	agent.WaitState(t, "ns/a", "ok", wait)
+}
+
+// A desired value that arrives while the device is reading is written as
+// soon as the read in progress ends: before the other collect cycles due
+// are read, and before their report goes out.
+func TestDesiredWriteDoesNotWaitForTheRound(t *testing.T) {
+	dev := thermo(t, "a", "A",
+		mappertest.Prop{Name: "temp", Visitor: map[string]any{"register": "t"}, CollectCycle: 30 * time.Millisecond},
+		mappertest.Prop{Name: "label", Visitor: map[string]any{"register": "l"}, CollectCycle: 35 * time.Millisecond},
+		mappertest.Prop{Name: "setpoint", Visitor: map[string]any{"register": "s"}, CollectCycle: 40 * time.Millisecond})
+	// The first round has the three cycles due at once; its first read
+	// waits for the test.
+	r := startWith(t, dev, func(f *fakeDevices) {
+		f.set("A", "t", 20.5)
+		f.set("A", "l", "x")
+		f.set("A", "s", int64(20))
+		f.hold, f.held, f.holdReg = make(chan struct{}), make(chan struct{}), "t"
+	})
+	select {
+	case <-r.fake.held:
+	case <-time.After(wait):
+		t.Fatal("no read of t")
+	}
+	if _, err := r.agent.Mapper(t).UpdateDevice(context.Background(), &dmiv1beta1.UpdateDeviceRequest{Device: mappertest.SetDesired(dev, "setpoint", "25")}); err != nil {
+		t.Fatal(err)
+	}
+	// The update is with the device (UpdateDevice hands it over before it
+	// returns); let the read end.
+	r.fake.mu.Lock()
+	hold := r.fake.hold
+	r.fake.hold = nil
+	r.fake.mu.Unlock()
+	hold <- struct{}{}
+	r.agent.WaitTwin(t, "ns/a", "setpoint", 0, wait, func(tw *dmiv1beta1.Twin) bool { return tw.GetObservedDesired().GetValue() == "25" })
+	r.fake.mu.Lock()
+	events := append([]string(nil), r.fake.events...)
+	r.fake.mu.Unlock()
+	if len(events) < 2 || events[0] != "read t" || events[1] != "write s" {
+		t.Errorf("reads and writes: %q, want the write right after the read in progress (read t, write s, ...)", events)
+	}
 }

@@ -29,6 +29,7 @@ type Metrics struct {
 	devices      map[string]float64
 	readLatency  histogram
 	writeLatency histogram
+	desiredLag   histogram
 }
 
 type series struct{ name, labels string }
@@ -42,6 +43,7 @@ var helps = map[string]string{
 	"dowse_mapper_devices":                "Devices served, by state.",
 	"dowse_mapper_read_duration_seconds":  "Time of one read exchange with a device (a batch counts once).",
 	"dowse_mapper_write_duration_seconds": "Time of one write to a device.",
+	"dowse_mapper_desired_wait_seconds":   "Time from a new desired value reaching the mapper (UpdateDevice, or a registration's answer) to its write starting: the mapper's own queueing.",
 }
 
 var buckets = []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5}
@@ -96,6 +98,14 @@ func (m *Metrics) write(result string, d time.Duration) {
 		m.add("dowse_mapper_writes_total", `result="`+result+`"`, 1)
 		m.mu.Lock()
 		m.writeLatency.observe(d.Seconds())
+		m.mu.Unlock()
+	}
+}
+
+func (m *Metrics) desiredWait(d time.Duration) {
+	if m != nil {
+		m.mu.Lock()
+		m.desiredLag.observe(d.Seconds())
 		m.mu.Unlock()
 	}
 }
@@ -177,6 +187,7 @@ func (m *Metrics) WriteTo(w io.Writer) (int64, error) {
 	}
 	writeHistogram(bw, "dowse_mapper_read_duration_seconds", &m.readLatency)
 	writeHistogram(bw, "dowse_mapper_write_duration_seconds", &m.writeLatency)
+	writeHistogram(bw, "dowse_mapper_desired_wait_seconds", &m.desiredLag)
 	m.mu.Unlock()
 	writeRuntime(bw)
 	return 0, bw.Flush()

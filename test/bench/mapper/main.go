@@ -356,6 +356,7 @@ func run(ctx context.Context, window time.Duration, nDevices, nProps, samples in
 		time.Sleep(time.Second) // connect and settle
 		ok0, _ := counter(metrics, `dowse_mapper_reads_total{result="ok"}`)
 		err0, _ := counter(metrics, `dowse_mapper_reads_total{result="error"}`)
+		cpu0, _ := cpuSeconds(m.Pid())
 		start := time.Now()
 		select {
 		case <-time.After(window):
@@ -368,6 +369,11 @@ func run(ctx context.Context, window time.Duration, nDevices, nProps, samples in
 		}
 		err1, _ := counter(metrics, `dowse_mapper_reads_total{result="error"}`)
 		took := time.Since(start).Seconds()
+		if cpu1, err := cpuSeconds(m.Pid()); err == nil && ok1 > ok0 {
+			// What a read costs the mapper, whatever share of the cores it
+			// got on a busy machine.
+			fmt.Printf("  (mapper CPU %.2f s in %.1f s: %.0f µs a read)\n", cpu1-cpu0, took, (cpu1-cpu0)/(ok1-ok0)*1e6)
+		}
 		heap, _ := counter(metrics, "go_memstats_heap_inuse_bytes")
 		stack, _ := counter(metrics, "go_memstats_stack_inuse_bytes")
 		sys, _ := counter(metrics, "go_memstats_sys_bytes")
@@ -431,6 +437,8 @@ func run(ctx context.Context, window time.Duration, nDevices, nProps, samples in
 	}
 
 	var writeLat []time.Duration
+	wait0, _ := buckets(metrics, "dowse_mapper_desired_wait_seconds")
+	took0, _ := buckets(metrics, "dowse_mapper_write_duration_seconds")
 	for i := range samples {
 		v := strconv.Itoa(1000 + i)
 		dev := mappertest.SetDesired(lat, "w", v)
@@ -454,6 +462,13 @@ func run(ctx context.Context, window time.Duration, nDevices, nProps, samples in
 	}
 	p50, p99 := pct(writeLat)
 	fmt.Printf("desired write -> register changed (UpdateDevice to jsmodbus's write), %d samples: p50 %v p99 %v (goal p99 < 50ms)\n", len(writeLat), p50, p99)
+	// The mapper's own share: desired value in -> write started (its
+	// queueing), and the write exchange with jsmodbus.
+	if wait1, err := buckets(metrics, "dowse_mapper_desired_wait_seconds"); err == nil {
+		took1, _ := buckets(metrics, "dowse_mapper_write_duration_seconds")
+		fmt.Printf("  (in the mapper: desired value in -> write started p50 <= %s p99 <= %s; write exchange with jsmodbus p50 <= %s p99 <= %s)\n",
+			quantile(wait0, wait1, 0.5), quantile(wait0, wait1, 0.99), quantile(took0, took1, 0.5), quantile(took0, took1, 0.99))
+	}
 
 	h := modbus.NewTCPClientHandler(address)
 	h.SlaveId = 1
@@ -496,6 +511,81 @@ func run(ctx context.Context, window time.Duration, nDevices, nProps, samples in
 	fmt.Printf("mapper peak RSS (VmHWM) over the run, %d devices at most: %.1f MiB (peak anonymous %.1f MiB; now %.1f MiB of which %.1f MiB file-backed binary pages; goal < 16 MiB)\n",
 		nDevices, float64(kib)/1024, float64(peakAnon.Load())/1024, float64(now.RSS)/1024, float64(now.File)/1024)
 	return nil
+}
+
+// cpuSeconds is the user and system CPU time a process has used.
+func cpuSeconds(pid int) (float64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	// Fields after the command name (which may hold spaces), from the
+	// third: utime and stime are the 14th and 15th.
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	if len(f) < 13 {
+		return 0, fmt.Errorf("short /proc/%d/stat", pid)
+	}
+	ut, _ := strconv.ParseFloat(f[11], 64)
+	st, _ := strconv.ParseFloat(f[12], 64)
+	return (ut + st) / 100, nil // USER_HZ is 100 on Linux
+}
+
+// bucket is one cumulative histogram bucket.
+type bucket struct {
+	le    string
+	count float64
+}
+
+// buckets reads a histogram's cumulative buckets from the mapper's /metrics.
+func buckets(url, name string) ([]bucket, error) {
+	resp, err := http.Get(url)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, err
+	}
+	var out []bucket
+	for _, line := range strings.Split(string(b), "\n") {
+		rest, ok := strings.CutPrefix(line, name+`_bucket{le="`)
+		if !ok {
+			continue
+		}
+		le, v, _ := strings.Cut(rest, `"} `)
+		n, _ := strconv.ParseFloat(strings.TrimSpace(v), 64)
+		out = append(out, bucket{le: le, count: n})
+	}
+	return out, nil
+}
+
+// quantile is the upper bound of the bucket holding quantile q of the
+// observations between two readings of a histogram.
+func quantile(before, after []bucket, q float64) string {
+	if len(after) == 0 {
+		return "?"
+	}
+	base := func(i int) float64 {
+		if i < len(before) {
+			return before[i].count
+		}
+		return 0
+	}
+	total := after[len(after)-1].count - base(len(after)-1)
+	if total == 0 {
+		return "-"
+	}
+	for i, b := range after {
+		if b.count-base(i) >= q*total {
+			if f, err := strconv.ParseFloat(b.le, 64); err == nil {
+				return time.Duration(f * float64(time.Second)).String()
+			}
+			return b.le
+		}
+	}
+	return "+Inf"
 }
 
 func pct(d []time.Duration) (time.Duration, time.Duration) {
