@@ -38,7 +38,7 @@ func addDRA(mgr ctrl.Manager, restCfg *rest.Config, cfg Config, reg prometheus.R
 	}
 	d, err := dra.New(mgr.GetCache(), kube, dra.Options{
 		NodeName: cfg.NodeName, RegistrarDir: cfg.DRA.RegistrarDir, PluginDir: cfg.DRA.PluginDir,
-		CDIDir: cfg.CDISpecDir, Metrics: dra.NewMetrics(reg),
+		CDIDir: cfg.CDISpecDir, DevicePlugins: cfg.DevicePluginDir != "", Metrics: dra.NewMetrics(reg),
 	}, log)
 	if err != nil {
 		return err

@@ -33,7 +33,9 @@ type preparedDevice struct {
 	Pool         string   `json:"pool"`
 	Device       string   `json:"device"`
 	CDIDeviceIDs []string `json:"cdiDeviceIDs"`
-	ShareID      string   `json:"shareID,omitempty"`
+	// Configuration is the Instance's, whose CDI spec the claim uses.
+	Configuration string `json:"configuration"`
+	ShareID       string `json:"shareID,omitempty"`
 }
 
 func (c *preparedClaim) result() []kubeletplugin.Device {

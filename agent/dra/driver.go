@@ -17,6 +17,7 @@ import (
 	"maps"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -43,7 +44,10 @@ const (
 	DefaultPluginDir    = kubeletplugin.KubeletPluginsDir + "/" + shareddra.DriverName
 	// CheckpointFile, in PluginDir, holds the prepared claims.
 	CheckpointFile = "checkpoint.json"
-	debounce       = 200 * time.Millisecond
+	// The slices are rebuilt once changes have been quiet for debounce,
+	// or maxDelay after the first.
+	debounce = 200 * time.Millisecond
+	maxDelay = 2 * time.Second
 )
 
 // Options configure a Driver.
@@ -58,6 +62,9 @@ type Options struct {
 	PluginDir string
 	// CDIDir is where the CDI specs go; required.
 	CDIDir string
+	// DevicePlugins says that the agent's device plugins run: they keep
+	// the CDI specs of Configurations allocated both ways.
+	DevicePlugins bool
 	// Metrics records the driver's work; nil records nothing.
 	Metrics *Metrics
 }
@@ -77,9 +84,27 @@ type Driver struct {
 
 	mu         sync.Mutex
 	checkpoint *checkpoint
-	// specs are the CDI specs this driver keeps, by Instance, with the
-	// Instance's resourceVersion when written.
-	specs map[types.NamespacedName]string
+	// specs are the CDI specs this driver wrote for prepared claims, by
+	// Instance.
+	specs map[types.NamespacedName]specState
+	// valid holds the resourceVersion of each Instance here whose CDI spec
+	// would be accepted.
+	valid map[types.NamespacedName]string
+	// withPlugins are the DRA Configurations that use device plugins too.
+	withPlugins map[types.NamespacedName]bool
+}
+
+type specState struct {
+	resourceVersion, configuration string
+}
+
+// writeSpec writes inst's CDI spec. Called with d.mu held.
+func (d *Driver) writeSpec(inst *v1alpha1.Instance) error {
+	if err := d.cdi.Write(inst); err != nil {
+		return err
+	}
+	d.specs[client.ObjectKeyFromObject(inst)] = specState{resourceVersion: inst.ResourceVersion, configuration: inst.Spec.ConfigurationName}
+	return nil
 }
 
 // New makes a Driver. c is the agent's cache (Instances and
@@ -99,7 +124,7 @@ func New(c cache.Cache, kube kubernetes.Interface, opts Options, log logr.Logger
 		return nil, err
 	}
 	return &Driver{opts: opts, cache: c, reader: c, kube: kube, cdi: w, log: log, dirty: make(chan struct{}, 1),
-		specs: map[types.NamespacedName]string{}}, nil
+		specs: map[types.NamespacedName]specState{}, valid: map[types.NamespacedName]string{}}, nil
 }
 
 func (d *Driver) poke() {
@@ -138,6 +163,7 @@ func (d *Driver) Start(ctx context.Context) error {
 		}
 		d.checkpoint = cp
 		d.opts.Metrics.prepared(len(cp.Claims))
+		d.adoptSpecs()
 	}
 	desired, err := d.sync(ctx)
 	if err != nil {
@@ -184,10 +210,8 @@ func (d *Driver) Start(ctx context.Context) error {
 			return nil
 		case <-d.dirty:
 		}
-		select {
-		case <-ctx.Done():
+		if !shareddra.Settle(ctx, d.dirty, debounce, maxDelay) {
 			return nil
-		case <-time.After(debounce):
 		}
 		desired, err := d.sync(ctx)
 		if err != nil {
@@ -199,61 +223,78 @@ func (d *Driver) Start(ctx context.Context) error {
 	}
 }
 
-// here lists the Instances on this node of DRA Configurations.
-func (d *Driver) here(ctx context.Context) ([]*v1alpha1.Instance, error) {
+// here lists the Instances on this node of DRA Configurations, and which
+// of those Configurations also use device plugins.
+func (d *Driver) here(ctx context.Context) ([]*v1alpha1.Instance, map[types.NamespacedName]bool, error) {
 	var cfgs v1alpha1.ConfigurationList
 	if err := d.reader.List(ctx, &cfgs); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	dra := map[types.NamespacedName]bool{}
+	dra := map[types.NamespacedName]bool{} // value: also device plugins
 	for i := range cfgs.Items {
 		c := &cfgs.Items[i]
 		if c.DeletionTimestamp == nil && c.Spec.UsesDRA() {
-			dra[types.NamespacedName{Namespace: c.Namespace, Name: c.Name}] = true
+			dra[types.NamespacedName{Namespace: c.Namespace, Name: c.Name}] = c.Spec.UsesDevicePlugins()
 		}
 	}
 	if len(dra) == 0 {
-		return nil, nil
+		return nil, dra, nil
 	}
 	var insts v1alpha1.InstanceList
 	if err := d.reader.List(ctx, &insts); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	var out []*v1alpha1.Instance
 	for i := range insts.Items {
 		inst := &insts.Items[i]
-		if inst.DeletionTimestamp == nil && inst.HasNode(d.opts.NodeName) &&
-			dra[types.NamespacedName{Namespace: inst.Namespace, Name: inst.Spec.ConfigurationName}] {
+		if _, ok := dra[types.NamespacedName{Namespace: inst.Namespace, Name: inst.Spec.ConfigurationName}]; ok &&
+			inst.DeletionTimestamp == nil && inst.HasNode(d.opts.NodeName) {
 			out = append(out, inst)
 		}
 	}
-	return out, nil
+	return out, dra, nil
 }
 
-// sync writes the CDI specs of the DRA Instances here, removes those of
-// Instances that left, and returns the local pools to publish. An Instance
-// whose spec cannot be written (a device node missing on this node) is not
-// published.
+// sync returns the local pools to publish, keeps the CDI specs of the
+// Instances that prepared claims use in step with them, and removes those
+// no claim uses. A CDI spec is written when a claim is prepared, not when
+// a device is discovered: thousands of devices cost no file each. An
+// Instance whose spec would be refused (a device node missing on this
+// node) is not published.
 func (d *Driver) sync(ctx context.Context) (*resourceslice.DriverResources, error) {
-	insts, err := d.here(ctx)
+	insts, cfgs, err := d.here(ctx)
 	if err != nil {
 		return nil, err
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	keep := map[types.NamespacedName]bool{}
+	d.withPlugins = map[types.NamespacedName]bool{}
+	for k, dp := range cfgs {
+		if dp {
+			d.withPlugins[k] = true
+		}
+	}
+	here := make(map[types.NamespacedName]bool, len(insts))
 	devices := map[string][]resourceapi.Device{}
 	for _, inst := range insts {
 		key := client.ObjectKeyFromObject(inst)
-		if rv, ok := d.specs[key]; !ok || rv != inst.ResourceVersion {
-			if err := d.cdi.Write(inst); err != nil {
+		if rv, ok := d.valid[key]; !ok || rv != inst.ResourceVersion {
+			if _, err := cdi.Spec(inst); err != nil {
 				d.log.Error(err, "invalid device; not offering it", "instance", key)
 				d.opts.Metrics.invalidDevice()
+				delete(d.valid, key)
 				continue
 			}
-			d.specs[key] = inst.ResourceVersion
+			d.valid[key] = inst.ResourceVersion
 		}
-		keep[key] = true
+		here[key] = true
+		if st, ok := d.specs[key]; ok && st.resourceVersion != inst.ResourceVersion {
+			// In use, and changed: containers started from now on get
+			// the new properties.
+			if err := d.writeSpec(inst); err != nil {
+				d.log.Error(err, "updating CDI spec", "instance", key)
+			}
+		}
 		if inst.Spec.Shared {
 			continue // the controller publishes it
 		}
@@ -264,15 +305,15 @@ func (d *Driver) sync(ctx context.Context) (*resourceslice.DriverResources, erro
 		}
 		devices[pool] = append(devices[pool], shareddra.Device(inst))
 	}
+	for key := range d.valid {
+		if !here[key] {
+			delete(d.valid, key)
+		}
+	}
 	for key := range d.specs {
-		if keep[key] || d.inUse(key) {
-			continue
+		if !d.inUse(key) {
+			d.removeSpec(key)
 		}
-		if _, err := d.cdi.Remove(key.Namespace, key.Name); err != nil {
-			d.log.Error(err, "removing CDI spec", "instance", key)
-			continue
-		}
-		delete(d.specs, key)
 	}
 	out := &resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{}}
 	n := 0
@@ -287,6 +328,56 @@ func (d *Driver) sync(ctx context.Context) (*resourceslice.DriverResources, erro
 	}
 	d.opts.Metrics.devices(n)
 	return out, nil
+}
+
+// adoptSpecs takes over the CDI specs of the checkpoint's claims (an
+// earlier agent wrote them) and, unless device plugins run (they keep
+// their own), removes every other Dowse spec in the directory: left by
+// claims unprepared while no agent ran.
+func (d *Driver) adoptSpecs() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, c := range d.checkpoint.Claims {
+		for _, dev := range c.Devices {
+			if ns, name, ok := shareddra.ParseDevice(dev.Pool, dev.Device); ok {
+				// No resourceVersion: the next sync rewrites it if the
+				// Instance is still here.
+				d.specs[types.NamespacedName{Namespace: ns, Name: name}] = specState{configuration: dev.Configuration}
+			}
+		}
+	}
+	if d.opts.DevicePlugins {
+		return
+	}
+	files, _ := filepath.Glob(filepath.Join(d.cdi.Dir(), v1alpha1.Domain+"_*_*.json"))
+	for _, f := range files {
+		// Namespaces and Instance names never contain '_'.
+		parts := strings.Split(strings.TrimSuffix(filepath.Base(f), ".json"), "_")
+		if len(parts) != 3 {
+			continue
+		}
+		key := types.NamespacedName{Namespace: parts[1], Name: parts[2]}
+		if _, ok := d.specs[key]; ok {
+			continue
+		}
+		if _, err := d.cdi.Remove(key.Namespace, key.Name); err != nil {
+			d.log.Error(err, "removing stale CDI spec", "instance", key)
+		}
+	}
+}
+
+// removeSpec removes the CDI spec of key, unless the agent's device
+// plugins keep it (a Configuration allocated both ways, with device
+// plugins on). Called with d.mu held.
+func (d *Driver) removeSpec(key types.NamespacedName) {
+	st, ok := d.specs[key]
+	delete(d.specs, key)
+	if ok && d.opts.DevicePlugins && d.withPlugins[types.NamespacedName{Namespace: key.Namespace, Name: st.configuration}] {
+		return
+	}
+	if _, err := d.cdi.Remove(key.Namespace, key.Name); err != nil {
+		d.log.Error(err, "removing CDI spec", "instance", key)
+	}
 }
 
 func cmpString(a, b string) int {
@@ -380,15 +471,12 @@ func (d *Driver) prepare(ctx context.Context, claim *resourceapi.ResourceClaim) 
 		if !inst.HasNode(d.opts.NodeName) {
 			return nil, fmt.Errorf("device %s/%s: Instance %s is not on node %s", r.Pool, r.Device, key, d.opts.NodeName)
 		}
-		// The spec may not be written yet when the claim comes before the
-		// next sync.
-		if rv, ok := d.specs[key]; !ok || rv != inst.ResourceVersion {
-			if err := d.cdi.Write(&inst); err != nil {
+		if st, ok := d.specs[key]; !ok || st.resourceVersion != inst.ResourceVersion {
+			if err := d.writeSpec(&inst); err != nil {
 				return nil, err
 			}
-			d.specs[key] = inst.ResourceVersion
 		}
-		dev := preparedDevice{Requests: []string{r.Request}, Pool: r.Pool, Device: r.Device, CDIDeviceIDs: []string{inst.CDIName()}}
+		dev := preparedDevice{Requests: []string{r.Request}, Pool: r.Pool, Device: r.Device, CDIDeviceIDs: []string{inst.CDIName()}, Configuration: inst.Spec.ConfigurationName}
 		if r.ShareID != nil {
 			dev.ShareID = string(*r.ShareID)
 		}
@@ -419,7 +507,11 @@ func (d *Driver) UnprepareResourceClaims(_ context.Context, claims []kubeletplug
 			return nil, err
 		}
 		d.opts.Metrics.prepared(len(d.checkpoint.Claims))
-		d.poke()
+		for key := range d.specs {
+			if !d.inUse(key) {
+				d.removeSpec(key)
+			}
+		}
 	}
 	return out, nil
 }

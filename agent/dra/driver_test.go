@@ -30,6 +30,7 @@ func newTestDriver(t *testing.T, c client.Reader, pluginDir, cdiDir string) *Dri
 	if d.checkpoint, err = loadCheckpoint(filepath.Join(pluginDir, CheckpointFile)); err != nil {
 		t.Fatal(err)
 	}
+	d.adoptSpecs() // as Start does
 	return d
 }
 
@@ -42,11 +43,12 @@ func claimFor(uid, pool, device string) *resourceapi.ResourceClaim {
 	}
 }
 
-// TestPrepareCheckpointed: sync publishes the local device in its pool and
-// writes its CDI spec; a claim allocated to it is answered with its CDI
-// device, again from the checkpoint (also by a new driver, after the
-// Instance went); unprepare forgets it; a device not on this node fails
-// its claim.
+// TestPrepareCheckpointed: sync publishes the local device in its pool
+// (and writes no CDI spec); a claim allocated to it is answered with its
+// CDI device, whose spec is written then, and again from the checkpoint
+// (also by a new driver, after the Instance went, which removes stale
+// specs); unprepare forgets it and removes the spec; a device not on this
+// node fails its claim.
 func TestPrepareCheckpointed(t *testing.T) {
 	sch, err := scheme.New()
 	if err != nil {
@@ -75,8 +77,9 @@ func TestPrepareCheckpointed(t *testing.T) {
 	if p, ok := res.Pools[pool]; !ok || len(res.Pools) != 1 || len(p.Slices) != 1 || len(p.Slices[0].Devices) != 1 || p.Slices[0].Devices[0].Name != "0123456789abcdef" {
 		t.Fatalf("pools %+v", res.Pools)
 	}
-	if _, err := os.Stat(filepath.Join(cdiDir, cdi.SpecFileName(inst)+".json")); err != nil {
-		t.Fatalf("no CDI spec: %v", err)
+	specFile := filepath.Join(cdiDir, cdi.SpecFileName(inst)+".json")
+	if _, err := os.Stat(specFile); !os.IsNotExist(err) {
+		t.Fatalf("a CDI spec before any claim: %v", err)
 	}
 
 	claim := claimFor("u1", pool, "0123456789abcdef")
@@ -92,6 +95,9 @@ func TestPrepareCheckpointed(t *testing.T) {
 		}
 	}
 	check(d)
+	if _, err := os.Stat(specFile); err != nil {
+		t.Fatalf("no CDI spec for the prepared claim: %v", err)
+	}
 	check(d)
 	// The CDI spec stays while the claim is prepared, even with the
 	// Instance gone.
@@ -101,12 +107,23 @@ func TestPrepareCheckpointed(t *testing.T) {
 	if _, err := d.sync(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := os.Stat(filepath.Join(cdiDir, cdi.SpecFileName(inst)+".json")); err != nil {
+	if _, err := os.Stat(specFile); err != nil {
 		t.Fatalf("CDI spec of a prepared claim removed: %v", err)
 	}
-	// A new process answers from the checkpoint.
+	// A new process answers from the checkpoint, and removes a stale
+	// spec no claim uses.
+	stale := filepath.Join(cdiDir, "dowse.dev_default_gone-0000.json")
+	if err := os.WriteFile(stale, []byte(`{}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	d2 := newTestDriver(t, c, pluginDir, cdiDir)
 	check(d2)
+	if _, err := os.Stat(stale); !os.IsNotExist(err) {
+		t.Fatalf("stale CDI spec kept: %v", err)
+	}
+	if _, err := os.Stat(specFile); err != nil {
+		t.Fatalf("CDI spec of a checkpointed claim removed: %v", err)
+	}
 
 	out, err := d2.UnprepareResourceClaims(ctx, []kubeletplugin.NamespacedObject{
 		{NamespacedName: types.NamespacedName{Namespace: "apps", Name: "c-u1"}, UID: "u1"},
@@ -118,12 +135,8 @@ func TestPrepareCheckpointed(t *testing.T) {
 	if got := newTestDriver(t, c, pluginDir, cdiDir).Prepared(); len(got) != 0 {
 		t.Fatalf("prepared after unprepare: %v", got)
 	}
-	// No claim and no Instance: the spec goes at the next sync.
-	d2.specs = d.specs
-	if _, err := d2.sync(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := os.Stat(filepath.Join(cdiDir, cdi.SpecFileName(inst)+".json")); !os.IsNotExist(err) {
+	// No claim uses it any more: the spec goes with the unprepare.
+	if _, err := os.Stat(specFile); !os.IsNotExist(err) {
 		t.Fatalf("CDI spec left behind: %v", err)
 	}
 

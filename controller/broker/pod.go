@@ -93,12 +93,18 @@ func pinned(spec *corev1.PodSpec, node string) *corev1.PodSpec {
 
 // brokerPod is the desired broker Pod of inst on node.
 func brokerPod(inst *v1alpha1.Instance, cfg *v1alpha1.Configuration, node string) *corev1.Pod {
-	spec := pinned(withDevice(cfg.Spec.BrokerSpec.BrokerPodSpec, inst.Name), node)
+	device := withDevice(cfg.Spec.BrokerSpec.BrokerPodSpec, inst.Name)
+	hash := specHash(cfg.Spec.BrokerSpec.BrokerPodSpec)
+	if usesClaims(cfg) {
+		device = withClaim(cfg.Spec.BrokerSpec.BrokerPodSpec, ClaimTemplateName(inst.Name))
+		hash += "-dra" // a change of allocation rolls the brokers
+	}
+	spec := pinned(device, node)
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
 			Name: PodName(inst.Name, node), Namespace: inst.Namespace,
 			Labels:          labels(inst, node),
-			Annotations:     map[string]string{v1alpha1.AnnotationSpecHash: specHash(cfg.Spec.BrokerSpec.BrokerPodSpec)},
+			Annotations:     map[string]string{v1alpha1.AnnotationSpecHash: hash},
 			OwnerReferences: owner(inst),
 		},
 		Spec: *spec,

@@ -80,6 +80,9 @@ type InstanceReconciler struct {
 
 	mu      sync.Mutex
 	backoff map[types.NamespacedName]*restart // per broker Pod
+	// templates are the Instances (namespace/name: UID) whose broker
+	// ResourceClaimTemplate exists (DRA Configurations).
+	templates sync.Map
 }
 
 // restart is a broker Pod's restart backoff: 1s, 2s, 4s ... capped at 5
@@ -129,7 +132,7 @@ func (r *InstanceReconciler) Reconcile(ctx context.Context, req reconcile.Reques
 			// Owner references collect these on a real cluster; deleting
 			// them here too keeps clusters without a garbage collector clean.
 			r.forgetFailures(req.NamespacedName)
-			return reconcile.Result{}, r.removeAll(ctx, req.Namespace, req.Name)
+			return reconcile.Result{}, errors.Join(r.removeAll(ctx, req.Namespace, req.Name), r.removeClaimTemplate(ctx, req.Namespace, req.Name))
 		}
 		return reconcile.Result{}, err
 	}
@@ -151,9 +154,18 @@ func (r *InstanceReconciler) Reconcile(ctx context.Context, req reconcile.Reques
 	for i, o := range objs {
 		pods[i] = o.(*BrokerPod)
 	}
+	templateRefused := ""
+	if cfg.Spec.BrokerSpec != nil && usesClaims(&cfg) {
+		if templateRefused, err = r.ensureClaimTemplate(ctx, &inst); err != nil {
+			return reconcile.Result{}, err
+		}
+	}
 	requeue, refused, err := r.reconcilePods(ctx, &inst, &cfg, pods)
 	if err != nil {
 		return reconcile.Result{}, err
+	}
+	if refused == "" {
+		refused = templateRefused
 	}
 	jobRefused, err := r.reconcileJob(ctx, &inst, &cfg)
 	if err != nil {
@@ -324,7 +336,11 @@ func (r *InstanceReconciler) reconcileJob(ctx context.Context, inst *v1alpha1.In
 		return "", nil
 	}
 	spec := cfg.Spec.BrokerSpec.BrokerJobSpec.DeepCopy()
-	spec.Template.Spec = *withDevice(&spec.Template.Spec, inst.Name)
+	if usesClaims(cfg) {
+		spec.Template.Spec = *withClaim(&spec.Template.Spec, ClaimTemplateName(inst.Name))
+	} else {
+		spec.Template.Spec = *withDevice(&spec.Template.Spec, inst.Name)
+	}
 	if spec.Template.Labels == nil {
 		spec.Template.Labels = map[string]string{}
 	}

@@ -36,8 +36,9 @@ import (
 // pool that is no longer desired. It owns every slice of driver dowse.dev
 // without a nodeName (the agents' slices have one): on start it deletes
 // those of Instances that went while the controller was down. The desired
-// set is rebuilt from the cache at most every Debounce after an Instance
-// or Configuration changes. It runs on the leader only.
+// set is rebuilt from the cache when Instance and Configuration changes
+// have been quiet for Debounce (at most MaxDelay into a burst). It runs on
+// the leader only.
 type Publisher struct {
 	cache    cache.Cache
 	kube     kubernetes.Interface
@@ -48,9 +49,12 @@ type Publisher struct {
 	dirty chan struct{}
 }
 
-// Debounce is the default time the Publisher gathers changes before it
-// rebuilds the desired slices.
-const Debounce = 200 * time.Millisecond
+// The Publisher rebuilds the desired slices once changes have been quiet
+// for Debounce, or MaxDelay after the first.
+const (
+	Debounce = 200 * time.Millisecond
+	MaxDelay = 2 * time.Second
+)
 
 // NewPublisher wires a Publisher. c is the manager's cache (Instances
 // must keep spec.shared, capacity and brokerProperties of shared devices);
@@ -132,10 +136,8 @@ func (p *Publisher) Start(ctx context.Context) error {
 			return nil
 		case <-p.dirty:
 		}
-		select {
-		case <-ctx.Done():
+		if !shareddra.Settle(ctx, p.dirty, p.debounce, MaxDelay) {
 			return nil
-		case <-time.After(p.debounce):
 		}
 		desired, err := p.Desired(ctx)
 		if err != nil {

@@ -20,6 +20,7 @@
 package dra
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
@@ -27,6 +28,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
@@ -269,4 +271,29 @@ func Chunk(devices []resourceapi.Device) [][]resourceapi.Device {
 		out = append(out, d)
 	}
 	return out
+}
+
+// Settle waits, after a first change, until no change has come on dirty for
+// quiet, or max has passed since the first: a publisher rebuilds its slices
+// once per burst of Instance changes (thousands of devices discovered at
+// once) rather than once per change, yet not later than max. False when
+// ctx ended.
+func Settle(ctx context.Context, dirty <-chan struct{}, quiet, max time.Duration) bool {
+	deadline := time.NewTimer(max)
+	defer deadline.Stop()
+	for {
+		t := time.NewTimer(quiet)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return false
+		case <-deadline.C:
+			t.Stop()
+			return true
+		case <-t.C:
+			return true
+		case <-dirty:
+			t.Stop()
+		}
+	}
 }

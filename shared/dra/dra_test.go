@@ -1,9 +1,11 @@
 package dra
 
 import (
+	"context"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -118,3 +120,36 @@ func TestChunk(t *testing.T) {
 }
 
 func itoa(i int64) string { return strconv.FormatInt(i, 10) }
+
+func TestSettle(t *testing.T) {
+	dirty := make(chan struct{}, 1)
+	begin := time.Now()
+	stop := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-stop:
+				return
+			case dirty <- struct{}{}:
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}()
+	if !Settle(context.Background(), dirty, 50*time.Millisecond, 300*time.Millisecond) {
+		t.Fatal("false")
+	}
+	close(stop)
+	if d := time.Since(begin); d < 300*time.Millisecond || d > 2*time.Second {
+		t.Errorf("a burst settled after %s, want about the 300ms maximum", d)
+	}
+	begin = time.Now()
+	Settle(context.Background(), make(chan struct{}), 50*time.Millisecond, time.Second)
+	if d := time.Since(begin); d < 50*time.Millisecond || d > 900*time.Millisecond {
+		t.Errorf("quiet settled after %s, want about 50ms", d)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if Settle(ctx, dirty, time.Second, time.Second) {
+		t.Error("true after ctx ended")
+	}
+}

@@ -17,12 +17,16 @@ import (
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
 
 	"github.com/dowse-dev/dowse/agent"
 	"github.com/dowse-dev/dowse/controller"
+	"github.com/dowse-dev/dowse/controller/broker"
 	debugecho "github.com/dowse-dev/dowse/discovery-handlers/debug-echo"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	shareddra "github.com/dowse-dev/dowse/shared/dra"
+	"github.com/dowse-dev/dowse/test/cluster"
+	"github.com/dowse-dev/dowse/test/kube"
 	"github.com/dowse-dev/dowse/test/promtest"
 )
 
@@ -68,7 +72,7 @@ func (d *dowseOnNode) startDRAAgent() {
 func TestDRAOnNode(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
-	c := startCluster(t, ctx)
+	c := startCluster(t, ctx, [2]string{"./brokers/debug-echo/cmd/dowse-debug-echo-broker", brokerImage})
 	t.Cleanup(func() {
 		_ = c.Stop()
 		if !t.Failed() {
@@ -312,6 +316,63 @@ func TestDRAOnNode(t *testing.T) {
 		t.Logf("claim created -> pod running, %d pods one at a time: p50 %s, p99 %s (max)", len(lat),
 			lat[len(lat)/2].Round(time.Millisecond), lat[len(lat)-1].Round(time.Millisecond))
 	})
+	t.Run("Samples", func(t *testing.T) {
+		// samples/debug-echo-dra.yaml and the pod of samples/dra/ as they
+		// are, but for the node's network (the test node has no pod
+		// network) and a free port.
+		if err := cl.Create(ctx, loadSample(t, "debug-echo-dra.yaml")); err != nil {
+			t.Fatal(err)
+		}
+		raw, err := os.ReadFile(filepath.Join(kube.RepoRoot(), "samples", "dra", "debug-echo-claim.yaml"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		docs := strings.Split(string(raw), "\n---\n")
+		if len(docs) != 2 {
+			t.Fatalf("%d documents", len(docs))
+		}
+		var tmpl resourceapi.ResourceClaimTemplate
+		var pod corev1.Pod
+		if err := yaml.UnmarshalStrict([]byte(docs[0]), &tmpl); err != nil {
+			t.Fatal(err)
+		}
+		if err := yaml.UnmarshalStrict([]byte(docs[1]), &pod); err != nil {
+			t.Fatal(err)
+		}
+		tmpl.Namespace, pod.Namespace = "default", "default"
+		pod.Spec.HostNetwork = true
+		pod.Spec.Containers[0].Args[0] = "--listen=127.0.0.1:0"
+		if _, err := claims.Create(ctx, &tmpl, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pods.Create(ctx, &pod, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		waitBrokerEnv(t, ctx, c, pod.Name, "foo1")
+
+		// samples/debug-echo-broker-dra.yaml: the controller's broker Pod
+		// gets its Instance's device through a claim.
+		if err := cl.Create(ctx, loadSample(t, "debug-echo-broker-dra.yaml")); err != nil {
+			t.Fatal(err)
+		}
+		insts := waitInstances(t, ctx, cl, "debug-echo-broker-dra", 1)
+		brokerName := broker.PodName(insts[0].Name, c.NodeName)
+		waitBrokerEnv(t, ctx, c, brokerName, "foo0")
+		p, err := pods.Get(ctx, brokerName, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(p.Spec.ResourceClaims) != 1 || len(p.Status.ResourceClaimStatuses) != 1 {
+			t.Fatalf("broker pod claims %+v, statuses %+v", p.Spec.ResourceClaims, p.Status.ResourceClaimStatuses)
+		}
+		deletePod(pod.Name)
+		for _, name := range []string{"debug-echo-dra", "debug-echo-broker-dra"} {
+			if err := cl.Delete(ctx, &v1alpha1.Configuration{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		waitGone(t, ctx, "broker pod", func() error { _, err := pods.Get(ctx, brokerName, metav1.GetOptions{}); return err })
+	})
 	t.Run("ConfigurationGoneTakesSlicesAndClass", func(t *testing.T) {
 		for _, name := range []string{"echo", "echo-shared"} {
 			if err := cl.Delete(ctx, &v1alpha1.Configuration{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"}}); err != nil {
@@ -325,4 +386,23 @@ func TestDRAOnNode(t *testing.T) {
 			})
 		}
 	})
+}
+
+// waitBrokerEnv waits until the debug-echo broker in pod name runs and has
+// logged the device description want, received through CDI.
+func waitBrokerEnv(t *testing.T, ctx context.Context, c *cluster.Cluster, name, want string) {
+	t.Helper()
+	p := waitPodPhase(t, ctx, c.Client, name, corev1.PodRunning, corev1.PodFailed, corev1.PodSucceeded)
+	if p.Status.Phase != corev1.PodRunning {
+		t.Fatalf("pod %s: %+v", name, p.Status)
+	}
+	var logs string
+	for ctx.Err() == nil {
+		logs = podLogs(t, ctx, c.Client, name)
+		if strings.Contains(logs, debugecho.DescriptionProperty) && strings.Contains(logs, want) {
+			return
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Fatalf("pod %s never logged %s %s:\n%s", name, debugecho.DescriptionProperty, want, logs)
 }

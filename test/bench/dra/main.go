@@ -1,0 +1,282 @@
+// Command dra measures what Dynamic Resource Allocation costs the agent,
+// beside device plugins, with the real binaries (dowse-agent,
+// dowse-debug-echo-discovery) on the real test control plane. For each
+// device count (1,000 and 5,000 by default) and each case it starts a fresh
+// agent and handler (local devices, one node) and prints Instances applied a
+// second, how long until every device is in the node's ResourceSlices (DRA
+// only), and the agent's peak RSS:
+//
+//   - dra: spec.allocation DRA, agent --dra (no kubelet plugin:
+//     --dra-registrar-dir=), device plugins off (--device-plugin-dir=);
+//   - device-plugins: spec.allocation DevicePlugin, device plugins on (no
+//     kubelet listens: the plugins serve their sockets and retry);
+//   - neither: device plugins off and no DRA, the discovery path alone.
+//
+// It writes only under its own temporary directory.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/watch"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/dowse-dev/dowse/agent"
+	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+	shareddra "github.com/dowse-dev/dowse/shared/dra"
+	"github.com/dowse-dev/dowse/test/kube"
+	"github.com/dowse-dev/dowse/test/procs"
+)
+
+const node = "bench-node"
+
+type benchCase struct {
+	name       string
+	allocation v1alpha1.Allocation
+	args       func(dir string) []string
+}
+
+func main() {
+	counts := flag.String("devices", "1000,5000", "comma-separated device counts")
+	only := flag.String("cases", "dra,device-plugins,neither", "comma-separated cases to run")
+	flag.Parse()
+	ctrllog.SetLogger(logr.Discard())
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	var ns []int
+	for _, s := range strings.Split(*counts, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench: --devices:", err)
+			os.Exit(2)
+		}
+		ns = append(ns, n)
+	}
+	if err := run(ctx, ns, strings.Split(*only, ",")); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, counts []int, only []string) error {
+	cp, err := kube.Start()
+	if err != nil {
+		return err
+	}
+	defer cp.Stop()
+	dir, err := os.MkdirTemp("", "dowse-bench-dra")
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if os.Getenv("BENCH_KEEP") == "" {
+			os.RemoveAll(dir)
+		}
+	}()
+	kubeconfig := filepath.Join(dir, "kubeconfig")
+	if err := cp.Kubeconfig(kubeconfig); err != nil {
+		return err
+	}
+	scheme, err := agent.Scheme()
+	if err != nil {
+		return err
+	}
+	c, err := client.NewWithWatch(cp.Config, client.Options{Scheme: scheme})
+	if err != nil {
+		return err
+	}
+	// The agent's slices are owned by its Node.
+	if err := c.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}); err != nil {
+		return err
+	}
+	cases := map[string]benchCase{
+		"dra": {"dra", v1alpha1.AllocationDRA, func(d string) []string {
+			return []string{"--dra", "--dra-registrar-dir=", "--device-plugin-dir="}
+		}},
+		"device-plugins": {"device-plugins", v1alpha1.AllocationDevicePlugin, func(d string) []string {
+			return []string{"--device-plugin-dir", filepath.Join(d, "device-plugins")}
+		}},
+		"neither": {"neither", v1alpha1.AllocationDevicePlugin, func(string) []string { return []string{"--device-plugin-dir="} }},
+	}
+	for _, n := range counts {
+		for _, name := range only {
+			cs, ok := cases[strings.TrimSpace(name)]
+			if !ok {
+				return fmt.Errorf("unknown case %q", name)
+			}
+			caseDir := filepath.Join(dir, fmt.Sprintf("%s-%d", cs.name, n))
+			if err := os.MkdirAll(caseDir, 0o755); err != nil {
+				return err
+			}
+			ns := fmt.Sprintf("%s-%d", cs.name, n)
+			if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+				return err
+			}
+			if err := measure(ctx, c, kubeconfig, caseDir, ns, cs, n); err != nil {
+				return fmt.Errorf("%s at %d: %w", cs.name, n, err)
+			}
+		}
+	}
+	return nil
+}
+
+func start(dir, name string, args ...string) (*procs.Proc, error) {
+	logf, err := os.Create(filepath.Join(dir, name+".log"))
+	if err != nil {
+		return nil, err
+	}
+	return procs.Start(name, logf, args...)
+}
+
+func measure(ctx context.Context, c client.WithWatch, kubeconfig, dir, ns string, cs benchCase, n int) error {
+	args := append([]string{"--kubeconfig", kubeconfig, "--node-name", node, "--state-dir", dir, "--namespace", ns,
+		"--metrics-bind-address", "0", "--health-probe-bind-address", "0", "--cdi-spec-dir", filepath.Join(dir, "cdi")}, cs.args(dir)...)
+	ag, err := start(dir, "dowse-agent", args...)
+	if err != nil {
+		return err
+	}
+	defer ag.Stop()
+	h, err := start(dir, "dowse-debug-echo-discovery", "--state-dir", dir)
+	if err != nil {
+		return err
+	}
+	defer h.Stop()
+
+	descs := make([]string, n)
+	for i := range descs {
+		descs[i] = fmt.Sprintf("d-%05d", i)
+	}
+	raw, err := json.Marshal(map[string]any{"descriptions": descs})
+	if err != nil {
+		return err
+	}
+	t0 := time.Now()
+	cfg := &v1alpha1.Configuration{ObjectMeta: metav1.ObjectMeta{Name: "many", Namespace: ns},
+		Spec: v1alpha1.ConfigurationSpec{Allocation: cs.allocation, DiscoveryHandler: v1alpha1.DiscoveryHandlerSpec{
+			Name: "debug-echo", DiscoveryDetails: &apiextensionsv1.JSON{Raw: raw}}}}
+	if err := c.Create(ctx, cfg); err != nil {
+		return err
+	}
+	if err := waitInstances(ctx, c, ns, n, ag, h); err != nil {
+		return err
+	}
+	applied := time.Since(t0)
+	line := fmt.Sprintf("%-15s %5d devices: applied in %6.2fs, %5.0f Instances/s", cs.name, n, applied.Seconds(), float64(n)/applied.Seconds())
+	if cs.allocation == v1alpha1.AllocationDRA {
+		if err := waitSliceDevices(ctx, c, ns, n, ag); err != nil {
+			return err
+		}
+		line += fmt.Sprintf(", all in ResourceSlices after %6.2fs", time.Since(t0).Seconds())
+	}
+	kib, err := ag.PeakRSS()
+	if err != nil {
+		return err
+	}
+	fmt.Printf("%s; agent peak RSS %.1f MiB\n", line, float64(kib)/1024)
+	if err := c.Delete(ctx, cfg); err != nil {
+		return err
+	}
+	if err := waitInstances(ctx, c, ns, 0, ag, h); err != nil {
+		return err
+	}
+	if cs.allocation == v1alpha1.AllocationDRA {
+		return waitSliceDevices(ctx, c, ns, 0, ag)
+	}
+	return nil
+}
+
+// waitInstances waits until want Instances in ns list a node, following a
+// watch (polling lists of thousands would load the machine more than the
+// agent does).
+func waitInstances(ctx context.Context, c client.WithWatch, ns string, want int, watched ...*procs.Proc) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
+	defer cancel()
+	var l v1alpha1.InstanceList
+	if err := c.List(ctx, &l, client.InNamespace(ns)); err != nil {
+		return err
+	}
+	live := map[string]bool{}
+	for _, i := range l.Items {
+		if len(i.Status.Nodes) > 0 {
+			live[i.Name] = true
+		}
+	}
+	w, err := c.Watch(ctx, &v1alpha1.InstanceList{}, client.InNamespace(ns), &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: l.ResourceVersion}})
+	if err != nil {
+		return err
+	}
+	defer w.Stop()
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for len(live) != want {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%d Instances, want %d", len(live), want)
+		case <-tick.C:
+			for _, p := range watched {
+				if p.Exited() {
+					return fmt.Errorf("%s exited; see its log", p.Name)
+				}
+			}
+		case ev, ok := <-w.ResultChan():
+			if !ok {
+				return waitInstances(ctx, c, ns, want, watched...)
+			}
+			i, isInst := ev.Object.(*v1alpha1.Instance)
+			if !isInst {
+				continue
+			}
+			if ev.Type == watch.Deleted || len(i.Status.Nodes) == 0 {
+				delete(live, i.Name)
+			} else {
+				live[i.Name] = true
+			}
+		}
+	}
+	return nil
+}
+
+// waitSliceDevices waits until the node's slices of namespace ns hold want
+// devices.
+func waitSliceDevices(ctx context.Context, c client.Client, ns string, want int, ag *procs.Proc) error {
+	deadline := time.Now().Add(10 * time.Minute)
+	for {
+		var list resourceapi.ResourceSliceList
+		if err := c.List(ctx, &list, client.MatchingFieldsSelector{Selector: fields.OneTermEqualSelector(resourceapi.ResourceSliceSelectorNodeName, node)}); err != nil {
+			return err
+		}
+		got := 0
+		for _, s := range list.Items {
+			if s.Spec.Driver == shareddra.DriverName && strings.HasPrefix(s.Spec.Pool.Name, shareddra.LocalPool(node, ns, "")) {
+				got += len(s.Spec.Devices)
+			}
+		}
+		if got == want {
+			return nil
+		}
+		if ag.Exited() {
+			return fmt.Errorf("agent exited; see its log")
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%d devices in slices, want %d", got, want)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+}
