@@ -561,6 +561,7 @@ func (d *device) prepare(dp *dmiv1beta1.DeviceProperty, mp *dmiv1beta1.ModelProp
 			return p, fmt.Errorf("visitor: %w", err)
 		}
 	}
+	p.Visitor = nil
 	return p, nil
 }
 

@@ -86,7 +86,10 @@ type Property struct {
 	Writable bool
 	// Min and Max bound desired values (model units), when set.
 	Min, Max *float64
-	// Visitor is the decoded visitors.configData.
+	// Visitor is the decoded visitors.configData, during Prepare only: the
+	// SDK drops it once the property is prepared (a driver keeps what it
+	// needs in Data), as a hundred devices' decoded visitors are a
+	// mapper's memory.
 	Visitor Params
 	// VisitorProtocol is visitors.protocolName.
 	VisitorProtocol string
