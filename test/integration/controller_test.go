@@ -40,8 +40,8 @@ func startController(t *testing.T, grace time.Duration) *runningController {
 	c := &runningController{requests: counter, cancel: cancel, done: make(chan error, 1)}
 	go func() {
 		c.done <- controller.Run(ctx, controller.Config{RESTConfig: restCfg, SkipNameValidation: true, NodeGracePeriod: grace, QPS: 1000, Burst: 2000,
-			AgentServiceAccounts: []string{kube.AgentNamespace + "/" + kube.AgentServiceAccount},
-			MetricsAddr: "0", HealthAddr: "0", Registerer: prometheus.NewRegistry()}, testr.New(t).WithName("controller"))
+			MetricsAddr: "0", HealthAddr: "0", Registerer: prometheus.NewRegistry(),
+			AgentServiceAccounts: []string{kube.AgentNamespace + "/" + kube.AgentServiceAccount}}, testr.New(t).WithName("controller"))
 	}()
 	t.Cleanup(func() {
 		cancel()

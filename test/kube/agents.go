@@ -117,7 +117,7 @@ func ReadManifest(path string) ([]*unstructured.Unstructured, error) {
 
 // AgentPod creates the pod of the agent DaemonSet on node (and the Node
 // when it does not exist, Ready), as the DaemonSet controller and the
-// scheduler would; no kubelet runs it. The API server binds tokens to it.
+// scheduler would. The API server binds tokens to it.
 func AgentPod(ctx context.Context, cs kubernetes.Interface, serviceAccount, node string) (*corev1.Pod, error) {
 	if _, err := cs.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{}); apierrors.IsNotFound(err) {
 		n, err := cs.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}, metav1.CreateOptions{})
@@ -136,7 +136,9 @@ func AgentPod(ctx context.Context, cs kubernetes.Interface, serviceAccount, node
 	return cs.CoreV1().Pods(AgentNamespace).Create(ctx, &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{GenerateName: serviceAccount + "-", Labels: map[string]string{"app.kubernetes.io/name": "dowse-agent"}},
 		Spec: corev1.PodSpec{ServiceAccountName: serviceAccount, NodeName: node,
-			Containers: []corev1.Container{{Name: "agent", Image: "dowse-agent"}}},
+			// On a node with a kubelet the container never starts: the
+			// pod is there for its token.
+			Containers: []corev1.Container{{Name: "agent", Image: "dowse-agent", ImagePullPolicy: corev1.PullNever}}},
 	}, metav1.CreateOptions{})
 }
 

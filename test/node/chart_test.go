@@ -16,9 +16,12 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
@@ -125,6 +128,7 @@ func TestChartOnNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitInstances(t, ctx, cl, cfg.Name, 2)
+	checkAgentRestricted(t, ctx, c.Client, c.Config, cl, cfg)
 	// The handler's own metrics: the agent's stream, and the devices sent.
 	waitMetric(t, ctx, ports[6], `dowse_handler_discover_streams{handler="debug-echo"} 1`)
 	waitMetric(t, ctx, ports[6], `dowse_handler_devices{handler="debug-echo"} 2`)
@@ -167,6 +171,38 @@ func TestChartOnNode(t *testing.T) {
 		if deadline, _ := ctx.Deadline(); time.Until(deadline) < 5*time.Second {
 			t.Fatalf("left behind after helm uninstall: %v", left)
 		}
+	}
+}
+
+// checkAgentRestricted shows the chart's node policy live: with a token
+// bound to the chart's agent pod (what its kubelet projects), the agent may
+// not write another node's Instance, while its own Instances came through.
+func checkAgentRestricted(t *testing.T, ctx context.Context, cs kubernetes.Interface, admin *rest.Config, cl client.Client, cfg *v1alpha1.Configuration) {
+	t.Helper()
+	pods, err := cs.CoreV1().Pods("dowse-system").List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=dowse-agent"})
+	if err != nil || len(pods.Items) != 1 {
+		t.Fatalf("agent pods: %v (%v)", pods, err)
+	}
+	token, err := kube.PodToken(ctx, cs, &pods.Items[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	agent, err := client.New(kube.WithToken(admin, token), client.Options{Scheme: cl.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	forged := &v1alpha1.Instance{
+		ObjectMeta: metav1.ObjectMeta{Name: cfg.Name + "-forged", Namespace: cfg.Namespace},
+		Spec:       v1alpha1.InstanceSpec{ConfigurationName: cfg.Name, DeviceID: "forged", Shared: true},
+		Status:     v1alpha1.InstanceStatus{Nodes: []v1alpha1.InstanceNode{{Name: "another-node"}}},
+	}
+	err = agent.Create(ctx, forged, client.DryRunAll)
+	if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "instance-create:") {
+		t.Fatalf("the chart's agent credentials wrote another node's Instance: %v", err)
+	}
+	var list v1alpha1.InstanceList
+	if err := cl.List(ctx, &list, client.InNamespace(cfg.Namespace), client.HasLabels{v1alpha1.NodeLabel(pods.Items[0].Spec.NodeName)}); err != nil || len(list.Items) == 0 {
+		t.Fatalf("no Instance carries the agent's node label %s: %v", v1alpha1.NodeLabel(pods.Items[0].Spec.NodeName), err)
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"github.com/go-logr/logr/testr"
 	"github.com/prometheus/client_golang/prometheus"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/dowse-dev/dowse/agent"
@@ -28,6 +29,8 @@ type dowseOnNode struct {
 	cl     client.Client
 	state  string
 	runCtx context.Context
+	// agentConfig is the agent's credentials: its pod's token.
+	agentConfig *rest.Config
 	// reg holds the running agent's metrics.
 	reg *prometheus.Registry
 	// stopAgent stops the running agent (idempotent).
@@ -53,7 +56,16 @@ func startDowse(t *testing.T, ctx context.Context, c *cluster.Cluster) *dowseOnN
 	if err := kube.InstallCRDs(c.Config); err != nil {
 		t.Fatal(err)
 	}
-	d := &dowseOnNode{t: t, c: c, cl: cl, state: filepath.Join(c.StateDir, "dowse"), stopAgent: func() {}}
+	// The agent runs as the DaemonSet's would: under its pod's token, with
+	// deploy/agent's RBAC and node admission policy.
+	if err := kube.InstallAgentAccess(ctx, c.Config); err != nil {
+		t.Fatal(err)
+	}
+	agentCfg, err := kube.AgentConfig(ctx, c.Config, c.NodeName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := &dowseOnNode{agentConfig: agentCfg, t: t, c: c, cl: cl, state: filepath.Join(c.StateDir, "dowse"), stopAgent: func() {}}
 	if err := os.MkdirAll(d.state, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -85,7 +97,7 @@ func (d *dowseOnNode) startAgent(classic bool) {
 	go func() {
 		done <- agent.Run(actx, agent.Config{
 			SkipNameValidation: true,
-			RESTConfig:         d.c.Config, NodeName: d.c.NodeName, StateDir: d.state,
+			RESTConfig:         rest.CopyConfig(d.agentConfig), NodeName: d.c.NodeName, StateDir: d.state,
 			GracePeriod: time.Minute, WriteConcurrency: 4, MetricsAddr: "0", HealthAddr: "0",
 			Registerer:      reg,
 			DevicePluginDir: deviceplugin.DefaultDir, CDISpecDir: d.c.CDIDir, ClassicAllocate: classic,

@@ -1,7 +1,13 @@
-// Package promtest reads metric values from a Prometheus registry in tests.
+// Package promtest reads metric values in tests and benches: from a
+// Prometheus registry, or from a process's /metrics endpoint.
 package promtest
 
 import (
+	"bufio"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -35,4 +41,34 @@ func Sum(t testing.TB, g prometheus.Gatherer, name string, labels map[string]str
 		}
 	}
 	return sum
+}
+
+// Scrape reads a /metrics endpoint and returns the samples of the metric
+// name, keyed by the sample's name and labels as the endpoint writes them
+// (`name{label="value",...}`).
+func Scrape(url, name string) (map[string]float64, error) {
+	resp, err := http.Get(url)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("%s answered %s", url, resp.Status)
+	}
+	out := map[string]float64{}
+	s := bufio.NewScanner(resp.Body)
+	s.Buffer(make([]byte, 1<<20), 1<<20)
+	for s.Scan() {
+		line := s.Text()
+		if !strings.HasPrefix(line, name+"{") && !strings.HasPrefix(line, name+" ") {
+			continue
+		}
+		i := strings.LastIndex(line, " ")
+		v, err := strconv.ParseFloat(line[i+1:], 64)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %q: %w", url, line, err)
+		}
+		out[line[:i]] = v
+	}
+	return out, s.Err()
 }

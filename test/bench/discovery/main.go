@@ -13,17 +13,14 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"flag"
 	"fmt"
-	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
 	"sort"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -40,6 +37,7 @@ import (
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	"github.com/dowse-dev/dowse/test/kube"
 	"github.com/dowse-dev/dowse/test/procs"
+	"github.com/dowse-dev/dowse/test/promtest"
 )
 
 var agentArgs string
@@ -216,7 +214,7 @@ func measure(ctx context.Context, c client.WithWatch, dir, kubeconfig string, fl
 		return err
 	}
 	time.Sleep(3 * time.Second) // let status writes and watch events settle
-	before, err := scrape(metricsURL)
+	before, err := promtest.Scrape(metricsURL, "rest_client_requests_total")
 	if err != nil {
 		return err
 	}
@@ -225,7 +223,7 @@ func measure(ctx context.Context, c client.WithWatch, dir, kubeconfig string, fl
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-	after, err := scrape(metricsURL)
+	after, err := promtest.Scrape(metricsURL, "rest_client_requests_total")
 	if err != nil {
 		return err
 	}
@@ -397,29 +395,4 @@ func pct(sorted []time.Duration, p int) time.Duration {
 		i--
 	}
 	return sorted[i].Round(time.Microsecond)
-}
-
-// scrape returns the agent's rest_client_requests_total by label set.
-func scrape(url string) (map[string]float64, error) {
-	resp, err := http.Get(url)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	out := map[string]float64{}
-	s := bufio.NewScanner(resp.Body)
-	s.Buffer(make([]byte, 1<<20), 1<<20)
-	for s.Scan() {
-		line := s.Text()
-		if !strings.HasPrefix(line, "rest_client_requests_total{") {
-			continue
-		}
-		i := strings.LastIndex(line, " ")
-		v, err := strconv.ParseFloat(line[i+1:], 64)
-		if err != nil {
-			return nil, err
-		}
-		out[line[:i]] = v
-	}
-	return out, s.Err()
 }

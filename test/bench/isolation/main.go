@@ -10,16 +10,13 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"flag"
 	"fmt"
-	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -39,6 +36,7 @@ import (
 	"github.com/dowse-dev/dowse/shared/scheme"
 	"github.com/dowse-dev/dowse/test/kube"
 	"github.com/dowse-dev/dowse/test/procs"
+	"github.com/dowse-dev/dowse/test/promtest"
 )
 
 const (
@@ -195,7 +193,7 @@ func measure(ctx context.Context, admin client.Client, dir, kubeconfig string, o
 	}
 	f.syncTime = time.Since(t0)
 	time.Sleep(3 * time.Second) // status writes and watch events settle
-	before, err := scrape(metricsURL)
+	before, err := promtest.Scrape(metricsURL, "rest_client_requests_total")
 	if err != nil {
 		return f, err
 	}
@@ -204,7 +202,7 @@ func measure(ctx context.Context, admin client.Client, dir, kubeconfig string, o
 	case <-ctx.Done():
 		return f, ctx.Err()
 	}
-	after, err := scrape(metricsURL)
+	after, err := promtest.Scrape(metricsURL, "rest_client_requests_total")
 	if err != nil {
 		return f, err
 	}
@@ -275,29 +273,4 @@ func writeKubeconfig(path string, cfg *rest.Config) error {
 	kc.Contexts["agent"] = &clientcmdapi.Context{Cluster: "test", AuthInfo: "agent"}
 	kc.CurrentContext = "agent"
 	return clientcmd.WriteToFile(*kc, path)
-}
-
-// scrape returns the agent's rest_client_requests_total by label set.
-func scrape(url string) (map[string]float64, error) {
-	resp, err := http.Get(url)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	out := map[string]float64{}
-	s := bufio.NewScanner(resp.Body)
-	s.Buffer(make([]byte, 1<<20), 1<<20)
-	for s.Scan() {
-		line := s.Text()
-		if !strings.HasPrefix(line, "rest_client_requests_total{") {
-			continue
-		}
-		i := strings.LastIndex(line, " ")
-		v, err := strconv.ParseFloat(line[i+1:], 64)
-		if err != nil {
-			return nil, err
-		}
-		out[line[:i]] = v
-	}
-	return out, s.Err()
 }
