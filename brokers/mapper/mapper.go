@@ -326,6 +326,11 @@ func listenUnix(path string) (net.Listener, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listening on %s: %w", path, err)
 	}
+	// Only the mapper's (and the agent's) user and group may call it.
+	if err := os.Chmod(path, 0o660); err != nil {
+		lis.Close()
+		return nil, fmt.Errorf("restricting socket %s: %w", path, err)
+	}
 	return lis, nil
 }
 

@@ -226,6 +226,9 @@ func TestReportsOnChangeWithTransformsAndDeadband(t *testing.T) {
 	if info.GetProtocol() != "fake" || info.GetName() != "fake" || info.GetApiVersion() != "v1beta1" || string(info.GetAddress()) != r.m.Socket() {
 		t.Errorf("registration = %v", info)
 	}
+	if fi, err := os.Stat(r.m.Socket()); err != nil || fi.Mode().Perm() != 0o660 {
+		t.Errorf("mapper socket: %v, %v; want mode 0660 (the mapper's and agent's user and group only)", fi, err)
+	}
 	_, next := r.agent.WaitReported(t, "ns/a", "temp", "40", 0, wait)
 	tw, _ := r.agent.WaitReported(t, "ns/a", "setpoint", "20", 0, wait)
 	if md := tw.GetReported().GetMetadata(); md["type"] != "INT" || md["timestamp"] == "" {
