@@ -100,7 +100,8 @@ func sharedHostNetwork(in io.Reader, out io.Writer) error {
 // EndpointSlice names that Pod alone, and the agent joins the link it
 // serves. When the leader's Pod is deleted the other replica takes the
 // lease and the label, the EndpointSlice follows, and the agent joins
-// again.
+// again. `helm uninstall` then leaves nothing of the release
+// (waitUninstalled).
 func TestChartLeaderOnNode(t *testing.T) {
 	helmBin := filepath.Join(kube.RepoRoot(), "bin", "helm")
 	if _, err := os.Stat(helmBin); err != nil {
@@ -167,14 +168,17 @@ func TestChartLeaderOnNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	home := t.TempDir()
-	cmd := exec.CommandContext(ctx, helmBin, "install", "dowse", filepath.Join(kube.RepoRoot(), "deploy", "helm", "dowse"),
-		"--namespace", "dowse-system", "--create-namespace", "--values", valuesFile, "--kubeconfig", c.Kubeconfig,
-		"--post-renderer", self)
-	cmd.Env = append(os.Environ(), postRenderEnv+"=1", "HELM_CACHE_HOME="+filepath.Join(home, "cache"),
-		"HELM_CONFIG_HOME="+filepath.Join(home, "config"), "HELM_DATA_HOME="+filepath.Join(home, "data"))
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("helm install: %v\n%s", err, out)
+	helm := func(args ...string) {
+		t.Helper()
+		cmd := exec.CommandContext(ctx, helmBin, append(args, "--kubeconfig", c.Kubeconfig)...)
+		cmd.Env = append(os.Environ(), postRenderEnv+"=1", "HELM_CACHE_HOME="+filepath.Join(home, "cache"),
+			"HELM_CONFIG_HOME="+filepath.Join(home, "config"), "HELM_DATA_HOME="+filepath.Join(home, "data"))
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("helm %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
 	}
+	helm("install", "dowse", filepath.Join(kube.RepoRoot(), "deploy", "helm", "dowse"),
+		"--namespace", "dowse-system", "--create-namespace", "--values", valuesFile, "--post-renderer", self)
 
 	leader := waitLeader(t, ctx, cl, "", func(pods []corev1.Pod) error {
 		if len(pods) != 2 {
@@ -216,6 +220,11 @@ func TestChartLeaderOnNode(t *testing.T) {
 		}
 		time.Sleep(300 * time.Millisecond)
 	}
+
+	// Nothing of the release is left (but the link CA it keeps on
+	// purpose), found by asking the API server for every kind it serves.
+	helm("uninstall", "dowse", "--namespace", "dowse-system", "--wait", "--timeout", "2m")
+	waitUninstalled(t, ctx, c.Config, "dowse-system")
 }
 
 // waitLeader waits until exactly one running controller Pod, not old,
