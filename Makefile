@@ -106,9 +106,11 @@ bench: k8s build
 	go test -run '^$$' -bench . -benchtime 3000x ./test/link/
 	go test -run '^$$' -bench Twins -benchtime 1x ./test/e2e/
 
-# Local demo: control plane, agent, debug-echo handler, live Instances.
-# On a root machine with runc the agent and controller run as pods on a real
-# one-node cluster; elsewhere as processes beside an API server.
+# Local demo: a twin (a desired setpoint moves the demo's Modbus controller,
+# the readings come back reported), live Instances, and on a root machine
+# with runc a broker pod given its device through the device plugin and CDI.
+# There Dowse runs as the Helm chart's pods on a real one-node cluster;
+# elsewhere as processes beside an API server.
 demo: k8s helm build
 	@hack/install-node-deps.sh || echo "runc unavailable: the demo runs without a real node"
 	go run ./hack/demo
