@@ -1,5 +1,6 @@
-// Package modbus is Dowse's Modbus TCP mapper: a Driver for the mapper SDK
-// (brokers/mapper) that reads coils, discrete inputs, holding and input
+// Package modbus is Dowse's Modbus mapper, TCP and RTU (serial lines): a
+// Driver for the mapper SDK (brokers/mapper) that reads coils, discrete
+// inputs, holding and input
 // registers, writes coils and holding registers, and reads the registers of
 // one device that share a collect cycle in as few requests as the protocol
 // allows (adjacent addresses of one unit and table in one request).
@@ -8,6 +9,10 @@
 // protocolConfigData):
 //
 //	address     "host:port" (port defaults to 502); or KubeEdge's ip and port
+//	serialPort  Modbus RTU instead: the serial device, e.g. /dev/ttyUSB0
+//	            (also address "rtu:///dev/ttyUSB0"), with baudRate (19200),
+//	            dataBits (8), parity (even; none, odd or N, E, O) and
+//	            stopBits (1), the Modbus serial line defaults
 //	unitId      default unit id, 0-255 (default 1; KubeEdge's slaveID too)
 //	timeout     per request: "1s" or milliseconds (default 1s)
 //	maxGap      registers (or bits) of a gap that one request may bridge
@@ -62,16 +67,31 @@ const (
 )
 
 type deviceConfig struct {
-	address string
+	address string        // TCP host:port
+	serial  *serialConfig // RTU: a serial line instead of address
 	unit    byte
 	timeout time.Duration
 	maxGap  int
 }
 
-// Driver is one Modbus TCP device (one connection; unit ids per property).
+type serialConfig struct {
+	device                   string
+	baud, dataBits, stopBits int
+	parity                   string // N, E or O
+}
+
+// handler is the library's TCP or RTU client handler.
+type handler interface {
+	Connect() error
+	Close() error
+}
+
+// Driver is one Modbus device (one TCP connection or serial line; unit ids
+// per property).
 type Driver struct {
 	cfg     deviceConfig
-	handler *modbus.TCPClientHandler
+	handler handler
+	setUnit func(byte) // the unit id of the next request
 	client  modbus.Client
 	noMerge map[spanKey]bool // spans a merged read of which the device refused
 
@@ -93,7 +113,7 @@ type spanKey struct {
 	lo, hi int
 }
 
-// NewDriver is the mapper.NewDriver of Modbus TCP.
+// NewDriver is the mapper.NewDriver of Modbus TCP and RTU.
 func NewDriver(dev mapper.DeviceInfo) (mapper.Driver, error) {
 	cfg, err := parseDevice(dev.Protocol)
 	if err != nil {
@@ -107,6 +127,19 @@ func parseDevice(p mapper.Params) (deviceConfig, error) {
 	addr, err := p.String("address", "")
 	if err != nil {
 		return c, err
+	}
+	dev, err := p.String("serialPort", "")
+	if err != nil {
+		return c, err
+	}
+	if rest, ok := strings.CutPrefix(addr, "rtu://"); ok && dev == "" {
+		dev = rest
+	}
+	if dev != "" {
+		if c.serial, err = parseSerial(p, dev); err != nil {
+			return c, err
+		}
+		return deviceCommon(p, c)
 	}
 	if addr == "" {
 		host, err := p.String("ip", "")
@@ -139,6 +172,51 @@ func parseDevice(p mapper.Params) (deviceConfig, error) {
 		return c, fmt.Errorf("address %q: bad port", addr)
 	}
 	c.address = addr
+	return deviceCommon(p, c)
+}
+
+// parseSerial reads an RTU device's line settings.
+func parseSerial(p mapper.Params, dev string) (*serialConfig, error) {
+	if !strings.HasPrefix(dev, "/") {
+		return nil, fmt.Errorf("serialPort %q: want a device path such as /dev/ttyUSB0", dev)
+	}
+	sc := &serialConfig{device: dev}
+	var err error
+	num := func(key string, def int64, ok func(int64) bool) int {
+		if err != nil {
+			return 0
+		}
+		var n int64
+		if n, err = p.Int(key, def); err == nil && !ok(n) {
+			err = fmt.Errorf("%s %d is out of range", key, n)
+		}
+		return int(n)
+	}
+	sc.baud = num("baudRate", 19200, func(n int64) bool { return n > 0 && n <= 4000000 })
+	sc.dataBits = num("dataBits", 8, func(n int64) bool { return n >= 5 && n <= 8 })
+	sc.stopBits = num("stopBits", 1, func(n int64) bool { return n == 1 || n == 2 })
+	if err != nil {
+		return nil, err
+	}
+	parity, err := p.String("parity", "even")
+	if err != nil {
+		return nil, err
+	}
+	switch strings.ToLower(parity) {
+	case "n", "none":
+		sc.parity = "N"
+	case "e", "even":
+		sc.parity = "E"
+	case "o", "odd":
+		sc.parity = "O"
+	default:
+		return nil, fmt.Errorf("parity %q: want none, even or odd", parity)
+	}
+	return sc, nil
+}
+
+// deviceCommon reads the settings of TCP and RTU devices alike.
+func deviceCommon(p mapper.Params, c deviceConfig) (deviceConfig, error) {
 	unit, err := unitID(p, 1)
 	if err != nil {
 		return c, err
@@ -258,8 +336,20 @@ func (d *Driver) Prepare(p *mapper.Property) error {
 	return nil
 }
 
-// Connect opens the TCP connection.
+// Connect opens the TCP connection, or the serial line.
 func (d *Driver) Connect(ctx context.Context) error {
+	if sc := d.cfg.serial; sc != nil {
+		h := modbus.NewRTUClientHandler(sc.device)
+		h.BaudRate, h.DataBits, h.StopBits, h.Parity = sc.baud, sc.dataBits, sc.stopBits, sc.parity
+		h.Timeout = d.cfg.timeout
+		h.IdleTimeout = 0 // the SDK keeps the line busy, or closes it
+		h.SlaveId = d.cfg.unit
+		if err := h.Connect(); err != nil {
+			return fmt.Errorf("opening %s: %w", sc.device, err)
+		}
+		d.handler, d.setUnit, d.client = h, func(u byte) { h.SlaveId = u }, modbus.NewClient(h)
+		return nil
+	}
 	h := modbus.NewTCPClientHandler(d.cfg.address)
 	h.Timeout = d.cfg.timeout
 	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < h.Timeout {
@@ -271,7 +361,7 @@ func (d *Driver) Connect(ctx context.Context) error {
 		return fmt.Errorf("connecting to %s: %w", d.cfg.address, err)
 	}
 	h.Timeout = d.cfg.timeout
-	d.handler, d.client = h, modbus.NewClient(h)
+	d.handler, d.setUnit, d.client = h, func(u byte) { h.SlaveId = u }, modbus.NewClient(h)
 	return nil
 }
 
@@ -281,7 +371,7 @@ func (d *Driver) Close() error {
 		return nil
 	}
 	err := d.handler.Close()
-	d.handler, d.client = nil, nil
+	d.handler, d.setUnit, d.client = nil, nil, nil
 	return err
 }
 
@@ -321,7 +411,7 @@ func (d *Driver) readRaw(pt *point, address, count uint16) ([]byte, error) {
 	if d.client == nil {
 		return nil, fmt.Errorf("%w: not connected", mapper.ErrDisconnected)
 	}
-	d.handler.SlaveId = pt.unit
+	d.setUnit(pt.unit)
 	var b []byte
 	var err error
 	switch pt.table {
@@ -517,7 +607,7 @@ func (d *Driver) Write(_ context.Context, p *mapper.Property, v any) error {
 		if on {
 			val = 0xFF00
 		}
-		d.handler.SlaveId = pt.unit
+		d.setUnit(pt.unit)
 		_, err = d.client.WriteSingleCoil(pt.address, val)
 		return d.classify(err, what)
 	}
@@ -543,7 +633,7 @@ func (d *Driver) Write(_ context.Context, p *mapper.Property, v any) error {
 	if err != nil {
 		return mapper.Permanentf("%s: %v", what, err)
 	}
-	d.handler.SlaveId = pt.unit
+	d.setUnit(pt.unit)
 	if pt.count == 1 {
 		_, err = d.client.WriteSingleRegister(pt.address, uint16(b[0])<<8|uint16(b[1]))
 	} else {

@@ -23,6 +23,26 @@ func TestParseDevice(t *testing.T) {
 			t.Errorf("parseDevice(%v) = %+v, %v; want %s unit %d", tc.p, c, err, tc.addr, tc.unit)
 		}
 	}
+	// Modbus RTU: a serial device and its line settings.
+	for _, tc := range []struct {
+		p    mapper.Params
+		want serialConfig
+	}{
+		{mapper.Params{"serialPort": "/dev/ttyUSB0"}, serialConfig{device: "/dev/ttyUSB0", baud: 19200, dataBits: 8, stopBits: 1, parity: "E"}},
+		{mapper.Params{"address": "rtu:///dev/ttyS1", "baudRate": 9600.0, "parity": "none", "stopBits": int64(2), "slaveID": 4.0},
+			serialConfig{device: "/dev/ttyS1", baud: 9600, dataBits: 8, stopBits: 2, parity: "N"}},
+	} {
+		c, err := parseDevice(tc.p)
+		if err != nil || c.serial == nil || *c.serial != tc.want || c.address != "" {
+			t.Errorf("parseDevice(%v) = %+v (serial %+v), %v; want %+v", tc.p, c, c.serial, err, tc.want)
+		}
+	}
+	for _, p := range []mapper.Params{{"serialPort": "ttyUSB0"}, {"serialPort": "/dev/x", "parity": "mark"},
+		{"serialPort": "/dev/x", "stopBits": int64(3)}, {"serialPort": "/dev/x", "baudRate": int64(0)}, {"serialPort": "/dev/x", "dataBits": int64(9)}} {
+		if _, err := parseDevice(p); err == nil {
+			t.Errorf("parseDevice(%v) did not fail", p)
+		}
+	}
 	for _, p := range []mapper.Params{{}, {"address": "h:0"}, {"address": "h:1", "unitId": int64(256)}, {"address": "h:1", "timeout": "soon"}} {
 		if _, err := parseDevice(p); err == nil {
 			t.Errorf("parseDevice(%v) did not fail", p)

@@ -1,9 +1,13 @@
-// Launcher for a real Modbus TCP peer, used by the Modbus mapper's tests.
+// Launcher for a real Modbus TCP or RTU peer, used by the Modbus mapper's
+// tests.
 // Usage: node modbus-server.js '<json config>'
 //   {"impl": "jsmodbus" | "modbus-serial", "host": "127.0.0.x", "port": N,
+//    "serialPath": "/dev/pts/N" (modbus-serial only: Modbus RTU on that
+//    serial device instead of TCP, with "baudRate" and "parity"; needs the
+//    serialport package),
 //    "size": registers and bits in each table (default 512),
 //    "holding": {"0": 42, ...}, "input": {...}, "coils": {"3": 1}, "discrete": {...},
-//    "logWrites": true (jsmodbus: print "WRITE <address> <value>" for each
+//    "logWrites": true (print "WRITE <address> <value>" for each
 //    single-register write)}
 // jsmodbus answers every unit id from plain buffers (a read past the end
 // gets a short answer); modbus-serial answers unit "unitId" (default: all)
@@ -67,13 +71,25 @@ if (cfg.impl === "jsmodbus") {
     setRegister: (addr, value) => {
       at(holding, addr);
       holding[addr] = value;
+      if (cfg.logWrites) console.log("WRITE " + addr + " " + value);
     },
     setCoil: (addr, value) => {
       at(coils, addr);
       coils[addr] = value ? 1 : 0;
     },
   };
-  const server = new ModbusRTU.ServerTCP(vector, { host: cfg.host, port: cfg.port, unitID: cfg.unitId || 255 });
+  let server;
+  if (cfg.serialPath) {
+    server = new ModbusRTU.ServerSerial(vector, {
+      path: cfg.serialPath, baudRate: cfg.baudRate || 19200, parity: cfg.parity || "even", unitID: cfg.unitId || 255,
+    });
+    server.on("error", (err) => {
+      console.error("serial server error:", err);
+      process.exit(1);
+    });
+  } else {
+    server = new ModbusRTU.ServerTCP(vector, { host: cfg.host, port: cfg.port, unitID: cfg.unitId || 255 });
+  }
   server.on("initialized", ready);
   server.on("serverError", (err) => {
     console.error("server error:", err);
