@@ -19,7 +19,8 @@
 //     RegisterDevice, UpdateDevice, RemoveDevice and the model calls.
 //   - One goroutine and one connection per device. Properties are read on
 //     their collectCycle; those of one device sharing a cycle are handed to
-//     a BatchReader together.
+//     a BatchReader together. A desired value that arrives during a read is
+//     written when that read ends, before the rest of the round.
 //   - Reports on change: a value is reported when it differs from the last
 //     report (numbers: by more than the visitor's "deadband"), at least every
 //     reportCycle as a heartbeat, and the first value always. One
@@ -43,7 +44,11 @@
 //     all failed (then a reconnect); offline while it cannot connect;
 //     reconnects with exponential backoff; each change is sent with
 //     ReportDeviceStates.
-//   - Prometheus metrics (Metrics) and Main's --version.
+//   - Prometheus metrics (Metrics) and Main's --version and --memory-limit
+//     (the Go runtime's soft limit, default 8 MiB; GOMEMLIMIT wins).
+//   - Memory: no copies of the specs it is handed (a device keeps its spec
+//     marshalled, for GetDevice), visitors dropped once prepared, reports
+//     made on a few caller goroutines so a device's goroutine stays small.
 //
 // Departures from KubeEdge's mapper-framework: no package globals (a Config
 // and a Mapper value), reports on change over one connection instead of one
