@@ -44,8 +44,10 @@
 //     all failed (then a reconnect); offline while it cannot connect;
 //     reconnects with exponential backoff; each change is sent with
 //     ReportDeviceStates.
-//   - Prometheus metrics (Metrics) and Main's --version and --memory-limit
-//     (the Go runtime's soft limit, default 8 MiB; GOMEMLIMIT wins).
+//   - Prometheus metrics (Metrics) and Main's --version, --memory-limit
+//     (the Go runtime's soft limit, default 8 MiB; GOMEMLIMIT wins) and
+//     --max-procs (GOMAXPROCS, default 1: a mapper waits more than it
+//     computes).
 //   - Memory: no copies of the specs it is handed (a device keeps its spec
 //     marshalled, for GetDevice), visitors dropped once prepared, reports
 //     made on a few caller goroutines so a device's goroutine stays small.
