@@ -47,7 +47,7 @@ const (
 	// The slices are rebuilt once changes have been quiet for debounce,
 	// or maxDelay after the first.
 	debounce = 200 * time.Millisecond
-	maxDelay = 2 * time.Second
+	maxDelay = 5 * time.Second
 )
 
 // Options configure a Driver.
@@ -81,6 +81,8 @@ type Driver struct {
 	cdi    *cdi.Writer
 	log    logr.Logger
 	dirty  chan struct{}
+	// healthChanged wakes WatchHealthStatus after a sync.
+	healthChanged chan struct{}
 
 	mu         sync.Mutex
 	checkpoint *checkpoint
@@ -123,7 +125,7 @@ func New(c cache.Cache, kube kubernetes.Interface, opts Options, log logr.Logger
 	if err != nil {
 		return nil, err
 	}
-	return &Driver{opts: opts, cache: c, reader: c, kube: kube, cdi: w, log: log, dirty: make(chan struct{}, 1),
+	return &Driver{opts: opts, cache: c, reader: c, kube: kube, cdi: w, log: log, dirty: make(chan struct{}, 1), healthChanged: make(chan struct{}, 1),
 		specs: map[types.NamespacedName]specState{}, valid: map[types.NamespacedName]string{}}, nil
 }
 
@@ -194,9 +196,6 @@ func (d *Driver) Start(ctx context.Context) error {
 			kubeletplugin.KubeClient(d.kube),
 			kubeletplugin.RegistrarDirectoryPath(d.opts.RegistrarDir),
 			kubeletplugin.PluginDataDirectoryPath(d.opts.PluginDir),
-			// Device health: an Instance that goes OFFLINE leaves the
-			// slice; there is nothing finer to report per device.
-			kubeletplugin.HealthService(false),
 		)
 		if err != nil {
 			return fmt.Errorf("starting the kubelet DRA plugin: %w", err)
@@ -224,10 +223,11 @@ func (d *Driver) Start(ctx context.Context) error {
 }
 
 // here lists the Instances on this node of DRA Configurations, and which
-// of those Configurations also use device plugins.
+// of those Configurations also use device plugins. The Instances are the
+// cache's own objects (no copy of thousands per sync): read, never changed.
 func (d *Driver) here(ctx context.Context) ([]*v1alpha1.Instance, map[types.NamespacedName]bool, error) {
 	var cfgs v1alpha1.ConfigurationList
-	if err := d.reader.List(ctx, &cfgs); err != nil {
+	if err := d.reader.List(ctx, &cfgs, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, nil, err
 	}
 	dra := map[types.NamespacedName]bool{} // value: also device plugins
@@ -241,7 +241,7 @@ func (d *Driver) here(ctx context.Context) ([]*v1alpha1.Instance, map[types.Name
 		return nil, dra, nil
 	}
 	var insts v1alpha1.InstanceList
-	if err := d.reader.List(ctx, &insts); err != nil {
+	if err := d.reader.List(ctx, &insts, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, nil, err
 	}
 	var out []*v1alpha1.Instance
@@ -318,15 +318,18 @@ func (d *Driver) sync(ctx context.Context) (*resourceslice.DriverResources, erro
 	out := &resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{}}
 	n := 0
 	for pool, devs := range devices {
-		slices.SortFunc(devs, func(a, b resourceapi.Device) int { return cmpString(a.Name, b.Name) })
 		p := resourceslice.Pool{}
-		for _, chunk := range shareddra.Chunk(devs) {
+		for _, chunk := range shareddra.Spread(devs) {
 			p.Slices = append(p.Slices, resourceslice.Slice{Devices: chunk})
 		}
 		out.Pools[pool] = p
 		n += len(devs)
 	}
 	d.opts.Metrics.devices(n)
+	select {
+	case d.healthChanged <- struct{}{}:
+	default:
+	}
 	return out, nil
 }
 
@@ -378,16 +381,6 @@ func (d *Driver) removeSpec(key types.NamespacedName) {
 	if _, err := d.cdi.Remove(key.Namespace, key.Name); err != nil {
 		d.log.Error(err, "removing CDI spec", "instance", key)
 	}
-}
-
-func cmpString(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // inUse says whether a prepared claim still uses the Instance key: its CDI
@@ -522,9 +515,61 @@ func (d *Driver) HandleError(_ context.Context, err error, msg string) {
 	d.log.Error(err, "kubelet DRA plugin", "what", msg)
 }
 
-// WatchHealthStatus is not called: the health service is off.
-func (d *Driver) WatchHealthStatus(context.Context, chan<- kubeletplugin.DeviceHealthReport) error {
-	return kubeletplugin.ErrHealthNotSupported
+// healthEvery is how often WatchHealthStatus repeats its report (the
+// kubelet takes a device's health as unknown after 30 s without one).
+const healthEvery = 10 * time.Second
+
+// WatchHealthStatus reports the health of the devices of prepared claims:
+// Healthy while their Instance lists this node, Unhealthy once it does not
+// (the handler reports the device OFFLINE or gone), so that the kubelet can
+// show it in the status of the pods that use it. A report goes at once,
+// after every sync, and every healthEvery.
+func (d *Driver) WatchHealthStatus(ctx context.Context, reports chan<- kubeletplugin.DeviceHealthReport) error {
+	tick := time.NewTicker(healthEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case reports <- d.health(ctx):
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		case <-d.healthChanged:
+		}
+	}
+}
+
+// health is the report of WatchHealthStatus.
+func (d *Driver) health(ctx context.Context) kubeletplugin.DeviceHealthReport {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var r kubeletplugin.DeviceHealthReport
+	if d.checkpoint == nil {
+		return r
+	}
+	seen := map[[2]string]bool{}
+	now := time.Now()
+	for _, c := range d.checkpoint.Claims {
+		for _, dev := range c.Devices {
+			k := [2]string{dev.Pool, dev.Device}
+			if seen[k] {
+				continue
+			}
+			seen[k] = true
+			h := kubeletplugin.DeviceHealth{PoolName: dev.Pool, DeviceName: dev.Device, Health: kubeletplugin.HealthStatusHealthy, LastUpdated: now}
+			ns, name, _ := shareddra.ParseDevice(dev.Pool, dev.Device)
+			var inst v1alpha1.Instance
+			if err := d.reader.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, &inst); err != nil || !inst.HasNode(d.opts.NodeName) {
+				h.Health = kubeletplugin.HealthStatusUnhealthy
+				h.Message = "the device's handler no longer reports it on this node (OFFLINE or gone)"
+			}
+			r.Devices = append(r.Devices, h)
+		}
+	}
+	return r
 }
 
 // Prepared lists the prepared claims' UIDs (tests).

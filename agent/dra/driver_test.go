@@ -99,10 +99,16 @@ func TestPrepareCheckpointed(t *testing.T) {
 		t.Fatalf("no CDI spec for the prepared claim: %v", err)
 	}
 	check(d)
+	if h := d.health(ctx); len(h.Devices) != 1 || h.Devices[0].Health != kubeletplugin.HealthStatusHealthy || h.Devices[0].PoolName != pool {
+		t.Fatalf("health %+v", h)
+	}
 	// The CDI spec stays while the claim is prepared, even with the
-	// Instance gone.
+	// Instance gone; the device is then reported unhealthy.
 	if err := c.Delete(ctx, inst); err != nil {
 		t.Fatal(err)
+	}
+	if h := d.health(ctx); len(h.Devices) != 1 || h.Devices[0].Health != kubeletplugin.HealthStatusUnhealthy {
+		t.Fatalf("health after the Instance went %+v", h)
 	}
 	if _, err := d.sync(ctx); err != nil {
 		t.Fatal(err)

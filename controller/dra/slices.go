@@ -40,7 +40,10 @@ import (
 // have been quiet for Debounce (at most MaxDelay into a burst). It runs on
 // the leader only.
 type Publisher struct {
-	cache    cache.Cache
+	cache cache.Cache
+	// reader reads Configurations, Instances and Nodes: the cache (tests:
+	// a fake).
+	reader   client.Reader
 	kube     kubernetes.Interface
 	log      logr.Logger
 	metrics  *Metrics
@@ -60,7 +63,7 @@ const (
 // must keep spec.shared, capacity and brokerProperties of shared devices);
 // kube writes the slices; metrics may be nil.
 func NewPublisher(c cache.Cache, kube kubernetes.Interface, metrics *Metrics, log logr.Logger) *Publisher {
-	return &Publisher{cache: c, kube: kube, log: log, metrics: metrics, debounce: Debounce, dirty: make(chan struct{}, 1)}
+	return &Publisher{cache: c, reader: c, kube: kube, log: log, metrics: metrics, debounce: Debounce, dirty: make(chan struct{}, 1)}
 }
 
 func (p *Publisher) poke() {
@@ -150,10 +153,11 @@ func (p *Publisher) Start(ctx context.Context) error {
 	}
 }
 
-// Desired is the pools the Publisher wants, from the cache.
+// Desired is the pools the Publisher wants, from the cache (its own
+// objects, read without a copy, never changed).
 func (p *Publisher) Desired(ctx context.Context) (*resourceslice.DriverResources, error) {
 	var cfgs v1alpha1.ConfigurationList
-	if err := p.cache.List(ctx, &cfgs); err != nil {
+	if err := p.reader.List(ctx, &cfgs, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, err
 	}
 	dra := map[types.NamespacedName]bool{}
@@ -168,7 +172,7 @@ func (p *Publisher) Desired(ctx context.Context) (*resourceslice.DriverResources
 		return out, nil
 	}
 	var insts v1alpha1.InstanceList
-	if err := p.cache.List(ctx, &insts); err != nil {
+	if err := p.reader.List(ctx, &insts, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, err
 	}
 	var errs []error
@@ -203,7 +207,7 @@ func (p *Publisher) Desired(ctx context.Context) (*resourceslice.DriverResources
 // the Node is unknown or has no such label.
 func (p *Publisher) hostname(ctx context.Context, node string) string {
 	var n corev1.Node
-	if err := p.cache.Get(ctx, types.NamespacedName{Name: node}, &n); err == nil {
+	if err := p.reader.Get(ctx, types.NamespacedName{Name: node}, &n); err == nil {
 		if h := n.Labels[corev1.LabelHostname]; h != "" {
 			return h
 		}

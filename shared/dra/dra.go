@@ -24,6 +24,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"hash/fnv"
 	"maps"
 	"slices"
 	"strconv"
@@ -149,12 +150,6 @@ func Device(inst *v1alpha1.Instance) resourceapi.Device {
 				Value: *resource.NewQuantity(int64(capacity), resource.DecimalSI),
 				RequestPolicy: &resourceapi.CapacityRequestPolicy{
 					Default: resource.NewQuantity(1, resource.DecimalSI),
-					// No step: the API refuses one when min + step passes
-					// the capacity (capacity 1).
-					ValidRange: &resourceapi.CapacityRequestPolicyRange{
-						Min: resource.NewQuantity(1, resource.DecimalSI),
-						Max: resource.NewQuantity(int64(capacity), resource.DecimalSI),
-					},
 				},
 			},
 		},
@@ -259,19 +254,48 @@ func NodeSelector(hostnames []string) *corev1.NodeSelector {
 	}}}
 }
 
-// Chunk splits devices into slices of at most MaxDevicesPerSlice, in order;
-// one empty slice when there are none (an empty pool says that the
-// publisher runs and has no devices).
-func Chunk(devices []resourceapi.Device) [][]resourceapi.Device {
+// Spread splits a pool's devices into ResourceSlices so that one device
+// coming or going changes one slice: each device goes to the bucket of a
+// hash of its name, among a power of two of buckets that holds about 16 to
+// 32 devices each (so the bucket count, and every slice, changes only when
+// the pool doubles or halves), in name order within a bucket. A bucket
+// that would pass MaxDevicesPerSlice (vanishingly rare) is split, its
+// surplus in slices after the others. One slice per non-empty bucket; one
+// empty slice when there are no devices (an empty pool says that the
+// publisher runs and has none). The resourceslice controller then updates
+// one slice for one change, keeping the pool's generation, instead of
+// rewriting every slice after the changed one.
+func Spread(devices []resourceapi.Device) [][]resourceapi.Device {
 	if len(devices) == 0 {
 		return [][]resourceapi.Device{nil}
 	}
-	var out [][]resourceapi.Device
-	for d := range slices.Chunk(devices, MaxDevicesPerSlice) {
-		out = append(out, d)
+	buckets := 1
+	for buckets*spreadTarget < len(devices) {
+		buckets *= 2
 	}
-	return out
+	byBucket := make([][]resourceapi.Device, buckets)
+	for _, d := range devices {
+		h := fnv.New32a()
+		h.Write([]byte(d.Name))
+		b := int(h.Sum32() % uint32(buckets))
+		byBucket[b] = append(byBucket[b], d)
+	}
+	var out, surplus [][]resourceapi.Device
+	for _, b := range byBucket {
+		if len(b) == 0 {
+			continue
+		}
+		slices.SortFunc(b, func(x, y resourceapi.Device) int { return strings.Compare(x.Name, y.Name) })
+		out = append(out, b[:min(len(b), MaxDevicesPerSlice)])
+		for rest := b[min(len(b), MaxDevicesPerSlice):]; len(rest) > 0; rest = rest[min(len(rest), MaxDevicesPerSlice):] {
+			surplus = append(surplus, rest[:min(len(rest), MaxDevicesPerSlice)])
+		}
+	}
+	return append(out, surplus...)
 }
+
+// spreadTarget is the most devices per bucket on average in Spread.
+const spreadTarget = 32
 
 // Settle waits, after a first change, until no change has come on dirty for
 // quiet, or max has passed since the first: a publisher rebuilds its slices

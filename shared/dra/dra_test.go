@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 
@@ -113,9 +114,51 @@ func TestAttributesAtMost32(t *testing.T) {
 	}
 }
 
-func TestChunk(t *testing.T) {
-	if c := Chunk(nil); len(c) != 1 || len(c[0]) != 0 {
+func TestSpread(t *testing.T) {
+	if c := Spread(nil); len(c) != 1 || len(c[0]) != 0 {
 		t.Errorf("empty: %v", c)
+	}
+	devs := func(n int) []resourceapi.Device {
+		out := make([]resourceapi.Device, n)
+		for i := range out {
+			out[i].Name = v1alpha1.DeviceHash(strconv.Itoa(i), true, "")
+		}
+		return out
+	}
+	for _, n := range []int{1, 31, 64, 65, 1000, 5000} {
+		got := Spread(devs(n))
+		total := 0
+		for _, s := range got {
+			if len(s) == 0 || len(s) > MaxDevicesPerSlice {
+				t.Fatalf("%d devices: a slice of %d", n, len(s))
+			}
+			total += len(s)
+		}
+		if total != n {
+			t.Fatalf("%d devices spread as %d", n, total)
+		}
+	}
+	// One more device (the bucket count unchanged) changes one slice.
+	before, after := Spread(devs(5000)), Spread(devs(5001))
+	if len(before) != len(after) {
+		t.Fatalf("%d slices, then %d", len(before), len(after))
+	}
+	changed := 0
+	for i := range before {
+		if len(before[i]) != len(after[i]) || before[i][0].Name != after[i][0].Name || before[i][len(before[i])-1].Name != after[i][len(after[i])-1].Name {
+			changed++
+		}
+	}
+	if changed > 1 {
+		t.Errorf("one device more changed %d slices", changed)
+	}
+	// A bucket that overflows is split.
+	same := make([]resourceapi.Device, 200)
+	for i := range same {
+		same[i].Name = "d"
+	}
+	if got := Spread(same); len(got) != 4 || len(got[0]) != MaxDevicesPerSlice || len(got[3]) != 200-3*MaxDevicesPerSlice {
+		t.Errorf("overflow: %d slices", len(got))
 	}
 }
 

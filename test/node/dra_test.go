@@ -293,6 +293,31 @@ func TestDRAOnNode(t *testing.T) {
 		if p, err := pods.Get(ctx, "local-3", metav1.GetOptions{}); err != nil || p.Status.Phase != corev1.PodRunning {
 			t.Fatalf("running pod disturbed by OFFLINE: %v %v", err, p.Status.Phase)
 		}
+		// The plugin reports the device Unhealthy, and the kubelet shows
+		// it in the pod's status.
+		offline := time.Now()
+		for {
+			p, err := pods.Get(ctx, "local-3", metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			health := ""
+			for _, cs := range p.Status.ContainerStatuses {
+				for _, rs := range cs.AllocatedResourcesStatus {
+					for _, r := range rs.Resources {
+						health = string(r.Health)
+					}
+				}
+			}
+			if health == string(corev1.ResourceHealthStatusUnhealthy) {
+				t.Logf("local-3's device Unhealthy in its status %s after OFFLINE", time.Since(offline).Round(100*time.Millisecond))
+				break
+			}
+			if time.Since(offline) > 45*time.Second {
+				t.Fatalf("local-3's device health %q 45s after OFFLINE, want Unhealthy", health)
+			}
+			time.Sleep(500 * time.Millisecond)
+		}
 		claimPod("local-4", "local-foo1")
 		expectPending("local-4")
 		d.setAvailability(true)
