@@ -154,3 +154,44 @@ func TestPrepareCheckpointed(t *testing.T) {
 		t.Fatal("a device of another node was prepared")
 	}
 }
+
+// TestBothKeepsDevicePluginSpec: with device plugins on, the CDI spec of a
+// Configuration allocated both ways is the device plugins' to keep: an
+// unprepare leaves it.
+func TestBothKeepsDevicePluginSpec(t *testing.T) {
+	sch, err := scheme.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	inst := &v1alpha1.Instance{
+		ObjectMeta: metav1.ObjectMeta{Name: "echo-0123456789abcdef", Namespace: "default", ResourceVersion: "1"},
+		Spec:       v1alpha1.InstanceSpec{ConfigurationName: "echo", DeviceID: "foo1", BrokerProperties: map[string]string{"A": "b"}},
+		Status:     v1alpha1.InstanceStatus{Nodes: []v1alpha1.InstanceNode{{Name: "n1"}}},
+	}
+	cfg := &v1alpha1.Configuration{ObjectMeta: metav1.ObjectMeta{Name: "echo", Namespace: "default"},
+		Spec: v1alpha1.ConfigurationSpec{Allocation: v1alpha1.AllocationBoth}}
+	c := fake.NewClientBuilder().WithScheme(sch).WithObjects(inst, cfg).Build()
+	cdiDir := t.TempDir()
+	d, err := New(nil, nil, Options{NodeName: "n1", RegistrarDir: "unused", PluginDir: t.TempDir(), CDIDir: cdiDir, DevicePlugins: true}, testr.New(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.reader = c
+	if d.checkpoint, err = loadCheckpoint(filepath.Join(d.opts.PluginDir, CheckpointFile)); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := d.sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	pool := shareddra.LocalPool("n1", "default", "echo")
+	if _, err := d.PrepareResourceClaims(ctx, []*resourceapi.ResourceClaim{claimFor("u1", pool, "0123456789abcdef")}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.UnprepareResourceClaims(ctx, []kubeletplugin.NamespacedObject{{UID: "u1"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(cdiDir, cdi.SpecFileName(inst)+".json")); err != nil {
+		t.Fatalf("the device plugins' CDI spec was removed: %v", err)
+	}
+}
