@@ -10,7 +10,11 @@
 //     --dra-registrar-dir=), device plugins off (--device-plugin-dir=);
 //   - device-plugins: spec.allocation DevicePlugin, device plugins on (no
 //     kubelet listens: the plugins serve their sockets and retry);
-//   - neither: device plugins off and no DRA, the discovery path alone.
+//   - neither: device plugins off and no DRA, the discovery path alone;
+//   - shared: the devices shared (debug-echo --shared), DRA on and device
+//     plugins off, the controller (dowse-controller --dra) publishing one
+//     pool per device: time until all are in slices, and the controller's
+//     peak RSS beside the agent's.
 //
 // It writes only under its own temporary directory.
 package main
@@ -51,11 +55,12 @@ type benchCase struct {
 	name       string
 	allocation v1alpha1.Allocation
 	args       func(dir string) []string
+	shared     bool
 }
 
 func main() {
 	counts := flag.String("devices", "1000,5000", "comma-separated device counts")
-	only := flag.String("cases", "dra,device-plugins,neither", "comma-separated cases to run")
+	only := flag.String("cases", "dra,device-plugins,neither,shared", "comma-separated cases to run")
 	flag.Parse()
 	ctrllog.SetLogger(logr.Discard())
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -109,11 +114,14 @@ func run(ctx context.Context, counts []int, only []string) error {
 	cases := map[string]benchCase{
 		"dra": {"dra", v1alpha1.AllocationDRA, func(d string) []string {
 			return []string{"--dra", "--dra-registrar-dir=", "--device-plugin-dir="}
-		}},
+		}, false},
 		"device-plugins": {"device-plugins", v1alpha1.AllocationDevicePlugin, func(d string) []string {
 			return []string{"--device-plugin-dir", filepath.Join(d, "device-plugins")}
-		}},
-		"neither": {"neither", v1alpha1.AllocationDevicePlugin, func(string) []string { return []string{"--device-plugin-dir="} }},
+		}, false},
+		"neither": {"neither", v1alpha1.AllocationDevicePlugin, func(string) []string { return []string{"--device-plugin-dir="} }, false},
+		"shared": {"shared", v1alpha1.AllocationDRA, func(d string) []string {
+			return []string{"--dra", "--dra-registrar-dir=", "--device-plugin-dir="}
+		}, true},
 	}
 	for _, n := range counts {
 		for _, name := range only {
@@ -153,7 +161,17 @@ func measure(ctx context.Context, c client.WithWatch, kubeconfig, dir, ns string
 		return err
 	}
 	defer ag.Stop()
-	h, err := start(dir, "dowse-debug-echo-discovery", "--state-dir", dir)
+	hargs := []string{"--state-dir", dir}
+	var ctl *procs.Proc
+	if cs.shared {
+		hargs = append(hargs, "--shared")
+		if ctl, err = start(dir, "dowse-controller", "--kubeconfig", kubeconfig, "--leader-elect=false", "--dra",
+			"--metrics-bind-address", "0", "--health-probe-bind-address", "0", "--link-hosts="); err != nil {
+			return err
+		}
+		defer ctl.Stop()
+	}
+	h, err := start(dir, "dowse-debug-echo-discovery", hargs...)
 	if err != nil {
 		return err
 	}
@@ -180,7 +198,7 @@ func measure(ctx context.Context, c client.WithWatch, kubeconfig, dir, ns string
 	applied := time.Since(t0)
 	line := fmt.Sprintf("%-15s %5d devices: applied in %6.2fs, %5.0f Instances/s", cs.name, n, applied.Seconds(), float64(n)/applied.Seconds())
 	if cs.allocation == v1alpha1.AllocationDRA {
-		if err := waitSliceDevices(ctx, c, ns, n, ag); err != nil {
+		if err := waitSliceDevices(ctx, c, ns, n, cs.shared, ag); err != nil {
 			return err
 		}
 		line += fmt.Sprintf(", all in ResourceSlices after %6.2fs", time.Since(t0).Seconds())
@@ -189,7 +207,14 @@ func measure(ctx context.Context, c client.WithWatch, kubeconfig, dir, ns string
 	if err != nil {
 		return err
 	}
-	fmt.Printf("%s; agent peak RSS %.1f MiB\n", line, float64(kib)/1024)
+	line += fmt.Sprintf("; agent peak RSS %.1f MiB", float64(kib)/1024)
+	if ctl != nil {
+		if kib, err = ctl.PeakRSS(); err != nil {
+			return err
+		}
+		line += fmt.Sprintf(", controller %.1f MiB", float64(kib)/1024)
+	}
+	fmt.Println(line)
 	if err := c.Delete(ctx, cfg); err != nil {
 		return err
 	}
@@ -197,7 +222,7 @@ func measure(ctx context.Context, c client.WithWatch, kubeconfig, dir, ns string
 		return err
 	}
 	if cs.allocation == v1alpha1.AllocationDRA {
-		return waitSliceDevices(ctx, c, ns, 0, ag)
+		return waitSliceDevices(ctx, c, ns, 0, cs.shared, ag)
 	}
 	return nil
 }
@@ -253,18 +278,25 @@ func waitInstances(ctx context.Context, c client.WithWatch, ns string, want int,
 	return nil
 }
 
-// waitSliceDevices waits until the node's slices of namespace ns hold want
-// devices.
-func waitSliceDevices(ctx context.Context, c client.Client, ns string, want int, ag *procs.Proc) error {
+// waitSliceDevices waits until the slices of namespace ns (the node's, or
+// the controller's shared pools) hold want devices.
+func waitSliceDevices(ctx context.Context, c client.Client, ns string, want int, shared bool, ag *procs.Proc) error {
 	deadline := time.Now().Add(10 * time.Minute)
+	prefix := shareddra.LocalPool(node, ns, "")
+	sel := fields.OneTermEqualSelector(resourceapi.ResourceSliceSelectorNodeName, node)
+	if shared {
+		prefix = shareddra.SharedPool(ns, "", "")
+		prefix = prefix[:len(prefix)-1] // "shared/<ns>/"
+		sel = fields.OneTermEqualSelector(resourceapi.ResourceSliceSelectorDriver, shareddra.DriverName)
+	}
 	for {
 		var list resourceapi.ResourceSliceList
-		if err := c.List(ctx, &list, client.MatchingFieldsSelector{Selector: fields.OneTermEqualSelector(resourceapi.ResourceSliceSelectorNodeName, node)}); err != nil {
+		if err := c.List(ctx, &list, client.MatchingFieldsSelector{Selector: sel}); err != nil {
 			return err
 		}
 		got := 0
 		for _, s := range list.Items {
-			if s.Spec.Driver == shareddra.DriverName && strings.HasPrefix(s.Spec.Pool.Name, shareddra.LocalPool(node, ns, "")) {
+			if s.Spec.Driver == shareddra.DriverName && strings.HasPrefix(s.Spec.Pool.Name, prefix) {
 				got += len(s.Spec.Devices)
 			}
 		}
