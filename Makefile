@@ -97,6 +97,7 @@ test: deps node-deps k8s helm peers build verify-generate
 # mapper's read rates, write and report latencies and memory (jsmodbus peer).
 bench: k8s build
 	go run ./test/bench/discovery
+	go run ./test/bench/dra
 	go run ./test/bench/isolation
 	go run ./test/bench/controller
 	@if [ "$$(id -u)" = 0 ]; then go run ./test/bench/deviceplugin; else echo "bench/deviceplugin skipped: it runs a kubelet, which needs root"; fi
