@@ -28,7 +28,7 @@ func startDRAController(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- controller.Run(ctx, controller.Config{RESTConfig: rest.CopyConfig(cp.Config), SkipNameValidation: true, NodeGracePeriod: time.Hour,
+		done <- controller.Run(ctx, controller.Config{RESTConfig: rest.CopyConfig(cp.Config), SkipNameValidation: true, NodeGracePeriod: 2 * time.Second,
 			QPS: 1000, Burst: 2000, MetricsAddr: "0", HealthAddr: "0", Registerer: prometheus.NewRegistry(), DRA: true}, testr.New(t).WithName("controller"))
 	}()
 	t.Cleanup(func() {
@@ -91,14 +91,14 @@ func selectedNodes(s *resourceapi.ResourceSlice) []string {
 
 // TestDRASharedDeviceOneSliceBothNodes: a shared device two agents see is
 // one device in one ResourceSlice (published by the controller) whose node
-// selector names both nodes; one node losing it updates the selector; the
-// Configuration's DeviceClass selects its devices; deleting the
-// Configuration removes class and slices.
+// selector names both nodes; one node losing it, or dying, updates the
+// selector; the Configuration's DeviceClass selects its devices; deleting
+// the Configuration removes class and slices.
 func TestDRASharedDeviceOneSliceBothNodes(t *testing.T) {
 	ns := namespace(t)
 	startDRAController(t)
 	createNode(t, "dra-node-a", true, time.Now())
-	createNode(t, "dra-node-b", true, time.Now())
+	nodeB := createNode(t, "dra-node-b", true, time.Now())
 	a := startAgent(t, "dra-node-a", stateDir(t), withDRA(t))
 	b := startAgent(t, "dra-node-b", stateDir(t), withDRA(t))
 	startScripted(t, a.stateDir, "scripted", true, devices("cam-1"))
@@ -155,6 +155,12 @@ func TestDRASharedDeviceOneSliceBothNodes(t *testing.T) {
 	expectSlice("dra-node-a")
 	hb.set(devices("cam-1"))
 	expectSlice("dra-node-a", "dra-node-b")
+	// Node b dies (its agent stops, the Node is NotReady past the grace
+	// period): the controller removes it from the Instance, and the
+	// selector follows.
+	b.stop()
+	setReady(t, nodeB, false, time.Now().Add(-time.Minute))
+	expectSlice("dra-node-a")
 
 	deleteConfiguration(t, cfg)
 	eventually(t, 20*time.Second, func() error {
