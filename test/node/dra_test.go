@@ -16,6 +16,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
@@ -32,6 +33,8 @@ import (
 
 // startDRAAgent runs an agent with DRA on and device plugins off, its
 // kubelet plugin registered with the cluster's kubelet, until d.stopAgent.
+// It runs as startAgent's does: under its pod's token, with deploy/agent's
+// RBAC and node admission policy (its slices are its node's).
 func (d *dowseOnNode) startDRAAgent() {
 	t := d.t
 	actx, acancel := context.WithCancel(d.runCtx)
@@ -41,7 +44,7 @@ func (d *dowseOnNode) startDRAAgent() {
 	go func() {
 		done <- agent.Run(actx, agent.Config{
 			SkipNameValidation: true,
-			RESTConfig:         d.c.Config, NodeName: d.c.NodeName, StateDir: d.state,
+			RESTConfig:         rest.CopyConfig(d.agentConfig), NodeName: d.c.NodeName, StateDir: d.state,
 			GracePeriod: time.Minute, WriteConcurrency: 4, MetricsAddr: "0", HealthAddr: "0",
 			Registerer: reg, CDISpecDir: d.c.CDIDir,
 			DRA: agent.DRAConfig{
