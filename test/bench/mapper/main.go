@@ -189,13 +189,37 @@ func (p *peer) stop() {
 	}
 }
 
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+// startMapper runs the mapper binary with the fake agent's socket in dir,
+// its metrics on a free loopback port and its log in dir/mapper.log; stop
+// ends it and closes the log.
+func startMapper(dir, binary string) (m *procs.Proc, metrics string, stop func(), err error) {
+	mport, err := procs.FreePort()
 	if err != nil {
-		return 0, err
+		return nil, "", nil, err
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	mapperLog = filepath.Join(dir, "mapper.log")
+	logf, err := os.Create(mapperLog)
+	if err != nil {
+		return nil, "", nil, err
+	}
+	m, err = procs.Start(binary, logf, "--state-dir="+dir, "--metrics-address=127.0.0.1:"+strconv.Itoa(mport))
+	if err != nil {
+		logf.Close()
+		return nil, "", nil, err
+	}
+	return m, "http://127.0.0.1:" + strconv.Itoa(mport) + "/metrics", func() { m.Stop(); logf.Close() }, nil
+}
+
+// awaitRegistration waits until mapper m has registered with agent.
+func awaitRegistration(agent *mappertest.Agent, m *procs.Proc) error {
+	deadline := time.Now().Add(15 * time.Second)
+	for agent.Registrations() == 0 {
+		if time.Now().After(deadline) || m.Exited() {
+			return fmt.Errorf("%s did not register (log: %s)", m.Name, mapperLog)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return nil
 }
 
 // counter reads one counter from the mapper's /metrics.
@@ -239,7 +263,7 @@ func run(ctx context.Context, window time.Duration, nDevices, nProps, samples in
 		}
 	}()
 
-	port, err := freePort()
+	port, err := procs.FreePort()
 	if err != nil {
 		return err
 	}
@@ -265,22 +289,11 @@ func run(ctx context.Context, window time.Duration, nDevices, nProps, samples in
 	}
 	defer agent.Close()
 
-	mport, err := freePort()
+	m, metrics, stopMapper, err := startMapper(dir, "dowse-modbus-mapper")
 	if err != nil {
 		return err
 	}
-	mapperLog = filepath.Join(dir, "mapper.log")
-	logf, err := os.Create(mapperLog)
-	if err != nil {
-		return err
-	}
-	defer logf.Close()
-	m, err := procs.Start("dowse-modbus-mapper", logf, "--state-dir="+dir, "--metrics-address=127.0.0.1:"+strconv.Itoa(mport))
-	if err != nil {
-		return err
-	}
-	defer m.Stop()
-	metrics := "http://127.0.0.1:" + strconv.Itoa(mport) + "/metrics"
+	defer stopMapper()
 	// Sample memory all along: the kernel keeps only the peak of the total
 	// (VmHWM), not of its anonymous part.
 	var peakAnon, phaseAnon atomic.Int64
@@ -310,12 +323,8 @@ func run(ctx context.Context, window time.Duration, nDevices, nProps, samples in
 	}()
 	fmt.Printf("jsmodbus on %s (pid %d), dowse-modbus-mapper pid %d\n", address, js.cmd.Process.Pid, m.Pid())
 
-	deadline := time.Now().Add(15 * time.Second)
-	for agent.Registrations() == 0 {
-		if time.Now().After(deadline) || m.Exited() {
-			return fmt.Errorf("the mapper did not register (log: %s)", logf.Name())
-		}
-		time.Sleep(20 * time.Millisecond)
+	if err := awaitRegistration(agent, m); err != nil {
+		return err
 	}
 	client, err := agent.MapperClient()
 	if err != nil {

@@ -34,11 +34,11 @@ func runONVIF(ctx context.Context, root string, window time.Duration) error {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	api, err := freePort()
+	api, err := procs.FreePort()
 	if err != nil {
 		return err
 	}
-	rtsp, err := freePort()
+	rtsp, err := procs.FreePort()
 	if err != nil {
 		return err
 	}
@@ -81,28 +81,13 @@ func runONVIF(ctx context.Context, root string, window time.Duration) error {
 		return err
 	}
 	defer agent.Close()
-	mport, err := freePort()
+	m, metrics, stopMapper, err := startMapper(dir, "dowse-onvif-mapper")
 	if err != nil {
 		return err
 	}
-	mapperLog = filepath.Join(dir, "mapper.log")
-	logf, err := os.Create(mapperLog)
-	if err != nil {
+	defer stopMapper()
+	if err := awaitRegistration(agent, m); err != nil {
 		return err
-	}
-	defer logf.Close()
-	m, err := procs.Start("dowse-onvif-mapper", logf, "--state-dir="+dir, "--metrics-address=127.0.0.1:"+strconv.Itoa(mport))
-	if err != nil {
-		return err
-	}
-	defer m.Stop()
-	metrics := "http://127.0.0.1:" + strconv.Itoa(mport) + "/metrics"
-	deadline = time.Now().Add(15 * time.Second)
-	for agent.Registrations() == 0 {
-		if time.Now().After(deadline) || m.Exited() {
-			return fmt.Errorf("the ONVIF mapper did not register (log: %s)", logf.Name())
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 	client, err := agent.MapperClient()
 	if err != nil {
@@ -129,7 +114,7 @@ func runONVIF(ctx context.Context, root string, window time.Duration) error {
 	deadline = time.Now().Add(30 * time.Second)
 	for len(agent.Twins("bench/cam", "model", 0)) == 0 {
 		if time.Now().After(deadline) {
-			return fmt.Errorf("the camera never reported (log: %s)", logf.Name())
+			return fmt.Errorf("the camera never reported (log: %s)", mapperLog)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

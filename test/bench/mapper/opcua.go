@@ -76,7 +76,7 @@ func runOPCUA(ctx context.Context, root string, window time.Duration, samples in
 		return err
 	}
 	defer os.RemoveAll(dir)
-	port, err := freePort()
+	port, err := procs.FreePort()
 	if err != nil {
 		return err
 	}
@@ -99,28 +99,13 @@ func runOPCUA(ctx context.Context, root string, window time.Duration, samples in
 		return err
 	}
 	defer agent.Close()
-	mport, err := freePort()
+	m, metrics, stopMapper, err := startMapper(dir, "dowse-opcua-mapper")
 	if err != nil {
 		return err
 	}
-	mapperLog = filepath.Join(dir, "mapper.log")
-	logf, err := os.Create(mapperLog)
-	if err != nil {
+	defer stopMapper()
+	if err := awaitRegistration(agent, m); err != nil {
 		return err
-	}
-	defer logf.Close()
-	m, err := procs.Start("dowse-opcua-mapper", logf, "--state-dir="+dir, "--metrics-address=127.0.0.1:"+strconv.Itoa(mport))
-	if err != nil {
-		return err
-	}
-	defer m.Stop()
-	metrics := "http://127.0.0.1:" + strconv.Itoa(mport) + "/metrics"
-	deadline := time.Now().Add(15 * time.Second)
-	for agent.Registrations() == 0 {
-		if time.Now().After(deadline) || m.Exited() {
-			return fmt.Errorf("the OPC UA mapper did not register (log: %s)", logf.Name())
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 	client, err := agent.MapperClient()
 	if err != nil {
@@ -152,10 +137,10 @@ func runOPCUA(ctx context.Context, root string, window time.Duration, samples in
 		return err
 	}
 	// Measure once the session is up and values flow.
-	deadline = time.Now().Add(60 * time.Second)
+	deadline := time.Now().Add(60 * time.Second)
 	for len(agent.Twins("bench/poll", "n0", 0)) == 0 {
 		if time.Now().After(deadline) {
-			return fmt.Errorf("the polled OPC UA device never reported (log: %s)", logf.Name())
+			return fmt.Errorf("the polled OPC UA device never reported (log: %s)", mapperLog)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
