@@ -34,6 +34,10 @@ func instance(name string, nodes ...string) *v1alpha1.Instance {
 	inst := &v1alpha1.Instance{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns"}, Spec: v1alpha1.InstanceSpec{ConfigurationName: "c", DeviceID: name}}
 	for _, n := range nodes {
 		inst.Status.Nodes = append(inst.Status.Nodes, v1alpha1.InstanceNode{Name: n})
+		if inst.Labels == nil {
+			inst.Labels = map[string]string{}
+		}
+		inst.Labels[v1alpha1.NodeLabel(n)] = ""
 	}
 	return inst
 }
@@ -89,6 +93,13 @@ func TestDeadNodesLeaveTheirInstances(t *testing.T) {
 	}
 	if got := nodesOf(t, c, "shared"); !slices.Equal(got, []string{"ok", "sick"}) {
 		t.Errorf("shared Instance lists %v, want [ok sick]", got)
+	}
+	var shared v1alpha1.Instance
+	if err := c.Get(ctx, types.NamespacedName{Namespace: "ns", Name: "shared"}, &shared); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := shared.Labels[v1alpha1.NodeLabel("dead")]; ok || len(shared.Labels) != 2 {
+		t.Errorf("shared Instance labels %v: the dead node's must go, the others' stay", shared.Labels)
 	}
 	if got := nodesOf(t, c, "alone"); got != nil {
 		t.Errorf("the dead node's own Instance still lists %v", got)

@@ -3,9 +3,9 @@
 //
 //   - Apply: a node states its view of a device: the spec, the owner
 //     references, its own entry in status.nodes and its NodeLabel, under
-//     FieldManager(node), forced. Every node that sees a shared device states the same spec; a
-//     conflict only means another node saw different properties, and the
-//     latest observation wins.
+//     FieldManager(node), forced. Every node that sees a shared device
+//     states the same spec; a conflict only means another node saw
+//     different properties, and the latest observation wins.
 //   - Release: a node drops its own entry and the Instance is deleted when no
 //     node is left. The apply restates the spec so that the node keeps
 //     co-owning it (dropping it would remove fields nobody else owns) and

@@ -401,6 +401,39 @@ func TestInstanceNameCollisionIsReportedNotMerged(t *testing.T) {
 	}
 }
 
+// The same collision across nodes: node B's cache holds none of node A's
+// Instances, so the API server (the Instance's derived fields are
+// immutable) is what stops node B from taking A's Instance over.
+func TestInstanceNameCollisionAcrossNodesIsReported(t *testing.T) {
+	ns := namespace(t)
+	a := startAgent(t, "node-a", stateDir(t))
+	b := startAgent(t, "node-b", stateDir(t))
+	prefix := strings.Repeat("x", 46)
+	startScripted(t, a.stateDir, "scripted-a", true, devices("same-device"))
+	startScripted(t, b.stateDir, "scripted-b", true, devices("same-device"))
+	createConfiguration(t, ns, prefix+"-first", "scripted-a", `{}`)
+	expectCount(t, ns, prefix+"-first", 1, 10*time.Second)
+	createConfiguration(t, ns, prefix+"-second", "scripted-b", `{}`)
+	eventually(t, 10*time.Second, func() error {
+		st := nodeStatus(t, ns, prefix+"-second", "node-b")
+		if st == nil {
+			return errPending
+		}
+		c := meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionDiscovering)
+		if c == nil || !strings.Contains(c.Message, "belongs to another device or Configuration") || !strings.Contains(c.Message, "is immutable") {
+			return fmt.Errorf("condition %+v", c)
+		}
+		if st.Devices != 0 {
+			return fmt.Errorf("colliding device counted: %d", st.Devices)
+		}
+		return nil
+	})
+	got := listInstances(t, ns, prefix+"-first")
+	if len(got) != 1 || strings.Join(got[0].Nodes, ",") != "node-a" || len(listInstances(t, ns, prefix+"-second")) != 0 {
+		t.Fatalf("node B took over node A's Instance: first %v", got)
+	}
+}
+
 func TestDeletedInstanceComesBack(t *testing.T) {
 	ns := namespace(t)
 	a := startAgent(t, "node-a", stateDir(t))
