@@ -11,7 +11,6 @@ import (
 	"errors"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -61,18 +60,7 @@ func helmPath() string { return filepath.Join(kube.RepoRoot(), "bin", "helm") }
 // (CI=true): CI must build it.
 func helm(t *testing.T, args ...string) string {
 	t.Helper()
-	if _, err := os.Stat(helmPath()); err != nil {
-		msg := "bin/helm is missing: run `make helm` (hack/build-helm.sh builds Helm from the Go module proxy)"
-		if os.Getenv("CI") == "true" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
-	cmd := exec.CommandContext(t.Context(), helmPath(), args...)
-	// Helm's caches and config stay in the test's own folders.
-	home := t.TempDir()
-	cmd.Env = append(os.Environ(), "HELM_CACHE_HOME="+filepath.Join(home, "cache"),
-		"HELM_CONFIG_HOME="+filepath.Join(home, "config"), "HELM_DATA_HOME="+filepath.Join(home, "data"))
+	cmd := kube.HelmCommand(t.Context(), t, args...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()

@@ -6,7 +6,6 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -41,14 +40,7 @@ import (
 // The node has no pod network: the chart's hostNetwork and probeHost keep
 // the pods on loopback, on ports picked free.
 func TestChartOnNode(t *testing.T) {
-	helmBin := filepath.Join(kube.RepoRoot(), "bin", "helm")
-	if _, err := os.Stat(helmBin); err != nil {
-		msg := "bin/helm is missing: run `make helm` (hack/build-helm.sh builds Helm from the Go module proxy)"
-		if os.Getenv("CI") == "true" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
+	kube.RequireHelm(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
 	c := startCluster(t, ctx,
@@ -104,12 +96,9 @@ func TestChartOnNode(t *testing.T) {
 	if err := os.WriteFile(valuesFile, raw, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	home := t.TempDir()
 	helm := func(args ...string) string {
 		t.Helper()
-		cmd := exec.CommandContext(ctx, helmBin, append(args, "--kubeconfig", c.Kubeconfig)...)
-		cmd.Env = append(os.Environ(), "HELM_CACHE_HOME="+filepath.Join(home, "cache"),
-			"HELM_CONFIG_HOME="+filepath.Join(home, "config"), "HELM_DATA_HOME="+filepath.Join(home, "data"))
+		cmd := kube.HelmCommand(ctx, t, append(args, "--kubeconfig", c.Kubeconfig)...)
 		out, err := cmd.CombinedOutput()
 		if err != nil {
 			t.Fatalf("helm %s: %v\n%s", strings.Join(args, " "), err, out)

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -103,14 +102,7 @@ func sharedHostNetwork(in io.Reader, out io.Writer) error {
 // again. `helm uninstall` then leaves nothing of the release
 // (waitUninstalled).
 func TestChartLeaderOnNode(t *testing.T) {
-	helmBin := filepath.Join(kube.RepoRoot(), "bin", "helm")
-	if _, err := os.Stat(helmBin); err != nil {
-		msg := "bin/helm is missing: run `make helm` (hack/build-helm.sh builds Helm from the Go module proxy)"
-		if os.Getenv("CI") == "true" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
+	kube.RequireHelm(t)
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
@@ -167,12 +159,10 @@ func TestChartLeaderOnNode(t *testing.T) {
 	if err := os.WriteFile(valuesFile, raw, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	home := t.TempDir()
 	helm := func(args ...string) {
 		t.Helper()
-		cmd := exec.CommandContext(ctx, helmBin, append(args, "--kubeconfig", c.Kubeconfig)...)
-		cmd.Env = append(os.Environ(), postRenderEnv+"=1", "HELM_CACHE_HOME="+filepath.Join(home, "cache"),
-			"HELM_CONFIG_HOME="+filepath.Join(home, "config"), "HELM_DATA_HOME="+filepath.Join(home, "data"))
+		cmd := kube.HelmCommand(ctx, t, append(args, "--kubeconfig", c.Kubeconfig)...)
+		cmd.Env = append(cmd.Env, postRenderEnv+"=1")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			t.Fatalf("helm %s: %v\n%s", strings.Join(args, " "), err, out)
 		}

@@ -15,7 +15,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -75,25 +74,13 @@ func run(m *testing.M) int {
 	return m.Run()
 }
 
-func helmPath() string { return filepath.Join(kube.RepoRoot(), "bin", "helm") }
-
 // render runs bin/helm template on the chart with the agent's and the
 // controller's templates. Without bin/helm the test is skipped, or fails
 // under CI (CI=true).
 func render(t *testing.T) []*unstructured.Unstructured {
 	t.Helper()
-	if _, err := os.Stat(helmPath()); err != nil {
-		msg := "bin/helm is missing: run `make helm` (hack/build-helm.sh builds Helm from the Go module proxy)"
-		if os.Getenv("CI") == "true" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
-	home := t.TempDir()
-	cmd := exec.CommandContext(t.Context(), helmPath(), "template", "dowse", filepath.Join(kube.RepoRoot(), "deploy", "helm", "dowse"),
+	cmd := kube.HelmCommand(t.Context(), t, "template", "dowse", filepath.Join(kube.RepoRoot(), "deploy", "helm", "dowse"),
 		"--namespace", releaseNamespace, "--show-only", "templates/agent.yaml", "--show-only", "templates/controller.yaml")
-	cmd.Env = append(os.Environ(), "HELM_CACHE_HOME="+filepath.Join(home, "cache"),
-		"HELM_CONFIG_HOME="+filepath.Join(home, "config"), "HELM_DATA_HOME="+filepath.Join(home, "data"))
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
