@@ -9,6 +9,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/dowse-dev/dowse/controller/mappers"
@@ -98,14 +99,9 @@ func TestMapperPodsFollowDevices(t *testing.T) {
 		return nil
 	})
 	// A new image replaces the Pod.
-	var cur v1alpha1.Configuration
-	if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(cfg), &cur); err != nil {
-		t.Fatal(err)
-	}
-	cur.Spec.DeviceTemplate.MapperPodSpec.Containers[0].Image = "ghcr.io/dowse-dev/dowse-modbus-mapper:v2"
-	if err := k8sClient.Update(ctx, &cur); err != nil {
-		t.Fatal(err)
-	}
+	updateConfiguration(t, cfg, func(c *v1alpha1.Configuration) {
+		c.Spec.DeviceTemplate.MapperPodSpec.Containers[0].Image = "ghcr.io/dowse-dev/dowse-modbus-mapper:v2"
+	})
 	eventually(t, 20*time.Second, func() error {
 		pods := mapperPods(t, ns)
 		if p, ok := pods["node-b"]; !ok || p.Spec.Containers[0].Image != "ghcr.io/dowse-dev/dowse-modbus-mapper:v2" {
@@ -114,17 +110,28 @@ func TestMapperPodsFollowDevices(t *testing.T) {
 		return nil
 	})
 	// Without a mapper in the template, no Pod.
-	if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(cfg), &cur); err != nil {
-		t.Fatal(err)
-	}
-	cur.Spec.DeviceTemplate.MapperPodSpec = nil
-	if err := k8sClient.Update(ctx, &cur); err != nil {
-		t.Fatal(err)
-	}
+	updateConfiguration(t, cfg, func(c *v1alpha1.Configuration) { c.Spec.DeviceTemplate.MapperPodSpec = nil })
 	eventually(t, 20*time.Second, func() error {
 		if got := nodesOf(mapperPods(t, ns)); len(got) != 0 {
 			return fmt.Errorf("mapper pods left on %v", got)
 		}
 		return nil
 	})
+}
+
+// updateConfiguration changes cfg's spec as a person would, read afresh and
+// retried on conflict: the controller writes its status meanwhile.
+func updateConfiguration(t *testing.T, cfg *v1alpha1.Configuration, change func(*v1alpha1.Configuration)) {
+	t.Helper()
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		var cur v1alpha1.Configuration
+		if err := k8sClient.Get(context.Background(), client.ObjectKeyFromObject(cfg), &cur); err != nil {
+			return err
+		}
+		change(&cur)
+		return k8sClient.Update(context.Background(), &cur)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 }
