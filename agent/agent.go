@@ -57,6 +57,8 @@ type Config struct {
 	Burst int
 	// MetricsAddr and HealthAddr are listen addresses; "0" disables.
 	MetricsAddr, HealthAddr string
+	// PprofAddr serves Go's profiles when set ("0" or empty disables).
+	PprofAddr string
 	// DevicePluginDir is the kubelet's device-plugin directory; empty
 	// disables device plugins and CDI specs (the in-process integration
 	// tests run several agents and no kubelet).
@@ -160,6 +162,7 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 		Cache:                  cacheOpts,
 		Metrics:                metricsserver.Options{BindAddress: orZero(cfg.MetricsAddr)},
 		HealthProbeBindAddress: orZero(cfg.HealthAddr),
+		PprofBindAddress:       orZero(cfg.PprofAddr),
 		// One agent per node, each with its own field manager: nothing to elect.
 		LeaderElection: false,
 		Controller:     config.Controller{SkipNameValidation: ptr.To(cfg.SkipNameValidation)},

@@ -5,7 +5,9 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 
@@ -32,11 +34,18 @@ func addDRA(mgr ctrl.Manager, restCfg *rest.Config, cfg Config, reg prometheus.R
 	if cfg.CDISpecDir == "" {
 		return errors.New("DRA needs a CDI spec directory (--cdi-spec-dir)")
 	}
-	kube, err := kubernetes.NewForConfig(restCfg)
+	// Protobuf: ResourceSlices of a hundred devices are written often.
+	protoCfg := rest.CopyConfig(restCfg)
+	protoCfg.ContentType = runtime.ContentTypeProtobuf
+	kube, err := kubernetes.NewForConfig(protoCfg)
 	if err != nil {
 		return err
 	}
-	d, err := dra.New(mgr.GetCache(), kube, dra.Options{
+	meta, err := metadata.NewForConfig(restCfg)
+	if err != nil {
+		return err
+	}
+	d, err := dra.New(mgr.GetCache(), kube, meta, dra.Options{
 		NodeName: cfg.NodeName, RegistrarDir: cfg.DRA.RegistrarDir, PluginDir: cfg.DRA.PluginDir,
 		CDIDir: cfg.CDISpecDir, DevicePlugins: cfg.DevicePluginDir != "", Metrics: dra.NewMetrics(reg),
 	}, log)

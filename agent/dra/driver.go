@@ -22,20 +22,24 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/metadata"
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
-	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/dowse-dev/dowse/agent/cdi"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	shareddra "github.com/dowse-dev/dowse/shared/dra"
+	"github.com/dowse-dev/dowse/shared/slicewriter"
 )
 
 // Defaults of Options.
@@ -78,6 +82,7 @@ type Driver struct {
 	// reader reads Instances and Configurations: the cache (tests: a fake).
 	reader client.Reader
 	kube   kubernetes.Interface
+	meta   metadata.Interface
 	cdi    *cdi.Writer
 	log    logr.Logger
 	dirty  chan struct{}
@@ -89,15 +94,21 @@ type Driver struct {
 	// specs are the CDI specs this driver wrote for prepared claims, by
 	// Instance.
 	specs map[types.NamespacedName]specState
-	// valid holds the resourceVersion of each Instance here whose CDI spec
-	// would be accepted.
-	valid map[types.NamespacedName]string
+	// devices holds, by Instance here, what its resourceVersion made of
+	// it: whether its CDI spec would be accepted, and its device's digest.
+	devices map[types.NamespacedName]deviceState
 	// withPlugins are the DRA Configurations that use device plugins too.
 	withPlugins map[types.NamespacedName]bool
 }
 
 type specState struct {
 	resourceVersion, configuration string
+}
+
+type deviceState struct {
+	resourceVersion string
+	invalid         bool
+	digest          string
 }
 
 // writeSpec writes inst's CDI spec. Called with d.mu held.
@@ -110,8 +121,10 @@ func (d *Driver) writeSpec(inst *v1alpha1.Instance) error {
 }
 
 // New makes a Driver. c is the agent's cache (Instances and
-// Configurations); kube writes ResourceSlices and reads ResourceClaims.
-func New(c cache.Cache, kube kubernetes.Interface, opts Options, log logr.Logger) (*Driver, error) {
+// Configurations); kube writes ResourceSlices (use protobuf) and reads
+// Nodes and ResourceClaims; meta watches the node's ResourceSlices'
+// metadata.
+func New(c cache.Cache, kube kubernetes.Interface, meta metadata.Interface, opts Options, log logr.Logger) (*Driver, error) {
 	if opts.NodeName == "" {
 		return nil, errors.New("dra: node name is required")
 	}
@@ -125,8 +138,8 @@ func New(c cache.Cache, kube kubernetes.Interface, opts Options, log logr.Logger
 	if err != nil {
 		return nil, err
 	}
-	return &Driver{opts: opts, cache: c, reader: c, kube: kube, cdi: w, log: log, dirty: make(chan struct{}, 1), healthChanged: make(chan struct{}, 1),
-		specs: map[types.NamespacedName]specState{}, valid: map[types.NamespacedName]string{}}, nil
+	return &Driver{opts: opts, cache: c, reader: c, kube: kube, meta: meta, cdi: w, log: log, dirty: make(chan struct{}, 1), healthChanged: make(chan struct{}, 1),
+		specs: map[types.NamespacedName]specState{}, devices: map[types.NamespacedName]deviceState{}}, nil
 }
 
 func (d *Driver) poke() {
@@ -167,25 +180,37 @@ func (d *Driver) Start(ctx context.Context) error {
 		d.opts.Metrics.prepared(len(cp.Claims))
 		d.adoptSpecs()
 	}
+	node, err := d.node(ctx)
+	if err != nil {
+		return nil
+	}
+	writer, err := slicewriter.New(d.kube.ResourceV1().ResourceSlices(), d.meta, slicewriter.Options{
+		Driver: shareddra.DriverName, NodeName: d.opts.NodeName,
+		Owner: metav1.OwnerReference{APIVersion: "v1", Kind: "Node", Name: node.Name, UID: node.UID, Controller: ptr.To(true)},
+		OnError: func(err error, what string) {
+			d.opts.Metrics.publishError()
+			d.log.Error(err, "publishing this node's devices", "what", what)
+		},
+		OnWrite: d.opts.Metrics.sliceWrite,
+	}, d.log)
+	if err != nil {
+		return err
+	}
 	desired, err := d.sync(ctx)
 	if err != nil {
 		return err
 	}
+	writer.Update(desired)
+	writerDone := make(chan error, 1)
+	writerCtx, stopWriter := context.WithCancel(ctx)
+	defer func() {
+		stopWriter()
+		if err := <-writerDone; err != nil {
+			d.log.Error(err, "ResourceSlice writer")
+		}
+	}()
+	go func() { writerDone <- writer.Start(writerCtx) }()
 	klogCtx := klog.NewContext(ctx, d.log)
-	rc, err := resourceslice.StartController(klogCtx, resourceslice.Options{
-		DriverName: shareddra.DriverName,
-		KubeClient: d.kube,
-		Owner:      &resourceslice.Owner{APIVersion: "v1", Kind: "Node", Name: d.opts.NodeName},
-		Resources:  desired,
-		ErrorHandler: func(_ context.Context, err error, msg string) {
-			d.opts.Metrics.publishError()
-			d.log.Error(err, "publishing this node's devices", "what", msg)
-		},
-	})
-	if err != nil {
-		return fmt.Errorf("starting the ResourceSlice controller: %w", err)
-	}
-	defer rc.Stop()
 	if d.opts.RegistrarDir != "" {
 		if err := mkdirAll(d.opts.PluginDir); err != nil {
 			return err
@@ -218,7 +243,24 @@ func (d *Driver) Start(ctx context.Context) error {
 			d.poke()
 			continue
 		}
-		rc.Update(desired)
+		writer.Update(desired)
+	}
+}
+
+// node reads this node's Node, the owner of its ResourceSlices, retrying
+// until it can or ctx ends.
+func (d *Driver) node(ctx context.Context) (*corev1.Node, error) {
+	for wait := time.Second; ; wait = min(2*wait, 30*time.Second) {
+		node, err := d.kube.CoreV1().Nodes().Get(ctx, d.opts.NodeName, metav1.GetOptions{})
+		if err == nil {
+			return node, nil
+		}
+		d.log.Error(err, "reading this node, the owner of its ResourceSlices; retrying", "in", wait)
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(wait):
+		}
 	}
 }
 
@@ -260,8 +302,9 @@ func (d *Driver) here(ctx context.Context) ([]*v1alpha1.Instance, map[types.Name
 // no claim uses. A CDI spec is written when a claim is prepared, not when
 // a device is discovered: thousands of devices cost no file each. An
 // Instance whose spec would be refused (a device node missing on this
-// node) is not published.
-func (d *Driver) sync(ctx context.Context) (*resourceslice.DriverResources, error) {
+// node) is not published. The pools hold digests, and build a slice's
+// devices only when the writer needs them.
+func (d *Driver) sync(ctx context.Context) (map[string]slicewriter.Pool, error) {
 	insts, cfgs, err := d.here(ctx)
 	if err != nil {
 		return nil, err
@@ -274,21 +317,27 @@ func (d *Driver) sync(ctx context.Context) (*resourceslice.DriverResources, erro
 			d.withPlugins[k] = true
 		}
 	}
-	here := make(map[types.NamespacedName]bool, len(insts))
-	devices := map[string][]resourceapi.Device{}
+	seen := make(map[types.NamespacedName]struct{}, len(insts))
+	members := map[string][]*v1alpha1.Instance{}
 	for _, inst := range insts {
 		key := client.ObjectKeyFromObject(inst)
-		if rv, ok := d.valid[key]; !ok || rv != inst.ResourceVersion {
+		seen[key] = struct{}{}
+		st, ok := d.devices[key]
+		if !ok || st.resourceVersion != inst.ResourceVersion {
+			st = deviceState{resourceVersion: inst.ResourceVersion}
 			if _, err := cdi.Spec(inst); err != nil {
 				d.log.Error(err, "invalid device; not offering it", "instance", key)
 				d.opts.Metrics.invalidDevice()
-				delete(d.valid, key)
-				continue
+				st.invalid = true
+			} else if !inst.Spec.Shared {
+				st.digest = slicewriter.Digest(shareddra.Device(inst))
 			}
-			d.valid[key] = inst.ResourceVersion
+			d.devices[key] = st
 		}
-		here[key] = true
-		if st, ok := d.specs[key]; ok && st.resourceVersion != inst.ResourceVersion {
+		if st.invalid {
+			continue
+		}
+		if sp, ok := d.specs[key]; ok && sp.resourceVersion != inst.ResourceVersion {
 			// In use, and changed: containers started from now on get
 			// the new properties.
 			if err := d.writeSpec(inst); err != nil {
@@ -303,11 +352,11 @@ func (d *Driver) sync(ctx context.Context) (*resourceslice.DriverResources, erro
 			d.log.Error(err, "device not published", "instance", key)
 			continue
 		}
-		devices[pool] = append(devices[pool], shareddra.Device(inst))
+		members[pool] = append(members[pool], inst)
 	}
-	for key := range d.valid {
-		if !here[key] {
-			delete(d.valid, key)
+	for key := range d.devices {
+		if _, ok := seen[key]; !ok {
+			delete(d.devices, key)
 		}
 	}
 	for key := range d.specs {
@@ -315,15 +364,11 @@ func (d *Driver) sync(ctx context.Context) (*resourceslice.DriverResources, erro
 			d.removeSpec(key)
 		}
 	}
-	out := &resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{}}
+	out := make(map[string]slicewriter.Pool, len(members))
 	n := 0
-	for pool, devs := range devices {
-		p := resourceslice.Pool{}
-		for _, chunk := range shareddra.Spread(devs) {
-			p.Slices = append(p.Slices, resourceslice.Slice{Devices: chunk})
-		}
-		out.Pools[pool] = p
-		n += len(devs)
+	for pool, insts := range members {
+		out[pool] = d.pool(insts)
+		n += len(insts)
 	}
 	d.opts.Metrics.devices(n)
 	select {
@@ -331,6 +376,36 @@ func (d *Driver) sync(ctx context.Context) (*resourceslice.DriverResources, erro
 	default:
 	}
 	return out, nil
+}
+
+// pool spreads one pool's Instances over its slices (shareddra.Buckets).
+// Called with d.mu held.
+func (d *Driver) pool(insts []*v1alpha1.Instance) slicewriter.Pool {
+	slices.SortFunc(insts, func(a, b *v1alpha1.Instance) int { return strings.Compare(a.Name, b.Name) })
+	names := make([]string, len(insts))
+	for i, inst := range insts {
+		names[i] = v1alpha1.InstanceHash(inst.Name)
+	}
+	count, of := shareddra.Buckets(names)
+	bucket := make([][]*v1alpha1.Instance, count)
+	parts := make([][]string, count)
+	for i, inst := range insts {
+		b := of[i]
+		bucket[b] = append(bucket[b], inst)
+		parts[b] = append(parts[b], names[i], d.devices[client.ObjectKeyFromObject(inst)].digest)
+	}
+	p := slicewriter.Pool{Slices: make([]slicewriter.Slice, count)}
+	for b := range bucket {
+		members := bucket[b]
+		p.Slices[b] = slicewriter.Slice{Digest: slicewriter.Digest(parts[b]), Devices: func() []resourceapi.Device {
+			devs := make([]resourceapi.Device, len(members))
+			for i, inst := range members {
+				devs[i] = shareddra.Device(inst)
+			}
+			return devs
+		}}
+	}
+	return p
 }
 
 // adoptSpecs takes over the CDI specs of the checkpoint's claims (an

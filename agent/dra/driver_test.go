@@ -22,7 +22,7 @@ import (
 
 func newTestDriver(t *testing.T, c client.Reader, pluginDir, cdiDir string) *Driver {
 	t.Helper()
-	d, err := New(nil, nil, Options{NodeName: "n1", RegistrarDir: "unused", PluginDir: pluginDir, CDIDir: cdiDir}, testr.New(t))
+	d, err := New(nil, nil, nil, Options{NodeName: "n1", RegistrarDir: "unused", PluginDir: pluginDir, CDIDir: cdiDir}, testr.New(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,8 +74,8 @@ func TestPrepareCheckpointed(t *testing.T) {
 		t.Fatal(err)
 	}
 	pool := shareddra.LocalPool("n1", "default", "echo")
-	if p, ok := res.Pools[pool]; !ok || len(res.Pools) != 1 || len(p.Slices) != 1 || len(p.Slices[0].Devices) != 1 || p.Slices[0].Devices[0].Name != "0123456789abcdef" {
-		t.Fatalf("pools %+v", res.Pools)
+	if p, ok := res[pool]; !ok || len(res) != 1 || len(p.Slices) != 1 || len(p.Slices[0].Devices()) != 1 || p.Slices[0].Devices()[0].Name != "0123456789abcdef" {
+		t.Fatalf("pools %+v", res)
 	}
 	specFile := filepath.Join(cdiDir, cdi.SpecFileName(inst)+".json")
 	if _, err := os.Stat(specFile); !os.IsNotExist(err) {
@@ -172,7 +172,7 @@ func TestBothKeepsDevicePluginSpec(t *testing.T) {
 		Spec: v1alpha1.ConfigurationSpec{Allocation: v1alpha1.AllocationBoth}}
 	c := fake.NewClientBuilder().WithScheme(sch).WithObjects(inst, cfg).Build()
 	cdiDir := t.TempDir()
-	d, err := New(nil, nil, Options{NodeName: "n1", RegistrarDir: "unused", PluginDir: t.TempDir(), CDIDir: cdiDir, DevicePlugins: true}, testr.New(t))
+	d, err := New(nil, nil, nil, Options{NodeName: "n1", RegistrarDir: "unused", PluginDir: t.TempDir(), CDIDir: cdiDir, DevicePlugins: true}, testr.New(t))
 	if err != nil {
 		t.Fatal(err)
 	}

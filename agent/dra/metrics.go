@@ -10,6 +10,7 @@ type Metrics struct {
 	unprepares    prometheus.Counter
 	publishErrors prometheus.Counter
 	invalid       prometheus.Counter
+	sliceWrites   *prometheus.CounterVec
 }
 
 // NewMetrics registers the driver's metrics with reg.
@@ -21,9 +22,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		unprepares:    prometheus.NewCounter(prometheus.CounterOpts{Name: "dowse_agent_dra_unprepares_total", Help: "Prepared claims the kubelet released."}),
 		publishErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "dowse_agent_dra_publish_errors_total", Help: "Errors writing this node's ResourceSlices (retried)."}),
 		invalid:       prometheus.NewCounter(prometheus.CounterOpts{Name: "dowse_agent_dra_invalid_devices_total", Help: "DRA devices left unpublished because their CDI spec could not be written."}),
+		sliceWrites:   prometheus.NewCounterVec(prometheus.CounterOpts{Name: "dowse_agent_dra_slice_writes_total", Help: "Writes of this node's ResourceSlices, by verb (create, update, delete)."}, []string{"verb"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.published, m.preparedNow, m.prepares, m.unprepares, m.publishErrors, m.invalid)
+		reg.MustRegister(m.published, m.preparedNow, m.prepares, m.unprepares, m.publishErrors, m.invalid, m.sliceWrites)
 	}
 	return m
 }
@@ -61,5 +63,11 @@ func (m *Metrics) publishError() {
 func (m *Metrics) invalidDevice() {
 	if m != nil {
 		m.invalid.Inc()
+	}
+}
+
+func (m *Metrics) sliceWrite(verb string) {
+	if m != nil {
+		m.sliceWrites.WithLabelValues(verb).Inc()
 	}
 }

@@ -254,48 +254,49 @@ func NodeSelector(hostnames []string) *corev1.NodeSelector {
 	}}}
 }
 
-// Spread splits a pool's devices into ResourceSlices so that one device
-// coming or going changes one slice: each device goes to the bucket of a
-// hash of its name, among a power of two of buckets that holds about 16 to
-// 32 devices each (so the bucket count, and every slice, changes only when
-// the pool doubles or halves), in name order within a bucket. A bucket
-// that would pass MaxDevicesPerSlice (vanishingly rare) is split, its
-// surplus in slices after the others. One slice per non-empty bucket; one
-// empty slice when there are no devices (an empty pool says that the
-// publisher runs and has none). The resourceslice controller then updates
-// one slice for one change, keeping the pool's generation, instead of
-// rewriting every slice after the changed one.
-func Spread(devices []resourceapi.Device) [][]resourceapi.Device {
-	if len(devices) == 0 {
-		return [][]resourceapi.Device{nil}
+// Buckets spreads a pool's device names over its slices so that one
+// device coming or going changes one slice: each name goes to the slice a
+// hash of it picks, among a power of two of slices that holds at most
+// spreadTarget devices each on average, so the slice count (and every
+// slice) changes only when the pool doubles or halves. Should a slice pass
+// MaxDevicesPerSlice (vanishingly rare), the count doubles until none
+// does. It returns the slice count and each name's slice; a slice may be
+// empty, which keeps the count, and so the other slices, unchanged when
+// its last device goes.
+func Buckets(names []string) (int, []int) {
+	n := 1
+	for n*spreadTarget < len(names) {
+		n *= 2
 	}
-	buckets := 1
-	for buckets*spreadTarget < len(devices) {
-		buckets *= 2
-	}
-	byBucket := make([][]resourceapi.Device, buckets)
-	for _, d := range devices {
+	hashes := make([]uint32, len(names))
+	for i, name := range names {
 		h := fnv.New32a()
-		h.Write([]byte(d.Name))
-		b := int(h.Sum32() % uint32(buckets))
-		byBucket[b] = append(byBucket[b], d)
+		h.Write([]byte(name))
+		hashes[i] = h.Sum32()
 	}
-	var out, surplus [][]resourceapi.Device
-	for _, b := range byBucket {
-		if len(b) == 0 {
-			continue
+	of := make([]int, len(names))
+	for {
+		counts := make([]int, n)
+		over := false
+		for i, h := range hashes {
+			b := int(h % uint32(n))
+			of[i] = b
+			counts[b]++
+			over = over || counts[b] > MaxDevicesPerSlice
 		}
-		slices.SortFunc(b, func(x, y resourceapi.Device) int { return strings.Compare(x.Name, y.Name) })
-		out = append(out, b[:min(len(b), MaxDevicesPerSlice)])
-		for rest := b[min(len(b), MaxDevicesPerSlice):]; len(rest) > 0; rest = rest[min(len(rest), MaxDevicesPerSlice):] {
-			surplus = append(surplus, rest[:min(len(rest), MaxDevicesPerSlice)])
+		if !over || n >= maxBuckets {
+			return n, of
 		}
+		n *= 2
 	}
-	return append(out, surplus...)
 }
 
-// spreadTarget is the most devices per bucket on average in Spread.
-const spreadTarget = 32
+// spreadTarget is the most devices per slice on average in Buckets;
+// maxBuckets bounds its doubling (names sharing a 32-bit hash).
+const (
+	spreadTarget = 32
+	maxBuckets   = 1 << 16
+)
 
 // Settle waits, after a first change, until no change has come on dirty for
 // quiet, or max has passed since the first: a publisher rebuilds its slices

@@ -2,12 +2,13 @@ package dra
 
 import (
 	"context"
+	"hash/fnv"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 
@@ -114,51 +115,45 @@ func TestAttributesAtMost32(t *testing.T) {
 	}
 }
 
-func TestSpread(t *testing.T) {
-	if c := Spread(nil); len(c) != 1 || len(c[0]) != 0 {
-		t.Errorf("empty: %v", c)
-	}
-	devs := func(n int) []resourceapi.Device {
-		out := make([]resourceapi.Device, n)
+func TestBuckets(t *testing.T) {
+	names := func(n int) []string {
+		out := make([]string, n)
 		for i := range out {
-			out[i].Name = v1alpha1.DeviceHash(strconv.Itoa(i), true, "")
+			out[i] = v1alpha1.DeviceHash(strconv.Itoa(i), true, "")
 		}
 		return out
 	}
-	for _, n := range []int{1, 31, 64, 65, 1000, 5000} {
-		got := Spread(devs(n))
-		total := 0
-		for _, s := range got {
-			if len(s) == 0 || len(s) > MaxDevicesPerSlice {
-				t.Fatalf("%d devices: a slice of %d", n, len(s))
-			}
-			total += len(s)
+	for _, n := range []int{0, 1, 32, 33, 1000, 5000} {
+		count, of := Buckets(names(n))
+		if count&(count-1) != 0 || count*spreadTarget < n || (count > 1 && count*spreadTarget/2 >= n) {
+			t.Fatalf("%d devices: %d slices", n, count)
 		}
-		if total != n {
-			t.Fatalf("%d devices spread as %d", n, total)
+		per := make([]int, count)
+		for _, b := range of {
+			per[b]++
 		}
-	}
-	// One more device (the bucket count unchanged) changes one slice.
-	before, after := Spread(devs(5000)), Spread(devs(5001))
-	if len(before) != len(after) {
-		t.Fatalf("%d slices, then %d", len(before), len(after))
-	}
-	changed := 0
-	for i := range before {
-		if len(before[i]) != len(after[i]) || before[i][0].Name != after[i][0].Name || before[i][len(before[i])-1].Name != after[i][len(after[i])-1].Name {
-			changed++
+		if m := slices.Max(append(per, 0)); m > MaxDevicesPerSlice {
+			t.Fatalf("%d devices: a slice of %d", n, m)
 		}
 	}
-	if changed > 1 {
-		t.Errorf("one device more changed %d slices", changed)
+	// One more device (the slice count unchanged) leaves every other
+	// device in its slice.
+	_, before := Buckets(names(5000))
+	_, after := Buckets(names(5001))
+	if !slices.Equal(before, after[:5000]) {
+		t.Error("one device more moved others")
 	}
-	// A bucket that overflows is split.
-	same := make([]resourceapi.Device, 200)
-	for i := range same {
-		same[i].Name = "d"
+	// 129 names that share a slice among 8 make 16 slices.
+	var same []string
+	for i := 0; len(same) < MaxDevicesPerSlice+1; i++ {
+		h := fnv.New32a()
+		h.Write([]byte("d" + strconv.Itoa(i)))
+		if h.Sum32()%8 == 0 {
+			same = append(same, "d"+strconv.Itoa(i))
+		}
 	}
-	if got := Spread(same); len(got) != 4 || len(got[0]) != MaxDevicesPerSlice || len(got[3]) != 200-3*MaxDevicesPerSlice {
-		t.Errorf("overflow: %d slices", len(got))
+	if count, _ := Buckets(same); count != 16 {
+		t.Errorf("overflow: %d slices, want 16", count)
 	}
 }
 

@@ -40,6 +40,7 @@ func main() {
 	fs.IntVar(&cfg.Burst, "kube-api-burst", 2000, "API client burst")
 	fs.StringVar(&cfg.MetricsAddr, "metrics-bind-address", ":9743", "Prometheus metrics address (0 disables)")
 	fs.StringVar(&cfg.HealthAddr, "health-probe-bind-address", ":9744", "health probe address (0 disables)")
+	fs.StringVar(&cfg.PprofAddr, "pprof-bind-address", "0", "Go profiling address (0 disables)")
 	fs.StringVar(&cfg.DevicePluginDir, "device-plugin-dir", "/var/lib/kubelet/device-plugins", "the kubelet's device-plugin directory; empty disables device plugins and CDI specs")
 	fs.BoolVar(&cfg.DRA.Enabled, "dra", false, "serve Dynamic Resource Allocation for Configurations with spec.allocation DRA or Both: publish this node's local devices as ResourceSlices and run the kubelet DRA plugin of driver dowse.dev (Kubernetes 1.34+)")
 	fs.StringVar(&cfg.DRA.RegistrarDir, "dra-registrar-dir", dra.DefaultRegistrarDir, "the kubelet's plugin registration directory; empty: publish slices but serve no kubelet plugin")

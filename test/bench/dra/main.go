@@ -51,6 +51,8 @@ import (
 
 const node = "bench-node"
 
+var agentArgs string
+
 type benchCase struct {
 	name       string
 	allocation v1alpha1.Allocation
@@ -61,6 +63,7 @@ type benchCase struct {
 func main() {
 	counts := flag.String("devices", "1000,5000", "comma-separated device counts")
 	only := flag.String("cases", "dra,device-plugins,neither,shared", "comma-separated cases to run")
+	flag.StringVar(&agentArgs, "agent-args", "", "extra dowse-agent flags, space-separated (e.g. --pprof-bind-address=127.0.0.1:6060)")
 	flag.Parse()
 	ctrllog.SetLogger(logr.Discard())
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -156,6 +159,7 @@ func start(dir, name string, args ...string) (*procs.Proc, error) {
 func measure(ctx context.Context, c client.WithWatch, kubeconfig, dir, ns string, cs benchCase, n int) error {
 	args := append([]string{"--kubeconfig", kubeconfig, "--node-name", node, "--state-dir", dir, "--namespace", ns,
 		"--metrics-bind-address", "0", "--health-probe-bind-address", "0", "--cdi-spec-dir", filepath.Join(dir, "cdi")}, cs.args(dir)...)
+	args = append(args, strings.Fields(agentArgs)...)
 	ag, err := start(dir, "dowse-agent", args...)
 	if err != nil {
 		return err
