@@ -20,12 +20,13 @@ deps:
 build:
 	@mkdir -p $(BIN)
 	@echo "building Dowse's binaries into bin/ (about 3 minutes the first time, seconds after)"
-	go build -tags $(GO_TAGS) -trimpath -ldflags="$(GO_LDFLAGS)" -o $(BIN)/ ./agent/cmd/dowse-agent ./controller/cmd/dowse-controller ./discovery-handlers/debug-echo/cmd/dowse-debug-echo-discovery \
+	go build -tags $(GO_TAGS) -trimpath -ldflags="$(GO_LDFLAGS)" -o $(BIN)/ ./controller/cmd/dowse-controller ./discovery-handlers/debug-echo/cmd/dowse-debug-echo-discovery \
 	  ./discovery-handlers/opcua/cmd/dowse-opcua-discovery ./discovery-handlers/modbus/cmd/dowse-modbus-discovery \
 	  ./discovery-handlers/udev/cmd/dowse-udev-discovery ./discovery-handlers/onvif/cmd/dowse-onvif-discovery \
 	  ./brokers/debug-echo/cmd/dowse-debug-echo-broker ./dowsectl/cmd/dowsectl
-	# Mappers static, as in their images (no libc pages in their memory).
-	CGO_ENABLED=0 go build -tags $(GO_TAGS) -trimpath -ldflags="$(GO_LDFLAGS)" -o $(BIN)/ ./brokers/modbus/cmd/dowse-modbus-mapper \
+	# The agent and the mappers static, as in their images (no libc pages in
+	# their memory).
+	CGO_ENABLED=0 go build -tags $(GO_TAGS) -trimpath -ldflags="$(GO_LDFLAGS)" -o $(BIN)/ ./agent/cmd/dowse-agent ./brokers/modbus/cmd/dowse-modbus-mapper \
 	  ./brokers/opcua/cmd/dowse-opcua-mapper ./brokers/onvif/cmd/dowse-onvif-mapper
 
 # Test cluster binaries built from the module proxy, once each: the control

@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -151,7 +152,7 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 		return fmt.Errorf("node %q makes no label selector: %w", cfg.NodeName, err)
 	}
 	cacheOpts.ByObject = map[client.Object]cache.ByObject{
-		&v1alpha1.Instance{}: {Label: labels.NewSelector().Add(*ownNode)},
+		&v1alpha1.Instance{}: {Label: labels.NewSelector().Add(*ownNode), Transform: instances.Trim},
 	}
 	if cfg.Namespace != "" {
 		cacheOpts.DefaultNamespaces = map[string]cache.Config{cfg.Namespace: {}}
@@ -186,6 +187,16 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 	}
 	handlers := registry.New(cfg.StateDir)
 	writer := instances.NewWriter(mgr.GetClient(), mgr.GetAPIReader(), cfg.NodeName, cfg.WriteConcurrency, instances.NewMetrics(reg))
+	instInformer, err := mgr.GetCache().GetInformer(ctx, &v1alpha1.Instance{})
+	if err != nil {
+		return err
+	}
+	if _, err := instInformer.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    writer.Observe,
+		UpdateFunc: func(_, obj any) { writer.Observe(obj) },
+	}); err != nil {
+		return err
+	}
 	propCfg := rest.CopyConfig(restCfg)
 	propCfg.ContentType = runtime.ContentTypeProtobuf
 	props, err := kubernetes.NewForConfig(propCfg)

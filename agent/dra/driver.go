@@ -86,6 +86,10 @@ type Driver struct {
 	cdi    *cdi.Writer
 	log    logr.Logger
 	dirty  chan struct{}
+	// insts holds the cache's own Instance objects (never changed), fed
+	// by its informer: a sync reads them without copying thousands.
+	instMu sync.Mutex
+	insts  map[types.NamespacedName]*v1alpha1.Instance
 	// healthChanged wakes WatchHealthStatus after a sync.
 	healthChanged chan struct{}
 
@@ -139,7 +143,8 @@ func New(c cache.Cache, kube kubernetes.Interface, meta metadata.Interface, opts
 		return nil, err
 	}
 	return &Driver{opts: opts, cache: c, reader: c, kube: kube, meta: meta, cdi: w, log: log, dirty: make(chan struct{}, 1), healthChanged: make(chan struct{}, 1),
-		specs: map[types.NamespacedName]specState{}, devices: map[types.NamespacedName]deviceState{}}, nil
+		specs: map[types.NamespacedName]specState{}, devices: map[types.NamespacedName]deviceState{},
+		insts: map[types.NamespacedName]*v1alpha1.Instance{}}, nil
 }
 
 func (d *Driver) poke() {
@@ -159,12 +164,24 @@ func (d *Driver) Start(ctx context.Context) error {
 		UpdateFunc: func(_, _ any) { d.poke() },
 		DeleteFunc: func(any) { d.poke() },
 	}
-	for _, obj := range []client.Object{&v1alpha1.Instance{}, &v1alpha1.Configuration{}} {
+	instances := toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { d.observe(obj) },
+		UpdateFunc: func(_, obj any) { d.observe(obj) },
+		DeleteFunc: func(obj any) {
+			if t, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+				obj = t.Obj
+			}
+			if inst, ok := obj.(*v1alpha1.Instance); ok {
+				d.forget(inst)
+			}
+		},
+	}
+	for obj, h := range map[client.Object]toolscache.ResourceEventHandler{&v1alpha1.Instance{}: instances, &v1alpha1.Configuration{}: handler} {
 		inf, err := d.cache.GetInformer(ctx, obj)
 		if err != nil {
 			return fmt.Errorf("watching %T: %w", obj, err)
 		}
-		if _, err := inf.AddEventHandler(handler); err != nil {
+		if _, err := inf.AddEventHandler(h); err != nil {
 			return err
 		}
 	}
@@ -247,6 +264,24 @@ func (d *Driver) Start(ctx context.Context) error {
 	}
 }
 
+// observe indexes an Instance of the informer's (and triggers a sync).
+func (d *Driver) observe(obj any) {
+	if inst, ok := obj.(*v1alpha1.Instance); ok {
+		d.instMu.Lock()
+		d.insts[client.ObjectKeyFromObject(inst)] = inst
+		d.instMu.Unlock()
+		d.poke()
+	}
+}
+
+// forget drops a deleted Instance from the index (and triggers a sync).
+func (d *Driver) forget(inst *v1alpha1.Instance) {
+	d.instMu.Lock()
+	delete(d.insts, client.ObjectKeyFromObject(inst))
+	d.instMu.Unlock()
+	d.poke()
+}
+
 // node reads this node's Node, the owner of its ResourceSlices, retrying
 // until it can or ctx ends.
 func (d *Driver) node(ctx context.Context) (*corev1.Node, error) {
@@ -267,6 +302,7 @@ func (d *Driver) node(ctx context.Context) (*corev1.Node, error) {
 // here lists the Instances on this node of DRA Configurations, and which
 // of those Configurations also use device plugins. The Instances are the
 // cache's own objects (no copy of thousands per sync): read, never changed.
+// ctx bounds the Configurations' list.
 func (d *Driver) here(ctx context.Context) ([]*v1alpha1.Instance, map[types.NamespacedName]bool, error) {
 	var cfgs v1alpha1.ConfigurationList
 	if err := d.reader.List(ctx, &cfgs, client.UnsafeDisableDeepCopy); err != nil {
@@ -282,13 +318,10 @@ func (d *Driver) here(ctx context.Context) ([]*v1alpha1.Instance, map[types.Name
 	if len(dra) == 0 {
 		return nil, dra, nil
 	}
-	var insts v1alpha1.InstanceList
-	if err := d.reader.List(ctx, &insts, client.UnsafeDisableDeepCopy); err != nil {
-		return nil, nil, err
-	}
 	var out []*v1alpha1.Instance
-	for i := range insts.Items {
-		inst := &insts.Items[i]
+	d.instMu.Lock()
+	defer d.instMu.Unlock()
+	for _, inst := range d.insts {
 		if _, ok := dra[types.NamespacedName{Namespace: inst.Namespace, Name: inst.Spec.ConfigurationName}]; ok &&
 			inst.DeletionTimestamp == nil && inst.HasNode(d.opts.NodeName) {
 			out = append(out, inst)

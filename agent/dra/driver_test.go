@@ -27,11 +27,24 @@ func newTestDriver(t *testing.T, c client.Reader, pluginDir, cdiDir string) *Dri
 		t.Fatal(err)
 	}
 	d.reader = c
+	index(t, d, c)
 	if d.checkpoint, err = loadCheckpoint(filepath.Join(pluginDir, CheckpointFile)); err != nil {
 		t.Fatal(err)
 	}
 	d.adoptSpecs() // as Start does
 	return d
+}
+
+// index gives d the Instances of c, as its informer would.
+func index(t *testing.T, d *Driver, c client.Reader) {
+	t.Helper()
+	var l v1alpha1.InstanceList
+	if err := c.List(context.Background(), &l); err != nil {
+		t.Fatal(err)
+	}
+	for i := range l.Items {
+		d.observe(&l.Items[i])
+	}
 }
 
 func claimFor(uid, pool, device string) *resourceapi.ResourceClaim {
@@ -107,6 +120,7 @@ func TestPrepareCheckpointed(t *testing.T) {
 	if err := c.Delete(ctx, inst); err != nil {
 		t.Fatal(err)
 	}
+	d.forget(inst)
 	if h := d.health(ctx); len(h.Devices) != 1 || h.Devices[0].Health != kubeletplugin.HealthStatusUnhealthy {
 		t.Fatalf("health after the Instance went %+v", h)
 	}
@@ -177,6 +191,7 @@ func TestBothKeepsDevicePluginSpec(t *testing.T) {
 		t.Fatal(err)
 	}
 	d.reader = c
+	index(t, d, c)
 	if d.checkpoint, err = loadCheckpoint(filepath.Join(d.opts.PluginDir, CheckpointFile)); err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"unique"
 
 	"github.com/go-logr/logr"
 	"golang.org/x/sync/errgroup"
@@ -19,6 +20,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	discoveryv1 "github.com/dowse-dev/dowse/proto/discovery/v1"
@@ -55,6 +57,9 @@ type Writer struct {
 type memo struct {
 	configuration string
 	digest        [sha256.Size]byte
+	// resourceVersion is the apply's: once the cache shows it, the memo
+	// goes (Observe).
+	resourceVersion string
 }
 
 // NewWriter makes a Writer for nodeName. c must read Instances from a cache
@@ -86,8 +91,10 @@ type SyncResult struct {
 // holds for cfg. Errors are retryable; what succeeded stays done.
 func (w *Writer) Sync(ctx context.Context, cfg *v1alpha1.Configuration, shared bool, devices []*discoveryv1.Device) (SyncResult, error) {
 	log := logr.FromContextOrDiscard(ctx).WithValues("configuration", cfg.Name, "namespace", cfg.Namespace)
+	// The cache's own objects, not copies: Sync and the writes only read
+	// them.
 	var cached v1alpha1.InstanceList
-	if err := w.client.List(ctx, &cached, client.InNamespace(cfg.Namespace), client.MatchingFields{ConfigurationIndex: cfg.Name}); err != nil {
+	if err := w.client.List(ctx, &cached, client.InNamespace(cfg.Namespace), client.MatchingFields{ConfigurationIndex: cfg.Name}, client.UnsafeDisableDeepCopy); err != nil {
 		return SyncResult{}, fmt.Errorf("listing cached instances: %w", err)
 	}
 	byName := make(map[string]*v1alpha1.Instance, len(cached.Items))
@@ -96,18 +103,22 @@ func (w *Writer) Sync(ctx context.Context, cfg *v1alpha1.Configuration, shared b
 	}
 
 	var res SyncResult
-	desired := make(map[string]*v1alpha1.Instance, len(devices))
+	// desired holds the device id of each Instance name wanted. The
+	// Instances themselves are built again by the writes that need them,
+	// so that a burst of thousands is not held twice while it is written.
+	desired := make(map[string]string, len(devices))
 	type work struct {
-		desired, cached *v1alpha1.Instance
+		device *discoveryv1.Device
+		cached *v1alpha1.Instance
 	}
 	var todo []work
 	for _, d := range devices {
 		inst := w.desiredInstance(cfg, shared, d)
 		if prev, ok := desired[inst.Name]; ok {
-			res.Collisions = append(res.Collisions, fmt.Sprintf("devices %q and %q share Instance name %s", prev.Spec.DeviceID, d.Id, inst.Name))
+			res.Collisions = append(res.Collisions, fmt.Sprintf("devices %q and %q share Instance name %s", prev, d.Id, inst.Name))
 			continue
 		}
-		desired[inst.Name] = inst
+		desired[inst.Name] = d.GetId()
 		cur := byName[inst.Name]
 		if cur == nil {
 			// Not one of this Configuration's: the name may still be taken
@@ -129,7 +140,7 @@ func (w *Writer) Sync(ctx context.Context, cfg *v1alpha1.Configuration, shared b
 		if w.upToDate(cur, inst) {
 			continue
 		}
-		todo = append(todo, work{desired: inst, cached: cur})
+		todo = append(todo, work{device: d, cached: cur})
 	}
 	var release []*v1alpha1.Instance
 	for name, cur := range byName {
@@ -158,14 +169,15 @@ func (w *Writer) Sync(ctx context.Context, cfg *v1alpha1.Configuration, shared b
 	results := make(chan SyncResult, len(todo)+len(release))
 	for _, wk := range todo {
 		g.Go(func() error {
-			if err := w.upsert(gctx, wk.desired, wk.cached); err != nil {
+			want := w.desiredInstance(cfg, shared, wk.device)
+			if err := w.upsert(gctx, want, wk.cached); err != nil {
 				if wk.cached == nil && apierrors.IsInvalid(err) && strings.Contains(err.Error(), "is immutable") {
 					// Not in this node's cache: an Instance of another node's,
 					// whose derived fields the API server keeps immutable.
-					results <- SyncResult{Collisions: []string{fmt.Sprintf("device %q maps to Instance %s, which belongs to another device or Configuration: %v", wk.desired.Spec.DeviceID, wk.desired.Name, err)}}
+					results <- SyncResult{Collisions: []string{fmt.Sprintf("device %q maps to Instance %s, which belongs to another device or Configuration: %v", want.Spec.DeviceID, want.Name, err)}}
 					return nil
 				}
-				return fmt.Errorf("applying instance %s: %w", wk.desired.Name, err)
+				return fmt.Errorf("applying instance %s: %w", want.Name, err)
 			}
 			results <- SyncResult{Applied: 1}
 			return nil
@@ -206,7 +218,7 @@ func (w *Writer) ReleaseAll(ctx context.Context, cfg *v1alpha1.Configuration) (S
 // Holds reports whether this node appears in any Instance of cfg.
 func (w *Writer) Holds(ctx context.Context, cfg *v1alpha1.Configuration) (bool, error) {
 	var cached v1alpha1.InstanceList
-	if err := w.client.List(ctx, &cached, client.InNamespace(cfg.Namespace), client.MatchingFields{ConfigurationIndex: cfg.Name}); err != nil {
+	if err := w.client.List(ctx, &cached, client.InNamespace(cfg.Namespace), client.MatchingFields{ConfigurationIndex: cfg.Name}, client.UnsafeDisableDeepCopy); err != nil {
 		return false, err
 	}
 	for i := range cached.Items {
@@ -280,14 +292,33 @@ func (w *Writer) Forget(key types.NamespacedName) {
 	w.mu.Unlock()
 }
 
-func (w *Writer) remember(want *v1alpha1.Instance, applied bool) {
+// Observe is told of each Instance the cache shows (its informer's
+// events): the memo of an apply the cache now shows is no longer needed,
+// so a burst of thousands of devices does not stay remembered.
+func (w *Writer) Observe(obj any) {
+	inst, ok := obj.(*v1alpha1.Instance)
+	if !ok {
+		return
+	}
+	key := client.ObjectKeyFromObject(inst)
+	w.mu.Lock()
+	if m, ok := w.applied[key]; ok && m.resourceVersion != "" && m.resourceVersion == inst.ResourceVersion {
+		delete(w.applied, key)
+	}
+	w.mu.Unlock()
+}
+
+// rememberUnlessCached remembers an apply the cache does not show yet.
+// Under w.mu, so that an Observe of it waits until it is remembered.
+func (w *Writer) rememberUnlessCached(ctx context.Context, want *v1alpha1.Instance, resourceVersion string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if applied {
-		w.applied[client.ObjectKeyFromObject(want)] = memo{configuration: want.Spec.ConfigurationName, digest: memoDigest(want)}
-	} else {
-		delete(w.applied, client.ObjectKeyFromObject(want))
+	var cur v1alpha1.Instance
+	key := client.ObjectKeyFromObject(want)
+	if resourceVersion != "" && w.client.Get(ctx, key, &cur) == nil && cur.ResourceVersion == resourceVersion {
+		return
 	}
+	w.applied[key] = memo{configuration: want.Spec.ConfigurationName, digest: memoDigest(want), resourceVersion: resourceVersion}
 }
 
 // memoDigest is what the memo keeps of an applied Instance: a digest, not
@@ -301,11 +332,12 @@ func memoDigest(inst *v1alpha1.Instance) [sha256.Size]byte {
 }
 
 func (w *Writer) upsert(ctx context.Context, want, cur *v1alpha1.Instance) error {
-	w.remember(want, false)
-	if _, err := instancestore.Apply(ctx, w.client, w.nodeName, want); err != nil {
+	w.Forget(client.ObjectKeyFromObject(want))
+	ac, err := instancestore.Apply(ctx, w.client, w.nodeName, want)
+	if err != nil {
 		return err
 	}
-	w.remember(want, true)
+	w.rememberUnlessCached(ctx, want, ptr.Deref(ac.ResourceVersion, ""))
 	return nil
 }
 
@@ -319,18 +351,18 @@ func (w *Writer) release(ctx context.Context, cur *v1alpha1.Instance) (bool, err
 		fresh := &v1alpha1.Instance{}
 		if err := w.reader.Get(ctx, client.ObjectKeyFromObject(cur), fresh); err != nil {
 			if apierrors.IsNotFound(err) {
-				w.remember(cur, false)
+				w.Forget(client.ObjectKeyFromObject(cur))
 				return false, nil
 			}
 			return false, err
 		}
 		if !fresh.HasNode(w.nodeName) {
-			w.remember(cur, false)
+			w.Forget(client.ObjectKeyFromObject(cur))
 			return false, nil
 		}
 		cur = fresh
 	}
-	w.remember(cur, false)
+	w.Forget(client.ObjectKeyFromObject(cur))
 	return instancestore.Release(ctx, w.client, w.nodeName, cur)
 }
 
@@ -349,3 +381,29 @@ func ownedBy(inst *v1alpha1.Instance, refs []metav1.OwnerReference) bool {
 	}
 	return true
 }
+
+// Trim is the agent cache's transform of Instances: it drops what the
+// agent never reads (managedFields; labels, which the cache's label
+// selector has already used on the server's side) and makes the strings
+// every Instance of a Configuration repeats share one copy, so that
+// thousands of cached Instances cost less.
+func Trim(obj any) (any, error) {
+	inst, ok := obj.(*v1alpha1.Instance)
+	if !ok {
+		return obj, nil
+	}
+	inst.ManagedFields = nil
+	inst.Labels = nil
+	inst.Namespace = intern(inst.Namespace)
+	inst.Spec.ConfigurationName = intern(inst.Spec.ConfigurationName)
+	for i := range inst.OwnerReferences {
+		r := &inst.OwnerReferences[i]
+		r.APIVersion, r.Kind, r.Name, r.UID = intern(r.APIVersion), intern(r.Kind), intern(r.Name), types.UID(intern(string(r.UID)))
+	}
+	for i := range inst.Status.Nodes {
+		inst.Status.Nodes[i].Name = intern(inst.Status.Nodes[i].Name)
+	}
+	return inst, nil
+}
+
+func intern(s string) string { return unique.Make(s).Value() }
