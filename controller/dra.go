@@ -5,7 +5,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 
@@ -23,12 +25,19 @@ func addDRA(mgr ctrl.Manager, restCfg *rest.Config, reg prometheus.Registerer, l
 		}
 		return err
 	}
-	kube, err := kubernetes.NewForConfig(restCfg)
+	// Protobuf: thousands of slices may be written at once.
+	protoCfg := rest.CopyConfig(restCfg)
+	protoCfg.ContentType = runtime.ContentTypeProtobuf
+	kube, err := kubernetes.NewForConfig(protoCfg)
+	if err != nil {
+		return err
+	}
+	meta, err := metadata.NewForConfig(restCfg)
 	if err != nil {
 		return err
 	}
 	if err := dra.NewClasses(mgr.GetClient(), log.WithName("classes")).SetupWithManager(mgr); err != nil {
 		return err
 	}
-	return mgr.Add(dra.NewPublisher(mgr.GetCache(), kube, dra.NewMetrics(reg), log.WithName("slices")))
+	return mgr.Add(dra.NewPublisher(mgr.GetCache(), kube, meta, dra.NewMetrics(reg), log.WithName("slices")))
 }

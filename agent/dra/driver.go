@@ -203,7 +203,7 @@ func (d *Driver) Start(ctx context.Context) error {
 	}
 	writer, err := slicewriter.New(d.kube.ResourceV1().ResourceSlices(), d.meta, slicewriter.Options{
 		Driver: shareddra.DriverName, NodeName: d.opts.NodeName,
-		Owner: metav1.OwnerReference{APIVersion: "v1", Kind: "Node", Name: node.Name, UID: node.UID, Controller: ptr.To(true)},
+		Owner: &metav1.OwnerReference{APIVersion: "v1", Kind: "Node", Name: node.Name, UID: node.UID, Controller: ptr.To(true)},
 		OnError: func(err error, what string) {
 			d.opts.Metrics.publishError()
 			d.log.Error(err, "publishing this node's devices", "what", what)

@@ -4,23 +4,24 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/metadata"
 	toolscache "k8s.io/client-go/tools/cache"
-	"k8s.io/dynamic-resource-allocation/resourceslice"
-	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	shareddra "github.com/dowse-dev/dowse/shared/dra"
+	"github.com/dowse-dev/dowse/shared/slicewriter"
 )
 
 // Publisher publishes the shared devices of DRA Configurations: one pool
@@ -30,13 +31,16 @@ import (
 // shared/dra.NodeSelector), so that the scheduler puts a pod on a node that
 // sees the device and counts the device's capacity across all of them.
 //
-// The slices are written by k8s.io/dynamic-resource-allocation's
-// resourceslice controller, which keeps the pool generations and
-// resourceSliceCount as the DRA contract asks and deletes the slices of a
-// pool that is no longer desired. It owns every slice of driver dowse.dev
-// without a nodeName (the agents' slices have one): on start it deletes
-// those of Instances that went while the controller was down. The desired
-// set is rebuilt from the cache when Instance and Configuration changes
+// The slices are written by shared/slicewriter, which keeps the pool
+// generations and resourceSliceCount as the DRA contract asks, holds only
+// the slices' metadata, and deletes the slices of a pool that is no longer
+// desired. It owns every slice of driver dowse.dev without a nodeName (the
+// agents' slices have one): on start it deletes those of Instances that
+// went while the controller was down. Each slice is owned by its
+// Configuration's DeviceClass (cluster-scoped, like the slice), so that
+// deleting the classes removes the slices even without the controller; a
+// device is published once its class is in the cache. The desired set is
+// rebuilt from the cache when Instance, Configuration and class changes
 // have been quiet for Debounce (at most MaxDelay into a burst). It runs on
 // the leader only.
 type Publisher struct {
@@ -45,6 +49,7 @@ type Publisher struct {
 	// a fake).
 	reader   client.Reader
 	kube     kubernetes.Interface
+	meta     metadata.Interface
 	log      logr.Logger
 	metrics  *Metrics
 	debounce time.Duration
@@ -60,10 +65,11 @@ const (
 )
 
 // NewPublisher wires a Publisher. c is the manager's cache (Instances
-// must keep spec.shared, capacity and brokerProperties of shared devices);
-// kube writes the slices; metrics may be nil.
-func NewPublisher(c cache.Cache, kube kubernetes.Interface, metrics *Metrics, log logr.Logger) *Publisher {
-	return &Publisher{cache: c, reader: c, kube: kube, log: log, metrics: metrics, debounce: Debounce, dirty: make(chan struct{}, 1)}
+// must keep spec.shared, capacity and brokerProperties of shared devices;
+// DeviceClasses are read from it); kube writes the slices (use protobuf);
+// meta watches their metadata; metrics may be nil.
+func NewPublisher(c cache.Cache, kube kubernetes.Interface, meta metadata.Interface, metrics *Metrics, log logr.Logger) *Publisher {
+	return &Publisher{cache: c, reader: c, kube: kube, meta: meta, log: log, metrics: metrics, debounce: Debounce, dirty: make(chan struct{}, 1)}
 }
 
 func (p *Publisher) poke() {
@@ -74,15 +80,15 @@ func (p *Publisher) poke() {
 }
 
 // Start publishes until ctx ends. Errors writing slices are logged,
-// counted and retried by the resourceslice controller; Start fails only
-// when the cache cannot be watched.
+// counted and retried by the writer; Start fails only when the cache
+// cannot be watched.
 func (p *Publisher) Start(ctx context.Context) error {
 	handler := toolscache.ResourceEventHandlerFuncs{
 		AddFunc:    func(any) { p.poke() },
 		UpdateFunc: func(_, _ any) { p.poke() },
 		DeleteFunc: func(any) { p.poke() },
 	}
-	for _, obj := range []client.Object{&v1alpha1.Instance{}, &v1alpha1.Configuration{}} {
+	for _, obj := range []client.Object{&v1alpha1.Instance{}, &v1alpha1.Configuration{}, &resourceapi.DeviceClass{}} {
 		inf, err := p.cache.GetInformer(ctx, obj)
 		if err != nil {
 			return fmt.Errorf("watching %T: %w", obj, err)
@@ -117,21 +123,29 @@ func (p *Publisher) Start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	ctrlCtx := klog.NewContext(ctx, p.log.WithName("resourceslices"))
-	rc, err := resourceslice.StartController(ctrlCtx, resourceslice.Options{
-		DriverName: shareddra.DriverName,
-		KubeClient: p.kube,
-		Resources:  desired,
-		ErrorHandler: func(ctx context.Context, err error, msg string) {
+	writer, err := slicewriter.New(p.kube.ResourceV1().ResourceSlices(), p.meta, slicewriter.Options{
+		Driver: shareddra.DriverName,
+		// One pool per shared device: thousands of slices at once.
+		Concurrency: 16,
+		OnError: func(err error, what string) {
 			p.metrics.publishError()
-			p.log.Error(err, "publishing shared devices", "what", msg)
+			p.log.Error(err, "publishing shared devices", "what", what)
 		},
-	})
+		OnWrite: p.metrics.write,
+	}, p.log.WithName("resourceslices"))
 	if err != nil {
-		return fmt.Errorf("starting the ResourceSlice controller: %w", err)
+		return err
 	}
-	defer rc.Stop()
-	p.metrics.watch(rc)
+	writer.Update(desired)
+	writerDone := make(chan error, 1)
+	writerCtx, stopWriter := context.WithCancel(ctx)
+	defer func() {
+		stopWriter()
+		if err := <-writerDone; err != nil {
+			p.log.Error(err, "ResourceSlice writer")
+		}
+	}()
+	go func() { writerDone <- writer.Start(writerCtx) }()
 	p.metrics.devices(countDevices(desired))
 	for {
 		select {
@@ -148,26 +162,36 @@ func (p *Publisher) Start(ctx context.Context) error {
 			p.poke()
 			continue
 		}
-		rc.Update(desired)
+		writer.Update(desired)
 		p.metrics.devices(countDevices(desired))
 	}
 }
 
 // Desired is the pools the Publisher wants, from the cache (its own
 // objects, read without a copy, never changed).
-func (p *Publisher) Desired(ctx context.Context) (*resourceslice.DriverResources, error) {
+func (p *Publisher) Desired(ctx context.Context) (map[string]slicewriter.Pool, error) {
 	var cfgs v1alpha1.ConfigurationList
 	if err := p.reader.List(ctx, &cfgs, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, err
 	}
-	dra := map[types.NamespacedName]bool{}
+	// The DRA Configurations, each with the owner of its slices: its class.
+	dra := map[types.NamespacedName]*metav1.OwnerReference{}
 	for i := range cfgs.Items {
 		c := &cfgs.Items[i]
-		if c.DeletionTimestamp == nil && c.Spec.UsesDRA() {
-			dra[types.NamespacedName{Namespace: c.Namespace, Name: c.Name}] = true
+		if c.DeletionTimestamp != nil || !c.Spec.UsesDRA() {
+			continue
 		}
+		var class resourceapi.DeviceClass
+		if err := p.reader.Get(ctx, types.NamespacedName{Name: shareddra.DeviceClassName(c.Namespace, c.Name)}, &class); err != nil {
+			if apierrors.IsNotFound(err) {
+				continue // published once the class is made
+			}
+			return nil, err
+		}
+		dra[types.NamespacedName{Namespace: c.Namespace, Name: c.Name}] = &metav1.OwnerReference{
+			APIVersion: resourceapi.SchemeGroupVersion.String(), Kind: "DeviceClass", Name: class.Name, UID: class.UID}
 	}
-	out := &resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{}}
+	out := map[string]slicewriter.Pool{}
 	if len(dra) == 0 {
 		return out, nil
 	}
@@ -176,10 +200,11 @@ func (p *Publisher) Desired(ctx context.Context) (*resourceslice.DriverResources
 		return nil, err
 	}
 	var errs []error
+	hostnames := map[string]string{} // by node, read once per call
 	for i := range insts.Items {
 		inst := &insts.Items[i]
-		if !inst.Spec.Shared || inst.DeletionTimestamp != nil || len(inst.Status.Nodes) == 0 ||
-			!dra[types.NamespacedName{Namespace: inst.Namespace, Name: inst.Spec.ConfigurationName}] {
+		owner := dra[types.NamespacedName{Namespace: inst.Namespace, Name: inst.Spec.ConfigurationName}]
+		if !inst.Spec.Shared || inst.DeletionTimestamp != nil || len(inst.Status.Nodes) == 0 || owner == nil {
 			continue
 		}
 		pool := shareddra.Pool(inst, "")
@@ -187,13 +212,22 @@ func (p *Publisher) Desired(ctx context.Context) (*resourceslice.DriverResources
 			errs = append(errs, err)
 			continue
 		}
-		hostnames := make([]string, len(inst.Status.Nodes))
+		names := make([]string, len(inst.Status.Nodes))
 		for j, n := range inst.Status.Nodes {
-			hostnames[j] = p.hostname(ctx, n.Name)
+			h, ok := hostnames[n.Name]
+			if !ok {
+				h = p.hostname(ctx, n.Name)
+				hostnames[n.Name] = h
+			}
+			names[j] = h
 		}
-		out.Pools[pool] = resourceslice.Pool{
-			NodeSelector: shareddra.NodeSelector(hostnames),
-			Slices:       []resourceslice.Slice{{Devices: []resourceapi.Device{shareddra.Device(inst)}}},
+		dev := shareddra.Device(inst)
+		out[pool] = slicewriter.Pool{
+			NodeSelector: shareddra.NodeSelector(names),
+			Owner:        owner,
+			Slices: []slicewriter.Slice{{Digest: slicewriter.Digest(dev), Devices: func() []resourceapi.Device {
+				return []resourceapi.Device{dev}
+			}}},
 		}
 	}
 	if len(errs) > 0 {
@@ -215,21 +249,14 @@ func (p *Publisher) hostname(ctx context.Context, node string) string {
 	return node
 }
 
-func countDevices(r *resourceslice.DriverResources) int {
-	n := 0
-	for _, p := range r.Pools {
-		for _, s := range p.Slices {
-			n += len(s.Devices)
-		}
-	}
-	return n
-}
+// countDevices counts the devices of pools of one device each.
+func countDevices(pools map[string]slicewriter.Pool) int { return len(pools) }
 
 // Metrics are the Publisher's; a nil *Metrics records nothing.
 type Metrics struct {
 	published prometheus.Gauge
 	errors    prometheus.Counter
-	rc        atomic.Pointer[resourceslice.Controller]
+	writes    *prometheus.CounterVec
 }
 
 // NewMetrics registers the DRA metrics with reg (nil: none).
@@ -237,25 +264,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		published: prometheus.NewGauge(prometheus.GaugeOpts{Name: "dowse_dra_shared_devices", Help: "Shared devices the controller publishes in ResourceSlices."}),
 		errors:    prometheus.NewCounter(prometheus.CounterOpts{Name: "dowse_dra_publish_errors_total", Help: "Errors writing ResourceSlices of shared devices (retried)."}),
+		writes:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "dowse_dra_resourceslice_writes_total", Help: "ResourceSlice writes for the controller's shared devices, by op (create, update, delete)."}, []string{"op"}),
 	}
-	if reg == nil {
-		return m
-	}
-	reg.MustRegister(m.published, m.errors)
-	for op, f := range map[string]func(resourceslice.Stats) int64{
-		"create": func(s resourceslice.Stats) int64 { return s.NumCreates },
-		"update": func(s resourceslice.Stats) int64 { return s.NumUpdates },
-		"delete": func(s resourceslice.Stats) int64 { return s.NumDeletes },
-	} {
-		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Name: "dowse_dra_resourceslice_writes_total", Help: "ResourceSlice writes for the controller's shared devices in this leader term.",
-			ConstLabels: prometheus.Labels{"op": op},
-		}, func() float64 {
-			if rc := m.rc.Load(); rc != nil {
-				return float64(f(rc.GetStats()))
-			}
-			return 0
-		}))
+	if reg != nil {
+		reg.MustRegister(m.published, m.errors, m.writes)
 	}
 	return m
 }
@@ -272,9 +284,8 @@ func (m *Metrics) publishError() {
 	}
 }
 
-// watch exports rc's write counts.
-func (m *Metrics) watch(rc *resourceslice.Controller) {
+func (m *Metrics) write(op string) {
 	if m != nil {
-		m.rc.Store(rc)
+		m.writes.WithLabelValues(op).Inc()
 	}
 }

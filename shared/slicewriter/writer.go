@@ -13,6 +13,7 @@
 package slicewriter
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -28,6 +29,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"golang.org/x/sync/errgroup"
+	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -52,11 +54,14 @@ const (
 type Options struct {
 	// Driver is every slice's spec.driver.
 	Driver string
-	// NodeName is every slice's spec.nodeName, and selects the slices this
-	// writer owns. Required.
+	// NodeName is every slice's spec.nodeName (a node's local devices);
+	// empty: slices without one, whose pools' NodeSelector says where
+	// their devices are. With Driver, it selects the slices this writer
+	// owns: all of that driver and node name (or of no node name).
 	NodeName string
-	// Owner is every slice's controller owner (the Node), UID included.
-	Owner metav1.OwnerReference
+	// Owner is every slice's controller owner (the Node), UID included;
+	// Pool.Owner, when set, takes its place for that pool's slices.
+	Owner *metav1.OwnerReference
 	// Concurrency bounds parallel writes (default 4).
 	Concurrency int
 	// OnError is told of each failed write; the writer retries it.
@@ -68,6 +73,11 @@ type Options struct {
 // Pool is one pool's desired slices: slice i of the pool is Slices[i].
 type Pool struct {
 	Slices []Slice
+	// NodeSelector is where the devices are, for a writer without a
+	// NodeName.
+	NodeSelector *corev1.NodeSelector
+	// Owner, when set, owns the pool's slices instead of Options.Owner.
+	Owner *metav1.OwnerReference
 }
 
 // Slice is one desired slice. Digest identifies its devices (equal digests,
@@ -118,8 +128,8 @@ const pendingFor = 30 * time.Second
 // New makes a Writer. slices writes (use a client with protobuf content);
 // meta watches the slices' metadata.
 func New(slices resourcev1.ResourceSliceInterface, meta metadata.Interface, opts Options, log logr.Logger) (*Writer, error) {
-	if opts.Driver == "" || opts.NodeName == "" {
-		return nil, errors.New("slicewriter: driver and node name are required")
+	if opts.Driver == "" {
+		return nil, errors.New("slicewriter: a driver name is required")
 	}
 	if opts.Concurrency < 1 {
 		opts.Concurrency = 4
@@ -132,6 +142,18 @@ func New(slices resourcev1.ResourceSliceInterface, meta metadata.Interface, opts
 // slices deleted. The Devices functions may be called until the next
 // Update.
 func (w *Writer) Update(pools map[string]Pool) {
+	for name, p := range pools {
+		if p.NodeSelector == nil && p.Owner == nil {
+			continue
+		}
+		// What a slice holds besides its devices is part of its digest.
+		extra := Digest(p.NodeSelector, p.Owner)
+		p.Slices = slices.Clone(p.Slices)
+		for i := range p.Slices {
+			p.Slices[i].Digest = Digest(p.Slices[i].Digest, extra)
+		}
+		pools[name] = p
+	}
 	w.mu.Lock()
 	w.desired = pools
 	w.mu.Unlock()
@@ -253,13 +275,15 @@ type write struct {
 	name string
 	// del: delete (uid, rv preconditions); otherwise the slice to write,
 	// created when rv is empty.
-	del     bool
-	uid, rv string
-	pool    string
-	gen     int64
-	index   int
-	count   int
-	slice   Slice
+	del      bool
+	uid, rv  string
+	pool     string
+	gen      int64
+	index    int
+	count    int
+	slice    Slice
+	selector *corev1.NodeSelector
+	owner    *metav1.OwnerReference
 }
 
 // reconcile makes the published slices match the desired pools.
@@ -309,7 +333,7 @@ func (w *Writer) plan(pool string, want Pool, have []*sliceMeta) (deletes, write
 	n := len(want.Slices)
 	matched := make(map[int]*sliceMeta, len(have))
 	for _, s := range have {
-		if s.generation < gen || s.index >= n || matched[s.index] != nil || s.name != SliceName(w.opts.NodeName, pool, s.index) {
+		if s.generation < gen || s.index >= n || matched[s.index] != nil || s.name != w.sliceName(pool, s.index) {
 			deletes = append(deletes, write{name: s.name, del: true, uid: s.uid, rv: s.rv})
 			continue
 		}
@@ -336,7 +360,7 @@ func (w *Writer) plan(pool string, want Pool, have []*sliceMeta) (deletes, write
 		}
 	}
 	for _, i := range rewrite {
-		wr := write{name: SliceName(w.opts.NodeName, pool, i), pool: pool, gen: gen, index: i, count: n, slice: want.Slices[i]}
+		wr := write{name: w.sliceName(pool, i), pool: pool, gen: gen, index: i, count: n, slice: want.Slices[i], selector: want.NodeSelector, owner: cmp.Or(want.Owner, w.opts.Owner)}
 		if s := matched[i]; s != nil {
 			wr.uid, wr.rv = s.uid, s.rv
 		}
@@ -388,7 +412,7 @@ func (w *Writer) do(ctx context.Context, wr write) error {
 	obj := &resourceapi.ResourceSlice{
 		ObjectMeta: metav1.ObjectMeta{
 			Name: wr.name, ResourceVersion: wr.rv, UID: types.UID(wr.uid),
-			OwnerReferences: []metav1.OwnerReference{w.opts.Owner},
+
 			Annotations: map[string]string{
 				PoolAnnotation:       wr.pool,
 				GenerationAnnotation: strconv.FormatInt(wr.gen, 10),
@@ -397,11 +421,17 @@ func (w *Writer) do(ctx context.Context, wr write) error {
 			},
 		},
 		Spec: resourceapi.ResourceSliceSpec{
-			Driver:   w.opts.Driver,
-			NodeName: ptr.To(w.opts.NodeName),
-			Pool:     resourceapi.ResourcePool{Name: wr.pool, Generation: wr.gen, ResourceSliceCount: int64(wr.count)},
-			Devices:  wr.slice.Devices(),
+			Driver:       w.opts.Driver,
+			NodeSelector: wr.selector,
+			Pool:         resourceapi.ResourcePool{Name: wr.pool, Generation: wr.gen, ResourceSliceCount: int64(wr.count)},
+			Devices:      wr.slice.Devices(),
 		},
+	}
+	if wr.owner != nil {
+		obj.OwnerReferences = []metav1.OwnerReference{*wr.owner}
+	}
+	if w.opts.NodeName != "" {
+		obj.Spec.NodeName = ptr.To(w.opts.NodeName)
 	}
 	var got *resourceapi.ResourceSlice
 	var err error
@@ -434,18 +464,22 @@ func (w *Writer) wrote(verb string) {
 	}
 }
 
-// SliceName is the name of slice index of pool on node: the node's name
-// (cut to leave room), a hash of the pool and the index.
-func SliceName(node, pool string, index int) string {
+func (w *Writer) sliceName(pool string, index int) string {
+	return SliceName(cmp.Or(w.opts.NodeName, w.opts.Driver), pool, index)
+}
+
+// SliceName is the name of slice index of pool for a writer: its node's
+// name (its driver's without one, cut to leave room), a hash of the pool
+// and the index.
+func SliceName(prefix, pool string, index int) string {
 	sum := sha256.Sum256([]byte(pool))
-	prefix := node
 	if len(prefix) > 200 {
 		prefix = strings.TrimRight(prefix[:200], ".-")
 	}
 	return prefix + "-" + hex.EncodeToString(sum[:5]) + "-" + strconv.Itoa(index)
 }
 
-// Digest is a digest of the JSON of v (for Slice.Digest).
+// Digest is a digest of the JSON of parts (for Slice.Digest).
 func Digest(parts ...any) string {
 	h := sha256.New()
 	enc := json.NewEncoder(h)

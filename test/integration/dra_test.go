@@ -147,6 +147,11 @@ func TestDRASharedDeviceOneSliceBothNodes(t *testing.T) {
 			if got := selectedNodes(&s); !reflect.DeepEqual(got, nodes) {
 				return fmt.Errorf("nodes %v, want %v", got, nodes)
 			}
+			// Owned by the class, so that deleting the classes (the
+			// controller gone) takes the slices too.
+			if len(s.OwnerReferences) != 1 || s.OwnerReferences[0].Kind != "DeviceClass" || s.OwnerReferences[0].Name != className {
+				return fmt.Errorf("owners %+v, want DeviceClass %s", s.OwnerReferences, className)
+			}
 			return nil
 		})
 	}

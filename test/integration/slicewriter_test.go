@@ -82,7 +82,7 @@ func startSliceWriter(t *testing.T, node string) *runningWriter {
 	rw := &runningWriter{}
 	rw.w, err = slicewriter.New(clientset.ResourceV1().ResourceSlices(), meta, slicewriter.Options{
 		Driver: "test.dowse.dev", NodeName: node,
-		Owner:   metav1.OwnerReference{APIVersion: "v1", Kind: "Node", Name: node, UID: n.UID, Controller: ptr.To(true)},
+		Owner:   &metav1.OwnerReference{APIVersion: "v1", Kind: "Node", Name: node, UID: n.UID, Controller: ptr.To(true)},
 		OnError: func(err error, what string) { rw.errs.Add(1); t.Logf("%s: %v", what, err) },
 		OnWrite: func(string) { rw.writes.Add(1) },
 	}, testr.New(t))

@@ -138,3 +138,47 @@ func FreePort() (int, error) {
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
+
+// CPUTime is the CPU time (user and system) process pid has used.
+func CPUTime(pid int) (time.Duration, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	// The command name (field 2) may hold spaces; the fields after it
+	// follow its closing parenthesis: utime and stime are the 14th and
+	// 15th fields, in clock ticks (USER_HZ, 100 on Linux).
+	rest := string(b[strings.LastIndexByte(string(b), ')')+2:])
+	f := strings.Fields(rest)
+	if len(f) < 13 {
+		return 0, fmt.Errorf("short /proc/%d/stat", pid)
+	}
+	u, err1 := strconv.ParseInt(f[11], 10, 64)
+	s, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, fmt.Errorf("unreadable /proc/%d/stat", pid)
+	}
+	return time.Duration(u+s) * 10 * time.Millisecond, nil
+}
+
+// Child finds the process id of this process's child whose command is
+// comm (a binary a library started, such as envtest's kube-apiserver).
+func Child(comm string) (int, error) {
+	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
+	for _, path := range stats {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			continue
+		}
+		s := string(b)
+		open, end := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
+		if open < 0 || end < open || s[open+1:end] != comm {
+			continue
+		}
+		f := strings.Fields(s[end+2:])
+		if len(f) > 1 && f[1] == strconv.Itoa(os.Getpid()) {
+			return strconv.Atoi(strings.Fields(s)[0])
+		}
+	}
+	return 0, fmt.Errorf("no child process %s", comm)
+}

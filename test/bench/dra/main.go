@@ -3,8 +3,9 @@
 // dowse-debug-echo-discovery) on the real test control plane. For each
 // device count (1,000 and 5,000 by default) and each case it starts a fresh
 // agent and handler (local devices, one node) and prints Instances applied a
-// second, how long until every device is in the node's ResourceSlices (DRA
-// only), and the agent's peak RSS:
+// second, the CPU the agent and the API server used for them, how long
+// until every device is in the node's ResourceSlices (DRA only), and the
+// agent's peak RSS and peak anonymous memory:
 //
 //   - dra: spec.allocation DRA, agent --dra (no kubelet plugin:
 //     --dra-registrar-dir=), device plugins off (--device-plugin-dir=);
@@ -29,6 +30,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -189,6 +191,22 @@ func measure(ctx context.Context, c client.WithWatch, kubeconfig, dir, ns string
 	if err != nil {
 		return err
 	}
+	// CPU used while the Instances are applied, per 1,000: the agent's and
+	// the API server's (which, on a small machine, bounds the rate).
+	apiserver, err := procs.Child("kube-apiserver")
+	if err != nil {
+		return err
+	}
+	agentCPU0, err := procs.CPUTime(ag.Pid())
+	if err != nil {
+		return err
+	}
+	apiCPU0, err := procs.CPUTime(apiserver)
+	if err != nil {
+		return err
+	}
+	stopSampling := sampleAnon(ag)
+	defer stopSampling()
 	t0 := time.Now()
 	cfg := &v1alpha1.Configuration{ObjectMeta: metav1.ObjectMeta{Name: "many", Namespace: ns},
 		Spec: v1alpha1.ConfigurationSpec{Allocation: cs.allocation, DiscoveryHandler: v1alpha1.DiscoveryHandlerSpec{
@@ -200,7 +218,17 @@ func measure(ctx context.Context, c client.WithWatch, kubeconfig, dir, ns string
 		return err
 	}
 	applied := time.Since(t0)
-	line := fmt.Sprintf("%-15s %5d devices: applied in %6.2fs, %5.0f Instances/s", cs.name, n, applied.Seconds(), float64(n)/applied.Seconds())
+	agentCPU, err := procs.CPUTime(ag.Pid())
+	if err != nil {
+		return err
+	}
+	apiCPU, err := procs.CPUTime(apiserver)
+	if err != nil {
+		return err
+	}
+	perK := func(d time.Duration) float64 { return d.Seconds() * 1000 / float64(n) }
+	line := fmt.Sprintf("%-15s %5d devices: applied in %6.2fs, %5.0f Instances/s (CPU per 1,000: agent %.2fs, API server %.2fs)",
+		cs.name, n, applied.Seconds(), float64(n)/applied.Seconds(), perK(agentCPU-agentCPU0), perK(apiCPU-apiCPU0))
 	if cs.allocation == v1alpha1.AllocationDRA {
 		if err := waitSliceDevices(ctx, c, ns, n, cs.shared, ag); err != nil {
 			return err
@@ -211,7 +239,7 @@ func measure(ctx context.Context, c client.WithWatch, kubeconfig, dir, ns string
 	if err != nil {
 		return err
 	}
-	line += fmt.Sprintf("; agent peak RSS %.1f MiB", float64(kib)/1024)
+	line += fmt.Sprintf("; agent peak RSS %.1f MiB (%.1f MiB anonymous)", float64(kib)/1024, float64(stopSampling())/1024)
 	if ctl != nil {
 		if kib, err = ctl.PeakRSS(); err != nil {
 			return err
@@ -229,6 +257,36 @@ func measure(ctx context.Context, c client.WithWatch, kubeconfig, dir, ns string
 		return waitSliceDevices(ctx, c, ns, 0, cs.shared, ag)
 	}
 	return nil
+}
+
+// sampleAnon samples p's anonymous memory every 20 ms (the kernel keeps
+// the peak of the total only) until the returned function is called,
+// which returns the peak in KiB.
+func sampleAnon(p *procs.Proc) func() int {
+	done := make(chan struct{})
+	peak := make(chan int)
+	go func() {
+		most := 0
+		t := time.NewTicker(20 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				peak <- most
+				return
+			case <-t.C:
+				if m, err := p.MemoryNow(); err == nil {
+					most = max(most, m.Anon)
+				}
+			}
+		}
+	}()
+	var once sync.Once
+	var got int
+	return func() int {
+		once.Do(func() { close(done); got = <-peak })
+		return got
+	}
 }
 
 // waitInstances waits until want Instances in ns list a node, following a
