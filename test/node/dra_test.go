@@ -16,7 +16,9 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
@@ -26,6 +28,7 @@ import (
 	debugecho "github.com/dowse-dev/dowse/discovery-handlers/debug-echo"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	shareddra "github.com/dowse-dev/dowse/shared/dra"
+	"github.com/dowse-dev/dowse/shared/slicewriter"
 	"github.com/dowse-dev/dowse/test/cluster"
 	"github.com/dowse-dev/dowse/test/kube"
 	"github.com/dowse-dev/dowse/test/promtest"
@@ -400,6 +403,81 @@ func TestDRAOnNode(t *testing.T) {
 			}
 		}
 		waitGone(t, ctx, "broker pod", func() error { _, err := pods.Get(ctx, brokerName, metav1.GetOptions{}); return err })
+	})
+	t.Run("OwnersTakeSlicesWithThem", func(t *testing.T) {
+		// The owners slicewriter gives slices are ones the controller
+		// manager's garbage collector follows: a Node's local slices go
+		// with the Node, a shared pool's with its DeviceClass. A driver of
+		// the test's own, so that Dowse's writers leave these alone.
+		const driver = "gc-test.dowse.dev"
+		meta, err := metadata.NewForConfig(c.Config)
+		if err != nil {
+			t.Fatal(err)
+		}
+		node, err := c.Client.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "dra-gone-node"}}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		class, err := c.Client.ResourceV1().DeviceClasses().Create(ctx, &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: "gc-test.dowse.dev"}}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		one := func() []slicewriter.Slice {
+			return []slicewriter.Slice{{Digest: "d1", Devices: func() []resourceapi.Device { return []resourceapi.Device{{Name: "d1"}} }}}
+		}
+		wctx, stopWriters := context.WithCancel(ctx)
+		defer stopWriters()
+		for _, w := range []struct {
+			opts slicewriter.Options
+			pool string
+			p    slicewriter.Pool
+		}{
+			{slicewriter.Options{Driver: driver, NodeName: node.Name, Owner: &metav1.OwnerReference{APIVersion: "v1", Kind: "Node", Name: node.Name, UID: node.UID, Controller: ptr.To(true)}},
+				"dra-gone-node/gc", slicewriter.Pool{Slices: one()}},
+			{slicewriter.Options{Driver: driver}, "shared/gc",
+				slicewriter.Pool{Slices: one(), NodeSelector: shareddra.NodeSelector([]string{c.NodeName}),
+					Owner: &metav1.OwnerReference{APIVersion: resourceapi.SchemeGroupVersion.String(), Kind: "DeviceClass", Name: class.Name, UID: class.UID}}},
+		} {
+			sw, err := slicewriter.New(c.Client.ResourceV1().ResourceSlices(), meta, w.opts, testr.New(t).WithName("writer"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			sw.Update(map[string]slicewriter.Pool{w.pool: w.p})
+			go func() { _ = sw.Start(wctx) }()
+		}
+		slicesOf := func() []string {
+			list, err := c.Client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: resourceapi.ResourceSliceSelectorDriver + "=" + driver})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var pools []string
+			for _, s := range list.Items {
+				pools = append(pools, s.Spec.Pool.Name)
+			}
+			slices.Sort(pools)
+			return pools
+		}
+		waitPools := func(want ...string) {
+			t.Helper()
+			for ctx.Err() == nil {
+				if got := slicesOf(); slices.Equal(got, want) {
+					return
+				}
+				time.Sleep(200 * time.Millisecond)
+			}
+			t.Fatalf("pools %v, want %v", slicesOf(), want)
+		}
+		waitPools("dra-gone-node/gc", "shared/gc")
+		// The writers stop first: they would write their slices again.
+		stopWriters()
+		if err := c.Client.CoreV1().Nodes().Delete(ctx, node.Name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		waitPools("shared/gc")
+		if err := c.Client.ResourceV1().DeviceClasses().Delete(ctx, class.Name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		waitPools()
 	})
 	t.Run("ConfigurationGoneTakesSlicesAndClass", func(t *testing.T) {
 		for _, name := range []string{"echo", "echo-shared"} {
