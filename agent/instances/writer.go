@@ -28,6 +28,11 @@ import (
 	"github.com/dowse-dev/dowse/shared/instancestore"
 )
 
+// getsBeforeList is how many new devices of one Sync are checked against
+// other Configurations' Instances one cache read each before the namespace
+// is listed once instead.
+const getsBeforeList = 32
+
 // ConfigurationIndex is the cache field index on spec.configurationName that
 // the agent registers; the writer lists a Configuration's Instances with it.
 const ConfigurationIndex = "spec.configurationName"
@@ -52,6 +57,10 @@ type Writer struct {
 	// without it a quick second Sync would apply everything again.
 	mu      sync.Mutex
 	applied map[types.NamespacedName]memo
+	// inflight are the Instances being applied, with the resourceVersion
+	// the cache showed of each meanwhile (Observe): the watch may show an
+	// apply before its response arrives.
+	inflight map[types.NamespacedName]string
 }
 
 type memo struct {
@@ -69,7 +78,8 @@ func NewWriter(c client.Client, direct client.Reader, nodeName string, concurren
 	if concurrency < 1 {
 		concurrency = 1
 	}
-	return &Writer{client: c, reader: direct, nodeName: nodeName, concurrency: concurrency, metrics: m, applied: map[types.NamespacedName]memo{}}
+	return &Writer{client: c, reader: direct, nodeName: nodeName, concurrency: concurrency, metrics: m, applied: map[types.NamespacedName]memo{},
+		inflight: map[types.NamespacedName]string{}}
 }
 
 // SyncResult says what a Sync did.
@@ -112,6 +122,11 @@ func (w *Writer) Sync(ctx context.Context, cfg *v1alpha1.Configuration, shared b
 		cached *v1alpha1.Instance
 	}
 	var todo []work
+	// Other Configurations' Instances in the namespace, by name: read one
+	// by one for the first devices not among this Configuration's, then
+	// (a burst of new devices) listed once.
+	var others map[string]*v1alpha1.Instance
+	missing := 0
 	for _, d := range devices {
 		inst := w.desiredInstance(cfg, shared, d)
 		if prev, ok := desired[inst.Name]; ok {
@@ -126,11 +141,28 @@ func (w *Writer) Sync(ctx context.Context, cfg *v1alpha1.Configuration, shared b
 			// cache holds only this node's Instances; another node's is
 			// caught by the apply (its configurationName and deviceID are
 			// immutable).
-			other := &v1alpha1.Instance{}
-			if err := w.client.Get(ctx, client.ObjectKeyFromObject(inst), other); err == nil {
-				cur = other
-			} else if !apierrors.IsNotFound(err) {
-				return res, fmt.Errorf("reading cached instance %s: %w", inst.Name, err)
+			missing++
+			if others == nil && missing <= getsBeforeList {
+				other := &v1alpha1.Instance{}
+				if err := w.client.Get(ctx, client.ObjectKeyFromObject(inst), other); err == nil {
+					cur = other
+				} else if !apierrors.IsNotFound(err) {
+					return res, fmt.Errorf("reading cached instance %s: %w", inst.Name, err)
+				}
+			} else if others == nil {
+				var all v1alpha1.InstanceList
+				if err := w.client.List(ctx, &all, client.InNamespace(cfg.Namespace), client.UnsafeDisableDeepCopy); err != nil {
+					return res, fmt.Errorf("listing cached instances: %w", err)
+				}
+				others = make(map[string]*v1alpha1.Instance, len(all.Items))
+				for i := range all.Items {
+					if o := &all.Items[i]; o.Spec.ConfigurationName != cfg.Name {
+						others[o.Name] = o
+					}
+				}
+			}
+			if others != nil {
+				cur = others[inst.Name]
 			}
 		}
 		if cur != nil && (cur.Spec.DeviceID != inst.Spec.DeviceID || cur.Spec.ConfigurationName != inst.Spec.ConfigurationName) {
@@ -170,7 +202,7 @@ func (w *Writer) Sync(ctx context.Context, cfg *v1alpha1.Configuration, shared b
 	for _, wk := range todo {
 		g.Go(func() error {
 			want := w.desiredInstance(cfg, shared, wk.device)
-			if err := w.upsert(gctx, want, wk.cached); err != nil {
+			if err := w.upsert(gctx, want); err != nil {
 				if wk.cached == nil && apierrors.IsInvalid(err) && strings.Contains(err.Error(), "is immutable") {
 					// Not in this node's cache: an Instance of another node's,
 					// whose derived fields the API server keeps immutable.
@@ -302,20 +334,24 @@ func (w *Writer) Observe(obj any) {
 	}
 	key := client.ObjectKeyFromObject(inst)
 	w.mu.Lock()
+	if _, ok := w.inflight[key]; ok {
+		w.inflight[key] = inst.ResourceVersion
+	}
 	if m, ok := w.applied[key]; ok && m.resourceVersion != "" && m.resourceVersion == inst.ResourceVersion {
 		delete(w.applied, key)
 	}
 	w.mu.Unlock()
 }
 
-// rememberUnlessCached remembers an apply the cache does not show yet.
-// Under w.mu, so that an Observe of it waits until it is remembered.
-func (w *Writer) rememberUnlessCached(ctx context.Context, want *v1alpha1.Instance, resourceVersion string) {
+// rememberUnlessCached remembers an apply the cache does not show yet
+// (its resourceVersion not observed while it was in flight).
+func (w *Writer) rememberUnlessCached(want *v1alpha1.Instance, resourceVersion string) {
+	key := client.ObjectKeyFromObject(want)
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	var cur v1alpha1.Instance
-	key := client.ObjectKeyFromObject(want)
-	if resourceVersion != "" && w.client.Get(ctx, key, &cur) == nil && cur.ResourceVersion == resourceVersion {
+	seen := w.inflight[key]
+	delete(w.inflight, key)
+	if resourceVersion != "" && seen == resourceVersion {
 		return
 	}
 	w.applied[key] = memo{configuration: want.Spec.ConfigurationName, digest: memoDigest(want), resourceVersion: resourceVersion}
@@ -331,13 +367,20 @@ func memoDigest(inst *v1alpha1.Instance) [sha256.Size]byte {
 	return sha256.Sum256(b)
 }
 
-func (w *Writer) upsert(ctx context.Context, want, cur *v1alpha1.Instance) error {
-	w.Forget(client.ObjectKeyFromObject(want))
+func (w *Writer) upsert(ctx context.Context, want *v1alpha1.Instance) error {
+	key := client.ObjectKeyFromObject(want)
+	w.mu.Lock()
+	delete(w.applied, key)
+	w.inflight[key] = ""
+	w.mu.Unlock()
 	ac, err := instancestore.Apply(ctx, w.client, w.nodeName, want)
 	if err != nil {
+		w.mu.Lock()
+		delete(w.inflight, key)
+		w.mu.Unlock()
 		return err
 	}
-	w.rememberUnlessCached(ctx, want, ptr.Deref(ac.ResourceVersion, ""))
+	w.rememberUnlessCached(want, ptr.Deref(ac.ResourceVersion, ""))
 	return nil
 }
 
