@@ -4,6 +4,7 @@ package procs
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -181,4 +182,28 @@ func Child(comm string) (int, error) {
 		}
 	}
 	return 0, fmt.Errorf("no child process %s", comm)
+}
+
+// MachineCPU is the machine's CPU time so far, busy and in all, summed
+// over its CPUs (the first line of /proc/stat).
+func MachineCPU() (busy, total time.Duration, err error) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, 0, err
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	if len(f) < 5 || f[0] != "cpu" {
+		return 0, 0, errors.New("unreadable /proc/stat")
+	}
+	var ticks [10]int64
+	for i := 1; i < len(f) && i <= len(ticks); i++ {
+		ticks[i-1], _ = strconv.ParseInt(f[i], 10, 64)
+	}
+	var all int64
+	for _, t := range ticks[:8] { // guest time is counted in user already
+		all += t
+	}
+	idle := ticks[3] + ticks[4] // idle, iowait
+	return time.Duration(all-idle) * 10 * time.Millisecond, time.Duration(all) * 10 * time.Millisecond, nil
 }

@@ -3,7 +3,8 @@
 // dowse-debug-echo-discovery) on the real test control plane. For each
 // device count (1,000 and 5,000 by default) and each case it starts a fresh
 // agent and handler (local devices, one node) and prints Instances applied a
-// second, the CPU the agent and the API server used for them, how long
+// second, the CPU the agent and the API server used for them and how busy
+// the machine's CPUs were meanwhile, how long
 // until every device is in the node's ResourceSlices (DRA only), and the
 // agent's peak RSS and peak anonymous memory:
 //
@@ -219,6 +220,10 @@ func measure(ctx context.Context, c client.WithWatch, kubeconfig, dir, ns string
 	if err != nil {
 		return err
 	}
+	busy0, all0, err := procs.MachineCPU()
+	if err != nil {
+		return err
+	}
 	stopSampling := sampleAnon(ag)
 	defer stopSampling()
 	t0 := time.Now()
@@ -240,9 +245,13 @@ func measure(ctx context.Context, c client.WithWatch, kubeconfig, dir, ns string
 	if err != nil {
 		return err
 	}
+	busy, all, err := procs.MachineCPU()
+	if err != nil {
+		return err
+	}
 	perK := func(d time.Duration) float64 { return d.Seconds() * 1000 / float64(n) }
-	line := fmt.Sprintf("%-15s %5d devices: applied in %6.2fs, %5.0f Instances/s (CPU per 1,000: agent %.2fs, API server %.2fs)",
-		cs.name, n, applied.Seconds(), float64(n)/applied.Seconds(), perK(agentCPU-agentCPU0), perK(apiCPU-apiCPU0))
+	line := fmt.Sprintf("%-15s %5d devices: applied in %6.2fs, %5.0f Instances/s (CPU per 1,000: agent %.2fs, API server %.2fs; machine %.0f%% busy)",
+		cs.name, n, applied.Seconds(), float64(n)/applied.Seconds(), perK(agentCPU-agentCPU0), perK(apiCPU-apiCPU0), 100*float64(busy-busy0)/float64(all-all0))
 	if cs.allocation == v1alpha1.AllocationDRA {
 		if err := waitSliceDevices(ctx, c, ns, n, cs.shared, ag); err != nil {
 			return err
