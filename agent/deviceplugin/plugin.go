@@ -156,11 +156,15 @@ func (p *Plugin) Start(ctx context.Context) error {
 				}
 			}
 			if srv != nil {
-				ino := inode(kubeletSock)
 				if err := p.register(ctx, kubeletSock); err != nil {
 					log.V(1).Info("registering with the kubelet failed; will retry", "err", err)
 				} else {
-					registered, kubeletIno = true, ino
+					// The socket's inode after the registration, not
+					// before: a kubelet restarting meanwhile (the old one
+					// already gone, so the registration reached the new
+					// one) would otherwise look like a further restart to
+					// come, and be registered with twice.
+					registered, kubeletIno = true, inode(kubeletSock)
 					log.V(1).Info("registered with the kubelet")
 					if p.OnRegistered != nil {
 						p.OnRegistered()

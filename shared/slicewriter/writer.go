@@ -139,23 +139,24 @@ func New(slices resourcev1.ResourceSliceInterface, meta metadata.Interface, opts
 }
 
 // Update replaces the desired pools; a pool missing from pools has its
-// slices deleted. The Devices functions may be called until the next
-// Update.
+// slices deleted. pools is not kept or changed; the Devices functions may
+// be called at any time after, also once a later Update has replaced
+// them (a write in progress).
 func (w *Writer) Update(pools map[string]Pool) {
+	desired := make(map[string]Pool, len(pools))
 	for name, p := range pools {
-		if p.NodeSelector == nil && p.Owner == nil {
-			continue
+		if p.NodeSelector != nil || p.Owner != nil {
+			// What a slice holds besides its devices is part of its digest.
+			extra := Digest(p.NodeSelector, p.Owner)
+			p.Slices = slices.Clone(p.Slices)
+			for i := range p.Slices {
+				p.Slices[i].Digest = Digest(p.Slices[i].Digest, extra)
+			}
 		}
-		// What a slice holds besides its devices is part of its digest.
-		extra := Digest(p.NodeSelector, p.Owner)
-		p.Slices = slices.Clone(p.Slices)
-		for i := range p.Slices {
-			p.Slices[i].Digest = Digest(p.Slices[i].Digest, extra)
-		}
-		pools[name] = p
+		desired[name] = p
 	}
 	w.mu.Lock()
-	w.desired = pools
+	w.desired = desired
 	w.mu.Unlock()
 	w.poke()
 }
