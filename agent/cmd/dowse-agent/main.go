@@ -20,10 +20,10 @@ import (
 )
 
 func main() {
-	// An edge node's memory is scarcer than the agent's CPU: collect at 50%
+	// An edge node's memory is scarcer than the agent's CPU: collect at 30%
 	// heap growth instead of Go's 100%, unless GOGC says otherwise.
 	if os.Getenv("GOGC") == "" {
-		debug.SetGCPercent(50)
+		debug.SetGCPercent(30)
 	}
 	cfg := agent.Config{}
 	// A FlagSet of our own: controller-runtime registers --kubeconfig on
@@ -35,7 +35,7 @@ func main() {
 	fs.StringVar(&cfg.Namespace, "namespace", "", "only watch this namespace (default: all)")
 	fs.DurationVar(&cfg.GracePeriod, "handler-grace-period", 5*time.Minute, "how long the devices of a handler that died or became unreachable stay")
 	fs.IntVar(&cfg.MaxDevices, "max-devices", 10000, "most devices taken from one handler list for one Configuration (0: no limit)")
-	fs.IntVar(&cfg.WriteConcurrency, "write-concurrency", 16, "parallel Instance writes")
+	fs.IntVar(&cfg.WriteConcurrency, "write-concurrency", 64, "parallel Instance writes (a burst of new devices is bound by the API server, which spends less per write with more in flight)")
 	qps := fs.Float64("kube-api-qps", 1000, "API client requests per second")
 	fs.IntVar(&cfg.Burst, "kube-api-burst", 2000, "API client burst")
 	fs.StringVar(&cfg.MetricsAddr, "metrics-bind-address", ":9743", "Prometheus metrics address (0 disables)")
