@@ -43,6 +43,9 @@ func Start() (*ControlPlane, error) {
 	}
 	cfg, err := env.Start()
 	if err != nil {
+		// A failure after etcd and the API server started (a CRD refused)
+		// would otherwise leave them running.
+		_ = env.Stop()
 		return nil, fmt.Errorf("starting control plane: %w", err)
 	}
 	return &ControlPlane{env: env, Config: cfg}, nil
