@@ -218,15 +218,7 @@ func (d *Driver) Start(ctx context.Context) error {
 		return err
 	}
 	writer.Update(desired)
-	writerDone := make(chan error, 1)
-	writerCtx, stopWriter := context.WithCancel(ctx)
-	defer func() {
-		stopWriter()
-		if err := <-writerDone; err != nil {
-			d.log.Error(err, "ResourceSlice writer")
-		}
-	}()
-	go func() { writerDone <- writer.Start(writerCtx) }()
+	defer writer.Go(ctx)()
 	klogCtx := klog.NewContext(ctx, d.log)
 	if d.opts.RegistrarDir != "" {
 		if err := mkdirAll(d.opts.PluginDir); err != nil {
@@ -302,7 +294,6 @@ func (d *Driver) node(ctx context.Context) (*corev1.Node, error) {
 // here lists the Instances on this node of DRA Configurations, and which
 // of those Configurations also use device plugins. The Instances are the
 // cache's own objects (no copy of thousands per sync): read, never changed.
-// ctx bounds the Configurations' list.
 func (d *Driver) here(ctx context.Context) ([]*v1alpha1.Instance, map[types.NamespacedName]bool, error) {
 	var cfgs v1alpha1.ConfigurationList
 	if err := d.reader.List(ctx, &cfgs, client.UnsafeDisableDeepCopy); err != nil {

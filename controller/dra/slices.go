@@ -137,15 +137,7 @@ func (p *Publisher) Start(ctx context.Context) error {
 		return err
 	}
 	writer.Update(desired)
-	writerDone := make(chan error, 1)
-	writerCtx, stopWriter := context.WithCancel(ctx)
-	defer func() {
-		stopWriter()
-		if err := <-writerDone; err != nil {
-			p.log.Error(err, "ResourceSlice writer")
-		}
-	}()
-	go func() { writerDone <- writer.Start(writerCtx) }()
+	defer writer.Go(ctx)()
 	p.metrics.devices(countDevices(desired))
 	for {
 		select {

@@ -220,6 +220,20 @@ func (w *Writer) Start(ctx context.Context) error {
 	}
 }
 
+// Go runs Start in the background until stop is called (once or more),
+// which waits for it to end and logs an error it ended with.
+func (w *Writer) Go(ctx context.Context) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- w.Start(ctx) }()
+	return sync.OnceFunc(func() {
+		cancel()
+		if err := <-done; err != nil {
+			w.log.Error(err, "ResourceSlice writer")
+		}
+	})
+}
+
 // observe takes an object the watch shows, unless it is older than the
 // writer's own write of it: another incarnation (a uid before the
 // writer's create or delete), or the writer's incarnation at an earlier

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -89,16 +88,7 @@ func startSliceWriter(t *testing.T, node string) *runningWriter {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		if err := rw.w.Start(ctx); err != nil {
-			t.Errorf("writer: %v", err)
-		}
-	}()
-	rw.stop = func() { cancel(); wg.Wait() }
+	rw.stop = rw.w.Go(context.Background())
 	t.Cleanup(rw.stop)
 	return rw
 }

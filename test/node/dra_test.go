@@ -425,7 +425,12 @@ func TestDRAOnNode(t *testing.T) {
 		one := func() []slicewriter.Slice {
 			return []slicewriter.Slice{{Digest: "d1", Devices: func() []resourceapi.Device { return []resourceapi.Device{{Name: "d1"}} }}}
 		}
-		wctx, stopWriters := context.WithCancel(ctx)
+		var stops []func()
+		stopWriters := func() {
+			for _, stop := range stops {
+				stop()
+			}
+		}
 		defer stopWriters()
 		for _, w := range []struct {
 			opts slicewriter.Options
@@ -443,7 +448,7 @@ func TestDRAOnNode(t *testing.T) {
 				t.Fatal(err)
 			}
 			sw.Update(map[string]slicewriter.Pool{w.pool: w.p})
-			go func() { _ = sw.Start(wctx) }()
+			stops = append(stops, sw.Go(ctx))
 		}
 		slicesOf := func() []string {
 			list, err := c.Client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: resourceapi.ResourceSliceSelectorDriver + "=" + driver})

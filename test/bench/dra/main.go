@@ -212,15 +212,7 @@ func measure(ctx context.Context, c client.WithWatch, kubeconfig, dir, ns string
 	if err != nil {
 		return err
 	}
-	agentCPU0, err := procs.CPUTime(ag.Pid())
-	if err != nil {
-		return err
-	}
-	apiCPU0, err := procs.CPUTime(apiserver)
-	if err != nil {
-		return err
-	}
-	busy0, all0, err := procs.MachineCPU()
+	before, err := readUsage(ag.Pid(), apiserver)
 	if err != nil {
 		return err
 	}
@@ -237,21 +229,14 @@ func measure(ctx context.Context, c client.WithWatch, kubeconfig, dir, ns string
 		return err
 	}
 	applied := time.Since(t0)
-	agentCPU, err := procs.CPUTime(ag.Pid())
-	if err != nil {
-		return err
-	}
-	apiCPU, err := procs.CPUTime(apiserver)
-	if err != nil {
-		return err
-	}
-	busy, all, err := procs.MachineCPU()
+	after, err := readUsage(ag.Pid(), apiserver)
 	if err != nil {
 		return err
 	}
 	perK := func(d time.Duration) float64 { return d.Seconds() * 1000 / float64(n) }
 	line := fmt.Sprintf("%-15s %5d devices: applied in %6.2fs, %5.0f Instances/s (CPU per 1,000: agent %.2fs, API server %.2fs; machine %.0f%% busy)",
-		cs.name, n, applied.Seconds(), float64(n)/applied.Seconds(), perK(agentCPU-agentCPU0), perK(apiCPU-apiCPU0), 100*float64(busy-busy0)/float64(all-all0))
+		cs.name, n, applied.Seconds(), float64(n)/applied.Seconds(), perK(after.agent-before.agent), perK(after.apiserver-before.apiserver),
+		100*float64(after.busy-before.busy)/float64(after.all-before.all))
 	if cs.allocation == v1alpha1.AllocationDRA {
 		if err := waitSliceDevices(ctx, c, ns, n, cs.shared, ag); err != nil {
 			return err
@@ -280,6 +265,21 @@ func measure(ctx context.Context, c client.WithWatch, kubeconfig, dir, ns string
 		return waitSliceDevices(ctx, c, ns, 0, cs.shared, ag)
 	}
 	return nil
+}
+
+// usage is the CPU used so far by the agent, the API server and the
+// machine (busy, and in all).
+type usage struct{ agent, apiserver, busy, all time.Duration }
+
+func readUsage(agent, apiserver int) (u usage, err error) {
+	if u.agent, err = procs.CPUTime(agent); err != nil {
+		return u, err
+	}
+	if u.apiserver, err = procs.CPUTime(apiserver); err != nil {
+		return u, err
+	}
+	u.busy, u.all, err = procs.MachineCPU()
+	return u, err
 }
 
 // sampleAnon samples p's anonymous memory every 20 ms (the kernel keeps
