@@ -148,7 +148,7 @@ func addLink(ctx context.Context, mgr ctrl.Manager, cfg Config, reg prometheus.R
 	var hub *cloudhub.Hub
 	twinMetrics := twins.NewMetrics(reg)
 	status := twins.NewStatus(mgr.GetClient(), mgr.GetClient(), committer(func(node string, pos cloudhub.Position) { hub.Commit(node, pos) }),
-		twins.StatusConfig{Interval: lc.TwinStatusInterval, Concurrency: lc.TwinStatusConcurrency}, twinMetrics, log.WithName("twins"))
+		twins.StatusConfig{Interval: lc.TwinStatusInterval, Concurrency: lc.TwinStatusConcurrency, Live: mgr.GetAPIReader()}, twinMetrics, log.WithName("twins"))
 	hub, err = cloudhub.New(cloudhub.Config{
 		WebSocketAddr: lc.WebSocketAddr, QUICAddr: lc.QUICAddr, TLS: tlsCfg,
 		Heartbeat: lc.Heartbeat, MaxFrame: lc.MaxMessageSize, QueueSize: lc.QueueSize,

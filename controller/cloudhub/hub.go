@@ -123,6 +123,10 @@ type Inbound struct {
 	// Env.Seq); see Positions.
 	At  Position
 	Env *linkv1.Envelope
+	// Epoch is the session's epoch (the node Lease's transitions when this
+	// replica claimed it; 0 when nobody sets it: one replica). The twin
+	// status writer fences writes on it.
+	Epoch int64
 }
 
 // Handler receives each inbound sequenced message (twin reported updates,

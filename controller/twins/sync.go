@@ -124,10 +124,22 @@ func (s *Sync) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.
 		defer s.mu.Unlock()
 		return reconcile.Result{}, s.takeFrom(s.where[req.NamespacedName], req.NamespacedName)
 	}
-	ed, model, err := s.edgeDevice(ctx, &d)
+	ed, model, validErr, err := s.edgeDevice(ctx, &d)
 	if err != nil {
 		return reconcile.Result{}, err
 	}
+	if needsDesiredApplied(&d) {
+		s.status.Touch(req.NamespacedName)
+	}
+	res, err := s.reconcileNode(&d, ed, model)
+	if err == nil && validErr != nil {
+		err = fmt.Errorf("writing the Valid condition: %w", validErr)
+	}
+	return res, err
+}
+
+func (s *Sync) reconcileNode(d *v1alpha1.Device, ed *linkv1.EdgeDevice, model *v1alpha1.DeviceModel) (reconcile.Result, error) {
+	req := reconcile.Request{NamespacedName: client.ObjectKeyFromObject(d)}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if old := s.where[req.NamespacedName]; old != "" && (old != d.Spec.NodeName || ed == nil) {
@@ -142,7 +154,7 @@ func (s *Sync) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.
 		// Gone since it connected: it is sent everything when it is back.
 		delete(s.nodes, d.Spec.NodeName)
 	}
-	err = s.give(d.Spec.NodeName, ed, model)
+	err := s.give(d.Spec.NodeName, ed, model)
 	if errors.Is(err, link.ErrQueueFull) {
 		// The node is slow to acknowledge; only the newest state matters.
 		return reconcile.Result{RequeueAfter: time.Second}, nil
@@ -151,30 +163,29 @@ func (s *Sync) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.
 }
 
 // edgeDevice validates d against its model (recording Valid) and converts
-// it; nil when it is not to be sent.
-func (s *Sync) edgeDevice(ctx context.Context, d *v1alpha1.Device) (*linkv1.EdgeDevice, *v1alpha1.DeviceModel, error) {
+// it; nil when it is not to be sent. validErr is a failure to record
+// Valid (retried), err one to read the model.
+func (s *Sync) edgeDevice(ctx context.Context, d *v1alpha1.Device) (ed *linkv1.EdgeDevice, model *v1alpha1.DeviceModel, validErr, err error) {
 	if d.DeletionTimestamp != nil || d.Spec.DeviceModelRef == nil {
-		return nil, nil, nil
+		return nil, nil, nil, nil
 	}
-	var model v1alpha1.DeviceModel
-	err := s.reader.Get(ctx, types.NamespacedName{Namespace: d.Namespace, Name: d.Spec.DeviceModelRef.Name}, &model)
+	var m v1alpha1.DeviceModel
+	err = s.reader.Get(ctx, types.NamespacedName{Namespace: d.Namespace, Name: d.Spec.DeviceModelRef.Name}, &m)
 	if apierrors.IsNotFound(err) {
-		s.status.SetValid(d, fmt.Errorf("DeviceModel %s does not exist", d.Spec.DeviceModelRef.Name))
-		return nil, nil, nil
+		return nil, nil, s.status.SetValid(ctx, d, fmt.Errorf("DeviceModel %s does not exist", d.Spec.DeviceModelRef.Name)), nil
 	}
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	if err := d.Validate(&model); err != nil {
-		s.status.SetValid(d, err)
-		return nil, nil, nil
+	if err := d.Validate(&m); err != nil {
+		return nil, nil, s.status.SetValid(ctx, d, err), nil
 	}
-	ed, err := EdgeDevice(d, &model)
-	s.status.SetValid(d, err)
+	ed, err = EdgeDevice(d, &m)
+	validErr = s.status.SetValid(ctx, d, err)
 	if err != nil {
-		return nil, nil, nil
+		return nil, nil, validErr, nil
 	}
-	return ed, &model, nil
+	return ed, &m, validErr, nil
 }
 
 // give sends node the device (and its model first) if it is connected and
@@ -264,7 +275,10 @@ func (s *Sync) OnConnect(ctx context.Context, node string) {
 	}
 	var items []item
 	for i := range list.Items {
-		ed, model, err := s.edgeDevice(ctx, &list.Items[i])
+		ed, model, validErr, err := s.edgeDevice(ctx, &list.Items[i])
+		if validErr != nil {
+			s.log.Error(validErr, "writing a device's Valid condition", "device", client.ObjectKeyFromObject(&list.Items[i]).String())
+		}
 		if err != nil {
 			s.log.Error(err, "reading a device's model", "device", client.ObjectKeyFromObject(&list.Items[i]).String())
 			continue

@@ -227,6 +227,12 @@ type LinkPosition struct {
 	Stream string `json:"stream"`
 	// +required
 	Seq int64 `json:"seq"`
+	// Epoch is the node's link session that wrote it (its Lease's
+	// transitions; 0 with one controller replica): a writer whose session
+	// is older than the one that wrote here is fenced and writes nothing.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	Epoch int64 `json:"epoch,omitempty"`
 }
 
 // Device is one device's twin: desired values in spec, reported ones in

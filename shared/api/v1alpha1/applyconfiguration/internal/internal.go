@@ -506,6 +506,9 @@ var schemaYAML = typed.YAMLObject(`types:
 - name: com.github.dowse-dev.dowse.shared.api.v1alpha1.LinkPosition
   map:
     fields:
+    - name: epoch
+      type:
+        scalar: numeric
     - name: node
       type:
         scalar: string
