@@ -172,7 +172,7 @@ func addLink(ctx context.Context, mgr ctrl.Manager, cfg Config, reg prometheus.R
 	if err := members.SetupWithManager(mgr); err != nil {
 		return err
 	}
-	twinSync = twins.NewSync(mgr.GetClient(), hub, status, twinMetrics, log.WithName("twin-sync"))
+	twinSync = twins.NewSync(mgr.GetClient(), mgr.GetAPIReader(), hub, status, twinMetrics, log.WithName("twin-sync"))
 	if err := twinSync.SetupWithManager(mgr); err != nil {
 		return err
 	}

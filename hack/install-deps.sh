@@ -12,6 +12,10 @@ command -v npm >/dev/null || need+=(nodejs npm)
 [ -e /usr/include/libudev.h ] || need+=(libudev-dev)
 [ -x /lib/systemd/systemd-udevd ] || need+=(udev)
 command -v wsdd >/dev/null || need+=(wsdd)
+# pushMethod sinks: Debian's MQTT broker and its clients (mosquitto_sub
+# checks what the mappers publish).
+command -v mosquitto >/dev/null || [ -x /usr/sbin/mosquitto ] || need+=(mosquitto)
+command -v mosquitto_sub >/dev/null || need+=(mosquitto-clients)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then echo "please install: ${need[*]} (apt-get install ${need[*]})" >&2; exit 1; fi
   apt-get update -qq

@@ -679,7 +679,11 @@ func twin(st *v1alpha1.DeviceStatus, property string) *v1alpha1.Twin {
 func (s *Status) SetValid(ctx context.Context, d *v1alpha1.Device, err error) error {
 	c := metav1.Condition{Type: v1alpha1.ConditionDeviceValid, Status: metav1.ConditionTrue, Reason: "FitsModel",
 		Message: "the spec fits DeviceModel " + d.Spec.DeviceModelRef.Name, ObservedGeneration: d.Generation}
-	if err != nil {
+	var pmErr *PushMethodError
+	switch {
+	case errors.As(err, &pmErr):
+		c.Status, c.Reason, c.Message = metav1.ConditionFalse, "InvalidPushMethod", "pushMethod not used: "+err.Error()
+	case err != nil:
 		c.Status, c.Reason, c.Message = metav1.ConditionFalse, "Invalid", err.Error()
 	}
 	key := client.ObjectKeyFromObject(d)

@@ -13,6 +13,7 @@ import (
 	"github.com/go-logr/logr"
 	"google.golang.org/protobuf/proto"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -63,6 +64,7 @@ type Sender interface {
 // Device matters, so an unchanged one is not sent again.
 type Sync struct {
 	reader  client.Reader // the cache, with NodeIndex and ModelIndex
+	secrets client.Reader
 	hub     Sender
 	status  *Status
 	metrics *Metrics
@@ -83,10 +85,23 @@ type sentDevice struct {
 	model  types.NamespacedName
 }
 
-// NewSync makes a Sync.
-func NewSync(reader client.Reader, hub Sender, status *Status, m *Metrics, log logr.Logger) *Sync {
-	return &Sync{reader: reader, hub: hub, status: status, metrics: m, log: log,
+// NewSync makes a Sync. secrets (uncached: the controller keeps no
+// Secrets) checks that the Secrets pushMethods name exist; nil: not checked.
+func NewSync(reader, secrets client.Reader, hub Sender, status *Status, m *Metrics, log logr.Logger) *Sync {
+	return &Sync{reader: reader, secrets: secrets, hub: hub, status: status, metrics: m, log: log,
 		nodes: map[string]*sentTo{}, where: map[types.NamespacedName]string{}}
+}
+
+func (s *Sync) secretExists(ctx context.Context, namespace, name string) (bool, error) {
+	if s.secrets == nil {
+		return true, nil
+	}
+	sec := &metav1.PartialObjectMetadata{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Secret"}}
+	err := s.secrets.Get(ctx, types.NamespacedName{Namespace: namespace, Name: name}, sec)
+	if apierrors.IsNotFound(err) {
+		return false, nil
+	}
+	return err == nil, err
 }
 
 // SetupWithManager reconciles Devices, and the Devices of a DeviceModel
@@ -181,11 +196,24 @@ func (s *Sync) edgeDevice(ctx context.Context, d *v1alpha1.Device) (ed *linkv1.E
 		return nil, nil, s.status.SetValid(ctx, d, err), nil
 	}
 	ed, err = EdgeDevice(d, &m)
-	validErr = s.status.SetValid(ctx, d, err)
 	if err != nil {
-		return nil, nil, validErr, nil
+		return nil, nil, s.status.SetValid(ctx, d, err), nil
 	}
-	return ed, &m, validErr, nil
+	// A bad pushMethod is the sink's problem: the twin works on, the
+	// property is sent without it, and Valid says which field is wrong.
+	pmErr, err := PushMethodProblems(ctx, d, s.secretExists)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if pmErr != nil {
+		for _, p := range ed.Properties {
+			if pmErr.Properties[p.Name] {
+				p.PushMethod = nil
+			}
+		}
+		return ed, &m, s.status.SetValid(ctx, d, pmErr), nil
+	}
+	return ed, &m, s.status.SetValid(ctx, d, nil), nil
 }
 
 // give sends node the device (and its model first) if it is connected and

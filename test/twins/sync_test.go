@@ -122,7 +122,7 @@ func startTwins(t *testing.T, hub *fakeHub) *twinRig {
 	m := twins.NewMetrics(nil)
 	log := testr.New(t)
 	status := twins.NewStatus(mgr.GetClient(), mgr.GetClient(), hub, twins.StatusConfig{Interval: time.Hour}, m, log)
-	s := twins.NewSync(mgr.GetClient(), hub, status, m, log)
+	s := twins.NewSync(mgr.GetClient(), mgr.GetAPIReader(), hub, status, m, log)
 	if err := s.SetupWithManager(mgr); err != nil {
 		t.Fatal(err)
 	}

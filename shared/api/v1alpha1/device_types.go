@@ -112,12 +112,10 @@ type DeviceProperty struct {
 	// (KubeEdge's default is false; unset here means true).
 	// +optional
 	ReportToCloud *bool `json:"reportToCloud,omitempty"`
-	// PushMethod is KubeEdge's; kept so KubeEdge Devices port unchanged and
-	// handed to mappers that use it.
+	// PushMethod is where the mapper sends every reading of the property
+	// besides the twin (MQTT, HTTP, databases); see PushMethod.
 	// +optional
-	// +kubebuilder:validation:Type=object
-	// +kubebuilder:pruning:PreserveUnknownFields
-	PushMethod *apiextensionsv1.JSON `json:"pushMethod,omitempty"`
+	PushMethod *PushMethod `json:"pushMethod,omitempty"`
 }
 
 // Reports says whether the property's reported value goes to the cloud.
