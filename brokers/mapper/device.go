@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
 	"sync"
 	"time"
 
@@ -16,31 +15,17 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	dmiv1beta1 "github.com/dowse-dev/dowse/proto/dmi/v1beta1"
+	"github.com/dowse-dev/dowse/shared/twinvalue"
 )
 
-// Device states reported with ReportDeviceStates.
-const (
-	StateOK        = "ok"
-	StateOffline   = "offline"
-	StateUnhealthy = "unhealthy"
-	StateUnknown   = "unknown"
-)
-
-// Twin metadata keys. Besides KubeEdge's "timestamp" (Unix ms of the read)
-// and "type", Dowse's mappers put on a reported twin "error" when the last
-// read of the property failed (the value is then the last good one) and
-// "desiredError" when the last desired value could not be applied
-// (observedDesired then stays the last value applied). Both go away with
-// the next good read or write. A property never read successfully is not
+// Device states (twinvalue.twinvalue.StateOK, ...) are reported with
+// ReportDeviceStates. Twin metadata (twinvalue.MetaTimestamp, ...): besides
+// the timestamp and type, a reported twin carries twinvalue.MetaError when the last
+// read of the property failed and twinvalue.MetaDesiredError when the last desired
+// value could not be applied. A property never read successfully is not
 // reported at all (a device manager refuses a twin without a value of the
 // property's type, and with it the whole report); its error shows in
 // GetDevice, the logs and the device's state.
-const (
-	MetaTimestamp    = "timestamp"
-	MetaType         = "type"
-	MetaError        = "error"
-	MetaDesiredError = "desiredError"
-)
 
 // ErrDisconnected, wrapped in a driver's error, says the connection is gone
 // (reset, closed by the peer): the SDK reconnects at once instead of after
@@ -144,7 +129,7 @@ func newDevice(m *Mapper, ns, name string) *device {
 		log:    m.log.WithValues("device", key(ns, name)),
 		notify: make(chan struct{}, 1),
 		props:  map[string]*propState{},
-		state:  StateUnknown,
+		state:  twinvalue.StateUnknown,
 	}
 }
 
@@ -232,15 +217,15 @@ func (d *device) snapshot() *dmiv1beta1.Device {
 		}
 		// Unlike a report, GetDevice shows properties never read too, with
 		// an empty value and their error.
-		meta := map[string]string{MetaType: sp.typ}
+		meta := map[string]string{twinvalue.MetaType: string(sp.typ)}
 		if sp.hasValue {
-			meta[MetaTimestamp] = strconv.FormatInt(sp.readAt.UnixMilli(), 10)
+			meta[twinvalue.MetaTimestamp] = twinvalue.Timestamp(sp.readAt)
 		}
 		if sp.readErr != "" {
-			meta[MetaError] = sp.readErr
+			meta[twinvalue.MetaError] = sp.readErr
 		}
 		if sp.desError != "" {
-			meta[MetaDesiredError] = sp.desError
+			meta[twinvalue.MetaDesiredError] = sp.desError
 		}
 		tw := &dmiv1beta1.Twin{PropertyName: p.GetName(), Reported: &dmiv1beta1.TwinProperty{Value: sp.value, Metadata: meta}}
 		if sp.observed != nil {
@@ -271,7 +256,7 @@ func (d *device) run(parent context.Context) {
 			continue
 		}
 		if d.driver == nil {
-			d.setState(StateOffline, d.driverErr)
+			d.setState(twinvalue.StateOffline, d.driverErr)
 			d.failAll(d.driverErr)
 			d.sendState(ctx)
 			d.flush(ctx, time.Now())
@@ -296,7 +281,7 @@ func (d *device) run(parent context.Context) {
 		d.applyDesired(ctx, now)
 		d.readDue(ctx, now)
 		if d.connected && d.failures >= d.m.cfg.UnhealthyAfter {
-			d.setState(StateUnhealthy, fmt.Errorf("reads keep failing: %w", d.lastErr))
+			d.setState(twinvalue.StateUnhealthy, fmt.Errorf("reads keep failing: %w", d.lastErr))
 			d.sendState(ctx)
 			d.closeDriver()
 		}
@@ -509,29 +494,18 @@ func (d *device) buildProps(spec *dmiv1beta1.Device, at time.Time) {
 }
 
 func (d *device) prepare(dp *dmiv1beta1.DeviceProperty, mp *dmiv1beta1.ModelProperty) (*Property, error) {
-	p := &Property{Name: dp.GetName(), Type: TypeString, VisitorProtocol: dp.GetVisitors().GetProtocolName()}
+	p := &Property{Name: dp.GetName(), Type: twinvalue.String, VisitorProtocol: dp.GetVisitors().GetProtocolName()}
 	if mp == nil {
 		return p, fmt.Errorf("property %q is not in device model %q", dp.GetName(), d.model.GetName())
 	}
 	var err error
-	if p.Type, err = NormalizeType(mp.GetType()); err != nil {
+	if p.Type, err = twinvalue.ParseType(mp.GetType()); err != nil {
 		return p, err
 	}
-	p.Writable = mp.GetAccessMode() == "ReadWrite"
-	bound := func(s, what string) (*float64, error) {
-		if s == "" || !numericType(p.Type) {
-			return nil, nil
-		}
-		f, err := strconv.ParseFloat(s, 64)
-		if err != nil {
-			return nil, fmt.Errorf("model %s %q is not a number", what, s)
-		}
-		return &f, nil
-	}
-	if p.Min, err = bound(mp.GetMinimum(), "minimum"); err != nil {
-		return p, err
-	}
-	if p.Max, err = bound(mp.GetMaximum(), "maximum"); err != nil {
+	p.model = twinvalue.Property{Name: p.Name, Type: p.Type, AccessMode: twinvalue.AccessMode(mp.GetAccessMode()),
+		Minimum: mp.GetMinimum(), Maximum: mp.GetMaximum()}
+	p.Writable = p.model.AccessMode == twinvalue.ReadWrite
+	if p.Min, p.Max, err = p.model.Range(); err != nil {
 		return p, err
 	}
 	if p.Visitor, err = DecodeConfig(dp.GetVisitors().GetConfigData()); err != nil {
@@ -573,10 +547,10 @@ func (d *device) takeDesired(spec *dmiv1beta1.Device, at time.Time) {
 			continue
 		}
 		des := dp.GetDesired()
-		if des == nil || (des.GetValue() == "" && ps.p.Type != TypeString) {
+		if des == nil || (des.GetValue() == "" && ps.p.Type != twinvalue.String) {
 			ps.desired, ps.desiredKey = nil, ""
 		} else {
-			key := des.GetValue() + "\x00" + des.GetMetadata()[MetaTimestamp]
+			key := des.GetValue() + "\x00" + des.GetMetadata()[twinvalue.MetaTimestamp]
 			if key != ps.desiredKey && key != ps.appliedKey {
 				ps.desiredAt = at
 			}
@@ -632,10 +606,10 @@ func (d *device) connect(ctx context.Context) bool {
 	d.m.cfg.Metrics.connect(err)
 	if err != nil {
 		if ctx.Err() == nil {
-			if d.state != StateOffline {
+			if d.state != twinvalue.StateOffline {
 				d.log.Info("cannot connect to the device", "err", err)
 			}
-			d.setState(StateOffline, err)
+			d.setState(twinvalue.StateOffline, err)
 			d.failAll(fmt.Errorf("cannot connect to the device: %w", err))
 		}
 		return false
@@ -656,13 +630,13 @@ func (d *device) connect(ctx context.Context) bool {
 		// The session is no good for pushes: start over, with backoff.
 		d.log.Info("subscribing failed; reconnecting", "err", err)
 		d.closeDriver()
-		d.setState(StateUnhealthy, fmt.Errorf("subscribing: %w", err))
+		d.setState(twinvalue.StateUnhealthy, fmt.Errorf("subscribing: %w", err))
 		return false
 	}
-	if d.state != StateUnhealthy {
+	if d.state != twinvalue.StateUnhealthy {
 		// An unhealthy device stays so until a read succeeds: a peer that
 		// accepts connections but never answers must not flap to ok.
-		d.setState(StateOK, nil)
+		d.setState(twinvalue.StateOK, nil)
 	}
 	return true
 }
@@ -733,8 +707,8 @@ func (d *device) handlePush(p push) {
 	case p.err == nil:
 		d.failures = 0
 		d.backoff = d.m.cfg.ReconnectInitial
-		if d.state == StateUnhealthy {
-			d.setState(StateOK, nil)
+		if d.state == twinvalue.StateUnhealthy {
+			d.setState(twinvalue.StateOK, nil)
 		}
 	case errors.Is(p.err, ErrDisconnected):
 		d.failures, d.lastErr = d.m.cfg.UnhealthyAfter, p.err
@@ -824,8 +798,8 @@ func (d *device) readDue(ctx context.Context, now time.Time) {
 		} else {
 			d.failures = 0
 			d.backoff = d.m.cfg.ReconnectInitial
-			if d.state != StateOK {
-				d.setState(StateOK, nil)
+			if d.state != twinvalue.StateOK {
+				d.setState(twinvalue.StateOK, nil)
 			}
 		}
 	}
@@ -870,7 +844,7 @@ func (d *device) record(ps *propState, raw any, err error, at time.Time) {
 	}
 	if err == nil {
 		var s string
-		s, err = FormatValue(ps.p.Type, ps.p.Transform.Apply(raw))
+		s, err = twinvalue.Format(ps.p.Type, ps.p.Transform.Apply(raw))
 		if err == nil {
 			ps.value, ps.hasValue, ps.readAt, ps.readErr = s, true, at, ""
 			if !ps.hasReported || ps.reportedErr != "" || changed(ps.p.Type, ps.reported, s, ps.p.Deadband) {
@@ -921,14 +895,14 @@ func (d *device) applyDesired(ctx context.Context, now time.Time) {
 			}
 			continue
 		}
-		meta := map[string]string{MetaType: ps.p.Type}
+		meta := map[string]string{twinvalue.MetaType: string(ps.p.Type)}
 		for k, v := range ps.desired.GetMetadata() {
-			if k != MetaError && k != MetaDesiredError {
+			if k != twinvalue.MetaError && k != twinvalue.MetaDesiredError {
 				meta[k] = v
 			}
 		}
-		if meta[MetaTimestamp] == "" {
-			meta[MetaTimestamp] = strconv.FormatInt(time.Now().UnixMilli(), 10)
+		if meta[twinvalue.MetaTimestamp] == "" {
+			meta[twinvalue.MetaTimestamp] = twinvalue.Timestamp(time.Now())
 		}
 		ps.appliedKey, ps.failedKey, ps.desiredErr = ps.desiredKey, "", ""
 		ps.observed = &dmiv1beta1.TwinProperty{Value: ps.desired.GetValue(), Metadata: meta}
@@ -951,20 +925,9 @@ func (d *device) write(ctx context.Context, ps *propState) error {
 	if ps.bad != nil {
 		return Permanentf("property is invalid: %v", ps.bad)
 	}
-	if !p.Writable {
-		return Permanentf("property %q is ReadOnly in the model", p.Name)
-	}
-	v, err := ParseValue(p.Type, ps.desired.GetValue())
+	v, err := p.model.ParseDesired(ps.desired.GetValue())
 	if err != nil {
 		return Permanent(err)
-	}
-	if f, ok := toFloat(v); ok && numericType(p.Type) {
-		if p.Min != nil && f < *p.Min {
-			return Permanentf("%v is below the minimum %v", f, *p.Min)
-		}
-		if p.Max != nil && f > *p.Max {
-			return Permanentf("%v is above the maximum %v", f, *p.Max)
-		}
 	}
 	if !d.connected {
 		return fmt.Errorf("not connected")
@@ -1012,7 +975,7 @@ func (d *device) sendState(ctx context.Context) {
 
 // flush sends one ReportDeviceStatus with every property that changed, has
 // a new error or observed desired value, or is due a heartbeat. Only
-// properties with a value are sent (see MetaError).
+// properties with a value are sent (see twinvalue.MetaError).
 func (d *device) flush(ctx context.Context, now time.Time) {
 	defer d.updateSnapProps()
 	var twins []*dmiv1beta1.Twin
@@ -1025,12 +988,12 @@ func (d *device) flush(ctx context.Context, now time.Time) {
 		if !ps.dirty && !heartbeat && (ps.observed == nil || ps.observedSent) {
 			continue
 		}
-		meta := map[string]string{MetaType: ps.p.Type, MetaTimestamp: strconv.FormatInt(ps.readAt.UnixMilli(), 10)}
+		meta := map[string]string{twinvalue.MetaType: string(ps.p.Type), twinvalue.MetaTimestamp: twinvalue.Timestamp(ps.readAt)}
 		if ps.readErr != "" {
-			meta[MetaError] = ps.readErr
+			meta[twinvalue.MetaError] = ps.readErr
 		}
 		if ps.desiredErr != "" {
-			meta[MetaDesiredError] = ps.desiredErr
+			meta[twinvalue.MetaDesiredError] = ps.desiredErr
 		}
 		twins = append(twins, &dmiv1beta1.Twin{PropertyName: ps.p.Name, ObservedDesired: ps.observed,
 			Reported: &dmiv1beta1.TwinProperty{Value: ps.value, Metadata: meta}})
@@ -1081,7 +1044,7 @@ type snapProp struct {
 	value             string
 	hasValue          bool
 	readAt            time.Time
-	typ               string
+	typ               twinvalue.Type
 	readErr, desError string
 	observed          *dmiv1beta1.TwinProperty
 }
