@@ -18,15 +18,6 @@ import (
 	"github.com/dowse-dev/dowse/shared/twinvalue"
 )
 
-// Device states (twinvalue.twinvalue.StateOK, ...) are reported with
-// ReportDeviceStates. Twin metadata (twinvalue.MetaTimestamp, ...): besides
-// the timestamp and type, a reported twin carries twinvalue.MetaError when the last
-// read of the property failed and twinvalue.MetaDesiredError when the last desired
-// value could not be applied. A property never read successfully is not
-// reported at all (a device manager refuses a twin without a value of the
-// property's type, and with it the whole report); its error shows in
-// GetDevice, the logs and the device's state.
-
 // ErrDisconnected, wrapped in a driver's error, says the connection is gone
 // (reset, closed by the peer): the SDK reconnects at once instead of after
 // UnhealthyAfter failed rounds.
@@ -975,7 +966,7 @@ func (d *device) sendState(ctx context.Context) {
 
 // flush sends one ReportDeviceStatus with every property that changed, has
 // a new error or observed desired value, or is due a heartbeat. Only
-// properties with a value are sent (see twinvalue.MetaError).
+// properties with a value are sent (see the package doc).
 func (d *device) flush(ctx context.Context, now time.Time) {
 	defer d.updateSnapProps()
 	var twins []*dmiv1beta1.Twin
