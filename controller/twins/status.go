@@ -22,6 +22,7 @@ import (
 	"github.com/dowse-dev/dowse/controller/cloudhub"
 	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+	"github.com/dowse-dev/dowse/shared/twinvalue"
 )
 
 // Committer is what Status needs of a ManualCommit cloudhub.
@@ -245,12 +246,12 @@ func (s *Status) Handle(ctx context.Context, m cloudhub.Inbound) error {
 		if md == nil {
 			md = map[string]string{}
 		}
-		if _, ok := md["timestamp"]; !ok {
-			md["timestamp"] = strconv.FormatInt(at.UnixMilli(), 10)
+		if _, ok := md[twinvalue.MetaTimestamp]; !ok {
+			md[twinvalue.MetaTimestamp] = twinvalue.Timestamp(at)
 		}
 		pt := &pendingTwin{reported: &v1alpha1.TwinProperty{Value: FormatValue(r.Value), Metadata: md}, at: at, pos: pos}
 		if r.ObservedDesired != nil {
-			pt.observed = &v1alpha1.TwinProperty{Value: FormatValue(r.ObservedDesired), Metadata: map[string]string{"timestamp": md["timestamp"]}}
+			pt.observed = &v1alpha1.TwinProperty{Value: FormatValue(r.ObservedDesired), Metadata: map[string]string{twinvalue.MetaTimestamp: md[twinvalue.MetaTimestamp]}}
 		}
 		if old := st.twins[r.Property]; old != nil {
 			s.metrics.Coalesced.Inc()
@@ -273,7 +274,7 @@ func (s *Status) Handle(ctx context.Context, m cloudhub.Inbound) error {
 				fmt.Sprintf("no mapper on node %s serves the device (none registered under its mapperName or its protocol)", m.Node)
 		}
 		ps := &pendingState{state: ds.State, at: at, cond: c, pos: pos,
-			online: ds.State == v1alpha1.DeviceStateOK || ds.State == v1alpha1.DeviceStateOnline}
+			online: twinvalue.Online(ds.State)}
 		if st.state != nil && !ps.online && st.state.online {
 			// Keep the newer online time a coalesced report carried.
 			ps.online, ps.at = false, st.state.at
@@ -718,15 +719,6 @@ func (s *Status) SetValid(ctx context.Context, d *v1alpha1.Device, err error) er
 	}
 }
 
-// Metadata keys Dowse's mappers put on a reported value (brokers/mapper's
-// MetaError and MetaDesiredError; the mapper SDK links no Kubernetes API
-// package to share them from): the error of the last read (the value is
-// the last good one) and of the last desired write.
-const (
-	MetaError        = "error"
-	MetaDesiredError = "desiredError"
-)
-
 // desiredApplied sets DesiredApplied: True once every desired value of the
 // spec has come back as observedDesired; False with the mapper's error when
 // it reports one for a desired write, else Pending.
@@ -747,7 +739,7 @@ func desiredApplied(d *v1alpha1.Device, st *v1alpha1.DeviceStatus) {
 				observed = t.ObservedDesired.Value
 			}
 			if t.Reported != nil {
-				writeErr = t.Reported.Metadata[MetaDesiredError]
+				writeErr = t.Reported.Metadata[twinvalue.MetaDesiredError]
 			}
 		}
 		switch {

@@ -96,6 +96,10 @@ func ForKind(kind schema.GroupVersionKind) interface{} {
 		return &apiv1alpha1.PushMethodOTELApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("RedisClientConfig"):
 		return &apiv1alpha1.RedisClientConfigApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("SkippedCandidate"):
+		return &apiv1alpha1.SkippedCandidateApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("SkippedReason"):
+		return &apiv1alpha1.SkippedReasonApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("TDEngineClientConfig"):
 		return &apiv1alpha1.TDEngineClientConfigApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("Twin"):
