@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"slices"
-	"strconv"
 	"text/tabwriter"
 	"time"
 
@@ -19,6 +18,7 @@ import (
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	acv1alpha1 "github.com/dowse-dev/dowse/shared/api/v1alpha1/applyconfiguration/api/v1alpha1"
 	"github.com/dowse-dev/dowse/shared/scheme"
+	"github.com/dowse-dev/dowse/shared/twinvalue"
 )
 
 // TwinFieldManager is the field manager of `dowsectl twin set`: the desired
@@ -139,13 +139,13 @@ func propertyNames(d *v1alpha1.Device) []string {
 	return names
 }
 
-// age reads a twin value's "timestamp" metadata (Unix milliseconds).
+// age is how old a twin value is by its timestamp metadata.
 func age(md map[string]string, now time.Time) string {
-	ms, err := strconv.ParseInt(md["timestamp"], 10, 64)
-	if err != nil {
+	at, ok := twinvalue.TimestampOf(md)
+	if !ok {
 		return "-"
 	}
-	return now.Sub(time.UnixMilli(ms)).Round(time.Millisecond * 100).String()
+	return now.Sub(at).Round(time.Millisecond * 100).String()
 }
 
 func ageOfTime(t *metav1.Time, now time.Time) string {

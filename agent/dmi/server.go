@@ -42,7 +42,6 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -57,6 +56,7 @@ import (
 
 	dmiv1beta1 "github.com/dowse-dev/dowse/proto/dmi/v1beta1"
 	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
+	"github.com/dowse-dev/dowse/shared/twinvalue"
 )
 
 // Edge is what the mapper API needs of the edge store and link;
@@ -69,10 +69,6 @@ type Edge interface {
 	ReportMany(reports []*linkv1.TwinReportedUpdate) error
 	ReportState(device *linkv1.DeviceRef, state, mapper string, at time.Time) (uint64, error)
 }
-
-// States a mapper may report (ReportDeviceStates): KubeEdge's, and
-// mapper-framework's own "disconnected", which edgecore drops.
-var States = []string{"ok", "online", "offline", "unhealthy", "unknown", "disconnected"}
 
 // Config configures a Server. Zero values take the defaults noted.
 type Config struct {
@@ -526,7 +522,7 @@ func (s *Server) ReportDeviceStatus(ctx context.Context, req *dmiv1beta1.ReportD
 	return &dmiv1beta1.ReportDeviceStatusResponse{}, nil
 }
 
-// ReportDeviceStates takes a device's state (one of States).
+// ReportDeviceStates takes a device's state (one of twinvalue.States).
 func (s *Server) ReportDeviceStates(ctx context.Context, req *dmiv1beta1.ReportDeviceStatesRequest) (*dmiv1beta1.ReportDeviceStatesResponse, error) {
 	s.metrics.receive("state", 1)
 	d, _, owner, err := s.lookup(req.GetDeviceNamespace(), req.GetDeviceName())
@@ -534,14 +530,10 @@ func (s *Server) ReportDeviceStates(ctx context.Context, req *dmiv1beta1.ReportD
 		s.metrics.refuse("state", reasonUnknownDevice, 1)
 		return nil, err
 	}
-	st := strings.ToLower(strings.TrimSpace(req.GetState()))
-	known := false
-	for _, k := range States {
-		known = known || st == k
-	}
-	if !known {
+	st, err := twinvalue.ParseState(req.GetState())
+	if err != nil {
 		s.metrics.refuse("state", reasonBadState, 1)
-		return nil, status.Errorf(codes.InvalidArgument, "device %s: state %q is not one of %s", refKey(d.GetRef()), req.GetState(), strings.Join(States, ", "))
+		return nil, status.Errorf(codes.InvalidArgument, "device %s: %v", refKey(d.GetRef()), err)
 	}
 	if !s.allow(owner, 1) {
 		s.metrics.refuse("state", reasonRateLimited, 1)
@@ -599,8 +591,8 @@ func (s *Server) allow(owner string, n int) bool {
 // reportTime is the metadata "timestamp" (Unix milliseconds, as
 // mapper-framework writes it) or, without one, now.
 func (s *Server) reportTime(md map[string]string) time.Time {
-	if ms, err := strconv.ParseInt(md["timestamp"], 10, 64); err == nil && ms > 0 {
-		return time.UnixMilli(ms)
+	if at, ok := twinvalue.TimestampOf(md); ok {
+		return at
 	}
 	return s.cfg.Now()
 }

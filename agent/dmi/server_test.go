@@ -23,6 +23,7 @@ import (
 
 	dmiv1beta1 "github.com/dowse-dev/dowse/proto/dmi/v1beta1"
 	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
+	"github.com/dowse-dev/dowse/shared/twinvalue"
 	"github.com/dowse-dev/dowse/test/promtest"
 )
 
@@ -473,7 +474,7 @@ func TestReports(t *testing.T) {
 	}
 
 	// States.
-	for _, st := range States {
+	for _, st := range twinvalue.States() {
 		if _, err := r.client.ReportDeviceStates(ctx, &dmiv1beta1.ReportDeviceStatesRequest{DeviceNamespace: "default", DeviceName: "a", State: st}); err != nil {
 			t.Fatalf("state %s: %v", st, err)
 		}
@@ -487,7 +488,7 @@ func TestReports(t *testing.T) {
 		t.Fatalf("state of unknown device: %v", err)
 	}
 	edge.mu.Lock()
-	if len(edge.states) != len(States) {
+	if len(edge.states) != len(twinvalue.States()) {
 		t.Errorf("%d states stored", len(edge.states))
 	}
 	edge.mu.Unlock()

@@ -20,6 +20,7 @@ import (
 	"github.com/dowse-dev/dowse/controller/cloudhub"
 	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+	"github.com/dowse-dev/dowse/shared/twinvalue"
 )
 
 // Committer is what Status needs of a ManualCommit cloudhub.
@@ -133,12 +134,12 @@ func (s *Status) Handle(ctx context.Context, m cloudhub.Inbound) error {
 		if md == nil {
 			md = map[string]string{}
 		}
-		if _, ok := md["timestamp"]; !ok {
-			md["timestamp"] = strconv.FormatInt(at.UnixMilli(), 10)
+		if _, ok := md[twinvalue.MetaTimestamp]; !ok {
+			md[twinvalue.MetaTimestamp] = twinvalue.Timestamp(at)
 		}
 		tw.Reported = &v1alpha1.TwinProperty{Value: FormatValue(r.Value), Metadata: md}
 		if r.ObservedDesired != nil {
-			tw.ObservedDesired = &v1alpha1.TwinProperty{Value: FormatValue(r.ObservedDesired), Metadata: map[string]string{"timestamp": md["timestamp"]}}
+			tw.ObservedDesired = &v1alpha1.TwinProperty{Value: FormatValue(r.ObservedDesired), Metadata: map[string]string{twinvalue.MetaTimestamp: md[twinvalue.MetaTimestamp]}}
 		}
 		if st.pendingBy[r.Property] {
 			s.metrics.Coalesced.Inc()
@@ -154,7 +155,7 @@ func (s *Status) Handle(ctx context.Context, m cloudhub.Inbound) error {
 			at = t.AsTime()
 		}
 		st.status.State = ds.State
-		if ds.State == v1alpha1.DeviceStateOK || ds.State == v1alpha1.DeviceStateOnline {
+		if twinvalue.Online(ds.State) {
 			st.status.LastOnlineTime = &metav1.Time{Time: at}
 		}
 		c := metav1.Condition{Type: v1alpha1.ConditionMapperConnected, Status: metav1.ConditionTrue,
@@ -344,15 +345,6 @@ func (s *Status) write(ctx context.Context, w *pendingWrite) error {
 	return nil
 }
 
-// Metadata keys Dowse's mappers put on a reported value (brokers/mapper's
-// MetaError and MetaDesiredError; the mapper SDK links no Kubernetes API
-// package to share them from): the error of the last read (the value is
-// the last good one) and of the last desired write.
-const (
-	MetaError        = "error"
-	MetaDesiredError = "desiredError"
-)
-
 // desiredApplied sets DesiredApplied: True once every desired value of the
 // spec has come back as observedDesired; False with the mapper's error when
 // it reports one for a desired write, else Pending.
@@ -373,7 +365,7 @@ func desiredApplied(d *v1alpha1.Device, st *v1alpha1.DeviceStatus) {
 				observed = t.ObservedDesired.Value
 			}
 			if t.Reported != nil {
-				writeErr = t.Reported.Metadata[MetaDesiredError]
+				writeErr = t.Reported.Metadata[twinvalue.MetaDesiredError]
 			}
 		}
 		switch {

@@ -361,8 +361,7 @@ func (r *runner) writeLoop(ctx context.Context) error {
 			}
 			m.Resends.Add(float64(resent))
 			for _, e := range batch {
-				e.Env.Ack = ack
-				if buf, err = AppendFrame(buf, e.Env); err != nil {
+				if buf, err = appendFrameAck(buf, e.Env, ack); err != nil {
 					return err
 				}
 				frames++
