@@ -3,6 +3,7 @@ package twins
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/go-logr/logr"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -109,10 +110,13 @@ func (v *Validity) Reconcile(ctx context.Context, req reconcile.Request) (reconc
 	meta.SetStatusCondition(&d.Status.Conditions, c)
 	d.Status.ObservedGeneration = d.Generation
 	err = v.client.Status().Patch(ctx, &d, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{}))
-	if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
-		// The cache has or will have the newer object, whose event brings
-		// it back here.
-		return reconcile.Result{Requeue: apierrors.IsConflict(err)}, nil
+	switch {
+	case apierrors.IsNotFound(err):
+		return reconcile.Result{}, nil
+	case apierrors.IsConflict(err):
+		// Another writer (a replica's status write) got there first: read
+		// the newer object again, soon.
+		return reconcile.Result{RequeueAfter: 100 * time.Millisecond}, nil
 	}
 	return reconcile.Result{}, err
 }
