@@ -211,7 +211,7 @@ func (s *Status) Handle(ctx context.Context, m cloudhub.Inbound) error {
 	}
 	s.mu.Lock()
 	s.arrival++
-	pos := position{node: m.Node, stream: m.At.Stream, seq: m.At.Seq, epoch: m.Epoch, order: s.arrival}
+	pos := position{node: m.Node, stream: m.At.Stream, seq: m.At.Seq, epoch: int64(m.Epoch), order: s.arrival}
 	acks, ok := s.acksLocked(m)
 	if !ok {
 		s.mu.Unlock()
@@ -308,16 +308,16 @@ func (s *Status) noop(m cloudhub.Inbound) {
 // committed any more: the edge resends it to the node's new owner).
 func (s *Status) acksLocked(m cloudhub.Inbound) (*nodeAcks, bool) {
 	if e, ok := s.released[m.Node]; ok {
-		if m.Epoch <= e {
+		if int64(m.Epoch) <= e {
 			return nil, false
 		}
 		delete(s.released, m.Node)
 	}
 	a := s.nodes[m.Node]
-	if a == nil || a.stream != m.At.Stream || a.epoch != m.Epoch {
+	if a == nil || a.stream != m.At.Stream || a.epoch != int64(m.Epoch) {
 		// A new stream (a wiped edge store) or session: what was taken of
 		// the old one is no use to commit.
-		a = &nodeAcks{node: m.Node, epoch: m.Epoch, stream: m.At.Stream}
+		a = &nodeAcks{node: m.Node, epoch: int64(m.Epoch), stream: m.At.Stream}
 		s.nodes[m.Node] = a
 	}
 	return a, true
@@ -449,8 +449,9 @@ func (s *Status) durableLocked(refs []*msgRef, acks []*nodeAcks) {
 	}
 }
 
-// NeedLeaderElection: status is written by the leader only.
-func (s *Status) NeedLeaderElection() bool { return true }
+// NeedLeaderElection is false: every replica writes the status of the
+// Devices of the nodes whose sessions it holds.
+func (s *Status) NeedLeaderElection() bool { return false }
 
 // Start writes changed Devices until ctx ends, with Concurrency workers.
 func (s *Status) Start(ctx context.Context) error {

@@ -15,6 +15,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
@@ -93,15 +94,23 @@ func NewSync(reader, secrets client.Reader, hub Sender, status *Status, m *Metri
 }
 
 func (s *Sync) secretExists(ctx context.Context, namespace, name string) (bool, error) {
-	if s.secrets == nil {
-		return true, nil
+	return secretExists(s.secrets)(ctx, namespace, name)
+}
+
+// secretExists asks r (metadata only) whether a Secret exists; r nil: it
+// is taken to.
+func secretExists(r client.Reader) func(ctx context.Context, namespace, name string) (bool, error) {
+	return func(ctx context.Context, namespace, name string) (bool, error) {
+		if r == nil {
+			return true, nil
+		}
+		sec := &metav1.PartialObjectMetadata{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Secret"}}
+		err := r.Get(ctx, types.NamespacedName{Namespace: namespace, Name: name}, sec)
+		if apierrors.IsNotFound(err) {
+			return false, nil
+		}
+		return err == nil, err
 	}
-	sec := &metav1.PartialObjectMetadata{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Secret"}}
-	err := s.secrets.Get(ctx, types.NamespacedName{Namespace: namespace, Name: name}, sec)
-	if apierrors.IsNotFound(err) {
-		return false, nil
-	}
-	return err == nil, err
 }
 
 // SetupWithManager reconciles Devices, and the Devices of a DeviceModel
@@ -123,7 +132,8 @@ func (s *Sync) SetupWithManager(mgr ctrl.Manager) error {
 			return out
 		})).
 		// One at a time: a node must get a model before the devices of it.
-		WithOptions(controller.Options{MaxConcurrentReconciles: 1}).
+		// On every replica: each sends the nodes whose sessions it holds.
+		WithOptions(controller.Options{MaxConcurrentReconciles: 1, NeedLeaderElection: ptr.To(false)}).
 		Complete(s)
 }
 
@@ -139,18 +149,14 @@ func (s *Sync) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.
 		defer s.mu.Unlock()
 		return reconcile.Result{}, s.takeFrom(s.where[req.NamespacedName], req.NamespacedName)
 	}
-	ed, model, validErr, err := s.edgeDevice(ctx, &d)
+	ed, model, err := s.edgeDevice(ctx, &d)
 	if err != nil {
 		return reconcile.Result{}, err
 	}
 	if needsDesiredApplied(&d) {
 		s.status.Touch(req.NamespacedName)
 	}
-	res, err := s.reconcileNode(&d, ed, model)
-	if err == nil && validErr != nil {
-		err = fmt.Errorf("writing the Valid condition: %w", validErr)
-	}
-	return res, err
+	return s.reconcileNode(&d, ed, model)
 }
 
 func (s *Sync) reconcileNode(d *v1alpha1.Device, ed *linkv1.EdgeDevice, model *v1alpha1.DeviceModel) (reconcile.Result, error) {
@@ -177,43 +183,11 @@ func (s *Sync) reconcileNode(d *v1alpha1.Device, ed *linkv1.EdgeDevice, model *v
 	return reconcile.Result{}, err
 }
 
-// edgeDevice validates d against its model (recording Valid) and converts
-// it; nil when it is not to be sent. validErr is a failure to record
-// Valid (retried), err one to read the model.
-func (s *Sync) edgeDevice(ctx context.Context, d *v1alpha1.Device) (ed *linkv1.EdgeDevice, model *v1alpha1.DeviceModel, validErr, err error) {
-	if d.DeletionTimestamp != nil || d.Spec.DeviceModelRef == nil {
-		return nil, nil, nil, nil
-	}
-	var m v1alpha1.DeviceModel
-	err = s.reader.Get(ctx, types.NamespacedName{Namespace: d.Namespace, Name: d.Spec.DeviceModelRef.Name}, &m)
-	if apierrors.IsNotFound(err) {
-		return nil, nil, s.status.SetValid(ctx, d, fmt.Errorf("DeviceModel %s does not exist", d.Spec.DeviceModelRef.Name)), nil
-	}
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	if err := d.Validate(&m); err != nil {
-		return nil, nil, s.status.SetValid(ctx, d, err), nil
-	}
-	ed, err = EdgeDevice(d, &m)
-	if err != nil {
-		return nil, nil, s.status.SetValid(ctx, d, err), nil
-	}
-	// A bad pushMethod is the sink's problem: the twin works on, the
-	// property is sent without it, and Valid says which field is wrong.
-	pmErr, err := PushMethodProblems(ctx, d, s.secretExists)
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	if pmErr != nil {
-		for _, p := range ed.Properties {
-			if pmErr.Properties[p.Name] {
-				p.PushMethod = nil
-			}
-		}
-		return ed, &m, s.status.SetValid(ctx, d, pmErr), nil
-	}
-	return ed, &m, s.status.SetValid(ctx, d, nil), nil
+// edgeDevice converts d if it is to be sent (Check); nil when it is not.
+// Whether it is valid is recorded by Validity, on the leader.
+func (s *Sync) edgeDevice(ctx context.Context, d *v1alpha1.Device) (*linkv1.EdgeDevice, *v1alpha1.DeviceModel, error) {
+	ed, model, _, err := Check(ctx, s.reader, s.secretExists, d)
+	return ed, model, err
 }
 
 // give sends node the device (and its model first) if it is connected and
@@ -303,10 +277,7 @@ func (s *Sync) OnConnect(ctx context.Context, node string) {
 	}
 	var items []item
 	for i := range list.Items {
-		ed, model, validErr, err := s.edgeDevice(ctx, &list.Items[i])
-		if validErr != nil {
-			s.log.Error(validErr, "writing a device's Valid condition", "device", client.ObjectKeyFromObject(&list.Items[i]).String())
-		}
+		ed, model, err := s.edgeDevice(ctx, &list.Items[i])
 		if err != nil {
 			s.log.Error(err, "reading a device's model", "device", client.ObjectKeyFromObject(&list.Items[i]).String())
 			continue
