@@ -100,7 +100,7 @@ func (x Error_Code) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Error_Code.Descriptor instead.
 func (Error_Code) EnumDescriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{22, 0}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{23, 0}
 }
 
 type Envelope struct {
@@ -130,6 +130,7 @@ type Envelope struct {
 	//	*Envelope_ModelRemoval
 	//	*Envelope_DeviceInventory
 	//	*Envelope_DeviceState
+	//	*Envelope_DeviceCondition
 	Kind          isEnvelope_Kind `protobuf_oneof:"kind"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -319,6 +320,15 @@ func (x *Envelope) GetDeviceState() *DeviceStateUpdate {
 	return nil
 }
 
+func (x *Envelope) GetDeviceCondition() *DeviceCondition {
+	if x != nil {
+		if x, ok := x.Kind.(*Envelope_DeviceCondition); ok {
+			return x.DeviceCondition
+		}
+	}
+	return nil
+}
+
 type isEnvelope_Kind interface {
 	isEnvelope_Kind()
 }
@@ -379,6 +389,10 @@ type Envelope_DeviceState struct {
 	DeviceState *DeviceStateUpdate `protobuf:"bytes,23,opt,name=device_state,json=deviceState,proto3,oneof"`
 }
 
+type Envelope_DeviceCondition struct {
+	DeviceCondition *DeviceCondition `protobuf:"bytes,40,opt,name=device_condition,json=deviceCondition,proto3,oneof"`
+}
+
 func (*Envelope_Hello) isEnvelope_Kind() {}
 
 func (*Envelope_Welcome) isEnvelope_Kind() {}
@@ -406,6 +420,8 @@ func (*Envelope_ModelRemoval) isEnvelope_Kind() {}
 func (*Envelope_DeviceInventory) isEnvelope_Kind() {}
 
 func (*Envelope_DeviceState) isEnvelope_Kind() {}
+
+func (*Envelope_DeviceCondition) isEnvelope_Kind() {}
 
 // Hello is the edge's first frame. The cloud refuses it unless node equals
 // the node its verified client certificate names.
@@ -1025,6 +1041,105 @@ func (x *DeviceStateUpdate) GetMapper() string {
 	return ""
 }
 
+// DeviceCondition: edge to cloud, a condition of a Device the edge
+// observes, which the cloud records on the Device's status: ReportsAccepted
+// (False while the edge refuses reported values of some properties, the
+// message naming each with why), Authenticated (False while the device
+// refuses its mapper's login, the message in the device's words). The
+// newest of a type replaces an unsent older one.
+type DeviceCondition struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Device  *DeviceRef             `protobuf:"bytes,1,opt,name=device,proto3" json:"device,omitempty"`
+	Type    string                 `protobuf:"bytes,2,opt,name=type,proto3" json:"type,omitempty"`
+	Status  bool                   `protobuf:"varint,3,opt,name=status,proto3" json:"status,omitempty"`
+	Reason  string                 `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	Message string                 `protobuf:"bytes,5,opt,name=message,proto3" json:"message,omitempty"`
+	Time    *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=time,proto3" json:"time,omitempty"`
+	// The registration name of the mapper concerned.
+	Mapper        string `protobuf:"bytes,7,opt,name=mapper,proto3" json:"mapper,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeviceCondition) Reset() {
+	*x = DeviceCondition{}
+	mi := &file_link_v1_link_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeviceCondition) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeviceCondition) ProtoMessage() {}
+
+func (x *DeviceCondition) ProtoReflect() protoreflect.Message {
+	mi := &file_link_v1_link_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeviceCondition.ProtoReflect.Descriptor instead.
+func (*DeviceCondition) Descriptor() ([]byte, []int) {
+	return file_link_v1_link_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *DeviceCondition) GetDevice() *DeviceRef {
+	if x != nil {
+		return x.Device
+	}
+	return nil
+}
+
+func (x *DeviceCondition) GetType() string {
+	if x != nil {
+		return x.Type
+	}
+	return ""
+}
+
+func (x *DeviceCondition) GetStatus() bool {
+	if x != nil {
+		return x.Status
+	}
+	return false
+}
+
+func (x *DeviceCondition) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *DeviceCondition) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *DeviceCondition) GetTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Time
+	}
+	return nil
+}
+
+func (x *DeviceCondition) GetMapper() string {
+	if x != nil {
+		return x.Mapper
+	}
+	return ""
+}
+
 // DeviceUpdate: cloud to edge, a Device the node owns was assigned or
 // changed (desired values ride it). It replaces what the edge held of it.
 type DeviceUpdate struct {
@@ -1036,7 +1151,7 @@ type DeviceUpdate struct {
 
 func (x *DeviceUpdate) Reset() {
 	*x = DeviceUpdate{}
-	mi := &file_link_v1_link_proto_msgTypes[9]
+	mi := &file_link_v1_link_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1048,7 +1163,7 @@ func (x *DeviceUpdate) String() string {
 func (*DeviceUpdate) ProtoMessage() {}
 
 func (x *DeviceUpdate) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[9]
+	mi := &file_link_v1_link_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1061,7 +1176,7 @@ func (x *DeviceUpdate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeviceUpdate.ProtoReflect.Descriptor instead.
 func (*DeviceUpdate) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{9}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *DeviceUpdate) GetDevice() *EdgeDevice {
@@ -1081,7 +1196,7 @@ type DeviceRemoval struct {
 
 func (x *DeviceRemoval) Reset() {
 	*x = DeviceRemoval{}
-	mi := &file_link_v1_link_proto_msgTypes[10]
+	mi := &file_link_v1_link_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1093,7 +1208,7 @@ func (x *DeviceRemoval) String() string {
 func (*DeviceRemoval) ProtoMessage() {}
 
 func (x *DeviceRemoval) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[10]
+	mi := &file_link_v1_link_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1106,7 +1221,7 @@ func (x *DeviceRemoval) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeviceRemoval.ProtoReflect.Descriptor instead.
 func (*DeviceRemoval) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{10}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *DeviceRemoval) GetDevice() *DeviceRef {
@@ -1127,7 +1242,7 @@ type DeviceModelUpdate struct {
 
 func (x *DeviceModelUpdate) Reset() {
 	*x = DeviceModelUpdate{}
-	mi := &file_link_v1_link_proto_msgTypes[11]
+	mi := &file_link_v1_link_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1139,7 +1254,7 @@ func (x *DeviceModelUpdate) String() string {
 func (*DeviceModelUpdate) ProtoMessage() {}
 
 func (x *DeviceModelUpdate) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[11]
+	mi := &file_link_v1_link_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1152,7 +1267,7 @@ func (x *DeviceModelUpdate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeviceModelUpdate.ProtoReflect.Descriptor instead.
 func (*DeviceModelUpdate) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{11}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *DeviceModelUpdate) GetModel() *EdgeDeviceModel {
@@ -1173,7 +1288,7 @@ type DeviceModelRemoval struct {
 
 func (x *DeviceModelRemoval) Reset() {
 	*x = DeviceModelRemoval{}
-	mi := &file_link_v1_link_proto_msgTypes[12]
+	mi := &file_link_v1_link_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1185,7 +1300,7 @@ func (x *DeviceModelRemoval) String() string {
 func (*DeviceModelRemoval) ProtoMessage() {}
 
 func (x *DeviceModelRemoval) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[12]
+	mi := &file_link_v1_link_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1198,7 +1313,7 @@ func (x *DeviceModelRemoval) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeviceModelRemoval.ProtoReflect.Descriptor instead.
 func (*DeviceModelRemoval) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{12}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *DeviceModelRemoval) GetModel() *DeviceRef {
@@ -1222,7 +1337,7 @@ type DeviceInventory struct {
 
 func (x *DeviceInventory) Reset() {
 	*x = DeviceInventory{}
-	mi := &file_link_v1_link_proto_msgTypes[13]
+	mi := &file_link_v1_link_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1234,7 +1349,7 @@ func (x *DeviceInventory) String() string {
 func (*DeviceInventory) ProtoMessage() {}
 
 func (x *DeviceInventory) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[13]
+	mi := &file_link_v1_link_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1247,7 +1362,7 @@ func (x *DeviceInventory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeviceInventory.ProtoReflect.Descriptor instead.
 func (*DeviceInventory) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{13}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *DeviceInventory) GetNode() string {
@@ -1292,7 +1407,7 @@ type EdgeDevice struct {
 
 func (x *EdgeDevice) Reset() {
 	*x = EdgeDevice{}
-	mi := &file_link_v1_link_proto_msgTypes[14]
+	mi := &file_link_v1_link_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1304,7 +1419,7 @@ func (x *EdgeDevice) String() string {
 func (*EdgeDevice) ProtoMessage() {}
 
 func (x *EdgeDevice) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[14]
+	mi := &file_link_v1_link_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1317,7 +1432,7 @@ func (x *EdgeDevice) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EdgeDevice.ProtoReflect.Descriptor instead.
 func (*EdgeDevice) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{14}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *EdgeDevice) GetRef() *DeviceRef {
@@ -1392,7 +1507,7 @@ type EdgeDeviceProperty struct {
 
 func (x *EdgeDeviceProperty) Reset() {
 	*x = EdgeDeviceProperty{}
-	mi := &file_link_v1_link_proto_msgTypes[15]
+	mi := &file_link_v1_link_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1404,7 +1519,7 @@ func (x *EdgeDeviceProperty) String() string {
 func (*EdgeDeviceProperty) ProtoMessage() {}
 
 func (x *EdgeDeviceProperty) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[15]
+	mi := &file_link_v1_link_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1417,7 +1532,7 @@ func (x *EdgeDeviceProperty) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EdgeDeviceProperty.ProtoReflect.Descriptor instead.
 func (*EdgeDeviceProperty) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{15}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *EdgeDeviceProperty) GetName() string {
@@ -1481,7 +1596,7 @@ type TwinValue struct {
 
 func (x *TwinValue) Reset() {
 	*x = TwinValue{}
-	mi := &file_link_v1_link_proto_msgTypes[16]
+	mi := &file_link_v1_link_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1493,7 +1608,7 @@ func (x *TwinValue) String() string {
 func (*TwinValue) ProtoMessage() {}
 
 func (x *TwinValue) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[16]
+	mi := &file_link_v1_link_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1506,7 +1621,7 @@ func (x *TwinValue) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TwinValue.ProtoReflect.Descriptor instead.
 func (*TwinValue) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{16}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *TwinValue) GetValue() string {
@@ -1534,7 +1649,7 @@ type EdgeDeviceMethod struct {
 
 func (x *EdgeDeviceMethod) Reset() {
 	*x = EdgeDeviceMethod{}
-	mi := &file_link_v1_link_proto_msgTypes[17]
+	mi := &file_link_v1_link_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1546,7 +1661,7 @@ func (x *EdgeDeviceMethod) String() string {
 func (*EdgeDeviceMethod) ProtoMessage() {}
 
 func (x *EdgeDeviceMethod) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[17]
+	mi := &file_link_v1_link_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1559,7 +1674,7 @@ func (x *EdgeDeviceMethod) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EdgeDeviceMethod.ProtoReflect.Descriptor instead.
 func (*EdgeDeviceMethod) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{17}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *EdgeDeviceMethod) GetName() string {
@@ -1596,7 +1711,7 @@ type EdgeDeviceModel struct {
 
 func (x *EdgeDeviceModel) Reset() {
 	*x = EdgeDeviceModel{}
-	mi := &file_link_v1_link_proto_msgTypes[18]
+	mi := &file_link_v1_link_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1608,7 +1723,7 @@ func (x *EdgeDeviceModel) String() string {
 func (*EdgeDeviceModel) ProtoMessage() {}
 
 func (x *EdgeDeviceModel) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[18]
+	mi := &file_link_v1_link_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1621,7 +1736,7 @@ func (x *EdgeDeviceModel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EdgeDeviceModel.ProtoReflect.Descriptor instead.
 func (*EdgeDeviceModel) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{18}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *EdgeDeviceModel) GetRef() *DeviceRef {
@@ -1669,7 +1784,7 @@ type EdgeModelProperty struct {
 
 func (x *EdgeModelProperty) Reset() {
 	*x = EdgeModelProperty{}
-	mi := &file_link_v1_link_proto_msgTypes[19]
+	mi := &file_link_v1_link_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1681,7 +1796,7 @@ func (x *EdgeModelProperty) String() string {
 func (*EdgeModelProperty) ProtoMessage() {}
 
 func (x *EdgeModelProperty) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[19]
+	mi := &file_link_v1_link_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1694,7 +1809,7 @@ func (x *EdgeModelProperty) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EdgeModelProperty.ProtoReflect.Descriptor instead.
 func (*EdgeModelProperty) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{19}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *EdgeModelProperty) GetName() string {
@@ -1758,7 +1873,7 @@ type DeviceMembership struct {
 
 func (x *DeviceMembership) Reset() {
 	*x = DeviceMembership{}
-	mi := &file_link_v1_link_proto_msgTypes[20]
+	mi := &file_link_v1_link_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1770,7 +1885,7 @@ func (x *DeviceMembership) String() string {
 func (*DeviceMembership) ProtoMessage() {}
 
 func (x *DeviceMembership) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[20]
+	mi := &file_link_v1_link_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1783,7 +1898,7 @@ func (x *DeviceMembership) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeviceMembership.ProtoReflect.Descriptor instead.
 func (*DeviceMembership) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{20}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *DeviceMembership) GetNode() string {
@@ -1813,7 +1928,7 @@ type ProcessedAck struct {
 
 func (x *ProcessedAck) Reset() {
 	*x = ProcessedAck{}
-	mi := &file_link_v1_link_proto_msgTypes[21]
+	mi := &file_link_v1_link_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1825,7 +1940,7 @@ func (x *ProcessedAck) String() string {
 func (*ProcessedAck) ProtoMessage() {}
 
 func (x *ProcessedAck) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[21]
+	mi := &file_link_v1_link_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1838,7 +1953,7 @@ func (x *ProcessedAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessedAck.ProtoReflect.Descriptor instead.
 func (*ProcessedAck) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{21}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ProcessedAck) GetRefSeq() uint64 {
@@ -1867,7 +1982,7 @@ type Error struct {
 
 func (x *Error) Reset() {
 	*x = Error{}
-	mi := &file_link_v1_link_proto_msgTypes[22]
+	mi := &file_link_v1_link_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1879,7 +1994,7 @@ func (x *Error) String() string {
 func (*Error) ProtoMessage() {}
 
 func (x *Error) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[22]
+	mi := &file_link_v1_link_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1892,7 +2007,7 @@ func (x *Error) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Error.ProtoReflect.Descriptor instead.
 func (*Error) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{22}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *Error) GetCode() Error_Code {
@@ -1920,7 +2035,7 @@ var File_link_v1_link_proto protoreflect.FileDescriptor
 
 const file_link_v1_link_proto_rawDesc = "" +
 	"\n" +
-	"\x12link/v1/link.proto\x12\rdowse.link.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe8\a\n" +
+	"\x12link/v1/link.proto\x12\rdowse.link.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb5\b\n" +
 	"\bEnvelope\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x10\n" +
@@ -1939,7 +2054,8 @@ const file_link_v1_link_proto_rawDesc = "" +
 	"\fmodel_update\x18\x14 \x01(\v2 .dowse.link.v1.DeviceModelUpdateH\x00R\vmodelUpdate\x12H\n" +
 	"\rmodel_removal\x18\x15 \x01(\v2!.dowse.link.v1.DeviceModelRemovalH\x00R\fmodelRemoval\x12K\n" +
 	"\x10device_inventory\x18\x16 \x01(\v2\x1e.dowse.link.v1.DeviceInventoryH\x00R\x0fdeviceInventory\x12E\n" +
-	"\fdevice_state\x18\x17 \x01(\v2 .dowse.link.v1.DeviceStateUpdateH\x00R\vdeviceStateB\x06\n" +
+	"\fdevice_state\x18\x17 \x01(\v2 .dowse.link.v1.DeviceStateUpdateH\x00R\vdeviceState\x12K\n" +
+	"\x10device_condition\x18( \x01(\v2\x1e.dowse.link.v1.DeviceConditionH\x00R\x0fdeviceConditionB\x06\n" +
 	"\x04kind\"z\n" +
 	"\x05Hello\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1b\n" +
@@ -1986,7 +2102,15 @@ const file_link_v1_link_proto_rawDesc = "" +
 	"\x06device\x18\x01 \x01(\v2\x18.dowse.link.v1.DeviceRefR\x06device\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12.\n" +
 	"\x04time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x16\n" +
-	"\x06mapper\x18\x04 \x01(\tR\x06mapper\"A\n" +
+	"\x06mapper\x18\x04 \x01(\tR\x06mapper\"\xe9\x01\n" +
+	"\x0fDeviceCondition\x120\n" +
+	"\x06device\x18\x01 \x01(\v2\x18.dowse.link.v1.DeviceRefR\x06device\x12\x12\n" +
+	"\x04type\x18\x02 \x01(\tR\x04type\x12\x16\n" +
+	"\x06status\x18\x03 \x01(\bR\x06status\x12\x16\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\x12\x18\n" +
+	"\amessage\x18\x05 \x01(\tR\amessage\x12.\n" +
+	"\x04time\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x16\n" +
+	"\x06mapper\x18\a \x01(\tR\x06mapper\"A\n" +
 	"\fDeviceUpdate\x121\n" +
 	"\x06device\x18\x01 \x01(\v2\x19.dowse.link.v1.EdgeDeviceR\x06device\"A\n" +
 	"\rDeviceRemoval\x120\n" +
@@ -2080,7 +2204,7 @@ func file_link_v1_link_proto_rawDescGZIP() []byte {
 }
 
 var file_link_v1_link_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_link_v1_link_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
+var file_link_v1_link_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
 var file_link_v1_link_proto_goTypes = []any{
 	(Error_Code)(0),               // 0: dowse.link.v1.Error.Code
 	(*Envelope)(nil),              // 1: dowse.link.v1.Envelope
@@ -2092,24 +2216,25 @@ var file_link_v1_link_proto_goTypes = []any{
 	(*TwinDesiredUpdate)(nil),     // 7: dowse.link.v1.TwinDesiredUpdate
 	(*TwinReportedUpdate)(nil),    // 8: dowse.link.v1.TwinReportedUpdate
 	(*DeviceStateUpdate)(nil),     // 9: dowse.link.v1.DeviceStateUpdate
-	(*DeviceUpdate)(nil),          // 10: dowse.link.v1.DeviceUpdate
-	(*DeviceRemoval)(nil),         // 11: dowse.link.v1.DeviceRemoval
-	(*DeviceModelUpdate)(nil),     // 12: dowse.link.v1.DeviceModelUpdate
-	(*DeviceModelRemoval)(nil),    // 13: dowse.link.v1.DeviceModelRemoval
-	(*DeviceInventory)(nil),       // 14: dowse.link.v1.DeviceInventory
-	(*EdgeDevice)(nil),            // 15: dowse.link.v1.EdgeDevice
-	(*EdgeDeviceProperty)(nil),    // 16: dowse.link.v1.EdgeDeviceProperty
-	(*TwinValue)(nil),             // 17: dowse.link.v1.TwinValue
-	(*EdgeDeviceMethod)(nil),      // 18: dowse.link.v1.EdgeDeviceMethod
-	(*EdgeDeviceModel)(nil),       // 19: dowse.link.v1.EdgeDeviceModel
-	(*EdgeModelProperty)(nil),     // 20: dowse.link.v1.EdgeModelProperty
-	(*DeviceMembership)(nil),      // 21: dowse.link.v1.DeviceMembership
-	(*ProcessedAck)(nil),          // 22: dowse.link.v1.ProcessedAck
-	(*Error)(nil),                 // 23: dowse.link.v1.Error
-	nil,                           // 24: dowse.link.v1.TwinReportedUpdate.MetadataEntry
-	nil,                           // 25: dowse.link.v1.TwinValue.MetadataEntry
-	(*timestamppb.Timestamp)(nil), // 26: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),       // 27: google.protobuf.Struct
+	(*DeviceCondition)(nil),       // 10: dowse.link.v1.DeviceCondition
+	(*DeviceUpdate)(nil),          // 11: dowse.link.v1.DeviceUpdate
+	(*DeviceRemoval)(nil),         // 12: dowse.link.v1.DeviceRemoval
+	(*DeviceModelUpdate)(nil),     // 13: dowse.link.v1.DeviceModelUpdate
+	(*DeviceModelRemoval)(nil),    // 14: dowse.link.v1.DeviceModelRemoval
+	(*DeviceInventory)(nil),       // 15: dowse.link.v1.DeviceInventory
+	(*EdgeDevice)(nil),            // 16: dowse.link.v1.EdgeDevice
+	(*EdgeDeviceProperty)(nil),    // 17: dowse.link.v1.EdgeDeviceProperty
+	(*TwinValue)(nil),             // 18: dowse.link.v1.TwinValue
+	(*EdgeDeviceMethod)(nil),      // 19: dowse.link.v1.EdgeDeviceMethod
+	(*EdgeDeviceModel)(nil),       // 20: dowse.link.v1.EdgeDeviceModel
+	(*EdgeModelProperty)(nil),     // 21: dowse.link.v1.EdgeModelProperty
+	(*DeviceMembership)(nil),      // 22: dowse.link.v1.DeviceMembership
+	(*ProcessedAck)(nil),          // 23: dowse.link.v1.ProcessedAck
+	(*Error)(nil),                 // 24: dowse.link.v1.Error
+	nil,                           // 25: dowse.link.v1.TwinReportedUpdate.MetadataEntry
+	nil,                           // 26: dowse.link.v1.TwinValue.MetadataEntry
+	(*timestamppb.Timestamp)(nil), // 27: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),       // 28: google.protobuf.Struct
 }
 var file_link_v1_link_proto_depIdxs = []int32{
 	2,  // 0: dowse.link.v1.Envelope.hello:type_name -> dowse.link.v1.Hello
@@ -2117,47 +2242,50 @@ var file_link_v1_link_proto_depIdxs = []int32{
 	4,  // 2: dowse.link.v1.Envelope.heartbeat:type_name -> dowse.link.v1.Heartbeat
 	7,  // 3: dowse.link.v1.Envelope.twin_desired:type_name -> dowse.link.v1.TwinDesiredUpdate
 	8,  // 4: dowse.link.v1.Envelope.twin_reported:type_name -> dowse.link.v1.TwinReportedUpdate
-	21, // 5: dowse.link.v1.Envelope.device_membership:type_name -> dowse.link.v1.DeviceMembership
-	22, // 6: dowse.link.v1.Envelope.processed:type_name -> dowse.link.v1.ProcessedAck
-	23, // 7: dowse.link.v1.Envelope.error:type_name -> dowse.link.v1.Error
-	10, // 8: dowse.link.v1.Envelope.device_update:type_name -> dowse.link.v1.DeviceUpdate
-	11, // 9: dowse.link.v1.Envelope.device_removal:type_name -> dowse.link.v1.DeviceRemoval
-	12, // 10: dowse.link.v1.Envelope.model_update:type_name -> dowse.link.v1.DeviceModelUpdate
-	13, // 11: dowse.link.v1.Envelope.model_removal:type_name -> dowse.link.v1.DeviceModelRemoval
-	14, // 12: dowse.link.v1.Envelope.device_inventory:type_name -> dowse.link.v1.DeviceInventory
+	22, // 5: dowse.link.v1.Envelope.device_membership:type_name -> dowse.link.v1.DeviceMembership
+	23, // 6: dowse.link.v1.Envelope.processed:type_name -> dowse.link.v1.ProcessedAck
+	24, // 7: dowse.link.v1.Envelope.error:type_name -> dowse.link.v1.Error
+	11, // 8: dowse.link.v1.Envelope.device_update:type_name -> dowse.link.v1.DeviceUpdate
+	12, // 9: dowse.link.v1.Envelope.device_removal:type_name -> dowse.link.v1.DeviceRemoval
+	13, // 10: dowse.link.v1.Envelope.model_update:type_name -> dowse.link.v1.DeviceModelUpdate
+	14, // 11: dowse.link.v1.Envelope.model_removal:type_name -> dowse.link.v1.DeviceModelRemoval
+	15, // 12: dowse.link.v1.Envelope.device_inventory:type_name -> dowse.link.v1.DeviceInventory
 	9,  // 13: dowse.link.v1.Envelope.device_state:type_name -> dowse.link.v1.DeviceStateUpdate
-	5,  // 14: dowse.link.v1.TwinDesiredUpdate.device:type_name -> dowse.link.v1.DeviceRef
-	6,  // 15: dowse.link.v1.TwinDesiredUpdate.value:type_name -> dowse.link.v1.Value
-	26, // 16: dowse.link.v1.TwinDesiredUpdate.time:type_name -> google.protobuf.Timestamp
-	5,  // 17: dowse.link.v1.TwinReportedUpdate.device:type_name -> dowse.link.v1.DeviceRef
-	6,  // 18: dowse.link.v1.TwinReportedUpdate.value:type_name -> dowse.link.v1.Value
-	26, // 19: dowse.link.v1.TwinReportedUpdate.time:type_name -> google.protobuf.Timestamp
-	24, // 20: dowse.link.v1.TwinReportedUpdate.metadata:type_name -> dowse.link.v1.TwinReportedUpdate.MetadataEntry
-	6,  // 21: dowse.link.v1.TwinReportedUpdate.observed_desired:type_name -> dowse.link.v1.Value
-	5,  // 22: dowse.link.v1.DeviceStateUpdate.device:type_name -> dowse.link.v1.DeviceRef
-	26, // 23: dowse.link.v1.DeviceStateUpdate.time:type_name -> google.protobuf.Timestamp
-	15, // 24: dowse.link.v1.DeviceUpdate.device:type_name -> dowse.link.v1.EdgeDevice
-	5,  // 25: dowse.link.v1.DeviceRemoval.device:type_name -> dowse.link.v1.DeviceRef
-	19, // 26: dowse.link.v1.DeviceModelUpdate.model:type_name -> dowse.link.v1.EdgeDeviceModel
-	5,  // 27: dowse.link.v1.DeviceModelRemoval.model:type_name -> dowse.link.v1.DeviceRef
-	5,  // 28: dowse.link.v1.DeviceInventory.devices:type_name -> dowse.link.v1.DeviceRef
-	5,  // 29: dowse.link.v1.DeviceInventory.models:type_name -> dowse.link.v1.DeviceRef
-	5,  // 30: dowse.link.v1.EdgeDevice.ref:type_name -> dowse.link.v1.DeviceRef
-	27, // 31: dowse.link.v1.EdgeDevice.protocol_config:type_name -> google.protobuf.Struct
-	16, // 32: dowse.link.v1.EdgeDevice.properties:type_name -> dowse.link.v1.EdgeDeviceProperty
-	18, // 33: dowse.link.v1.EdgeDevice.methods:type_name -> dowse.link.v1.EdgeDeviceMethod
-	17, // 34: dowse.link.v1.EdgeDeviceProperty.desired:type_name -> dowse.link.v1.TwinValue
-	27, // 35: dowse.link.v1.EdgeDeviceProperty.visitor_config:type_name -> google.protobuf.Struct
-	25, // 36: dowse.link.v1.TwinValue.metadata:type_name -> dowse.link.v1.TwinValue.MetadataEntry
-	5,  // 37: dowse.link.v1.EdgeDeviceModel.ref:type_name -> dowse.link.v1.DeviceRef
-	20, // 38: dowse.link.v1.EdgeDeviceModel.properties:type_name -> dowse.link.v1.EdgeModelProperty
-	5,  // 39: dowse.link.v1.DeviceMembership.devices:type_name -> dowse.link.v1.DeviceRef
-	0,  // 40: dowse.link.v1.Error.code:type_name -> dowse.link.v1.Error.Code
-	41, // [41:41] is the sub-list for method output_type
-	41, // [41:41] is the sub-list for method input_type
-	41, // [41:41] is the sub-list for extension type_name
-	41, // [41:41] is the sub-list for extension extendee
-	0,  // [0:41] is the sub-list for field type_name
+	10, // 14: dowse.link.v1.Envelope.device_condition:type_name -> dowse.link.v1.DeviceCondition
+	5,  // 15: dowse.link.v1.TwinDesiredUpdate.device:type_name -> dowse.link.v1.DeviceRef
+	6,  // 16: dowse.link.v1.TwinDesiredUpdate.value:type_name -> dowse.link.v1.Value
+	27, // 17: dowse.link.v1.TwinDesiredUpdate.time:type_name -> google.protobuf.Timestamp
+	5,  // 18: dowse.link.v1.TwinReportedUpdate.device:type_name -> dowse.link.v1.DeviceRef
+	6,  // 19: dowse.link.v1.TwinReportedUpdate.value:type_name -> dowse.link.v1.Value
+	27, // 20: dowse.link.v1.TwinReportedUpdate.time:type_name -> google.protobuf.Timestamp
+	25, // 21: dowse.link.v1.TwinReportedUpdate.metadata:type_name -> dowse.link.v1.TwinReportedUpdate.MetadataEntry
+	6,  // 22: dowse.link.v1.TwinReportedUpdate.observed_desired:type_name -> dowse.link.v1.Value
+	5,  // 23: dowse.link.v1.DeviceStateUpdate.device:type_name -> dowse.link.v1.DeviceRef
+	27, // 24: dowse.link.v1.DeviceStateUpdate.time:type_name -> google.protobuf.Timestamp
+	5,  // 25: dowse.link.v1.DeviceCondition.device:type_name -> dowse.link.v1.DeviceRef
+	27, // 26: dowse.link.v1.DeviceCondition.time:type_name -> google.protobuf.Timestamp
+	16, // 27: dowse.link.v1.DeviceUpdate.device:type_name -> dowse.link.v1.EdgeDevice
+	5,  // 28: dowse.link.v1.DeviceRemoval.device:type_name -> dowse.link.v1.DeviceRef
+	20, // 29: dowse.link.v1.DeviceModelUpdate.model:type_name -> dowse.link.v1.EdgeDeviceModel
+	5,  // 30: dowse.link.v1.DeviceModelRemoval.model:type_name -> dowse.link.v1.DeviceRef
+	5,  // 31: dowse.link.v1.DeviceInventory.devices:type_name -> dowse.link.v1.DeviceRef
+	5,  // 32: dowse.link.v1.DeviceInventory.models:type_name -> dowse.link.v1.DeviceRef
+	5,  // 33: dowse.link.v1.EdgeDevice.ref:type_name -> dowse.link.v1.DeviceRef
+	28, // 34: dowse.link.v1.EdgeDevice.protocol_config:type_name -> google.protobuf.Struct
+	17, // 35: dowse.link.v1.EdgeDevice.properties:type_name -> dowse.link.v1.EdgeDeviceProperty
+	19, // 36: dowse.link.v1.EdgeDevice.methods:type_name -> dowse.link.v1.EdgeDeviceMethod
+	18, // 37: dowse.link.v1.EdgeDeviceProperty.desired:type_name -> dowse.link.v1.TwinValue
+	28, // 38: dowse.link.v1.EdgeDeviceProperty.visitor_config:type_name -> google.protobuf.Struct
+	26, // 39: dowse.link.v1.TwinValue.metadata:type_name -> dowse.link.v1.TwinValue.MetadataEntry
+	5,  // 40: dowse.link.v1.EdgeDeviceModel.ref:type_name -> dowse.link.v1.DeviceRef
+	21, // 41: dowse.link.v1.EdgeDeviceModel.properties:type_name -> dowse.link.v1.EdgeModelProperty
+	5,  // 42: dowse.link.v1.DeviceMembership.devices:type_name -> dowse.link.v1.DeviceRef
+	0,  // 43: dowse.link.v1.Error.code:type_name -> dowse.link.v1.Error.Code
+	44, // [44:44] is the sub-list for method output_type
+	44, // [44:44] is the sub-list for method input_type
+	44, // [44:44] is the sub-list for extension type_name
+	44, // [44:44] is the sub-list for extension extendee
+	0,  // [0:44] is the sub-list for field type_name
 }
 
 func init() { file_link_v1_link_proto_init() }
@@ -2180,6 +2308,7 @@ func file_link_v1_link_proto_init() {
 		(*Envelope_ModelRemoval)(nil),
 		(*Envelope_DeviceInventory)(nil),
 		(*Envelope_DeviceState)(nil),
+		(*Envelope_DeviceCondition)(nil),
 	}
 	file_link_v1_link_proto_msgTypes[5].OneofWrappers = []any{
 		(*Value_BoolValue)(nil),
@@ -2194,7 +2323,7 @@ func file_link_v1_link_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_link_v1_link_proto_rawDesc), len(file_link_v1_link_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   25,
+			NumMessages:   26,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
