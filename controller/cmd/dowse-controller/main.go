@@ -70,7 +70,9 @@ func main() {
 	fs.DurationVar(&cfg.Link.Heartbeat, "link-heartbeat", 10*time.Second, "link heartbeat interval; a silent edge is dropped after two")
 	fs.IntVar(&cfg.Link.MaxMessageSize, "link-max-message-size", 1<<20, "largest link message accepted, in bytes")
 	fs.IntVar(&cfg.Link.QueueSize, "link-queue-size", 16384, "most unacknowledged messages queued for one node (a node is sent each of its Devices when it connects)")
-	fs.StringVar(&cfg.PodName, "pod-name", os.Getenv("POD_NAME"), "this replica's Pod (env POD_NAME), labelled dowse.dev/cloudhub=leader while it leads, for the link's Service")
+	fs.StringVar(&cfg.PodName, "pod-name", os.Getenv("POD_NAME"), "this replica's Pod (env POD_NAME): its identity as the holder of the edges' sessions it serves (outside a Pod, the host name and a random suffix)")
+	fs.DurationVar(&cfg.Link.SpreadInterval, "link-spread-interval", 2*time.Second, "how often this replica publishes how many edges it serves and, when it holds more than its share, moves some to the other replicas")
+	fs.DurationVar(&cfg.Link.DrainPeriod, "link-drain-period", 5*time.Second, "when stopping, how long this replica spends moving its edges to the other replicas, spread over that time, before it closes what is left (0: none, the edges find out when their connections close)")
 	fs.StringVar(&cfg.MapperStateDir, "mapper-state-dir", "/var/lib/dowse", "the agents' state directory on the nodes (their --state-dir), mounted into the mapper Pods the controller runs")
 	fs.DurationVar(&cfg.Link.TwinStatusInterval, "twin-status-interval", time.Second, "least time between two status writes of one Device, however fast its mappers report")
 	fs.IntVar(&cfg.Link.TwinStatusConcurrency, "twin-status-concurrency", 16, "parallel Device status writes")
@@ -89,6 +91,9 @@ func main() {
 		return
 	}
 	cfg.QPS = float32(*qps)
+	if cfg.Link.DrainPeriod == 0 {
+		cfg.Link.DrainPeriod = -1 // the library's zero is its default
+	}
 	if *propertyAgents != "" {
 		cfg.AgentServiceAccounts = strings.Split(*propertyAgents, ",")
 	}
