@@ -144,10 +144,18 @@ type pendingState struct {
 	pos    position
 }
 
+// pendingCond is a condition the node set on a Device (applyEdgeCondition).
+type pendingCond struct {
+	c   *linkv1.DeviceCondition
+	gen int64
+	pos position
+}
+
 // twinState is what was taken for a Device and not written yet.
 type twinState struct {
 	twins   map[string]*pendingTwin
 	state   *pendingState
+	conds   []pendingCond
 	refs    []*msgRef
 	acks    []*nodeAcks // the node of each ref
 	touched bool        // recompute DesiredApplied even without reports
@@ -159,7 +167,7 @@ type twinState struct {
 }
 
 func (st *twinState) dirty() bool {
-	return len(st.twins) > 0 || st.state != nil || len(st.refs) > 0 || st.touched
+	return len(st.twins) > 0 || st.state != nil || len(st.conds) > 0 || len(st.refs) > 0 || st.touched
 }
 
 // NewStatus makes a Status; hub may be nil (nothing to commit: tests).
@@ -193,6 +201,8 @@ func (s *Status) Handle(ctx context.Context, m cloudhub.Inbound) error {
 		ref = k.TwinReported.Device
 	case *linkv1.Envelope_DeviceState:
 		ref = k.DeviceState.Device
+	case *linkv1.Envelope_DeviceCondition:
+		ref = k.DeviceCondition.Device
 	}
 	if ref == nil {
 		s.noop(m)
@@ -281,6 +291,16 @@ func (s *Status) Handle(ctx context.Context, m cloudhub.Inbound) error {
 		}
 		st.state = ps
 		s.metrics.Reports.WithLabelValues("state").Inc()
+	case *linkv1.Envelope_DeviceCondition:
+		var scratch v1alpha1.DeviceStatus
+		if !applyEdgeCondition(&scratch, k.DeviceCondition, d.Generation) {
+			s.pushLocked(acks, m.At, true)
+			s.mu.Unlock()
+			s.metrics.dropped("condition-type")
+			return nil
+		}
+		st.conds = append(st.conds, pendingCond{c: k.DeviceCondition, gen: d.Generation, pos: pos})
+		s.metrics.Reports.WithLabelValues("condition").Inc()
 	}
 	st.seen = pos.linkPosition()
 	if st.oldest.IsZero() {
@@ -390,13 +410,16 @@ func (s *Status) Release(node string) {
 		if st.state != nil && st.state.pos.node == node {
 			drop = true
 		}
+		for _, c := range st.conds {
+			drop = drop || c.pos.node == node
+		}
 		if !drop {
 			continue
 		}
 		if st.writing {
 			// The write in flight commits nothing (its node's queue is
 			// gone); its pending rest is dropped when it ends.
-			st.twins, st.state, st.refs, st.acks = map[string]*pendingTwin{}, nil, nil, nil
+			st.twins, st.state, st.conds, st.refs, st.acks = map[string]*pendingTwin{}, nil, nil, nil, nil
 			st.seen = nil
 			continue
 		}
@@ -505,6 +528,7 @@ func (s *Status) Flush(ctx context.Context) {
 type batch struct {
 	twins   map[string]*pendingTwin
 	state   *pendingState
+	conds   []pendingCond
 	refs    []*msgRef
 	acks    []*nodeAcks
 	touched bool
@@ -520,8 +544,8 @@ func (s *Status) writeOne(ctx context.Context, key types.NamespacedName) error {
 		s.mu.Unlock()
 		return nil
 	}
-	b := batch{twins: st.twins, state: st.state, refs: st.refs, acks: st.acks, touched: st.touched, oldest: st.oldest}
-	st.twins, st.state, st.refs, st.acks, st.touched, st.oldest = map[string]*pendingTwin{}, nil, nil, nil, false, time.Time{}
+	b := batch{twins: st.twins, state: st.state, conds: st.conds, refs: st.refs, acks: st.acks, touched: st.touched, oldest: st.oldest}
+	st.twins, st.state, st.conds, st.refs, st.acks, st.touched, st.oldest = map[string]*pendingTwin{}, nil, nil, nil, nil, false, time.Time{}
 	st.writing = true
 	st.lastWrite = time.Now()
 	s.mu.Unlock()
@@ -547,6 +571,7 @@ func (s *Status) writeOne(ctx context.Context, key types.NamespacedName) error {
 		if st.state == nil {
 			st.state = b.state
 		}
+		st.conds = append(b.conds, st.conds...)
 		st.refs, st.acks = append(b.refs, st.refs...), append(b.acks, st.acks...)
 		st.touched = st.touched || b.touched
 		if !b.oldest.IsZero() && (st.oldest.IsZero() || b.oldest.Before(st.oldest)) {
@@ -613,6 +638,11 @@ func (s *Status) write(ctx context.Context, key types.NamespacedName, b *batch) 
 			}
 			changed = true
 		}
+		for _, pc := range b.conds {
+			if consider(pc.pos) && applyEdgeCondition(&d.Status, pc.c, pc.gen) {
+				changed = true
+			}
+		}
 		if ps := b.state; ps != nil && consider(ps.pos) {
 			d.Status.State = ps.state
 			if ps.online {
@@ -660,6 +690,9 @@ func (b *batch) all() []position {
 	}
 	if b.state != nil {
 		out = append(out, b.state.pos)
+	}
+	for _, c := range b.conds {
+		out = append(out, c.pos)
 	}
 	return out
 }

@@ -100,7 +100,7 @@ func (x Error_Code) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Error_Code.Descriptor instead.
 func (Error_Code) EnumDescriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{37, 0}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{38, 0}
 }
 
 type Envelope struct {
@@ -131,6 +131,7 @@ type Envelope struct {
 	//	*Envelope_DeviceInventory
 	//	*Envelope_DeviceState
 	//	*Envelope_Reconnect
+	//	*Envelope_DeviceCondition
 	Kind          isEnvelope_Kind `protobuf_oneof:"kind"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -329,6 +330,15 @@ func (x *Envelope) GetReconnect() *Reconnect {
 	return nil
 }
 
+func (x *Envelope) GetDeviceCondition() *DeviceCondition {
+	if x != nil {
+		if x, ok := x.Kind.(*Envelope_DeviceCondition); ok {
+			return x.DeviceCondition
+		}
+	}
+	return nil
+}
+
 type isEnvelope_Kind interface {
 	isEnvelope_Kind()
 }
@@ -393,6 +403,10 @@ type Envelope_Reconnect struct {
 	Reconnect *Reconnect `protobuf:"bytes,24,opt,name=reconnect,proto3,oneof"`
 }
 
+type Envelope_DeviceCondition struct {
+	DeviceCondition *DeviceCondition `protobuf:"bytes,40,opt,name=device_condition,json=deviceCondition,proto3,oneof"`
+}
+
 func (*Envelope_Hello) isEnvelope_Kind() {}
 
 func (*Envelope_Welcome) isEnvelope_Kind() {}
@@ -422,6 +436,8 @@ func (*Envelope_DeviceInventory) isEnvelope_Kind() {}
 func (*Envelope_DeviceState) isEnvelope_Kind() {}
 
 func (*Envelope_Reconnect) isEnvelope_Kind() {}
+
+func (*Envelope_DeviceCondition) isEnvelope_Kind() {}
 
 // Hello is the edge's first frame. The cloud refuses it unless node equals
 // the node its verified client certificate names.
@@ -1121,6 +1137,105 @@ func (x *DeviceStateUpdate) GetMapper() string {
 	return ""
 }
 
+// DeviceCondition: edge to cloud, a condition of a Device the edge
+// observes, which the cloud records on the Device's status: ReportsAccepted
+// (False while the edge refuses reported values of some properties, the
+// message naming each with why), Authenticated (False while the device
+// refuses its mapper's login, the message in the device's words). The
+// newest of a type replaces an unsent older one.
+type DeviceCondition struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Device  *DeviceRef             `protobuf:"bytes,1,opt,name=device,proto3" json:"device,omitempty"`
+	Type    string                 `protobuf:"bytes,2,opt,name=type,proto3" json:"type,omitempty"`
+	Status  bool                   `protobuf:"varint,3,opt,name=status,proto3" json:"status,omitempty"`
+	Reason  string                 `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	Message string                 `protobuf:"bytes,5,opt,name=message,proto3" json:"message,omitempty"`
+	Time    *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=time,proto3" json:"time,omitempty"`
+	// The registration name of the mapper concerned.
+	Mapper        string `protobuf:"bytes,7,opt,name=mapper,proto3" json:"mapper,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeviceCondition) Reset() {
+	*x = DeviceCondition{}
+	mi := &file_link_v1_link_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeviceCondition) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeviceCondition) ProtoMessage() {}
+
+func (x *DeviceCondition) ProtoReflect() protoreflect.Message {
+	mi := &file_link_v1_link_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeviceCondition.ProtoReflect.Descriptor instead.
+func (*DeviceCondition) Descriptor() ([]byte, []int) {
+	return file_link_v1_link_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *DeviceCondition) GetDevice() *DeviceRef {
+	if x != nil {
+		return x.Device
+	}
+	return nil
+}
+
+func (x *DeviceCondition) GetType() string {
+	if x != nil {
+		return x.Type
+	}
+	return ""
+}
+
+func (x *DeviceCondition) GetStatus() bool {
+	if x != nil {
+		return x.Status
+	}
+	return false
+}
+
+func (x *DeviceCondition) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *DeviceCondition) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *DeviceCondition) GetTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Time
+	}
+	return nil
+}
+
+func (x *DeviceCondition) GetMapper() string {
+	if x != nil {
+		return x.Mapper
+	}
+	return ""
+}
+
 // DeviceUpdate: cloud to edge, a Device the node owns was assigned or
 // changed (desired values ride it). It replaces what the edge held of it.
 type DeviceUpdate struct {
@@ -1132,7 +1247,7 @@ type DeviceUpdate struct {
 
 func (x *DeviceUpdate) Reset() {
 	*x = DeviceUpdate{}
-	mi := &file_link_v1_link_proto_msgTypes[10]
+	mi := &file_link_v1_link_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1144,7 +1259,7 @@ func (x *DeviceUpdate) String() string {
 func (*DeviceUpdate) ProtoMessage() {}
 
 func (x *DeviceUpdate) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[10]
+	mi := &file_link_v1_link_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1157,7 +1272,7 @@ func (x *DeviceUpdate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeviceUpdate.ProtoReflect.Descriptor instead.
 func (*DeviceUpdate) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{10}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *DeviceUpdate) GetDevice() *EdgeDevice {
@@ -1177,7 +1292,7 @@ type DeviceRemoval struct {
 
 func (x *DeviceRemoval) Reset() {
 	*x = DeviceRemoval{}
-	mi := &file_link_v1_link_proto_msgTypes[11]
+	mi := &file_link_v1_link_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1189,7 +1304,7 @@ func (x *DeviceRemoval) String() string {
 func (*DeviceRemoval) ProtoMessage() {}
 
 func (x *DeviceRemoval) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[11]
+	mi := &file_link_v1_link_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1202,7 +1317,7 @@ func (x *DeviceRemoval) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeviceRemoval.ProtoReflect.Descriptor instead.
 func (*DeviceRemoval) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{11}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *DeviceRemoval) GetDevice() *DeviceRef {
@@ -1223,7 +1338,7 @@ type DeviceModelUpdate struct {
 
 func (x *DeviceModelUpdate) Reset() {
 	*x = DeviceModelUpdate{}
-	mi := &file_link_v1_link_proto_msgTypes[12]
+	mi := &file_link_v1_link_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1235,7 +1350,7 @@ func (x *DeviceModelUpdate) String() string {
 func (*DeviceModelUpdate) ProtoMessage() {}
 
 func (x *DeviceModelUpdate) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[12]
+	mi := &file_link_v1_link_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1248,7 +1363,7 @@ func (x *DeviceModelUpdate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeviceModelUpdate.ProtoReflect.Descriptor instead.
 func (*DeviceModelUpdate) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{12}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *DeviceModelUpdate) GetModel() *EdgeDeviceModel {
@@ -1269,7 +1384,7 @@ type DeviceModelRemoval struct {
 
 func (x *DeviceModelRemoval) Reset() {
 	*x = DeviceModelRemoval{}
-	mi := &file_link_v1_link_proto_msgTypes[13]
+	mi := &file_link_v1_link_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1281,7 +1396,7 @@ func (x *DeviceModelRemoval) String() string {
 func (*DeviceModelRemoval) ProtoMessage() {}
 
 func (x *DeviceModelRemoval) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[13]
+	mi := &file_link_v1_link_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1294,7 +1409,7 @@ func (x *DeviceModelRemoval) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeviceModelRemoval.ProtoReflect.Descriptor instead.
 func (*DeviceModelRemoval) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{13}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *DeviceModelRemoval) GetModel() *DeviceRef {
@@ -1318,7 +1433,7 @@ type DeviceInventory struct {
 
 func (x *DeviceInventory) Reset() {
 	*x = DeviceInventory{}
-	mi := &file_link_v1_link_proto_msgTypes[14]
+	mi := &file_link_v1_link_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1330,7 +1445,7 @@ func (x *DeviceInventory) String() string {
 func (*DeviceInventory) ProtoMessage() {}
 
 func (x *DeviceInventory) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[14]
+	mi := &file_link_v1_link_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1343,7 +1458,7 @@ func (x *DeviceInventory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeviceInventory.ProtoReflect.Descriptor instead.
 func (*DeviceInventory) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{14}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *DeviceInventory) GetNode() string {
@@ -1388,7 +1503,7 @@ type EdgeDevice struct {
 
 func (x *EdgeDevice) Reset() {
 	*x = EdgeDevice{}
-	mi := &file_link_v1_link_proto_msgTypes[15]
+	mi := &file_link_v1_link_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1400,7 +1515,7 @@ func (x *EdgeDevice) String() string {
 func (*EdgeDevice) ProtoMessage() {}
 
 func (x *EdgeDevice) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[15]
+	mi := &file_link_v1_link_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1413,7 +1528,7 @@ func (x *EdgeDevice) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EdgeDevice.ProtoReflect.Descriptor instead.
 func (*EdgeDevice) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{15}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *EdgeDevice) GetRef() *DeviceRef {
@@ -1491,7 +1606,7 @@ type EdgeDeviceProperty struct {
 
 func (x *EdgeDeviceProperty) Reset() {
 	*x = EdgeDeviceProperty{}
-	mi := &file_link_v1_link_proto_msgTypes[16]
+	mi := &file_link_v1_link_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1503,7 +1618,7 @@ func (x *EdgeDeviceProperty) String() string {
 func (*EdgeDeviceProperty) ProtoMessage() {}
 
 func (x *EdgeDeviceProperty) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[16]
+	mi := &file_link_v1_link_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1516,7 +1631,7 @@ func (x *EdgeDeviceProperty) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EdgeDeviceProperty.ProtoReflect.Descriptor instead.
 func (*EdgeDeviceProperty) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{16}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *EdgeDeviceProperty) GetName() string {
@@ -1593,7 +1708,7 @@ type PushMethod struct {
 
 func (x *PushMethod) Reset() {
 	*x = PushMethod{}
-	mi := &file_link_v1_link_proto_msgTypes[17]
+	mi := &file_link_v1_link_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1605,7 +1720,7 @@ func (x *PushMethod) String() string {
 func (*PushMethod) ProtoMessage() {}
 
 func (x *PushMethod) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[17]
+	mi := &file_link_v1_link_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1618,7 +1733,7 @@ func (x *PushMethod) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PushMethod.ProtoReflect.Descriptor instead.
 func (*PushMethod) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{17}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *PushMethod) GetHttp() *PushMethodHTTP {
@@ -1670,7 +1785,7 @@ type PushMethodHTTP struct {
 
 func (x *PushMethodHTTP) Reset() {
 	*x = PushMethodHTTP{}
-	mi := &file_link_v1_link_proto_msgTypes[18]
+	mi := &file_link_v1_link_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1682,7 +1797,7 @@ func (x *PushMethodHTTP) String() string {
 func (*PushMethodHTTP) ProtoMessage() {}
 
 func (x *PushMethodHTTP) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[18]
+	mi := &file_link_v1_link_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1695,7 +1810,7 @@ func (x *PushMethodHTTP) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PushMethodHTTP.ProtoReflect.Descriptor instead.
 func (*PushMethodHTTP) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{18}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *PushMethodHTTP) GetHostName() string {
@@ -1739,7 +1854,7 @@ type PushMethodMQTT struct {
 
 func (x *PushMethodMQTT) Reset() {
 	*x = PushMethodMQTT{}
-	mi := &file_link_v1_link_proto_msgTypes[19]
+	mi := &file_link_v1_link_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1751,7 +1866,7 @@ func (x *PushMethodMQTT) String() string {
 func (*PushMethodMQTT) ProtoMessage() {}
 
 func (x *PushMethodMQTT) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[19]
+	mi := &file_link_v1_link_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1764,7 +1879,7 @@ func (x *PushMethodMQTT) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PushMethodMQTT.ProtoReflect.Descriptor instead.
 func (*PushMethodMQTT) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{19}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *PushMethodMQTT) GetAddress() string {
@@ -1804,7 +1919,7 @@ type PushMethodOTEL struct {
 
 func (x *PushMethodOTEL) Reset() {
 	*x = PushMethodOTEL{}
-	mi := &file_link_v1_link_proto_msgTypes[20]
+	mi := &file_link_v1_link_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1816,7 +1931,7 @@ func (x *PushMethodOTEL) String() string {
 func (*PushMethodOTEL) ProtoMessage() {}
 
 func (x *PushMethodOTEL) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[20]
+	mi := &file_link_v1_link_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1829,7 +1944,7 @@ func (x *PushMethodOTEL) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PushMethodOTEL.ProtoReflect.Descriptor instead.
 func (*PushMethodOTEL) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{20}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *PushMethodOTEL) GetEndpointUrl() string {
@@ -1853,7 +1968,7 @@ type DBMethod struct {
 
 func (x *DBMethod) Reset() {
 	*x = DBMethod{}
-	mi := &file_link_v1_link_proto_msgTypes[21]
+	mi := &file_link_v1_link_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1865,7 +1980,7 @@ func (x *DBMethod) String() string {
 func (*DBMethod) ProtoMessage() {}
 
 func (x *DBMethod) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[21]
+	mi := &file_link_v1_link_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1878,7 +1993,7 @@ func (x *DBMethod) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DBMethod.ProtoReflect.Descriptor instead.
 func (*DBMethod) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{21}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *DBMethod) GetInfluxdb2() *DBMethodInfluxdb2 {
@@ -1919,7 +2034,7 @@ type DBMethodInfluxdb2 struct {
 
 func (x *DBMethodInfluxdb2) Reset() {
 	*x = DBMethodInfluxdb2{}
-	mi := &file_link_v1_link_proto_msgTypes[22]
+	mi := &file_link_v1_link_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1931,7 +2046,7 @@ func (x *DBMethodInfluxdb2) String() string {
 func (*DBMethodInfluxdb2) ProtoMessage() {}
 
 func (x *DBMethodInfluxdb2) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[22]
+	mi := &file_link_v1_link_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1944,7 +2059,7 @@ func (x *DBMethodInfluxdb2) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DBMethodInfluxdb2.ProtoReflect.Descriptor instead.
 func (*DBMethodInfluxdb2) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{22}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *DBMethodInfluxdb2) GetClientConfig() *Influxdb2ClientConfig {
@@ -1972,7 +2087,7 @@ type Influxdb2ClientConfig struct {
 
 func (x *Influxdb2ClientConfig) Reset() {
 	*x = Influxdb2ClientConfig{}
-	mi := &file_link_v1_link_proto_msgTypes[23]
+	mi := &file_link_v1_link_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1984,7 +2099,7 @@ func (x *Influxdb2ClientConfig) String() string {
 func (*Influxdb2ClientConfig) ProtoMessage() {}
 
 func (x *Influxdb2ClientConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[23]
+	mi := &file_link_v1_link_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1997,7 +2112,7 @@ func (x *Influxdb2ClientConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Influxdb2ClientConfig.ProtoReflect.Descriptor instead.
 func (*Influxdb2ClientConfig) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{23}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *Influxdb2ClientConfig) GetUrl() string {
@@ -2032,7 +2147,7 @@ type Influxdb2DataConfig struct {
 
 func (x *Influxdb2DataConfig) Reset() {
 	*x = Influxdb2DataConfig{}
-	mi := &file_link_v1_link_proto_msgTypes[24]
+	mi := &file_link_v1_link_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2044,7 +2159,7 @@ func (x *Influxdb2DataConfig) String() string {
 func (*Influxdb2DataConfig) ProtoMessage() {}
 
 func (x *Influxdb2DataConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[24]
+	mi := &file_link_v1_link_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2057,7 +2172,7 @@ func (x *Influxdb2DataConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Influxdb2DataConfig.ProtoReflect.Descriptor instead.
 func (*Influxdb2DataConfig) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{24}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *Influxdb2DataConfig) GetMeasurement() string {
@@ -2090,7 +2205,7 @@ type DBMethodRedis struct {
 
 func (x *DBMethodRedis) Reset() {
 	*x = DBMethodRedis{}
-	mi := &file_link_v1_link_proto_msgTypes[25]
+	mi := &file_link_v1_link_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2102,7 +2217,7 @@ func (x *DBMethodRedis) String() string {
 func (*DBMethodRedis) ProtoMessage() {}
 
 func (x *DBMethodRedis) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[25]
+	mi := &file_link_v1_link_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2115,7 +2230,7 @@ func (x *DBMethodRedis) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DBMethodRedis.ProtoReflect.Descriptor instead.
 func (*DBMethodRedis) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{25}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *DBMethodRedis) GetClientConfig() *RedisClientConfig {
@@ -2137,7 +2252,7 @@ type RedisClientConfig struct {
 
 func (x *RedisClientConfig) Reset() {
 	*x = RedisClientConfig{}
-	mi := &file_link_v1_link_proto_msgTypes[26]
+	mi := &file_link_v1_link_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2149,7 +2264,7 @@ func (x *RedisClientConfig) String() string {
 func (*RedisClientConfig) ProtoMessage() {}
 
 func (x *RedisClientConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[26]
+	mi := &file_link_v1_link_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2162,7 +2277,7 @@ func (x *RedisClientConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RedisClientConfig.ProtoReflect.Descriptor instead.
 func (*RedisClientConfig) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{26}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *RedisClientConfig) GetAddr() string {
@@ -2202,7 +2317,7 @@ type DBMethodTDEngine struct {
 
 func (x *DBMethodTDEngine) Reset() {
 	*x = DBMethodTDEngine{}
-	mi := &file_link_v1_link_proto_msgTypes[27]
+	mi := &file_link_v1_link_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2214,7 +2329,7 @@ func (x *DBMethodTDEngine) String() string {
 func (*DBMethodTDEngine) ProtoMessage() {}
 
 func (x *DBMethodTDEngine) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[27]
+	mi := &file_link_v1_link_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2227,7 +2342,7 @@ func (x *DBMethodTDEngine) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DBMethodTDEngine.ProtoReflect.Descriptor instead.
 func (*DBMethodTDEngine) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{27}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *DBMethodTDEngine) GetClientConfig() *TDEngineClientConfig {
@@ -2247,7 +2362,7 @@ type TDEngineClientConfig struct {
 
 func (x *TDEngineClientConfig) Reset() {
 	*x = TDEngineClientConfig{}
-	mi := &file_link_v1_link_proto_msgTypes[28]
+	mi := &file_link_v1_link_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2259,7 +2374,7 @@ func (x *TDEngineClientConfig) String() string {
 func (*TDEngineClientConfig) ProtoMessage() {}
 
 func (x *TDEngineClientConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[28]
+	mi := &file_link_v1_link_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2272,7 +2387,7 @@ func (x *TDEngineClientConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TDEngineClientConfig.ProtoReflect.Descriptor instead.
 func (*TDEngineClientConfig) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{28}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *TDEngineClientConfig) GetAddr() string {
@@ -2298,7 +2413,7 @@ type DBMethodMySQL struct {
 
 func (x *DBMethodMySQL) Reset() {
 	*x = DBMethodMySQL{}
-	mi := &file_link_v1_link_proto_msgTypes[29]
+	mi := &file_link_v1_link_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2310,7 +2425,7 @@ func (x *DBMethodMySQL) String() string {
 func (*DBMethodMySQL) ProtoMessage() {}
 
 func (x *DBMethodMySQL) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[29]
+	mi := &file_link_v1_link_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2323,7 +2438,7 @@ func (x *DBMethodMySQL) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DBMethodMySQL.ProtoReflect.Descriptor instead.
 func (*DBMethodMySQL) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{29}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *DBMethodMySQL) GetClientConfig() *MySQLClientConfig {
@@ -2344,7 +2459,7 @@ type MySQLClientConfig struct {
 
 func (x *MySQLClientConfig) Reset() {
 	*x = MySQLClientConfig{}
-	mi := &file_link_v1_link_proto_msgTypes[30]
+	mi := &file_link_v1_link_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2356,7 +2471,7 @@ func (x *MySQLClientConfig) String() string {
 func (*MySQLClientConfig) ProtoMessage() {}
 
 func (x *MySQLClientConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[30]
+	mi := &file_link_v1_link_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2369,7 +2484,7 @@ func (x *MySQLClientConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MySQLClientConfig.ProtoReflect.Descriptor instead.
 func (*MySQLClientConfig) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{30}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *MySQLClientConfig) GetAddr() string {
@@ -2405,7 +2520,7 @@ type TwinValue struct {
 
 func (x *TwinValue) Reset() {
 	*x = TwinValue{}
-	mi := &file_link_v1_link_proto_msgTypes[31]
+	mi := &file_link_v1_link_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2417,7 +2532,7 @@ func (x *TwinValue) String() string {
 func (*TwinValue) ProtoMessage() {}
 
 func (x *TwinValue) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[31]
+	mi := &file_link_v1_link_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2430,7 +2545,7 @@ func (x *TwinValue) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TwinValue.ProtoReflect.Descriptor instead.
 func (*TwinValue) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{31}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *TwinValue) GetValue() string {
@@ -2458,7 +2573,7 @@ type EdgeDeviceMethod struct {
 
 func (x *EdgeDeviceMethod) Reset() {
 	*x = EdgeDeviceMethod{}
-	mi := &file_link_v1_link_proto_msgTypes[32]
+	mi := &file_link_v1_link_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2470,7 +2585,7 @@ func (x *EdgeDeviceMethod) String() string {
 func (*EdgeDeviceMethod) ProtoMessage() {}
 
 func (x *EdgeDeviceMethod) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[32]
+	mi := &file_link_v1_link_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2483,7 +2598,7 @@ func (x *EdgeDeviceMethod) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EdgeDeviceMethod.ProtoReflect.Descriptor instead.
 func (*EdgeDeviceMethod) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{32}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *EdgeDeviceMethod) GetName() string {
@@ -2520,7 +2635,7 @@ type EdgeDeviceModel struct {
 
 func (x *EdgeDeviceModel) Reset() {
 	*x = EdgeDeviceModel{}
-	mi := &file_link_v1_link_proto_msgTypes[33]
+	mi := &file_link_v1_link_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2532,7 +2647,7 @@ func (x *EdgeDeviceModel) String() string {
 func (*EdgeDeviceModel) ProtoMessage() {}
 
 func (x *EdgeDeviceModel) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[33]
+	mi := &file_link_v1_link_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2545,7 +2660,7 @@ func (x *EdgeDeviceModel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EdgeDeviceModel.ProtoReflect.Descriptor instead.
 func (*EdgeDeviceModel) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{33}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *EdgeDeviceModel) GetRef() *DeviceRef {
@@ -2593,7 +2708,7 @@ type EdgeModelProperty struct {
 
 func (x *EdgeModelProperty) Reset() {
 	*x = EdgeModelProperty{}
-	mi := &file_link_v1_link_proto_msgTypes[34]
+	mi := &file_link_v1_link_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2605,7 +2720,7 @@ func (x *EdgeModelProperty) String() string {
 func (*EdgeModelProperty) ProtoMessage() {}
 
 func (x *EdgeModelProperty) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[34]
+	mi := &file_link_v1_link_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2618,7 +2733,7 @@ func (x *EdgeModelProperty) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EdgeModelProperty.ProtoReflect.Descriptor instead.
 func (*EdgeModelProperty) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{34}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *EdgeModelProperty) GetName() string {
@@ -2682,7 +2797,7 @@ type DeviceMembership struct {
 
 func (x *DeviceMembership) Reset() {
 	*x = DeviceMembership{}
-	mi := &file_link_v1_link_proto_msgTypes[35]
+	mi := &file_link_v1_link_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2694,7 +2809,7 @@ func (x *DeviceMembership) String() string {
 func (*DeviceMembership) ProtoMessage() {}
 
 func (x *DeviceMembership) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[35]
+	mi := &file_link_v1_link_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2707,7 +2822,7 @@ func (x *DeviceMembership) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeviceMembership.ProtoReflect.Descriptor instead.
 func (*DeviceMembership) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{35}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *DeviceMembership) GetNode() string {
@@ -2737,7 +2852,7 @@ type ProcessedAck struct {
 
 func (x *ProcessedAck) Reset() {
 	*x = ProcessedAck{}
-	mi := &file_link_v1_link_proto_msgTypes[36]
+	mi := &file_link_v1_link_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2749,7 +2864,7 @@ func (x *ProcessedAck) String() string {
 func (*ProcessedAck) ProtoMessage() {}
 
 func (x *ProcessedAck) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[36]
+	mi := &file_link_v1_link_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2762,7 +2877,7 @@ func (x *ProcessedAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessedAck.ProtoReflect.Descriptor instead.
 func (*ProcessedAck) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{36}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ProcessedAck) GetRefSeq() uint64 {
@@ -2791,7 +2906,7 @@ type Error struct {
 
 func (x *Error) Reset() {
 	*x = Error{}
-	mi := &file_link_v1_link_proto_msgTypes[37]
+	mi := &file_link_v1_link_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2803,7 +2918,7 @@ func (x *Error) String() string {
 func (*Error) ProtoMessage() {}
 
 func (x *Error) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[37]
+	mi := &file_link_v1_link_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2816,7 +2931,7 @@ func (x *Error) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Error.ProtoReflect.Descriptor instead.
 func (*Error) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{37}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *Error) GetCode() Error_Code {
@@ -2844,7 +2959,7 @@ var File_link_v1_link_proto protoreflect.FileDescriptor
 
 const file_link_v1_link_proto_rawDesc = "" +
 	"\n" +
-	"\x12link/v1/link.proto\x12\rdowse.link.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa2\b\n" +
+	"\x12link/v1/link.proto\x12\rdowse.link.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xef\b\n" +
 	"\bEnvelope\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x10\n" +
@@ -2864,7 +2979,8 @@ const file_link_v1_link_proto_rawDesc = "" +
 	"\rmodel_removal\x18\x15 \x01(\v2!.dowse.link.v1.DeviceModelRemovalH\x00R\fmodelRemoval\x12K\n" +
 	"\x10device_inventory\x18\x16 \x01(\v2\x1e.dowse.link.v1.DeviceInventoryH\x00R\x0fdeviceInventory\x12E\n" +
 	"\fdevice_state\x18\x17 \x01(\v2 .dowse.link.v1.DeviceStateUpdateH\x00R\vdeviceState\x128\n" +
-	"\treconnect\x18\x18 \x01(\v2\x18.dowse.link.v1.ReconnectH\x00R\treconnectB\x06\n" +
+	"\treconnect\x18\x18 \x01(\v2\x18.dowse.link.v1.ReconnectH\x00R\treconnect\x12K\n" +
+	"\x10device_condition\x18( \x01(\v2\x1e.dowse.link.v1.DeviceConditionH\x00R\x0fdeviceConditionB\x06\n" +
 	"\x04kind\"\x90\x01\n" +
 	"\x05Hello\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1b\n" +
@@ -2916,7 +3032,15 @@ const file_link_v1_link_proto_rawDesc = "" +
 	"\x06device\x18\x01 \x01(\v2\x18.dowse.link.v1.DeviceRefR\x06device\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12.\n" +
 	"\x04time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x16\n" +
-	"\x06mapper\x18\x04 \x01(\tR\x06mapper\"A\n" +
+	"\x06mapper\x18\x04 \x01(\tR\x06mapper\"\xe9\x01\n" +
+	"\x0fDeviceCondition\x120\n" +
+	"\x06device\x18\x01 \x01(\v2\x18.dowse.link.v1.DeviceRefR\x06device\x12\x12\n" +
+	"\x04type\x18\x02 \x01(\tR\x04type\x12\x16\n" +
+	"\x06status\x18\x03 \x01(\bR\x06status\x12\x16\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\x12\x18\n" +
+	"\amessage\x18\x05 \x01(\tR\amessage\x12.\n" +
+	"\x04time\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x16\n" +
+	"\x06mapper\x18\a \x01(\tR\x06mapper\"A\n" +
 	"\fDeviceUpdate\x121\n" +
 	"\x06device\x18\x01 \x01(\v2\x19.dowse.link.v1.EdgeDeviceR\x06device\"A\n" +
 	"\rDeviceRemoval\x120\n" +
@@ -3070,7 +3194,7 @@ func file_link_v1_link_proto_rawDescGZIP() []byte {
 }
 
 var file_link_v1_link_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_link_v1_link_proto_msgTypes = make([]protoimpl.MessageInfo, 41)
+var file_link_v1_link_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
 var file_link_v1_link_proto_goTypes = []any{
 	(Error_Code)(0),               // 0: dowse.link.v1.Error.Code
 	(*Envelope)(nil),              // 1: dowse.link.v1.Envelope
@@ -3083,39 +3207,40 @@ var file_link_v1_link_proto_goTypes = []any{
 	(*TwinDesiredUpdate)(nil),     // 8: dowse.link.v1.TwinDesiredUpdate
 	(*TwinReportedUpdate)(nil),    // 9: dowse.link.v1.TwinReportedUpdate
 	(*DeviceStateUpdate)(nil),     // 10: dowse.link.v1.DeviceStateUpdate
-	(*DeviceUpdate)(nil),          // 11: dowse.link.v1.DeviceUpdate
-	(*DeviceRemoval)(nil),         // 12: dowse.link.v1.DeviceRemoval
-	(*DeviceModelUpdate)(nil),     // 13: dowse.link.v1.DeviceModelUpdate
-	(*DeviceModelRemoval)(nil),    // 14: dowse.link.v1.DeviceModelRemoval
-	(*DeviceInventory)(nil),       // 15: dowse.link.v1.DeviceInventory
-	(*EdgeDevice)(nil),            // 16: dowse.link.v1.EdgeDevice
-	(*EdgeDeviceProperty)(nil),    // 17: dowse.link.v1.EdgeDeviceProperty
-	(*PushMethod)(nil),            // 18: dowse.link.v1.PushMethod
-	(*PushMethodHTTP)(nil),        // 19: dowse.link.v1.PushMethodHTTP
-	(*PushMethodMQTT)(nil),        // 20: dowse.link.v1.PushMethodMQTT
-	(*PushMethodOTEL)(nil),        // 21: dowse.link.v1.PushMethodOTEL
-	(*DBMethod)(nil),              // 22: dowse.link.v1.DBMethod
-	(*DBMethodInfluxdb2)(nil),     // 23: dowse.link.v1.DBMethodInfluxdb2
-	(*Influxdb2ClientConfig)(nil), // 24: dowse.link.v1.Influxdb2ClientConfig
-	(*Influxdb2DataConfig)(nil),   // 25: dowse.link.v1.Influxdb2DataConfig
-	(*DBMethodRedis)(nil),         // 26: dowse.link.v1.DBMethodRedis
-	(*RedisClientConfig)(nil),     // 27: dowse.link.v1.RedisClientConfig
-	(*DBMethodTDEngine)(nil),      // 28: dowse.link.v1.DBMethodTDEngine
-	(*TDEngineClientConfig)(nil),  // 29: dowse.link.v1.TDEngineClientConfig
-	(*DBMethodMySQL)(nil),         // 30: dowse.link.v1.DBMethodMySQL
-	(*MySQLClientConfig)(nil),     // 31: dowse.link.v1.MySQLClientConfig
-	(*TwinValue)(nil),             // 32: dowse.link.v1.TwinValue
-	(*EdgeDeviceMethod)(nil),      // 33: dowse.link.v1.EdgeDeviceMethod
-	(*EdgeDeviceModel)(nil),       // 34: dowse.link.v1.EdgeDeviceModel
-	(*EdgeModelProperty)(nil),     // 35: dowse.link.v1.EdgeModelProperty
-	(*DeviceMembership)(nil),      // 36: dowse.link.v1.DeviceMembership
-	(*ProcessedAck)(nil),          // 37: dowse.link.v1.ProcessedAck
-	(*Error)(nil),                 // 38: dowse.link.v1.Error
-	nil,                           // 39: dowse.link.v1.TwinReportedUpdate.MetadataEntry
-	nil,                           // 40: dowse.link.v1.Influxdb2DataConfig.TagEntry
-	nil,                           // 41: dowse.link.v1.TwinValue.MetadataEntry
-	(*timestamppb.Timestamp)(nil), // 42: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),       // 43: google.protobuf.Struct
+	(*DeviceCondition)(nil),       // 11: dowse.link.v1.DeviceCondition
+	(*DeviceUpdate)(nil),          // 12: dowse.link.v1.DeviceUpdate
+	(*DeviceRemoval)(nil),         // 13: dowse.link.v1.DeviceRemoval
+	(*DeviceModelUpdate)(nil),     // 14: dowse.link.v1.DeviceModelUpdate
+	(*DeviceModelRemoval)(nil),    // 15: dowse.link.v1.DeviceModelRemoval
+	(*DeviceInventory)(nil),       // 16: dowse.link.v1.DeviceInventory
+	(*EdgeDevice)(nil),            // 17: dowse.link.v1.EdgeDevice
+	(*EdgeDeviceProperty)(nil),    // 18: dowse.link.v1.EdgeDeviceProperty
+	(*PushMethod)(nil),            // 19: dowse.link.v1.PushMethod
+	(*PushMethodHTTP)(nil),        // 20: dowse.link.v1.PushMethodHTTP
+	(*PushMethodMQTT)(nil),        // 21: dowse.link.v1.PushMethodMQTT
+	(*PushMethodOTEL)(nil),        // 22: dowse.link.v1.PushMethodOTEL
+	(*DBMethod)(nil),              // 23: dowse.link.v1.DBMethod
+	(*DBMethodInfluxdb2)(nil),     // 24: dowse.link.v1.DBMethodInfluxdb2
+	(*Influxdb2ClientConfig)(nil), // 25: dowse.link.v1.Influxdb2ClientConfig
+	(*Influxdb2DataConfig)(nil),   // 26: dowse.link.v1.Influxdb2DataConfig
+	(*DBMethodRedis)(nil),         // 27: dowse.link.v1.DBMethodRedis
+	(*RedisClientConfig)(nil),     // 28: dowse.link.v1.RedisClientConfig
+	(*DBMethodTDEngine)(nil),      // 29: dowse.link.v1.DBMethodTDEngine
+	(*TDEngineClientConfig)(nil),  // 30: dowse.link.v1.TDEngineClientConfig
+	(*DBMethodMySQL)(nil),         // 31: dowse.link.v1.DBMethodMySQL
+	(*MySQLClientConfig)(nil),     // 32: dowse.link.v1.MySQLClientConfig
+	(*TwinValue)(nil),             // 33: dowse.link.v1.TwinValue
+	(*EdgeDeviceMethod)(nil),      // 34: dowse.link.v1.EdgeDeviceMethod
+	(*EdgeDeviceModel)(nil),       // 35: dowse.link.v1.EdgeDeviceModel
+	(*EdgeModelProperty)(nil),     // 36: dowse.link.v1.EdgeModelProperty
+	(*DeviceMembership)(nil),      // 37: dowse.link.v1.DeviceMembership
+	(*ProcessedAck)(nil),          // 38: dowse.link.v1.ProcessedAck
+	(*Error)(nil),                 // 39: dowse.link.v1.Error
+	nil,                           // 40: dowse.link.v1.TwinReportedUpdate.MetadataEntry
+	nil,                           // 41: dowse.link.v1.Influxdb2DataConfig.TagEntry
+	nil,                           // 42: dowse.link.v1.TwinValue.MetadataEntry
+	(*timestamppb.Timestamp)(nil), // 43: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),       // 44: google.protobuf.Struct
 }
 var file_link_v1_link_proto_depIdxs = []int32{
 	2,  // 0: dowse.link.v1.Envelope.hello:type_name -> dowse.link.v1.Hello
@@ -3123,63 +3248,66 @@ var file_link_v1_link_proto_depIdxs = []int32{
 	5,  // 2: dowse.link.v1.Envelope.heartbeat:type_name -> dowse.link.v1.Heartbeat
 	8,  // 3: dowse.link.v1.Envelope.twin_desired:type_name -> dowse.link.v1.TwinDesiredUpdate
 	9,  // 4: dowse.link.v1.Envelope.twin_reported:type_name -> dowse.link.v1.TwinReportedUpdate
-	36, // 5: dowse.link.v1.Envelope.device_membership:type_name -> dowse.link.v1.DeviceMembership
-	37, // 6: dowse.link.v1.Envelope.processed:type_name -> dowse.link.v1.ProcessedAck
-	38, // 7: dowse.link.v1.Envelope.error:type_name -> dowse.link.v1.Error
-	11, // 8: dowse.link.v1.Envelope.device_update:type_name -> dowse.link.v1.DeviceUpdate
-	12, // 9: dowse.link.v1.Envelope.device_removal:type_name -> dowse.link.v1.DeviceRemoval
-	13, // 10: dowse.link.v1.Envelope.model_update:type_name -> dowse.link.v1.DeviceModelUpdate
-	14, // 11: dowse.link.v1.Envelope.model_removal:type_name -> dowse.link.v1.DeviceModelRemoval
-	15, // 12: dowse.link.v1.Envelope.device_inventory:type_name -> dowse.link.v1.DeviceInventory
+	37, // 5: dowse.link.v1.Envelope.device_membership:type_name -> dowse.link.v1.DeviceMembership
+	38, // 6: dowse.link.v1.Envelope.processed:type_name -> dowse.link.v1.ProcessedAck
+	39, // 7: dowse.link.v1.Envelope.error:type_name -> dowse.link.v1.Error
+	12, // 8: dowse.link.v1.Envelope.device_update:type_name -> dowse.link.v1.DeviceUpdate
+	13, // 9: dowse.link.v1.Envelope.device_removal:type_name -> dowse.link.v1.DeviceRemoval
+	14, // 10: dowse.link.v1.Envelope.model_update:type_name -> dowse.link.v1.DeviceModelUpdate
+	15, // 11: dowse.link.v1.Envelope.model_removal:type_name -> dowse.link.v1.DeviceModelRemoval
+	16, // 12: dowse.link.v1.Envelope.device_inventory:type_name -> dowse.link.v1.DeviceInventory
 	10, // 13: dowse.link.v1.Envelope.device_state:type_name -> dowse.link.v1.DeviceStateUpdate
 	4,  // 14: dowse.link.v1.Envelope.reconnect:type_name -> dowse.link.v1.Reconnect
-	6,  // 15: dowse.link.v1.TwinDesiredUpdate.device:type_name -> dowse.link.v1.DeviceRef
-	7,  // 16: dowse.link.v1.TwinDesiredUpdate.value:type_name -> dowse.link.v1.Value
-	42, // 17: dowse.link.v1.TwinDesiredUpdate.time:type_name -> google.protobuf.Timestamp
-	6,  // 18: dowse.link.v1.TwinReportedUpdate.device:type_name -> dowse.link.v1.DeviceRef
-	7,  // 19: dowse.link.v1.TwinReportedUpdate.value:type_name -> dowse.link.v1.Value
-	42, // 20: dowse.link.v1.TwinReportedUpdate.time:type_name -> google.protobuf.Timestamp
-	39, // 21: dowse.link.v1.TwinReportedUpdate.metadata:type_name -> dowse.link.v1.TwinReportedUpdate.MetadataEntry
-	7,  // 22: dowse.link.v1.TwinReportedUpdate.observed_desired:type_name -> dowse.link.v1.Value
-	6,  // 23: dowse.link.v1.DeviceStateUpdate.device:type_name -> dowse.link.v1.DeviceRef
-	42, // 24: dowse.link.v1.DeviceStateUpdate.time:type_name -> google.protobuf.Timestamp
-	16, // 25: dowse.link.v1.DeviceUpdate.device:type_name -> dowse.link.v1.EdgeDevice
-	6,  // 26: dowse.link.v1.DeviceRemoval.device:type_name -> dowse.link.v1.DeviceRef
-	34, // 27: dowse.link.v1.DeviceModelUpdate.model:type_name -> dowse.link.v1.EdgeDeviceModel
-	6,  // 28: dowse.link.v1.DeviceModelRemoval.model:type_name -> dowse.link.v1.DeviceRef
-	6,  // 29: dowse.link.v1.DeviceInventory.devices:type_name -> dowse.link.v1.DeviceRef
-	6,  // 30: dowse.link.v1.DeviceInventory.models:type_name -> dowse.link.v1.DeviceRef
-	6,  // 31: dowse.link.v1.EdgeDevice.ref:type_name -> dowse.link.v1.DeviceRef
-	43, // 32: dowse.link.v1.EdgeDevice.protocol_config:type_name -> google.protobuf.Struct
-	17, // 33: dowse.link.v1.EdgeDevice.properties:type_name -> dowse.link.v1.EdgeDeviceProperty
-	33, // 34: dowse.link.v1.EdgeDevice.methods:type_name -> dowse.link.v1.EdgeDeviceMethod
-	32, // 35: dowse.link.v1.EdgeDeviceProperty.desired:type_name -> dowse.link.v1.TwinValue
-	43, // 36: dowse.link.v1.EdgeDeviceProperty.visitor_config:type_name -> google.protobuf.Struct
-	18, // 37: dowse.link.v1.EdgeDeviceProperty.push_method:type_name -> dowse.link.v1.PushMethod
-	19, // 38: dowse.link.v1.PushMethod.http:type_name -> dowse.link.v1.PushMethodHTTP
-	20, // 39: dowse.link.v1.PushMethod.mqtt:type_name -> dowse.link.v1.PushMethodMQTT
-	21, // 40: dowse.link.v1.PushMethod.otel:type_name -> dowse.link.v1.PushMethodOTEL
-	22, // 41: dowse.link.v1.PushMethod.db_method:type_name -> dowse.link.v1.DBMethod
-	23, // 42: dowse.link.v1.DBMethod.influxdb2:type_name -> dowse.link.v1.DBMethodInfluxdb2
-	26, // 43: dowse.link.v1.DBMethod.redis:type_name -> dowse.link.v1.DBMethodRedis
-	28, // 44: dowse.link.v1.DBMethod.tdengine:type_name -> dowse.link.v1.DBMethodTDEngine
-	30, // 45: dowse.link.v1.DBMethod.mysql:type_name -> dowse.link.v1.DBMethodMySQL
-	24, // 46: dowse.link.v1.DBMethodInfluxdb2.client_config:type_name -> dowse.link.v1.Influxdb2ClientConfig
-	25, // 47: dowse.link.v1.DBMethodInfluxdb2.data_config:type_name -> dowse.link.v1.Influxdb2DataConfig
-	40, // 48: dowse.link.v1.Influxdb2DataConfig.tag:type_name -> dowse.link.v1.Influxdb2DataConfig.TagEntry
-	27, // 49: dowse.link.v1.DBMethodRedis.client_config:type_name -> dowse.link.v1.RedisClientConfig
-	29, // 50: dowse.link.v1.DBMethodTDEngine.client_config:type_name -> dowse.link.v1.TDEngineClientConfig
-	31, // 51: dowse.link.v1.DBMethodMySQL.client_config:type_name -> dowse.link.v1.MySQLClientConfig
-	41, // 52: dowse.link.v1.TwinValue.metadata:type_name -> dowse.link.v1.TwinValue.MetadataEntry
-	6,  // 53: dowse.link.v1.EdgeDeviceModel.ref:type_name -> dowse.link.v1.DeviceRef
-	35, // 54: dowse.link.v1.EdgeDeviceModel.properties:type_name -> dowse.link.v1.EdgeModelProperty
-	6,  // 55: dowse.link.v1.DeviceMembership.devices:type_name -> dowse.link.v1.DeviceRef
-	0,  // 56: dowse.link.v1.Error.code:type_name -> dowse.link.v1.Error.Code
-	57, // [57:57] is the sub-list for method output_type
-	57, // [57:57] is the sub-list for method input_type
-	57, // [57:57] is the sub-list for extension type_name
-	57, // [57:57] is the sub-list for extension extendee
-	0,  // [0:57] is the sub-list for field type_name
+	11, // 15: dowse.link.v1.Envelope.device_condition:type_name -> dowse.link.v1.DeviceCondition
+	6,  // 16: dowse.link.v1.TwinDesiredUpdate.device:type_name -> dowse.link.v1.DeviceRef
+	7,  // 17: dowse.link.v1.TwinDesiredUpdate.value:type_name -> dowse.link.v1.Value
+	43, // 18: dowse.link.v1.TwinDesiredUpdate.time:type_name -> google.protobuf.Timestamp
+	6,  // 19: dowse.link.v1.TwinReportedUpdate.device:type_name -> dowse.link.v1.DeviceRef
+	7,  // 20: dowse.link.v1.TwinReportedUpdate.value:type_name -> dowse.link.v1.Value
+	43, // 21: dowse.link.v1.TwinReportedUpdate.time:type_name -> google.protobuf.Timestamp
+	40, // 22: dowse.link.v1.TwinReportedUpdate.metadata:type_name -> dowse.link.v1.TwinReportedUpdate.MetadataEntry
+	7,  // 23: dowse.link.v1.TwinReportedUpdate.observed_desired:type_name -> dowse.link.v1.Value
+	6,  // 24: dowse.link.v1.DeviceStateUpdate.device:type_name -> dowse.link.v1.DeviceRef
+	43, // 25: dowse.link.v1.DeviceStateUpdate.time:type_name -> google.protobuf.Timestamp
+	6,  // 26: dowse.link.v1.DeviceCondition.device:type_name -> dowse.link.v1.DeviceRef
+	43, // 27: dowse.link.v1.DeviceCondition.time:type_name -> google.protobuf.Timestamp
+	17, // 28: dowse.link.v1.DeviceUpdate.device:type_name -> dowse.link.v1.EdgeDevice
+	6,  // 29: dowse.link.v1.DeviceRemoval.device:type_name -> dowse.link.v1.DeviceRef
+	35, // 30: dowse.link.v1.DeviceModelUpdate.model:type_name -> dowse.link.v1.EdgeDeviceModel
+	6,  // 31: dowse.link.v1.DeviceModelRemoval.model:type_name -> dowse.link.v1.DeviceRef
+	6,  // 32: dowse.link.v1.DeviceInventory.devices:type_name -> dowse.link.v1.DeviceRef
+	6,  // 33: dowse.link.v1.DeviceInventory.models:type_name -> dowse.link.v1.DeviceRef
+	6,  // 34: dowse.link.v1.EdgeDevice.ref:type_name -> dowse.link.v1.DeviceRef
+	44, // 35: dowse.link.v1.EdgeDevice.protocol_config:type_name -> google.protobuf.Struct
+	18, // 36: dowse.link.v1.EdgeDevice.properties:type_name -> dowse.link.v1.EdgeDeviceProperty
+	34, // 37: dowse.link.v1.EdgeDevice.methods:type_name -> dowse.link.v1.EdgeDeviceMethod
+	33, // 38: dowse.link.v1.EdgeDeviceProperty.desired:type_name -> dowse.link.v1.TwinValue
+	44, // 39: dowse.link.v1.EdgeDeviceProperty.visitor_config:type_name -> google.protobuf.Struct
+	19, // 40: dowse.link.v1.EdgeDeviceProperty.push_method:type_name -> dowse.link.v1.PushMethod
+	20, // 41: dowse.link.v1.PushMethod.http:type_name -> dowse.link.v1.PushMethodHTTP
+	21, // 42: dowse.link.v1.PushMethod.mqtt:type_name -> dowse.link.v1.PushMethodMQTT
+	22, // 43: dowse.link.v1.PushMethod.otel:type_name -> dowse.link.v1.PushMethodOTEL
+	23, // 44: dowse.link.v1.PushMethod.db_method:type_name -> dowse.link.v1.DBMethod
+	24, // 45: dowse.link.v1.DBMethod.influxdb2:type_name -> dowse.link.v1.DBMethodInfluxdb2
+	27, // 46: dowse.link.v1.DBMethod.redis:type_name -> dowse.link.v1.DBMethodRedis
+	29, // 47: dowse.link.v1.DBMethod.tdengine:type_name -> dowse.link.v1.DBMethodTDEngine
+	31, // 48: dowse.link.v1.DBMethod.mysql:type_name -> dowse.link.v1.DBMethodMySQL
+	25, // 49: dowse.link.v1.DBMethodInfluxdb2.client_config:type_name -> dowse.link.v1.Influxdb2ClientConfig
+	26, // 50: dowse.link.v1.DBMethodInfluxdb2.data_config:type_name -> dowse.link.v1.Influxdb2DataConfig
+	41, // 51: dowse.link.v1.Influxdb2DataConfig.tag:type_name -> dowse.link.v1.Influxdb2DataConfig.TagEntry
+	28, // 52: dowse.link.v1.DBMethodRedis.client_config:type_name -> dowse.link.v1.RedisClientConfig
+	30, // 53: dowse.link.v1.DBMethodTDEngine.client_config:type_name -> dowse.link.v1.TDEngineClientConfig
+	32, // 54: dowse.link.v1.DBMethodMySQL.client_config:type_name -> dowse.link.v1.MySQLClientConfig
+	42, // 55: dowse.link.v1.TwinValue.metadata:type_name -> dowse.link.v1.TwinValue.MetadataEntry
+	6,  // 56: dowse.link.v1.EdgeDeviceModel.ref:type_name -> dowse.link.v1.DeviceRef
+	36, // 57: dowse.link.v1.EdgeDeviceModel.properties:type_name -> dowse.link.v1.EdgeModelProperty
+	6,  // 58: dowse.link.v1.DeviceMembership.devices:type_name -> dowse.link.v1.DeviceRef
+	0,  // 59: dowse.link.v1.Error.code:type_name -> dowse.link.v1.Error.Code
+	60, // [60:60] is the sub-list for method output_type
+	60, // [60:60] is the sub-list for method input_type
+	60, // [60:60] is the sub-list for extension type_name
+	60, // [60:60] is the sub-list for extension extendee
+	0,  // [0:60] is the sub-list for field type_name
 }
 
 func init() { file_link_v1_link_proto_init() }
@@ -3203,6 +3331,7 @@ func file_link_v1_link_proto_init() {
 		(*Envelope_DeviceInventory)(nil),
 		(*Envelope_DeviceState)(nil),
 		(*Envelope_Reconnect)(nil),
+		(*Envelope_DeviceCondition)(nil),
 	}
 	file_link_v1_link_proto_msgTypes[6].OneofWrappers = []any{
 		(*Value_BoolValue)(nil),
@@ -3217,7 +3346,7 @@ func file_link_v1_link_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_link_v1_link_proto_rawDesc), len(file_link_v1_link_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   41,
+			NumMessages:   42,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
