@@ -114,7 +114,7 @@ func Uninstall(ctx context.Context, c client.Client, o UninstallOptions, log log
 			return fmt.Errorf("deleting %T: %w", k, err)
 		}
 	}
-	log.Info("Dowse objects deleted; waiting for what they made to go")
+	log.Info("deleted the Dowse objects; waiting for what they made to go")
 	var left []string
 	for {
 		live, err := o.Agents.finalizers(ctx)
