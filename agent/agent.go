@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/client-go/kubernetes"
+	eventsclient "k8s.io/client-go/kubernetes/typed/events/v1"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/utils/ptr"
@@ -32,6 +33,7 @@ import (
 	"github.com/dowse-dev/dowse/agent/registry"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	"github.com/dowse-dev/dowse/shared/contain"
+	"github.com/dowse-dev/dowse/shared/events"
 	"github.com/dowse-dev/dowse/shared/kubeflags"
 	"github.com/dowse-dev/dowse/shared/scheme"
 )
@@ -191,9 +193,19 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 	if err != nil {
 		return err
 	}
+	evClient, err := eventsclient.NewForConfig(restCfg)
+	if err != nil {
+		return err
+	}
+	// Events say why candidates were skipped; best effort, dropped when
+	// the API server is slower than the agent.
+	recorder := events.New(evClient, sch, "dowse-agent", "dowse_agent", 100, reg)
+	if err := mgr.Add(recorder); err != nil {
+		return err
+	}
 	rec := discovery.NewReconciler(mgr.GetClient(), props, handlers, writer, discovery.Options{
 		NodeName: cfg.NodeName, GracePeriod: max(cfg.GracePeriod, 0), MaxDevices: max(cfg.MaxDevices, 0),
-		PropertyMetrics: propertyrefs.NewMetrics(reg),
+		PropertyMetrics: propertyrefs.NewMetrics(reg), Metrics: discovery.NewMetrics(reg), Recorder: recorder,
 	}, log.WithName("discovery"))
 	if err := rec.SetupWithManager(ctx, mgr); err != nil {
 		return fmt.Errorf("setting up configuration controller: %w", err)

@@ -29,12 +29,12 @@ import (
 
 	"github.com/dowse-dev/dowse/controller/broker"
 	"github.com/dowse-dev/dowse/controller/devices"
-	"github.com/dowse-dev/dowse/controller/events"
 	"github.com/dowse-dev/dowse/controller/mappers"
 	"github.com/dowse-dev/dowse/controller/nodes"
 	"github.com/dowse-dev/dowse/controller/propertyaccess"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	"github.com/dowse-dev/dowse/shared/contain"
+	"github.com/dowse-dev/dowse/shared/events"
 	"github.com/dowse-dev/dowse/shared/kubeflags"
 	"github.com/dowse-dev/dowse/shared/scheme"
 )
@@ -178,7 +178,7 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 	if err != nil {
 		return err
 	}
-	recorder := events.New(evClient, sch, "dowse-controller", 1000, reg)
+	recorder := events.New(evClient, sch, "dowse-controller", "dowse_controller", 1000, reg)
 	if err := mgr.Add(recorder); err != nil {
 		return err
 	}

@@ -12,6 +12,11 @@ command -v npm >/dev/null || need+=(nodejs npm)
 [ -e /usr/include/libudev.h ] || need+=(libudev-dev)
 [ -x /lib/systemd/systemd-udevd ] || need+=(udev)
 command -v wsdd >/dev/null || need+=(wsdd)
+# lighttpd is the reverse proxy that requires HTTP Digest in front of go2rtc
+# (a camera insisting on Digest); promtool (Debian's prometheus) checks the
+# chart's alerting rules.
+command -v lighttpd >/dev/null || [ -x /usr/sbin/lighttpd ] || need+=(lighttpd)
+command -v promtool >/dev/null || need+=(prometheus)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then echo "please install: ${need[*]} (apt-get install ${need[*]})" >&2; exit 1; fi
   apt-get update -qq

@@ -24,6 +24,10 @@
 // with the new property types. GetDevice is never called (edgecore never
 // does, and KubeEdge's template mapper crashes on it).
 //
+// Callers: a report is taken only from the process that registered the
+// mapper serving its Device (peer.go says how processes are told apart);
+// others are refused with PermissionDenied naming the Device.
+//
 // Restarts: MapperRegister(withData) answers with the mapper's Devices and
 // models and counts them as delivered; without data they are sent with
 // CreateDeviceModel/RegisterDevice. Registered mappers, and the keys of
@@ -173,6 +177,9 @@ func New(cfg Config, edge Edge, metrics *Metrics) (*Server, error) {
 			return nil, err
 		}
 		m.restored = true
+		if sm.Caller != nil {
+			m.registrant = *sm.Caller
+		}
 		for _, k := range sm.Devices {
 			m.devices[k] = "" // held, content unknown: sent again
 		}
@@ -289,7 +296,7 @@ func (s *Server) Start(ctx context.Context) error {
 		lis.Close()
 		return fmt.Errorf("dmi: %w", err)
 	}
-	gs := grpc.NewServer()
+	gs := grpc.NewServer(grpc.Creds(peerCreds{}))
 	dmiv1beta1.RegisterDeviceManagerServiceServer(gs, s)
 	reflection.Register(gs) // as edgecore does: grpcurl -unix <socket> list
 
@@ -400,6 +407,8 @@ func (s *Server) MapperRegister(ctx context.Context, req *dmiv1beta1.MapperRegis
 	if err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "mapper %q: %v", info.GetName(), err)
 	}
+	who := callerFrom(ctx)
+	m.registrant = who
 	resp := &dmiv1beta1.MapperRegisterResponse{}
 	s.mu.Lock()
 	if s.runCtx == nil {
@@ -446,7 +455,11 @@ func (s *Server) MapperRegister(ctx context.Context, req *dmiv1beta1.MapperRegis
 		log.Error(err, "cannot remember the mapper; it is told again only when it registers again", "mapper", info.GetName())
 	}
 	log.Info("mapper registered", "mapper", info.GetName(), "protocol", info.GetProtocol(), "address", mapperAddress(info),
-		"withData", req.GetWithData(), "devices", len(resp.DeviceList), "again", old != nil)
+		"withData", req.GetWithData(), "devices", len(resp.DeviceList), "again", old != nil, "caller", who.String())
+	if !who.distinct() {
+		log.Info("this mapper is known by its uid alone (another pid namespace, and a kernel without pidfs): mappers of the same uid can report for each other's devices; give each mapper its own uid or run the agent with hostPID",
+			"mapper", info.GetName(), "uid", who.UID)
+	}
 	return resp, nil
 }
 
@@ -461,6 +474,10 @@ func (s *Server) ReportDeviceStatus(ctx context.Context, req *dmiv1beta1.ReportD
 	d, model, owner, err := s.lookup(req.GetDeviceNamespace(), req.GetDeviceName())
 	if err != nil {
 		s.metrics.refuse("twin", reasonUnknownDevice, max(len(twins), 1))
+		return nil, err
+	}
+	if err := s.mayReport(ctx, d, owner); err != nil {
+		s.metrics.refuse("twin", reasonNotYours, max(len(twins), 1))
 		return nil, err
 	}
 	if len(twins) == 0 {
@@ -530,6 +547,10 @@ func (s *Server) ReportDeviceStates(ctx context.Context, req *dmiv1beta1.ReportD
 		s.metrics.refuse("state", reasonUnknownDevice, 1)
 		return nil, err
 	}
+	if err := s.mayReport(ctx, d, owner); err != nil {
+		s.metrics.refuse("state", reasonNotYours, 1)
+		return nil, err
+	}
 	st, err := twinvalue.ParseState(req.GetState())
 	if err != nil {
 		s.metrics.refuse("state", reasonBadState, 1)
@@ -572,6 +593,36 @@ func (s *Server) lookup(ns, name string) (*linkv1.EdgeDevice, *linkv1.EdgeDevice
 	}
 	owner, _ := s.ownerLocked(d, s.askedLocked())
 	return d, model, owner, nil
+}
+
+// mayReport refuses, with PermissionDenied naming the Device, a report by
+// a process that did not register the mapper serving d (owner, "" when
+// none does).
+func (s *Server) mayReport(ctx context.Context, d *linkv1.EdgeDevice, owner string) error {
+	who := callerFrom(ctx)
+	if !who.Known {
+		return nil
+	}
+	s.mu.Lock()
+	m := s.mappers[owner]
+	s.mu.Unlock()
+	key := refKey(d.GetRef())
+	if m == nil {
+		return status.Errorf(codes.PermissionDenied, "device %s: no mapper registered on node %s serves it; a mapper reports for its Devices after MapperRegister", key, s.cfg.Node)
+	}
+	ok, adopted, err := m.speaksFor(ctx, who)
+	if adopted {
+		if werr := s.writeMappers(); werr != nil {
+			logr.FromContextOrDiscard(ctx).Error(werr, "cannot remember the mapper's process", "mapper", owner)
+		}
+	}
+	if err != nil {
+		return status.Errorf(codes.PermissionDenied, "device %s is served by mapper %q, which cannot be checked to be %s: %v", key, owner, who, err)
+	}
+	if !ok {
+		return status.Errorf(codes.PermissionDenied, "device %s is served by mapper %q, which another process registered; %s reports only for the Devices of mappers it registered", key, owner, who)
+	}
+	return nil
 }
 
 func (s *Server) allow(owner string, n int) bool {
@@ -719,6 +770,9 @@ type savedMapper struct {
 	// agent removes from it what the node lost meanwhile.
 	Devices []string `json:"devices,omitempty"`
 	Models  []string `json:"models,omitempty"`
+	// Caller is the process that registered it (absent from files of
+	// agents before it was recorded).
+	Caller *caller `json:"caller,omitempty"`
 }
 
 func (s *Server) mappersFile() string { return filepath.Join(s.cfg.StateDir, "dmi-mappers.json") }
@@ -751,8 +805,15 @@ func (s *Server) writeMappers() error {
 	for _, m := range ms {
 		i := m.info
 		devs, models := m.held()
-		saved = append(saved, savedMapper{Name: i.GetName(), Version: i.GetVersion(), APIVersion: i.GetApiVersion(), Protocol: i.GetProtocol(), Address: mapperAddress(i),
-			Devices: devs, Models: models})
+		sm := savedMapper{Name: i.GetName(), Version: i.GetVersion(), APIVersion: i.GetApiVersion(), Protocol: i.GetProtocol(), Address: mapperAddress(i),
+			Devices: devs, Models: models}
+		m.mu.Lock()
+		if m.registrant.Known {
+			c := m.registrant
+			sm.Caller = &c
+		}
+		m.mu.Unlock()
+		saved = append(saved, sm)
 	}
 	sort.Slice(saved, func(i, j int) bool { return saved[i].Name < saved[j].Name })
 	data, err := json.MarshalIndent(saved, "", "  ")

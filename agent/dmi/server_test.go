@@ -407,6 +407,7 @@ func TestReports(t *testing.T) {
 	edge.putDevice(device("a", "thermo", "virtual", "", "1"))
 	r := startServer(t, dir, edge, nil)
 	ctx := context.Background()
+	register(t, r.client, "virt", "virtual", startFakeMapper(t, filepath.Join(dir, "m.sock")).sock, false)
 
 	twin := func(prop, v, od string) *dmiv1beta1.Twin {
 		return &dmiv1beta1.Twin{PropertyName: prop, Reported: &dmiv1beta1.TwinProperty{Value: v, Metadata: map[string]string{"timestamp": "1700000000123", "type": "int"}},
