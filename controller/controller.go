@@ -29,6 +29,7 @@ import (
 
 	"github.com/dowse-dev/dowse/controller/broker"
 	"github.com/dowse-dev/dowse/controller/devices"
+	"github.com/dowse-dev/dowse/controller/lifecycle"
 	"github.com/dowse-dev/dowse/controller/mappers"
 	"github.com/dowse-dev/dowse/controller/nodes"
 	"github.com/dowse-dev/dowse/controller/propertyaccess"
@@ -88,6 +89,11 @@ type Config struct {
 	// that do not need it); on an API server without resource.k8s.io/v1 it
 	// is logged and left off.
 	DRA bool
+	// AgentPodSelector selects the agent DaemonSet's Pods in Namespace; set,
+	// the controller drops the Configuration finalizers of an agent that has
+	// had no Pod on its node for NodeGracePeriod (controller/lifecycle).
+	// Empty (agents not run as Pods): off.
+	AgentPodSelector string
 	// SkipNameValidation lets one process run several of these managers,
 	// as tests do; otherwise controller names must be unique in a process,
 	// because their metrics are labelled by name. Only tests set it.
@@ -208,6 +214,21 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 	}
 	if err := nodes.NewReconciler(mgr.GetClient(), mgr.GetAPIReader(), cfg.NodeGracePeriod, log.WithName("nodes")).SetupWithManager(mgr); err != nil {
 		return err
+	}
+	// Several controllers in one process (tests) share a registry: the
+	// first one's gauge counts.
+	if err := reg.Register(lifecycle.NewTwinGauge(mgr.GetCache())); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
+		return err
+	}
+	if cfg.AgentPodSelector != "" {
+		sel, err := labels.Parse(cfg.AgentPodSelector)
+		if err != nil {
+			return fmt.Errorf("agent pod selector %q: %w", cfg.AgentPodSelector, err)
+		}
+		if err := mgr.Add(&lifecycle.AgentJanitor{Client: mgr.GetClient(), GracePeriod: cfg.NodeGracePeriod, Log: log.WithName("agent-janitor"),
+			Agents: lifecycle.Agents{Reader: mgr.GetAPIReader(), Namespace: cfg.Namespace, Selector: sel}}); err != nil {
+			return err
+		}
 	}
 	if len(cfg.AgentServiceAccounts) > 0 {
 		agents, err := propertyaccess.ParseServiceAccounts(cfg.AgentServiceAccounts, cfg.Namespace)

@@ -86,7 +86,7 @@ func TestChartOnNode(t *testing.T) {
 		// certificate and joins with its pod's service account token.
 		"link": map[string]any{"enabled": true, "hosts": []string{"127.0.0.1"}, "quic": false,
 			"ports": map[string]any{"websocket": ports[4], "auth": ports[5]}},
-		"debugEcho": map[string]any{"discovery": map[string]any{"metricsPort": ports[6]}},
+		"debugEcho": map[string]any{"discovery": map[string]any{"enabled": true, "metricsPort": ports[6]}},
 	}
 	raw, err := yaml.Marshal(values)
 	if err != nil {
