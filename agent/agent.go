@@ -25,6 +25,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	"github.com/dowse-dev/dowse/agent/cdi"
 	"github.com/dowse-dev/dowse/agent/deviceplugin"
 	"github.com/dowse-dev/dowse/agent/discovery"
 	"github.com/dowse-dev/dowse/agent/instances"
@@ -210,9 +211,17 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 	if err := rec.SetupWithManager(ctx, mgr); err != nil {
 		return fmt.Errorf("setting up configuration controller: %w", err)
 	}
+	// One CDI writer for the device plugins and DRA: a legacy spec either
+	// keeps stays until both let go of it.
+	var specs *cdi.Writer
+	if cfg.CDISpecDir != "" && (cfg.DevicePluginDir != "" || cfg.DRA.Enabled) {
+		if specs, err = cdi.NewWriter(cfg.CDISpecDir); err != nil {
+			return err
+		}
+	}
 	if cfg.DevicePluginDir != "" {
 		plugins, err := deviceplugin.NewManager(mgr.GetClient(), deviceplugin.Options{
-			NodeName: cfg.NodeName, PluginDir: cfg.DevicePluginDir, CDIDir: cfg.CDISpecDir, Classic: cfg.ClassicAllocate,
+			NodeName: cfg.NodeName, PluginDir: cfg.DevicePluginDir, CDIDir: cfg.CDISpecDir, CDI: specs, Classic: cfg.ClassicAllocate,
 			ReclaimGrace: max(cfg.SlotReclaimGrace, 0), ReclaimInterval: cfg.SlotReclaimInterval,
 			PodResourcesSocket: cfg.PodResourcesSocket, Metrics: deviceplugin.NewMetrics(reg),
 		}, log.WithName("deviceplugin"))
@@ -224,7 +233,7 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 		}
 	}
 	if cfg.DRA.Enabled {
-		if err := addDRA(mgr, restCfg, cfg, reg, log.WithName("dra")); err != nil {
+		if err := addDRA(mgr, restCfg, cfg, specs, reg, log.WithName("dra")); err != nil {
 			return fmt.Errorf("setting up dynamic resource allocation: %w", err)
 		}
 	}

@@ -76,8 +76,8 @@ func (c *Config) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.NodeName, "node-name", kubeflags.EnvOr("NODE_NAME", c.NodeName), "this node's name (env NODE_NAME)")
 	fs.StringVar(&c.StateDir, "state-dir", kubeflags.EnvOr("DOWSE_STATE_DIR", c.StateDir), "state directory holding the registration and handler sockets (env DOWSE_STATE_DIR)")
 	fs.StringVar(&c.Namespace, "namespace", c.Namespace, "only watch this namespace (default: all)")
-	fs.DurationVar(&c.GracePeriod, "handler-grace-period", c.GracePeriod, "how long the devices of a handler that died or became unreachable stay (negative: none)")
-	fs.IntVar(&c.MaxDevices, "max-devices", c.MaxDevices, "most devices taken from one handler list for one Configuration (negative: no limit)")
+	fs.Var(kubeflags.DurationOrNone(&c.GracePeriod), "handler-grace-period", "the `time` the devices of a handler that died or became unreachable stay (0: none)")
+	fs.Var(kubeflags.IntOrNone(&c.MaxDevices), "max-devices", "most `devices` taken from one handler list for one Configuration (0: no limit)")
 	fs.IntVar(&c.WriteConcurrency, "write-concurrency", c.WriteConcurrency, "parallel Instance writes (a burst of new devices is bound by the API server, which spends less per write with more in flight)")
 	fs.StringVar(&c.DevicePluginDir, "device-plugin-dir", c.DevicePluginDir, "the kubelet's device-plugin directory; empty disables device plugins and CDI specs")
 	fs.BoolVar(&c.DRA.Enabled, "dra", c.DRA.Enabled, "serve Dynamic Resource Allocation for Configurations with spec.allocation DRA or Both: publish this node's local devices as ResourceSlices and run the kubelet DRA plugin of driver dowse.dev (Kubernetes 1.34+)")
@@ -85,9 +85,22 @@ func (c *Config) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.DRA.PluginDir, "dra-plugin-dir", c.DRA.PluginDir, "the DRA plugin's socket and prepared-claims checkpoint directory")
 	fs.StringVar(&c.CDISpecDir, "cdi-spec-dir", c.CDISpecDir, "directory the agent writes a CDI spec per Instance to")
 	fs.BoolVar(&c.ClassicAllocate, "classic-allocate", c.ClassicAllocate, "answer Allocate with env, mounts and device nodes instead of CDI device names (runtimes without CDI)")
-	fs.DurationVar(&c.SlotReclaimGrace, "slot-reclaim-grace", c.SlotReclaimGrace, "free a capacity slot no running pod has used for this long (negative disables)")
+	fs.Var(kubeflags.DurationOrNone(&c.SlotReclaimGrace), "slot-reclaim-grace", "free a capacity slot no running pod has used for this `time` (0 disables)")
 	fs.StringVar(&c.PodResourcesSocket, "pod-resources-socket", c.PodResourcesSocket, "the kubelet's pod-resources API socket, read by the slot reclaimer")
-	fs.StringVar(&c.Link.Server, "link-server", c.Link.Server, "the controller's cloudhub, host:port; empty: no cloud/edge link")
+	fs.Func("link-server", "the controller's cloudhub, `host:port` (its Service), or several comma-separated (its replicas': the agent starts at a random one and moves on to the next when a connection ends); empty: no cloud/edge link", func(s string) error {
+		var all []string
+		if err := kubeflags.List(&all).Set(s); err != nil {
+			return err
+		}
+		c.Link.Server, c.Link.Servers = "", nil
+		if len(all) > 0 {
+			c.Link.Server = all[0]
+		}
+		if len(all) > 1 {
+			c.Link.Servers = all[1:]
+		}
+		return nil
+	})
 	fs.StringVar(&c.Link.Transport, "link-transport", c.Link.Transport, "cloud/edge link transport: websocket or quic")
 	fs.StringVar(&c.Link.AuthURL, "link-auth-url", c.Link.AuthURL, "the controller's link bootstrap endpoint, https://host:port")
 	fs.StringVar(&c.Link.Token, "link-bootstrap-token", kubeflags.EnvOr("DOWSE_LINK_TOKEN", c.Link.Token), "one-time token from `dowsectl token create` (env DOWSE_LINK_TOKEN); needed until the node holds a certificate")

@@ -71,7 +71,7 @@ func TestFlags(t *testing.T) {
 	fs := flag.NewFlagSet("dowse-agent", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	c.AddFlags(fs)
-	if err := fs.Parse([]string{"--max-devices=-1", "--handler-grace-period=-1s", "--slot-reclaim-grace=-1s",
+	if err := fs.Parse([]string{"--max-devices=0", "--handler-grace-period=0", "--slot-reclaim-grace=0", "--link-server=a:1, b:2",
 		"--kube-api-qps=2.5", "--kube-api-burst=7", "--device-plugin-dir=", "--metrics-bind-address=0", "--write-concurrency=8"}); err != nil {
 		t.Fatal(err)
 	}
@@ -82,8 +82,13 @@ func TestFlags(t *testing.T) {
 		t.Errorf("parsed %+v", c)
 	}
 	c.setDefaults()
-	if c.MaxDevices != -1 || c.GracePeriod != -time.Second || c.SlotReclaimGrace != -time.Second || c.DevicePluginDir != "" {
-		t.Errorf("negative values (none, no cap, off) or an empty device plugin directory did not survive setDefaults: %+v", c)
+	// 0 on the command line is none (no cap, no grace, no reclaimer): -1
+	// in the Config, whose 0 is the default.
+	if c.MaxDevices != -1 || c.GracePeriod != -1 || c.SlotReclaimGrace != -1 || c.DevicePluginDir != "" {
+		t.Errorf("0 given for none or an empty device plugin directory did not survive setDefaults: %+v", c)
+	}
+	if c.Link.Server != "a:1" || !reflect.DeepEqual(c.Link.Servers, []string{"b:2"}) {
+		t.Errorf("--link-server a:1, b:2: server %q, more %q", c.Link.Server, c.Link.Servers)
 	}
 	if err := fs.Parse([]string{"--kube-api-qps=fast"}); err == nil {
 		t.Errorf("--kube-api-qps=fast accepted")

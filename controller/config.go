@@ -73,6 +73,12 @@ func (c *Config) defaults() {
 	if l.TwinStatusConcurrency == 0 {
 		l.TwinStatusConcurrency = 16
 	}
+	if l.SpreadInterval == 0 {
+		l.SpreadInterval = 2 * time.Second
+	}
+	if l.DrainPeriod == 0 {
+		l.DrainPeriod = 5 * time.Second
+	}
 }
 
 // AddFlags registers the controller's flags on fs, bound to c, with c's
@@ -112,7 +118,9 @@ func (c *Config) AddFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.Link.Heartbeat, "link-heartbeat", c.Link.Heartbeat, "link heartbeat interval; a silent edge is dropped after two")
 	fs.IntVar(&c.Link.MaxMessageSize, "link-max-message-size", c.Link.MaxMessageSize, "largest link message accepted, in bytes")
 	fs.IntVar(&c.Link.QueueSize, "link-queue-size", c.Link.QueueSize, "most unacknowledged messages queued for one node (a node is sent each of its Devices when it connects)")
-	fs.StringVar(&c.PodName, "pod-name", kubeflags.EnvOr("POD_NAME", c.PodName), "this replica's Pod (env POD_NAME), labelled dowse.dev/cloudhub=leader while it leads, for the link's Service")
+	fs.StringVar(&c.PodName, "pod-name", kubeflags.EnvOr("POD_NAME", c.PodName), "this replica's Pod (env POD_NAME): its identity as the holder of the edges' sessions it serves (outside a Pod, the host name and a random suffix)")
+	fs.DurationVar(&c.Link.SpreadInterval, "link-spread-interval", c.Link.SpreadInterval, "how often this replica publishes how many edges it serves and, when it holds more than its share, moves some to the other replicas")
+	fs.Var(kubeflags.DurationOrNone(&c.Link.DrainPeriod), "link-drain-period", "when stopping, the `time` this replica spends moving its edges to the other replicas, spread over that time, before it closes what is left (0: none, the edges find out when their connections close)")
 	fs.StringVar(&c.MapperStateDir, "mapper-state-dir", c.MapperStateDir, "the agents' state directory on the nodes (their --state-dir), mounted into the mapper Pods the controller runs")
 	fs.DurationVar(&c.Link.TwinStatusInterval, "twin-status-interval", c.Link.TwinStatusInterval, "least time between two status writes of one Device, however fast its mappers report")
 	fs.IntVar(&c.Link.TwinStatusConcurrency, "twin-status-concurrency", c.Link.TwinStatusConcurrency, "parallel Device status writes")

@@ -31,6 +31,7 @@ var binary = Config{
 		AuthRateLimit: linkauth.DefaultRequestRate, AuthRateBurst: linkauth.DefaultRequestBurst,
 		AgentServiceAccounts: []string{"dowse-system/dowse-agent"},
 		TwinStatusInterval:   time.Second, TwinStatusConcurrency: 16,
+		SpreadInterval: 2 * time.Second, DrainPeriod: 5 * time.Second,
 	},
 }
 
@@ -73,7 +74,7 @@ func TestFlags(t *testing.T) {
 	fs.SetOutput(io.Discard)
 	c.AddFlags(fs)
 	if err := fs.Parse([]string{"--link-hosts=cloud.example, 10.0.0.1,,", "--link-agent-service-accounts=agent,other/agent",
-		"--agent-service-accounts=", "--kube-api-qps=50.5", "--leader-elect=false"}); err != nil {
+		"--agent-service-accounts=", "--kube-api-qps=50.5", "--leader-elect=false", "--link-drain-period=0"}); err != nil {
 		t.Fatal(err)
 	}
 	c.setDefaults()
@@ -83,7 +84,7 @@ func TestFlags(t *testing.T) {
 	if !reflect.DeepEqual(c.Link.AgentServiceAccounts, []string{"edge-system/agent", "other/agent"}) {
 		t.Errorf("link agent service accounts %q (names without a namespace are in --namespace)", c.Link.AgentServiceAccounts)
 	}
-	if c.AgentServiceAccounts != nil || c.Client.QPS != 50.5 || c.LeaderElection || c.Namespace != "edge-system" {
+	if c.AgentServiceAccounts != nil || c.Client.QPS != 50.5 || c.LeaderElection || c.Namespace != "edge-system" || c.Link.DrainPeriod != -1 {
 		t.Errorf("parsed %+v", c)
 	}
 }

@@ -3,9 +3,12 @@
 package controller
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
+	"os"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -68,9 +71,8 @@ type Config struct {
 	// Link is the cloud end of the cloud/edge link (off when its Hosts is
 	// empty).
 	Link LinkConfig
-	// PodName is this replica's Pod (in Namespace), labelled LabelCloudhub
-	// while it leads so that the link's Service selects it; empty: not run
-	// as a Pod, no label.
+	// PodName is this replica's Pod (in Namespace): its identity among the
+	// replicas (Link.Replica) when set.
 	PodName string
 	// MapperStateDir is the agents' state directory on the nodes, mounted
 	// into mapper Pods (mappers.DefaultStateDir when empty).
@@ -249,12 +251,25 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 		}
 	}
 	if len(cfg.Link.Hosts) > 0 {
+		if cfg.Link.Replica == "" {
+			cfg.Link.Replica = replicaName(cfg.PodName)
+		}
 		if err := addLink(ctx, mgr, cfg, reg, log.WithName("link")); err != nil {
 			return fmt.Errorf("setting up the cloud/edge link: %w", err)
 		}
 	}
 	log.Info("starting controller")
 	return mgr.Start(ctx)
+}
+
+// replicaName is the Pod's name, or outside a Pod the host's with a random
+// suffix (several processes on one host are several replicas).
+func replicaName(pod string) string {
+	if pod != "" {
+		return pod
+	}
+	host, _ := os.Hostname()
+	return fmt.Sprintf("%s-%06x", cmp.Or(host, "dowse-controller"), rand.Uint32()&0xffffff)
 }
 
 // slimNode keeps what the controller reads of a Node: its name, deletion

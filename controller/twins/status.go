@@ -194,27 +194,6 @@ func twin(st *v1alpha1.DeviceStatus, property string) *v1alpha1.Twin {
 	return &st.Twins[len(st.Twins)-1]
 }
 
-// SetValid records whether d fits its model (the Valid condition). err nil
-// means it does.
-func (s *Status) SetValid(d *v1alpha1.Device, err error) {
-	c := metav1.Condition{Type: v1alpha1.ConditionDeviceValid, Status: metav1.ConditionTrue, Reason: "FitsModel",
-		Message: "the spec fits DeviceModel " + d.Spec.DeviceModelRef.Name, ObservedGeneration: d.Generation}
-	if err != nil {
-		c.Status, c.Reason, c.Message = metav1.ConditionFalse, "Invalid", err.Error()
-	}
-	key := client.ObjectKeyFromObject(d)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	st := s.state(key, d)
-	old := meta.FindStatusCondition(st.status.Conditions, c.Type)
-	if old != nil && old.Status == c.Status && old.Message == c.Message && st.status.ObservedGeneration == d.Generation {
-		return
-	}
-	meta.SetStatusCondition(&st.status.Conditions, c)
-	st.status.ObservedGeneration = d.Generation
-	st.dirty = true
-}
-
 // Forget drops a deleted Device's state.
 func (s *Status) Forget(key types.NamespacedName) {
 	s.mu.Lock()
@@ -222,8 +201,25 @@ func (s *Status) Forget(key types.NamespacedName) {
 	s.mu.Unlock()
 }
 
-// NeedLeaderElection: status is written by the leader only.
-func (s *Status) NeedLeaderElection() bool { return true }
+// Release drops what this replica holds of node's twins that is not
+// written: another replica owns the node's session now, and the edge
+// resends to it whatever was not acknowledged. What it held of the node's
+// Devices is dropped too (it is read again from the API server if the node
+// comes back here).
+func (s *Status) Release(node string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.taken, node)
+	for key, st := range s.devices {
+		if p := st.status.ReportedPosition; p != nil && p.Node == node {
+			delete(s.devices, key)
+		}
+	}
+}
+
+// NeedLeaderElection is false: every replica writes the status of the
+// Devices of the nodes whose sessions it holds.
+func (s *Status) NeedLeaderElection() bool { return false }
 
 // Start writes changed Devices every interval until ctx ends.
 func (s *Status) Start(ctx context.Context) error {
@@ -318,6 +314,14 @@ func (s *Status) write(ctx context.Context, w *pendingWrite) error {
 		return err
 	}
 	desiredApplied(&d, &w.status)
+	// The Valid condition and observedGeneration are Validity's (the
+	// leader's): keep what the Device says of them.
+	if c := meta.FindStatusCondition(d.Status.Conditions, v1alpha1.ConditionDeviceValid); c != nil {
+		meta.SetStatusCondition(&w.status.Conditions, *c)
+	} else {
+		meta.RemoveStatusCondition(&w.status.Conditions, v1alpha1.ConditionDeviceValid)
+	}
+	w.status.ObservedGeneration = d.Status.ObservedGeneration
 	body, err := json.Marshal(map[string]any{"status": w.status})
 	if err != nil {
 		return err

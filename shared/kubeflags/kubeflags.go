@@ -2,7 +2,8 @@
 // Kubernetes client (dowse-agent, dowse-controller) share: the client's
 // kubeconfig and rate limits (Client), the metrics, health and profiling
 // addresses (Serving), zap's logging flags, defaults from the environment
-// (EnvOr), list and float32 flag values, and Main, which runs a component
+// (EnvOr), flag values (lists, float32, and durations and counts whose 0
+// means none), and Main, which runs a component
 // as its binary does. The components' Configs hold a Client and a Serving,
 // so a test sets the very fields the flags set. It links client-go and
 // controller-runtime: discovery handlers and mappers do not import it.
@@ -18,6 +19,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/go-logr/logr"
 	"k8s.io/client-go/rest"
@@ -130,6 +132,57 @@ func (f *float32Value) Set(s string) error {
 	}
 	*f = float32Value(v)
 	return nil
+}
+
+// DurationOrNone is a flag.Value setting *p, where 0 on the command line
+// means none: it is stored as -1, since a zero field of the Configs takes
+// the default.
+func DurationOrNone(p *time.Duration) flag.Value { return (*durationOrNone)(p) }
+
+type durationOrNone time.Duration
+
+func (d *durationOrNone) String() string {
+	if d == nil || *d < 0 {
+		return "0s"
+	}
+	return time.Duration(*d).String()
+}
+
+func (d *durationOrNone) Set(s string) error {
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return err
+	}
+	*d = durationOrNone(orNone(v))
+	return nil
+}
+
+// IntOrNone is DurationOrNone for an int.
+func IntOrNone(p *int) flag.Value { return (*intOrNone)(p) }
+
+type intOrNone int
+
+func (n *intOrNone) String() string {
+	if n == nil || *n < 0 {
+		return "0"
+	}
+	return strconv.Itoa(int(*n))
+}
+
+func (n *intOrNone) Set(s string) error {
+	v, err := strconv.Atoi(s)
+	if err != nil {
+		return err
+	}
+	*n = intOrNone(orNone(v))
+	return nil
+}
+
+func orNone[T int | time.Duration](v T) T {
+	if v == 0 {
+		return -1
+	}
+	return v
 }
 
 // List is a flag.Value setting *p from comma-separated items, spaces

@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"k8s.io/client-go/rest"
 )
@@ -74,6 +75,25 @@ func TestValues(t *testing.T) {
 	}
 	if err := Float32(&f).Set("1e39"); err == nil {
 		t.Errorf("Float32.Set(1e39) accepted (beyond float32)")
+	}
+	d := 5 * time.Minute
+	dv := DurationOrNone(&d)
+	if dv.String() != "5m0s" {
+		t.Errorf("DurationOrNone default %q", dv.String())
+	}
+	if err := dv.Set("0"); err != nil || d != -1 || dv.String() != "0s" {
+		t.Errorf("DurationOrNone.Set(0) = %v, %v (%q); want -1, shown 0s", d, err, dv.String())
+	}
+	if err := dv.Set("2s"); err != nil || d != 2*time.Second {
+		t.Errorf("DurationOrNone.Set(2s) = %v, %v", d, err)
+	}
+	n := 10
+	nv := IntOrNone(&n)
+	if err := nv.Set("0"); err != nil || n != -1 || nv.String() != "0" {
+		t.Errorf("IntOrNone.Set(0) = %v, %v", n, err)
+	}
+	if err := nv.Set("x"); err == nil {
+		t.Errorf("IntOrNone.Set(x) accepted")
 	}
 	t.Setenv("DOWSE_TEST_ENV", "")
 	if EnvOr("DOWSE_TEST_ENV", "def") != "def" {
