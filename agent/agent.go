@@ -188,6 +188,12 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 	}); err != nil {
 		return err
 	}
+	// Instances written before the node label existed are outside the
+	// cache until they have it.
+	if err := mgr.Add(&instances.Labeler{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Node: cfg.NodeName,
+		StateDir: cfg.StateDir, Namespace: cfg.Namespace, Log: log.WithName("labeler")}); err != nil {
+		return err
+	}
 	propCfg := rest.CopyConfig(restCfg)
 	propCfg.ContentType = runtime.ContentTypeProtobuf
 	props, err := kubernetes.NewForConfig(propCfg)
