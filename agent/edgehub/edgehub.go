@@ -248,6 +248,13 @@ func (e *EdgeHub) ReportState(device *linkv1.DeviceRef, state, mapper string, at
 	return e.enqueue(env, coalesceKey(env))
 }
 
+// ReportCondition queues a condition of a device (DeviceCondition), which
+// replaces an unsent one of its type; it returns once stored.
+func (e *EdgeHub) ReportCondition(c *linkv1.DeviceCondition) (uint64, error) {
+	env := &linkv1.Envelope{Kind: &linkv1.Envelope_DeviceCondition{DeviceCondition: c}}
+	return e.enqueue(env, coalesceKey(env))
+}
+
 // Send queues any sequenced message (a ProcessedAck, a membership report)
 // without coalescing. env must not be modified afterwards.
 func (e *EdgeHub) Send(env *linkv1.Envelope) (uint64, error) {
