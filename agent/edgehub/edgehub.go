@@ -25,6 +25,13 @@ import (
 	"github.com/dowse-dev/dowse/shared/link"
 )
 
+// Defaults of Config's zero values.
+const (
+	DefaultHeartbeat       = 10 * time.Second
+	DefaultStoreMaxEntries = 10000
+	DefaultStoreMaxBytes   = 64 << 20
+)
+
 // Config configures an EdgeHub. Zero values take the defaults noted.
 type Config struct {
 	// Node is this node's name; the cloud checks it against the certificate.
@@ -107,16 +114,16 @@ func New(cfg Config, onMessage OnMessage, reg prometheus.Registerer) (*EdgeHub, 
 		return nil, errors.New("edgehub: node and state directory are required")
 	}
 	if cfg.Heartbeat <= 0 {
-		cfg.Heartbeat = 10 * time.Second
+		cfg.Heartbeat = DefaultHeartbeat
 	}
 	if cfg.MaxFrame <= 0 {
 		cfg.MaxFrame = link.DefaultMaxFrame
 	}
 	if cfg.StoreMaxEntries <= 0 {
-		cfg.StoreMaxEntries = 10000
+		cfg.StoreMaxEntries = DefaultStoreMaxEntries
 	}
 	if cfg.StoreMaxBytes <= 0 {
-		cfg.StoreMaxBytes = 64 << 20
+		cfg.StoreMaxBytes = DefaultStoreMaxBytes
 	}
 	if cfg.BackoffMin <= 0 {
 		cfg.BackoffMin = 500 * time.Millisecond
