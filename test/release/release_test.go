@@ -261,4 +261,3 @@ func elfMachine(t *testing.T, img v1.Image, path string) elf.Machine {
 		return f.Machine
 	}
 }
-
