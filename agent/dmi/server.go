@@ -68,7 +68,8 @@ import (
 )
 
 // Edge is what the mapper API needs of the edge store and link;
-// *edgehub.EdgeHub is one. Report and ReportState return once the report
+// *edgehub.EdgeHub is one. It works whether or not the link is up: reports
+// wait in the store for it. Report and ReportState return once the report
 // is stored (it then reaches the cloud however long the link is down).
 type Edge interface {
 	Devices() ([]*linkv1.EdgeDevice, error)
@@ -79,6 +80,9 @@ type Edge interface {
 	// replaces an unsent older one).
 	ReportCondition(c *linkv1.DeviceCondition) (uint64, error)
 	ReportState(device *linkv1.DeviceRef, state, mapper string, at time.Time) (uint64, error)
+	// Subscribe tells f of each message from the cloud once the store
+	// has applied it; the returned function ends that.
+	Subscribe(f func(ctx context.Context, env *linkv1.Envelope)) (unsubscribe func())
 }
 
 // Config configures a Server. Zero values take the defaults noted.
@@ -138,6 +142,7 @@ type Server struct {
 	condMu   sync.Mutex      // orders the condition messages of noteRefusals
 	runCtx   context.Context // set by Start
 	wg       sync.WaitGroup
+	unsub    func()
 }
 
 // refusals are the properties of one Device whose latest report was
@@ -147,7 +152,8 @@ type refusals struct {
 	told  bool
 }
 
-// New builds a Server on edge and restores the mappers remembered in
+// New builds a Server on edge, follows the edge store's changes from then
+// on (edge.Subscribe), and restores the mappers remembered in
 // cfg.StateDir. metrics may be nil.
 func New(cfg Config, edge Edge, metrics *Metrics) (*Server, error) {
 	if cfg.StateDir == "" || edge == nil {
@@ -179,17 +185,27 @@ func New(cfg Config, edge Edge, metrics *Metrics) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, edge: edge, metrics: metrics, mappers: map[string]*mapper{},
 		pending: map[string]time.Time{}, limiters: map[string]*rate.Limiter{}, unserved: map[string]bool{}, refused: map[string]*refusals{}}
-	if err := s.load(); err != nil {
+	// Subscribed before the store is read, under mu: a change applied
+	// meanwhile waits for the load and is applied over it (changes are
+	// whole objects, so applying one again is harmless).
+	s.mu.Lock()
+	s.unsub = edge.Subscribe(s.Changed)
+	err := s.load()
+	s.mu.Unlock()
+	if err != nil {
+		s.unsub()
 		return nil, err
 	}
 	infos, err := s.readMappers()
 	if err != nil {
+		s.unsub()
 		return nil, err
 	}
 	for _, sm := range infos {
 		info := &dmiv1beta1.MapperInfo{Name: sm.Name, Version: sm.Version, ApiVersion: sm.APIVersion, Protocol: sm.Protocol, Address: []byte(sm.Address)}
 		m, err := s.newMapper(info)
 		if err != nil {
+			s.unsub()
 			return nil, err
 		}
 		m.restored = true
@@ -231,10 +247,11 @@ func (s *Server) load() error {
 	return nil
 }
 
-// Changed tells the server that the edge store took a message from the
-// cloud; device and model messages are applied to its copy of the node's
-// Devices and models as the store applied them, and kick the mappers'
-// workers. Safe before Start; it does not block on mappers.
+// Changed is told (edge.Subscribe) that the edge store took a message
+// from the cloud; device and model messages are applied to the server's
+// copy of the node's Devices and models as the store applied them, and
+// kick the mappers' workers. Safe before Start; it does not block on
+// mappers.
 func (s *Server) Changed(ctx context.Context, env *linkv1.Envelope) {
 	s.mu.Lock()
 	switch k := env.GetKind().(type) {
@@ -300,9 +317,11 @@ func (s *Server) kickAll() {
 	}
 }
 
-// Start serves the mapper API until ctx ends, then stops the workers and
-// removes the socket. It fails only when the socket cannot be served.
+// Start serves the mapper API until ctx ends, then stops the workers,
+// removes the socket and stops following the edge store. It fails only
+// when the socket cannot be served.
 func (s *Server) Start(ctx context.Context) error {
+	defer s.unsub()
 	log := logr.FromContextOrDiscard(ctx).WithName("dmi")
 	ctx = logr.NewContext(ctx, log)
 	sock := s.cfg.SocketPath

@@ -83,6 +83,9 @@ func (f *fakeEdge) ReportState(d *linkv1.DeviceRef, st, mapper string, _ time.Ti
 	return uint64(len(f.states)), nil
 }
 
+// Subscribe: the tests hand changes to Changed themselves.
+func (f *fakeEdge) Subscribe(func(context.Context, *linkv1.Envelope)) func() { return func() {} }
+
 func (f *fakeEdge) ReportCondition(c *linkv1.DeviceCondition) (uint64, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()

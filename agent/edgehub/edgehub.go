@@ -99,6 +99,10 @@ type EdgeHub struct {
 	rems      []uint64
 	connected atomic.Bool
 
+	subMu sync.Mutex
+	subs  map[int]OnMessage
+	subN  int
+
 	ackMu    sync.Mutex
 	ackWant  uint64
 	ackKick  chan struct{}
@@ -197,6 +201,38 @@ func New(cfg Config, onMessage OnMessage, reg prometheus.Registerer) (*EdgeHub, 
 			}))
 	}
 	return e, nil
+}
+
+// Subscribe adds f to what is told of each inbound sequenced message once
+// the store has committed it, as the OnMessage given to New is (a part
+// built on the store, such as the mapper API, follows it this way without
+// the hub knowing of it). It returns a function that removes f.
+func (e *EdgeHub) Subscribe(f func(ctx context.Context, env *linkv1.Envelope)) (unsubscribe func()) {
+	e.subMu.Lock()
+	defer e.subMu.Unlock()
+	if e.subs == nil {
+		e.subs = map[int]OnMessage{}
+	}
+	e.subN++
+	id := e.subN
+	e.subs[id] = f
+	return func() {
+		e.subMu.Lock()
+		delete(e.subs, id)
+		e.subMu.Unlock()
+	}
+}
+
+func (e *EdgeHub) publish(ctx context.Context, env *linkv1.Envelope) {
+	e.subMu.Lock()
+	subs := make([]OnMessage, 0, len(e.subs))
+	for _, f := range e.subs {
+		subs = append(subs, f)
+	}
+	e.subMu.Unlock()
+	for _, f := range subs {
+		f(ctx, env)
+	}
 }
 
 // acked is called under the session lock: hand the deletion to the store
@@ -522,6 +558,7 @@ func (e *EdgeHub) connectOnce(ctx context.Context, dialer link.Dialer) (up bool,
 			if e.onMessage != nil {
 				e.onMessage(ctx, env)
 			}
+			e.publish(ctx, env)
 			return nil
 		},
 	})

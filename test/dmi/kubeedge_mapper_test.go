@@ -244,19 +244,14 @@ func startAgent(t testing.TB, stateDir string, dialer link.Dialer, logs *lines, 
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	a := &agentEdge{reg: reg, done: make(chan struct{})}
-	var srv *dmi.Server
 	hub, err := edgehub.New(edgehub.Config{Node: node, Dialer: dialer, StateDir: stateDir, Heartbeat: 100 * time.Millisecond,
-		BackoffMin: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond, NoSync: noSync},
-		func(ctx context.Context, env *linkv1.Envelope) {
-			if srv != nil {
-				srv.Changed(ctx, env)
-			}
-		}, reg)
+		BackoffMin: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond, NoSync: noSync}, nil, reg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if srv, err = dmi.New(dmi.Config{StateDir: stateDir, Node: node, CallTimeout: 2 * time.Second, RetryMin: 50 * time.Millisecond, RetryMax: 500 * time.Millisecond},
-		hub, dmi.NewMetrics(reg)); err != nil {
+	srv, err := dmi.New(dmi.Config{StateDir: stateDir, Node: node, CallTimeout: 2 * time.Second, RetryMin: 50 * time.Millisecond, RetryMax: 500 * time.Millisecond},
+		hub, dmi.NewMetrics(reg))
+	if err != nil {
 		t.Fatal(err)
 	}
 	a.hub, a.dmi = hub, srv
