@@ -26,6 +26,7 @@ import (
 	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	"github.com/dowse-dev/dowse/shared/scheme"
+	"github.com/dowse-dev/dowse/test/testwait"
 )
 
 // fakeHub records what is sent to each node, and what is committed.
@@ -99,7 +100,7 @@ func startTwins(t *testing.T, hub *fakeHub) *twinRig {
 		t.Fatal(err)
 	}
 	writes := &writeCounter{match: "/status"}
-	restCfg := rest.CopyConfig(cp.Config)
+	restCfg := rest.CopyConfig(suite.Config)
 	restCfg.WrapTransport = writes.wrap
 	mgr, err := ctrl.NewManager(restCfg, ctrl.Options{Scheme: sch, Metrics: metricsserver.Options{BindAddress: "0"},
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)}})
@@ -150,7 +151,7 @@ func waitSent(t *testing.T, hub *fakeHub, node string, want ...string) []*linkv1
 	t.Helper()
 	var got []string
 	var envs []*linkv1.Envelope
-	eventually(t, 10*time.Second, func() error {
+	testwait.For(t, 10*time.Second, func() error {
 		g, e := hub.take(node)
 		got, envs = append(got, g...), append(envs, e...)
 		if len(got) < len(want) {
@@ -170,11 +171,11 @@ func waitSent(t *testing.T, hub *fakeHub, node string, want ...string) []*linkv1
 // not fit its model is not sent and says why.
 func TestTwinSync(t *testing.T) {
 	ctx := context.Background()
-	ns := namespace(t)
+	ns := suite.Namespace(t)
 	// Node names of this test's own: the sync lists Devices by node
 	// across namespaces, and other tests use edge-1 too.
 	edge1, edge2 := ns+"-edge-1", ns+"-edge-2"
-	if err := k8sClient.Create(ctx, thermostatModel(ns)); err != nil {
+	if err := suite.Client.Create(ctx, thermostatModel(ns)); err != nil {
 		t.Fatal(err)
 	}
 	good := device(ns, "good", edge1, desired("setpoint", "21"))
@@ -182,7 +183,7 @@ func TestTwinSync(t *testing.T) {
 	outOfRange := device(ns, "too-hot", edge1, desired("setpoint", "31"))
 	unknown := device(ns, "unknown", edge1, v1alpha1.DeviceProperty{Name: "humidity"})
 	for _, d := range []*v1alpha1.Device{good, bad, outOfRange, unknown, device(ns, "elsewhere", edge2)} {
-		if err := k8sClient.Create(ctx, d); err != nil {
+		if err := suite.Client.Create(ctx, d); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -200,7 +201,7 @@ func TestTwinSync(t *testing.T) {
 
 	// The Valid condition is written by Validity (the leader's), apart
 	// from the twins.
-	eventually(t, 10*time.Second, func() error {
+	testwait.For(t, 10*time.Second, func() error {
 		for name, want := range map[string]string{"readonly": "ReadOnly", "too-hot": "above the maximum 30", "unknown": "humidity is not in DeviceModel"} {
 			d, err := getDevice(ns, name)
 			if err != nil {
@@ -220,7 +221,7 @@ func TestTwinSync(t *testing.T) {
 	// A new desired value.
 	d, _ := getDevice(ns, "good")
 	d.Spec.Properties[0].Desired.Value = "22"
-	if err := k8sClient.Update(ctx, d); err != nil {
+	if err := suite.Client.Update(ctx, d); err != nil {
 		t.Fatal(err)
 	}
 	envs = waitSent(t, hub, edge1, "device good")
@@ -230,7 +231,7 @@ func TestTwinSync(t *testing.T) {
 	// Fixed, the out-of-range one is sent.
 	d, _ = getDevice(ns, "too-hot")
 	d.Spec.Properties[0].Desired.Value = "30"
-	if err := k8sClient.Update(ctx, d); err != nil {
+	if err := suite.Client.Update(ctx, d); err != nil {
 		t.Fatal(err)
 	}
 	waitSent(t, hub, edge1, "device too-hot")
@@ -238,7 +239,7 @@ func TestTwinSync(t *testing.T) {
 	for _, name := range []string{"good", "too-hot"} {
 		d, _ = getDevice(ns, name)
 		d.Spec.NodeName = edge2
-		if err := k8sClient.Update(ctx, d); err != nil {
+		if err := suite.Client.Update(ctx, d); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -251,16 +252,16 @@ func TestTwinSync(t *testing.T) {
 // restart is not applied again; DesiredApplied follows observedDesired.
 func TestTwinStatus(t *testing.T) {
 	ctx := context.Background()
-	ns := namespace(t)
-	if err := k8sClient.Create(ctx, thermostatModel(ns)); err != nil {
+	ns := suite.Namespace(t)
+	if err := suite.Client.Create(ctx, thermostatModel(ns)); err != nil {
 		t.Fatal(err)
 	}
-	if err := k8sClient.Create(ctx, device(ns, "t1", "edge-1", desired("setpoint", "21"))); err != nil {
+	if err := suite.Client.Create(ctx, device(ns, "t1", "edge-1", desired("setpoint", "21"))); err != nil {
 		t.Fatal(err)
 	}
 	hub := newFakeHub()
 	rig := startTwins(t, hub)
-	eventually(t, 10*time.Second, func() error {
+	testwait.For(t, 10*time.Second, func() error {
 		_, err := getDevice(ns, "t1")
 		return err
 	})
@@ -327,7 +328,7 @@ func TestTwinStatus(t *testing.T) {
 	}
 	// A restarted controller (a new Status, seeded from the API server)
 	// skips what was written too.
-	restarted := twins.NewStatus(k8sClient, k8sClient, hub, twins.StatusConfig{}, twins.NewMetrics(nil), testr.New(t))
+	restarted := twins.NewStatus(suite.Client, suite.Client, hub, twins.StatusConfig{}, twins.NewMetrics(nil), testr.New(t))
 	seq = 5
 	if err := restarted.Handle(ctx, cloudhub.Inbound{Node: "edge-1", At: cloudhub.Position{Stream: stream, Seq: seq}, Env: &linkv1.Envelope{Seq: seq,
 		Kind: &linkv1.Envelope_TwinReported{TwinReported: &linkv1.TwinReportedUpdate{Device: &linkv1.DeviceRef{Namespace: ns, Name: "t1"},
