@@ -27,16 +27,6 @@ import (
 
 const nodeA, nodeB = "iso-node-a", "iso-node-b"
 
-func namespace(t *testing.T) string {
-	t.Helper()
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "iso-"}}
-	if err := suite.Client.Create(context.Background(), ns); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = suite.Client.Delete(context.Background(), ns) })
-	return ns.Name
-}
-
 func clientFor(t *testing.T, cfg *rest.Config) client.Client {
 	t.Helper()
 	c, err := client.New(cfg, client.Options{Scheme: suite.Client.Scheme()})
