@@ -12,6 +12,12 @@ command -v npm >/dev/null || need+=(nodejs npm)
 [ -e /usr/include/libudev.h ] || need+=(libudev-dev)
 [ -x /lib/systemd/systemd-udevd ] || need+=(udev)
 command -v wsdd >/dev/null || need+=(wsdd)
+# The console's tests drive Debian's Chromium headless over the DevTools
+# protocol.
+command -v chromium >/dev/null || need+=(chromium)
+# dowsectl's bash completion is exercised under bash-completion, as a
+# Debian user's shell loads it.
+[ -e /usr/share/bash-completion/bash_completion ] || need+=(bash-completion)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then echo "please install: ${need[*]} (apt-get install ${need[*]})" >&2; exit 1; fi
   apt-get update -qq

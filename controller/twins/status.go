@@ -317,6 +317,7 @@ func (s *Status) write(ctx context.Context, w *pendingWrite) error {
 		return err
 	}
 	desiredApplied(&d, &w.status)
+	w.status.Differing = differing(&d, &w.status)
 	body, err := json.Marshal(map[string]any{"status": w.status})
 	if err != nil {
 		return err
