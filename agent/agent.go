@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/client-go/kubernetes"
+	eventsclient "k8s.io/client-go/kubernetes/typed/events/v1"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
@@ -25,6 +26,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	"github.com/dowse-dev/dowse/agent/cdi"
 	"github.com/dowse-dev/dowse/agent/deviceplugin"
 	"github.com/dowse-dev/dowse/agent/discovery"
 	"github.com/dowse-dev/dowse/agent/instances"
@@ -33,6 +35,7 @@ import (
 	"github.com/dowse-dev/dowse/agent/registry"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	"github.com/dowse-dev/dowse/shared/contain"
+	"github.com/dowse-dev/dowse/shared/events"
 	"github.com/dowse-dev/dowse/shared/scheme"
 )
 
@@ -203,16 +206,34 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 	if err != nil {
 		return err
 	}
+	evClient, err := eventsclient.NewForConfig(restCfg)
+	if err != nil {
+		return err
+	}
+	// Events say why candidates were skipped; best effort, dropped when
+	// the API server is slower than the agent.
+	recorder := events.New(evClient, sch, "dowse-agent", "dowse_agent", 100, reg)
+	if err := mgr.Add(recorder); err != nil {
+		return err
+	}
 	rec := discovery.NewReconciler(mgr.GetClient(), props, handlers, writer, discovery.Options{
 		NodeName: cfg.NodeName, GracePeriod: cfg.GracePeriod, MaxDevices: cfg.MaxDevices,
-		PropertyMetrics: propertyrefs.NewMetrics(reg),
+		PropertyMetrics: propertyrefs.NewMetrics(reg), Metrics: discovery.NewMetrics(reg), Recorder: recorder,
 	}, log.WithName("discovery"))
 	if err := rec.SetupWithManager(ctx, mgr); err != nil {
 		return fmt.Errorf("setting up configuration controller: %w", err)
 	}
+	// One CDI writer for the device plugins and DRA: a legacy spec either
+	// keeps stays until both let go of it.
+	var specs *cdi.Writer
+	if cfg.CDISpecDir != "" && (cfg.DevicePluginDir != "" || cfg.DRA.Enabled) {
+		if specs, err = cdi.NewWriter(cfg.CDISpecDir); err != nil {
+			return err
+		}
+	}
 	if cfg.DevicePluginDir != "" {
 		plugins, err := deviceplugin.NewManager(mgr.GetClient(), deviceplugin.Options{
-			NodeName: cfg.NodeName, PluginDir: cfg.DevicePluginDir, CDIDir: cfg.CDISpecDir, Classic: cfg.ClassicAllocate,
+			NodeName: cfg.NodeName, PluginDir: cfg.DevicePluginDir, CDIDir: cfg.CDISpecDir, CDI: specs, Classic: cfg.ClassicAllocate,
 			ReclaimGrace: cfg.SlotReclaimGrace, ReclaimInterval: cfg.SlotReclaimInterval,
 			PodResourcesSocket: cfg.PodResourcesSocket, Metrics: deviceplugin.NewMetrics(reg),
 		}, log.WithName("deviceplugin"))
@@ -224,7 +245,7 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 		}
 	}
 	if cfg.DRA.Enabled {
-		if err := addDRA(mgr, restCfg, cfg, reg, log.WithName("dra")); err != nil {
+		if err := addDRA(mgr, restCfg, cfg, specs, reg, log.WithName("dra")); err != nil {
 			return fmt.Errorf("setting up dynamic resource allocation: %w", err)
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 
+	"github.com/dowse-dev/dowse/agent/cdi"
 	"github.com/dowse-dev/dowse/agent/dra"
 )
 
@@ -30,7 +31,7 @@ type DRAConfig struct {
 	PluginDir string
 }
 
-func addDRA(mgr ctrl.Manager, restCfg *rest.Config, cfg Config, reg prometheus.Registerer, log logr.Logger) error {
+func addDRA(mgr ctrl.Manager, restCfg *rest.Config, cfg Config, specs *cdi.Writer, reg prometheus.Registerer, log logr.Logger) error {
 	if cfg.CDISpecDir == "" {
 		return errors.New("DRA needs a CDI spec directory (--cdi-spec-dir)")
 	}
@@ -47,7 +48,7 @@ func addDRA(mgr ctrl.Manager, restCfg *rest.Config, cfg Config, reg prometheus.R
 	}
 	d, err := dra.New(mgr.GetCache(), kube, meta, dra.Options{
 		NodeName: cfg.NodeName, RegistrarDir: cfg.DRA.RegistrarDir, PluginDir: cfg.DRA.PluginDir,
-		CDIDir: cfg.CDISpecDir, DevicePlugins: cfg.DevicePluginDir != "", Metrics: dra.NewMetrics(reg),
+		CDIDir: cfg.CDISpecDir, CDI: specs, DevicePlugins: cfg.DevicePluginDir != "", Metrics: dra.NewMetrics(reg),
 	}, log)
 	if err != nil {
 		return err

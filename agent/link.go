@@ -26,6 +26,9 @@ import (
 type LinkConfig struct {
 	// Server is the cloudhub's host:port; Transport is "websocket" or "quic".
 	Server, Transport string
+	// Servers are more cloudhub addresses (its replicas'), see
+	// edgehub.Config.Servers.
+	Servers []string
 	// AuthURL is the controller's bootstrap and renewal endpoint,
 	// https://host:port.
 	AuthURL string
@@ -94,7 +97,7 @@ func addLink(mgr manager.Manager, cfg Config, reg prometheus.Registerer, log log
 		}
 		var mappers *dmi.Server // set before the hub starts delivering
 		hub, err := edgehub.New(edgehub.Config{
-			Node: cfg.NodeName, Transport: lc.Transport, Server: lc.Server,
+			Node: cfg.NodeName, Transport: lc.Transport, Server: lc.Server, Servers: lc.Servers,
 			TLS:      pki.ClientTLSConfig(certs.GetClientCertificate, certs.RootCAs(), host),
 			StateDir: cfg.StateDir, Heartbeat: lc.Heartbeat,
 			StoreMaxEntries: lc.StoreMaxEntries, StoreMaxBytes: lc.StoreMaxBytes,
@@ -113,7 +116,7 @@ func addLink(mgr manager.Manager, cfg Config, reg prometheus.Registerer, log log
 		}
 		defer hub.Close()
 		mappers = startMappers(cfg, hub, reg, log)
-		log.Info("starting edgehub", "server", lc.Server, "transport", lc.Transport)
+		log.Info("starting edgehub", "server", lc.Server, "servers", lc.Servers, "transport", lc.Transport)
 		return runEdge(logr.NewContext(ctx, log), hub, mappers)
 	}}
 	if err := mgr.AddReadyzCheck("link", edge.Check); err != nil {

@@ -3,9 +3,12 @@
 package controller
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
+	"os"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -30,12 +33,13 @@ import (
 
 	"github.com/dowse-dev/dowse/controller/broker"
 	"github.com/dowse-dev/dowse/controller/devices"
-	"github.com/dowse-dev/dowse/controller/events"
+	"github.com/dowse-dev/dowse/controller/lifecycle"
 	"github.com/dowse-dev/dowse/controller/mappers"
 	"github.com/dowse-dev/dowse/controller/nodes"
 	"github.com/dowse-dev/dowse/controller/propertyaccess"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	"github.com/dowse-dev/dowse/shared/contain"
+	"github.com/dowse-dev/dowse/shared/events"
 	"github.com/dowse-dev/dowse/shared/scheme"
 )
 
@@ -61,9 +65,8 @@ type Config struct {
 	// Link is the cloud end of the cloud/edge link (off when its Hosts is
 	// empty).
 	Link LinkConfig
-	// PodName is this replica's Pod (in Namespace), labelled LabelCloudhub
-	// while it leads so that the link's Service selects it; empty: not run
-	// as a Pod, no label.
+	// PodName is this replica's Pod (in Namespace): its identity among the
+	// replicas (Link.Replica) when set.
 	PodName string
 	// MapperStateDir is the agents' state directory on the nodes, mounted
 	// into mapper Pods (mappers.DefaultStateDir when empty).
@@ -82,6 +85,11 @@ type Config struct {
 	// that do not need it); on an API server without resource.k8s.io/v1 it
 	// is logged and left off.
 	DRA bool
+	// AgentPodSelector selects the agent DaemonSet's Pods in Namespace; set,
+	// the controller drops the Configuration finalizers of an agent that has
+	// had no Pod on its node for NodeGracePeriod (controller/lifecycle).
+	// Empty (agents not run as Pods): off.
+	AgentPodSelector string
 	// SkipNameValidation lets one process run several of these managers,
 	// as tests do; otherwise controller names must be unique in a process,
 	// because their metrics are labelled by name. Only tests set it.
@@ -184,7 +192,7 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 	if err != nil {
 		return err
 	}
-	recorder := events.New(evClient, sch, "dowse-controller", 1000, reg)
+	recorder := events.New(evClient, sch, "dowse-controller", "dowse_controller", 1000, reg)
 	if err := mgr.Add(recorder); err != nil {
 		return err
 	}
@@ -218,6 +226,21 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 	if err := nodes.NewReconciler(mgr.GetClient(), mgr.GetAPIReader(), cfg.NodeGracePeriod, log.WithName("nodes")).SetupWithManager(mgr); err != nil {
 		return err
 	}
+	// Several controllers in one process (tests) share a registry: the
+	// first one's gauge counts.
+	if err := reg.Register(lifecycle.NewTwinGauge(mgr.GetCache())); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
+		return err
+	}
+	if cfg.AgentPodSelector != "" {
+		sel, err := labels.Parse(cfg.AgentPodSelector)
+		if err != nil {
+			return fmt.Errorf("agent pod selector %q: %w", cfg.AgentPodSelector, err)
+		}
+		if err := mgr.Add(&lifecycle.AgentJanitor{Client: mgr.GetClient(), GracePeriod: cfg.NodeGracePeriod, Log: log.WithName("agent-janitor"),
+			Agents: lifecycle.Agents{Reader: mgr.GetAPIReader(), Namespace: cfg.Namespace, Selector: sel}}); err != nil {
+			return err
+		}
+	}
 	if len(cfg.AgentServiceAccounts) > 0 {
 		agents, err := propertyaccess.ParseServiceAccounts(cfg.AgentServiceAccounts, cfg.Namespace)
 		if err != nil {
@@ -237,12 +260,25 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 		}
 	}
 	if len(cfg.Link.Hosts) > 0 {
+		if cfg.Link.Replica == "" {
+			cfg.Link.Replica = replicaName(cfg.PodName)
+		}
 		if err := addLink(ctx, mgr, cfg, reg, log.WithName("link")); err != nil {
 			return fmt.Errorf("setting up the cloud/edge link: %w", err)
 		}
 	}
 	log.Info("starting controller")
 	return mgr.Start(ctx)
+}
+
+// replicaName is the Pod's name, or outside a Pod the host's with a random
+// suffix (several processes on one host are several replicas).
+func replicaName(pod string) string {
+	if pod != "" {
+		return pod
+	}
+	host, _ := os.Hostname()
+	return fmt.Sprintf("%s-%06x", cmp.Or(host, "dowse-controller"), rand.Uint32()&0xffffff)
 }
 
 func orZero(addr string) string {

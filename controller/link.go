@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
@@ -18,6 +19,7 @@ import (
 	"github.com/dowse-dev/dowse/controller/cloudhub"
 	"github.com/dowse-dev/dowse/controller/edges"
 	"github.com/dowse-dev/dowse/controller/linkauth"
+	"github.com/dowse-dev/dowse/controller/ownership"
 	"github.com/dowse-dev/dowse/controller/twins"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	"github.com/dowse-dev/dowse/shared/contain"
@@ -59,26 +61,43 @@ type LinkConfig struct {
 	// TwinStatusConcurrency bounds parallel Device status writes (twins'
 	// default when 0).
 	TwinStatusConcurrency int
+	// Replica is this replica's identity among the controller's replicas
+	// (unique among those running at once): the holder of the node
+	// sessions it serves. Run sets it to PodName, else to the host name
+	// and a random suffix.
+	Replica string
+	// DrainPeriod is how long a stopping replica spends moving its edges
+	// to the others (cloudhub's default when 0; negative: none).
+	DrainPeriod time.Duration
+	// SpreadInterval is how often a replica publishes how many sessions it
+	// holds and checks that it holds no more than its share (ownership's
+	// default when 0).
+	SpreadInterval time.Duration
 }
 
 type committer func(node string, pos cloudhub.Position)
 
 func (c committer) Commit(node string, pos cloudhub.Position) { c(node, pos) }
 
-// forgetBoth forgets a departed node in the hub and in the twin sync.
-type forgetBoth struct {
-	hub  *cloudhub.Hub
-	sync *twins.Sync
+// forgetAll forgets a departed node in the hub, the twin sync and the
+// ownership records.
+type forgetAll struct {
+	hub    *cloudhub.Hub
+	sync   *twins.Sync
+	claims *ownership.Claims
 }
 
-func (f forgetBoth) Forget(node string) {
+func (f forgetAll) Forget(node string) {
 	f.hub.Forget(node)
 	f.sync.Forget(node)
+	f.claims.Forget(node)
 }
 
 // addLink adds the link CA (loaded or created in namespace), the bootstrap
-// endpoint and the cloudhub to mgr. The hub runs on the leader only: what it
-// receives turns into writes that one replica must own.
+// endpoint and the cloudhub to mgr. Every replica runs them, with the twin
+// sync, the memberships and the status writes of the nodes whose sessions
+// it holds (package controller/ownership decides which); the leader alone
+// records whether Devices fit their models.
 func addLink(ctx context.Context, mgr ctrl.Manager, cfg Config, reg prometheus.Registerer, log logr.Logger) error {
 	lc := cfg.Link
 	cs, err := kubernetes.NewForConfig(mgr.GetConfig())
@@ -117,12 +136,10 @@ func addLink(ctx context.Context, mgr ctrl.Manager, cfg Config, reg prometheus.R
 	// The link's listeners failing (an address in use) is the link's
 	// failure, not the controller's: contained, each is logged, counted and
 	// retried, and fails only the "link" readiness check meanwhile, while
-	// brokers go on. The bootstrap endpoint, like the hub, runs on the
-	// leader only: the link's Service selects the leader's Pod (hubLabel),
-	// so no edge reaches another replica's, and on a host network a
-	// standby holding the port would keep the new leader from serving it.
+	// brokers go on. Every replica serves the bootstrap endpoint and the
+	// hub: the link's Service selects every ready replica.
 	failures := contain.NewFailures(reg, "dowse_controller")
-	authPart := &contain.Part{Name: "link-auth", Log: log, Failures: failures, LeaderOnly: true, Run: func(ctx context.Context) error {
+	authPart := &contain.Part{Name: "link-auth", Log: log, Failures: failures, Run: func(ctx context.Context) error {
 		return auth.Start(logr.NewContext(ctx, log))
 	}}
 	if err := mgr.Add(authPart); err != nil {
@@ -146,13 +163,42 @@ func addLink(ctx context.Context, mgr ctrl.Manager, cfg Config, reg prometheus.R
 	var departures *edges.Departures
 	var twinSync *twins.Sync
 	var hub *cloudhub.Hub
+	var presence *ownership.Presence
 	twinMetrics := twins.NewMetrics(reg)
 	status := twins.NewStatus(mgr.GetClient(), mgr.GetClient(), committer(func(node string, pos cloudhub.Position) { hub.Commit(node, pos) }),
 		twins.StatusConfig{Interval: lc.TwinStatusInterval, Concurrency: lc.TwinStatusConcurrency}, twinMetrics, log.WithName("twins"))
+
+	// A node's session is this replica's from the moment it claims the
+	// node's record; when another replica claims it, this one closes its
+	// session and drops what it took of it and did not write.
+	cache := mgr.GetClient()
+	claims, err := ownership.NewClaims(ownership.ClaimsConfig{
+		Leases: cs.CoordinationV1().Leases(cfg.Namespace), Replica: lc.Replica,
+		NodeUID: func(ctx context.Context, node string) (types.UID, error) {
+			var n corev1.Node
+			err := cache.Get(ctx, client.ObjectKey{Name: node}, &n)
+			return n.UID, err
+		},
+		Lost: func(node string, through uint64) {
+			if hub.Evict(node, through) {
+				status.Release(node)
+				twinSync.Forget(node)
+				members.Forget(node)
+				log.Info("another replica took the node's session; closed it here", "node", node, "epoch", through)
+			}
+		},
+		Metrics: ownership.NewMetrics(reg),
+		Log:     log.WithName("ownership"),
+	})
+	if err != nil {
+		return err
+	}
 	hub, err = cloudhub.New(cloudhub.Config{
 		WebSocketAddr: lc.WebSocketAddr, QUICAddr: lc.QUICAddr, TLS: tlsCfg,
 		Heartbeat: lc.Heartbeat, MaxFrame: lc.MaxMessageSize, QueueSize: lc.QueueSize,
 		RateLimit: lc.RateLimit, RateBurst: lc.RateBurst, MaxConnections: lc.MaxConnections,
+		DrainPeriod: lc.DrainPeriod,
+		CanDrain:    func() bool { return presence.Others() > 0 },
 		// A node that (re)connects learns which devices are its.
 		OnConnect: func(ctx context.Context, node string) {
 			members.OnConnect(ctx, node)
@@ -164,6 +210,7 @@ func addLink(ctx context.Context, mgr ctrl.Manager, cfg Config, reg prometheus.R
 		// Only nodes of the cluster: a deleted Node's certificate, still
 		// valid, no longer gets in.
 		NodeAllowed: func(ctx context.Context, node string) (bool, error) { return departures.Allowed(ctx, node) },
+		Claim:       claims.Claim,
 	}, edges.Authorizer{Reader: mgr.GetClient()}, status.Handle, reg)
 	if err != nil {
 		return err
@@ -176,29 +223,58 @@ func addLink(ctx context.Context, mgr ctrl.Manager, cfg Config, reg prometheus.R
 	if err := twinSync.SetupWithManager(mgr); err != nil {
 		return err
 	}
+	if err := twins.NewValidity(mgr.GetClient(), mgr.GetClient(), log.WithName("device-validity")).SetupWithManager(mgr); err != nil {
+		return err
+	}
 	if err := mgr.Add(status); err != nil {
 		return err
 	}
-	departures = edges.NewDepartures(mgr.GetClient(), forgetBoth{hub, twinSync}, members, log.WithName("departures"))
+	departures = edges.NewDepartures(mgr.GetClient(), forgetAll{hub, twinSync, claims}, members, log.WithName("departures"))
 	if err := departures.SetupWithManager(mgr); err != nil {
 		return err
 	}
-	hubPart := &contain.Part{Name: "cloudhub", Log: log, Failures: failures, LeaderOnly: true, Run: func(ctx context.Context) error {
+	ownPart := &contain.Part{Name: "link-ownership", Log: log, Failures: failures, Run: func(ctx context.Context) error {
+		return claims.Start(ctx)
+	}}
+	if err := mgr.Add(ownPart); err != nil {
+		return err
+	}
+	presence, err = ownership.NewPresence(ownership.PresenceConfig{
+		Leases: cs.CoordinationV1().Leases(cfg.Namespace), Replica: lc.Replica,
+		Sessions: hub.Connected, Draining: hub.Draining,
+		Move:       func(node string, delay time.Duration) bool { return hub.Move(node, delay, "rebalance") },
+		Every:      lc.SpreadInterval,
+		Log:        log.WithName("spread"),
+		Registerer: reg,
+	})
+	if err != nil {
+		return err
+	}
+	if err := mgr.Add(&contain.Part{Name: "link-spread", Log: log, Failures: failures, Run: func(ctx context.Context) error {
+		select {
+		case <-hub.Ready():
+		case <-ctx.Done():
+			return nil
+		}
+		return presence.Start(ctx)
+	}}); err != nil {
+		return err
+	}
+	hubPart := &contain.Part{Name: "cloudhub", Log: log, Failures: failures, Run: func(ctx context.Context) error {
 		if !mgr.GetCache().WaitForCacheSync(ctx) {
 			return errors.New("cache never synced")
 		}
-		log.Info("starting cloudhub", "websocket", lc.WebSocketAddr, "quic", lc.QUICAddr)
+		log.Info("starting cloudhub", "websocket", lc.WebSocketAddr, "quic", lc.QUICAddr, "replica", lc.Replica)
 		return hub.Start(logr.NewContext(ctx, log))
 	}}
-	if cfg.PodName != "" {
-		label := hubLabel{pods: cs.CoreV1().Pods(cfg.Namespace), name: cfg.PodName, log: log}
-		label.clear(ctx)
-		if err := mgr.Add(label); err != nil {
-			return err
-		}
-	}
+	// Ready while this replica can serve edges: listening, not draining,
+	// and watching the records of the sessions it holds.
 	if err := mgr.AddReadyzCheck("link", func(r *http.Request) error {
-		return errors.Join(authPart.Check(r), hubPart.Check(r))
+		var synced error
+		if !claims.Synced() {
+			synced = errors.New("link-ownership: the records of the sessions held are not listed yet")
+		}
+		return errors.Join(authPart.Check(r), hubPart.Check(r), ownPart.Check(r), hub.Serving(), synced)
 	}); err != nil {
 		return err
 	}

@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+	"github.com/dowse-dev/dowse/shared/twinvalue"
 )
 
 func newDescribeCommand(c *cli) *cobra.Command {
@@ -255,6 +256,19 @@ func (d *describer) configuration(w io.Writer, cfg *v1alpha1.Configuration) {
 			condStatus(n.Conditions, v1alpha1.ConditionHandlerAvailable), condStatus(n.Conditions, v1alpha1.ConditionDiscovering), since, orDash(msg)))
 	}
 	section(w, "Nodes", "NODE\tDEVICES\tHANDLER\tDISCOVERING\tSINCE\tREFUSAL", nodes, "<none> (no agent reports on this Configuration yet)")
+	var skipped []string
+	for _, n := range cfg.Status.Nodes {
+		for _, sk := range n.Skipped {
+			var cands []string
+			for _, c := range sk.Candidates {
+				cands = append(cands, strings.TrimSpace(c.Candidate+" "+parens(c.Message)))
+			}
+			skipped = append(skipped, fmt.Sprintf("%s\t%s\t%d\t%s", n.NodeName, sk.Reason, sk.Count, orDash(strings.Join(cands, "; "))))
+		}
+	}
+	if len(skipped) > 0 {
+		section(w, "Skipped (looked at, not reported as devices)", "NODE\tREASON\tCOUNT\tCANDIDATES", skipped, "")
+	}
 
 	var insts v1alpha1.InstanceList
 	if err := d.c.List(d.ctx, &insts, client.InNamespace(cfg.Namespace)); err != nil {
@@ -281,6 +295,13 @@ func (d *describer) configuration(w io.Writer, cfg *v1alpha1.Configuration) {
 		section(w, "Twins", "DEVICE\tNODE\tSTATE\tDIFFERING\tLAST REPORT", rows, "<none>")
 	}
 	d.events(w, "Configuration", cfg.Name, cfg.Namespace)
+}
+
+func parens(s string) string {
+	if s == "" {
+		return ""
+	}
+	return "(" + s + ")"
 }
 
 func images(cs []corev1.Container) string {
@@ -435,7 +456,7 @@ func (d *describer) device(w io.Writer, dev *v1alpha1.Device) {
 			}
 		}
 		mark := ""
-		if p.Desired != "" && !sameValue(p.Desired, p.Reported) {
+		if p.Desired != "" && !twinvalue.Equal(p.Desired, p.Reported) {
 			mark = " *"
 		}
 		problem := p.DesiredError

@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+	"github.com/dowse-dev/dowse/shared/twinvalue"
 )
 
 func TestParseTargets(t *testing.T) {
@@ -82,9 +83,9 @@ func TestApplied(t *testing.T) {
 		{"applied", device(desired, []v1alpha1.Twin{{PropertyName: "sp", Reported: val("21.0"), ObservedDesired: val("21")}}), 3, true, ""},
 		{"status of an older spec", device(desired, []v1alpha1.Twin{{PropertyName: "sp", ObservedDesired: val("21")}}), 4, false, ""},
 		{"not yet", device(desired, []v1alpha1.Twin{{PropertyName: "sp", Reported: val("20"), ObservedDesired: val("20")}}), 3, false, ""},
-		{"refused", device(desired, []v1alpha1.Twin{{PropertyName: "sp", Reported: val("20", metaDesiredError, `desired value "21": read-only`)}}), 3, false, "refused by the mapper: desired value \"21\": read-only"},
-		{"an older value's refusal", device(desired, []v1alpha1.Twin{{PropertyName: "sp", Reported: val("20", metaDesiredError, `desired value "99": read-only`)}}), 3, false, ""},
-		{"a mapper's own words", device(desired, []v1alpha1.Twin{{PropertyName: "sp", Reported: val("20", metaDesiredError, "write failed")}}), 3, false, "refused by the mapper: write failed"},
+		{"refused", device(desired, []v1alpha1.Twin{{PropertyName: "sp", Reported: val("20", twinvalue.MetaDesiredError, `desired value "21": read-only`)}}), 3, false, "refused by the mapper: desired value \"21\": read-only"},
+		{"an older value's refusal", device(desired, []v1alpha1.Twin{{PropertyName: "sp", Reported: val("20", twinvalue.MetaDesiredError, `desired value "99": read-only`)}}), 3, false, ""},
+		{"a mapper's own words", device(desired, []v1alpha1.Twin{{PropertyName: "sp", Reported: val("20", twinvalue.MetaDesiredError, "write failed")}}), 3, false, "refused by the mapper: write failed"},
 		{"invalid", device(desired, nil, metav1.Condition{Type: v1alpha1.ConditionDeviceValid, Status: metav1.ConditionFalse, Message: "unknown property", ObservedGeneration: 3}), 3, false, "refused by the controller: unknown property"},
 	} {
 		done, _, err := Applied(tc.d, "sp", "21", tc.gen)
@@ -97,7 +98,7 @@ func TestApplied(t *testing.T) {
 func TestChangesAndTwin(t *testing.T) {
 	ts := fmt.Sprint(time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC).UnixMilli())
 	d := device([]v1alpha1.DeviceProperty{{Name: "sp", Desired: val("21")}, {Name: "temp"}},
-		[]v1alpha1.Twin{{PropertyName: "sp", Reported: val("21", "timestamp", ts), ObservedDesired: val("21")}, {PropertyName: "temp", Reported: val("19.5", metaError, "timeout")}, {PropertyName: "extra", Reported: val("1")}})
+		[]v1alpha1.Twin{{PropertyName: "sp", Reported: val("21", "timestamp", ts), ObservedDesired: val("21")}, {PropertyName: "temp", Reported: val("19.5", twinvalue.MetaError, "timeout")}, {PropertyName: "extra", Reported: val("1")}})
 	d.Status.State = "ok"
 	last := map[string]string{}
 	var got []string

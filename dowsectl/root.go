@@ -45,7 +45,9 @@ const (
 
 // Run runs one command line; args exclude the program name.
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	cmd := NewCommand(genericiooptions.IOStreams{In: os.Stdin, Out: stdout, ErrOut: stderr}, "dowsectl")
+	// Every command, completions too, runs on cmd.Context(): ctx, given
+	// to ExecuteContext.
+	cmd := NewCommand(genericiooptions.IOStreams{In: os.Stdin, Out: stdout, ErrOut: stderr}, "dowsectl") //nolint:contextcheck // see above
 	cmd.SetArgs(args)
 	return cmd.ExecuteContext(ctx)
 }

@@ -24,19 +24,13 @@ import (
 	"github.com/dowse-dev/dowse/dowsectl/internal/live"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	acv1alpha1 "github.com/dowse-dev/dowse/shared/api/v1alpha1/applyconfiguration/api/v1alpha1"
+	"github.com/dowse-dev/dowse/shared/twinvalue"
 )
 
 // TwinFieldManager is the field manager of `dowsectl twin set`: the desired
 // value it sets is then its own, and the controller's template defaults
 // never write over it.
 const TwinFieldManager = "dowsectl"
-
-// Metadata keys of reported twin values (brokers/mapper's MetaError and
-// MetaDesiredError).
-const (
-	metaError        = "error"
-	metaDesiredError = "desiredError"
-)
 
 // DefaultWait is how long `twin set --wait` waits when given no duration.
 const DefaultWait = time.Minute
@@ -293,7 +287,7 @@ func TwinOf(d *v1alpha1.Device) Twin {
 			}
 			if tw.Reported != nil {
 				v.Reported, v.ReportedAt = tw.Reported.Value, timestamp(tw.Reported.Metadata)
-				v.Error, v.DesiredError = tw.Reported.Metadata[metaError], tw.Reported.Metadata[metaDesiredError]
+				v.Error, v.DesiredError = tw.Reported.Metadata[twinvalue.MetaError], tw.Reported.Metadata[twinvalue.MetaDesiredError]
 			}
 			if tw.ObservedDesired != nil {
 				v.ObservedDesired, v.ObservedAt = tw.ObservedDesired.Value, timestamp(tw.ObservedDesired.Metadata)
@@ -304,13 +298,13 @@ func TwinOf(d *v1alpha1.Device) Twin {
 	return t
 }
 
-// timestamp reads a twin value's "timestamp" metadata (Unix milliseconds).
+// timestamp reads a twin value's timestamp metadata.
 func timestamp(md map[string]string) *time.Time {
-	ms, err := strconv.ParseInt(md["timestamp"], 10, 64)
-	if err != nil {
+	t, ok := twinvalue.TimestampOf(md)
+	if !ok {
 		return nil
 	}
-	t := time.UnixMilli(ms).UTC()
+	t = t.UTC()
 	return &t
 }
 
@@ -382,26 +376,16 @@ func Applied(d *v1alpha1.Device, property, value string, gen int64) (done bool, 
 			reported = tw.Reported.Value
 			// The mapper names the value it refused (`desired value "5000":
 			// ...`): an older refusal of another value is not this one's.
-			if e := tw.Reported.Metadata[metaDesiredError]; e != "" && d.Status.ObservedGeneration >= gen &&
+			if e := tw.Reported.Metadata[twinvalue.MetaDesiredError]; e != "" && d.Status.ObservedGeneration >= gen &&
 				(strings.Contains(e, strconv.Quote(value)) || !strings.HasPrefix(e, "desired value ")) {
 				return false, reported, fmt.Errorf("%w by the mapper: %s", ErrRefused, e)
 			}
 		}
-		if tw.ObservedDesired != nil && sameValue(tw.ObservedDesired.Value, value) && d.Status.ObservedGeneration >= gen {
+		if tw.ObservedDesired != nil && twinvalue.Equal(tw.ObservedDesired.Value, value) && d.Status.ObservedGeneration >= gen {
 			return true, reported, nil
 		}
 	}
 	return false, reported, nil
-}
-
-// sameValue compares as numbers where both parse, so "1.50" equals "1.5".
-func sameValue(a, b string) bool {
-	if a == b {
-		return true
-	}
-	fa, errA := strconv.ParseFloat(a, 64)
-	fb, errB := strconv.ParseFloat(b, 64)
-	return errA == nil && errB == nil && fa == fb
 }
 
 // waitApplied watches the Device until Applied says done or refused, or

@@ -18,6 +18,11 @@ command -v chromium >/dev/null || need+=(chromium)
 # dowsectl's bash completion is exercised under bash-completion, as a
 # Debian user's shell loads it.
 [ -e /usr/share/bash-completion/bash_completion ] || need+=(bash-completion)
+# lighttpd is the reverse proxy that requires HTTP Digest in front of go2rtc
+# (a camera insisting on Digest); promtool (Debian's prometheus) checks the
+# chart's alerting rules.
+command -v lighttpd >/dev/null || [ -x /usr/sbin/lighttpd ] || need+=(lighttpd)
+command -v promtool >/dev/null || need+=(prometheus)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then echo "please install: ${need[*]} (apt-get install ${need[*]})" >&2; exit 1; fi
   apt-get update -qq

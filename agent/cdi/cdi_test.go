@@ -43,11 +43,11 @@ func TestCDISpecValidatedByLibrary(t *testing.T) {
 	if errs := cache.GetErrors(); len(errs) > 0 {
 		t.Fatalf("spec errors: %v", errs)
 	}
-	dev := cache.GetDevice("dowse.dev/debug-echo=a1b2c3")
+	dev := cache.GetDevice("dowse.dev/instance=debug-echo-a1b2c3.default")
 	if dev == nil {
 		t.Fatalf("device not found; devices: %v", cache.ListDevices())
 	}
-	if got := inst.CDIName(); got != "dowse.dev/debug-echo=a1b2c3" {
+	if got := inst.CDIName(); got != "dowse.dev/instance=debug-echo-a1b2c3.default" {
 		t.Fatalf("CDIName = %q", got)
 	}
 	edits := dev.ContainerEdits

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -37,8 +36,12 @@ type Options struct {
 	NodeName string
 	// PluginDir is the kubelet's device-plugin directory (DefaultDir).
 	PluginDir string
-	// CDIDir is where CDI specs go; required unless Classic.
+	// CDIDir is where CDI specs go; required unless Classic or CDI is set.
 	CDIDir string
+	// CDI, when set, writes the specs instead of a Writer of CDIDir's own:
+	// the agent shares one with its DRA driver, so that legacy specs kept
+	// by either stay.
+	CDI *cdi.Writer
 	// Classic makes Allocate answer with env, mounts and device nodes
 	// instead of CDI device names, for runtimes without CDI. The CDI specs
 	// are still written when CDIDir is set.
@@ -78,6 +81,10 @@ type Manager struct {
 	mu        sync.Mutex
 	instances map[types.NamespacedName]*instancePlugin
 	configs   map[types.NamespacedName]*configPlugin // key: namespace, configuration name
+	// legacy are the plugins of resource names slots are still held under
+	// that are no longer an Instance's or Configuration's (LegacyResources),
+	// by resource.
+	legacy map[string]*legacyPlugin
 }
 
 type running struct {
@@ -94,6 +101,20 @@ func (r *running) stop() {
 type instancePlugin struct {
 	inst *v1alpha1.Instance
 	run  *running // nil when the resource name is invalid
+	// legacy are inst's LegacyResources, as last seen.
+	legacy []string
+}
+
+// legacyPlugin serves a resource name pods were allocated under before the
+// names carried the namespace (v1alpha1.LegacyResourceName): the kubelet
+// keeps such a pod's allocation under that name, and a container of the
+// pod that restarts needs the resource's plugin registered (and its CDI
+// device defined). It offers only the slots held under it, so no new pod
+// gets one, and goes when the last of them is released (the reclaimer
+// frees a slot no pod uses).
+type legacyPlugin struct {
+	members map[types.NamespacedName]bool
+	run     *running
 }
 
 type configPlugin struct {
@@ -119,10 +140,13 @@ func NewManager(c client.Client, opts Options, log logr.Logger) (*Manager, error
 		started:   make(chan struct{}),
 		instances: map[types.NamespacedName]*instancePlugin{},
 		configs:   map[types.NamespacedName]*configPlugin{},
+		legacy:    map[string]*legacyPlugin{},
 	}
 	m.slots = slots.NewClaimer(c, opts.NodeName)
 	m.claimer = m.slots
-	if opts.CDIDir != "" {
+	if opts.CDI != nil {
+		m.cdi = opts.CDI
+	} else if opts.CDIDir != "" {
 		w, err := cdi.NewWriter(opts.CDIDir)
 		if err != nil {
 			return nil, err
@@ -217,6 +241,15 @@ func (m *Manager) Reconcile(ctx context.Context, req reconcile.Request) (reconci
 		return reconcile.Result{}, nil
 	}
 	if here && m.cdi != nil {
+		// The legacy spec first: the main one may still be an earlier
+		// agent's, which its containers name.
+		if len(LegacyResources(inst, m.opts.NodeName)) > 0 {
+			if err := m.cdi.KeepLegacy(cdiOwner, req.NamespacedName, inst); err != nil {
+				log.Error(err, "keeping the legacy CDI spec")
+			}
+		} else if err := m.cdi.DropLegacy(cdiOwner, req.NamespacedName); err != nil {
+			log.Error(err, "removing the legacy CDI spec")
+		}
 		if err := m.cdi.Write(inst); err != nil {
 			// Bad input from the handler: no plugin rather than pods that
 			// fail to start. The Instance's next change brings us back.
@@ -230,6 +263,9 @@ func (m *Manager) Reconcile(ctx context.Context, req reconcile.Request) (reconci
 	if !here {
 		m.remove(req.NamespacedName, log)
 		if m.cdi != nil {
+			if err := m.cdi.DropLegacy(cdiOwner, req.NamespacedName); err != nil {
+				return reconcile.Result{}, err
+			}
 			if removed, err := m.cdi.Remove(req.Namespace, req.Name); err != nil {
 				return reconcile.Result{}, err
 			} else if removed {
@@ -253,34 +289,56 @@ func (m *Manager) usesDevicePlugins(ctx context.Context, inst *v1alpha1.Instance
 	return cfg.Spec.UsesDevicePlugins()
 }
 
+// cdiOwner is the device plugins' name as keepers of legacy CDI specs.
+const cdiOwner = "deviceplugin"
+
 // sweepCDI removes the specs of Instances that went away, or left this
-// node, while no agent ran: no Reconcile comes for those.
+// node, while no agent ran (no Reconcile comes for those), and the legacy
+// specs no slot held under a legacy resource needs and nobody else keeps.
 func (m *Manager) sweepCDI(ctx context.Context) {
-	files, err := filepath.Glob(filepath.Join(m.cdi.Dir(), v1alpha1.Domain+"_*_*.json"))
-	if err != nil {
-		return
-	}
-	for _, f := range files {
-		// Namespaces and Instance names never contain '_'.
-		parts := strings.Split(strings.TrimSuffix(filepath.Base(f), ".json"), "_")
-		if len(parts) != 3 {
-			continue
-		}
-		key := types.NamespacedName{Namespace: parts[1], Name: parts[2]}
+	for _, f := range m.cdi.Specs() {
 		inst := &v1alpha1.Instance{}
-		err := m.client.Get(ctx, key, inst)
+		err := m.client.Get(ctx, f.Instance, inst)
 		if err != nil && !apierrors.IsNotFound(err) {
 			continue
 		}
-		if err == nil && inst.HasNode(m.opts.NodeName) {
+		here := err == nil && inst.HasNode(m.opts.NodeName)
+		if f.Legacy {
+			if (here && len(LegacyResources(inst, m.opts.NodeName)) > 0) || m.cdi.LegacyKept(f.Instance) {
+				continue
+			}
+			if err := m.cdi.RemoveFile(f); err != nil {
+				m.log.Error(err, "removing a legacy CDI spec", "instance", f.Instance)
+				continue
+			}
+			m.log.Info("legacy CDI spec removed: no slot is held under a legacy name", "instance", f.Instance)
 			continue
 		}
-		if _, err := m.cdi.Remove(key.Namespace, key.Name); err != nil {
-			m.log.Error(err, "removing stale CDI spec", "instance", key)
+		if here {
 			continue
 		}
-		m.log.Info("stale CDI spec removed", "instance", key)
+		if _, err := m.cdi.Remove(f.Instance.Namespace, f.Instance.Name); err != nil {
+			m.log.Error(err, "removing stale CDI spec", "instance", f.Instance)
+			continue
+		}
+		m.log.Info("stale CDI spec removed", "instance", f.Instance)
 	}
+}
+
+// LegacyResources are the resources, other than inst's and its
+// Configuration's, under which node holds slots of inst: names an earlier
+// agent served (v1alpha1.LegacyResourceName), which pods allocated then
+// still hold.
+func LegacyResources(inst *v1alpha1.Instance, node string) []string {
+	var out []string
+	cur, cfg := inst.ResourceName(), v1alpha1.ResourceName(inst.Namespace, inst.Spec.ConfigurationName)
+	for _, s := range inst.Status.Slots {
+		if s.Node == node && s.Resource != "" && s.Resource != cur && s.Resource != cfg && !slices.Contains(out, s.Resource) {
+			out = append(out, s.Resource)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // here lists the Instances this node offers, as last seen.
@@ -297,6 +355,13 @@ func (m *Manager) here() []*v1alpha1.Instance {
 func (m *Manager) upsert(inst *v1alpha1.Instance, log logr.Logger) {
 	key := client.ObjectKeyFromObject(inst)
 	ckey := types.NamespacedName{Namespace: inst.Namespace, Name: inst.Spec.ConfigurationName}
+	var stops []*running
+	defer func() {
+		for _, r := range stops {
+			r.stop()
+		}
+		m.opts.Metrics.pluginsRunning(-len(stops))
+	}()
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	ip, ok := m.instances[key]
@@ -307,7 +372,7 @@ func (m *Manager) upsert(inst *v1alpha1.Instance, log logr.Logger) {
 		}
 	} else {
 		ip = &instancePlugin{inst: inst}
-		res := v1alpha1.ResourceName(inst.Name)
+		res := inst.ResourceName()
 		if err := v1alpha1.ValidateResourceName(res); err != nil {
 			log.Error(err, "no Instance device plugin")
 		} else {
@@ -319,7 +384,7 @@ func (m *Manager) upsert(inst *v1alpha1.Instance, log logr.Logger) {
 	cp, ok := m.configs[ckey]
 	if !ok {
 		cp = &configPlugin{members: map[string]bool{}}
-		res := v1alpha1.ResourceName(ckey.Name)
+		res := v1alpha1.ResourceName(ckey.Namespace, ckey.Name)
 		if err := v1alpha1.ValidateResourceName(res); err != nil {
 			log.Error(err, "no Configuration device plugin")
 		} else {
@@ -331,6 +396,52 @@ func (m *Manager) upsert(inst *v1alpha1.Instance, log logr.Logger) {
 	if cp.run != nil {
 		cp.run.svc.changed.Notify()
 	}
+	legacy := LegacyResources(inst, m.opts.NodeName)
+	for _, res := range ip.legacy {
+		if !slices.Contains(legacy, res) {
+			if r := m.leaveLegacy(res, key); r != nil {
+				stops = append(stops, r)
+			}
+		}
+	}
+	for _, res := range legacy {
+		lp := m.legacy[res]
+		if lp == nil {
+			lp = &legacyPlugin{members: map[types.NamespacedName]bool{}}
+			if err := v1alpha1.ValidateResourceName(res); err != nil {
+				log.Error(err, "no legacy device plugin")
+			} else {
+				lp.run = m.startPlugin(res, m.legacyService(res), log)
+				log.Info("serving a legacy resource while pods allocated under it hold slots", "resource", res)
+			}
+			m.legacy[res] = lp
+		}
+		lp.members[key] = true
+		if lp.run != nil {
+			lp.run.svc.changed.Notify()
+		}
+	}
+	ip.legacy = legacy
+}
+
+// leaveLegacy drops key from the legacy plugin of res and returns the
+// plugin to stop (outside m.mu: its service takes it) when no member is
+// left. Called with m.mu held.
+func (m *Manager) leaveLegacy(res string, key types.NamespacedName) *running {
+	lp := m.legacy[res]
+	if lp == nil {
+		return nil
+	}
+	delete(lp.members, key)
+	if len(lp.members) > 0 {
+		if lp.run != nil {
+			lp.run.svc.changed.Notify()
+		}
+		return nil
+	}
+	delete(m.legacy, res)
+	m.log.Info("legacy resource no longer served: no slot is held under it", "resource", res)
+	return lp.run
 }
 
 func (m *Manager) remove(key types.NamespacedName, log logr.Logger) {
@@ -341,6 +452,11 @@ func (m *Manager) remove(key types.NamespacedName, log logr.Logger) {
 		delete(m.instances, key)
 		if ip.run != nil {
 			stops = append(stops, ip.run)
+		}
+		for _, res := range ip.legacy {
+			if r := m.leaveLegacy(res, key); r != nil {
+				stops = append(stops, r)
+			}
 		}
 		ckey := types.NamespacedName{Namespace: key.Namespace, Name: ip.inst.Spec.ConfigurationName}
 		if cp := m.configs[ckey]; cp != nil {
@@ -482,6 +598,54 @@ func (m *Manager) configService(ckey types.NamespacedName, resource string) *ser
 				inst := byHash[id[:max(i, 0)]]
 				if inst == nil {
 					return nil, fmt.Errorf("device %s is not a slot of Configuration %s on this node", id, ckey)
+				}
+				want[inst] = append(want[inst], id)
+			}
+			return m.allocate(ctx, resource, want)
+		},
+	}
+}
+
+// legacyService serves a legacy resource: the slots its members hold
+// under it, Healthy, and nothing else.
+func (m *Manager) legacyService(resource string) *service {
+	held := func() map[string]*v1alpha1.Instance {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		out := map[string]*v1alpha1.Instance{}
+		lp := m.legacy[resource]
+		if lp == nil {
+			return out
+		}
+		for _, key := range slices.SortedFunc(maps.Keys(lp.members), func(a, b types.NamespacedName) int { return strings.Compare(a.String(), b.String()) }) {
+			ip := m.instances[key]
+			if ip == nil {
+				continue
+			}
+			for _, s := range ip.inst.Status.Slots {
+				if s.Node == m.opts.NodeName && s.Resource == resource && out[s.ID] == nil {
+					out[s.ID] = ip.inst
+				}
+			}
+		}
+		return out
+	}
+	return &service{
+		devices: func() []*dp.Device {
+			h := held()
+			out := make([]*dp.Device, 0, len(h))
+			for _, id := range slices.Sorted(maps.Keys(h)) {
+				out = append(out, &dp.Device{ID: id, Health: dp.Healthy})
+			}
+			return out
+		},
+		allocate: func(ctx context.Context, ids []string) (*dp.ContainerAllocateResponse, error) {
+			h := held()
+			want := map[*v1alpha1.Instance][]string{}
+			for _, id := range ids {
+				inst := h[id]
+				if inst == nil {
+					return nil, fmt.Errorf("device %s is not a slot held under %s on this node", id, resource)
 				}
 				want[inst] = append(want[inst], id)
 			}

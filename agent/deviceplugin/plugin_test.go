@@ -135,11 +135,11 @@ func TestManagerPluginsAndAllocate(t *testing.T) {
 			m.upsert(inst, testr.New(t))
 			got := []string{waitReg(t, regs, 5*time.Second).ResourceName, waitReg(t, regs, 5*time.Second).ResourceName}
 			slices.Sort(got)
-			if !slices.Equal(got, []string{"dowse.dev/debug-echo", "dowse.dev/debug-echo-a1b2c3"}) {
+			if !slices.Equal(got, []string{"dowse.dev/debug-echo-a1b2c3.default", "dowse.dev/debug-echo.default"}) {
 				t.Fatalf("registered %v", got)
 			}
 
-			pl := dialPlugin(t, dir, "n1", "dowse.dev/debug-echo-a1b2c3")
+			pl := dialPlugin(t, dir, "n1", "dowse.dev/debug-echo-a1b2c3.default")
 			law, err := pl.ListAndWatch(ctx, &dp.Empty{})
 			if err != nil {
 				t.Fatal(err)
@@ -153,7 +153,7 @@ func TestManagerPluginsAndAllocate(t *testing.T) {
 			}
 			// Another node takes slot 1: it turns Unhealthy here, quickly.
 			held := inst.DeepCopy()
-			held.Status.Slots = []v1alpha1.InstanceSlot{{ID: "a1b2c3-1", Node: "n2"}, {ID: "a1b2c3-0", Node: "n1", Resource: "dowse.dev/debug-echo-a1b2c3"}}
+			held.Status.Slots = []v1alpha1.InstanceSlot{{ID: "a1b2c3-1", Node: "n2"}, {ID: "a1b2c3-0", Node: "n1", Resource: "dowse.dev/debug-echo-a1b2c3.default"}}
 			begin := time.Now()
 			m.upsert(held, testr.New(t))
 			next, err := law.Recv()
@@ -181,13 +181,13 @@ func TestManagerPluginsAndAllocate(t *testing.T) {
 					t.Fatalf("classic answer = %+v", cr)
 				}
 			} else {
-				if len(cr.CdiDevices) != 1 || cr.CdiDevices[0].Name != "dowse.dev/debug-echo=a1b2c3" || len(cr.Envs) != 0 || len(cr.Mounts) != 0 || len(cr.Devices) != 0 {
+				if len(cr.CdiDevices) != 1 || cr.CdiDevices[0].Name != "dowse.dev/instance=debug-echo-a1b2c3.default" || len(cr.Envs) != 0 || len(cr.Mounts) != 0 || len(cr.Devices) != 0 {
 					t.Fatalf("CDI answer = %+v", cr)
 				}
 			}
 
 			// The Configuration's plugin maps slots back to their Instance.
-			cpl := dialPlugin(t, dir, "n1", "dowse.dev/debug-echo")
+			cpl := dialPlugin(t, dir, "n1", "dowse.dev/debug-echo.default")
 			// Slot 0 is held here through the Instance's resource: the
 			// Configuration's plugin must not offer it too.
 			claw, err := cpl.ListAndWatch(ctx, &dp.Empty{})
@@ -240,7 +240,7 @@ func TestManagerPluginsAndAllocate(t *testing.T) {
 			if _, err := law.Recv(); err == nil {
 				t.Fatal("ListAndWatch still open")
 			}
-			if _, err := os.Stat(filepath.Join(dir, SocketName("n1", "dowse.dev/debug-echo-a1b2c3"))); !os.IsNotExist(err) {
+			if _, err := os.Stat(filepath.Join(dir, SocketName("n1", "dowse.dev/debug-echo-a1b2c3.default"))); !os.IsNotExist(err) {
 				t.Fatalf("socket left: %v", err)
 			}
 			if n := testutil.ToFloat64(metrics.plugins); n != 0 {

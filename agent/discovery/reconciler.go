@@ -56,6 +56,11 @@ type Options struct {
 	// PropertyMetrics counts the watches of discovery property objects
 	// (nil: not counted).
 	PropertyMetrics *propertyrefs.Metrics
+	// Metrics are the devices and skipped-candidates gauges (nil: none).
+	Metrics *Metrics
+	// Recorder emits an Event on a Configuration when its handler skips
+	// candidates for a new reason (nil: no Events).
+	Recorder EventRecorder
 }
 
 // Reconciler reconciles Configurations for one node. It is also a manager
@@ -70,9 +75,10 @@ type Reconciler struct {
 	finalizer string
 	log       logr.Logger
 
-	events  chan event.TypedGenericEvent[*v1alpha1.Configuration]
-	started chan struct{}
-	runCtx  context.Context
+	events     chan event.TypedGenericEvent[*v1alpha1.Configuration]
+	skipEvents *skipEvents
+	started    chan struct{}
+	runCtx     context.Context
 
 	mu       sync.Mutex
 	sessions map[types.NamespacedName]*session
@@ -86,10 +92,11 @@ type Reconciler struct {
 func NewReconciler(c client.Client, cs kubernetes.Interface, reg *registry.Registry, w *instances.Writer, opts Options, log logr.Logger) *Reconciler {
 	r := &Reconciler{
 		client: c, registry: reg, writer: w, opts: opts, log: log,
-		finalizer: v1alpha1.AgentFinalizer(opts.NodeName),
-		events:    make(chan event.TypedGenericEvent[*v1alpha1.Configuration], 1024),
-		started:   make(chan struct{}),
-		sessions:  map[types.NamespacedName]*session{},
+		finalizer:  v1alpha1.AgentFinalizer(opts.NodeName),
+		events:     make(chan event.TypedGenericEvent[*v1alpha1.Configuration], 1024),
+		skipEvents: newSkipEvents(opts.Recorder, opts.NodeName),
+		started:    make(chan struct{}),
+		sessions:   map[types.NamespacedName]*session{},
 	}
 	r.refs = propertyrefs.New(cs, r.propertiesChanged, opts.PropertyMetrics, log.WithName("properties"))
 	return r
@@ -323,6 +330,7 @@ func (r *Reconciler) stopSession(key types.NamespacedName) {
 	if s != nil {
 		s.stop()
 	}
+	r.opts.Metrics.forget(key)
 }
 
 func (r *Reconciler) replaceSession(cfg *v1alpha1.Configuration, key string, props map[string]*discoveryv1.ByteData, blocked string) *session {
@@ -378,9 +386,12 @@ func (r *Reconciler) writeStatus(ctx context.Context, cfg *v1alpha1.Configuratio
 			cur = &cfg.Status.Nodes[i]
 		}
 	}
-	want := v1alpha1.ConfigurationNodeStatus{NodeName: r.opts.NodeName, Devices: st.devices}
+	r.opts.Metrics.observe(client.ObjectKeyFromObject(cfg), r.opts.NodeName, st)
+	want := v1alpha1.ConfigurationNodeStatus{NodeName: r.opts.NodeName, Devices: st.devices, Skipped: st.skipped}
+	var before []v1alpha1.SkippedReason
 	if cur != nil {
 		want.Conditions = append([]metav1.Condition(nil), cur.Conditions...)
+		before = cur.Skipped
 	}
 	for _, c := range []metav1.Condition{st.handler, st.discovering} {
 		c.ObservedGeneration = cfg.Generation
@@ -389,11 +400,21 @@ func (r *Reconciler) writeStatus(ctx context.Context, cfg *v1alpha1.Configuratio
 	if cur != nil && equality.Semantic.DeepEqual(*cur, want) {
 		return nil
 	}
-	ac := acv1alpha1.Configuration(cfg.Name, cfg.Namespace).WithStatus(acv1alpha1.ConfigurationStatus().WithNodes(
-		acv1alpha1.ConfigurationNodeStatus().WithNodeName(want.NodeName).WithDevices(want.Devices).WithConditions(apply.Conditions(want.Conditions)...)))
+	entry := acv1alpha1.ConfigurationNodeStatus().WithNodeName(want.NodeName).WithDevices(want.Devices).WithConditions(apply.Conditions(want.Conditions)...)
+	for _, sr := range want.Skipped {
+		ar := acv1alpha1.SkippedReason().WithReason(sr.Reason).WithCount(sr.Count)
+		for _, c := range sr.Candidates {
+			ar.WithCandidates(acv1alpha1.SkippedCandidate().WithCandidate(c.Candidate).WithMessage(c.Message))
+		}
+		entry.WithSkipped(ar)
+	}
+	ac := acv1alpha1.Configuration(cfg.Name, cfg.Namespace).WithStatus(acv1alpha1.ConfigurationStatus().WithNodes(entry))
 	err := r.client.Status().Apply(ctx, ac, client.FieldOwner(instancestore.FieldManager(r.opts.NodeName)), client.ForceOwnership)
 	if apierrors.IsNotFound(err) {
 		return nil
+	}
+	if err == nil {
+		r.skipEvents.changed(cfg, before, want.Skipped)
 	}
 	return err
 }

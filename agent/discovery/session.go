@@ -3,14 +3,18 @@ package discovery
 import (
 	"context"
 	"fmt"
+	"math"
+	"sort"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/go-logr/logr"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/dowse-dev/dowse/agent/instances"
@@ -19,6 +23,7 @@ import (
 	discoveryv1 "github.com/dowse-dev/dowse/proto/discovery/v1"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	"github.com/dowse-dev/dowse/shared/backoff"
+	"github.com/dowse-dev/dowse/shared/handler"
 )
 
 // maxDiscoverMessage bounds one device list; 10,000 devices with a few
@@ -36,12 +41,63 @@ type sessionState struct {
 	handler     metav1.Condition
 	discovering metav1.Condition
 	devices     int32
+	// dropped are devices the handler sent that were not taken (over the
+	// cap, a name collision).
+	dropped int32
+	// skipped are the candidates the handler skipped, as it last said.
+	skipped []v1alpha1.SkippedReason
+}
+
+func (a sessionState) equal(b sessionState) bool {
+	return a.handler == b.handler && a.discovering == b.discovering && a.devices == b.devices && a.dropped == b.dropped &&
+		equality.Semantic.DeepEqual(a.skipped, b.skipped)
 }
 
 // list is one complete device list from a handler.
 type list struct {
 	devices []*discoveryv1.Device
+	skipped []*discoveryv1.SkippedReason
 	shared  bool
+}
+
+// skippedStatus is a handler's skipped summary as the Configuration's
+// status holds it. The handler SDK bounds what it sends; a handler of
+// another SDK is bounded here the same way.
+func skippedStatus(in []*discoveryv1.SkippedReason) []v1alpha1.SkippedReason {
+	if len(in) == 0 {
+		return nil
+	}
+	out := make([]v1alpha1.SkippedReason, 0, min(len(in), handler.MaxSkippedReasons))
+	seen := map[string]bool{}
+	for _, r := range in {
+		if r.GetReason() == "" || seen[r.GetReason()] || len(out) == handler.MaxSkippedReasons {
+			continue
+		}
+		seen[r.GetReason()] = true
+		sr := v1alpha1.SkippedReason{Reason: cut(r.GetReason(), 64), Count: int32(min(r.GetCount(), math.MaxInt32))}
+		cands := r.GetCandidates()
+		if len(cands) > handler.MaxSkippedCandidates {
+			cands = cands[:handler.MaxSkippedCandidates]
+		}
+		for _, c := range cands {
+			sr.Candidates = append(sr.Candidates, v1alpha1.SkippedCandidate{Candidate: cut(c.GetCandidate(), 256), Message: cut(c.GetMessage(), 256)})
+		}
+		out = append(out, sr)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Reason < out[j].Reason })
+	return out
+}
+
+// cut shortens s to at most n bytes, on a rune boundary.
+func cut(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	s = s[:n]
+	for !utf8.ValidString(s) {
+		s = s[:len(s)-1]
+	}
+	return s
 }
 
 // session keeps one Discover stream open for one Configuration on this node
@@ -107,7 +163,7 @@ func (s *session) update(f func(*sessionState)) {
 	s.mu.Lock()
 	before := s.state
 	f(&s.state)
-	changed := before != s.state
+	changed := !before.equal(s.state)
 	s.mu.Unlock()
 	if changed {
 		s.notify()
@@ -157,7 +213,11 @@ func (s *session) run(ctx context.Context) {
 			return
 		}
 		writeRetry.Reset()
-		s.update(func(x *sessionState) { x.devices = int32(len(kept) - len(res.Collisions)) })
+		s.update(func(x *sessionState) {
+			x.devices = int32(len(kept) - len(res.Collisions))
+			x.dropped = int32(len(target.devices)) - x.devices
+			x.skipped = skippedStatus(target.skipped)
+		})
 		if target.devices == nil { // released after the grace period, not a list
 			return
 		}
@@ -325,7 +385,7 @@ func (s *session) discover(ctx context.Context, h registry.Handler, lists chan l
 			first = false
 			s.setHandler(metav1.ConditionTrue, "Registered", "discovering through "+h.Endpoint)
 		}
-		offer(lists, list{devices: resp.GetDevices(), shared: h.Shared})
+		offer(lists, list{devices: resp.GetDevices(), skipped: resp.GetSkipped(), shared: h.Shared})
 	}
 }
 

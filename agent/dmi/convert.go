@@ -1,11 +1,8 @@
 package dmi
 
 import (
-	"encoding/base64"
 	"fmt"
 	"math"
-	"strconv"
-	"strings"
 
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
@@ -14,6 +11,7 @@ import (
 
 	dmiv1beta1 "github.com/dowse-dev/dowse/proto/dmi/v1beta1"
 	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
+	"github.com/dowse-dev/dowse/shared/twinvalue"
 )
 
 // customized converts a Device's configData (a JSON object on the Device,
@@ -120,43 +118,25 @@ func toDMIModel(m *linkv1.EdgeDeviceModel) *dmiv1beta1.DeviceModel {
 	return &dmiv1beta1.DeviceModel{Name: m.GetRef().GetName(), Namespace: m.GetRef().GetNamespace(), Spec: spec}
 }
 
-// parseValue reads a mapper's text value as the model's type: INT as a
-// 64-bit integer, FLOAT as a float that fits 32 bits, DOUBLE as 64 bits,
-// BOOLEAN as strconv.ParseBool does (true, false, 1, 0, t, f), STRING as
-// is, BYTES as standard base64 (the form Kubernetes gives bytes in JSON).
-// Type names are matched case-insensitively (mappers lower-case them).
+// parseValue reads a mapper's text value as the model's type, as
+// twinvalue.Parse does (type names in any case, as mappers lower-case
+// them), into the link's typed value.
 func parseValue(typ, s string) (*linkv1.Value, error) {
-	switch strings.ToUpper(typ) {
-	case "INT", "INTEGER":
-		n, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
-		if err != nil {
-			return nil, fmt.Errorf("%q is not an INT", s)
-		}
-		return &linkv1.Value{Kind: &linkv1.Value_IntValue{IntValue: n}}, nil
-	case "FLOAT", "DOUBLE":
-		bits := 64
-		if strings.EqualFold(typ, "FLOAT") {
-			bits = 32
-		}
-		f, err := strconv.ParseFloat(strings.TrimSpace(s), bits)
-		if err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
-			return nil, fmt.Errorf("%q is not a finite %s", s, strings.ToUpper(typ))
-		}
-		return &linkv1.Value{Kind: &linkv1.Value_DoubleValue{DoubleValue: f}}, nil
-	case "BOOLEAN", "BOOL":
-		b, err := strconv.ParseBool(strings.TrimSpace(s))
-		if err != nil {
-			return nil, fmt.Errorf("%q is not a BOOLEAN", s)
-		}
-		return &linkv1.Value{Kind: &linkv1.Value_BoolValue{BoolValue: b}}, nil
-	case "STRING", "":
-		return &linkv1.Value{Kind: &linkv1.Value_StringValue{StringValue: s}}, nil
-	case "BYTES":
-		b, err := base64.StdEncoding.DecodeString(s)
-		if err != nil {
-			return nil, fmt.Errorf("%q is not base64 BYTES", s)
-		}
-		return &linkv1.Value{Kind: &linkv1.Value_BytesValue{BytesValue: b}}, nil
+	v, err := twinvalue.Parse(twinvalue.Type(typ), s)
+	if err != nil {
+		return nil, err
 	}
-	return nil, fmt.Errorf("the model's type %q is not one Dowse knows", typ)
+	switch x := v.(type) {
+	case int64:
+		return &linkv1.Value{Kind: &linkv1.Value_IntValue{IntValue: x}}, nil
+	case float64:
+		return &linkv1.Value{Kind: &linkv1.Value_DoubleValue{DoubleValue: x}}, nil
+	case bool:
+		return &linkv1.Value{Kind: &linkv1.Value_BoolValue{BoolValue: x}}, nil
+	case []byte:
+		return &linkv1.Value{Kind: &linkv1.Value_BytesValue{BytesValue: x}}, nil
+	case string:
+		return &linkv1.Value{Kind: &linkv1.Value_StringValue{StringValue: x}}, nil
+	}
+	return nil, fmt.Errorf("twinvalue.Parse returned a %T", v) // it returns the kinds above
 }

@@ -36,6 +36,10 @@ type mapper struct {
 	done     chan struct{}
 	healthy  atomic.Bool
 	restored bool // remembered from before an agent restart: what it holds is unknown
+	// registrant is the process that registered it (peer.go). Zero for one
+	// remembered from an agent that did not record it: the process serving
+	// its socket is adopted on its first report. Under mu.
+	registrant caller
 	// unreachableSince is when calls started failing as unreachable (zero:
 	// reachable). The worker's own.
 	unreachableSince time.Time
@@ -105,6 +109,34 @@ func (s *Server) newMapper(info *dmiv1beta1.MapperInfo) (*mapper, error) {
 	m.healthy.Store(true)
 	m.poke()
 	return m, nil
+}
+
+// speaksFor reports whether who may report for m's Devices. A mapper
+// remembered without its registrant adopts the process serving its
+// socket, which is the one the agent hands its Devices to.
+func (m *mapper) speaksFor(ctx context.Context, who caller) (ok, adopted bool, err error) {
+	if !who.Known {
+		return true, false, nil // the agent's own process
+	}
+	m.mu.Lock()
+	reg := m.registrant
+	m.mu.Unlock()
+	if reg.Known {
+		return reg.same(who), false, nil
+	}
+	lctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	served, err := listenerOf(lctx, mapperAddress(m.info))
+	if err != nil {
+		return false, false, fmt.Errorf("the mapper's socket %s: %w", mapperAddress(m.info), err)
+	}
+	m.mu.Lock()
+	if !m.registrant.Known {
+		m.registrant, adopted = served, true
+	}
+	reg = m.registrant
+	m.mu.Unlock()
+	return reg.same(who), adopted, nil
 }
 
 func (m *mapper) poke() {

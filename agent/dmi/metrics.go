@@ -25,6 +25,7 @@ const (
 	reasonEmpty           = "empty"
 	reasonRateLimited     = "rate-limited"
 	reasonStore           = "store"
+	reasonNotYours        = "not-its-device"
 )
 
 // NewMetrics registers the metrics with reg (nil: unregistered).
@@ -33,7 +34,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		received: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "dowse", Subsystem: "dmi", Name: "reports_received_total",
 			Help: "Reports mappers sent (kind twin: one per property value; kind state: one per device state), refused ones included."}, []string{"kind"}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "dowse", Subsystem: "dmi", Name: "reports_refused_total",
-			Help: "Reports refused, by reason (unknown-device, unknown-property, bad-value, bad-state, empty, rate-limited, store)."}, []string{"kind", "reason"}),
+			Help: "Reports refused, by reason (unknown-device, unknown-property, bad-value, bad-state, empty, rate-limited, store, not-its-device)."}, []string{"kind", "reason"}),
 		calls: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "dowse", Subsystem: "dmi", Name: "mapper_calls_total",
 			Help: "Calls the agent made to mappers' DeviceMapperService, by method and result (ok, error)."}, []string{"method", "result"}),
 		latency: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "dowse", Subsystem: "dmi", Name: "desired_to_mapper_seconds",

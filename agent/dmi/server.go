@@ -24,6 +24,10 @@
 // with the new property types. GetDevice is never called (edgecore never
 // does, and KubeEdge's template mapper crashes on it).
 //
+// Callers: a report is taken only from the process that registered the
+// mapper serving its Device (peer.go says how processes are told apart);
+// others are refused with PermissionDenied naming the Device.
+//
 // Restarts: MapperRegister(withData) answers with the mapper's Devices and
 // models and counts them as delivered; without data they are sent with
 // CreateDeviceModel/RegisterDevice. Registered mappers, and the keys of
@@ -42,7 +46,6 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -57,6 +60,7 @@ import (
 
 	dmiv1beta1 "github.com/dowse-dev/dowse/proto/dmi/v1beta1"
 	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
+	"github.com/dowse-dev/dowse/shared/twinvalue"
 )
 
 // Edge is what the mapper API needs of the edge store and link;
@@ -69,10 +73,6 @@ type Edge interface {
 	ReportMany(reports []*linkv1.TwinReportedUpdate) error
 	ReportState(device *linkv1.DeviceRef, state, mapper string, at time.Time) (uint64, error)
 }
-
-// States a mapper may report (ReportDeviceStates): KubeEdge's, and
-// mapper-framework's own "disconnected", which edgecore drops.
-var States = []string{"ok", "online", "offline", "unhealthy", "unknown", "disconnected"}
 
 // Config configures a Server. Zero values take the defaults noted.
 type Config struct {
@@ -177,6 +177,9 @@ func New(cfg Config, edge Edge, metrics *Metrics) (*Server, error) {
 			return nil, err
 		}
 		m.restored = true
+		if sm.Caller != nil {
+			m.registrant = *sm.Caller
+		}
 		for _, k := range sm.Devices {
 			m.devices[k] = "" // held, content unknown: sent again
 		}
@@ -293,7 +296,7 @@ func (s *Server) Start(ctx context.Context) error {
 		lis.Close()
 		return fmt.Errorf("dmi: %w", err)
 	}
-	gs := grpc.NewServer()
+	gs := grpc.NewServer(grpc.Creds(peerCreds{}))
 	dmiv1beta1.RegisterDeviceManagerServiceServer(gs, s)
 	reflection.Register(gs) // as edgecore does: grpcurl -unix <socket> list
 
@@ -404,6 +407,8 @@ func (s *Server) MapperRegister(ctx context.Context, req *dmiv1beta1.MapperRegis
 	if err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "mapper %q: %v", info.GetName(), err)
 	}
+	who := callerFrom(ctx)
+	m.registrant = who
 	resp := &dmiv1beta1.MapperRegisterResponse{}
 	s.mu.Lock()
 	if s.runCtx == nil {
@@ -450,7 +455,11 @@ func (s *Server) MapperRegister(ctx context.Context, req *dmiv1beta1.MapperRegis
 		log.Error(err, "cannot remember the mapper; it is told again only when it registers again", "mapper", info.GetName())
 	}
 	log.Info("mapper registered", "mapper", info.GetName(), "protocol", info.GetProtocol(), "address", mapperAddress(info),
-		"withData", req.GetWithData(), "devices", len(resp.DeviceList), "again", old != nil)
+		"withData", req.GetWithData(), "devices", len(resp.DeviceList), "again", old != nil, "caller", who.String())
+	if !who.distinct() {
+		log.Info("this mapper is known by its uid alone (another pid namespace, and a kernel without pidfs): mappers of the same uid can report for each other's devices; give each mapper its own uid or run the agent with hostPID",
+			"mapper", info.GetName(), "uid", who.UID)
+	}
 	return resp, nil
 }
 
@@ -465,6 +474,10 @@ func (s *Server) ReportDeviceStatus(ctx context.Context, req *dmiv1beta1.ReportD
 	d, model, owner, err := s.lookup(req.GetDeviceNamespace(), req.GetDeviceName())
 	if err != nil {
 		s.metrics.refuse("twin", reasonUnknownDevice, max(len(twins), 1))
+		return nil, err
+	}
+	if err := s.mayReport(ctx, d, owner); err != nil {
+		s.metrics.refuse("twin", reasonNotYours, max(len(twins), 1))
 		return nil, err
 	}
 	if len(twins) == 0 {
@@ -526,7 +539,7 @@ func (s *Server) ReportDeviceStatus(ctx context.Context, req *dmiv1beta1.ReportD
 	return &dmiv1beta1.ReportDeviceStatusResponse{}, nil
 }
 
-// ReportDeviceStates takes a device's state (one of States).
+// ReportDeviceStates takes a device's state (one of twinvalue.States).
 func (s *Server) ReportDeviceStates(ctx context.Context, req *dmiv1beta1.ReportDeviceStatesRequest) (*dmiv1beta1.ReportDeviceStatesResponse, error) {
 	s.metrics.receive("state", 1)
 	d, _, owner, err := s.lookup(req.GetDeviceNamespace(), req.GetDeviceName())
@@ -534,14 +547,14 @@ func (s *Server) ReportDeviceStates(ctx context.Context, req *dmiv1beta1.ReportD
 		s.metrics.refuse("state", reasonUnknownDevice, 1)
 		return nil, err
 	}
-	st := strings.ToLower(strings.TrimSpace(req.GetState()))
-	known := false
-	for _, k := range States {
-		known = known || st == k
+	if err := s.mayReport(ctx, d, owner); err != nil {
+		s.metrics.refuse("state", reasonNotYours, 1)
+		return nil, err
 	}
-	if !known {
+	st, err := twinvalue.ParseState(req.GetState())
+	if err != nil {
 		s.metrics.refuse("state", reasonBadState, 1)
-		return nil, status.Errorf(codes.InvalidArgument, "device %s: state %q is not one of %s", refKey(d.GetRef()), req.GetState(), strings.Join(States, ", "))
+		return nil, status.Errorf(codes.InvalidArgument, "device %s: %v", refKey(d.GetRef()), err)
 	}
 	if !s.allow(owner, 1) {
 		s.metrics.refuse("state", reasonRateLimited, 1)
@@ -582,6 +595,36 @@ func (s *Server) lookup(ns, name string) (*linkv1.EdgeDevice, *linkv1.EdgeDevice
 	return d, model, owner, nil
 }
 
+// mayReport refuses, with PermissionDenied naming the Device, a report by
+// a process that did not register the mapper serving d (owner, "" when
+// none does).
+func (s *Server) mayReport(ctx context.Context, d *linkv1.EdgeDevice, owner string) error {
+	who := callerFrom(ctx)
+	if !who.Known {
+		return nil
+	}
+	s.mu.Lock()
+	m := s.mappers[owner]
+	s.mu.Unlock()
+	key := refKey(d.GetRef())
+	if m == nil {
+		return status.Errorf(codes.PermissionDenied, "device %s: no mapper registered on node %s serves it; a mapper reports for its Devices after MapperRegister", key, s.cfg.Node)
+	}
+	ok, adopted, err := m.speaksFor(ctx, who)
+	if adopted {
+		if werr := s.writeMappers(); werr != nil {
+			logr.FromContextOrDiscard(ctx).Error(werr, "cannot remember the mapper's process", "mapper", owner)
+		}
+	}
+	if err != nil {
+		return status.Errorf(codes.PermissionDenied, "device %s is served by mapper %q, which cannot be checked to be %s: %v", key, owner, who, err)
+	}
+	if !ok {
+		return status.Errorf(codes.PermissionDenied, "device %s is served by mapper %q, which another process registered; %s reports only for the Devices of mappers it registered", key, owner, who)
+	}
+	return nil
+}
+
 func (s *Server) allow(owner string, n int) bool {
 	if s.cfg.ReportRate < 0 {
 		return true
@@ -599,8 +642,8 @@ func (s *Server) allow(owner string, n int) bool {
 // reportTime is the metadata "timestamp" (Unix milliseconds, as
 // mapper-framework writes it) or, without one, now.
 func (s *Server) reportTime(md map[string]string) time.Time {
-	if ms, err := strconv.ParseInt(md["timestamp"], 10, 64); err == nil && ms > 0 {
-		return time.UnixMilli(ms)
+	if at, ok := twinvalue.TimestampOf(md); ok {
+		return at
 	}
 	return s.cfg.Now()
 }
@@ -727,6 +770,9 @@ type savedMapper struct {
 	// agent removes from it what the node lost meanwhile.
 	Devices []string `json:"devices,omitempty"`
 	Models  []string `json:"models,omitempty"`
+	// Caller is the process that registered it (absent from files of
+	// agents before it was recorded).
+	Caller *caller `json:"caller,omitempty"`
 }
 
 func (s *Server) mappersFile() string { return filepath.Join(s.cfg.StateDir, "dmi-mappers.json") }
@@ -759,8 +805,15 @@ func (s *Server) writeMappers() error {
 	for _, m := range ms {
 		i := m.info
 		devs, models := m.held()
-		saved = append(saved, savedMapper{Name: i.GetName(), Version: i.GetVersion(), APIVersion: i.GetApiVersion(), Protocol: i.GetProtocol(), Address: mapperAddress(i),
-			Devices: devs, Models: models})
+		sm := savedMapper{Name: i.GetName(), Version: i.GetVersion(), APIVersion: i.GetApiVersion(), Protocol: i.GetProtocol(), Address: mapperAddress(i),
+			Devices: devs, Models: models}
+		m.mu.Lock()
+		if m.registrant.Known {
+			c := m.registrant
+			sm.Caller = &c
+		}
+		m.mu.Unlock()
+		saved = append(saved, sm)
 	}
 	sort.Slice(saved, func(i, j int) bool { return saved[i].Name < saved[j].Name })
 	data, err := json.MarshalIndent(saved, "", "  ")

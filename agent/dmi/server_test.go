@@ -23,6 +23,7 @@ import (
 
 	dmiv1beta1 "github.com/dowse-dev/dowse/proto/dmi/v1beta1"
 	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
+	"github.com/dowse-dev/dowse/shared/twinvalue"
 	"github.com/dowse-dev/dowse/test/promtest"
 )
 
@@ -406,6 +407,7 @@ func TestReports(t *testing.T) {
 	edge.putDevice(device("a", "thermo", "virtual", "", "1"))
 	r := startServer(t, dir, edge, nil)
 	ctx := context.Background()
+	register(t, r.client, "virt", "virtual", startFakeMapper(t, filepath.Join(dir, "m.sock")).sock, false)
 
 	twin := func(prop, v, od string) *dmiv1beta1.Twin {
 		return &dmiv1beta1.Twin{PropertyName: prop, Reported: &dmiv1beta1.TwinProperty{Value: v, Metadata: map[string]string{"timestamp": "1700000000123", "type": "int"}},
@@ -473,7 +475,7 @@ func TestReports(t *testing.T) {
 	}
 
 	// States.
-	for _, st := range States {
+	for _, st := range twinvalue.States() {
 		if _, err := r.client.ReportDeviceStates(ctx, &dmiv1beta1.ReportDeviceStatesRequest{DeviceNamespace: "default", DeviceName: "a", State: st}); err != nil {
 			t.Fatalf("state %s: %v", st, err)
 		}
@@ -487,7 +489,7 @@ func TestReports(t *testing.T) {
 		t.Fatalf("state of unknown device: %v", err)
 	}
 	edge.mu.Lock()
-	if len(edge.states) != len(States) {
+	if len(edge.states) != len(twinvalue.States()) {
 		t.Errorf("%d states stored", len(edge.states))
 	}
 	edge.mu.Unlock()

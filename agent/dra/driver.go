@@ -66,6 +66,9 @@ type Options struct {
 	PluginDir string
 	// CDIDir is where the CDI specs go; required.
 	CDIDir string
+	// CDI, when set, writes the specs instead of a Writer of CDIDir's own
+	// (the agent shares one with its device plugins).
+	CDI *cdi.Writer
 	// DevicePlugins says that the agent's device plugins run: they keep
 	// the CDI specs of Configurations allocated both ways.
 	DevicePlugins bool
@@ -103,7 +106,15 @@ type Driver struct {
 	devices map[types.NamespacedName]deviceState
 	// withPlugins are the DRA Configurations that use device plugins too.
 	withPlugins map[types.NamespacedName]bool
+	// legacy are the Instances whose legacy CDI spec this driver keeps:
+	// a prepared claim answered with their v1alpha1.LegacyCDIName (by an
+	// agent before CDI names carried the namespace), which the kubelet
+	// hands the runtime again when a container of the claim restarts.
+	legacy map[types.NamespacedName]bool
 }
+
+// cdiOwner is the driver's name as a keeper of legacy CDI specs.
+const cdiOwner = "dra"
 
 type specState struct {
 	resourceVersion, configuration string
@@ -138,11 +149,14 @@ func New(c cache.Cache, kube kubernetes.Interface, meta metadata.Interface, opts
 	if opts.PluginDir == "" {
 		opts.PluginDir = DefaultPluginDir
 	}
-	w, err := cdi.NewWriter(opts.CDIDir)
-	if err != nil {
-		return nil, err
+	w := opts.CDI
+	if w == nil {
+		var err error
+		if w, err = cdi.NewWriter(opts.CDIDir); err != nil {
+			return nil, err
+		}
 	}
-	return &Driver{opts: opts, cache: c, reader: c, kube: kube, meta: meta, cdi: w, log: log, dirty: make(chan struct{}, 1), healthChanged: make(chan struct{}, 1),
+	return &Driver{legacy: map[types.NamespacedName]bool{}, opts: opts, cache: c, reader: c, kube: kube, meta: meta, cdi: w, log: log, dirty: make(chan struct{}, 1), healthChanged: make(chan struct{}, 1),
 		specs: map[types.NamespacedName]specState{}, devices: map[types.NamespacedName]deviceState{},
 		insts: map[types.NamespacedName]*v1alpha1.Instance{}}, nil
 }
@@ -433,9 +447,9 @@ func (d *Driver) pool(insts []*v1alpha1.Instance) slicewriter.Pool {
 }
 
 // adoptSpecs takes over the CDI specs of the checkpoint's claims (an
-// earlier agent wrote them) and, unless device plugins run (they keep
-// their own), removes every other Dowse spec in the directory: left by
-// claims unprepared while no agent ran.
+// earlier agent wrote them), legacy ones included, and, unless device
+// plugins run (they keep their own), removes every other Dowse spec in the
+// directory: left by claims unprepared while no agent ran.
 func (d *Driver) adoptSpecs() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -448,23 +462,65 @@ func (d *Driver) adoptSpecs() {
 			}
 		}
 	}
+	d.keepLegacy(nil)
 	if d.opts.DevicePlugins {
 		return
 	}
-	files, _ := filepath.Glob(filepath.Join(d.cdi.Dir(), v1alpha1.Domain+"_*_*.json"))
-	for _, f := range files {
-		// Namespaces and Instance names never contain '_'.
-		parts := strings.Split(strings.TrimSuffix(filepath.Base(f), ".json"), "_")
-		if len(parts) != 3 {
+	for _, f := range d.cdi.Specs() {
+		if f.Legacy {
+			if d.cdi.LegacyKept(f.Instance) {
+				continue
+			}
+		} else if _, ok := d.specs[f.Instance]; ok {
 			continue
 		}
-		key := types.NamespacedName{Namespace: parts[1], Name: parts[2]}
-		if _, ok := d.specs[key]; ok {
+		if err := d.cdi.RemoveFile(f); err != nil {
+			d.log.Error(err, "removing stale CDI spec", "instance", f.Instance)
+		}
+	}
+}
+
+// keepLegacy keeps the legacy CDI specs the checkpoint's claims use, and
+// lets go of those it no longer does. insts, when not nil, are the
+// Instances here by key, to write the specs from; an Instance not among
+// them keeps the file an earlier agent left. Called with d.mu held.
+func (d *Driver) keepLegacy(insts map[types.NamespacedName]*v1alpha1.Instance) {
+	if d.checkpoint == nil {
+		return
+	}
+	want := map[types.NamespacedName]bool{}
+	for _, c := range d.checkpoint.Claims {
+		for _, dev := range c.Devices {
+			ns, name, ok := shareddra.ParseDevice(dev.Pool, dev.Device)
+			if !ok {
+				continue
+			}
+			for _, id := range dev.CDIDeviceIDs {
+				if id != v1alpha1.CDIName(ns, name) {
+					want[types.NamespacedName{Namespace: ns, Name: name}] = true
+				}
+			}
+		}
+	}
+	for key := range want {
+		if d.legacy[key] {
 			continue
 		}
-		if _, err := d.cdi.Remove(key.Namespace, key.Name); err != nil {
-			d.log.Error(err, "removing stale CDI spec", "instance", key)
+		if err := d.cdi.KeepLegacy(cdiOwner, key, insts[key]); err != nil {
+			d.log.Error(err, "keeping a legacy CDI spec", "instance", key)
+			continue
 		}
+		d.legacy[key] = true
+	}
+	for key := range d.legacy {
+		if want[key] {
+			continue
+		}
+		if err := d.cdi.DropLegacy(cdiOwner, key); err != nil {
+			d.log.Error(err, "removing a legacy CDI spec", "instance", key)
+			continue
+		}
+		delete(d.legacy, key)
 	}
 }
 
@@ -604,6 +660,7 @@ func (d *Driver) UnprepareResourceClaims(_ context.Context, claims []kubeletplug
 				d.removeSpec(key)
 			}
 		}
+		d.keepLegacy(nil)
 	}
 	return out, nil
 }

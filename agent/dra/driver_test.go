@@ -2,8 +2,10 @@ package dra
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/go-logr/logr/testr"
@@ -13,6 +15,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 
 	"github.com/dowse-dev/dowse/agent/cdi"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
@@ -103,7 +106,7 @@ func TestPrepareCheckpointed(t *testing.T) {
 			t.Fatal(err)
 		}
 		r := out["u1"]
-		if r.Err != nil || len(r.Devices) != 1 || r.Devices[0].CDIDeviceIDs[0] != "dowse.dev/echo=0123456789abcdef" || r.Devices[0].Requests[0] != "echo" {
+		if r.Err != nil || len(r.Devices) != 1 || r.Devices[0].CDIDeviceIDs[0] != "dowse.dev/instance=echo-0123456789abcdef.default" || r.Devices[0].Requests[0] != "echo" {
 			t.Fatalf("prepare = %+v", r)
 		}
 	}
@@ -209,4 +212,76 @@ func TestBothKeepsDevicePluginSpec(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(cdiDir, cdi.SpecFileName(inst)+".json")); err != nil {
 		t.Fatalf("the device plugins' CDI spec was removed: %v", err)
 	}
+}
+
+// TestUpgradeKeepsLegacyCDIDevice: a claim prepared by an agent before CDI
+// names carried the namespace was answered with the Instance's legacy CDI
+// device, which the kubelet hands the runtime again when a container of the
+// claim restarts: after the upgrade the driver answers the claim as before
+// and keeps the legacy device defined beside the new one until the claim is
+// unprepared.
+func TestUpgradeKeepsLegacyCDIDevice(t *testing.T) {
+	sch, err := scheme.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	inst := &v1alpha1.Instance{
+		ObjectMeta: metav1.ObjectMeta{Name: "echo-0123456789abcdef", Namespace: "default", ResourceVersion: "1"},
+		Spec:       v1alpha1.InstanceSpec{ConfigurationName: "echo", DeviceID: "foo1", BrokerProperties: map[string]string{"A": "b"}},
+		Status:     v1alpha1.InstanceStatus{Nodes: []v1alpha1.InstanceNode{{Name: "n1"}}},
+	}
+	cfg := &v1alpha1.Configuration{ObjectMeta: metav1.ObjectMeta{Name: "echo", Namespace: "default"},
+		Spec: v1alpha1.ConfigurationSpec{Allocation: v1alpha1.AllocationDRA}}
+	c := fake.NewClientBuilder().WithScheme(sch).WithObjects(inst, cfg).Build()
+	pluginDir, cdiDir := t.TempDir(), t.TempDir()
+	pool := shareddra.LocalPool("n1", "default", "echo")
+	// What the earlier agent left: its checkpoint and its spec.
+	old := &checkpoint{path: filepath.Join(pluginDir, CheckpointFile), Version: checkpointVersion, Claims: map[types.UID]*preparedClaim{
+		"u1": {Namespace: "apps", Name: "c-u1", Devices: []preparedDevice{{Requests: []string{"echo"}, Pool: pool, Device: "0123456789abcdef",
+			CDIDeviceIDs: []string{inst.LegacyCDIName()}, Configuration: "echo"}}},
+	}}
+	if err := old.save(); err != nil {
+		t.Fatal(err)
+	}
+	spec, err := cdi.LegacySpec(inst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := json.Marshal(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(cdiDir, cdi.SpecFileName(inst)+".json"), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	d := newTestDriver(t, c, pluginDir, cdiDir)
+	ctx := context.Background()
+	if _, err := d.sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	out, err := d.PrepareResourceClaims(ctx, []*resourceapi.ResourceClaim{claimFor("u1", pool, "0123456789abcdef")})
+	if err != nil || out["u1"].Err != nil || out["u1"].Devices[0].CDIDeviceIDs[0] != inst.LegacyCDIName() {
+		t.Fatalf("the earlier agent's claim answered %+v, %v: want its legacy CDI device", out["u1"], err)
+	}
+	devs := resolvable(t, cdiDir)
+	if !slices.Contains(devs, inst.LegacyCDIName()) || !slices.Contains(devs, inst.CDIName()) {
+		t.Fatalf("the runtime resolves %v, want %s and the legacy %s", devs, inst.CDIName(), inst.LegacyCDIName())
+	}
+	if _, err := d.UnprepareResourceClaims(ctx, []kubeletplugin.NamespacedObject{{UID: "u1"}}); err != nil {
+		t.Fatal(err)
+	}
+	if devs := resolvable(t, cdiDir); len(devs) != 0 {
+		t.Fatalf("after the unprepare the runtime resolves %v, want nothing", devs)
+	}
+}
+
+// resolvable lists the CDI devices a runtime resolves in dir.
+func resolvable(t *testing.T, dir string) []string {
+	t.Helper()
+	c, err := cdiapi.NewCache(cdiapi.WithSpecDirs(dir), cdiapi.WithAutoRefresh(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c.ListDevices()
 }

@@ -10,6 +10,8 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	mrand "math/rand/v2"
+	"net"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -27,8 +29,14 @@ import (
 type Config struct {
 	// Node is this node's name; the cloud checks it against the certificate.
 	Node string
-	// Transport is "websocket" or "quic"; Server is the cloudhub's host:port.
+	// Transport is "websocket" or "quic"; Server is the cloudhub's host:port
+	// (a Service in front of the controller's replicas, or one of them).
 	Transport, Server string
+	// Servers are more addresses of the cloudhub's replicas, tried after
+	// Server: the edge starts at a random one of all and goes on to the
+	// next whenever its connection ends (a replica that moves it away, or
+	// one that died), trying each once before it backs off.
+	Servers []string
 	// TLS is the client configuration, normally pki.ClientTLSConfig, whose
 	// GetClientCertificate lets the caller rotate the node certificate.
 	TLS *tls.Config
@@ -64,7 +72,6 @@ type EdgeHub struct {
 	onMessage OnMessage
 	store     *store
 	sess      *link.Session
-	dialer    link.Dialer
 	metrics   *link.Metrics
 	dropped   prometheus.Counter
 	// removed counts entries replaced or dropped, droppedN those dropped:
@@ -73,6 +80,10 @@ type EdgeHub struct {
 
 	// The writer (writer.go): wq hands it messages, wstop ends it, wdone
 	// says it ended. reserved, adds and rems are its own.
+	dialers []link.Dialer
+	epoch   atomic.Uint64 // of the last session, a hint in the next Hello
+	moves   *prometheus.CounterVec
+
 	wq        chan *enqReq
 	wstop     chan struct{}
 	wdone     chan struct{}
@@ -113,14 +124,31 @@ func New(cfg Config, onMessage OnMessage, reg prometheus.Registerer) (*EdgeHub, 
 	if cfg.BackoffMax <= 0 {
 		cfg.BackoffMax = 30 * time.Second
 	}
-	dialer := cfg.Dialer
-	if dialer == nil {
+	var dialers []link.Dialer
+	if cfg.Dialer != nil {
+		dialers = []link.Dialer{cfg.Dialer}
+	} else {
 		if cfg.TLS == nil {
 			return nil, errors.New("edgehub: TLS config is required")
 		}
-		var err error
-		if dialer, err = link.NewDialer(cfg.Transport, cfg.Server, cfg.TLS); err != nil {
-			return nil, err
+		for i, addr := range append([]string{cfg.Server}, cfg.Servers...) {
+			if addr == "" {
+				continue
+			}
+			conf := cfg.TLS
+			if host, _, err := net.SplitHostPort(addr); err == nil && i > 0 {
+				// Each address is checked against its own name.
+				conf = conf.Clone()
+				conf.ServerName = host
+			}
+			d, err := link.NewDialer(cfg.Transport, addr, conf)
+			if err != nil {
+				return nil, err
+			}
+			dialers = append(dialers, d)
+		}
+		if len(dialers) == 0 {
+			return nil, errors.New("edgehub: no cloudhub address")
 		}
 	}
 	st, err := openStore(cfg.StateDir, cfg.NoSync)
@@ -132,8 +160,10 @@ func New(cfg Config, onMessage OnMessage, reg prometheus.Registerer) (*EdgeHub, 
 		st.close()
 		return nil, err
 	}
-	e := &EdgeHub{cfg: cfg, onMessage: onMessage, store: st, dialer: dialer, ackKick: make(chan struct{}, 1),
+	e := &EdgeHub{cfg: cfg, onMessage: onMessage, store: st, dialers: dialers, ackKick: make(chan struct{}, 1),
 		metrics: link.NewMetrics(reg, "edgehub"),
+		moves: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "dowse", Subsystem: "edgehub", Name: "moves_total",
+			Help: "Connections the cloud ended with a Reconnect, by its reason (drain: the replica stops; rebalance)."}, []string{"reason"}),
 		dropped: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "dowse", Subsystem: "edgehub", Name: "dropped_messages_total",
 			Help: "Outbound messages dropped, oldest first, because the edge store was full."}),
 	}
@@ -145,7 +175,7 @@ func New(cfg Config, onMessage OnMessage, reg prometheus.Registerer) (*EdgeHub, 
 	e.sess = link.NewSession(scfg)
 	go e.writeLoop()
 	if reg != nil {
-		reg.MustRegister(e.dropped,
+		reg.MustRegister(e.dropped, e.moves,
 			prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "dowse", Subsystem: "edgehub", Name: "coalesced_messages_total",
 				Help: "Outbound messages replaced, while unsent, by a newer one of the same key (a device property's report, a device's state)."},
 				func() float64 { return float64(e.Coalesced()) }),
@@ -335,14 +365,23 @@ func (e *EdgeHub) Start(ctx context.Context) error {
 	// Full jitter in [d/2, d]: a fleet cut off together does not reconnect
 	// in lockstep.
 	reconnect := backoff.Backoff{Initial: e.cfg.BackoffMin, Max: e.cfg.BackoffMax, Jitter: 0.5}
+	n := len(e.dialers)
+	next := mrand.IntN(n) // spread a fleet over the addresses it is given
+	round := next         // where the current round of attempts began
 	for ctx.Err() == nil {
-		up, err := e.connectOnce(ctx)
+		d := e.dialers[next]
+		next = (next + 1) % n
+		up, err := e.connectOnce(ctx, d)
 		e.connected.Store(false)
 		if ctx.Err() != nil {
 			break
 		}
 		var pe *link.PeerError
+		var mv *movedError
 		switch {
+		case errors.As(err, &mv):
+			e.moves.WithLabelValues(mv.reason).Inc()
+			log.V(1).Info("the cloud moved this edge to another replica", "reason", mv.reason, "connected", up)
 		case errors.As(err, &pe):
 			log.Info("cloud refused the link", "code", pe.Code.String(), "reason", pe.Message)
 		case up:
@@ -350,15 +389,38 @@ func (e *EdgeHub) Start(ctx context.Context) error {
 		default:
 			log.V(1).Info("cannot reach the cloud", "reason", err.Error())
 		}
-		if up {
+		var wait time.Duration
+		switch {
+		case up && mv != nil:
+			// Told to move by a replica that spreads its edges' moves
+			// itself: go now.
 			reconnect.Reset()
+			round = next
+		case up:
+			// A session just ended (its replica died, the network
+			// blinked): the first retry comes soon, on the next address.
+			reconnect.Reset()
+			round = next
+			wait = reconnect.Next()
+		case next != round:
+			// Other addresses are left in this round: try the next soon.
+			wait = mrand.N(e.cfg.BackoffMin/2 + 1)
+		default:
+			wait = reconnect.Next()
 		}
-		backoff.Sleep(ctx, reconnect.Next())
+		backoff.Sleep(ctx, wait)
 	}
 	if c := context.Cause(ctx); c != nil && !errors.Is(c, context.Canceled) {
 		return c
 	}
 	return nil
+}
+
+// movedError ends a connection the cloud asked to move (a Reconnect).
+type movedError struct{ reason string }
+
+func (m *movedError) Error() string {
+	return "the cloud asked this edge to reconnect (" + m.reason + ")"
 }
 
 func (e *EdgeHub) ackLoop(ctx context.Context, fail context.CancelCauseFunc) {
@@ -386,11 +448,11 @@ func (e *EdgeHub) ackLoop(ctx context.Context, fail context.CancelCauseFunc) {
 
 // connectOnce dials, shakes hands and runs one connection; up reports
 // whether the handshake completed.
-func (e *EdgeHub) connectOnce(ctx context.Context) (up bool, err error) {
+func (e *EdgeHub) connectOnce(ctx context.Context, dialer link.Dialer) (up bool, err error) {
 	// A handshake slower than a few heartbeats is as good as a dead peer.
 	handshake := max(4*e.cfg.Heartbeat, time.Second)
 	dctx, cancel := context.WithTimeout(ctx, handshake)
-	c, err := e.dialer.Dial(dctx)
+	c, err := dialer.Dial(dctx)
 	cancel()
 	if err != nil {
 		return false, err
@@ -399,7 +461,7 @@ func (e *EdgeHub) connectOnce(ctx context.Context) (up bool, err error) {
 	timer := time.AfterFunc(handshake, func() { _ = c.Close() })
 	peer, received := e.sess.Received()
 	err = f.Write(&linkv1.Envelope{Kind: &linkv1.Envelope_Hello{Hello: &linkv1.Hello{
-		Node: e.cfg.Node, StreamId: e.sess.StreamID(), PeerStreamId: peer, Received: received}}})
+		Node: e.cfg.Node, StreamId: e.sess.StreamID(), PeerStreamId: peer, Received: received, Epoch: e.epoch.Load()}}})
 	var w linkv1.Envelope
 	if err == nil {
 		_, err = f.Read(&w)
@@ -407,6 +469,8 @@ func (e *EdgeHub) connectOnce(ctx context.Context) (up bool, err error) {
 	timer.Stop()
 	if err == nil && w.GetError() != nil {
 		err = &link.PeerError{Code: w.GetError().Code, Message: w.GetError().Message}
+	} else if err == nil && w.GetReconnect() != nil {
+		err = &movedError{reason: w.GetReconnect().Reason}
 	} else if err == nil && w.GetWelcome() == nil {
 		err = fmt.Errorf("%w: expected welcome, got %T", link.ErrMalformed, w.Kind)
 	}
@@ -415,12 +479,27 @@ func (e *EdgeHub) connectOnce(ctx context.Context) (up bool, err error) {
 		return false, err
 	}
 	wl := w.GetWelcome()
+	e.epoch.Store(wl.Epoch)
 	e.sess.SetPeer(wl.StreamId)
 	e.sess.Resume(wl.PeerStreamId, wl.Received)
 	e.connected.Store(true)
-	logr.FromContextOrDiscard(ctx).V(1).Info("link up", "resumeFrom", wl.Received, "pending", e.Pending())
-	err = link.RunConn(ctx, f, e.sess, link.ConnConfig{
+	logr.FromContextOrDiscard(ctx).V(1).Info("link up", "resumeFrom", wl.Received, "pending", e.Pending(), "epoch", wl.Epoch)
+	cctx, ccancel := context.WithCancelCause(ctx)
+	defer ccancel(nil)
+	var moveTimer *time.Timer
+	defer func() {
+		if moveTimer != nil {
+			moveTimer.Stop()
+		}
+	}()
+	err = link.RunConn(cctx, f, e.sess, link.ConnConfig{
 		Heartbeat: e.cfg.Heartbeat, MaxFrame: e.cfg.MaxFrame, Metrics: e.metrics,
+		OnReconnect: func(r *linkv1.Reconnect) {
+			if moveTimer == nil {
+				mv := &movedError{reason: r.Reason}
+				moveTimer = time.AfterFunc(time.Duration(r.DelayMs)*time.Millisecond, func() { ccancel(mv) })
+			}
+		},
 		Deliver: func(ctx context.Context, env *linkv1.Envelope) error {
 			peer, _ := e.sess.Received()
 			if err := e.store.received(peer, env); err != nil {

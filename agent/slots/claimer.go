@@ -121,6 +121,18 @@ func (c *Claimer) Held(inst *v1alpha1.Instance) []string {
 	return slices.Sorted(maps.Keys(c.seed(client.ObjectKeyFromObject(inst), inst)))
 }
 
+// HeldSlots lists the slots of inst this node holds, by id.
+func (c *Claimer) HeldSlots(inst *v1alpha1.Instance) []v1alpha1.InstanceSlot {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	held := c.seed(client.ObjectKeyFromObject(inst), inst)
+	out := make([]v1alpha1.InstanceSlot, 0, len(held))
+	for _, id := range slices.Sorted(maps.Keys(held)) {
+		out = append(out, held[id])
+	}
+	return out
+}
+
 // Release frees ids, slots of inst this node holds. Idempotent.
 func (c *Claimer) Release(ctx context.Context, inst *v1alpha1.Instance, ids []string) error {
 	key := client.ObjectKeyFromObject(inst)

@@ -9,6 +9,7 @@ import (
 	"github.com/go-logr/logr"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"k8s.io/apimachinery/pkg/types"
 	podresources "k8s.io/kubelet/pkg/apis/podresources/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -18,13 +19,17 @@ import (
 // DefaultPodResourcesSocket is the kubelet's pod-resources API.
 const DefaultPodResourcesSocket = "/var/lib/kubelet/pod-resources/kubelet.sock"
 
-// SlotsInUse lists the Dowse slot ids the kubelet has assigned to pods it
-// still runs.
-type SlotsInUse func(ctx context.Context) (map[string]bool, error)
+// SlotUse is a slot as the kubelet knows it: a device id of a resource.
+type SlotUse struct{ Resource, ID string }
+
+// SlotsInUse lists the Dowse slots the kubelet has assigned to pods it
+// still runs. A slot id alone names nothing: two namespaces' Instances of
+// one device have the same ids, under different resources.
+type SlotsInUse func(ctx context.Context) (map[SlotUse]bool, error)
 
 // PodResourcesSlots is a SlotsInUse over the kubelet's pod-resources List.
 func PodResourcesSlots(socket string) SlotsInUse {
-	return func(ctx context.Context) (map[string]bool, error) {
+	return func(ctx context.Context) (map[SlotUse]bool, error) {
 		conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
 			return nil, err
@@ -36,13 +41,13 @@ func PodResourcesSlots(socket string) SlotsInUse {
 		if err != nil {
 			return nil, fmt.Errorf("listing pod resources: %w", err)
 		}
-		used := map[string]bool{}
+		used := map[SlotUse]bool{}
 		for _, p := range resp.PodResources {
 			for _, c := range p.Containers {
 				for _, d := range c.Devices {
 					if strings.HasPrefix(d.ResourceName, v1alpha1.ResourcePrefix) {
 						for _, id := range d.DeviceIds {
-							used[id] = true
+							used[SlotUse{Resource: d.ResourceName, ID: id}] = true
 						}
 					}
 				}
@@ -69,7 +74,13 @@ type Reclaimer struct {
 	// metric).
 	Reclaimed func(n int)
 
-	unusedSince map[string]time.Time
+	unusedSince map[slotKey]time.Time
+}
+
+// slotKey is one slot of one Instance.
+type slotKey struct {
+	instance types.NamespacedName
+	id       string
 }
 
 // Start scans every Interval until ctx ends. A failing List (no kubelet)
@@ -96,25 +107,32 @@ func (r *Reclaimer) Scan(ctx context.Context, now time.Time) error {
 		return err
 	}
 	if r.unusedSince == nil {
-		r.unusedSince = map[string]time.Time{}
+		r.unusedSince = map[slotKey]time.Time{}
 	}
-	seen := map[string]bool{}
+	// A slot held with no resource recorded (an agent before resources
+	// were recorded) is in use under any.
+	anyResource := map[string]bool{}
+	for u := range used {
+		anyResource[u.ID] = true
+	}
+	seen := map[slotKey]bool{}
 	var errs []error
 	for _, inst := range r.Instances() {
 		var free []string
-		for _, id := range r.Claimer.Held(inst) {
-			seen[id] = true
-			if used[id] {
-				delete(r.unusedSince, id)
+		for _, s := range r.Claimer.HeldSlots(inst) {
+			k := slotKey{instance: client.ObjectKeyFromObject(inst), id: s.ID}
+			seen[k] = true
+			if used[SlotUse{Resource: s.Resource, ID: s.ID}] || (s.Resource == "" && anyResource[s.ID]) {
+				delete(r.unusedSince, k)
 				continue
 			}
-			since, ok := r.unusedSince[id]
+			since, ok := r.unusedSince[k]
 			if !ok {
-				r.unusedSince[id] = now
+				r.unusedSince[k] = now
 				continue
 			}
 			if now.Sub(since) >= r.Grace {
-				free = append(free, id)
+				free = append(free, s.ID)
 			}
 		}
 		if len(free) == 0 {
@@ -129,7 +147,7 @@ func (r *Reclaimer) Scan(ctx context.Context, now time.Time) error {
 			r.Reclaimed(len(free))
 		}
 		for _, id := range free {
-			delete(r.unusedSince, id)
+			delete(r.unusedSince, slotKey{instance: client.ObjectKeyFromObject(inst), id: id})
 		}
 	}
 	for id := range r.unusedSince {

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/dowse-dev/dowse/shared/twinvalue"
 )
 
 // NewDriver makes the Driver of one device from its protocol configuration.
@@ -80,12 +82,14 @@ type Subscriber interface {
 // Property is one property of a device, as a Driver sees it.
 type Property struct {
 	Name string
-	// Type is the model's property type (TypeInt, ...).
-	Type string
+	// Type is the model's property type (twinvalue.Int, ...).
+	Type twinvalue.Type
 	// Writable is true for ReadWrite properties.
 	Writable bool
 	// Min and Max bound desired values (model units), when set.
 	Min, Max *float64
+	// model is the model's property, for the checks of desired values.
+	model twinvalue.Property
 	// Visitor is the decoded visitors.configData, during Prepare only: the
 	// SDK drops it once the property is prepared (a driver keeps what it
 	// needs in Data), as a hundred devices' decoded visitors are a

@@ -15,6 +15,7 @@ import (
 	"github.com/dowse-dev/dowse/brokers/mapper"
 	"github.com/dowse-dev/dowse/brokers/mapper/mappertest"
 	dmiv1beta1 "github.com/dowse-dev/dowse/proto/dmi/v1beta1"
+	"github.com/dowse-dev/dowse/shared/twinvalue"
 )
 
 const wait = 15 * time.Second
@@ -342,9 +343,9 @@ func TestDesiredWritesWithoutReconnecting(t *testing.T) {
 	}
 	// The reported twin says why; observedDesired stays the value applied.
 	tw, _ = r.agent.WaitTwin(t, "ns/a", "setpoint", from, wait, func(tw *dmiv1beta1.Twin) bool {
-		return tw.GetReported().GetMetadata()[mapper.MetaDesiredError] != ""
+		return tw.GetReported().GetMetadata()[twinvalue.MetaDesiredError] != ""
 	})
-	if e := tw.GetReported().GetMetadata()[mapper.MetaDesiredError]; !strings.Contains(e, "maximum") || tw.GetObservedDesired().GetValue() != "25" {
+	if e := tw.GetReported().GetMetadata()[twinvalue.MetaDesiredError]; !strings.Contains(e, "maximum") || tw.GetObservedDesired().GetValue() != "25" {
 		t.Errorf("desired value above the maximum: twin %v", tw)
 	} else {
 		t.Logf("above maximum: %s", e)
@@ -358,9 +359,9 @@ func TestDesiredWritesWithoutReconnecting(t *testing.T) {
 	}
 	for p, want := range map[string]string{"setpoint": "not an INT", "temp": "ReadOnly"} {
 		tw, _ = r.agent.WaitTwin(t, "ns/a", p, from, wait, func(tw *dmiv1beta1.Twin) bool {
-			return strings.Contains(tw.GetReported().GetMetadata()[mapper.MetaDesiredError], want)
+			return strings.Contains(tw.GetReported().GetMetadata()[twinvalue.MetaDesiredError], want)
 		})
-		t.Logf("%s: %s", p, tw.GetReported().GetMetadata()[mapper.MetaDesiredError])
+		t.Logf("%s: %s", p, tw.GetReported().GetMetadata()[twinvalue.MetaDesiredError])
 	}
 	r.fake.mu.Lock()
 	if n := len(r.fake.writes["A"]); n != writes {
@@ -478,7 +479,7 @@ func TestBadPropertyAndModelLater(t *testing.T) {
 	delete(fake.values["A"], "t")
 	fake.mu.Unlock()
 	tw, _ := agent.WaitTwin(t, "ns/a", "temp", from, wait, func(tw *dmiv1beta1.Twin) bool {
-		return tw.GetReported().GetMetadata()[mapper.MetaError] != ""
+		return tw.GetReported().GetMetadata()[twinvalue.MetaError] != ""
 	})
 	if tw.GetReported().GetValue() != "1.5" {
 		t.Errorf("failing property reported %q, want the last good value 1.5", tw.GetReported().GetValue())

@@ -6,6 +6,8 @@ import (
 	"math"
 	"math/bits"
 	"strings"
+
+	"github.com/dowse-dev/dowse/shared/twinvalue"
 )
 
 // Register data types of a RegisterCodec.
@@ -201,7 +203,7 @@ func (c RegisterCodec) Encode(v any, current []byte) ([]byte, error) {
 		copy(b, s)
 		return c.order(b), nil
 	case DataFloat32:
-		f, ok := toFloat(v)
+		f, ok := twinvalue.AsFloat(v)
 		if !ok {
 			return nil, fmt.Errorf("%v (%T) is not a number", v, v)
 		}
@@ -211,7 +213,7 @@ func (c RegisterCodec) Encode(v any, current []byte) ([]byte, error) {
 		binary.BigEndian.PutUint32(b, math.Float32bits(float32(f)))
 		return c.order(b), nil
 	case DataFloat64:
-		f, ok := toFloat(v)
+		f, ok := twinvalue.AsFloat(v)
 		if !ok {
 			return nil, fmt.Errorf("%v (%T) is not a number", v, v)
 		}

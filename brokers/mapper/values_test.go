@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	dmiv1beta1 "github.com/dowse-dev/dowse/proto/dmi/v1beta1"
+	"github.com/dowse-dev/dowse/shared/twinvalue"
 )
 
 func TestDecodeConfigAcceptsEveryPacking(t *testing.T) {
@@ -205,42 +206,18 @@ func TestRegisterCodec(t *testing.T) {
 	}
 }
 
+// TestValues: transforms and the deadband (the values' own edge cases are
+// shared/twinvalue's table).
 func TestValues(t *testing.T) {
 	tr := Transform{Scale: 0.1, Offset: -40}
 	v := tr.Apply(int64(650))
-	if s, _ := FormatValue(TypeDouble, v); s != "25" {
+	if s, _ := twinvalue.Format(twinvalue.Double, v); s != "25" {
 		t.Errorf("650*0.1-40 = %s", s)
 	}
 	if back := tr.Inverse(25.0).(float64); math.Abs(back-650) > 1e-9 {
 		t.Errorf("inverse = %v", back)
 	}
-	for _, tc := range []struct {
-		typ  string
-		v    any
-		want string
-	}{
-		{TypeInt, 2.6, "3"}, {TypeInt, int64(-7), "-7"}, {TypeFloat, 12.375, "12.375"}, {TypeBoolean, int64(1), "true"},
-		{TypeString, "x", "x"}, {TypeBytes, []byte{1, 2}, "AQI="}, {TypeBoolean, false, "false"},
-	} {
-		if got, err := FormatValue(tc.typ, tc.v); err != nil || got != tc.want {
-			t.Errorf("FormatValue(%s, %v) = %q, %v; want %q", tc.typ, tc.v, got, err, tc.want)
-		}
-	}
-	if _, err := FormatValue(TypeInt, "abc"); err == nil {
-		t.Errorf("a string read into INT was accepted")
-	}
-	for _, tc := range []struct{ typ, s string }{{TypeInt, "1.5"}, {TypeBoolean, "yes"}, {TypeDouble, "NaN"}, {TypeBytes, "!!"}} {
-		if _, err := ParseValue(tc.typ, tc.s); err == nil {
-			t.Errorf("ParseValue(%s, %q) did not fail", tc.typ, tc.s)
-		}
-	}
-	if !changed(TypeDouble, "1.0", "1.6", 0.5) || changed(TypeDouble, "1.0", "1.4", 0.5) || !changed(TypeString, "a", "b", 10) {
+	if !changed(twinvalue.Double, "1.0", "1.6", 0.5) || changed(twinvalue.Double, "1.0", "1.4", 0.5) || !changed(twinvalue.String, "a", "b", 10) {
 		t.Errorf("deadband comparison wrong")
-	}
-	if _, err := NormalizeType("int"); err != nil {
-		t.Errorf("lower-case int refused")
-	}
-	if _, err := NormalizeType("COMPLEX"); err == nil {
-		t.Errorf("unknown type accepted")
 	}
 }

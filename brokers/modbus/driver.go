@@ -47,6 +47,7 @@ import (
 	"github.com/goburrow/modbus"
 
 	"github.com/dowse-dev/dowse/brokers/mapper"
+	"github.com/dowse-dev/dowse/shared/twinvalue"
 )
 
 // Protocol is the protocol name the mapper registers.
@@ -307,15 +308,15 @@ func (d *Driver) Prepare(p *mapper.Property) error {
 			return fmt.Errorf("dataType %q: a %s holds one bit (bool)", dt, pt.table)
 		}
 		pt.count = 1
-		if p.Type != mapper.TypeBoolean && p.Type != mapper.TypeInt && p.Type != mapper.TypeString {
+		if p.Type != twinvalue.Boolean && p.Type != twinvalue.Int && p.Type != twinvalue.String {
 			return fmt.Errorf("a %s is a bit; the model's type %s cannot hold it (use BOOLEAN or INT)", pt.table, p.Type)
 		}
 	} else {
 		def := mapper.DataUint16
 		switch p.Type {
-		case mapper.TypeBoolean:
+		case twinvalue.Boolean:
 			def = mapper.DataBool
-		case mapper.TypeString:
+		case twinvalue.String:
 			def = mapper.DataString
 		}
 		if !v.Has("length") && v.Has("limit") && def == mapper.DataString {
@@ -324,7 +325,7 @@ func (d *Driver) Prepare(p *mapper.Property) error {
 		if pt.codec, err = mapper.ParseRegisterCodec(v, def); err != nil {
 			return err
 		}
-		if pt.codec.DataType == mapper.DataString && p.Type != mapper.TypeString && p.Type != mapper.TypeBytes {
+		if pt.codec.DataType == mapper.DataString && p.Type != twinvalue.String && p.Type != twinvalue.Bytes {
 			return fmt.Errorf("dataType string needs a STRING or BYTES property, not %s", p.Type)
 		}
 		pt.count = uint16(pt.codec.Registers())

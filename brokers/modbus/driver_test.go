@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/dowse-dev/dowse/brokers/mapper"
+	"github.com/dowse-dev/dowse/shared/twinvalue"
 )
 
 func TestParseDevice(t *testing.T) {
@@ -53,18 +54,18 @@ func TestParseDevice(t *testing.T) {
 func TestPrepare(t *testing.T) {
 	d := &Driver{cfg: deviceConfig{unit: 1}}
 	ok := []struct {
-		typ   string
+		typ   twinvalue.Type
 		v     mapper.Params
 		table string
 		addr  uint16
 		count uint16
 	}{
-		{mapper.TypeInt, mapper.Params{"address": int64(4)}, Holding, 4, 1},
-		{mapper.TypeFloat, mapper.Params{"register": "input", "address": int64(2), "dataType": "float32"}, Input, 2, 2},
-		{mapper.TypeBoolean, mapper.Params{"register": "coil", "address": int64(9)}, Coil, 9, 1},
-		{mapper.TypeString, mapper.Params{"register": "holding", "address": int64(0), "length": int64(8)}, Holding, 0, 8},
+		{twinvalue.Int, mapper.Params{"address": int64(4)}, Holding, 4, 1},
+		{twinvalue.Float, mapper.Params{"register": "input", "address": int64(2), "dataType": "float32"}, Input, 2, 2},
+		{twinvalue.Boolean, mapper.Params{"register": "coil", "address": int64(9)}, Coil, 9, 1},
+		{twinvalue.String, mapper.Params{"register": "holding", "address": int64(0), "length": int64(8)}, Holding, 0, 8},
 		// KubeEdge's visitor: offset is the address.
-		{mapper.TypeInt, mapper.Params{"register": "HoldingRegister", "offset": int64(12), "scale": 1.0}, Holding, 12, 1},
+		{twinvalue.Int, mapper.Params{"register": "HoldingRegister", "offset": int64(12), "scale": 1.0}, Holding, 12, 1},
 	}
 	for _, tc := range ok {
 		p := &mapper.Property{Name: "x", Type: tc.typ, Visitor: tc.v, Transform: mapper.Transform{Offset: 12}}
@@ -81,16 +82,16 @@ func TestPrepare(t *testing.T) {
 		}
 	}
 	for _, tc := range []struct {
-		typ string
+		typ twinvalue.Type
 		v   mapper.Params
 	}{
-		{mapper.TypeInt, mapper.Params{}},
-		{mapper.TypeInt, mapper.Params{"register": "flags", "address": int64(1)}},
-		{mapper.TypeInt, mapper.Params{"address": int64(70000)}},
-		{mapper.TypeInt, mapper.Params{"address": int64(65535), "dataType": "float32"}},
-		{mapper.TypeFloat, mapper.Params{"register": "coil", "address": int64(1)}},
-		{mapper.TypeInt, mapper.Params{"register": "coil", "address": int64(1), "dataType": "int16"}},
-		{mapper.TypeInt, mapper.Params{"address": int64(1), "dataType": "string"}},
+		{twinvalue.Int, mapper.Params{}},
+		{twinvalue.Int, mapper.Params{"register": "flags", "address": int64(1)}},
+		{twinvalue.Int, mapper.Params{"address": int64(70000)}},
+		{twinvalue.Int, mapper.Params{"address": int64(65535), "dataType": "float32"}},
+		{twinvalue.Float, mapper.Params{"register": "coil", "address": int64(1)}},
+		{twinvalue.Int, mapper.Params{"register": "coil", "address": int64(1), "dataType": "int16"}},
+		{twinvalue.Int, mapper.Params{"address": int64(1), "dataType": "string"}},
 	} {
 		if err := d.Prepare(&mapper.Property{Name: "x", Type: tc.typ, Visitor: tc.v}); err == nil {
 			t.Errorf("Prepare(%s %v) did not fail", tc.typ, tc.v)
@@ -139,7 +140,7 @@ func itoa(n int) string { return strconv.Itoa(n) }
 func TestPlanCached(t *testing.T) {
 	d := &Driver{}
 	prop := func(addr int) *mapper.Property {
-		p := &mapper.Property{Name: "p" + strconv.Itoa(addr), Type: mapper.TypeInt, Visitor: mapper.Params{"address": int64(addr)}}
+		p := &mapper.Property{Name: "p" + strconv.Itoa(addr), Type: twinvalue.Int, Visitor: mapper.Params{"address": int64(addr)}}
 		if err := d.Prepare(p); err != nil {
 			t.Fatal(err)
 		}

@@ -20,6 +20,7 @@ import (
 	"github.com/dowse-dev/dowse/brokers/mapper/mappertest"
 	"github.com/dowse-dev/dowse/brokers/modbus"
 	dmiv1beta1 "github.com/dowse-dev/dowse/proto/dmi/v1beta1"
+	"github.com/dowse-dev/dowse/shared/twinvalue"
 	"github.com/dowse-dev/dowse/test/npmpeer"
 )
 
@@ -290,7 +291,7 @@ func TestModbusMapperPeers(t *testing.T) {
 		}
 		for _, prop := range []string{"count", "flowBig", "flowLittle", "pump", "mode"} {
 			agent.WaitTwin(t, "default/js", prop, from, wait, func(tw *dmiv1beta1.Twin) bool {
-				return tw.GetObservedDesired() != nil && tw.GetReported().GetMetadata()[mapper.MetaDesiredError] == ""
+				return tw.GetObservedDesired() != nil && tw.GetReported().GetMetadata()[twinvalue.MetaDesiredError] == ""
 			})
 		}
 		agent.WaitReported(t, "default/js", "count", "321", from, wait)
@@ -317,9 +318,9 @@ func TestModbusMapperPeers(t *testing.T) {
 			t.Fatal(err)
 		}
 		tw, _ := agent.WaitTwin(t, "default/js", "count", from, wait, func(tw *dmiv1beta1.Twin) bool {
-			return tw.GetReported().GetMetadata()[mapper.MetaDesiredError] != ""
+			return tw.GetReported().GetMetadata()[twinvalue.MetaDesiredError] != ""
 		})
-		if e := tw.GetReported().GetMetadata()[mapper.MetaDesiredError]; !strings.Contains(e, "maximum") || tw.GetObservedDesired().GetValue() != "321" {
+		if e := tw.GetReported().GetMetadata()[twinvalue.MetaDesiredError]; !strings.Contains(e, "maximum") || tw.GetObservedDesired().GetValue() != "321" {
 			t.Errorf("desired above the maximum: twin %v", tw)
 		} else {
 			t.Logf("above the maximum: %s", e)
@@ -334,9 +335,9 @@ func TestModbusMapperPeers(t *testing.T) {
 			t.Fatal(err)
 		}
 		tw, _ = agent.WaitTwin(t, "default/ms", "temperature", from, wait, func(tw *dmiv1beta1.Twin) bool {
-			return tw.GetReported().GetMetadata()[mapper.MetaDesiredError] != ""
+			return tw.GetReported().GetMetadata()[twinvalue.MetaDesiredError] != ""
 		})
-		t.Logf("desired on a ReadOnly input register: %s", tw.GetReported().GetMetadata()[mapper.MetaDesiredError])
+		t.Logf("desired on a ReadOnly input register: %s", tw.GetReported().GetMetadata()[twinvalue.MetaDesiredError])
 	})
 
 	t.Run("server stopped and started: offline, then ok, reads resume", func(t *testing.T) {

@@ -155,8 +155,7 @@ func (d *Driver) Prepare(p *mapper.Property) error {
 // Connect finds the camera's media service and checks that it answers
 // (GetCapabilities, with the credentials).
 func (d *Driver) Connect(ctx context.Context) error {
-	d.soap = newSOAPClient(d.cfg.timeout)
-	d.soap.username, d.soap.password = d.cfg.username, d.cfg.password
+	d.soap = newSOAPClient(d.cfg.timeout, d.cfg.username, d.cfg.password)
 	b, err := d.soap.call(ctx, d.cfg.url, `<tds:GetCapabilities><tds:Category>All</tds:Category></tds:GetCapabilities>`)
 	if err != nil {
 		d.soap.close()

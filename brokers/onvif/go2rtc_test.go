@@ -25,6 +25,7 @@ import (
 	"github.com/dowse-dev/dowse/brokers/mapper/mappertest"
 	"github.com/dowse-dev/dowse/brokers/onvif"
 	dmiv1beta1 "github.com/dowse-dev/dowse/proto/dmi/v1beta1"
+	"github.com/dowse-dev/dowse/shared/twinvalue"
 	"github.com/dowse-dev/dowse/test/npmpeer"
 )
 
@@ -230,7 +231,7 @@ func TestONVIFMapperAgainstGo2rtc(t *testing.T) {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(wait)
-	for agent.DeviceTwin(t, "default", "cam", "bogus").GetReported().GetMetadata()[mapper.MetaDesiredError] == "" {
+	for agent.DeviceTwin(t, "default", "cam", "bogus").GetReported().GetMetadata()[twinvalue.MetaDesiredError] == "" {
 		if time.Now().After(deadline) {
 			t.Fatal("no desiredError for a desired value on a read-only property")
 		}

@@ -17,6 +17,7 @@ import (
 	"github.com/dowse-dev/dowse/brokers/mapper/mappertest"
 	mopcua "github.com/dowse-dev/dowse/brokers/opcua"
 	dmiv1beta1 "github.com/dowse-dev/dowse/proto/dmi/v1beta1"
+	"github.com/dowse-dev/dowse/shared/twinvalue"
 	"github.com/dowse-dev/dowse/test/npmpeer"
 )
 
@@ -159,9 +160,9 @@ func TestOPCUAMapperAgainstNodeOPCUA(t *testing.T) {
 		}
 		for _, p := range []string{"int32", "double"} {
 			tw, _ := agent.WaitTwin(t, "default/sim", p, from, wait, func(tw *dmiv1beta1.Twin) bool {
-				return tw.GetObservedDesired() != nil || tw.GetReported().GetMetadata()[mapper.MetaDesiredError] != ""
+				return tw.GetObservedDesired() != nil || tw.GetReported().GetMetadata()[twinvalue.MetaDesiredError] != ""
 			})
-			if e := tw.GetReported().GetMetadata()[mapper.MetaDesiredError]; e != "" {
+			if e := tw.GetReported().GetMetadata()[twinvalue.MetaDesiredError]; e != "" {
 				t.Fatalf("writing %s: %s", p, e)
 			}
 		}
@@ -179,9 +180,9 @@ func TestOPCUAMapperAgainstNodeOPCUA(t *testing.T) {
 			t.Fatal(err)
 		}
 		tw, _ := agent.WaitTwin(t, "default/sim", "int32", from, wait, func(tw *dmiv1beta1.Twin) bool {
-			return tw.GetReported().GetMetadata()[mapper.MetaDesiredError] != ""
+			return tw.GetReported().GetMetadata()[twinvalue.MetaDesiredError] != ""
 		})
-		t.Logf("out of bounds: %s", tw.GetReported().GetMetadata()[mapper.MetaDesiredError])
+		t.Logf("out of bounds: %s", tw.GetReported().GetMetadata()[twinvalue.MetaDesiredError])
 		if got := readWithOtherClient(t, endpoint, "ns=2;s=Static_Scalar_Int32"); got != int32(want) {
 			t.Errorf("after a refused value another client reads %v, want %d", got, want)
 		}
@@ -199,7 +200,7 @@ func TestOPCUAMapperAgainstNodeOPCUA(t *testing.T) {
 		seen := map[string]bool{}
 		for len(seen) < 2 {
 			tw, next := agent.WaitTwin(t, "default/sim", "simulated", from, wait, func(tw *dmiv1beta1.Twin) bool {
-				return tw.GetReported().GetValue() != "" && tw.GetReported().GetMetadata()[mapper.MetaError] == "" && !seen[tw.GetReported().GetValue()]
+				return tw.GetReported().GetValue() != "" && tw.GetReported().GetMetadata()[twinvalue.MetaError] == "" && !seen[tw.GetReported().GetValue()]
 			})
 			seen[tw.GetReported().GetValue()] = true
 			from = next

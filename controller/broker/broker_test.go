@@ -8,6 +8,7 @@ import (
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
 
@@ -17,14 +18,15 @@ import (
 // A broker asks for its Instance's resource, the one the agent's Instance
 // device plugin serves, wherever the spec put the placeholder.
 func TestWithDeviceAsksForTheInstanceResource(t *testing.T) {
-	res := corev1.ResourceName(v1alpha1.ResourceName("cam-0123456789abcdef"))
+	inst := &v1alpha1.Instance{ObjectMeta: metav1.ObjectMeta{Namespace: "plant", Name: "cam-0123456789abcdef"}}
+	res := corev1.ResourceName("dowse.dev/cam-0123456789abcdef.plant")
 	spec := &corev1.PodSpec{
 		InitContainers: []corev1.Container{{Name: "init", Resources: corev1.ResourceRequirements{
-			Requests: corev1.ResourceList{corev1.ResourceName(v1alpha1.ResourceName(Placeholder)): resource.MustParse("1")}}}},
+			Requests: corev1.ResourceList{corev1.ResourceName(v1alpha1.LegacyResourceName(Placeholder)): resource.MustParse("1")}}}},
 		Containers: []corev1.Container{{Name: "main", Resources: corev1.ResourceRequirements{
 			Limits: corev1.ResourceList{Placeholder: resource.MustParse("1")}}}},
 	}
-	out := withDevice(spec, "cam-0123456789abcdef")
+	out := withDevice(spec, inst)
 	if _, ok := out.Containers[0].Resources.Limits[res]; !ok || len(out.Containers[0].Resources.Limits) != 1 {
 		t.Errorf("limits %v, want only %s", out.Containers[0].Resources.Limits, res)
 	}
@@ -34,7 +36,7 @@ func TestWithDeviceAsksForTheInstanceResource(t *testing.T) {
 	if _, ok := spec.Containers[0].Resources.Limits[Placeholder]; !ok {
 		t.Error("withDevice changed the Configuration's spec")
 	}
-	plain := withDevice(&corev1.PodSpec{Containers: []corev1.Container{{Name: "a"}, {Name: "b"}}}, "cam-0123456789abcdef")
+	plain := withDevice(&corev1.PodSpec{Containers: []corev1.Container{{Name: "a"}, {Name: "b"}}}, inst)
 	if q := plain.Containers[0].Resources.Limits[res]; q.Value() != 1 || plain.Containers[1].Resources.Limits != nil {
 		t.Errorf("without a placeholder: limits %v and %v, want one slot on the first container", plain.Containers[0].Resources.Limits, plain.Containers[1].Resources.Limits)
 	}

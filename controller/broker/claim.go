@@ -62,7 +62,7 @@ func withClaim(spec *corev1.PodSpec, template string) *corev1.PodSpec {
 		found := false
 		for _, l := range []corev1.ResourceList{c.Resources.Limits, c.Resources.Requests} {
 			for name := range l {
-				if name == Placeholder || name == corev1.ResourceName(v1alpha1.ResourceName(Placeholder)) {
+				if name == Placeholder || name == corev1.ResourceName(v1alpha1.LegacyResourceName(Placeholder)) {
 					delete(l, name)
 					found = true
 				}

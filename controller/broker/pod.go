@@ -32,15 +32,15 @@ func owner(inst *v1alpha1.Instance) []metav1.OwnerReference {
 // withDevice returns a copy of spec that asks for one slot of the
 // Instance's resource: a placeholder in requests or limits is replaced, and
 // without one the first container gets the resource as a limit.
-func withDevice(spec *corev1.PodSpec, instance string) *corev1.PodSpec {
+func withDevice(spec *corev1.PodSpec, inst *v1alpha1.Instance) *corev1.PodSpec {
 	out := spec.DeepCopy()
 	// The agent's Instance device plugin serves this resource.
-	res := corev1.ResourceName(v1alpha1.ResourceName(instance))
+	res := corev1.ResourceName(inst.ResourceName())
 	one := resource.MustParse("1")
 	replaced := false
 	swap := func(l corev1.ResourceList) {
 		for name, q := range l {
-			if name == Placeholder || name == corev1.ResourceName(v1alpha1.ResourceName(Placeholder)) {
+			if name == Placeholder || name == corev1.ResourceName(v1alpha1.LegacyResourceName(Placeholder)) {
 				delete(l, name)
 				l[res] = q
 				replaced = true
@@ -93,7 +93,7 @@ func pinned(spec *corev1.PodSpec, node string) *corev1.PodSpec {
 
 // brokerPod is the desired broker Pod of inst on node.
 func brokerPod(inst *v1alpha1.Instance, cfg *v1alpha1.Configuration, node string) *corev1.Pod {
-	device := withDevice(cfg.Spec.BrokerSpec.BrokerPodSpec, inst.Name)
+	device := withDevice(cfg.Spec.BrokerSpec.BrokerPodSpec, inst)
 	hash := specHash(cfg.Spec.BrokerSpec.BrokerPodSpec)
 	if usesClaims(cfg) {
 		device = withClaim(cfg.Spec.BrokerSpec.BrokerPodSpec, ClaimTemplateName(inst.Name))

@@ -339,7 +339,7 @@ func (r *InstanceReconciler) reconcileJob(ctx context.Context, inst *v1alpha1.In
 	if usesClaims(cfg) {
 		spec.Template.Spec = *withClaim(&spec.Template.Spec, ClaimTemplateName(inst.Name))
 	} else {
-		spec.Template.Spec = *withDevice(&spec.Template.Spec, inst.Name)
+		spec.Template.Spec = *withDevice(&spec.Template.Spec, inst)
 	}
 	if spec.Template.Labels == nil {
 		spec.Template.Labels = map[string]string{}

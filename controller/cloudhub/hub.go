@@ -10,6 +10,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	mrand "math/rand/v2"
 	"net"
 	"sort"
 	"sync"
@@ -77,6 +78,24 @@ type Config struct {
 	// when it dies between taking a message and writing it. Use it with
 	// Positions.
 	ManualCommit bool
+	// Claim, when set, makes this hub the owner of a node's session before
+	// the node is welcomed, with several hubs (controller replicas) serving
+	// one cluster's edges: it is called after the Hello (and NodeAllowed)
+	// with the epoch the edge last had (a hint), and returns the session's
+	// epoch, which the Welcome, every Inbound and the Positions of the
+	// session carry. An error closes the connection (the edge retries). A
+	// hub whose session another hub took is told so with Evict. See
+	// package controller/ownership.
+	Claim func(ctx context.Context, node string, hint uint64) (epoch uint64, err error)
+	// DrainPeriod is how long a stopping hub spends moving its edges away
+	// (each is sent a Reconnect at a random moment within it) before it
+	// closes what is left (5s; negative: none, the edges find out when
+	// their connection drops).
+	DrainPeriod time.Duration
+	// CanDrain, when set, is asked when the hub stops whether another
+	// replica can take its edges; false skips the drain (a lone replica's
+	// edges would only be turned away until it is back).
+	CanDrain func() bool
 }
 
 // Position is a place in a node's outbound stream.
@@ -86,6 +105,11 @@ type Position struct {
 	Stream uint64
 	// Seq is the sequence of the message in that stream.
 	Seq uint64
+	// Epoch is the epoch of the session the message came on (Inbound's);
+	// 0 without Config.Claim. Commit ignores a position of an epoch before
+	// the hub's session of the node began (a session another hub took in
+	// between, whose writes commit nothing here).
+	Epoch uint64
 }
 
 // Positions lets a restarted hub keep exactly-once delivery. The hub holds
@@ -121,8 +145,11 @@ type Inbound struct {
 	Node string
 	// At is where the message sits in the node's stream (At.Seq ==
 	// Env.Seq); see Positions.
-	At  Position
-	Env *linkv1.Envelope
+	At Position
+	// Epoch is the epoch of the session the message came on (At.Epoch):
+	// with several hubs, a newer session of the node has a greater one.
+	Epoch uint64
+	Env   *linkv1.Envelope
 }
 
 // Handler receives each inbound sequenced message (twin reported updates,
@@ -148,6 +175,10 @@ type Hub struct {
 	readyOnce sync.Once // Start may be called again after it failed
 	addrs     struct{ ws, quic net.Addr }
 	live      atomic.Int64 // connections being served
+	draining  atomic.Bool
+	serving   atomic.Bool
+	moved     *prometheus.CounterVec
+	evicted   prometheus.Counter
 }
 
 type nodeState struct {
@@ -157,9 +188,15 @@ type nodeState struct {
 	mu     sync.Mutex
 	cancel context.CancelCauseFunc // of the current connection
 	done   chan struct{}           // closed when the current connection ends
+	send   func(*linkv1.Envelope)  // queues a control frame on it
+	epoch  uint64                  // of the current (or last) connection
+	first  uint64                  // epoch of the first connection of sess
 }
 
-var errReplaced = errors.New("cloudhub: a newer connection of the same node replaced this one")
+var (
+	errReplaced = errors.New("cloudhub: a newer connection of the same node replaced this one")
+	errEvicted  = errors.New("cloudhub: another replica took the node's session")
+)
 
 // New builds a Hub. auth and handler are required; reg receives the metrics
 // (nil: not registered).
@@ -194,13 +231,27 @@ func New(cfg Config, auth Authorizer, handler Handler, reg prometheus.Registerer
 	if cfg.MaxConnections <= 0 {
 		cfg.MaxConnections = 20000
 	}
+	if cfg.DrainPeriod == 0 {
+		cfg.DrainPeriod = 5 * time.Second
+	}
 	h := &Hub{cfg: cfg, auth: auth, handler: handler, nodes: map[string]*nodeState{}, ready: make(chan struct{}),
 		metrics: link.NewMetrics(reg, "cloudhub"),
 		hsFail: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "dowse", Subsystem: "cloudhub", Name: "refused_connections_total",
 			Help: "Connections refused at the handshake, by reason."}, []string{"reason"}),
+		moved: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "dowse", Subsystem: "cloudhub", Name: "moved_sessions_total",
+			Help: "Edges told to reconnect elsewhere, by reason (drain: this replica is stopping; rebalance: it held more than its share)."}, []string{"reason"}),
+		evicted: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "dowse", Subsystem: "cloudhub", Name: "sessions_taken_over_total",
+			Help: "Sessions closed because another replica took the node (its newer session is the owner)."}),
 	}
 	if reg != nil {
-		reg.MustRegister(h.hsFail,
+		reg.MustRegister(h.hsFail, h.moved, h.evicted,
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "dowse", Subsystem: "cloudhub", Name: "draining",
+				Help: "1 while this replica moves its edges away before it stops."}, func() float64 {
+				if h.draining.Load() {
+					return 1
+				}
+				return 0
+			}),
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "dowse", Subsystem: "cloudhub", Name: "connected_nodes",
 				Help: "Nodes with a live connection."}, func() float64 { c, _, _ := h.stats(); return float64(c) }),
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "dowse", Subsystem: "cloudhub", Name: "queued_messages",
@@ -233,7 +284,10 @@ func (h *Hub) stats() (connected, queued, maxQueued int) {
 }
 
 // Start listens on the configured transports and serves until ctx ends.
-// It returns an error when a listener cannot be opened or fails.
+// It returns an error when a listener cannot be opened or fails. When ctx
+// ends it first drains (Config.DrainPeriod): every edge is told to
+// reconnect elsewhere, at moments spread over the period, and new
+// handshakes are turned away the same way; then it closes what is left.
 func (h *Hub) Start(ctx context.Context) error {
 	log := logr.FromContextOrDiscard(ctx).WithName("cloudhub")
 	ctx = logr.NewContext(ctx, log)
@@ -264,8 +318,24 @@ func (h *Hub) Start(ctx context.Context) error {
 		h.addrs.quic = l.Addr()
 		listeners, names = append(listeners, l), append(names, link.QUIC)
 	}
+	h.draining.Store(false)
+	h.serving.Store(true)
+	defer h.serving.Store(false)
 	h.readyOnce.Do(func() { close(h.ready) })
-	g, gctx := errgroup.WithContext(ctx)
+	// The listeners and connections outlive ctx by the drain: a QUIC
+	// listener's end closes its connections.
+	lctx, lcancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer lcancel()
+	g, gctx := errgroup.WithContext(lctx)
+	g.Go(func() error {
+		select {
+		case <-gctx.Done():
+		case <-ctx.Done():
+			h.drain(ctx)
+			lcancel()
+		}
+		return nil
+	})
 	// Connections end with gctx; Start returns only once they have, so that
 	// a stopped hub holds no session goroutine. A transport may still hand
 	// over a connection after its Serve returned: stopping turns it away.
@@ -302,7 +372,119 @@ func (h *Hub) Start(ctx context.Context) error {
 	stopping = true
 	connMu.Unlock()
 	conns.Wait()
+	if ctx.Err() != nil {
+		return nil
+	}
 	return err
+}
+
+// drain tells every connected edge to reconnect elsewhere, each at a random
+// moment within the drain period, and waits for them to go (at most the
+// period and a heartbeat more).
+func (h *Hub) drain(ctx context.Context) {
+	h.draining.Store(true)
+	period := h.cfg.DrainPeriod
+	if period < 0 || (h.cfg.CanDrain != nil && !h.cfg.CanDrain()) {
+		return
+	}
+	log := logr.FromContextOrDiscard(ctx)
+	states := h.connectedStates()
+	log.Info("draining: moving every edge to another replica", "edges", len(states), "period", period)
+	for _, st := range states {
+		h.move(st, time.Duration(mrand.Int64N(int64(period)+1)), "drain")
+	}
+	deadline := time.Now().Add(period + h.cfg.Heartbeat)
+	for time.Now().Before(deadline) {
+		if len(h.connectedStates()) == 0 {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	log.Info("drained", "left", len(h.connectedStates()))
+}
+
+// Serving is nil while the hub listens and is not draining: a readiness
+// check (an edge sent to this replica now is served).
+func (h *Hub) Serving() error {
+	switch {
+	case h.draining.Load():
+		return errors.New("cloudhub: draining")
+	case !h.serving.Load():
+		return errors.New("cloudhub: not listening")
+	}
+	return nil
+}
+
+// Draining reports whether the hub is moving its edges away.
+func (h *Hub) Draining() bool { return h.draining.Load() }
+
+func (h *Hub) connectedStates() []*nodeState {
+	h.mu.Lock()
+	states := make([]*nodeState, 0, len(h.nodes))
+	for _, s := range h.nodes {
+		states = append(states, s)
+	}
+	h.mu.Unlock()
+	out := states[:0]
+	for _, s := range states {
+		s.mu.Lock()
+		if s.cancel != nil {
+			out = append(out, s)
+		}
+		s.mu.Unlock()
+	}
+	return out
+}
+
+// Move tells node's edge to close its connection after delay and connect
+// again at once, elsewhere if it can (a Reconnect); false when the node is
+// not connected. reason ("rebalance", "drain") is counted and logged by the
+// edge.
+func (h *Hub) Move(node string, delay time.Duration, reason string) bool {
+	h.mu.Lock()
+	st := h.nodes[node]
+	h.mu.Unlock()
+	return st != nil && h.move(st, delay, reason)
+}
+
+func (h *Hub) move(st *nodeState, delay time.Duration, reason string) bool {
+	st.mu.Lock()
+	send := st.send
+	st.mu.Unlock()
+	if send == nil {
+		return false
+	}
+	send(&linkv1.Envelope{Kind: &linkv1.Envelope_Reconnect{Reconnect: &linkv1.Reconnect{
+		DelayMs: uint32(delay / time.Millisecond), Reason: reason}}})
+	h.moved.WithLabelValues(reason).Inc()
+	return true
+}
+
+// Evict closes node's session and forgets it (queue and receive position)
+// when its epoch is at or below through: another hub's newer session of
+// the node is the owner (see Config.Claim). It reports whether it did; the
+// caller then drops what it holds of the node's session too.
+func (h *Hub) Evict(node string, through uint64) bool {
+	h.mu.Lock()
+	st := h.nodes[node]
+	if st == nil {
+		h.mu.Unlock()
+		return false
+	}
+	st.mu.Lock()
+	if st.epoch > through {
+		st.mu.Unlock()
+		h.mu.Unlock()
+		return false
+	}
+	delete(h.nodes, node)
+	h.mu.Unlock()
+	if st.cancel != nil {
+		st.cancel(errEvicted)
+	}
+	st.mu.Unlock()
+	h.evicted.Inc()
+	return true
 }
 
 // Addrs are the bound listen addresses (nil for a disabled transport); they
@@ -350,7 +532,13 @@ func (h *Hub) Commit(node string, pos Position) {
 	h.mu.Lock()
 	st := h.nodes[node]
 	h.mu.Unlock()
-	if st != nil {
+	if st == nil {
+		return
+	}
+	st.mu.Lock()
+	before := pos.Epoch != 0 && pos.Epoch < st.first
+	st.mu.Unlock()
+	if !before {
 		st.sess.Commit(pos.Stream, pos.Seq)
 	}
 }
@@ -485,6 +673,13 @@ func (h *Hub) serveConn(ctx context.Context, transport string, c link.Conn) {
 		}
 	}
 
+	if h.draining.Load() {
+		// Stopping: send the edge on before it claims anything here.
+		h.refuse(ctx, "draining", c, "turning a connection away: this replica is draining")
+		f.WriteFinal(&linkv1.Envelope{Kind: &linkv1.Envelope_Reconnect{Reconnect: &linkv1.Reconnect{Reason: "drain"}}})
+		return
+	}
+
 	st := h.state(node)
 	cctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -500,16 +695,36 @@ func (h *Hub) serveConn(ctx context.Context, transport string, c link.Conn) {
 		<-old
 		st.mu.Lock()
 	}
-	st.cancel, st.done = cancel, done
+	st.cancel, st.done, st.send = cancel, done, nil
 	st.mu.Unlock()
 	defer func() {
 		st.mu.Lock()
 		if st.done == done {
-			st.cancel, st.done = nil, nil
+			st.cancel, st.done, st.send = nil, nil, nil
 		}
 		st.mu.Unlock()
 	}()
 
+	var epoch uint64
+	if h.cfg.Claim != nil {
+		var err error
+		if epoch, err = h.cfg.Claim(cctx, node, hl.Epoch); err != nil {
+			h.refuse(ctx, "claim-failed", c, "closing connection: could not claim the node's session", "reason", err.Error())
+			return
+		}
+		if cctx.Err() != nil {
+			return // evicted or replaced while claiming
+		}
+		st.mu.Lock()
+		st.epoch = epoch
+		if st.first == 0 {
+			st.first = epoch
+		}
+		st.mu.Unlock()
+		log = log.WithValues("epoch", epoch)
+		ctx = logr.NewContext(ctx, log)
+		cctx = logr.NewContext(cctx, log)
+	}
 	if err := h.seedPosition(ctx, st, node, hl.StreamId); err != nil {
 		h.refuse(ctx, "positions-unavailable", c, "closing connection: the application's position in the node's stream is unknown", "reason", err.Error())
 		return
@@ -520,7 +735,7 @@ func (h *Hub) serveConn(ctx context.Context, transport string, c link.Conn) {
 	received := st.sess.AckPosition()
 	if err := f.Write(&linkv1.Envelope{Kind: &linkv1.Envelope_Welcome{Welcome: &linkv1.Welcome{
 		StreamId: st.sess.StreamID(), PeerStreamId: peer, Received: received,
-		HeartbeatIntervalMs: uint32(h.cfg.Heartbeat / time.Millisecond)}}}); err != nil {
+		HeartbeatIntervalMs: uint32(h.cfg.Heartbeat / time.Millisecond), Epoch: epoch}}}); err != nil {
 		log.V(1).Info("connection lost during handshake", "err", err)
 		return
 	}
@@ -530,8 +745,22 @@ func (h *Hub) serveConn(ctx context.Context, transport string, c link.Conn) {
 	}
 	err = link.RunConn(cctx, f, st.sess, link.ConnConfig{
 		Heartbeat: h.cfg.Heartbeat, MaxFrame: h.cfg.MaxFrame, Limiter: st.limiter, Metrics: h.metrics,
+		Started: func(send func(*linkv1.Envelope)) {
+			st.mu.Lock()
+			if st.done == done {
+				st.send = send
+			}
+			st.mu.Unlock()
+			if h.draining.Load() {
+				// Welcomed as the drain began: move on too.
+				send(&linkv1.Envelope{Kind: &linkv1.Envelope_Reconnect{Reconnect: &linkv1.Reconnect{Reason: "drain"}}})
+			}
+		},
 		Deliver: func(ctx context.Context, env *linkv1.Envelope) error {
-			return h.deliver(ctx, Inbound{Node: node, At: Position{Stream: hl.StreamId, Seq: env.Seq}, Env: env})
+			if err := context.Cause(cctx); err != nil {
+				return err // closed: a session that is not the owner takes nothing more
+			}
+			return h.deliver(ctx, Inbound{Node: node, At: Position{Stream: hl.StreamId, Seq: env.Seq, Epoch: epoch}, Epoch: epoch, Env: env})
 		},
 	})
 	switch {
@@ -539,6 +768,8 @@ func (h *Hub) serveConn(ctx context.Context, transport string, c link.Conn) {
 		log.Info("closing connection: bad frame from node", "reason", err.Error())
 	case errors.Is(err, errReplaced):
 		log.V(1).Info("connection replaced by a newer one")
+	case errors.Is(err, errEvicted):
+		log.V(1).Info("session closed: another replica took the node")
 	default:
 		log.V(1).Info("node disconnected", "reason", fmt.Sprint(err))
 	}

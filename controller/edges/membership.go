@@ -8,8 +8,10 @@ import (
 	"sync"
 
 	"github.com/go-logr/logr"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -59,6 +61,8 @@ func NewMemberships(reader client.Reader, hub Sender, log logr.Logger) *Membersh
 func (m *Memberships) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("edge-membership").
+		// On every replica: each tells the nodes whose sessions it holds.
+		WithOptions(controller.Options{NeedLeaderElection: ptr.To(false)}).
 		Watches(&v1alpha1.Instance{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
 			nodes := IndexByNode(o)
 			reqs := make([]reconcile.Request, len(nodes))

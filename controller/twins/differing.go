@@ -1,6 +1,9 @@
 package twins
 
-import "github.com/dowse-dev/dowse/shared/api/v1alpha1"
+import (
+	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+	"github.com/dowse-dev/dowse/shared/twinvalue"
+)
 
 // differing counts d's properties with a desired value whose reported value
 // in st differs from it or is missing: status.differing, which the
@@ -17,7 +20,7 @@ func differing(d *v1alpha1.Device, st *v1alpha1.DeviceStatus) int32 {
 				reported, ok = t.Reported.Value, true
 			}
 		}
-		if !ok || !sameValue(reported, p.Desired.Value) {
+		if !ok || !twinvalue.Equal(reported, p.Desired.Value) {
 			n++
 		}
 	}

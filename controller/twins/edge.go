@@ -5,17 +5,16 @@
 package twins
 
 import (
-	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"maps"
-	"strconv"
 
 	"google.golang.org/protobuf/types/known/structpb"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 
 	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+	"github.com/dowse-dev/dowse/shared/twinvalue"
 )
 
 // EdgeDevice is what the node is sent of d: the model's protocol, default
@@ -107,20 +106,30 @@ func mergeObjects(base, over *apiextensionsv1.JSON) (*structpb.Struct, error) {
 	return structpb.NewStruct(m)
 }
 
-// FormatValue writes a reported value as the Device holds values: text of
-// the model's type.
+// FormatValue writes a reported value as the Device holds values: the twin
+// text of its kind (twinvalue.Format). A value no twin text holds (a
+// non-finite number, which agents refuse from mappers) is written as Go
+// prints it.
 func FormatValue(v *linkv1.Value) string {
+	var t twinvalue.Type
+	var x any
 	switch k := v.GetKind().(type) {
 	case *linkv1.Value_BoolValue:
-		return fmt.Sprint(k.BoolValue)
+		t, x = twinvalue.Boolean, k.BoolValue
 	case *linkv1.Value_IntValue:
-		return fmt.Sprint(k.IntValue)
+		t, x = twinvalue.Int, k.IntValue
 	case *linkv1.Value_DoubleValue:
-		return strconv.FormatFloat(k.DoubleValue, 'g', -1, 64)
+		t, x = twinvalue.Double, k.DoubleValue
 	case *linkv1.Value_StringValue:
-		return k.StringValue
+		t, x = twinvalue.String, k.StringValue
 	case *linkv1.Value_BytesValue:
-		return base64.StdEncoding.EncodeToString(k.BytesValue)
+		t, x = twinvalue.Bytes, k.BytesValue
+	default:
+		return ""
 	}
-	return ""
+	s, err := twinvalue.Format(t, x)
+	if err != nil {
+		return fmt.Sprint(x)
+	}
+	return s
 }

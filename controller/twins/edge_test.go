@@ -1,6 +1,7 @@
 package twins
 
 import (
+	"math"
 	"strings"
 	"testing"
 
@@ -13,6 +14,7 @@ import (
 
 	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+	"github.com/dowse-dev/dowse/shared/twinvalue"
 )
 
 func js(s string) *apiextensionsv1.JSON { return &apiextensionsv1.JSON{Raw: []byte(s)} }
@@ -67,6 +69,8 @@ func TestFormatValue(t *testing.T) {
 		{&linkv1.Value{Kind: &linkv1.Value_IntValue{IntValue: -42}}, "-42"},
 		{&linkv1.Value{Kind: &linkv1.Value_DoubleValue{DoubleValue: 21.5}}, "21.5"},
 		{&linkv1.Value{Kind: &linkv1.Value_DoubleValue{DoubleValue: 1e21}}, "1e+21"},
+		{&linkv1.Value{Kind: &linkv1.Value_DoubleValue{DoubleValue: 0.1}}, "0.1"},
+		{&linkv1.Value{Kind: &linkv1.Value_DoubleValue{DoubleValue: math.NaN()}}, "NaN"}, // from no agent of this version
 		{&linkv1.Value{Kind: &linkv1.Value_BoolValue{BoolValue: true}}, "true"},
 		{&linkv1.Value{Kind: &linkv1.Value_StringValue{StringValue: "on"}}, "on"},
 		{&linkv1.Value{Kind: &linkv1.Value_BytesValue{BytesValue: []byte{1, 2}}}, "AQI="},
@@ -95,7 +99,7 @@ func TestDesiredApplied(t *testing.T) {
 	}
 	// The mapper could not write b's new value: its error is the reason.
 	d.Spec.Properties[1].Desired.Value = "off"
-	st.Twins[1].Reported = &v1alpha1.TwinProperty{Value: "on", Metadata: map[string]string{MetaDesiredError: "coil 3 is read-only"}}
+	st.Twins[1].Reported = &v1alpha1.TwinProperty{Value: "on", Metadata: map[string]string{twinvalue.MetaDesiredError: "coil 3 is read-only"}}
 	desiredApplied(d, st)
 	if c := meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionDesiredApplied); c == nil || c.Reason != "MapperError" || !strings.Contains(c.Message, "b: coil 3 is read-only") {
 		t.Fatalf("condition %+v, want False with the mapper's error", c)

@@ -20,6 +20,7 @@ import (
 	"github.com/dowse-dev/dowse/controller/cloudhub"
 	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+	"github.com/dowse-dev/dowse/shared/twinvalue"
 )
 
 // Committer is what Status needs of a ManualCommit cloudhub.
@@ -133,12 +134,12 @@ func (s *Status) Handle(ctx context.Context, m cloudhub.Inbound) error {
 		if md == nil {
 			md = map[string]string{}
 		}
-		if _, ok := md["timestamp"]; !ok {
-			md["timestamp"] = strconv.FormatInt(at.UnixMilli(), 10)
+		if _, ok := md[twinvalue.MetaTimestamp]; !ok {
+			md[twinvalue.MetaTimestamp] = twinvalue.Timestamp(at)
 		}
 		tw.Reported = &v1alpha1.TwinProperty{Value: FormatValue(r.Value), Metadata: md}
 		if r.ObservedDesired != nil {
-			tw.ObservedDesired = &v1alpha1.TwinProperty{Value: FormatValue(r.ObservedDesired), Metadata: map[string]string{"timestamp": md["timestamp"]}}
+			tw.ObservedDesired = &v1alpha1.TwinProperty{Value: FormatValue(r.ObservedDesired), Metadata: map[string]string{twinvalue.MetaTimestamp: md[twinvalue.MetaTimestamp]}}
 		}
 		if st.pendingBy[r.Property] {
 			s.metrics.Coalesced.Inc()
@@ -154,7 +155,7 @@ func (s *Status) Handle(ctx context.Context, m cloudhub.Inbound) error {
 			at = t.AsTime()
 		}
 		st.status.State = ds.State
-		if ds.State == v1alpha1.DeviceStateOK || ds.State == v1alpha1.DeviceStateOnline {
+		if twinvalue.Online(ds.State) {
 			st.status.LastOnlineTime = &metav1.Time{Time: at}
 		}
 		c := metav1.Condition{Type: v1alpha1.ConditionMapperConnected, Status: metav1.ConditionTrue,
@@ -193,27 +194,6 @@ func twin(st *v1alpha1.DeviceStatus, property string) *v1alpha1.Twin {
 	return &st.Twins[len(st.Twins)-1]
 }
 
-// SetValid records whether d fits its model (the Valid condition). err nil
-// means it does.
-func (s *Status) SetValid(d *v1alpha1.Device, err error) {
-	c := metav1.Condition{Type: v1alpha1.ConditionDeviceValid, Status: metav1.ConditionTrue, Reason: "FitsModel",
-		Message: "the spec fits DeviceModel " + d.Spec.DeviceModelRef.Name, ObservedGeneration: d.Generation}
-	if err != nil {
-		c.Status, c.Reason, c.Message = metav1.ConditionFalse, "Invalid", err.Error()
-	}
-	key := client.ObjectKeyFromObject(d)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	st := s.state(key, d)
-	old := meta.FindStatusCondition(st.status.Conditions, c.Type)
-	if old != nil && old.Status == c.Status && old.Message == c.Message && st.status.ObservedGeneration == d.Generation {
-		return
-	}
-	meta.SetStatusCondition(&st.status.Conditions, c)
-	st.status.ObservedGeneration = d.Generation
-	st.dirty = true
-}
-
 // Forget drops a deleted Device's state.
 func (s *Status) Forget(key types.NamespacedName) {
 	s.mu.Lock()
@@ -221,8 +201,25 @@ func (s *Status) Forget(key types.NamespacedName) {
 	s.mu.Unlock()
 }
 
-// NeedLeaderElection: status is written by the leader only.
-func (s *Status) NeedLeaderElection() bool { return true }
+// Release drops what this replica holds of node's twins that is not
+// written: another replica owns the node's session now, and the edge
+// resends to it whatever was not acknowledged. What it held of the node's
+// Devices is dropped too (it is read again from the API server if the node
+// comes back here).
+func (s *Status) Release(node string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.taken, node)
+	for key, st := range s.devices {
+		if p := st.status.ReportedPosition; p != nil && p.Node == node {
+			delete(s.devices, key)
+		}
+	}
+}
+
+// NeedLeaderElection is false: every replica writes the status of the
+// Devices of the nodes whose sessions it holds.
+func (s *Status) NeedLeaderElection() bool { return false }
 
 // Start writes changed Devices every interval until ctx ends.
 func (s *Status) Start(ctx context.Context) error {
@@ -317,6 +314,14 @@ func (s *Status) write(ctx context.Context, w *pendingWrite) error {
 		return err
 	}
 	desiredApplied(&d, &w.status)
+	// The Valid condition and observedGeneration are Validity's (the
+	// leader's): keep what the Device says of them.
+	if c := meta.FindStatusCondition(d.Status.Conditions, v1alpha1.ConditionDeviceValid); c != nil {
+		meta.SetStatusCondition(&w.status.Conditions, *c)
+	} else {
+		meta.RemoveStatusCondition(&w.status.Conditions, v1alpha1.ConditionDeviceValid)
+	}
+	w.status.ObservedGeneration = d.Status.ObservedGeneration
 	w.status.Differing = differing(&d, &w.status)
 	body, err := json.Marshal(map[string]any{"status": w.status})
 	if err != nil {
@@ -341,15 +346,6 @@ func (s *Status) write(ctx context.Context, w *pendingWrite) error {
 	return nil
 }
 
-// Metadata keys Dowse's mappers put on a reported value (brokers/mapper's
-// MetaError and MetaDesiredError; the mapper SDK links no Kubernetes API
-// package to share them from): the error of the last read (the value is
-// the last good one) and of the last desired write.
-const (
-	MetaError        = "error"
-	MetaDesiredError = "desiredError"
-)
-
 // desiredApplied sets DesiredApplied: True once every desired value of the
 // spec has come back as observedDesired; False with the mapper's error when
 // it reports one for a desired write, else Pending.
@@ -370,7 +366,7 @@ func desiredApplied(d *v1alpha1.Device, st *v1alpha1.DeviceStatus) {
 				observed = t.ObservedDesired.Value
 			}
 			if t.Reported != nil {
-				writeErr = t.Reported.Metadata[MetaDesiredError]
+				writeErr = t.Reported.Metadata[twinvalue.MetaDesiredError]
 			}
 		}
 		switch {

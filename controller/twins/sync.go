@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
@@ -108,7 +109,8 @@ func (s *Sync) SetupWithManager(mgr ctrl.Manager) error {
 			return out
 		})).
 		// One at a time: a node must get a model before the devices of it.
-		WithOptions(controller.Options{MaxConcurrentReconciles: 1}).
+		// On every replica: each sends the nodes whose sessions it holds.
+		WithOptions(controller.Options{MaxConcurrentReconciles: 1, NeedLeaderElection: ptr.To(false)}).
 		Complete(s)
 }
 
@@ -150,31 +152,11 @@ func (s *Sync) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.
 	return reconcile.Result{}, err
 }
 
-// edgeDevice validates d against its model (recording Valid) and converts
-// it; nil when it is not to be sent.
+// edgeDevice converts d if it is to be sent (Check); nil when it is not.
+// Whether it is valid is recorded by Validity, on the leader.
 func (s *Sync) edgeDevice(ctx context.Context, d *v1alpha1.Device) (*linkv1.EdgeDevice, *v1alpha1.DeviceModel, error) {
-	if d.DeletionTimestamp != nil || d.Spec.DeviceModelRef == nil {
-		return nil, nil, nil
-	}
-	var model v1alpha1.DeviceModel
-	err := s.reader.Get(ctx, types.NamespacedName{Namespace: d.Namespace, Name: d.Spec.DeviceModelRef.Name}, &model)
-	if apierrors.IsNotFound(err) {
-		s.status.SetValid(d, fmt.Errorf("DeviceModel %s does not exist", d.Spec.DeviceModelRef.Name))
-		return nil, nil, nil
-	}
-	if err != nil {
-		return nil, nil, err
-	}
-	if err := d.Validate(&model); err != nil {
-		s.status.SetValid(d, err)
-		return nil, nil, nil
-	}
-	ed, err := EdgeDevice(d, &model)
-	s.status.SetValid(d, err)
-	if err != nil {
-		return nil, nil, nil
-	}
-	return ed, &model, nil
+	ed, model, _, err := Check(ctx, s.reader, d)
+	return ed, model, err
 }
 
 // give sends node the device (and its model first) if it is connected and

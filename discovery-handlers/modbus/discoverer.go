@@ -2,6 +2,7 @@ package modbus
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"strings"
 	"sync"
@@ -10,6 +11,7 @@ import (
 	"github.com/go-logr/logr"
 
 	discoveryv1 "github.com/dowse-dev/dowse/proto/discovery/v1"
+	"github.com/dowse-dev/dowse/shared/handler"
 )
 
 // discoverer serves Discover streams. Each stream scans on its own, with its
@@ -36,6 +38,7 @@ func (d *discoverer) Discover(ctx context.Context, req *discoveryv1.DiscoverRequ
 		if ctx.Err() != nil {
 			return nil
 		}
+		handler.SetSkipped(ctx, s.skippedNow())
 		s.log.V(1).Info("modbus scan round done", "targets", len(details.targets), "devices", len(devs), "duration", time.Since(start).String())
 		if err := send(devs); err != nil {
 			return err
@@ -66,10 +69,59 @@ type scanner struct {
 	log     logr.Logger
 	known   map[unitKey]*tracked
 	slow    map[string]*backoff
+	// skipped are the targets and units of the last round that are no
+	// device, with why; a target backed off keeps its last note.
+	skipped map[string]skipNote
 }
 
+// Reasons a target or unit is skipped, reported to the agent
+// (handler.SetSkipped).
+const (
+	// SkipNoReply: the host refused or did not answer, or the unit gave no
+	// definite answer.
+	SkipNoReply = "NoReply"
+	// SkipNoMatch: the unit answered with an exception, or with values or
+	// an identification that fail the match.
+	SkipNoMatch = "NoMatch"
+)
+
+type skipNote struct{ reason, msg string }
+
 func newScanner(d *Details, log logr.Logger) *scanner {
-	return &scanner{details: d, log: log, known: map[unitKey]*tracked{}, slow: map[string]*backoff{}}
+	return &scanner{details: d, log: log, known: map[unitKey]*tracked{}, slow: map[string]*backoff{}, skipped: map[string]skipNote{}}
+}
+
+// skippedNow summarises what the last round skipped.
+func (s *scanner) skippedNow() *handler.Skipped {
+	var sk handler.Skipped
+	for c, n := range s.skipped {
+		sk.Add(n.reason, c, n.msg)
+	}
+	return &sk
+}
+
+// noteSkipped records the targets and units of r that are no device.
+func (s *scanner) noteSkipped(r targetResult) {
+	for k := range s.skipped {
+		if k == r.address || strings.HasPrefix(k, r.address+" ") {
+			delete(s.skipped, k)
+		}
+	}
+	if r.connectErr != "" {
+		s.skipped[r.address] = skipNote{SkipNoReply, r.connectErr}
+		return
+	}
+	for _, u := range r.units {
+		switch u.outcome {
+		case noAnswer:
+			if _, known := s.known[unitKey{r.address, u.unit}]; known {
+				continue // a known device that missed a round is still listed
+			}
+			s.skipped[fmt.Sprintf("%s unit %d", r.address, u.unit)] = skipNote{SkipNoReply, u.why}
+		case notDevice:
+			s.skipped[fmt.Sprintf("%s unit %d", r.address, u.unit)] = skipNote{SkipNoMatch, u.why}
+		}
+	}
 }
 
 // round probes every target not backed off, at most Concurrency at once and
@@ -124,6 +176,7 @@ func (s *scanner) round(ctx context.Context) []*discoveryv1.Device {
 	seen := map[unitKey]bool{}
 	for r := range results {
 		s.noteSlow(r)
+		s.noteSkipped(r)
 		for _, u := range r.units {
 			key := unitKey{r.address, u.unit}
 			seen[key] = true

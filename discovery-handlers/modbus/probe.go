@@ -30,6 +30,7 @@ type unitResult struct {
 	unit    int
 	outcome outcome
 	ident   map[byte]string // identification objects, when asked and given
+	why     string          // what the unit did, when it is no device
 }
 
 // targetResult is the probe of one host:port.
@@ -39,6 +40,8 @@ type targetResult struct {
 	// slow is set when the target timed out and nothing on it answered:
 	// it is backed off rather than probed every round.
 	slow bool
+	// connectErr is why the connection failed, "" when it did not.
+	connectErr string
 }
 
 const (
@@ -62,8 +65,9 @@ func probeTarget(d *Details, address string) targetResult {
 	defer h.Close()
 	if err := h.Connect(); err != nil {
 		res.slow = isTimeout(err)
+		res.connectErr = err.Error()
 		for _, u := range d.UnitIDs {
-			res.units = append(res.units, unitResult{unit: u, outcome: noAnswer})
+			res.units = append(res.units, unitResult{unit: u, outcome: noAnswer, why: res.connectErr})
 		}
 		return res
 	}
@@ -105,15 +109,18 @@ func probeUnit(d *Details, h *modbus.TCPClientHandler, unit int) unitProbe {
 		}
 		if err != nil {
 			r.outcome, r.timedOut = classify(err)
+			r.why = err.Error()
 			return r
 		}
 		if len(b) != 2*p.Count {
+			r.why = fmt.Sprintf("a broken answer: %d bytes for %d registers", len(b), p.Count)
 			return r // a broken answer proves nothing
 		}
 		if d.Match != nil {
 			for _, m := range d.Match.Registers {
-				if !m.accepts(binary.BigEndian.Uint16(b[2*m.Offset:])) {
+				if v := binary.BigEndian.Uint16(b[2*m.Offset:]); !m.accepts(v) {
 					r.outcome = notDevice
+					r.why = fmt.Sprintf("register %d is %d, which fails the match", p.Address+m.Offset, v)
 					return r
 				}
 			}
@@ -124,6 +131,7 @@ func probeUnit(d *Details, h *modbus.TCPClientHandler, unit int) unitProbe {
 		if err != nil {
 			if p.Function == DeviceIdentification {
 				r.outcome, r.timedOut = classify(err)
+				r.why = err.Error()
 				return r
 			}
 			// A register probe already proved the device; identification
@@ -134,6 +142,7 @@ func probeUnit(d *Details, h *modbus.TCPClientHandler, unit int) unitProbe {
 		r.ident = ident
 		if !identMatches(d, ident) {
 			r.outcome = notDevice
+			r.why = fmt.Sprintf("its identification %v fails the match", ident)
 			return r
 		}
 	}

@@ -12,9 +12,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dowse-dev/dowse/discovery-handlers/onvif/internal/peertest"
 	discoveryv1 "github.com/dowse-dev/dowse/proto/discovery/v1"
 	"github.com/dowse-dev/dowse/shared/handler/handlertest"
+	peertest "github.com/dowse-dev/dowse/test/onvifpeer"
 )
 
 // TestBinary runs the real dowse-onvif-discovery binary (static, as images

@@ -9,9 +9,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dowse-dev/dowse/discovery-handlers/onvif/internal/peertest"
 	discoveryv1 "github.com/dowse-dev/dowse/proto/discovery/v1"
 	"github.com/dowse-dev/dowse/shared/handler/handlertest"
+	peertest "github.com/dowse-dev/dowse/test/onvifpeer"
 )
 
 // waitIDs reads the stream until a list with exactly ids arrives and

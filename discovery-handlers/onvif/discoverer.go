@@ -3,9 +3,13 @@ package onvif
 import (
 	"context"
 	"encoding/xml"
+	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"net/url"
+	"slices"
+	"syscall"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -13,6 +17,7 @@ import (
 	"github.com/dowse-dev/dowse/discovery-handlers/onvif/wsdiscovery"
 	discoveryv1 "github.com/dowse-dev/dowse/proto/discovery/v1"
 	"github.com/dowse-dev/dowse/shared/handler"
+	"github.com/dowse-dev/dowse/shared/onvifclient"
 )
 
 // Device properties, handed to brokers as environment variables.
@@ -44,7 +49,50 @@ type camera struct {
 type failure struct {
 	xaddr string
 	until time.Time
+	// reason and msg say why, for the skipped candidates.
+	reason, msg string
 }
+
+// Reasons a camera is skipped, reported to the agent (handler.SetSkipped).
+const (
+	// SkipAuthRefused: the device service refused the credentials (or wants
+	// some and none were given).
+	SkipAuthRefused = "AuthRefused"
+	// SkipNoReply: the device service did not answer (timeout, refused or
+	// reset connection).
+	SkipNoReply = "NoReply"
+	// SkipDeviceServiceFailed: it answered with an error or nonsense.
+	SkipDeviceServiceFailed = "DeviceServiceFailed"
+	// SkipFiltered: a filter of the discovery details left it out.
+	SkipFiltered = "Filtered"
+	// SkipNoAddress: its WS-Discovery answer has no usable device service
+	// address.
+	SkipNoAddress = "NoDeviceServiceAddress"
+)
+
+// skipReason classifies an inspection's error.
+func skipReason(err error) string {
+	var e *onvifclient.Error
+	switch {
+	case errors.Is(err, onvifclient.ErrUnauthorized):
+		return SkipAuthRefused
+	case errors.As(err, &e):
+		return SkipDeviceServiceFailed
+	case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) ||
+		errors.Is(err, syscall.EHOSTUNREACH) || errors.Is(err, syscall.ENETUNREACH) || isTimeout(err):
+		return SkipNoReply
+	}
+	return SkipDeviceServiceFailed
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// skipNote is a camera left out by a filter or for its address, as of the
+// latest probe round or announcement.
+type skipNote struct{ reason, candidate, msg string }
 
 // retryAfter is how long a camera whose device service failed is left
 // alone: eight probe intervals, at most five minutes.
@@ -66,7 +114,7 @@ type stream struct {
 	details *Details
 	log     logr.Logger
 	creds   credentials
-	soap    *soapClient
+	soap    *onvifclient.Client
 	known   map[string]*camera // by UUID
 	// pending are the inspections in flight, by UUID; a Bye or a newer
 	// inspection makes an older one's result stale.
@@ -74,7 +122,10 @@ type stream struct {
 	seq     uint64
 	// failed are cameras whose device service did not answer, left alone
 	// until a retry time unless their address changes.
-	failed    map[string]failure
+	failed map[string]failure
+	// left are cameras found but left out (filters, no address), by UUID;
+	// cleared at each probe round.
+	left      map[string]skipNote
 	inspected chan inspection
 	ctx       context.Context
 }
@@ -89,8 +140,8 @@ func (d *discoverer) Discover(ctx context.Context, req *discoveryv1.DiscoverRequ
 	defer cancel()
 	s := &stream{
 		details: details, log: logr.FromContextOrDiscard(ctx),
-		creds: parseCredentials(req.GetDiscoveryProperties()), soap: newSOAPClient(details.Timeout()),
-		known: map[string]*camera{}, pending: map[string]uint64{}, failed: map[string]failure{}, inspected: make(chan inspection), ctx: ctx,
+		creds: parseCredentials(req.GetDiscoveryProperties()), soap: onvifclient.New(onvifclient.Options{Timeout: details.Timeout()}),
+		known: map[string]*camera{}, pending: map[string]uint64{}, failed: map[string]failure{}, left: map[string]skipNote{}, inspected: make(chan inspection), ctx: ctx,
 	}
 	ifaces := s.interfaces()
 	announcements := make(chan wsdiscovery.Announcement, 64)
@@ -148,6 +199,7 @@ func (d *discoverer) Discover(ctx context.Context, req *discoveryv1.DiscoverRequ
 		if ctx.Err() != nil {
 			return nil
 		}
+		handler.SetSkipped(ctx, s.skipped())
 		if err := send(s.list()); err != nil {
 			return err
 		}
@@ -195,6 +247,7 @@ func (s *stream) probe(ctx context.Context, ifaces []net.Interface) []wsdiscover
 // known devices not found count a miss, and are dropped after
 // FailureThreshold.
 func (s *stream) applyProbe(found []wsdiscovery.Found) {
+	clear(s.left)
 	seen := map[string]bool{}
 	for _, f := range found {
 		seen[uuidOf(f.Endpoint)] = true
@@ -218,6 +271,8 @@ func (s *stream) announced(a wsdiscovery.Announcement) bool {
 	id := uuidOf(a.Endpoint)
 	if !a.Hello {
 		delete(s.pending, id)
+		delete(s.left, id)
+		delete(s.failed, id)
 		if _, ok := s.known[id]; ok {
 			s.log.Info("ONVIF device said Bye", "uuid", id)
 			delete(s.known, id)
@@ -246,12 +301,24 @@ func (s *stream) consider(f wsdiscovery.Found) {
 	xaddr, addr, ok := pickXAddr(f)
 	if !ok {
 		s.log.Info("WS-Discovery target without a usable device service address, skipped", "uuid", id, "xaddrs", f.XAddrs, "from", f.From.String())
+		s.left[id] = skipNote{SkipNoAddress, f.From.String(), fmt.Sprintf("uuid %s: no http(s) device service address with an IP in %v", id, f.XAddrs)}
 		return
 	}
 	d := s.details
-	if !d.passesUUID(f.Endpoint) || !d.passesAddress(addr) || !d.passesScopes(f.Scopes) {
+	var filter string
+	switch {
+	case !d.passesUUID(f.Endpoint):
+		filter = "uuids"
+	case !d.passesAddress(addr):
+		filter = "ipAddresses"
+	case !d.passesScopes(f.Scopes):
+		filter = "scopes"
+	}
+	if filter != "" {
+		s.left[id] = skipNote{SkipFiltered, xaddr, fmt.Sprintf("uuid %s: left out by the %s filter", id, filter)}
 		return
 	}
+	delete(s.left, id)
 	if c, ok := s.known[id]; ok && c.xaddr == xaddr {
 		c.misses = 0
 		return
@@ -282,8 +349,8 @@ func (s *stream) applyInspection(r inspection) {
 	}
 	delete(s.pending, r.id)
 	if r.err != nil {
-		s.failed[r.id] = failure{xaddr: r.xaddr, until: time.Now().Add(s.retryAfter())}
-		s.log.Info("ONVIF device skipped: its device service did not answer", "uuid", r.id, "deviceService", r.xaddr, "from", r.found.From.String(), "retryAfter", s.retryAfter().String(), "err", r.err)
+		s.failed[r.id] = failure{xaddr: r.xaddr, until: time.Now().Add(s.retryAfter()), reason: skipReason(r.err), msg: fmt.Sprintf("uuid %s: %v", r.id, r.err)}
+		s.log.Info("ONVIF device skipped: its device service failed", "reason", s.failed[r.id].reason, "uuid", r.id, "deviceService", r.xaddr, "from", r.found.From.String(), "retryAfter", s.retryAfter().String(), "err", r.err)
 		return
 	}
 	delete(s.failed, r.id)
@@ -292,6 +359,7 @@ func (s *stream) applyInspection(r inspection) {
 		macs = append(macs, r.info.MAC)
 	}
 	if !s.details.passesMACs(macs) {
+		s.left[r.id] = skipNote{SkipFiltered, r.xaddr, fmt.Sprintf("uuid %s: left out by the macAddresses filter (MAC %q)", r.id, r.info.MAC)}
 		return
 	}
 	props := map[string]string{
@@ -341,6 +409,28 @@ func uuidOf(endpoint string) string {
 		return u
 	}
 	return endpoint
+}
+
+// skipped are the cameras skipped now: those whose device service failed
+// (until they are tried again) and those left out.
+func (s *stream) skipped() *handler.Skipped {
+	var sk handler.Skipped
+	ids := make([]string, 0, len(s.failed)+len(s.left))
+	for id := range s.failed {
+		ids = append(ids, id)
+	}
+	for id := range s.left {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids) // the same cameras, the same summary
+	for _, id := range slices.Compact(ids) {
+		if f, ok := s.failed[id]; ok {
+			sk.Add(f.reason, f.xaddr, f.msg)
+		} else if n, ok := s.left[id]; ok {
+			sk.Add(n.reason, n.candidate, n.msg)
+		}
+	}
+	return &sk
 }
 
 func (s *stream) list() []*discoveryv1.Device {

@@ -10,13 +10,14 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/dowse-dev/dowse/discovery-handlers/onvif/internal/peertest"
 	discoveryv1 "github.com/dowse-dev/dowse/proto/discovery/v1"
 	"github.com/dowse-dev/dowse/shared/handler/handlertest"
+	peertest "github.com/dowse-dev/dowse/test/onvifpeer"
 )
 
 // Go2rtcEnv names the go2rtc v1.9.13 binary the test runs as a real ONVIF
@@ -93,4 +94,47 @@ func TestHandlerGo2rtc(t *testing.T) {
 		t.Errorf("properties %v", p)
 	}
 	t.Logf("go2rtc camera: %v", p)
+}
+
+// TestHandlerDigestCamera: a camera that insists on HTTP Digest (go2rtc
+// behind Debian's lighttpd, which requires Digest of every request, in a
+// namespace of the test's) is found with the right credentials, device
+// information and stream URI read through the proxy; with a wrong password
+// it is skipped, and the stream's skipped candidates say why.
+func TestHandlerDigestCamera(t *testing.T) {
+	ns, local, peerIf, peerAddr := peertest.PeerNet(t)
+	peertest.StartGo2rtc(t, ns, "127.0.0.1:1984", peerAddr.String()+":8554", "")
+	proxy := peerAddr.String() + ":8080"
+	peertest.StartDigestProxy(t, ns, proxy, "127.0.0.1:1984", "plant", "s3cret-Pw")
+	service := "http://" + proxy + "/onvif/device_service"
+	const uuid = "60260000-0000-4000-8000-00000000d16e"
+	peertest.StartCamera(t, ns, peerIf, &peertest.Camera{UUID: uuid, Addr: peerAddr.String(), AnnounceXAddr: service})
+
+	reg := runHandler(t)
+	details := fmt.Sprintf(`{"interfaces": [%q], "probeInterval": "60s"}`, local.Name)
+	props := func(pw string) map[string]*discoveryv1.ByteData {
+		return map[string]*discoveryv1.ByteData{UsernameProperty: {Vec: []byte("plant")}, PasswordProperty: {Vec: []byte(pw)}}
+	}
+	right := handlertest.Discover(t, reg.GetEndpoint(), &discoveryv1.DiscoverRequest{DiscoveryDetails: details, DiscoveryProperties: props("s3cret-Pw")})
+	wrong := handlertest.Discover(t, reg.GetEndpoint(), &discoveryv1.DiscoverRequest{DiscoveryDetails: details, DiscoveryProperties: props("guess")})
+
+	devs, _ := waitIDs(t, right, 10*time.Second, uuid)
+	if p := devs[0].Properties; p[DeviceServiceURLProperty] != service || p[StreamURIProperty] == "" {
+		t.Errorf("Digest camera's properties %v", p)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		resp := wrong.NextResponse(t, time.Until(deadline))
+		if len(resp.GetDevices()) != 0 {
+			t.Fatalf("a wrong password listed %v", resp.GetDevices())
+		}
+		if sk := resp.GetSkipped(); len(sk) == 1 && sk[0].GetReason() == SkipAuthRefused {
+			c := sk[0].GetCandidates()
+			if len(c) != 1 || c[0].GetCandidate() != service || !strings.Contains(c[0].GetMessage(), "401") {
+				t.Fatalf("AuthRefused names %v, want %s and the camera's 401", c, service)
+			}
+			t.Logf("skipped: %s: %s", c[0].GetCandidate(), c[0].GetMessage())
+			return
+		}
+	}
 }

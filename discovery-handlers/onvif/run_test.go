@@ -5,14 +5,15 @@ package onvif
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/go-logr/logr/testr"
 
-	"github.com/dowse-dev/dowse/discovery-handlers/onvif/internal/peertest"
 	discoveryv1 "github.com/dowse-dev/dowse/proto/discovery/v1"
 	"github.com/dowse-dev/dowse/shared/handler/handlertest"
+	peertest "github.com/dowse-dev/dowse/test/onvifpeer"
 )
 
 func runHandler(t *testing.T) *discoveryv1.RegisterDiscoveryHandlerRequest {
@@ -44,8 +45,9 @@ func runHandler(t *testing.T) *discoveryv1.RegisterDiscoveryHandlerRequest {
 // WS-Discovery peer that is no camera, in a namespace of the test's. With
 // the ONVIF probe types wsdd never answers; probing for its own type
 // (wsdp:Device) it answers and its Hello (which names no types) triggers a
-// probe, but its device service is no ONVIF one, so it is skipped with a log
-// line. Either way no device is listed, and the handler keeps serving.
+// probe, but its device service is no ONVIF one, so it is skipped and the
+// skipped candidates say why. Either way no device is listed, and the
+// handler keeps serving.
 func TestHandlerWithWsdd(t *testing.T) {
 	ns, local, peerIf, _ := peertest.PeerNet(t)
 	const uuid = "d0e5e000-0000-4000-8000-00000000d05f"
@@ -61,11 +63,20 @@ func TestHandlerWithWsdd(t *testing.T) {
 		}
 	}
 	w := peertest.StartWsdd(t, ns, peerIf, uuid)
+	// Probing for wsdp:Device finds wsdd, whose device service is no ONVIF
+	// one: no device, and the skipped candidates say so.
+	resp := wsdp.NextResponse(t, 10*time.Second)
+	if sk := resp.GetSkipped(); len(resp.GetDevices()) != 0 || len(sk) != 1 || sk[0].GetReason() != SkipDeviceServiceFailed || !strings.Contains(sk[0].GetCandidates()[0].GetCandidate(), uuid) {
+		t.Fatalf("with wsdd up: %v", resp)
+	}
 	// Several probe rounds with wsdd up.
 	time.Sleep(3500 * time.Millisecond)
 	w.Stop()
-	for _, s := range []*handlertest.Stream{wsdp, onvifOnly} {
-		s.Close()
-		s.Err(t, 5*time.Second) // fails the test if a list was sent
+	onvifOnly.Close()
+	onvifOnly.Err(t, 5*time.Second) // fails the test if a list was sent
+	for _, m := range wsdp.Rest(t, 5*time.Second) {
+		if len(m.GetDevices()) != 0 {
+			t.Errorf("wsdd listed: %v", m)
+		}
 	}
 }

@@ -2,6 +2,8 @@ package opcua
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -12,6 +14,7 @@ import (
 	"github.com/gopcua/opcua/ua"
 
 	discoveryv1 "github.com/dowse-dev/dowse/proto/discovery/v1"
+	"github.com/dowse-dev/dowse/shared/handler"
 )
 
 // maxParallelChecks bounds the GetEndpoints calls of one round in flight at
@@ -50,10 +53,12 @@ func (d *discoverer) Discover(ctx context.Context, req *discoveryv1.DiscoverRequ
 			return nil
 		case <-timer.C:
 		}
-		found := scan(ctx, details, creds, log)
+		var skipped handler.Skipped
+		found := scan(ctx, details, creds, &skipped, log)
 		if ctx.Err() != nil {
 			return nil
 		}
+		handler.SetSkipped(ctx, &skipped)
 		for uri, dev := range found {
 			known[uri] = &tracked{dev: dev}
 		}
@@ -80,11 +85,22 @@ func (d *discoverer) Discover(ctx context.Context, req *discoveryv1.DiscoverRequ
 	}
 }
 
+// Reasons a server is skipped, reported to the agent (handler.SetSkipped).
+const (
+	// SkipUnreachable: a discovery URL or every URL of a server failed.
+	SkipUnreachable = "Unreachable"
+	// SkipFiltered: the applicationNames filter left the server out.
+	SkipFiltered = "Filtered"
+	// SkipSecurityRefused: the server refused a secure channel with the
+	// client certificate; it is listed with OPCUA_SECURE_CHANNEL=rejected.
+	SkipSecurityRefused = "SecurityRefused"
+)
+
 // scan runs one round: FindServers on every discovery URL, then
 // GetEndpoints on every server found that the filter keeps. It returns the
 // servers that answered, by applicationUri. A URL or server that fails is
-// logged and left out; the caller counts the failure.
-func scan(ctx context.Context, details *Details, creds *credentials, log logr.Logger) map[string]*discoveryv1.Device {
+// logged, noted in skipped and left out; the caller counts the failure.
+func scan(ctx context.Context, details *Details, creds *credentials, skipped *handler.Skipped, log logr.Logger) map[string]*discoveryv1.Device {
 	type candidate struct {
 		desc   *ua.ApplicationDescription
 		source string
@@ -101,6 +117,7 @@ func scan(ctx context.Context, details *Details, creds *credentials, log logr.Lo
 			servers, err := opcua.FindServers(callCtx, u, discoveryOptions(details)...)
 			if err != nil {
 				log.V(1).Info("FindServers failed", "discoveryUrl", u, "err", err)
+				skipped.Add(SkipUnreachable, u, "FindServers: "+err.Error())
 				return
 			}
 			mu.Lock()
@@ -112,6 +129,7 @@ func scan(ctx context.Context, details *Details, creds *credentials, log logr.Lo
 					continue
 				}
 				if !details.ApplicationNames.Accepts(s.ApplicationName.Text) {
+					skipped.Add(SkipFiltered, s.ApplicationURI, fmt.Sprintf("applicationName %q left out by the applicationNames filter", s.ApplicationName.Text))
 					continue
 				}
 				if _, dup := candidates[s.ApplicationURI]; !dup {
@@ -128,10 +146,14 @@ func scan(ctx context.Context, details *Details, creds *credentials, log logr.Lo
 		wg.Go(func() {
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			dev := check(ctx, details, creds, c.desc, c.source)
+			dev, err := check(ctx, details, creds, c.desc, c.source)
 			if dev == nil {
 				log.V(1).Info("GetEndpoints failed on every URL of a server", "applicationUri", uri)
+				skipped.Add(SkipUnreachable, uri, "GetEndpoints failed on every URL: "+err.Error())
 				return
+			}
+			if dev.Properties[SecureChannelProperty] == SecureChannelRejected {
+				skipped.Add(SkipSecurityRefused, uri, "the server refused a secure channel with the client certificate (listed as "+SecureChannelProperty+"="+SecureChannelRejected+")")
 			}
 			mu.Lock()
 			found[uri] = dev
@@ -148,25 +170,34 @@ func scan(ctx context.Context, details *Details, creds *credentials, log logr.Lo
 // that belongs to the server. With a client certificate it then asks again
 // over the most secure channel the server offers, to report whether the
 // server accepts that certificate.
-func check(ctx context.Context, details *Details, creds *credentials, desc *ua.ApplicationDescription, source string) *discoveryv1.Device {
+func check(ctx context.Context, details *Details, creds *credentials, desc *ua.ApplicationDescription, source string) (*discoveryv1.Device, error) {
 	urls := slices.Clone(desc.DiscoveryURLs)
 	if !slices.Contains(urls, source) {
 		urls = append(urls, source)
 	}
+	var last error
 	for _, u := range urls {
 		callCtx, cancel := context.WithTimeout(ctx, details.CallTimeout())
 		eps, err := opcua.GetEndpoints(callCtx, u, discoveryOptions(details)...)
 		cancel()
-		if err != nil || !ownedBy(eps, desc.ApplicationURI) {
+		if err != nil {
+			last = fmt.Errorf("%s: %w", u, err)
+			continue
+		}
+		if !ownedBy(eps, desc.ApplicationURI) {
+			last = fmt.Errorf("%s: the endpoints are another server's", u)
 			continue
 		}
 		dev := device(desc, u, eps)
 		if creds != nil {
 			dev.Properties[SecureChannelProperty] = secureChannel(ctx, details, creds, u, eps)
 		}
-		return dev
+		return dev, nil
 	}
-	return nil
+	if last == nil {
+		last = errors.New("the server lists no URL")
+	}
+	return nil, last
 }
 
 // secureChannel opens a channel to the server's most secure endpoint with

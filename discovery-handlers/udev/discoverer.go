@@ -51,6 +51,7 @@ func (d *discoverer) Discover(ctx context.Context, req *discoveryv1.DiscoverRequ
 		t.evaluate(dev)
 	}
 	log.Info("udev devices enumerated", "follows", mode, "devices", len(devs), "matched", len(t.matched))
+	handler.SetSkipped(ctx, t.skipped())
 	if err := send(t.list()); err != nil {
 		return err
 	}
@@ -84,6 +85,7 @@ func (d *discoverer) Discover(ctx context.Context, req *discoveryv1.DiscoverRequ
 				continue
 			}
 			log.V(1).Info("udev matched devices changed", "action", ev.Action, "devpath", ev.Device.Devpath(), "matched", len(t.matched))
+			handler.SetSkipped(ctx, t.skipped())
 			if err := send(t.list()); err != nil {
 				return err
 			}

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	discoveryv1 "github.com/dowse-dev/dowse/proto/discovery/v1"
+	"github.com/dowse-dev/dowse/shared/handler"
 )
 
 // Udev event actions.
@@ -150,6 +151,24 @@ func (t *tracker) list() []*discoveryv1.Device {
 		devs = append(devs, dev)
 	}
 	return devs
+}
+
+// SkipNoDeviceNode notes a matched device that has no device node: it is
+// listed, with its properties, but a broker gets no device from it. (A rule
+// that matches nothing is no reason: there is no candidate.)
+const SkipNoDeviceNode = "NoDeviceNode"
+
+// skipped notes the matched devices without a device node that no matched
+// ancestor gives one (groupRecursive folds them into it).
+func (t *tracker) skipped() *handler.Skipped {
+	var sk handler.Skipped
+	for p, e := range t.matched {
+		if e.devnode != "" || (t.details.GroupRecursive && t.topmostMatchedAncestor(p) != "") {
+			continue
+		}
+		sk.Add(SkipNoDeviceNode, p, "matched, but it has no device node: listed without one ("+e.props[SubsystemProperty]+")")
+	}
+	return &sk
 }
 
 func (t *tracker) spec(devnode string) *discoveryv1.DeviceSpec {

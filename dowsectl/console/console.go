@@ -118,7 +118,8 @@ func (s *Server) Start(ctx context.Context) error {
 		return err
 	case <-ctx.Done():
 	}
-	shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	// ctx is done: the shutdown gets a few seconds of its own.
+	shutdown, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	_ = srv.Shutdown(shutdown)
 	if err := <-errc; !errors.Is(err, http.ErrServerClosed) {

@@ -54,7 +54,7 @@ func installChart(ctx context.Context, c *cluster.Cluster, state string) (*demoL
 		"controller": map[string]any{"env": apiEnv, "replicas": 1, "ports": map[string]any{"metrics": ports[2], "health": ports[3]}},
 		"link": map[string]any{"enabled": true, "hosts": []string{"127.0.0.1"}, "quic": false,
 			"ports": map[string]any{"websocket": ports[4], "auth": ports[5]}},
-		"debugEcho": map[string]any{"discovery": map[string]any{"metricsPort": ports[6]}},
+		"debugEcho": map[string]any{"discovery": map[string]any{"enabled": true, "metricsPort": ports[6]}},
 		// The Modbus handler for the twin (showTwin); the mapper is the
 		// one samples/modbus-plc.yaml has the controller run.
 		"modbus": map[string]any{"discovery": map[string]any{"enabled": true, "metricsPort": ports[7]}},

@@ -123,7 +123,7 @@ func showBroker(ctx context.Context, c *cluster.Cluster, cl client.Client) error
 	}); err != nil {
 		return err
 	}
-	res := corev1.ResourceName(v1alpha1.ResourceName(inst.Name))
+	res := corev1.ResourceName(inst.ResourceName())
 	q := pod.Spec.Containers[0].Resources.Limits[res]
 	say("broker pod %s is Running on %s and holds %s: %s (the agent's device plugin allocated it the Instance's slot)", name, pod.Spec.NodeName, res, q.String())
 

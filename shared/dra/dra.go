@@ -13,6 +13,12 @@
 //	              with a nodeSelector naming the Instance's status.nodes
 //	device        <hash>, the Instance hash                 (Device)
 //
+// A pool name longer than the API's 253 characters has its Configuration
+// part cut as in Instance names (v1alpha1.InstancePrefix) and, if still too
+// long, its node part cut and given a hash; a configuration attribute longer
+// than 64 characters is cut and given a hash (ConfigurationAttribute). So
+// every valid Kubernetes name gives valid DRA names.
+//
 // ParseDevice reads a (pool, device) pair of an allocation back into the
 // Instance it names. Each device carries the Instance's broker properties
 // as attributes (Attributes) and its capacity as the consumable capacity
@@ -82,21 +88,45 @@ func DeviceClassName(namespace, configuration string) string {
 // driver's devices whose namespace and configuration attributes name it.
 func ClassSelector(namespace, configuration string) string {
 	return fmt.Sprintf("device.driver == %q && device.attributes[%q].%s == %q && device.attributes[%q].%s == %q",
-		DriverName, DriverName, AttrNamespace, namespace, DriverName, AttrConfiguration, configuration)
+		DriverName, DriverName, AttrNamespace, namespace, DriverName, AttrConfiguration, ConfigurationAttribute(configuration))
+}
+
+// ConfigurationAttribute is the configuration attribute of a
+// Configuration's devices: its name, or, longer than the 64 characters an
+// attribute's string takes, the name cut and a hash of it.
+func ConfigurationAttribute(configuration string) string {
+	if len(configuration) <= resourceapi.DeviceAttributeMaxValueLength {
+		return configuration
+	}
+	sum := sha256.Sum256([]byte(configuration))
+	cut := configuration[:resourceapi.DeviceAttributeMaxValueLength-v1alpha1.HashLen-1]
+	return cut + "-" + hex.EncodeToString(sum[:])[:v1alpha1.HashLen]
 }
 
 // LocalPool is the pool of a node's local devices of one Configuration.
 func LocalPool(node, namespace, configuration string) string {
-	return node + "/" + namespace + "/" + configuration
+	if pool := node + "/" + namespace + "/" + configuration; len(pool) <= resourceapi.PoolNameMaxLength {
+		return pool
+	}
+	rest := "/" + namespace + "/" + v1alpha1.InstancePrefix(configuration)
+	if room := resourceapi.PoolNameMaxLength - len(rest); len(node) > room {
+		sum := sha256.Sum256([]byte(node))
+		node = strings.TrimRight(node[:room-v1alpha1.HashLen-1], "-.") + "-" + hex.EncodeToString(sum[:])[:v1alpha1.HashLen]
+	}
+	return node + rest
 }
 
 // SharedPool is the pool of one shared Instance.
 func SharedPool(namespace, configuration, hash string) string {
-	return sharedPrefix + "/" + namespace + "/" + configuration + "/" + hash
+	if pool := sharedPrefix + "/" + namespace + "/" + configuration + "/" + hash; len(pool) <= resourceapi.PoolNameMaxLength {
+		return pool
+	}
+	return sharedPrefix + "/" + namespace + "/" + v1alpha1.InstancePrefix(configuration) + "/" + hash
 }
 
 // ParseDevice is the inverse of LocalPool and SharedPool with the device
-// name: the namespace and name of the Instance that a pool's device is.
+// name: the namespace and name of the Instance that a pool's device is (a
+// cut Configuration part gives the same Instance name as the whole).
 func ParseDevice(pool, device string) (namespace, instance string, ok bool) {
 	parts := strings.Split(pool, "/")
 	var cfg string
@@ -167,7 +197,7 @@ func Device(inst *v1alpha1.Instance) resourceapi.Device {
 // are left out.
 func Attributes(inst *v1alpha1.Instance) map[resourceapi.QualifiedName]resourceapi.DeviceAttribute {
 	attrs := map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
-		AttrConfiguration: {StringValue: ptr.To(inst.Spec.ConfigurationName)},
+		AttrConfiguration: {StringValue: ptr.To(ConfigurationAttribute(inst.Spec.ConfigurationName))},
 		AttrNamespace:     {StringValue: ptr.To(inst.Namespace)},
 		AttrInstance:      {StringValue: ptr.To(inst.Name)},
 		AttrShared:        {BoolValue: ptr.To(inst.Spec.Shared)},

@@ -45,8 +45,10 @@ func (d *discoveryService) Discover(req *discoveryv1.DiscoverRequest, stream grp
 	log := d.server.log.WithValues("stream", d.server.streams.Add(1))
 	log.Info("discover stream opened")
 	ctx = logr.NewContext(ctx, log)
+	skips := &skipState{}
+	ctx = context.WithValue(ctx, skipKey{}, skips)
 
-	s := &dedupingSender{send: stream.Send, metrics: m}
+	s := &dedupingSender{send: stream.Send, metrics: m, skips: skips}
 	err := d.server.cfg.Discoverer.Discover(ctx, req, s.Send)
 
 	switch {
@@ -84,14 +86,15 @@ type dedupingSender struct {
 	// a Discoverer may call send from several goroutines.
 	mu      sync.Mutex
 	send    func(*discoveryv1.DiscoverResponse) error
-	metrics *metrics // nil: not counted
+	metrics *metrics   // nil: not counted
+	skips   *skipState // nil: none reported
 	sent    bool
 	last    [sha256.Size]byte
 }
 
 // Send checks devs against the protocol, sorts a shallow copy by id and
-// sends it unless it equals the previous list. It keeps no reference to devs
-// once it returns.
+// sends it, with the stream's skipped candidates (SetSkipped), unless both
+// equal what was sent before. It keeps no reference to devs once it returns.
 func (d *dedupingSender) Send(devs []*discoveryv1.Device) error {
 	list := make([]*discoveryv1.Device, 0, len(devs))
 	for i, dev := range devs {
@@ -104,7 +107,8 @@ func (d *dedupingSender) Send(devs []*discoveryv1.Device) error {
 	if err := checkDevices(list); err != nil {
 		return err
 	}
-	sum, err := digest(list)
+	skipped := d.skips.current()
+	sum, err := digest(list, skipped)
 	if err != nil {
 		return status.Errorf(codes.Internal, "hashing the device list: %v", err)
 	}
@@ -117,25 +121,36 @@ func (d *dedupingSender) Send(devs []*discoveryv1.Device) error {
 		}
 		return nil
 	}
-	if err := d.send(&discoveryv1.DiscoverResponse{Devices: list}); err != nil {
+	if err := d.send(&discoveryv1.DiscoverResponse{Devices: list, Skipped: skipped}); err != nil {
 		return err
 	}
 	if d.metrics != nil {
 		d.metrics.listsSent.Add(1)
 		d.metrics.devices.Store(int64(len(list)))
+		d.metrics.setSkipped(skipped)
 	}
 	d.sent = true
 	d.last = sum
 	return nil
 }
 
-// digest hashes a sorted list through the deterministic wire encoding of
-// each device (maps sorted), so equal lists hash alike.
-func digest(list []*discoveryv1.Device) ([sha256.Size]byte, error) {
+// digest hashes a sorted list and the skipped reasons (sorted by
+// SetSkipped) through the deterministic wire encoding of each (maps sorted),
+// so equal lists hash alike.
+func digest(list []*discoveryv1.Device, skipped []*discoveryv1.SkippedReason) ([sha256.Size]byte, error) {
 	h := sha256.New()
 	opts := proto.MarshalOptions{Deterministic: true}
 	var buf []byte
+	msgs := make([]proto.Message, 0, len(list)+len(skipped)+1)
 	for _, dev := range list {
+		msgs = append(msgs, dev)
+	}
+	// A separator, so that a device can never read as a reason.
+	msgs = append(msgs, &discoveryv1.Empty{})
+	for _, r := range skipped {
+		msgs = append(msgs, r)
+	}
+	for _, dev := range msgs {
 		var err error
 		buf, err = opts.MarshalAppend(buf[:0], dev)
 		if err != nil {

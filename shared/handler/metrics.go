@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"google.golang.org/grpc/codes"
+
+	discoveryv1 "github.com/dowse-dev/dowse/proto/discovery/v1"
 )
 
 // metrics are a handler's counters, written in the Prometheus text format
@@ -31,10 +33,20 @@ type metrics struct {
 
 	mu           sync.Mutex
 	streamErrors map[codes.Code]uint64 // streams that ended in an error, by gRPC code
+	skipped      map[string]uint32     // candidates skipped, by reason, in the newest list sent
 }
 
 func newMetrics(handler string) *metrics {
 	return &metrics{handler: handler, streamErrors: map[codes.Code]uint64{}}
+}
+
+func (m *metrics) setSkipped(rs []*discoveryv1.SkippedReason) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.skipped = make(map[string]uint32, len(rs))
+	for _, r := range rs {
+		m.skipped[r.GetReason()] = r.GetCount()
+	}
 }
 
 func (m *metrics) streamFailed(c codes.Code) {
@@ -68,6 +80,16 @@ func (m *metrics) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
 	fmt.Fprintf(&b, "# HELP %s Discover streams that ended in an error other than the agent closing them, by gRPC code.\n# TYPE %s counter\n", name, name)
 	for _, c := range codesSeen {
 		fmt.Fprintf(&b, "%s{%s,code=%q} %d\n", name, l, c.String(), m.streamErrors[c])
+	}
+	reasons := make([]string, 0, len(m.skipped))
+	for r := range m.skipped {
+		reasons = append(reasons, r)
+	}
+	slices.Sort(reasons)
+	const skippedName = "dowse_handler_skipped_candidates"
+	fmt.Fprintf(&b, "# HELP %s Candidates skipped in the newest list sent, by reason.\n# TYPE %s gauge\n", skippedName, skippedName)
+	for _, r := range reasons {
+		fmt.Fprintf(&b, "%s{%s,reason=%q} %d\n", skippedName, l, r, m.skipped[r])
 	}
 	m.mu.Unlock()
 	_, _ = w.Write([]byte(b.String()))

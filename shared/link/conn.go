@@ -58,6 +58,14 @@ type ConnConfig struct {
 	Metrics *Metrics
 	// OnAcked, when set, is told how many messages an ack released.
 	OnAcked func(released int)
+	// Started, when set, is called once the connection runs with a
+	// function that queues a control Envelope (a Reconnect) for the peer;
+	// it may be called from any goroutine, also after the connection
+	// ended (it then does nothing).
+	Started func(send func(*linkv1.Envelope))
+	// OnReconnect, when set, is told of each Reconnect the peer sends, on
+	// the reader's goroutine.
+	OnReconnect func(*linkv1.Reconnect)
 }
 
 // Framed is a Conn with its frame reader, for the handshake and RunConn.
@@ -102,9 +110,15 @@ func (f *Framed) Write(env *linkv1.Envelope) error {
 // WriteError tells the peer why the connection is about to end, waiting at
 // most a short while (the peer may be the reason).
 func (f *Framed) WriteError(code linkv1.Error_Code, msg string) {
+	f.WriteFinal(&linkv1.Envelope{Kind: &linkv1.Envelope_Error{Error: &linkv1.Error{Code: code, Message: msg}}})
+}
+
+// WriteFinal writes a last control frame before the connection ends and
+// lets the peer read it, waiting at most a short while.
+func (f *Framed) WriteFinal(env *linkv1.Envelope) {
 	done := make(chan struct{})
 	go func() {
-		_ = f.Write(&linkv1.Envelope{Kind: &linkv1.Envelope_Error{Error: &linkv1.Error{Code: code, Message: msg}}})
+		_ = f.Write(env)
 		close(done)
 	}()
 	select {
@@ -158,6 +172,13 @@ func RunConn(ctx context.Context, f *Framed, sess *Session, cfg ConnConfig) erro
 	defer stop()
 	watchdog := time.AfterFunc(2*cfg.Heartbeat, func() { cancel(ErrPeerDead) })
 	defer watchdog.Stop()
+	if cfg.Started != nil {
+		cfg.Started(func(env *linkv1.Envelope) {
+			if ctx.Err() == nil {
+				r.push(env)
+			}
+		})
+	}
 
 	werr := make(chan error, 1)
 	go func() {
@@ -275,6 +296,10 @@ func (r *runner) readLoop(ctx context.Context, watchdog *time.Timer) error {
 			// A refused message: the application above learns of it through
 			// the log; the link goes on.
 			logr.FromContextOrDiscard(ctx).Info("peer refused a message", "code", k.Error.Code.String(), "seq", k.Error.RefSeq, "reason", k.Error.Message)
+		case *linkv1.Envelope_Reconnect:
+			if r.cfg.OnReconnect != nil {
+				r.cfg.OnReconnect(k.Reconnect)
+			}
 		case *linkv1.Envelope_Hello, *linkv1.Envelope_Welcome:
 			return fmt.Errorf("%w: %T after the handshake", ErrMalformed, env.Kind)
 		default:
@@ -336,8 +361,7 @@ func (r *runner) writeLoop(ctx context.Context) error {
 			}
 			m.Resends.Add(float64(resent))
 			for _, e := range batch {
-				e.Env.Ack = ack
-				if buf, err = AppendFrame(buf, e.Env); err != nil {
+				if buf, err = appendFrameAck(buf, e.Env, ack); err != nil {
 					return err
 				}
 				frames++

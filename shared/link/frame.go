@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
@@ -35,6 +36,25 @@ func AppendFrame(dst []byte, env *linkv1.Envelope) ([]byte, error) {
 	n := proto.Size(env)
 	dst = binary.AppendUvarint(dst, uint64(n))
 	return proto.MarshalOptions{}.MarshalAppend(dst, env)
+}
+
+// ackField is Envelope.ack's field number.
+var ackField = (&linkv1.Envelope{}).ProtoReflect().Descriptor().Fields().ByName("ack").Number()
+
+// appendFrameAck appends env as one frame that carries ack, without writing
+// to env: a queued envelope is shared with whoever persists it (the edge
+// store marshals it at the same time), so the ack follows env's own fields
+// on the wire, and decoders keep that last value of a scalar field over any
+// ack env itself holds.
+func appendFrameAck(dst []byte, env *linkv1.Envelope, ack uint64) ([]byte, error) {
+	n := proto.Size(env) + protowire.SizeTag(ackField) + protowire.SizeVarint(ack)
+	dst = binary.AppendUvarint(dst, uint64(n))
+	dst, err := proto.MarshalOptions{}.MarshalAppend(dst, env)
+	if err != nil {
+		return nil, err
+	}
+	dst = protowire.AppendTag(dst, ackField, protowire.VarintType)
+	return protowire.AppendVarint(dst, ack), nil
 }
 
 // FrameReader reads frames from a byte stream. The length is checked against

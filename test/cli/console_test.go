@@ -54,7 +54,7 @@ func (r *rig) browser(t *testing.T) (context.Context, string) {
 			chromedp.ExecPath(path), chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU, chromedp.NoFirstRun,
 			chromedp.Flag("disable-quic", true), chromedp.Flag("disable-background-networking", true),
 			chromedp.Flag("disable-component-update", true), chromedp.Flag("disable-sync", true),
-			chromedp.UserDataDir(profile), chromedp.WindowSize(1500, 950))
+			chromedp.UserDataDir(profile), chromedp.WindowSize(1440, 720))
 		ctx, cancel := chromedp.NewContext(alloc)
 		// The first Run starts the browser; it lives as long as ctx.
 		if chromium.err = chromedp.Do(ctx); chromium.err != nil {
@@ -168,16 +168,6 @@ func (p *page) problems() string {
 	return s
 }
 
-// problemsSeen is every problem the page has shown since it opened.
-func (p *page) problemsSeen(t *testing.T) string {
-	t.Helper()
-	s, err := eval[string](p, `(window.dowseConsole ? window.dowseConsole.problemLog : []).join(' | ')`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s
-}
-
 func (p *page) waitProblem(t *testing.T, want string) {
 	t.Helper()
 	eventually(t, 60*time.Second, func() error {
@@ -251,6 +241,7 @@ func testConsole(t *testing.T, r *rig) {
 	p.waitText(t, `[data-configuration="plant/debug-echo"] [data-node="edge-1"]`, "edge-1")
 	p.waitText(t, `[data-configuration="plant/debug-echo"] [data-node="edge-1"]`, "True")
 	p.waitText(t, `[data-configuration="plant/debug-echo"] [data-instance="`+echo.Name+`"]`, echo.Name)
+	p.waitText(t, `[data-configuration="plant/plc"] [data-node="edge-1"] [data-skipped]`, "NoReply ×1: "+r.closedAddr)
 	p.screenshot(t, "instances")
 	availability := filepath.Join(r.state, debugecho.DefaultAvailabilityFileName)
 	if err := os.WriteFile(availability, []byte("OFFLINE"), 0o644); err != nil {

@@ -57,6 +57,8 @@ type rig struct {
 	// mapper meet it.
 	state      string
 	modbusAddr string
+	// closedAddr is a Modbus target nothing listens on.
+	closedAddr string
 	// plc is the Modbus controller's Device once it reported, plcErr why
 	// it did not (later subtests then fail at once).
 	plc    *v1alpha1.Device
@@ -211,7 +213,13 @@ func startRig(t *testing.T) *rig {
 	startLogged(t, r.dir, "dowse-debug-echo-discovery", "--state-dir", r.state)
 	startLogged(t, r.dir, "dowse-modbus-discovery", "--state-dir", r.state)
 	startLogged(t, r.dir, "dowse-modbus-mapper", "--state-dir", r.state, "--name", "plc")
-	r.apply(t, fmt.Sprintf(manifests, r.modbusAddr))
+	// A second target nobody serves: the handler reports it skipped.
+	closed, err := procs.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.closedAddr = fmt.Sprintf("127.0.0.1:%d", closed)
+	r.apply(t, fmt.Sprintf(manifests, r.modbusAddr, r.closedAddr))
 	return r
 }
 
@@ -245,7 +253,7 @@ metadata: {name: plc, namespace: plant}
 spec:
   discoveryHandler:
     name: modbus
-    discoveryDetails: {targets: ["%s"], rescanInterval: 500ms}
+    discoveryDetails: {targets: ["%s", "%s"], rescanInterval: 500ms}
   deviceTemplate:
     deviceModelRef: {name: thermostat}
     protocol: {protocolName: modbus, configData: {address: "${MODBUS_TCP_ADDRESS}"}}

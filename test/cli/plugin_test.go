@@ -271,7 +271,7 @@ func testPlugin(t *testing.T, r *rig) {
 	}{
 		{[]string{"describe", "configuration", "debug-echo"}, []string{"Handler:        debug-echo", "Details:", "foo0", "Nodes:", "edge-1", "Instances:", echo.Name,
 			"Brokers:", "Twins:", "Conditions:", "BrokersDeployed", "Events:"}},
-		{[]string{"describe", "dcfg/plc"}, []string{"Device template: model thermostat", "Twins:", dev.Name, "ok"}},
+		{[]string{"describe", "dcfg/plc"}, []string{"Device template: model thermostat", "Twins:", dev.Name, "ok", "Skipped (looked at, not reported as devices):", "NoReply", r.closedAddr}},
 		{[]string{"describe", "device", dev.Name}, []string{"Model:          thermostat", "Node:           edge-1", "Protocol:       modbus", "Mapper:         plc",
 			"MapperConnected", "State:          ok", "setpoint", "temperature", "21.5", "limit", "Conditions:", "Events:"}},
 		{[]string{"describe", "devicemodel", "thermostat"}, []string{"Protocol:       modbus", "setpoint", "ReadWrite", "30", "Devices:", dev.Name}},

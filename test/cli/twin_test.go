@@ -83,10 +83,9 @@ func clearDesired(t *testing.T, r *rig, device, prop string) {
 	}
 }
 
-// testWatchAcrossRestart: `twin watch -o json` goes on printing changes
-// after the API server restarts (its watch ends, connections are refused
-// for a while), and the console says the API server is unreachable, then
-// recovers by itself.
+// testWatchAcrossRestart: while the API server is down, `twin watch -o
+// json` and the console say it is unreachable; once it is back both go on
+// by themselves, and changes made after are printed and shown.
 func testWatchAcrossRestart(t *testing.T, r *rig) {
 	dev := r.plcDevice(t)
 	var out lines
@@ -120,13 +119,29 @@ func testWatchAcrossRestart(t *testing.T, r *rig) {
 	page.waitText(t, `[data-device="plant/`+dev.Name+`"] [data-property="setpoint"] td.reported`, "14")
 
 	start := time.Now()
-	if err := r.cp.RestartAPIServer(); err != nil {
+	if err := r.cp.StopAPIServer(); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("API server restarted in %s", time.Since(start).Round(time.Millisecond))
+	t.Logf("API server stopped in %s", time.Since(start).Round(time.Millisecond))
+	// Down until both noticed (a blip shorter than their retry would go
+	// unseen, rightly), then back.
+	eventually(t, 90*time.Second, func() error {
+		if !strings.Contains(out.String(), "API server unreachable") {
+			return fmt.Errorf("twin watch has not reported the outage:\n%s", out.String())
+		}
+		if got := page.problems(); !strings.Contains(got, "API server unreachable") {
+			return fmt.Errorf("the console shows %q, want the API server unreachable", got)
+		}
+		return nil
+	})
+	page.screenshot(t, "api-server-down")
 	if w.Exited() {
 		t.Fatalf("twin watch ended with the API server:\n%s", out.String())
 	}
+	if err := r.cp.StartAPIServer(); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("API server down for %s in all", time.Since(start).Round(time.Millisecond))
 	set("16")
 	eventually(t, 60*time.Second, func() error {
 		if err := seen("desired", "16"); err != nil {
@@ -134,14 +149,10 @@ func testWatchAcrossRestart(t *testing.T, r *rig) {
 		}
 		return seen("reported", "16")
 	})
-	// The outage was reported in words, and the watch came back.
-	if s := out.String(); !strings.Contains(s, "API server unreachable") || !strings.Contains(s, "watching again") {
-		t.Errorf("twin watch reported no outage and recovery:\n%s", s)
+	if s := out.String(); !strings.Contains(s, "watching again") {
+		t.Errorf("twin watch did not say it watches again:\n%s", s)
 	}
 	page.waitText(t, `[data-device="plant/`+dev.Name+`"] [data-property="setpoint"] td.reported`, "16")
-	if seenUnreachable := page.problemsSeen(t); !strings.Contains(seenUnreachable, "API server unreachable") {
-		t.Errorf("the console never said the API server was unreachable; it said %q", seenUnreachable)
-	}
 	page.waitNoProblems(t)
 	page.screenshot(t, "after-restart")
 }

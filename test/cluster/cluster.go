@@ -7,7 +7,8 @@
 //
 // It needs root (the kubelet and runc mount, make cgroups and device nodes).
 // Only one cluster can run on a machine at a time: the kubelet's device-plugin
-// directory is fixed at /var/lib/kubelet/device-plugins.
+// directory is fixed at /var/lib/kubelet/device-plugins. Start waits for
+// another test run's cluster to stop (a lock under /run) instead of failing.
 package cluster
 
 import (
@@ -60,6 +61,9 @@ type Options struct {
 	Detach bool
 	// Timeout bounds Start; 3 minutes when zero.
 	Timeout time.Duration
+	// LockWait bounds the wait for another test cluster on this machine to
+	// stop (30 minutes when zero); it does not count against Timeout.
+	LockWait time.Duration
 	// NodeStatusEvery is the kubelet's nodeStatusUpdateFrequency (how soon
 	// a new device-plugin resource shows in the node's allocatable); 2s
 	// when zero (the kubelet's own default is 10s).
@@ -81,6 +85,8 @@ type Cluster struct {
 	binDir         string
 	containerdSock string
 	procs          []*proc
+	// machineLock is held from Start to Stop (nil when detached or attached).
+	machineLock *os.File
 	// restartKubelet starts the kubelet again as Start did (nil after Attach).
 	restartKubelet func() (*proc, error)
 }
@@ -108,6 +114,21 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 	}
 	if o.Timeout == 0 {
 		o.Timeout = 3 * time.Minute
+	}
+	// One test cluster per machine (see DevicePluginDir): one of another
+	// test run (another package, another checkout) is waited for rather
+	// than failed on; a detached one (the demo's, dowse-cluster up) holds no
+	// lock and is caught by the kubelet socket check below.
+	var lock *os.File
+	if !o.Detach {
+		if lock, err = lockMachine(ctx, machineLockPath, o.LockWait); err != nil {
+			return nil, err
+		}
+		defer func() {
+			if err != nil {
+				_ = lock.Close()
+			}
+		}()
 	}
 	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
 	defer cancel()
@@ -145,6 +166,7 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 		CDIDir:         filepath.Join(o.StateDir, "cdi"),
 		PodLogsDir:     filepath.Join(o.StateDir, "pod-logs"),
 		containerdSock: filepath.Join(o.StateDir, "containerd", "containerd.sock"),
+		machineLock:    lock,
 	}
 	defer func() {
 		if err != nil {
@@ -420,6 +442,11 @@ func (c *Cluster) Stop() error {
 	cgs, _ := filepath.Glob("/sys/fs/cgroup/*/k8s.io")
 	for _, cg := range cgs {
 		_ = syscall.Rmdir(cg)
+	}
+	if c.machineLock != nil && len(errs) == 0 {
+		// Held on when something did not stop: the next cluster would
+		// meet it.
+		_ = c.machineLock.Close()
 	}
 	return errors.Join(errs...)
 }

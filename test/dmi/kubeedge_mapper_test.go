@@ -482,8 +482,21 @@ func TestKubeEdgeMapperFramework(t *testing.T) {
 	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "default/stranger is not assigned to node "+node) {
 		t.Fatalf("report for an unknown device: %v", err)
 	}
+	// A second mapper, this test's process, serves another protocol: it
+	// may not report for the framework mapper's Device.
+	other := dmiv1beta1.NewDeviceManagerServiceClient(conn)
+	if _, err := other.MapperRegister(context.Background(), &dmiv1beta1.MapperRegisterRequest{Mapper: &dmiv1beta1.MapperInfo{
+		Name: "other-mapper", Protocol: "other", Address: []byte(filepath.Join(tmp, "other.sock"))}}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = other.ReportDeviceStatus(context.Background(), &dmiv1beta1.ReportDeviceStatusRequest{
+		DeviceNamespace: "default", DeviceName: "thermo-1", ReportedDevice: &dmiv1beta1.DeviceStatus{Twins: []*dmiv1beta1.Twin{{PropertyName: "temp", Reported: &dmiv1beta1.TwinProperty{Value: "99"}}}}})
+	if status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), `device default/thermo-1 is served by mapper "virtual-mapper", which another process registered`) {
+		t.Fatalf("a second mapper's report for the first one's device: %v", err)
+	}
 	if n := len(c.find(func(r *linkv1.TwinReportedUpdate) bool {
-		return r.Property == "ghost" || r.Device.GetName() == "thermo-bad"
+		v, _ := intV(r.Value)
+		return r.Property == "ghost" || r.Device.GetName() == "thermo-bad" || v == 99
 	})); n != 0 {
 		t.Fatalf("%d refused reports reached the cloud", n)
 	}
@@ -513,9 +526,10 @@ func TestKubeEdgeMapperFramework(t *testing.T) {
 	c.stop()
 	agent.stop()
 	started := m.out.count("EVENT device-started id=default/thermo-1 desired=temp:30")
+	reported := m.out.count("report-ok id=default/thermo-1")
 	agent = startAgent(t, stateDir, dialer, logs, true)
-	waitFor(t, "the restarted agent tells the remembered mapper its devices from the store", func() error {
-		if m.out.count("EVENT device-started id=default/thermo-1 desired=temp:30") <= started {
+	waitFor(t, "the restarted agent tells the remembered mapper its devices from the store, and takes its reports", func() error {
+		if m.out.count("EVENT device-started id=default/thermo-1 desired=temp:30") <= started || m.out.count("report-ok id=default/thermo-1") <= reported+2 {
 			return fmt.Errorf("mapper:\n%s\nagent:\n%s", m.out, logs)
 		}
 		return nil

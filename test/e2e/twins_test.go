@@ -43,6 +43,14 @@ type cloud struct {
 
 func startCloud(t testing.TB, controllerArgs ...string) *cloud {
 	t.Helper()
+	c := newCloud(t, controllerArgs...)
+	c.startController()
+	return c
+}
+
+// newCloud is startCloud without the controller.
+func newCloud(t testing.TB, controllerArgs ...string) *cloud {
+	t.Helper()
 	cp, err := kube.Start()
 	if err != nil {
 		t.Fatal(err)
@@ -71,7 +79,6 @@ func startCloud(t testing.TB, controllerArgs ...string) *cloud {
 	}
 	c.metrics, c.ws, c.quic, c.auth = ports[0], ports[1], ports[2], ports[3]
 	c.controllerArgs = controllerArgs
-	c.startController()
 	return c
 }
 

@@ -8,9 +8,11 @@ package helm
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -26,9 +28,11 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	"sigs.k8s.io/yaml"
 
 	"github.com/dowse-dev/dowse/shared/link/pki"
 	"github.com/dowse-dev/dowse/test/kube"
+	"github.com/dowse-dev/dowse/test/promtest"
 )
 
 var (
@@ -168,14 +172,19 @@ func TestDefaultValues(t *testing.T) {
 	for _, want := range []string{
 		"ServiceAccount/dowse-agent", "ClusterRole/dowse-agent", "ClusterRoleBinding/dowse-agent", "DaemonSet/dowse-agent",
 		"ServiceAccount/dowse-controller", "ClusterRole/dowse-controller", "Role/dowse-controller-leader-election",
-		"Deployment/dowse-controller", "PodDisruptionBudget/dowse-controller", "DaemonSet/dowse-debug-echo-discovery",
+		"Deployment/dowse-controller", "PodDisruptionBudget/dowse-controller",
+		// The hooks: CRDs applied before install and upgrade, everything
+		// taken away before uninstall.
+		"ServiceAccount/dowse-hooks", "ClusterRole/dowse-hooks", "ClusterRoleBinding/dowse-hooks", "Job/dowse-apply-crds", "Job/dowse-uninstall",
 	} {
 		if got[want] == nil {
 			t.Errorf("default values render no %s", want)
 		}
 	}
 	for k := range got {
-		for _, absent := range []string{"Namespace/", "Configuration/", "PodMonitor/", "Service/", "Secret/", "DaemonSet/dowse-onvif", "DaemonSet/dowse-modbus-mapper"} {
+		for _, absent := range []string{"Namespace/", "Configuration/", "PodMonitor/", "Service/", "Secret/", "DaemonSet/dowse-onvif", "DaemonSet/dowse-modbus-mapper",
+			// debug-echo's pretend devices only when asked, as Akri's chart.
+			"DaemonSet/dowse-debug-echo", "PrometheusRule/", "ConfigMap/dowse-dashboard"} {
 			if strings.HasPrefix(k, absent) {
 				t.Errorf("default values render %s", k)
 			}
@@ -195,7 +204,7 @@ func TestDefaultValues(t *testing.T) {
 
 func TestAllOn(t *testing.T) {
 	const ns = "dowse-all-on"
-	objs := render(t, ns, "--values", allOnValues(), "--api-versions", "monitoring.coreos.com/v1")
+	objs := render(t, ns, "--values", allOnValues(), "--api-versions", "monitoring.coreos.com/v1", "--api-versions", "monitoring.coreos.com/v1/PrometheusRule")
 	installPodMonitorCRD(t)
 	dryRun(t, ns, objs)
 	got := index(objs)
@@ -208,7 +217,8 @@ func TestAllOn(t *testing.T) {
 	}
 	want = append(want, "Configuration/debug-echo", "Configuration/onvif-camera", "Configuration/udev", "Configuration/opcua-server",
 		"Configuration/modbus-plc", "Service/dowse-cloudhub", "Secret/dowse-link-ca", "ConfigMap/dowse-link-ca-cert",
-		"PodMonitor/dowse-agent", "PodMonitor/dowse-controller")
+		"PodMonitor/dowse-agent", "PodMonitor/dowse-controller", "PodMonitor/dowse-controller-mappers", "PrometheusRule/dowse", "ConfigMap/dowse-dashboard",
+		"DaemonSet/dowse-zeroconf-discovery", "Configuration/printers")
 	for _, w := range want {
 		if got[w] == nil {
 			t.Errorf("all-on values render no %s", w)
@@ -226,6 +236,77 @@ func TestAllOn(t *testing.T) {
 	}
 	checkPods(t, objs)
 	checkLink(t, got)
+	if c := got["Configuration/printers"]; c != nil {
+		if a, _, _ := unstructured.NestedString(c.Object, "spec", "allocation"); a != "DRA" {
+			t.Errorf("the values' Configuration has allocation %q, want DRA", a)
+		}
+	}
+	if ds := got["DaemonSet/dowse-zeroconf-discovery"]; ds != nil {
+		c := containers(t, ds)[0]
+		if c.Image != "example.org/akri/zeroconf-discovery:v1" || !slices.Contains(c.Args, "--verbose") || !slices.ContainsFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == "DISCOVERY_HANDLERS_DIRECTORY" }) {
+			t.Errorf("custom handler container %+v", c)
+		}
+	}
+}
+
+// TestSchema: values of the wrong type or outside their enum fail helm lint
+// and helm install (template), naming the value.
+func TestSchema(t *testing.T) {
+	for set, want := range map[string]string{
+		"controller.replicas=two":                   "/controller/replicas",
+		"agent.enabled=yes":                         "/agent/enabled",
+		"modbus.configuration.allocation=Sometimes": "/modbus/configuration/allocation",
+		"image.pullPolicy=Sometimes":                "/image/pullPolicy",
+		"controller.nodeGracePeriod=soon":           "/controller/nodeGracePeriod",
+		"agnet.enabled=true":                        "agnet",
+	} {
+		for _, cmd := range []string{"lint", "template"} {
+			out, err := kube.HelmCommand(context.Background(), t, cmd, chartDir(), "--set", set).CombinedOutput()
+			if err == nil || !strings.Contains(string(out), want) {
+				t.Errorf("helm %s --set %s: %v, want a failure naming %s:\n%s", cmd, set, err, want, out)
+			}
+		}
+	}
+}
+
+// TestRulesAndDashboard: promtool (Debian's prometheus) passes the chart's
+// alerting rules, as they are and as the PrometheusRule renders them; the
+// dashboard is JSON whose every panel queries Dowse metrics. (That each
+// queried metric is served is checked against a scrape of the agent and
+// controller on the real node, test/node.)
+func TestRulesAndDashboard(t *testing.T) {
+	promtool, err := exec.LookPath("promtool")
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("needs promtool: hack/install-deps.sh (apt-get install prometheus) (CI=true: a missing prerequisite fails)")
+		}
+		t.Skip("needs promtool: hack/install-deps.sh (apt-get install prometheus)")
+	}
+	rules := filepath.Join(chartDir(), "files", "rules.yaml")
+	objs := render(t, "dowse-rules", "--set", "prometheusRule.enabled=true", "--api-versions", "monitoring.coreos.com/v1/PrometheusRule", "--show-only", "templates/monitoring.yaml")
+	if len(objs) != 1 || objs[0].GetKind() != "PrometheusRule" {
+		t.Fatalf("rendered %v, want one PrometheusRule", objs)
+	}
+	spec, _, _ := unstructured.NestedMap(objs[0].Object, "spec")
+	rendered, err := yaml.Marshal(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	renderedFile := filepath.Join(t.TempDir(), "rules.yaml")
+	if err := os.WriteFile(renderedFile, rendered, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{rules, renderedFile} {
+		out, err := exec.Command(promtool, "check", "rules", f).CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "SUCCESS") {
+			t.Errorf("promtool check rules %s: %v\n%s", f, err, out)
+		}
+	}
+	metrics := promtest.QueriedMetrics(t, filepath.Join(chartDir(), "files", "dashboard.json"), rules)
+	if len(metrics) < 8 {
+		t.Errorf("the dashboard and rules query only %v", metrics)
+	}
+	t.Logf("queried: %v", metrics)
 }
 
 // checkLink: with the chart's CA, agents pin the CA certificate (a
@@ -333,27 +414,31 @@ func containerImage(t *testing.T, o *unstructured.Unstructured) string {
 	return containers(t, o)[0].Image
 }
 
-// installPodMonitorCRD serves monitoring.coreos.com/v1 PodMonitors (a
-// schema-less stand-in for the Prometheus operator's CRD), as on a cluster
-// that runs the operator.
+// installPodMonitorCRD serves monitoring.coreos.com/v1 PodMonitors and
+// PrometheusRules (schema-less stand-ins for the Prometheus operator's
+// CRDs), as on a cluster that runs the operator.
 func installPodMonitorCRD(t *testing.T) {
 	t.Helper()
 	if startErr != nil {
 		t.Fatal(startErr)
 	}
 	keep := true
-	crd := &apiextensionsv1.CustomResourceDefinition{
-		ObjectMeta: metav1.ObjectMeta{Name: "podmonitors.monitoring.coreos.com"},
-		Spec: apiextensionsv1.CustomResourceDefinitionSpec{
-			Group: "monitoring.coreos.com", Scope: apiextensionsv1.NamespaceScoped,
-			Names: apiextensionsv1.CustomResourceDefinitionNames{Plural: "podmonitors", Singular: "podmonitor", Kind: "PodMonitor", ListKind: "PodMonitorList"},
-			Versions: []apiextensionsv1.CustomResourceDefinitionVersion{{Name: "v1", Served: true, Storage: true,
-				Schema: &apiextensionsv1.CustomResourceValidation{OpenAPIV3Schema: &apiextensionsv1.JSONSchemaProps{
-					Type: "object", XPreserveUnknownFields: &keep}}}},
-		},
+	var crds []*apiextensionsv1.CustomResourceDefinition
+	for _, kind := range []string{"PodMonitor", "PrometheusRule"} {
+		plural := strings.ToLower(kind) + "s"
+		crds = append(crds, &apiextensionsv1.CustomResourceDefinition{
+			ObjectMeta: metav1.ObjectMeta{Name: plural + ".monitoring.coreos.com"},
+			Spec: apiextensionsv1.CustomResourceDefinitionSpec{
+				Group: "monitoring.coreos.com", Scope: apiextensionsv1.NamespaceScoped,
+				Names: apiextensionsv1.CustomResourceDefinitionNames{Plural: plural, Singular: strings.ToLower(kind), Kind: kind, ListKind: kind + "List"},
+				Versions: []apiextensionsv1.CustomResourceDefinitionVersion{{Name: "v1", Served: true, Storage: true,
+					Schema: &apiextensionsv1.CustomResourceValidation{OpenAPIV3Schema: &apiextensionsv1.JSONSchemaProps{
+						Type: "object", XPreserveUnknownFields: &keep}}}},
+			},
+		})
 	}
-	if _, err := envtest.InstallCRDs(restConfig, envtest.CRDInstallOptions{CRDs: []*apiextensionsv1.CustomResourceDefinition{crd}}); err != nil {
-		t.Fatalf("PodMonitor CRD: %v", err)
+	if _, err := envtest.InstallCRDs(restConfig, envtest.CRDInstallOptions{CRDs: crds}); err != nil {
+		t.Fatalf("Prometheus operator CRDs: %v", err)
 	}
 }
 

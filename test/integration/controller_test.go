@@ -167,7 +167,7 @@ func TestControllerBrokerPodsServicesAndStatus(t *testing.T) {
 	})
 	for _, p := range pods {
 		lim := p.Spec.Containers[0].Resources.Limits
-		if q, ok := lim[corev1.ResourceName("dowse.dev/"+inst.Name)]; !ok || q.Value() != 1 {
+		if q, ok := lim[corev1.ResourceName(inst.ResourceName())]; !ok || q.Value() != 1 {
 			t.Fatalf("pod %s limits %v: want dowse.dev/%s: 1 in place of the placeholder", p.Name, lim, inst.Name)
 		}
 		if _, ok := lim[broker.Placeholder]; ok {
@@ -347,7 +347,7 @@ func TestControllerJobsAndRefusedSpecs(t *testing.T) {
 		if len(jobs) != 1 || jobs[0].Name != broker.JobName(ji.Name, 1) {
 			return fmt.Errorf("jobs %d", len(jobs))
 		}
-		if _, ok := jobs[0].Spec.Template.Spec.Containers[0].Resources.Limits[corev1.ResourceName("dowse.dev/"+ji.Name)]; !ok {
+		if _, ok := jobs[0].Spec.Template.Spec.Containers[0].Resources.Limits[corev1.ResourceName(ji.ResourceName())]; !ok {
 			return fmt.Errorf("job does not ask for the device")
 		}
 		return nil

@@ -162,7 +162,7 @@ func TestInstanceStoreWrites(t *testing.T) {
 			t.Fatal(err)
 		}
 		id := inst.SlotIDs()[0]
-		if err := instancestore.ApplySlots(ctx, k8sClient, "node-a", inst, []v1alpha1.InstanceSlot{{ID: id, Node: "node-a", Resource: v1alpha1.ResourceName(inst.Name)}}); err != nil {
+		if err := instancestore.ApplySlots(ctx, k8sClient, "node-a", inst, []v1alpha1.InstanceSlot{{ID: id, Node: "node-a", Resource: inst.ResourceName()}}); err != nil {
 			t.Fatal(err)
 		}
 		err = instancestore.ApplySlots(ctx, k8sClient, "node-b", inst, []v1alpha1.InstanceSlot{{ID: id, Node: "node-b"}})

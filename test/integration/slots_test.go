@@ -123,8 +123,10 @@ func TestSlotReclaim(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := &slots.Reclaimer{
-		InUse: func(context.Context) (map[string]bool, error) {
-			return map[string]bool{"0123abcd-1": true}, nil
+		InUse: func(context.Context) (map[slots.SlotUse]bool, error) {
+			// The other namespace's slot of the same id, under its own
+			// resource, does not keep slot 0 in use.
+			return map[slots.SlotUse]bool{{Resource: "dowse.dev/reclaim", ID: "0123abcd-1"}: true, {Resource: "dowse.dev/reclaim-0123abcd.other", ID: "0123abcd-0"}: true}, nil
 		},
 		Claimer: claimer, Node: "node-a", Grace: time.Minute,
 		Instances: func() []*v1alpha1.Instance { return []*v1alpha1.Instance{inst} },

@@ -63,11 +63,11 @@ func Start() (*ControlPlane, error) {
 	return &ControlPlane{env: env, certDir: certDir, Config: cfg}, nil
 }
 
-// RestartAPIServer stops the API server (its watches end, clients see
-// connections refused) and starts it again on the same address with the
-// same certificates; etcd and the data stay. An API server that does not
-// stop within envtest's timeout is killed, as a crash would end it.
-func (c *ControlPlane) RestartAPIServer() error {
+// StopAPIServer stops the API server (its watches end, clients see
+// connections refused) until StartAPIServer; etcd and the data stay. An
+// API server that does not stop within envtest's timeout is killed, as a
+// crash would end it.
+func (c *ControlPlane) StopAPIServer() error {
 	api := c.env.ControlPlane.GetAPIServer()
 	if err := api.Stop(); err != nil && !strings.Contains(err.Error(), "timeout waiting for process") {
 		return fmt.Errorf("stopping the API server: %w", err)
@@ -77,7 +77,7 @@ func (c *ControlPlane) RestartAPIServer() error {
 	for deadline := time.Now().Add(30 * time.Second); ; {
 		conn, err := net.DialTimeout("tcp", addr, time.Second)
 		if err != nil {
-			break
+			return nil
 		}
 		conn.Close()
 		if time.Now().After(deadline) {
@@ -85,10 +85,23 @@ func (c *ControlPlane) RestartAPIServer() error {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	if err := api.Start(); err != nil {
+}
+
+// StartAPIServer starts a stopped API server again on the same address
+// with the same certificates, so every client and kubeconfig still works.
+func (c *ControlPlane) StartAPIServer() error {
+	if err := c.env.ControlPlane.GetAPIServer().Start(); err != nil {
 		return fmt.Errorf("starting the API server again: %w", err)
 	}
 	return nil
+}
+
+// RestartAPIServer is StopAPIServer then StartAPIServer.
+func (c *ControlPlane) RestartAPIServer() error {
+	if err := c.StopAPIServer(); err != nil {
+		return err
+	}
+	return c.StartAPIServer()
 }
 
 // CRDDir holds Dowse's generated CRDs.

@@ -133,6 +133,7 @@ func (r *recorder) get(node string) []int64 {
 
 type hubRun struct {
 	hub    *cloudhub.Hub
+	reg    *prometheus.Registry
 	cancel context.CancelFunc
 	done   chan error
 	once   sync.Once
@@ -154,14 +155,16 @@ func startHub(t testing.TB, c *cluster, wsAddr, quicAddr string, rec *recorder, 
 	cfg := cloudhub.Config{
 		WebSocketAddr: wsAddr, QUICAddr: quicAddr, TLS: c.serverTLS, Heartbeat: heartbeat,
 		MaxFrame: 64 << 10, QueueSize: 256, RateLimit: 1e5, RateBurst: 1000,
+		DrainPeriod: -1, // a test that drains says so
 	}
 	for _, f := range tweak {
 		f(&cfg)
 	}
+	reg := prometheus.NewRegistry()
 	hub, err := cloudhub.New(cfg, authz{}, func(_ context.Context, m cloudhub.Inbound) error {
 		rec.take(m)
 		return nil
-	}, prometheus.NewRegistry())
+	}, reg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -173,7 +176,7 @@ func startHub(t testing.TB, c *cluster, wsAddr, quicAddr string, rec *recorder, 
 	case err := <-done:
 		t.Fatal(err)
 	}
-	h := &hubRun{hub: hub, cancel: cancel, done: done}
+	h := &hubRun{hub: hub, reg: reg, cancel: cancel, done: done}
 	t.Cleanup(h.stop)
 	return h
 }

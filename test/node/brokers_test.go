@@ -104,7 +104,7 @@ func TestBrokersOnNode(t *testing.T) {
 			}
 			time.Sleep(100 * time.Millisecond)
 		}
-		res := corev1.ResourceName(v1alpha1.ResourceName(inst.Name))
+		res := corev1.ResourceName(inst.ResourceName())
 		if q := pod.Spec.Containers[0].Resources.Limits[res]; q.Value() != 1 {
 			t.Fatalf("broker pod does not ask for %s: %v", res, pod.Spec.Containers[0].Resources.Limits)
 		}

@@ -86,7 +86,7 @@ func TestChartOnNode(t *testing.T) {
 		// certificate and joins with its pod's service account token.
 		"link": map[string]any{"enabled": true, "hosts": []string{"127.0.0.1"}, "quic": false,
 			"ports": map[string]any{"websocket": ports[4], "auth": ports[5]}},
-		"debugEcho": map[string]any{"discovery": map[string]any{"metricsPort": ports[6]}},
+		"debugEcho": map[string]any{"discovery": map[string]any{"enabled": true, "metricsPort": ports[6]}},
 	}
 	raw, err := yaml.Marshal(values)
 	if err != nil {
@@ -122,7 +122,7 @@ func TestChartOnNode(t *testing.T) {
 	waitMetric(t, ctx, ports[6], `dowse_handler_discover_streams{handler="debug-echo"} 1`)
 	waitMetric(t, ctx, ports[6], `dowse_handler_devices{handler="debug-echo"} 2`)
 
-	res := corev1.ResourceName(v1alpha1.ResourceName(cfg.Name))
+	res := corev1.ResourceName(v1alpha1.ResourceName(cfg.Namespace, cfg.Name))
 	p := probePod("chart-device", "env:DEBUG_ECHO_DESCRIPTION", "env:GREETING")
 	p.Spec.Containers[0].Resources.Limits = corev1.ResourceList{res: resource.MustParse("1")}
 	if _, err := c.Client.CoreV1().Pods("default").Create(ctx, p, metav1.CreateOptions{}); err != nil {

@@ -72,8 +72,8 @@ func TestDowseDevicePlugins(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	seen := time.Now()
-	instRes := corev1.ResourceName(v1alpha1.ResourceName(inst.Name))
-	cfgRes := corev1.ResourceName(v1alpha1.ResourceName(cfg.Name))
+	instRes := corev1.ResourceName(inst.ResourceName())
+	cfgRes := corev1.ResourceName(v1alpha1.ResourceName(cfg.Namespace, cfg.Name))
 	// allocatableIs waits until the node offers exactly want of each
 	// resource (within limit).
 	allocatableIs := func(limit time.Duration, want map[corev1.ResourceName]int64) {

@@ -11,13 +11,15 @@ import (
 	"testing"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
-	"github.com/dowse-dev/dowse/controller"
+	"github.com/dowse-dev/dowse/controller/ownership"
 	"github.com/dowse-dev/dowse/shared/scheme"
 	"github.com/dowse-dev/dowse/test/kube"
 	"github.com/dowse-dev/dowse/test/procs"
@@ -242,7 +244,7 @@ func leaderNow(ctx context.Context, cl client.Client, old string, check func([]c
 	if err := cl.List(ctx, &pods, client.InNamespace("dowse-system"), client.MatchingLabels{"app.kubernetes.io/name": "dowse-controller"}); err != nil {
 		return "", err
 	}
-	var running, labelled []string
+	var running []string
 	var live []corev1.Pod
 	for _, p := range pods.Items {
 		if p.DeletionTimestamp != nil || p.Status.Phase != corev1.PodRunning {
@@ -250,15 +252,23 @@ func leaderNow(ctx context.Context, cl client.Client, old string, check func([]c
 		}
 		live = append(live, p)
 		running = append(running, p.Name)
-		if p.Labels[controller.LabelCloudhub] == "leader" {
-			labelled = append(labelled, p.Name)
-		}
 	}
 	if err := check(live); err != nil {
 		return "", err
 	}
-	if len(labelled) != 1 || labelled[0] == old {
-		return "", fmt.Errorf("running controller pods %v, labelled %s=leader: %v", running, controller.LabelCloudhub, labelled)
+	// The replica serving the node's session holds its ownership record.
+	var leases coordinationv1.LeaseList
+	if err := cl.List(ctx, &leases, client.InNamespace("dowse-system"), client.MatchingLabels{ownership.LabelKind: "node"}); err != nil {
+		return "", err
+	}
+	var holders []string
+	for _, l := range leases.Items {
+		if h := ptr.Deref(l.Spec.HolderIdentity, ""); h != "" {
+			holders = append(holders, h)
+		}
+	}
+	if len(holders) != 1 || holders[0] == old || !slices.Contains(running, holders[0]) {
+		return "", fmt.Errorf("running controller pods %v, the node's session held by %v", running, holders)
 	}
 	var eps discoveryv1.EndpointSliceList
 	if err := cl.List(ctx, &eps, client.InNamespace("dowse-system"), client.MatchingLabels{discoveryv1.LabelServiceName: "dowse-cloudhub"}); err != nil {
@@ -267,13 +277,13 @@ func leaderNow(ctx context.Context, cl client.Client, old string, check func([]c
 	var named []string
 	for _, s := range eps.Items {
 		for _, e := range s.Endpoints {
-			if e.TargetRef != nil {
+			if e.TargetRef != nil && ptr.Deref(e.Conditions.Ready, false) {
 				named = append(named, e.TargetRef.Name)
 			}
 		}
 	}
-	if !slices.Equal(named, labelled) {
-		return "", fmt.Errorf("the dowse-cloudhub EndpointSlices name %v, want the leader %s alone", named, labelled[0])
+	if !slices.Contains(named, holders[0]) {
+		return "", fmt.Errorf("the dowse-cloudhub EndpointSlices name %v as ready, not the holder %s", named, holders[0])
 	}
-	return labelled[0], nil
+	return holders[0], nil
 }

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"strings"
 	"syscall"
 	"time"
 
@@ -49,7 +50,7 @@ func main() {
 	fs.BoolVar(&cfg.ClassicAllocate, "classic-allocate", false, "answer Allocate with env, mounts and device nodes instead of CDI device names (runtimes without CDI)")
 	fs.DurationVar(&cfg.SlotReclaimGrace, "slot-reclaim-grace", time.Minute, "free a capacity slot no running pod has used for this long (0 disables)")
 	fs.StringVar(&cfg.PodResourcesSocket, "pod-resources-socket", "/var/lib/kubelet/pod-resources/kubelet.sock", "the kubelet's pod-resources API socket, read by the slot reclaimer")
-	fs.StringVar(&cfg.Link.Server, "link-server", "", "the controller's cloudhub, host:port; empty: no cloud/edge link")
+	linkServers := fs.String("link-server", "", "the controller's cloudhub, host:port (its Service), or several comma-separated (its replicas': the agent starts at a random one and moves on to the next when a connection ends); empty: no cloud/edge link")
 	fs.StringVar(&cfg.Link.Transport, "link-transport", "websocket", "cloud/edge link transport: websocket or quic")
 	fs.StringVar(&cfg.Link.AuthURL, "link-auth-url", "", "the controller's link bootstrap endpoint, https://host:port")
 	fs.StringVar(&cfg.Link.Token, "link-bootstrap-token", os.Getenv("DOWSE_LINK_TOKEN"), "one-time token from `dowsectl token create` (env DOWSE_LINK_TOKEN); needed until the node holds a certificate")
@@ -67,6 +68,15 @@ func main() {
 		return
 	}
 	cfg.QPS = float32(*qps)
+	for _, s := range strings.Split(*linkServers, ",") {
+		switch s = strings.TrimSpace(s); {
+		case s == "":
+		case cfg.Link.Server == "":
+			cfg.Link.Server = s
+		default:
+			cfg.Link.Servers = append(cfg.Link.Servers, s)
+		}
+	}
 
 	log := zap.New(zap.UseFlagOptions(&zapOpts))
 	ctrl.SetLogger(log)

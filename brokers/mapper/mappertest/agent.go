@@ -23,6 +23,7 @@ import (
 
 	"github.com/dowse-dev/dowse/brokers/mapper"
 	dmiv1beta1 "github.com/dowse-dev/dowse/proto/dmi/v1beta1"
+	"github.com/dowse-dev/dowse/shared/twinvalue"
 )
 
 // Report is one ReportDeviceStatus as received.
@@ -91,7 +92,7 @@ func (a *Agent) check(req *dmiv1beta1.ReportDeviceStatusRequest) error {
 		if !known {
 			continue
 		}
-		nt, err := mapper.NormalizeType(typ)
+		nt, err := twinvalue.ParseType(typ)
 		if err != nil {
 			continue
 		}
@@ -100,10 +101,10 @@ func (a *Agent) check(req *dmiv1beta1.ReportDeviceStatusRequest) error {
 			values = append(values, od)
 		}
 		for _, v := range values {
-			if nt != mapper.TypeString && strings.TrimSpace(v) == "" {
+			if nt != twinvalue.String && strings.TrimSpace(v) == "" {
 				return status.Errorf(codes.InvalidArgument, "property %q: empty %s value", tw.GetPropertyName(), nt)
 			}
-			if _, err := mapper.ParseValue(nt, v); err != nil {
+			if _, err := twinvalue.Parse(nt, v); err != nil {
 				return status.Errorf(codes.InvalidArgument, "property %q: %v", tw.GetPropertyName(), err)
 			}
 		}
@@ -369,7 +370,7 @@ func (a *Agent) WaitTwin(t testing.TB, device, property string, from int, timeou
 func (a *Agent) WaitReported(t testing.TB, device, property, value string, from int, timeout time.Duration) (*dmiv1beta1.Twin, int) {
 	t.Helper()
 	return a.WaitTwin(t, device, property, from, timeout, func(tw *dmiv1beta1.Twin) bool {
-		return tw.GetReported() != nil && tw.GetReported().GetValue() == value && tw.GetReported().GetMetadata()[mapper.MetaError] == ""
+		return tw.GetReported() != nil && tw.GetReported().GetValue() == value && tw.GetReported().GetMetadata()[twinvalue.MetaError] == ""
 	})
 }
 
@@ -445,7 +446,7 @@ func (a *Agent) WaitDeviceError(t testing.TB, namespace, name, property string, 
 	deadline := time.Now().Add(timeout)
 	for {
 		if tw := a.DeviceTwin(t, namespace, name, property); tw != nil {
-			if e := tw.GetReported().GetMetadata()[mapper.MetaError]; e != "" {
+			if e := tw.GetReported().GetMetadata()[twinvalue.MetaError]; e != "" {
 				return e
 			}
 		}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/dowse-dev/dowse/brokers/mapper"
 	dmiv1beta1 "github.com/dowse-dev/dowse/proto/dmi/v1beta1"
+	"github.com/dowse-dev/dowse/shared/twinvalue"
 )
 
 // Prop describes one device property for NewDevice.
@@ -59,7 +60,7 @@ func MakeDevice(namespace, name, model, protocol string, config map[string]any, 
 
 // Desired is a desired twin value stamped now.
 func Desired(v string) *dmiv1beta1.TwinProperty {
-	return &dmiv1beta1.TwinProperty{Value: v, Metadata: map[string]string{mapper.MetaTimestamp: strconv.FormatInt(time.Now().UnixNano(), 10)}}
+	return &dmiv1beta1.TwinProperty{Value: v, Metadata: map[string]string{twinvalue.MetaTimestamp: strconv.FormatInt(time.Now().UnixNano(), 10)}}
 }
 
 // SetDesired returns a copy of dev with property's desired value set.

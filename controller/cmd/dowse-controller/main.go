@@ -1,5 +1,6 @@
 // Command dowse-controller deploys brokers for discovered devices and
-// removes dead nodes from Instances.
+// removes dead nodes from Instances. Its subcommands apply-crds and
+// uninstall are the Helm chart's hooks (controller/lifecycle).
 package main
 
 import (
@@ -18,12 +19,25 @@ import (
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/dowse-dev/dowse/controller"
+	"github.com/dowse-dev/dowse/controller/lifecycle"
 	"github.com/dowse-dev/dowse/controller/linkauth"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	"github.com/dowse-dev/dowse/shared/version"
 )
 
 func main() {
+	if len(os.Args) > 1 {
+		if _, ok := lifecycle.Commands[os.Args[1]]; ok {
+			log := zap.New()
+			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			if err := lifecycle.Command(ctx, os.Args[1], os.Args[2:], log.WithName(os.Args[1])); err != nil {
+				fmt.Fprintf(os.Stderr, "dowse-controller %s: %v\n", os.Args[1], err)
+				os.Exit(1)
+			}
+			return
+		}
+	}
 	// The controller's live heap is small next to the garbage a burst of
 	// broker creation makes: collecting at 35% growth held peak memory at
 	// 10,000 Instances and Pods to 89-91 MiB (50%: 91-98 MiB) for 5% more
@@ -38,7 +52,8 @@ func main() {
 	fs.StringVar(&cfg.Kubeconfig, "kubeconfig", "", "path to a kubeconfig; empty means in-cluster")
 	fs.BoolVar(&cfg.LeaderElection, "leader-elect", true, "let only one replica act at a time")
 	fs.StringVar(&cfg.LeaderElectionNamespace, "leader-election-namespace", "dowse-system", "namespace of the leader election Lease")
-	fs.DurationVar(&cfg.NodeGracePeriod, "node-grace-period", 5*time.Minute, "how long a node may be NotReady before it is removed from Instances")
+	fs.DurationVar(&cfg.NodeGracePeriod, "node-grace-period", 5*time.Minute, "how long a node may be NotReady before it is removed from Instances, and an agent gone (see --agent-pod-selector) before its Configuration finalizers are dropped")
+	fs.StringVar(&cfg.AgentPodSelector, "agent-pod-selector", "", "label selector of the agent DaemonSet's Pods in --namespace: the finalizers of an agent with no Pod on its node are dropped after --node-grace-period; empty: off")
 	fs.StringVar(&cfg.MetricsAddr, "metrics-bind-address", ":9745", "Prometheus metrics address (0 disables)")
 	fs.StringVar(&cfg.HealthAddr, "health-probe-bind-address", ":9746", "health probe address (0 disables)")
 	fs.BoolVar(&cfg.DRA, "dra", true, "publish DeviceClasses and shared devices' ResourceSlices for Configurations with spec.allocation DRA or Both (needs resource.k8s.io/v1, Kubernetes 1.34+)")
@@ -55,7 +70,9 @@ func main() {
 	fs.DurationVar(&cfg.Link.Heartbeat, "link-heartbeat", 10*time.Second, "link heartbeat interval; a silent edge is dropped after two")
 	fs.IntVar(&cfg.Link.MaxMessageSize, "link-max-message-size", 1<<20, "largest link message accepted, in bytes")
 	fs.IntVar(&cfg.Link.QueueSize, "link-queue-size", 16384, "most unacknowledged messages queued for one node (a node is sent each of its Devices when it connects)")
-	fs.StringVar(&cfg.PodName, "pod-name", os.Getenv("POD_NAME"), "this replica's Pod (env POD_NAME), labelled dowse.dev/cloudhub=leader while it leads, for the link's Service")
+	fs.StringVar(&cfg.PodName, "pod-name", os.Getenv("POD_NAME"), "this replica's Pod (env POD_NAME): its identity as the holder of the edges' sessions it serves (outside a Pod, the host name and a random suffix)")
+	fs.DurationVar(&cfg.Link.SpreadInterval, "link-spread-interval", 2*time.Second, "how often this replica publishes how many edges it serves and, when it holds more than its share, moves some to the other replicas")
+	fs.DurationVar(&cfg.Link.DrainPeriod, "link-drain-period", 5*time.Second, "when stopping, how long this replica spends moving its edges to the other replicas, spread over that time, before it closes what is left (0: none, the edges find out when their connections close)")
 	fs.StringVar(&cfg.MapperStateDir, "mapper-state-dir", "/var/lib/dowse", "the agents' state directory on the nodes (their --state-dir), mounted into the mapper Pods the controller runs")
 	fs.DurationVar(&cfg.Link.TwinStatusInterval, "twin-status-interval", time.Second, "least time between two status writes of one Device, however fast its mappers report")
 	fs.IntVar(&cfg.Link.TwinStatusConcurrency, "twin-status-concurrency", 16, "parallel Device status writes")
@@ -74,6 +91,9 @@ func main() {
 		return
 	}
 	cfg.QPS = float32(*qps)
+	if cfg.Link.DrainPeriod == 0 {
+		cfg.Link.DrainPeriod = -1 // the library's zero is its default
+	}
 	if *propertyAgents != "" {
 		cfg.AgentServiceAccounts = strings.Split(*propertyAgents, ",")
 	}

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dowse-dev/dowse/discovery-handlers/onvif/internal/peertest"
+	peertest "github.com/dowse-dev/dowse/test/onvifpeer"
 )
 
 // TestWsdd proves probing and announcements against a foreign peer, Debian's

@@ -16,8 +16,8 @@
   const S = { Configuration: new Map(), Instance: new Map(), DeviceModel: new Map(), Device: new Map() };
   const synced = {};
   const problems = new Map(); // source -> words
-  // Every problem shown since the page opened, newest last (for a person
-  // looking back in the browser's console, and for the tests).
+  // Every problem shown since the page opened, newest last, for a person
+  // looking back in the browser's developer console (dowseConsole).
   const problemLog = [];
   window.dowseConsole = { problemLog };
   const problem = (src, text) => {
@@ -121,8 +121,13 @@
   }
 
   function renderProblems() {
+    // One line per problem, naming what it stops when several share it
+    // (an unreachable API server stops every watch).
+    const byText = new Map();
+    for (const [src, text] of problems) byText.set(text, [...(byText.get(text) || []), src]);
     const list = $('#problems');
-    list.replaceChildren(...[...problems.entries()].map(([src, text]) => h('li', { 'data-problem': src }, text)));
+    list.replaceChildren(...[...byText].map(([text, srcs]) => h('li', { 'data-problem': srcs.join(' ') }, text,
+      srcs.length > 1 ? h('span', { class: 'muted' }, ` (${srcs.map((k) => k === 'console' ? 'the console' : `${k}s`).join(', ')})`) : '')));
     const live = $('#live');
     const ok = streamOpen && problems.size === 0;
     live.textContent = ok ? 'live' : streamOpen ? 'live, with problems' : 'reconnecting…';
@@ -158,10 +163,12 @@
         const x = cond(n.conditions, t);
         if (x && x.status !== 'True' && !note) note = `${x.reason}: ${x.message}`;
       }
+      const skipped = (n.skipped || []).map((k) => `${k.reason} ×${k.count}: ${(k.candidates || []).map((c) => c.candidate + (c.message ? ` (${c.message})` : '')).join('; ')}`);
       const ha = condText(n.conditions, 'HandlerAvailable');
       const di = condText(n.conditions, 'Discovering');
       return h('tr', { 'data-node': n.nodeName }, h('td', {}, n.nodeName), h('td', {}, n.devices || 0),
-        h('td', { class: ha.toLowerCase() }, ha), h('td', { class: di.toLowerCase() }, di), h('td', { class: note ? 'problem' : 'muted' }, note || '-'));
+        h('td', { class: ha.toLowerCase() }, ha), h('td', { class: di.toLowerCase() }, di),
+        h('td', { class: note ? 'problem' : 'muted' }, note || (skipped.length ? '' : '-'), skipped.map((k) => h('div', { class: 'skipped', 'data-skipped': '' }, `skipped ${k}`))));
     });
     const instRows = insts.map((i) => {
       const used = (i.status && i.status.slots ? i.status.slots.length : 0);
@@ -173,7 +180,7 @@
     return h('div', { class: 'card', 'data-configuration': key(c) },
       h('h3', {}, sel('Configuration', c), h('span', { class: 'meta' },
         `handler ${spec.discoveryHandler ? spec.discoveryHandler.name : '?'} · capacity ${spec.capacity || 1} · ${st.nodesSeeing || 0} of ${nodes.length} nodes see devices · ${st.nodesReady || 0} ready · ${st.brokers || 0} brokers`)),
-      nodes.length ? h('table', { class: 'nodes' }, h('thead', {}, h('tr', {}, ['node', 'devices', 'handler', 'discovering', 'refusal'].map((t) => h('th', {}, t)))), h('tbody', {}, nodeRows))
+      nodes.length ? h('table', { class: 'nodes' }, h('thead', {}, h('tr', {}, ['node', 'devices', 'handler', 'discovering', 'refusals and skipped'].map((t) => h('th', {}, t)))), h('tbody', {}, nodeRows))
         : h('p', { class: 'empty' }, 'No agent reports on this Configuration yet (is its handler running on a node?).'),
       insts.length ? h('table', { class: 'instances' }, h('thead', {}, h('tr', {}, ['instance', 'nodes', 'slots in use', 'found'].map((t) => h('th', {}, t)))), h('tbody', {}, instRows))
         : h('p', { class: 'empty', 'data-no-instances': '' }, 'No Instances: no device found.'));

@@ -304,7 +304,14 @@ func (x *ByteData) GetVec() []byte {
 type DiscoverResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Every device currently found, each id at most once.
-	Devices       []*Device `protobuf:"bytes,1,rep,name=devices,proto3" json:"devices,omitempty"`
+	Devices []*Device `protobuf:"bytes,1,rep,name=devices,proto3" json:"devices,omitempty"`
+	// The candidates the handler looked at in its latest look and did not
+	// report as devices, by reason: a camera that refused the credentials, a
+	// server filtered out, a host that did not answer. Like devices, the
+	// whole current truth: a reason absent here no longer applies. At most
+	// 16 reasons. A Dowse field: Akri's handlers never set it, and a handler
+	// that does not know about it reports none.
+	Skipped       []*SkippedReason `protobuf:"bytes,2,rep,name=skipped,proto3" json:"skipped,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -346,6 +353,132 @@ func (x *DiscoverResponse) GetDevices() []*Device {
 	return nil
 }
 
+func (x *DiscoverResponse) GetSkipped() []*SkippedReason {
+	if x != nil {
+		return x.Skipped
+	}
+	return nil
+}
+
+// SkippedReason counts the candidates skipped for one reason.
+type SkippedReason struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A short UpperCamelCase cause, e.g. AuthRefused, NoReply, Filtered.
+	Reason string `protobuf:"bytes,1,opt,name=reason,proto3" json:"reason,omitempty"`
+	// How many candidates were skipped for this reason.
+	Count uint32 `protobuf:"varint,2,opt,name=count,proto3" json:"count,omitempty"`
+	// A few of them (at most 5: the Dowse SDK names the first by name).
+	Candidates    []*SkippedCandidate `protobuf:"bytes,3,rep,name=candidates,proto3" json:"candidates,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SkippedReason) Reset() {
+	*x = SkippedReason{}
+	mi := &file_discovery_v1_discovery_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SkippedReason) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SkippedReason) ProtoMessage() {}
+
+func (x *SkippedReason) ProtoReflect() protoreflect.Message {
+	mi := &file_discovery_v1_discovery_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SkippedReason.ProtoReflect.Descriptor instead.
+func (*SkippedReason) Descriptor() ([]byte, []int) {
+	return file_discovery_v1_discovery_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *SkippedReason) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *SkippedReason) GetCount() uint32 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *SkippedReason) GetCandidates() []*SkippedCandidate {
+	if x != nil {
+		return x.Candidates
+	}
+	return nil
+}
+
+// SkippedCandidate is one candidate that was skipped.
+type SkippedCandidate struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// What was skipped: an address, a URL, a device path. At most 256 bytes.
+	Candidate string `protobuf:"bytes,1,opt,name=candidate,proto3" json:"candidate,omitempty"`
+	// Why, in the handler's words. At most 256 bytes.
+	Message       string `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SkippedCandidate) Reset() {
+	*x = SkippedCandidate{}
+	mi := &file_discovery_v1_discovery_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SkippedCandidate) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SkippedCandidate) ProtoMessage() {}
+
+func (x *SkippedCandidate) ProtoReflect() protoreflect.Message {
+	mi := &file_discovery_v1_discovery_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SkippedCandidate.ProtoReflect.Descriptor instead.
+func (*SkippedCandidate) Descriptor() ([]byte, []int) {
+	return file_discovery_v1_discovery_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *SkippedCandidate) GetCandidate() string {
+	if x != nil {
+		return x.Candidate
+	}
+	return ""
+}
+
+func (x *SkippedCandidate) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
 type Device struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Stable identity of the device: the same physical device must get the same
@@ -366,7 +499,7 @@ type Device struct {
 
 func (x *Device) Reset() {
 	*x = Device{}
-	mi := &file_discovery_v1_discovery_proto_msgTypes[5]
+	mi := &file_discovery_v1_discovery_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -378,7 +511,7 @@ func (x *Device) String() string {
 func (*Device) ProtoMessage() {}
 
 func (x *Device) ProtoReflect() protoreflect.Message {
-	mi := &file_discovery_v1_discovery_proto_msgTypes[5]
+	mi := &file_discovery_v1_discovery_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -391,7 +524,7 @@ func (x *Device) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Device.ProtoReflect.Descriptor instead.
 func (*Device) Descriptor() ([]byte, []int) {
-	return file_discovery_v1_discovery_proto_rawDescGZIP(), []int{5}
+	return file_discovery_v1_discovery_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Device) GetId() string {
@@ -433,7 +566,7 @@ type Mount struct {
 
 func (x *Mount) Reset() {
 	*x = Mount{}
-	mi := &file_discovery_v1_discovery_proto_msgTypes[6]
+	mi := &file_discovery_v1_discovery_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -445,7 +578,7 @@ func (x *Mount) String() string {
 func (*Mount) ProtoMessage() {}
 
 func (x *Mount) ProtoReflect() protoreflect.Message {
-	mi := &file_discovery_v1_discovery_proto_msgTypes[6]
+	mi := &file_discovery_v1_discovery_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -458,7 +591,7 @@ func (x *Mount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Mount.ProtoReflect.Descriptor instead.
 func (*Mount) Descriptor() ([]byte, []int) {
-	return file_discovery_v1_discovery_proto_rawDescGZIP(), []int{6}
+	return file_discovery_v1_discovery_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Mount) GetContainerPath() string {
@@ -494,7 +627,7 @@ type DeviceSpec struct {
 
 func (x *DeviceSpec) Reset() {
 	*x = DeviceSpec{}
-	mi := &file_discovery_v1_discovery_proto_msgTypes[7]
+	mi := &file_discovery_v1_discovery_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -506,7 +639,7 @@ func (x *DeviceSpec) String() string {
 func (*DeviceSpec) ProtoMessage() {}
 
 func (x *DeviceSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_discovery_v1_discovery_proto_msgTypes[7]
+	mi := &file_discovery_v1_discovery_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -519,7 +652,7 @@ func (x *DeviceSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeviceSpec.ProtoReflect.Descriptor instead.
 func (*DeviceSpec) Descriptor() ([]byte, []int) {
-	return file_discovery_v1_discovery_proto_rawDescGZIP(), []int{7}
+	return file_discovery_v1_discovery_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *DeviceSpec) GetContainerPath() string {
@@ -565,9 +698,19 @@ const file_discovery_v1_discovery_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\v2\x1c.dowse.discovery.v1.ByteDataR\x05value:\x028\x01\")\n" +
 	"\bByteData\x12\x15\n" +
 	"\x03vec\x18\x01 \x01(\fH\x00R\x03vec\x88\x01\x01B\x06\n" +
-	"\x04_vec\"H\n" +
+	"\x04_vec\"\x85\x01\n" +
 	"\x10DiscoverResponse\x124\n" +
-	"\adevices\x18\x01 \x03(\v2\x1a.dowse.discovery.v1.DeviceR\adevices\"\x99\x02\n" +
+	"\adevices\x18\x01 \x03(\v2\x1a.dowse.discovery.v1.DeviceR\adevices\x12;\n" +
+	"\askipped\x18\x02 \x03(\v2!.dowse.discovery.v1.SkippedReasonR\askipped\"\x83\x01\n" +
+	"\rSkippedReason\x12\x16\n" +
+	"\x06reason\x18\x01 \x01(\tR\x06reason\x12\x14\n" +
+	"\x05count\x18\x02 \x01(\rR\x05count\x12D\n" +
+	"\n" +
+	"candidates\x18\x03 \x03(\v2$.dowse.discovery.v1.SkippedCandidateR\n" +
+	"candidates\"J\n" +
+	"\x10SkippedCandidate\x12\x1c\n" +
+	"\tcandidate\x18\x01 \x01(\tR\tcandidate\x12\x18\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\"\x99\x02\n" +
 	"\x06Device\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12J\n" +
 	"\n" +
@@ -605,7 +748,7 @@ func file_discovery_v1_discovery_proto_rawDescGZIP() []byte {
 }
 
 var file_discovery_v1_discovery_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_discovery_v1_discovery_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_discovery_v1_discovery_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_discovery_v1_discovery_proto_goTypes = []any{
 	(RegisterDiscoveryHandlerRequest_EndpointType)(0), // 0: dowse.discovery.v1.RegisterDiscoveryHandlerRequest.EndpointType
 	(*Empty)(nil),                           // 1: dowse.discovery.v1.Empty
@@ -613,29 +756,33 @@ var file_discovery_v1_discovery_proto_goTypes = []any{
 	(*DiscoverRequest)(nil),                 // 3: dowse.discovery.v1.DiscoverRequest
 	(*ByteData)(nil),                        // 4: dowse.discovery.v1.ByteData
 	(*DiscoverResponse)(nil),                // 5: dowse.discovery.v1.DiscoverResponse
-	(*Device)(nil),                          // 6: dowse.discovery.v1.Device
-	(*Mount)(nil),                           // 7: dowse.discovery.v1.Mount
-	(*DeviceSpec)(nil),                      // 8: dowse.discovery.v1.DeviceSpec
-	nil,                                     // 9: dowse.discovery.v1.DiscoverRequest.DiscoveryPropertiesEntry
-	nil,                                     // 10: dowse.discovery.v1.Device.PropertiesEntry
+	(*SkippedReason)(nil),                   // 6: dowse.discovery.v1.SkippedReason
+	(*SkippedCandidate)(nil),                // 7: dowse.discovery.v1.SkippedCandidate
+	(*Device)(nil),                          // 8: dowse.discovery.v1.Device
+	(*Mount)(nil),                           // 9: dowse.discovery.v1.Mount
+	(*DeviceSpec)(nil),                      // 10: dowse.discovery.v1.DeviceSpec
+	nil,                                     // 11: dowse.discovery.v1.DiscoverRequest.DiscoveryPropertiesEntry
+	nil,                                     // 12: dowse.discovery.v1.Device.PropertiesEntry
 }
 var file_discovery_v1_discovery_proto_depIdxs = []int32{
 	0,  // 0: dowse.discovery.v1.RegisterDiscoveryHandlerRequest.endpoint_type:type_name -> dowse.discovery.v1.RegisterDiscoveryHandlerRequest.EndpointType
-	9,  // 1: dowse.discovery.v1.DiscoverRequest.discovery_properties:type_name -> dowse.discovery.v1.DiscoverRequest.DiscoveryPropertiesEntry
-	6,  // 2: dowse.discovery.v1.DiscoverResponse.devices:type_name -> dowse.discovery.v1.Device
-	10, // 3: dowse.discovery.v1.Device.properties:type_name -> dowse.discovery.v1.Device.PropertiesEntry
-	7,  // 4: dowse.discovery.v1.Device.mounts:type_name -> dowse.discovery.v1.Mount
-	8,  // 5: dowse.discovery.v1.Device.device_specs:type_name -> dowse.discovery.v1.DeviceSpec
-	4,  // 6: dowse.discovery.v1.DiscoverRequest.DiscoveryPropertiesEntry.value:type_name -> dowse.discovery.v1.ByteData
-	2,  // 7: dowse.discovery.v1.Registration.RegisterDiscoveryHandler:input_type -> dowse.discovery.v1.RegisterDiscoveryHandlerRequest
-	3,  // 8: dowse.discovery.v1.DiscoveryHandler.Discover:input_type -> dowse.discovery.v1.DiscoverRequest
-	1,  // 9: dowse.discovery.v1.Registration.RegisterDiscoveryHandler:output_type -> dowse.discovery.v1.Empty
-	5,  // 10: dowse.discovery.v1.DiscoveryHandler.Discover:output_type -> dowse.discovery.v1.DiscoverResponse
-	9,  // [9:11] is the sub-list for method output_type
-	7,  // [7:9] is the sub-list for method input_type
-	7,  // [7:7] is the sub-list for extension type_name
-	7,  // [7:7] is the sub-list for extension extendee
-	0,  // [0:7] is the sub-list for field type_name
+	11, // 1: dowse.discovery.v1.DiscoverRequest.discovery_properties:type_name -> dowse.discovery.v1.DiscoverRequest.DiscoveryPropertiesEntry
+	8,  // 2: dowse.discovery.v1.DiscoverResponse.devices:type_name -> dowse.discovery.v1.Device
+	6,  // 3: dowse.discovery.v1.DiscoverResponse.skipped:type_name -> dowse.discovery.v1.SkippedReason
+	7,  // 4: dowse.discovery.v1.SkippedReason.candidates:type_name -> dowse.discovery.v1.SkippedCandidate
+	12, // 5: dowse.discovery.v1.Device.properties:type_name -> dowse.discovery.v1.Device.PropertiesEntry
+	9,  // 6: dowse.discovery.v1.Device.mounts:type_name -> dowse.discovery.v1.Mount
+	10, // 7: dowse.discovery.v1.Device.device_specs:type_name -> dowse.discovery.v1.DeviceSpec
+	4,  // 8: dowse.discovery.v1.DiscoverRequest.DiscoveryPropertiesEntry.value:type_name -> dowse.discovery.v1.ByteData
+	2,  // 9: dowse.discovery.v1.Registration.RegisterDiscoveryHandler:input_type -> dowse.discovery.v1.RegisterDiscoveryHandlerRequest
+	3,  // 10: dowse.discovery.v1.DiscoveryHandler.Discover:input_type -> dowse.discovery.v1.DiscoverRequest
+	1,  // 11: dowse.discovery.v1.Registration.RegisterDiscoveryHandler:output_type -> dowse.discovery.v1.Empty
+	5,  // 12: dowse.discovery.v1.DiscoveryHandler.Discover:output_type -> dowse.discovery.v1.DiscoverResponse
+	11, // [11:13] is the sub-list for method output_type
+	9,  // [9:11] is the sub-list for method input_type
+	9,  // [9:9] is the sub-list for extension type_name
+	9,  // [9:9] is the sub-list for extension extendee
+	0,  // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_discovery_v1_discovery_proto_init() }
@@ -650,7 +797,7 @@ func file_discovery_v1_discovery_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_discovery_v1_discovery_proto_rawDesc), len(file_discovery_v1_discovery_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   10,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -100,7 +100,7 @@ func (x Error_Code) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Error_Code.Descriptor instead.
 func (Error_Code) EnumDescriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{22, 0}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{23, 0}
 }
 
 type Envelope struct {
@@ -130,6 +130,7 @@ type Envelope struct {
 	//	*Envelope_ModelRemoval
 	//	*Envelope_DeviceInventory
 	//	*Envelope_DeviceState
+	//	*Envelope_Reconnect
 	Kind          isEnvelope_Kind `protobuf_oneof:"kind"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -319,6 +320,15 @@ func (x *Envelope) GetDeviceState() *DeviceStateUpdate {
 	return nil
 }
 
+func (x *Envelope) GetReconnect() *Reconnect {
+	if x != nil {
+		if x, ok := x.Kind.(*Envelope_Reconnect); ok {
+			return x.Reconnect
+		}
+	}
+	return nil
+}
+
 type isEnvelope_Kind interface {
 	isEnvelope_Kind()
 }
@@ -379,6 +389,10 @@ type Envelope_DeviceState struct {
 	DeviceState *DeviceStateUpdate `protobuf:"bytes,23,opt,name=device_state,json=deviceState,proto3,oneof"`
 }
 
+type Envelope_Reconnect struct {
+	Reconnect *Reconnect `protobuf:"bytes,24,opt,name=reconnect,proto3,oneof"`
+}
+
 func (*Envelope_Hello) isEnvelope_Kind() {}
 
 func (*Envelope_Welcome) isEnvelope_Kind() {}
@@ -407,6 +421,8 @@ func (*Envelope_DeviceInventory) isEnvelope_Kind() {}
 
 func (*Envelope_DeviceState) isEnvelope_Kind() {}
 
+func (*Envelope_Reconnect) isEnvelope_Kind() {}
+
 // Hello is the edge's first frame. The cloud refuses it unless node equals
 // the node its verified client certificate names.
 type Hello struct {
@@ -417,8 +433,12 @@ type Hello struct {
 	StreamId uint64 `protobuf:"varint,2,opt,name=stream_id,json=streamId,proto3" json:"stream_id,omitempty"`
 	// The cloud stream the edge last received from, and the highest seq of it
 	// received in order; the cloud resends what follows.
-	PeerStreamId  uint64 `protobuf:"varint,3,opt,name=peer_stream_id,json=peerStreamId,proto3" json:"peer_stream_id,omitempty"`
-	Received      uint64 `protobuf:"varint,4,opt,name=received,proto3" json:"received,omitempty"`
+	PeerStreamId uint64 `protobuf:"varint,3,opt,name=peer_stream_id,json=peerStreamId,proto3" json:"peer_stream_id,omitempty"`
+	Received     uint64 `protobuf:"varint,4,opt,name=received,proto3" json:"received,omitempty"`
+	// The epoch of the edge's last session (its last Welcome's), 0 when it
+	// knows none: a hint that lets the cloud claim the node in one request.
+	// The cloud never trusts it for safety.
+	Epoch         uint64 `protobuf:"varint,5,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -481,6 +501,13 @@ func (x *Hello) GetReceived() uint64 {
 	return 0
 }
 
+func (x *Hello) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
 // Welcome answers Hello; after it both sides resend what is unacknowledged.
 type Welcome struct {
 	state        protoimpl.MessageState `protogen:"open.v1"`
@@ -489,8 +516,11 @@ type Welcome struct {
 	Received     uint64                 `protobuf:"varint,3,opt,name=received,proto3" json:"received,omitempty"`
 	// The cloud's heartbeat interval in milliseconds, for information.
 	HeartbeatIntervalMs uint32 `protobuf:"varint,4,opt,name=heartbeat_interval_ms,json=heartbeatIntervalMs,proto3" json:"heartbeat_interval_ms,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// This session's epoch: the node's ownership record counts every session
+	// any cloud replica began with it (0: a cloud without one).
+	Epoch         uint64 `protobuf:"varint,5,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Welcome) Reset() {
@@ -551,6 +581,72 @@ func (x *Welcome) GetHeartbeatIntervalMs() uint32 {
 	return 0
 }
 
+func (x *Welcome) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+// Reconnect: cloud to edge, a control kind. The edge closes this connection
+// after delay_ms and connects again at once, without backoff, to its next
+// address when it has several: the replica is shutting down (drain) or
+// holds more than its share of the edges (rebalance). What is
+// unacknowledged is resent on the new connection as after any reconnect.
+// An edge that does not know the kind ignores it.
+type Reconnect struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	DelayMs uint32                 `protobuf:"varint,1,opt,name=delay_ms,json=delayMs,proto3" json:"delay_ms,omitempty"`
+	// Why, for the edge's log: "drain" or "rebalance".
+	Reason        string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Reconnect) Reset() {
+	*x = Reconnect{}
+	mi := &file_link_v1_link_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Reconnect) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Reconnect) ProtoMessage() {}
+
+func (x *Reconnect) ProtoReflect() protoreflect.Message {
+	mi := &file_link_v1_link_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Reconnect.ProtoReflect.Descriptor instead.
+func (*Reconnect) Descriptor() ([]byte, []int) {
+	return file_link_v1_link_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *Reconnect) GetDelayMs() uint32 {
+	if x != nil {
+		return x.DelayMs
+	}
+	return 0
+}
+
+func (x *Reconnect) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 // Heartbeat goes both ways every interval; a peer answers a heartbeat that
 // is not a reply at once with reply set and the same sent_nanos, which lets
 // the sender measure the round trip on its own clock.
@@ -564,7 +660,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_link_v1_link_proto_msgTypes[3]
+	mi := &file_link_v1_link_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -576,7 +672,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[3]
+	mi := &file_link_v1_link_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -589,7 +685,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{3}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Heartbeat) GetSentNanos() int64 {
@@ -618,7 +714,7 @@ type DeviceRef struct {
 
 func (x *DeviceRef) Reset() {
 	*x = DeviceRef{}
-	mi := &file_link_v1_link_proto_msgTypes[4]
+	mi := &file_link_v1_link_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -630,7 +726,7 @@ func (x *DeviceRef) String() string {
 func (*DeviceRef) ProtoMessage() {}
 
 func (x *DeviceRef) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[4]
+	mi := &file_link_v1_link_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -643,7 +739,7 @@ func (x *DeviceRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeviceRef.ProtoReflect.Descriptor instead.
 func (*DeviceRef) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{4}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *DeviceRef) GetNamespace() string {
@@ -677,7 +773,7 @@ type Value struct {
 
 func (x *Value) Reset() {
 	*x = Value{}
-	mi := &file_link_v1_link_proto_msgTypes[5]
+	mi := &file_link_v1_link_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -689,7 +785,7 @@ func (x *Value) String() string {
 func (*Value) ProtoMessage() {}
 
 func (x *Value) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[5]
+	mi := &file_link_v1_link_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -702,7 +798,7 @@ func (x *Value) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Value.ProtoReflect.Descriptor instead.
 func (*Value) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{5}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Value) GetKind() isValue_Kind {
@@ -804,7 +900,7 @@ type TwinDesiredUpdate struct {
 
 func (x *TwinDesiredUpdate) Reset() {
 	*x = TwinDesiredUpdate{}
-	mi := &file_link_v1_link_proto_msgTypes[6]
+	mi := &file_link_v1_link_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -816,7 +912,7 @@ func (x *TwinDesiredUpdate) String() string {
 func (*TwinDesiredUpdate) ProtoMessage() {}
 
 func (x *TwinDesiredUpdate) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[6]
+	mi := &file_link_v1_link_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -829,7 +925,7 @@ func (x *TwinDesiredUpdate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TwinDesiredUpdate.ProtoReflect.Descriptor instead.
 func (*TwinDesiredUpdate) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{6}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *TwinDesiredUpdate) GetDevice() *DeviceRef {
@@ -882,7 +978,7 @@ type TwinReportedUpdate struct {
 
 func (x *TwinReportedUpdate) Reset() {
 	*x = TwinReportedUpdate{}
-	mi := &file_link_v1_link_proto_msgTypes[7]
+	mi := &file_link_v1_link_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -894,7 +990,7 @@ func (x *TwinReportedUpdate) String() string {
 func (*TwinReportedUpdate) ProtoMessage() {}
 
 func (x *TwinReportedUpdate) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[7]
+	mi := &file_link_v1_link_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -907,7 +1003,7 @@ func (x *TwinReportedUpdate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TwinReportedUpdate.ProtoReflect.Descriptor instead.
 func (*TwinReportedUpdate) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{7}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *TwinReportedUpdate) GetDevice() *DeviceRef {
@@ -969,7 +1065,7 @@ type DeviceStateUpdate struct {
 
 func (x *DeviceStateUpdate) Reset() {
 	*x = DeviceStateUpdate{}
-	mi := &file_link_v1_link_proto_msgTypes[8]
+	mi := &file_link_v1_link_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -981,7 +1077,7 @@ func (x *DeviceStateUpdate) String() string {
 func (*DeviceStateUpdate) ProtoMessage() {}
 
 func (x *DeviceStateUpdate) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[8]
+	mi := &file_link_v1_link_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -994,7 +1090,7 @@ func (x *DeviceStateUpdate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeviceStateUpdate.ProtoReflect.Descriptor instead.
 func (*DeviceStateUpdate) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{8}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *DeviceStateUpdate) GetDevice() *DeviceRef {
@@ -1036,7 +1132,7 @@ type DeviceUpdate struct {
 
 func (x *DeviceUpdate) Reset() {
 	*x = DeviceUpdate{}
-	mi := &file_link_v1_link_proto_msgTypes[9]
+	mi := &file_link_v1_link_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1048,7 +1144,7 @@ func (x *DeviceUpdate) String() string {
 func (*DeviceUpdate) ProtoMessage() {}
 
 func (x *DeviceUpdate) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[9]
+	mi := &file_link_v1_link_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1061,7 +1157,7 @@ func (x *DeviceUpdate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeviceUpdate.ProtoReflect.Descriptor instead.
 func (*DeviceUpdate) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{9}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *DeviceUpdate) GetDevice() *EdgeDevice {
@@ -1081,7 +1177,7 @@ type DeviceRemoval struct {
 
 func (x *DeviceRemoval) Reset() {
 	*x = DeviceRemoval{}
-	mi := &file_link_v1_link_proto_msgTypes[10]
+	mi := &file_link_v1_link_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1093,7 +1189,7 @@ func (x *DeviceRemoval) String() string {
 func (*DeviceRemoval) ProtoMessage() {}
 
 func (x *DeviceRemoval) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[10]
+	mi := &file_link_v1_link_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1106,7 +1202,7 @@ func (x *DeviceRemoval) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeviceRemoval.ProtoReflect.Descriptor instead.
 func (*DeviceRemoval) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{10}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *DeviceRemoval) GetDevice() *DeviceRef {
@@ -1127,7 +1223,7 @@ type DeviceModelUpdate struct {
 
 func (x *DeviceModelUpdate) Reset() {
 	*x = DeviceModelUpdate{}
-	mi := &file_link_v1_link_proto_msgTypes[11]
+	mi := &file_link_v1_link_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1139,7 +1235,7 @@ func (x *DeviceModelUpdate) String() string {
 func (*DeviceModelUpdate) ProtoMessage() {}
 
 func (x *DeviceModelUpdate) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[11]
+	mi := &file_link_v1_link_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1152,7 +1248,7 @@ func (x *DeviceModelUpdate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeviceModelUpdate.ProtoReflect.Descriptor instead.
 func (*DeviceModelUpdate) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{11}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *DeviceModelUpdate) GetModel() *EdgeDeviceModel {
@@ -1173,7 +1269,7 @@ type DeviceModelRemoval struct {
 
 func (x *DeviceModelRemoval) Reset() {
 	*x = DeviceModelRemoval{}
-	mi := &file_link_v1_link_proto_msgTypes[12]
+	mi := &file_link_v1_link_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1185,7 +1281,7 @@ func (x *DeviceModelRemoval) String() string {
 func (*DeviceModelRemoval) ProtoMessage() {}
 
 func (x *DeviceModelRemoval) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[12]
+	mi := &file_link_v1_link_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1198,7 +1294,7 @@ func (x *DeviceModelRemoval) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeviceModelRemoval.ProtoReflect.Descriptor instead.
 func (*DeviceModelRemoval) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{12}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *DeviceModelRemoval) GetModel() *DeviceRef {
@@ -1222,7 +1318,7 @@ type DeviceInventory struct {
 
 func (x *DeviceInventory) Reset() {
 	*x = DeviceInventory{}
-	mi := &file_link_v1_link_proto_msgTypes[13]
+	mi := &file_link_v1_link_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1234,7 +1330,7 @@ func (x *DeviceInventory) String() string {
 func (*DeviceInventory) ProtoMessage() {}
 
 func (x *DeviceInventory) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[13]
+	mi := &file_link_v1_link_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1247,7 +1343,7 @@ func (x *DeviceInventory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeviceInventory.ProtoReflect.Descriptor instead.
 func (*DeviceInventory) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{13}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *DeviceInventory) GetNode() string {
@@ -1292,7 +1388,7 @@ type EdgeDevice struct {
 
 func (x *EdgeDevice) Reset() {
 	*x = EdgeDevice{}
-	mi := &file_link_v1_link_proto_msgTypes[14]
+	mi := &file_link_v1_link_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1304,7 +1400,7 @@ func (x *EdgeDevice) String() string {
 func (*EdgeDevice) ProtoMessage() {}
 
 func (x *EdgeDevice) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[14]
+	mi := &file_link_v1_link_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1317,7 +1413,7 @@ func (x *EdgeDevice) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EdgeDevice.ProtoReflect.Descriptor instead.
 func (*EdgeDevice) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{14}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *EdgeDevice) GetRef() *DeviceRef {
@@ -1392,7 +1488,7 @@ type EdgeDeviceProperty struct {
 
 func (x *EdgeDeviceProperty) Reset() {
 	*x = EdgeDeviceProperty{}
-	mi := &file_link_v1_link_proto_msgTypes[15]
+	mi := &file_link_v1_link_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1404,7 +1500,7 @@ func (x *EdgeDeviceProperty) String() string {
 func (*EdgeDeviceProperty) ProtoMessage() {}
 
 func (x *EdgeDeviceProperty) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[15]
+	mi := &file_link_v1_link_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1417,7 +1513,7 @@ func (x *EdgeDeviceProperty) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EdgeDeviceProperty.ProtoReflect.Descriptor instead.
 func (*EdgeDeviceProperty) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{15}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *EdgeDeviceProperty) GetName() string {
@@ -1481,7 +1577,7 @@ type TwinValue struct {
 
 func (x *TwinValue) Reset() {
 	*x = TwinValue{}
-	mi := &file_link_v1_link_proto_msgTypes[16]
+	mi := &file_link_v1_link_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1493,7 +1589,7 @@ func (x *TwinValue) String() string {
 func (*TwinValue) ProtoMessage() {}
 
 func (x *TwinValue) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[16]
+	mi := &file_link_v1_link_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1506,7 +1602,7 @@ func (x *TwinValue) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TwinValue.ProtoReflect.Descriptor instead.
 func (*TwinValue) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{16}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *TwinValue) GetValue() string {
@@ -1534,7 +1630,7 @@ type EdgeDeviceMethod struct {
 
 func (x *EdgeDeviceMethod) Reset() {
 	*x = EdgeDeviceMethod{}
-	mi := &file_link_v1_link_proto_msgTypes[17]
+	mi := &file_link_v1_link_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1546,7 +1642,7 @@ func (x *EdgeDeviceMethod) String() string {
 func (*EdgeDeviceMethod) ProtoMessage() {}
 
 func (x *EdgeDeviceMethod) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[17]
+	mi := &file_link_v1_link_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1559,7 +1655,7 @@ func (x *EdgeDeviceMethod) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EdgeDeviceMethod.ProtoReflect.Descriptor instead.
 func (*EdgeDeviceMethod) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{17}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *EdgeDeviceMethod) GetName() string {
@@ -1596,7 +1692,7 @@ type EdgeDeviceModel struct {
 
 func (x *EdgeDeviceModel) Reset() {
 	*x = EdgeDeviceModel{}
-	mi := &file_link_v1_link_proto_msgTypes[18]
+	mi := &file_link_v1_link_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1608,7 +1704,7 @@ func (x *EdgeDeviceModel) String() string {
 func (*EdgeDeviceModel) ProtoMessage() {}
 
 func (x *EdgeDeviceModel) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[18]
+	mi := &file_link_v1_link_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1621,7 +1717,7 @@ func (x *EdgeDeviceModel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EdgeDeviceModel.ProtoReflect.Descriptor instead.
 func (*EdgeDeviceModel) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{18}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *EdgeDeviceModel) GetRef() *DeviceRef {
@@ -1669,7 +1765,7 @@ type EdgeModelProperty struct {
 
 func (x *EdgeModelProperty) Reset() {
 	*x = EdgeModelProperty{}
-	mi := &file_link_v1_link_proto_msgTypes[19]
+	mi := &file_link_v1_link_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1681,7 +1777,7 @@ func (x *EdgeModelProperty) String() string {
 func (*EdgeModelProperty) ProtoMessage() {}
 
 func (x *EdgeModelProperty) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[19]
+	mi := &file_link_v1_link_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1694,7 +1790,7 @@ func (x *EdgeModelProperty) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EdgeModelProperty.ProtoReflect.Descriptor instead.
 func (*EdgeModelProperty) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{19}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *EdgeModelProperty) GetName() string {
@@ -1758,7 +1854,7 @@ type DeviceMembership struct {
 
 func (x *DeviceMembership) Reset() {
 	*x = DeviceMembership{}
-	mi := &file_link_v1_link_proto_msgTypes[20]
+	mi := &file_link_v1_link_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1770,7 +1866,7 @@ func (x *DeviceMembership) String() string {
 func (*DeviceMembership) ProtoMessage() {}
 
 func (x *DeviceMembership) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[20]
+	mi := &file_link_v1_link_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1783,7 +1879,7 @@ func (x *DeviceMembership) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeviceMembership.ProtoReflect.Descriptor instead.
 func (*DeviceMembership) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{20}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *DeviceMembership) GetNode() string {
@@ -1813,7 +1909,7 @@ type ProcessedAck struct {
 
 func (x *ProcessedAck) Reset() {
 	*x = ProcessedAck{}
-	mi := &file_link_v1_link_proto_msgTypes[21]
+	mi := &file_link_v1_link_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1825,7 +1921,7 @@ func (x *ProcessedAck) String() string {
 func (*ProcessedAck) ProtoMessage() {}
 
 func (x *ProcessedAck) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[21]
+	mi := &file_link_v1_link_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1838,7 +1934,7 @@ func (x *ProcessedAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessedAck.ProtoReflect.Descriptor instead.
 func (*ProcessedAck) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{21}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ProcessedAck) GetRefSeq() uint64 {
@@ -1867,7 +1963,7 @@ type Error struct {
 
 func (x *Error) Reset() {
 	*x = Error{}
-	mi := &file_link_v1_link_proto_msgTypes[22]
+	mi := &file_link_v1_link_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1879,7 +1975,7 @@ func (x *Error) String() string {
 func (*Error) ProtoMessage() {}
 
 func (x *Error) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[22]
+	mi := &file_link_v1_link_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1892,7 +1988,7 @@ func (x *Error) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Error.ProtoReflect.Descriptor instead.
 func (*Error) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{22}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *Error) GetCode() Error_Code {
@@ -1920,7 +2016,7 @@ var File_link_v1_link_proto protoreflect.FileDescriptor
 
 const file_link_v1_link_proto_rawDesc = "" +
 	"\n" +
-	"\x12link/v1/link.proto\x12\rdowse.link.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe8\a\n" +
+	"\x12link/v1/link.proto\x12\rdowse.link.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa2\b\n" +
 	"\bEnvelope\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x10\n" +
@@ -1939,18 +2035,24 @@ const file_link_v1_link_proto_rawDesc = "" +
 	"\fmodel_update\x18\x14 \x01(\v2 .dowse.link.v1.DeviceModelUpdateH\x00R\vmodelUpdate\x12H\n" +
 	"\rmodel_removal\x18\x15 \x01(\v2!.dowse.link.v1.DeviceModelRemovalH\x00R\fmodelRemoval\x12K\n" +
 	"\x10device_inventory\x18\x16 \x01(\v2\x1e.dowse.link.v1.DeviceInventoryH\x00R\x0fdeviceInventory\x12E\n" +
-	"\fdevice_state\x18\x17 \x01(\v2 .dowse.link.v1.DeviceStateUpdateH\x00R\vdeviceStateB\x06\n" +
-	"\x04kind\"z\n" +
+	"\fdevice_state\x18\x17 \x01(\v2 .dowse.link.v1.DeviceStateUpdateH\x00R\vdeviceState\x128\n" +
+	"\treconnect\x18\x18 \x01(\v2\x18.dowse.link.v1.ReconnectH\x00R\treconnectB\x06\n" +
+	"\x04kind\"\x90\x01\n" +
 	"\x05Hello\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1b\n" +
 	"\tstream_id\x18\x02 \x01(\x04R\bstreamId\x12$\n" +
 	"\x0epeer_stream_id\x18\x03 \x01(\x04R\fpeerStreamId\x12\x1a\n" +
-	"\breceived\x18\x04 \x01(\x04R\breceived\"\x9c\x01\n" +
+	"\breceived\x18\x04 \x01(\x04R\breceived\x12\x14\n" +
+	"\x05epoch\x18\x05 \x01(\x04R\x05epoch\"\xb2\x01\n" +
 	"\aWelcome\x12\x1b\n" +
 	"\tstream_id\x18\x01 \x01(\x04R\bstreamId\x12$\n" +
 	"\x0epeer_stream_id\x18\x02 \x01(\x04R\fpeerStreamId\x12\x1a\n" +
 	"\breceived\x18\x03 \x01(\x04R\breceived\x122\n" +
-	"\x15heartbeat_interval_ms\x18\x04 \x01(\rR\x13heartbeatIntervalMs\"@\n" +
+	"\x15heartbeat_interval_ms\x18\x04 \x01(\rR\x13heartbeatIntervalMs\x12\x14\n" +
+	"\x05epoch\x18\x05 \x01(\x04R\x05epoch\">\n" +
+	"\tReconnect\x12\x19\n" +
+	"\bdelay_ms\x18\x01 \x01(\rR\adelayMs\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"@\n" +
 	"\tHeartbeat\x12\x1d\n" +
 	"\n" +
 	"sent_nanos\x18\x01 \x01(\x03R\tsentNanos\x12\x14\n" +
@@ -2080,84 +2182,86 @@ func file_link_v1_link_proto_rawDescGZIP() []byte {
 }
 
 var file_link_v1_link_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_link_v1_link_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
+var file_link_v1_link_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
 var file_link_v1_link_proto_goTypes = []any{
 	(Error_Code)(0),               // 0: dowse.link.v1.Error.Code
 	(*Envelope)(nil),              // 1: dowse.link.v1.Envelope
 	(*Hello)(nil),                 // 2: dowse.link.v1.Hello
 	(*Welcome)(nil),               // 3: dowse.link.v1.Welcome
-	(*Heartbeat)(nil),             // 4: dowse.link.v1.Heartbeat
-	(*DeviceRef)(nil),             // 5: dowse.link.v1.DeviceRef
-	(*Value)(nil),                 // 6: dowse.link.v1.Value
-	(*TwinDesiredUpdate)(nil),     // 7: dowse.link.v1.TwinDesiredUpdate
-	(*TwinReportedUpdate)(nil),    // 8: dowse.link.v1.TwinReportedUpdate
-	(*DeviceStateUpdate)(nil),     // 9: dowse.link.v1.DeviceStateUpdate
-	(*DeviceUpdate)(nil),          // 10: dowse.link.v1.DeviceUpdate
-	(*DeviceRemoval)(nil),         // 11: dowse.link.v1.DeviceRemoval
-	(*DeviceModelUpdate)(nil),     // 12: dowse.link.v1.DeviceModelUpdate
-	(*DeviceModelRemoval)(nil),    // 13: dowse.link.v1.DeviceModelRemoval
-	(*DeviceInventory)(nil),       // 14: dowse.link.v1.DeviceInventory
-	(*EdgeDevice)(nil),            // 15: dowse.link.v1.EdgeDevice
-	(*EdgeDeviceProperty)(nil),    // 16: dowse.link.v1.EdgeDeviceProperty
-	(*TwinValue)(nil),             // 17: dowse.link.v1.TwinValue
-	(*EdgeDeviceMethod)(nil),      // 18: dowse.link.v1.EdgeDeviceMethod
-	(*EdgeDeviceModel)(nil),       // 19: dowse.link.v1.EdgeDeviceModel
-	(*EdgeModelProperty)(nil),     // 20: dowse.link.v1.EdgeModelProperty
-	(*DeviceMembership)(nil),      // 21: dowse.link.v1.DeviceMembership
-	(*ProcessedAck)(nil),          // 22: dowse.link.v1.ProcessedAck
-	(*Error)(nil),                 // 23: dowse.link.v1.Error
-	nil,                           // 24: dowse.link.v1.TwinReportedUpdate.MetadataEntry
-	nil,                           // 25: dowse.link.v1.TwinValue.MetadataEntry
-	(*timestamppb.Timestamp)(nil), // 26: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),       // 27: google.protobuf.Struct
+	(*Reconnect)(nil),             // 4: dowse.link.v1.Reconnect
+	(*Heartbeat)(nil),             // 5: dowse.link.v1.Heartbeat
+	(*DeviceRef)(nil),             // 6: dowse.link.v1.DeviceRef
+	(*Value)(nil),                 // 7: dowse.link.v1.Value
+	(*TwinDesiredUpdate)(nil),     // 8: dowse.link.v1.TwinDesiredUpdate
+	(*TwinReportedUpdate)(nil),    // 9: dowse.link.v1.TwinReportedUpdate
+	(*DeviceStateUpdate)(nil),     // 10: dowse.link.v1.DeviceStateUpdate
+	(*DeviceUpdate)(nil),          // 11: dowse.link.v1.DeviceUpdate
+	(*DeviceRemoval)(nil),         // 12: dowse.link.v1.DeviceRemoval
+	(*DeviceModelUpdate)(nil),     // 13: dowse.link.v1.DeviceModelUpdate
+	(*DeviceModelRemoval)(nil),    // 14: dowse.link.v1.DeviceModelRemoval
+	(*DeviceInventory)(nil),       // 15: dowse.link.v1.DeviceInventory
+	(*EdgeDevice)(nil),            // 16: dowse.link.v1.EdgeDevice
+	(*EdgeDeviceProperty)(nil),    // 17: dowse.link.v1.EdgeDeviceProperty
+	(*TwinValue)(nil),             // 18: dowse.link.v1.TwinValue
+	(*EdgeDeviceMethod)(nil),      // 19: dowse.link.v1.EdgeDeviceMethod
+	(*EdgeDeviceModel)(nil),       // 20: dowse.link.v1.EdgeDeviceModel
+	(*EdgeModelProperty)(nil),     // 21: dowse.link.v1.EdgeModelProperty
+	(*DeviceMembership)(nil),      // 22: dowse.link.v1.DeviceMembership
+	(*ProcessedAck)(nil),          // 23: dowse.link.v1.ProcessedAck
+	(*Error)(nil),                 // 24: dowse.link.v1.Error
+	nil,                           // 25: dowse.link.v1.TwinReportedUpdate.MetadataEntry
+	nil,                           // 26: dowse.link.v1.TwinValue.MetadataEntry
+	(*timestamppb.Timestamp)(nil), // 27: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),       // 28: google.protobuf.Struct
 }
 var file_link_v1_link_proto_depIdxs = []int32{
 	2,  // 0: dowse.link.v1.Envelope.hello:type_name -> dowse.link.v1.Hello
 	3,  // 1: dowse.link.v1.Envelope.welcome:type_name -> dowse.link.v1.Welcome
-	4,  // 2: dowse.link.v1.Envelope.heartbeat:type_name -> dowse.link.v1.Heartbeat
-	7,  // 3: dowse.link.v1.Envelope.twin_desired:type_name -> dowse.link.v1.TwinDesiredUpdate
-	8,  // 4: dowse.link.v1.Envelope.twin_reported:type_name -> dowse.link.v1.TwinReportedUpdate
-	21, // 5: dowse.link.v1.Envelope.device_membership:type_name -> dowse.link.v1.DeviceMembership
-	22, // 6: dowse.link.v1.Envelope.processed:type_name -> dowse.link.v1.ProcessedAck
-	23, // 7: dowse.link.v1.Envelope.error:type_name -> dowse.link.v1.Error
-	10, // 8: dowse.link.v1.Envelope.device_update:type_name -> dowse.link.v1.DeviceUpdate
-	11, // 9: dowse.link.v1.Envelope.device_removal:type_name -> dowse.link.v1.DeviceRemoval
-	12, // 10: dowse.link.v1.Envelope.model_update:type_name -> dowse.link.v1.DeviceModelUpdate
-	13, // 11: dowse.link.v1.Envelope.model_removal:type_name -> dowse.link.v1.DeviceModelRemoval
-	14, // 12: dowse.link.v1.Envelope.device_inventory:type_name -> dowse.link.v1.DeviceInventory
-	9,  // 13: dowse.link.v1.Envelope.device_state:type_name -> dowse.link.v1.DeviceStateUpdate
-	5,  // 14: dowse.link.v1.TwinDesiredUpdate.device:type_name -> dowse.link.v1.DeviceRef
-	6,  // 15: dowse.link.v1.TwinDesiredUpdate.value:type_name -> dowse.link.v1.Value
-	26, // 16: dowse.link.v1.TwinDesiredUpdate.time:type_name -> google.protobuf.Timestamp
-	5,  // 17: dowse.link.v1.TwinReportedUpdate.device:type_name -> dowse.link.v1.DeviceRef
-	6,  // 18: dowse.link.v1.TwinReportedUpdate.value:type_name -> dowse.link.v1.Value
-	26, // 19: dowse.link.v1.TwinReportedUpdate.time:type_name -> google.protobuf.Timestamp
-	24, // 20: dowse.link.v1.TwinReportedUpdate.metadata:type_name -> dowse.link.v1.TwinReportedUpdate.MetadataEntry
-	6,  // 21: dowse.link.v1.TwinReportedUpdate.observed_desired:type_name -> dowse.link.v1.Value
-	5,  // 22: dowse.link.v1.DeviceStateUpdate.device:type_name -> dowse.link.v1.DeviceRef
-	26, // 23: dowse.link.v1.DeviceStateUpdate.time:type_name -> google.protobuf.Timestamp
-	15, // 24: dowse.link.v1.DeviceUpdate.device:type_name -> dowse.link.v1.EdgeDevice
-	5,  // 25: dowse.link.v1.DeviceRemoval.device:type_name -> dowse.link.v1.DeviceRef
-	19, // 26: dowse.link.v1.DeviceModelUpdate.model:type_name -> dowse.link.v1.EdgeDeviceModel
-	5,  // 27: dowse.link.v1.DeviceModelRemoval.model:type_name -> dowse.link.v1.DeviceRef
-	5,  // 28: dowse.link.v1.DeviceInventory.devices:type_name -> dowse.link.v1.DeviceRef
-	5,  // 29: dowse.link.v1.DeviceInventory.models:type_name -> dowse.link.v1.DeviceRef
-	5,  // 30: dowse.link.v1.EdgeDevice.ref:type_name -> dowse.link.v1.DeviceRef
-	27, // 31: dowse.link.v1.EdgeDevice.protocol_config:type_name -> google.protobuf.Struct
-	16, // 32: dowse.link.v1.EdgeDevice.properties:type_name -> dowse.link.v1.EdgeDeviceProperty
-	18, // 33: dowse.link.v1.EdgeDevice.methods:type_name -> dowse.link.v1.EdgeDeviceMethod
-	17, // 34: dowse.link.v1.EdgeDeviceProperty.desired:type_name -> dowse.link.v1.TwinValue
-	27, // 35: dowse.link.v1.EdgeDeviceProperty.visitor_config:type_name -> google.protobuf.Struct
-	25, // 36: dowse.link.v1.TwinValue.metadata:type_name -> dowse.link.v1.TwinValue.MetadataEntry
-	5,  // 37: dowse.link.v1.EdgeDeviceModel.ref:type_name -> dowse.link.v1.DeviceRef
-	20, // 38: dowse.link.v1.EdgeDeviceModel.properties:type_name -> dowse.link.v1.EdgeModelProperty
-	5,  // 39: dowse.link.v1.DeviceMembership.devices:type_name -> dowse.link.v1.DeviceRef
-	0,  // 40: dowse.link.v1.Error.code:type_name -> dowse.link.v1.Error.Code
-	41, // [41:41] is the sub-list for method output_type
-	41, // [41:41] is the sub-list for method input_type
-	41, // [41:41] is the sub-list for extension type_name
-	41, // [41:41] is the sub-list for extension extendee
-	0,  // [0:41] is the sub-list for field type_name
+	5,  // 2: dowse.link.v1.Envelope.heartbeat:type_name -> dowse.link.v1.Heartbeat
+	8,  // 3: dowse.link.v1.Envelope.twin_desired:type_name -> dowse.link.v1.TwinDesiredUpdate
+	9,  // 4: dowse.link.v1.Envelope.twin_reported:type_name -> dowse.link.v1.TwinReportedUpdate
+	22, // 5: dowse.link.v1.Envelope.device_membership:type_name -> dowse.link.v1.DeviceMembership
+	23, // 6: dowse.link.v1.Envelope.processed:type_name -> dowse.link.v1.ProcessedAck
+	24, // 7: dowse.link.v1.Envelope.error:type_name -> dowse.link.v1.Error
+	11, // 8: dowse.link.v1.Envelope.device_update:type_name -> dowse.link.v1.DeviceUpdate
+	12, // 9: dowse.link.v1.Envelope.device_removal:type_name -> dowse.link.v1.DeviceRemoval
+	13, // 10: dowse.link.v1.Envelope.model_update:type_name -> dowse.link.v1.DeviceModelUpdate
+	14, // 11: dowse.link.v1.Envelope.model_removal:type_name -> dowse.link.v1.DeviceModelRemoval
+	15, // 12: dowse.link.v1.Envelope.device_inventory:type_name -> dowse.link.v1.DeviceInventory
+	10, // 13: dowse.link.v1.Envelope.device_state:type_name -> dowse.link.v1.DeviceStateUpdate
+	4,  // 14: dowse.link.v1.Envelope.reconnect:type_name -> dowse.link.v1.Reconnect
+	6,  // 15: dowse.link.v1.TwinDesiredUpdate.device:type_name -> dowse.link.v1.DeviceRef
+	7,  // 16: dowse.link.v1.TwinDesiredUpdate.value:type_name -> dowse.link.v1.Value
+	27, // 17: dowse.link.v1.TwinDesiredUpdate.time:type_name -> google.protobuf.Timestamp
+	6,  // 18: dowse.link.v1.TwinReportedUpdate.device:type_name -> dowse.link.v1.DeviceRef
+	7,  // 19: dowse.link.v1.TwinReportedUpdate.value:type_name -> dowse.link.v1.Value
+	27, // 20: dowse.link.v1.TwinReportedUpdate.time:type_name -> google.protobuf.Timestamp
+	25, // 21: dowse.link.v1.TwinReportedUpdate.metadata:type_name -> dowse.link.v1.TwinReportedUpdate.MetadataEntry
+	7,  // 22: dowse.link.v1.TwinReportedUpdate.observed_desired:type_name -> dowse.link.v1.Value
+	6,  // 23: dowse.link.v1.DeviceStateUpdate.device:type_name -> dowse.link.v1.DeviceRef
+	27, // 24: dowse.link.v1.DeviceStateUpdate.time:type_name -> google.protobuf.Timestamp
+	16, // 25: dowse.link.v1.DeviceUpdate.device:type_name -> dowse.link.v1.EdgeDevice
+	6,  // 26: dowse.link.v1.DeviceRemoval.device:type_name -> dowse.link.v1.DeviceRef
+	20, // 27: dowse.link.v1.DeviceModelUpdate.model:type_name -> dowse.link.v1.EdgeDeviceModel
+	6,  // 28: dowse.link.v1.DeviceModelRemoval.model:type_name -> dowse.link.v1.DeviceRef
+	6,  // 29: dowse.link.v1.DeviceInventory.devices:type_name -> dowse.link.v1.DeviceRef
+	6,  // 30: dowse.link.v1.DeviceInventory.models:type_name -> dowse.link.v1.DeviceRef
+	6,  // 31: dowse.link.v1.EdgeDevice.ref:type_name -> dowse.link.v1.DeviceRef
+	28, // 32: dowse.link.v1.EdgeDevice.protocol_config:type_name -> google.protobuf.Struct
+	17, // 33: dowse.link.v1.EdgeDevice.properties:type_name -> dowse.link.v1.EdgeDeviceProperty
+	19, // 34: dowse.link.v1.EdgeDevice.methods:type_name -> dowse.link.v1.EdgeDeviceMethod
+	18, // 35: dowse.link.v1.EdgeDeviceProperty.desired:type_name -> dowse.link.v1.TwinValue
+	28, // 36: dowse.link.v1.EdgeDeviceProperty.visitor_config:type_name -> google.protobuf.Struct
+	26, // 37: dowse.link.v1.TwinValue.metadata:type_name -> dowse.link.v1.TwinValue.MetadataEntry
+	6,  // 38: dowse.link.v1.EdgeDeviceModel.ref:type_name -> dowse.link.v1.DeviceRef
+	21, // 39: dowse.link.v1.EdgeDeviceModel.properties:type_name -> dowse.link.v1.EdgeModelProperty
+	6,  // 40: dowse.link.v1.DeviceMembership.devices:type_name -> dowse.link.v1.DeviceRef
+	0,  // 41: dowse.link.v1.Error.code:type_name -> dowse.link.v1.Error.Code
+	42, // [42:42] is the sub-list for method output_type
+	42, // [42:42] is the sub-list for method input_type
+	42, // [42:42] is the sub-list for extension type_name
+	42, // [42:42] is the sub-list for extension extendee
+	0,  // [0:42] is the sub-list for field type_name
 }
 
 func init() { file_link_v1_link_proto_init() }
@@ -2180,8 +2284,9 @@ func file_link_v1_link_proto_init() {
 		(*Envelope_ModelRemoval)(nil),
 		(*Envelope_DeviceInventory)(nil),
 		(*Envelope_DeviceState)(nil),
+		(*Envelope_Reconnect)(nil),
 	}
-	file_link_v1_link_proto_msgTypes[5].OneofWrappers = []any{
+	file_link_v1_link_proto_msgTypes[6].OneofWrappers = []any{
 		(*Value_BoolValue)(nil),
 		(*Value_IntValue)(nil),
 		(*Value_DoubleValue)(nil),
@@ -2194,7 +2299,7 @@ func file_link_v1_link_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_link_v1_link_proto_rawDesc), len(file_link_v1_link_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   25,
+			NumMessages:   26,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

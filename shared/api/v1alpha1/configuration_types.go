@@ -23,8 +23,8 @@ type ConfigurationSpec struct {
 
 	// Allocation says how pods are given this Configuration's devices:
 	// DevicePlugin (the default) through the agents' kubelet device plugins
-	// and the extended resources dowse.dev/<instance> and
-	// dowse.dev/<configuration>; DRA through Dynamic Resource Allocation (a
+	// and the extended resources dowse.dev/<instance>.<namespace> and
+	// dowse.dev/<configuration>.<namespace>; DRA through Dynamic Resource Allocation (a
 	// DeviceClass named <configuration>.<namespace>.dowse.dev and
 	// ResourceSlices of driver dowse.dev, pods asking by ResourceClaim);
 	// Both offers each device both ways, for moving a cluster from one to
@@ -227,6 +227,45 @@ type ConfigurationNodeStatus struct {
 	// +listType=map
 	// +listMapKey=type
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
+	// Skipped summarises the candidates the handler looked at on this node
+	// and did not report as devices, by reason (a camera that refused the
+	// credentials, a host that did not answer, a server filtered out): the
+	// handler's latest look, not a history.
+	// +optional
+	// +listType=map
+	// +listMapKey=reason
+	// +kubebuilder:validation:MaxItems=16
+	Skipped []SkippedReason `json:"skipped,omitempty"`
+}
+
+// SkippedReason counts the candidates a handler skipped for one reason and
+// names a few.
+type SkippedReason struct {
+	// Reason is the handler's short UpperCamelCase cause, e.g. AuthRefused.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=64
+	Reason string `json:"reason"`
+	// Count is how many candidates were skipped for it.
+	// +optional
+	Count int32 `json:"count"`
+	// Candidates are a few of them (at most 5).
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=5
+	Candidates []SkippedCandidate `json:"candidates,omitempty"`
+}
+
+// SkippedCandidate is one candidate a handler skipped.
+type SkippedCandidate struct {
+	// Candidate is what was skipped: an address, a URL, a device path.
+	// +required
+	// +kubebuilder:validation:MaxLength=256
+	Candidate string `json:"candidate"`
+	// Message says why, in the handler's words.
+	// +optional
+	// +kubebuilder:validation:MaxLength=256
+	Message string `json:"message,omitempty"`
 }
 
 // Configuration asks Dowse to discover a kind of device and, optionally, to

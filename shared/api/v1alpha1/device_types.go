@@ -9,6 +9,8 @@ import (
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/dowse-dev/dowse/shared/twinvalue"
 )
 
 // DeviceSpec is what a person (or the controller, from a Configuration's
@@ -154,18 +156,15 @@ type Twin struct {
 	ObservedDesired *TwinProperty `json:"observedDesired,omitempty"`
 }
 
-// Device states as mappers report them.
+// Device states as mappers report them (twinvalue.States).
 const (
-	DeviceStateOK           = "ok"
-	DeviceStateOnline       = "online"
-	DeviceStateOffline      = "offline"
-	DeviceStateUnhealthy    = "unhealthy"
-	DeviceStateUnknown      = "unknown"
-	DeviceStateDisconnected = "disconnected"
+	DeviceStateOK           = twinvalue.StateOK
+	DeviceStateOnline       = twinvalue.StateOnline
+	DeviceStateOffline      = twinvalue.StateOffline
+	DeviceStateUnhealthy    = twinvalue.StateUnhealthy
+	DeviceStateUnknown      = twinvalue.StateUnknown
+	DeviceStateDisconnected = twinvalue.StateDisconnected
 )
-
-// DeviceStates are the states a report may carry.
-var DeviceStates = []string{DeviceStateOK, DeviceStateOnline, DeviceStateOffline, DeviceStateUnhealthy, DeviceStateUnknown, DeviceStateDisconnected}
 
 // Condition types on a Device.
 const (

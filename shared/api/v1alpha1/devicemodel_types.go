@@ -3,6 +3,8 @@ package v1alpha1
 import (
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/dowse-dev/dowse/shared/twinvalue"
 )
 
 // PropertyType is the type of a property's values. Values travel as text
@@ -10,28 +12,28 @@ import (
 // +kubebuilder:validation:Enum=INT;FLOAT;DOUBLE;STRING;BOOLEAN;BYTES
 type PropertyType string
 
+// The types, as shared/twinvalue defines them (values, parsing and the
+// checks live there).
 const (
-	PropertyInt     PropertyType = "INT"
-	PropertyFloat   PropertyType = "FLOAT"
-	PropertyDouble  PropertyType = "DOUBLE"
-	PropertyString  PropertyType = "STRING"
-	PropertyBoolean PropertyType = "BOOLEAN"
+	PropertyInt     = PropertyType(twinvalue.Int)
+	PropertyFloat   = PropertyType(twinvalue.Float)
+	PropertyDouble  = PropertyType(twinvalue.Double)
+	PropertyString  = PropertyType(twinvalue.String)
+	PropertyBoolean = PropertyType(twinvalue.Boolean)
 	// PropertyBytes values are base64 (standard encoding).
-	PropertyBytes PropertyType = "BYTES"
+	PropertyBytes = PropertyType(twinvalue.Bytes)
 )
 
 // Numeric says whether minimum and maximum apply to the type.
-func (t PropertyType) Numeric() bool {
-	return t == PropertyInt || t == PropertyFloat || t == PropertyDouble
-}
+func (t PropertyType) Numeric() bool { return twinvalue.Type(t).Numeric() }
 
 // PropertyAccessMode says whether a property may have a desired value.
 // +kubebuilder:validation:Enum=ReadWrite;ReadOnly
 type PropertyAccessMode string
 
 const (
-	ReadWrite PropertyAccessMode = "ReadWrite"
-	ReadOnly  PropertyAccessMode = "ReadOnly"
+	ReadWrite = PropertyAccessMode(twinvalue.ReadWrite)
+	ReadOnly  = PropertyAccessMode(twinvalue.ReadOnly)
 )
 
 // DeviceModelSpec describes a kind of device: its protocol and properties.

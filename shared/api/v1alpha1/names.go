@@ -12,14 +12,24 @@ import (
 
 // The names derived from an Instance, each built and read back here only:
 // the agent makes them, its device plugins and CDI specs parse them, and the
-// controller asks brokers' resources by them, so they must agree.
+// controller asks brokers' resources by them, so they must agree. Every name
+// a node shares with other namespaces' devices (the kubelet's resources, the
+// runtime's CDI devices) carries the namespace, and every valid Kubernetes
+// name gives a valid one.
 //
-//	Instance name     <configuration>-<hash>      (InstanceName, InstanceHash)
-//	resource names    dowse.dev/<instance>        (ResourceName, ParseResourceName)
-//	                  dowse.dev/<configuration>
-//	CDI kind, device  dowse.dev/<configuration>   (CDIKind, CDIName, ParseCDIName)
-//	                  device name <hash>
-//	slot id           <hash>-<n>                  (SlotID, ParseSlotID)
+//	Instance name     <configuration>-<hash>                 (InstanceName, InstanceHash)
+//	resource names    dowse.dev/<instance>.<namespace>       (ResourceName, ParseResourceName)
+//	                  dowse.dev/<configuration>.<namespace>
+//	                  (longer than 63 after the prefix: <name cut>-<hash of both>)
+//	CDI device        dowse.dev/instance=<instance>.<namespace> (CDIName, ParseCDIName)
+//	slot id           <hash>-<n>                             (SlotID, ParseSlotID)
+//
+// Before the namespace was part of them, resources were dowse.dev/<instance>
+// and dowse.dev/<configuration>, and CDI devices dowse.dev/<configuration>=<hash>
+// (LegacyResourceName, LegacyCDIName): pods allocated under those names keep
+// them while they run (the kubelet's checkpoint holds the resource and the
+// CDI device of every allocation), so the agent still serves them for the
+// slots such pods hold. The DRA names are shared/dra's.
 const (
 	// Domain is Dowse's API group and the prefix of every name Dowse
 	// puts on others' objects: extended resources, CDI kinds, labels.
@@ -27,6 +37,8 @@ const (
 	// ResourcePrefix is the extended-resource domain of every Dowse device
 	// plugin, and the CDI vendor of every Dowse spec.
 	ResourcePrefix = Domain + "/"
+	// CDIKind is the CDI kind (vendor/class) of every Instance's device.
+	CDIKind = ResourcePrefix + "instance"
 
 	// HashLen hex digits = 64 bits: the chance of any collision among
 	// 100,000 devices of one Configuration is about 3e-10.
@@ -51,15 +63,20 @@ func DeviceHash(deviceID string, shared bool, nodeName string) string {
 }
 
 // InstanceName is "<configuration>-<hash>", with the Configuration's name cut
-// so that the whole fits an extended resource name. Two long Configuration
-// names with a common prefix can then share a name; the agent's writer
-// detects that through spec.configurationName and reports it.
+// so that the whole fits an extended resource name (InstancePrefix). Two
+// long Configuration names with a common prefix can then share a name; the
+// agent's writer detects that through spec.configurationName and reports it.
 func InstanceName(configuration, hash string) string {
-	prefix := configuration
-	if limit := maxResourceNameLen - len(hash) - 1; len(prefix) > limit {
-		prefix = strings.TrimRight(prefix[:limit], "-.")
+	return InstancePrefix(configuration) + "-" + hash
+}
+
+// InstancePrefix is the part of a Configuration's Instance names before the
+// hash: the Configuration's name, cut to 46 characters. Idempotent.
+func InstancePrefix(configuration string) string {
+	if limit := maxResourceNameLen - HashLen - 1; len(configuration) > limit {
+		return strings.TrimRight(configuration[:limit], "-.")
 	}
-	return prefix + "-" + hash
+	return configuration
 }
 
 // InstanceHash is InstanceName's inverse for the hash: the part of an
@@ -72,15 +89,40 @@ func InstanceHash(instanceName string) string {
 }
 
 // ResourceName is the extended resource of an Instance or a Configuration
-// name. ValidateResourceName says whether the kubelet accepts it.
-func ResourceName(name string) string { return ResourcePrefix + name }
-
-// ParseResourceName is ResourceName's inverse: the Instance or
-// Configuration name, and false for a resource that is not Dowse's.
-func ParseResourceName(resource string) (string, bool) {
-	name, ok := strings.CutPrefix(resource, ResourcePrefix)
-	return name, ok && name != ""
+// of namespace: "dowse.dev/<name>.<namespace>", or, when that is longer than
+// a resource name allows, the name cut and a hash of namespace and name,
+// "dowse.dev/<name cut>-<hash>" (dots made dashes, so that it never reads
+// as the first form).
+func ResourceName(namespace, name string) string {
+	if full := name + "." + namespace; len(full) <= maxResourceNameLen {
+		return ResourcePrefix + full
+	}
+	sum := sha256.Sum256([]byte(namespace + "/" + name))
+	cut := strings.TrimRight(name[:min(len(name), maxResourceNameLen-HashLen-1)], "-.")
+	return ResourcePrefix + strings.ReplaceAll(cut, ".", "-") + "-" + hex.EncodeToString(sum[:])[:HashLen]
 }
+
+// ParseResourceName is ResourceName's inverse: the namespace and the
+// Instance or Configuration name, and false for a resource that is not
+// Dowse's or whose name was too long to keep (the hashed form). A legacy
+// name whose Instance or Configuration name has a dot reads as a current
+// one: the agent compares resources with the names it makes, never parses
+// what it is given.
+func ParseResourceName(resource string) (namespace, name string, ok bool) {
+	rest, ok := strings.CutPrefix(resource, ResourcePrefix)
+	if !ok {
+		return "", "", false
+	}
+	i := strings.LastIndexByte(rest, '.')
+	if i <= 0 || i == len(rest)-1 {
+		return "", "", false
+	}
+	return rest[i+1:], rest[:i], true
+}
+
+// LegacyResourceName is the resource an Instance or Configuration had
+// before resources carried the namespace: "dowse.dev/<name>".
+func LegacyResourceName(name string) string { return ResourcePrefix + name }
 
 // ValidateResourceName returns an error when the kubelet would refuse
 // resource (the name part is at most 63 characters).
@@ -91,29 +133,41 @@ func ValidateResourceName(resource string) error {
 	return nil
 }
 
-// CDIKind is the CDI kind of a Configuration's devices.
-func CDIKind(configuration string) string { return ResourcePrefix + configuration }
+// ResourceName is this Instance's extended resource.
+func (in *Instance) ResourceName() string { return ResourceName(in.Namespace, in.Name) }
 
-// CDIName is the fully qualified CDI device name of an Instance,
-// "dowse.dev/<configuration>=<hash>".
-func CDIName(configuration, hash string) string { return CDIKind(configuration) + "=" + hash }
+// CDIName is the fully qualified CDI device name of the Instance
+// namespace/name, "dowse.dev/instance=<name>.<namespace>": a CDI device
+// name takes the characters of object names and has no length limit, and
+// the class is a constant, as CDI classes must start with a letter and
+// Configuration names need not.
+func CDIName(namespace, name string) string { return CDIKind + "=" + name + "." + namespace }
 
 // ParseCDIName is CDIName's inverse.
-func ParseCDIName(name string) (configuration, hash string, ok bool) {
-	kind, hash, ok := strings.Cut(name, "=")
+func ParseCDIName(cdiName string) (namespace, name string, ok bool) {
+	dev, ok := strings.CutPrefix(cdiName, CDIKind+"=")
 	if !ok {
 		return "", "", false
 	}
-	configuration, ok = strings.CutPrefix(kind, ResourcePrefix)
-	if !ok || configuration == "" || hash == "" {
+	i := strings.LastIndexByte(dev, '.')
+	if i <= 0 || i == len(dev)-1 {
 		return "", "", false
 	}
-	return configuration, hash, true
+	return dev[i+1:], dev[:i], true
 }
 
 // CDIName is the fully qualified CDI device name of this Instance.
-func (in *Instance) CDIName() string {
-	return CDIName(in.Spec.ConfigurationName, InstanceHash(in.Name))
+func (in *Instance) CDIName() string { return CDIName(in.Namespace, in.Name) }
+
+// LegacyCDIName is the CDI device an Instance had before CDI names carried
+// the namespace, "dowse.dev/<configuration>=<hash>".
+func LegacyCDIName(configuration, hash string) string {
+	return ResourcePrefix + configuration + "=" + hash
+}
+
+// LegacyCDIName is this Instance's LegacyCDIName.
+func (in *Instance) LegacyCDIName() string {
+	return LegacyCDIName(in.Spec.ConfigurationName, InstanceHash(in.Name))
 }
 
 // SlotID is the device id of slot n of an Instance: stable across restarts

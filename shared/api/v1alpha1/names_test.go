@@ -58,32 +58,46 @@ func TestNoCollisionsAmong100kDevices(t *testing.T) {
 }
 
 // Every derived name reads back to what made it, for names as the agent
-// makes them (long and short Configuration names, dots and dashes).
+// makes them (long and short Configuration names, dots and dashes, names
+// that start with a digit), and the resource names of two namespaces
+// differ.
 func TestDerivedNamesRoundTrip(t *testing.T) {
-	for _, cfg := range []string{"c", "debug-echo", "x.y-z", strings.Repeat("a", 47), strings.Repeat("ab-", 30)} {
-		for _, shared := range []bool{true, false} {
-			hash := DeviceHash("dev-"+cfg, shared, "node-a")
-			name := InstanceName(cfg, hash)
-			if got := InstanceHash(name); got != hash {
-				t.Errorf("InstanceHash(%q) = %q, want %q", name, got, hash)
-			}
-			for _, n := range []string{name, cfg} {
-				r := ResourceName(n)
-				if got, ok := ParseResourceName(r); !ok || got != n {
-					t.Errorf("ParseResourceName(%q) = %q, %v", r, got, ok)
+	for _, cfg := range []string{"c", "1cams", "debug-echo", "x.y-z", strings.Repeat("a", 47), strings.Repeat("ab-", 30), strings.Repeat("a.b", 80) + "c"} {
+		for _, ns := range []string{"default", "t", "0", strings.Repeat("n", 63)} {
+			for _, shared := range []bool{true, false} {
+				hash := DeviceHash("dev-"+cfg, shared, "node-a")
+				name := InstanceName(cfg, hash)
+				if got := InstanceHash(name); got != hash {
+					t.Errorf("InstanceHash(%q) = %q, want %q", name, got, hash)
 				}
-			}
-			if err := ValidateResourceName(ResourceName(name)); err != nil {
-				t.Errorf("an Instance's resource must be valid: %v", err)
-			}
-			inst := &Instance{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: InstanceSpec{ConfigurationName: cfg, Capacity: 3}}
-			gotCfg, gotHash, ok := ParseCDIName(inst.CDIName())
-			if !ok || gotCfg != cfg || gotHash != hash || !strings.HasPrefix(inst.CDIName(), CDIKind(cfg)+"=") {
-				t.Errorf("ParseCDIName(%q) = %q, %q, %v", inst.CDIName(), gotCfg, gotHash, ok)
-			}
-			for n, id := range inst.SlotIDs() {
-				if h, gotN, ok := ParseSlotID(id); !ok || h != hash || gotN != n || SlotID(name, n) != id {
-					t.Errorf("ParseSlotID(%q) = %q, %d, %v", id, h, gotN, ok)
+				for _, n := range []string{name, cfg} {
+					r := ResourceName(ns, n)
+					if err := ValidateResourceName(r); err != nil {
+						t.Errorf("resource of %s/%s: %v", ns, n, err)
+					}
+					gotNS, got, ok := ParseResourceName(r)
+					if long := len(n)+1+len(ns) > maxResourceNameLen; ok == long || (ok && (gotNS != ns || got != n)) {
+						t.Errorf("ParseResourceName(%q) = %q, %q, %v (hashed form: %v)", r, gotNS, got, ok, long)
+					}
+					if r == ResourceName(ns+"x", n) || r == ResourceName(ns, n+"x") {
+						t.Errorf("%s names two resources", r)
+					}
+				}
+				inst := &Instance{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}, Spec: InstanceSpec{ConfigurationName: cfg, Capacity: 3}}
+				if inst.ResourceName() != ResourceName(ns, name) {
+					t.Errorf("Instance.ResourceName() = %q", inst.ResourceName())
+				}
+				gotNS, gotName, ok := ParseCDIName(inst.CDIName())
+				if !ok || gotNS != ns || gotName != name || !strings.HasPrefix(inst.CDIName(), CDIKind+"=") {
+					t.Errorf("ParseCDIName(%q) = %q, %q, %v", inst.CDIName(), gotNS, gotName, ok)
+				}
+				if inst.LegacyCDIName() != LegacyCDIName(cfg, hash) || LegacyResourceName(name) != "dowse.dev/"+name {
+					t.Errorf("legacy names %q %q", inst.LegacyCDIName(), LegacyResourceName(name))
+				}
+				for n, id := range inst.SlotIDs() {
+					if h, gotN, ok := ParseSlotID(id); !ok || h != hash || gotN != n || SlotID(name, n) != id {
+						t.Errorf("ParseSlotID(%q) = %q, %d, %v", id, h, gotN, ok)
+					}
 				}
 			}
 		}
@@ -93,15 +107,36 @@ func TestDerivedNamesRoundTrip(t *testing.T) {
 			t.Errorf("ParseSlotID(%q) = %q, %d, true", bad, h, n)
 		}
 	}
-	for _, bad := range []string{"", "dowse.dev/", "example.com/x", "x"} {
-		if n, ok := ParseResourceName(bad); ok {
-			t.Errorf("ParseResourceName(%q) = %q, true", bad, n)
+	for _, bad := range []string{"", "dowse.dev/", "example.com/x.y", "x", "dowse.dev/nodot-0123456789abcdef", "dowse.dev/.ns", "dowse.dev/name."} {
+		if ns, n, ok := ParseResourceName(bad); ok {
+			t.Errorf("ParseResourceName(%q) = %q, %q, true", bad, ns, n)
 		}
 	}
-	for _, bad := range []string{"", "dowse.dev/c", "dowse.dev/=h", "dowse.dev/c=", "other/c=h"} {
-		if c, h, ok := ParseCDIName(bad); ok {
-			t.Errorf("ParseCDIName(%q) = %q, %q, true", bad, c, h)
+	for _, bad := range []string{"", "dowse.dev/instance", "dowse.dev/instance=", "dowse.dev/instance=nodot", "dowse.dev/instance=.ns", "dowse.dev/c=h", "other/instance=a.b"} {
+		if ns, n, ok := ParseCDIName(bad); ok {
+			t.Errorf("ParseCDIName(%q) = %q, %q, true", bad, ns, n)
 		}
+	}
+}
+
+// The names that collided before the namespace was in them: two
+// namespaces' Configurations "cams" seeing one device.
+func TestNamespacesDoNotShareNames(t *testing.T) {
+	hash := DeviceHash("cam-1", true, "")
+	a := &Instance{ObjectMeta: metav1.ObjectMeta{Name: InstanceName("cams", hash), Namespace: "team-a"}, Spec: InstanceSpec{ConfigurationName: "cams"}}
+	b := a.DeepCopy()
+	b.Namespace = "team-b"
+	if a.ResourceName() == b.ResourceName() || a.CDIName() == b.CDIName() || ResourceName("team-a", "cams") == ResourceName("team-b", "cams") {
+		t.Fatalf("namespaces share %s, %s or the Configuration's resource", a.ResourceName(), a.CDIName())
+	}
+	if a.LegacyCDIName() != b.LegacyCDIName() {
+		t.Fatal("the legacy names are the colliding ones")
+	}
+	if got := a.ResourceName(); got != "dowse.dev/cams-"+hash+".team-a" {
+		t.Fatalf("resource %q", got)
+	}
+	if got := a.CDIName(); got != "dowse.dev/instance=cams-"+hash+".team-a" {
+		t.Fatalf("CDI name %q", got)
 	}
 }
 
@@ -121,14 +156,18 @@ func TestSlotIDs(t *testing.T) {
 }
 
 func TestResourceName(t *testing.T) {
-	if r := ResourceName("debug-echo-a1b2c3"); ValidateResourceName(r) != nil || r != "dowse.dev/debug-echo-a1b2c3" {
+	if r := ResourceName("default", "debug-echo-a1b2c3"); ValidateResourceName(r) != nil || r != "dowse.dev/debug-echo-a1b2c3.default" {
 		t.Fatalf("ResourceName = %q, %v", r, ValidateResourceName(r))
 	}
-	if err := ValidateResourceName(ResourceName(strings.Repeat("a", 63))); err != nil {
+	if err := ValidateResourceName(LegacyResourceName(strings.Repeat("a", 63))); err != nil {
 		t.Fatalf("63 characters must be fine: %v", err)
 	}
-	if err := ValidateResourceName(ResourceName(strings.Repeat("a", 64))); err == nil {
+	if err := ValidateResourceName(LegacyResourceName(strings.Repeat("a", 64))); err == nil {
 		t.Fatal("64 characters must be refused")
+	}
+	long := ResourceName("ns", strings.Repeat("a.", 40)+"b")
+	if len(long) > len(ResourcePrefix)+maxResourceNameLen || strings.Contains(strings.TrimPrefix(long, ResourcePrefix), ".") {
+		t.Fatalf("hashed form %q: want at most 63 characters, without dots", long)
 	}
 }
 

@@ -179,16 +179,23 @@ func (s *Stream) Close() { s.cancel() }
 // stream ends or no message arrives within timeout.
 func (s *Stream) Next(t testing.TB, timeout time.Duration) []*discoveryv1.Device {
 	t.Helper()
+	return s.NextResponse(t, timeout).GetDevices()
+}
+
+// NextResponse is Next with the whole message: the devices and the skipped
+// candidates.
+func (s *Stream) NextResponse(t testing.TB, timeout time.Duration) *discoveryv1.DiscoverResponse {
+	t.Helper()
 	timer := time.NewTimer(timeout)
 	defer timer.Stop()
 	select {
 	case msg := <-s.msgs:
-		return msg.GetDevices()
+		return msg
 	case <-s.done:
 		// Messages received before the end come first.
 		select {
 		case msg := <-s.msgs:
-			return msg.GetDevices()
+			return msg
 		default:
 		}
 		t.Fatalf("discover stream ended instead of sending: %v", s.err)
@@ -196,6 +203,33 @@ func (s *Stream) Next(t testing.TB, timeout time.Duration) []*discoveryv1.Device
 		t.Fatalf("discover stream sent nothing within %v", timeout)
 	}
 	return nil
+}
+
+// Rest closes the stream and returns the messages it sent before it ended,
+// failing the test if it has not ended within timeout.
+func (s *Stream) Rest(t testing.TB, timeout time.Duration) []*discoveryv1.DiscoverResponse {
+	t.Helper()
+	s.cancel()
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	var out []*discoveryv1.DiscoverResponse
+	for {
+		select {
+		case msg := <-s.msgs:
+			out = append(out, msg)
+		case <-s.done:
+			for {
+				select {
+				case msg := <-s.msgs:
+					out = append(out, msg)
+				default:
+					return out
+				}
+			}
+		case <-timer.C:
+			t.Fatalf("discover stream still open %v after it was closed", timeout)
+		}
+	}
 }
 
 // Err waits for the stream to end and returns its error, failing the test

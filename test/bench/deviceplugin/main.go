@@ -124,7 +124,7 @@ func run(ctx context.Context, rounds, allocs int, statusEvery time.Duration) err
 				if !apierrors.IsNotFound(err) {
 					return false, client.IgnoreNotFound(err)
 				}
-				q, err := allocatable(ctx, c, inst.Name)
+				q, err := allocatable(ctx, c, &inst)
 				return q == 0, err
 			}); err != nil {
 				return err
@@ -160,7 +160,7 @@ func run(ctx context.Context, rounds, allocs int, statusEvery time.Duration) err
 		}
 		registered := time.Since(seen)
 		if err := poll(ctx, 30*time.Second, "allocatable", func() (bool, error) {
-			q, err := allocatable(ctx, c, inst.Name)
+			q, err := allocatable(ctx, c, &inst)
 			return q == int64(allocs), err
 		}); err != nil {
 			return err
@@ -173,7 +173,7 @@ func run(ctx context.Context, rounds, allocs int, statusEvery time.Duration) err
 
 	// Allocate as the kubelet calls it, on the Instance plugin's socket.
 	conn, err := grpc.NewClient("unix://"+filepath.Join(deviceplugin.DefaultDir,
-		deviceplugin.SocketName(c.NodeName, v1alpha1.ResourceName(inst.Name))),
+		deviceplugin.SocketName(c.NodeName, inst.ResourceName())),
 		grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return err
@@ -230,12 +230,12 @@ func run(ctx context.Context, rounds, allocs int, statusEvery time.Duration) err
 	return nil
 }
 
-func allocatable(ctx context.Context, c *cluster.Cluster, instance string) (int64, error) {
+func allocatable(ctx context.Context, c *cluster.Cluster, inst *v1alpha1.Instance) (int64, error) {
 	n, err := c.Client.CoreV1().Nodes().Get(ctx, c.NodeName, metav1.GetOptions{})
 	if err != nil {
 		return 0, err
 	}
-	q := n.Status.Allocatable[corev1.ResourceName(v1alpha1.ResourceName(instance))]
+	q := n.Status.Allocatable[corev1.ResourceName(inst.ResourceName())]
 	return q.Value(), nil
 }
 

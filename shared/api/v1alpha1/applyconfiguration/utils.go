@@ -70,6 +70,10 @@ func ForKind(kind schema.GroupVersionKind) interface{} {
 		return &apiv1alpha1.ObjectKeyRefApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("ProtocolConfig"):
 		return &apiv1alpha1.ProtocolConfigApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("SkippedCandidate"):
+		return &apiv1alpha1.SkippedCandidateApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("SkippedReason"):
+		return &apiv1alpha1.SkippedReasonApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("Twin"):
 		return &apiv1alpha1.TwinApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("TwinProperty"):

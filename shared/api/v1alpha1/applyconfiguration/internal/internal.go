@@ -89,6 +89,14 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: nodeName
       type:
         scalar: string
+    - name: skipped
+      type:
+        list:
+          elementType:
+            namedType: com.github.dowse-dev.dowse.shared.api.v1alpha1.SkippedReason
+          elementRelationship: associative
+          keys:
+          - reason
 - name: com.github.dowse-dev.dowse.shared.api.v1alpha1.ConfigurationSpec
   map:
     fields:
@@ -597,6 +605,30 @@ var schemaYAML = typed.YAMLObject(`types:
       type:
         namedType: io.k8s.apiextensions-apiserver.pkg.apis.apiextensions.v1.JSON
     - name: protocolName
+      type:
+        scalar: string
+- name: com.github.dowse-dev.dowse.shared.api.v1alpha1.SkippedCandidate
+  map:
+    fields:
+    - name: candidate
+      type:
+        scalar: string
+    - name: message
+      type:
+        scalar: string
+- name: com.github.dowse-dev.dowse.shared.api.v1alpha1.SkippedReason
+  map:
+    fields:
+    - name: candidates
+      type:
+        list:
+          elementType:
+            namedType: com.github.dowse-dev.dowse.shared.api.v1alpha1.SkippedCandidate
+          elementRelationship: atomic
+    - name: count
+      type:
+        scalar: numeric
+    - name: reason
       type:
         scalar: string
 - name: com.github.dowse-dev.dowse.shared.api.v1alpha1.Twin

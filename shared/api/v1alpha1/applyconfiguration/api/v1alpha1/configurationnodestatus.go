@@ -16,6 +16,11 @@ type ConfigurationNodeStatusApplyConfiguration struct {
 	// the devices its handler reports, less any it had to drop.
 	Devices    *int32                           `json:"devices,omitempty"`
 	Conditions []v1.ConditionApplyConfiguration `json:"conditions,omitempty"`
+	// Skipped summarises the candidates the handler looked at on this node
+	// and did not report as devices, by reason (a camera that refused the
+	// credentials, a host that did not answer, a server filtered out): the
+	// handler's latest look, not a history.
+	Skipped []SkippedReasonApplyConfiguration `json:"skipped,omitempty"`
 }
 
 // ConfigurationNodeStatusApplyConfiguration constructs a declarative configuration of the ConfigurationNodeStatus type for use with
@@ -49,6 +54,19 @@ func (b *ConfigurationNodeStatusApplyConfiguration) WithConditions(values ...*v1
 			panic("nil value passed to WithConditions")
 		}
 		b.Conditions = append(b.Conditions, *values[i])
+	}
+	return b
+}
+
+// WithSkipped adds the given value to the Skipped field in the declarative configuration
+// and returns the receiver, so that objects can be build by chaining "With" function invocations.
+// If called multiple times, values provided by each call will be appended to the Skipped field.
+func (b *ConfigurationNodeStatusApplyConfiguration) WithSkipped(values ...*SkippedReasonApplyConfiguration) *ConfigurationNodeStatusApplyConfiguration {
+	for i := range values {
+		if values[i] == nil {
+			panic("nil value passed to WithSkipped")
+		}
+		b.Skipped = append(b.Skipped, *values[i])
 	}
 	return b
 }

@@ -19,8 +19,8 @@ type ConfigurationSpecApplyConfiguration struct {
 	Capacity *int32 `json:"capacity,omitempty"`
 	// Allocation says how pods are given this Configuration's devices:
 	// DevicePlugin (the default) through the agents' kubelet device plugins
-	// and the extended resources dowse.dev/<instance> and
-	// dowse.dev/<configuration>; DRA through Dynamic Resource Allocation (a
+	// and the extended resources dowse.dev/<instance>.<namespace> and
+	// dowse.dev/<configuration>.<namespace>; DRA through Dynamic Resource Allocation (a
 	// DeviceClass named <configuration>.<namespace>.dowse.dev and
 	// ResourceSlices of driver dowse.dev, pods asking by ResourceClaim);
 	// Both offers each device both ways, for moving a cluster from one to

@@ -12,9 +12,10 @@ type InstanceSlotApplyConfiguration struct {
 	// Node holds the slot.
 	Node *string `json:"node,omitempty"`
 	// Resource is the extended resource the slot was allocated through,
-	// dowse.dev/<instance> or dowse.dev/<configuration>: on its node the
-	// slot is then unavailable through the other one, so the two never
-	// hand out one slot twice.
+	// dowse.dev/<instance>.<namespace> or dowse.dev/<configuration>.<namespace>
+	// (or a legacy name, without the namespace, that an earlier agent
+	// served): on its node the slot is then unavailable through the
+	// others, so they never hand out one slot twice.
 	Resource *string `json:"resource,omitempty"`
 	// AllocationID names the kubelet allocation that claimed the slot.
 	AllocationID *string `json:"allocationID,omitempty"`

@@ -1,4 +1,4 @@
-package onvif
+package onvifclient
 
 import (
 	"strings"

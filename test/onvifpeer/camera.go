@@ -1,6 +1,6 @@
 //go:build linux
 
-package peertest
+package onvifpeer
 
 import (
 	"crypto/sha1"

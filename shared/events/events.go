@@ -37,14 +37,16 @@ type Recorder struct {
 }
 
 // New makes a Recorder reporting as controller; queue bounds the events
-// waiting to be sent. reg receives its counters (nil: not registered).
-func New(client eventsclient.EventsV1Interface, scheme *runtime.Scheme, controller string, queue int, reg prometheus.Registerer) *Recorder {
+// waiting to be sent. reg receives its counters, named
+// <metricPrefix>_events_sent_total and _dropped_total (nil: not
+// registered).
+func New(client eventsclient.EventsV1Interface, scheme *runtime.Scheme, controller, metricPrefix string, queue int, reg prometheus.Registerer) *Recorder {
 	host, _ := os.Hostname()
 	r := &Recorder{
 		client: client, scheme: scheme, controller: controller, instance: controller + "-" + host,
 		queue: make(chan *eventsv1.Event, queue), now: time.Now,
-		sent:    prometheus.NewCounter(prometheus.CounterOpts{Name: "dowse_controller_events_sent_total", Help: "Events written to the API server."}),
-		dropped: prometheus.NewCounter(prometheus.CounterOpts{Name: "dowse_controller_events_dropped_total", Help: "Events dropped: the queue was full, the object had no reference, or the API server refused them."}),
+		sent:    prometheus.NewCounter(prometheus.CounterOpts{Name: metricPrefix + "_events_sent_total", Help: "Events written to the API server."}),
+		dropped: prometheus.NewCounter(prometheus.CounterOpts{Name: metricPrefix + "_events_dropped_total", Help: "Events dropped: the queue was full, the object had no reference, or the API server refused them."}),
 	}
 	if reg != nil {
 		reg.MustRegister(r.sent, r.dropped)

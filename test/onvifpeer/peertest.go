@@ -3,7 +3,7 @@
 // Package peertest runs WS-Discovery peers for tests inside network
 // namespaces the test creates, so that multicast never leaves links the test
 // made. Everything it creates is removed, by name or pid, when the test ends.
-package peertest
+package onvifpeer
 
 import (
 	"bytes"

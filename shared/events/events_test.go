@@ -14,7 +14,7 @@ import (
 
 func TestRecorderSendsAndBounds(t *testing.T) {
 	cs := fake.NewClientset()
-	r := New(cs.EventsV1(), scheme.Scheme, "dowse-controller", 2, nil)
+	r := New(cs.EventsV1(), scheme.Scheme, "dowse-controller", "dowse_controller", 2, nil)
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "ns", UID: "u1"}}
 	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "s", Namespace: "ns"}}
 	// Nothing sends yet: the third event finds the queue full.
