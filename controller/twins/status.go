@@ -98,6 +98,8 @@ func (s *Status) Handle(ctx context.Context, m cloudhub.Inbound) error {
 		ref = k.TwinReported.Device
 	case *linkv1.Envelope_DeviceState:
 		ref = k.DeviceState.Device
+	case *linkv1.Envelope_DeviceCondition:
+		ref = k.DeviceCondition.Device
 	}
 	defer s.took(m)
 	if ref == nil {
@@ -167,6 +169,12 @@ func (s *Status) Handle(ctx context.Context, m cloudhub.Inbound) error {
 		}
 		meta.SetStatusCondition(&st.status.Conditions, c)
 		s.metrics.Reports.WithLabelValues("state").Inc()
+	case *linkv1.Envelope_DeviceCondition:
+		if !applyEdgeCondition(&st.status, k.DeviceCondition, d.Generation) {
+			s.metrics.dropped("condition-type")
+			return nil
+		}
+		s.metrics.Reports.WithLabelValues("condition").Inc()
 	}
 	st.status.ReportedPosition = &pos
 	if !st.dirty || st.oldest.IsZero() {

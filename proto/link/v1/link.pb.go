@@ -100,7 +100,7 @@ func (x Error_Code) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Error_Code.Descriptor instead.
 func (Error_Code) EnumDescriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{23, 0}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{24, 0}
 }
 
 type Envelope struct {
@@ -131,6 +131,7 @@ type Envelope struct {
 	//	*Envelope_DeviceInventory
 	//	*Envelope_DeviceState
 	//	*Envelope_Reconnect
+	//	*Envelope_DeviceCondition
 	Kind          isEnvelope_Kind `protobuf_oneof:"kind"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -329,6 +330,15 @@ func (x *Envelope) GetReconnect() *Reconnect {
 	return nil
 }
 
+func (x *Envelope) GetDeviceCondition() *DeviceCondition {
+	if x != nil {
+		if x, ok := x.Kind.(*Envelope_DeviceCondition); ok {
+			return x.DeviceCondition
+		}
+	}
+	return nil
+}
+
 type isEnvelope_Kind interface {
 	isEnvelope_Kind()
 }
@@ -393,6 +403,10 @@ type Envelope_Reconnect struct {
 	Reconnect *Reconnect `protobuf:"bytes,24,opt,name=reconnect,proto3,oneof"`
 }
 
+type Envelope_DeviceCondition struct {
+	DeviceCondition *DeviceCondition `protobuf:"bytes,40,opt,name=device_condition,json=deviceCondition,proto3,oneof"`
+}
+
 func (*Envelope_Hello) isEnvelope_Kind() {}
 
 func (*Envelope_Welcome) isEnvelope_Kind() {}
@@ -422,6 +436,8 @@ func (*Envelope_DeviceInventory) isEnvelope_Kind() {}
 func (*Envelope_DeviceState) isEnvelope_Kind() {}
 
 func (*Envelope_Reconnect) isEnvelope_Kind() {}
+
+func (*Envelope_DeviceCondition) isEnvelope_Kind() {}
 
 // Hello is the edge's first frame. The cloud refuses it unless node equals
 // the node its verified client certificate names.
@@ -1121,6 +1137,105 @@ func (x *DeviceStateUpdate) GetMapper() string {
 	return ""
 }
 
+// DeviceCondition: edge to cloud, a condition of a Device the edge
+// observes, which the cloud records on the Device's status: ReportsAccepted
+// (False while the edge refuses reported values of some properties, the
+// message naming each with why), Authenticated (False while the device
+// refuses its mapper's login, the message in the device's words). The
+// newest of a type replaces an unsent older one.
+type DeviceCondition struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Device  *DeviceRef             `protobuf:"bytes,1,opt,name=device,proto3" json:"device,omitempty"`
+	Type    string                 `protobuf:"bytes,2,opt,name=type,proto3" json:"type,omitempty"`
+	Status  bool                   `protobuf:"varint,3,opt,name=status,proto3" json:"status,omitempty"`
+	Reason  string                 `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	Message string                 `protobuf:"bytes,5,opt,name=message,proto3" json:"message,omitempty"`
+	Time    *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=time,proto3" json:"time,omitempty"`
+	// The registration name of the mapper concerned.
+	Mapper        string `protobuf:"bytes,7,opt,name=mapper,proto3" json:"mapper,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeviceCondition) Reset() {
+	*x = DeviceCondition{}
+	mi := &file_link_v1_link_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeviceCondition) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeviceCondition) ProtoMessage() {}
+
+func (x *DeviceCondition) ProtoReflect() protoreflect.Message {
+	mi := &file_link_v1_link_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeviceCondition.ProtoReflect.Descriptor instead.
+func (*DeviceCondition) Descriptor() ([]byte, []int) {
+	return file_link_v1_link_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *DeviceCondition) GetDevice() *DeviceRef {
+	if x != nil {
+		return x.Device
+	}
+	return nil
+}
+
+func (x *DeviceCondition) GetType() string {
+	if x != nil {
+		return x.Type
+	}
+	return ""
+}
+
+func (x *DeviceCondition) GetStatus() bool {
+	if x != nil {
+		return x.Status
+	}
+	return false
+}
+
+func (x *DeviceCondition) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *DeviceCondition) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *DeviceCondition) GetTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Time
+	}
+	return nil
+}
+
+func (x *DeviceCondition) GetMapper() string {
+	if x != nil {
+		return x.Mapper
+	}
+	return ""
+}
+
 // DeviceUpdate: cloud to edge, a Device the node owns was assigned or
 // changed (desired values ride it). It replaces what the edge held of it.
 type DeviceUpdate struct {
@@ -1132,7 +1247,7 @@ type DeviceUpdate struct {
 
 func (x *DeviceUpdate) Reset() {
 	*x = DeviceUpdate{}
-	mi := &file_link_v1_link_proto_msgTypes[10]
+	mi := &file_link_v1_link_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1144,7 +1259,7 @@ func (x *DeviceUpdate) String() string {
 func (*DeviceUpdate) ProtoMessage() {}
 
 func (x *DeviceUpdate) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[10]
+	mi := &file_link_v1_link_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1157,7 +1272,7 @@ func (x *DeviceUpdate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeviceUpdate.ProtoReflect.Descriptor instead.
 func (*DeviceUpdate) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{10}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *DeviceUpdate) GetDevice() *EdgeDevice {
@@ -1177,7 +1292,7 @@ type DeviceRemoval struct {
 
 func (x *DeviceRemoval) Reset() {
 	*x = DeviceRemoval{}
-	mi := &file_link_v1_link_proto_msgTypes[11]
+	mi := &file_link_v1_link_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1189,7 +1304,7 @@ func (x *DeviceRemoval) String() string {
 func (*DeviceRemoval) ProtoMessage() {}
 
 func (x *DeviceRemoval) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[11]
+	mi := &file_link_v1_link_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1202,7 +1317,7 @@ func (x *DeviceRemoval) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeviceRemoval.ProtoReflect.Descriptor instead.
 func (*DeviceRemoval) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{11}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *DeviceRemoval) GetDevice() *DeviceRef {
@@ -1223,7 +1338,7 @@ type DeviceModelUpdate struct {
 
 func (x *DeviceModelUpdate) Reset() {
 	*x = DeviceModelUpdate{}
-	mi := &file_link_v1_link_proto_msgTypes[12]
+	mi := &file_link_v1_link_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1235,7 +1350,7 @@ func (x *DeviceModelUpdate) String() string {
 func (*DeviceModelUpdate) ProtoMessage() {}
 
 func (x *DeviceModelUpdate) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[12]
+	mi := &file_link_v1_link_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1248,7 +1363,7 @@ func (x *DeviceModelUpdate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeviceModelUpdate.ProtoReflect.Descriptor instead.
 func (*DeviceModelUpdate) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{12}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *DeviceModelUpdate) GetModel() *EdgeDeviceModel {
@@ -1269,7 +1384,7 @@ type DeviceModelRemoval struct {
 
 func (x *DeviceModelRemoval) Reset() {
 	*x = DeviceModelRemoval{}
-	mi := &file_link_v1_link_proto_msgTypes[13]
+	mi := &file_link_v1_link_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1281,7 +1396,7 @@ func (x *DeviceModelRemoval) String() string {
 func (*DeviceModelRemoval) ProtoMessage() {}
 
 func (x *DeviceModelRemoval) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[13]
+	mi := &file_link_v1_link_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1294,7 +1409,7 @@ func (x *DeviceModelRemoval) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeviceModelRemoval.ProtoReflect.Descriptor instead.
 func (*DeviceModelRemoval) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{13}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *DeviceModelRemoval) GetModel() *DeviceRef {
@@ -1318,7 +1433,7 @@ type DeviceInventory struct {
 
 func (x *DeviceInventory) Reset() {
 	*x = DeviceInventory{}
-	mi := &file_link_v1_link_proto_msgTypes[14]
+	mi := &file_link_v1_link_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1330,7 +1445,7 @@ func (x *DeviceInventory) String() string {
 func (*DeviceInventory) ProtoMessage() {}
 
 func (x *DeviceInventory) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[14]
+	mi := &file_link_v1_link_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1343,7 +1458,7 @@ func (x *DeviceInventory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeviceInventory.ProtoReflect.Descriptor instead.
 func (*DeviceInventory) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{14}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *DeviceInventory) GetNode() string {
@@ -1388,7 +1503,7 @@ type EdgeDevice struct {
 
 func (x *EdgeDevice) Reset() {
 	*x = EdgeDevice{}
-	mi := &file_link_v1_link_proto_msgTypes[15]
+	mi := &file_link_v1_link_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1400,7 +1515,7 @@ func (x *EdgeDevice) String() string {
 func (*EdgeDevice) ProtoMessage() {}
 
 func (x *EdgeDevice) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[15]
+	mi := &file_link_v1_link_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1413,7 +1528,7 @@ func (x *EdgeDevice) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EdgeDevice.ProtoReflect.Descriptor instead.
 func (*EdgeDevice) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{15}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *EdgeDevice) GetRef() *DeviceRef {
@@ -1488,7 +1603,7 @@ type EdgeDeviceProperty struct {
 
 func (x *EdgeDeviceProperty) Reset() {
 	*x = EdgeDeviceProperty{}
-	mi := &file_link_v1_link_proto_msgTypes[16]
+	mi := &file_link_v1_link_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1500,7 +1615,7 @@ func (x *EdgeDeviceProperty) String() string {
 func (*EdgeDeviceProperty) ProtoMessage() {}
 
 func (x *EdgeDeviceProperty) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[16]
+	mi := &file_link_v1_link_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1513,7 +1628,7 @@ func (x *EdgeDeviceProperty) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EdgeDeviceProperty.ProtoReflect.Descriptor instead.
 func (*EdgeDeviceProperty) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{16}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *EdgeDeviceProperty) GetName() string {
@@ -1577,7 +1692,7 @@ type TwinValue struct {
 
 func (x *TwinValue) Reset() {
 	*x = TwinValue{}
-	mi := &file_link_v1_link_proto_msgTypes[17]
+	mi := &file_link_v1_link_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1589,7 +1704,7 @@ func (x *TwinValue) String() string {
 func (*TwinValue) ProtoMessage() {}
 
 func (x *TwinValue) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[17]
+	mi := &file_link_v1_link_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1602,7 +1717,7 @@ func (x *TwinValue) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TwinValue.ProtoReflect.Descriptor instead.
 func (*TwinValue) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{17}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *TwinValue) GetValue() string {
@@ -1630,7 +1745,7 @@ type EdgeDeviceMethod struct {
 
 func (x *EdgeDeviceMethod) Reset() {
 	*x = EdgeDeviceMethod{}
-	mi := &file_link_v1_link_proto_msgTypes[18]
+	mi := &file_link_v1_link_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1642,7 +1757,7 @@ func (x *EdgeDeviceMethod) String() string {
 func (*EdgeDeviceMethod) ProtoMessage() {}
 
 func (x *EdgeDeviceMethod) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[18]
+	mi := &file_link_v1_link_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1655,7 +1770,7 @@ func (x *EdgeDeviceMethod) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EdgeDeviceMethod.ProtoReflect.Descriptor instead.
 func (*EdgeDeviceMethod) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{18}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *EdgeDeviceMethod) GetName() string {
@@ -1692,7 +1807,7 @@ type EdgeDeviceModel struct {
 
 func (x *EdgeDeviceModel) Reset() {
 	*x = EdgeDeviceModel{}
-	mi := &file_link_v1_link_proto_msgTypes[19]
+	mi := &file_link_v1_link_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1704,7 +1819,7 @@ func (x *EdgeDeviceModel) String() string {
 func (*EdgeDeviceModel) ProtoMessage() {}
 
 func (x *EdgeDeviceModel) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[19]
+	mi := &file_link_v1_link_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1717,7 +1832,7 @@ func (x *EdgeDeviceModel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EdgeDeviceModel.ProtoReflect.Descriptor instead.
 func (*EdgeDeviceModel) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{19}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *EdgeDeviceModel) GetRef() *DeviceRef {
@@ -1765,7 +1880,7 @@ type EdgeModelProperty struct {
 
 func (x *EdgeModelProperty) Reset() {
 	*x = EdgeModelProperty{}
-	mi := &file_link_v1_link_proto_msgTypes[20]
+	mi := &file_link_v1_link_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1777,7 +1892,7 @@ func (x *EdgeModelProperty) String() string {
 func (*EdgeModelProperty) ProtoMessage() {}
 
 func (x *EdgeModelProperty) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[20]
+	mi := &file_link_v1_link_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1790,7 +1905,7 @@ func (x *EdgeModelProperty) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EdgeModelProperty.ProtoReflect.Descriptor instead.
 func (*EdgeModelProperty) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{20}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *EdgeModelProperty) GetName() string {
@@ -1854,7 +1969,7 @@ type DeviceMembership struct {
 
 func (x *DeviceMembership) Reset() {
 	*x = DeviceMembership{}
-	mi := &file_link_v1_link_proto_msgTypes[21]
+	mi := &file_link_v1_link_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1866,7 +1981,7 @@ func (x *DeviceMembership) String() string {
 func (*DeviceMembership) ProtoMessage() {}
 
 func (x *DeviceMembership) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[21]
+	mi := &file_link_v1_link_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1879,7 +1994,7 @@ func (x *DeviceMembership) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeviceMembership.ProtoReflect.Descriptor instead.
 func (*DeviceMembership) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{21}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *DeviceMembership) GetNode() string {
@@ -1909,7 +2024,7 @@ type ProcessedAck struct {
 
 func (x *ProcessedAck) Reset() {
 	*x = ProcessedAck{}
-	mi := &file_link_v1_link_proto_msgTypes[22]
+	mi := &file_link_v1_link_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1921,7 +2036,7 @@ func (x *ProcessedAck) String() string {
 func (*ProcessedAck) ProtoMessage() {}
 
 func (x *ProcessedAck) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[22]
+	mi := &file_link_v1_link_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1934,7 +2049,7 @@ func (x *ProcessedAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessedAck.ProtoReflect.Descriptor instead.
 func (*ProcessedAck) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{22}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ProcessedAck) GetRefSeq() uint64 {
@@ -1963,7 +2078,7 @@ type Error struct {
 
 func (x *Error) Reset() {
 	*x = Error{}
-	mi := &file_link_v1_link_proto_msgTypes[23]
+	mi := &file_link_v1_link_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1975,7 +2090,7 @@ func (x *Error) String() string {
 func (*Error) ProtoMessage() {}
 
 func (x *Error) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[23]
+	mi := &file_link_v1_link_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1988,7 +2103,7 @@ func (x *Error) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Error.ProtoReflect.Descriptor instead.
 func (*Error) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{23}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *Error) GetCode() Error_Code {
@@ -2016,7 +2131,7 @@ var File_link_v1_link_proto protoreflect.FileDescriptor
 
 const file_link_v1_link_proto_rawDesc = "" +
 	"\n" +
-	"\x12link/v1/link.proto\x12\rdowse.link.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa2\b\n" +
+	"\x12link/v1/link.proto\x12\rdowse.link.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xef\b\n" +
 	"\bEnvelope\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x10\n" +
@@ -2036,7 +2151,8 @@ const file_link_v1_link_proto_rawDesc = "" +
 	"\rmodel_removal\x18\x15 \x01(\v2!.dowse.link.v1.DeviceModelRemovalH\x00R\fmodelRemoval\x12K\n" +
 	"\x10device_inventory\x18\x16 \x01(\v2\x1e.dowse.link.v1.DeviceInventoryH\x00R\x0fdeviceInventory\x12E\n" +
 	"\fdevice_state\x18\x17 \x01(\v2 .dowse.link.v1.DeviceStateUpdateH\x00R\vdeviceState\x128\n" +
-	"\treconnect\x18\x18 \x01(\v2\x18.dowse.link.v1.ReconnectH\x00R\treconnectB\x06\n" +
+	"\treconnect\x18\x18 \x01(\v2\x18.dowse.link.v1.ReconnectH\x00R\treconnect\x12K\n" +
+	"\x10device_condition\x18( \x01(\v2\x1e.dowse.link.v1.DeviceConditionH\x00R\x0fdeviceConditionB\x06\n" +
 	"\x04kind\"\x90\x01\n" +
 	"\x05Hello\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1b\n" +
@@ -2088,7 +2204,15 @@ const file_link_v1_link_proto_rawDesc = "" +
 	"\x06device\x18\x01 \x01(\v2\x18.dowse.link.v1.DeviceRefR\x06device\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12.\n" +
 	"\x04time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x16\n" +
-	"\x06mapper\x18\x04 \x01(\tR\x06mapper\"A\n" +
+	"\x06mapper\x18\x04 \x01(\tR\x06mapper\"\xe9\x01\n" +
+	"\x0fDeviceCondition\x120\n" +
+	"\x06device\x18\x01 \x01(\v2\x18.dowse.link.v1.DeviceRefR\x06device\x12\x12\n" +
+	"\x04type\x18\x02 \x01(\tR\x04type\x12\x16\n" +
+	"\x06status\x18\x03 \x01(\bR\x06status\x12\x16\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\x12\x18\n" +
+	"\amessage\x18\x05 \x01(\tR\amessage\x12.\n" +
+	"\x04time\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x16\n" +
+	"\x06mapper\x18\a \x01(\tR\x06mapper\"A\n" +
 	"\fDeviceUpdate\x121\n" +
 	"\x06device\x18\x01 \x01(\v2\x19.dowse.link.v1.EdgeDeviceR\x06device\"A\n" +
 	"\rDeviceRemoval\x120\n" +
@@ -2182,7 +2306,7 @@ func file_link_v1_link_proto_rawDescGZIP() []byte {
 }
 
 var file_link_v1_link_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_link_v1_link_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
+var file_link_v1_link_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
 var file_link_v1_link_proto_goTypes = []any{
 	(Error_Code)(0),               // 0: dowse.link.v1.Error.Code
 	(*Envelope)(nil),              // 1: dowse.link.v1.Envelope
@@ -2195,24 +2319,25 @@ var file_link_v1_link_proto_goTypes = []any{
 	(*TwinDesiredUpdate)(nil),     // 8: dowse.link.v1.TwinDesiredUpdate
 	(*TwinReportedUpdate)(nil),    // 9: dowse.link.v1.TwinReportedUpdate
 	(*DeviceStateUpdate)(nil),     // 10: dowse.link.v1.DeviceStateUpdate
-	(*DeviceUpdate)(nil),          // 11: dowse.link.v1.DeviceUpdate
-	(*DeviceRemoval)(nil),         // 12: dowse.link.v1.DeviceRemoval
-	(*DeviceModelUpdate)(nil),     // 13: dowse.link.v1.DeviceModelUpdate
-	(*DeviceModelRemoval)(nil),    // 14: dowse.link.v1.DeviceModelRemoval
-	(*DeviceInventory)(nil),       // 15: dowse.link.v1.DeviceInventory
-	(*EdgeDevice)(nil),            // 16: dowse.link.v1.EdgeDevice
-	(*EdgeDeviceProperty)(nil),    // 17: dowse.link.v1.EdgeDeviceProperty
-	(*TwinValue)(nil),             // 18: dowse.link.v1.TwinValue
-	(*EdgeDeviceMethod)(nil),      // 19: dowse.link.v1.EdgeDeviceMethod
-	(*EdgeDeviceModel)(nil),       // 20: dowse.link.v1.EdgeDeviceModel
-	(*EdgeModelProperty)(nil),     // 21: dowse.link.v1.EdgeModelProperty
-	(*DeviceMembership)(nil),      // 22: dowse.link.v1.DeviceMembership
-	(*ProcessedAck)(nil),          // 23: dowse.link.v1.ProcessedAck
-	(*Error)(nil),                 // 24: dowse.link.v1.Error
-	nil,                           // 25: dowse.link.v1.TwinReportedUpdate.MetadataEntry
-	nil,                           // 26: dowse.link.v1.TwinValue.MetadataEntry
-	(*timestamppb.Timestamp)(nil), // 27: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),       // 28: google.protobuf.Struct
+	(*DeviceCondition)(nil),       // 11: dowse.link.v1.DeviceCondition
+	(*DeviceUpdate)(nil),          // 12: dowse.link.v1.DeviceUpdate
+	(*DeviceRemoval)(nil),         // 13: dowse.link.v1.DeviceRemoval
+	(*DeviceModelUpdate)(nil),     // 14: dowse.link.v1.DeviceModelUpdate
+	(*DeviceModelRemoval)(nil),    // 15: dowse.link.v1.DeviceModelRemoval
+	(*DeviceInventory)(nil),       // 16: dowse.link.v1.DeviceInventory
+	(*EdgeDevice)(nil),            // 17: dowse.link.v1.EdgeDevice
+	(*EdgeDeviceProperty)(nil),    // 18: dowse.link.v1.EdgeDeviceProperty
+	(*TwinValue)(nil),             // 19: dowse.link.v1.TwinValue
+	(*EdgeDeviceMethod)(nil),      // 20: dowse.link.v1.EdgeDeviceMethod
+	(*EdgeDeviceModel)(nil),       // 21: dowse.link.v1.EdgeDeviceModel
+	(*EdgeModelProperty)(nil),     // 22: dowse.link.v1.EdgeModelProperty
+	(*DeviceMembership)(nil),      // 23: dowse.link.v1.DeviceMembership
+	(*ProcessedAck)(nil),          // 24: dowse.link.v1.ProcessedAck
+	(*Error)(nil),                 // 25: dowse.link.v1.Error
+	nil,                           // 26: dowse.link.v1.TwinReportedUpdate.MetadataEntry
+	nil,                           // 27: dowse.link.v1.TwinValue.MetadataEntry
+	(*timestamppb.Timestamp)(nil), // 28: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),       // 29: google.protobuf.Struct
 }
 var file_link_v1_link_proto_depIdxs = []int32{
 	2,  // 0: dowse.link.v1.Envelope.hello:type_name -> dowse.link.v1.Hello
@@ -2220,48 +2345,51 @@ var file_link_v1_link_proto_depIdxs = []int32{
 	5,  // 2: dowse.link.v1.Envelope.heartbeat:type_name -> dowse.link.v1.Heartbeat
 	8,  // 3: dowse.link.v1.Envelope.twin_desired:type_name -> dowse.link.v1.TwinDesiredUpdate
 	9,  // 4: dowse.link.v1.Envelope.twin_reported:type_name -> dowse.link.v1.TwinReportedUpdate
-	22, // 5: dowse.link.v1.Envelope.device_membership:type_name -> dowse.link.v1.DeviceMembership
-	23, // 6: dowse.link.v1.Envelope.processed:type_name -> dowse.link.v1.ProcessedAck
-	24, // 7: dowse.link.v1.Envelope.error:type_name -> dowse.link.v1.Error
-	11, // 8: dowse.link.v1.Envelope.device_update:type_name -> dowse.link.v1.DeviceUpdate
-	12, // 9: dowse.link.v1.Envelope.device_removal:type_name -> dowse.link.v1.DeviceRemoval
-	13, // 10: dowse.link.v1.Envelope.model_update:type_name -> dowse.link.v1.DeviceModelUpdate
-	14, // 11: dowse.link.v1.Envelope.model_removal:type_name -> dowse.link.v1.DeviceModelRemoval
-	15, // 12: dowse.link.v1.Envelope.device_inventory:type_name -> dowse.link.v1.DeviceInventory
+	23, // 5: dowse.link.v1.Envelope.device_membership:type_name -> dowse.link.v1.DeviceMembership
+	24, // 6: dowse.link.v1.Envelope.processed:type_name -> dowse.link.v1.ProcessedAck
+	25, // 7: dowse.link.v1.Envelope.error:type_name -> dowse.link.v1.Error
+	12, // 8: dowse.link.v1.Envelope.device_update:type_name -> dowse.link.v1.DeviceUpdate
+	13, // 9: dowse.link.v1.Envelope.device_removal:type_name -> dowse.link.v1.DeviceRemoval
+	14, // 10: dowse.link.v1.Envelope.model_update:type_name -> dowse.link.v1.DeviceModelUpdate
+	15, // 11: dowse.link.v1.Envelope.model_removal:type_name -> dowse.link.v1.DeviceModelRemoval
+	16, // 12: dowse.link.v1.Envelope.device_inventory:type_name -> dowse.link.v1.DeviceInventory
 	10, // 13: dowse.link.v1.Envelope.device_state:type_name -> dowse.link.v1.DeviceStateUpdate
 	4,  // 14: dowse.link.v1.Envelope.reconnect:type_name -> dowse.link.v1.Reconnect
-	6,  // 15: dowse.link.v1.TwinDesiredUpdate.device:type_name -> dowse.link.v1.DeviceRef
-	7,  // 16: dowse.link.v1.TwinDesiredUpdate.value:type_name -> dowse.link.v1.Value
-	27, // 17: dowse.link.v1.TwinDesiredUpdate.time:type_name -> google.protobuf.Timestamp
-	6,  // 18: dowse.link.v1.TwinReportedUpdate.device:type_name -> dowse.link.v1.DeviceRef
-	7,  // 19: dowse.link.v1.TwinReportedUpdate.value:type_name -> dowse.link.v1.Value
-	27, // 20: dowse.link.v1.TwinReportedUpdate.time:type_name -> google.protobuf.Timestamp
-	25, // 21: dowse.link.v1.TwinReportedUpdate.metadata:type_name -> dowse.link.v1.TwinReportedUpdate.MetadataEntry
-	7,  // 22: dowse.link.v1.TwinReportedUpdate.observed_desired:type_name -> dowse.link.v1.Value
-	6,  // 23: dowse.link.v1.DeviceStateUpdate.device:type_name -> dowse.link.v1.DeviceRef
-	27, // 24: dowse.link.v1.DeviceStateUpdate.time:type_name -> google.protobuf.Timestamp
-	16, // 25: dowse.link.v1.DeviceUpdate.device:type_name -> dowse.link.v1.EdgeDevice
-	6,  // 26: dowse.link.v1.DeviceRemoval.device:type_name -> dowse.link.v1.DeviceRef
-	20, // 27: dowse.link.v1.DeviceModelUpdate.model:type_name -> dowse.link.v1.EdgeDeviceModel
-	6,  // 28: dowse.link.v1.DeviceModelRemoval.model:type_name -> dowse.link.v1.DeviceRef
-	6,  // 29: dowse.link.v1.DeviceInventory.devices:type_name -> dowse.link.v1.DeviceRef
-	6,  // 30: dowse.link.v1.DeviceInventory.models:type_name -> dowse.link.v1.DeviceRef
-	6,  // 31: dowse.link.v1.EdgeDevice.ref:type_name -> dowse.link.v1.DeviceRef
-	28, // 32: dowse.link.v1.EdgeDevice.protocol_config:type_name -> google.protobuf.Struct
-	17, // 33: dowse.link.v1.EdgeDevice.properties:type_name -> dowse.link.v1.EdgeDeviceProperty
-	19, // 34: dowse.link.v1.EdgeDevice.methods:type_name -> dowse.link.v1.EdgeDeviceMethod
-	18, // 35: dowse.link.v1.EdgeDeviceProperty.desired:type_name -> dowse.link.v1.TwinValue
-	28, // 36: dowse.link.v1.EdgeDeviceProperty.visitor_config:type_name -> google.protobuf.Struct
-	26, // 37: dowse.link.v1.TwinValue.metadata:type_name -> dowse.link.v1.TwinValue.MetadataEntry
-	6,  // 38: dowse.link.v1.EdgeDeviceModel.ref:type_name -> dowse.link.v1.DeviceRef
-	21, // 39: dowse.link.v1.EdgeDeviceModel.properties:type_name -> dowse.link.v1.EdgeModelProperty
-	6,  // 40: dowse.link.v1.DeviceMembership.devices:type_name -> dowse.link.v1.DeviceRef
-	0,  // 41: dowse.link.v1.Error.code:type_name -> dowse.link.v1.Error.Code
-	42, // [42:42] is the sub-list for method output_type
-	42, // [42:42] is the sub-list for method input_type
-	42, // [42:42] is the sub-list for extension type_name
-	42, // [42:42] is the sub-list for extension extendee
-	0,  // [0:42] is the sub-list for field type_name
+	11, // 15: dowse.link.v1.Envelope.device_condition:type_name -> dowse.link.v1.DeviceCondition
+	6,  // 16: dowse.link.v1.TwinDesiredUpdate.device:type_name -> dowse.link.v1.DeviceRef
+	7,  // 17: dowse.link.v1.TwinDesiredUpdate.value:type_name -> dowse.link.v1.Value
+	28, // 18: dowse.link.v1.TwinDesiredUpdate.time:type_name -> google.protobuf.Timestamp
+	6,  // 19: dowse.link.v1.TwinReportedUpdate.device:type_name -> dowse.link.v1.DeviceRef
+	7,  // 20: dowse.link.v1.TwinReportedUpdate.value:type_name -> dowse.link.v1.Value
+	28, // 21: dowse.link.v1.TwinReportedUpdate.time:type_name -> google.protobuf.Timestamp
+	26, // 22: dowse.link.v1.TwinReportedUpdate.metadata:type_name -> dowse.link.v1.TwinReportedUpdate.MetadataEntry
+	7,  // 23: dowse.link.v1.TwinReportedUpdate.observed_desired:type_name -> dowse.link.v1.Value
+	6,  // 24: dowse.link.v1.DeviceStateUpdate.device:type_name -> dowse.link.v1.DeviceRef
+	28, // 25: dowse.link.v1.DeviceStateUpdate.time:type_name -> google.protobuf.Timestamp
+	6,  // 26: dowse.link.v1.DeviceCondition.device:type_name -> dowse.link.v1.DeviceRef
+	28, // 27: dowse.link.v1.DeviceCondition.time:type_name -> google.protobuf.Timestamp
+	17, // 28: dowse.link.v1.DeviceUpdate.device:type_name -> dowse.link.v1.EdgeDevice
+	6,  // 29: dowse.link.v1.DeviceRemoval.device:type_name -> dowse.link.v1.DeviceRef
+	21, // 30: dowse.link.v1.DeviceModelUpdate.model:type_name -> dowse.link.v1.EdgeDeviceModel
+	6,  // 31: dowse.link.v1.DeviceModelRemoval.model:type_name -> dowse.link.v1.DeviceRef
+	6,  // 32: dowse.link.v1.DeviceInventory.devices:type_name -> dowse.link.v1.DeviceRef
+	6,  // 33: dowse.link.v1.DeviceInventory.models:type_name -> dowse.link.v1.DeviceRef
+	6,  // 34: dowse.link.v1.EdgeDevice.ref:type_name -> dowse.link.v1.DeviceRef
+	29, // 35: dowse.link.v1.EdgeDevice.protocol_config:type_name -> google.protobuf.Struct
+	18, // 36: dowse.link.v1.EdgeDevice.properties:type_name -> dowse.link.v1.EdgeDeviceProperty
+	20, // 37: dowse.link.v1.EdgeDevice.methods:type_name -> dowse.link.v1.EdgeDeviceMethod
+	19, // 38: dowse.link.v1.EdgeDeviceProperty.desired:type_name -> dowse.link.v1.TwinValue
+	29, // 39: dowse.link.v1.EdgeDeviceProperty.visitor_config:type_name -> google.protobuf.Struct
+	27, // 40: dowse.link.v1.TwinValue.metadata:type_name -> dowse.link.v1.TwinValue.MetadataEntry
+	6,  // 41: dowse.link.v1.EdgeDeviceModel.ref:type_name -> dowse.link.v1.DeviceRef
+	22, // 42: dowse.link.v1.EdgeDeviceModel.properties:type_name -> dowse.link.v1.EdgeModelProperty
+	6,  // 43: dowse.link.v1.DeviceMembership.devices:type_name -> dowse.link.v1.DeviceRef
+	0,  // 44: dowse.link.v1.Error.code:type_name -> dowse.link.v1.Error.Code
+	45, // [45:45] is the sub-list for method output_type
+	45, // [45:45] is the sub-list for method input_type
+	45, // [45:45] is the sub-list for extension type_name
+	45, // [45:45] is the sub-list for extension extendee
+	0,  // [0:45] is the sub-list for field type_name
 }
 
 func init() { file_link_v1_link_proto_init() }
@@ -2285,6 +2413,7 @@ func file_link_v1_link_proto_init() {
 		(*Envelope_DeviceInventory)(nil),
 		(*Envelope_DeviceState)(nil),
 		(*Envelope_Reconnect)(nil),
+		(*Envelope_DeviceCondition)(nil),
 	}
 	file_link_v1_link_proto_msgTypes[6].OneofWrappers = []any{
 		(*Value_BoolValue)(nil),
@@ -2299,7 +2428,7 @@ func file_link_v1_link_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_link_v1_link_proto_rawDesc), len(file_link_v1_link_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   26,
+			NumMessages:   27,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -179,6 +179,16 @@ const (
 	// ConditionDesiredApplied is True when every desired value has been
 	// reported back as observedDesired; False with the mapper's error.
 	ConditionDesiredApplied = "DesiredApplied"
+	// ConditionReportsAccepted is False while the node refuses reported
+	// values of some properties (not in the model, not of its type), the
+	// message naming each property with why; the other properties' values
+	// are taken meanwhile. Set by the node.
+	ConditionReportsAccepted = "ReportsAccepted"
+	// ConditionAuthenticated is False (reason AuthFailed) while the device
+	// refuses its mapper's credentials, the message in the device's words;
+	// the mapper then tries again with backoff, and at once when the
+	// credentials change. Set by the node.
+	ConditionAuthenticated = "Authenticated"
 )
 
 // DeviceStatus is what the edge observed, written by the controller from
