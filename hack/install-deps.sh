@@ -18,6 +18,10 @@ command -v chromium >/dev/null || need+=(chromium)
 # dowsectl's bash completion is exercised under bash-completion, as a
 # Debian user's shell loads it.
 [ -e /usr/share/bash-completion/bash_completion ] || need+=(bash-completion)
+# pushMethod sinks: Debian's MQTT broker and its clients (mosquitto_sub
+# checks what the mappers publish).
+command -v mosquitto >/dev/null || [ -x /usr/sbin/mosquitto ] || need+=(mosquitto)
+command -v mosquitto_sub >/dev/null || need+=(mosquitto-clients)
 # lighttpd is the reverse proxy that requires HTTP Digest in front of go2rtc
 # (a camera insisting on Digest); promtool (Debian's prometheus) checks the
 # chart's alerting rules.
