@@ -88,11 +88,11 @@ func (k *streamingKubelet) Register(_ context.Context, r *dp.RegisterRequest) (*
 }
 
 // heapAndStacks is the Go heap and goroutine stacks in use, after a GC.
-func heapAndStacks() uint64 {
+func heapAndStacks() (heap, stacks uint64) {
 	runtime.GC()
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
-	return ms.HeapInuse + ms.StackInuse
+	return ms.HeapInuse, ms.StackInuse
 }
 
 // BenchmarkPluginMemory runs the device plugins of -plugins Instances and
@@ -169,7 +169,8 @@ func benchPlugins(b *testing.B, n int, kubelet bool) {
 	done := make(chan error, 1)
 	go func() { done <- m.Start(ctx) }()
 	<-m.started
-	before, goroutines := heapAndStacks(), runtime.NumGoroutine()
+	heap0, stacks0 := heapAndStacks()
+	goroutines := runtime.NumGoroutine()
 	for i := range n {
 		inst := testInstance(v1alpha1.InstanceName("bench", v1alpha1.DeviceHash(strconv.Itoa(i), false, "n1")))
 		inst.Spec.DeviceSpecs = nil
@@ -189,14 +190,16 @@ func benchPlugins(b *testing.B, n int, kubelet bool) {
 	} else {
 		time.Sleep(3 * time.Second) // a few rounds of retries
 	}
-	after, goroutinesAfter := heapAndStacks(), runtime.NumGoroutine()
+	heap1, stacks1 := heapAndStacks()
+	goroutinesAfter := runtime.NumGoroutine()
 	if f := os.Getenv("DOWSE_BENCH_HEAP_PROFILE"); f != "" && kubelet {
 		if out, err := os.Create(f); err == nil {
 			_ = pprof.Lookup("heap").WriteTo(out, 0)
 			_ = out.Close()
 		}
 	}
-	b.ReportMetric(float64(after-before)/float64(want), "B/plugin")
+	b.ReportMetric(float64(heap1+stacks1-heap0-stacks0)/float64(want), "B/plugin")
+	b.ReportMetric(float64(stacks1-stacks0)/float64(want), "stack-B/plugin")
 	b.ReportMetric(float64(goroutinesAfter-goroutines)/float64(want), "goroutines/plugin")
 	cancel()
 	if err := <-done; err != nil {

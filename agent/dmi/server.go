@@ -63,6 +63,7 @@ import (
 
 	dmiv1beta1 "github.com/dowse-dev/dowse/proto/dmi/v1beta1"
 	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
+	mapperv1 "github.com/dowse-dev/dowse/proto/mapper/v1"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	"github.com/dowse-dev/dowse/shared/twinvalue"
 )
@@ -342,6 +343,7 @@ func (s *Server) Start(ctx context.Context) error {
 	}
 	gs := grpc.NewServer(grpc.Creds(peerCreds{}))
 	dmiv1beta1.RegisterDeviceManagerServiceServer(gs, s)
+	mapperv1.RegisterDeviceConditionsServer(gs, conditions{s: s})
 	reflection.Register(gs) // as edgecore does: grpcurl -unix <socket> list
 
 	s.mu.Lock()

@@ -24,6 +24,7 @@ import (
 
 	dmiv1beta1 "github.com/dowse-dev/dowse/proto/dmi/v1beta1"
 	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
+	mapperv1 "github.com/dowse-dev/dowse/proto/mapper/v1"
 	"github.com/dowse-dev/dowse/shared/twinvalue"
 	"github.com/dowse-dev/dowse/test/promtest"
 )
@@ -834,5 +835,48 @@ func TestMixedReportKeepsValidTwins(t *testing.T) {
 	err = report(tw("temp", "warm"))
 	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "1 of 1 twins refused") || len(stored()) != n {
 		t.Fatalf("all invalid: %v, stored %v", err, stored())
+	}
+}
+
+// TestMapperConditions: a mapper's Authenticated condition of its Device
+// goes to the cloud as a DeviceCondition naming the mapper; a type a
+// mapper does not set, and a Device not on the node, are refused.
+func TestMapperConditions(t *testing.T) {
+	dir := t.TempDir()
+	edge := newFakeEdge()
+	edge.putModel(model("thermo", "virtual"))
+	edge.putDevice(device("a", "thermo", "virtual", "", "1"))
+	r := startServer(t, dir, edge, nil)
+	register(t, r.client, "virt", "virtual", startFakeMapper(t, filepath.Join(dir, "m.sock")).sock, false)
+	conn, err := grpc.NewClient("unix://"+filepath.Join(dir, "dmi.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	c := mapperv1.NewDeviceConditionsClient(conn)
+	ctx := context.Background()
+	if _, err := c.ReportDeviceCondition(ctx, &mapperv1.ReportDeviceConditionRequest{DeviceNamespace: "default", DeviceName: "a",
+		Type: "Authenticated", Reason: "AuthFailed", Message: "BadUserAccessDenied"}); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := edge.conditionList(), []string{"default/a Authenticated=false AuthFailed: BadUserAccessDenied"}; !slices.Equal(got, want) {
+		t.Fatalf("conditions %q, want %q", got, want)
+	}
+	edge.mu.Lock()
+	if m := edge.conditions[0].Mapper; m != "virt" {
+		t.Errorf("condition of mapper %q, want virt", m)
+	}
+	edge.mu.Unlock()
+	for _, req := range []*mapperv1.ReportDeviceConditionRequest{
+		{DeviceNamespace: "default", DeviceName: "a", Type: "ReportsAccepted", Status: true},
+		{DeviceNamespace: "default", DeviceName: "a", Type: "Valid", Status: true},
+		{DeviceNamespace: "default", DeviceName: "ghost", Type: "Authenticated"},
+	} {
+		if _, err := c.ReportDeviceCondition(ctx, req); status.Code(err) != codes.InvalidArgument {
+			t.Errorf("%v: %v, want InvalidArgument", req, err)
+		}
+	}
+	if n := len(edge.conditionList()); n != 1 {
+		t.Errorf("%d conditions stored, want 1", n)
 	}
 }
