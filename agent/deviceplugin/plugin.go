@@ -86,7 +86,7 @@ func NewHost(dir string, log logr.Logger) *Host {
 	// Device-plugin traffic is a few small messages: no per-connection
 	// read or write buffers (32 KiB each by default, a connection per
 	// plugin).
-	h.srv = grpc.NewServer(grpc.ReadBufferSize(0), grpc.WriteBufferSize(0), grpc.SharedWriteBuffer(true))
+	h.srv = grpc.NewServer(grpc.ReadBufferSize(0), grpc.WriteBufferSize(0))
 	dp.RegisterDevicePluginServer(h.srv, router{h: h})
 	return h
 }

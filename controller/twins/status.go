@@ -658,6 +658,7 @@ func (s *Status) write(ctx context.Context, key types.NamespacedName, b *batch) 
 			d.Status.ReportedPosition = newest.linkPosition()
 		}
 		desiredApplied(&d, &d.Status)
+		d.Status.Differing = differing(&d, &d.Status)
 		start := time.Now()
 		err := s.client.Status().Update(ctx, &d)
 		switch {
