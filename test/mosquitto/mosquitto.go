@@ -45,7 +45,12 @@ func binary(t testing.TB, name string) string {
 
 // Start runs a broker with persistence on (so that a restart keeps QoS 1
 // sessions, as a production broker does) and stops it when the test ends.
-func Start(t testing.TB) *Broker {
+func Start(t testing.TB) *Broker { return StartWithUsers(t, nil) }
+
+// StartWithUsers is Start with logins required: users maps user names to
+// passwords (hashed by mosquitto_passwd into the broker's password file);
+// nil allows anonymous clients.
+func StartWithUsers(t testing.TB, users map[string]string) *Broker {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -54,7 +59,25 @@ func Start(t testing.TB) *Broker {
 	port := l.Addr().(*net.TCPAddr).Port
 	l.Close()
 	b := &Broker{t: t, dir: t.TempDir(), Port: port}
-	conf := fmt.Sprintf("listener %d 127.0.0.1\nallow_anonymous true\npersistence true\npersistence_location %s/\nautosave_interval 1\n", port, b.dir)
+	auth := "allow_anonymous true\n"
+	if users != nil {
+		pw := filepath.Join(b.dir, "passwd")
+		if err := os.WriteFile(pw, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		for u, p := range users {
+			if out, err := exec.Command(binary(t, "mosquitto_passwd"), "-b", pw, u, p).CombinedOutput(); err != nil {
+				t.Fatalf("mosquitto_passwd: %v\n%s", err, out)
+			}
+		}
+		auth = "allow_anonymous false\npassword_file " + pw + "\n"
+	}
+	if os.Geteuid() == 0 {
+		// As root, mosquitto would switch to user mosquitto, who can read
+		// neither the test's password file nor write its persistence.
+		auth += "user root\n"
+	}
+	conf := fmt.Sprintf("listener %d 127.0.0.1\n%spersistence true\npersistence_location %s/\nautosave_interval 1\n", port, auth, b.dir)
 	if err := os.WriteFile(filepath.Join(b.dir, "mosquitto.conf"), []byte(conf), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -133,7 +156,16 @@ type Sub struct {
 // "topic payload" lines, until the test ends.
 func (b *Broker) Subscribe(t testing.TB, topic string, qos int, id string) *Sub {
 	t.Helper()
+	return b.SubscribeAs(t, topic, qos, id, "", "")
+}
+
+// SubscribeAs is Subscribe signed in as user with password.
+func (b *Broker) SubscribeAs(t testing.TB, topic string, qos int, id, user, password string) *Sub {
+	t.Helper()
 	args := []string{"-h", "127.0.0.1", "-p", fmt.Sprint(b.Port), "-t", topic, "-q", fmt.Sprint(qos), "-v"}
+	if user != "" {
+		args = append(args, "-u", user, "-P", password)
+	}
 	if id != "" {
 		args = append(args, "-i", id, "-c")
 	}
