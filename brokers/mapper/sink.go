@@ -125,6 +125,12 @@ func (s *sinkSet) targets(ctx context.Context, ns, device string, pm *dmiv1beta1
 			out = append(out, sinkTarget{sink: s.acquire(ctx, sinkSpec{kind: "http", address: u, secret: pm.GetDowseSecretName(), timeout: timeout})})
 		}
 	}
+	if pm.GetOtel() != nil {
+		errs = append(errs, errors.New("pushMethod.otel: Dowse's mappers do not export to OpenTelemetry (KubeEdge's do)"))
+	}
+	if db := pm.GetDbMethod(); db != nil {
+		errs = append(errs, errors.New("pushMethod.dbMethod: Dowse's mappers do not write to databases yet (KubeEdge's do)"))
+	}
 	return out, errors.Join(errs...)
 }
 

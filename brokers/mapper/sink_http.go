@@ -120,7 +120,8 @@ const (
 	EnvSinkUsername = "DOWSE_SINK_USERNAME"
 	EnvSinkPassword = "DOWSE_SINK_PASSWORD"
 	EnvSinkCAFile   = "DOWSE_SINK_CA_FILE"
-	// DefaultSinkSecretsDir is where mapper Pods mount pushMethod Secrets.
+	// DefaultSinkSecretsDir is where the controller mounts pushMethod
+	// Secrets in the mapper Pods it runs (controller/mappers.SinkSecretsDir).
 	DefaultSinkSecretsDir = "/etc/dowse/sink-secrets"
 )
 

@@ -39,6 +39,10 @@ const (
 	EnvStateDir   = "DOWSE_STATE_DIR"
 	// DefaultStateDir is the agent's default state directory.
 	DefaultStateDir = "/var/lib/dowse"
+	// SinkSecretsDir is where a mapper Pod gets, read-only, each Secret
+	// its Devices' pushMethods name (secretRef), one directory per Secret:
+	// the mapper SDK's default (brokers/mapper.DefaultSinkSecretsDir).
+	SinkSecretsDir = "/etc/dowse/sink-secrets"
 )
 
 // PodsOf lists the cached Pods (metadata only) with the Configuration label
@@ -92,6 +96,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		return reconcile.Result{}, r.prune(ctx, req.Namespace, v1alpha1.LabelValue(req.Name), nil)
 	}
 	want := map[string]bool{}
+	secrets := map[string]bool{}
 	var spec *corev1.PodSpec
 	if t := cfg.Spec.DeviceTemplate; t != nil && t.MapperPodSpec != nil && cfg.DeletionTimestamp == nil {
 		spec = t.MapperPodSpec
@@ -102,6 +107,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		for _, d := range devs.Items {
 			if d.Spec.NodeName != "" && d.Spec.MapperName == cfg.Name {
 				want[d.Spec.NodeName] = true
+				for _, p := range d.Spec.Properties {
+					if pm := p.PushMethod; pm != nil && pm.SecretRef != nil && pm.SecretRef.Name != "" {
+						secrets[pm.SecretRef.Name] = true
+					}
+				}
 			}
 		}
 	}
@@ -120,8 +130,13 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		nodes = append(nodes, n)
 	}
 	slices.Sort(nodes)
+	secretNames := make([]string, 0, len(secrets))
+	for n := range secrets {
+		secretNames = append(secretNames, n)
+	}
+	slices.Sort(secretNames)
 	for _, node := range nodes {
-		pod, err := r.pod(&cfg, spec, node)
+		pod, err := r.pod(&cfg, spec, node, secretNames)
 		if err != nil {
 			return reconcile.Result{}, err
 		}
@@ -199,15 +214,27 @@ func PodName(cfg, node, specHash string) string {
 	return name + "-mapper-" + hex.EncodeToString(sum[:])[:10] + "-" + specHash[:6]
 }
 
-func (r *Reconciler) pod(cfg *v1alpha1.Configuration, spec *corev1.PodSpec, node string) (*corev1.Pod, error) {
+// pod is the mapper Pod of cfg on node; secrets are the Secrets its
+// Devices' pushMethods name, each mounted under SinkSecretsDir (optional:
+// a missing one is the Device's Valid condition's to report, and the
+// kubelet mounts it once it exists).
+func (r *Reconciler) pod(cfg *v1alpha1.Configuration, spec *corev1.PodSpec, node string, secrets []string) (*corev1.Pod, error) {
 	s := spec.DeepCopy()
 	s.NodeName = node
 	const vol = "dowse-state"
 	s.Volumes = append(s.Volumes, corev1.Volume{Name: vol, VolumeSource: corev1.VolumeSource{
 		HostPath: &corev1.HostPathVolumeSource{Path: r.stateDir, Type: ptr.To(corev1.HostPathDirectory)}}})
+	mounts := []corev1.VolumeMount{{Name: vol, MountPath: r.stateDir}}
+	for _, name := range secrets {
+		sum := sha256.Sum256([]byte(name))
+		v := "dowse-sink-" + hex.EncodeToString(sum[:])[:12]
+		s.Volumes = append(s.Volumes, corev1.Volume{Name: v, VolumeSource: corev1.VolumeSource{
+			Secret: &corev1.SecretVolumeSource{SecretName: name, Optional: ptr.To(true)}}})
+		mounts = append(mounts, corev1.VolumeMount{Name: v, MountPath: SinkSecretsDir + "/" + name, ReadOnly: true})
+	}
 	for i := range s.Containers {
 		c := &s.Containers[i]
-		c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: vol, MountPath: r.stateDir})
+		c.VolumeMounts = append(c.VolumeMounts, mounts...)
 		c.Env = append(c.Env, corev1.EnvVar{Name: EnvStateDir, Value: r.stateDir}, corev1.EnvVar{Name: EnvMapperName, Value: cfg.Name})
 	}
 	raw, err := json.Marshal(s)

@@ -136,6 +136,13 @@ func (b *Broker) Stop() {
 	b.cmd = nil
 }
 
+// StartAgain starts a stopped broker again on the same port, with what it
+// persisted.
+func (b *Broker) StartAgain() {
+	b.t.Helper()
+	b.start()
+}
+
 // Restart stops the broker and starts it again on the same port.
 func (b *Broker) Restart() {
 	b.t.Helper()
@@ -162,14 +169,23 @@ func (b *Broker) Subscribe(t testing.TB, topic string, qos int, id string) *Sub 
 // SubscribeAs is Subscribe signed in as user with password.
 func (b *Broker) SubscribeAs(t testing.TB, topic string, qos int, id, user, password string) *Sub {
 	t.Helper()
-	args := []string{"-h", "127.0.0.1", "-p", fmt.Sprint(b.Port), "-t", topic, "-q", fmt.Sprint(qos), "-v"}
+	// -d prints the protocol's steps: Subscribe returns once the broker
+	// acknowledged the subscription, so nothing published after is missed.
+	args := []string{"-h", "127.0.0.1", "-p", fmt.Sprint(b.Port), "-t", topic, "-q", fmt.Sprint(qos), "-v", "-d"}
 	if user != "" {
 		args = append(args, "-u", user, "-P", password)
 	}
 	if id != "" {
 		args = append(args, "-i", id, "-c")
 	}
-	s := &Sub{cmd: exec.Command(binary(t, "mosquitto_sub"), args...), done: make(chan struct{})}
+	// stdbuf (coreutils): line-buffered, else the steps wait in stdio's
+	// buffer for a pipe.
+	cmd := exec.Command(binary(t, "mosquitto_sub"), args...)
+	if sb, err := exec.LookPath("stdbuf"); err == nil {
+		cmd = exec.Command(sb, append([]string{"-oL", cmd.Path}, args...)...)
+	}
+	s := &Sub{cmd: cmd, done: make(chan struct{})}
+	subscribed := make(chan struct{})
 	out, err := s.cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -180,15 +196,31 @@ func (b *Broker) SubscribeAs(t testing.TB, topic string, qos int, id, user, pass
 	}
 	go func() {
 		sc := bufio.NewScanner(out)
+		ready := false
 		for sc.Scan() {
+			l := sc.Text()
+			if strings.HasPrefix(l, "Client ") || strings.HasPrefix(l, "Subscribed (mid") {
+				if !ready && strings.HasPrefix(l, "Subscribed (mid") {
+					ready = true
+					close(subscribed)
+				}
+				continue
+			}
 			s.mu.Lock()
-			s.lines = append(s.lines, sc.Text())
+			s.lines = append(s.lines, l)
 			s.mu.Unlock()
 		}
 		_ = s.cmd.Wait()
 		close(s.done)
 	}()
 	t.Cleanup(s.Stop)
+	select {
+	case <-subscribed:
+	case <-s.done:
+		t.Fatalf("mosquitto_sub exited: %q", s.Lines())
+	case <-time.After(10 * time.Second):
+		t.Fatalf("mosquitto_sub did not subscribe within 10s: %q", s.Lines())
+	}
 	return s
 }
 
