@@ -236,7 +236,7 @@ func readWithOtherClient(t *testing.T, endpoint, node string) any {
 		t.Fatal(err)
 	}
 	if resp.Results[0].Status != ua.StatusOK {
-		t.Fatal(fmt.Errorf("reading %s: %v", node, resp.Results[0].Status))
+		t.Fatal(fmt.Errorf("reading %s: %w", node, resp.Results[0].Status))
 	}
 	return resp.Results[0].Value.Value()
 }
