@@ -9,7 +9,7 @@ GO_LDFLAGS := -s -w -X github.com/dowse-dev/dowse/shared/version.version=$(VERSI
 # it links), which no Dowse binary turns on: 2.5 MB less in each mapper.
 GO_TAGS := grpcnotrace
 
-.PHONY: all build images peers helm generate verify-generate test test-unit test-integration test-node node-deps bench demo k8s deps clean
+.PHONY: all build images release peers helm generate verify-generate test test-unit test-integration test-node node-deps bench demo k8s deps clean
 
 all: build
 
@@ -53,6 +53,33 @@ images:
 	@cmds="$$(go list -f '{{if eq .Name "main"}}{{.ImportPath}}{{end}}' ./... | grep '/cmd/dowse-' | grep -v '/test/')"; \
 	  set -x; CGO_ENABLED=0 go build -tags $(GO_TAGS) -trimpath -ldflags="$(GO_LDFLAGS)" -o $(BIN)/static/ $$cmds ./hack/images/dowse-pause && \
 	  go run ./hack/images -out $(BIN)/images -version $(VERSION) $(BIN)/static/dowse-pause $$(for c in $$cmds; do echo $(BIN)/static/$${c##*/}; done)
+
+# A release into bin/release: every image for linux/amd64 and linux/arm64
+# (static cross-compiled binaries; the udev handler's netlink source needs no
+# cgo) as one image index each, in the OCI image layout bin/release/oci,
+# tagged RELEASE_VERSION; images.txt listing them; and the chart packaged
+# with helm, its version, appVersion and so its default image tag the same.
+# Push with `go run ./hack/images push -registry <registry>/<owner>` and
+# `bin/helm push bin/release/dowse-<version>.tgz oci://<registry>/<owner>`.
+# RELEASE_VERSION is SemVer: a tag vX.Y.Z as X.Y.Z, else 0.1.0-dev.<commit>.
+RELEASE_VERSION ?= $(shell hack/release-version.sh)
+RELEASE_PLATFORMS ?= linux/amd64 linux/arm64
+RELEASE_DIR ?= $(BIN)/release
+# Every dowse-* command by default (test/release builds two).
+RELEASE_CMDS ?=
+release: helm
+	@echo "building release $(RELEASE_VERSION) for $(RELEASE_PLATFORMS) into $(RELEASE_DIR)"
+	@rm -rf $(RELEASE_DIR) && mkdir -p $(RELEASE_DIR)
+	@cmds="$(RELEASE_CMDS)"; [ -n "$$cmds" ] || cmds="$$(go list -f '{{if eq .Name "main"}}{{.ImportPath}}{{end}}' ./... | grep '/cmd/dowse-' | grep -v '/test/')"; set -e; \
+	  for p in $(RELEASE_PLATFORMS); do \
+	    echo "  go build for $$p"; \
+	    CGO_ENABLED=0 GOOS=$${p%/*} GOARCH=$${p#*/} go build -tags $(GO_TAGS) -trimpath \
+	      -ldflags="-s -w -X github.com/dowse-dev/dowse/shared/version.version=$(RELEASE_VERSION)" \
+	      -o $(RELEASE_DIR)/bin/$${p%/*}-$${p#*/}/ $$cmds; \
+	  done; \
+	  go run ./hack/images release -out $(RELEASE_DIR) -bindir $(RELEASE_DIR)/bin -version $(RELEASE_VERSION) \
+	    -platforms "$$(echo $(RELEASE_PLATFORMS) | tr ' ' ',')" $$(for c in $$cmds; do echo $${c##*/}; done)
+	$(BIN)/helm package deploy/helm/dowse --version $(RELEASE_VERSION) --app-version $(RELEASE_VERSION) -d $(RELEASE_DIR)
 
 # Regenerates protobuf Go, deepcopy and CRD YAML with the pinned tools, then
 # the chart's crds/ and the manifests under deploy/ rendered from the chart.

@@ -17,7 +17,6 @@ import (
 	eventsclient "k8s.io/client-go/kubernetes/typed/events/v1"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -36,46 +35,50 @@ import (
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	"github.com/dowse-dev/dowse/shared/contain"
 	"github.com/dowse-dev/dowse/shared/events"
+	"github.com/dowse-dev/dowse/shared/kubeflags"
 	"github.com/dowse-dev/dowse/shared/scheme"
 )
 
-// Config is everything the agent needs; main fills it from flags.
+// Config is everything the agent needs; main fills it from flags
+// (AddFlags). Run gives a zero field the default the binary has (see
+// setDefaults), so a test runs the agent the binary runs. Fields whose zero
+// value turns a part off (DevicePluginDir, DRA, Link) keep that meaning;
+// the flags default DevicePluginDir to the kubelet's.
 type Config struct {
-	// Kubeconfig is a kubeconfig path; empty means in-cluster. RESTConfig,
-	// when set, wins (tests use it).
-	Kubeconfig string
+	// Client is the API client's kubeconfig and rate limits (1000 requests
+	// a second, burst 2000: discovery bursts of thousands of devices need
+	// far more than client-go's 5). RESTConfig, when set, wins over the
+	// kubeconfig (tests use it).
+	Client     kubeflags.Client
 	RESTConfig *rest.Config
 	NodeName   string
-	StateDir   string
+	// StateDir holds the registration and handler sockets (/var/lib/dowse).
+	StateDir string
 	// Namespace limits the agent to one namespace; empty watches all.
 	Namespace string
-	// GracePeriod is how long a vanished handler's devices stay.
+	// GracePeriod is how long a vanished handler's devices stay (5m;
+	// negative: none).
 	GracePeriod time.Duration
-	// MaxDevices caps one handler list (0: no cap).
+	// MaxDevices caps one handler list (10,000; negative: no cap).
 	MaxDevices int
-	// WriteConcurrency bounds parallel Instance writes.
+	// WriteConcurrency bounds parallel Instance writes (64).
 	WriteConcurrency int
-	// QPS and Burst are the API client's rate limits. Discovery bursts
-	// (thousands of devices at once) need more than client-go's default 5.
-	QPS   float32
-	Burst int
-	// MetricsAddr and HealthAddr are listen addresses; "0" disables.
-	MetricsAddr, HealthAddr string
-	// PprofAddr serves Go's profiles when set ("0" or empty disables).
-	PprofAddr string
+	// Serving is the metrics (:9743), health (:9744) and profiling (off)
+	// addresses.
+	Serving kubeflags.Serving
 	// DevicePluginDir is the kubelet's device-plugin directory; empty
 	// disables device plugins and CDI specs (the in-process integration
 	// tests run several agents and no kubelet).
 	DevicePluginDir string
-	// CDISpecDir is where the agent writes a CDI spec per Instance;
-	// required with device plugins unless ClassicAllocate.
+	// CDISpecDir is where the agent writes a CDI spec per Instance
+	// (/var/run/cdi).
 	CDISpecDir string
 	// ClassicAllocate makes Allocate answer with env, mounts and device
 	// nodes instead of CDI device names, for runtimes without CDI.
 	ClassicAllocate bool
 	// SlotReclaimGrace is how long a slot this node holds may go unused by
-	// any pod (per the kubelet's pod-resources API) before it is freed; 0
-	// disables the reclaimer.
+	// any pod (per the kubelet's pod-resources API) before it is freed (1m;
+	// negative disables the reclaimer).
 	SlotReclaimGrace time.Duration
 	// PodResourcesSocket is the kubelet's pod-resources API socket the
 	// reclaimer lists pods' devices with (deviceplugin's default when empty).
@@ -103,11 +106,8 @@ func (c *Config) Validate() error {
 	if c.NodeName == "" {
 		errs = append(errs, errors.New("node name is required (--node-name or NODE_NAME)"))
 	}
-	if c.StateDir == "" {
-		errs = append(errs, errors.New("state directory is required (--state-dir or DOWSE_STATE_DIR)"))
-	}
-	if c.GracePeriod < 0 {
-		errs = append(errs, errors.New("grace period must not be negative"))
+	if c.WriteConcurrency < 0 {
+		errs = append(errs, errors.New("write concurrency must not be negative"))
 	}
 	return errors.Join(errs...)
 }
@@ -117,26 +117,14 @@ func Scheme() (*runtime.Scheme, error) { return scheme.New() }
 
 // Run runs the agent until ctx ends.
 func Run(ctx context.Context, cfg Config, log logr.Logger) error {
+	cfg.setDefaults()
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
-	restCfg := cfg.RESTConfig
-	if restCfg == nil {
-		var err error
-		if cfg.Kubeconfig != "" {
-			restCfg, err = clientcmd.BuildConfigFromFlags("", cfg.Kubeconfig)
-		} else {
-			restCfg, err = rest.InClusterConfig()
-		}
-		if err != nil {
-			return fmt.Errorf("loading kubeconfig: %w", err)
-		}
+	restCfg, err := cfg.Client.Load(cfg.RESTConfig, "dowse-agent/"+cfg.NodeName)
+	if err != nil {
+		return err
 	}
-	restCfg = rest.CopyConfig(restCfg)
-	if cfg.QPS != 0 {
-		restCfg.QPS, restCfg.Burst = cfg.QPS, cfg.Burst
-	}
-	restCfg.UserAgent = "dowse-agent/" + cfg.NodeName
 
 	sch, err := scheme.New()
 	if err != nil {
@@ -164,9 +152,9 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 		Scheme:                 sch,
 		Logger:                 log,
 		Cache:                  cacheOpts,
-		Metrics:                metricsserver.Options{BindAddress: orZero(cfg.MetricsAddr)},
-		HealthProbeBindAddress: orZero(cfg.HealthAddr),
-		PprofBindAddress:       orZero(cfg.PprofAddr),
+		Metrics:                metricsserver.Options{BindAddress: cfg.Serving.MetricsAddr},
+		HealthProbeBindAddress: cfg.Serving.HealthAddr,
+		PprofBindAddress:       cfg.Serving.PprofAddr,
 		// One agent per node, each with its own field manager: nothing to elect.
 		LeaderElection: false,
 		Controller:     config.Controller{SkipNameValidation: ptr.To(cfg.SkipNameValidation)},
@@ -200,6 +188,12 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 	}); err != nil {
 		return err
 	}
+	// Instances written before the node label existed are outside the
+	// cache until they have it.
+	if err := mgr.Add(&instances.Labeler{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Node: cfg.NodeName,
+		StateDir: cfg.StateDir, Namespace: cfg.Namespace, Log: log.WithName("labeler")}); err != nil {
+		return err
+	}
 	propCfg := rest.CopyConfig(restCfg)
 	propCfg.ContentType = runtime.ContentTypeProtobuf
 	props, err := kubernetes.NewForConfig(propCfg)
@@ -217,7 +211,7 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 		return err
 	}
 	rec := discovery.NewReconciler(mgr.GetClient(), props, handlers, writer, discovery.Options{
-		NodeName: cfg.NodeName, GracePeriod: cfg.GracePeriod, MaxDevices: cfg.MaxDevices,
+		NodeName: cfg.NodeName, GracePeriod: max(cfg.GracePeriod, 0), MaxDevices: max(cfg.MaxDevices, 0),
 		PropertyMetrics: propertyrefs.NewMetrics(reg), Metrics: discovery.NewMetrics(reg), Recorder: recorder,
 	}, log.WithName("discovery"))
 	if err := rec.SetupWithManager(ctx, mgr); err != nil {
@@ -234,7 +228,7 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 	if cfg.DevicePluginDir != "" {
 		plugins, err := deviceplugin.NewManager(mgr.GetClient(), deviceplugin.Options{
 			NodeName: cfg.NodeName, PluginDir: cfg.DevicePluginDir, CDIDir: cfg.CDISpecDir, CDI: specs, Classic: cfg.ClassicAllocate,
-			ReclaimGrace: cfg.SlotReclaimGrace, ReclaimInterval: cfg.SlotReclaimInterval,
+			ReclaimGrace: max(cfg.SlotReclaimGrace, 0), ReclaimInterval: cfg.SlotReclaimInterval,
 			PodResourcesSocket: cfg.PodResourcesSocket, Metrics: deviceplugin.NewMetrics(reg),
 		}, log.WithName("deviceplugin"))
 		if err != nil {
@@ -268,11 +262,4 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 	}
 	log.Info("starting agent", "node", cfg.NodeName, "stateDir", cfg.StateDir)
 	return mgr.Start(ctx)
-}
-
-func orZero(addr string) string {
-	if addr == "" {
-		return "0"
-	}
-	return addr
 }

@@ -22,8 +22,8 @@ type DRAConfig struct {
 	// writes the CDI specs of its DRA devices (into Config.CDISpecDir) and
 	// serves the kubelet DRA plugin.
 	Enabled bool
-	// RegistrarDir is the kubelet's plugin registration directory (main's
-	// default: dra.DefaultRegistrarDir); empty serves no kubelet plugin
+	// RegistrarDir is the kubelet's plugin registration directory (the
+	// flags' default: dra.DefaultRegistrarDir); empty serves no kubelet plugin
 	// (slices and CDI specs only).
 	RegistrarDir string
 	// PluginDir holds the plugin's socket and the checkpoint of prepared

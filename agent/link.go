@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
@@ -13,7 +14,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 
-	"github.com/dowse-dev/dowse/agent/dmi"
 	"github.com/dowse-dev/dowse/agent/edgecert"
 	"github.com/dowse-dev/dowse/agent/edgehub"
 	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
@@ -90,34 +90,36 @@ func addLink(mgr manager.Manager, cfg Config, reg prometheus.Registerer, log log
 	partReg := contain.Reregistering(reg)
 	edge := &contain.Part{Name: "edgehub", Log: log, Failures: contain.NewFailures(reg, "dowse_agent"), Run: func(ctx context.Context) error {
 		reg := partReg // each run registers its metrics again
-		select {
-		case <-certs.Ready():
-		case <-ctx.Done():
-			return nil
-		}
-		var mappers *dmi.Server // set before the hub starts delivering
+		// The store, and the mapper API on it, serve from the start; the
+		// link waits for the node's credentials (an expired certificate
+		// with the cloud down keeps only the link down: reports wait in
+		// the store). The CA joins the pool before the first dial.
+		roots := x509.NewCertPool()
 		hub, err := edgehub.New(edgehub.Config{
 			Node: cfg.NodeName, Transport: lc.Transport, Server: lc.Server, Servers: lc.Servers,
-			TLS:      pki.ClientTLSConfig(certs.GetClientCertificate, certs.RootCAs(), host),
+			TLS:      pki.ClientTLSConfig(certs.GetClientCertificate, roots, host),
 			StateDir: cfg.StateDir, Heartbeat: lc.Heartbeat,
 			StoreMaxEntries: lc.StoreMaxEntries, StoreMaxBytes: lc.StoreMaxBytes,
 		}, func(ctx context.Context, env *linkv1.Envelope) {
-			// The twin layer consumes these; until then they are kept in the
-			// edge store (Desired, Membership) and noted here.
 			if m := env.GetDeviceMembership(); m != nil {
 				log.Info("device membership from the cloud", "devices", len(m.Devices))
-			}
-			if mappers != nil {
-				mappers.Changed(ctx, env)
 			}
 		}, reg)
 		if err != nil {
 			return err
 		}
 		defer hub.Close()
-		mappers = startMappers(cfg, hub, reg, log)
-		log.Info("starting edgehub", "server", lc.Server, "servers", lc.Servers, "transport", lc.Transport)
-		return runEdge(logr.NewContext(ctx, log), hub, mappers)
+		mappers := startMappers(cfg, hub, reg, log)
+		return runEdge(logr.NewContext(ctx, log), mappers, func(ctx context.Context) error {
+			select {
+			case <-certs.Ready():
+			case <-ctx.Done():
+				return nil
+			}
+			roots.AddCert(certs.CA())
+			log.Info("starting edgehub", "server", lc.Server, "servers", lc.Servers, "transport", lc.Transport)
+			return hub.Start(ctx)
+		})
 	}}
 	if err := mgr.AddReadyzCheck("link", edge.Check); err != nil {
 		return err

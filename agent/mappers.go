@@ -22,13 +22,14 @@ func startMappers(cfg Config, hub *edgehub.EdgeHub, reg prometheus.Registerer, l
 	return srv
 }
 
-// runEdge runs hub, and the mapper API when there is one, until ctx ends.
-// The mapper API serves from the store whether or not the cloud is
-// reachable; it stops before the hub closes the store. Its own failure
-// (the socket cannot be served) is logged and leaves the link up.
-func runEdge(ctx context.Context, hub *edgehub.EdgeHub, mappers *dmi.Server) error {
+// runEdge runs the link (startLink: the hub's Start, once it can dial),
+// and the mapper API when there is one, until ctx ends. The mapper API
+// serves from the store at once, whether or not the link is up; it stops
+// before the link does, so that no report meets a closed store. Its own
+// failure (the socket cannot be served) is logged and leaves the link up.
+func runEdge(ctx context.Context, mappers *dmi.Server, startLink func(context.Context) error) error {
 	if mappers == nil {
-		return hub.Start(ctx)
+		return startLink(ctx)
 	}
 	log := logr.FromContextOrDiscard(ctx)
 	mctx, stopMappers := context.WithCancel(ctx)
@@ -50,7 +51,12 @@ func runEdge(ctx context.Context, hub *edgehub.EdgeHub, mappers *dmi.Server) err
 		<-mdone
 		stopHub()
 	}()
-	err := hub.Start(hctx)
+	err := startLink(hctx)
+	if err == nil && hctx.Err() == nil {
+		// The link gave up without an error (credentials never came, or
+		// were refused): the mapper API goes on until ctx ends.
+		<-hctx.Done()
+	}
 	stopMappers()
 	<-mdone
 	return err

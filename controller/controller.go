@@ -21,7 +21,6 @@ import (
 	"k8s.io/apimachinery/pkg/selection"
 	eventsclient "k8s.io/client-go/kubernetes/typed/events/v1"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -40,27 +39,34 @@ import (
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	"github.com/dowse-dev/dowse/shared/contain"
 	"github.com/dowse-dev/dowse/shared/events"
+	"github.com/dowse-dev/dowse/shared/kubeflags"
 	"github.com/dowse-dev/dowse/shared/scheme"
 )
 
-// Config is everything the controller needs; main fills it from flags.
+// Config is everything the controller needs; main fills it from flags
+// (AddFlags). Run gives a zero field the default the binary has (see
+// setDefaults), so a test runs the controller the binary runs. Switches
+// whose zero value is off (LeaderElection, DRA, AgentServiceAccounts, the
+// link's Hosts, addresses and AgentServiceAccounts) keep that meaning; the
+// flags turn leader election, DRA and the dowse-agent accounts on.
 type Config struct {
-	Kubeconfig string
-	RESTConfig *rest.Config // wins over Kubeconfig when set (tests)
+	// Client is the API client's kubeconfig and rate limits (200 requests
+	// a second, burst 400). RESTConfig, when set, wins over the kubeconfig
+	// (tests use it).
+	Client     kubeflags.Client
+	RESTConfig *rest.Config
 	// LeaderElection makes only one replica act; LeaderElectionNamespace
-	// holds its Lease.
+	// holds its Lease (dowse-system).
 	LeaderElection          bool
 	LeaderElectionNamespace string
 	// NodeGracePeriod is how long a node may be NotReady (or missing)
-	// before it is removed from the Instances that name it.
-	NodeGracePeriod         time.Duration
-	MetricsAddr, HealthAddr string
-	// PprofAddr serves Go's profiles when set ("0" or empty disables).
-	PprofAddr string
-	QPS       float32
-	Burst     int
+	// before it is removed from the Instances that name it (5m).
+	NodeGracePeriod time.Duration
+	// Serving is the metrics (:9745), health (:9746) and profiling (off)
+	// addresses.
+	Serving kubeflags.Serving
 	// Namespace is the controller's own: the link CA and bootstrap tokens
-	// live there.
+	// live there (dowse-system).
 	Namespace string
 	// Link is the cloud end of the cloud/edge link (off when its Hosts is
 	// empty).
@@ -98,26 +104,14 @@ type Config struct {
 
 // Run runs the controller until ctx ends.
 func Run(ctx context.Context, cfg Config, log logr.Logger) error {
-	if cfg.NodeGracePeriod <= 0 {
+	cfg.setDefaults()
+	if cfg.NodeGracePeriod < 0 {
 		return errors.New("node grace period must be positive")
 	}
-	restCfg := cfg.RESTConfig
-	if restCfg == nil {
-		var err error
-		if cfg.Kubeconfig != "" {
-			restCfg, err = clientcmd.BuildConfigFromFlags("", cfg.Kubeconfig)
-		} else {
-			restCfg, err = rest.InClusterConfig()
-		}
-		if err != nil {
-			return fmt.Errorf("loading kubeconfig: %w", err)
-		}
+	restCfg, err := cfg.Client.Load(cfg.RESTConfig, "dowse-controller")
+	if err != nil {
+		return err
 	}
-	restCfg = rest.CopyConfig(restCfg)
-	if cfg.QPS != 0 {
-		restCfg.QPS, restCfg.Burst = cfg.QPS, cfg.Burst
-	}
-	restCfg.UserAgent = "dowse-controller"
 	sch, err := scheme.New()
 	if err != nil {
 		return err
@@ -159,9 +153,9 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 				&rbacv1.RoleBinding{}: {Label: propertyaccess.Managed},
 			},
 		},
-		Metrics:                 metricsserver.Options{BindAddress: orZero(cfg.MetricsAddr)},
-		HealthProbeBindAddress:  orZero(cfg.HealthAddr),
-		PprofBindAddress:        orZero(cfg.PprofAddr),
+		Metrics:                 metricsserver.Options{BindAddress: cfg.Serving.MetricsAddr},
+		HealthProbeBindAddress:  cfg.Serving.HealthAddr,
+		PprofBindAddress:        cfg.Serving.PprofAddr,
 		LeaderElection:          cfg.LeaderElection,
 		LeaderElectionID:        "dowse-controller.dowse.dev",
 		LeaderElectionNamespace: cfg.LeaderElectionNamespace,
@@ -276,13 +270,6 @@ func replicaName(pod string) string {
 	}
 	host, _ := os.Hostname()
 	return fmt.Sprintf("%s-%06x", cmp.Or(host, "dowse-controller"), rand.Uint32()&0xffffff)
-}
-
-func orZero(addr string) string {
-	if addr == "" {
-		return "0"
-	}
-	return addr
 }
 
 // slimNode keeps what the controller reads of a Node: its name, deletion

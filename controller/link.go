@@ -166,7 +166,7 @@ func addLink(ctx context.Context, mgr ctrl.Manager, cfg Config, reg prometheus.R
 	var presence *ownership.Presence
 	twinMetrics := twins.NewMetrics(reg)
 	status := twins.NewStatus(mgr.GetClient(), mgr.GetClient(), committer(func(node string, pos cloudhub.Position) { hub.Commit(node, pos) }),
-		twins.StatusConfig{Interval: lc.TwinStatusInterval, Concurrency: lc.TwinStatusConcurrency}, twinMetrics, log.WithName("twins"))
+		twins.StatusConfig{Interval: lc.TwinStatusInterval, Concurrency: lc.TwinStatusConcurrency, Live: mgr.GetAPIReader()}, twinMetrics, log.WithName("twins"))
 
 	// A node's session is this replica's from the moment it claims the
 	// node's record; when another replica claims it, this one closes its
@@ -219,11 +219,11 @@ func addLink(ctx context.Context, mgr ctrl.Manager, cfg Config, reg prometheus.R
 	if err := members.SetupWithManager(mgr); err != nil {
 		return err
 	}
-	twinSync = twins.NewSync(mgr.GetClient(), hub, status, twinMetrics, log.WithName("twin-sync"))
+	twinSync = twins.NewSync(mgr.GetClient(), mgr.GetAPIReader(), hub, status, twinMetrics, log.WithName("twin-sync"))
 	if err := twinSync.SetupWithManager(mgr); err != nil {
 		return err
 	}
-	if err := twins.NewValidity(mgr.GetClient(), mgr.GetClient(), log.WithName("device-validity")).SetupWithManager(mgr); err != nil {
+	if err := twins.NewValidity(mgr.GetClient(), mgr.GetClient(), mgr.GetAPIReader(), log.WithName("device-validity")).SetupWithManager(mgr); err != nil {
 		return err
 	}
 	if err := mgr.Add(status); err != nil {

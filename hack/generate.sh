@@ -15,7 +15,7 @@ command -v protoc >/dev/null || { echo "protoc missing: run hack/install-deps.sh
 (cd proto && PATH=$TOOLBIN:$PATH protoc -I . \
   --go_out=. --go_opt=paths=source_relative \
   --go-grpc_out=. --go-grpc_opt=paths=source_relative \
-  discovery/v1/discovery.proto discovery/v0/discovery.proto link/v1/link.proto dmi/v1beta1/dmi.proto dmi/v1beta1/dmi_services.proto)
+  discovery/v1/discovery.proto discovery/v0/discovery.proto link/v1/link.proto dmi/v1beta1/dmi.proto dmi/v1beta1/dmi_services.proto mapper/v1/mapper.proto)
 
 "$TOOLBIN/controller-gen" object:headerFile=hack/boilerplate.go.txt paths=./shared/api/...
 "$TOOLBIN/controller-gen" object:headerFile=hack/boilerplate.go.txt paths=./controller/broker/...

@@ -12,6 +12,10 @@ command -v npm >/dev/null || need+=(nodejs npm)
 [ -e /usr/include/libudev.h ] || need+=(libudev-dev)
 [ -x /lib/systemd/systemd-udevd ] || need+=(udev)
 command -v wsdd >/dev/null || need+=(wsdd)
+# pushMethod sinks: Debian's MQTT broker and its clients (mosquitto_sub
+# checks what the mappers publish).
+command -v mosquitto >/dev/null || [ -x /usr/sbin/mosquitto ] || need+=(mosquitto)
+command -v mosquitto_sub >/dev/null || need+=(mosquitto-clients)
 # lighttpd is the reverse proxy that requires HTTP Digest in front of go2rtc
 # (a camera insisting on Digest); promtool (Debian's prometheus) checks the
 # chart's alerting rules.

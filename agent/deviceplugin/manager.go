@@ -68,7 +68,7 @@ type Manager struct {
 	claimer slotClaimer
 	slots   *slots.Claimer
 	cdi     *cdi.Writer
-	watcher *KubeletWatcher
+	host    *Host
 	log     logr.Logger
 	// synced waits for the Instance cache (nil: the stale-spec sweep is
 	// skipped, as in unit tests).
@@ -88,14 +88,8 @@ type Manager struct {
 }
 
 type running struct {
-	svc    *service
-	cancel context.CancelFunc
-	done   chan struct{}
-}
-
-func (r *running) stop() {
-	r.cancel()
-	<-r.done
+	svc  *service
+	stop func()
 }
 
 type instancePlugin struct {
@@ -136,12 +130,13 @@ func NewManager(c client.Client, opts Options, log logr.Logger) (*Manager, error
 	}
 	m := &Manager{
 		opts: opts, client: c,
-		watcher: NewKubeletWatcher(opts.PluginDir, log.WithName("kubelet-watch")), log: log,
+		host: NewHost(opts.PluginDir, log.WithName("plugins")), log: log,
 		started:   make(chan struct{}),
 		instances: map[types.NamespacedName]*instancePlugin{},
 		configs:   map[types.NamespacedName]*configPlugin{},
 		legacy:    map[string]*legacyPlugin{},
 	}
+	m.host.OnRegistered = opts.Metrics.registered
 	m.slots = slots.NewClaimer(c, opts.NodeName)
 	m.claimer = m.slots
 	if opts.CDI != nil {
@@ -214,7 +209,7 @@ func (m *Manager) Start(ctx context.Context) error {
 			}
 		})
 	}
-	err := m.watcher.Start(ctx)
+	err := m.host.Start(ctx)
 	m.wg.Wait()
 	return err
 }
@@ -483,29 +478,14 @@ func (m *Manager) remove(key types.NamespacedName, log logr.Logger) {
 }
 
 func (m *Manager) startPlugin(resource string, svc *service, log logr.Logger) *running {
-	ctx, cancel := context.WithCancel(m.ctx)
-	stopped := make(chan struct{})
-	svc.stopped = stopped
-	svc.changed = newChanges()
-	r := &running{svc: svc, cancel: cancel, done: make(chan struct{})}
-	p := &Plugin{
-		ResourceName: resource, Dir: m.opts.PluginDir,
-		// Unique per agent and resource, so several agents (tests) never
-		// collide, and short: a resource name of 63 characters in the
-		// socket path would pass the 108-byte limit of unix sockets.
-		Endpoint: SocketName(m.opts.NodeName, resource),
-		Service:  svc, Watcher: m.watcher, Log: log,
-		OnRegistered: m.opts.Metrics.registered,
-	}
+	// The socket's name is unique per agent and resource, so several
+	// agents (tests) never collide, and short: a resource name of 63
+	// characters in the socket path would pass the 108-byte limit of unix
+	// sockets.
+	stop := m.host.Add(resource, SocketName(m.opts.NodeName, resource), svc)
 	m.opts.Metrics.pluginsRunning(1)
-	m.wg.Add(1)
-	go func() {
-		defer m.wg.Done()
-		defer close(r.done)
-		_ = p.Start(ctx)
-		close(stopped)
-	}()
-	return r
+	log.V(1).Info("device plugin served", "resource", resource)
+	return &running{svc: svc, stop: stop}
 }
 
 // SocketName is the file name, in the device-plugin directory, of the
@@ -546,21 +526,20 @@ func (m *Manager) instance(key types.NamespacedName) *v1alpha1.Instance {
 }
 
 func (m *Manager) instanceService(key types.NamespacedName, resource string) *service {
-	return &service{
-		devices: func() []*dp.Device {
+	return newService(
+		func() []*dp.Device {
 			if inst := m.instance(key); inst != nil {
 				return devicesOf(inst, m.opts.NodeName, resource)
 			}
 			return nil
 		},
-		allocate: func(ctx context.Context, ids []string) (*dp.ContainerAllocateResponse, error) {
+		func(ctx context.Context, ids []string) (*dp.ContainerAllocateResponse, error) {
 			inst := m.instance(key)
 			if inst == nil {
 				return nil, fmt.Errorf("instance %s is no longer on this node", key)
 			}
 			return m.allocate(ctx, resource, map[*v1alpha1.Instance][]string{inst: ids})
-		},
-	}
+		})
 }
 
 func (m *Manager) configService(ckey types.NamespacedName, resource string) *service {
@@ -579,15 +558,15 @@ func (m *Manager) configService(ckey types.NamespacedName, resource string) *ser
 		}
 		return out
 	}
-	return &service{
-		devices: func() []*dp.Device {
+	return newService(
+		func() []*dp.Device {
 			var out []*dp.Device
 			for _, inst := range members() {
 				out = append(out, devicesOf(inst, m.opts.NodeName, resource)...)
 			}
 			return out
 		},
-		allocate: func(ctx context.Context, ids []string) (*dp.ContainerAllocateResponse, error) {
+		func(ctx context.Context, ids []string) (*dp.ContainerAllocateResponse, error) {
 			byHash := map[string]*v1alpha1.Instance{}
 			for _, inst := range members() {
 				byHash[v1alpha1.InstanceHash(inst.Name)] = inst
@@ -602,8 +581,7 @@ func (m *Manager) configService(ckey types.NamespacedName, resource string) *ser
 				want[inst] = append(want[inst], id)
 			}
 			return m.allocate(ctx, resource, want)
-		},
-	}
+		})
 }
 
 // legacyService serves a legacy resource: the slots its members hold
@@ -630,8 +608,8 @@ func (m *Manager) legacyService(resource string) *service {
 		}
 		return out
 	}
-	return &service{
-		devices: func() []*dp.Device {
+	return newService(
+		func() []*dp.Device {
 			h := held()
 			out := make([]*dp.Device, 0, len(h))
 			for _, id := range slices.Sorted(maps.Keys(h)) {
@@ -639,7 +617,7 @@ func (m *Manager) legacyService(resource string) *service {
 			}
 			return out
 		},
-		allocate: func(ctx context.Context, ids []string) (*dp.ContainerAllocateResponse, error) {
+		func(ctx context.Context, ids []string) (*dp.ContainerAllocateResponse, error) {
 			h := held()
 			want := map[*v1alpha1.Instance][]string{}
 			for _, id := range ids {
@@ -650,8 +628,7 @@ func (m *Manager) legacyService(resource string) *service {
 				want[inst] = append(want[inst], id)
 			}
 			return m.allocate(ctx, resource, want)
-		},
-	}
+		})
 }
 
 // allocate claims the slots and answers with CDI device names, or, in

@@ -3,11 +3,13 @@ package deviceplugin
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -254,16 +256,13 @@ func TestPluginRegistersAgainAfterKubeletRestart(t *testing.T) {
 	dir := t.TempDir()
 	regs := make(chan *dp.RegisterRequest, 16)
 	k := startKubelet(t, dir, regs)
-	w := NewKubeletWatcher(dir, testr.New(t))
+	h := NewHost(dir, testr.New(t))
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	go func() { _ = w.Start(ctx) }()
-	time.Sleep(100 * time.Millisecond) // the watch is set up
-	p := &Plugin{ResourceName: "dowse.dev/x", Dir: dir, Endpoint: "x.sock", Service: &service{
-		devices: func() []*dp.Device { return nil }, changed: newChanges(), stopped: ctx.Done(),
-	}, Watcher: w, Log: testr.New(t)}
 	done := make(chan error, 1)
-	go func() { done <- p.Start(ctx) }()
+	go func() { done <- h.Start(ctx) }()
+	time.Sleep(100 * time.Millisecond) // the watch is set up
+	h.Add("dowse.dev/x", "x.sock", newService(func() []*dp.Device { return nil }, nil))
 	waitReg(t, regs, 5*time.Second)
 
 	// A restarting kubelet removes every plugin socket, then makes its own.
@@ -312,6 +311,55 @@ func TestPluginRegistersAgainAfterKubeletRestart(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, "x.sock")); !os.IsNotExist(err) {
 		t.Fatalf("socket left after stop: %v", err)
 	}
+}
+
+// TestHostWithoutKubeletBacksOff: with no kubelet listening, the plugins'
+// registrations are retried together with backoff, not each every second;
+// the kubelet's arrival registers them all at once.
+func TestHostWithoutKubeletBacksOff(t *testing.T) {
+	dir := t.TempDir()
+	h := NewHost(dir, testr.New(t))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- h.Start(ctx) }()
+	time.Sleep(100 * time.Millisecond)
+	for i := range 50 {
+		h.Add(fmt.Sprintf("dowse.dev/x%d", i), fmt.Sprintf("x%d.sock", i), newService(func() []*dp.Device { return nil }, nil))
+	}
+	// A kubelet socket that drops every connection counts the attempts.
+	l, err := net.Listen("unix", filepath.Join(dir, "kubelet.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var attempts atomic.Int64
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			attempts.Add(1)
+			_ = c.Close()
+		}
+	}()
+	time.Sleep(4 * time.Second)
+	_ = l.Close()
+	_ = os.Remove(filepath.Join(dir, "kubelet.sock"))
+	// One attempt per plugin per second was 200 here.
+	if n := attempts.Load(); n > 40 {
+		t.Fatalf("%d registration attempts of 50 plugins in 4 s without a kubelet", n)
+	} else {
+		t.Logf("%d registration attempts of 50 plugins in 4 s without a kubelet", n)
+	}
+	regs := make(chan *dp.RegisterRequest, 64)
+	startKubelet(t, dir, regs)
+	got := map[string]bool{}
+	for len(got) < 50 {
+		got[waitReg(t, regs, 10*time.Second).ResourceName] = true
+	}
+	cancel()
+	<-done
 }
 
 // testInstance is an Instance with properties, a mount and a device node.

@@ -39,9 +39,14 @@ type service struct {
 	devices  func() []*dp.Device
 	allocate func(ctx context.Context, ids []string) (*dp.ContainerAllocateResponse, error)
 	changed  *changes
-	// stopped ends every ListAndWatch when the plugin goes away, so the
-	// kubelet sees the stream end and marks the resource gone.
-	stopped <-chan struct{}
+	// stop, closed when the plugin goes away, ends every ListAndWatch, so
+	// that the kubelet sees the stream end and marks the resource gone.
+	stop chan struct{}
+}
+
+// newService makes a service of devices and allocate.
+func newService(devices func() []*dp.Device, allocate func(ctx context.Context, ids []string) (*dp.ContainerAllocateResponse, error)) *service {
+	return &service{devices: devices, allocate: allocate, changed: newChanges(), stop: make(chan struct{})}
 }
 
 func (s *service) GetDevicePluginOptions(context.Context, *dp.Empty) (*dp.DevicePluginOptions, error) {
@@ -58,7 +63,7 @@ func (s *service) ListAndWatch(_ *dp.Empty, stream grpc.ServerStreamingServer[dp
 		}
 		select {
 		case <-next:
-		case <-s.stopped:
+		case <-s.stop:
 			return nil
 		case <-stream.Context().Done():
 			return nil

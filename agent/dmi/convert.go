@@ -2,6 +2,7 @@ package dmi
 
 import (
 	"fmt"
+	"maps"
 	"math"
 
 	"google.golang.org/protobuf/proto"
@@ -96,6 +97,7 @@ func toDMIDevice(d *linkv1.EdgeDevice) *dmiv1beta1.Device {
 			ReportCycle:   p.GetReportCycleMs(),
 			CollectCycle:  p.GetCollectCycleMs(),
 			ReportToCloud: p.GetReportToCloud(),
+			PushMethod:    dmiPushMethod(p.GetPushMethod()),
 		})
 	}
 	for _, m := range d.GetMethods() {
@@ -105,6 +107,65 @@ func toDMIDevice(d *linkv1.EdgeDevice) *dmiv1beta1.Device {
 		Name: d.GetRef().GetName(), Namespace: d.GetRef().GetNamespace(), Spec: spec,
 		Status: &dmiv1beta1.DeviceStatus{ReportToCloud: true},
 	}
+}
+
+// dmiPushMethod is a property's pushMethod as edgecore hands it to
+// mappers: KubeEdge's Device fields copied onto DMI's by name, each
+// message set exactly when the Device sets it (mapper-framework tells an
+// absent one from an empty one). The Secret's name stays on the node: DMI
+// has no field for it, and Dowse's mappers read the credentials where
+// their Pod mounts it.
+func dmiPushMethod(pm *linkv1.PushMethod) *dmiv1beta1.PushMethod {
+	if pm == nil {
+		return nil
+	}
+	out := &dmiv1beta1.PushMethod{}
+	if h := pm.GetHttp(); h != nil {
+		out.Http = &dmiv1beta1.PushMethodHTTP{Hostname: h.GetHostName(), Port: h.GetPort(), Requestpath: h.GetRequestPath(), Timeout: h.GetTimeout()}
+	}
+	if m := pm.GetMqtt(); m != nil {
+		out.Mqtt = &dmiv1beta1.PushMethodMQTT{Address: m.GetAddress(), Topic: m.GetTopic(), Qos: m.GetQos(), Retained: m.GetRetained()}
+	}
+	if o := pm.GetOtel(); o != nil {
+		out.Otel = &dmiv1beta1.PushMethodOTEL{EndpointURL: o.GetEndpointUrl()}
+	}
+	db := pm.GetDbMethod()
+	if db == nil {
+		return out
+	}
+	out.DbMethod = &dmiv1beta1.DBMethod{}
+	if x := db.GetInfluxdb2(); x != nil {
+		e := &dmiv1beta1.DBMethodInfluxdb2{}
+		if c := x.GetClientConfig(); c != nil {
+			e.Influxdb2ClientConfig = &dmiv1beta1.Influxdb2ClientConfig{Url: c.GetUrl(), Org: c.GetOrg(), Bucket: c.GetBucket()}
+		}
+		if c := x.GetDataConfig(); c != nil {
+			e.Influxdb2DataConfig = &dmiv1beta1.Influxdb2DataConfig{Measurement: c.GetMeasurement(), Tag: maps.Clone(c.GetTag()), FieldKey: c.GetFieldKey()}
+		}
+		out.DbMethod.Influxdb2 = e
+	}
+	if x := db.GetRedis(); x != nil {
+		e := &dmiv1beta1.DBMethodRedis{}
+		if c := x.GetClientConfig(); c != nil {
+			e.RedisClientConfig = &dmiv1beta1.RedisClientConfig{Addr: c.GetAddr(), Db: c.GetDb(), Poolsize: c.GetPoolsize(), MinIdleConns: c.GetMinIdleConns()}
+		}
+		out.DbMethod.Redis = e
+	}
+	if x := db.GetTdengine(); x != nil {
+		e := &dmiv1beta1.DBMethodTDEngine{}
+		if c := x.GetClientConfig(); c != nil {
+			e.TdEngineClientConfig = &dmiv1beta1.TDEngineClientConfig{Addr: c.GetAddr(), Dbname: c.GetDbName()}
+		}
+		out.DbMethod.Tdengine = e
+	}
+	if x := db.GetMysql(); x != nil {
+		e := &dmiv1beta1.DBMethodMySQL{}
+		if c := x.GetClientConfig(); c != nil {
+			e.MysqlClientConfig = &dmiv1beta1.MySQLClientConfig{Addr: c.GetAddr(), Database: c.GetDatabase(), UserName: c.GetUserName()}
+		}
+		out.DbMethod.Mysql = e
+	}
+	return out
 }
 
 func toDMIModel(m *linkv1.EdgeDeviceModel) *dmiv1beta1.DeviceModel {

@@ -26,15 +26,16 @@ const (
 	reasonRateLimited     = "rate-limited"
 	reasonStore           = "store"
 	reasonNotYours        = "not-its-device"
+	reasonBadCondition    = "bad-condition"
 )
 
 // NewMetrics registers the metrics with reg (nil: unregistered).
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		received: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "dowse", Subsystem: "dmi", Name: "reports_received_total",
-			Help: "Reports mappers sent (kind twin: one per property value; kind state: one per device state), refused ones included."}, []string{"kind"}),
+			Help: "Reports mappers sent (kind twin: one per property value; kind state: one per device state; kind condition: one per device condition), refused ones included."}, []string{"kind"}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "dowse", Subsystem: "dmi", Name: "reports_refused_total",
-			Help: "Reports refused, by reason (unknown-device, unknown-property, bad-value, bad-state, empty, rate-limited, store, not-its-device)."}, []string{"kind", "reason"}),
+			Help: "Reports refused, by reason (unknown-device, unknown-property, bad-value, bad-state, empty, rate-limited, store, not-its-device, bad-condition)."}, []string{"kind", "reason"}),
 		calls: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "dowse", Subsystem: "dmi", Name: "mapper_calls_total",
 			Help: "Calls the agent made to mappers' DeviceMapperService, by method and result (ok, error)."}, []string{"method", "result"}),
 		latency: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "dowse", Subsystem: "dmi", Name: "desired_to_mapper_seconds",
@@ -43,7 +44,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		connected: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "dowse", Subsystem: "dmi", Name: "mappers_connected",
 			Help: "Registered mappers whose last call from the agent succeeded (or that have not been called yet)."}),
 	}
-	for _, k := range []string{"twin", "state"} {
+	for _, k := range []string{"twin", "state", "condition"} {
 		m.received.WithLabelValues(k)
 	}
 	if reg != nil {

@@ -42,9 +42,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -52,6 +54,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"golang.org/x/time/rate"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/reflection"
@@ -60,18 +63,27 @@ import (
 
 	dmiv1beta1 "github.com/dowse-dev/dowse/proto/dmi/v1beta1"
 	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
+	mapperv1 "github.com/dowse-dev/dowse/proto/mapper/v1"
+	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	"github.com/dowse-dev/dowse/shared/twinvalue"
 )
 
 // Edge is what the mapper API needs of the edge store and link;
-// *edgehub.EdgeHub is one. Report and ReportState return once the report
+// *edgehub.EdgeHub is one. It works whether or not the link is up: reports
+// wait in the store for it. Report and ReportState return once the report
 // is stored (it then reaches the cloud however long the link is down).
 type Edge interface {
 	Devices() ([]*linkv1.EdgeDevice, error)
 	Models() ([]*linkv1.EdgeDeviceModel, error)
 	// ReportMany stores a request's values in one transaction.
 	ReportMany(reports []*linkv1.TwinReportedUpdate) error
+	// ReportCondition stores a condition of a Device (the newest of a type
+	// replaces an unsent older one).
+	ReportCondition(c *linkv1.DeviceCondition) (uint64, error)
 	ReportState(device *linkv1.DeviceRef, state, mapper string, at time.Time) (uint64, error)
+	// Subscribe tells f of each message from the cloud once the store
+	// has applied it; the returned function ends that.
+	Subscribe(f func(ctx context.Context, env *linkv1.Envelope)) (unsubscribe func())
 }
 
 // Config configures a Server. Zero values take the defaults noted.
@@ -127,11 +139,22 @@ type Server struct {
 	pending  map[string]time.Time // device -> when its update reached the edge
 	limiters map[string]*rate.Limiter
 	unserved map[string]bool // Devices told to the cloud as served by no mapper
+	refused  map[string]*refusals
+	condMu   sync.Mutex      // orders the condition messages of noteRefusals
 	runCtx   context.Context // set by Start
 	wg       sync.WaitGroup
+	unsub    func()
 }
 
-// New builds a Server on edge and restores the mappers remembered in
+// refusals are the properties of one Device whose latest report was
+// refused (property -> why), and whether the cloud was told since start.
+type refusals struct {
+	props map[string]string
+	told  bool
+}
+
+// New builds a Server on edge, follows the edge store's changes from then
+// on (edge.Subscribe), and restores the mappers remembered in
 // cfg.StateDir. metrics may be nil.
 func New(cfg Config, edge Edge, metrics *Metrics) (*Server, error) {
 	if cfg.StateDir == "" || edge == nil {
@@ -162,18 +185,28 @@ func New(cfg Config, edge Edge, metrics *Metrics) (*Server, error) {
 		cfg.Now = time.Now
 	}
 	s := &Server{cfg: cfg, edge: edge, metrics: metrics, mappers: map[string]*mapper{},
-		pending: map[string]time.Time{}, limiters: map[string]*rate.Limiter{}, unserved: map[string]bool{}}
-	if err := s.load(); err != nil {
+		pending: map[string]time.Time{}, limiters: map[string]*rate.Limiter{}, unserved: map[string]bool{}, refused: map[string]*refusals{}}
+	// Subscribed before the store is read, under mu: a change applied
+	// meanwhile waits for the load and is applied over it (changes are
+	// whole objects, so applying one again is harmless).
+	s.mu.Lock()
+	s.unsub = edge.Subscribe(s.Changed)
+	err := s.load()
+	s.mu.Unlock()
+	if err != nil {
+		s.unsub()
 		return nil, err
 	}
 	infos, err := s.readMappers()
 	if err != nil {
+		s.unsub()
 		return nil, err
 	}
 	for _, sm := range infos {
 		info := &dmiv1beta1.MapperInfo{Name: sm.Name, Version: sm.Version, ApiVersion: sm.APIVersion, Protocol: sm.Protocol, Address: []byte(sm.Address)}
 		m, err := s.newMapper(info)
 		if err != nil {
+			s.unsub()
 			return nil, err
 		}
 		m.restored = true
@@ -215,10 +248,11 @@ func (s *Server) load() error {
 	return nil
 }
 
-// Changed tells the server that the edge store took a message from the
-// cloud; device and model messages are applied to its copy of the node's
-// Devices and models as the store applied them, and kick the mappers'
-// workers. Safe before Start; it does not block on mappers.
+// Changed is told (edge.Subscribe) that the edge store took a message
+// from the cloud; device and model messages are applied to the server's
+// copy of the node's Devices and models as the store applied them, and
+// kick the mappers' workers. Safe before Start; it does not block on
+// mappers.
 func (s *Server) Changed(ctx context.Context, env *linkv1.Envelope) {
 	s.mu.Lock()
 	switch k := env.GetKind().(type) {
@@ -226,14 +260,22 @@ func (s *Server) Changed(ctx context.Context, env *linkv1.Envelope) {
 		d := k.DeviceUpdate.GetDevice()
 		key := refKey(d.GetRef())
 		s.devices[key] = d
+		delete(s.refused, key) // judged afresh against the new spec
 		if _, ok := s.pending[key]; !ok {
 			s.pending[key] = s.cfg.Now()
 		}
 	case *linkv1.Envelope_DeviceRemoval:
 		delete(s.devices, refKey(k.DeviceRemoval.GetDevice()))
 		delete(s.pending, refKey(k.DeviceRemoval.GetDevice()))
+		delete(s.refused, refKey(k.DeviceRemoval.GetDevice()))
 	case *linkv1.Envelope_ModelUpdate:
-		s.models[refKey(k.ModelUpdate.GetModel().GetRef())] = k.ModelUpdate.GetModel()
+		mk := refKey(k.ModelUpdate.GetModel().GetRef())
+		s.models[mk] = k.ModelUpdate.GetModel()
+		for key, d := range s.devices {
+			if modelKey(d) == mk {
+				delete(s.refused, key)
+			}
+		}
 	case *linkv1.Envelope_ModelRemoval:
 		delete(s.models, refKey(k.ModelRemoval.GetModel()))
 	case *linkv1.Envelope_DeviceInventory:
@@ -245,6 +287,7 @@ func (s *Server) Changed(ctx context.Context, env *linkv1.Envelope) {
 			if !keep[key] {
 				delete(s.devices, key)
 				delete(s.pending, key)
+				delete(s.refused, key)
 			}
 		}
 		keep = map[string]bool{}
@@ -275,9 +318,11 @@ func (s *Server) kickAll() {
 	}
 }
 
-// Start serves the mapper API until ctx ends, then stops the workers and
-// removes the socket. It fails only when the socket cannot be served.
+// Start serves the mapper API until ctx ends, then stops the workers,
+// removes the socket and stops following the edge store. It fails only
+// when the socket cannot be served.
 func (s *Server) Start(ctx context.Context) error {
+	defer s.unsub()
 	log := logr.FromContextOrDiscard(ctx).WithName("dmi")
 	ctx = logr.NewContext(ctx, log)
 	sock := s.cfg.SocketPath
@@ -298,6 +343,7 @@ func (s *Server) Start(ctx context.Context) error {
 	}
 	gs := grpc.NewServer(grpc.Creds(peerCreds{}))
 	dmiv1beta1.RegisterDeviceManagerServiceServer(gs, s)
+	mapperv1.RegisterDeviceConditionsServer(gs, conditions{s: s})
 	reflection.Register(gs) // as edgecore does: grpcurl -unix <socket> list
 
 	s.mu.Lock()
@@ -442,6 +488,14 @@ func (s *Server) MapperRegister(ctx context.Context, req *dmiv1beta1.MapperRegis
 	for _, o := range s.mappers {
 		o.poke() // assignments may have moved
 	}
+	// A mapper registering again may have been fixed: its Devices' refused
+	// properties are judged afresh.
+	asked := s.askedLocked()
+	for key, d := range s.devices {
+		if owner, ok := s.ownerLocked(d, asked); ok && owner == info.GetName() {
+			delete(s.refused, key)
+		}
+	}
 	s.startLocked(m)
 	s.updateConnectedLocked()
 	s.mu.Unlock()
@@ -463,11 +517,15 @@ func (s *Server) MapperRegister(ctx context.Context, req *dmiv1beta1.MapperRegis
 	return resp, nil
 }
 
-// ReportDeviceStatus takes property values a mapper read. The request is
-// taken whole or refused whole: a device not assigned to this node, a
-// property its model lacks, or a reported (or observed desired) value that
-// does not parse as the property's type is refused with InvalidArgument
-// naming each problem.
+// ReportDeviceStatus takes property values a mapper read. A device not
+// assigned to this node, or another process's mapper's, refuses the whole
+// request. Otherwise each twin stands alone: one whose property the model
+// lacks, or whose reported (or observed desired) value does not parse as
+// the property's type, is refused and counted, the others are stored, and
+// the answer is InvalidArgument naming each refused twin (a BadRequest
+// detail per twin) and saying how many were taken. mapper-framework logs
+// such an answer and goes on, as with edgecore's. The Device's
+// ReportsAccepted condition names the properties refused.
 func (s *Server) ReportDeviceStatus(ctx context.Context, req *dmiv1beta1.ReportDeviceStatusRequest) (*dmiv1beta1.ReportDeviceStatusResponse, error) {
 	twins := req.GetReportedDevice().GetTwins()
 	s.metrics.receive("twin", max(len(twins), 1))
@@ -491,52 +549,126 @@ func (s *Server) ReportDeviceStatus(ctx context.Context, req *dmiv1beta1.ReportD
 		metadata map[string]string
 	}
 	items := make([]item, 0, len(twins))
-	var problems []string
-	for _, t := range twins {
-		p := modelProperty(model, t.GetPropertyName())
+	refused := map[string]string{} // property -> why
+	var violations []*errdetails.BadRequest_FieldViolation
+	refuse := func(i int, prop, reason, why string) {
+		s.metrics.refuse("twin", reason, 1)
+		refused[prop] = why
+		violations = append(violations, &errdetails.BadRequest_FieldViolation{Field: fmt.Sprintf("reportedDevice.twins[%d]", i), Description: fmt.Sprintf("property %q: %s", prop, why)})
+	}
+	for i, t := range twins {
+		prop := t.GetPropertyName()
+		p := modelProperty(model, prop)
 		if p == nil {
-			s.metrics.refuse("twin", reasonUnknownProperty, 1)
-			problems = append(problems, fmt.Sprintf("property %q: model %s has no such property", t.GetPropertyName(), refKey(model.GetRef())))
+			refuse(i, prop, reasonUnknownProperty, fmt.Sprintf("model %s has no such property", refKey(model.GetRef())))
 			continue
 		}
 		if t.GetReported() == nil {
-			s.metrics.refuse("twin", reasonEmpty, 1)
-			problems = append(problems, fmt.Sprintf("property %q: no reported value", t.GetPropertyName()))
+			refuse(i, prop, reasonEmpty, "no reported value")
 			continue
 		}
 		v, err := parseValue(p.GetType(), t.GetReported().GetValue())
 		if err != nil {
-			s.metrics.refuse("twin", reasonBadValue, 1)
-			problems = append(problems, fmt.Sprintf("property %q: reported value %v", t.GetPropertyName(), err))
+			refuse(i, prop, reasonBadValue, fmt.Sprintf("reported value %v", err))
 			continue
 		}
 		var od *linkv1.Value
 		if ov := t.GetObservedDesired().GetValue(); ov != "" {
 			if od, err = parseValue(p.GetType(), ov); err != nil {
-				s.metrics.refuse("twin", reasonBadValue, 1)
-				problems = append(problems, fmt.Sprintf("property %q: observed desired value %v", t.GetPropertyName(), err))
+				refuse(i, prop, reasonBadValue, fmt.Sprintf("observed desired value %v", err))
 				continue
 			}
 		}
-		items = append(items, item{prop: t.GetPropertyName(), v: v, od: od, at: s.reportTime(t.GetReported().GetMetadata()), metadata: t.GetReported().GetMetadata()})
+		items = append(items, item{prop: prop, v: v, od: od, at: s.reportTime(t.GetReported().GetMetadata()), metadata: t.GetReported().GetMetadata()})
 	}
-	if len(problems) > 0 {
-		return nil, status.Errorf(codes.InvalidArgument, "report for device %s refused: %s", refKey(d.GetRef()), strings.Join(problems, "; "))
+	if len(items) > 0 {
+		if !s.allow(owner, len(items)) {
+			s.metrics.refuse("twin", reasonRateLimited, len(items))
+			return nil, status.Errorf(codes.ResourceExhausted, "reports for the devices of mapper %q exceed %g a second", owner, s.cfg.ReportRate)
+		}
+		reports := make([]*linkv1.TwinReportedUpdate, len(items))
+		for i, it := range items {
+			reports[i] = &linkv1.TwinReportedUpdate{Device: d.GetRef(), Property: it.prop, Value: it.v, Time: timestamppb.New(it.at),
+				Metadata: it.metadata, ObservedDesired: it.od}
+		}
+		if err := s.edge.ReportMany(reports); err != nil {
+			s.metrics.refuse("twin", reasonStore, len(items))
+			return nil, status.Errorf(codes.Unavailable, "edge store: %v", err)
+		}
 	}
-	if !s.allow(owner, len(items)) {
-		s.metrics.refuse("twin", reasonRateLimited, len(items))
-		return nil, status.Errorf(codes.ResourceExhausted, "reports for the devices of mapper %q exceed %g a second", owner, s.cfg.ReportRate)
-	}
-	reports := make([]*linkv1.TwinReportedUpdate, len(items))
+	taken := make([]string, len(items))
 	for i, it := range items {
-		reports[i] = &linkv1.TwinReportedUpdate{Device: d.GetRef(), Property: it.prop, Value: it.v, Time: timestamppb.New(it.at),
-			Metadata: it.metadata, ObservedDesired: it.od}
+		taken[i] = it.prop
 	}
-	if err := s.edge.ReportMany(reports); err != nil {
-		s.metrics.refuse("twin", reasonStore, len(items))
-		return nil, status.Errorf(codes.Unavailable, "edge store: %v", err)
+	s.noteRefusals(ctx, d, owner, taken, refused)
+	if len(violations) == 0 {
+		return &dmiv1beta1.ReportDeviceStatusResponse{}, nil
 	}
-	return &dmiv1beta1.ReportDeviceStatusResponse{}, nil
+	// One answer for the whole call (DMI's response carries nothing):
+	// InvalidArgument, which no mapper retries, saying what was taken, with
+	// a BadRequest detail per refused twin.
+	descs := make([]string, len(violations))
+	for i, v := range violations {
+		descs[i] = v.Description
+	}
+	st := status.Newf(codes.InvalidArgument, "report for device %s: %d of %d twins refused (%s); the other %d taken",
+		refKey(d.GetRef()), len(violations), len(twins), strings.Join(descs, "; "), len(items))
+	if wd, err := st.WithDetails(&errdetails.BadRequest{FieldViolations: violations}); err == nil {
+		st = wd
+	}
+	return nil, st.Err()
+}
+
+// noteRefusals keeps, per Device, the properties whose latest report was
+// refused, and tells the cloud (the Device's ReportsAccepted condition)
+// when that set changes, and at the first report after the agent starts or
+// after the Device, its model or its mapper's registration changed (each
+// forgets what was refused: a fix is judged by the next reports).
+func (s *Server) noteRefusals(ctx context.Context, d *linkv1.EdgeDevice, mapperName string, taken []string, refused map[string]string) {
+	key := refKey(d.GetRef())
+	s.condMu.Lock()
+	defer s.condMu.Unlock()
+	s.mu.Lock()
+	rs := s.refused[key]
+	if rs == nil {
+		rs = &refusals{props: map[string]string{}}
+		s.refused[key] = rs
+	}
+	changed := !rs.told
+	for _, p := range taken {
+		if _, ok := rs.props[p]; ok {
+			delete(rs.props, p)
+			changed = true
+		}
+	}
+	for p, why := range refused {
+		if rs.props[p] != why {
+			rs.props[p] = why
+			changed = true
+		}
+	}
+	if !changed {
+		s.mu.Unlock()
+		return
+	}
+	c := &linkv1.DeviceCondition{Device: d.GetRef(), Type: v1alpha1.ConditionReportsAccepted, Status: len(rs.props) == 0,
+		Reason: "Accepted", Message: "the latest report of every property was taken", Time: timestamppb.New(s.cfg.Now()), Mapper: mapperName}
+	if len(rs.props) > 0 {
+		props := slices.Sorted(maps.Keys(rs.props))
+		msgs := make([]string, len(props))
+		for i, p := range props {
+			msgs[i] = fmt.Sprintf("property %q: %s", p, rs.props[p])
+		}
+		c.Reason, c.Message = "TwinRefused", "refused by node "+s.cfg.Node+": "+strings.Join(msgs, "; ")
+	}
+	rs.told = true
+	s.mu.Unlock()
+	if _, err := s.edge.ReportCondition(c); err != nil {
+		logr.FromContextOrDiscard(ctx).Error(err, "cannot store the device's ReportsAccepted condition; it is sent with the next change", "device", key)
+		s.mu.Lock()
+		rs.told = false
+		s.mu.Unlock()
+	}
 }
 
 // ReportDeviceStates takes a device's state (one of twinvalue.States).

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -23,17 +24,19 @@ import (
 
 	dmiv1beta1 "github.com/dowse-dev/dowse/proto/dmi/v1beta1"
 	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
+	mapperv1 "github.com/dowse-dev/dowse/proto/mapper/v1"
 	"github.com/dowse-dev/dowse/shared/twinvalue"
 	"github.com/dowse-dev/dowse/test/promtest"
 )
 
 // fakeEdge is an in-memory edge store.
 type fakeEdge struct {
-	mu      sync.Mutex
-	devices map[string]*linkv1.EdgeDevice
-	models  map[string]*linkv1.EdgeDeviceModel
-	reports []*linkv1.TwinReportedUpdate
-	states  []*linkv1.DeviceStateUpdate
+	mu         sync.Mutex
+	devices    map[string]*linkv1.EdgeDevice
+	models     map[string]*linkv1.EdgeDeviceModel
+	reports    []*linkv1.TwinReportedUpdate
+	states     []*linkv1.DeviceStateUpdate
+	conditions []*linkv1.DeviceCondition
 }
 
 func newFakeEdge() *fakeEdge {
@@ -79,6 +82,28 @@ func (f *fakeEdge) ReportState(d *linkv1.DeviceRef, st, mapper string, _ time.Ti
 	defer f.mu.Unlock()
 	f.states = append(f.states, &linkv1.DeviceStateUpdate{Device: d, State: st, Mapper: mapper})
 	return uint64(len(f.states)), nil
+}
+
+// Subscribe: the tests hand changes to Changed themselves.
+func (f *fakeEdge) Subscribe(func(context.Context, *linkv1.Envelope)) func() { return func() {} }
+
+func (f *fakeEdge) ReportCondition(c *linkv1.DeviceCondition) (uint64, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	c = proto.Clone(c).(*linkv1.DeviceCondition)
+	c.Time = nil
+	f.conditions = append(f.conditions, c)
+	return uint64(len(f.conditions)), nil
+}
+
+func (f *fakeEdge) conditionList() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []string
+	for _, c := range f.conditions {
+		out = append(out, fmt.Sprintf("%s/%s %s=%v %s: %s", c.Device.Namespace, c.Device.Name, c.Type, c.Status, c.Reason, c.Message))
+	}
+	return out
 }
 
 // put stores a device or model as a DeviceUpdate/ModelUpdate would and
@@ -464,8 +489,8 @@ func TestReports(t *testing.T) {
 		}
 	}
 	edge.mu.Lock()
-	if len(edge.reports) != 4 {
-		t.Errorf("%d reports stored, want 4 (a refused request stores nothing)", len(edge.reports))
+	if len(edge.reports) != 5 {
+		t.Errorf("%d reports stored, want 5 (a refused twin stores nothing; the valid temp beside humidity is stored)", len(edge.reports))
 	}
 	edge.mu.Unlock()
 	for reason, want := range map[string]float64{reasonUnknownDevice: 2, reasonUnknownProperty: 1, reasonBadValue: 2, reasonEmpty: 1} {
@@ -715,4 +740,143 @@ func TestUnservedDevicesAreReported(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestMixedReportKeepsValidTwins: a report with invalid twins stores the
+// valid ones, answers InvalidArgument naming each refused twin (with a
+// BadRequest detail per twin) and counts them; the Device's
+// ReportsAccepted condition names the refused properties, is told again
+// only when that changes, and turns True when each has been taken since;
+// a Device update makes it judged afresh.
+func TestMixedReportKeepsValidTwins(t *testing.T) {
+	dir := t.TempDir()
+	edge := newFakeEdge()
+	edge.putModel(model("thermo", "virtual"))
+	edge.putDevice(device("a", "thermo", "virtual", "", "1"))
+	r := startServer(t, dir, edge, nil)
+	register(t, r.client, "virt", "virtual", startFakeMapper(t, filepath.Join(dir, "m.sock")).sock, false)
+	report := func(twins ...*dmiv1beta1.Twin) error {
+		_, err := r.client.ReportDeviceStatus(context.Background(), &dmiv1beta1.ReportDeviceStatusRequest{DeviceNamespace: "default", DeviceName: "a",
+			ReportedDevice: &dmiv1beta1.DeviceStatus{Twins: twins}})
+		return err
+	}
+	tw := func(prop, v string) *dmiv1beta1.Twin {
+		return &dmiv1beta1.Twin{PropertyName: prop, Reported: &dmiv1beta1.TwinProperty{Value: v}}
+	}
+	stored := func() []string {
+		edge.mu.Lock()
+		defer edge.mu.Unlock()
+		var out []string
+		for _, r := range edge.reports {
+			out = append(out, fmt.Sprintf("%s=%v", r.Property, r.Value.GetKind()))
+		}
+		return out
+	}
+
+	err := report(tw("temp", "21"), tw("humidity", "3"), tw("ratio", "half"))
+	st := status.Convert(err)
+	if st.Code() != codes.InvalidArgument || !strings.Contains(st.Message(), "report for device default/a: 2 of 3 twins refused") ||
+		!strings.Contains(st.Message(), `property "humidity": model default/thermo has no such property`) ||
+		!strings.Contains(st.Message(), `property "ratio": reported value "half" is not a DOUBLE`) || !strings.Contains(st.Message(), "the other 1 taken") {
+		t.Fatalf("mixed report: %v", err)
+	}
+	var fields []string
+	for _, d := range st.Details() {
+		if br, ok := d.(*errdetails.BadRequest); ok {
+			for _, v := range br.FieldViolations {
+				fields = append(fields, v.Field)
+			}
+		}
+	}
+	if !slices.Equal(fields, []string{"reportedDevice.twins[1]", "reportedDevice.twins[2]"}) {
+		t.Fatalf("BadRequest fields %v", fields)
+	}
+	if got := stored(); !slices.Equal(got, []string{"temp=&{21}"}) {
+		t.Fatalf("stored %v, want the valid temp", got)
+	}
+	for reason, want := range map[string]float64{reasonUnknownProperty: 1, reasonBadValue: 1} {
+		if got := promtest.Sum(t, r.reg, "dowse_dmi_reports_refused_total", map[string]string{"kind": "twin", "reason": reason}); got != want {
+			t.Errorf("refused %s: %v, want %v", reason, got, want)
+		}
+	}
+	want := []string{`default/a ReportsAccepted=false TwinRefused: refused by node edge: property "humidity": model default/thermo has no such property; property "ratio": reported value "half" is not a DOUBLE`}
+	if got := edge.conditionList(); !slices.Equal(got, want) {
+		t.Fatalf("conditions %q, want %q", got, want)
+	}
+
+	// The same refusals again (one twin a call, as mapper-framework
+	// reports): nothing new to tell.
+	for _, twin := range []*dmiv1beta1.Twin{tw("humidity", "3"), tw("ratio", "half"), tw("temp", "22")} {
+		_ = report(twin)
+	}
+	if got := edge.conditionList(); len(got) != 1 {
+		t.Fatalf("conditions %q, want still one", got)
+	}
+	// ratio is fixed: only humidity is named.
+	if err := report(tw("ratio", "0.5")); err != nil {
+		t.Fatal(err)
+	}
+	want = append(want, `default/a ReportsAccepted=false TwinRefused: refused by node edge: property "humidity": model default/thermo has no such property`)
+	if got := edge.conditionList(); !slices.Equal(got, want) {
+		t.Fatalf("conditions %q, want %q", got, want)
+	}
+	// The Device is updated (the mapper stopped reporting humidity, say):
+	// its next report is judged afresh.
+	r.srv.Changed(context.Background(), edge.putDevice(device("a", "thermo", "virtual", "", "2")))
+	if err := report(tw("temp", "23")); err != nil {
+		t.Fatal(err)
+	}
+	want = append(want, `default/a ReportsAccepted=true Accepted: the latest report of every property was taken`)
+	if got := edge.conditionList(); !slices.Equal(got, want) {
+		t.Fatalf("conditions %q, want %q", got, want)
+	}
+	// Only invalid twins: nothing stored, all named.
+	n := len(stored())
+	err = report(tw("temp", "warm"))
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "1 of 1 twins refused") || len(stored()) != n {
+		t.Fatalf("all invalid: %v, stored %v", err, stored())
+	}
+}
+
+// TestMapperConditions: a mapper's Authenticated condition of its Device
+// goes to the cloud as a DeviceCondition naming the mapper; a type a
+// mapper does not set, and a Device not on the node, are refused.
+func TestMapperConditions(t *testing.T) {
+	dir := t.TempDir()
+	edge := newFakeEdge()
+	edge.putModel(model("thermo", "virtual"))
+	edge.putDevice(device("a", "thermo", "virtual", "", "1"))
+	r := startServer(t, dir, edge, nil)
+	register(t, r.client, "virt", "virtual", startFakeMapper(t, filepath.Join(dir, "m.sock")).sock, false)
+	conn, err := grpc.NewClient("unix://"+filepath.Join(dir, "dmi.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	c := mapperv1.NewDeviceConditionsClient(conn)
+	ctx := context.Background()
+	if _, err := c.ReportDeviceCondition(ctx, &mapperv1.ReportDeviceConditionRequest{DeviceNamespace: "default", DeviceName: "a",
+		Type: "Authenticated", Reason: "AuthFailed", Message: "BadUserAccessDenied"}); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := edge.conditionList(), []string{"default/a Authenticated=false AuthFailed: BadUserAccessDenied"}; !slices.Equal(got, want) {
+		t.Fatalf("conditions %q, want %q", got, want)
+	}
+	edge.mu.Lock()
+	if m := edge.conditions[0].Mapper; m != "virt" {
+		t.Errorf("condition of mapper %q, want virt", m)
+	}
+	edge.mu.Unlock()
+	for _, req := range []*mapperv1.ReportDeviceConditionRequest{
+		{DeviceNamespace: "default", DeviceName: "a", Type: "ReportsAccepted", Status: true},
+		{DeviceNamespace: "default", DeviceName: "a", Type: "Valid", Status: true},
+		{DeviceNamespace: "default", DeviceName: "ghost", Type: "Authenticated"},
+	} {
+		if _, err := c.ReportDeviceCondition(ctx, req); status.Code(err) != codes.InvalidArgument {
+			t.Errorf("%v: %v, want InvalidArgument", req, err)
+		}
+	}
+	if n := len(edge.conditionList()); n != 1 {
+		t.Errorf("%d conditions stored, want 1", n)
+	}
 }

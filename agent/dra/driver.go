@@ -106,6 +106,10 @@ type Driver struct {
 	devices map[types.NamespacedName]deviceState
 	// withPlugins are the DRA Configurations that use device plugins too.
 	withPlugins map[types.NamespacedName]bool
+	// sliceCount is the slice count of a pool as published (nil: none).
+	sliceCount func(pool string) int
+	// slices is each pool's slice count as last synced.
+	slices map[string]int
 	// legacy are the Instances whose legacy CDI spec this driver keeps:
 	// a prepared claim answered with their v1alpha1.LegacyCDIName (by an
 	// agent before CDI names carried the namespace), which the kubelet
@@ -156,7 +160,7 @@ func New(c cache.Cache, kube kubernetes.Interface, meta metadata.Interface, opts
 			return nil, err
 		}
 	}
-	return &Driver{legacy: map[types.NamespacedName]bool{}, opts: opts, cache: c, reader: c, kube: kube, meta: meta, cdi: w, log: log, dirty: make(chan struct{}, 1), healthChanged: make(chan struct{}, 1),
+	return &Driver{legacy: map[types.NamespacedName]bool{}, slices: map[string]int{}, opts: opts, cache: c, reader: c, kube: kube, meta: meta, cdi: w, log: log, dirty: make(chan struct{}, 1), healthChanged: make(chan struct{}, 1),
 		specs: map[types.NamespacedName]specState{}, devices: map[types.NamespacedName]deviceState{},
 		insts: map[types.NamespacedName]*v1alpha1.Instance{}}, nil
 }
@@ -227,12 +231,20 @@ func (d *Driver) Start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// The published slice counts first: a restarted agent keeps them
+	// (shareddra.Buckets' hysteresis) rather than rewrite every slice.
+	defer writer.Go(ctx)()
+	select {
+	case <-writer.Synced():
+	case <-ctx.Done():
+		return nil
+	}
+	d.sliceCount = writer.SliceCount
 	desired, err := d.sync(ctx)
 	if err != nil {
 		return err
 	}
 	writer.Update(desired)
-	defer writer.Go(ctx)()
 	klogCtx := klog.NewContext(ctx, d.log)
 	if d.opts.RegistrarDir != "" {
 		if err := mkdirAll(d.opts.PluginDir); err != nil {
@@ -405,8 +417,18 @@ func (d *Driver) sync(ctx context.Context) (map[string]slicewriter.Pool, error) 
 	out := make(map[string]slicewriter.Pool, len(members))
 	n := 0
 	for pool, insts := range members {
-		out[pool] = d.pool(insts)
+		have, ok := d.slices[pool]
+		if !ok && d.sliceCount != nil {
+			have = d.sliceCount(pool)
+		}
+		out[pool] = d.pool(insts, have)
+		d.slices[pool] = len(out[pool].Slices)
 		n += len(insts)
+	}
+	for pool := range d.slices {
+		if _, ok := members[pool]; !ok {
+			delete(d.slices, pool)
+		}
 	}
 	d.opts.Metrics.devices(n)
 	select {
@@ -416,15 +438,15 @@ func (d *Driver) sync(ctx context.Context) (map[string]slicewriter.Pool, error) 
 	return out, nil
 }
 
-// pool spreads one pool's Instances over its slices (shareddra.Buckets).
-// Called with d.mu held.
-func (d *Driver) pool(insts []*v1alpha1.Instance) slicewriter.Pool {
+// pool spreads one pool's Instances over its slices (shareddra.Buckets),
+// of which it has have now. Called with d.mu held.
+func (d *Driver) pool(insts []*v1alpha1.Instance, have int) slicewriter.Pool {
 	slices.SortFunc(insts, func(a, b *v1alpha1.Instance) int { return strings.Compare(a.Name, b.Name) })
 	names := make([]string, len(insts))
 	for i, inst := range insts {
 		names[i] = v1alpha1.InstanceHash(inst.Name)
 	}
-	count, of := shareddra.Buckets(names)
+	count, of := shareddra.Buckets(names, have)
 	bucket := make([][]*v1alpha1.Instance, count)
 	parts := make([][]string, count)
 	for i, inst := range insts {

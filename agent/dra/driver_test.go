@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"testing"
 
 	"github.com/go-logr/logr/testr"
@@ -284,4 +285,52 @@ func resolvable(t *testing.T, dir string) []string {
 		t.Fatal(err)
 	}
 	return c.ListDevices()
+}
+
+// TestSliceCountKept: the driver spreads a pool over the slice count it
+// has (as published, after a restart, or as last synced) while the pool
+// stays above a quarter of it, instead of the fewest slices that fit.
+func TestSliceCountKept(t *testing.T) {
+	sch, err := scheme.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := &v1alpha1.Configuration{ObjectMeta: metav1.ObjectMeta{Name: "echo", Namespace: "default"},
+		Spec: v1alpha1.ConfigurationSpec{Allocation: v1alpha1.AllocationDRA}}
+	objs := []client.Object{cfg}
+	for i := range 100 {
+		objs = append(objs, &v1alpha1.Instance{
+			ObjectMeta: metav1.ObjectMeta{Name: v1alpha1.InstanceName("echo", v1alpha1.DeviceHash(strconv.Itoa(i), false, "n1")), Namespace: "default", ResourceVersion: "1"},
+			Spec:       v1alpha1.InstanceSpec{ConfigurationName: "echo", DeviceID: strconv.Itoa(i)},
+			Status:     v1alpha1.InstanceStatus{Nodes: []v1alpha1.InstanceNode{{Name: "n1"}}},
+		})
+	}
+	c := fake.NewClientBuilder().WithScheme(sch).WithObjects(objs...).Build()
+	d := newTestDriver(t, c, t.TempDir(), t.TempDir())
+	pool := shareddra.LocalPool("n1", "default", "echo")
+	d.sliceCount = func(p string) int {
+		if p == pool {
+			return 8 // published by an earlier run, when the pool was bigger
+		}
+		return 0
+	}
+	ctx := context.Background()
+	count := func() int {
+		t.Helper()
+		res, err := d.sync(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(res[pool].Slices)
+	}
+	if n := count(); n != 8 {
+		t.Fatalf("100 devices in %d slices, want the 8 published (4 would rewrite every slice)", n)
+	}
+	for i := 40; i < 100; i++ {
+		inst := objs[1+i].(*v1alpha1.Instance)
+		d.forget(inst)
+	}
+	if n := count(); n != 2 {
+		t.Fatalf("40 devices in %d slices, want 2 (a quarter of 8 slices fits them)", n)
+	}
 }

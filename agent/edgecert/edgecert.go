@@ -259,6 +259,10 @@ func (m *Manager) RootCAs() *x509.CertPool {
 	return p
 }
 
+// CA is the link CA, which verifies the cloud's server certificate; nil
+// before bootstrap.
+func (m *Manager) CA() *x509.Certificate { return m.ca.Load() }
+
 // Ready is closed once a certificate is available.
 func (m *Manager) Ready() <-chan struct{} { return m.ready }
 

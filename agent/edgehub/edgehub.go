@@ -25,6 +25,13 @@ import (
 	"github.com/dowse-dev/dowse/shared/link"
 )
 
+// Defaults of Config's zero values.
+const (
+	DefaultHeartbeat       = 10 * time.Second
+	DefaultStoreMaxEntries = 10000
+	DefaultStoreMaxBytes   = 64 << 20
+)
+
 // Config configures an EdgeHub. Zero values take the defaults noted.
 type Config struct {
 	// Node is this node's name; the cloud checks it against the certificate.
@@ -92,6 +99,10 @@ type EdgeHub struct {
 	rems      []uint64
 	connected atomic.Bool
 
+	subMu sync.Mutex
+	subs  map[int]OnMessage
+	subN  int
+
 	ackMu    sync.Mutex
 	ackWant  uint64
 	ackKick  chan struct{}
@@ -107,16 +118,16 @@ func New(cfg Config, onMessage OnMessage, reg prometheus.Registerer) (*EdgeHub, 
 		return nil, errors.New("edgehub: node and state directory are required")
 	}
 	if cfg.Heartbeat <= 0 {
-		cfg.Heartbeat = 10 * time.Second
+		cfg.Heartbeat = DefaultHeartbeat
 	}
 	if cfg.MaxFrame <= 0 {
 		cfg.MaxFrame = link.DefaultMaxFrame
 	}
 	if cfg.StoreMaxEntries <= 0 {
-		cfg.StoreMaxEntries = 10000
+		cfg.StoreMaxEntries = DefaultStoreMaxEntries
 	}
 	if cfg.StoreMaxBytes <= 0 {
-		cfg.StoreMaxBytes = 64 << 20
+		cfg.StoreMaxBytes = DefaultStoreMaxBytes
 	}
 	if cfg.BackoffMin <= 0 {
 		cfg.BackoffMin = 500 * time.Millisecond
@@ -192,6 +203,38 @@ func New(cfg Config, onMessage OnMessage, reg prometheus.Registerer) (*EdgeHub, 
 	return e, nil
 }
 
+// Subscribe adds f to what is told of each inbound sequenced message once
+// the store has committed it, as the OnMessage given to New is (a part
+// built on the store, such as the mapper API, follows it this way without
+// the hub knowing of it). It returns a function that removes f.
+func (e *EdgeHub) Subscribe(f func(ctx context.Context, env *linkv1.Envelope)) (unsubscribe func()) {
+	e.subMu.Lock()
+	defer e.subMu.Unlock()
+	if e.subs == nil {
+		e.subs = map[int]OnMessage{}
+	}
+	e.subN++
+	id := e.subN
+	e.subs[id] = f
+	return func() {
+		e.subMu.Lock()
+		delete(e.subs, id)
+		e.subMu.Unlock()
+	}
+}
+
+func (e *EdgeHub) publish(ctx context.Context, env *linkv1.Envelope) {
+	e.subMu.Lock()
+	subs := make([]OnMessage, 0, len(e.subs))
+	for _, f := range e.subs {
+		subs = append(subs, f)
+	}
+	e.subMu.Unlock()
+	for _, f := range subs {
+		f(ctx, env)
+	}
+}
+
 // acked is called under the session lock: hand the deletion to the store
 // goroutine rather than sync on every ack.
 func (e *EdgeHub) acked(through uint64) {
@@ -238,6 +281,13 @@ func (e *EdgeHub) Report(device *linkv1.DeviceRef, property string, v *linkv1.Va
 func (e *EdgeHub) ReportState(device *linkv1.DeviceRef, state, mapper string, at time.Time) (uint64, error) {
 	env := &linkv1.Envelope{Kind: &linkv1.Envelope_DeviceState{DeviceState: &linkv1.DeviceStateUpdate{
 		Device: device, State: state, Time: timestamppb.New(at), Mapper: mapper}}}
+	return e.enqueue(env, coalesceKey(env))
+}
+
+// ReportCondition queues a condition of a device (DeviceCondition), which
+// replaces an unsent one of its type; it returns once stored.
+func (e *EdgeHub) ReportCondition(c *linkv1.DeviceCondition) (uint64, error) {
+	env := &linkv1.Envelope{Kind: &linkv1.Envelope_DeviceCondition{DeviceCondition: c}}
 	return e.enqueue(env, coalesceKey(env))
 }
 
@@ -508,6 +558,7 @@ func (e *EdgeHub) connectOnce(ctx context.Context, dialer link.Dialer) (up bool,
 			if e.onMessage != nil {
 				e.onMessage(ctx, env)
 			}
+			e.publish(ctx, env)
 			return nil
 		},
 	})

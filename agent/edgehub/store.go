@@ -369,8 +369,8 @@ func propKey(d *linkv1.DeviceRef, property string) string {
 // refKey names a Device or DeviceModel.
 func refKey(r *linkv1.DeviceRef) string { return r.GetNamespace() + "\x00" + r.GetName() }
 
-// coalesceKey: reported values of one property, and states of one device,
-// replace each other while unsent; other kinds are never coalesced.
+// coalesceKey: reported values of one property, states of one device, and
+// conditions of one type of one device replace each other while unsent; other kinds are never coalesced.
 func coalesceKey(env *linkv1.Envelope) string {
 	if r := env.GetTwinReported(); r != nil {
 		return propKey(r.Device, r.Property)
@@ -378,6 +378,10 @@ func coalesceKey(env *linkv1.Envelope) string {
 	if st := env.GetDeviceState(); st != nil {
 		// No property is named "": one state per device.
 		return propKey(st.Device, "")
+	}
+	if c := env.GetDeviceCondition(); c != nil {
+		// Nor does one start with NUL: one condition of each type.
+		return propKey(c.Device, "\x00"+c.Type)
 	}
 	return ""
 }

@@ -107,6 +107,11 @@ type device struct {
 	flushRetryAt time.Time     // heartbeats wait for it while reports fail
 	flushDelay   time.Duration // backoff of flushRetryAt
 	resubDelay   time.Duration // backoff of resubAt
+	auth         bool          // the last login was refused (device_auth.go)
+	authBackoff  time.Duration
+	authWant     *authCond // the Authenticated condition to tell
+	authSent     *authCond // the last one told
+	credDigest   string    // of the credential files at the refused login
 }
 
 func newDevice(m *Mapper, ns, name string) *device {
@@ -165,11 +170,17 @@ func (d *device) run(parent context.Context) {
 		if !d.connected {
 			if !d.connect(ctx) {
 				d.sendState(ctx)
+				d.sendAuth(ctx)
 				d.flush(ctx, time.Now())
+				if d.auth {
+					d.waitAuth(ctx)
+					continue
+				}
 				d.wait(ctx, time.Now().Add(d.backoff))
 				d.backoff = min(d.backoff*2, d.m.cfg.ReconnectMax)
 				continue
 			}
+			d.sendAuth(ctx)
 		}
 		now := time.Now()
 		if !d.resubAt.IsZero() && !now.Before(d.resubAt) {

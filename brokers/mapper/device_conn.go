@@ -2,6 +2,7 @@ package mapper
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -20,6 +21,9 @@ func (d *device) closeDriver() {
 }
 
 func (d *device) connect(ctx context.Context) bool {
+	// The credentials this attempt signs in with, as read before it: a
+	// change while it is under way is a change after a refusal.
+	creds := d.credentialDigest()
 	cctx, cancel := d.callCtx(ctx)
 	err := d.driver.Connect(cctx)
 	cancel()
@@ -31,10 +35,14 @@ func (d *device) connect(ctx context.Context) bool {
 			}
 			d.setState(twinvalue.StateOffline, err)
 			d.failAll(fmt.Errorf("cannot connect to the device: %w", err))
+			if errors.Is(err, ErrAuthFailed) {
+				d.authFailed(err, creds)
+			}
 		}
 		return false
 	}
 	d.connected = true
+	d.signedIn()
 	d.failures = 0
 	d.log.Info("connected to the device")
 	for _, ps := range d.order {

@@ -136,8 +136,9 @@ func (d *device) flush(ctx context.Context, now time.Time) {
 			d.log.V(1).Info("reporting device status failed; retrying", "err", err)
 			return
 		}
-		// Refused as wrong: sending it again would be refused again.
-		d.log.Error(err, "the device manager refused a report; its values are dropped")
+		// Refused as wrong: sending it again would be refused again (the
+		// agent kept the valid twins; its message names the others).
+		d.log.Error(err, "the device manager refused twins of a report; they are dropped")
 	}
 	d.flushRetryAt, d.flushDelay = time.Time{}, 0
 	for _, ps := range sent {

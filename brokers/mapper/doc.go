@@ -44,6 +44,12 @@
 //     all failed (then a reconnect); offline while it cannot connect;
 //     reconnects with exponential backoff; each change is sent with
 //     ReportDeviceStates.
+//   - Refused logins (a Connect error wrapping ErrAuthFailed): a backoff of
+//     its own up to AuthRetryMax (minutes, not the reconnect pace, which
+//     trips account lockouts), the Authenticated condition False with the
+//     device's words (Dowse's DeviceConditions beside DMI; edgecore lacks
+//     it), and a retry at once when the credentials change (a Device update,
+//     or a file a Credentialed driver names).
 //   - Prometheus metrics (Metrics) and Main's --version, --memory-limit
 //     (the Go runtime's soft limit, default 8 MiB; GOMEMLIMIT wins) and
 //     --max-procs (GOMAXPROCS, default 1: a mapper waits more than it

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -21,6 +22,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	dmiv1beta1 "github.com/dowse-dev/dowse/proto/dmi/v1beta1"
+	mapperv1 "github.com/dowse-dev/dowse/proto/mapper/v1"
 )
 
 const (
@@ -78,6 +80,14 @@ type Config struct {
 	// attempts to a device, and between registration attempts. Defaults
 	// 200ms and 30s.
 	ReconnectInitial, ReconnectMax time.Duration
+	// AuthRetryInitial and AuthRetryMax bound the backoff after a device
+	// refused the credentials (ErrAuthFailed): attempts at the reconnect
+	// pace would lock the account out. Defaults 30s and 15m.
+	AuthRetryInitial, AuthRetryMax time.Duration
+	// CredentialPoll is how often the credential files of a device that
+	// refused them are checked for a change, which retries at once.
+	// Default 1s.
+	CredentialPoll time.Duration
 	// ReregisterInterval is how often the mapper registers again (with
 	// data, reconciling its devices) even when the connection looked
 	// fine; it also registers again whenever the connection to the device
@@ -100,7 +110,7 @@ func (c *Config) validateAndDefault() error {
 		errs = append(errs, errors.New("state directory is required (or both the DMI socket and the mapper socket)"))
 	}
 	if c.DefaultCollectCycle < 0 || c.DefaultReportCycle < 0 || c.UnhealthyAfter < 0 || c.ReconnectInitial < 0 ||
-		c.ReconnectMax < 0 || c.ReregisterInterval < 0 || c.CallTimeout < 0 {
+		c.ReconnectMax < 0 || c.ReregisterInterval < 0 || c.CallTimeout < 0 || c.AuthRetryInitial < 0 || c.AuthRetryMax < 0 || c.CredentialPoll < 0 {
 		errs = append(errs, errors.New("durations and counts must not be negative"))
 	}
 	if len(errs) > 0 {
@@ -121,6 +131,12 @@ func (c *Config) validateAndDefault() error {
 	def(&c.DefaultReportCycle, time.Minute)
 	def(&c.ReconnectInitial, 200*time.Millisecond)
 	def(&c.ReconnectMax, 30*time.Second)
+	def(&c.AuthRetryInitial, 30*time.Second)
+	def(&c.AuthRetryMax, 15*time.Minute)
+	def(&c.CredentialPoll, time.Second)
+	if c.AuthRetryMax < c.AuthRetryInitial {
+		c.AuthRetryMax = c.AuthRetryInitial
+	}
 	def(&c.ReregisterInterval, time.Minute)
 	def(&c.CallTimeout, 5*time.Second)
 	if c.ReconnectMax < c.ReconnectInitial {
@@ -163,6 +179,10 @@ type Mapper struct {
 	log   logr.Logger
 	conn  *grpc.ClientConn
 	agent dmiv1beta1.DeviceManagerServiceClient
+	// conditions is Dowse's DeviceConditions on the same socket;
+	// noConditions once the device manager said it has none.
+	conditions   mapperv1.DeviceConditionsClient
+	noConditions atomic.Bool
 
 	runCtx context.Context
 	wg     sync.WaitGroup
@@ -230,6 +250,7 @@ func (m *Mapper) Start(ctx context.Context) error {
 	defer conn.Close()
 	m.conn = conn
 	m.agent = dmiv1beta1.NewDeviceManagerServiceClient(conn)
+	m.conditions = mapperv1.NewDeviceConditionsClient(conn)
 
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()

@@ -40,6 +40,7 @@ var helps = map[string]string{
 	"dowse_mapper_reports_total":          "Reports sent to the device manager, by kind (status, states) and result (ok, error).",
 	"dowse_mapper_registrations_total":    "MapperRegister calls, by result.",
 	"dowse_mapper_connects_total":         "Device connection attempts, by result.",
+	"dowse_mapper_auth_retries_total":     "Sign-ins tried again after the device refused the credentials, by what started them (backoff: the wait ran out; credentials: a credential file changed; update: the Device changed).",
 	"dowse_mapper_devices":                "Devices served, by state.",
 	"dowse_mapper_read_duration_seconds":  "Time of one read exchange with a device (a batch counts once).",
 	"dowse_mapper_write_duration_seconds": "Time of one write to a device.",
@@ -120,6 +121,10 @@ func (m *Metrics) register(err error) {
 
 func (m *Metrics) connect(err error) {
 	m.add("dowse_mapper_connects_total", `result="`+result(err)+`"`, 1)
+}
+
+func (m *Metrics) authRetry(trigger string) {
+	m.add("dowse_mapper_auth_retries_total", `trigger="`+trigger+`"`, 1)
 }
 
 func (m *Metrics) state(from, to string) {

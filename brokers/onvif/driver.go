@@ -12,7 +12,10 @@
 //	                   bare host:port means that path)
 //	username, password         credentials (default none): WS-Security, and
 //	                           HTTP Basic or Digest when the camera asks
-//	usernameFile, passwordFile the same from files (a mounted Secret)
+//	usernameFile, passwordFile the same from files (a mounted Secret),
+//	                           read at each connection: a refused login
+//	                           is tried again at once when they change,
+//	                           else with backoff (mapper SDK)
 //	profileToken       the media profile of streamUri and snapshotUri
 //	                   (default: the first profile)
 //	timeout            per request (default 5s)
@@ -29,6 +32,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/xml"
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
@@ -37,6 +41,7 @@ import (
 	"time"
 
 	"github.com/dowse-dev/dowse/brokers/mapper"
+	"github.com/dowse-dev/dowse/shared/onvifclient"
 )
 
 // Protocol is the protocol name the mapper registers.
@@ -51,8 +56,10 @@ var fields = map[string]bool{
 type deviceConfig struct {
 	url                string
 	username, password string
-	profile            string
-	timeout            time.Duration
+	// usernameFile and passwordFile, when set, are read at each Connect.
+	usernameFile, passwordFile string
+	profile                    string
+	timeout                    time.Duration
 }
 
 // Driver is one camera.
@@ -95,25 +102,23 @@ func parseDevice(p mapper.Params) (deviceConfig, error) {
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return c, fmt.Errorf("deviceServiceUrl %q: want an http(s) URL", c.url)
 	}
-	secret := func(key, fileKey string) (string, error) {
+	secret := func(key, fileKey string) (string, string, error) {
 		s, err := p.String(key, "")
 		if err != nil || s != "" {
-			return s, err
+			return s, "", err
 		}
 		f, err := p.String(fileKey, "")
 		if err != nil || f == "" {
-			return "", err
+			return "", "", err
 		}
-		b, err := os.ReadFile(f)
-		if err != nil {
-			return "", fmt.Errorf("%s: %w", fileKey, err)
-		}
-		return strings.TrimRight(string(b), "\r\n"), nil
+		// Read now too: a file that is not there is a clear error at once.
+		_, err = readSecret(fileKey, f)
+		return "", f, err
 	}
-	if c.username, err = secret("username", "usernameFile"); err != nil {
+	if c.username, c.usernameFile, err = secret("username", "usernameFile"); err != nil {
 		return c, err
 	}
-	if c.password, err = secret("password", "passwordFile"); err != nil {
+	if c.password, c.passwordFile, err = secret("password", "passwordFile"); err != nil {
 		return c, err
 	}
 	if c.profile, err = p.String("profileToken", ""); err != nil {
@@ -152,13 +157,48 @@ func (d *Driver) Prepare(p *mapper.Property) error {
 	return nil
 }
 
+func readSecret(key, path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", key, err)
+	}
+	return strings.TrimRight(string(b), "\r\n"), nil
+}
+
+// Credentials is mapper.Credentialed: a user name, given or in a file,
+// signs in.
+func (d *Driver) Credentials() (bool, []string) {
+	var files []string
+	for _, f := range []string{d.cfg.usernameFile, d.cfg.passwordFile} {
+		if f != "" {
+			files = append(files, f)
+		}
+	}
+	return d.cfg.username != "" || d.cfg.usernameFile != "", files
+}
+
 // Connect finds the camera's media service and checks that it answers
-// (GetCapabilities, with the credentials).
+// (GetCapabilities, with the credentials, their files read afresh).
 func (d *Driver) Connect(ctx context.Context) error {
-	d.soap = newSOAPClient(d.cfg.timeout, d.cfg.username, d.cfg.password)
+	user, password := d.cfg.username, d.cfg.password
+	var err error
+	if d.cfg.usernameFile != "" {
+		if user, err = readSecret("usernameFile", d.cfg.usernameFile); err != nil {
+			return mapper.Permanentf("credentials: %w", err)
+		}
+	}
+	if d.cfg.passwordFile != "" {
+		if password, err = readSecret("passwordFile", d.cfg.passwordFile); err != nil {
+			return mapper.Permanentf("credentials: %w", err)
+		}
+	}
+	d.soap = newSOAPClient(d.cfg.timeout, user, password)
 	b, err := d.soap.call(ctx, d.cfg.url, `<tds:GetCapabilities><tds:Category>All</tds:Category></tds:GetCapabilities>`)
 	if err != nil {
 		d.soap.close()
+		if user != "" && errors.Is(err, onvifclient.ErrUnauthorized) {
+			return fmt.Errorf("GetCapabilities at %s: %w: %w", d.cfg.url, mapper.ErrAuthFailed, err)
+		}
 		return fmt.Errorf("GetCapabilities at %s: %w", d.cfg.url, err)
 	}
 	d.media = d.cfg.url

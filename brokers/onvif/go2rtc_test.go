@@ -297,6 +297,18 @@ func TestONVIFCredentials(t *testing.T) {
 			t.Errorf("%s: %d values reported without the camera's consent", name, len(tws))
 		}
 	}
+	// A refused login (credentials given) shows as Authenticated False in
+	// the camera's words, and is retried with backoff; the right one is
+	// True; none given is no sign-in at all.
+	if c := agent.WaitCondition(t, "default/wrong", "Authenticated", false, wait); c.Reason != "AuthFailed" || !strings.Contains(c.Message, "HTTP 401") {
+		t.Errorf("wrong: Authenticated %+v, want AuthFailed with the camera's 401", c)
+	}
+	agent.WaitCondition(t, "default/right", "Authenticated", true, wait)
+	for _, c := range agent.Conditions() {
+		if c.Device == "none" {
+			t.Errorf("none: a condition %+v for a device given no credentials", c)
+		}
+	}
 
 	// The UsernameTokens go2rtc received (it logs the body of each request
 	// that passed its HTTP authentication, so the right device's): each

@@ -10,6 +10,9 @@
 //	securityPolicy  None (default), Basic256Sha256, Aes128_Sha256_RsaOaep, ...
 //	securityMode    None (default), Sign or SignAndEncrypt
 //	username, password   user-name authentication (default anonymous)
+//	usernameFile, passwordFile the same from files (a mounted Secret),
+//	                read at each sign-in: a refused login is tried again at
+//	                once when they change, else with backoff (mapper SDK)
 //	certificate, privateKey          the client's certificate and key, PEM
 //	certificateFile, privateKeyFile  the same from files (a mounted Secret)
 //	                without either, a secured channel uses a self-signed
@@ -58,10 +61,12 @@ type deviceConfig struct {
 	policy             string
 	mode               ua.MessageSecurityMode
 	username, password string
-	certDER            []byte
-	key                *rsa.PrivateKey
-	timeout            time.Duration
-	publishing         time.Duration
+	// usernameFile and passwordFile, when set, are read at each Connect.
+	usernameFile, passwordFile string
+	certDER                    []byte
+	key                        *rsa.PrivateKey
+	timeout                    time.Duration
+	publishing                 time.Duration
 }
 
 // Driver is one OPC UA server session.
@@ -125,6 +130,15 @@ func parseDevice(p mapper.Params) (deviceConfig, error) {
 	}
 	if c.password, err = p.String("password", ""); err != nil {
 		return c, err
+	}
+	if c.usernameFile, err = p.String("usernameFile", ""); err != nil {
+		return c, err
+	}
+	if c.passwordFile, err = p.String("passwordFile", ""); err != nil {
+		return c, err
+	}
+	if (c.username != "" && c.usernameFile != "") || (c.password != "" && c.passwordFile != "") {
+		return c, errors.New("give username or usernameFile, password or passwordFile, not both")
 	}
 	if c.certDER, c.key, err = credentials(p); err != nil {
 		return c, err
@@ -271,10 +285,14 @@ func (d *Driver) Connect(ctx context.Context) error {
 	if err != nil || ep == nil {
 		return mapper.Permanentf("%s offers no endpoint with security policy %s and mode %s", c.endpoint, c.policy, c.mode)
 	}
+	user, password, err := c.userCredentials()
+	if err != nil {
+		return mapper.Permanentf("credentials: %w", err)
+	}
 	auth := ua.UserTokenTypeAnonymous
-	if c.username != "" {
+	if user != "" {
 		auth = ua.UserTokenTypeUserName
-		opts = append(opts, opcua.AuthUsername(c.username, c.password))
+		opts = append(opts, opcua.AuthUsername(user, password))
 	} else {
 		opts = append(opts, opcua.AuthAnonymous())
 	}
@@ -286,10 +304,60 @@ func (d *Driver) Connect(ctx context.Context) error {
 		return err
 	}
 	if err := client.Connect(ctx); err != nil {
+		var sc ua.StatusCode
+		if errors.As(err, &sc) && refusedIdentity(sc) {
+			return fmt.Errorf("connecting to %s: %w: %w", c.endpoint, mapper.ErrAuthFailed, err)
+		}
 		return fmt.Errorf("connecting to %s: %w", c.endpoint, err)
 	}
 	d.client = client
 	return nil
+}
+
+// refusedIdentity: the server refused the user identity (not the channel).
+func refusedIdentity(sc ua.StatusCode) bool {
+	switch sc {
+	case ua.StatusBadUserAccessDenied, ua.StatusBadIdentityTokenInvalid, ua.StatusBadIdentityTokenRejected,
+		ua.StatusBadUserSignatureInvalid:
+		return true
+	}
+	return false
+}
+
+// userCredentials are the user name and password to sign in with, the
+// files read afresh.
+func (c *deviceConfig) userCredentials() (user, password string, err error) {
+	user, password = c.username, c.password
+	read := func(key, path string) (string, error) {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return "", fmt.Errorf("%s: %w", key, err)
+		}
+		return strings.TrimRight(string(b), "\r\n"), nil
+	}
+	if c.usernameFile != "" {
+		if user, err = read("usernameFile", c.usernameFile); err != nil {
+			return "", "", err
+		}
+	}
+	if c.passwordFile != "" {
+		if password, err = read("passwordFile", c.passwordFile); err != nil {
+			return "", "", err
+		}
+	}
+	return user, password, nil
+}
+
+// Credentials is mapper.Credentialed: a user name, given or in a file,
+// signs in.
+func (d *Driver) Credentials() (bool, []string) {
+	var files []string
+	for _, f := range []string{d.cfg.usernameFile, d.cfg.passwordFile} {
+		if f != "" {
+			files = append(files, f)
+		}
+	}
+	return d.cfg.username != "" || d.cfg.usernameFile != "", files
 }
 
 // Close ends the session and channel.

@@ -3,6 +3,7 @@ package opcua_test
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -245,6 +246,7 @@ func readWithOtherClient(t *testing.T, endpoint, node string) any {
 // right password reads and writes, with a wrong one or none it is refused,
 // and the server's own check says which user it saw.
 func TestOPCUAMapperUserNameAgainstNodeOPCUA(t *testing.T) {
+	t.Parallel()
 	_, server, endpoint := startServerWith(t, map[string]any{"users": []map[string]string{{"user": "plant", "password": "s3cret-Pw"}}})
 	props := []mappertest.Prop{{Name: "int32", Visitor: map[string]any{"nodeId": "ns=2;s=Static_Scalar_Int32"}, CollectCycle: 100 * time.Millisecond}}
 	device := func(name string, protocol map[string]any) *dmiv1beta1.Device {
@@ -342,4 +344,113 @@ func readAs(t *testing.T, endpoint, node, user, password string) any {
 		t.Fatalf("reading %s: %v", node, resp.Results[0].Status)
 	}
 	return resp.Results[0].Value.Value()
+}
+
+// A refused login fails safe (node-opcua's userManager, a wrong password
+// in a mounted-Secret-like file): the mapper tries again with a backoff
+// that doubles up to AuthRetryMax, not at the reconnect pace (timed by the
+// server's own clock: the gaps between its checks grow to the ceiling, 8
+// times ReconnectMax here, where the old pace kept them at ReconnectMax);
+// the device is offline and Authenticated is False with the server's
+// words; the right password written to the file brings it back at once
+// (the retry counted as the credentials', not the backoff's). Parallel
+// with the other peer tests: most of its time is waiting.
+func TestOPCUAMapperBacksOffRefusedLogins(t *testing.T) {
+	t.Parallel()
+	_, server, endpoint := startServerWith(t, map[string]any{"users": []map[string]string{{"user": "plant", "password": "s3cret-Pw"}}})
+	secrets := t.TempDir()
+	userFile, passFile := filepath.Join(secrets, "username"), filepath.Join(secrets, "password")
+	writeSecret := func(path, v string) {
+		t.Helper()
+		// As the kubelet updates a mounted Secret: a new file renamed over.
+		if err := os.WriteFile(path+".tmp", []byte(v+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(path+".tmp", path); err != nil {
+			t.Fatal(err)
+		}
+	}
+	writeSecret(userFile, "plant")
+	writeSecret(passFile, "guess")
+	props := []mappertest.Prop{{Name: "int32", Visitor: map[string]any{"nodeId": "ns=2;s=Static_Scalar_Int32"}, CollectCycle: 100 * time.Millisecond}}
+	locked := mappertest.NewDevice(t, "default", "locked", "opcua-sim", mopcua.Protocol,
+		map[string]any{"endpoint": endpoint, "timeout": "3s", "usernameFile": userFile, "passwordFile": passFile}, props...)
+
+	const (
+		reconnectMax = 250 * time.Millisecond
+		authInitial  = 250 * time.Millisecond
+		authMax      = 8 * reconnectMax
+	)
+	dir := mappertest.ShortTempDir(t)
+	agent := mappertest.Start(t, dir)
+	agent.SetData([]*dmiv1beta1.DeviceModel{model}, []*dmiv1beta1.Device{locked})
+	metrics := mapper.NewMetrics()
+	m, err := mapper.New(mapper.Config{Protocol: mopcua.Protocol, StateDir: dir, NewDriver: mopcua.NewDriver, Logger: testr.New(t), Metrics: metrics,
+		ReconnectInitial: 50 * time.Millisecond, ReconnectMax: reconnectMax, AuthRetryInitial: authInitial, AuthRetryMax: authMax,
+		CredentialPoll: 50 * time.Millisecond, ReregisterInterval: time.Hour, CallTimeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- m.Start(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("mapper Start = %v", err)
+		}
+	})
+
+	// Seven refused checks: six gaps, the last two at the ceiling.
+	var at []int64
+	from := 0
+	for len(at) < 7 {
+		var rest string
+		rest, from = server.WaitLine(t, "AUTH plant refused", from, 3*authMax+wait)
+		ms, err := strconv.ParseInt(strings.TrimPrefix(rest, "at="), 10, 64)
+		if err != nil {
+			t.Fatalf("AUTH line %q: %v", rest, err)
+		}
+		at = append(at, ms)
+	}
+	// Right after a refusal the next try is a whole ceiling away: the fix
+	// must not wait for it.
+	writeSecret(passFile, "s3cret-Pw")
+	var gaps []time.Duration
+	for i := 1; i < len(at); i++ {
+		gaps = append(gaps, time.Duration(at[i]-at[i-1])*time.Millisecond)
+	}
+	t.Logf("gaps between refused logins: %v (reconnect pace %v, auth backoff %v up to %v)", gaps, reconnectMax, authInitial, authMax)
+	for i, g := range gaps {
+		// Timers fire late, never early: a gap is at least its wait.
+		want := min(authInitial<<i, authMax)
+		if g < want*9/10 {
+			t.Errorf("gap %d is %v, want at least %v (backoff %v doubling to %v)", i, g, want*9/10, authInitial, authMax)
+		}
+	}
+	if last := gaps[len(gaps)-1]; last < 7*reconnectMax {
+		t.Errorf("at the ceiling a refused login is retried after %v, %.1f times the reconnect pace %v; want about %d times", last,
+			float64(last)/float64(reconnectMax), reconnectMax, authMax/reconnectMax)
+	}
+
+	agent.WaitState(t, "default/locked", "offline", wait)
+	c := agent.WaitCondition(t, "default/locked", "Authenticated", false, wait)
+	if c.Reason != "AuthFailed" || !strings.Contains(c.Message, "BadUserAccessDenied") {
+		t.Errorf("Authenticated condition %+v: want AuthFailed with the server's BadUserAccessDenied", c)
+	}
+
+	// The fixed Secret: signed in without waiting out the backoff.
+	server.WaitLine(t, "AUTH plant ok", from, wait)
+	agent.WaitState(t, "default/locked", "ok", wait)
+	agent.WaitCondition(t, "default/locked", "Authenticated", true, wait)
+	agent.WaitTwin(t, "default/locked", "int32", 0, wait, func(tw *dmiv1beta1.Twin) bool {
+		_, err := strconv.Atoi(tw.GetReported().GetValue())
+		return err == nil
+	})
+	if n := metrics.Value("dowse_mapper_auth_retries_total", `trigger="credentials"`); n != 1 {
+		t.Errorf("sign-ins retried for changed credentials: %v, want 1 (the fix was not waited out)", n)
+	}
+	if n := metrics.Value("dowse_mapper_auth_retries_total", `trigger="backoff"`); n != float64(len(at)-1) {
+		t.Errorf("sign-ins retried after the backoff: %v, want %d", n, len(at)-1)
+	}
 }

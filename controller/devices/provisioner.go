@@ -118,6 +118,16 @@ func (p *Provisioner) Reconcile(ctx context.Context, req reconcile.Request) (rec
 	if err != nil || cfg.Spec.DeviceTemplate == nil || inst.DeletionTimestamp != nil {
 		return reconcile.Result{}, p.deleteOwned(ctx, &existing, have, inst.UID)
 	}
+	if !have {
+		// The cache may not show a Device made a moment ago (by a person,
+		// just before the Instance): the apply below forces ownership, and
+		// would take it over. Ask the API server before making one.
+		err := p.live.Get(ctx, req.NamespacedName, &existing)
+		if err != nil && !apierrors.IsNotFound(err) {
+			return reconcile.Result{}, err
+		}
+		have = err == nil
+	}
 	if have && !metav1.IsControlledBy(&existing, &inst) {
 		p.clashes.Inc()
 		p.log.Info("a Device of the Instance's name exists and is not the Instance's: leaving it", "device", req.String())

@@ -1,14 +1,22 @@
 package devices
 
 import (
+	"context"
 	"encoding/json"
+	"fmt"
 	"testing"
 
+	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+	"github.com/dowse-dev/dowse/shared/scheme"
 )
 
 func TestPickNode(t *testing.T) {
@@ -109,5 +117,46 @@ func TestUpToDate(t *testing.T) {
 		if upToDate(d, want) {
 			t.Errorf("%s changed: still up to date", name)
 		}
+	}
+}
+
+type recordedEvent struct{ reason, note string }
+
+type fakeRecorder struct{ events []recordedEvent }
+
+func (r *fakeRecorder) Eventf(_, _ runtime.Object, _, reason, _, note string, args ...any) {
+	r.events = append(r.events, recordedEvent{reason: reason, note: fmt.Sprintf(note, args...)})
+}
+
+// TestDeviceMadeJustBeforeIsLeftAlone: a Device of the Instance's name that
+// a person made a moment before the Instance, which the cache does not show
+// yet, is found on the API server and left alone (a DeviceNameTaken Event),
+// not taken over by the forced apply (the cause of the known flake of
+// test/twins' DeviceNameTaken check: the Event never came, as the Device
+// had become the Instance's).
+func TestDeviceMadeJustBeforeIsLeftAlone(t *testing.T) {
+	sch, err := scheme.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	inst := &v1alpha1.Instance{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "plc-bbb222", UID: "u1"},
+		Spec: v1alpha1.InstanceSpec{ConfigurationName: "plc"}, Status: v1alpha1.InstanceStatus{Nodes: []v1alpha1.InstanceNode{{Name: "node-a"}}}}
+	cfg := &v1alpha1.Configuration{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "plc"},
+		Spec: v1alpha1.ConfigurationSpec{DeviceTemplate: &v1alpha1.DeviceTemplate{DeviceModelRef: corev1.LocalObjectReference{Name: "m"}}}}
+	hand := &v1alpha1.Device{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "plc-bbb222"},
+		Spec: v1alpha1.DeviceSpec{DeviceModelRef: &corev1.LocalObjectReference{Name: "m"}, NodeName: "node-z"}}
+	cached := fake.NewClientBuilder().WithScheme(sch).WithObjects(inst, cfg).Build()
+	live := fake.NewClientBuilder().WithScheme(sch).WithObjects(inst, cfg, hand).Build()
+	rec := &fakeRecorder{}
+	p := NewProvisioner(cached, live, nil, rec, nil, logr.Discard())
+	if _, err := p.Reconcile(context.Background(), reconcile.Request{NamespacedName: client.ObjectKeyFromObject(inst)}); err != nil {
+		t.Fatal(err)
+	}
+	if len(rec.events) != 1 || rec.events[0].reason != "DeviceNameTaken" {
+		t.Fatalf("events %+v, want one DeviceNameTaken", rec.events)
+	}
+	var l v1alpha1.DeviceList
+	if err := cached.List(context.Background(), &l); err != nil || len(l.Items) != 0 {
+		t.Fatalf("a Device was applied (%v, %v): the hand-made one would have been taken over", l.Items, err)
 	}
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/go-logr/logr"
 	batchv1 "k8s.io/api/batch/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -114,7 +115,7 @@ func Uninstall(ctx context.Context, c client.Client, o UninstallOptions, log log
 			return fmt.Errorf("deleting %T: %w", k, err)
 		}
 	}
-	log.Info("Dowse objects deleted; waiting for what they made to go")
+	log.Info("deleted the Dowse objects; waiting for what they made to go")
 	var left []string
 	for {
 		live, err := o.Agents.finalizers(ctx)
@@ -232,4 +233,42 @@ func leftovers(ctx context.Context, c client.Client, keepModels bool) ([]string,
 		}
 	}
 	return left, nil
+}
+
+// LinkLeaseLabel marks the Leases the controller's replicas keep for the
+// cloud/edge link (node sessions, replica presence; controller/ownership).
+const LinkLeaseLabel = "dowse.dev/link"
+
+// AfterUninstall is the post-delete step: once no Pod of the release runs
+// (the controller's replicas and the agents are gone, so nothing writes the
+// link's Leases again), it deletes the link's Leases in namespace. A node's
+// session Lease is owned by its Node, which outlives the release.
+func AfterUninstall(ctx context.Context, c client.Client, namespace string, release labels.Selector, timeout time.Duration, log logr.Logger) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	for {
+		var pods corev1.PodList
+		if err := c.List(ctx, &pods, client.InNamespace(namespace), client.MatchingLabelsSelector{Selector: release}); err != nil {
+			return err
+		}
+		var running []string
+		for _, p := range pods.Items {
+			if p.Labels["app.kubernetes.io/name"] == "dowse-controller" || p.Labels["app.kubernetes.io/name"] == "dowse-agent" {
+				running = append(running, p.Name)
+			}
+		}
+		if len(running) == 0 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("pods of the release still there after %v: %v", timeout, running)
+		case <-time.After(time.Second):
+		}
+	}
+	if err := c.DeleteAllOf(ctx, &coordinationv1.Lease{}, client.InNamespace(namespace), client.HasLabels{LinkLeaseLabel}); err != nil {
+		return fmt.Errorf("deleting the link's Leases: %w", err)
+	}
+	log.Info("deleted the link's Leases")
+	return nil
 }

@@ -19,7 +19,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Reports: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "dowse", Subsystem: "twins", Name: "reports_total",
 			Help: "Reports taken from nodes, by kind (reported, state)."}, []string{"kind"}),
 		Dropped: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "dowse", Subsystem: "twins", Name: "dropped_reports_total",
-			Help: "Reports not applied, by reason (device-gone, already-written)."}, []string{"reason"}),
+			Help: "Reports not applied, by reason (device-gone, already-written, fenced, released)."}, []string{"reason"}),
 		Coalesced: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "dowse", Subsystem: "twins", Name: "coalesced_reports_total",
 			Help: "Reported values replaced by a newer one of the same property before they were written."}),
 		Writes: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "dowse", Subsystem: "twins", Name: "status_writes_total",

@@ -2,9 +2,10 @@ package twins
 
 import (
 	"context"
-	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -15,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/workqueue"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/dowse-dev/dowse/controller/cloudhub"
@@ -31,39 +33,141 @@ type Committer interface {
 // StatusConfig configures Status. Zero values take the defaults noted.
 type StatusConfig struct {
 	// Interval is the least time between two status writes of one Device
-	// (1s): however fast its mappers report, each write carries the newest
-	// value of every property.
+	// (1s). A Device not written within the last interval is written as
+	// soon as a report arrives; reports within the interval after a write
+	// coalesce into one trailing write with the newest value of every
+	// property.
 	Interval time.Duration
+	// Batch is how long a leading-edge write waits for the reports that
+	// arrive with the first one (3ms): a mapper's report of several
+	// properties comes as several messages.
+	Batch time.Duration
 	// Concurrency bounds parallel status writes (16).
 	Concurrency int
+	// Live reads Devices from the API server after a write conflict (the
+	// cache may not have seen the write that won yet); nil: the client.
+	Live client.Reader
+	// OnFenced, when set, is called (after Release) when a write finds the
+	// Device written by a newer session of the same node: this replica no
+	// longer owns the node and should close its session.
+	OnFenced func(node string)
 }
 
-// Status owns Device.status: it takes what nodes report (Handle), keeps the
-// newest value of each property, and writes each changed Device at most
-// once per interval. It tells the hub how far each node's stream is written
-// (Committer) only after the writes, so a report is acknowledged to the
-// edge, and forgotten there, only once it is in the API server; a report
-// resent after a controller restart is recognised by the Device's
-// status.reportedPosition and not applied twice.
+// Status owns the reported part of Device.status: it takes what nodes
+// report (Handle), keeps the newest value of each property, and writes a
+// changed Device at once when it is quiet, at most once per interval when
+// it is busy.
+//
+// Every write is a read-modify-write of the freshly read Device with its
+// resourceVersion (a conflict is read again from the API server and
+// retried), and applies only the reports after the stored
+// status.reportedPosition, written in the same update: a report resent
+// after a controller restart, or by a node to another replica, is never
+// applied twice, and status never goes back. A writer whose session of a
+// node is older (Inbound.Epoch) than the one that wrote the Device is
+// fenced: it writes nothing more for that node (StatusConfig.OnFenced).
+//
+// Acknowledgements follow writes: a node's messages are committed to the
+// hub (Committer) only through the last one whose effect is in the API
+// server; messages that change nothing (a Device gone, a report already
+// written, kinds the writer ignores) count as durable at once. So an edge
+// forgets a report only once it is in etcd.
 type Status struct {
 	client  client.Client // writes status
 	reader  client.Reader // the cache
+	live    client.Reader
 	hub     Committer
 	cfg     StatusConfig
 	metrics *Metrics
 	log     logr.Logger
+	queue   workqueue.TypedRateLimitingInterface[types.NamespacedName]
 
-	mu      sync.Mutex
-	devices map[types.NamespacedName]*twinState
-	taken   map[string]cloudhub.Position // newest message taken, per node
+	mu       sync.Mutex
+	devices  map[types.NamespacedName]*twinState
+	nodes    map[string]*nodeAcks
+	released map[string]int64 // node → the epoch Release dropped
+	arrival  uint64
 }
 
+// position is a report's place: its node's stream and session.
+type position struct {
+	node   string
+	stream uint64
+	seq    uint64
+	epoch  int64
+	order  uint64 // arrival order in this process
+}
+
+func (p position) linkPosition() *v1alpha1.LinkPosition {
+	return &v1alpha1.LinkPosition{Node: p.node, Stream: strconv.FormatUint(p.stream, 10), Seq: int64(p.seq), Epoch: p.epoch}
+}
+
+// after says whether p comes after the stored position (a report of
+// another node or stream always does).
+func (p position) after(stored *v1alpha1.LinkPosition) bool {
+	return stored == nil || stored.Node != p.node || stored.Stream != strconv.FormatUint(p.stream, 10) || int64(p.seq) > stored.Seq
+}
+
+// fencedBy says whether a newer session of p's node wrote stored.
+func (p position) fencedBy(stored *v1alpha1.LinkPosition) bool {
+	return stored != nil && stored.Node == p.node && stored.Epoch > p.epoch
+}
+
+// msgRef is one message taken from a node, durable once its effect is
+// written (or at once when it had none).
+type msgRef struct {
+	at      cloudhub.Position
+	durable bool
+}
+
+// nodeAcks tracks a node's taken messages in order, to commit through the
+// last one before the oldest not yet durable.
+type nodeAcks struct {
+	node   string
+	epoch  int64
+	stream uint64
+	fifo   []*msgRef
+}
+
+type pendingTwin struct {
+	reported *v1alpha1.TwinProperty
+	observed *v1alpha1.TwinProperty
+	at       time.Time
+	pos      position
+}
+
+type pendingState struct {
+	state  string
+	at     time.Time
+	online bool
+	cond   metav1.Condition
+	pos    position
+}
+
+// pendingCond is a condition the node set on a Device (applyEdgeCondition).
+type pendingCond struct {
+	c   *linkv1.DeviceCondition
+	gen int64
+	pos position
+}
+
+// twinState is what was taken for a Device and not written yet.
 type twinState struct {
-	status    v1alpha1.DeviceStatus // what was written, plus what is pending
-	dirty     bool
+	twins   map[string]*pendingTwin
+	state   *pendingState
+	conds   []pendingCond
+	refs    []*msgRef
+	acks    []*nodeAcks // the node of each ref
+	touched bool        // recompute DesiredApplied even without reports
+	oldest  time.Time   // read time of the oldest unwritten report
+	seen    *v1alpha1.LinkPosition
+
 	writing   bool
-	oldest    time.Time       // report time of the oldest unwritten change
-	pendingBy map[string]bool // properties changed since the last write
+	lastWrite time.Time
+}
+
+func (st *twinState) dirty() bool {
+	return len(st.twins) > 0 || st.state != nil || len(st.conds) > 0 || len(st.refs) > 0 || st.touched
 }
 
 // NewStatus makes a Status; hub may be nil (nothing to commit: tests).
@@ -71,22 +175,21 @@ func NewStatus(c client.Client, reader client.Reader, hub Committer, cfg StatusC
 	if cfg.Interval <= 0 {
 		cfg.Interval = time.Second
 	}
+	if cfg.Batch <= 0 {
+		cfg.Batch = 3 * time.Millisecond
+	}
 	if cfg.Concurrency <= 0 {
 		cfg.Concurrency = 16
 	}
-	return &Status{client: c, reader: reader, hub: hub, cfg: cfg, metrics: m, log: log,
-		devices: map[types.NamespacedName]*twinState{}, taken: map[string]cloudhub.Position{}}
-}
-
-// state returns key's twin state, seeded from the cached Device the first
-// time (after a restart the API server holds what was written). Under mu.
-func (s *Status) state(key types.NamespacedName, d *v1alpha1.Device) *twinState {
-	st := s.devices[key]
-	if st == nil {
-		st = &twinState{status: *d.Status.DeepCopy(), pendingBy: map[string]bool{}}
-		s.devices[key] = st
+	live := cfg.Live
+	if live == nil {
+		live = c
 	}
-	return st
+	return &Status{client: c, reader: reader, live: live, hub: hub, cfg: cfg, metrics: m, log: log,
+		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
+			workqueue.NewTypedItemExponentialFailureRateLimiter[types.NamespacedName](100*time.Millisecond, 30*time.Second),
+			workqueue.TypedRateLimitingQueueConfig[types.NamespacedName]{Name: "twin-status"}),
+		devices: map[types.NamespacedName]*twinState{}, nodes: map[string]*nodeAcks{}, released: map[string]int64{}}
 }
 
 // Handle is the cloudhub Handler: it takes reported values and device
@@ -98,27 +201,47 @@ func (s *Status) Handle(ctx context.Context, m cloudhub.Inbound) error {
 		ref = k.TwinReported.Device
 	case *linkv1.Envelope_DeviceState:
 		ref = k.DeviceState.Device
+	case *linkv1.Envelope_DeviceCondition:
+		ref = k.DeviceCondition.Device
 	}
-	defer s.took(m)
 	if ref == nil {
+		s.noop(m)
 		return nil
 	}
 	key := types.NamespacedName{Namespace: ref.Namespace, Name: ref.Name}
 	var d v1alpha1.Device
-	// Read only (state copies what it keeps): no copy of the cached
-	// Device for every report.
+	// Read only: no copy of the cached Device for every report.
 	if err := s.reader.Get(ctx, key, &d, client.UnsafeDisableDeepCopy); err != nil {
 		if apierrors.IsNotFound(err) {
 			s.metrics.dropped("device-gone")
+			s.noop(m)
 			return nil
 		}
 		return err // transient: the edge resends
 	}
-	pos := v1alpha1.LinkPosition{Node: m.Node, Stream: strconv.FormatUint(m.At.Stream, 10), Seq: int64(m.At.Seq)}
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	st := s.state(key, &d)
-	if p := st.status.ReportedPosition; p != nil && p.Node == pos.Node && p.Stream == pos.Stream && p.Seq >= pos.Seq {
+	s.arrival++
+	pos := position{node: m.Node, stream: m.At.Stream, seq: m.At.Seq, epoch: int64(m.Epoch), order: s.arrival}
+	acks, ok := s.acksLocked(m)
+	if !ok {
+		s.mu.Unlock()
+		s.metrics.dropped("released")
+		return nil
+	}
+	stored := d.Status.ReportedPosition
+	if pos.fencedBy(stored) {
+		s.mu.Unlock()
+		s.fenced(m.Node, stored)
+		return nil
+	}
+	st := s.devices[key]
+	if st == nil {
+		st = &twinState{twins: map[string]*pendingTwin{}}
+		s.devices[key] = st
+	}
+	if !pos.after(stored) || (st.seen != nil && !pos.after(st.seen)) {
+		s.pushLocked(acks, m.At, true)
+		s.mu.Unlock()
 		s.metrics.dropped("already-written")
 		return nil
 	}
@@ -129,7 +252,6 @@ func (s *Status) Handle(ctx context.Context, m cloudhub.Inbound) error {
 		if t := r.GetTime(); t != nil {
 			at = t.AsTime()
 		}
-		tw := twin(&st.status, r.Property)
 		md := maps.Clone(r.Metadata)
 		if md == nil {
 			md = map[string]string{}
@@ -137,26 +259,22 @@ func (s *Status) Handle(ctx context.Context, m cloudhub.Inbound) error {
 		if _, ok := md[twinvalue.MetaTimestamp]; !ok {
 			md[twinvalue.MetaTimestamp] = twinvalue.Timestamp(at)
 		}
-		tw.Reported = &v1alpha1.TwinProperty{Value: FormatValue(r.Value), Metadata: md}
+		pt := &pendingTwin{reported: &v1alpha1.TwinProperty{Value: FormatValue(r.Value), Metadata: md}, at: at, pos: pos}
 		if r.ObservedDesired != nil {
-			tw.ObservedDesired = &v1alpha1.TwinProperty{Value: FormatValue(r.ObservedDesired), Metadata: map[string]string{twinvalue.MetaTimestamp: md[twinvalue.MetaTimestamp]}}
+			pt.observed = &v1alpha1.TwinProperty{Value: FormatValue(r.ObservedDesired), Metadata: map[string]string{twinvalue.MetaTimestamp: md[twinvalue.MetaTimestamp]}}
 		}
-		if st.pendingBy[r.Property] {
+		if old := st.twins[r.Property]; old != nil {
 			s.metrics.Coalesced.Inc()
+			if pt.observed == nil {
+				pt.observed = old.observed
+			}
 		}
-		st.pendingBy[r.Property] = true
-		if st.status.LastReportTime == nil || st.status.LastReportTime.Time.Before(at) {
-			st.status.LastReportTime = &metav1.Time{Time: at}
-		}
+		st.twins[r.Property] = pt
 		s.metrics.Reports.WithLabelValues("reported").Inc()
 	case *linkv1.Envelope_DeviceState:
 		ds := k.DeviceState
 		if t := ds.GetTime(); t != nil {
 			at = t.AsTime()
-		}
-		st.status.State = ds.State
-		if twinvalue.Online(ds.State) {
-			st.status.LastOnlineTime = &metav1.Time{Time: at}
 		}
 		c := metav1.Condition{Type: v1alpha1.ConditionMapperConnected, Status: metav1.ConditionTrue,
 			Reason: "Reporting", Message: fmt.Sprintf("mapper %q on node %s reports the device %s", ds.Mapper, m.Node, ds.State), ObservedGeneration: d.Generation}
@@ -165,23 +283,418 @@ func (s *Status) Handle(ctx context.Context, m cloudhub.Inbound) error {
 			c.Status, c.Reason, c.Message = metav1.ConditionFalse, "NoMapper",
 				fmt.Sprintf("no mapper on node %s serves the device (none registered under its mapperName or its protocol)", m.Node)
 		}
-		meta.SetStatusCondition(&st.status.Conditions, c)
+		ps := &pendingState{state: ds.State, at: at, cond: c, pos: pos,
+			online: twinvalue.Online(ds.State)}
+		if st.state != nil && !ps.online && st.state.online {
+			// Keep the newer online time a coalesced report carried.
+			ps.online, ps.at = false, st.state.at
+		}
+		st.state = ps
 		s.metrics.Reports.WithLabelValues("state").Inc()
+	case *linkv1.Envelope_DeviceCondition:
+		var scratch v1alpha1.DeviceStatus
+		if !applyEdgeCondition(&scratch, k.DeviceCondition, d.Generation) {
+			s.pushLocked(acks, m.At, true)
+			s.mu.Unlock()
+			s.metrics.dropped("condition-type")
+			return nil
+		}
+		st.conds = append(st.conds, pendingCond{c: k.DeviceCondition, gen: d.Generation, pos: pos})
+		s.metrics.Reports.WithLabelValues("condition").Inc()
 	}
-	st.status.ReportedPosition = &pos
-	if !st.dirty || st.oldest.IsZero() {
+	st.seen = pos.linkPosition()
+	if st.oldest.IsZero() {
 		st.oldest = at
 	}
-	st.dirty = true
+	ref2 := s.pushLocked(acks, m.At, false)
+	st.refs = append(st.refs, ref2)
+	st.acks = append(st.acks, acks)
+	s.scheduleLocked(key, st)
+	s.mu.Unlock()
 	return nil
 }
 
-func (s *Status) took(m cloudhub.Inbound) {
+// noop takes a message that changes nothing: durable at once.
+func (s *Status) noop(m cloudhub.Inbound) {
 	s.mu.Lock()
-	if p := s.taken[m.Node]; p.Stream != m.At.Stream || p.Seq < m.At.Seq {
-		s.taken[m.Node] = m.At
+	defer s.mu.Unlock()
+	if acks, ok := s.acksLocked(m); ok {
+		s.pushLocked(acks, m.At, true)
+	}
+}
+
+// acksLocked returns m's node's message tracking; false when the node's
+// session of m's epoch was released (nothing of it is applied or
+// committed any more: the edge resends it to the node's new owner).
+func (s *Status) acksLocked(m cloudhub.Inbound) (*nodeAcks, bool) {
+	if e, ok := s.released[m.Node]; ok {
+		if int64(m.Epoch) <= e {
+			return nil, false
+		}
+		delete(s.released, m.Node)
+	}
+	a := s.nodes[m.Node]
+	if a == nil || a.stream != m.At.Stream || a.epoch != int64(m.Epoch) {
+		// A new stream (a wiped edge store) or session: what was taken of
+		// the old one is no use to commit.
+		a = &nodeAcks{node: m.Node, epoch: int64(m.Epoch), stream: m.At.Stream}
+		s.nodes[m.Node] = a
+	}
+	return a, true
+}
+
+// pushLocked appends a taken message to its node's queue and commits as
+// far as it can.
+func (s *Status) pushLocked(a *nodeAcks, at cloudhub.Position, durable bool) *msgRef {
+	r := &msgRef{at: at, durable: durable}
+	a.fifo = append(a.fifo, r)
+	if durable {
+		s.advanceLocked(a)
+	}
+	return r
+}
+
+// advanceLocked commits a node through its last durable message before
+// the first one that is not.
+func (s *Status) advanceLocked(a *nodeAcks) {
+	var last *msgRef
+	i := 0
+	for ; i < len(a.fifo) && a.fifo[i].durable; i++ {
+		last = a.fifo[i]
+	}
+	if last == nil {
+		return
+	}
+	a.fifo = slices.Delete(a.fifo, 0, i)
+	// A released node's queue commits nothing.
+	if s.nodes[a.node] == a && s.hub != nil {
+		s.hub.Commit(a.node, last.at)
+	}
+}
+
+// scheduleLocked queues key's write: at once (after the batch wait) when
+// the Device was not written within the interval, else at the end of it.
+func (s *Status) scheduleLocked(key types.NamespacedName, st *twinState) {
+	if st.writing {
+		return // the write in flight schedules what came meanwhile
+	}
+	now := time.Now()
+	due := now.Add(s.cfg.Batch)
+	if next := st.lastWrite.Add(s.cfg.Interval); next.After(due) {
+		due = next
+	}
+	s.queue.AddAfter(key, due.Sub(now))
+}
+
+// Release drops what node reported and was not written yet, for a node
+// whose session this replica no longer holds: nothing of it was
+// committed, so the edge resends it to its new owner. Messages of the
+// released session (its epoch or older) that still arrive are dropped
+// uncommitted.
+func (s *Status) Release(node string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := int64(0)
+	if a := s.nodes[node]; a != nil {
+		e = a.epoch
+	}
+	if old, ok := s.released[node]; !ok || old < e {
+		s.released[node] = e
+	}
+	delete(s.nodes, node)
+	for key, st := range s.devices {
+		drop := false
+		for _, p := range st.twins {
+			drop = drop || p.pos.node == node
+		}
+		if st.state != nil && st.state.pos.node == node {
+			drop = true
+		}
+		for _, c := range st.conds {
+			drop = drop || c.pos.node == node
+		}
+		if !drop {
+			continue
+		}
+		if st.writing {
+			// The write in flight commits nothing (its node's queue is
+			// gone); its pending rest is dropped when it ends.
+			st.twins, st.state, st.conds, st.refs, st.acks = map[string]*pendingTwin{}, nil, nil, nil, nil
+			st.seen = nil
+			continue
+		}
+		delete(s.devices, key)
+	}
+}
+
+func (s *Status) fenced(node string, stored *v1alpha1.LinkPosition) {
+	s.metrics.dropped("fenced")
+	s.log.Info("a newer session of the node wrote a device: releasing the node", "node", node, "storedEpoch", stored.Epoch)
+	s.Release(node)
+	if s.cfg.OnFenced != nil {
+		s.cfg.OnFenced(node)
+	}
+}
+
+// Touch asks for key's DesiredApplied condition to be brought up to date
+// with its spec (a desired value changed) at the next write.
+func (s *Status) Touch(key types.NamespacedName) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.devices[key]
+	if st == nil {
+		st = &twinState{twins: map[string]*pendingTwin{}}
+		s.devices[key] = st
+	}
+	st.touched = true
+	s.scheduleLocked(key, st)
+}
+
+// Forget drops a deleted Device's state; its messages count as durable.
+func (s *Status) Forget(key types.NamespacedName) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.devices[key]
+	delete(s.devices, key)
+	if st != nil {
+		s.durableLocked(st.refs, st.acks)
+	}
+}
+
+func (s *Status) durableLocked(refs []*msgRef, acks []*nodeAcks) {
+	seen := map[*nodeAcks]bool{}
+	for i, r := range refs {
+		r.durable = true
+		seen[acks[i]] = true
+	}
+	for a := range seen {
+		s.advanceLocked(a)
+	}
+}
+
+// NeedLeaderElection is false: every replica writes the status of the
+// Devices of the nodes whose sessions it holds.
+func (s *Status) NeedLeaderElection() bool { return false }
+
+// Start writes changed Devices until ctx ends, with Concurrency workers.
+func (s *Status) Start(ctx context.Context) error {
+	var wg sync.WaitGroup
+	for range s.cfg.Concurrency {
+		wg.Go(func() {
+			for {
+				key, shutdown := s.queue.Get()
+				if shutdown {
+					return
+				}
+				if err := s.writeOne(ctx, key); err != nil && ctx.Err() == nil {
+					s.queue.AddRateLimited(key)
+				} else {
+					s.queue.Forget(key)
+				}
+				s.queue.Done(key)
+			}
+		})
+	}
+	<-ctx.Done()
+	s.queue.ShutDown()
+	wg.Wait()
+	return nil
+}
+
+// Flush writes every changed Device now, whatever the interval, and
+// returns when the writes are done (tests, and a stopping controller).
+func (s *Status) Flush(ctx context.Context) {
+	s.mu.Lock()
+	var keys []types.NamespacedName
+	for key, st := range s.devices {
+		if st.dirty() && !st.writing {
+			keys = append(keys, key)
+		}
 	}
 	s.mu.Unlock()
+	sem := make(chan struct{}, s.cfg.Concurrency)
+	var wg sync.WaitGroup
+	for _, key := range keys {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			_ = s.writeOne(ctx, key)
+		})
+	}
+	wg.Wait()
+}
+
+// batch is what one write takes of a Device's pending state.
+type batch struct {
+	twins   map[string]*pendingTwin
+	state   *pendingState
+	conds   []pendingCond
+	refs    []*msgRef
+	acks    []*nodeAcks
+	touched bool
+	oldest  time.Time
+}
+
+// writeOne writes key's pending state, if any. On an error the state is
+// kept (merged under what came meanwhile) for a retry.
+func (s *Status) writeOne(ctx context.Context, key types.NamespacedName) error {
+	s.mu.Lock()
+	st := s.devices[key]
+	if st == nil || st.writing || !st.dirty() {
+		s.mu.Unlock()
+		return nil
+	}
+	b := batch{twins: st.twins, state: st.state, conds: st.conds, refs: st.refs, acks: st.acks, touched: st.touched, oldest: st.oldest}
+	st.twins, st.state, st.conds, st.refs, st.acks, st.touched, st.oldest = map[string]*pendingTwin{}, nil, nil, nil, nil, false, time.Time{}
+	st.writing = true
+	st.lastWrite = time.Now()
+	s.mu.Unlock()
+
+	err := s.write(ctx, key, &b)
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st.writing = false
+	if cur := s.devices[key]; cur != st {
+		return nil // forgotten or released meanwhile
+	}
+	if err != nil {
+		if errors.Is(err, errFenced) {
+			return nil
+		}
+		// Keep what was taken; newer reports of a property win.
+		for p, t := range b.twins {
+			if cur, ok := st.twins[p]; !ok || cur.pos.order < t.pos.order {
+				st.twins[p] = t
+			}
+		}
+		if st.state == nil {
+			st.state = b.state
+		}
+		st.conds = append(b.conds, st.conds...)
+		st.refs, st.acks = append(b.refs, st.refs...), append(b.acks, st.acks...)
+		st.touched = st.touched || b.touched
+		if !b.oldest.IsZero() && (st.oldest.IsZero() || b.oldest.Before(st.oldest)) {
+			st.oldest = b.oldest
+		}
+		return err
+	}
+	s.durableLocked(b.refs, b.acks)
+	if st.dirty() {
+		s.scheduleLocked(key, st)
+	}
+	return nil
+}
+
+var errFenced = errors.New("fenced by a newer session of the node")
+
+// write applies b on the freshly read Device and updates its status with
+// the resourceVersion read; a conflict is read again from the API server.
+func (s *Status) write(ctx context.Context, key types.NamespacedName, b *batch) error {
+	reader := s.reader
+	for attempt := 0; ; attempt++ {
+		var d v1alpha1.Device
+		if err := reader.Get(ctx, key, &d); err != nil {
+			if apierrors.IsNotFound(err) {
+				s.Forget(key)
+				return nil
+			}
+			return err
+		}
+		stored := d.Status.ReportedPosition
+		var newest *position
+		consider := func(p position) bool {
+			if p.fencedBy(stored) {
+				return false
+			}
+			if !p.after(stored) {
+				return false
+			}
+			if newest == nil || p.order > newest.order {
+				newest = &p
+			}
+			return true
+		}
+		for _, p := range b.all() {
+			if p.fencedBy(stored) {
+				s.fenced(p.node, stored)
+				return errFenced
+			}
+		}
+		changed := b.touched
+		names := slices.Sorted(maps.Keys(b.twins))
+		for _, name := range names {
+			pt := b.twins[name]
+			if !consider(pt.pos) {
+				continue
+			}
+			tw := twin(&d.Status, name)
+			tw.Reported = pt.reported
+			if pt.observed != nil {
+				tw.ObservedDesired = pt.observed
+			}
+			if d.Status.LastReportTime == nil || d.Status.LastReportTime.Time.Before(pt.at) {
+				d.Status.LastReportTime = &metav1.Time{Time: pt.at}
+			}
+			changed = true
+		}
+		for _, pc := range b.conds {
+			if consider(pc.pos) && applyEdgeCondition(&d.Status, pc.c, pc.gen) {
+				changed = true
+			}
+		}
+		if ps := b.state; ps != nil && consider(ps.pos) {
+			d.Status.State = ps.state
+			if ps.online {
+				d.Status.LastOnlineTime = &metav1.Time{Time: ps.at}
+			}
+			meta.SetStatusCondition(&d.Status.Conditions, ps.cond)
+			changed = true
+		}
+		if !changed {
+			return nil // all written already (by another replica, or before a restart)
+		}
+		if newest != nil {
+			d.Status.ReportedPosition = newest.linkPosition()
+		}
+		desiredApplied(&d, &d.Status)
+		start := time.Now()
+		err := s.client.Status().Update(ctx, &d)
+		switch {
+		case err == nil:
+			s.metrics.Writes.WithLabelValues("ok").Inc()
+			s.metrics.WriteSeconds.Observe(time.Since(start).Seconds())
+			if !b.oldest.IsZero() {
+				s.metrics.ReportToStatus.Observe(time.Since(b.oldest).Seconds())
+			}
+			return nil
+		case apierrors.IsConflict(err) && attempt < 10:
+			s.metrics.Writes.WithLabelValues("conflict").Inc()
+			reader = s.live // the cache may not hold the write that won yet
+			continue
+		case apierrors.IsNotFound(err):
+			s.Forget(key)
+			return nil
+		default:
+			s.metrics.Writes.WithLabelValues("error").Inc()
+			s.log.Error(err, "writing device status", "device", key.String())
+			return err
+		}
+	}
+}
+
+func (b *batch) all() []position {
+	var out []position
+	for _, t := range b.twins {
+		out = append(out, t.pos)
+	}
+	if b.state != nil {
+		out = append(out, b.state.pos)
+	}
+	for _, c := range b.conds {
+		out = append(out, c.pos)
+	}
+	return out
 }
 
 func twin(st *v1alpha1.DeviceStatus, property string) *v1alpha1.Twin {
@@ -194,155 +707,50 @@ func twin(st *v1alpha1.DeviceStatus, property string) *v1alpha1.Twin {
 	return &st.Twins[len(st.Twins)-1]
 }
 
-// Forget drops a deleted Device's state.
-func (s *Status) Forget(key types.NamespacedName) {
-	s.mu.Lock()
-	delete(s.devices, key)
-	s.mu.Unlock()
-}
-
-// Release drops what this replica holds of node's twins that is not
-// written: another replica owns the node's session now, and the edge
-// resends to it whatever was not acknowledged. What it held of the node's
-// Devices is dropped too (it is read again from the API server if the node
-// comes back here).
-func (s *Status) Release(node string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	delete(s.taken, node)
-	for key, st := range s.devices {
-		if p := st.status.ReportedPosition; p != nil && p.Node == node {
-			delete(s.devices, key)
-		}
-	}
-}
-
-// NeedLeaderElection is false: every replica writes the status of the
-// Devices of the nodes whose sessions it holds.
-func (s *Status) NeedLeaderElection() bool { return false }
-
-// Start writes changed Devices every interval until ctx ends.
-func (s *Status) Start(ctx context.Context) error {
-	t := time.NewTicker(s.cfg.Interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-			s.Flush(ctx)
-		}
-	}
-}
-
-type pendingWrite struct {
-	key    types.NamespacedName
-	status v1alpha1.DeviceStatus
-	oldest time.Time
-	node   string
-}
-
-// Flush writes every changed Device once, then commits each node's stream
-// as far as it was taken before the writes, unless a write of that node's
-// Devices failed (those are retried next time, and the edge keeps the
-// reports meanwhile).
-func (s *Status) Flush(ctx context.Context) {
-	s.mu.Lock()
-	taken := maps.Clone(s.taken)
-	var work []pendingWrite
-	for key, st := range s.devices {
-		if !st.dirty || st.writing {
-			continue
-		}
-		node := ""
-		if p := st.status.ReportedPosition; p != nil {
-			node = p.Node
-		}
-		work = append(work, pendingWrite{key: key, status: *st.status.DeepCopy(), oldest: st.oldest, node: node})
-		st.dirty, st.writing, st.oldest = false, true, time.Time{}
-		clear(st.pendingBy)
-	}
-	s.mu.Unlock()
-
-	failed := map[string]bool{}
-	var fmu sync.Mutex
-	sem := make(chan struct{}, s.cfg.Concurrency)
-	var wg sync.WaitGroup
-	for i := range work {
-		w := &work[i]
-		sem <- struct{}{}
-		wg.Add(1)
-		go func() {
-			defer func() { <-sem; wg.Done() }()
-			err := s.write(ctx, w)
-			s.mu.Lock()
-			if st := s.devices[w.key]; st != nil {
-				st.writing = false
-				if err != nil {
-					st.dirty = true
-					if st.oldest.IsZero() || (!w.oldest.IsZero() && w.oldest.Before(st.oldest)) {
-						st.oldest = w.oldest
-					}
-				}
-			}
-			s.mu.Unlock()
-			if err != nil {
-				fmu.Lock()
-				failed[w.node] = true
-				fmu.Unlock()
-			}
-		}()
-	}
-	wg.Wait()
-	if s.hub == nil {
-		return
-	}
-	for node, pos := range taken {
-		if !failed[node] {
-			s.hub.Commit(node, pos)
-		}
-	}
-}
-
-func (s *Status) write(ctx context.Context, w *pendingWrite) error {
-	var d v1alpha1.Device
-	if err := s.reader.Get(ctx, w.key, &d); err != nil {
-		if apierrors.IsNotFound(err) {
-			s.Forget(w.key)
-			return nil
-		}
-		return err
-	}
-	desiredApplied(&d, &w.status)
-	// The Valid condition and observedGeneration are Validity's (the
-	// leader's): keep what the Device says of them.
-	if c := meta.FindStatusCondition(d.Status.Conditions, v1alpha1.ConditionDeviceValid); c != nil {
-		meta.SetStatusCondition(&w.status.Conditions, *c)
-	} else {
-		meta.RemoveStatusCondition(&w.status.Conditions, v1alpha1.ConditionDeviceValid)
-	}
-	w.status.ObservedGeneration = d.Status.ObservedGeneration
-	body, err := json.Marshal(map[string]any{"status": w.status})
-	if err != nil {
-		return err
-	}
-	start := time.Now()
-	err = s.client.Status().Patch(ctx, &d, client.RawPatch(types.MergePatchType, body))
+// SetValid records whether d fits its model (the Valid condition, and the
+// generation it was checked for): a read-modify-write of that condition
+// alone, apart from the reports, so that one replica (the leader) can own
+// it while others write twins. err nil means d fits. Idempotent.
+func (s *Status) SetValid(ctx context.Context, d *v1alpha1.Device, err error) error {
+	c := metav1.Condition{Type: v1alpha1.ConditionDeviceValid, Status: metav1.ConditionTrue, Reason: "FitsModel",
+		Message: "the spec fits DeviceModel " + d.Spec.DeviceModelRef.Name, ObservedGeneration: d.Generation}
+	var pmErr *PushMethodError
 	switch {
-	case apierrors.IsNotFound(err):
-		s.Forget(w.key)
-		return nil
+	case errors.As(err, &pmErr):
+		c.Status, c.Reason, c.Message = metav1.ConditionFalse, "InvalidPushMethod", "pushMethod not used: "+err.Error()
 	case err != nil:
-		s.metrics.Writes.WithLabelValues("error").Inc()
-		s.log.Error(err, "writing device status", "device", w.key.String())
-		return err
+		c.Status, c.Reason, c.Message = metav1.ConditionFalse, "Invalid", err.Error()
 	}
-	s.metrics.Writes.WithLabelValues("ok").Inc()
-	s.metrics.WriteSeconds.Observe(time.Since(start).Seconds())
-	if !w.oldest.IsZero() {
-		s.metrics.ReportToStatus.Observe(time.Since(w.oldest).Seconds())
+	key := client.ObjectKeyFromObject(d)
+	reader := s.reader
+	for attempt := 0; ; attempt++ {
+		var cur v1alpha1.Device
+		if err := reader.Get(ctx, key, &cur); err != nil {
+			return client.IgnoreNotFound(err)
+		}
+		if cur.Generation != d.Generation {
+			return nil // a newer spec is on its way to be checked
+		}
+		old := meta.FindStatusCondition(cur.Status.Conditions, c.Type)
+		if old != nil && old.Status == c.Status && old.Message == c.Message && old.ObservedGeneration == c.ObservedGeneration &&
+			cur.Status.ObservedGeneration == d.Generation {
+			return nil
+		}
+		meta.SetStatusCondition(&cur.Status.Conditions, c)
+		cur.Status.ObservedGeneration = d.Generation
+		err := s.client.Status().Update(ctx, &cur)
+		switch {
+		case err == nil:
+			s.metrics.Writes.WithLabelValues("ok").Inc()
+			return nil
+		case apierrors.IsConflict(err) && attempt < 10:
+			s.metrics.Writes.WithLabelValues("conflict").Inc()
+			reader = s.live
+		default:
+			s.metrics.Writes.WithLabelValues("error").Inc()
+			return client.IgnoreNotFound(err)
+		}
 	}
-	return nil
 }
 
 // desiredApplied sets DesiredApplied: True once every desired value of the
@@ -389,6 +797,16 @@ func desiredApplied(d *v1alpha1.Device, st *v1alpha1.DeviceStatus) {
 		c.Status, c.Reason, c.Message = metav1.ConditionFalse, "Pending", fmt.Sprintf("not yet observed: %v", waiting)
 	}
 	meta.SetStatusCondition(&st.Conditions, c)
+}
+
+// needsDesiredApplied says whether d's DesiredApplied condition lags its
+// spec (a desired value changed since it was written).
+func needsDesiredApplied(d *v1alpha1.Device) bool {
+	c := meta.FindStatusCondition(d.Status.Conditions, v1alpha1.ConditionDesiredApplied)
+	if c == nil {
+		return slices.ContainsFunc(d.Spec.Properties, func(p v1alpha1.DeviceProperty) bool { return p.Desired != nil })
+	}
+	return c.ObservedGeneration != d.Generation
 }
 
 // sameValue compares as numbers where both parse, so "1.50" equals "1.5".

@@ -13,6 +13,7 @@ import (
 	"github.com/go-logr/logr"
 	"google.golang.org/protobuf/proto"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -64,6 +65,7 @@ type Sender interface {
 // Device matters, so an unchanged one is not sent again.
 type Sync struct {
 	reader  client.Reader // the cache, with NodeIndex and ModelIndex
+	secrets client.Reader
 	hub     Sender
 	status  *Status
 	metrics *Metrics
@@ -84,10 +86,31 @@ type sentDevice struct {
 	model  types.NamespacedName
 }
 
-// NewSync makes a Sync.
-func NewSync(reader client.Reader, hub Sender, status *Status, m *Metrics, log logr.Logger) *Sync {
-	return &Sync{reader: reader, hub: hub, status: status, metrics: m, log: log,
+// NewSync makes a Sync. secrets (uncached: the controller keeps no
+// Secrets) checks that the Secrets pushMethods name exist; nil: not checked.
+func NewSync(reader, secrets client.Reader, hub Sender, status *Status, m *Metrics, log logr.Logger) *Sync {
+	return &Sync{reader: reader, secrets: secrets, hub: hub, status: status, metrics: m, log: log,
 		nodes: map[string]*sentTo{}, where: map[types.NamespacedName]string{}}
+}
+
+func (s *Sync) secretExists(ctx context.Context, namespace, name string) (bool, error) {
+	return secretExists(s.secrets)(ctx, namespace, name)
+}
+
+// secretExists asks r (metadata only) whether a Secret exists; r nil: it
+// is taken to.
+func secretExists(r client.Reader) func(ctx context.Context, namespace, name string) (bool, error) {
+	return func(ctx context.Context, namespace, name string) (bool, error) {
+		if r == nil {
+			return true, nil
+		}
+		sec := &metav1.PartialObjectMetadata{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Secret"}}
+		err := r.Get(ctx, types.NamespacedName{Namespace: namespace, Name: name}, sec)
+		if apierrors.IsNotFound(err) {
+			return false, nil
+		}
+		return err == nil, err
+	}
 }
 
 // SetupWithManager reconciles Devices, and the Devices of a DeviceModel
@@ -130,6 +153,14 @@ func (s *Sync) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.
 	if err != nil {
 		return reconcile.Result{}, err
 	}
+	if needsDesiredApplied(&d) {
+		s.status.Touch(req.NamespacedName)
+	}
+	return s.reconcileNode(&d, ed, model)
+}
+
+func (s *Sync) reconcileNode(d *v1alpha1.Device, ed *linkv1.EdgeDevice, model *v1alpha1.DeviceModel) (reconcile.Result, error) {
+	req := reconcile.Request{NamespacedName: client.ObjectKeyFromObject(d)}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if old := s.where[req.NamespacedName]; old != "" && (old != d.Spec.NodeName || ed == nil) {
@@ -144,7 +175,7 @@ func (s *Sync) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.
 		// Gone since it connected: it is sent everything when it is back.
 		delete(s.nodes, d.Spec.NodeName)
 	}
-	err = s.give(d.Spec.NodeName, ed, model)
+	err := s.give(d.Spec.NodeName, ed, model)
 	if errors.Is(err, link.ErrQueueFull) {
 		// The node is slow to acknowledge; only the newest state matters.
 		return reconcile.Result{RequeueAfter: time.Second}, nil
@@ -155,7 +186,7 @@ func (s *Sync) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.
 // edgeDevice converts d if it is to be sent (Check); nil when it is not.
 // Whether it is valid is recorded by Validity, on the leader.
 func (s *Sync) edgeDevice(ctx context.Context, d *v1alpha1.Device) (*linkv1.EdgeDevice, *v1alpha1.DeviceModel, error) {
-	ed, model, _, err := Check(ctx, s.reader, d)
+	ed, model, _, err := Check(ctx, s.reader, s.secretExists, d)
 	return ed, model, err
 }
 

@@ -2,6 +2,7 @@ package twins
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -24,7 +25,12 @@ import (
 // names no model or is being deleted: nothing to say). err is a failure to
 // read the model (retry). The twin sync on every replica and Validity on
 // the leader decide with it, so they agree.
-func Check(ctx context.Context, reader client.Reader, d *v1alpha1.Device) (ed *linkv1.EdgeDevice, model *v1alpha1.DeviceModel, invalid, err error) {
+//
+// A pushMethod that cannot work (checked with PushMethodProblems;
+// secretExists nil: Secrets unchecked) makes invalid a *PushMethodError
+// while ed is still given: the twin works on, and the properties it names
+// go without their pushMethod.
+func Check(ctx context.Context, reader client.Reader, secretExists func(ctx context.Context, namespace, name string) (bool, error), d *v1alpha1.Device) (ed *linkv1.EdgeDevice, model *v1alpha1.DeviceModel, invalid, err error) {
 	if d.DeletionTimestamp != nil || d.Spec.DeviceModelRef == nil {
 		return nil, nil, nil, nil
 	}
@@ -42,6 +48,18 @@ func Check(ctx context.Context, reader client.Reader, d *v1alpha1.Device) (ed *l
 	if ed, err = EdgeDevice(d, &m); err != nil {
 		return nil, nil, err, nil
 	}
+	pmErr, err := PushMethodProblems(ctx, d, secretExists)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if pmErr != nil {
+		for _, p := range ed.Properties {
+			if pmErr.Properties[p.Name] {
+				p.PushMethod = nil
+			}
+		}
+		return ed, &m, pmErr, nil
+	}
 	return ed, &m, nil, nil
 }
 
@@ -52,14 +70,16 @@ func Check(ctx context.Context, reader client.Reader, d *v1alpha1.Device) (ed *l
 // resourceVersion read, so it never undoes a replica's status write of the
 // same Device (a conflict is retried on the newer object).
 type Validity struct {
-	client client.Client
-	reader client.Reader // the cache, with ModelIndex
-	log    logr.Logger
+	client  client.Client
+	reader  client.Reader // the cache, with ModelIndex
+	secrets client.Reader
+	log     logr.Logger
 }
 
-// NewValidity makes a Validity.
-func NewValidity(c client.Client, reader client.Reader, log logr.Logger) *Validity {
-	return &Validity{client: c, reader: reader, log: log}
+// NewValidity makes a Validity. secrets (uncached) checks that the
+// Secrets pushMethods name exist; nil: not checked.
+func NewValidity(c client.Client, reader, secrets client.Reader, log logr.Logger) *Validity {
+	return &Validity{client: c, reader: reader, secrets: secrets, log: log}
 }
 
 // SetupWithManager reconciles Devices, and the Devices of a DeviceModel
@@ -92,13 +112,17 @@ func (v *Validity) Reconcile(ctx context.Context, req reconcile.Request) (reconc
 	if d.DeletionTimestamp != nil || d.Spec.DeviceModelRef == nil {
 		return reconcile.Result{}, nil
 	}
-	_, _, invalid, err := Check(ctx, v.reader, &d)
+	_, _, invalid, err := Check(ctx, v.reader, secretExists(v.secrets), &d)
 	if err != nil {
 		return reconcile.Result{}, err
 	}
 	c := metav1.Condition{Type: v1alpha1.ConditionDeviceValid, Status: metav1.ConditionTrue, Reason: "FitsModel",
 		Message: "the spec fits DeviceModel " + d.Spec.DeviceModelRef.Name, ObservedGeneration: d.Generation}
-	if invalid != nil {
+	var pmErr *PushMethodError
+	switch {
+	case errors.As(invalid, &pmErr):
+		c.Status, c.Reason, c.Message = metav1.ConditionFalse, "InvalidPushMethod", "pushMethod not used: "+invalid.Error()
+	case invalid != nil:
 		c.Status, c.Reason, c.Message = metav1.ConditionFalse, "Invalid", invalid.Error()
 	}
 	old := meta.FindStatusCondition(d.Status.Conditions, c.Type)

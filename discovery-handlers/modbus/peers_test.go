@@ -19,6 +19,7 @@ import (
 
 	"github.com/dowse-dev/dowse/discovery-handlers/modbus"
 	discoveryv1 "github.com/dowse-dev/dowse/proto/discovery/v1"
+	"github.com/dowse-dev/dowse/shared/handler"
 	"github.com/dowse-dev/dowse/shared/handler/handlertest"
 	"github.com/dowse-dev/dowse/test/npmpeer"
 )
@@ -91,7 +92,9 @@ func runHandler(t *testing.T) string {
 	agent := handlertest.StartAgent(t, dir)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- modbus.Run(ctx, modbus.Config{StateDir: dir, Logger: testr.New(t)}) }()
+	cfg := modbus.Handler()
+	cfg.StateDir, cfg.Logger = dir, testr.New(t)
+	go func() { done <- handler.Serve(ctx, cfg) }()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {

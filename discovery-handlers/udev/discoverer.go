@@ -33,6 +33,21 @@ type discoverer struct {
 // that build their own handler.Server.
 func NewDiscoverer(source Source) handler.Discoverer { return &discoverer{source: source} }
 
+// Announce implements handler.Announcer: it says whether the udev daemon's
+// events are followed, or only the kernel's (when its source tells).
+func (d *discoverer) Announce(log logr.Logger) {
+	m, ok := d.source.(interface{ Mode() string })
+	if !ok {
+		return
+	}
+	switch m.Mode() {
+	case ModeKernel:
+		log.Info("no udev daemon runs: following kernel uevents, so udev properties (ENV{ID_*}) are only those the kernel sends", "controlSocket", DefaultControlSocket)
+	case ModeUdev:
+		log.Info("following the udev daemon's events")
+	}
+}
+
 // Discover implements handler.Discoverer.
 func (d *discoverer) Discover(ctx context.Context, req *discoveryv1.DiscoverRequest, send func([]*discoveryv1.Device) error) error {
 	details, err := ParseDetails(req.GetDiscoveryDetails())
@@ -51,6 +66,7 @@ func (d *discoverer) Discover(ctx context.Context, req *discoveryv1.DiscoverRequ
 		t.evaluate(dev)
 	}
 	log.Info("udev devices enumerated", "follows", mode, "devices", len(devs), "matched", len(t.matched))
+
 	handler.SetSkipped(ctx, t.skipped())
 	if err := send(t.list()); err != nil {
 		return err

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	discoveryv1 "github.com/dowse-dev/dowse/proto/discovery/v1"
+	"github.com/dowse-dev/dowse/shared/handler"
 	"github.com/dowse-dev/dowse/shared/handler/handlertest"
 )
 
@@ -154,16 +155,18 @@ func runHandler(t *testing.T, src Source) *discoveryv1.RegisterDiscoveryHandlerR
 	agent := handlertest.StartAgent(t, dir)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- Run(ctx, Config{StateDir: dir, Source: src, Logger: testr.New(t)}) }()
+	cfg := Handler()
+	cfg.StateDir, cfg.Discoverer, cfg.Logger = dir, NewDiscoverer(src), testr.New(t)
+	go func() { done <- handler.Serve(ctx, cfg) }()
 	t.Cleanup(func() {
 		cancel()
 		select {
 		case err := <-done:
 			if err != nil {
-				t.Errorf("Run = %v", err)
+				t.Errorf("Serve = %v", err)
 			}
 		case <-time.After(10 * time.Second):
-			t.Errorf("Run did not return within 10s of its context ending")
+			t.Errorf("Serve did not return within 10s of its context ending")
 		}
 	})
 	reg := agent.WaitForRegistration(t, 5*time.Second)

@@ -30,6 +30,7 @@ import (
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	"github.com/dowse-dev/dowse/shared/scheme"
 	"github.com/dowse-dev/dowse/test/kube"
+	"github.com/dowse-dev/dowse/test/modbusplc"
 )
 
 func main() {
@@ -126,12 +127,12 @@ func run(ctx context.Context, every time.Duration, flips int) error {
 		return err
 	}
 	say("broker pods need a kubelet: run the demo as root with runc (make demo) to see one get its device through the device plugin and CDI")
-	p, err := startPLC(func(v int16) { say("Modbus controller: holding register 0 (setpoint) written: %d", v) })
+	p, err := modbusplc.Start(func(v int16) { say("Modbus controller: holding register 0 (setpoint) written: %d", v) })
 	if err != nil {
 		return err
 	}
 	defer p.Stop()
-	say("a Modbus TCP controller (github.com/simonvetter/modbus) serves the modbus-plc model's registers on %s; its temperature follows its setpoint", p.addr)
+	say("a Modbus TCP controller (github.com/simonvetter/modbus) serves the modbus-plc model's registers on %s; its temperature follows its setpoint", p.Addr)
 	if err := showTwin(ctx, c, kubeconfig, p); err != nil {
 		return fmt.Errorf("the twin: %w", err)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/dowse-dev/dowse/shared/scheme"
 	"github.com/dowse-dev/dowse/test/cluster"
 	"github.com/dowse-dev/dowse/test/kube"
+	"github.com/dowse-dev/dowse/test/modbusplc"
 )
 
 // canUseNode says whether this machine can run the real one-node cluster.
@@ -119,12 +120,12 @@ func runOnNode(ctx context.Context, every time.Duration, flips int) error {
 	if err := showBroker(ctx, c, cl); err != nil {
 		return fmt.Errorf("the broker pod: %w", err)
 	}
-	p, err := startPLC(func(v int16) { say("Modbus controller: holding register 0 (setpoint) written: %d", v) })
+	p, err := modbusplc.Start(func(v int16) { say("Modbus controller: holding register 0 (setpoint) written: %d", v) })
 	if err != nil {
 		return err
 	}
 	defer p.Stop()
-	say("a Modbus TCP controller (github.com/simonvetter/modbus) serves the modbus-plc model's registers on %s; its temperature follows its setpoint", p.addr)
+	say("a Modbus TCP controller (github.com/simonvetter/modbus) serves the modbus-plc model's registers on %s; its temperature follows its setpoint", p.Addr)
 	if err := showTwin(ctx, cl, c.Kubeconfig, p); err != nil {
 		return fmt.Errorf("the twin: %w", err)
 	}

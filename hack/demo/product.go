@@ -27,6 +27,7 @@ import (
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	"github.com/dowse-dev/dowse/test/cluster"
 	"github.com/dowse-dev/dowse/test/kube"
+	"github.com/dowse-dev/dowse/test/modbusplc"
 	"github.com/dowse-dev/dowse/test/procs"
 )
 
@@ -194,7 +195,7 @@ func showBroker(ctx context.Context, c *cluster.Cluster, cl client.Client) error
 // the mapper, which writes the controller's register; the setpoint and the
 // temperature that follows it come back as reported values in
 // Device.status.
-func showTwin(ctx context.Context, cl client.Client, kubeconfig string, p *plc) error {
+func showTwin(ctx context.Context, cl client.Client, kubeconfig string, p *modbusplc.PLC) error {
 	var model v1alpha1.DeviceModel
 	if err := readSample("modbus-plc-model.yaml", &model); err != nil {
 		return err
@@ -207,7 +208,7 @@ func showTwin(ctx context.Context, cl client.Client, kubeconfig string, p *plc) 
 	if err := yaml.Unmarshal(cfg.Spec.DiscoveryHandler.DiscoveryDetails.Raw, &details); err != nil {
 		return err
 	}
-	details["targets"] = []string{p.addr}
+	details["targets"] = []string{p.Addr}
 	raw, err := json.Marshal(details)
 	if err != nil {
 		return err
@@ -225,7 +226,7 @@ func showTwin(ctx context.Context, cl client.Client, kubeconfig string, p *plc) 
 	if err := cl.Create(ctx, &cfg); err != nil {
 		return err
 	}
-	say("applied samples/modbus-plc-model.yaml and samples/modbus-plc.yaml (scanning the demo's Modbus controller at %s instead of 192.168.10.0/24)", p.addr)
+	say("applied samples/modbus-plc-model.yaml and samples/modbus-plc.yaml (scanning the demo's Modbus controller at %s instead of 192.168.10.0/24)", p.Addr)
 
 	var dev v1alpha1.Device
 	key := func() client.ObjectKey { return client.ObjectKeyFromObject(&dev) }

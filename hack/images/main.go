@@ -1,9 +1,20 @@
-// Command images turns static binaries into OCI image archives (made with
-// go-containerregistry, package imagearchive)
-// bin/images/<name>.tar, named <registry>/<name>:<tag> like the manifests in
-// deploy/ name them.
+// Command images turns static binaries into OCI images with
+// go-containerregistry (package imagearchive):
 //
 //	go run ./hack/images -out bin/images -tag latest bin/static/dowse-agent ...
+//
+// writes one archive bin/images/<name>.tar per binary (this machine's
+// architecture, named <registry>/<name>:<tag> as deploy/ names them), for
+// the test node and the demo;
+//
+//	go run ./hack/images release -version V -bindir bin/release/bin dowse-agent ...
+//
+// makes one image index per binary of every platform (make release) into
+// an OCI image layout with images.txt; and
+//
+//	go run ./hack/images push -layout bin/release/oci -registry R
+//
+// pushes that layout's indexes to registry R.
 package main
 
 import (
@@ -25,6 +36,17 @@ type config struct {
 }
 
 func main() {
+	if len(os.Args) > 1 && (os.Args[1] == "release" || os.Args[1] == "push") {
+		run := release
+		if os.Args[1] == "push" {
+			run = push
+		}
+		if err := run(os.Args[2:]); err != nil {
+			fmt.Fprintf(os.Stderr, "images %s: %v\n", os.Args[1], err)
+			os.Exit(1)
+		}
+		return
+	}
 	var cfg config
 	flag.StringVar(&cfg.out, "out", "bin/images", "folder the archives are written to")
 	flag.StringVar(&cfg.registry, "registry", "ghcr.io/dowse-dev", "registry and owner part of each image name")

@@ -288,15 +288,22 @@ func NodeSelector(hostnames []string) *corev1.NodeSelector {
 // device coming or going changes one slice: each name goes to the slice a
 // hash of it picks, among a power of two of slices that holds at most
 // spreadTarget devices each on average, so the slice count (and every
-// slice) changes only when the pool doubles or halves. Should a slice pass
+// slice) changes only when the pool doubles or halves. have is the pool's
+// slice count now (0 for a new pool): the count grows as soon as the pool
+// outgrows it but shrinks only once the pool fits a quarter of it, so a
+// pool hovering at a threshold (4,096 devices: 128 slices or 256) does not
+// rewrite every slice at each crossing. Should a slice pass
 // MaxDevicesPerSlice (vanishingly rare), the count doubles until none
 // does. It returns the slice count and each name's slice; a slice may be
 // empty, which keeps the count, and so the other slices, unchanged when
 // its last device goes.
-func Buckets(names []string) (int, []int) {
+func Buckets(names []string, have int) (int, []int) {
 	n := 1
 	for n*spreadTarget < len(names) {
 		n *= 2
+	}
+	if have > n && have&(have-1) == 0 && have <= maxBuckets && len(names) > have*spreadTarget/4 {
+		n = have
 	}
 	hashes := make([]uint32, len(names))
 	for i, name := range names {

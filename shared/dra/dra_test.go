@@ -124,7 +124,7 @@ func TestBuckets(t *testing.T) {
 		return out
 	}
 	for _, n := range []int{0, 1, 32, 33, 1000, 5000} {
-		count, of := Buckets(names(n))
+		count, of := Buckets(names(n), 0)
 		if count&(count-1) != 0 || count*spreadTarget < n || (count > 1 && count*spreadTarget/2 >= n) {
 			t.Fatalf("%d devices: %d slices", n, count)
 		}
@@ -138,8 +138,8 @@ func TestBuckets(t *testing.T) {
 	}
 	// One more device (the slice count unchanged) leaves every other
 	// device in its slice.
-	_, before := Buckets(names(5000))
-	_, after := Buckets(names(5001))
+	_, before := Buckets(names(5000), 0)
+	_, after := Buckets(names(5001), 0)
 	if !slices.Equal(before, after[:5000]) {
 		t.Error("one device more moved others")
 	}
@@ -152,8 +152,43 @@ func TestBuckets(t *testing.T) {
 			same = append(same, "d"+strconv.Itoa(i))
 		}
 	}
-	if count, _ := Buckets(same); count != 16 {
+	if count, _ := Buckets(same, 0); count != 16 {
 		t.Errorf("overflow: %d slices, want 16", count)
+	}
+}
+
+// TestBucketsHysteresis: a pool hovering at 4,096 devices keeps its slice
+// count (and so every device's slice) across each crossing; it shrinks
+// once the pool fits a quarter of its slices.
+func TestBucketsHysteresis(t *testing.T) {
+	names := make([]string, 4097)
+	for i := range names {
+		names[i] = v1alpha1.DeviceHash(strconv.Itoa(i), true, "")
+	}
+	have, _ := Buckets(names[:4096], 0)
+	if have != 128 {
+		t.Fatalf("4,096 devices in %d slices, want 128", have)
+	}
+	have, at4097 := Buckets(names, have)
+	if have != 256 {
+		t.Fatalf("4,097 devices in %d slices, want 256", have)
+	}
+	for round := range 10 {
+		n := 4096 + round%2
+		count, of := Buckets(names[:n], have)
+		if count != 256 || !slices.Equal(of, at4097[:n]) {
+			t.Fatalf("round %d, %d devices: %d slices: the count must stay 256 and no device move", round, n, count)
+		}
+		have = count
+	}
+	if count, _ := Buckets(names[:2049], 256); count != 256 {
+		t.Errorf("2,049 devices in %d slices, want 256 kept", count)
+	}
+	if count, _ := Buckets(names[:2048], 256); count != 64 {
+		t.Errorf("2,048 devices in %d slices, want 64 (a quarter of 256 fits them)", count)
+	}
+	if count, _ := Buckets(names[:100], 3); count != 4 {
+		t.Errorf("a count that is no power of two is not kept: %d slices", count)
 	}
 }
 

@@ -66,6 +66,13 @@ type Discoverer interface {
 	Discover(ctx context.Context, req *discoveryv1.DiscoverRequest, send func([]*discoveryv1.Device) error) error
 }
 
+// Announcer is implemented by a Discoverer with something to say once
+// when its Server starts, beside the Server's own start line: what it
+// follows, say (udev: the udev daemon's events or the kernel's).
+type Announcer interface {
+	Announce(log logr.Logger)
+}
+
 // Config is what a Server needs. Name, StateDir and Discoverer are required;
 // the zero value of every other field is a sane default.
 type Config struct {

@@ -130,6 +130,9 @@ func (s *Server) Start(ctx context.Context) error {
 		wg.Go(func() { s.serveMetrics(ctx, s.cfg.MetricsAddr) })
 	}
 	s.log.Info("serving discovery handler", "shared", s.cfg.Shared)
+	if a, ok := s.cfg.Discoverer.(Announcer); ok {
+		a.Announce(s.log)
+	}
 
 	<-ctx.Done()
 	s.stopGRPC(grpcServer)

@@ -106,8 +106,13 @@ func start(t *testing.T, cfg handler.Config) *running {
 			return true
 		default:
 		}
-		info, err := os.Stat(srv.Endpoint())
-		return err == nil && info.Mode()&os.ModeSocket != 0
+		// The socket file appears at bind, a moment before listen: a dial
+		// in between is refused (seen under load).
+		c, err := net.Dial("unix", srv.Endpoint())
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
 	})
 	return r
 }

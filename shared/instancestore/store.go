@@ -18,6 +18,9 @@
 //     remove it: DropNode reads the Instance live and updates it under the
 //     resourceVersion it read (retried on conflict), and deletes it with the
 //     same preconditions as Release when no node is left.
+//   - Label: a node's Apply of an Instance as read, with the uid, so that
+//     an Instance written before the NodeLabel existed gets it (and never
+//     comes back once deleted).
 //   - ApplySlots: a node states the capacity slots it holds, under
 //     SlotFieldManager(node), not forced: a slot another node holds makes the
 //     API server answer with a conflict, so two nodes never hold one slot.
@@ -66,6 +69,16 @@ func SlotFieldManager(nodeName string) string { return FieldManager(nodeName) + 
 // API server has it after the apply.
 func Apply(ctx context.Context, c client.Client, node string, inst *v1alpha1.Instance) (*acv1alpha1.InstanceApplyConfiguration, error) {
 	return applyView(ctx, c, node, inst, "", true)
+}
+
+// Label is Apply of cur (as read, its uid stated: a deleted Instance is not
+// recreated), for an Instance that lists node but lacks its NodeLabel:
+// written before the label existed, it is outside the node's label-scoped
+// cache until it has it. The apply restates what node's manager stated
+// before, so it changes nothing else.
+func Label(ctx context.Context, c client.Client, node string, cur *v1alpha1.Instance) error {
+	_, err := applyView(ctx, c, node, cur, cur.UID, true)
+	return err
 }
 
 // applyView is Apply, or with withNode false the view without the node's

@@ -135,7 +135,8 @@ func Sequenced(env *linkv1.Envelope) bool {
 		*linkv1.Envelope_DeviceMembership, *linkv1.Envelope_Processed,
 		*linkv1.Envelope_DeviceUpdate, *linkv1.Envelope_DeviceRemoval,
 		*linkv1.Envelope_ModelUpdate, *linkv1.Envelope_ModelRemoval,
-		*linkv1.Envelope_DeviceInventory, *linkv1.Envelope_DeviceState:
+		*linkv1.Envelope_DeviceInventory, *linkv1.Envelope_DeviceState,
+		*linkv1.Envelope_DeviceCondition:
 		return true
 	}
 	return false
@@ -166,6 +167,10 @@ func Validate(env *linkv1.Envelope) error {
 	case *linkv1.Envelope_DeviceState:
 		if k.DeviceState.GetDevice().GetName() == "" || k.DeviceState.GetState() == "" {
 			return fmt.Errorf("%w: device state needs device and state", ErrMalformed)
+		}
+	case *linkv1.Envelope_DeviceCondition:
+		if k.DeviceCondition.GetDevice().GetName() == "" || k.DeviceCondition.GetType() == "" {
+			return fmt.Errorf("%w: device condition needs device and type", ErrMalformed)
 		}
 	case *linkv1.Envelope_DeviceUpdate:
 		d := k.DeviceUpdate.GetDevice()

@@ -94,6 +94,8 @@ type Writer struct {
 	meta   metadata.Interface
 	log    logr.Logger
 	wake   chan struct{}
+	// synced is closed once the watch has listed the published slices.
+	synced chan struct{}
 
 	mu      sync.Mutex
 	desired map[string]Pool
@@ -134,7 +136,7 @@ func New(slices resourcev1.ResourceSliceInterface, meta metadata.Interface, opts
 	if opts.Concurrency < 1 {
 		opts.Concurrency = 4
 	}
-	return &Writer{opts: opts, slices: slices, meta: meta, log: log, wake: make(chan struct{}, 1),
+	return &Writer{opts: opts, slices: slices, meta: meta, log: log, wake: make(chan struct{}, 1), synced: make(chan struct{}),
 		published: map[string]*sliceMeta{}, pending: map[string]pendingWrite{}}, nil
 }
 
@@ -198,6 +200,7 @@ func (w *Writer) Start(ctx context.Context) error {
 	if !toolscache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
 		return nil
 	}
+	close(w.synced)
 	backoff := time.Duration(0)
 	retry := time.NewTimer(time.Hour)
 	retry.Stop()
@@ -218,6 +221,25 @@ func (w *Writer) Start(ctx context.Context) error {
 		}
 		backoff = 0
 	}
+}
+
+// Synced is closed once Start has read the published slices back, from
+// which SliceCount answers.
+func (w *Writer) Synced() <-chan struct{} { return w.synced }
+
+// SliceCount is the slice count of pool as published (0 for a pool with
+// no slice): a publisher that spreads a pool over slices keeps it across
+// its restarts (shared/dra.Buckets).
+func (w *Writer) SliceCount(pool string) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := 0
+	for _, s := range w.published {
+		if s.ours && s.pool == pool {
+			n = max(n, s.count)
+		}
+	}
+	return n
 }
 
 // Go runs Start in the background until stop is called (once or more),

@@ -157,9 +157,10 @@ type cloud struct {
 	cancel context.CancelFunc
 	done   chan error
 
-	mu       sync.Mutex
-	reported []*linkv1.TwinReportedUpdate
-	states   []*linkv1.DeviceStateUpdate
+	mu         sync.Mutex
+	reported   []*linkv1.TwinReportedUpdate
+	states     []*linkv1.DeviceStateUpdate
+	conditions []*linkv1.DeviceCondition
 }
 
 func startCloud(t testing.TB, serverTLS *tls.Config, addr string) *cloud {
@@ -174,6 +175,9 @@ func startCloud(t testing.TB, serverTLS *tls.Config, addr string) *cloud {
 			}
 			if s := m.Env.GetDeviceState(); s != nil {
 				c.states = append(c.states, s)
+			}
+			if cond := m.Env.GetDeviceCondition(); cond != nil {
+				c.conditions = append(c.conditions, cond)
 			}
 			return nil
 		}, prometheus.NewRegistry())
@@ -240,19 +244,14 @@ func startAgent(t testing.TB, stateDir string, dialer link.Dialer, logs *lines, 
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	a := &agentEdge{reg: reg, done: make(chan struct{})}
-	var srv *dmi.Server
 	hub, err := edgehub.New(edgehub.Config{Node: node, Dialer: dialer, StateDir: stateDir, Heartbeat: 100 * time.Millisecond,
-		BackoffMin: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond, NoSync: noSync},
-		func(ctx context.Context, env *linkv1.Envelope) {
-			if srv != nil {
-				srv.Changed(ctx, env)
-			}
-		}, reg)
+		BackoffMin: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond, NoSync: noSync}, nil, reg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if srv, err = dmi.New(dmi.Config{StateDir: stateDir, Node: node, CallTimeout: 2 * time.Second, RetryMin: 50 * time.Millisecond, RetryMax: 500 * time.Millisecond},
-		hub, dmi.NewMetrics(reg)); err != nil {
+	srv, err := dmi.New(dmi.Config{StateDir: stateDir, Node: node, CallTimeout: 2 * time.Second, RetryMin: 50 * time.Millisecond, RetryMax: 500 * time.Millisecond},
+		hub, dmi.NewMetrics(reg))
+	if err != nil {
 		t.Fatal(err)
 	}
 	a.hub, a.dmi = hub, srv
@@ -468,6 +467,22 @@ func TestKubeEdgeMapperFramework(t *testing.T) {
 		}
 		if m.out.count("report-refused id=default/thermo-bad property=temp code=InvalidArgument", `is not an INT`) == 0 {
 			return fmt.Errorf("no bad-value refusal; mapper:\n%s", m.out)
+		}
+		return nil
+	})
+	waitFor(t, "the refused properties reach the cloud as each Device's ReportsAccepted condition", func() error {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		var ghost, bad bool
+		for _, cond := range c.conditions {
+			if cond.Type != "ReportsAccepted" || cond.Status || cond.Mapper != "virtual-mapper" {
+				continue
+			}
+			ghost = ghost || cond.Device.GetName() == "thermo-1" && strings.Contains(cond.Message, `property "ghost": model default/thermo has no such property`)
+			bad = bad || cond.Device.GetName() == "thermo-bad" && strings.Contains(cond.Message, `property "temp": reported value "warm" is not an INT`)
+		}
+		if !ghost || !bad {
+			return fmt.Errorf("conditions %v", c.conditions)
 		}
 		return nil
 	})

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -111,6 +112,7 @@ spec:
   properties:
     - {name: temp, type: INT, accessMode: ReadWrite, minimum: "0", maximum: "100"}
     - {name: label, type: STRING, accessMode: ReadOnly}
+    - {name: level, type: INT, accessMode: ReadOnly}
 ---
 apiVersion: dowse.dev/v1alpha1
 kind: Device
@@ -128,6 +130,9 @@ spec:
     - name: label
       visitors: {protocolName: virtual, configData: {initial: lab-1}}
       collectCycle: 200
+    - name: level
+      visitors: {protocolName: virtual, configData: {initial: high}}
+      collectCycle: 200
 `
 
 // TestKubeEdgeMapperEndToEnd: with the real binaries (controller with the
@@ -136,7 +141,8 @@ spec:
 // with edgecore and gets the Device written by hand; its desired value, and
 // the ones set later with kubectl and with dowsectl twin set, reach the
 // mapper and come back as reported and observedDesired in Device.status,
-// with the mapper's state.
+// with the mapper's state; a property whose reads do not parse is refused
+// alone and named in ReportsAccepted.
 func TestKubeEdgeMapperEndToEnd(t *testing.T) {
 	bin := buildKubeEdgeMapper(t, t.TempDir())
 	c := startCloud(t, "--twin-status-interval", "500ms")
@@ -176,6 +182,14 @@ func TestKubeEdgeMapperEndToEnd(t *testing.T) {
 			}
 			if !meta.IsStatusConditionTrue(d.Status.Conditions, v1alpha1.ConditionDesiredApplied) {
 				return fmt.Errorf("%s: DesiredApplied not True: %+v", how, d.Status.Conditions)
+			}
+			// level reads "high", not an INT: refused alone, and named.
+			if rep, _ := twinValue(&d, "level"); rep != "" {
+				return fmt.Errorf("%s: level reported %q, want nothing", how, rep)
+			}
+			if c := meta.FindStatusCondition(d.Status.Conditions, v1alpha1.ConditionReportsAccepted); c == nil || c.Status != metav1.ConditionFalse ||
+				!strings.Contains(c.Message, `property "level": reported value "high" is not an INT`) {
+				return fmt.Errorf("%s: ReportsAccepted %+v, want False naming level", how, c)
 			}
 			return nil
 		})

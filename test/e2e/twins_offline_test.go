@@ -1,11 +1,16 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
+	"crypto/x509"
+	"encoding/pem"
 	"fmt"
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -17,7 +22,9 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/dowse-dev/dowse/agent/edgecert"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+	"github.com/dowse-dev/dowse/shared/link/pki"
 	"github.com/dowse-dev/dowse/test/dmitest"
 	"github.com/dowse-dev/dowse/test/link/faultproxy"
 )
@@ -163,6 +170,9 @@ func TestTwinsSurviveOfflineAndFaults(t *testing.T) {
 
 	mctx, stopMapper := context.WithCancel(ctx)
 	defer stopMapper()
+	// The mapper's socket goes in the agent's state directory, which the
+	// agent makes.
+	eventually(t, 60*time.Second, func() error { _, err := os.Stat(filepath.Join(state, "dmi.sock")); return err })
 	m, err := dmitest.Start(mctx, state, "counters", "scripted")
 	if err != nil {
 		t.Fatal(err)
@@ -328,6 +338,74 @@ func TestTwinsSurviveOfflineAndFaults(t *testing.T) {
 		time.Sleep(time.Second) // reports pile up in the edge store
 		c.startController()
 		settled("after an agent restart while offline", "3")
+	})
+
+	// The node's certificate expired while the agent was down, and the
+	// cloud is down too: the agent cannot bootstrap, yet its mapper API
+	// serves from the edge store and keeps the mapper's reports until the
+	// cloud is back.
+	t.Run("AgentWithExpiredCertificateWhileOffline", func(t *testing.T) {
+		c.controller.Stop()
+		agentProc.Stop()
+		var sec corev1.Secret
+		if err := c.client.Get(ctx, client.ObjectKey{Namespace: "dowse-system", Name: "dowse-link-ca"}, &sec); err != nil {
+			t.Fatal(err)
+		}
+		ca, err := pki.LoadCA(sec.Data[corev1.TLSCertKey], sec.Data[corev1.TLSPrivateKeyKey])
+		if err != nil {
+			t.Fatal(err)
+		}
+		expired, err := ca.IssueNode("edge-1", -time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		key, err := x509.MarshalPKCS8PrivateKey(expired.PrivateKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		certFile := filepath.Join(state, "link", edgecert.CertFileName)
+		pemData := append(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: expired.Certificate[0]}),
+			pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: key})...)
+		if err := os.WriteFile(certFile, pemData, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		told := func() int { return m.Registers() + len(m.Updates()) }
+		before := told()
+		agentProc, _, _ = c.joinAgent("edge-1", proxy.Addr())
+		eventually(t, 30*time.Second, func() error {
+			if told() <= before {
+				return fmt.Errorf("the agent with an expired certificate has not handed the mapper its device: dmi.sock waits for the cloud")
+			}
+			return nil
+		})
+		time.Sleep(time.Second) // reports pile up in the edge store
+		// The last reports are taken while offline: each must reach
+		// Device.status once the cloud is back.
+		setReporting(false)
+		offline := cnt.snapshot()
+		if b, _ := os.ReadFile(certFile); !bytes.Equal(b, pemData) {
+			t.Fatal("the agent replaced its expired certificate with the cloud down")
+		}
+		c.startController()
+		eventually(t, 60*time.Second, func() error {
+			var d v1alpha1.Device
+			if err := c.client.Get(ctx, client.ObjectKeyFromObject(dev), &d); err != nil {
+				return err
+			}
+			for _, p := range props {
+				if rep, _ := twinValue(&d, p); rep != strconv.Itoa(offline[p]) {
+					return fmt.Errorf("%s reported %q, want %d, the last value reported while offline", p, rep, offline[p])
+				}
+			}
+			return nil
+		})
+		sw.check(t)
+		setReporting(true)
+		var d v1alpha1.Device
+		if err := c.client.Get(ctx, client.ObjectKeyFromObject(dev), &d); err != nil {
+			t.Fatal(err)
+		}
+		settled("after an agent with an expired certificate restarted while offline", d.Spec.Properties[0].Desired.Value)
 	})
 	if sw.updates == 0 {
 		t.Fatal("the status watch saw no update")

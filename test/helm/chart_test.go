@@ -175,7 +175,7 @@ func TestDefaultValues(t *testing.T) {
 		"Deployment/dowse-controller", "PodDisruptionBudget/dowse-controller",
 		// The hooks: CRDs applied before install and upgrade, everything
 		// taken away before uninstall.
-		"ServiceAccount/dowse-hooks", "ClusterRole/dowse-hooks", "ClusterRoleBinding/dowse-hooks", "Job/dowse-apply-crds", "Job/dowse-uninstall",
+		"ServiceAccount/dowse-hooks", "ClusterRole/dowse-hooks", "ClusterRoleBinding/dowse-hooks", "Job/dowse-apply-crds", "Job/dowse-uninstall", "Job/dowse-after-uninstall",
 	} {
 		if got[want] == nil {
 			t.Errorf("default values render no %s", want)

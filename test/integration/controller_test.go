@@ -22,6 +22,7 @@ import (
 	"github.com/dowse-dev/dowse/controller"
 	"github.com/dowse-dev/dowse/controller/broker"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+	"github.com/dowse-dev/dowse/shared/kubeflags"
 	"github.com/dowse-dev/dowse/test/kube"
 )
 
@@ -39,8 +40,8 @@ func startController(t *testing.T, grace time.Duration) *runningController {
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &runningController{requests: counter, cancel: cancel, done: make(chan error, 1)}
 	go func() {
-		c.done <- controller.Run(ctx, controller.Config{RESTConfig: restCfg, SkipNameValidation: true, NodeGracePeriod: grace, QPS: 1000, Burst: 2000,
-			MetricsAddr: "0", HealthAddr: "0", Registerer: prometheus.NewRegistry(),
+		c.done <- controller.Run(ctx, controller.Config{RESTConfig: restCfg, SkipNameValidation: true, NodeGracePeriod: grace, Client: kubeflags.Client{QPS: 1000, Burst: 2000},
+			Serving: kubeflags.Off(), Registerer: prometheus.NewRegistry(),
 			AgentServiceAccounts: []string{kube.AgentNamespace + "/" + kube.AgentServiceAccount}}, testr.New(t).WithName("controller"))
 	}()
 	t.Cleanup(func() {

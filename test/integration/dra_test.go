@@ -20,6 +20,7 @@ import (
 	"github.com/dowse-dev/dowse/controller"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	shareddra "github.com/dowse-dev/dowse/shared/dra"
+	"github.com/dowse-dev/dowse/shared/kubeflags"
 )
 
 // startDRAController runs the controller with its DRA part on.
@@ -29,7 +30,7 @@ func startDRAController(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		done <- controller.Run(ctx, controller.Config{RESTConfig: rest.CopyConfig(cp.Config), SkipNameValidation: true, NodeGracePeriod: 2 * time.Second,
-			QPS: 1000, Burst: 2000, MetricsAddr: "0", HealthAddr: "0", Registerer: prometheus.NewRegistry(), DRA: true}, testr.New(t).WithName("controller"))
+			Client: kubeflags.Client{QPS: 1000, Burst: 2000}, Serving: kubeflags.Off(), Registerer: prometheus.NewRegistry(), DRA: true}, testr.New(t).WithName("controller"))
 	}()
 	t.Cleanup(func() {
 		cancel()

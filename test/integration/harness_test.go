@@ -29,6 +29,7 @@ import (
 	"github.com/dowse-dev/dowse/agent"
 	discoveryv1 "github.com/dowse-dev/dowse/proto/discovery/v1"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+	"github.com/dowse-dev/dowse/shared/kubeflags"
 	"github.com/dowse-dev/dowse/test/kube"
 	"github.com/dowse-dev/dowse/test/testwait"
 )
@@ -121,8 +122,7 @@ func startAgent(t *testing.T, node, dir string, opts ...agentOption) *runningAge
 	cfg := agent.Config{
 		SkipNameValidation: true,
 		RESTConfig:         restCfg, NodeName: node, StateDir: dir,
-		GracePeriod: time.Minute, MaxDevices: 10000, WriteConcurrency: 16,
-		QPS: 1000, Burst: 2000, MetricsAddr: "0", HealthAddr: "0",
+		Serving:    kubeflags.Off(),
 		Registerer: prometheus.NewRegistry(),
 	}
 	for _, o := range opts {

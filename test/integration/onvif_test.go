@@ -17,6 +17,7 @@ import (
 
 	"github.com/dowse-dev/dowse/discovery-handlers/onvif"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+	"github.com/dowse-dev/dowse/shared/handler"
 	peertest "github.com/dowse-dev/dowse/test/onvifpeer"
 )
 
@@ -45,7 +46,9 @@ func TestONVIFExplainsSkippedCamera(t *testing.T) {
 	startAgent(t, node, dir)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- onvif.Run(ctx, onvif.Config{StateDir: dir, Logger: testr.New(t).WithName("onvif")}) }()
+	cfg := onvif.Handler()
+	cfg.StateDir, cfg.Logger = dir, testr.New(t).WithName("onvif")
+	go func() { done <- handler.Serve(ctx, cfg) }()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {

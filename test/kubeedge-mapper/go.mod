@@ -7,6 +7,7 @@ module github.com/dowse-dev/dowse/test/kubeedge-mapper
 go 1.26.0
 
 require (
+	github.com/eclipse/paho.mqtt.golang v1.2.0
 	github.com/kubeedge/api v1.21.0
 	github.com/kubeedge/mapper-framework v1.21.0
 	google.golang.org/grpc v1.63.0

@@ -18,6 +18,11 @@
 //	EVENT device-removed id=NS/NAME
 //	EVENT report-ok id=NS/NAME property=P value=V
 //	EVENT report-refused id=NS/NAME property=P code=CODE message=...
+//	EVENT pushed id=NS/NAME property=P topic=T value=V
+//	EVENT push-failed id=NS/NAME property=P error=...
+//
+// A property whose pushMethod is MQTT is published as the template's
+// data/publish/mqtt publishes it (see push).
 //
 // Flags: --config-file (mapper-framework's config.yaml: grpc_server.socket_path,
 // common.name/protocol/edgecore_sock).
@@ -33,6 +38,7 @@ import (
 	"sync"
 	"time"
 
+	mqtt "github.com/eclipse/paho.mqtt.golang"
 	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2"
 
@@ -175,6 +181,60 @@ func (p *panel) UpdateDev(model *common.DeviceModel, inst *common.DeviceInstance
 	sort.Strings(desired)
 	event("device-started id=%s desired=%s", inst.ID, strings.Join(desired, ","))
 	go d.run()
+	for _, t := range inst.Twins {
+		if t.Property != nil && t.Property.PushMethod.MethodName == common.PushMethodMQTT && t.Property.PushMethod.MethodConfig != nil {
+			go d.push(t)
+		}
+	}
+}
+
+// push is the template mapper's MQTT data plane (its data/publish/mqtt,
+// started by its device's pushHandler): every reportCycle (the
+// framework's default when 0) it reads the property and publishes
+// "time is <read time>  <topic>: <value>" to the pushMethod's broker with
+// its qos and retained flag, on a connection of its own each time, as the
+// template does.
+func (d *vdev) push(t common.Twin) {
+	var cfg struct {
+		Address  string `json:"address"`
+		Topic    string `json:"topic"`
+		QoS      int    `json:"qos"`
+		Retained bool   `json:"retained"`
+	}
+	if err := json.Unmarshal(t.Property.PushMethod.MethodConfig, &cfg); err != nil {
+		event("push-refused id=%s property=%s error=%v", d.instance.ID, t.PropertyName, err)
+		return
+	}
+	cycle := time.Duration(t.Property.ReportCycle) * time.Millisecond
+	if cycle == 0 {
+		cycle = common.DefaultReportCycle
+	}
+	tick := time.NewTicker(cycle)
+	defer tick.Stop()
+	for {
+		select {
+		case <-d.stop:
+			return
+		case <-tick.C:
+		}
+		d.mu.Lock()
+		v := d.values[t.PropertyName]
+		d.mu.Unlock()
+		c := mqtt.NewClient(mqtt.NewClientOptions().AddBroker(cfg.Address))
+		if tok := c.Connect(); tok.Wait() && tok.Error() != nil {
+			event("push-failed id=%s property=%s error=%v", d.instance.ID, t.PropertyName, tok.Error())
+			continue
+		}
+		msg := "time is " + time.Now().Format("2006-01-02 15:04:05") + "  " + cfg.Topic + ": " + v
+		tok := c.Publish(cfg.Topic, byte(cfg.QoS), cfg.Retained, msg)
+		tok.Wait()
+		c.Disconnect(250)
+		if tok.Error() != nil {
+			event("push-failed id=%s property=%s error=%v", d.instance.ID, t.PropertyName, tok.Error())
+			continue
+		}
+		event("pushed id=%s property=%s topic=%s value=%s", d.instance.ID, t.PropertyName, cfg.Topic, v)
+	}
 }
 
 func (d *vdev) run() {

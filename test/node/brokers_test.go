@@ -27,6 +27,7 @@ import (
 	"github.com/dowse-dev/dowse/controller"
 	"github.com/dowse-dev/dowse/controller/broker"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+	"github.com/dowse-dev/dowse/shared/kubeflags"
 	"github.com/dowse-dev/dowse/test/kube"
 	"github.com/dowse-dev/dowse/test/procs"
 )
@@ -53,7 +54,7 @@ func TestBrokersOnNode(t *testing.T) {
 	ctrlDone := make(chan error, 1)
 	go func() {
 		ctrlDone <- controller.Run(ctrlCtx, controller.Config{RESTConfig: c.Config, SkipNameValidation: true, NodeGracePeriod: time.Minute,
-			MetricsAddr: "0", HealthAddr: "0", Registerer: prometheus.NewRegistry()}, testr.New(t).WithName("controller"))
+			Serving: kubeflags.Off(), Registerer: prometheus.NewRegistry()}, testr.New(t).WithName("controller"))
 	}()
 	t.Cleanup(func() {
 		stopCtrl()

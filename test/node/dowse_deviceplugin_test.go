@@ -260,6 +260,92 @@ func TestDowseDevicePlugins(t *testing.T) {
 		}
 		t.Logf("all slots freed %s after the last pod was deleted", time.Since(begin).Round(100*time.Millisecond))
 	})
+	t.Run("TwoNamespacesOneDevice", func(t *testing.T) {
+		// Another namespace's Configuration of the same name sees the same
+		// device: its Instance has the same name. Before names carried the
+		// namespace both had one resource and one CDI device, which the
+		// CDI library resolves to nothing when two specs define it.
+		const other = "team-b"
+		if _, err := c.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: other}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Client.CoreV1().ServiceAccounts(other).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatal(err)
+		}
+		b := cfg.DeepCopy()
+		b.ObjectMeta = metav1.ObjectMeta{Name: cfg.Name, Namespace: other}
+		b.Spec.Capacity = 1
+		b.Spec.BrokerProperties = map[string]string{"TEAM": other}
+		if err := cl.Create(ctx, b); err != nil {
+			t.Fatal(err)
+		}
+		otherInst := v1alpha1.Instance{ObjectMeta: metav1.ObjectMeta{Namespace: other, Name: inst.Name}}
+		otherRes := corev1.ResourceName(otherInst.ResourceName())
+		allocatableIs(time.Minute, map[corev1.ResourceName]int64{instRes: 2, otherRes: 1})
+		run := func(ns, name string, res corev1.ResourceName) {
+			t.Helper()
+			p := probePod(name, "env:DEBUG_ECHO_DESCRIPTION", "env:TEAM", "echo:probed", "sleep:10m")
+			p.Namespace = ns
+			p.Spec.Containers[0].Resources.Limits = corev1.ResourceList{res: resource.MustParse("1")}
+			if _, err := c.Client.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		logsOf := func(ns, name string) string {
+			t.Helper()
+			for ctx.Err() == nil {
+				p, err := c.Client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded {
+					t.Fatalf("pod %s/%s: %+v", ns, name, p.Status)
+				}
+				for _, cs := range p.Status.ContainerStatuses {
+					if w := cs.State.Waiting; w != nil && w.Reason == "CreateContainerError" {
+						t.Fatalf("pod %s/%s: %s", ns, name, w.Message)
+					}
+				}
+				if p.Status.Phase == corev1.PodRunning {
+					b, err := c.Client.CoreV1().Pods(ns).GetLogs(name, &corev1.PodLogOptions{}).DoRaw(ctx)
+					if err == nil && strings.Contains(string(b), "probed") {
+						return string(b)
+					}
+				}
+				time.Sleep(200 * time.Millisecond)
+			}
+			t.Fatalf("pod %s/%s: no output", ns, name)
+			return ""
+		}
+		run("default", "ns-a", instRes)
+		run(other, "ns-b", otherRes)
+		a, bl := logsOf("default", "ns-a"), logsOf(other, "ns-b")
+		if !strings.Contains(a, "env DEBUG_ECHO_DESCRIPTION=foo0") || !strings.Contains(a, "env TEAM unset") {
+			t.Errorf("default's pod got:\n%s", a)
+		}
+		if !strings.Contains(bl, "env DEBUG_ECHO_DESCRIPTION=foo0") || !strings.Contains(bl, "env TEAM="+other) {
+			t.Errorf("%s's pod got:\n%s", other, bl)
+		}
+		for ns, name := range map[string]string{"default": "ns-a", other: "ns-b"} {
+			if err := c.Client.CoreV1().Pods(ns).Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err != nil {
+				t.Fatal(err)
+			}
+			waitGone(t, ctx, "pod "+name, func() error { _, err := c.Client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{}); return err })
+		}
+		if err := cl.Delete(ctx, b); err != nil {
+			t.Fatal(err)
+		}
+		waitGone(t, ctx, "the other namespace's Instance", func() error { return cl.Get(ctx, client.ObjectKeyFromObject(&otherInst), &v1alpha1.Instance{}) })
+		for begin := time.Now(); ; time.Sleep(50 * time.Millisecond) {
+			m, _ := filepath.Glob(filepath.Join(deviceplugin.DefaultDir, "dowse-*.sock"))
+			if len(m) == 2 {
+				break
+			}
+			if time.Since(begin) > 30*time.Second {
+				t.Fatalf("plugin sockets after the other namespace's Configuration went: %v", m)
+			}
+		}
+	})
 	t.Run("KubeletRestart", func(t *testing.T) {
 		devicePod("steady", instRes)
 		expectEnv("steady")

@@ -16,6 +16,7 @@ import (
 	"github.com/dowse-dev/dowse/agent"
 	"github.com/dowse-dev/dowse/agent/deviceplugin"
 	debugecho "github.com/dowse-dev/dowse/discovery-handlers/debug-echo"
+	"github.com/dowse-dev/dowse/shared/kubeflags"
 	"github.com/dowse-dev/dowse/shared/scheme"
 	"github.com/dowse-dev/dowse/test/cluster"
 	"github.com/dowse-dev/dowse/test/kube"
@@ -98,7 +99,7 @@ func (d *dowseOnNode) startAgent(classic bool) {
 		done <- agent.Run(actx, agent.Config{
 			SkipNameValidation: true,
 			RESTConfig:         rest.CopyConfig(d.agentConfig), NodeName: d.c.NodeName, StateDir: d.state,
-			GracePeriod: time.Minute, WriteConcurrency: 4, MetricsAddr: "0", HealthAddr: "0",
+			GracePeriod: time.Minute, WriteConcurrency: 4, Serving: kubeflags.Off(),
 			Registerer:      reg,
 			DevicePluginDir: deviceplugin.DefaultDir, CDISpecDir: d.c.CDIDir, ClassicAllocate: classic,
 			SlotReclaimGrace: 2 * time.Second, SlotReclaimInterval: time.Second,

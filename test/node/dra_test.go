@@ -28,6 +28,7 @@ import (
 	debugecho "github.com/dowse-dev/dowse/discovery-handlers/debug-echo"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	shareddra "github.com/dowse-dev/dowse/shared/dra"
+	"github.com/dowse-dev/dowse/shared/kubeflags"
 	"github.com/dowse-dev/dowse/shared/slicewriter"
 	"github.com/dowse-dev/dowse/test/cluster"
 	"github.com/dowse-dev/dowse/test/kube"
@@ -48,7 +49,7 @@ func (d *dowseOnNode) startDRAAgent() {
 		done <- agent.Run(actx, agent.Config{
 			SkipNameValidation: true,
 			RESTConfig:         rest.CopyConfig(d.agentConfig), NodeName: d.c.NodeName, StateDir: d.state,
-			GracePeriod: time.Minute, WriteConcurrency: 4, MetricsAddr: "0", HealthAddr: "0",
+			GracePeriod: time.Minute, WriteConcurrency: 4, Serving: kubeflags.Off(),
 			Registerer: reg, CDISpecDir: d.c.CDIDir,
 			DRA: agent.DRAConfig{
 				Enabled: true,
@@ -99,7 +100,7 @@ func TestDRAOnNode(t *testing.T) {
 	ctrlDone := make(chan error, 1)
 	go func() {
 		ctrlDone <- controller.Run(cctx, controller.Config{RESTConfig: c.Config, SkipNameValidation: true, NodeGracePeriod: time.Hour,
-			MetricsAddr: "0", HealthAddr: "0", Registerer: prometheus.NewRegistry(), DRA: true}, testr.New(t).WithName("controller"))
+			Serving: kubeflags.Off(), Registerer: prometheus.NewRegistry(), DRA: true}, testr.New(t).WithName("controller"))
 	}()
 	t.Cleanup(func() {
 		stopController()

@@ -30,6 +30,7 @@ import (
 	discoveryv1 "github.com/dowse-dev/dowse/proto/discovery/v1"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	"github.com/dowse-dev/dowse/shared/handler"
+	"github.com/dowse-dev/dowse/shared/kubeflags"
 	"github.com/dowse-dev/dowse/test/testwait"
 )
 
@@ -44,7 +45,7 @@ func startController(t *testing.T, agentAccounts []string) {
 	go func() {
 		done <- controller.Run(ctx, controller.Config{
 			RESTConfig: controllerConfig(t), NodeGracePeriod: time.Hour, Namespace: releaseNamespace,
-			AgentServiceAccounts: agentAccounts, MetricsAddr: "0", HealthAddr: "0",
+			AgentServiceAccounts: agentAccounts, Serving: kubeflags.Off(),
 			Registerer: prometheus.NewRegistry(), SkipNameValidation: true,
 		}, testr.New(t).WithName("controller"))
 	}()
@@ -105,8 +106,8 @@ func startAgent(t *testing.T, node string, restCfg *rest.Config) (*propsHandler,
 	go func() {
 		done <- agent.Run(ctx, agent.Config{
 			RESTConfig: restCfg, NodeName: node, StateDir: dir, SkipNameValidation: true,
-			GracePeriod: time.Minute, WriteConcurrency: 4, QPS: 100, Burst: 200,
-			MetricsAddr: "0", HealthAddr: "0", Registerer: prometheus.NewRegistry(),
+			GracePeriod: time.Minute, WriteConcurrency: 4, Client: kubeflags.Client{QPS: 100, Burst: 200},
+			Serving: kubeflags.Off(), Registerer: prometheus.NewRegistry(),
 		}, testr.New(t).WithName(node))
 	}()
 	h := &propsHandler{}

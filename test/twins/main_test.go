@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -73,15 +74,36 @@ func eventually(t *testing.T, timeout time.Duration, f func() error) {
 type writeCounter struct {
 	match  string
 	writes atomic.Int64
+	mu     sync.Mutex
+	paths  map[string]int64
 }
 
 func (c *writeCounter) wrap(rt http.RoundTripper) http.RoundTripper {
 	return roundTripFunc(func(r *http.Request) (*http.Response, error) {
 		if r.Method != http.MethodGet && strings.Contains(r.URL.Path, c.match) {
 			c.writes.Add(1)
+			c.mu.Lock()
+			if c.paths == nil {
+				c.paths = map[string]int64{}
+			}
+			c.paths[r.URL.Path]++
+			c.mu.Unlock()
 		}
 		return rt.RoundTrip(r)
 	})
+}
+
+// to counts the writes to the paths that end with suffix (one object's).
+func (c *writeCounter) to(suffix string) int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var n int64
+	for p, k := range c.paths {
+		if strings.HasSuffix(p, suffix) {
+			n += k
+		}
+	}
+	return n
 }
 
 type roundTripFunc func(*http.Request) (*http.Response, error)

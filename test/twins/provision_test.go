@@ -19,6 +19,7 @@ import (
 
 	"github.com/dowse-dev/dowse/controller"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+	"github.com/dowse-dev/dowse/shared/kubeflags"
 )
 
 func startController(t *testing.T) {
@@ -26,8 +27,8 @@ func startController(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- controller.Run(ctx, controller.Config{RESTConfig: rest.CopyConfig(cp.Config), SkipNameValidation: true, NodeGracePeriod: time.Hour, QPS: 1000, Burst: 2000,
-			MetricsAddr: "0", HealthAddr: "0", Registerer: prometheus.NewRegistry()}, testr.New(t).WithName("controller"))
+		done <- controller.Run(ctx, controller.Config{RESTConfig: rest.CopyConfig(cp.Config), SkipNameValidation: true, NodeGracePeriod: time.Hour, Client: kubeflags.Client{QPS: 1000, Burst: 2000},
+			Serving: kubeflags.Off(), Registerer: prometheus.NewRegistry()}, testr.New(t).WithName("controller"))
 	}()
 	t.Cleanup(func() {
 		cancel()

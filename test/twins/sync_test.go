@@ -59,6 +59,12 @@ func (h *fakeHub) Commit(node string, pos cloudhub.Position) {
 	h.mu.Unlock()
 }
 
+func (h *fakeHub) commit(node string) cloudhub.Position {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.committed[node]
+}
+
 // take returns and forgets what node was sent, as "kind name" strings.
 func (h *fakeHub) take(node string) ([]string, []*linkv1.Envelope) {
 	h.mu.Lock()
@@ -116,11 +122,11 @@ func startTwins(t *testing.T, hub *fakeHub) *twinRig {
 	m := twins.NewMetrics(nil)
 	log := testr.New(t)
 	status := twins.NewStatus(mgr.GetClient(), mgr.GetClient(), hub, twins.StatusConfig{Interval: time.Hour}, m, log)
-	s := twins.NewSync(mgr.GetClient(), hub, status, m, log)
+	s := twins.NewSync(mgr.GetClient(), mgr.GetAPIReader(), hub, status, m, log)
 	if err := s.SetupWithManager(mgr); err != nil {
 		t.Fatal(err)
 	}
-	if err := twins.NewValidity(mgr.GetClient(), mgr.GetClient(), log).SetupWithManager(mgr); err != nil {
+	if err := twins.NewValidity(mgr.GetClient(), mgr.GetClient(), mgr.GetAPIReader(), log).SetupWithManager(mgr); err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
@@ -260,10 +266,8 @@ func TestTwinStatus(t *testing.T) {
 	}
 	hub := newFakeHub()
 	rig := startTwins(t, hub)
-	eventually(t, 10*time.Second, func() error {
-		_, err := getDevice(ns, "t1")
-		return err
-	})
+	// The Valid condition is a write of its own (the twin sync's).
+	waitValid(t, ns, "t1")
 	const stream = 77
 	seq := uint64(0)
 	report := func(prop string, v *linkv1.Value, observed *linkv1.Value) error {
@@ -273,7 +277,8 @@ func TestTwinStatus(t *testing.T) {
 				Device: &linkv1.DeviceRef{Namespace: ns, Name: "t1"}, Property: prop, Value: v, ObservedDesired: observed,
 				Time: timestamppb.New(time.UnixMilli(1_700_000_000_000 + int64(seq)))}}}})
 	}
-	before := rig.writes.writes.Load()
+	t1 := "/namespaces/" + ns + "/devices/t1/status"
+	before := rig.writes.to(t1)
 	for i := range 500 {
 		if err := report("temperature", &linkv1.Value{Kind: &linkv1.Value_DoubleValue{DoubleValue: float64(i) / 2}}, nil); err != nil {
 			t.Fatal(err)
@@ -286,7 +291,7 @@ func TestTwinStatus(t *testing.T) {
 		t.Fatal("reports committed before they were written")
 	}
 	rig.status.Flush(ctx)
-	if n := rig.writes.writes.Load() - before; n != 1 {
+	if n := rig.writes.to(t1) - before; n != 1 {
 		t.Errorf("%d status writes for 501 reports between two flushes, want 1", n)
 	}
 	if got := hub.committed["edge-1"]; got.Seq != seq || got.Stream != stream {
@@ -366,6 +371,120 @@ func TestTwinStatus(t *testing.T) {
 	restarted.Flush(ctx)
 	if got := hub.committed["edge-1"]; got.Seq != 900 {
 		t.Errorf("committed %+v, want 900 (a report about a deleted Device is dropped, not retried)", got)
+	}
+}
+
+func waitValid(t *testing.T, ns, name string) {
+	t.Helper()
+	eventually(t, 10*time.Second, func() error {
+		d, err := getDevice(ns, name)
+		if err != nil {
+			return err
+		}
+		if meta.FindStatusCondition(d.Status.Conditions, v1alpha1.ConditionDeviceValid) == nil {
+			return fmt.Errorf("%s has no Valid condition yet", name)
+		}
+		return nil
+	})
+}
+
+// TestTwinStatusLeadingEdge: a report on a quiet Device reaches its status
+// at once, without waiting for an interval; a burst of 500 reports within
+// the interval after that makes one more write, with the newest values,
+// and nothing of it is committed before that write.
+func TestTwinStatusLeadingEdge(t *testing.T) {
+	ctx := context.Background()
+	ns := namespace(t)
+	edge := ns + "-edge"
+	if err := k8sClient.Create(ctx, thermostatModel(ns)); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"quiet", "busy"} {
+		if err := k8sClient.Create(ctx, device(ns, name, edge)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hub := newFakeHub()
+	// An hour's interval: only a leading-edge write can make a report
+	// visible while the test runs.
+	rig := startTwins(t, hub)
+	waitValid(t, ns, "quiet")
+	waitValid(t, ns, "busy")
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- rig.status.Start(rctx) }()
+	defer func() { cancel(); <-done }()
+
+	seq := uint64(0)
+	report := func(name string, v float64) {
+		t.Helper()
+		seq++
+		if err := rig.status.Handle(ctx, cloudhub.Inbound{Node: edge, At: cloudhub.Position{Stream: 9, Seq: seq},
+			Env: &linkv1.Envelope{Seq: seq, Kind: &linkv1.Envelope_TwinReported{TwinReported: &linkv1.TwinReportedUpdate{
+				Device: &linkv1.DeviceRef{Namespace: ns, Name: name}, Property: "temperature",
+				Value: &linkv1.Value{Kind: &linkv1.Value_DoubleValue{DoubleValue: v}}}}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reported := func(name string) string {
+		d, err := getDevice(ns, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tw := findTwin(d, "temperature"); tw != nil && tw.Reported != nil {
+			return tw.Reported.Value
+		}
+		return ""
+	}
+	writes := func() int64 {
+		return rig.writes.to("/namespaces/"+ns+"/devices/quiet/status") + rig.writes.to("/namespaces/"+ns+"/devices/busy/status")
+	}
+	before := writes()
+	report("quiet", 1.5)
+	eventually(t, 30*time.Second, func() error {
+		if v := reported("quiet"); v != "1.5" {
+			return fmt.Errorf("quiet device reports %q, want 1.5", v)
+		}
+		return nil
+	})
+	eventually(t, 10*time.Second, func() error {
+		if got := hub.commit(edge); got.Seq != 1 {
+			return fmt.Errorf("committed %+v, want seq 1 once it is written", got)
+		}
+		return nil
+	})
+
+	// The busy device: its first report is written at once, the 499 after
+	// it wait for the interval's end (Flush stands for it here).
+	report("busy", 0)
+	eventually(t, 30*time.Second, func() error {
+		if v := reported("busy"); v != "0" {
+			return fmt.Errorf("busy device reports %q, want 0", v)
+		}
+		return nil
+	})
+	for i := 1; i < 500; i++ {
+		report("busy", float64(i))
+	}
+	leading := writes() - before
+	if leading != 2 {
+		t.Errorf("%d status writes for one report on each of two quiet devices, want 2", leading)
+	}
+	eventually(t, 10*time.Second, func() error {
+		if got := hub.commit(edge); got.Seq != 2 {
+			return fmt.Errorf("committed %+v before the burst was written, want seq 2", got)
+		}
+		return nil
+	})
+	rig.status.Flush(ctx)
+	if n := writes() - before - leading; n != 1 {
+		t.Errorf("%d status writes for 499 reports within one interval, want 1 (2 with the leading one)", n)
+	}
+	if v := reported("busy"); v != "499" {
+		t.Errorf("busy device reports %q after the trailing write, want the newest, 499", v)
+	}
+	if got := hub.commit(edge); got.Seq != seq {
+		t.Errorf("committed %+v after the trailing write, want seq %d", got, seq)
 	}
 }
 

@@ -69,12 +69,29 @@ func TestCRDValidation(t *testing.T) {
 		}
 		return d
 	}
+	push := func(pm *v1alpha1.PushMethod) *v1alpha1.Device {
+		return dev(func(d *v1alpha1.Device) { d.Spec.Properties[0].PushMethod = pm })
+	}
 	devices := []struct {
 		name string
 		dev  *v1alpha1.Device
 		want string
 	}{
 		{"good", dev(nil), ""},
+		{"push-mqtt", push(&v1alpha1.PushMethod{MQTT: &v1alpha1.PushMethodMQTT{Address: "tcp://10.0.0.5:1883", Topic: "plant/setpoint", QoS: 1}}), ""},
+		{"push-http-and-redis", push(&v1alpha1.PushMethod{HTTP: &v1alpha1.PushMethodHTTP{HostName: "http://10.0.0.5", Port: 8080, RequestPath: "/readings"},
+			DBMethod: &v1alpha1.DBMethodConfig{Redis: &v1alpha1.DBMethodRedis{RedisClientConfig: &v1alpha1.RedisClientConfig{Addr: "redis.plant:6379"}}}}), ""},
+		{"push-template-placeholder", push(&v1alpha1.PushMethod{MQTT: &v1alpha1.PushMethodMQTT{Address: "${MQTT_BROKER}", Topic: "t"}}), ""},
+		{"push-mqtt-scheme", push(&v1alpha1.PushMethod{MQTT: &v1alpha1.PushMethodMQTT{Address: "http://10.0.0.5:1883", Topic: "t"}}), "must be a broker URL"},
+		{"push-mqtt-port", push(&v1alpha1.PushMethod{MQTT: &v1alpha1.PushMethodMQTT{Address: "tcp://10.0.0.5:70000", Topic: "t"}}), "port must be 1-65535"},
+		{"push-mqtt-qos", push(&v1alpha1.PushMethod{MQTT: &v1alpha1.PushMethodMQTT{Address: "tcp://10.0.0.5", Topic: "t", QoS: 3}}), "qos"},
+		{"push-mqtt-wildcard", push(&v1alpha1.PushMethod{MQTT: &v1alpha1.PushMethodMQTT{Address: "tcp://10.0.0.5", Topic: "plant/#"}}), "no wildcards"},
+		{"push-http-port", push(&v1alpha1.PushMethod{HTTP: &v1alpha1.PushMethodHTTP{HostName: "http://10.0.0.5", Port: 0, RequestPath: "/r"}}), ""},
+		{"push-http-host-with-path", push(&v1alpha1.PushMethod{HTTP: &v1alpha1.PushMethodHTTP{HostName: "http://10.0.0.5/x", Port: 80}}), "without port or path"},
+		{"push-http-ftp", push(&v1alpha1.PushMethod{HTTP: &v1alpha1.PushMethodHTTP{HostName: "ftp://10.0.0.5", Port: 80}}), "must be http:// or https://"},
+		{"push-two-sinks", push(&v1alpha1.PushMethod{MQTT: &v1alpha1.PushMethodMQTT{Address: "tcp://a", Topic: "t"}, OTEL: &v1alpha1.PushMethodOTEL{EndpointURL: "https://a:4318/v1/metrics"}}), "at most one of http, mqtt and otel"},
+		{"push-nothing", push(&v1alpha1.PushMethod{}), "names no sink"},
+		{"push-redis-addr", push(&v1alpha1.PushMethod{DBMethod: &v1alpha1.DBMethodConfig{Redis: &v1alpha1.DBMethodRedis{RedisClientConfig: &v1alpha1.RedisClientConfig{Addr: "redis://a:6379"}}}}), "must be host:port"},
 		{"kubeedge-integer-cycles", dev(func(d *v1alpha1.Device) {
 			d.Spec.Properties[0].CollectCycle = ptr.To(intstr.FromInt32(1000))
 		}), ""},

@@ -23,6 +23,7 @@ import (
 
 	"github.com/dowse-dev/dowse/brokers/mapper"
 	dmiv1beta1 "github.com/dowse-dev/dowse/proto/dmi/v1beta1"
+	mapperv1 "github.com/dowse-dev/dowse/proto/mapper/v1"
 	"github.com/dowse-dev/dowse/shared/twinvalue"
 )
 
@@ -37,6 +38,14 @@ type State struct {
 	At                time.Time
 	Namespace, Device string
 	State             string
+}
+
+// Condition is one ReportDeviceCondition (Dowse's DeviceConditions).
+type Condition struct {
+	At                      time.Time
+	Namespace, Device, Type string
+	Status                  bool
+	Reason, Message         string
 }
 
 // Agent is a fake device manager.
@@ -60,6 +69,7 @@ type Agent struct {
 	registrations []*dmiv1beta1.MapperInfo
 	reports       []Report
 	states        []State
+	conditions    []Condition
 	client        *grpc.ClientConn
 	clientAddr    string
 	refused       []string
@@ -181,6 +191,7 @@ func (a *Agent) Listen() error {
 	}
 	srv := grpc.NewServer()
 	dmiv1beta1.RegisterDeviceManagerServiceServer(srv, a)
+	mapperv1.RegisterDeviceConditionsServer(srv, conditionsServer{a: a})
 	a.mu.Lock()
 	a.srv = srv
 	a.mu.Unlock()
@@ -256,6 +267,46 @@ func (a *Agent) ReportDeviceStates(_ context.Context, req *dmiv1beta1.ReportDevi
 	a.cond.Broadcast()
 	a.mu.Unlock()
 	return &dmiv1beta1.ReportDeviceStatesResponse{}, nil
+}
+
+type conditionsServer struct {
+	mapperv1.UnimplementedDeviceConditionsServer
+	a *Agent
+}
+
+func (c conditionsServer) ReportDeviceCondition(_ context.Context, req *mapperv1.ReportDeviceConditionRequest) (*mapperv1.ReportDeviceConditionResponse, error) {
+	a := c.a
+	a.mu.Lock()
+	a.conditions = append(a.conditions, Condition{At: time.Now(), Namespace: req.GetDeviceNamespace(), Device: req.GetDeviceName(), Type: req.GetType(),
+		Status: req.GetStatus(), Reason: req.GetReason(), Message: req.GetMessage()})
+	a.cond.Broadcast()
+	a.mu.Unlock()
+	return &mapperv1.ReportDeviceConditionResponse{}, nil
+}
+
+// Conditions are the device conditions reported so far.
+func (a *Agent) Conditions() []Condition {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return append([]Condition(nil), a.conditions...)
+}
+
+// WaitCondition waits for a condition of device (namespace/name) of type
+// typ whose latest report has status, and returns it.
+func (a *Agent) WaitCondition(t testing.TB, device, typ string, status bool, timeout time.Duration) Condition {
+	t.Helper()
+	var got Condition
+	a.waitFor(t, timeout, device+" condition "+typ, func() bool {
+		for i := len(a.conditions) - 1; i >= 0; i-- {
+			c := a.conditions[i]
+			if c.Namespace+"/"+c.Device == device && c.Type == typ {
+				got = c
+				return c.Status == status
+			}
+		}
+		return false
+	})
+	return got
 }
 
 // waitFor waits until cond (called with a.mu held) is true.

@@ -5,7 +5,7 @@
 //    "users": [{"user": "...", "password": "..."}]}
 // With users, the server accepts those user names and passwords (node-opcua's
 // userManager) and refuses anonymous sessions; it prints "AUTH <user> ok" or
-// "AUTH <user> refused" for each user-name check.
+// "AUTH <user> refused", then " at=<Unix ms>", for each user-name check.
 // It prints "READY" once it listens, "REGISTERED" each time it has registered
 // with the LDS, and exits on SIGTERM/SIGINT after a graceful shutdown.
 "use strict";
@@ -48,7 +48,9 @@ async function main() {
       options.userManager = {
         isValidUser: (userName, password) => {
           const ok = cfg.users.some((u) => u.user === userName && u.password === password);
-          console.log("AUTH " + userName + (ok ? " ok" : " refused"));
+          // The check's time in ms, so that tests measure retries by the
+          // server's clock rather than by when they read the line.
+          console.log("AUTH " + userName + (ok ? " ok" : " refused") + " at=" + Date.now());
           return ok;
         },
       };

@@ -100,7 +100,7 @@ func (x Error_Code) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Error_Code.Descriptor instead.
 func (Error_Code) EnumDescriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{23, 0}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{38, 0}
 }
 
 type Envelope struct {
@@ -131,6 +131,7 @@ type Envelope struct {
 	//	*Envelope_DeviceInventory
 	//	*Envelope_DeviceState
 	//	*Envelope_Reconnect
+	//	*Envelope_DeviceCondition
 	Kind          isEnvelope_Kind `protobuf_oneof:"kind"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -329,6 +330,15 @@ func (x *Envelope) GetReconnect() *Reconnect {
 	return nil
 }
 
+func (x *Envelope) GetDeviceCondition() *DeviceCondition {
+	if x != nil {
+		if x, ok := x.Kind.(*Envelope_DeviceCondition); ok {
+			return x.DeviceCondition
+		}
+	}
+	return nil
+}
+
 type isEnvelope_Kind interface {
 	isEnvelope_Kind()
 }
@@ -393,6 +403,10 @@ type Envelope_Reconnect struct {
 	Reconnect *Reconnect `protobuf:"bytes,24,opt,name=reconnect,proto3,oneof"`
 }
 
+type Envelope_DeviceCondition struct {
+	DeviceCondition *DeviceCondition `protobuf:"bytes,40,opt,name=device_condition,json=deviceCondition,proto3,oneof"`
+}
+
 func (*Envelope_Hello) isEnvelope_Kind() {}
 
 func (*Envelope_Welcome) isEnvelope_Kind() {}
@@ -422,6 +436,8 @@ func (*Envelope_DeviceInventory) isEnvelope_Kind() {}
 func (*Envelope_DeviceState) isEnvelope_Kind() {}
 
 func (*Envelope_Reconnect) isEnvelope_Kind() {}
+
+func (*Envelope_DeviceCondition) isEnvelope_Kind() {}
 
 // Hello is the edge's first frame. The cloud refuses it unless node equals
 // the node its verified client certificate names.
@@ -1121,6 +1137,105 @@ func (x *DeviceStateUpdate) GetMapper() string {
 	return ""
 }
 
+// DeviceCondition: edge to cloud, a condition of a Device the edge
+// observes, which the cloud records on the Device's status: ReportsAccepted
+// (False while the edge refuses reported values of some properties, the
+// message naming each with why), Authenticated (False while the device
+// refuses its mapper's login, the message in the device's words). The
+// newest of a type replaces an unsent older one.
+type DeviceCondition struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Device  *DeviceRef             `protobuf:"bytes,1,opt,name=device,proto3" json:"device,omitempty"`
+	Type    string                 `protobuf:"bytes,2,opt,name=type,proto3" json:"type,omitempty"`
+	Status  bool                   `protobuf:"varint,3,opt,name=status,proto3" json:"status,omitempty"`
+	Reason  string                 `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	Message string                 `protobuf:"bytes,5,opt,name=message,proto3" json:"message,omitempty"`
+	Time    *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=time,proto3" json:"time,omitempty"`
+	// The registration name of the mapper concerned.
+	Mapper        string `protobuf:"bytes,7,opt,name=mapper,proto3" json:"mapper,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeviceCondition) Reset() {
+	*x = DeviceCondition{}
+	mi := &file_link_v1_link_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeviceCondition) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeviceCondition) ProtoMessage() {}
+
+func (x *DeviceCondition) ProtoReflect() protoreflect.Message {
+	mi := &file_link_v1_link_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeviceCondition.ProtoReflect.Descriptor instead.
+func (*DeviceCondition) Descriptor() ([]byte, []int) {
+	return file_link_v1_link_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *DeviceCondition) GetDevice() *DeviceRef {
+	if x != nil {
+		return x.Device
+	}
+	return nil
+}
+
+func (x *DeviceCondition) GetType() string {
+	if x != nil {
+		return x.Type
+	}
+	return ""
+}
+
+func (x *DeviceCondition) GetStatus() bool {
+	if x != nil {
+		return x.Status
+	}
+	return false
+}
+
+func (x *DeviceCondition) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *DeviceCondition) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *DeviceCondition) GetTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Time
+	}
+	return nil
+}
+
+func (x *DeviceCondition) GetMapper() string {
+	if x != nil {
+		return x.Mapper
+	}
+	return ""
+}
+
 // DeviceUpdate: cloud to edge, a Device the node owns was assigned or
 // changed (desired values ride it). It replaces what the edge held of it.
 type DeviceUpdate struct {
@@ -1132,7 +1247,7 @@ type DeviceUpdate struct {
 
 func (x *DeviceUpdate) Reset() {
 	*x = DeviceUpdate{}
-	mi := &file_link_v1_link_proto_msgTypes[10]
+	mi := &file_link_v1_link_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1144,7 +1259,7 @@ func (x *DeviceUpdate) String() string {
 func (*DeviceUpdate) ProtoMessage() {}
 
 func (x *DeviceUpdate) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[10]
+	mi := &file_link_v1_link_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1157,7 +1272,7 @@ func (x *DeviceUpdate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeviceUpdate.ProtoReflect.Descriptor instead.
 func (*DeviceUpdate) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{10}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *DeviceUpdate) GetDevice() *EdgeDevice {
@@ -1177,7 +1292,7 @@ type DeviceRemoval struct {
 
 func (x *DeviceRemoval) Reset() {
 	*x = DeviceRemoval{}
-	mi := &file_link_v1_link_proto_msgTypes[11]
+	mi := &file_link_v1_link_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1189,7 +1304,7 @@ func (x *DeviceRemoval) String() string {
 func (*DeviceRemoval) ProtoMessage() {}
 
 func (x *DeviceRemoval) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[11]
+	mi := &file_link_v1_link_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1202,7 +1317,7 @@ func (x *DeviceRemoval) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeviceRemoval.ProtoReflect.Descriptor instead.
 func (*DeviceRemoval) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{11}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *DeviceRemoval) GetDevice() *DeviceRef {
@@ -1223,7 +1338,7 @@ type DeviceModelUpdate struct {
 
 func (x *DeviceModelUpdate) Reset() {
 	*x = DeviceModelUpdate{}
-	mi := &file_link_v1_link_proto_msgTypes[12]
+	mi := &file_link_v1_link_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1235,7 +1350,7 @@ func (x *DeviceModelUpdate) String() string {
 func (*DeviceModelUpdate) ProtoMessage() {}
 
 func (x *DeviceModelUpdate) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[12]
+	mi := &file_link_v1_link_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1248,7 +1363,7 @@ func (x *DeviceModelUpdate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeviceModelUpdate.ProtoReflect.Descriptor instead.
 func (*DeviceModelUpdate) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{12}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *DeviceModelUpdate) GetModel() *EdgeDeviceModel {
@@ -1269,7 +1384,7 @@ type DeviceModelRemoval struct {
 
 func (x *DeviceModelRemoval) Reset() {
 	*x = DeviceModelRemoval{}
-	mi := &file_link_v1_link_proto_msgTypes[13]
+	mi := &file_link_v1_link_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1281,7 +1396,7 @@ func (x *DeviceModelRemoval) String() string {
 func (*DeviceModelRemoval) ProtoMessage() {}
 
 func (x *DeviceModelRemoval) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[13]
+	mi := &file_link_v1_link_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1294,7 +1409,7 @@ func (x *DeviceModelRemoval) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeviceModelRemoval.ProtoReflect.Descriptor instead.
 func (*DeviceModelRemoval) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{13}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *DeviceModelRemoval) GetModel() *DeviceRef {
@@ -1318,7 +1433,7 @@ type DeviceInventory struct {
 
 func (x *DeviceInventory) Reset() {
 	*x = DeviceInventory{}
-	mi := &file_link_v1_link_proto_msgTypes[14]
+	mi := &file_link_v1_link_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1330,7 +1445,7 @@ func (x *DeviceInventory) String() string {
 func (*DeviceInventory) ProtoMessage() {}
 
 func (x *DeviceInventory) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[14]
+	mi := &file_link_v1_link_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1343,7 +1458,7 @@ func (x *DeviceInventory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeviceInventory.ProtoReflect.Descriptor instead.
 func (*DeviceInventory) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{14}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *DeviceInventory) GetNode() string {
@@ -1388,7 +1503,7 @@ type EdgeDevice struct {
 
 func (x *EdgeDevice) Reset() {
 	*x = EdgeDevice{}
-	mi := &file_link_v1_link_proto_msgTypes[15]
+	mi := &file_link_v1_link_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1400,7 +1515,7 @@ func (x *EdgeDevice) String() string {
 func (*EdgeDevice) ProtoMessage() {}
 
 func (x *EdgeDevice) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[15]
+	mi := &file_link_v1_link_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1413,7 +1528,7 @@ func (x *EdgeDevice) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EdgeDevice.ProtoReflect.Descriptor instead.
 func (*EdgeDevice) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{15}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *EdgeDevice) GetRef() *DeviceRef {
@@ -1482,13 +1597,16 @@ type EdgeDeviceProperty struct {
 	CollectCycleMs  int64            `protobuf:"varint,5,opt,name=collect_cycle_ms,json=collectCycleMs,proto3" json:"collect_cycle_ms,omitempty"`
 	ReportCycleMs   int64            `protobuf:"varint,6,opt,name=report_cycle_ms,json=reportCycleMs,proto3" json:"report_cycle_ms,omitempty"`
 	ReportToCloud   bool             `protobuf:"varint,7,opt,name=report_to_cloud,json=reportToCloud,proto3" json:"report_to_cloud,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Where the mapper sends every reading besides the twin (the property's
+	// pushMethod); unset: nowhere.
+	PushMethod    *PushMethod `protobuf:"bytes,8,opt,name=push_method,json=pushMethod,proto3" json:"push_method,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *EdgeDeviceProperty) Reset() {
 	*x = EdgeDeviceProperty{}
-	mi := &file_link_v1_link_proto_msgTypes[16]
+	mi := &file_link_v1_link_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1500,7 +1618,7 @@ func (x *EdgeDeviceProperty) String() string {
 func (*EdgeDeviceProperty) ProtoMessage() {}
 
 func (x *EdgeDeviceProperty) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[16]
+	mi := &file_link_v1_link_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1513,7 +1631,7 @@ func (x *EdgeDeviceProperty) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EdgeDeviceProperty.ProtoReflect.Descriptor instead.
 func (*EdgeDeviceProperty) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{16}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *EdgeDeviceProperty) GetName() string {
@@ -1565,6 +1683,831 @@ func (x *EdgeDeviceProperty) GetReportToCloud() bool {
 	return false
 }
 
+func (x *EdgeDeviceProperty) GetPushMethod() *PushMethod {
+	if x != nil {
+		return x.PushMethod
+	}
+	return nil
+}
+
+// PushMethod is a property's spec.properties[].pushMethod: KubeEdge's
+// v1beta1 fields (one of http, mqtt, otel; a database besides), as the
+// node hands them to its mappers in DMI's Device.
+type PushMethod struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Http     *PushMethodHTTP        `protobuf:"bytes,1,opt,name=http,proto3" json:"http,omitempty"`
+	Mqtt     *PushMethodMQTT        `protobuf:"bytes,2,opt,name=mqtt,proto3" json:"mqtt,omitempty"`
+	Otel     *PushMethodOTEL        `protobuf:"bytes,3,opt,name=otel,proto3" json:"otel,omitempty"`
+	DbMethod *DBMethod              `protobuf:"bytes,4,opt,name=db_method,json=dbMethod,proto3" json:"db_method,omitempty"`
+	// The Secret (the Device's namespace) with the sink's credentials, when
+	// the Device names one; its data never travels the link.
+	SecretName    string `protobuf:"bytes,5,opt,name=secret_name,json=secretName,proto3" json:"secret_name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PushMethod) Reset() {
+	*x = PushMethod{}
+	mi := &file_link_v1_link_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PushMethod) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PushMethod) ProtoMessage() {}
+
+func (x *PushMethod) ProtoReflect() protoreflect.Message {
+	mi := &file_link_v1_link_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PushMethod.ProtoReflect.Descriptor instead.
+func (*PushMethod) Descriptor() ([]byte, []int) {
+	return file_link_v1_link_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *PushMethod) GetHttp() *PushMethodHTTP {
+	if x != nil {
+		return x.Http
+	}
+	return nil
+}
+
+func (x *PushMethod) GetMqtt() *PushMethodMQTT {
+	if x != nil {
+		return x.Mqtt
+	}
+	return nil
+}
+
+func (x *PushMethod) GetOtel() *PushMethodOTEL {
+	if x != nil {
+		return x.Otel
+	}
+	return nil
+}
+
+func (x *PushMethod) GetDbMethod() *DBMethod {
+	if x != nil {
+		return x.DbMethod
+	}
+	return nil
+}
+
+func (x *PushMethod) GetSecretName() string {
+	if x != nil {
+		return x.SecretName
+	}
+	return ""
+}
+
+type PushMethodHTTP struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Scheme and host, e.g. http://10.0.0.5.
+	HostName    string `protobuf:"bytes,1,opt,name=host_name,json=hostName,proto3" json:"host_name,omitempty"`
+	Port        int64  `protobuf:"varint,2,opt,name=port,proto3" json:"port,omitempty"`
+	RequestPath string `protobuf:"bytes,3,opt,name=request_path,json=requestPath,proto3" json:"request_path,omitempty"`
+	// Milliseconds.
+	Timeout       int64 `protobuf:"varint,4,opt,name=timeout,proto3" json:"timeout,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PushMethodHTTP) Reset() {
+	*x = PushMethodHTTP{}
+	mi := &file_link_v1_link_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PushMethodHTTP) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PushMethodHTTP) ProtoMessage() {}
+
+func (x *PushMethodHTTP) ProtoReflect() protoreflect.Message {
+	mi := &file_link_v1_link_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PushMethodHTTP.ProtoReflect.Descriptor instead.
+func (*PushMethodHTTP) Descriptor() ([]byte, []int) {
+	return file_link_v1_link_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *PushMethodHTTP) GetHostName() string {
+	if x != nil {
+		return x.HostName
+	}
+	return ""
+}
+
+func (x *PushMethodHTTP) GetPort() int64 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
+func (x *PushMethodHTTP) GetRequestPath() string {
+	if x != nil {
+		return x.RequestPath
+	}
+	return ""
+}
+
+func (x *PushMethodHTTP) GetTimeout() int64 {
+	if x != nil {
+		return x.Timeout
+	}
+	return 0
+}
+
+type PushMethodMQTT struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// e.g. tcp://127.0.0.1:1883.
+	Address       string `protobuf:"bytes,1,opt,name=address,proto3" json:"address,omitempty"`
+	Topic         string `protobuf:"bytes,2,opt,name=topic,proto3" json:"topic,omitempty"`
+	Qos           int32  `protobuf:"varint,3,opt,name=qos,proto3" json:"qos,omitempty"`
+	Retained      bool   `protobuf:"varint,4,opt,name=retained,proto3" json:"retained,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PushMethodMQTT) Reset() {
+	*x = PushMethodMQTT{}
+	mi := &file_link_v1_link_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PushMethodMQTT) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PushMethodMQTT) ProtoMessage() {}
+
+func (x *PushMethodMQTT) ProtoReflect() protoreflect.Message {
+	mi := &file_link_v1_link_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PushMethodMQTT.ProtoReflect.Descriptor instead.
+func (*PushMethodMQTT) Descriptor() ([]byte, []int) {
+	return file_link_v1_link_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *PushMethodMQTT) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *PushMethodMQTT) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+func (x *PushMethodMQTT) GetQos() int32 {
+	if x != nil {
+		return x.Qos
+	}
+	return 0
+}
+
+func (x *PushMethodMQTT) GetRetained() bool {
+	if x != nil {
+		return x.Retained
+	}
+	return false
+}
+
+type PushMethodOTEL struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	EndpointUrl   string                 `protobuf:"bytes,1,opt,name=endpoint_url,json=endpointUrl,proto3" json:"endpoint_url,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PushMethodOTEL) Reset() {
+	*x = PushMethodOTEL{}
+	mi := &file_link_v1_link_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PushMethodOTEL) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PushMethodOTEL) ProtoMessage() {}
+
+func (x *PushMethodOTEL) ProtoReflect() protoreflect.Message {
+	mi := &file_link_v1_link_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PushMethodOTEL.ProtoReflect.Descriptor instead.
+func (*PushMethodOTEL) Descriptor() ([]byte, []int) {
+	return file_link_v1_link_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *PushMethodOTEL) GetEndpointUrl() string {
+	if x != nil {
+		return x.EndpointUrl
+	}
+	return ""
+}
+
+// DBMethod is one database, nested as the Device nests it (an absent
+// config is not an empty one to KubeEdge's mappers).
+type DBMethod struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Influxdb2     *DBMethodInfluxdb2     `protobuf:"bytes,1,opt,name=influxdb2,proto3" json:"influxdb2,omitempty"`
+	Redis         *DBMethodRedis         `protobuf:"bytes,2,opt,name=redis,proto3" json:"redis,omitempty"`
+	Tdengine      *DBMethodTDEngine      `protobuf:"bytes,3,opt,name=tdengine,proto3" json:"tdengine,omitempty"`
+	Mysql         *DBMethodMySQL         `protobuf:"bytes,4,opt,name=mysql,proto3" json:"mysql,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DBMethod) Reset() {
+	*x = DBMethod{}
+	mi := &file_link_v1_link_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DBMethod) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DBMethod) ProtoMessage() {}
+
+func (x *DBMethod) ProtoReflect() protoreflect.Message {
+	mi := &file_link_v1_link_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DBMethod.ProtoReflect.Descriptor instead.
+func (*DBMethod) Descriptor() ([]byte, []int) {
+	return file_link_v1_link_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *DBMethod) GetInfluxdb2() *DBMethodInfluxdb2 {
+	if x != nil {
+		return x.Influxdb2
+	}
+	return nil
+}
+
+func (x *DBMethod) GetRedis() *DBMethodRedis {
+	if x != nil {
+		return x.Redis
+	}
+	return nil
+}
+
+func (x *DBMethod) GetTdengine() *DBMethodTDEngine {
+	if x != nil {
+		return x.Tdengine
+	}
+	return nil
+}
+
+func (x *DBMethod) GetMysql() *DBMethodMySQL {
+	if x != nil {
+		return x.Mysql
+	}
+	return nil
+}
+
+type DBMethodInfluxdb2 struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ClientConfig  *Influxdb2ClientConfig `protobuf:"bytes,1,opt,name=client_config,json=clientConfig,proto3" json:"client_config,omitempty"`
+	DataConfig    *Influxdb2DataConfig   `protobuf:"bytes,2,opt,name=data_config,json=dataConfig,proto3" json:"data_config,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DBMethodInfluxdb2) Reset() {
+	*x = DBMethodInfluxdb2{}
+	mi := &file_link_v1_link_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DBMethodInfluxdb2) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DBMethodInfluxdb2) ProtoMessage() {}
+
+func (x *DBMethodInfluxdb2) ProtoReflect() protoreflect.Message {
+	mi := &file_link_v1_link_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DBMethodInfluxdb2.ProtoReflect.Descriptor instead.
+func (*DBMethodInfluxdb2) Descriptor() ([]byte, []int) {
+	return file_link_v1_link_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *DBMethodInfluxdb2) GetClientConfig() *Influxdb2ClientConfig {
+	if x != nil {
+		return x.ClientConfig
+	}
+	return nil
+}
+
+func (x *DBMethodInfluxdb2) GetDataConfig() *Influxdb2DataConfig {
+	if x != nil {
+		return x.DataConfig
+	}
+	return nil
+}
+
+type Influxdb2ClientConfig struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Url           string                 `protobuf:"bytes,1,opt,name=url,proto3" json:"url,omitempty"`
+	Org           string                 `protobuf:"bytes,2,opt,name=org,proto3" json:"org,omitempty"`
+	Bucket        string                 `protobuf:"bytes,3,opt,name=bucket,proto3" json:"bucket,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Influxdb2ClientConfig) Reset() {
+	*x = Influxdb2ClientConfig{}
+	mi := &file_link_v1_link_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Influxdb2ClientConfig) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Influxdb2ClientConfig) ProtoMessage() {}
+
+func (x *Influxdb2ClientConfig) ProtoReflect() protoreflect.Message {
+	mi := &file_link_v1_link_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Influxdb2ClientConfig.ProtoReflect.Descriptor instead.
+func (*Influxdb2ClientConfig) Descriptor() ([]byte, []int) {
+	return file_link_v1_link_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *Influxdb2ClientConfig) GetUrl() string {
+	if x != nil {
+		return x.Url
+	}
+	return ""
+}
+
+func (x *Influxdb2ClientConfig) GetOrg() string {
+	if x != nil {
+		return x.Org
+	}
+	return ""
+}
+
+func (x *Influxdb2ClientConfig) GetBucket() string {
+	if x != nil {
+		return x.Bucket
+	}
+	return ""
+}
+
+type Influxdb2DataConfig struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Measurement   string                 `protobuf:"bytes,1,opt,name=measurement,proto3" json:"measurement,omitempty"`
+	Tag           map[string]string      `protobuf:"bytes,2,rep,name=tag,proto3" json:"tag,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	FieldKey      string                 `protobuf:"bytes,3,opt,name=field_key,json=fieldKey,proto3" json:"field_key,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Influxdb2DataConfig) Reset() {
+	*x = Influxdb2DataConfig{}
+	mi := &file_link_v1_link_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Influxdb2DataConfig) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Influxdb2DataConfig) ProtoMessage() {}
+
+func (x *Influxdb2DataConfig) ProtoReflect() protoreflect.Message {
+	mi := &file_link_v1_link_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Influxdb2DataConfig.ProtoReflect.Descriptor instead.
+func (*Influxdb2DataConfig) Descriptor() ([]byte, []int) {
+	return file_link_v1_link_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *Influxdb2DataConfig) GetMeasurement() string {
+	if x != nil {
+		return x.Measurement
+	}
+	return ""
+}
+
+func (x *Influxdb2DataConfig) GetTag() map[string]string {
+	if x != nil {
+		return x.Tag
+	}
+	return nil
+}
+
+func (x *Influxdb2DataConfig) GetFieldKey() string {
+	if x != nil {
+		return x.FieldKey
+	}
+	return ""
+}
+
+type DBMethodRedis struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ClientConfig  *RedisClientConfig     `protobuf:"bytes,1,opt,name=client_config,json=clientConfig,proto3" json:"client_config,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DBMethodRedis) Reset() {
+	*x = DBMethodRedis{}
+	mi := &file_link_v1_link_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DBMethodRedis) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DBMethodRedis) ProtoMessage() {}
+
+func (x *DBMethodRedis) ProtoReflect() protoreflect.Message {
+	mi := &file_link_v1_link_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DBMethodRedis.ProtoReflect.Descriptor instead.
+func (*DBMethodRedis) Descriptor() ([]byte, []int) {
+	return file_link_v1_link_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *DBMethodRedis) GetClientConfig() *RedisClientConfig {
+	if x != nil {
+		return x.ClientConfig
+	}
+	return nil
+}
+
+type RedisClientConfig struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Addr          string                 `protobuf:"bytes,1,opt,name=addr,proto3" json:"addr,omitempty"`
+	Db            int32                  `protobuf:"varint,2,opt,name=db,proto3" json:"db,omitempty"`
+	Poolsize      int32                  `protobuf:"varint,3,opt,name=poolsize,proto3" json:"poolsize,omitempty"`
+	MinIdleConns  int32                  `protobuf:"varint,4,opt,name=min_idle_conns,json=minIdleConns,proto3" json:"min_idle_conns,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RedisClientConfig) Reset() {
+	*x = RedisClientConfig{}
+	mi := &file_link_v1_link_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RedisClientConfig) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RedisClientConfig) ProtoMessage() {}
+
+func (x *RedisClientConfig) ProtoReflect() protoreflect.Message {
+	mi := &file_link_v1_link_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RedisClientConfig.ProtoReflect.Descriptor instead.
+func (*RedisClientConfig) Descriptor() ([]byte, []int) {
+	return file_link_v1_link_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *RedisClientConfig) GetAddr() string {
+	if x != nil {
+		return x.Addr
+	}
+	return ""
+}
+
+func (x *RedisClientConfig) GetDb() int32 {
+	if x != nil {
+		return x.Db
+	}
+	return 0
+}
+
+func (x *RedisClientConfig) GetPoolsize() int32 {
+	if x != nil {
+		return x.Poolsize
+	}
+	return 0
+}
+
+func (x *RedisClientConfig) GetMinIdleConns() int32 {
+	if x != nil {
+		return x.MinIdleConns
+	}
+	return 0
+}
+
+type DBMethodTDEngine struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ClientConfig  *TDEngineClientConfig  `protobuf:"bytes,1,opt,name=client_config,json=clientConfig,proto3" json:"client_config,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DBMethodTDEngine) Reset() {
+	*x = DBMethodTDEngine{}
+	mi := &file_link_v1_link_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DBMethodTDEngine) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DBMethodTDEngine) ProtoMessage() {}
+
+func (x *DBMethodTDEngine) ProtoReflect() protoreflect.Message {
+	mi := &file_link_v1_link_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DBMethodTDEngine.ProtoReflect.Descriptor instead.
+func (*DBMethodTDEngine) Descriptor() ([]byte, []int) {
+	return file_link_v1_link_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *DBMethodTDEngine) GetClientConfig() *TDEngineClientConfig {
+	if x != nil {
+		return x.ClientConfig
+	}
+	return nil
+}
+
+type TDEngineClientConfig struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Addr          string                 `protobuf:"bytes,1,opt,name=addr,proto3" json:"addr,omitempty"`
+	DbName        string                 `protobuf:"bytes,2,opt,name=db_name,json=dbName,proto3" json:"db_name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TDEngineClientConfig) Reset() {
+	*x = TDEngineClientConfig{}
+	mi := &file_link_v1_link_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TDEngineClientConfig) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TDEngineClientConfig) ProtoMessage() {}
+
+func (x *TDEngineClientConfig) ProtoReflect() protoreflect.Message {
+	mi := &file_link_v1_link_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TDEngineClientConfig.ProtoReflect.Descriptor instead.
+func (*TDEngineClientConfig) Descriptor() ([]byte, []int) {
+	return file_link_v1_link_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *TDEngineClientConfig) GetAddr() string {
+	if x != nil {
+		return x.Addr
+	}
+	return ""
+}
+
+func (x *TDEngineClientConfig) GetDbName() string {
+	if x != nil {
+		return x.DbName
+	}
+	return ""
+}
+
+type DBMethodMySQL struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ClientConfig  *MySQLClientConfig     `protobuf:"bytes,1,opt,name=client_config,json=clientConfig,proto3" json:"client_config,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DBMethodMySQL) Reset() {
+	*x = DBMethodMySQL{}
+	mi := &file_link_v1_link_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DBMethodMySQL) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DBMethodMySQL) ProtoMessage() {}
+
+func (x *DBMethodMySQL) ProtoReflect() protoreflect.Message {
+	mi := &file_link_v1_link_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DBMethodMySQL.ProtoReflect.Descriptor instead.
+func (*DBMethodMySQL) Descriptor() ([]byte, []int) {
+	return file_link_v1_link_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *DBMethodMySQL) GetClientConfig() *MySQLClientConfig {
+	if x != nil {
+		return x.ClientConfig
+	}
+	return nil
+}
+
+type MySQLClientConfig struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Addr          string                 `protobuf:"bytes,1,opt,name=addr,proto3" json:"addr,omitempty"`
+	Database      string                 `protobuf:"bytes,2,opt,name=database,proto3" json:"database,omitempty"`
+	UserName      string                 `protobuf:"bytes,3,opt,name=user_name,json=userName,proto3" json:"user_name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MySQLClientConfig) Reset() {
+	*x = MySQLClientConfig{}
+	mi := &file_link_v1_link_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MySQLClientConfig) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MySQLClientConfig) ProtoMessage() {}
+
+func (x *MySQLClientConfig) ProtoReflect() protoreflect.Message {
+	mi := &file_link_v1_link_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MySQLClientConfig.ProtoReflect.Descriptor instead.
+func (*MySQLClientConfig) Descriptor() ([]byte, []int) {
+	return file_link_v1_link_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *MySQLClientConfig) GetAddr() string {
+	if x != nil {
+		return x.Addr
+	}
+	return ""
+}
+
+func (x *MySQLClientConfig) GetDatabase() string {
+	if x != nil {
+		return x.Database
+	}
+	return ""
+}
+
+func (x *MySQLClientConfig) GetUserName() string {
+	if x != nil {
+		return x.UserName
+	}
+	return ""
+}
+
 // TwinValue is a value as the Device object holds it: text typed by the
 // model, with metadata.
 type TwinValue struct {
@@ -1577,7 +2520,7 @@ type TwinValue struct {
 
 func (x *TwinValue) Reset() {
 	*x = TwinValue{}
-	mi := &file_link_v1_link_proto_msgTypes[17]
+	mi := &file_link_v1_link_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1589,7 +2532,7 @@ func (x *TwinValue) String() string {
 func (*TwinValue) ProtoMessage() {}
 
 func (x *TwinValue) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[17]
+	mi := &file_link_v1_link_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1602,7 +2545,7 @@ func (x *TwinValue) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TwinValue.ProtoReflect.Descriptor instead.
 func (*TwinValue) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{17}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *TwinValue) GetValue() string {
@@ -1630,7 +2573,7 @@ type EdgeDeviceMethod struct {
 
 func (x *EdgeDeviceMethod) Reset() {
 	*x = EdgeDeviceMethod{}
-	mi := &file_link_v1_link_proto_msgTypes[18]
+	mi := &file_link_v1_link_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1642,7 +2585,7 @@ func (x *EdgeDeviceMethod) String() string {
 func (*EdgeDeviceMethod) ProtoMessage() {}
 
 func (x *EdgeDeviceMethod) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[18]
+	mi := &file_link_v1_link_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1655,7 +2598,7 @@ func (x *EdgeDeviceMethod) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EdgeDeviceMethod.ProtoReflect.Descriptor instead.
 func (*EdgeDeviceMethod) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{18}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *EdgeDeviceMethod) GetName() string {
@@ -1692,7 +2635,7 @@ type EdgeDeviceModel struct {
 
 func (x *EdgeDeviceModel) Reset() {
 	*x = EdgeDeviceModel{}
-	mi := &file_link_v1_link_proto_msgTypes[19]
+	mi := &file_link_v1_link_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1704,7 +2647,7 @@ func (x *EdgeDeviceModel) String() string {
 func (*EdgeDeviceModel) ProtoMessage() {}
 
 func (x *EdgeDeviceModel) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[19]
+	mi := &file_link_v1_link_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1717,7 +2660,7 @@ func (x *EdgeDeviceModel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EdgeDeviceModel.ProtoReflect.Descriptor instead.
 func (*EdgeDeviceModel) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{19}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *EdgeDeviceModel) GetRef() *DeviceRef {
@@ -1765,7 +2708,7 @@ type EdgeModelProperty struct {
 
 func (x *EdgeModelProperty) Reset() {
 	*x = EdgeModelProperty{}
-	mi := &file_link_v1_link_proto_msgTypes[20]
+	mi := &file_link_v1_link_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1777,7 +2720,7 @@ func (x *EdgeModelProperty) String() string {
 func (*EdgeModelProperty) ProtoMessage() {}
 
 func (x *EdgeModelProperty) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[20]
+	mi := &file_link_v1_link_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1790,7 +2733,7 @@ func (x *EdgeModelProperty) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EdgeModelProperty.ProtoReflect.Descriptor instead.
 func (*EdgeModelProperty) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{20}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *EdgeModelProperty) GetName() string {
@@ -1854,7 +2797,7 @@ type DeviceMembership struct {
 
 func (x *DeviceMembership) Reset() {
 	*x = DeviceMembership{}
-	mi := &file_link_v1_link_proto_msgTypes[21]
+	mi := &file_link_v1_link_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1866,7 +2809,7 @@ func (x *DeviceMembership) String() string {
 func (*DeviceMembership) ProtoMessage() {}
 
 func (x *DeviceMembership) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[21]
+	mi := &file_link_v1_link_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1879,7 +2822,7 @@ func (x *DeviceMembership) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeviceMembership.ProtoReflect.Descriptor instead.
 func (*DeviceMembership) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{21}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *DeviceMembership) GetNode() string {
@@ -1909,7 +2852,7 @@ type ProcessedAck struct {
 
 func (x *ProcessedAck) Reset() {
 	*x = ProcessedAck{}
-	mi := &file_link_v1_link_proto_msgTypes[22]
+	mi := &file_link_v1_link_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1921,7 +2864,7 @@ func (x *ProcessedAck) String() string {
 func (*ProcessedAck) ProtoMessage() {}
 
 func (x *ProcessedAck) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[22]
+	mi := &file_link_v1_link_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1934,7 +2877,7 @@ func (x *ProcessedAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessedAck.ProtoReflect.Descriptor instead.
 func (*ProcessedAck) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{22}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ProcessedAck) GetRefSeq() uint64 {
@@ -1963,7 +2906,7 @@ type Error struct {
 
 func (x *Error) Reset() {
 	*x = Error{}
-	mi := &file_link_v1_link_proto_msgTypes[23]
+	mi := &file_link_v1_link_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1975,7 +2918,7 @@ func (x *Error) String() string {
 func (*Error) ProtoMessage() {}
 
 func (x *Error) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[23]
+	mi := &file_link_v1_link_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1988,7 +2931,7 @@ func (x *Error) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Error.ProtoReflect.Descriptor instead.
 func (*Error) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{23}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *Error) GetCode() Error_Code {
@@ -2016,7 +2959,7 @@ var File_link_v1_link_proto protoreflect.FileDescriptor
 
 const file_link_v1_link_proto_rawDesc = "" +
 	"\n" +
-	"\x12link/v1/link.proto\x12\rdowse.link.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa2\b\n" +
+	"\x12link/v1/link.proto\x12\rdowse.link.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xef\b\n" +
 	"\bEnvelope\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x10\n" +
@@ -2036,7 +2979,8 @@ const file_link_v1_link_proto_rawDesc = "" +
 	"\rmodel_removal\x18\x15 \x01(\v2!.dowse.link.v1.DeviceModelRemovalH\x00R\fmodelRemoval\x12K\n" +
 	"\x10device_inventory\x18\x16 \x01(\v2\x1e.dowse.link.v1.DeviceInventoryH\x00R\x0fdeviceInventory\x12E\n" +
 	"\fdevice_state\x18\x17 \x01(\v2 .dowse.link.v1.DeviceStateUpdateH\x00R\vdeviceState\x128\n" +
-	"\treconnect\x18\x18 \x01(\v2\x18.dowse.link.v1.ReconnectH\x00R\treconnectB\x06\n" +
+	"\treconnect\x18\x18 \x01(\v2\x18.dowse.link.v1.ReconnectH\x00R\treconnect\x12K\n" +
+	"\x10device_condition\x18( \x01(\v2\x1e.dowse.link.v1.DeviceConditionH\x00R\x0fdeviceConditionB\x06\n" +
 	"\x04kind\"\x90\x01\n" +
 	"\x05Hello\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1b\n" +
@@ -2088,7 +3032,15 @@ const file_link_v1_link_proto_rawDesc = "" +
 	"\x06device\x18\x01 \x01(\v2\x18.dowse.link.v1.DeviceRefR\x06device\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12.\n" +
 	"\x04time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x16\n" +
-	"\x06mapper\x18\x04 \x01(\tR\x06mapper\"A\n" +
+	"\x06mapper\x18\x04 \x01(\tR\x06mapper\"\xe9\x01\n" +
+	"\x0fDeviceCondition\x120\n" +
+	"\x06device\x18\x01 \x01(\v2\x18.dowse.link.v1.DeviceRefR\x06device\x12\x12\n" +
+	"\x04type\x18\x02 \x01(\tR\x04type\x12\x16\n" +
+	"\x06status\x18\x03 \x01(\bR\x06status\x12\x16\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\x12\x18\n" +
+	"\amessage\x18\x05 \x01(\tR\amessage\x12.\n" +
+	"\x04time\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x16\n" +
+	"\x06mapper\x18\a \x01(\tR\x06mapper\"A\n" +
 	"\fDeviceUpdate\x121\n" +
 	"\x06device\x18\x01 \x01(\v2\x19.dowse.link.v1.EdgeDeviceR\x06device\"A\n" +
 	"\rDeviceRemoval\x120\n" +
@@ -2114,7 +3066,7 @@ const file_link_v1_link_proto_rawDesc = "" +
 	"\n" +
 	"properties\x18\a \x03(\v2!.dowse.link.v1.EdgeDevicePropertyR\n" +
 	"properties\x129\n" +
-	"\amethods\x18\b \x03(\v2\x1f.dowse.link.v1.EdgeDeviceMethodR\amethods\"\xc1\x02\n" +
+	"\amethods\x18\b \x03(\v2\x1f.dowse.link.v1.EdgeDeviceMethodR\amethods\"\xfd\x02\n" +
 	"\x12EdgeDeviceProperty\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x122\n" +
 	"\adesired\x18\x02 \x01(\v2\x18.dowse.link.v1.TwinValueR\adesired\x12)\n" +
@@ -2122,7 +3074,67 @@ const file_link_v1_link_proto_rawDesc = "" +
 	"\x0evisitor_config\x18\x04 \x01(\v2\x17.google.protobuf.StructR\rvisitorConfig\x12(\n" +
 	"\x10collect_cycle_ms\x18\x05 \x01(\x03R\x0ecollectCycleMs\x12&\n" +
 	"\x0freport_cycle_ms\x18\x06 \x01(\x03R\rreportCycleMs\x12&\n" +
-	"\x0freport_to_cloud\x18\a \x01(\bR\rreportToCloud\"\xa2\x01\n" +
+	"\x0freport_to_cloud\x18\a \x01(\bR\rreportToCloud\x12:\n" +
+	"\vpush_method\x18\b \x01(\v2\x19.dowse.link.v1.PushMethodR\n" +
+	"pushMethod\"\xfc\x01\n" +
+	"\n" +
+	"PushMethod\x121\n" +
+	"\x04http\x18\x01 \x01(\v2\x1d.dowse.link.v1.PushMethodHTTPR\x04http\x121\n" +
+	"\x04mqtt\x18\x02 \x01(\v2\x1d.dowse.link.v1.PushMethodMQTTR\x04mqtt\x121\n" +
+	"\x04otel\x18\x03 \x01(\v2\x1d.dowse.link.v1.PushMethodOTELR\x04otel\x124\n" +
+	"\tdb_method\x18\x04 \x01(\v2\x17.dowse.link.v1.DBMethodR\bdbMethod\x12\x1f\n" +
+	"\vsecret_name\x18\x05 \x01(\tR\n" +
+	"secretName\"~\n" +
+	"\x0ePushMethodHTTP\x12\x1b\n" +
+	"\thost_name\x18\x01 \x01(\tR\bhostName\x12\x12\n" +
+	"\x04port\x18\x02 \x01(\x03R\x04port\x12!\n" +
+	"\frequest_path\x18\x03 \x01(\tR\vrequestPath\x12\x18\n" +
+	"\atimeout\x18\x04 \x01(\x03R\atimeout\"n\n" +
+	"\x0ePushMethodMQTT\x12\x18\n" +
+	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x14\n" +
+	"\x05topic\x18\x02 \x01(\tR\x05topic\x12\x10\n" +
+	"\x03qos\x18\x03 \x01(\x05R\x03qos\x12\x1a\n" +
+	"\bretained\x18\x04 \x01(\bR\bretained\"3\n" +
+	"\x0ePushMethodOTEL\x12!\n" +
+	"\fendpoint_url\x18\x01 \x01(\tR\vendpointUrl\"\xef\x01\n" +
+	"\bDBMethod\x12>\n" +
+	"\tinfluxdb2\x18\x01 \x01(\v2 .dowse.link.v1.DBMethodInfluxdb2R\tinfluxdb2\x122\n" +
+	"\x05redis\x18\x02 \x01(\v2\x1c.dowse.link.v1.DBMethodRedisR\x05redis\x12;\n" +
+	"\btdengine\x18\x03 \x01(\v2\x1f.dowse.link.v1.DBMethodTDEngineR\btdengine\x122\n" +
+	"\x05mysql\x18\x04 \x01(\v2\x1c.dowse.link.v1.DBMethodMySQLR\x05mysql\"\xa3\x01\n" +
+	"\x11DBMethodInfluxdb2\x12I\n" +
+	"\rclient_config\x18\x01 \x01(\v2$.dowse.link.v1.Influxdb2ClientConfigR\fclientConfig\x12C\n" +
+	"\vdata_config\x18\x02 \x01(\v2\".dowse.link.v1.Influxdb2DataConfigR\n" +
+	"dataConfig\"S\n" +
+	"\x15Influxdb2ClientConfig\x12\x10\n" +
+	"\x03url\x18\x01 \x01(\tR\x03url\x12\x10\n" +
+	"\x03org\x18\x02 \x01(\tR\x03org\x12\x16\n" +
+	"\x06bucket\x18\x03 \x01(\tR\x06bucket\"\xcb\x01\n" +
+	"\x13Influxdb2DataConfig\x12 \n" +
+	"\vmeasurement\x18\x01 \x01(\tR\vmeasurement\x12=\n" +
+	"\x03tag\x18\x02 \x03(\v2+.dowse.link.v1.Influxdb2DataConfig.TagEntryR\x03tag\x12\x1b\n" +
+	"\tfield_key\x18\x03 \x01(\tR\bfieldKey\x1a6\n" +
+	"\bTagEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"V\n" +
+	"\rDBMethodRedis\x12E\n" +
+	"\rclient_config\x18\x01 \x01(\v2 .dowse.link.v1.RedisClientConfigR\fclientConfig\"y\n" +
+	"\x11RedisClientConfig\x12\x12\n" +
+	"\x04addr\x18\x01 \x01(\tR\x04addr\x12\x0e\n" +
+	"\x02db\x18\x02 \x01(\x05R\x02db\x12\x1a\n" +
+	"\bpoolsize\x18\x03 \x01(\x05R\bpoolsize\x12$\n" +
+	"\x0emin_idle_conns\x18\x04 \x01(\x05R\fminIdleConns\"\\\n" +
+	"\x10DBMethodTDEngine\x12H\n" +
+	"\rclient_config\x18\x01 \x01(\v2#.dowse.link.v1.TDEngineClientConfigR\fclientConfig\"C\n" +
+	"\x14TDEngineClientConfig\x12\x12\n" +
+	"\x04addr\x18\x01 \x01(\tR\x04addr\x12\x17\n" +
+	"\adb_name\x18\x02 \x01(\tR\x06dbName\"V\n" +
+	"\rDBMethodMySQL\x12E\n" +
+	"\rclient_config\x18\x01 \x01(\v2 .dowse.link.v1.MySQLClientConfigR\fclientConfig\"`\n" +
+	"\x11MySQLClientConfig\x12\x12\n" +
+	"\x04addr\x18\x01 \x01(\tR\x04addr\x12\x1a\n" +
+	"\bdatabase\x18\x02 \x01(\tR\bdatabase\x12\x1b\n" +
+	"\tuser_name\x18\x03 \x01(\tR\buserName\"\xa2\x01\n" +
 	"\tTwinValue\x12\x14\n" +
 	"\x05value\x18\x01 \x01(\tR\x05value\x12B\n" +
 	"\bmetadata\x18\x02 \x03(\v2&.dowse.link.v1.TwinValue.MetadataEntryR\bmetadata\x1a;\n" +
@@ -2182,7 +3194,7 @@ func file_link_v1_link_proto_rawDescGZIP() []byte {
 }
 
 var file_link_v1_link_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_link_v1_link_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
+var file_link_v1_link_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
 var file_link_v1_link_proto_goTypes = []any{
 	(Error_Code)(0),               // 0: dowse.link.v1.Error.Code
 	(*Envelope)(nil),              // 1: dowse.link.v1.Envelope
@@ -2195,24 +3207,40 @@ var file_link_v1_link_proto_goTypes = []any{
 	(*TwinDesiredUpdate)(nil),     // 8: dowse.link.v1.TwinDesiredUpdate
 	(*TwinReportedUpdate)(nil),    // 9: dowse.link.v1.TwinReportedUpdate
 	(*DeviceStateUpdate)(nil),     // 10: dowse.link.v1.DeviceStateUpdate
-	(*DeviceUpdate)(nil),          // 11: dowse.link.v1.DeviceUpdate
-	(*DeviceRemoval)(nil),         // 12: dowse.link.v1.DeviceRemoval
-	(*DeviceModelUpdate)(nil),     // 13: dowse.link.v1.DeviceModelUpdate
-	(*DeviceModelRemoval)(nil),    // 14: dowse.link.v1.DeviceModelRemoval
-	(*DeviceInventory)(nil),       // 15: dowse.link.v1.DeviceInventory
-	(*EdgeDevice)(nil),            // 16: dowse.link.v1.EdgeDevice
-	(*EdgeDeviceProperty)(nil),    // 17: dowse.link.v1.EdgeDeviceProperty
-	(*TwinValue)(nil),             // 18: dowse.link.v1.TwinValue
-	(*EdgeDeviceMethod)(nil),      // 19: dowse.link.v1.EdgeDeviceMethod
-	(*EdgeDeviceModel)(nil),       // 20: dowse.link.v1.EdgeDeviceModel
-	(*EdgeModelProperty)(nil),     // 21: dowse.link.v1.EdgeModelProperty
-	(*DeviceMembership)(nil),      // 22: dowse.link.v1.DeviceMembership
-	(*ProcessedAck)(nil),          // 23: dowse.link.v1.ProcessedAck
-	(*Error)(nil),                 // 24: dowse.link.v1.Error
-	nil,                           // 25: dowse.link.v1.TwinReportedUpdate.MetadataEntry
-	nil,                           // 26: dowse.link.v1.TwinValue.MetadataEntry
-	(*timestamppb.Timestamp)(nil), // 27: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),       // 28: google.protobuf.Struct
+	(*DeviceCondition)(nil),       // 11: dowse.link.v1.DeviceCondition
+	(*DeviceUpdate)(nil),          // 12: dowse.link.v1.DeviceUpdate
+	(*DeviceRemoval)(nil),         // 13: dowse.link.v1.DeviceRemoval
+	(*DeviceModelUpdate)(nil),     // 14: dowse.link.v1.DeviceModelUpdate
+	(*DeviceModelRemoval)(nil),    // 15: dowse.link.v1.DeviceModelRemoval
+	(*DeviceInventory)(nil),       // 16: dowse.link.v1.DeviceInventory
+	(*EdgeDevice)(nil),            // 17: dowse.link.v1.EdgeDevice
+	(*EdgeDeviceProperty)(nil),    // 18: dowse.link.v1.EdgeDeviceProperty
+	(*PushMethod)(nil),            // 19: dowse.link.v1.PushMethod
+	(*PushMethodHTTP)(nil),        // 20: dowse.link.v1.PushMethodHTTP
+	(*PushMethodMQTT)(nil),        // 21: dowse.link.v1.PushMethodMQTT
+	(*PushMethodOTEL)(nil),        // 22: dowse.link.v1.PushMethodOTEL
+	(*DBMethod)(nil),              // 23: dowse.link.v1.DBMethod
+	(*DBMethodInfluxdb2)(nil),     // 24: dowse.link.v1.DBMethodInfluxdb2
+	(*Influxdb2ClientConfig)(nil), // 25: dowse.link.v1.Influxdb2ClientConfig
+	(*Influxdb2DataConfig)(nil),   // 26: dowse.link.v1.Influxdb2DataConfig
+	(*DBMethodRedis)(nil),         // 27: dowse.link.v1.DBMethodRedis
+	(*RedisClientConfig)(nil),     // 28: dowse.link.v1.RedisClientConfig
+	(*DBMethodTDEngine)(nil),      // 29: dowse.link.v1.DBMethodTDEngine
+	(*TDEngineClientConfig)(nil),  // 30: dowse.link.v1.TDEngineClientConfig
+	(*DBMethodMySQL)(nil),         // 31: dowse.link.v1.DBMethodMySQL
+	(*MySQLClientConfig)(nil),     // 32: dowse.link.v1.MySQLClientConfig
+	(*TwinValue)(nil),             // 33: dowse.link.v1.TwinValue
+	(*EdgeDeviceMethod)(nil),      // 34: dowse.link.v1.EdgeDeviceMethod
+	(*EdgeDeviceModel)(nil),       // 35: dowse.link.v1.EdgeDeviceModel
+	(*EdgeModelProperty)(nil),     // 36: dowse.link.v1.EdgeModelProperty
+	(*DeviceMembership)(nil),      // 37: dowse.link.v1.DeviceMembership
+	(*ProcessedAck)(nil),          // 38: dowse.link.v1.ProcessedAck
+	(*Error)(nil),                 // 39: dowse.link.v1.Error
+	nil,                           // 40: dowse.link.v1.TwinReportedUpdate.MetadataEntry
+	nil,                           // 41: dowse.link.v1.Influxdb2DataConfig.TagEntry
+	nil,                           // 42: dowse.link.v1.TwinValue.MetadataEntry
+	(*timestamppb.Timestamp)(nil), // 43: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),       // 44: google.protobuf.Struct
 }
 var file_link_v1_link_proto_depIdxs = []int32{
 	2,  // 0: dowse.link.v1.Envelope.hello:type_name -> dowse.link.v1.Hello
@@ -2220,48 +3248,66 @@ var file_link_v1_link_proto_depIdxs = []int32{
 	5,  // 2: dowse.link.v1.Envelope.heartbeat:type_name -> dowse.link.v1.Heartbeat
 	8,  // 3: dowse.link.v1.Envelope.twin_desired:type_name -> dowse.link.v1.TwinDesiredUpdate
 	9,  // 4: dowse.link.v1.Envelope.twin_reported:type_name -> dowse.link.v1.TwinReportedUpdate
-	22, // 5: dowse.link.v1.Envelope.device_membership:type_name -> dowse.link.v1.DeviceMembership
-	23, // 6: dowse.link.v1.Envelope.processed:type_name -> dowse.link.v1.ProcessedAck
-	24, // 7: dowse.link.v1.Envelope.error:type_name -> dowse.link.v1.Error
-	11, // 8: dowse.link.v1.Envelope.device_update:type_name -> dowse.link.v1.DeviceUpdate
-	12, // 9: dowse.link.v1.Envelope.device_removal:type_name -> dowse.link.v1.DeviceRemoval
-	13, // 10: dowse.link.v1.Envelope.model_update:type_name -> dowse.link.v1.DeviceModelUpdate
-	14, // 11: dowse.link.v1.Envelope.model_removal:type_name -> dowse.link.v1.DeviceModelRemoval
-	15, // 12: dowse.link.v1.Envelope.device_inventory:type_name -> dowse.link.v1.DeviceInventory
+	37, // 5: dowse.link.v1.Envelope.device_membership:type_name -> dowse.link.v1.DeviceMembership
+	38, // 6: dowse.link.v1.Envelope.processed:type_name -> dowse.link.v1.ProcessedAck
+	39, // 7: dowse.link.v1.Envelope.error:type_name -> dowse.link.v1.Error
+	12, // 8: dowse.link.v1.Envelope.device_update:type_name -> dowse.link.v1.DeviceUpdate
+	13, // 9: dowse.link.v1.Envelope.device_removal:type_name -> dowse.link.v1.DeviceRemoval
+	14, // 10: dowse.link.v1.Envelope.model_update:type_name -> dowse.link.v1.DeviceModelUpdate
+	15, // 11: dowse.link.v1.Envelope.model_removal:type_name -> dowse.link.v1.DeviceModelRemoval
+	16, // 12: dowse.link.v1.Envelope.device_inventory:type_name -> dowse.link.v1.DeviceInventory
 	10, // 13: dowse.link.v1.Envelope.device_state:type_name -> dowse.link.v1.DeviceStateUpdate
 	4,  // 14: dowse.link.v1.Envelope.reconnect:type_name -> dowse.link.v1.Reconnect
-	6,  // 15: dowse.link.v1.TwinDesiredUpdate.device:type_name -> dowse.link.v1.DeviceRef
-	7,  // 16: dowse.link.v1.TwinDesiredUpdate.value:type_name -> dowse.link.v1.Value
-	27, // 17: dowse.link.v1.TwinDesiredUpdate.time:type_name -> google.protobuf.Timestamp
-	6,  // 18: dowse.link.v1.TwinReportedUpdate.device:type_name -> dowse.link.v1.DeviceRef
-	7,  // 19: dowse.link.v1.TwinReportedUpdate.value:type_name -> dowse.link.v1.Value
-	27, // 20: dowse.link.v1.TwinReportedUpdate.time:type_name -> google.protobuf.Timestamp
-	25, // 21: dowse.link.v1.TwinReportedUpdate.metadata:type_name -> dowse.link.v1.TwinReportedUpdate.MetadataEntry
-	7,  // 22: dowse.link.v1.TwinReportedUpdate.observed_desired:type_name -> dowse.link.v1.Value
-	6,  // 23: dowse.link.v1.DeviceStateUpdate.device:type_name -> dowse.link.v1.DeviceRef
-	27, // 24: dowse.link.v1.DeviceStateUpdate.time:type_name -> google.protobuf.Timestamp
-	16, // 25: dowse.link.v1.DeviceUpdate.device:type_name -> dowse.link.v1.EdgeDevice
-	6,  // 26: dowse.link.v1.DeviceRemoval.device:type_name -> dowse.link.v1.DeviceRef
-	20, // 27: dowse.link.v1.DeviceModelUpdate.model:type_name -> dowse.link.v1.EdgeDeviceModel
-	6,  // 28: dowse.link.v1.DeviceModelRemoval.model:type_name -> dowse.link.v1.DeviceRef
-	6,  // 29: dowse.link.v1.DeviceInventory.devices:type_name -> dowse.link.v1.DeviceRef
-	6,  // 30: dowse.link.v1.DeviceInventory.models:type_name -> dowse.link.v1.DeviceRef
-	6,  // 31: dowse.link.v1.EdgeDevice.ref:type_name -> dowse.link.v1.DeviceRef
-	28, // 32: dowse.link.v1.EdgeDevice.protocol_config:type_name -> google.protobuf.Struct
-	17, // 33: dowse.link.v1.EdgeDevice.properties:type_name -> dowse.link.v1.EdgeDeviceProperty
-	19, // 34: dowse.link.v1.EdgeDevice.methods:type_name -> dowse.link.v1.EdgeDeviceMethod
-	18, // 35: dowse.link.v1.EdgeDeviceProperty.desired:type_name -> dowse.link.v1.TwinValue
-	28, // 36: dowse.link.v1.EdgeDeviceProperty.visitor_config:type_name -> google.protobuf.Struct
-	26, // 37: dowse.link.v1.TwinValue.metadata:type_name -> dowse.link.v1.TwinValue.MetadataEntry
-	6,  // 38: dowse.link.v1.EdgeDeviceModel.ref:type_name -> dowse.link.v1.DeviceRef
-	21, // 39: dowse.link.v1.EdgeDeviceModel.properties:type_name -> dowse.link.v1.EdgeModelProperty
-	6,  // 40: dowse.link.v1.DeviceMembership.devices:type_name -> dowse.link.v1.DeviceRef
-	0,  // 41: dowse.link.v1.Error.code:type_name -> dowse.link.v1.Error.Code
-	42, // [42:42] is the sub-list for method output_type
-	42, // [42:42] is the sub-list for method input_type
-	42, // [42:42] is the sub-list for extension type_name
-	42, // [42:42] is the sub-list for extension extendee
-	0,  // [0:42] is the sub-list for field type_name
+	11, // 15: dowse.link.v1.Envelope.device_condition:type_name -> dowse.link.v1.DeviceCondition
+	6,  // 16: dowse.link.v1.TwinDesiredUpdate.device:type_name -> dowse.link.v1.DeviceRef
+	7,  // 17: dowse.link.v1.TwinDesiredUpdate.value:type_name -> dowse.link.v1.Value
+	43, // 18: dowse.link.v1.TwinDesiredUpdate.time:type_name -> google.protobuf.Timestamp
+	6,  // 19: dowse.link.v1.TwinReportedUpdate.device:type_name -> dowse.link.v1.DeviceRef
+	7,  // 20: dowse.link.v1.TwinReportedUpdate.value:type_name -> dowse.link.v1.Value
+	43, // 21: dowse.link.v1.TwinReportedUpdate.time:type_name -> google.protobuf.Timestamp
+	40, // 22: dowse.link.v1.TwinReportedUpdate.metadata:type_name -> dowse.link.v1.TwinReportedUpdate.MetadataEntry
+	7,  // 23: dowse.link.v1.TwinReportedUpdate.observed_desired:type_name -> dowse.link.v1.Value
+	6,  // 24: dowse.link.v1.DeviceStateUpdate.device:type_name -> dowse.link.v1.DeviceRef
+	43, // 25: dowse.link.v1.DeviceStateUpdate.time:type_name -> google.protobuf.Timestamp
+	6,  // 26: dowse.link.v1.DeviceCondition.device:type_name -> dowse.link.v1.DeviceRef
+	43, // 27: dowse.link.v1.DeviceCondition.time:type_name -> google.protobuf.Timestamp
+	17, // 28: dowse.link.v1.DeviceUpdate.device:type_name -> dowse.link.v1.EdgeDevice
+	6,  // 29: dowse.link.v1.DeviceRemoval.device:type_name -> dowse.link.v1.DeviceRef
+	35, // 30: dowse.link.v1.DeviceModelUpdate.model:type_name -> dowse.link.v1.EdgeDeviceModel
+	6,  // 31: dowse.link.v1.DeviceModelRemoval.model:type_name -> dowse.link.v1.DeviceRef
+	6,  // 32: dowse.link.v1.DeviceInventory.devices:type_name -> dowse.link.v1.DeviceRef
+	6,  // 33: dowse.link.v1.DeviceInventory.models:type_name -> dowse.link.v1.DeviceRef
+	6,  // 34: dowse.link.v1.EdgeDevice.ref:type_name -> dowse.link.v1.DeviceRef
+	44, // 35: dowse.link.v1.EdgeDevice.protocol_config:type_name -> google.protobuf.Struct
+	18, // 36: dowse.link.v1.EdgeDevice.properties:type_name -> dowse.link.v1.EdgeDeviceProperty
+	34, // 37: dowse.link.v1.EdgeDevice.methods:type_name -> dowse.link.v1.EdgeDeviceMethod
+	33, // 38: dowse.link.v1.EdgeDeviceProperty.desired:type_name -> dowse.link.v1.TwinValue
+	44, // 39: dowse.link.v1.EdgeDeviceProperty.visitor_config:type_name -> google.protobuf.Struct
+	19, // 40: dowse.link.v1.EdgeDeviceProperty.push_method:type_name -> dowse.link.v1.PushMethod
+	20, // 41: dowse.link.v1.PushMethod.http:type_name -> dowse.link.v1.PushMethodHTTP
+	21, // 42: dowse.link.v1.PushMethod.mqtt:type_name -> dowse.link.v1.PushMethodMQTT
+	22, // 43: dowse.link.v1.PushMethod.otel:type_name -> dowse.link.v1.PushMethodOTEL
+	23, // 44: dowse.link.v1.PushMethod.db_method:type_name -> dowse.link.v1.DBMethod
+	24, // 45: dowse.link.v1.DBMethod.influxdb2:type_name -> dowse.link.v1.DBMethodInfluxdb2
+	27, // 46: dowse.link.v1.DBMethod.redis:type_name -> dowse.link.v1.DBMethodRedis
+	29, // 47: dowse.link.v1.DBMethod.tdengine:type_name -> dowse.link.v1.DBMethodTDEngine
+	31, // 48: dowse.link.v1.DBMethod.mysql:type_name -> dowse.link.v1.DBMethodMySQL
+	25, // 49: dowse.link.v1.DBMethodInfluxdb2.client_config:type_name -> dowse.link.v1.Influxdb2ClientConfig
+	26, // 50: dowse.link.v1.DBMethodInfluxdb2.data_config:type_name -> dowse.link.v1.Influxdb2DataConfig
+	41, // 51: dowse.link.v1.Influxdb2DataConfig.tag:type_name -> dowse.link.v1.Influxdb2DataConfig.TagEntry
+	28, // 52: dowse.link.v1.DBMethodRedis.client_config:type_name -> dowse.link.v1.RedisClientConfig
+	30, // 53: dowse.link.v1.DBMethodTDEngine.client_config:type_name -> dowse.link.v1.TDEngineClientConfig
+	32, // 54: dowse.link.v1.DBMethodMySQL.client_config:type_name -> dowse.link.v1.MySQLClientConfig
+	42, // 55: dowse.link.v1.TwinValue.metadata:type_name -> dowse.link.v1.TwinValue.MetadataEntry
+	6,  // 56: dowse.link.v1.EdgeDeviceModel.ref:type_name -> dowse.link.v1.DeviceRef
+	36, // 57: dowse.link.v1.EdgeDeviceModel.properties:type_name -> dowse.link.v1.EdgeModelProperty
+	6,  // 58: dowse.link.v1.DeviceMembership.devices:type_name -> dowse.link.v1.DeviceRef
+	0,  // 59: dowse.link.v1.Error.code:type_name -> dowse.link.v1.Error.Code
+	60, // [60:60] is the sub-list for method output_type
+	60, // [60:60] is the sub-list for method input_type
+	60, // [60:60] is the sub-list for extension type_name
+	60, // [60:60] is the sub-list for extension extendee
+	0,  // [0:60] is the sub-list for field type_name
 }
 
 func init() { file_link_v1_link_proto_init() }
@@ -2285,6 +3331,7 @@ func file_link_v1_link_proto_init() {
 		(*Envelope_DeviceInventory)(nil),
 		(*Envelope_DeviceState)(nil),
 		(*Envelope_Reconnect)(nil),
+		(*Envelope_DeviceCondition)(nil),
 	}
 	file_link_v1_link_proto_msgTypes[6].OneofWrappers = []any{
 		(*Value_BoolValue)(nil),
@@ -2299,7 +3346,7 @@ func file_link_v1_link_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_link_v1_link_proto_rawDesc), len(file_link_v1_link_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   26,
+			NumMessages:   42,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

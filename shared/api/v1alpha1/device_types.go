@@ -114,12 +114,10 @@ type DeviceProperty struct {
 	// (KubeEdge's default is false; unset here means true).
 	// +optional
 	ReportToCloud *bool `json:"reportToCloud,omitempty"`
-	// PushMethod is KubeEdge's; kept so KubeEdge Devices port unchanged and
-	// handed to mappers that use it.
+	// PushMethod is where the mapper sends every reading of the property
+	// besides the twin (MQTT, HTTP, databases); see PushMethod.
 	// +optional
-	// +kubebuilder:validation:Type=object
-	// +kubebuilder:pruning:PreserveUnknownFields
-	PushMethod *apiextensionsv1.JSON `json:"pushMethod,omitempty"`
+	PushMethod *PushMethod `json:"pushMethod,omitempty"`
 }
 
 // Reports says whether the property's reported value goes to the cloud.
@@ -179,6 +177,16 @@ const (
 	// ConditionDesiredApplied is True when every desired value has been
 	// reported back as observedDesired; False with the mapper's error.
 	ConditionDesiredApplied = "DesiredApplied"
+	// ConditionReportsAccepted is False while the node refuses reported
+	// values of some properties (not in the model, not of its type), the
+	// message naming each property with why; the other properties' values
+	// are taken meanwhile. Set by the node.
+	ConditionReportsAccepted = "ReportsAccepted"
+	// ConditionAuthenticated is False (reason AuthFailed) while the device
+	// refuses its mapper's credentials, the message in the device's words;
+	// the mapper then tries again with backoff, and at once when the
+	// credentials change. Set by the node.
+	ConditionAuthenticated = "Authenticated"
 )
 
 // DeviceStatus is what the edge observed, written by the controller from
@@ -226,6 +234,12 @@ type LinkPosition struct {
 	Stream string `json:"stream"`
 	// +required
 	Seq int64 `json:"seq"`
+	// Epoch is the node's link session that wrote it (its Lease's
+	// transitions; 0 with one controller replica): a writer whose session
+	// is older than the one that wrote here is fenced and writes nothing.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	Epoch int64 `json:"epoch,omitempty"`
 }
 
 // Device is one device's twin: desired values in spec, reported ones in

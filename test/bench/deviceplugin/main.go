@@ -33,6 +33,7 @@ import (
 	"github.com/dowse-dev/dowse/agent/deviceplugin"
 	debugecho "github.com/dowse-dev/dowse/discovery-handlers/debug-echo"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+	"github.com/dowse-dev/dowse/shared/kubeflags"
 	"github.com/dowse-dev/dowse/shared/scheme"
 	"github.com/dowse-dev/dowse/test/cluster"
 	"github.com/dowse-dev/dowse/test/kube"
@@ -89,10 +90,10 @@ func run(ctx context.Context, rounds, allocs int, statusEvery time.Duration) err
 	go func() {
 		errc <- agent.Run(runCtx, agent.Config{
 			RESTConfig: c.Config, NodeName: c.NodeName, StateDir: state,
-			GracePeriod: time.Minute, WriteConcurrency: 4, MetricsAddr: "0", HealthAddr: "0", Registerer: reg,
-			QPS: 1000, Burst: 2000, // dowse-agent's defaults
+			GracePeriod: time.Minute, WriteConcurrency: 4, Serving: kubeflags.Off(), Registerer: reg,
 			DevicePluginDir: deviceplugin.DefaultDir, CDISpecDir: c.CDIDir,
 			// No reclaimer: the slots Allocate claims below have no pods.
+			SlotReclaimGrace: -1,
 		}, logr.Discard())
 	}()
 	go func() {

@@ -12,6 +12,10 @@
 //     --dra-registrar-dir=), device plugins off (--device-plugin-dir=);
 //   - device-plugins: spec.allocation DevicePlugin, device plugins on (no
 //     kubelet listens: the plugins serve their sockets and retry);
+//   - dp-kubelet (--cases device-plugins-kubelet): the same with a
+//     kubelet's device manager (this binary in a process of its own:
+//     runKubelet) that registers every plugin and holds its ListAndWatch
+//     stream, as on a real node, and the time until all stream;
 //   - neither: device plugins off and no DRA, the discovery path alone;
 //   - shared: the devices shared (debug-echo --shared), DRA on and device
 //     plugins off, the controller (dowse-controller --dra) publishing one
@@ -62,11 +66,21 @@ type benchCase struct {
 	allocation v1alpha1.Allocation
 	args       func(dir string) []string
 	shared     bool
+	// kubelet: a kubelet's device manager (runKubelet) holds every
+	// plugin's ListAndWatch stream, as on a real node.
+	kubelet bool
 }
 
 func main() {
+	if dir := os.Getenv(kubeletEnv); dir != "" {
+		if err := runKubelet(dir); err != nil {
+			fmt.Fprintln(os.Stderr, "bench kubelet:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	counts := flag.String("devices", "1000,5000", "comma-separated device counts")
-	only := flag.String("cases", "dra,device-plugins,neither,shared", "comma-separated cases to run")
+	only := flag.String("cases", "dra,device-plugins,device-plugins-kubelet,neither,shared", "comma-separated cases to run")
 	flag.StringVar(&agentArgs, "agent-args", "", "extra dowse-agent flags, space-separated (e.g. --pprof-bind-address=127.0.0.1:6060)")
 	flag.Parse()
 	ctrllog.SetLogger(logr.Discard())
@@ -121,14 +135,17 @@ func run(ctx context.Context, counts []int, only []string) error {
 	cases := map[string]benchCase{
 		"dra": {"dra", v1alpha1.AllocationDRA, func(d string) []string {
 			return []string{"--dra", "--dra-registrar-dir=", "--device-plugin-dir="}
-		}, false},
+		}, false, false},
 		"device-plugins": {"device-plugins", v1alpha1.AllocationDevicePlugin, func(d string) []string {
 			return []string{"--device-plugin-dir", filepath.Join(d, "device-plugins")}
-		}, false},
-		"neither": {"neither", v1alpha1.AllocationDevicePlugin, func(string) []string { return []string{"--device-plugin-dir="} }, false},
+		}, false, false},
+		"device-plugins-kubelet": {name: "dp-kubelet", allocation: v1alpha1.AllocationDevicePlugin, args: func(d string) []string {
+			return []string{"--device-plugin-dir", filepath.Join(d, "device-plugins")}
+		}, kubelet: true},
+		"neither": {"neither", v1alpha1.AllocationDevicePlugin, func(string) []string { return []string{"--device-plugin-dir="} }, false, false},
 		"shared": {"shared", v1alpha1.AllocationDRA, func(d string) []string {
 			return []string{"--dra", "--dra-registrar-dir=", "--device-plugin-dir="}
-		}, true},
+		}, true, false},
 	}
 	// The first Instances an API server stores cost it more (its caches and
 	// the CRD's handlers warm up): a run of 200 devices, not printed, so
@@ -177,6 +194,13 @@ func measure(ctx context.Context, c client.WithWatch, kubeconfig, dir, ns string
 	args := append([]string{"--kubeconfig", kubeconfig, "--node-name", node, "--state-dir", dir, "--namespace", ns,
 		"--metrics-bind-address", "0", "--health-probe-bind-address", "0", "--cdi-spec-dir", filepath.Join(dir, "cdi")}, cs.args(dir)...)
 	args = append(args, strings.Fields(agentArgs)...)
+	if cs.kubelet {
+		stop, err := startKubelet(filepath.Join(dir, "device-plugins"))
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
 	ag, err := start(dir, "dowse-agent", args...)
 	if err != nil {
 		return err
@@ -230,6 +254,17 @@ func measure(ctx context.Context, c client.WithWatch, kubeconfig, dir, ns string
 	}
 	applied := time.Since(t0)
 	after, err := readUsage(ag.Pid(), apiserver)
+	var streamsIn time.Duration
+	if cs.kubelet {
+		// Every plugin (and the Configuration's) registered and streaming.
+		for kubeletStreams(filepath.Join(dir, "device-plugins")) < n+1 {
+			if time.Since(t0) > 10*time.Minute {
+				return fmt.Errorf("the kubelet holds %d of %d ListAndWatch streams", kubeletStreams(filepath.Join(dir, "device-plugins")), n+1)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		streamsIn = time.Since(t0)
+	}
 	if err != nil {
 		return err
 	}
@@ -242,6 +277,9 @@ func measure(ctx context.Context, c client.WithWatch, kubeconfig, dir, ns string
 			return err
 		}
 		line += fmt.Sprintf(", all in ResourceSlices after %6.2fs", time.Since(t0).Seconds())
+	}
+	if cs.kubelet {
+		line += fmt.Sprintf(", all %d plugins streaming to the kubelet after %6.2fs", n+1, streamsIn.Seconds())
 	}
 	kib, err := ag.PeakRSS()
 	if err != nil {

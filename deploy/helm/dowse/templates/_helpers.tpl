@@ -82,3 +82,17 @@ app.kubernetes.io/instance: {{ .root.Release.Name }}
 {{- define "dowse.linkCAFromChart" -}}
 {{- if and .Values.link.enabled (or .Values.link.ca.cert (and .Values.link.ca.generate (not .Values.link.caCertHash))) -}}true{{- end -}}
 {{- end -}}
+
+{{/* The agent's resources: agent.resources, with a memory limit sized for
+agent.maxDevices devices (48Mi + 56Ki each, at least 128Mi) unless one is
+given. */}}
+{{- define "dowse.agentResources" -}}
+{{- $r := deepCopy (.Values.agent.resources | default dict) -}}
+{{- $limits := $r.limits | default dict -}}
+{{- if not $limits.memory -}}
+{{- $mi := add 48 (div (add (mul (int .Values.agent.maxDevices) 56) 1023) 1024) -}}
+{{- $_ := set $limits "memory" (printf "%dMi" (max 128 $mi)) -}}
+{{- end -}}
+{{- $_ := set $r "limits" $limits -}}
+{{- toYaml $r -}}
+{{- end -}}

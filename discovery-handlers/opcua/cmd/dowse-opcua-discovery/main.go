@@ -3,14 +3,8 @@
 package main
 
 import (
-	"context"
-
 	"github.com/dowse-dev/dowse/discovery-handlers/opcua"
 	"github.com/dowse-dev/dowse/shared/handler"
 )
 
-func main() {
-	handler.Main(opcua.DefaultName, func(ctx context.Context, s handler.Settings) error {
-		return opcua.Run(ctx, opcua.Config{Name: s.Name, StateDir: s.StateDir, MetricsAddr: s.MetricsAddr, Logger: s.Logger})
-	})
-}
+func main() { handler.Main(opcua.Handler()) }

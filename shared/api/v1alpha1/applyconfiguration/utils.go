@@ -26,6 +26,16 @@ func ForKind(kind schema.GroupVersionKind) interface{} {
 		return &apiv1alpha1.ConfigurationSpecApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("ConfigurationStatus"):
 		return &apiv1alpha1.ConfigurationStatusApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("DBMethodConfig"):
+		return &apiv1alpha1.DBMethodConfigApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("DBMethodInfluxdb2"):
+		return &apiv1alpha1.DBMethodInfluxdb2ApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("DBMethodMySQL"):
+		return &apiv1alpha1.DBMethodMySQLApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("DBMethodRedis"):
+		return &apiv1alpha1.DBMethodRedisApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("DBMethodTDEngine"):
+		return &apiv1alpha1.DBMethodTDEngineApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("Device"):
 		return &apiv1alpha1.DeviceApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("DeviceMethod"):
@@ -50,6 +60,10 @@ func ForKind(kind schema.GroupVersionKind) interface{} {
 		return &apiv1alpha1.DiscoveryPropertyApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("DiscoveryPropertySource"):
 		return &apiv1alpha1.DiscoveryPropertySourceApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("Influxdb2ClientConfig"):
+		return &apiv1alpha1.Influxdb2ClientConfigApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("Influxdb2DataConfig"):
+		return &apiv1alpha1.Influxdb2DataConfigApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("Instance"):
 		return &apiv1alpha1.InstanceApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("InstanceNode"):
@@ -66,14 +80,28 @@ func ForKind(kind schema.GroupVersionKind) interface{} {
 		return &apiv1alpha1.ModelPropertyApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("Mount"):
 		return &apiv1alpha1.MountApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("MySQLClientConfig"):
+		return &apiv1alpha1.MySQLClientConfigApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("ObjectKeyRef"):
 		return &apiv1alpha1.ObjectKeyRefApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("ProtocolConfig"):
 		return &apiv1alpha1.ProtocolConfigApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("PushMethod"):
+		return &apiv1alpha1.PushMethodApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("PushMethodHTTP"):
+		return &apiv1alpha1.PushMethodHTTPApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("PushMethodMQTT"):
+		return &apiv1alpha1.PushMethodMQTTApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("PushMethodOTEL"):
+		return &apiv1alpha1.PushMethodOTELApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("RedisClientConfig"):
+		return &apiv1alpha1.RedisClientConfigApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("SkippedCandidate"):
 		return &apiv1alpha1.SkippedCandidateApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("SkippedReason"):
 		return &apiv1alpha1.SkippedReasonApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("TDEngineClientConfig"):
+		return &apiv1alpha1.TDEngineClientConfigApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("Twin"):
 		return &apiv1alpha1.TwinApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("TwinProperty"):

@@ -173,6 +173,48 @@ var schemaYAML = typed.YAMLObject(`types:
           elementRelationship: associative
           keys:
           - nodeName
+- name: com.github.dowse-dev.dowse.shared.api.v1alpha1.DBMethodConfig
+  map:
+    fields:
+    - name: TDEngine
+      type:
+        namedType: com.github.dowse-dev.dowse.shared.api.v1alpha1.DBMethodTDEngine
+    - name: influxdb2
+      type:
+        namedType: com.github.dowse-dev.dowse.shared.api.v1alpha1.DBMethodInfluxdb2
+    - name: mysql
+      type:
+        namedType: com.github.dowse-dev.dowse.shared.api.v1alpha1.DBMethodMySQL
+    - name: redis
+      type:
+        namedType: com.github.dowse-dev.dowse.shared.api.v1alpha1.DBMethodRedis
+- name: com.github.dowse-dev.dowse.shared.api.v1alpha1.DBMethodInfluxdb2
+  map:
+    fields:
+    - name: influxdb2ClientConfig
+      type:
+        namedType: com.github.dowse-dev.dowse.shared.api.v1alpha1.Influxdb2ClientConfig
+    - name: influxdb2DataConfig
+      type:
+        namedType: com.github.dowse-dev.dowse.shared.api.v1alpha1.Influxdb2DataConfig
+- name: com.github.dowse-dev.dowse.shared.api.v1alpha1.DBMethodMySQL
+  map:
+    fields:
+    - name: mysqlClientConfig
+      type:
+        namedType: com.github.dowse-dev.dowse.shared.api.v1alpha1.MySQLClientConfig
+- name: com.github.dowse-dev.dowse.shared.api.v1alpha1.DBMethodRedis
+  map:
+    fields:
+    - name: redisClientConfig
+      type:
+        namedType: com.github.dowse-dev.dowse.shared.api.v1alpha1.RedisClientConfig
+- name: com.github.dowse-dev.dowse.shared.api.v1alpha1.DBMethodTDEngine
+  map:
+    fields:
+    - name: TDEngineClientConfig
+      type:
+        namedType: com.github.dowse-dev.dowse.shared.api.v1alpha1.TDEngineClientConfig
 - name: com.github.dowse-dev.dowse.shared.api.v1alpha1.Device
   map:
     fields:
@@ -264,7 +306,7 @@ var schemaYAML = typed.YAMLObject(`types:
         scalar: string
     - name: pushMethod
       type:
-        namedType: io.k8s.apiextensions-apiserver.pkg.apis.apiextensions.v1.JSON
+        namedType: com.github.dowse-dev.dowse.shared.api.v1alpha1.PushMethod
     - name: reportCycle
       type:
         namedType: io.k8s.apimachinery.pkg.util.intstr.IntOrString
@@ -421,6 +463,32 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: secretKeyRef
       type:
         namedType: com.github.dowse-dev.dowse.shared.api.v1alpha1.ObjectKeyRef
+- name: com.github.dowse-dev.dowse.shared.api.v1alpha1.Influxdb2ClientConfig
+  map:
+    fields:
+    - name: bucket
+      type:
+        scalar: string
+    - name: org
+      type:
+        scalar: string
+    - name: url
+      type:
+        scalar: string
+- name: com.github.dowse-dev.dowse.shared.api.v1alpha1.Influxdb2DataConfig
+  map:
+    fields:
+    - name: fieldKey
+      type:
+        scalar: string
+    - name: measurement
+      type:
+        scalar: string
+    - name: tag
+      type:
+        map:
+          elementType:
+            scalar: string
 - name: com.github.dowse-dev.dowse.shared.api.v1alpha1.Instance
   map:
     fields:
@@ -514,6 +582,9 @@ var schemaYAML = typed.YAMLObject(`types:
 - name: com.github.dowse-dev.dowse.shared.api.v1alpha1.LinkPosition
   map:
     fields:
+    - name: epoch
+      type:
+        scalar: numeric
     - name: node
       type:
         scalar: string
@@ -563,6 +634,18 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: readOnly
       type:
         scalar: boolean
+- name: com.github.dowse-dev.dowse.shared.api.v1alpha1.MySQLClientConfig
+  map:
+    fields:
+    - name: addr
+      type:
+        scalar: string
+    - name: database
+      type:
+        scalar: string
+    - name: userName
+      type:
+        scalar: string
 - name: com.github.dowse-dev.dowse.shared.api.v1alpha1.ObjectKeyRef
   map:
     fields:
@@ -591,6 +674,75 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: protocolName
       type:
         scalar: string
+- name: com.github.dowse-dev.dowse.shared.api.v1alpha1.PushMethod
+  map:
+    fields:
+    - name: dbMethod
+      type:
+        namedType: com.github.dowse-dev.dowse.shared.api.v1alpha1.DBMethodConfig
+    - name: http
+      type:
+        namedType: com.github.dowse-dev.dowse.shared.api.v1alpha1.PushMethodHTTP
+    - name: mqtt
+      type:
+        namedType: com.github.dowse-dev.dowse.shared.api.v1alpha1.PushMethodMQTT
+    - name: otel
+      type:
+        namedType: com.github.dowse-dev.dowse.shared.api.v1alpha1.PushMethodOTEL
+    - name: secretRef
+      type:
+        namedType: io.k8s.api.core.v1.LocalObjectReference
+- name: com.github.dowse-dev.dowse.shared.api.v1alpha1.PushMethodHTTP
+  map:
+    fields:
+    - name: hostName
+      type:
+        scalar: string
+    - name: port
+      type:
+        scalar: numeric
+    - name: requestPath
+      type:
+        scalar: string
+    - name: timeout
+      type:
+        scalar: numeric
+- name: com.github.dowse-dev.dowse.shared.api.v1alpha1.PushMethodMQTT
+  map:
+    fields:
+    - name: address
+      type:
+        scalar: string
+    - name: qos
+      type:
+        scalar: numeric
+    - name: retained
+      type:
+        scalar: boolean
+    - name: topic
+      type:
+        scalar: string
+- name: com.github.dowse-dev.dowse.shared.api.v1alpha1.PushMethodOTEL
+  map:
+    fields:
+    - name: endpointURL
+      type:
+        scalar: string
+- name: com.github.dowse-dev.dowse.shared.api.v1alpha1.RedisClientConfig
+  map:
+    fields:
+    - name: addr
+      type:
+        scalar: string
+    - name: db
+      type:
+        scalar: numeric
+    - name: minIdleConns
+      type:
+        scalar: numeric
+    - name: poolsize
+      type:
+        scalar: numeric
 - name: com.github.dowse-dev.dowse.shared.api.v1alpha1.SkippedCandidate
   map:
     fields:
@@ -613,6 +765,15 @@ var schemaYAML = typed.YAMLObject(`types:
       type:
         scalar: numeric
     - name: reason
+      type:
+        scalar: string
+- name: com.github.dowse-dev.dowse.shared.api.v1alpha1.TDEngineClientConfig
+  map:
+    fields:
+    - name: addr
+      type:
+        scalar: string
+    - name: dbName
       type:
         scalar: string
 - name: com.github.dowse-dev.dowse.shared.api.v1alpha1.Twin

@@ -3,7 +3,6 @@
 package v1alpha1
 
 import (
-	v1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	intstr "k8s.io/apimachinery/pkg/util/intstr"
 )
 
@@ -30,9 +29,9 @@ type DevicePropertyApplyConfiguration struct {
 	// ReportToCloud sends the property's reported value to Device.status
 	// (KubeEdge's default is false; unset here means true).
 	ReportToCloud *bool `json:"reportToCloud,omitempty"`
-	// PushMethod is KubeEdge's; kept so KubeEdge Devices port unchanged and
-	// handed to mappers that use it.
-	PushMethod *v1.JSON `json:"pushMethod,omitempty"`
+	// PushMethod is where the mapper sends every reading of the property
+	// besides the twin (MQTT, HTTP, databases); see PushMethod.
+	PushMethod *PushMethodApplyConfiguration `json:"pushMethod,omitempty"`
 }
 
 // DevicePropertyApplyConfiguration constructs a declarative configuration of the DeviceProperty type for use with
@@ -92,7 +91,7 @@ func (b *DevicePropertyApplyConfiguration) WithReportToCloud(value bool) *Device
 // WithPushMethod sets the PushMethod field in the declarative configuration to the given value
 // and returns the receiver, so that objects can be built by chaining "With" function invocations.
 // If called multiple times, the PushMethod field is set to the value of the last call.
-func (b *DevicePropertyApplyConfiguration) WithPushMethod(value v1.JSON) *DevicePropertyApplyConfiguration {
-	b.PushMethod = &value
+func (b *DevicePropertyApplyConfiguration) WithPushMethod(value *PushMethodApplyConfiguration) *DevicePropertyApplyConfiguration {
+	b.PushMethod = value
 	return b
 }

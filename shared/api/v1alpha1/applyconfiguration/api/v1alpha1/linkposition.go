@@ -12,6 +12,10 @@ type LinkPositionApplyConfiguration struct {
 	// wiped edge store starts a new one.
 	Stream *string `json:"stream,omitempty"`
 	Seq    *int64  `json:"seq,omitempty"`
+	// Epoch is the node's link session that wrote it (its Lease's
+	// transitions; 0 with one controller replica): a writer whose session
+	// is older than the one that wrote here is fenced and writes nothing.
+	Epoch *int64 `json:"epoch,omitempty"`
 }
 
 // LinkPositionApplyConfiguration constructs a declarative configuration of the LinkPosition type for use with
@@ -41,5 +45,13 @@ func (b *LinkPositionApplyConfiguration) WithStream(value string) *LinkPositionA
 // If called multiple times, the Seq field is set to the value of the last call.
 func (b *LinkPositionApplyConfiguration) WithSeq(value int64) *LinkPositionApplyConfiguration {
 	b.Seq = &value
+	return b
+}
+
+// WithEpoch sets the Epoch field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the Epoch field is set to the value of the last call.
+func (b *LinkPositionApplyConfiguration) WithEpoch(value int64) *LinkPositionApplyConfiguration {
+	b.Epoch = &value
 	return b
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/go-logr/logr/testr"
 
 	discoveryv1 "github.com/dowse-dev/dowse/proto/discovery/v1"
+	"github.com/dowse-dev/dowse/shared/handler"
 	"github.com/dowse-dev/dowse/shared/handler/handlertest"
 	peertest "github.com/dowse-dev/dowse/test/onvifpeer"
 )
@@ -22,16 +23,18 @@ func runHandler(t *testing.T) *discoveryv1.RegisterDiscoveryHandlerRequest {
 	agent := handlertest.StartAgent(t, dir)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- Run(ctx, Config{StateDir: dir, Logger: testr.New(t)}) }()
+	cfg := Handler()
+	cfg.StateDir, cfg.Logger = dir, testr.New(t)
+	go func() { done <- handler.Serve(ctx, cfg) }()
 	t.Cleanup(func() {
 		cancel()
 		select {
 		case err := <-done:
 			if err != nil {
-				t.Errorf("Run = %v", err)
+				t.Errorf("Serve = %v", err)
 			}
 		case <-time.After(10 * time.Second):
-			t.Error("Run did not return within 10s of its context ending")
+			t.Error("Serve did not return within 10s of its context ending")
 		}
 	})
 	reg := agent.WaitForRegistration(t, 5*time.Second)

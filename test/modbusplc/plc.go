@@ -1,4 +1,7 @@
-package main
+// Package modbusplc is a Modbus TCP controller laid out as
+// samples/modbus-plc-model.yaml says a modbus-plc is, served on loopback by
+// github.com/simonvetter/modbus: the demo's, and the real node's tests'.
+package modbusplc
 
 import (
 	"fmt"
@@ -13,7 +16,7 @@ import (
 	"github.com/dowse-dev/dowse/test/procs"
 )
 
-// plc is the demo's Modbus TCP controller, served on loopback by
+// PLC is a Modbus TCP controller, served on loopback by
 // github.com/simonvetter/modbus, laid out as samples/modbus-plc-model.yaml
 // says a modbus-plc is: the setpoint in holding register 0, the process
 // temperature in input register 0 (tenths of a degree above -40), the flow
@@ -22,8 +25,9 @@ import (
 // input 0, and the plant's model code 4711 in holding register 100, which
 // the sample's scan matches. The temperature follows the setpoint, half a
 // degree every 200 ms, so a desired setpoint shows as a reading moving.
-type plc struct {
-	addr string
+type PLC struct {
+	// Addr is host:port of its Modbus TCP server.
+	Addr string
 	srv  *modbus.ModbusServer
 
 	mu       sync.Mutex
@@ -36,15 +40,19 @@ type plc struct {
 	stopOnce sync.Once
 }
 
-const plcModelCode = 4711
+// ModelCode is what holding register 100 holds, which the sample's scan
+// matches.
+const ModelCode = 4711
 
-func startPLC(onWrite func(setpoint int16)) (*plc, error) {
+// Start serves a PLC on a free loopback port; onWrite (nil: none) is told
+// each setpoint written.
+func Start(onWrite func(setpoint int16)) (*PLC, error) {
 	port, err := procs.FreePort()
 	if err != nil {
 		return nil, err
 	}
-	p := &plc{addr: fmt.Sprintf("127.0.0.1:%d", port), setpoint: 18, temp: 18, pump: true, mode: 2 << 8, onWrite: onWrite, stop: make(chan struct{})}
-	p.srv, err = modbus.NewServer(&modbus.ServerConfiguration{URL: "tcp://" + p.addr, Timeout: time.Minute, MaxClients: 8,
+	p := &PLC{Addr: fmt.Sprintf("127.0.0.1:%d", port), setpoint: 18, temp: 18, pump: true, mode: 2 << 8, onWrite: onWrite, stop: make(chan struct{})}
+	p.srv, err = modbus.NewServer(&modbus.ServerConfiguration{URL: "tcp://" + p.Addr, Timeout: time.Minute, MaxClients: 8,
 		Logger: log.New(io.Discard, "", 0)}, p)
 	if err != nil {
 		return nil, err
@@ -57,14 +65,14 @@ func startPLC(onWrite func(setpoint int16)) (*plc, error) {
 }
 
 // Stop stops the server and the temperature's drift.
-func (p *plc) Stop() {
+func (p *PLC) Stop() {
 	p.stopOnce.Do(func() {
 		close(p.stop)
 		_ = p.srv.Stop()
 	})
 }
 
-func (p *plc) follow() {
+func (p *PLC) follow() {
 	t := time.NewTicker(200 * time.Millisecond)
 	defer t.Stop()
 	for {
@@ -83,7 +91,7 @@ func (p *plc) follow() {
 	}
 }
 
-func (p *plc) HandleCoils(req *modbus.CoilsRequest) ([]bool, error) {
+func (p *PLC) HandleCoils(req *modbus.CoilsRequest) ([]bool, error) {
 	if req.Addr != 0 || req.Quantity != 1 {
 		return nil, modbus.ErrIllegalDataAddress
 	}
@@ -95,14 +103,14 @@ func (p *plc) HandleCoils(req *modbus.CoilsRequest) ([]bool, error) {
 	return []bool{p.pump}, nil
 }
 
-func (p *plc) HandleDiscreteInputs(req *modbus.DiscreteInputsRequest) ([]bool, error) {
+func (p *PLC) HandleDiscreteInputs(req *modbus.DiscreteInputsRequest) ([]bool, error) {
 	if req.Addr != 0 || req.Quantity != 1 {
 		return nil, modbus.ErrIllegalDataAddress
 	}
 	return []bool{false}, nil
 }
 
-func (p *plc) HandleHoldingRegisters(req *modbus.HoldingRegistersRequest) ([]uint16, error) {
+func (p *PLC) HandleHoldingRegisters(req *modbus.HoldingRegistersRequest) ([]uint16, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	flow := math.Float32bits(3.5)
@@ -132,7 +140,7 @@ func (p *plc) HandleHoldingRegisters(req *modbus.HoldingRegistersRequest) ([]uin
 		case 3:
 			out = append(out, p.mode)
 		case 100:
-			out = append(out, plcModelCode)
+			out = append(out, ModelCode)
 		default:
 			return nil, modbus.ErrIllegalDataAddress
 		}
@@ -143,7 +151,7 @@ func (p *plc) HandleHoldingRegisters(req *modbus.HoldingRegistersRequest) ([]uin
 	return out, nil
 }
 
-func (p *plc) HandleInputRegisters(req *modbus.InputRegistersRequest) ([]uint16, error) {
+func (p *PLC) HandleInputRegisters(req *modbus.InputRegistersRequest) ([]uint16, error) {
 	if req.Addr != 0 || req.Quantity != 1 {
 		return nil, modbus.ErrIllegalDataAddress
 	}

@@ -1,0 +1,134 @@
+package controller
+
+import (
+	"flag"
+	"strings"
+	"time"
+
+	"github.com/dowse-dev/dowse/controller/linkauth"
+	"github.com/dowse-dev/dowse/controller/mappers"
+	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+	"github.com/dowse-dev/dowse/shared/kubeflags"
+	"github.com/dowse-dev/dowse/shared/link"
+)
+
+// setDefaults gives every zero field that has one the binary's default
+// (AddFlags shows them as the flags' defaults), and puts the link's agent
+// service accounts given without a namespace in Namespace; Run calls it.
+func (c *Config) setDefaults() {
+	c.defaults()
+	for i, sa := range c.Link.AgentServiceAccounts {
+		if !strings.Contains(sa, "/") {
+			c.Link.AgentServiceAccounts[i] = c.Namespace + "/" + sa
+		}
+	}
+}
+
+func (c *Config) defaults() {
+	if c.Client.QPS == 0 {
+		c.Client.QPS, c.Client.Burst = 200, 400
+	}
+	c.Serving.SetDefaults(":9745", ":9746")
+	if c.Namespace == "" {
+		c.Namespace = "dowse-system"
+	}
+	if c.LeaderElectionNamespace == "" {
+		c.LeaderElectionNamespace = "dowse-system"
+	}
+	if c.NodeGracePeriod == 0 {
+		c.NodeGracePeriod = 5 * time.Minute
+	}
+	if c.MapperStateDir == "" {
+		c.MapperStateDir = mappers.DefaultStateDir
+	}
+	l := &c.Link
+	if l.CertValidity == 0 {
+		l.CertValidity = linkauth.DefaultCertValidity
+	}
+	if l.CAValidity == 0 {
+		l.CAValidity = linkauth.DefaultCAValidity
+	}
+	if l.Heartbeat == 0 {
+		l.Heartbeat = 10 * time.Second
+	}
+	if l.MaxMessageSize == 0 {
+		l.MaxMessageSize = link.DefaultMaxFrame
+	}
+	if l.QueueSize == 0 {
+		// A node is sent each of its Devices when it connects.
+		l.QueueSize = 16384
+	}
+	if l.RateLimit == 0 {
+		l.RateLimit, l.RateBurst = 2000, 4000
+	}
+	if l.MaxConnections == 0 {
+		l.MaxConnections = 20000
+	}
+	if l.AuthRateLimit == 0 {
+		l.AuthRateLimit, l.AuthRateBurst = linkauth.DefaultRequestRate, linkauth.DefaultRequestBurst
+	}
+	if l.TwinStatusInterval == 0 {
+		l.TwinStatusInterval = time.Second
+	}
+	if l.TwinStatusConcurrency == 0 {
+		l.TwinStatusConcurrency = 16
+	}
+	if l.SpreadInterval == 0 {
+		l.SpreadInterval = 2 * time.Second
+	}
+	if l.DrainPeriod == 0 {
+		l.DrainPeriod = 5 * time.Second
+	}
+}
+
+// AddFlags registers the controller's flags on fs, bound to c, with c's
+// values after setDefaults as their defaults (the environment's
+// POD_NAMESPACE and POD_NAME where it sets them). Leader election, DRA,
+// the cloudhub's and bootstrap endpoint's addresses and the dowse-agent
+// service accounts, off or empty in a zero Config, are on by default here.
+func (c *Config) AddFlags(fs *flag.FlagSet) {
+	c.defaults()
+	c.LeaderElection, c.DRA = true, true
+	if c.AgentServiceAccounts == nil {
+		c.AgentServiceAccounts = []string{"dowse-agent"}
+	}
+	if c.Link.AgentServiceAccounts == nil {
+		c.Link.AgentServiceAccounts = []string{"dowse-agent"}
+	}
+	if c.Link.WebSocketAddr == "" && c.Link.QUICAddr == "" {
+		c.Link.WebSocketAddr, c.Link.QUICAddr = ":7443", ":7443"
+	}
+	if c.Link.AuthAddr == "" {
+		c.Link.AuthAddr = ":9747"
+	}
+	c.Client.AddFlags(fs)
+	c.Serving.AddFlags(fs)
+	fs.BoolVar(&c.LeaderElection, "leader-elect", c.LeaderElection, "let only one replica act at a time")
+	fs.StringVar(&c.LeaderElectionNamespace, "leader-election-namespace", c.LeaderElectionNamespace, "namespace of the leader election Lease")
+	fs.DurationVar(&c.NodeGracePeriod, "node-grace-period", c.NodeGracePeriod, "how long a node may be NotReady before it is removed from Instances, and an agent gone (see --agent-pod-selector) before its Configuration finalizers are dropped")
+	fs.StringVar(&c.AgentPodSelector, "agent-pod-selector", c.AgentPodSelector, "label selector of the agent DaemonSet's Pods in --namespace: the finalizers of an agent with no Pod on its node are dropped after --node-grace-period; empty: off")
+	fs.BoolVar(&c.DRA, "dra", c.DRA, "publish DeviceClasses and shared devices' ResourceSlices for Configurations with spec.allocation DRA or Both (needs resource.k8s.io/v1, Kubernetes 1.34+)")
+	fs.StringVar(&c.Namespace, "namespace", kubeflags.EnvOr("POD_NAMESPACE", c.Namespace), "the controller's namespace, where the link CA and bootstrap tokens live (env POD_NAMESPACE)")
+	fs.Var(kubeflags.List(&c.Link.Hosts), "link-hosts", "comma-separated `names` and addresses edges dial to reach this controller; empty: no cloud/edge link")
+	fs.StringVar(&c.Link.WebSocketAddr, "link-websocket-address", c.Link.WebSocketAddr, "cloudhub WebSocket address (TCP; empty disables)")
+	fs.StringVar(&c.Link.QUICAddr, "link-quic-address", c.Link.QUICAddr, "cloudhub QUIC address (UDP; empty disables)")
+	fs.StringVar(&c.Link.AuthAddr, "link-auth-bind-address", c.Link.AuthAddr, "the edges' bootstrap and certificate renewal endpoint")
+	fs.DurationVar(&c.Link.CertValidity, "link-cert-validity", c.Link.CertValidity, "lifetime of node certificates (renewed at about two thirds)")
+	fs.DurationVar(&c.Link.CAValidity, "link-ca-validity", c.Link.CAValidity, "lifetime of the link CA, when the controller creates it")
+	fs.DurationVar(&c.Link.Heartbeat, "link-heartbeat", c.Link.Heartbeat, "link heartbeat interval; a silent edge is dropped after two")
+	fs.IntVar(&c.Link.MaxMessageSize, "link-max-message-size", c.Link.MaxMessageSize, "largest link message accepted, in bytes")
+	fs.IntVar(&c.Link.QueueSize, "link-queue-size", c.Link.QueueSize, "most unacknowledged messages queued for one node (a node is sent each of its Devices when it connects)")
+	fs.StringVar(&c.PodName, "pod-name", kubeflags.EnvOr("POD_NAME", c.PodName), "this replica's Pod (env POD_NAME): its identity as the holder of the edges' sessions it serves (outside a Pod, the host name and a random suffix)")
+	fs.DurationVar(&c.Link.SpreadInterval, "link-spread-interval", c.Link.SpreadInterval, "how often this replica publishes how many edges it serves and, when it holds more than its share, moves some to the other replicas")
+	fs.Var(kubeflags.DurationOrNone(&c.Link.DrainPeriod), "link-drain-period", "when stopping, the `time` this replica spends moving its edges to the other replicas, spread over that time, before it closes what is left (0: none, the edges find out when their connections close)")
+	fs.StringVar(&c.MapperStateDir, "mapper-state-dir", c.MapperStateDir, "the agents' state directory on the nodes (their --state-dir), mounted into the mapper Pods the controller runs")
+	fs.DurationVar(&c.Link.TwinStatusInterval, "twin-status-interval", c.Link.TwinStatusInterval, "least time between two status writes of one Device, however fast its mappers report")
+	fs.IntVar(&c.Link.TwinStatusConcurrency, "twin-status-concurrency", c.Link.TwinStatusConcurrency, "parallel Device status writes")
+	fs.Float64Var(&c.Link.RateLimit, "link-rate-limit", c.Link.RateLimit, "messages per second accepted from one node (each reported value is one; the edge coalesces what waits)")
+	fs.IntVar(&c.Link.RateBurst, "link-rate-burst", c.Link.RateBurst, "burst of messages accepted from one node")
+	fs.IntVar(&c.Link.MaxConnections, "link-max-connections", c.Link.MaxConnections, "most edge connections served at once")
+	fs.Var(kubeflags.List(&c.AgentServiceAccounts), "agent-service-accounts", "comma-separated service `accounts` of the agents (name in --namespace, or namespace/name), granted read of exactly the Secrets and ConfigMaps that Configurations' discoveryProperties name (a Role and RoleBinding "+v1alpha1.PropertyAccessRole+" in each namespace holding some); empty: the controller grants nothing")
+	fs.Var(kubeflags.List(&c.Link.AgentServiceAccounts), "link-agent-service-accounts", "comma-separated service `accounts` (name in --namespace, or namespace/name) whose pod-bound tokens (audience dowse-link) may bootstrap their pod's node; empty: bootstrap tokens only")
+	fs.Float64Var(&c.Link.AuthRateLimit, "link-auth-rate-limit", c.Link.AuthRateLimit, "bootstrap and renewal requests per second, all edges together (more are answered 429 and retried)")
+	fs.IntVar(&c.Link.AuthRateBurst, "link-auth-rate-burst", c.Link.AuthRateBurst, "burst of bootstrap and renewal requests")
+}

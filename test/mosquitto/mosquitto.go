@@ -1,0 +1,193 @@
+// Package mosquitto runs Debian's MQTT broker for tests, on a loopback
+// port of its own, and subscribes with its own client (mosquitto_sub), so
+// that what a mapper publishes is checked by code Dowse did not write.
+package mosquitto
+
+import (
+	"bufio"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// Broker is a running mosquitto.
+type Broker struct {
+	t    testing.TB
+	dir  string
+	Port int
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+func binary(t testing.TB, name string) string {
+	t.Helper()
+	for _, p := range []string{"/usr/sbin/" + name, "/usr/bin/" + name} {
+		if _, err := os.Stat(p); err == nil {
+			return p
+		}
+	}
+	if p, err := exec.LookPath(name); err == nil {
+		return p
+	}
+	msg := fmt.Sprintf("%s not found: install Debian's mosquitto and mosquitto-clients (hack/install-deps.sh)", name)
+	if os.Getenv("CI") == "true" {
+		t.Fatal(msg)
+	}
+	t.Skip(msg)
+	return ""
+}
+
+// Start runs a broker with persistence on (so that a restart keeps QoS 1
+// sessions, as a production broker does) and stops it when the test ends.
+func Start(t testing.TB) *Broker {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	b := &Broker{t: t, dir: t.TempDir(), Port: port}
+	conf := fmt.Sprintf("listener %d 127.0.0.1\nallow_anonymous true\npersistence true\npersistence_location %s/\nautosave_interval 1\n", port, b.dir)
+	if err := os.WriteFile(filepath.Join(b.dir, "mosquitto.conf"), []byte(conf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	b.start()
+	t.Cleanup(b.Stop)
+	return b
+}
+
+// Addr is the broker's URL for a pushMethod.
+func (b *Broker) Addr() string { return fmt.Sprintf("tcp://127.0.0.1:%d", b.Port) }
+
+func (b *Broker) start() {
+	b.t.Helper()
+	log, err := os.OpenFile(filepath.Join(b.dir, "mosquitto.log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	b.cmd = exec.Command(binary(b.t, "mosquitto"), "-c", filepath.Join(b.dir, "mosquitto.conf"))
+	b.cmd.Stdout, b.cmd.Stderr = log, log
+	if err := b.cmd.Start(); err != nil {
+		b.t.Fatal(err)
+	}
+	b.done = make(chan struct{})
+	go func() { _ = b.cmd.Wait(); log.Close(); close(b.done) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", b.Port))
+		if err == nil {
+			c.Close()
+			return
+		}
+		if time.Now().After(deadline) {
+			out, _ := os.ReadFile(filepath.Join(b.dir, "mosquitto.log"))
+			b.t.Fatalf("mosquitto did not listen: %v\n%s", err, out)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Stop stops the broker (by its pid) and waits for it.
+func (b *Broker) Stop() {
+	if b.cmd == nil || b.cmd.Process == nil {
+		return
+	}
+	select {
+	case <-b.done:
+	default:
+		_ = b.cmd.Process.Signal(os.Interrupt)
+		select {
+		case <-b.done:
+		case <-time.After(5 * time.Second):
+			_ = b.cmd.Process.Kill()
+			<-b.done
+		}
+	}
+	b.cmd = nil
+}
+
+// Restart stops the broker and starts it again on the same port.
+func (b *Broker) Restart() {
+	b.t.Helper()
+	b.Stop()
+	b.start()
+}
+
+// Sub is a running mosquitto_sub.
+type Sub struct {
+	mu    sync.Mutex
+	lines []string
+	cmd   *exec.Cmd
+	done  chan struct{}
+}
+
+// Subscribe runs mosquitto_sub on topic (wildcards allowed) at qos with a
+// persistent session (client id id; empty: a clean one), printing
+// "topic payload" lines, until the test ends.
+func (b *Broker) Subscribe(t testing.TB, topic string, qos int, id string) *Sub {
+	t.Helper()
+	args := []string{"-h", "127.0.0.1", "-p", fmt.Sprint(b.Port), "-t", topic, "-q", fmt.Sprint(qos), "-v"}
+	if id != "" {
+		args = append(args, "-i", id, "-c")
+	}
+	s := &Sub{cmd: exec.Command(binary(t, "mosquitto_sub"), args...), done: make(chan struct{})}
+	out, err := s.cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.cmd.Stderr = s.cmd.Stdout
+	if err := s.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			s.mu.Lock()
+			s.lines = append(s.lines, sc.Text())
+			s.mu.Unlock()
+		}
+		_ = s.cmd.Wait()
+		close(s.done)
+	}()
+	t.Cleanup(s.Stop)
+	return s
+}
+
+// Lines are what mosquitto_sub printed so far.
+func (s *Sub) Lines() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.lines...)
+}
+
+// Count is how many lines contain every one of sub.
+func (s *Sub) Count(sub ...string) int {
+	n := 0
+next:
+	for _, l := range s.Lines() {
+		for _, x := range sub {
+			if !strings.Contains(l, x) {
+				continue next
+			}
+		}
+		n++
+	}
+	return n
+}
+
+// Stop stops mosquitto_sub.
+func (s *Sub) Stop() {
+	select {
+	case <-s.done:
+	default:
+		_ = s.cmd.Process.Kill()
+		<-s.done
+	}
+}
