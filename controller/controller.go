@@ -197,6 +197,9 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 	if err := broker.NewConfigurationReconciler(mgr.GetClient(), idx, refusals).SetupWithManager(mgr); err != nil {
 		return err
 	}
+	if err := broker.NewSlotsReconciler(mgr.GetClient()).SetupWithManager(mgr); err != nil {
+		return err
+	}
 	instancesOf := func(namespace, configuration string) ([]string, error) {
 		objs, err := idx.InstancesByConfiguration.Objects(namespace, configuration)
 		names := make([]string, len(objs))
@@ -302,7 +305,7 @@ func slimInstance(obj any) (any, error) {
 		spec.Capacity, spec.BrokerProperties = i.Spec.Capacity, i.Spec.BrokerProperties
 	}
 	i.Spec = spec
-	i.Status.Slots = nil
+	i.Status.Slots = broker.SlimSlots(i)
 	return i, nil
 }
 

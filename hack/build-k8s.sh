@@ -3,7 +3,8 @@
 # once each: no prebuilt Kubernetes or containerd release can be downloaded on
 # our machines. The control plane (etcd, kube-apiserver) is what envtest needs;
 # the node (kubelet, scheduler, controller manager, containerd, its runc shim,
-# ctr) is what test/cluster needs. Versions are pinned in hack/k8s/*/go.mod.
+# ctr) is what test/cluster needs; kubectl runs dowsectl as a plugin in
+# test/dowsectl. Versions are pinned in hack/k8s/*/go.mod.
 # Builds run one after another: our machines have two cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,6 +32,9 @@ for cmd in kube-apiserver kube-controller-manager kube-scheduler kubelet; do
   XFLAGS=$XFLAGS build $cmd kube k8s.io/kubernetes/cmd/$cmd "$about"
   about="1 to 2 minutes"
 done
+# kubectl in a module of its own (its kustomize must not move the others'
+# dependencies); Debian's kubectl is 1.20.
+XFLAGS=$XFLAGS build kubectl kubectl k8s.io/kubernetes/cmd/kubectl "1 to 3 minutes"
 # containerd static and without the snapshotters that need C libraries; the
 # test node uses overlayfs (or native) only.
 TAGS="no_btrfs no_devmapper no_zfs" build containerd containerd github.com/containerd/containerd/v2/cmd/containerd "a minute" CGO_ENABLED=0

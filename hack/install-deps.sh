@@ -12,6 +12,12 @@ command -v npm >/dev/null || need+=(nodejs npm)
 [ -e /usr/include/libudev.h ] || need+=(libudev-dev)
 [ -x /lib/systemd/systemd-udevd ] || need+=(udev)
 command -v wsdd >/dev/null || need+=(wsdd)
+# The console's tests drive Debian's Chromium headless over the DevTools
+# protocol.
+command -v chromium >/dev/null || need+=(chromium)
+# dowsectl's bash completion is exercised under bash-completion, as a
+# Debian user's shell loads it.
+[ -e /usr/share/bash-completion/bash_completion ] || need+=(bash-completion)
 # pushMethod sinks: Debian's MQTT broker and its clients (mosquitto_sub
 # checks what the mappers publish).
 command -v mosquitto >/dev/null || [ -x /usr/sbin/mosquitto ] || need+=(mosquitto)

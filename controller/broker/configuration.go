@@ -144,11 +144,27 @@ func (r *ConfigurationReconciler) writeStatus(ctx context.Context, cfg *v1alpha1
 		c.Status, c.Reason, c.Message = metav1.ConditionFalse, "Refused", msg
 	}
 	meta.SetStatusCondition(&conds, c)
-	if cfg.Status.Instances == instances && cfg.Status.Brokers == brokers && equality.Semantic.DeepEqual(conds, cfg.Status.Conditions) {
+	seeing, ready := nodeCounts(cfg.Status.Nodes)
+	if cfg.Status.Instances == instances && cfg.Status.Brokers == brokers && cfg.Status.NodesSeeing == seeing && cfg.Status.NodesReady == ready &&
+		equality.Semantic.DeepEqual(conds, cfg.Status.Conditions) {
 		return nil
 	}
 	ac := acv1alpha1.Configuration(cfg.Name, cfg.Namespace).WithStatus(acv1alpha1.ConfigurationStatus().
-		WithInstances(instances).WithBrokers(brokers).WithConditions(apply.Conditions(conds)...))
+		WithInstances(instances).WithBrokers(brokers).WithNodesSeeing(seeing).WithNodesReady(ready).WithConditions(apply.Conditions(conds)...))
 	err := r.client.Status().Apply(ctx, ac, client.FieldOwner(FieldManager), client.ForceOwnership)
 	return client.IgnoreNotFound(err)
+}
+
+// nodeCounts counts the agents' entries that see a device and those whose
+// handler is registered and discovering, for the printer columns.
+func nodeCounts(nodes []v1alpha1.ConfigurationNodeStatus) (seeing, ready int32) {
+	for _, n := range nodes {
+		if n.Devices > 0 {
+			seeing++
+		}
+		if meta.IsStatusConditionTrue(n.Conditions, v1alpha1.ConditionHandlerAvailable) && meta.IsStatusConditionTrue(n.Conditions, v1alpha1.ConditionDiscovering) {
+			ready++
+		}
+	}
+	return seeing, ready
 }

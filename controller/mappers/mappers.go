@@ -32,7 +32,7 @@ import (
 const (
 	// LabelMapper marks a mapper Pod; its value is "true". Mapper Pods also
 	// carry the Configuration and node labels of broker Pods.
-	LabelMapper = "dowse.dev/mapper"
+	LabelMapper = v1alpha1.LabelMapper
 	// EnvMapperName is the registration name a mapper takes
 	// (MapperInfo.name); EnvStateDir the agent's state directory.
 	EnvMapperName = "DOWSE_MAPPER_NAME"

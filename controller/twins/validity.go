@@ -125,14 +125,17 @@ func (v *Validity) Reconcile(ctx context.Context, req reconcile.Request) (reconc
 	case invalid != nil:
 		c.Status, c.Reason, c.Message = metav1.ConditionFalse, "Invalid", invalid.Error()
 	}
+	// A new desired value changes status.differing before any report does.
+	diff := differing(&d, &d.Status)
 	old := meta.FindStatusCondition(d.Status.Conditions, c.Type)
 	if old != nil && old.Status == c.Status && old.Message == c.Message && old.ObservedGeneration == c.ObservedGeneration &&
-		d.Status.ObservedGeneration == d.Generation {
+		d.Status.ObservedGeneration == d.Generation && d.Status.Differing == diff {
 		return reconcile.Result{}, nil
 	}
 	orig := d.DeepCopy()
 	meta.SetStatusCondition(&d.Status.Conditions, c)
 	d.Status.ObservedGeneration = d.Generation
+	d.Status.Differing = diff
 	err = v.client.Status().Patch(ctx, &d, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{}))
 	switch {
 	case apierrors.IsNotFound(err):

@@ -136,13 +136,13 @@ func run(ctx context.Context, every time.Duration, flips int) error {
 	if err := showTwin(ctx, c, kubeconfig, p); err != nil {
 		return fmt.Errorf("the twin: %w", err)
 	}
-	return watchAndFlip(ctx, c, avail, every, flips)
+	return watchAndFlip(ctx, c, kubeconfig, avail, every, flips)
 }
 
 // watchAndFlip applies samples/debug-echo.yaml, then prints Instances as
 // they change while it flips the availability file every interval. With
 // flips > 0 it checks each flip's effect and returns after that many.
-func watchAndFlip(ctx context.Context, c client.WithWatch, avail string, every time.Duration, flips int) error {
+func watchAndFlip(ctx context.Context, c client.WithWatch, kubeconfig, avail string, every time.Duration, flips int) error {
 	raw, err := os.ReadFile(filepath.Join(kube.RepoRoot(), "samples", "debug-echo.yaml"))
 	if err != nil {
 		return err
@@ -152,6 +152,10 @@ func watchAndFlip(ctx context.Context, c client.WithWatch, avail string, every t
 		return fmt.Errorf("samples/debug-echo.yaml: %w", err)
 	}
 	cfg.Namespace = "default"
+	// The console opens nothing by itself: the command is for the person.
+	say("to watch the twin and the Instances coming and going in a browser, run in another terminal:")
+	say("  %s console --kubeconfig %s -n default", filepath.Join(kube.RepoRoot(), "bin", "dowsectl"), kubeconfig)
+	say("  and open http://127.0.0.1:8470/ (as a kubectl plugin: ln -s bin/dowsectl kubectl-dowse on your PATH, then kubectl dowse console)")
 	w, err := c.Watch(ctx, &v1alpha1.InstanceList{}, client.InNamespace("default"))
 	if err != nil {
 		return err

@@ -267,3 +267,16 @@ func AsFloat(v any) (float64, bool) {
 	}
 	return 0, false
 }
+
+// Equal says whether two texts are the same value: equal as text, or as
+// numbers where both parse ("1.50" and "1.5"). A desired value is applied
+// when the observed one is Equal to it, whatever formatting the mapper's
+// side gave the number.
+func Equal(a, b string) bool {
+	if a == b {
+		return true
+	}
+	fa, errA := strconv.ParseFloat(strings.TrimSpace(a), 64)
+	fb, errB := strconv.ParseFloat(strings.TrimSpace(b), 64)
+	return errA == nil && errB == nil && fa == fb
+}

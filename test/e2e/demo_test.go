@@ -32,7 +32,7 @@ func TestDemo(t *testing.T) {
 	for _, want := range []string{"agent joined the cloud/edge link with the bootstrap token",
 		"holding register 0 (setpoint) written: 30",
 		"the reported value followed the desired one: setpoint 30 reported, temperature 30 reported",
-		"4 flips checked", "availability file -> OFFLINE", "availability file -> ONLINE", "stopping dowse-agent"} {
+		"4 flips checked", "availability file -> OFFLINE", "dowsectl console --kubeconfig", "availability file -> ONLINE", "stopping dowse-agent"} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("demo output lacks %q", want)
 		}

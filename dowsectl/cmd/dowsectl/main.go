@@ -1,5 +1,7 @@
 // Command dowsectl is the operator's command line for Dowse; see package
-// dowsectl.
+// dowsectl. Installed as kubectl-dowse it is the kubectl plugin `kubectl
+// dowse`; linked as kubectl_complete-dowse it answers kubectl's completion
+// of the plugin.
 package main
 
 import (
@@ -8,27 +10,32 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"path/filepath"
+	"strings"
 	"syscall"
 
+	"k8s.io/cli-runtime/pkg/genericiooptions"
+
 	"github.com/dowse-dev/dowse/dowsectl"
-	"github.com/dowse-dev/dowse/shared/version"
 )
 
 func main() {
-	if len(os.Args) == 2 && (os.Args[1] == "--version" || os.Args[1] == "-version" || os.Args[1] == "version") {
-		fmt.Println(version.Line("dowsectl"))
-		return
+	name, args := "dowsectl", os.Args[1:]
+	switch strings.TrimSuffix(filepath.Base(os.Args[0]), ".exe") {
+	case dowsectl.PluginName:
+		name = "kubectl dowse"
+	case dowsectl.CompletionPluginName:
+		name, args = "kubectl dowse", append([]string{"__complete"}, args...)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	if err := dowsectl.Run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
+	cmd := dowsectl.NewCommand(genericiooptions.IOStreams{In: os.Stdin, Out: os.Stdout, ErrOut: os.Stderr}, name)
+	cmd.SetArgs(args)
+	if err := cmd.ExecuteContext(ctx); err != nil {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
 		if errors.Is(err, dowsectl.ErrUsage) {
-			if err != dowsectl.ErrUsage {
-				fmt.Fprintln(os.Stderr, "dowsectl:", err)
-			}
 			os.Exit(2)
 		}
-		fmt.Fprintln(os.Stderr, "dowsectl:", err)
 		os.Exit(1)
 	}
 }

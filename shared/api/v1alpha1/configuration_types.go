@@ -197,6 +197,17 @@ type ConfigurationStatus struct {
 	// controller).
 	// +optional
 	Brokers int32 `json:"brokers"`
+	// NodesSeeing counts the nodes in Nodes that see at least one device
+	// (written by the controller, for the printer columns).
+	// +optional
+	// +kubebuilder:default=0
+	NodesSeeing int32 `json:"nodesSeeing"`
+	// NodesReady counts the nodes in Nodes whose handler is registered and
+	// discovering (HandlerAvailable and Discovering True; written by the
+	// controller).
+	// +optional
+	// +kubebuilder:default=0
+	NodesReady int32 `json:"nodesReady"`
 	// Conditions are the controller's, e.g. BrokersDeployed.
 	// +optional
 	// +listType=map
@@ -261,10 +272,12 @@ type SkippedCandidate struct {
 // run a broker next to each one.
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
-// +kubebuilder:resource:shortName=dcfg
+// +kubebuilder:resource:shortName=dcfg,categories=dowse
 // +kubebuilder:printcolumn:name="Handler",type=string,JSONPath=`.spec.discoveryHandler.name`
 // +kubebuilder:printcolumn:name="Capacity",type=integer,JSONPath=`.spec.capacity`
 // +kubebuilder:printcolumn:name="Allocation",type=string,JSONPath=`.spec.allocation`,priority=1
+// +kubebuilder:printcolumn:name="Seeing",type=integer,JSONPath=`.status.nodesSeeing`,description="nodes that see at least one device"
+// +kubebuilder:printcolumn:name="Ready",type=integer,JSONPath=`.status.nodesReady`,description="nodes whose handler is registered and discovering"
 // +kubebuilder:printcolumn:name="Instances",type=integer,JSONPath=`.status.instances`
 // +kubebuilder:printcolumn:name="Brokers",type=integer,JSONPath=`.status.brokers`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`

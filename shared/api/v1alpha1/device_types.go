@@ -206,6 +206,14 @@ type DeviceStatus struct {
 	// LastReportTime is when the newest reported value was read.
 	// +optional
 	LastReportTime *metav1.Time `json:"lastReportTime,omitempty"`
+	// Differing counts the properties with a desired value whose reported
+	// value differs from it, or that have none yet (for the printer
+	// columns: a column's JSONPath cannot compare). Written with the rest
+	// of the status (not omitted when 0: the status writer's merge patch
+	// would leave an older count).
+	// +optional
+	// +kubebuilder:default=0
+	Differing int32 `json:"differing"`
 	// +optional
 	ReportToCloud bool `json:"reportToCloud,omitempty"`
 	// +optional
@@ -246,10 +254,13 @@ type LinkPosition struct {
 // status.
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
-// +kubebuilder:resource:shortName=ddev
+// +kubebuilder:resource:shortName=ddev,categories=dowse
 // +kubebuilder:printcolumn:name="Model",type=string,JSONPath=`.spec.deviceModelRef.name`
 // +kubebuilder:printcolumn:name="Node",type=string,JSONPath=`.spec.nodeName`
 // +kubebuilder:printcolumn:name="State",type=string,JSONPath=`.status.state`
+// +kubebuilder:printcolumn:name="Differing",type=integer,JSONPath=`.status.differing`,description="properties whose reported value differs from the desired one"
+// +kubebuilder:printcolumn:name="Applied",type=string,JSONPath=`.status.conditions[?(@.type=="DesiredApplied")].status`,priority=1,description="every desired value observed on the device"
+// +kubebuilder:printcolumn:name="Mapper",type=string,JSONPath=`.spec.mapperName`,priority=1
 // +kubebuilder:printcolumn:name="Last Report",type=date,JSONPath=`.status.lastReportTime`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type Device struct {

@@ -97,7 +97,7 @@ type ModelProperty struct {
 
 // DeviceModel describes a kind of device.
 // +kubebuilder:object:root=true
-// +kubebuilder:resource:shortName=dmodel
+// +kubebuilder:resource:shortName=dmodel,categories=dowse
 // +kubebuilder:printcolumn:name="Protocol",type=string,JSONPath=`.spec.protocol`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type DeviceModel struct {

@@ -74,6 +74,12 @@ type InstanceStatus struct {
 	// +listType=map
 	// +listMapKey=id
 	Slots []InstanceSlot `json:"slots,omitempty"`
+	// SlotsInUse counts Slots, for the printer columns (a column's JSONPath
+	// cannot count). Written by the controller, not the agents: each agent
+	// owns only its own node's slots.
+	// +optional
+	// +kubebuilder:default=0
+	SlotsInUse int32 `json:"slotsInUse"`
 }
 
 // InstanceSlot is one capacity slot held by one node.
@@ -109,10 +115,13 @@ type InstanceNode struct {
 // server-side apply per node and device states both, halving the API
 // server's work when thousands of devices appear at once.
 // +kubebuilder:object:root=true
-// +kubebuilder:resource:shortName=dins
+// +kubebuilder:resource:shortName=dins,categories=dowse
 // +kubebuilder:printcolumn:name="Configuration",type=string,JSONPath=`.spec.configurationName`
 // +kubebuilder:printcolumn:name="Shared",type=boolean,JSONPath=`.spec.shared`
 // +kubebuilder:printcolumn:name="Nodes",type=string,JSONPath=`.status.nodes[*].name`
+// +kubebuilder:printcolumn:name="In Use",type=integer,JSONPath=`.status.slotsInUse`,description="capacity slots held by pods"
+// +kubebuilder:printcolumn:name="Capacity",type=integer,JSONPath=`.spec.capacity`
+// +kubebuilder:printcolumn:name="Device ID",type=string,JSONPath=`.spec.deviceID`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type Instance struct {
 	metav1.TypeMeta   `json:",inline"`

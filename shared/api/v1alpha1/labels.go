@@ -12,6 +12,9 @@ const (
 	LabelConfiguration = "dowse.dev/configuration"
 	LabelInstance      = "dowse.dev/instance"
 	LabelNode          = "dowse.dev/node"
+	// LabelMapper marks a mapper Pod (value "true"), beside the labels of
+	// a broker Pod.
+	LabelMapper = "dowse.dev/mapper"
 	// AnnotationSpecHash records the broker spec a Pod or Service was made
 	// from, so a change of the Configuration rolls it.
 	AnnotationSpecHash = "dowse.dev/spec-hash"

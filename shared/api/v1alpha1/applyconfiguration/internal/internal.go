@@ -173,6 +173,14 @@ var schemaYAML = typed.YAMLObject(`types:
           elementRelationship: associative
           keys:
           - nodeName
+    - name: nodesReady
+      type:
+        scalar: numeric
+      default: 0
+    - name: nodesSeeing
+      type:
+        scalar: numeric
+      default: 0
 - name: com.github.dowse-dev.dowse.shared.api.v1alpha1.DBMethodConfig
   map:
     fields:
@@ -358,6 +366,10 @@ var schemaYAML = typed.YAMLObject(`types:
           elementRelationship: associative
           keys:
           - type
+    - name: differing
+      type:
+        scalar: numeric
+      default: 0
     - name: lastOnlineTime
       type:
         namedType: io.k8s.apimachinery.pkg.apis.meta.v1.Time
@@ -579,6 +591,10 @@ var schemaYAML = typed.YAMLObject(`types:
           elementRelationship: associative
           keys:
           - id
+    - name: slotsInUse
+      type:
+        scalar: numeric
+      default: 0
 - name: com.github.dowse-dev.dowse.shared.api.v1alpha1.LinkPosition
   map:
     fields:

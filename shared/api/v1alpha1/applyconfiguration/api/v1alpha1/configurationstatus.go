@@ -19,6 +19,13 @@ type ConfigurationStatusApplyConfiguration struct {
 	// Brokers counts its broker Pods that are Running (written by the
 	// controller).
 	Brokers *int32 `json:"brokers,omitempty"`
+	// NodesSeeing counts the nodes in Nodes that see at least one device
+	// (written by the controller, for the printer columns).
+	NodesSeeing *int32 `json:"nodesSeeing,omitempty"`
+	// NodesReady counts the nodes in Nodes whose handler is registered and
+	// discovering (HandlerAvailable and Discovering True; written by the
+	// controller).
+	NodesReady *int32 `json:"nodesReady,omitempty"`
 	// Conditions are the controller's, e.g. BrokersDeployed.
 	Conditions []v1.ConditionApplyConfiguration `json:"conditions,omitempty"`
 }
@@ -55,6 +62,22 @@ func (b *ConfigurationStatusApplyConfiguration) WithInstances(value int32) *Conf
 // If called multiple times, the Brokers field is set to the value of the last call.
 func (b *ConfigurationStatusApplyConfiguration) WithBrokers(value int32) *ConfigurationStatusApplyConfiguration {
 	b.Brokers = &value
+	return b
+}
+
+// WithNodesSeeing sets the NodesSeeing field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the NodesSeeing field is set to the value of the last call.
+func (b *ConfigurationStatusApplyConfiguration) WithNodesSeeing(value int32) *ConfigurationStatusApplyConfiguration {
+	b.NodesSeeing = &value
+	return b
+}
+
+// WithNodesReady sets the NodesReady field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the NodesReady field is set to the value of the last call.
+func (b *ConfigurationStatusApplyConfiguration) WithNodesReady(value int32) *ConfigurationStatusApplyConfiguration {
+	b.NodesReady = &value
 	return b
 }
 

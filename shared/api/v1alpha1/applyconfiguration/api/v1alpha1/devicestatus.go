@@ -21,8 +21,14 @@ type DeviceStatusApplyConfiguration struct {
 	LastOnlineTime *v1.Time `json:"lastOnlineTime,omitempty"`
 	// LastReportTime is when the newest reported value was read.
 	LastReportTime *v1.Time `json:"lastReportTime,omitempty"`
-	ReportToCloud  *bool    `json:"reportToCloud,omitempty"`
-	ReportCycle    *int64   `json:"reportCycle,omitempty"`
+	// Differing counts the properties with a desired value whose reported
+	// value differs from it, or that have none yet (for the printer
+	// columns: a column's JSONPath cannot compare). Written with the rest
+	// of the status (not omitted when 0: the status writer's merge patch
+	// would leave an older count).
+	Differing     *int32 `json:"differing,omitempty"`
+	ReportToCloud *bool  `json:"reportToCloud,omitempty"`
+	ReportCycle   *int64 `json:"reportCycle,omitempty"`
 	// ObservedGeneration is the spec generation the status was written for.
 	ObservedGeneration *int64 `json:"observedGeneration,omitempty"`
 	// ReportedPosition is where in its node's link stream the newest report
@@ -72,6 +78,14 @@ func (b *DeviceStatusApplyConfiguration) WithLastOnlineTime(value v1.Time) *Devi
 // If called multiple times, the LastReportTime field is set to the value of the last call.
 func (b *DeviceStatusApplyConfiguration) WithLastReportTime(value v1.Time) *DeviceStatusApplyConfiguration {
 	b.LastReportTime = &value
+	return b
+}
+
+// WithDiffering sets the Differing field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the Differing field is set to the value of the last call.
+func (b *DeviceStatusApplyConfiguration) WithDiffering(value int32) *DeviceStatusApplyConfiguration {
+	b.Differing = &value
 	return b
 }
 

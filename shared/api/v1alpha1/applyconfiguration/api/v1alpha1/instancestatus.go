@@ -16,6 +16,10 @@ type InstanceStatusApplyConfiguration struct {
 	// without force: a second node stating another node's slot gets a
 	// conflict, so two nodes can never hold one slot.
 	Slots []InstanceSlotApplyConfiguration `json:"slots,omitempty"`
+	// SlotsInUse counts Slots, for the printer columns (a column's JSONPath
+	// cannot count). Written by the controller, not the agents: each agent
+	// owns only its own node's slots.
+	SlotsInUse *int32 `json:"slotsInUse,omitempty"`
 }
 
 // InstanceStatusApplyConfiguration constructs a declarative configuration of the InstanceStatus type for use with
@@ -47,5 +51,13 @@ func (b *InstanceStatusApplyConfiguration) WithSlots(values ...*InstanceSlotAppl
 		}
 		b.Slots = append(b.Slots, *values[i])
 	}
+	return b
+}
+
+// WithSlotsInUse sets the SlotsInUse field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the SlotsInUse field is set to the value of the last call.
+func (b *InstanceStatusApplyConfiguration) WithSlotsInUse(value int32) *InstanceStatusApplyConfiguration {
+	b.SlotsInUse = &value
 	return b
 }

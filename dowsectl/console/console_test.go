@@ -1,0 +1,170 @@
+package console
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	dynamicfake "k8s.io/client-go/dynamic/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// TestMain turns client-go's watch-list off: the fake dynamic client
+// serves no initial events on a watch (a real API server does).
+func TestMain(m *testing.M) {
+	os.Setenv("KUBE_FEATURE_WatchListClient", "false")
+	os.Exit(m.Run())
+}
+
+func device(ns, name, state string) *unstructured.Unstructured {
+	u := &unstructured.Unstructured{}
+	u.SetAPIVersion("dowse.dev/v1alpha1")
+	u.SetKind("Device")
+	u.SetNamespace(ns)
+	u.SetName(name)
+	_ = unstructured.SetNestedField(u.Object, state, "status", "state")
+	return u
+}
+
+func start(t *testing.T, set func(context.Context, client.ObjectKey, string, string) error, objs ...runtime.Object) *Server {
+	t.Helper()
+	lists := map[schema.GroupVersionResource]string{}
+	for _, k := range kinds {
+		lists[schema.GroupVersionResource{Group: "dowse.dev", Version: "v1alpha1", Resource: k.plural}] = k.kind + "List"
+	}
+	lists[schema.GroupVersionResource{Version: "v1", Resource: "events"}] = "EventList"
+	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), lists, objs...)
+	s, err := New(Config{Listen: "127.0.0.1:0", Namespace: "plant", Dynamic: dyn, SetDesired: set, Heartbeat: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Start(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	return s
+}
+
+// TestPageAndWrites: the page carries its token; a write needs it and
+// goes through SetDesired, whose refusal comes back in words; another
+// Host name is refused.
+func TestPageAndWrites(t *testing.T) {
+	var got []string
+	s := start(t, func(_ context.Context, key client.ObjectKey, prop, value string) error {
+		got = append(got, key.String()+" "+prop+"="+value)
+		if value == "99" {
+			return errors.New("property setpoint: 99 is above the maximum 30")
+		}
+		return nil
+	})
+	res, err := http.Get(s.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	page := new(strings.Builder)
+	_, _ = bufio.NewReader(res.Body).WriteTo(page)
+	res.Body.Close()
+	if !strings.Contains(page.String(), `content="`+s.token+`"`) || !strings.Contains(page.String(), `name="dowse-namespace" content="plant"`) {
+		t.Fatalf("page lacks its token or namespace:\n%s", page)
+	}
+	post := func(token, body string) (int, map[string]string) {
+		req, _ := http.NewRequest(http.MethodPost, s.URL()+"api/desired", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		if token != "" {
+			req.Header.Set("X-Dowse-Token", token)
+		}
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		var m map[string]string
+		_ = json.NewDecoder(res.Body).Decode(&m)
+		return res.StatusCode, m
+	}
+	body := `{"namespace":"plant","device":"boiler","property":"setpoint","value":"%s"}`
+	if code, m := post("", strings.Replace(body, "%s", "21", 1)); code != http.StatusForbidden || !strings.Contains(m["error"], "token") {
+		t.Errorf("without the token: %d %v", code, m)
+	}
+	if code, m := post(s.token, strings.Replace(body, "%s", "21", 1)); code != http.StatusOK || m["set"] != "setpoint=21" {
+		t.Errorf("with the token: %d %v", code, m)
+	}
+	if code, m := post(s.token, strings.Replace(body, "%s", "99", 1)); code != http.StatusUnprocessableEntity || m["error"] != "property setpoint: 99 is above the maximum 30" {
+		t.Errorf("refused: %d %v", code, m)
+	}
+	if code, m := post(s.token, `{"namespace":"plant"}`); code != http.StatusBadRequest || m["error"] == "" {
+		t.Errorf("incomplete: %d %v", code, m)
+	}
+	if len(got) != 2 || got[0] != "plant/boiler setpoint=21" {
+		t.Errorf("SetDesired calls %v", got)
+	}
+	req, _ := http.NewRequest(http.MethodGet, s.URL(), nil)
+	req.Host = "evil.example:80"
+	if res, err := http.DefaultClient.Do(req); err != nil || res.StatusCode != http.StatusForbidden {
+		t.Errorf("another Host: %v %v, want 403", err, res)
+	}
+}
+
+// TestWatchStream: the stream lists the namespace's objects, says when a
+// kind is synced, and sends changes as they happen.
+func TestWatchStream(t *testing.T) {
+	s := start(t, func(context.Context, client.ObjectKey, string, string) error { return nil }, device("plant", "boiler", "ok"), device("other", "pump", "ok"))
+	res, err := http.Get(s.URL() + "api/watch?namespace=plant")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	if ct := res.Header.Get("Content-Type"); ct != "text/event-stream" {
+		t.Fatalf("content type %q", ct)
+	}
+	msgs := make(chan message, 100)
+	go func() {
+		sc := bufio.NewScanner(res.Body)
+		for sc.Scan() {
+			if data, ok := strings.CutPrefix(sc.Text(), "data: "); ok {
+				var m message
+				if json.Unmarshal([]byte(data), &m) == nil {
+					msgs <- m
+				}
+			}
+		}
+		close(msgs)
+	}()
+	synced := map[string]bool{}
+	var devices []string
+	timeout := time.After(10 * time.Second)
+	for len(synced) < len(kinds) {
+		select {
+		case m, ok := <-msgs:
+			if !ok {
+				t.Fatal("stream ended")
+			}
+			switch m.Op {
+			case "synced":
+				synced[m.Kind] = true
+			case "upsert":
+				u := unstructured.Unstructured{Object: m.Object}
+				devices = append(devices, u.GetNamespace()+"/"+u.GetName())
+			}
+		case <-timeout:
+			t.Fatalf("synced %v, devices %v after 10s", synced, devices)
+		}
+	}
+	if len(devices) != 1 || devices[0] != "plant/boiler" {
+		t.Errorf("devices %v, want plant/boiler only", devices)
+	}
+}
