@@ -146,9 +146,10 @@ func (m *mapper) poke() {
 	}
 }
 
-// startLocked runs m's worker under the server's run context.
-func (s *Server) startLocked(m *mapper) {
-	ctx, cancel := context.WithCancel(s.runCtx)
+// startLocked runs m's worker under ctx, the server's run context (its
+// worker lives as long as the server, not as the call that registered it).
+func (s *Server) startLocked(ctx context.Context, m *mapper) {
+	ctx, cancel := context.WithCancel(ctx)
 	m.cancel = cancel
 	s.wg.Add(1)
 	go func() {
