@@ -252,6 +252,9 @@ func (s *Server) reconcile(ctx context.Context, m *mapper) (err error) {
 		if known && had == sig {
 			continue
 		}
+		if !known {
+			changed = m.set(m.models, k, "") || changed // as for devices below
+		}
 		var err error
 		if known || m.restored {
 			err = s.call(ctx, m, "UpdateDeviceModel", func(ctx context.Context) error {
@@ -280,6 +283,12 @@ func (s *Server) reconcile(ctx context.Context, m *mapper) (err error) {
 		had, known := m.devices[k]
 		if known && had == sig {
 			continue
+		}
+		if !known {
+			// Held from the call on, content unknown: a call cut short (the
+			// agent stopping while the mapper took it) must not leave the
+			// mapper holding a device this agent would never remove.
+			changed = m.set(m.devices, k, "") || changed
 		}
 		var err error
 		if known || m.restored {
