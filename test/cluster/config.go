@@ -77,8 +77,8 @@ const noPodNetworkCNI = `{
 `
 
 // kubeletConfig is the KubeletConfiguration the test node runs with; each
-// unusual setting is one that was needed on our machines (see
-// ../shared/notes/ENVIRONMENT.md).
+// unusual setting is one that was needed on the machines Dowse is tested
+// on, and says why.
 func kubeletConfig(o kubeletOpts) string {
 	return fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
@@ -138,7 +138,7 @@ type kubeletOpts struct {
 
 // kubeconfig for the admin identity every component and test uses.
 func kubeconfig(server string, p *pki) string {
-	b64 := func(b []byte) string { return base64Std(b) }
+	b64 := base64Std
 	return strings.TrimSpace(fmt.Sprintf(`
 apiVersion: v1
 kind: Config

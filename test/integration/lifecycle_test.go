@@ -80,7 +80,10 @@ func TestAgentJanitor(t *testing.T) {
 // DeviceModel, and a Configuration kept by the finalizer of an agent that no
 // longer runs, Uninstall deletes everything, the agent releases its
 // Instances, the gone agent's finalizer is dropped, and nothing is left.
+// Uninstall takes the whole cluster's objects: the test has a cluster of
+// its own.
 func TestUninstall(t *testing.T) {
+	suite.Own(t)
 	ns := suite.Namespace(t)
 	dir := stateDir(t)
 	const node = "uninstall-a"

@@ -63,6 +63,30 @@ func (s *Suite) Run(m *testing.M) int {
 	return m.Run()
 }
 
+// Own gives the test a control plane of its own, in place of the suite's,
+// until it ends: for a test whose subject is the whole cluster (an
+// uninstall takes every namespace's objects, and the shared control plane
+// keeps other tests' objects that only a garbage collector, absent here,
+// would take). The suite's tests must not run in parallel with it.
+func (s *Suite) Own(t testing.TB) {
+	t.Helper()
+	shared := *s
+	cp, err := Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.ControlPlane = cp
+	t.Cleanup(func() {
+		if err := cp.Stop(); err != nil {
+			t.Errorf("stopping the test's control plane: %v", err)
+		}
+		*s = shared
+	})
+	if err := s.connect(); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func (s *Suite) connect() error {
 	sch, err := scheme.New()
 	if err != nil {
