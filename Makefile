@@ -107,11 +107,12 @@ test-integration: k8s helm build
 test-node: k8s node-deps
 	go test $(GO_TEST_FLAGS) -v ./test/node/
 
-# Everything CI runs: generated code check, unit and integration tests.
 # Real protocol peers built from the module proxy (go2rtc for ONVIF).
 peers:
 	@hack/build-go2rtc.sh
 
+# Everything CI runs: generated code check, lint, unit and integration
+# tests, the node tier and a short fuzz run.
 test: deps node-deps k8s helm peers build verify-generate
 	go vet ./...
 	$(MAKE) lint

@@ -1,5 +1,8 @@
-// Package agent wires the per-node Dowse agent: registration server, handler
-// registry, Configuration reconciler, Instance writer and device plugins.
+// Package agent wires the per-node Dowse agent: the discovery handlers'
+// registration server and registry, the Configuration reconciler and
+// Instance writer, device plugins and CDI specs or the DRA driver, and, with
+// the cloud/edge link on, the edge hub and its store with the mapper API
+// (DMI) that the node's twins go through.
 package agent
 
 import (

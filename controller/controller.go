@@ -1,5 +1,9 @@
-// Package controller wires dowse-controller: broker deployment, the
-// Configurations' status and Services, and dead-node cleanup.
+// Package controller wires dowse-controller. On the leader: broker Pods,
+// Jobs and Services, the Configurations' status, Devices made from
+// Instances and their validity, mapper Pods, DRA publishing, and dead-node
+// cleanup. On every replica, with the cloud/edge link on: the cloud hub,
+// the link's credentials, and the twin sync and Device status writes of the
+// nodes whose sessions the replica holds.
 package controller
 
 import (

@@ -34,6 +34,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		invalid:     prometheus.NewCounter(prometheus.CounterOpts{Name: "dowse_agent_invalid_devices_total", Help: "Devices not offered because their CDI spec was invalid (missing device node, relative mount path)."}),
 		reclaimed:   prometheus.NewCounter(prometheus.CounterOpts{Name: "dowse_agent_slots_reclaimed_total", Help: "Slots freed because no running pod used them."}),
 	}
+	// Every result from the start, so that a dashboard's rate is 0, not
+	// absent, before the first Allocate.
+	for _, r := range []string{"ok", "conflict", "error"} {
+		m.allocations.WithLabelValues(r)
+	}
 	if reg != nil {
 		reg.MustRegister(m.plugins, m.registrations, m.allocations, m.allocateTime, m.cdiWrites, m.cdiRemovals, m.invalid, m.reclaimed)
 	}

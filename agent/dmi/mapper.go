@@ -146,9 +146,10 @@ func (m *mapper) poke() {
 	}
 }
 
-// startLocked runs m's worker under the server's run context.
-func (s *Server) startLocked(m *mapper) {
-	ctx, cancel := context.WithCancel(s.runCtx)
+// startLocked runs m's worker under ctx, the server's run context (its
+// worker lives as long as the server, not as the call that registered it).
+func (s *Server) startLocked(ctx context.Context, m *mapper) {
+	ctx, cancel := context.WithCancel(ctx)
 	m.cancel = cancel
 	s.wg.Add(1)
 	go func() {
@@ -251,6 +252,9 @@ func (s *Server) reconcile(ctx context.Context, m *mapper) (err error) {
 		if known && had == sig {
 			continue
 		}
+		if !known {
+			changed = m.set(m.models, k, "") || changed // as for devices below
+		}
 		var err error
 		if known || m.restored {
 			err = s.call(ctx, m, "UpdateDeviceModel", func(ctx context.Context) error {
@@ -279,6 +283,12 @@ func (s *Server) reconcile(ctx context.Context, m *mapper) (err error) {
 		had, known := m.devices[k]
 		if known && had == sig {
 			continue
+		}
+		if !known {
+			// Held from the call on, content unknown: a call cut short (the
+			// agent stopping while the mapper took it) must not leave the
+			// mapper holding a device this agent would never remove.
+			changed = m.set(m.devices, k, "") || changed
 		}
 		var err error
 		if known || m.restored {

@@ -140,10 +140,14 @@ type Server struct {
 	limiters map[string]*rate.Limiter
 	unserved map[string]bool // Devices told to the cloud as served by no mapper
 	refused  map[string]*refusals
-	condMu   sync.Mutex      // orders the condition messages of noteRefusals
-	runCtx   context.Context // set by Start
-	wg       sync.WaitGroup
-	unsub    func()
+	condMu   sync.Mutex // orders the condition messages of noteRefusals
+	// runCtx is Start's context, under which the workers of mappers that
+	// register later run: a registration's call ends long before its
+	// mapper's worker does. Nil until Start.
+	runCtx context.Context
+	log    logr.Logger // Start's
+	wg     sync.WaitGroup
+	unsub  func()
 }
 
 // refusals are the properties of one Device whose latest report was
@@ -310,14 +314,6 @@ func (s *Server) Changed(ctx context.Context, env *linkv1.Envelope) {
 	s.mu.Unlock()
 }
 
-func (s *Server) kickAll() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, m := range s.mappers {
-		m.poke()
-	}
-}
-
 // Start serves the mapper API until ctx ends, then stops the workers,
 // removes the socket and stops following the edge store. It fails only
 // when the socket cannot be served.
@@ -347,9 +343,9 @@ func (s *Server) Start(ctx context.Context) error {
 	reflection.Register(gs) // as edgecore does: grpcurl -unix <socket> list
 
 	s.mu.Lock()
-	s.runCtx = ctx
+	s.runCtx, s.log = ctx, log
 	for _, m := range s.mappers {
-		s.startLocked(m)
+		s.startLocked(ctx, m)
 	}
 	s.updateConnectedLocked()
 	n := len(s.mappers)
@@ -496,15 +492,15 @@ func (s *Server) MapperRegister(ctx context.Context, req *dmiv1beta1.MapperRegis
 			delete(s.refused, key)
 		}
 	}
-	s.startLocked(m)
+	s.startLocked(s.runCtx, m) //nolint:contextcheck // the worker outlives this call: it runs under the server's context
 	s.updateConnectedLocked()
+	log := s.log
 	s.mu.Unlock()
 	if old != nil {
 		old.cancel()
 		<-old.done
 		_ = old.conn.Close()
 	}
-	log := logr.FromContextOrDiscard(s.runCtx).WithName("dmi")
 	if err := s.writeMappers(); err != nil {
 		log.Error(err, "cannot remember the mapper; it is told again only when it registers again", "mapper", info.GetName())
 	}

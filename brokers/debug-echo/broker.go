@@ -102,7 +102,7 @@ func Run(ctx context.Context, cfg Config) error {
 	cfg.Logger.Info("serving device environment", "address", lis.Addr().String())
 	select {
 	case <-ctx.Done():
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
 		return srv.Shutdown(sctx)
 	case err := <-errc:

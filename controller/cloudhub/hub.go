@@ -339,43 +339,52 @@ func (h *Hub) Start(ctx context.Context) error {
 	// Connections end with gctx; Start returns only once they have, so that
 	// a stopped hub holds no session goroutine. A transport may still hand
 	// over a connection after its Serve returned: stopping turns it away.
-	var (
-		connMu   sync.Mutex
-		stopping bool
-		conns    sync.WaitGroup
-	)
+	ac := &admitted{}
 	for i, l := range listeners {
 		log.Info("listening", "transport", names[i], "address", l.Addr().String())
 		g.Go(func() error {
-			return l.Serve(gctx, func(c link.Conn) {
-				connMu.Lock()
-				if stopping {
-					connMu.Unlock()
-					return
-				}
-				conns.Add(1)
-				connMu.Unlock()
-				defer conns.Done()
-				if n := h.live.Add(1); n > int64(h.cfg.MaxConnections) {
-					h.live.Add(-1)
-					h.refuse(gctx, "hub-full", c, "refusing connection: the hub serves its maximum of connections", "max", h.cfg.MaxConnections)
-					_ = c.Close()
-					return
-				}
-				defer h.live.Add(-1)
-				h.serveConn(gctx, names[i], c)
-			})
+			return l.Serve(gctx, func(c link.Conn) { h.admit(gctx, ac, names[i], c) })
 		})
 	}
 	err := g.Wait()
-	connMu.Lock()
-	stopping = true
-	connMu.Unlock()
-	conns.Wait()
+	ac.mu.Lock()
+	ac.stopping = true
+	ac.mu.Unlock()
+	ac.conns.Wait()
 	if ctx.Err() != nil {
 		return nil
 	}
 	return err
+}
+
+// admitted counts the connections being served, for Start to wait for.
+type admitted struct {
+	mu       sync.Mutex
+	stopping bool
+	conns    sync.WaitGroup
+}
+
+// admit serves c unless the hub stops or serves its maximum.
+func (h *Hub) admit(ctx context.Context, ac *admitted, transport string, c link.Conn) {
+	ac.mu.Lock()
+	if ac.stopping {
+		ac.mu.Unlock()
+		return
+	}
+	ac.conns.Add(1)
+	ac.mu.Unlock()
+	if n := h.live.Add(1); n > int64(h.cfg.MaxConnections) {
+		h.live.Add(-1)
+		ac.conns.Done()
+		h.refuse(ctx, nil, "hub-full", c, "refusing connection: the hub serves its maximum of connections", "max", h.cfg.MaxConnections)
+		_ = c.Close()
+		return
+	}
+	// No defers: this frame stays under every connection's goroutine
+	// (serveConn recovers nothing either; a panic ends the process).
+	h.serveConn(ctx, transport, c)
+	h.live.Add(-1)
+	ac.conns.Done()
 }
 
 // drain tells every connected edge to reconnect elsewhere, each at a random
@@ -615,26 +624,80 @@ func verifyClient(raw [][]byte, roots *x509.CertPool) (subject string, err error
 	return certs[0].Subject.CommonName, err
 }
 
-func (h *Hub) refuse(ctx context.Context, reason string, c link.Conn, msg string, kv ...any) {
+func (h *Hub) refuse(ctx context.Context, conn []any, reason string, c link.Conn, msg string, kv ...any) {
 	h.hsFail.WithLabelValues(reason).Inc()
-	logr.FromContextOrDiscard(ctx).Info(msg, append([]any{"remote", c.RemoteAddr()}, kv...)...)
+	logr.FromContextOrDiscard(ctx).Info(msg, append(append([]any{"remote", c.RemoteAddr()}, conn...), kv...)...)
 }
 
+// served is a connection past its handshake, for serveConn to run.
+type served struct {
+	st   *nodeState
+	f    *link.Framed
+	ctx  context.Context
+	cfg  link.ConnConfig
+	kv   []any
+	log  logr.Logger
+	done chan struct{}
+}
+
+// end lets go of the node's session (another connection may take it) and
+// ends the connection's context.
+func (s *served) end() {
+	s.st.mu.Lock()
+	if s.st.done == s.done {
+		s.st.cancel, s.st.done, s.st.send = nil, nil, nil
+	}
+	s.st.mu.Unlock()
+	close(s.done)
+	s.cfg.Cancel(nil)
+}
+
+// serveConn runs a connection. Its frame and RunConn's are all an idle
+// connection's goroutine holds (the handshake's work is done in a
+// function of its own, whose frame is gone by then), which lets the
+// runtime keep that goroutine's stack small.
 func (h *Hub) serveConn(ctx context.Context, transport string, c link.Conn) {
-	log := logr.FromContextOrDiscard(ctx).WithValues("transport", transport)
-	ctx = logr.NewContext(ctx, log)
+	s := h.handshake(ctx, transport, c)
+	if s == nil {
+		return
+	}
+	defer s.end()
+	s.ended(link.RunConn(s.ctx, s.f, s.st.sess, s.cfg)) //nolint:contextcheck // s.ctx is the connection's, made from ctx by handshake
+}
+
+func (s *served) ended(err error) {
+	log, kv := s.log, s.kv
+	switch {
+	case errors.Is(err, link.ErrMalformed) || errors.Is(err, link.ErrFrameTooLarge):
+		log.Info("closing connection: bad frame from node", append(kv, "reason", err.Error())...)
+	case errors.Is(err, errReplaced):
+		log.V(1).Info("connection replaced by a newer one", kv...)
+	case errors.Is(err, errEvicted):
+		log.V(1).Info("session closed: another replica took the node", kv...)
+	default:
+		log.V(1).Info("node disconnected", append(kv, "reason", fmt.Sprint(err))...)
+	}
+}
+
+// handshake takes the Hello, claims the node's session and welcomes it;
+// nil when the connection is refused or lost (then it is closed).
+func (h *Hub) handshake(ctx context.Context, transport string, c link.Conn) *served {
+	// The connection's log values go with each line rather than into a
+	// logger of its own: a logger with values (zap's) keeps an encoder
+	// buffer for its life, per connection.
+	log := logr.FromContextOrDiscard(ctx)
+	kv := []any{"transport", transport}
 	certs := c.PeerCertificates()
 	if len(certs) == 0 {
-		h.refuse(ctx, "no-certificate", c, "refusing connection without a client certificate")
-		return
+		h.refuse(ctx, kv, "no-certificate", c, "refusing connection without a client certificate")
+		return nil
 	}
 	node, err := pki.NodeFromCert(certs[0])
 	if err != nil {
-		h.refuse(ctx, "not-a-node", c, "refusing connection: certificate names no node", "subject", certs[0].Subject.CommonName, "reason", err.Error())
-		return
+		h.refuse(ctx, kv, "not-a-node", c, "refusing connection: certificate names no node", "subject", certs[0].Subject.CommonName, "reason", err.Error())
+		return nil
 	}
-	log = log.WithValues("node", node)
-	ctx = logr.NewContext(ctx, log)
+	kv = append(kv, "node", node)
 
 	f := link.NewFramed(c, h.cfg.MaxFrame)
 	timer := time.AfterFunc(h.cfg.HandshakeTimeout, func() { _ = c.Close() })
@@ -643,48 +706,46 @@ func (h *Hub) serveConn(ctx context.Context, transport string, c link.Conn) {
 	timer.Stop()
 	switch {
 	case err != nil:
-		h.refuse(ctx, "bad-hello", c, "refusing connection: no valid hello", "reason", err.Error())
+		h.refuse(ctx, kv, "bad-hello", c, "refusing connection: no valid hello", "reason", err.Error())
 		code := linkv1.Error_MALFORMED
 		if errors.Is(err, link.ErrFrameTooLarge) {
 			code = linkv1.Error_TOO_LARGE
 		}
 		f.WriteError(code, err.Error())
-		return
+		return nil
 	case hello.GetHello() == nil:
-		h.refuse(ctx, "bad-hello", c, "refusing connection: first frame is not a hello", "kind", fmt.Sprintf("%T", hello.Kind))
+		h.refuse(ctx, kv, "bad-hello", c, "refusing connection: first frame is not a hello", "kind", fmt.Sprintf("%T", hello.Kind))
 		f.WriteError(linkv1.Error_MALFORMED, "the first frame must be a hello")
-		return
+		return nil
 	case hello.GetHello().Node != node:
-		h.refuse(ctx, "node-mismatch", c, "refusing hello that claims another node", "claimed", hello.GetHello().Node)
+		h.refuse(ctx, kv, "node-mismatch", c, "refusing hello that claims another node", "claimed", hello.GetHello().Node)
 		f.WriteError(linkv1.Error_NODE_MISMATCH, fmt.Sprintf("certificate is for node %q, hello claims %q", node, hello.GetHello().Node))
-		return
+		return nil
 	}
 	hl := hello.GetHello()
 	if h.cfg.NodeAllowed != nil {
 		ok, err := h.cfg.NodeAllowed(ctx, node)
 		switch {
 		case err != nil:
-			h.refuse(ctx, "node-check-failed", c, "closing connection: could not check that the node is in the cluster", "reason", err.Error())
-			return
+			h.refuse(ctx, kv, "node-check-failed", c, "closing connection: could not check that the node is in the cluster", "reason", err.Error())
+			return nil
 		case !ok:
-			h.refuse(ctx, "node-not-allowed", c, "refusing node that is not in the cluster")
+			h.refuse(ctx, kv, "node-not-allowed", c, "refusing node that is not in the cluster")
 			f.WriteError(linkv1.Error_PERMISSION_DENIED, fmt.Sprintf("node %q is not in the cluster", node))
-			return
+			return nil
 		}
 	}
 
 	if h.draining.Load() {
 		// Stopping: send the edge on before it claims anything here.
-		h.refuse(ctx, "draining", c, "turning a connection away: this replica is draining")
+		h.refuse(ctx, kv, "draining", c, "turning a connection away: this replica is draining")
 		f.WriteFinal(&linkv1.Envelope{Kind: &linkv1.Envelope_Reconnect{Reconnect: &linkv1.Reconnect{Reason: "drain"}}})
-		return
+		return nil
 	}
 
 	st := h.state(node)
 	cctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
 	done := make(chan struct{})
-	defer close(done)
 	st.mu.Lock()
 	if st.cancel != nil {
 		// The edge reconnected before we noticed its old connection died:
@@ -697,23 +758,24 @@ func (h *Hub) serveConn(ctx context.Context, transport string, c link.Conn) {
 	}
 	st.cancel, st.done, st.send = cancel, done, nil
 	st.mu.Unlock()
+	s := &served{st: st, f: f, ctx: cctx, done: done, log: log}
+	s.cfg.Cancel = cancel
+	ok := false
 	defer func() {
-		st.mu.Lock()
-		if st.done == done {
-			st.cancel, st.done, st.send = nil, nil, nil
+		if !ok {
+			s.end()
 		}
-		st.mu.Unlock()
 	}()
 
 	var epoch uint64
 	if h.cfg.Claim != nil {
 		var err error
 		if epoch, err = h.cfg.Claim(cctx, node, hl.Epoch); err != nil {
-			h.refuse(ctx, "claim-failed", c, "closing connection: could not claim the node's session", "reason", err.Error())
-			return
+			h.refuse(ctx, kv, "claim-failed", c, "closing connection: could not claim the node's session", "reason", err.Error())
+			return nil
 		}
 		if cctx.Err() != nil {
-			return // evicted or replaced while claiming
+			return nil // evicted or replaced while claiming
 		}
 		st.mu.Lock()
 		st.epoch = epoch
@@ -721,13 +783,11 @@ func (h *Hub) serveConn(ctx context.Context, transport string, c link.Conn) {
 			st.first = epoch
 		}
 		st.mu.Unlock()
-		log = log.WithValues("epoch", epoch)
-		ctx = logr.NewContext(ctx, log)
-		cctx = logr.NewContext(cctx, log)
+		kv = append(kv, "epoch", epoch)
 	}
 	if err := h.seedPosition(ctx, st, node, hl.StreamId); err != nil {
-		h.refuse(ctx, "positions-unavailable", c, "closing connection: the application's position in the node's stream is unknown", "reason", err.Error())
-		return
+		h.refuse(ctx, kv, "positions-unavailable", c, "closing connection: the application's position in the node's stream is unknown", "reason", err.Error())
+		return nil
 	}
 	st.sess.SetPeer(hl.StreamId)
 	st.sess.Resume(hl.PeerStreamId, hl.Received)
@@ -736,15 +796,17 @@ func (h *Hub) serveConn(ctx context.Context, transport string, c link.Conn) {
 	if err := f.Write(&linkv1.Envelope{Kind: &linkv1.Envelope_Welcome{Welcome: &linkv1.Welcome{
 		StreamId: st.sess.StreamID(), PeerStreamId: peer, Received: received,
 		HeartbeatIntervalMs: uint32(h.cfg.Heartbeat / time.Millisecond), Epoch: epoch}}}); err != nil {
-		log.V(1).Info("connection lost during handshake", "err", err)
-		return
+		log.V(1).Info("connection lost during handshake", append(kv, "err", err)...)
+		return nil
 	}
-	log.V(1).Info("node connected", "resumeFrom", hl.Received)
+	log.V(1).Info("node connected", append(kv, "resumeFrom", hl.Received)...)
 	if h.cfg.OnConnect != nil {
 		h.cfg.OnConnect(cctx, node)
 	}
-	err = link.RunConn(cctx, f, st.sess, link.ConnConfig{
+	s.kv = kv
+	s.cfg = link.ConnConfig{
 		Heartbeat: h.cfg.Heartbeat, MaxFrame: h.cfg.MaxFrame, Limiter: st.limiter, Metrics: h.metrics,
+		Cancel: cancel, LogValues: kv,
 		Started: func(send func(*linkv1.Envelope)) {
 			st.mu.Lock()
 			if st.done == done {
@@ -756,23 +818,26 @@ func (h *Hub) serveConn(ctx context.Context, transport string, c link.Conn) {
 				send(&linkv1.Envelope{Kind: &linkv1.Envelope_Reconnect{Reconnect: &linkv1.Reconnect{Reason: "drain"}}})
 			}
 		},
-		Deliver: func(ctx context.Context, env *linkv1.Envelope) error {
-			if err := context.Cause(cctx); err != nil {
-				return err // closed: a session that is not the owner takes nothing more
-			}
-			return h.deliver(ctx, Inbound{Node: node, At: Position{Stream: hl.StreamId, Seq: env.Seq, Epoch: epoch}, Epoch: epoch, Env: env})
-		},
-	})
-	switch {
-	case errors.Is(err, link.ErrMalformed) || errors.Is(err, link.ErrFrameTooLarge):
-		log.Info("closing connection: bad frame from node", "reason", err.Error())
-	case errors.Is(err, errReplaced):
-		log.V(1).Info("connection replaced by a newer one")
-	case errors.Is(err, errEvicted):
-		log.V(1).Info("session closed: another replica took the node")
-	default:
-		log.V(1).Info("node disconnected", "reason", fmt.Sprint(err))
+		Deliver: deliverer{h: h, ctx: cctx, node: node, stream: hl.StreamId, epoch: epoch}.deliver,
 	}
+	ok = true
+	return s
+}
+
+// deliverer hands a connection's messages to the application.
+type deliverer struct {
+	h      *Hub
+	ctx    context.Context // the connection's
+	node   string
+	stream uint64
+	epoch  uint64
+}
+
+func (d deliverer) deliver(ctx context.Context, env *linkv1.Envelope) error {
+	if err := context.Cause(d.ctx); err != nil { //nolint:contextcheck // the connection's context, not the caller's
+		return err // closed: a session that is not the owner takes nothing more
+	}
+	return d.h.deliver(ctx, Inbound{Node: d.node, At: Position{Stream: d.stream, Seq: env.Seq, Epoch: d.epoch}, Epoch: d.epoch, Env: env})
 }
 
 // seedPosition starts a session this process has not received on yet at
@@ -792,7 +857,7 @@ func (h *Hub) seedPosition(ctx context.Context, st *nodeState, node string, stre
 		st.sess.SetPeer(stream)
 		st.sess.Delivered(pos.Seq)
 		st.sess.Commit(stream, pos.Seq)
-		logr.FromContextOrDiscard(ctx).V(1).Info("resuming the node's stream where the application left it", "seq", pos.Seq)
+		logr.FromContextOrDiscard(ctx).V(1).Info("resuming the node's stream where the application left it", "node", node, "seq", pos.Seq)
 	}
 	return nil
 }
@@ -805,7 +870,7 @@ func (h *Hub) deliver(ctx context.Context, m Inbound) error {
 		devices = append(devices, k.TwinReported.Device)
 	case *linkv1.Envelope_DeviceMembership:
 		if k.DeviceMembership.Node != node {
-			return h.refused(ctx, env, fmt.Sprintf("membership names node %q", k.DeviceMembership.Node))
+			return h.refused(ctx, node, env, fmt.Sprintf("membership names node %q", k.DeviceMembership.Node))
 		}
 		devices = k.DeviceMembership.Devices
 	case *linkv1.Envelope_DeviceState:
@@ -814,17 +879,17 @@ func (h *Hub) deliver(ctx context.Context, m Inbound) error {
 		devices = append(devices, k.DeviceCondition.Device)
 	case *linkv1.Envelope_TwinDesired, *linkv1.Envelope_DeviceUpdate, *linkv1.Envelope_DeviceRemoval,
 		*linkv1.Envelope_ModelUpdate, *linkv1.Envelope_ModelRemoval, *linkv1.Envelope_DeviceInventory:
-		return h.refused(ctx, env, "devices, models and desired values come from the cloud only")
+		return h.refused(ctx, node, env, "devices, models and desired values come from the cloud only")
 	}
 	for _, d := range devices {
 		if err := h.auth.AuthorizeDevice(ctx, node, d); err != nil {
-			return h.refused(ctx, env, fmt.Sprintf("device %s/%s: %v", d.GetNamespace(), d.GetName(), err))
+			return h.refused(ctx, node, env, fmt.Sprintf("device %s/%s: %v", d.GetNamespace(), d.GetName(), err))
 		}
 	}
 	return h.handler(ctx, m)
 }
 
-func (h *Hub) refused(ctx context.Context, env *linkv1.Envelope, why string) error {
-	logr.FromContextOrDiscard(ctx).Info("refusing message about a device or node not the node's", "seq", env.Seq, "reason", why)
+func (h *Hub) refused(ctx context.Context, node string, env *linkv1.Envelope, why string) error {
+	logr.FromContextOrDiscard(ctx).Info("refusing message about a device or node not the node's", "node", node, "seq", env.Seq, "reason", why)
 	return &link.RefusedError{Code: linkv1.Error_PERMISSION_DENIED, Message: why}
 }

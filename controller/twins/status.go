@@ -588,8 +588,10 @@ func (s *Status) writeOne(ctx context.Context, key types.NamespacedName) error {
 
 var errFenced = errors.New("fenced by a newer session of the node")
 
-// write applies b on the freshly read Device and updates its status with
-// the resourceVersion read; a conflict is read again from the API server.
+// write applies b on the freshly read Device and patches its status with
+// the resourceVersion read as a precondition (a compare-and-swap that needs
+// only the patch verb the chart grants); a conflict is read again from the
+// API server.
 func (s *Status) write(ctx context.Context, key types.NamespacedName, b *batch) error {
 	reader := s.reader
 	for attempt := 0; ; attempt++ {
@@ -601,6 +603,7 @@ func (s *Status) write(ctx context.Context, key types.NamespacedName, b *batch) 
 			}
 			return err
 		}
+		orig := d.DeepCopy()
 		stored := d.Status.ReportedPosition
 		var newest *position
 		consider := func(p position) bool {
@@ -660,7 +663,7 @@ func (s *Status) write(ctx context.Context, key types.NamespacedName, b *batch) 
 		desiredApplied(&d, &d.Status)
 		d.Status.Differing = differing(&d, &d.Status)
 		start := time.Now()
-		err := s.client.Status().Update(ctx, &d)
+		err := s.client.Status().Patch(ctx, &d, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{}))
 		switch {
 		case err == nil:
 			s.metrics.Writes.WithLabelValues("ok").Inc()
@@ -737,9 +740,10 @@ func (s *Status) SetValid(ctx context.Context, d *v1alpha1.Device, err error) er
 			cur.Status.ObservedGeneration == d.Generation {
 			return nil
 		}
+		orig := cur.DeepCopy()
 		meta.SetStatusCondition(&cur.Status.Conditions, c)
 		cur.Status.ObservedGeneration = d.Generation
-		err := s.client.Status().Update(ctx, &cur)
+		err := s.client.Status().Patch(ctx, &cur, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{}))
 		switch {
 		case err == nil:
 			s.metrics.Writes.WithLabelValues("ok").Inc()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -66,6 +67,12 @@ type ConnConfig struct {
 	// OnReconnect, when set, is told of each Reconnect the peer sends, on
 	// the reader's goroutine.
 	OnReconnect func(*linkv1.Reconnect)
+	// Cancel, when set, is the cancel function of ctx (made with
+	// context.WithCancelCause for this connection alone): RunConn ends the
+	// connection with it rather than with a context of its own.
+	Cancel context.CancelCauseFunc
+	// LogValues go with every line RunConn logs (the connection's node).
+	LogValues []any
 }
 
 // Framed is a Conn with its frame reader, for the handshake and RunConn.
@@ -157,21 +164,32 @@ func (f *Framed) linger(d time.Duration) {
 // the connection before returning. The session stays usable for the next
 // connection.
 func RunConn(ctx context.Context, f *Framed, sess *Session, cfg ConnConfig) error {
+	r, ctx, done := start(ctx, f, sess, &cfg)
+	defer done()
+	return r.finish(ctx, r.readLoop(ctx, r.watchdog))
+}
+
+// start sets the connection up: its context, timers and writer. (Apart
+// from RunConn, whose frame stays under the reader for the connection's
+// life: small frames there let the runtime keep idle stacks small.)
+func start(ctx context.Context, f *Framed, sess *Session, cfg *ConnConfig) (*runner, context.Context, func()) {
 	if cfg.Heartbeat <= 0 {
 		cfg.Heartbeat = 10 * time.Second
 	}
 	if cfg.Metrics == nil {
 		cfg.Metrics = NewMetrics(nil, "link")
 	}
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	r := &runner{f: f, sess: sess, cfg: cfg, kick: make(chan struct{}, 1), start: time.Now()}
+	cancel := cfg.Cancel
+	done := func() {}
+	if cancel == nil {
+		ctx, cancel = context.WithCancelCause(ctx)
+		done = func() { cancel(nil) }
+	}
+	r := &runner{f: f, sess: sess, cfg: *cfg, start: time.Now(), fail: cancel}
 	// Close the connection when the context ends: it unblocks the reader
 	// and a writer stuck on a peer that does not read.
-	stop := context.AfterFunc(ctx, func() { _ = f.Conn.Close() })
-	defer stop()
-	watchdog := time.AfterFunc(2*cfg.Heartbeat, func() { cancel(ErrPeerDead) })
-	defer watchdog.Stop()
+	r.stop = context.AfterFunc(ctx, func() { _ = f.Conn.Close() })
+	r.watchdog = time.AfterFunc(2*cfg.Heartbeat, func() { cancel(ErrPeerDead) })
 	if cfg.Started != nil {
 		cfg.Started(func(env *linkv1.Envelope) {
 			if ctx.Err() == nil {
@@ -179,17 +197,22 @@ func RunConn(ctx context.Context, f *Framed, sess *Session, cfg ConnConfig) erro
 			}
 		})
 	}
+	// The writer is a goroutine only while there is something to write
+	// (an idle connection costs its reader alone): what is enqueued, acked,
+	// committed, pushed, or a heartbeat due wakes it.
+	sess.setWaker(r.wake)
+	r.mu.Lock()
+	r.heartbeat = true // announce ourselves at once: it also carries the first ack
+	r.hb = time.AfterFunc(cfg.Heartbeat, r.beat)
+	r.mu.Unlock()
+	r.wake()
+	return r, ctx, done
+}
 
-	werr := make(chan error, 1)
-	go func() {
-		err := r.writeLoop(ctx)
-		if err != nil {
-			cancel(err) // a failed write ends the connection, reader too
-		}
-		werr <- err
-	}()
-	rerr := r.readLoop(ctx, watchdog)
-	watchdog.Stop()
+// finish ends the connection after its reader returned rerr.
+func (r *runner) finish(ctx context.Context, rerr error) error {
+	r.stop()
+	r.watchdog.Stop()
 	// When the context ended first (peer dead, replaced, shutting down) the
 	// read error is only its consequence.
 	if c := context.Cause(ctx); c != nil {
@@ -205,11 +228,19 @@ func RunConn(ctx context.Context, f *Framed, sess *Session, cfg ConnConfig) erro
 	if code != 0 {
 		// Let the writer finish what it has, then say why we hang up.
 		r.final(code, rerr.Error())
-		f.linger(200 * time.Millisecond)
+		r.f.linger(200 * time.Millisecond)
 	}
-	cancel(rerr)
-	_ = f.Conn.Close()
-	<-werr //nolint:errcheck // the writer ends with this same hang-up; rerr says why
+	r.fail(rerr)
+	r.sess.setWaker(nil)
+	r.mu.Lock()
+	r.stopped = true // no writer starts after this
+	r.hb.Stop()
+	if r.ackTimer != nil {
+		r.ackTimer.Stop()
+	}
+	r.mu.Unlock()
+	_ = r.f.Conn.Close()
+	r.writers.Wait() // a writer ends with this same hang-up; rerr says why
 	return rerr
 }
 
@@ -218,13 +249,24 @@ type runner struct {
 	sess  *Session
 	cfg   ConnConfig
 	start time.Time
+	fail  context.CancelCauseFunc
 
-	mu      sync.Mutex
-	ctrl    []*linkv1.Envelope
-	lastAck uint64
-	closing bool
-	kick    chan struct{}
-	flushed chan struct{}
+	stop     func() bool // the context's AfterFunc
+	watchdog *time.Timer
+
+	mu        sync.Mutex
+	ctrl      []*linkv1.Envelope
+	lastAck   uint64
+	closing   bool
+	flushed   chan struct{}
+	writing   bool // a writer goroutine runs
+	dirty     bool // something may wait since the writer last looked
+	stopped   bool // the connection ended: no writer any more
+	heartbeat bool // one is due
+	ackDue    bool // the delayed bare ack is due
+	ackTimer  *time.Timer
+	hb        *time.Timer
+	writers   sync.WaitGroup
 }
 
 func (r *runner) push(env *linkv1.Envelope) {
@@ -234,11 +276,30 @@ func (r *runner) push(env *linkv1.Envelope) {
 	r.wake()
 }
 
+// wake makes sure a writer will look at what is waiting, starting one if
+// none runs.
 func (r *runner) wake() {
-	select {
-	case r.kick <- struct{}{}:
-	default:
+	r.mu.Lock()
+	r.dirty = true
+	start := !r.writing && !r.stopped
+	if start {
+		r.writing = true
+		r.writers.Add(1)
 	}
+	r.mu.Unlock()
+	if start {
+		go r.writer()
+	}
+}
+
+func (r *runner) beat() {
+	r.mu.Lock()
+	r.heartbeat = true
+	if !r.stopped {
+		r.hb.Reset(r.cfg.Heartbeat)
+	}
+	r.mu.Unlock()
+	r.wake()
 }
 
 // final queues a last Error and waits briefly for the writer to flush it.
@@ -257,8 +318,30 @@ func (r *runner) final(code linkv1.Error_Code, msg string) {
 }
 
 func (r *runner) readLoop(ctx context.Context, watchdog *time.Timer) error {
-	m := r.cfg.Metrics
+	waiter, _ := r.f.Conn.(interface{ WaitReadable() error })
 	for {
+		if waiter != nil {
+			// An idle connection waits here, a few small frames deep (see
+			// wsServerConn.WaitReadable): keep this loop's frame small.
+			if err := waiter.WaitReadable(); err != nil {
+				if ctx.Err() != nil {
+					return context.Cause(ctx)
+				}
+				return err
+			}
+		}
+		if err := r.readOne(ctx, watchdog); err != nil {
+			return err
+		}
+	}
+}
+
+// readOne reads and handles one frame.
+//
+//go:noinline
+func (r *runner) readOne(ctx context.Context, watchdog *time.Timer) error {
+	m := r.cfg.Metrics
+	{
 		var env linkv1.Envelope
 		n, err := r.f.Read(&env)
 		if err != nil {
@@ -295,7 +378,7 @@ func (r *runner) readLoop(ctx context.Context, watchdog *time.Timer) error {
 			}
 			// A refused message: the application above learns of it through
 			// the log; the link goes on.
-			logr.FromContextOrDiscard(ctx).Info("peer refused a message", "code", k.Error.Code.String(), "seq", k.Error.RefSeq, "reason", k.Error.Message)
+			logr.FromContextOrDiscard(ctx).Info("peer refused a message", append(slices.Clip(r.cfg.LogValues), "code", k.Error.Code.String(), "seq", k.Error.RefSeq, "reason", k.Error.Message)...)
 		case *linkv1.Envelope_Reconnect:
 			if r.cfg.OnReconnect != nil {
 				r.cfg.OnReconnect(k.Reconnect)
@@ -306,7 +389,7 @@ func (r *runner) readLoop(ctx context.Context, watchdog *time.Timer) error {
 			if !r.sess.Accept(env.Seq) {
 				m.Duplicates.Inc()
 				r.wake() // re-ack, the peer evidently missed it
-				continue
+				return nil
 			}
 			if r.cfg.Limiter != nil {
 				if err := r.cfg.Limiter.Wait(ctx); err != nil {
@@ -325,114 +408,130 @@ func (r *runner) readLoop(ctx context.Context, watchdog *time.Timer) error {
 			r.wake()
 		}
 	}
+	return nil
 }
 
-func (r *runner) writeLoop(ctx context.Context) error {
-	m := r.cfg.Metrics
-	tick := time.NewTicker(r.cfg.Heartbeat)
-	defer tick.Stop()
+// writer writes until nothing is left, then ends; wake starts the next.
+// Its buffer goes with it, so an idle connection holds none.
+func (r *runner) writer() {
+	defer r.writers.Done()
 	var buf []byte
 	var batch []*Entry
-	heartbeat := true // announce ourselves at once: it also carries the first ack
-	// Acks ride on outgoing messages; a bare ack waits ackDelay for one to
-	// come along (as TCP's delayed ack does), which saves a frame per
-	// message in request/response traffic.
-	var ackTimer *time.Timer
-	var ackC <-chan time.Time
-	ackDue := false
-	defer func() {
-		if ackTimer != nil {
-			ackTimer.Stop()
-		}
-	}()
 	for {
-		buf = buf[:0]
-		var err error
-		frames := 0
-		// One ack value for the whole write, so that lastAck is what the
-		// peer was told.
-		ack := r.sess.AckPosition()
-		// Sequenced messages first, in order, in batches up to ~64 KiB.
-		for len(buf) < 64<<10 {
-			var resent int
-			batch, resent = r.sess.Next(64, batch)
-			if len(batch) == 0 {
-				break
-			}
-			m.Resends.Add(float64(resent))
-			for _, e := range batch {
-				if buf, err = appendFrameAck(buf, e.Env, ack); err != nil {
-					return err
-				}
-				frames++
-			}
-			clear(batch)
-		}
 		r.mu.Lock()
-		ctrl := r.ctrl
-		r.ctrl = nil
-		closing, flushed := r.closing, r.flushed
-		r.mu.Unlock()
-		if heartbeat {
-			ctrl = append(ctrl, &linkv1.Envelope{Kind: &linkv1.Envelope_Heartbeat{Heartbeat: &linkv1.Heartbeat{SentNanos: int64(time.Since(r.start))}}})
-			heartbeat = false
+		if !r.dirty || r.stopped {
+			r.writing = false
+			r.mu.Unlock()
+			return
 		}
-		for _, c := range ctrl {
-			c.Version, c.Ack = ProtocolVersion, ack
-			if buf, err = AppendFrame(buf, c); err != nil {
-				return err
+		r.dirty = false
+		r.mu.Unlock()
+		var err error
+		if buf, batch, err = r.write(buf[:0], batch); err != nil {
+			r.fail(err) // a failed write ends the connection, reader too
+			r.mu.Lock()
+			r.writing = false
+			r.mu.Unlock()
+			return
+		}
+		if cap(buf) > 256<<10 {
+			buf = nil // a burst's buffer is not kept
+		}
+	}
+}
+
+// write writes what is waiting, once: sequenced messages in order (up to
+// about 64 KiB; more makes the writer come around again), control
+// messages, a heartbeat when due, and the ack.
+func (r *runner) write(buf []byte, batch []*Entry) ([]byte, []*Entry, error) {
+	m := r.cfg.Metrics
+	var err error
+	frames := 0
+	// One ack value for the whole write, so that lastAck is what the peer
+	// was told.
+	ack := r.sess.AckPosition()
+	more := false
+	for {
+		if len(buf) >= 64<<10 {
+			more = true
+			break
+		}
+		var resent int
+		batch, resent = r.sess.Next(64, batch)
+		if len(batch) == 0 {
+			break
+		}
+		m.Resends.Add(float64(resent))
+		for _, e := range batch {
+			if buf, err = appendFrameAck(buf, e.Env, ack); err != nil {
+				return buf, batch, err
 			}
 			frames++
 		}
-		r.mu.Lock()
-		if frames == 0 && ack > r.lastAck {
-			if ackDue {
-				// Nothing carried the ack within ackDelay: send it bare.
-				if buf, err = AppendFrame(buf, &linkv1.Envelope{Version: ProtocolVersion, Ack: ack}); err != nil {
-					r.mu.Unlock()
-					return err
-				}
-				frames++
-			} else if ackTimer == nil {
-				ackTimer = time.NewTimer(ackDelay)
-				ackC = ackTimer.C
+		clear(batch)
+	}
+	r.mu.Lock()
+	ctrl := r.ctrl
+	r.ctrl = nil
+	closing, flushed := r.closing, r.flushed
+	heartbeat := r.heartbeat
+	r.heartbeat = false
+	r.mu.Unlock()
+	if heartbeat {
+		ctrl = append(ctrl, &linkv1.Envelope{Kind: &linkv1.Envelope_Heartbeat{Heartbeat: &linkv1.Heartbeat{SentNanos: int64(time.Since(r.start))}}})
+	}
+	for _, c := range ctrl {
+		c.Version, c.Ack = ProtocolVersion, ack
+		if buf, err = AppendFrame(buf, c); err != nil {
+			return buf, batch, err
+		}
+		frames++
+	}
+	// Acks ride on outgoing messages; a bare ack waits ackDelay for one to
+	// come along (as TCP's delayed ack does), which saves a frame per
+	// message in request/response traffic.
+	r.mu.Lock()
+	if frames == 0 && ack > r.lastAck {
+		if r.ackDue {
+			// Nothing carried the ack within ackDelay: send it bare.
+			if buf, err = AppendFrame(buf, &linkv1.Envelope{Version: ProtocolVersion, Ack: ack}); err != nil {
+				r.mu.Unlock()
+				return buf, batch, err
 			}
-		}
-		if frames > 0 {
-			r.lastAck = ack
-			ackDue = false
-			if ackTimer != nil {
-				ackTimer.Stop()
-				ackTimer, ackC = nil, nil
-			}
-		}
-		r.mu.Unlock()
-		if frames > 0 {
-			if _, err := r.f.Conn.Write(buf); err != nil {
-				return err
-			}
-			m.MessagesOut.Add(float64(frames))
-			m.BytesOut.Add(float64(len(buf)))
-		}
-		if closing {
-			close(flushed)
-			return nil
-		}
-		if cap(buf) > 256<<10 {
-			buf = nil // an idle connection should not pin a burst's buffer
-		}
-		if len(batch) > 0 || len(buf) >= 64<<10 {
-			continue // more waiting
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-r.sess.Notify():
-		case <-r.kick:
-		case <-tick.C:
-			heartbeat = true
-		case <-ackC:
-			ackTimer, ackC, ackDue = nil, nil, true
+			frames++
+		} else if r.ackTimer == nil && !r.stopped {
+			r.ackTimer = time.AfterFunc(ackDelay, func() {
+				r.mu.Lock()
+				r.ackTimer, r.ackDue = nil, true
+				r.mu.Unlock()
+				r.wake()
+			})
 		}
 	}
+	if frames > 0 {
+		r.lastAck = ack
+		r.ackDue = false
+		if r.ackTimer != nil {
+			r.ackTimer.Stop()
+			r.ackTimer = nil
+		}
+	}
+	if more {
+		r.dirty = true
+	}
+	r.mu.Unlock()
+	if frames > 0 {
+		if _, err := r.f.Conn.Write(buf); err != nil {
+			return buf, batch, err
+		}
+		m.MessagesOut.Add(float64(frames))
+		m.BytesOut.Add(float64(len(buf)))
+	}
+	if closing {
+		close(flushed)
+		r.mu.Lock()
+		r.stopped = true
+		r.mu.Unlock()
+	}
+	return buf, batch, nil
 }

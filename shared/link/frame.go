@@ -61,17 +61,33 @@ func appendFrameAck(dst []byte, env *linkv1.Envelope, ack uint64) ([]byte, error
 // the maximum before any buffer is allocated for the frame, so a peer cannot
 // make the reader allocate more than max bytes.
 type FrameReader struct {
-	r   *bufio.Reader
+	r   byteReader
 	max int
 	buf []byte
 }
 
-// NewFrameReader reads frames of at most max bytes from r.
-func NewFrameReader(r io.Reader, max int) *FrameReader {
-	// A small buffer: idle connections hold it for their whole life, and
-	// large frames are read straight into buf.
-	return &FrameReader{r: bufio.NewReaderSize(r, 2048), max: max}
+type byteReader interface {
+	io.Reader
+	io.ByteReader
 }
+
+// NewFrameReader reads frames of at most max bytes from r. A reader that
+// reads single bytes cheaply (an io.ByteReader, such as the server's
+// WebSocket and QUIC connections) is read directly; another gets a small
+// buffer.
+func NewFrameReader(r io.Reader, max int) *FrameReader {
+	br, ok := r.(byteReader)
+	if !ok {
+		// A small buffer: idle connections hold it for their whole
+		// life, and large frames are read straight into buf.
+		br = bufio.NewReaderSize(r, 2048)
+	}
+	return &FrameReader{r: br, max: max}
+}
+
+// keepFrameBuffer is the largest frame buffer kept between frames: an idle
+// connection's heartbeats fit, a larger frame gets a buffer of its own.
+const keepFrameBuffer = 1 << 10
 
 // Next returns the next frame's bytes, valid until the following call.
 func (fr *FrameReader) Next() ([]byte, error) {
@@ -96,9 +112,9 @@ func (fr *FrameReader) Next() ([]byte, error) {
 		}
 		return nil, err
 	}
-	// Let a single large frame's buffer go rather than pin it for the life
-	// of an otherwise idle connection.
-	if cap(fr.buf) > 64<<10 {
+	// Let a large frame's buffer go rather than pin it for the life of an
+	// otherwise idle connection (Decode copies what it keeps).
+	if cap(fr.buf) > keepFrameBuffer {
 		fr.buf = nil
 	}
 	return b, nil

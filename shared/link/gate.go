@@ -2,7 +2,6 @@ package link
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"net"
 	"sync"
@@ -100,16 +99,4 @@ type gatedConn struct {
 func (c *gatedConn) Close() error {
 	c.adm.release()
 	return c.Conn.Close()
-}
-
-// connAdmission puts the admission of c (a *tls.Conn over a gatedConn) into
-// ctx, for http.Server.ConnContext.
-func connAdmission(ctx context.Context, c net.Conn) context.Context {
-	if tc, ok := c.(*tls.Conn); ok {
-		c = tc.NetConn()
-	}
-	if gc, ok := c.(*gatedConn); ok {
-		return context.WithValue(ctx, admissionKey{}, gc.adm)
-	}
-	return ctx
 }

@@ -81,13 +81,13 @@ type Session struct {
 	received   uint64
 	committed  uint64 // with ManualCommit
 
-	notify chan struct{}
+	waker func() // the connection's writer (setWaker)
 }
 
 // NewSession builds a session from cfg.
 func NewSession(cfg SessionConfig) *Session {
 	s := &Session{cfg: cfg, streamID: cfg.StreamID, nextSeq: cfg.NextSeq, peerStream: cfg.PeerStreamID,
-		received: cfg.Received, committed: cfg.Received, byKey: map[string]*Entry{}, notify: make(chan struct{}, 1)}
+		received: cfg.Received, committed: cfg.Received}
 	if s.streamID == 0 {
 		s.streamID = RandomID()
 	}
@@ -101,7 +101,7 @@ func NewSession(cfg SessionConfig) *Session {
 		s.live++
 		s.bytes += e.size
 		if e.Key != "" {
-			s.byKey[e.Key] = e
+			s.keyed(e)
 		}
 		if e.Seq >= s.nextSeq {
 			s.nextSeq = e.Seq + 1
@@ -124,8 +124,23 @@ func RandomID() uint64 {
 // StreamID is this side's outbound stream.
 func (s *Session) StreamID() uint64 { return s.streamID }
 
-// Notify is signalled when a message is enqueued.
-func (s *Session) Notify() <-chan struct{} { return s.notify }
+// setWaker sets what a new message or commit wakes: the current
+// connection's writer (nil: none).
+func (s *Session) setWaker(f func()) {
+	s.mu.Lock()
+	s.waker = f
+	s.mu.Unlock()
+}
+
+// wake tells the current connection's writer, outside the lock.
+func (s *Session) wake() {
+	s.mu.Lock()
+	f := s.waker
+	s.mu.Unlock()
+	if f != nil {
+		f()
+	}
+}
 
 // Enqueue assigns env the next sequence and holds it until acknowledged.
 // env must be a sequenced kind and must not be modified afterwards. When key
@@ -137,7 +152,16 @@ func (s *Session) Enqueue(env *linkv1.Envelope, key string) (seq uint64, dropped
 	env.Version = ProtocolVersion
 	size := proto.Size(env) + 10
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	seq, dropped, err = s.enqueue(env, key, size)
+	waker := s.waker
+	s.mu.Unlock()
+	if err == nil && waker != nil {
+		waker()
+	}
+	return seq, dropped, err
+}
+
+func (s *Session) enqueue(env *linkv1.Envelope, key string, size int) (seq uint64, dropped int, err error) {
 	var removed []uint64
 	var old *Entry
 	if key != "" {
@@ -187,14 +211,19 @@ func (s *Session) Enqueue(env *linkv1.Envelope, key string) (seq uint64, dropped
 	s.live++
 	s.bytes += size
 	if key != "" {
-		s.byKey[key] = e
+		s.keyed(e)
 	}
 	s.compact()
-	select {
-	case s.notify <- struct{}{}:
-	default:
-	}
 	return e.Seq, len(drop), nil
+}
+
+// keyed indexes e by its key; the index is made on first use (the cloud's
+// sessions never key their messages).
+func (s *Session) keyed(e *Entry) {
+	if s.byKey == nil {
+		s.byKey = map[string]*Entry{}
+	}
+	s.byKey[e.Key] = e
 }
 
 func (s *Session) full(live, bytes int) bool {
@@ -321,10 +350,7 @@ func (s *Session) Commit(peerStream, seq uint64) {
 	}
 	s.mu.Unlock()
 	if moved {
-		select {
-		case s.notify <- struct{}{}:
-		default:
-		}
+		s.wake()
 	}
 }
 

@@ -4,18 +4,21 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
-	"log"
 	"net"
 	"net/http"
 	"net/url"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/coder/websocket"
 	"github.com/go-logr/logr"
+	"github.com/gobwas/ws"
 	"github.com/quic-go/quic-go"
 )
 
@@ -89,56 +92,273 @@ type wsListener struct {
 
 func (w *wsListener) Addr() net.Addr { return w.l.Addr() }
 
+// handshakeTimeout bounds a connection's TLS handshake and WebSocket
+// upgrade together.
+const handshakeTimeout = 10 * time.Second
+
+// Serve accepts connections, each with a goroutine of its own that does the
+// TLS handshake and the WebSocket upgrade and then becomes the
+// connection's reader (handle): no HTTP server stays behind a connection,
+// so an idle one holds its TLS state and little else.
 func (w *wsListener) Serve(ctx context.Context, handle func(Conn)) error {
-	srv := &http.Server{
-		// Bounds the TLS handshake and the upgrade request too.
-		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       30 * time.Second,
-		ConnContext:       connAdmission,
-		// TLS handshake failures (a certificate of another CA, none at
-		// all) are refusals worth a line in the hub's log.
-		ErrorLog: log.New(httpErrorLog{logr.FromContextOrDiscard(ctx)}, "", 0),
-		Handler: http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
-			releaseFrom(r.Context()) // the handshake is over
-			if r.URL.Path != WebSocketPath || r.TLS == nil || len(r.TLS.PeerCertificates) == 0 {
-				http.NotFound(rw, r)
-				return
+	log := logr.FromContextOrDiscard(ctx)
+	gl := &gatedListener{Listener: w.l, gate: w.gate, done: ctx.Done()}
+	stop := context.AfterFunc(ctx, func() { _ = w.l.Close() })
+	defer stop()
+	for {
+		c, err := gl.Accept()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
 			}
-			c, err := websocket.Accept(rw, r, &websocket.AcceptOptions{CompressionMode: websocket.CompressionDisabled})
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				time.Sleep(10 * time.Millisecond)
+				continue
+			}
+			return err
+		}
+		go func() {
+			conn, err := w.upgrade(c)
 			if err != nil {
+				_ = c.Close()
+				if !errors.Is(err, errNotUpgraded) {
+					log.Info("refusing connection: TLS handshake failed", "remote", c.RemoteAddr().String(), "detail", err.Error())
+				}
 				return
 			}
-			// The frame codec bounds frame sizes; a WebSocket message is only
-			// a chunk of the byte stream and is never buffered whole.
-			c.SetReadLimit(-1)
-			conn := newWSConn(c, r.TLS.PeerCertificates, r.RemoteAddr)
-			defer conn.Close()
-			handle(conn)
-		}),
+			// The connection gets a goroutine of its own: the handshake's
+			// (deep, for certificate checks) is not kept for its life.
+			go func() {
+				defer conn.Close()
+				handle(conn)
+			}()
+		}()
 	}
-	go func() {
-		<-ctx.Done()
-		_ = srv.Close()
-	}()
-	err := srv.Serve(tls.NewListener(&gatedListener{Listener: w.l, gate: w.gate, done: ctx.Done()}, w.tls))
-	if ctx.Err() != nil {
-		return nil
-	}
-	return err
 }
 
-type httpErrorLog struct{ log logr.Logger }
+// errNotUpgraded: the peer spoke TLS but asked for something else than the
+// link's WebSocket (answered with an HTTP error).
+var errNotUpgraded = errors.New("link: not a WebSocket upgrade to " + WebSocketPath)
 
-func (h httpErrorLog) Write(p []byte) (int, error) {
-	line := strings.TrimSpace(string(p))
-	if strings.Contains(line, "TLS handshake error") {
-		h.log.Info("refusing connection: TLS handshake failed", "detail", line)
-	} else {
-		h.log.V(1).Info("http server error", "detail", line)
+func (w *wsListener) upgrade(c net.Conn) (*wsServerConn, error) {
+	_ = c.SetDeadline(time.Now().Add(handshakeTimeout))
+	tc := tls.Server(c, w.tls)
+	if err := tc.Handshake(); err != nil {
+		return nil, err
+	}
+	certs := tc.ConnectionState().PeerCertificates
+	u := ws.Upgrader{OnRequest: func(uri []byte) error {
+		if path, _, _ := strings.Cut(string(uri), "?"); path != WebSocketPath || len(certs) == 0 {
+			return ws.RejectConnectionError(ws.RejectionStatus(http.StatusNotFound))
+		}
+		return nil
+	}}
+	if _, err := u.Upgrade(tc); err != nil {
+		return nil, errNotUpgraded
+	}
+	_ = c.SetDeadline(time.Time{})
+	if gc, ok := c.(*gatedConn); ok {
+		gc.adm.release() // the handshake is over
+	}
+	conn := &wsServerConn{tls: tc, raw: c, certs: certs, remote: c.RemoteAddr().String()}
+	inner := c
+	if gc, ok := c.(*gatedConn); ok {
+		inner = gc.Conn
+	}
+	if sc, ok := inner.(syscall.Conn); ok {
+		conn.rc, _ = sc.SyscallConn()
+	}
+	return conn, nil
+}
+
+// wsServerConn is the server end of the WebSocket transport: binary frames
+// read straight from the TLS connection (client frames are masked; control
+// frames are answered), one frame per Write. The byte stream is the link's;
+// a WebSocket message is only a chunk of it.
+type wsServerConn struct {
+	tls    *tls.Conn
+	raw    net.Conn
+	rc     syscall.RawConn // the socket's, to wait for data (nil: cannot)
+	certs  []*x509.Certificate
+	remote string
+
+	// The reader's, one goroutine.
+	left   int64 // payload bytes left in the current frame
+	masked bool
+	mask   [4]byte
+	off    int
+	hdr    [ws.MaxHeaderSize - 2]byte
+	one    [1]byte
+	peeked bool // one holds a byte of TLS plaintext read by WaitReadable
+
+	wmu sync.Mutex
+}
+
+func (c *wsServerConn) PeerCertificates() []*x509.Certificate { return c.certs }
+func (c *wsServerConn) RemoteAddr() string                    { return c.remote }
+
+// Close drops the connection at once: a dead peer must not hold us in a
+// closing handshake (nor in TLS's close_notify).
+func (c *wsServerConn) Close() error { return c.raw.Close() }
+
+// next reads frame headers until a data frame with payload begins.
+func (c *wsServerConn) next() error {
+	for c.left == 0 {
+		h, err := ws.ReadHeaderBuffer(plain{c}, c.hdr[:])
+		if err != nil {
+			return err
+		}
+		if !h.Masked {
+			return fmt.Errorf("%w: unmasked WebSocket frame from a client", ErrMalformed)
+		}
+		switch h.OpCode {
+		case ws.OpBinary, ws.OpContinuation:
+			c.left, c.masked, c.mask, c.off = h.Length, h.Masked, h.Mask, 0
+		case ws.OpPing, ws.OpPong:
+			if h.Length > 125 {
+				return fmt.Errorf("%w: WebSocket control frame of %d bytes", ErrMalformed, h.Length)
+			}
+			var p [125]byte
+			if _, err := io.ReadFull(plain{c}, p[:h.Length]); err != nil {
+				return err
+			}
+			if h.OpCode == ws.OpPing {
+				ws.Cipher(p[:h.Length], h.Mask, 0)
+				if err := c.writeFrame(ws.OpPong, p[:h.Length]); err != nil {
+					return err
+				}
+			}
+		case ws.OpClose:
+			_ = c.writeFrame(ws.OpClose, nil)
+			return io.EOF
+		default:
+			return fmt.Errorf("%w: WebSocket frame of opcode %d", ErrMalformed, h.OpCode)
+		}
+	}
+	return nil
+}
+
+func (c *wsServerConn) Read(p []byte) (int, error) {
+	if err := c.next(); err != nil {
+		return 0, err
+	}
+	if int64(len(p)) > c.left {
+		p = p[:c.left]
+	}
+	n, err := c.plain(p)
+	if c.masked {
+		ws.Cipher(p[:n], c.mask, c.off)
+	}
+	c.off += n
+	c.left -= int64(n)
+	return n, err
+}
+
+// plain reads TLS plaintext, the byte WaitReadable took first.
+func (c *wsServerConn) plain(p []byte) (int, error) {
+	if c.peeked && len(p) > 0 {
+		p[0], c.peeked = c.one[0], false
+		return 1, nil
+	}
+	return c.tls.Read(p)
+}
+
+// plain is an io.Reader of the connection's TLS plaintext.
+type plain struct{ c *wsServerConn }
+
+func (p plain) Read(b []byte) (int, error) { return p.c.plain(b) }
+
+// longAgo is a read deadline that has passed: a read then returns what is
+// buffered and never waits.
+var longAgo = time.Unix(1, 0)
+
+// WaitReadable returns once there is something to read (or the connection
+// failed), having waited, when it had to, right on the socket: an idle
+// connection's goroutine is then parked a few frames deep instead of in
+// the TLS and WebSocket readers, and the runtime shrinks its stack to fit
+// (4 KiB rather than 8 per idle edge).
+func (c *wsServerConn) WaitReadable() error {
+	if c.left > 0 || c.peeked || c.rc == nil {
+		return nil // inside a frame: the rest is on its way, read it
+	}
+	// TLS may hold plaintext already (a record with several frames):
+	// take a byte of it without touching the socket (a read deadline that
+	// has passed fails a socket read before it is tried; TLS keeps its
+	// state across such a timeout).
+	_ = c.raw.SetReadDeadline(longAgo)
+	n, err := c.tls.Read(c.one[:])
+	_ = c.raw.SetReadDeadline(time.Time{})
+	if n == 1 {
+		c.peeked = true
+		return nil
+	}
+	var ne net.Error
+	if !errors.As(err, &ne) || !ne.Timeout() {
+		return err
+	}
+	return c.rc.Read(socketReadable)
+}
+
+// ReadByte lets the frame reader read lengths without a buffer of its own.
+func (c *wsServerConn) ReadByte() (byte, error) {
+	n, err := c.Read(c.one[:])
+	for n == 0 && err == nil {
+		n, err = c.Read(c.one[:])
+	}
+	if n == 0 {
+		return 0, err
+	}
+	return c.one[0], nil
+}
+
+// smallFrame: frames up to this size go out in one TLS record with their
+// header (one write), larger ones in two.
+const smallFrame = 4 << 10
+
+var framePool = sync.Pool{New: func() any { b := make([]byte, 0, smallFrame+ws.MaxHeaderSize); return &b }}
+
+func (c *wsServerConn) Write(p []byte) (int, error) {
+	if err := c.writeFrame(ws.OpBinary, p); err != nil {
+		return 0, err
 	}
 	return len(p), nil
 }
 
+func (c *wsServerConn) writeFrame(op ws.OpCode, p []byte) error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	var hdr [10]byte
+	h := appendWSHeader(hdr[:0], op, len(p))
+	if len(p) <= smallFrame {
+		bp := framePool.Get().(*[]byte)
+		b := append(append((*bp)[:0], h...), p...)
+		_, err := c.tls.Write(b)
+		*bp = b[:0]
+		framePool.Put(bp)
+		return err
+	}
+	if _, err := c.tls.Write(h); err != nil {
+		return err
+	}
+	_, err := c.tls.Write(p)
+	return err
+}
+
+// appendWSHeader appends a final, unmasked (server) frame header.
+func appendWSHeader(b []byte, op ws.OpCode, n int) []byte {
+	b = append(b, 0x80|byte(op))
+	switch {
+	case n < 126:
+		return append(b, byte(n))
+	case n <= 0xffff:
+		return binary.BigEndian.AppendUint16(append(b, 126), uint16(n))
+	default:
+		return binary.BigEndian.AppendUint64(append(b, 127), uint64(n))
+	}
+}
+
+// wsConn is the client end of the WebSocket transport (coder/websocket).
 type wsConn struct {
 	net.Conn
 	ws     *websocket.Conn
@@ -280,16 +500,36 @@ func (q *quicListener) Serve(ctx context.Context, handle func(Conn)) error {
 
 type quicConn struct {
 	*quic.Stream
-	qc *quic.Conn
+	qc  *quic.Conn
+	one [1]byte
+}
+
+// ReadByte lets the frame reader read lengths without a buffer of its own
+// (the stream buffers what arrived).
+func (c *quicConn) ReadByte() (byte, error) {
+	for {
+		n, err := c.Stream.Read(c.one[:])
+		if n == 1 {
+			return c.one[0], nil
+		}
+		if err != nil {
+			return 0, err
+		}
+	}
 }
 
 func (c *quicConn) PeerCertificates() []*x509.Certificate {
 	return c.qc.ConnectionState().TLS.PeerCertificates
 }
 func (c *quicConn) RemoteAddr() string { return c.qc.RemoteAddr().String() }
+
+// Close resets the stream both ways, which unblocks a Write waiting for
+// flow control (a Stream.Close meanwhile would leave it waiting: quic-go
+// then ignores the connection's end for the stream), and closes the
+// connection.
 func (c *quicConn) Close() error {
 	c.Stream.CancelRead(0)
-	_ = c.Stream.Close()
+	c.Stream.CancelWrite(0)
 	return c.qc.CloseWithError(0, "")
 }
 

@@ -77,8 +77,8 @@ const noPodNetworkCNI = `{
 `
 
 // kubeletConfig is the KubeletConfiguration the test node runs with; each
-// unusual setting is one that was needed on our machines (see
-// ../shared/notes/ENVIRONMENT.md).
+// unusual setting is one that was needed on the machines Dowse is tested
+// on, and says why.
 func kubeletConfig(o kubeletOpts) string {
 	return fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration

@@ -85,7 +85,7 @@ func TestLinkBinaries(t *testing.T) {
 		var out tokenOut
 		// The controller creates the CA as it starts; dowsectl would
 		// create it too, but the test wants the controller's.
-		eventually(t, 30*time.Second, func() error {
+		testwait.For(t, 30*time.Second, func() error {
 			if _, err := cs.CoreV1().Secrets("dowse-system").Get(ctx, "dowse-link-ca", metav1.GetOptions{}); err != nil {
 				return err
 			}
@@ -134,16 +134,16 @@ func TestLinkBinaries(t *testing.T) {
 	wsTok, quicTok := token("edge-ws"), token("edge-quic")
 	wsAgent := agent("edge-ws", "websocket", wsTok)
 	agent("edge-quic", "quic", quicTok)
-	eventually(t, time.Minute, func() error {
+	testwait.For(t, time.Minute, func() error {
 		return metricIs(ctlMetrics, "dowse_cloudhub_connected_nodes", 2)
 	})
 	for _, node := range []string{"edge-ws", "edge-quic"} {
-		eventually(t, 10*time.Second, func() error { return metricIs(agentMetrics[node], "dowse_edgehub_connected", 1) })
+		testwait.For(t, 10*time.Second, func() error { return metricIs(agentMetrics[node], "dowse_edgehub_connected", 1) })
 		if _, err := os.Stat(filepath.Join(dir, node, "link", "node.pem")); err != nil {
 			t.Fatalf("%s stored no credentials: %v", node, err)
 		}
 		// On connecting, the cloud told the node which devices are its.
-		eventually(t, 10*time.Second, func() error {
+		testwait.For(t, 10*time.Second, func() error {
 			logs, _ := filepath.Glob(filepath.Join(dir, node+"-*.log"))
 			for _, l := range logs {
 				if b, _ := os.ReadFile(l); bytes.Contains(b, []byte("device membership from the cloud")) {
@@ -156,10 +156,10 @@ func TestLinkBinaries(t *testing.T) {
 
 	t.Run("RestartReusesCredentials", func(t *testing.T) {
 		wsAgent.Stop()
-		eventually(t, 30*time.Second, func() error { return metricIs(ctlMetrics, "dowse_cloudhub_connected_nodes", 1) })
+		testwait.For(t, 30*time.Second, func() error { return metricIs(ctlMetrics, "dowse_cloudhub_connected_nodes", 1) })
 		// The token is spent; the stored certificate is what connects.
 		agent("edge-ws", "websocket", wsTok)
-		eventually(t, 30*time.Second, func() error { return metricIs(ctlMetrics, "dowse_cloudhub_connected_nodes", 2) })
+		testwait.For(t, 30*time.Second, func() error { return metricIs(ctlMetrics, "dowse_cloudhub_connected_nodes", 2) })
 	})
 	t.Run("MembershipFollowsInstances", func(t *testing.T) {
 		// Devices found on edge-ws become Instances; the cloud tells edge-ws
@@ -180,7 +180,7 @@ func TestLinkBinaries(t *testing.T) {
 			t.Fatal(err)
 		}
 		told := regexp.MustCompile(`device membership from the cloud.*"devices":\s*2`)
-		eventually(t, 30*time.Second, func() error {
+		testwait.For(t, 30*time.Second, func() error {
 			logs, _ := filepath.Glob(filepath.Join(dir, "edge-ws-*.log"))
 			for _, l := range logs {
 				if b, _ := os.ReadFile(l); told.Match(b) {
@@ -193,7 +193,7 @@ func TestLinkBinaries(t *testing.T) {
 	t.Run("TokenOfAnotherNodeRefused", func(t *testing.T) {
 		spare := token("edge-spare")
 		p := agent("edge-thief", "websocket", spare)
-		eventually(t, 30*time.Second, func() error {
+		testwait.For(t, 30*time.Second, func() error {
 			return metricIs(ctlMetrics, `dowse_linkauth_requests_refused_total{reason="wrong_node",request="bootstrap"}`, 1)
 		})
 		time.Sleep(time.Second)
@@ -242,8 +242,8 @@ func TestLinkBinaries(t *testing.T) {
 			t.Fatalf("dowsectl ca-hash printed %q, token create %q", got, wsTok.CACertHash)
 		}
 		agent("edge-ds", "quic", tokenOut{CACertHash: strings.TrimSpace(string(pin))}, tokenFile)
-		eventually(t, 30*time.Second, func() error { return metricIs(ctlMetrics, "dowse_cloudhub_connected_nodes", 3) })
-		eventually(t, 10*time.Second, func() error { return metricIs(agentMetrics["edge-ds"], "dowse_edgehub_connected", 1) })
+		testwait.For(t, 30*time.Second, func() error { return metricIs(ctlMetrics, "dowse_cloudhub_connected_nodes", 3) })
+		testwait.For(t, 10*time.Second, func() error { return metricIs(agentMetrics["edge-ds"], "dowse_edgehub_connected", 1) })
 		if _, err := os.Stat(filepath.Join(dir, "edge-ds", "link", "node.pem")); err != nil {
 			t.Fatalf("edge-ds stored no credentials: %v", err)
 		}
@@ -253,12 +253,12 @@ func TestLinkBinaries(t *testing.T) {
 		if err := cs.CoreV1().Nodes().Delete(ctx, "edge-quic", metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, 30*time.Second, func() error { return metricIs(ctlMetrics, "dowse_cloudhub_connected_nodes", 2) })
+		testwait.For(t, 30*time.Second, func() error { return metricIs(ctlMetrics, "dowse_cloudhub_connected_nodes", 2) })
 		// The agent dials again and is refused, while the others stay.
-		eventually(t, 30*time.Second, func() error {
+		testwait.For(t, 30*time.Second, func() error {
 			return metricAtLeast(ctlMetrics, `dowse_cloudhub_refused_connections_total{reason="node-not-allowed"}`, 1)
 		})
-		eventually(t, 10*time.Second, func() error { return metricIs(agentMetrics["edge-quic"], "dowse_edgehub_connected", 0) })
+		testwait.For(t, 10*time.Second, func() error { return metricIs(agentMetrics["edge-quic"], "dowse_edgehub_connected", 0) })
 		if err := metricIs(ctlMetrics, "dowse_cloudhub_connected_nodes", 2); err != nil {
 			t.Fatal(err)
 		}
@@ -301,9 +301,4 @@ func metricCheck(port int, sample string, want float64, holds func(float64) bool
 		return nil
 	}
 	return fmt.Errorf("no %s on :%d", sample, port)
-}
-
-func eventually(t testing.TB, limit time.Duration, f func() error) {
-	t.Helper()
-	testwait.For(t, limit, f)
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/dowse-dev/dowse/test/dmitest"
 	"github.com/dowse-dev/dowse/test/procs"
 	"github.com/dowse-dev/dowse/test/promtest"
+	"github.com/dowse-dev/dowse/test/testwait"
 )
 
 // replica is one dowse-controller process of a fleet.
@@ -85,7 +86,7 @@ func (f *fleet) start(r *replica) {
 // waitReady waits for the replica's readiness (its link serves edges).
 func (f *fleet) waitReady(r *replica) {
 	f.t.Helper()
-	eventually(f.t, 60*time.Second, func() error {
+	testwait.For(f.t, 60*time.Second, func() error {
 		resp, err := httpGet(fmt.Sprintf("http://127.0.0.1:%d/readyz", r.health))
 		if err != nil {
 			return fmt.Errorf("%s: %w", r.name, err)
@@ -313,7 +314,7 @@ func (f *fleet) counterTwin(t *testing.T, ctx context.Context, node string) *cou
 		t.Fatal(err)
 	}
 	t.Cleanup(ct.m.Stop)
-	eventually(t, 30*time.Second, func() error {
+	testwait.For(t, 30*time.Second, func() error {
 		if !ct.m.Has("default", ct.dev.Name) {
 			return fmt.Errorf("the agent has not handed the mapper its device")
 		}
@@ -345,7 +346,7 @@ func (f *fleet) counterTwin(t *testing.T, ctx context.Context, node string) *cou
 
 func (ct *counterTwin) setDesired(ctx context.Context, v string) {
 	ct.t.Helper()
-	eventually(ct.t, 10*time.Second, func() error {
+	testwait.For(ct.t, 10*time.Second, func() error {
 		var d v1alpha1.Device
 		if err := ct.f.client.Get(ctx, client.ObjectKeyFromObject(ct.dev), &d); err != nil {
 			return err
@@ -361,7 +362,7 @@ func (ct *counterTwin) setDesired(ctx context.Context, v string) {
 func (ct *counterTwin) settled(ctx context.Context, phase, want string) {
 	t := ct.t
 	t.Helper()
-	eventually(t, 30*time.Second, func() error {
+	testwait.For(t, 30*time.Second, func() error {
 		if got := ct.m.Desired("default", ct.dev.Name, "setpoint"); got != want {
 			return fmt.Errorf("%s: the mapper holds desired %q, want %s", phase, got, want)
 		}
@@ -370,7 +371,7 @@ func (ct *counterTwin) settled(ctx context.Context, phase, want string) {
 	time.Sleep(100 * time.Millisecond)
 	ct.on <- false
 	final := ct.cnt.snapshot()
-	eventually(t, 30*time.Second, func() error {
+	testwait.For(t, 30*time.Second, func() error {
 		var d v1alpha1.Device
 		if err := ct.f.client.Get(ctx, client.ObjectKeyFromObject(ct.dev), &d); err != nil {
 			return err
@@ -406,7 +407,7 @@ func TestReplicas(t *testing.T) {
 	}
 	begin := time.Now()
 	var per map[string]int
-	eventually(t, 60*time.Second, func() error {
+	testwait.For(t, 60*time.Second, func() error {
 		var err error
 		per, err = f.spread(ctx)
 		return err
@@ -442,7 +443,7 @@ func TestReplicas(t *testing.T) {
 		killed := time.Now()
 		holder.proc.Kill() // SIGKILL
 		ct.setDesired(ctx, "3")
-		eventually(t, 30*time.Second, func() error {
+		testwait.For(t, 30*time.Second, func() error {
 			var err error
 			per, err = f.spread(ctx)
 			return err
@@ -462,7 +463,7 @@ func TestReplicas(t *testing.T) {
 		g := f.watchGaps()
 		f.start(holder)
 		f.waitReady(holder)
-		eventually(t, 60*time.Second, func() error {
+		testwait.For(t, 60*time.Second, func() error {
 			var err error
 			if per, err = f.spread(ctx); err != nil {
 				return err
@@ -499,7 +500,7 @@ func TestReplicas(t *testing.T) {
 			f.start(r)
 			f.waitReady(r)
 		}
-		eventually(t, 60*time.Second, func() error {
+		testwait.For(t, 60*time.Second, func() error {
 			var err error
 			per, err = f.spread(ctx)
 			return err

@@ -19,6 +19,7 @@ import (
 
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	"github.com/dowse-dev/dowse/test/dmitest"
+	"github.com/dowse-dev/dowse/test/testwait"
 )
 
 // BenchmarkTwins prints the twin figures with the real binaries on
@@ -70,7 +71,7 @@ func benchTwins(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer m.Stop()
-	eventually(b, 30*time.Second, func() error {
+	testwait.For(b, 30*time.Second, func() error {
 		if !m.Has("default", dev.Name) {
 			return fmt.Errorf("no device at the mapper yet")
 		}
@@ -190,7 +191,7 @@ func benchTwins(b *testing.B) {
 		names[i] = fmt.Sprintf("bench-%d", i+1)
 		newDevice(names[i])
 	}
-	eventually(b, 60*time.Second, func() error {
+	testwait.For(b, 60*time.Second, func() error {
 		for _, nm := range names {
 			if !m.Has("default", nm) {
 				return fmt.Errorf("device %s not at the mapper yet", nm)

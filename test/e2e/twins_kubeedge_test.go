@@ -21,6 +21,7 @@ import (
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	"github.com/dowse-dev/dowse/test/kube"
 	"github.com/dowse-dev/dowse/test/npmpeer"
+	"github.com/dowse-dev/dowse/test/testwait"
 )
 
 // buildKubeEdgeMapper builds test/kubeedge-mapper (a mapper on KubeEdge's
@@ -149,9 +150,9 @@ func TestKubeEdgeMapperEndToEnd(t *testing.T) {
 	ctx := context.Background()
 	_, state, _ := c.joinAgent("edge-1", "")
 	dmiSock := filepath.Join(state, "dmi.sock")
-	eventually(t, 60*time.Second, func() error { _, err := os.Stat(dmiSock); return err })
+	testwait.For(t, 60*time.Second, func() error { _, err := os.Stat(dmiSock); return err })
 	m := startKubeEdgeMapper(t, bin, dmiSock)
-	eventually(t, 30*time.Second, func() error {
+	testwait.For(t, 30*time.Second, func() error {
 		if !m.has("EVENT registered") {
 			return fmt.Errorf("the mapper has not registered:\n%s", m)
 		}
@@ -162,7 +163,7 @@ func TestKubeEdgeMapperEndToEnd(t *testing.T) {
 	key := client.ObjectKey{Namespace: "default", Name: "thermo-1"}
 	see := func(how, value string) {
 		t.Helper()
-		eventually(t, 60*time.Second, func() error {
+		testwait.For(t, 60*time.Second, func() error {
 			if !m.has("EVENT device-started id=default/thermo-1 desired=temp:" + value) {
 				return fmt.Errorf("%s: the mapper has not applied temp=%s:\n%s", how, value, m)
 			}

@@ -27,6 +27,7 @@ import (
 	"github.com/dowse-dev/dowse/shared/link/pki"
 	"github.com/dowse-dev/dowse/test/dmitest"
 	"github.com/dowse-dev/dowse/test/link/faultproxy"
+	"github.com/dowse-dev/dowse/test/testwait"
 )
 
 // counters is the scripted device's state: each property counts up.
@@ -172,13 +173,13 @@ func TestTwinsSurviveOfflineAndFaults(t *testing.T) {
 	defer stopMapper()
 	// The mapper's socket goes in the agent's state directory, which the
 	// agent makes.
-	eventually(t, 60*time.Second, func() error { _, err := os.Stat(filepath.Join(state, "dmi.sock")); return err })
+	testwait.For(t, 60*time.Second, func() error { _, err := os.Stat(filepath.Join(state, "dmi.sock")); return err })
 	m, err := dmitest.Start(mctx, state, "counters", "scripted")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(m.Stop)
-	eventually(t, 30*time.Second, func() error {
+	testwait.For(t, 30*time.Second, func() error {
 		if !m.Has("default", dev.Name) {
 			return fmt.Errorf("the agent has not handed the mapper its device")
 		}
@@ -217,7 +218,7 @@ func TestTwinsSurviveOfflineAndFaults(t *testing.T) {
 		t.Helper()
 		// The mapper reports what it applied: wait for the desired value
 		// to reach it before its reports stop.
-		eventually(t, 30*time.Second, func() error {
+		testwait.For(t, 30*time.Second, func() error {
 			if got := m.Desired("default", dev.Name, "setpoint"); got != want {
 				return fmt.Errorf("%s: the mapper holds desired %q, want %s", phase, got, want)
 			}
@@ -231,7 +232,7 @@ func TestTwinsSurviveOfflineAndFaults(t *testing.T) {
 				dump()
 			}
 		}()
-		eventually(t, 30*time.Second, func() error {
+		testwait.For(t, 30*time.Second, func() error {
 			var d v1alpha1.Device
 			if err := c.client.Get(ctx, client.ObjectKeyFromObject(dev), &d); err != nil {
 				return err
@@ -271,7 +272,7 @@ func TestTwinsSurviveOfflineAndFaults(t *testing.T) {
 			t.Fatalf("the mapper got desired %q while the link was cut", got)
 		}
 		proxy.Blackhole(false)
-		eventually(t, 30*time.Second, func() error {
+		testwait.For(t, 30*time.Second, func() error {
 			if got := m.Desired("default", dev.Name, "setpoint"); got != "2" {
 				return fmt.Errorf("desired %q at the mapper, want 2 once the link is back", got)
 			}
@@ -326,7 +327,7 @@ func TestTwinsSurviveOfflineAndFaults(t *testing.T) {
 		agentProc, _, _ = c.joinAgent("edge-1", proxy.Addr())
 		// The cloud is down: the device comes from the edge store (as an
 		// UpdateDevice: the mapper may hold it already).
-		eventually(t, 30*time.Second, func() error {
+		testwait.For(t, 30*time.Second, func() error {
 			if told() <= before {
 				return fmt.Errorf("the restarted agent has not handed the mapper its device (RegisterDevice or UpdateDevice %d times)", told())
 			}
@@ -372,7 +373,7 @@ func TestTwinsSurviveOfflineAndFaults(t *testing.T) {
 		told := func() int { return m.Registers() + len(m.Updates()) }
 		before := told()
 		agentProc, _, _ = c.joinAgent("edge-1", proxy.Addr())
-		eventually(t, 30*time.Second, func() error {
+		testwait.For(t, 30*time.Second, func() error {
 			if told() <= before {
 				return fmt.Errorf("the agent with an expired certificate has not handed the mapper its device: dmi.sock waits for the cloud")
 			}
@@ -387,7 +388,7 @@ func TestTwinsSurviveOfflineAndFaults(t *testing.T) {
 			t.Fatal("the agent replaced its expired certificate with the cloud down")
 		}
 		c.startController()
-		eventually(t, 60*time.Second, func() error {
+		testwait.For(t, 60*time.Second, func() error {
 			var d v1alpha1.Device
 			if err := c.client.Get(ctx, client.ObjectKeyFromObject(dev), &d); err != nil {
 				return err

@@ -27,6 +27,7 @@ import (
 	"github.com/dowse-dev/dowse/test/kube"
 	"github.com/dowse-dev/dowse/test/npmpeer"
 	"github.com/dowse-dev/dowse/test/procs"
+	"github.com/dowse-dev/dowse/test/testwait"
 )
 
 // cloud is a control plane with dowse-controller (link on) and a way to
@@ -132,7 +133,7 @@ func (c *cloud) joinAgent(node, server string, extra ...string) (*procs.Proc, st
 		t.Fatal(err)
 	}
 	var tok struct{ Token, CACertHash string }
-	eventually(t, 30*time.Second, func() error {
+	testwait.For(t, 30*time.Second, func() error {
 		if err := c.client.Get(ctx, client.ObjectKey{Namespace: "dowse-system", Name: "dowse-link-ca"}, &corev1.Secret{}); err != nil {
 			return err
 		}
@@ -270,7 +271,7 @@ func TestModbusTwinEndToEnd(t *testing.T) {
 	c.apply(t, fmt.Sprintf(modbusTwinManifest, addr))
 
 	var dev v1alpha1.Device
-	eventually(t, 90*time.Second, func() error {
+	testwait.For(t, 90*time.Second, func() error {
 		var list v1alpha1.DeviceList
 		if err := c.client.List(ctx, &list, client.InNamespace("default")); err != nil {
 			return err
@@ -294,7 +295,7 @@ func TestModbusTwinEndToEnd(t *testing.T) {
 	setAndSee := func(how, value string, set func()) {
 		t.Helper()
 		set()
-		eventually(t, 30*time.Second, func() error {
+		testwait.For(t, 30*time.Second, func() error {
 			if got := mbpollRead(t, addr, 0); got != value {
 				return fmt.Errorf("%s: register 0 reads %s, want %s", how, got, value)
 			}
@@ -340,7 +341,7 @@ func TestModbusTwinEndToEnd(t *testing.T) {
 	}
 	// A register changed behind the twin's back comes back as reported.
 	mbpoll(t, addr, []string{"-t", "4", "-r", "1"}, "65413") // -123 as a 16-bit two's complement
-	eventually(t, 30*time.Second, func() error {
+	testwait.For(t, 30*time.Second, func() error {
 		var d v1alpha1.Device
 		if err := c.client.Get(ctx, client.ObjectKeyFromObject(&dev), &d); err != nil {
 			return err

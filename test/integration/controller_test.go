@@ -24,6 +24,7 @@ import (
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	"github.com/dowse-dev/dowse/shared/kubeflags"
 	"github.com/dowse-dev/dowse/test/kube"
+	"github.com/dowse-dev/dowse/test/testwait"
 )
 
 type runningController struct {
@@ -35,7 +36,7 @@ type runningController struct {
 func startController(t *testing.T, grace time.Duration) *runningController {
 	t.Helper()
 	counter := &requestCounter{}
-	restCfg := rest.CopyConfig(cp.Config)
+	restCfg := rest.CopyConfig(suite.Config)
 	restCfg.WrapTransport = counter.wrap
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &runningController{requests: counter, cancel: cancel, done: make(chan error, 1)}
@@ -61,10 +62,10 @@ func startController(t *testing.T, grace time.Duration) *runningController {
 func createNode(t *testing.T, name string, ready bool, since time.Time) *corev1.Node {
 	t.Helper()
 	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}
-	if err := k8sClient.Create(context.Background(), n); err != nil {
+	if err := suite.Client.Create(context.Background(), n); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = k8sClient.Delete(context.Background(), n) })
+	t.Cleanup(func() { _ = suite.Client.Delete(context.Background(), n) })
 	setReady(t, n, ready, since)
 	return n
 }
@@ -76,7 +77,7 @@ func setReady(t *testing.T, n *corev1.Node, ready bool, since time.Time) {
 		st = corev1.ConditionFalse
 	}
 	n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: st, LastTransitionTime: metav1.NewTime(since), LastHeartbeatTime: metav1.NewTime(since)}}
-	if err := k8sClient.Status().Update(context.Background(), n); err != nil {
+	if err := suite.Client.Status().Update(context.Background(), n); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -93,7 +94,7 @@ func createInstance(t *testing.T, ns, cfg, device string, nodes ...string) *v1al
 	for _, n := range nodes {
 		inst.Status.Nodes = append(inst.Status.Nodes, v1alpha1.InstanceNode{Name: n})
 	}
-	if err := k8sClient.Create(context.Background(), inst); err != nil {
+	if err := suite.Client.Create(context.Background(), inst); err != nil {
 		t.Fatal(err)
 	}
 	return inst
@@ -109,7 +110,7 @@ func brokerPodSpec(image string) *corev1.PodSpec {
 func brokerPods(t *testing.T, ns, inst string) []corev1.Pod {
 	t.Helper()
 	var pods corev1.PodList
-	if err := k8sClient.List(context.Background(), &pods, client.InNamespace(ns), client.MatchingLabels{v1alpha1.LabelInstance: inst}); err != nil {
+	if err := suite.Client.List(context.Background(), &pods, client.InNamespace(ns), client.MatchingLabels{v1alpha1.LabelInstance: inst}); err != nil {
 		t.Fatal(err)
 	}
 	var live []corev1.Pod
@@ -125,7 +126,7 @@ func brokerPods(t *testing.T, ns, inst string) []corev1.Pod {
 func markRunning(t *testing.T, p *corev1.Pod, phase corev1.PodPhase) {
 	t.Helper()
 	p.Status.Phase = phase
-	if err := k8sClient.Status().Update(context.Background(), p); err != nil {
+	if err := suite.Client.Status().Update(context.Background(), p); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -134,19 +135,19 @@ func markRunning(t *testing.T, p *corev1.Pod, phase corev1.PodPhase) {
 // pod's object once its containers stopped.
 func finishDeletion(t *testing.T, ns string) {
 	var pods corev1.PodList
-	if err := k8sClient.List(context.Background(), &pods, client.InNamespace(ns)); err != nil {
+	if err := suite.Client.List(context.Background(), &pods, client.InNamespace(ns)); err != nil {
 		t.Fatal(err)
 	}
 	for i := range pods.Items {
 		p := &pods.Items[i]
 		if !p.DeletionTimestamp.IsZero() {
-			_ = k8sClient.Delete(context.Background(), p, client.GracePeriodSeconds(0))
+			_ = suite.Client.Delete(context.Background(), p, client.GracePeriodSeconds(0))
 		}
 	}
 }
 
 func TestControllerBrokerPodsServicesAndStatus(t *testing.T) {
-	ns := namespace(t)
+	ns := suite.Namespace(t)
 	ctx := context.Background()
 	createNode(t, "ctl-node-a", true, time.Now())
 	createNode(t, "ctl-node-b", true, time.Now())
@@ -159,7 +160,7 @@ func TestControllerBrokerPodsServicesAndStatus(t *testing.T) {
 	inst := createInstance(t, ns, "cams", "cam1", "ctl-node-a", "ctl-node-b")
 
 	var pods []corev1.Pod
-	eventually(t, 10*time.Second, func() error {
+	testwait.For(t, 10*time.Second, func() error {
 		pods = brokerPods(t, ns, inst.Name)
 		if len(pods) != 2 {
 			return fmt.Errorf("%d broker pods", len(pods))
@@ -181,23 +182,23 @@ func TestControllerBrokerPodsServicesAndStatus(t *testing.T) {
 	}
 	// No Service until a broker runs.
 	svc := &corev1.Service{}
-	if err := k8sClient.Get(ctx, keyOf(ns, broker.InstanceServiceName(inst.Name)), svc); !apierrors.IsNotFound(err) {
+	if err := suite.Client.Get(ctx, keyOf(ns, broker.InstanceServiceName(inst.Name)), svc); !apierrors.IsNotFound(err) {
 		t.Fatalf("instance service before any broker runs: %v", err)
 	}
 	markRunning(t, &pods[0], corev1.PodRunning)
-	eventually(t, 10*time.Second, func() error {
-		if err := k8sClient.Get(ctx, keyOf(ns, broker.InstanceServiceName(inst.Name)), svc); err != nil {
+	testwait.For(t, 10*time.Second, func() error {
+		if err := suite.Client.Get(ctx, keyOf(ns, broker.InstanceServiceName(inst.Name)), svc); err != nil {
 			return err
 		}
 		if svc.Spec.Selector[v1alpha1.LabelInstance] != inst.Name {
 			return fmt.Errorf("selector %v", svc.Spec.Selector)
 		}
 		cs := &corev1.Service{}
-		if err := k8sClient.Get(ctx, keyOf(ns, broker.ConfigurationServiceName("cams")), cs); err != nil {
+		if err := suite.Client.Get(ctx, keyOf(ns, broker.ConfigurationServiceName("cams")), cs); err != nil {
 			return err
 		}
 		var cfg v1alpha1.Configuration
-		if err := k8sClient.Get(ctx, keyOf(ns, "cams"), &cfg); err != nil {
+		if err := suite.Client.Get(ctx, keyOf(ns, "cams"), &cfg); err != nil {
 			return err
 		}
 		if cfg.Status.Instances != 1 || cfg.Status.Brokers != 1 {
@@ -219,10 +220,10 @@ func TestControllerBrokerPodsServicesAndStatus(t *testing.T) {
 	})
 
 	// A deleted broker comes back.
-	if err := k8sClient.Delete(ctx, &pods[1], client.GracePeriodSeconds(0)); err != nil {
+	if err := suite.Client.Delete(ctx, &pods[1], client.GracePeriodSeconds(0)); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, func() error {
+	testwait.For(t, 10*time.Second, func() error {
 		now := brokerPods(t, ns, inst.Name)
 		if len(now) != 2 {
 			return fmt.Errorf("%d pods", len(now))
@@ -232,14 +233,14 @@ func TestControllerBrokerPodsServicesAndStatus(t *testing.T) {
 
 	// A node that stops seeing the device loses its broker.
 	var cur v1alpha1.Instance
-	if err := k8sClient.Get(ctx, keyOf(ns, inst.Name), &cur); err != nil {
+	if err := suite.Client.Get(ctx, keyOf(ns, inst.Name), &cur); err != nil {
 		t.Fatal(err)
 	}
 	cur.Status.Nodes = []v1alpha1.InstanceNode{{Name: "ctl-node-a"}}
-	if err := k8sClient.Update(ctx, &cur); err != nil {
+	if err := suite.Client.Update(ctx, &cur); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, func() error {
+	testwait.For(t, 10*time.Second, func() error {
 		finishDeletion(t, ns)
 		now := brokerPods(t, ns, inst.Name)
 		if len(now) != 1 || now[0].Labels[v1alpha1.LabelNode] != "ctl-node-a" {
@@ -250,14 +251,14 @@ func TestControllerBrokerPodsServicesAndStatus(t *testing.T) {
 
 	// A new broker spec rolls the brokers.
 	var cfg v1alpha1.Configuration
-	if err := k8sClient.Get(ctx, keyOf(ns, "cams"), &cfg); err != nil {
+	if err := suite.Client.Get(ctx, keyOf(ns, "cams"), &cfg); err != nil {
 		t.Fatal(err)
 	}
 	cfg.Spec.BrokerSpec.BrokerPodSpec.Containers[0].Image = "broker:v2"
-	if err := k8sClient.Update(ctx, &cfg); err != nil {
+	if err := suite.Client.Update(ctx, &cfg); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, func() error {
+	testwait.For(t, 10*time.Second, func() error {
 		finishDeletion(t, ns)
 		now := brokerPods(t, ns, inst.Name)
 		if len(now) != 1 || now[0].Spec.Containers[0].Image != "broker:v2" {
@@ -267,15 +268,15 @@ func TestControllerBrokerPodsServicesAndStatus(t *testing.T) {
 	})
 
 	// The Instance going away takes its brokers and Service with it.
-	if err := k8sClient.Delete(ctx, &cur); err != nil {
+	if err := suite.Client.Delete(ctx, &cur); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, func() error {
+	testwait.For(t, 10*time.Second, func() error {
 		finishDeletion(t, ns)
 		if n := len(brokerPods(t, ns, inst.Name)); n != 0 {
 			return fmt.Errorf("%d pods left", n)
 		}
-		err := k8sClient.Get(ctx, keyOf(ns, broker.InstanceServiceName(inst.Name)), &corev1.Service{})
+		err := suite.Client.Get(ctx, keyOf(ns, broker.InstanceServiceName(inst.Name)), &corev1.Service{})
 		if !apierrors.IsNotFound(err) {
 			return fmt.Errorf("instance service: %v", err)
 		}
@@ -284,7 +285,7 @@ func TestControllerBrokerPodsServicesAndStatus(t *testing.T) {
 }
 
 func TestControllerFailedBrokerIsRecreatedWithBackoff(t *testing.T) {
-	ns := namespace(t)
+	ns := suite.Namespace(t)
 	createNode(t, "ctl-node-f", true, time.Now())
 	startController(t, time.Minute)
 	createConfiguration(t, ns, "flaky", "debug-echo", `{}`, func(c *v1alpha1.Configuration) {
@@ -292,7 +293,7 @@ func TestControllerFailedBrokerIsRecreatedWithBackoff(t *testing.T) {
 	})
 	inst := createInstance(t, ns, "flaky", "d1", "ctl-node-f")
 	var first corev1.Pod
-	eventually(t, 10*time.Second, func() error {
+	testwait.For(t, 10*time.Second, func() error {
 		pods := brokerPods(t, ns, inst.Name)
 		if len(pods) != 1 {
 			return fmt.Errorf("%d pods", len(pods))
@@ -302,7 +303,7 @@ func TestControllerFailedBrokerIsRecreatedWithBackoff(t *testing.T) {
 	})
 	markRunning(t, &first, corev1.PodFailed)
 	failed := time.Now()
-	eventually(t, 10*time.Second, func() error {
+	testwait.For(t, 10*time.Second, func() error {
 		finishDeletion(t, ns)
 		pods := brokerPods(t, ns, inst.Name)
 		if len(pods) != 1 || pods[0].UID == first.UID {
@@ -316,7 +317,7 @@ func TestControllerFailedBrokerIsRecreatedWithBackoff(t *testing.T) {
 }
 
 func TestControllerJobsAndRefusedSpecs(t *testing.T) {
-	ns := namespace(t)
+	ns := suite.Namespace(t)
 	ctx := context.Background()
 	createNode(t, "ctl-node-j", true, time.Now())
 	startController(t, time.Minute)
@@ -332,7 +333,7 @@ func TestControllerJobsAndRefusedSpecs(t *testing.T) {
 	createInstance(t, ns, "broken", "b1", "ctl-node-j")
 	jobsOf := func() []batchv1.Job {
 		var jobs batchv1.JobList
-		if err := k8sClient.List(ctx, &jobs, client.InNamespace(ns), client.MatchingLabels{v1alpha1.LabelInstance: ji.Name}); err != nil {
+		if err := suite.Client.List(ctx, &jobs, client.InNamespace(ns), client.MatchingLabels{v1alpha1.LabelInstance: ji.Name}); err != nil {
 			t.Fatal(err)
 		}
 		var live []batchv1.Job
@@ -343,7 +344,7 @@ func TestControllerJobsAndRefusedSpecs(t *testing.T) {
 		}
 		return live
 	}
-	eventually(t, 10*time.Second, func() error {
+	testwait.For(t, 10*time.Second, func() error {
 		jobs := jobsOf()
 		if len(jobs) != 1 || jobs[0].Name != broker.JobName(ji.Name, 1) {
 			return fmt.Errorf("jobs %d", len(jobs))
@@ -353,9 +354,9 @@ func TestControllerJobsAndRefusedSpecs(t *testing.T) {
 		}
 		return nil
 	})
-	eventually(t, 10*time.Second, func() error {
+	testwait.For(t, 10*time.Second, func() error {
 		var cfg v1alpha1.Configuration
-		if err := k8sClient.Get(ctx, keyOf(ns, "broken"), &cfg); err != nil {
+		if err := suite.Client.Get(ctx, keyOf(ns, "broken"), &cfg); err != nil {
 			return err
 		}
 		c := meta.FindStatusCondition(cfg.Status.Conditions, v1alpha1.ConditionBrokersDeployed)
@@ -371,32 +372,32 @@ func TestControllerJobsAndRefusedSpecs(t *testing.T) {
 	jobPod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: job.Name + "-pod", Namespace: ns, Labels: job.Spec.Template.Labels,
 		OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(&job, batchv1.SchemeGroupVersion.WithKind("Job"))}},
 		Spec: job.Spec.Template.Spec}
-	if err := k8sClient.Create(ctx, jobPod); err != nil {
+	if err := suite.Client.Create(ctx, jobPod); err != nil {
 		t.Fatal(err)
 	}
 	// A new generation gets a new Job; the old one goes.
 	var cfg v1alpha1.Configuration
-	if err := k8sClient.Get(ctx, keyOf(ns, "jobs"), &cfg); err != nil {
+	if err := suite.Client.Get(ctx, keyOf(ns, "jobs"), &cfg); err != nil {
 		t.Fatal(err)
 	}
 	cfg.Spec.BrokerSpec.BrokerJobSpec.Template.Spec.Containers[0].Image = "job:v2"
-	if err := k8sClient.Update(ctx, &cfg); err != nil {
+	if err := suite.Client.Update(ctx, &cfg); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, func() error {
+	testwait.For(t, 10*time.Second, func() error {
 		jobs := jobsOf()
 		if len(jobs) != 1 || jobs[0].Name != broker.JobName(ji.Name, 2) {
 			return fmt.Errorf("jobs %v", len(jobs))
 		}
 		return nil
 	})
-	if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(jobPod), &corev1.Pod{}); err != nil {
+	if err := suite.Client.Get(ctx, client.ObjectKeyFromObject(jobPod), &corev1.Pod{}); err != nil {
 		t.Fatalf("the Job's pod: %v", err)
 	}
 	// The broken Configuration did not disturb the good one.
-	eventually(t, 10*time.Second, func() error {
+	testwait.For(t, 10*time.Second, func() error {
 		var good v1alpha1.Configuration
-		if err := k8sClient.Get(ctx, keyOf(ns, "jobs"), &good); err != nil {
+		if err := suite.Client.Get(ctx, keyOf(ns, "jobs"), &good); err != nil {
 			return err
 		}
 		c := meta.FindStatusCondition(good.Status.Conditions, v1alpha1.ConditionBrokersDeployed)
@@ -408,7 +409,7 @@ func TestControllerJobsAndRefusedSpecs(t *testing.T) {
 }
 
 func TestControllerRemovesDeadNodes(t *testing.T) {
-	ns := namespace(t)
+	ns := suite.Namespace(t)
 	ctx := context.Background()
 	const grace = 2 * time.Second
 	createNode(t, "ctl-node-ok", true, time.Now())
@@ -418,7 +419,7 @@ func TestControllerRemovesDeadNodes(t *testing.T) {
 	cfg := createConfiguration(t, ns, "shared", "debug-echo", `{}`)
 	// The doomed node's agent holds a finalizer on the Configuration.
 	cfg.Finalizers = []string{v1alpha1.AgentFinalizer("ctl-node-doomed"), v1alpha1.AgentFinalizer("ctl-node-ok")}
-	if err := k8sClient.Update(ctx, cfg); err != nil {
+	if err := suite.Client.Update(ctx, cfg); err != nil {
 		t.Fatal(err)
 	}
 	createInstance(t, ns, "shared", "s1", "ctl-node-ok", "ctl-node-sick")
@@ -426,7 +427,7 @@ func TestControllerRemovesDeadNodes(t *testing.T) {
 	createInstance(t, ns, "shared", "s3", "ctl-node-ok", "ctl-node-ghost")
 
 	setReady(t, sick, false, time.Now())
-	if err := k8sClient.Delete(ctx, doomed); err != nil {
+	if err := suite.Client.Delete(ctx, doomed); err != nil {
 		t.Fatal(err)
 	}
 	// Within the grace period the NotReady node stays.
@@ -438,7 +439,7 @@ func TestControllerRemovesDeadNodes(t *testing.T) {
 		}
 		return nil
 	})
-	eventually(t, 15*time.Second, func() error {
+	testwait.For(t, 15*time.Second, func() error {
 		got := map[string][]string{}
 		for _, v := range listInstances(t, ns, "shared") {
 			got[v.DeviceID] = v.Nodes
@@ -447,7 +448,7 @@ func TestControllerRemovesDeadNodes(t *testing.T) {
 			return fmt.Errorf("instances %v", got)
 		}
 		var c v1alpha1.Configuration
-		if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(cfg), &c); err != nil {
+		if err := suite.Client.Get(ctx, client.ObjectKeyFromObject(cfg), &c); err != nil {
 			return err
 		}
 		if strings.Join(c.Finalizers, ",") != v1alpha1.AgentFinalizer("ctl-node-ok") {
@@ -457,8 +458,8 @@ func TestControllerRemovesDeadNodes(t *testing.T) {
 	})
 	// Clean up the finalizer so the namespace can go.
 	var c v1alpha1.Configuration
-	if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(cfg), &c); err == nil {
+	if err := suite.Client.Get(ctx, client.ObjectKeyFromObject(cfg), &c); err == nil {
 		c.Finalizers = nil
-		_ = k8sClient.Update(ctx, &c)
+		_ = suite.Client.Update(ctx, &c)
 	}
 }

@@ -16,6 +16,7 @@ import (
 
 	debugecho "github.com/dowse-dev/dowse/discovery-handlers/debug-echo"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+	"github.com/dowse-dev/dowse/test/testwait"
 )
 
 type echoHandler struct {
@@ -61,7 +62,7 @@ func (h *echoHandler) set(t *testing.T, state string) {
 
 func expectNodes(t *testing.T, ns, cfg string, want map[string][]string) {
 	t.Helper()
-	eventually(t, 10*time.Second, func() error {
+	testwait.For(t, 10*time.Second, func() error {
 		got := listInstances(t, ns, cfg)
 		if len(got) != len(want) {
 			return fmt.Errorf("have %v, want %d instances", got, len(want))
@@ -80,7 +81,7 @@ func expectNodes(t *testing.T, ns, cfg string, want map[string][]string) {
 }
 
 func TestDebugEchoSharedAndLocalAcrossTwoNodes(t *testing.T) {
-	ns := namespace(t)
+	ns := suite.Namespace(t)
 	a := startAgent(t, "node-a", stateDir(t))
 	b := startAgent(t, "node-b", stateDir(t))
 	// One shared handler and one local handler per node, as a DaemonSet would run them.
@@ -103,7 +104,7 @@ func TestDebugEchoSharedAndLocalAcrossTwoNodes(t *testing.T) {
 }
 
 func TestDebugEchoLocalDeviceOneInstancePerNode(t *testing.T) {
-	ns := namespace(t)
+	ns := suite.Namespace(t)
 	a := startAgent(t, "node-a", stateDir(t))
 	b := startAgent(t, "node-b", stateDir(t))
 	startEcho(t, a.stateDir, false)
@@ -120,14 +121,14 @@ func TestDebugEchoLocalDeviceOneInstancePerNode(t *testing.T) {
 }
 
 func TestAgentRestartMakesNoDuplicateAndNoWrite(t *testing.T) {
-	ns := namespace(t)
+	ns := suite.Namespace(t)
 	dir := stateDir(t)
 	a := startAgent(t, "node-a", dir)
 	startEcho(t, dir, true)
 	createConfiguration(t, ns, "restart", "debug-echo", `{"descriptions":["r0","r1","r2"]}`)
 	want := map[string][]string{"r0": {"node-a"}, "r1": {"node-a"}, "r2": {"node-a"}}
 	expectNodes(t, ns, "restart", want)
-	eventually(t, 10*time.Second, func() error {
+	testwait.For(t, 10*time.Second, func() error {
 		st := nodeStatus(t, ns, "restart", "node-a")
 		if st == nil || st.Devices != 3 {
 			return fmt.Errorf("status %+v", st)
@@ -140,7 +141,7 @@ func TestAgentRestartMakesNoDuplicateAndNoWrite(t *testing.T) {
 	// The same node's agent comes back; the handler notices the new
 	// registration socket and registers again by itself.
 	a2 := startAgent(t, "node-a", dir)
-	eventually(t, 10*time.Second, func() error {
+	testwait.For(t, 10*time.Second, func() error {
 		st := nodeStatus(t, ns, "restart", "node-a")
 		c := meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionHandlerAvailable)
 		if c == nil || c.Status != metav1.ConditionTrue {
@@ -160,25 +161,25 @@ func TestAgentRestartMakesNoDuplicateAndNoWrite(t *testing.T) {
 	}
 	// And it is live: a change still goes through.
 	var cfg v1alpha1.Configuration
-	if err := k8sClient.Get(context.Background(), keyOf(ns, "restart"), &cfg); err != nil {
+	if err := suite.Client.Get(context.Background(), keyOf(ns, "restart"), &cfg); err != nil {
 		t.Fatal(err)
 	}
 	cfg.Spec.DiscoveryHandler.DiscoveryDetails.Raw = []byte(`{"descriptions":["r0","r1"]}`)
-	if err := k8sClient.Update(context.Background(), &cfg); err != nil {
+	if err := suite.Client.Update(context.Background(), &cfg); err != nil {
 		t.Fatal(err)
 	}
 	expectNodes(t, ns, "restart", map[string][]string{"r0": {"node-a"}, "r1": {"node-a"}})
 }
 
 func TestMalformedDetailsAreReportedAndDisturbNothing(t *testing.T) {
-	ns := namespace(t)
+	ns := suite.Namespace(t)
 	a := startAgent(t, "node-a", stateDir(t))
 	startEcho(t, a.stateDir, true)
 	createConfiguration(t, ns, "good", "debug-echo", `{"descriptions":["g0"]}`)
 	createConfiguration(t, ns, "bad", "debug-echo", `{"descriptions":["x", ""]}`)
 	createConfiguration(t, ns, "typo", "debug-echo", `{"descripshuns":["x"]}`)
 	for name, want := range map[string]string{"bad": "descriptions[1]", "typo": "descripshuns"} {
-		eventually(t, 10*time.Second, func() error {
+		testwait.For(t, 10*time.Second, func() error {
 			st := nodeStatus(t, ns, name, "node-a")
 			if st == nil {
 				return errPending
@@ -196,15 +197,15 @@ func TestMalformedDetailsAreReportedAndDisturbNothing(t *testing.T) {
 	}
 	// Fixing the details starts discovery.
 	var cfg v1alpha1.Configuration
-	if err := k8sClient.Get(context.Background(), keyOf(ns, "bad"), &cfg); err != nil {
+	if err := suite.Client.Get(context.Background(), keyOf(ns, "bad"), &cfg); err != nil {
 		t.Fatal(err)
 	}
 	cfg.Spec.DiscoveryHandler.DiscoveryDetails.Raw = []byte(`{"descriptions":["x","y"]}`)
-	if err := k8sClient.Update(context.Background(), &cfg); err != nil {
+	if err := suite.Client.Update(context.Background(), &cfg); err != nil {
 		t.Fatal(err)
 	}
 	expectNodes(t, ns, "bad", map[string][]string{"x": {"node-a"}, "y": {"node-a"}})
-	eventually(t, 10*time.Second, func() error {
+	testwait.For(t, 10*time.Second, func() error {
 		c := meta.FindStatusCondition(nodeStatus(t, ns, "bad", "node-a").Conditions, v1alpha1.ConditionDiscovering)
 		if c == nil || c.Status != metav1.ConditionTrue {
 			return fmt.Errorf("condition %+v", c)

@@ -21,6 +21,7 @@ import (
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	shareddra "github.com/dowse-dev/dowse/shared/dra"
 	"github.com/dowse-dev/dowse/shared/kubeflags"
+	"github.com/dowse-dev/dowse/test/testwait"
 )
 
 // startDRAController runs the controller with its DRA part on.
@@ -29,7 +30,7 @@ func startDRAController(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- controller.Run(ctx, controller.Config{RESTConfig: rest.CopyConfig(cp.Config), SkipNameValidation: true, NodeGracePeriod: 2 * time.Second,
+		done <- controller.Run(ctx, controller.Config{RESTConfig: rest.CopyConfig(suite.Config), SkipNameValidation: true, NodeGracePeriod: 2 * time.Second,
 			Client: kubeflags.Client{QPS: 1000, Burst: 2000}, Serving: kubeflags.Off(), Registerer: prometheus.NewRegistry(), DRA: true}, testr.New(t).WithName("controller"))
 	}()
 	t.Cleanup(func() {
@@ -60,7 +61,7 @@ func withDRA(t *testing.T) agentOption {
 func driverSlices(t *testing.T, ns string) []resourceapi.ResourceSlice {
 	t.Helper()
 	var list resourceapi.ResourceSliceList
-	if err := k8sClient.List(context.Background(), &list, client.MatchingFieldsSelector{
+	if err := suite.Client.List(context.Background(), &list, client.MatchingFieldsSelector{
 		Selector: fields.OneTermEqualSelector(resourceapi.ResourceSliceSelectorDriver, shareddra.DriverName)}); err != nil {
 		t.Fatal(err)
 	}
@@ -96,7 +97,7 @@ func selectedNodes(s *resourceapi.ResourceSlice) []string {
 // selector; the Configuration's DeviceClass selects its devices; deleting
 // the Configuration removes class and slices.
 func TestDRASharedDeviceOneSliceBothNodes(t *testing.T) {
-	ns := namespace(t)
+	ns := suite.Namespace(t)
 	startDRAController(t)
 	createNode(t, "dra-node-a", true, time.Now())
 	nodeB := createNode(t, "dra-node-b", true, time.Now())
@@ -110,9 +111,9 @@ func TestDRASharedDeviceOneSliceBothNodes(t *testing.T) {
 		c.Spec.BrokerProperties = map[string]string{"MODEL": "x1", "PORT": "554"}
 	})
 	className := shareddra.DeviceClassName(ns, "cams")
-	eventually(t, 20*time.Second, func() error {
+	testwait.For(t, 20*time.Second, func() error {
 		var class resourceapi.DeviceClass
-		if err := k8sClient.Get(context.Background(), client.ObjectKey{Name: className}, &class); err != nil {
+		if err := suite.Client.Get(context.Background(), client.ObjectKey{Name: className}, &class); err != nil {
 			return err
 		}
 		if len(class.Spec.Selectors) != 1 || class.Spec.Selectors[0].CEL == nil || class.Spec.Selectors[0].CEL.Expression != shareddra.ClassSelector(ns, "cams") {
@@ -123,7 +124,7 @@ func TestDRASharedDeviceOneSliceBothNodes(t *testing.T) {
 	hash := v1alpha1.DeviceHash("cam-1", true, "")
 	expectSlice := func(nodes ...string) {
 		t.Helper()
-		eventually(t, 20*time.Second, func() error {
+		testwait.For(t, 20*time.Second, func() error {
 			got := driverSlices(t, ns)
 			if len(got) != 1 {
 				return fmt.Errorf("%d slices", len(got))
@@ -169,11 +170,11 @@ func TestDRASharedDeviceOneSliceBothNodes(t *testing.T) {
 	expectSlice("dra-node-a")
 
 	deleteConfiguration(t, cfg)
-	eventually(t, 20*time.Second, func() error {
+	testwait.For(t, 20*time.Second, func() error {
 		if n := len(driverSlices(t, ns)); n != 0 {
 			return fmt.Errorf("%d slices left", n)
 		}
-		err := k8sClient.Get(context.Background(), client.ObjectKey{Name: className}, &resourceapi.DeviceClass{})
+		err := suite.Client.Get(context.Background(), client.ObjectKey{Name: className}, &resourceapi.DeviceClass{})
 		if !apierrors.IsNotFound(err) {
 			return fmt.Errorf("class: %v", err)
 		}
@@ -186,7 +187,7 @@ func TestDRASharedDeviceOneSliceBothNodes(t *testing.T) {
 // leaves it, the Configuration going takes the slices with it, and a
 // DevicePlugin Configuration publishes nothing.
 func TestDRALocalDevicesOnePoolPerNode(t *testing.T) {
-	ns := namespace(t)
+	ns := suite.Namespace(t)
 	createNode(t, "dra-node-c", true, time.Now())
 	createNode(t, "dra-node-d", true, time.Now())
 	c := startAgent(t, "dra-node-c", stateDir(t), withDRA(t))
@@ -197,7 +198,7 @@ func TestDRALocalDevicesOnePoolPerNode(t *testing.T) {
 	createConfiguration(t, ns, "plain", "scripted", `{}`)
 	expect := func(want map[string][]string) {
 		t.Helper()
-		eventually(t, 20*time.Second, func() error {
+		testwait.For(t, 20*time.Second, func() error {
 			got := map[string][]string{}
 			for _, s := range driverSlices(t, ns) {
 				if s.Spec.NodeName == nil || s.Spec.Pool.Name != shareddra.LocalPool(*s.Spec.NodeName, ns, "usb") {

@@ -19,7 +19,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
-	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -43,15 +42,6 @@ func stateDir(t *testing.T) string {
 	}
 	t.Cleanup(func() { os.RemoveAll(d) })
 	return d
-}
-
-func namespace(t *testing.T) string {
-	t.Helper()
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "it-"}}
-	if err := k8sClient.Create(context.Background(), ns); err != nil {
-		t.Fatal(err)
-	}
-	return ns.Name
 }
 
 // requestCounter counts an agent's API requests, so tests can assert that a
@@ -104,7 +94,7 @@ func agentConfig(t *testing.T, node string) *rest.Config {
 	if cfg, ok := agentConfigs.Load(node); ok {
 		return rest.CopyConfig(cfg.(*rest.Config))
 	}
-	cfg, err := kube.AgentConfig(context.Background(), cp.Config, node)
+	cfg, err := kube.AgentConfig(context.Background(), suite.Config, node)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -135,7 +125,7 @@ func startAgent(t *testing.T, node, dir string, opts ...agentOption) *runningAge
 	}()
 	t.Cleanup(a.stop)
 	// Ready when the registration socket exists.
-	eventually(t, 30*time.Second, func() error {
+	testwait.For(t, 30*time.Second, func() error {
 		select {
 		case err := <-a.done:
 			t.Fatalf("agent %s exited: %v", node, err)
@@ -199,7 +189,7 @@ func (h *scriptedHandler) register(t *testing.T, dir string) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	eventually(t, 10*time.Second, func() error {
+	testwait.For(t, 10*time.Second, func() error {
 		_, err := discoveryv1.NewRegistrationClient(conn).RegisterDiscoveryHandler(context.Background(), &discoveryv1.RegisterDiscoveryHandlerRequest{
 			Name: h.name, Endpoint: h.endpoint, Shared: h.shared,
 		})
@@ -286,7 +276,7 @@ func createConfiguration(t *testing.T, ns, name, handler string, details string,
 	for _, m := range mutate {
 		m(cfg)
 	}
-	if err := k8sClient.Create(context.Background(), cfg); err != nil {
+	if err := suite.Client.Create(context.Background(), cfg); err != nil {
 		t.Fatal(err)
 	}
 	// Agents serve every namespace's Configurations: one left behind would
@@ -300,19 +290,19 @@ func createConfiguration(t *testing.T, ns, name, handler string, details string,
 
 func deleteConfiguration(t *testing.T, cfg *v1alpha1.Configuration) {
 	ctx := context.Background()
-	if err := k8sClient.Delete(ctx, cfg); client.IgnoreNotFound(err) != nil {
+	if err := suite.Client.Delete(ctx, cfg); client.IgnoreNotFound(err) != nil {
 		t.Errorf("deleting Configuration %s/%s: %v", cfg.Namespace, cfg.Name, err)
 		return
 	}
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		var cur v1alpha1.Configuration
-		err := k8sClient.Get(ctx, client.ObjectKeyFromObject(cfg), &cur)
+		err := suite.Client.Get(ctx, client.ObjectKeyFromObject(cfg), &cur)
 		if apierrors.IsNotFound(err) {
 			return
 		}
 		if err == nil && time.Now().After(deadline) && len(cur.Finalizers) > 0 {
 			cur.Finalizers = nil
-			err = k8sClient.Update(ctx, &cur)
+			err = suite.Client.Update(ctx, &cur)
 		}
 		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 			t.Errorf("deleting Configuration %s/%s: %v", cfg.Namespace, cfg.Name, err)
@@ -334,7 +324,7 @@ type instanceView struct {
 func listInstances(t *testing.T, ns, cfg string) []instanceView {
 	t.Helper()
 	var list v1alpha1.InstanceList
-	if err := k8sClient.List(context.Background(), &list, client.InNamespace(ns)); err != nil {
+	if err := suite.Client.List(context.Background(), &list, client.InNamespace(ns)); err != nil {
 		t.Fatal(err)
 	}
 	var out []instanceView
@@ -351,12 +341,6 @@ func listInstances(t *testing.T, ns, cfg string) []instanceView {
 	}
 	sort.Slice(out, func(a, b int) bool { return out[a].DeviceID+out[a].Name < out[b].DeviceID+out[b].Name })
 	return out
-}
-
-// eventually polls f until it returns nil or the timeout passes.
-func eventually(t *testing.T, timeout time.Duration, f func() error) {
-	t.Helper()
-	testwait.For(t, timeout, f)
 }
 
 // consistently checks that f stays nil for d.
@@ -376,7 +360,7 @@ var errPending = errors.New("pending")
 func nodeStatus(t *testing.T, ns, name, node string) *v1alpha1.ConfigurationNodeStatus {
 	t.Helper()
 	var cfg v1alpha1.Configuration
-	if err := k8sClient.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, &cfg); err != nil {
+	if err := suite.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, &cfg); err != nil {
 		t.Fatal(err)
 	}
 	for i := range cfg.Status.Nodes {
@@ -392,7 +376,7 @@ func keyOf(ns, name string) client.ObjectKey { return client.ObjectKey{Namespace
 // expectCount waits until cfg has n Instances.
 func expectCount(t *testing.T, ns, cfg string, n int, timeout time.Duration) {
 	t.Helper()
-	eventually(t, timeout, func() error {
+	testwait.For(t, timeout, func() error {
 		if got := len(listInstances(t, ns, cfg)); got != n {
 			return fmt.Errorf("%s: %d instances, want %d", cfg, got, n)
 		}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/dowse-dev/dowse/agent/instances"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+	"github.com/dowse-dev/dowse/test/testwait"
 )
 
 // TestOldInstancesAreLabelledOnStart: an Instance an agent wrote before the
@@ -22,7 +23,7 @@ import (
 // node's Instance is left alone; the state directory records that it is
 // done.
 func TestOldInstancesAreLabelledOnStart(t *testing.T) {
-	ns := namespace(t)
+	ns := suite.Namespace(t)
 	ctx := context.Background()
 	old := func(name, node string) *v1alpha1.Instance {
 		t.Helper()
@@ -30,7 +31,7 @@ func TestOldInstancesAreLabelledOnStart(t *testing.T) {
 		inst := &v1alpha1.Instance{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
 			Spec:   v1alpha1.InstanceSpec{ConfigurationName: "old", DeviceID: name, Shared: true},
 			Status: v1alpha1.InstanceStatus{Nodes: []v1alpha1.InstanceNode{{Name: node}}}}
-		if err := k8sClient.Create(ctx, inst); err != nil {
+		if err := suite.Client.Create(ctx, inst); err != nil {
 			t.Fatal(err)
 		}
 		return inst
@@ -41,9 +42,9 @@ func TestOldInstancesAreLabelledOnStart(t *testing.T) {
 	startAgent(t, "label-node-a", dir)
 	startScripted(t, dir, "label-old", true, devices("present"))
 	createConfiguration(t, ns, "old", "label-old", `{}`)
-	eventually(t, 30*time.Second, func() error {
+	testwait.For(t, 30*time.Second, func() error {
 		var cur v1alpha1.Instance
-		err := k8sClient.Get(ctx, keyOf(ns, mine.Name), &cur)
+		err := suite.Client.Get(ctx, keyOf(ns, mine.Name), &cur)
 		if apierrors.IsNotFound(err) {
 			return nil
 		}
@@ -53,7 +54,7 @@ func TestOldInstancesAreLabelledOnStart(t *testing.T) {
 		return fmt.Errorf("the old Instance of a device no longer seen is still there (labels %v)", cur.Labels)
 	})
 	var cur v1alpha1.Instance
-	if err := k8sClient.Get(ctx, keyOf(ns, theirs.Name), &cur); err != nil || len(cur.Labels) != 0 {
+	if err := suite.Client.Get(ctx, keyOf(ns, theirs.Name), &cur); err != nil || len(cur.Labels) != 0 {
 		t.Fatalf("another node's Instance: %v, labels %v", err, cur.Labels)
 	}
 	if _, err := os.Stat(filepath.Join(dir, instances.LabelledMarker)); err != nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/dowse-dev/dowse/controller/lifecycle"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	"github.com/dowse-dev/dowse/test/kube"
+	"github.com/dowse-dev/dowse/test/testwait"
 )
 
 func agentPods(t *testing.T) lifecycle.Agents {
@@ -23,13 +24,13 @@ func agentPods(t *testing.T) lifecycle.Agents {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return lifecycle.Agents{Reader: k8sClient, Namespace: kube.AgentNamespace, Selector: sel}
+	return lifecycle.Agents{Reader: suite.Client, Namespace: kube.AgentNamespace, Selector: sel}
 }
 
 // TestApplyCRDs: the CRDs embedded in the binary apply server-side over
 // the ones installed from deploy/crds, and are served.
 func TestApplyCRDs(t *testing.T) {
-	if err := lifecycle.ApplyCRDs(context.Background(), cp.Config, testr.New(t)); err != nil {
+	if err := lifecycle.ApplyCRDs(context.Background(), suite.Config, testr.New(t)); err != nil {
 		t.Fatal(err)
 	}
 	objs, err := lifecycle.CRDs()
@@ -41,24 +42,24 @@ func TestApplyCRDs(t *testing.T) {
 // TestAgentJanitor: a Configuration finalizer of an agent with no Pod on
 // its node is dropped after the grace period; a running agent's stays.
 func TestAgentJanitor(t *testing.T) {
-	ns := namespace(t)
+	ns := suite.Namespace(t)
 	const node = "janitor-live"
 	agentConfig(t, node) // the agent DaemonSet's Pod on the node
 	cfg := createConfiguration(t, ns, "janitor", "no-such-handler", "")
 	live, gone := v1alpha1.AgentFinalizer(node), v1alpha1.AgentFinalizer("janitor-gone")
 	patch := client.MergeFrom(cfg.DeepCopy())
 	cfg.Finalizers = []string{live, gone}
-	if err := k8sClient.Patch(context.Background(), cfg, patch); err != nil {
+	if err := suite.Client.Patch(context.Background(), cfg, patch); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	j := &lifecycle.AgentJanitor{Client: k8sClient, Agents: agentPods(t), GracePeriod: 2 * time.Second, Interval: 200 * time.Millisecond, Log: testr.New(t)}
+	j := &lifecycle.AgentJanitor{Client: suite.Client, Agents: agentPods(t), GracePeriod: 2 * time.Second, Interval: 200 * time.Millisecond, Log: testr.New(t)}
 	go func() { _ = j.Start(ctx) }()
 	start := time.Now()
-	eventually(t, 20*time.Second, func() error {
+	testwait.For(t, 20*time.Second, func() error {
 		var got v1alpha1.Configuration
-		if err := k8sClient.Get(context.Background(), keyOf(ns, cfg.Name), &got); err != nil {
+		if err := suite.Client.Get(context.Background(), keyOf(ns, cfg.Name), &got); err != nil {
 			return err
 		}
 		if !slices.Equal(got.Finalizers, []string{live}) {
@@ -72,15 +73,18 @@ func TestAgentJanitor(t *testing.T) {
 	// The cleanup's delete must not wait for the live one's agent.
 	patch = client.MergeFrom(cfg.DeepCopy())
 	cfg.Finalizers = nil
-	_ = k8sClient.Patch(context.Background(), cfg, patch)
+	_ = suite.Client.Patch(context.Background(), cfg, patch)
 }
 
 // TestUninstall: with an agent and the debug-echo handler running, a
 // DeviceModel, and a Configuration kept by the finalizer of an agent that no
 // longer runs, Uninstall deletes everything, the agent releases its
 // Instances, the gone agent's finalizer is dropped, and nothing is left.
+// Uninstall takes the whole cluster's objects: the test has a cluster of
+// its own.
 func TestUninstall(t *testing.T) {
-	ns := namespace(t)
+	suite.Own(t)
+	ns := suite.Namespace(t)
 	dir := stateDir(t)
 	const node = "uninstall-a"
 	startAgent(t, node, dir)
@@ -90,15 +94,15 @@ func TestUninstall(t *testing.T) {
 	stuck := createConfiguration(t, ns, "stuck", "no-such-handler", "")
 	patch := client.MergeFrom(stuck.DeepCopy())
 	stuck.Finalizers = []string{v1alpha1.AgentFinalizer("uninstall-gone")}
-	if err := k8sClient.Patch(context.Background(), stuck, patch); err != nil {
+	if err := suite.Client.Patch(context.Background(), stuck, patch); err != nil {
 		t.Fatal(err)
 	}
 	model := &v1alpha1.DeviceModel{ObjectMeta: metav1.ObjectMeta{Name: "plc", Namespace: ns}}
-	if err := k8sClient.Create(context.Background(), model); err != nil {
+	if err := suite.Client.Create(context.Background(), model); err != nil {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	if err := lifecycle.Uninstall(context.Background(), k8sClient, lifecycle.UninstallOptions{Agents: agentPods(t), Timeout: time.Minute, Poll: 100 * time.Millisecond}, testr.New(t)); err != nil {
+	if err := lifecycle.Uninstall(context.Background(), suite.Client, lifecycle.UninstallOptions{Agents: agentPods(t), Timeout: time.Minute, Poll: 100 * time.Millisecond}, testr.New(t)); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("uninstalled in %v", time.Since(start).Round(time.Millisecond))
@@ -106,7 +110,7 @@ func TestUninstall(t *testing.T) {
 	var insts v1alpha1.InstanceList
 	var models v1alpha1.DeviceModelList
 	for _, l := range []client.ObjectList{&cfgs, &insts, &models} {
-		if err := k8sClient.List(context.Background(), l); err != nil {
+		if err := suite.Client.List(context.Background(), l); err != nil {
 			t.Fatal(err)
 		}
 	}

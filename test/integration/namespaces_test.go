@@ -26,6 +26,7 @@ import (
 	"github.com/dowse-dev/dowse/agent/deviceplugin"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	shareddra "github.com/dowse-dev/dowse/shared/dra"
+	"github.com/dowse-dev/dowse/test/testwait"
 )
 
 // registrar is the kubelet's device-plugin registration service on a
@@ -123,7 +124,7 @@ func cdiResolves(t *testing.T, dir string) ([]string, error) {
 // until the returned function is called.
 func stillness(t *testing.T, namespaces ...string) func() []string {
 	t.Helper()
-	dyn := dynamic.NewForConfigOrDie(cp.Config)
+	dyn := dynamic.NewForConfigOrDie(suite.Config)
 	ctx, cancel := context.WithCancel(context.Background())
 	var mu sync.Mutex
 	var events []string
@@ -217,7 +218,7 @@ func specTimes(t *testing.T, dirs ...string) map[string]time.Time {
 // works through device plugins and DRA beside them.
 func TestNamespacesDoNotCollide(t *testing.T) {
 	startDRAController(t)
-	nsA, nsB, nsC := namespace(t), namespace(t), namespace(t)
+	nsA, nsB, nsC := suite.Namespace(t), suite.Namespace(t), suite.Namespace(t)
 	nodes := []string{"ns-node-a", "ns-node-b"}
 	regs := map[string]*registrar{}
 	cdiDirs := map[string]string{}
@@ -238,7 +239,7 @@ func TestNamespacesDoNotCollide(t *testing.T) {
 		return v1alpha1.InstanceName("usb", v1alpha1.DeviceHash("usb-1", false, node))
 	}
 	for _, ns := range []string{nsA, nsB} {
-		eventually(t, 30*time.Second, func() error {
+		testwait.For(t, 30*time.Second, func() error {
 			for _, want := range []instanceView{{Name: cam, DeviceID: "cam-1", Nodes: nodes}} {
 				if got := listInstances(t, ns, "cams"); len(got) != 1 || !slices.Equal(got[0].Nodes, want.Nodes) || got[0].Name != want.Name {
 					return fmt.Errorf("%s: cams Instances %v, want %v", ns, got, want)
@@ -258,14 +259,14 @@ func TestNamespacesDoNotCollide(t *testing.T) {
 			want = append(want, v1alpha1.ResourceName(ns, cam), v1alpha1.ResourceName(ns, "cams"), v1alpha1.ResourceName(ns, usb(n)), v1alpha1.ResourceName(ns, "usb"))
 		}
 		slices.Sort(want)
-		eventually(t, 30*time.Second, func() error {
+		testwait.For(t, 30*time.Second, func() error {
 			if got := regs[n].resources(); !slices.Equal(got, want) {
 				return fmt.Errorf("%s registered %v, want %v", n, got, want)
 			}
 			return nil
 		})
 		// CDI: both namespaces' devices resolve, side by side.
-		eventually(t, 20*time.Second, func() error {
+		testwait.For(t, 20*time.Second, func() error {
 			got, err := cdiResolves(t, cdiDirs[n])
 			if err != nil {
 				return err
@@ -290,7 +291,7 @@ func TestNamespacesDoNotCollide(t *testing.T) {
 	}
 	for _, ns := range []string{nsA, nsB} {
 		var inst v1alpha1.Instance
-		if err := k8sClient.Get(context.Background(), keyOf(ns, cam), &inst); err != nil {
+		if err := suite.Client.Get(context.Background(), keyOf(ns, cam), &inst); err != nil {
 			t.Fatal(err)
 		}
 		if len(inst.Status.Slots) != 1 || inst.Status.Slots[0].Resource != v1alpha1.ResourceName(ns, cam) {
@@ -299,7 +300,7 @@ func TestNamespacesDoNotCollide(t *testing.T) {
 	}
 	// DRA: each namespace's pools hold its own devices.
 	for _, ns := range []string{nsA, nsB} {
-		eventually(t, 30*time.Second, func() error {
+		testwait.For(t, 30*time.Second, func() error {
 			pools := map[string]bool{}
 			for _, s := range driverSlices(t, ns) {
 				for _, d := range s.Spec.Devices {
@@ -333,7 +334,7 @@ func TestNamespacesDoNotCollide(t *testing.T) {
 
 	createConfiguration(t, nsC, "1cams", "ns-usb", `{}`, both)
 	odd := v1alpha1.InstanceName("1cams", v1alpha1.DeviceHash("usb-1", false, "ns-node-a"))
-	eventually(t, 30*time.Second, func() error {
+	testwait.For(t, 30*time.Second, func() error {
 		got, err := cdiResolves(t, cdiDirs["ns-node-a"])
 		if err != nil {
 			return err
@@ -349,7 +350,7 @@ func TestNamespacesDoNotCollide(t *testing.T) {
 	if got := allocate(t, regs["ns-node-a"], "ns-node-a", v1alpha1.ResourceName(nsC, "1cams"), v1alpha1.InstanceHash(odd)+"-0"); !slices.Equal(got, []string{v1alpha1.CDIName(nsC, odd)}) {
 		t.Fatalf("1cams: Allocate answered %v", got)
 	}
-	eventually(t, 30*time.Second, func() error {
+	testwait.For(t, 30*time.Second, func() error {
 		for _, s := range driverSlices(t, nsC) {
 			if s.Spec.Pool.Name == shareddra.LocalPool("ns-node-a", nsC, "1cams") && len(s.Spec.Devices) == 1 && s.Spec.Devices[0].Name == v1alpha1.InstanceHash(odd) {
 				return nil
@@ -358,8 +359,8 @@ func TestNamespacesDoNotCollide(t *testing.T) {
 		return fmt.Errorf("no slice of pool %s with %s", shareddra.LocalPool("ns-node-a", nsC, "1cams"), odd)
 	})
 	var class resourceapi.DeviceClass
-	eventually(t, 20*time.Second, func() error {
-		return k8sClient.Get(context.Background(), keyOf("", shareddra.DeviceClassName(nsC, "1cams")), &class)
+	testwait.For(t, 20*time.Second, func() error {
+		return suite.Client.Get(context.Background(), keyOf("", shareddra.DeviceClassName(nsC, "1cams")), &class)
 	})
 
 	<-window

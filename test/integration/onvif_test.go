@@ -19,6 +19,7 @@ import (
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	"github.com/dowse-dev/dowse/shared/handler"
 	peertest "github.com/dowse-dev/dowse/test/onvifpeer"
+	"github.com/dowse-dev/dowse/test/testwait"
 )
 
 // TestONVIFExplainsSkippedCamera runs the real ONVIF handler beside an agent
@@ -56,7 +57,7 @@ func TestONVIFExplainsSkippedCamera(t *testing.T) {
 		}
 	})
 
-	nsName := namespace(t)
+	nsName := suite.Namespace(t)
 	details := fmt.Sprintf(`{"interfaces": [%q], "probeInterval": "2s"}`, local.Name)
 	creds := func(pw string) func(*v1alpha1.Configuration) {
 		return func(c *v1alpha1.Configuration) {
@@ -68,7 +69,7 @@ func TestONVIFExplainsSkippedCamera(t *testing.T) {
 	createConfiguration(t, nsName, "camera", "onvif", details, creds("s3cret-Pw"))
 
 	expectCount(t, nsName, "camera", 1, 30*time.Second)
-	eventually(t, 30*time.Second, func() error {
+	testwait.For(t, 30*time.Second, func() error {
 		st := nodeStatus(t, nsName, wrong.Name, node)
 		if st == nil || len(st.Skipped) != 1 {
 			return fmt.Errorf("status %+v", st)
@@ -84,8 +85,8 @@ func TestONVIFExplainsSkippedCamera(t *testing.T) {
 	if n := len(listInstances(t, nsName, wrong.Name)); n != 0 {
 		t.Errorf("a wrong password gave %d Instances", n)
 	}
-	eventually(t, 30*time.Second, func() error {
-		evs, err := clientset.EventsV1().Events(nsName).List(context.Background(), metav1.ListOptions{})
+	testwait.For(t, 30*time.Second, func() error {
+		evs, err := suite.Clientset.EventsV1().Events(nsName).List(context.Background(), metav1.ListOptions{})
 		if err != nil {
 			return err
 		}

@@ -18,7 +18,7 @@ import (
 // written, so that a sample a user copies is never refused by the CRD.
 // Models go first, as a user applies them.
 func TestSamplesAreAccepted(t *testing.T) {
-	ns := namespace(t)
+	ns := suite.Namespace(t)
 	files, err := filepath.Glob(filepath.Join(kube.RepoRoot(), "samples", "*.yaml"))
 	if err != nil || len(files) < 3 {
 		t.Fatalf("samples: %v %v", files, err)
@@ -66,7 +66,7 @@ func TestSamplesAreAccepted(t *testing.T) {
 		return 0
 	})
 	for _, i := range order {
-		if err := k8sClient.Create(t.Context(), objs[i]); err != nil {
+		if err := suite.Client.Create(t.Context(), objs[i]); err != nil {
 			t.Fatalf("%s refused: %v", names[i], err)
 		}
 	}

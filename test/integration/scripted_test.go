@@ -22,17 +22,18 @@ import (
 	discoveryv0 "github.com/dowse-dev/dowse/proto/discovery/v0"
 	discoveryv1 "github.com/dowse-dev/dowse/proto/discovery/v1"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+	"github.com/dowse-dev/dowse/test/testwait"
 )
 
 func TestSharedDeviceOneInstanceBothNodes(t *testing.T) {
-	ns := namespace(t)
+	ns := suite.Namespace(t)
 	a := startAgent(t, "node-a", stateDir(t))
 	b := startAgent(t, "node-b", stateDir(t))
 	startScripted(t, a.stateDir, "scripted", true, devices("cam-1", "cam-2"))
 	hb := startScripted(t, b.stateDir, "scripted", true, devices("cam-2", "cam-3"))
 	createConfiguration(t, ns, "cams", "scripted", `{}`)
 
-	eventually(t, 10*time.Second, func() error {
+	testwait.For(t, 10*time.Second, func() error {
 		got := listInstances(t, ns, "cams")
 		want := map[string][]string{"cam-1": {"node-a"}, "cam-2": {"node-a", "node-b"}, "cam-3": {"node-b"}}
 		if len(got) != 3 {
@@ -46,7 +47,7 @@ func TestSharedDeviceOneInstanceBothNodes(t *testing.T) {
 		return nil
 	})
 	hb.set(devices("cam-3"))
-	eventually(t, 10*time.Second, func() error {
+	testwait.For(t, 10*time.Second, func() error {
 		for _, v := range listInstances(t, ns, "cams") {
 			if v.DeviceID == "cam-2" && !reflect.DeepEqual(v.Nodes, []string{"node-a"}) {
 				return fmt.Errorf("cam-2 nodes %v", v.Nodes)
@@ -55,7 +56,7 @@ func TestSharedDeviceOneInstanceBothNodes(t *testing.T) {
 		return nil
 	})
 	hb.set(nil)
-	eventually(t, 10*time.Second, func() error {
+	testwait.For(t, 10*time.Second, func() error {
 		got := listInstances(t, ns, "cams")
 		if len(got) != 2 {
 			return fmt.Errorf("have %v", got)
@@ -65,7 +66,7 @@ func TestSharedDeviceOneInstanceBothNodes(t *testing.T) {
 }
 
 func TestKilledHandlerDevicesGoAfterGracePeriod(t *testing.T) {
-	ns := namespace(t)
+	ns := suite.Namespace(t)
 	const grace = 2 * time.Second
 	a := startAgent(t, "node-a", stateDir(t), withGrace(grace))
 	h := startScripted(t, a.stateDir, "scripted", true, devices("d1", "d2"))
@@ -81,7 +82,7 @@ func TestKilledHandlerDevicesGoAfterGracePeriod(t *testing.T) {
 		return nil
 	})
 	expectCount(t, ns, "grace", 0, 10*time.Second)
-	eventually(t, 15*time.Second, func() error {
+	testwait.For(t, 15*time.Second, func() error {
 		st := nodeStatus(t, ns, "grace", "node-a")
 		if st == nil || st.Devices != 0 {
 			return fmt.Errorf("status %+v", st)
@@ -95,7 +96,7 @@ func TestKilledHandlerDevicesGoAfterGracePeriod(t *testing.T) {
 }
 
 func TestHandlerComingBackWithinGraceKeepsInstances(t *testing.T) {
-	ns := namespace(t)
+	ns := suite.Namespace(t)
 	a := startAgent(t, "node-a", stateDir(t), withGrace(time.Minute))
 	h := startScripted(t, a.stateDir, "scripted", true, devices("d1", "d2"))
 	createConfiguration(t, ns, "comeback", "scripted", `{}`)
@@ -117,13 +118,13 @@ func TestHandlerComingBackWithinGraceKeepsInstances(t *testing.T) {
 }
 
 func TestLyingHandler(t *testing.T) {
-	ns := namespace(t)
+	ns := suite.Namespace(t)
 	a := startAgent(t, "node-a", stateDir(t), withMaxDevices(1000))
 	lie := devices("dup", "dup", "ok")
 	lie = append(lie, &discoveryv1.Device{Id: ""}, &discoveryv1.Device{Id: "", Properties: map[string]string{"X": "y"}})
 	h := startScripted(t, a.stateDir, "liar", false, lie)
 	createConfiguration(t, ns, "lies", "liar", `{}`)
-	eventually(t, 10*time.Second, func() error {
+	testwait.For(t, 10*time.Second, func() error {
 		got := listInstances(t, ns, "lies")
 		if len(got) != 2 || got[0].DeviceID != "dup" || got[1].DeviceID != "ok" {
 			return fmt.Errorf("instances %v", got)
@@ -145,7 +146,7 @@ func TestLyingHandler(t *testing.T) {
 		flood[i] = &discoveryv1.Device{Id: fmt.Sprintf("flood-%05d", i), Properties: map[string]string{"N": fmt.Sprint(i)}}
 	}
 	h.set(flood)
-	eventually(t, 60*time.Second, func() error {
+	testwait.For(t, 60*time.Second, func() error {
 		if n := len(listInstances(t, ns, "lies")); n != 1000 {
 			return fmt.Errorf("%d instances", n)
 		}
@@ -158,7 +159,7 @@ func TestLyingHandler(t *testing.T) {
 	})
 	// The agent still works: a sane list replaces the flood.
 	h.set(devices("calm"))
-	eventually(t, 60*time.Second, func() error {
+	testwait.For(t, 60*time.Second, func() error {
 		got := listInstances(t, ns, "lies")
 		if len(got) != 1 || got[0].DeviceID != "calm" {
 			return fmt.Errorf("%d instances", len(got))
@@ -189,7 +190,7 @@ func TestRegistrationOutsideStateDirIsRefused(t *testing.T) {
 }
 
 func TestUnknownHandlerAndBadConfiguration(t *testing.T) {
-	ns := namespace(t)
+	ns := suite.Namespace(t)
 	a := startAgent(t, "node-a", stateDir(t))
 	startScripted(t, a.stateDir, "scripted", true, devices("x"))
 	createConfiguration(t, ns, "nobody", "no-such-handler", `{}`)
@@ -198,20 +199,20 @@ func TestUnknownHandlerAndBadConfiguration(t *testing.T) {
 	// The API server refuses a handler name that can never register.
 	bad := &v1alpha1.Configuration{ObjectMeta: metav1.ObjectMeta{Name: "bad", Namespace: ns},
 		Spec: v1alpha1.ConfigurationSpec{DiscoveryHandler: v1alpha1.DiscoveryHandlerSpec{Name: "Bad_Name"}}}
-	if err := k8sClient.Create(context.Background(), bad); err == nil || !strings.Contains(err.Error(), "spec.discoveryHandler.name") {
+	if err := suite.Client.Create(context.Background(), bad); err == nil || !strings.Contains(err.Error(), "spec.discoveryHandler.name") {
 		t.Fatalf("want a validation error naming spec.discoveryHandler.name, got %v", err)
 	}
 	// Exactly one of value and valueFrom.
 	both := &v1alpha1.Configuration{ObjectMeta: metav1.ObjectMeta{Name: "both", Namespace: ns},
 		Spec: v1alpha1.ConfigurationSpec{DiscoveryHandler: v1alpha1.DiscoveryHandlerSpec{Name: "scripted",
 			DiscoveryProperties: []v1alpha1.DiscoveryProperty{{Name: "p"}}}}}
-	if err := k8sClient.Create(context.Background(), both); err == nil || !strings.Contains(err.Error(), "exactly one of value and valueFrom") {
+	if err := suite.Client.Create(context.Background(), both); err == nil || !strings.Contains(err.Error(), "exactly one of value and valueFrom") {
 		t.Fatalf("want a validation error for a property without a value, got %v", err)
 	}
 
 	expectCount(t, ns, "fine", 1, 10*time.Second)
 	var cfg v1alpha1.Configuration
-	if err := k8sClient.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "nobody"}, &cfg); err != nil {
+	if err := suite.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "nobody"}, &cfg); err != nil {
 		t.Fatal(err)
 	}
 	if len(cfg.Finalizers) != 0 || len(cfg.Status.Nodes) != 0 || len(listInstances(t, ns, "nobody")) != 0 {
@@ -223,7 +224,7 @@ func TestUnknownHandlerAndBadConfiguration(t *testing.T) {
 }
 
 func TestPropertiesFromConfigMapAndSecretReachTheHandler(t *testing.T) {
-	ns := namespace(t)
+	ns := suite.Namespace(t)
 	ctx := context.Background()
 	// The controller grants the agents read of the objects named below.
 	startController(t, time.Minute)
@@ -232,7 +233,7 @@ func TestPropertiesFromConfigMapAndSecretReachTheHandler(t *testing.T) {
 	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "cm", Namespace: ns}, Data: map[string]string{"url": "opc.tcp://one"}}
 	sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "sec", Namespace: ns}, Data: map[string][]byte{"password": []byte("s3cret")}}
 	for _, o := range []client.Object{cm, sec} {
-		if err := k8sClient.Create(ctx, o); err != nil {
+		if err := suite.Client.Create(ctx, o); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -261,12 +262,12 @@ func TestPropertiesFromConfigMapAndSecretReachTheHandler(t *testing.T) {
 			return nil
 		}
 	}
-	eventually(t, 10*time.Second, want("opc.tcp://one"))
+	testwait.For(t, 10*time.Second, want("opc.tcp://one"))
 	cm.Data["url"] = "opc.tcp://two"
-	if err := k8sClient.Update(ctx, cm); err != nil {
+	if err := suite.Client.Update(ctx, cm); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, want("opc.tcp://two"))
+	testwait.For(t, 10*time.Second, want("opc.tcp://two"))
 
 	// A required reference that is missing stops discovery with a reason.
 	createConfiguration(t, ns, "missing", "scripted", `{}`, func(c *v1alpha1.Configuration) {
@@ -274,7 +275,7 @@ func TestPropertiesFromConfigMapAndSecretReachTheHandler(t *testing.T) {
 			{Name: "URL", ValueFrom: &v1alpha1.DiscoveryPropertySource{ConfigMapKeyRef: &v1alpha1.ObjectKeyRef{Name: "cm", Key: "nope"}}},
 		}
 	})
-	eventually(t, 10*time.Second, func() error {
+	testwait.For(t, 10*time.Second, func() error {
 		st := nodeStatus(t, ns, "missing", "node-a")
 		if st == nil {
 			return errPending
@@ -301,7 +302,7 @@ func (akriHandler) Discover(req *discoveryv1.DiscoverRequest, stream grpc.Server
 }
 
 func TestAkriV0HandlerWorks(t *testing.T) {
-	ns := namespace(t)
+	ns := suite.Namespace(t)
 	a := startAgent(t, "node-a", stateDir(t))
 	endpoint := filepath.Join(a.stateDir, "akri.sock")
 	lis, err := net.Listen("unix", endpoint)
@@ -322,7 +323,7 @@ func TestAkriV0HandlerWorks(t *testing.T) {
 		t.Fatal(err)
 	}
 	createConfiguration(t, ns, "akri", "akri-echo", `{}`)
-	eventually(t, 10*time.Second, func() error {
+	testwait.For(t, 10*time.Second, func() error {
 		got := listInstances(t, ns, "akri")
 		if len(got) != 1 || got[0].DeviceID != "akri-1" {
 			return fmt.Errorf("instances %v", got)
@@ -332,7 +333,7 @@ func TestAkriV0HandlerWorks(t *testing.T) {
 }
 
 func TestDeletingConfigurationRemovesItsInstances(t *testing.T) {
-	ns := namespace(t)
+	ns := suite.Namespace(t)
 	ctx := context.Background()
 	a := startAgent(t, "node-a", stateDir(t))
 	b := startAgent(t, "node-b", stateDir(t))
@@ -340,12 +341,12 @@ func TestDeletingConfigurationRemovesItsInstances(t *testing.T) {
 	startScripted(t, b.stateDir, "scripted", true, devices("s2", "s3"))
 	cfg := createConfiguration(t, ns, "doomed", "scripted", `{}`)
 	createConfiguration(t, ns, "survivor", "scripted", `{}`)
-	eventually(t, 10*time.Second, func() error {
+	testwait.For(t, 10*time.Second, func() error {
 		if n, m := len(listInstances(t, ns, "doomed")), len(listInstances(t, ns, "survivor")); n != 3 || m != 3 {
 			return fmt.Errorf("%d and %d instances", n, m)
 		}
 		var got v1alpha1.Configuration
-		if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(cfg), &got); err != nil {
+		if err := suite.Client.Get(ctx, client.ObjectKeyFromObject(cfg), &got); err != nil {
 			return err
 		}
 		if len(got.Finalizers) != 2 {
@@ -353,14 +354,14 @@ func TestDeletingConfigurationRemovesItsInstances(t *testing.T) {
 		}
 		return nil
 	})
-	if err := k8sClient.Delete(ctx, cfg); err != nil {
+	if err := suite.Client.Delete(ctx, cfg); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, func() error {
+	testwait.For(t, 10*time.Second, func() error {
 		if n := len(listInstances(t, ns, "doomed")); n != 0 {
 			return fmt.Errorf("%d instances left", n)
 		}
-		err := k8sClient.Get(ctx, client.ObjectKeyFromObject(cfg), &v1alpha1.Configuration{})
+		err := suite.Client.Get(ctx, client.ObjectKeyFromObject(cfg), &v1alpha1.Configuration{})
 		if err == nil {
 			return fmt.Errorf("configuration still there")
 		}
@@ -372,7 +373,7 @@ func TestDeletingConfigurationRemovesItsInstances(t *testing.T) {
 }
 
 func TestInstanceNameCollisionIsReportedNotMerged(t *testing.T) {
-	ns := namespace(t)
+	ns := suite.Namespace(t)
 	a := startAgent(t, "node-a", stateDir(t))
 	startScripted(t, a.stateDir, "scripted", true, devices("same-device"))
 	// Two Configuration names that agree on their first 46 characters give
@@ -381,7 +382,7 @@ func TestInstanceNameCollisionIsReportedNotMerged(t *testing.T) {
 	createConfiguration(t, ns, prefix+"-first", "scripted", `{}`)
 	expectCount(t, ns, prefix+"-first", 1, 10*time.Second)
 	createConfiguration(t, ns, prefix+"-second", "scripted", `{}`)
-	eventually(t, 10*time.Second, func() error {
+	testwait.For(t, 10*time.Second, func() error {
 		st := nodeStatus(t, ns, prefix+"-second", "node-a")
 		if st == nil {
 			return errPending
@@ -405,7 +406,7 @@ func TestInstanceNameCollisionIsReportedNotMerged(t *testing.T) {
 // Instances, so the API server (the Instance's derived fields are
 // immutable) is what stops node B from taking A's Instance over.
 func TestInstanceNameCollisionAcrossNodesIsReported(t *testing.T) {
-	ns := namespace(t)
+	ns := suite.Namespace(t)
 	a := startAgent(t, "node-a", stateDir(t))
 	b := startAgent(t, "node-b", stateDir(t))
 	prefix := strings.Repeat("x", 46)
@@ -414,7 +415,7 @@ func TestInstanceNameCollisionAcrossNodesIsReported(t *testing.T) {
 	createConfiguration(t, ns, prefix+"-first", "scripted-a", `{}`)
 	expectCount(t, ns, prefix+"-first", 1, 10*time.Second)
 	createConfiguration(t, ns, prefix+"-second", "scripted-b", `{}`)
-	eventually(t, 10*time.Second, func() error {
+	testwait.For(t, 10*time.Second, func() error {
 		st := nodeStatus(t, ns, prefix+"-second", "node-b")
 		if st == nil {
 			return errPending
@@ -435,12 +436,12 @@ func TestInstanceNameCollisionAcrossNodesIsReported(t *testing.T) {
 }
 
 func TestDeletedInstanceComesBack(t *testing.T) {
-	ns := namespace(t)
+	ns := suite.Namespace(t)
 	a := startAgent(t, "node-a", stateDir(t))
 	startScripted(t, a.stateDir, "scripted", true, devices("keep"))
 	createConfiguration(t, ns, "heal", "scripted", `{}`)
 	var name string
-	eventually(t, 10*time.Second, func() error {
+	testwait.For(t, 10*time.Second, func() error {
 		got := listInstances(t, ns, "heal")
 		if len(got) != 1 {
 			return fmt.Errorf("%d instances", len(got))
@@ -449,15 +450,15 @@ func TestDeletedInstanceComesBack(t *testing.T) {
 		return nil
 	})
 	inst := &v1alpha1.Instance{}
-	if err := k8sClient.Get(context.Background(), keyOf(ns, name), inst); err != nil {
+	if err := suite.Client.Get(context.Background(), keyOf(ns, name), inst); err != nil {
 		t.Fatal(err)
 	}
-	if err := k8sClient.Delete(context.Background(), inst); err != nil {
+	if err := suite.Client.Delete(context.Background(), inst); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, func() error {
+	testwait.For(t, 10*time.Second, func() error {
 		again := &v1alpha1.Instance{}
-		if err := k8sClient.Get(context.Background(), keyOf(ns, name), again); err != nil {
+		if err := suite.Client.Get(context.Background(), keyOf(ns, name), again); err != nil {
 			return err
 		}
 		if again.UID == inst.UID || len(again.Status.Nodes) != 1 {
@@ -492,7 +493,7 @@ func (h akriNetHandler) Discover(req *discoveryv1.DiscoverRequest, stream grpc.S
 // and a Configuration whose discoveryDetails are one YAML string (Akri's
 // form) reaches it as that YAML text.
 func TestAkriConventions(t *testing.T) {
-	ns := namespace(t)
+	ns := suite.Namespace(t)
 	a := startAgent(t, "node-a", stateDir(t))
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -525,7 +526,7 @@ func TestAkriConventions(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the agent never dialed the handler's http:// endpoint")
 	}
-	eventually(t, 10*time.Second, func() error {
+	testwait.For(t, 10*time.Second, func() error {
 		got := listInstances(t, ns, "akri-net")
 		if len(got) != 1 || got[0].DeviceID != "akri-net-1" {
 			return fmt.Errorf("instances %v", got)

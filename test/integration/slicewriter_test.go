@@ -16,6 +16,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/dowse-dev/dowse/shared/slicewriter"
+	"github.com/dowse-dev/dowse/test/testwait"
 )
 
 // sliceState is what the API server holds of one writer's slices: by name,
@@ -29,7 +30,7 @@ type sliceState struct {
 
 func nodeSlices(t *testing.T, node string) map[string]sliceState {
 	t.Helper()
-	list, err := clientset.ResourceV1().ResourceSlices().List(context.Background(), metav1.ListOptions{
+	list, err := suite.Clientset.ResourceV1().ResourceSlices().List(context.Background(), metav1.ListOptions{
 		FieldSelector: fields.OneTermEqualSelector(resourceapi.ResourceSliceSelectorNodeName, node).String()})
 	if err != nil {
 		t.Fatal(err)
@@ -70,16 +71,16 @@ type runningWriter struct {
 
 func startSliceWriter(t *testing.T, node string) *runningWriter {
 	t.Helper()
-	n, err := clientset.CoreV1().Nodes().Get(context.Background(), node, metav1.GetOptions{})
+	n, err := suite.Clientset.CoreV1().Nodes().Get(context.Background(), node, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	meta, err := metadata.NewForConfig(cp.Config)
+	meta, err := metadata.NewForConfig(suite.Config)
 	if err != nil {
 		t.Fatal(err)
 	}
 	rw := &runningWriter{}
-	rw.w, err = slicewriter.New(clientset.ResourceV1().ResourceSlices(), meta, slicewriter.Options{
+	rw.w, err = slicewriter.New(suite.Clientset.ResourceV1().ResourceSlices(), meta, slicewriter.Options{
 		Driver: "test.dowse.dev", NodeName: node,
 		Owner:   &metav1.OwnerReference{APIVersion: "v1", Kind: "Node", Name: node, UID: n.UID, Controller: ptr.To(true)},
 		OnError: func(err error, what string) { rw.errs.Add(1); t.Logf("%s: %v", what, err) },
@@ -109,7 +110,7 @@ func TestSliceWriterPoolContract(t *testing.T) {
 	expect := func(want map[string][]string, gen int64) map[string]sliceState {
 		t.Helper()
 		var got map[string]sliceState
-		eventually(t, 20*time.Second, func() error {
+		testwait.For(t, 20*time.Second, func() error {
 			got = nodeSlices(t, node)
 			if len(got) != len(want) {
 				return fmt.Errorf("%d slices, want %d: %v", len(got), len(want), got)
@@ -148,13 +149,13 @@ func TestSliceWriterPoolContract(t *testing.T) {
 
 	// A slice deleted behind the writer's back comes back; a foreign
 	// slice of the same node and driver goes.
-	if err := clientset.ResourceV1().ResourceSlices().Delete(context.Background(), name(1), metav1.DeleteOptions{}); err != nil {
+	if err := suite.Clientset.ResourceV1().ResourceSlices().Delete(context.Background(), name(1), metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	foreign := &resourceapi.ResourceSlice{ObjectMeta: metav1.ObjectMeta{Name: "foreign-" + strconv.Itoa(time.Now().Nanosecond())},
 		Spec: resourceapi.ResourceSliceSpec{Driver: "test.dowse.dev", NodeName: ptr.To(node),
 			Pool: resourceapi.ResourcePool{Name: "left-behind", Generation: 7, ResourceSliceCount: 1}}}
-	if _, err := clientset.ResourceV1().ResourceSlices().Create(context.Background(), foreign, metav1.CreateOptions{}); err != nil {
+	if _, err := suite.Clientset.ResourceV1().ResourceSlices().Create(context.Background(), foreign, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	settled := expect(map[string][]string{name(0): a3, name(1): b2, name(2): c3, name(3): d}, 3)

@@ -22,13 +22,13 @@ import (
 // holders, every claim that succeeded is in the status, and every lost race
 // is ErrSlotTaken.
 func TestSlotRace(t *testing.T) {
-	ns := namespace(t)
+	ns := suite.Namespace(t)
 	ctx := context.Background()
 	const rounds, capacity = 25, 3
 	nodes := []string{"node-a", "node-b"}
 	claimers := map[string]*slots.Claimer{}
 	for _, n := range nodes {
-		claimers[n] = slots.NewClaimer(k8sClient, n)
+		claimers[n] = slots.NewClaimer(suite.Client, n)
 	}
 	for round := range rounds {
 		name := fmt.Sprintf("race-%08x", round)
@@ -39,7 +39,7 @@ func TestSlotRace(t *testing.T) {
 				Shared: true, Capacity: capacity,
 			},
 		}
-		if err := k8sClient.Create(ctx, inst); err != nil {
+		if err := suite.Client.Create(ctx, inst); err != nil {
 			t.Fatal(err)
 		}
 		won := map[string][]string{}
@@ -67,7 +67,7 @@ func TestSlotRace(t *testing.T) {
 		}
 		wg.Wait()
 		var cur v1alpha1.Instance
-		if err := k8sClient.Get(ctx, keyOf(ns, name), &cur); err != nil {
+		if err := suite.Client.Get(ctx, keyOf(ns, name), &cur); err != nil {
 			t.Fatal(err)
 		}
 		inStatus := map[string]string{}
@@ -90,7 +90,7 @@ func TestSlotRace(t *testing.T) {
 		}
 		// The Instance writer's applies (spec and status.nodes under the
 		// node's main field manager) leave the slots alone.
-		applied, err := instancestore.Apply(ctx, k8sClient, "node-a", &v1alpha1.Instance{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}, Spec: inst.Spec})
+		applied, err := instancestore.Apply(ctx, suite.Client, "node-a", &v1alpha1.Instance{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}, Spec: inst.Spec})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -109,16 +109,16 @@ func TestSlotRace(t *testing.T) {
 // TestSlotReclaim frees, after the grace period, the slots no pod uses, and
 // keeps the ones in use.
 func TestSlotReclaim(t *testing.T) {
-	ns := namespace(t)
+	ns := suite.Namespace(t)
 	ctx := context.Background()
 	inst := &v1alpha1.Instance{
 		ObjectMeta: metav1.ObjectMeta{Name: "reclaim-0123abcd", Namespace: ns},
 		Spec:       v1alpha1.InstanceSpec{ConfigurationName: "reclaim", DeviceID: "d", Capacity: 2},
 	}
-	if err := k8sClient.Create(ctx, inst); err != nil {
+	if err := suite.Client.Create(ctx, inst); err != nil {
 		t.Fatal(err)
 	}
-	claimer := slots.NewClaimer(k8sClient, "node-a")
+	claimer := slots.NewClaimer(suite.Client, "node-a")
 	if err := claimer.Claim(ctx, inst, []string{"0123abcd-0", "0123abcd-1"}, "dowse.dev/reclaim"); err != nil {
 		t.Fatal(err)
 	}
@@ -145,14 +145,14 @@ func TestSlotReclaim(t *testing.T) {
 		t.Fatal(err)
 	}
 	var cur v1alpha1.Instance
-	if err := k8sClient.Get(ctx, keyOf(ns, inst.Name), &cur); err != nil {
+	if err := suite.Client.Get(ctx, keyOf(ns, inst.Name), &cur); err != nil {
 		t.Fatal(err)
 	}
 	if len(cur.Status.Slots) != 1 || cur.Status.Slots[0].ID != "0123abcd-1" {
 		t.Fatalf("slots after reclaim = %+v, want only the one in use", cur.Status.Slots)
 	}
 	// Another node can now claim the freed slot.
-	if err := slots.NewClaimer(k8sClient, "node-b").Claim(ctx, &cur, []string{"0123abcd-0"}, "dowse.dev/reclaim"); err != nil {
+	if err := slots.NewClaimer(suite.Client, "node-b").Claim(ctx, &cur, []string{"0123abcd-0"}, "dowse.dev/reclaim"); err != nil {
 		t.Fatalf("node-b claiming the freed slot: %v", err)
 	}
 }

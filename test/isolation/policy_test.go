@@ -27,19 +27,9 @@ import (
 
 const nodeA, nodeB = "iso-node-a", "iso-node-b"
 
-func namespace(t *testing.T) string {
-	t.Helper()
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "iso-"}}
-	if err := admin.Create(context.Background(), ns); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = admin.Delete(context.Background(), ns) })
-	return ns.Name
-}
-
 func clientFor(t *testing.T, cfg *rest.Config) client.Client {
 	t.Helper()
-	c, err := client.New(cfg, client.Options{Scheme: admin.Scheme()})
+	c, err := client.New(cfg, client.Options{Scheme: suite.Client.Scheme()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,7 +39,7 @@ func clientFor(t *testing.T, cfg *rest.Config) client.Client {
 // agentClient is node's agent, with the token its DaemonSet pod gets.
 func agentClient(t *testing.T, node string) client.Client {
 	t.Helper()
-	cfg, err := kube.AgentConfig(context.Background(), cp.Config, node)
+	cfg, err := kube.AgentConfig(context.Background(), suite.Config, node)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,7 +67,7 @@ func mustOK(t *testing.T, what string, err error) {
 	}
 }
 
-// seed makes, as admin, what two agents would have made: a Configuration
+// seed makes, as suite.Client, what two agents would have made: a Configuration
 // both hold with their finalizers and status entries, a shared Instance both
 // see with a slot of B's, and a local Instance of B's.
 func seed(t *testing.T, ns string, a client.Client) (*v1alpha1.Configuration, *v1alpha1.Instance, *v1alpha1.Instance) {
@@ -88,15 +78,15 @@ func seed(t *testing.T, ns string, a client.Client) (*v1alpha1.Configuration, *v
 			Finalizers: []string{v1alpha1.AgentFinalizer(nodeA), v1alpha1.AgentFinalizer(nodeB)}},
 		Spec: v1alpha1.ConfigurationSpec{DiscoveryHandler: v1alpha1.DiscoveryHandlerSpec{Name: "debug-echo"}},
 	}
-	mustOK(t, "creating configuration", admin.Create(ctx, cfg))
+	mustOK(t, "creating configuration", suite.Client.Create(ctx, cfg))
 	cfg.Status.Nodes = []v1alpha1.ConfigurationNodeStatus{{NodeName: nodeA, Devices: 1}, {NodeName: nodeB, Devices: 2}}
 	cfg.Status.Instances = 2
-	mustOK(t, "writing configuration status", admin.Status().Update(ctx, cfg))
+	mustOK(t, "writing configuration status", suite.Client.Status().Update(ctx, cfg))
 	t.Cleanup(func() {
 		var c v1alpha1.Configuration
-		if admin.Get(ctx, client.ObjectKeyFromObject(cfg), &c) == nil {
+		if suite.Client.Get(ctx, client.ObjectKeyFromObject(cfg), &c) == nil {
 			c.Finalizers = nil
-			_ = admin.Update(ctx, &c)
+			_ = suite.Client.Update(ctx, &c)
 		}
 	})
 
@@ -109,7 +99,7 @@ func seed(t *testing.T, ns string, a client.Client) (*v1alpha1.Configuration, *v
 			Slots: []v1alpha1.InstanceSlot{{ID: v1alpha1.SlotID("cams-shared", 0), Node: nodeB}},
 		},
 	}
-	mustOK(t, "creating shared instance", admin.Create(ctx, shared))
+	mustOK(t, "creating shared instance", suite.Client.Create(ctx, shared))
 	// Node A sees it too, and says so itself.
 	_, err := instancestore.Apply(ctx, a, nodeA, &v1alpha1.Instance{ObjectMeta: metav1.ObjectMeta{Name: shared.Name, Namespace: ns}, Spec: shared.Spec})
 	mustOK(t, "node A joining the shared instance", err)
@@ -118,7 +108,7 @@ func seed(t *testing.T, ns string, a client.Client) (*v1alpha1.Configuration, *v
 		Spec:       v1alpha1.InstanceSpec{ConfigurationName: "cams", DeviceID: "usb-1", Capacity: 1},
 		Status:     v1alpha1.InstanceStatus{Nodes: []v1alpha1.InstanceNode{{Name: nodeB}}},
 	}
-	mustOK(t, "creating local instance", admin.Create(ctx, local))
+	mustOK(t, "creating local instance", suite.Client.Create(ctx, local))
 	return cfg, shared, local
 }
 
@@ -141,17 +131,17 @@ func patchStatus[T client.Object](t *testing.T, c client.Client, obj T, change f
 	return c.Status().Patch(context.Background(), cur, client.MergeFrom(orig))
 }
 
-// fresh reads obj again as admin.
+// fresh reads obj again as suite.Client.
 func fresh[T client.Object](t *testing.T, obj T) T {
 	t.Helper()
-	mustOK(t, "reading "+obj.GetName(), admin.Get(context.Background(), client.ObjectKeyFromObject(obj), obj))
+	mustOK(t, "reading "+obj.GetName(), suite.Client.Get(context.Background(), client.ObjectKeyFromObject(obj), obj))
 	return obj
 }
 
 // Everything an agent could do to another node's part, tried with node A's
 // credentials: each refused by the rule that forbids it.
 func TestAgentCannotTouchAnotherNodesPart(t *testing.T) {
-	ns := namespace(t)
+	ns := suite.Namespace(t)
 	ctx := context.Background()
 	a := agentClient(t, nodeA)
 	cfg, shared, local := seed(t, ns, a)
@@ -220,7 +210,7 @@ func TestAgentCannotTouchAnotherNodesPart(t *testing.T) {
 // The same kinds of write on node A's own part succeed, made as the agent
 // makes them (shared/instancestore and server-side apply).
 func TestAgentWritesItsOwnPart(t *testing.T) {
-	ns := namespace(t)
+	ns := suite.Namespace(t)
 	ctx := context.Background()
 	a := agentClient(t, nodeA)
 	cfg, shared, _ := seed(t, ns, a)
@@ -281,7 +271,7 @@ func TestAgentWritesItsOwnPart(t *testing.T) {
 
 // Credentials that are not a live agent pod's get nothing, and say why.
 func TestCredentialsThatAreNotAnAgentPod(t *testing.T) {
-	ns := namespace(t)
+	ns := suite.Namespace(t)
 	ctx := context.Background()
 	probe := func() *v1alpha1.Instance {
 		return &v1alpha1.Instance{
@@ -293,14 +283,14 @@ func TestCredentialsThatAreNotAnAgentPod(t *testing.T) {
 
 	// The token of a pod that was deleted: the API server no longer
 	// authenticates it.
-	pod, err := kube.AgentPod(ctx, clientset, kube.AgentServiceAccount, nodeA)
+	pod, err := kube.AgentPod(ctx, suite.Clientset, kube.AgentServiceAccount, nodeA)
 	mustOK(t, "agent pod", err)
-	token, err := kube.PodToken(ctx, clientset, pod)
+	token, err := kube.PodToken(ctx, suite.Clientset, pod)
 	mustOK(t, "token", err)
-	gone := clientFor(t, kube.WithToken(cp.Config, token))
+	gone := clientFor(t, kube.WithToken(suite.Config, token))
 	mustOK(t, "the live pod's token works", gone.Create(ctx, probe(), client.DryRunAll))
-	mustOK(t, "deleting the pod", clientset.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To(int64(0))}))
-	eventually(t, func() error {
+	mustOK(t, "deleting the pod", suite.Clientset.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To(int64(0))}))
+	testwait.For(t, 30*time.Second, func() error {
 		err := gone.Create(ctx, probe(), client.DryRunAll)
 		if !apierrors.IsUnauthorized(err) {
 			return fmt.Errorf("a deleted pod's token answered %v, want 401 Unauthorized", err)
@@ -310,30 +300,25 @@ func TestCredentialsThatAreNotAnAgentPod(t *testing.T) {
 
 	// Another service account on the same node: RBAC gives it nothing.
 	other := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "not-the-agent", Namespace: kube.AgentNamespace}}
-	if err := admin.Create(ctx, other); err != nil && !apierrors.IsAlreadyExists(err) {
+	if err := suite.Client.Create(ctx, other); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
 	}
-	opod, err := kube.AgentPod(ctx, clientset, other.Name, nodeA)
+	opod, err := kube.AgentPod(ctx, suite.Clientset, other.Name, nodeA)
 	mustOK(t, "other pod", err)
-	otoken, err := kube.PodToken(ctx, clientset, opod)
+	otoken, err := kube.PodToken(ctx, suite.Clientset, opod)
 	mustOK(t, "other token", err)
-	err = clientFor(t, kube.WithToken(cp.Config, otoken)).Create(ctx, probe())
+	err = clientFor(t, kube.WithToken(suite.Config, otoken)).Create(ctx, probe())
 	if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "system:serviceaccount:dowse-system:not-the-agent") {
 		t.Fatalf("another service account: %v, want RBAC's Forbidden naming it", err)
 	}
 
 	// The agent's service account without a pod (a token that names no
 	// node): it may read, but not write.
-	tr, err := clientset.CoreV1().ServiceAccounts(kube.AgentNamespace).CreateToken(ctx, kube.AgentServiceAccount, &authnv1.TokenRequest{}, metav1.CreateOptions{})
+	tr, err := suite.Clientset.CoreV1().ServiceAccounts(kube.AgentNamespace).CreateToken(ctx, kube.AgentServiceAccount, &authnv1.TokenRequest{}, metav1.CreateOptions{})
 	mustOK(t, "unbound token", err)
-	unbound := clientFor(t, kube.WithToken(cp.Config, tr.Status.Token))
+	unbound := clientFor(t, kube.WithToken(suite.Config, tr.Status.Token))
 	mustOK(t, "an unbound agent token reads Configurations", unbound.List(ctx, &v1alpha1.ConfigurationList{}, client.InNamespace(ns)))
 	expectRefused(t, "an agent token without a node writes", unbound.Create(ctx, probe()), "node-identity")
-}
-
-func eventually(t *testing.T, f func() error) {
-	t.Helper()
-	testwait.For(t, 30*time.Second, f)
 }
 
 // An agent publishes DRA ResourceSlices for its own node only.
@@ -350,11 +335,11 @@ func TestAgentPublishesOnlyItsOwnNodesSlices(t *testing.T) {
 	}
 	own := slice("iso-slice-a", nodeA)
 	mustOK(t, "publish its own node's slice", a.Create(ctx, own))
-	t.Cleanup(func() { _ = admin.Delete(ctx, own) })
+	t.Cleanup(func() { _ = suite.Client.Delete(ctx, own) })
 	expectRefused(t, "publish a slice for node B", a.Create(ctx, slice("iso-slice-forged", nodeB)), "resourceslice-node")
 	b := slice("iso-slice-b", nodeB)
-	mustOK(t, "admin publishes node B's slice", admin.Create(ctx, b))
-	t.Cleanup(func() { _ = admin.Delete(ctx, b) })
+	mustOK(t, "admin publishes node B's slice", suite.Client.Create(ctx, b))
+	t.Cleanup(func() { _ = suite.Client.Delete(ctx, b) })
 	expectRefused(t, "change node B's slice", patch(t, a, b, func(s *resourcev1.ResourceSlice) {
 		s.Spec.Devices = append(s.Spec.Devices, resourcev1.Device{Name: "d1"})
 	}), "resourceslice-node")

@@ -60,6 +60,9 @@ func startPair(t *testing.T, c *cluster, logs *logBuf, drain time.Duration) *rep
 			cfg.Claim = p.recs.claimFor(h)
 			cfg.Positions = p.rec
 			cfg.DrainPeriod = drain
+			// Long enough that a loaded machine (or -race) does not take
+			// a slow peer for a dead one: these tests count moves.
+			cfg.Heartbeat = time.Second
 		}
 	}
 	p.a = startHub(t, c, "127.0.0.1:0", "127.0.0.1:0", p.rec, logs, tweak(&ha))
@@ -87,6 +90,7 @@ func TestEdgeMovesBetweenReplicas(t *testing.T) {
 			e := startEdge(t, "edge", nil, t.TempDir(), newRecorder(), logs, func(cfg *edgehub.Config) {
 				cfg.Dialer, cfg.Transport, cfg.TLS = nil, transport, c.clientTLS(t, c.ca, "edge")
 				cfg.Server, cfg.Servers = p.a.addr(transport), []string{p.b.addr(transport)}
+				cfg.Heartbeat = time.Second
 			})
 			const total = 2000
 			reported := make(chan error, 1)
@@ -102,28 +106,36 @@ func TestEdgeMovesBetweenReplicas(t *testing.T) {
 				}
 				reported <- nil
 			}()
-			var first, second *hubRun
-			waitFor(t, 10*time.Second, "connected", func() error {
+			// holder is the replica the edge is on now (it may reconnect by
+			// itself: the heartbeat is short).
+			holder := func() (on, other *hubRun, err error) {
 				switch a, b := p.holds("edge"); {
-				case a:
-					first, second = p.a, p.b
-				case b:
-					first, second = p.b, p.a
-				default:
-					return fmt.Errorf("the edge is on neither replica")
+				case a && !b:
+					return p.a, p.b, nil
+				case b && !a:
+					return p.b, p.a, nil
 				}
-				return nil
-			})
+				return nil, nil, fmt.Errorf("the edge is not on exactly one replica")
+			}
+			waitFor(t, 10*time.Second, "connected", func() error { _, _, err := holder(); return err })
 			waitFor(t, 10*time.Second, "readings flowing", func() error {
 				if n := len(p.rec.get("edge")); n < total/4 {
 					return fmt.Errorf("%d of %d taken", n, total)
 				}
 				return nil
 			})
-			if !first.hub.Move("edge", 0, "rebalance") {
-				t.Fatal("Move: the edge is not connected")
-			}
+			var first, second *hubRun
 			waitFor(t, 10*time.Second, "moved", func() error {
+				if first == nil {
+					on, other, err := holder()
+					if err != nil {
+						return err
+					}
+					if !on.hub.Move("edge", 0, "rebalance") {
+						return fmt.Errorf("Move: the edge is not connected")
+					}
+					first, second = on, other
+				}
 				if !slices.Contains(second.hub.Connected(), "edge") || slices.Contains(first.hub.Connected(), "edge") {
 					return fmt.Errorf("after Move, the edge is not on the other replica alone")
 				}
@@ -176,7 +188,7 @@ func TestEvictClosesTheOlderSession(t *testing.T) {
 	// The edge knows replica a only: evicted, it comes back to a and
 	// claims again.
 	d, _ := link.NewDialer(link.WebSocket, p.a.addr(link.WebSocket), c.clientTLS(t, c.ca, "edge"))
-	startEdge(t, "edge", d, t.TempDir(), newRecorder(), logs, nil)
+	startEdge(t, "edge", d, t.TempDir(), newRecorder(), logs, func(cfg *edgehub.Config) { cfg.Heartbeat = time.Second })
 	waitFor(t, 10*time.Second, "connected", func() error {
 		if a, _ := p.holds("edge"); !a {
 			return fmt.Errorf("not on replica a")

@@ -31,8 +31,8 @@ import (
 // Concurrent starters (controller replicas, dowsectl) all end with the one
 // CA that is stored, and a later start reads it back.
 func TestCACreatedOnceConcurrently(t *testing.T) {
-	ns := namespace(t)
-	secrets := clientset.CoreV1().Secrets(ns)
+	ns := suite.Namespace(t)
+	secrets := suite.Clientset.CoreV1().Secrets(ns)
 	const starters = 8
 	cas := make([]*pki.CA, starters)
 	errs := make([]error, starters)
@@ -104,7 +104,7 @@ func TestCACreateConflictReadsTheWinner(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	secrets := &racingSecrets{SecretClient: clientset.CoreV1().Secrets(namespace(t)), other: other}
+	secrets := &racingSecrets{SecretClient: suite.Clientset.CoreV1().Secrets(suite.Namespace(t)), other: other}
 	ca, err := linkauth.LoadOrCreateCA(context.Background(), secrets, time.Hour)
 	if err != nil {
 		t.Fatal(err)
@@ -579,7 +579,7 @@ func TestEdgeRenewsShortLivedCert(t *testing.T) {
 func TestDowsectlTokenBootstraps(t *testing.T) {
 	c := startCloud(t, time.Hour)
 	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
-	if err := cp.Kubeconfig(kubeconfig); err != nil {
+	if err := suite.Kubeconfig(kubeconfig); err != nil {
 		t.Fatal(err)
 	}
 	var out, errOut bytes.Buffer

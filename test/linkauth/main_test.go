@@ -5,7 +5,6 @@ package linkauth_test
 
 import (
 	"context"
-	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -18,8 +17,6 @@ import (
 	"github.com/go-logr/logr/funcr"
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 
 	"github.com/dowse-dev/dowse/agent/edgecert"
 	"github.com/dowse-dev/dowse/controller/linkauth"
@@ -28,37 +25,10 @@ import (
 	"github.com/dowse-dev/dowse/test/promtest"
 )
 
-var (
-	cp        *kube.ControlPlane
-	clientset *kubernetes.Clientset
-)
+// Each test gets its own controller namespace.
+var suite = &kube.Suite{NamespacePrefix: "linkauth-"}
 
-func TestMain(m *testing.M) { os.Exit(run(m)) }
-
-func run(m *testing.M) int {
-	var err error
-	if cp, err = kube.Start(); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer func() {
-		if err := cp.Stop(); err != nil {
-			fmt.Fprintln(os.Stderr, "stopping control plane:", err)
-		}
-	}()
-	clientset = kubernetes.NewForConfigOrDie(cp.Config)
-	return m.Run()
-}
-
-// namespace gives each test its own controller namespace.
-func namespace(t *testing.T) string {
-	t.Helper()
-	ns, err := clientset.CoreV1().Namespaces().Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "linkauth-"}}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ns.Name
-}
+func TestMain(m *testing.M) { os.Exit(suite.Run(m)) }
 
 // logLines records log lines as "message key=value ..." strings.
 type logLines struct {
@@ -104,9 +74,9 @@ type cloud struct {
 
 func startCloud(t *testing.T, certValidity time.Duration, opts ...func(*linkauth.Config)) *cloud {
 	t.Helper()
-	c := &cloud{ns: namespace(t), reg: prometheus.NewRegistry(), logs: &logLines{}}
+	c := &cloud{ns: suite.Namespace(t), reg: prometheus.NewRegistry(), logs: &logLines{}}
 	ctx, cancel := context.WithCancel(logr.NewContext(context.Background(), c.logs.logger(t)))
-	c.secrets = clientset.CoreV1().Secrets(c.ns)
+	c.secrets = suite.Clientset.CoreV1().Secrets(c.ns)
 	var err error
 	if c.ca, err = linkauth.LoadOrCreateCA(ctx, c.secrets, 0); err != nil {
 		t.Fatal(err)

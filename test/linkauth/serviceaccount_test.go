@@ -22,17 +22,17 @@ import (
 func agentPod(t *testing.T, ns, sa, node string) *corev1.Pod {
 	t.Helper()
 	ctx := context.Background()
-	if _, err := clientset.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{}); err != nil {
-		if _, err := clientset.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}, metav1.CreateOptions{}); err != nil {
+	if _, err := suite.Clientset.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{}); err != nil {
+		if _, err := suite.Clientset.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if _, err := clientset.CoreV1().ServiceAccounts(ns).Get(ctx, sa, metav1.GetOptions{}); err != nil {
-		if _, err := clientset.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: sa}}, metav1.CreateOptions{}); err != nil {
+	if _, err := suite.Clientset.CoreV1().ServiceAccounts(ns).Get(ctx, sa, metav1.GetOptions{}); err != nil {
+		if _, err := suite.Clientset.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: sa}}, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	pod, err := clientset.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{
+	pod, err := suite.Clientset.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{GenerateName: sa + "-"},
 		Spec: corev1.PodSpec{ServiceAccountName: sa, NodeName: node,
 			Containers: []corev1.Container{{Name: "agent", Image: "dowse-agent"}}},
@@ -51,7 +51,7 @@ func saToken(t *testing.T, ns, sa string, pod *corev1.Pod, audience string) stri
 	if pod != nil {
 		spec.BoundObjectRef = &authnv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID}
 	}
-	tr, err := clientset.CoreV1().ServiceAccounts(ns).CreateToken(context.Background(), sa, &authnv1.TokenRequest{Spec: spec}, metav1.CreateOptions{})
+	tr, err := suite.Clientset.CoreV1().ServiceAccounts(ns).CreateToken(context.Background(), sa, &authnv1.TokenRequest{Spec: spec}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,9 +65,9 @@ func saToken(t *testing.T, ns, sa string, pod *corev1.Pod, audience string) stri
 // The agents of a DaemonSet join the link each as its own node, with their
 // pod's service account token; every other token is refused with a reason.
 func TestServiceAccountBootstrap(t *testing.T) {
-	ns := namespace(t) // the agents'
+	ns := suite.Namespace(t) // the agents'
 	c := startCloud(t, time.Hour, func(cfg *linkauth.Config) {
-		cfg.TokenReviews = clientset.AuthenticationV1().TokenReviews()
+		cfg.TokenReviews = suite.Clientset.AuthenticationV1().TokenReviews()
 		cfg.AgentServiceAccounts = []string{ns + "/dowse-agent"}
 	})
 	edge := func(node, tokenFile string) *edgecert.Manager {
@@ -136,7 +136,7 @@ func TestServiceAccountBootstrap(t *testing.T) {
 	// The token dies with its pod (a deleted DaemonSet pod, a stolen token).
 	gone := agentPod(t, ns, "dowse-agent", "sa-edge-c")
 	tokenFile := saToken(t, ns, "dowse-agent", gone, pki.ServiceAccountAudience)
-	if err := clientset.CoreV1().Pods(ns).Delete(context.Background(), gone.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err != nil {
+	if err := suite.Clientset.CoreV1().Pods(ns).Delete(context.Background(), gone.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err != nil {
 		t.Fatal(err)
 	}
 	waitGone(t, ns, gone.Name)
@@ -160,7 +160,7 @@ func TestServiceAccountBootstrapOff(t *testing.T) {
 func waitGone(t *testing.T, ns, pod string) {
 	t.Helper()
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		_, err := clientset.CoreV1().Pods(ns).Get(context.Background(), pod, metav1.GetOptions{})
+		_, err := suite.Clientset.CoreV1().Pods(ns).Get(context.Background(), pod, metav1.GetOptions{})
 		if err != nil {
 			return
 		}
@@ -173,9 +173,9 @@ func waitGone(t *testing.T, ns, pod string) {
 // A node whose certificate expired before it could renew (offline, or
 // renewals refused) bootstraps again with its pod's token, by itself.
 func TestServiceAccountEdgeBootstrapsAgainAfterExpiry(t *testing.T) {
-	ns := namespace(t)
+	ns := suite.Namespace(t)
 	c := startCloud(t, 3*time.Second, func(cfg *linkauth.Config) {
-		cfg.TokenReviews = clientset.AuthenticationV1().TokenReviews()
+		cfg.TokenReviews = suite.Clientset.AuthenticationV1().TokenReviews()
 		cfg.AgentServiceAccounts = []string{ns + "/dowse-agent"}
 		cfg.NodeAllowed = func(context.Context, string) (bool, error) { return false, nil } // every renewal refused
 	})

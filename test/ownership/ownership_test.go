@@ -14,10 +14,8 @@ import (
 	"time"
 
 	"github.com/go-logr/logr/testr"
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
-	"k8s.io/client-go/kubernetes"
 	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	"k8s.io/utils/ptr"
 
@@ -26,33 +24,14 @@ import (
 	"github.com/dowse-dev/dowse/test/testwait"
 )
 
-var cs kubernetes.Interface
+var suite = &kube.Suite{NamespacePrefix: "own-"}
 
-func TestMain(m *testing.M) {
-	cp, err := kube.Start()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	if cs, err = kubernetes.NewForConfig(cp.Config); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		_ = cp.Stop()
-		os.Exit(1)
-	}
-	code := m.Run()
-	if err := cp.Stop(); err != nil {
-		fmt.Fprintln(os.Stderr, "stopping control plane:", err)
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(suite.Run(m)) }
 
-func namespace(t *testing.T) coordinationv1client.LeaseInterface {
+// ownLeases is the Leases of a namespace of the test's own.
+func ownLeases(t *testing.T) coordinationv1client.LeaseInterface {
 	t.Helper()
-	ns, err := cs.CoreV1().Namespaces().Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "own-"}}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return cs.CoordinationV1().Leases(ns.Name)
+	return suite.Clientset.CoordinationV1().Leases(suite.Namespace(t))
 }
 
 // lostLog records what a replica was told it lost.
@@ -100,7 +79,7 @@ func replica(t *testing.T, leases coordinationv1client.LeaseInterface, name stri
 // never told it lost a session newer than the one taken from it.
 func TestClaimTakesOverAndTellsTheOldHolder(t *testing.T) {
 	ctx := context.Background()
-	leases := namespace(t)
+	leases := ownLeases(t)
 	a, lostA := replica(t, leases, "replica-a")
 	b, lostB := replica(t, leases, "replica-b")
 
@@ -153,7 +132,7 @@ func TestClaimTakesOverAndTellsTheOldHolder(t *testing.T) {
 // epoch, and the record ends with the greatest, held by whoever got it.
 func TestConcurrentClaimsGetDistinctEpochs(t *testing.T) {
 	ctx := context.Background()
-	leases := namespace(t)
+	leases := ownLeases(t)
 	var replicas []*ownership.Claims
 	for _, n := range []string{"r-0", "r-1", "r-2"} {
 		c, _ := replica(t, leases, n)
@@ -233,7 +212,7 @@ func TestNamesFitObjectsAndLabels(t *testing.T) {
 		t.Errorf("short names are kept readable: %s", ownership.NodeLeaseName("edge-1"))
 	}
 	// The long one is accepted by the API server as it is.
-	leases := namespace(t)
+	leases := ownLeases(t)
 	c, _ := replica(t, leases, strings.Repeat("r", 70))
 	if e, err := c.Claim(context.Background(), long, 0); err != nil || e != 1 {
 		t.Fatalf("claim of a 250-character node name: %d, %v", e, err)
@@ -313,7 +292,7 @@ func startPresence(t *testing.T, leases coordinationv1client.LeaseInterface, f *
 // time; a replica that leaves is no longer counted, and one that joins
 // takes its share without the others dropping all their edges.
 func TestPresenceSpreadsEdges(t *testing.T) {
-	leases := namespace(t)
+	leases := ownLeases(t)
 	f := &fleet{held: map[string]map[string]bool{"a": {}, "b": {}, "c": {}}, order: []string{"a", "b", "c"}}
 	for i := range 9 {
 		f.held["a"][fmt.Sprintf("edge-%d", i)] = true

@@ -29,9 +29,7 @@ import (
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/dowse-dev/dowse/shared/scheme"
 	"github.com/dowse-dev/dowse/test/kube"
 )
 
@@ -42,37 +40,9 @@ const (
 	controllerSA     = "dowse-controller"
 )
 
-var (
-	cp        *kube.ControlPlane
-	clientset *kubernetes.Clientset
-	admin     client.Client
-)
+var suite = &kube.Suite{NamespacePrefix: "plant-"}
 
-func TestMain(m *testing.M) { os.Exit(run(m)) }
-
-func run(m *testing.M) int {
-	var err error
-	if cp, err = kube.Start(); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer func() {
-		if err := cp.Stop(); err != nil {
-			fmt.Fprintln(os.Stderr, "stopping control plane:", err)
-		}
-	}()
-	clientset = kubernetes.NewForConfigOrDie(cp.Config)
-	sch, err := scheme.New()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	if admin, err = client.New(cp.Config, client.Options{Scheme: sch}); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	return m.Run()
-}
+func TestMain(m *testing.M) { os.Exit(suite.Run(m)) }
 
 // render runs bin/helm template on the chart with the agent's and the
 // controller's templates. Without bin/helm the test is skipped, or fails
@@ -124,14 +94,14 @@ func installRBAC(t *testing.T) []string {
 	objs := render(t)
 	installOnce.Do(func() {
 		ctx := context.Background()
-		if err := admin.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: releaseNamespace}}); err != nil && !apierrors.IsAlreadyExists(err) {
+		if err := suite.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: releaseNamespace}}); err != nil && !apierrors.IsAlreadyExists(err) {
 			installed.err = err
 			return
 		}
 		for _, o := range objs {
 			switch o.GetKind() {
 			case "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding":
-				if err := admin.Create(ctx, o); err != nil && !apierrors.IsAlreadyExists(err) {
+				if err := suite.Client.Create(ctx, o); err != nil && !apierrors.IsAlreadyExists(err) {
 					installed.err = fmt.Errorf("creating %s %s: %w", o.GetKind(), o.GetName(), err)
 					return
 				}
@@ -160,7 +130,7 @@ func installRBAC(t *testing.T) []string {
 // withToken is a client config of the API server authenticating with
 // token alone.
 func withToken(token string) *rest.Config {
-	c := rest.AnonymousClientConfig(cp.Config)
+	c := rest.AnonymousClientConfig(suite.Config)
 	c.BearerToken = token
 	return c
 }
@@ -168,7 +138,7 @@ func withToken(token string) *rest.Config {
 // controllerConfig authenticates as the chart's controller service account.
 func controllerConfig(t *testing.T) *rest.Config {
 	t.Helper()
-	tr, err := clientset.CoreV1().ServiceAccounts(releaseNamespace).CreateToken(t.Context(), controllerSA, &authnv1.TokenRequest{}, metav1.CreateOptions{})
+	tr, err := suite.Clientset.CoreV1().ServiceAccounts(releaseNamespace).CreateToken(t.Context(), controllerSA, &authnv1.TokenRequest{}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -181,12 +151,12 @@ func controllerConfig(t *testing.T) *rest.Config {
 func agentConfig(t *testing.T, node string) *rest.Config {
 	t.Helper()
 	ctx := t.Context()
-	if _, err := clientset.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{}); apierrors.IsNotFound(err) {
-		if _, err := clientset.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+	if _, err := suite.Clientset.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{}); apierrors.IsNotFound(err) {
+		if _, err := suite.Clientset.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 			t.Fatal(err)
 		}
 	}
-	pod, err := clientset.CoreV1().Pods(releaseNamespace).Create(ctx, &corev1.Pod{
+	pod, err := suite.Clientset.CoreV1().Pods(releaseNamespace).Create(ctx, &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{GenerateName: agentSA + "-"},
 		Spec: corev1.PodSpec{ServiceAccountName: agentSA, NodeName: node,
 			Containers: []corev1.Container{{Name: "agent", Image: "dowse-agent"}}},
@@ -194,7 +164,7 @@ func agentConfig(t *testing.T, node string) *rest.Config {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tr, err := clientset.CoreV1().ServiceAccounts(releaseNamespace).CreateToken(ctx, agentSA, &authnv1.TokenRequest{Spec: authnv1.TokenRequestSpec{
+	tr, err := suite.Clientset.CoreV1().ServiceAccounts(releaseNamespace).CreateToken(ctx, agentSA, &authnv1.TokenRequest{Spec: authnv1.TokenRequestSpec{
 		BoundObjectRef: &authnv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID},
 	}}, metav1.CreateOptions{})
 	if err != nil {
@@ -211,13 +181,4 @@ func agentConfig(t *testing.T, node string) *rest.Config {
 		t.Fatalf("the agent token is %s with %v, not the agent's pod on %s", info.Username, info.Extra, node)
 	}
 	return cfg
-}
-
-func namespace(t *testing.T) string {
-	t.Helper()
-	ns, err := clientset.CoreV1().Namespaces().Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "plant-"}}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ns.Name
 }

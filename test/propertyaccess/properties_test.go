@@ -183,7 +183,7 @@ func configMapRef(name, key string) *v1alpha1.DiscoveryPropertySource {
 func create(t *testing.T, objs ...client.Object) {
 	t.Helper()
 	for _, o := range objs {
-		if err := admin.Create(t.Context(), o); err != nil {
+		if err := suite.Client.Create(t.Context(), o); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -199,19 +199,19 @@ func createConfiguration(t *testing.T, ns, name string, props ...v1alpha1.Discov
 	create(t, cfg)
 	t.Cleanup(func() {
 		ctx := context.Background()
-		if err := admin.Delete(ctx, cfg); client.IgnoreNotFound(err) != nil {
+		if err := suite.Client.Delete(ctx, cfg); client.IgnoreNotFound(err) != nil {
 			t.Error(err)
 			return
 		}
 		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 			var cur v1alpha1.Configuration
-			err := admin.Get(ctx, client.ObjectKeyFromObject(cfg), &cur)
+			err := suite.Client.Get(ctx, client.ObjectKeyFromObject(cfg), &cur)
 			if apierrors.IsNotFound(err) {
 				return
 			}
 			if err == nil && time.Now().After(deadline) {
 				cur.Finalizers = nil
-				_ = admin.Update(ctx, &cur)
+				_ = suite.Client.Update(ctx, &cur)
 			}
 			if time.Now().After(deadline.Add(10 * time.Second)) {
 				t.Errorf("Configuration %s/%s still there", ns, name)
@@ -225,7 +225,7 @@ func createConfiguration(t *testing.T, ns, name string, props ...v1alpha1.Discov
 // role returns the namespace's property access Role, nil when there is none.
 func role(t *testing.T, ns string) *rbacv1.Role {
 	t.Helper()
-	r, err := clientset.RbacV1().Roles(ns).Get(t.Context(), v1alpha1.PropertyAccessRole, metav1.GetOptions{})
+	r, err := suite.Clientset.RbacV1().Roles(ns).Get(t.Context(), v1alpha1.PropertyAccessRole, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return nil
 	}
@@ -244,7 +244,7 @@ func expectRules(t *testing.T, ns string, secrets, configMaps []string) {
 			if r != nil {
 				return fmt.Errorf("Role %s/%s is still there: %v", ns, v1alpha1.PropertyAccessRole, r.Rules)
 			}
-			if _, err := clientset.RbacV1().RoleBindings(ns).Get(t.Context(), v1alpha1.PropertyAccessRole, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			if _, err := suite.Clientset.RbacV1().RoleBindings(ns).Get(t.Context(), v1alpha1.PropertyAccessRole, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 				return fmt.Errorf("RoleBinding %s/%s is still there (%v)", ns, v1alpha1.PropertyAccessRole, err)
 			}
 			return nil
@@ -293,7 +293,7 @@ func expectForbidden(t *testing.T, what string, err error) {
 // handler and follows its change; a reference removed is a grant removed.
 func TestAgentReadsOnlyWhatConfigurationsName(t *testing.T) {
 	accounts := installRBAC(t)
-	ns := namespace(t)
+	ns := suite.Namespace(t)
 	sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "camera-cred"}, Data: map[string][]byte{"password": []byte("one")}}
 	create(t,
 		sec,
@@ -310,7 +310,7 @@ func TestAgentReadsOnlyWhatConfigurationsName(t *testing.T) {
 	)
 	expectRules(t, ns, []string{"camera-cred"}, []string{"plant-opc"})
 	testwait.For(t, 10*time.Second, func() error {
-		rb, err := clientset.RbacV1().RoleBindings(ns).Get(t.Context(), v1alpha1.PropertyAccessRole, metav1.GetOptions{})
+		rb, err := suite.Clientset.RbacV1().RoleBindings(ns).Get(t.Context(), v1alpha1.PropertyAccessRole, metav1.GetOptions{})
 		if err != nil {
 			return err
 		}
@@ -364,7 +364,7 @@ func TestAgentReadsOnlyWhatConfigurationsName(t *testing.T) {
 	h.expect(t, 30*time.Second, map[string]string{"PASSWORD": "one", "URL": "opc.tcp://plant:4840"})
 	expectBrokerProperty(t, ns, "cams", "one")
 	sec.Data["password"] = []byte("two")
-	if err := admin.Update(ctx, sec); err != nil {
+	if err := suite.Client.Update(ctx, sec); err != nil {
 		t.Fatal(err)
 	}
 	h.expect(t, 30*time.Second, map[string]string{"PASSWORD": "two", "URL": "opc.tcp://plant:4840"})
@@ -373,11 +373,11 @@ func TestAgentReadsOnlyWhatConfigurationsName(t *testing.T) {
 	// A reference removed takes its name out of the Role; the agent stops
 	// watching it and may no longer read it.
 	var cur v1alpha1.Configuration
-	if err := admin.Get(ctx, client.ObjectKeyFromObject(cfg), &cur); err != nil {
+	if err := suite.Client.Get(ctx, client.ObjectKeyFromObject(cfg), &cur); err != nil {
 		t.Fatal(err)
 	}
 	cur.Spec.DiscoveryHandler.DiscoveryProperties = cur.Spec.DiscoveryHandler.DiscoveryProperties[1:]
-	if err := admin.Update(ctx, &cur); err != nil {
+	if err := suite.Client.Update(ctx, &cur); err != nil {
 		t.Fatal(err)
 	}
 	expectRules(t, ns, nil, []string{"plant-opc"})
@@ -400,7 +400,7 @@ func TestAgentReadsOnlyWhatConfigurationsName(t *testing.T) {
 	t.Logf("the agent made %d requests for Secrets and ConfigMaps, each by name: %v", len(urls), urls)
 
 	// The last reference gone, Role and RoleBinding go.
-	if err := admin.Delete(ctx, &cur); err != nil {
+	if err := suite.Client.Delete(ctx, &cur); err != nil {
 		t.Fatal(err)
 	}
 	expectRules(t, ns, nil, nil)
@@ -412,7 +412,7 @@ func expectBrokerProperty(t *testing.T, ns, cfg, want string) {
 	t.Helper()
 	testwait.For(t, 30*time.Second, func() error {
 		var list v1alpha1.InstanceList
-		if err := admin.List(t.Context(), &list, client.InNamespace(ns)); err != nil {
+		if err := suite.Client.List(t.Context(), &list, client.InNamespace(ns)); err != nil {
 			return err
 		}
 		for _, i := range list.Items {
@@ -429,13 +429,13 @@ func expectBrokerProperty(t *testing.T, ns, cfg, want string) {
 // itself once the controller grants it.
 func TestForbiddenUntilGranted(t *testing.T) {
 	accounts := installRBAC(t)
-	ns := namespace(t)
+	ns := suite.Namespace(t)
 	create(t, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "late-cred"}, Data: map[string][]byte{"password": []byte("finally")}})
 	h, _ := startAgent(t, "node-b", agentConfig(t, "node-b"))
 	createConfiguration(t, ns, "late", v1alpha1.DiscoveryProperty{Name: "PASSWORD", ValueFrom: secretRef("late-cred", "password")})
 	testwait.For(t, 30*time.Second, func() error {
 		var cfg v1alpha1.Configuration
-		if err := admin.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: "late"}, &cfg); err != nil {
+		if err := suite.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: "late"}, &cfg); err != nil {
 			return err
 		}
 		for _, n := range cfg.Status.Nodes {

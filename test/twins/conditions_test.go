@@ -14,6 +14,7 @@ import (
 	"github.com/dowse-dev/dowse/controller/cloudhub"
 	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+	"github.com/dowse-dev/dowse/test/testwait"
 )
 
 // TestEdgeConditions: a node's DeviceCondition is written to the Device's
@@ -22,15 +23,15 @@ import (
 // server would refuse is replaced rather than failing the write.
 func TestEdgeConditions(t *testing.T) {
 	ctx := context.Background()
-	ns := namespace(t)
-	if err := k8sClient.Create(ctx, thermostatModel(ns)); err != nil {
+	ns := suite.Namespace(t)
+	if err := suite.Client.Create(ctx, thermostatModel(ns)); err != nil {
 		t.Fatal(err)
 	}
-	if err := k8sClient.Create(ctx, device(ns, "c1", "edge-1")); err != nil {
+	if err := suite.Client.Create(ctx, device(ns, "c1", "edge-1")); err != nil {
 		t.Fatal(err)
 	}
 	rig := startTwins(t, newFakeHub())
-	eventually(t, 10*time.Second, func() error {
+	testwait.For(t, 10*time.Second, func() error {
 		_, err := getDevice(ns, "c1")
 		return err
 	})
@@ -59,7 +60,7 @@ func TestEdgeConditions(t *testing.T) {
 
 	send(&linkv1.DeviceCondition{Type: v1alpha1.ConditionReportsAccepted, Reason: "TwinRefused", Mapper: "m",
 		Message: `refused by node edge-1: property "temperature": reported value "warm" is not a DOUBLE`})
-	eventually(t, 10*time.Second, func() error {
+	testwait.For(t, 10*time.Second, func() error {
 		c, err := cond(v1alpha1.ConditionReportsAccepted)
 		if err != nil {
 			return err
@@ -71,7 +72,7 @@ func TestEdgeConditions(t *testing.T) {
 	})
 	send(&linkv1.DeviceCondition{Type: v1alpha1.ConditionDeviceValid, Status: false, Reason: "Forged"})
 	send(&linkv1.DeviceCondition{Type: v1alpha1.ConditionReportsAccepted, Status: true, Reason: "not a reason!", Message: "fine"})
-	eventually(t, 10*time.Second, func() error {
+	testwait.For(t, 10*time.Second, func() error {
 		c, err := cond(v1alpha1.ConditionReportsAccepted)
 		if err != nil {
 			return err

@@ -12,6 +12,7 @@ import (
 
 	"github.com/dowse-dev/dowse/dowsectl"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+	"github.com/dowse-dev/dowse/test/testwait"
 )
 
 type syncBuffer struct {
@@ -36,15 +37,15 @@ func (s *syncBuffer) String() string {
 // each change.
 func TestDowsectlTwin(t *testing.T) {
 	ctx := context.Background()
-	ns := namespace(t)
+	ns := suite.Namespace(t)
 	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
-	if err := cp.Kubeconfig(kubeconfig); err != nil {
+	if err := suite.Kubeconfig(kubeconfig); err != nil {
 		t.Fatal(err)
 	}
-	if err := k8sClient.Create(ctx, thermostatModel(ns)); err != nil {
+	if err := suite.Client.Create(ctx, thermostatModel(ns)); err != nil {
 		t.Fatal(err)
 	}
-	if err := k8sClient.Create(ctx, device(ns, "t1", "edge-1", desired("setpoint", "21"), v1alpha1.DeviceProperty{Name: "temperature"})); err != nil {
+	if err := suite.Client.Create(ctx, device(ns, "t1", "edge-1", desired("setpoint", "21"), v1alpha1.DeviceProperty{Name: "temperature"})); err != nil {
 		t.Fatal(err)
 	}
 	run := func(args ...string) (string, error) {
@@ -98,7 +99,7 @@ func TestDowsectlTwin(t *testing.T) {
 			ObservedDesired: &v1alpha1.TwinProperty{Value: "25"}},
 		{PropertyName: "temperature", Reported: &v1alpha1.TwinProperty{Value: "19.5"}},
 	}
-	if err := k8sClient.Status().Update(ctx, d); err != nil {
+	if err := suite.Client.Status().Update(ctx, d); err != nil {
 		t.Fatal(err)
 	}
 	out, err := run("twin", "get", "t1")
@@ -110,7 +111,7 @@ func TestDowsectlTwin(t *testing.T) {
 			t.Errorf("get printed %q, missing %q", out, want)
 		}
 	}
-	eventually(t, 10*time.Second, func() error {
+	testwait.For(t, 10*time.Second, func() error {
 		for _, want := range []string{"setpoint.desired=25", "setpoint.reported=25", "setpoint.observedDesired=25", "temperature.reported=19.5", "state=ok"} {
 			if !strings.Contains(watched.String(), want) {
 				return fmt.Errorf("watch printed %q, missing %q", watched.String(), want)

@@ -4,71 +4,21 @@
 package twins
 
 import (
-	"context"
-	"fmt"
 	"net/http"
 	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
-	"github.com/go-logr/logr"
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
-	"github.com/dowse-dev/dowse/shared/scheme"
 	"github.com/dowse-dev/dowse/test/kube"
-	"github.com/dowse-dev/dowse/test/testwait"
 )
 
-var (
-	cp        *kube.ControlPlane
-	k8sClient client.Client
-)
+var suite = &kube.Suite{NamespacePrefix: "tw-"}
 
-func TestMain(m *testing.M) { os.Exit(run(m)) }
-
-func run(m *testing.M) int {
-	ctrllog.SetLogger(logr.Discard())
-	var err error
-	if cp, err = kube.Start(); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer func() {
-		if err := cp.Stop(); err != nil {
-			fmt.Fprintln(os.Stderr, "stopping control plane:", err)
-		}
-	}()
-	sch, err := scheme.New()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	if k8sClient, err = client.New(cp.Config, client.Options{Scheme: sch}); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	return m.Run()
-}
-
-func namespace(t *testing.T) string {
-	t.Helper()
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "tw-"}}
-	if err := k8sClient.Create(context.Background(), ns); err != nil {
-		t.Fatal(err)
-	}
-	return ns.Name
-}
-
-func eventually(t *testing.T, timeout time.Duration, f func() error) {
-	t.Helper()
-	testwait.For(t, timeout, f)
-}
+func TestMain(m *testing.M) { os.Exit(suite.Run(m)) }
 
 // writeCounter counts writes to one resource path fragment.
 type writeCounter struct {

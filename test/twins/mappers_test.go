@@ -15,12 +15,13 @@ import (
 
 	"github.com/dowse-dev/dowse/controller/mappers"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+	"github.com/dowse-dev/dowse/test/testwait"
 )
 
 func mapperPods(t *testing.T, ns string) map[string]corev1.Pod {
 	t.Helper()
 	var pods corev1.PodList
-	if err := k8sClient.List(context.Background(), &pods, client.InNamespace(ns), client.MatchingLabels{mappers.LabelMapper: "true"}); err != nil {
+	if err := suite.Client.List(context.Background(), &pods, client.InNamespace(ns), client.MatchingLabels{mappers.LabelMapper: "true"}); err != nil {
 		t.Fatal(err)
 	}
 	out := map[string]corev1.Pod{}
@@ -47,17 +48,17 @@ func nodesOf(pods map[string]corev1.Pod) []string {
 // its Pod; a template change replaces them.
 func TestMapperPodsFollowDevices(t *testing.T) {
 	ctx := context.Background()
-	ns := namespace(t)
+	ns := suite.Namespace(t)
 	// No controller manager here makes the default ServiceAccount.
-	if err := k8sClient.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "default"}}); err != nil {
+	if err := suite.Client.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "default"}}); err != nil {
 		t.Fatal(err)
 	}
-	if err := k8sClient.Create(ctx, thermostatModel(ns)); err != nil {
+	if err := suite.Client.Create(ctx, thermostatModel(ns)); err != nil {
 		t.Fatal(err)
 	}
 	cfg := templateConfiguration(ns, "plc", "502")
 	cfg.Spec.DeviceTemplate.MapperPodSpec = &corev1.PodSpec{Containers: []corev1.Container{{Name: "mapper", Image: "ghcr.io/dowse-dev/dowse-modbus-mapper:v1"}}}
-	if err := k8sClient.Create(ctx, cfg); err != nil {
+	if err := suite.Client.Create(ctx, cfg); err != nil {
 		t.Fatal(err)
 	}
 	startController(t)
@@ -66,7 +67,7 @@ func TestMapperPodsFollowDevices(t *testing.T) {
 	createInstance(t, ns, "plc", "plc-b2", nil, "node-b")
 
 	var pods map[string]corev1.Pod
-	eventually(t, 20*time.Second, func() error {
+	testwait.For(t, 20*time.Second, func() error {
 		pods = mapperPods(t, ns)
 		if got := nodesOf(pods); !slices.Equal(got, []string{"node-a", "node-b"}) {
 			return fmt.Errorf("mapper pods on %v, want node-a and node-b", got)
@@ -93,7 +94,7 @@ func TestMapperPodsFollowDevices(t *testing.T) {
 
 	// node-a no longer sees its only device: the Device moves, the Pod goes.
 	setNodes(t, a, "node-b")
-	eventually(t, 20*time.Second, func() error {
+	testwait.For(t, 20*time.Second, func() error {
 		if got := nodesOf(mapperPods(t, ns)); !slices.Equal(got, []string{"node-b"}) {
 			return fmt.Errorf("mapper pods on %v, want node-b only", got)
 		}
@@ -103,7 +104,7 @@ func TestMapperPodsFollowDevices(t *testing.T) {
 	updateConfiguration(t, cfg, func(c *v1alpha1.Configuration) {
 		c.Spec.DeviceTemplate.MapperPodSpec.Containers[0].Image = "ghcr.io/dowse-dev/dowse-modbus-mapper:v2"
 	})
-	eventually(t, 20*time.Second, func() error {
+	testwait.For(t, 20*time.Second, func() error {
 		pods := mapperPods(t, ns)
 		if p, ok := pods["node-b"]; !ok || p.Spec.Containers[0].Image != "ghcr.io/dowse-dev/dowse-modbus-mapper:v2" {
 			return fmt.Errorf("node-b's mapper pod %v not replaced", pods["node-b"].Spec.Containers)
@@ -112,7 +113,7 @@ func TestMapperPodsFollowDevices(t *testing.T) {
 	})
 	// Without a mapper in the template, no Pod.
 	updateConfiguration(t, cfg, func(c *v1alpha1.Configuration) { c.Spec.DeviceTemplate.MapperPodSpec = nil })
-	eventually(t, 20*time.Second, func() error {
+	testwait.For(t, 20*time.Second, func() error {
 		if got := nodesOf(mapperPods(t, ns)); len(got) != 0 {
 			return fmt.Errorf("mapper pods left on %v", got)
 		}
@@ -126,11 +127,11 @@ func updateConfiguration(t *testing.T, cfg *v1alpha1.Configuration, change func(
 	t.Helper()
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		var cur v1alpha1.Configuration
-		if err := k8sClient.Get(context.Background(), client.ObjectKeyFromObject(cfg), &cur); err != nil {
+		if err := suite.Client.Get(context.Background(), client.ObjectKeyFromObject(cfg), &cur); err != nil {
 			return err
 		}
 		change(&cur)
-		return k8sClient.Update(context.Background(), &cur)
+		return suite.Client.Update(context.Background(), &cur)
 	})
 	if err != nil {
 		t.Fatal(err)

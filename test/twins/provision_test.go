@@ -20,6 +20,7 @@ import (
 	"github.com/dowse-dev/dowse/controller"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	"github.com/dowse-dev/dowse/shared/kubeflags"
+	"github.com/dowse-dev/dowse/test/testwait"
 )
 
 func startController(t *testing.T) {
@@ -27,7 +28,7 @@ func startController(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- controller.Run(ctx, controller.Config{RESTConfig: rest.CopyConfig(cp.Config), SkipNameValidation: true, NodeGracePeriod: time.Hour, Client: kubeflags.Client{QPS: 1000, Burst: 2000},
+		done <- controller.Run(ctx, controller.Config{RESTConfig: rest.CopyConfig(suite.Config), SkipNameValidation: true, NodeGracePeriod: time.Hour, Client: kubeflags.Client{QPS: 1000, Burst: 2000},
 			Serving: kubeflags.Off(), Registerer: prometheus.NewRegistry()}, testr.New(t).WithName("controller"))
 	}()
 	t.Cleanup(func() {
@@ -53,7 +54,7 @@ func createInstance(t *testing.T, ns, cfg, name string, props map[string]string,
 	for _, n := range nodes {
 		inst.Status.Nodes = append(inst.Status.Nodes, v1alpha1.InstanceNode{Name: n})
 	}
-	if err := k8sClient.Create(context.Background(), inst); err != nil {
+	if err := suite.Client.Create(context.Background(), inst); err != nil {
 		t.Fatal(err)
 	}
 	return inst
@@ -62,14 +63,14 @@ func createInstance(t *testing.T, ns, cfg, name string, props map[string]string,
 func setNodes(t *testing.T, inst *v1alpha1.Instance, nodes ...string) {
 	t.Helper()
 	var cur v1alpha1.Instance
-	if err := k8sClient.Get(context.Background(), client.ObjectKeyFromObject(inst), &cur); err != nil {
+	if err := suite.Client.Get(context.Background(), client.ObjectKeyFromObject(inst), &cur); err != nil {
 		t.Fatal(err)
 	}
 	cur.Status.Nodes = nil
 	for _, n := range nodes {
 		cur.Status.Nodes = append(cur.Status.Nodes, v1alpha1.InstanceNode{Name: n})
 	}
-	if err := k8sClient.Update(context.Background(), &cur); err != nil {
+	if err := suite.Client.Update(context.Background(), &cur); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -107,7 +108,7 @@ func configData(t *testing.T, j *apiextensionsv1.JSON) map[string]any {
 
 func getDevice(ns, name string) (*v1alpha1.Device, error) {
 	var d v1alpha1.Device
-	err := k8sClient.Get(context.Background(), keyOf(ns, name), &d)
+	err := suite.Client.Get(context.Background(), keyOf(ns, name), &d)
 	return &d, err
 }
 
@@ -119,19 +120,19 @@ func getDevice(ns, name string) (*v1alpha1.Device, error) {
 // and with the template.
 func TestDevicesFromInstances(t *testing.T) {
 	ctx := context.Background()
-	ns := namespace(t)
-	if err := k8sClient.Create(ctx, thermostatModel(ns)); err != nil {
+	ns := suite.Namespace(t)
+	if err := suite.Client.Create(ctx, thermostatModel(ns)); err != nil {
 		t.Fatal(err)
 	}
 	cfg := templateConfiguration(ns, "plc", "502")
-	if err := k8sClient.Create(ctx, cfg); err != nil {
+	if err := suite.Client.Create(ctx, cfg); err != nil {
 		t.Fatal(err)
 	}
 	startController(t)
 	inst := createInstance(t, ns, "plc", "plc-aaa111", map[string]string{"ADDR": "10.1.2.3", "REG": "40001"}, "node-b", "node-a")
 
 	var dev *v1alpha1.Device
-	eventually(t, 15*time.Second, func() error {
+	testwait.For(t, 15*time.Second, func() error {
 		var err error
 		if dev, err = getDevice(ns, inst.Name); err != nil {
 			return err
@@ -160,19 +161,19 @@ func TestDevicesFromInstances(t *testing.T) {
 
 	// A person sets the desired value; then the template changes.
 	patch := []byte(`{"spec":{"properties":[{"name":"setpoint","desired":{"value":"25"}}]}}`)
-	if err := k8sClient.Patch(ctx, dev, client.RawPatch("application/apply-patch+yaml", append([]byte(`{"apiVersion":"dowse.dev/v1alpha1","kind":"Device",`), patch[1:]...)),
+	if err := suite.Client.Patch(ctx, dev, client.RawPatch("application/apply-patch+yaml", append([]byte(`{"apiVersion":"dowse.dev/v1alpha1","kind":"Device",`), patch[1:]...)),
 		client.FieldOwner("kubectl"), client.ForceOwnership); err != nil {
 		t.Fatal(err)
 	}
 	var cur v1alpha1.Configuration
-	if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(cfg), &cur); err != nil {
+	if err := suite.Client.Get(ctx, client.ObjectKeyFromObject(cfg), &cur); err != nil {
 		t.Fatal(err)
 	}
 	cur.Spec.DeviceTemplate.Protocol = templateConfiguration(ns, "plc", "503").Spec.DeviceTemplate.Protocol
-	if err := k8sClient.Update(ctx, &cur); err != nil {
+	if err := suite.Client.Update(ctx, &cur); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 15*time.Second, func() error {
+	testwait.For(t, 15*time.Second, func() error {
 		d, err := getDevice(ns, inst.Name)
 		if err != nil {
 			return err
@@ -188,7 +189,7 @@ func TestDevicesFromInstances(t *testing.T) {
 
 	// Failover: node-a no longer sees the device.
 	setNodes(t, inst, "node-b", "node-c")
-	eventually(t, 15*time.Second, func() error {
+	testwait.For(t, 15*time.Second, func() error {
 		d, err := getDevice(ns, inst.Name)
 		if err != nil {
 			return err
@@ -202,13 +203,13 @@ func TestDevicesFromInstances(t *testing.T) {
 	// A hand-made Device of an Instance's name is left alone.
 	hand := &v1alpha1.Device{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "plc-bbb222"},
 		Spec: v1alpha1.DeviceSpec{DeviceModelRef: &corev1.LocalObjectReference{Name: "thermostat"}, NodeName: "node-z"}}
-	if err := k8sClient.Create(ctx, hand); err != nil {
+	if err := suite.Client.Create(ctx, hand); err != nil {
 		t.Fatal(err)
 	}
 	clash := createInstance(t, ns, "plc", "plc-bbb222", nil, "node-a")
-	eventually(t, 15*time.Second, func() error {
+	testwait.For(t, 15*time.Second, func() error {
 		var evs eventsv1.EventList
-		if err := k8sClient.List(ctx, &evs, client.InNamespace(ns)); err != nil {
+		if err := suite.Client.List(ctx, &evs, client.InNamespace(ns)); err != nil {
 			return err
 		}
 		for _, e := range evs.Items {
@@ -223,10 +224,10 @@ func TestDevicesFromInstances(t *testing.T) {
 	}
 
 	// The Device goes with its Instance (no garbage collector runs here).
-	if err := k8sClient.Delete(ctx, inst); err != nil {
+	if err := suite.Client.Delete(ctx, inst); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 15*time.Second, func() error {
+	testwait.For(t, 15*time.Second, func() error {
 		if _, err := getDevice(ns, inst.Name); !apierrors.IsNotFound(err) {
 			return fmt.Errorf("device still there (%v)", err)
 		}
@@ -234,15 +235,15 @@ func TestDevicesFromInstances(t *testing.T) {
 	})
 	// And with the template; the hand-made one stays.
 	other := createInstance(t, ns, "plc", "plc-ccc333", nil, "node-a")
-	eventually(t, 15*time.Second, func() error { _, err := getDevice(ns, other.Name); return err })
-	if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(cfg), &cur); err != nil {
+	testwait.For(t, 15*time.Second, func() error { _, err := getDevice(ns, other.Name); return err })
+	if err := suite.Client.Get(ctx, client.ObjectKeyFromObject(cfg), &cur); err != nil {
 		t.Fatal(err)
 	}
 	cur.Spec.DeviceTemplate = nil
-	if err := k8sClient.Update(ctx, &cur); err != nil {
+	if err := suite.Client.Update(ctx, &cur); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 15*time.Second, func() error {
+	testwait.For(t, 15*time.Second, func() error {
 		if _, err := getDevice(ns, other.Name); !apierrors.IsNotFound(err) {
 			return fmt.Errorf("device of a template-less Configuration still there (%v)", err)
 		}

@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+	"github.com/dowse-dev/dowse/test/testwait"
 )
 
 // TestPushMethodValid: a pushMethod the API server lets through but that
@@ -21,15 +22,15 @@ import (
 // sent.
 func TestPushMethodValid(t *testing.T) {
 	ctx := context.Background()
-	ns := namespace(t)
+	ns := suite.Namespace(t)
 	edge := ns + "-edge"
-	if err := k8sClient.Create(ctx, thermostatModel(ns)); err != nil {
+	if err := suite.Client.Create(ctx, thermostatModel(ns)); err != nil {
 		t.Fatal(err)
 	}
 	d := device(ns, "pushy", edge, v1alpha1.DeviceProperty{Name: "temperature", PushMethod: &v1alpha1.PushMethod{
 		MQTT:      &v1alpha1.PushMethodMQTT{Address: "${MQTT_BROKER}", Topic: "plant/temperature", QoS: 1},
 		SecretRef: &corev1.LocalObjectReference{Name: "mqtt-credentials"}}})
-	if err := k8sClient.Create(ctx, d); err != nil {
+	if err := suite.Client.Create(ctx, d); err != nil {
 		t.Fatal(err)
 	}
 	hub := newFakeHub(edge)
@@ -40,7 +41,7 @@ func TestPushMethodValid(t *testing.T) {
 		t.Errorf("a pushMethod that cannot work was sent: %v", pm)
 	}
 	var c *metav1.Condition
-	eventually(t, 10*time.Second, func() error {
+	testwait.For(t, 10*time.Second, func() error {
 		got, err := getDevice(ns, "pushy")
 		if err != nil {
 			return err
@@ -56,13 +57,13 @@ func TestPushMethodValid(t *testing.T) {
 		}
 	}
 
-	if err := k8sClient.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "mqtt-credentials"},
+	if err := suite.Client.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "mqtt-credentials"},
 		StringData: map[string]string{"username": "plant", "password": "s3cret"}}); err != nil {
 		t.Fatal(err)
 	}
 	got, _ := getDevice(ns, "pushy")
 	got.Spec.Properties[0].PushMethod.MQTT.Address = "tcp://10.0.0.5:1883"
-	if err := k8sClient.Update(ctx, got); err != nil {
+	if err := suite.Client.Update(ctx, got); err != nil {
 		t.Fatal(err)
 	}
 	envs = waitSent(t, hub, edge, "device pushy")
@@ -70,7 +71,7 @@ func TestPushMethodValid(t *testing.T) {
 	if pm.GetMqtt().GetAddress() != "tcp://10.0.0.5:1883" || pm.GetMqtt().GetQos() != 1 || pm.GetSecretName() != "mqtt-credentials" {
 		t.Errorf("pushMethod sent %v, want the broker, qos 1 and the Secret's name", pm)
 	}
-	eventually(t, 10*time.Second, func() error {
+	testwait.For(t, 10*time.Second, func() error {
 		got, err := getDevice(ns, "pushy")
 		if err != nil {
 			return err

@@ -26,6 +26,7 @@ import (
 	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	"github.com/dowse-dev/dowse/shared/scheme"
+	"github.com/dowse-dev/dowse/test/testwait"
 )
 
 // fakeHub records what is sent to each node, and what is committed.
@@ -105,7 +106,7 @@ func startTwins(t *testing.T, hub *fakeHub) *twinRig {
 		t.Fatal(err)
 	}
 	writes := &writeCounter{match: "/status"}
-	restCfg := rest.CopyConfig(cp.Config)
+	restCfg := rest.CopyConfig(suite.Config)
 	restCfg.WrapTransport = writes.wrap
 	mgr, err := ctrl.NewManager(restCfg, ctrl.Options{Scheme: sch, Metrics: metricsserver.Options{BindAddress: "0"},
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)}})
@@ -156,7 +157,7 @@ func waitSent(t *testing.T, hub *fakeHub, node string, want ...string) []*linkv1
 	t.Helper()
 	var got []string
 	var envs []*linkv1.Envelope
-	eventually(t, 10*time.Second, func() error {
+	testwait.For(t, 10*time.Second, func() error {
 		g, e := hub.take(node)
 		got, envs = append(got, g...), append(envs, e...)
 		if len(got) < len(want) {
@@ -176,11 +177,11 @@ func waitSent(t *testing.T, hub *fakeHub, node string, want ...string) []*linkv1
 // not fit its model is not sent and says why.
 func TestTwinSync(t *testing.T) {
 	ctx := context.Background()
-	ns := namespace(t)
+	ns := suite.Namespace(t)
 	// Node names of this test's own: the sync lists Devices by node
 	// across namespaces, and other tests use edge-1 too.
 	edge1, edge2 := ns+"-edge-1", ns+"-edge-2"
-	if err := k8sClient.Create(ctx, thermostatModel(ns)); err != nil {
+	if err := suite.Client.Create(ctx, thermostatModel(ns)); err != nil {
 		t.Fatal(err)
 	}
 	good := device(ns, "good", edge1, desired("setpoint", "21"))
@@ -188,7 +189,7 @@ func TestTwinSync(t *testing.T) {
 	outOfRange := device(ns, "too-hot", edge1, desired("setpoint", "31"))
 	unknown := device(ns, "unknown", edge1, v1alpha1.DeviceProperty{Name: "humidity"})
 	for _, d := range []*v1alpha1.Device{good, bad, outOfRange, unknown, device(ns, "elsewhere", edge2)} {
-		if err := k8sClient.Create(ctx, d); err != nil {
+		if err := suite.Client.Create(ctx, d); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -206,7 +207,7 @@ func TestTwinSync(t *testing.T) {
 
 	// The Valid condition is written by Validity (the leader's), apart
 	// from the twins.
-	eventually(t, 10*time.Second, func() error {
+	testwait.For(t, 10*time.Second, func() error {
 		for name, want := range map[string]string{"readonly": "ReadOnly", "too-hot": "above the maximum 30", "unknown": "humidity is not in DeviceModel"} {
 			d, err := getDevice(ns, name)
 			if err != nil {
@@ -226,7 +227,7 @@ func TestTwinSync(t *testing.T) {
 	// A new desired value.
 	d, _ := getDevice(ns, "good")
 	d.Spec.Properties[0].Desired.Value = "22"
-	if err := k8sClient.Update(ctx, d); err != nil {
+	if err := suite.Client.Update(ctx, d); err != nil {
 		t.Fatal(err)
 	}
 	envs = waitSent(t, hub, edge1, "device good")
@@ -236,7 +237,7 @@ func TestTwinSync(t *testing.T) {
 	// Fixed, the out-of-range one is sent.
 	d, _ = getDevice(ns, "too-hot")
 	d.Spec.Properties[0].Desired.Value = "30"
-	if err := k8sClient.Update(ctx, d); err != nil {
+	if err := suite.Client.Update(ctx, d); err != nil {
 		t.Fatal(err)
 	}
 	waitSent(t, hub, edge1, "device too-hot")
@@ -244,7 +245,7 @@ func TestTwinSync(t *testing.T) {
 	for _, name := range []string{"good", "too-hot"} {
 		d, _ = getDevice(ns, name)
 		d.Spec.NodeName = edge2
-		if err := k8sClient.Update(ctx, d); err != nil {
+		if err := suite.Client.Update(ctx, d); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -257,11 +258,11 @@ func TestTwinSync(t *testing.T) {
 // restart is not applied again; DesiredApplied follows observedDesired.
 func TestTwinStatus(t *testing.T) {
 	ctx := context.Background()
-	ns := namespace(t)
-	if err := k8sClient.Create(ctx, thermostatModel(ns)); err != nil {
+	ns := suite.Namespace(t)
+	if err := suite.Client.Create(ctx, thermostatModel(ns)); err != nil {
 		t.Fatal(err)
 	}
-	if err := k8sClient.Create(ctx, device(ns, "t1", "edge-1", desired("setpoint", "21"))); err != nil {
+	if err := suite.Client.Create(ctx, device(ns, "t1", "edge-1", desired("setpoint", "21"))); err != nil {
 		t.Fatal(err)
 	}
 	hub := newFakeHub()
@@ -332,7 +333,7 @@ func TestTwinStatus(t *testing.T) {
 	}
 	// A restarted controller (a new Status, seeded from the API server)
 	// skips what was written too.
-	restarted := twins.NewStatus(k8sClient, k8sClient, hub, twins.StatusConfig{}, twins.NewMetrics(nil), testr.New(t))
+	restarted := twins.NewStatus(suite.Client, suite.Client, hub, twins.StatusConfig{}, twins.NewMetrics(nil), testr.New(t))
 	seq = 5
 	if err := restarted.Handle(ctx, cloudhub.Inbound{Node: "edge-1", At: cloudhub.Position{Stream: stream, Seq: seq}, Env: &linkv1.Envelope{Seq: seq,
 		Kind: &linkv1.Envelope_TwinReported{TwinReported: &linkv1.TwinReportedUpdate{Device: &linkv1.DeviceRef{Namespace: ns, Name: "t1"},
@@ -376,7 +377,7 @@ func TestTwinStatus(t *testing.T) {
 
 func waitValid(t *testing.T, ns, name string) {
 	t.Helper()
-	eventually(t, 10*time.Second, func() error {
+	testwait.For(t, 10*time.Second, func() error {
 		d, err := getDevice(ns, name)
 		if err != nil {
 			return err
@@ -394,13 +395,13 @@ func waitValid(t *testing.T, ns, name string) {
 // and nothing of it is committed before that write.
 func TestTwinStatusLeadingEdge(t *testing.T) {
 	ctx := context.Background()
-	ns := namespace(t)
+	ns := suite.Namespace(t)
 	edge := ns + "-edge"
-	if err := k8sClient.Create(ctx, thermostatModel(ns)); err != nil {
+	if err := suite.Client.Create(ctx, thermostatModel(ns)); err != nil {
 		t.Fatal(err)
 	}
 	for _, name := range []string{"quiet", "busy"} {
-		if err := k8sClient.Create(ctx, device(ns, name, edge)); err != nil {
+		if err := suite.Client.Create(ctx, device(ns, name, edge)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -441,13 +442,13 @@ func TestTwinStatusLeadingEdge(t *testing.T) {
 	}
 	before := writes()
 	report("quiet", 1.5)
-	eventually(t, 30*time.Second, func() error {
+	testwait.For(t, 30*time.Second, func() error {
 		if v := reported("quiet"); v != "1.5" {
 			return fmt.Errorf("quiet device reports %q, want 1.5", v)
 		}
 		return nil
 	})
-	eventually(t, 10*time.Second, func() error {
+	testwait.For(t, 10*time.Second, func() error {
 		if got := hub.commit(edge); got.Seq != 1 {
 			return fmt.Errorf("committed %+v, want seq 1 once it is written", got)
 		}
@@ -457,7 +458,7 @@ func TestTwinStatusLeadingEdge(t *testing.T) {
 	// The busy device: its first report is written at once, the 499 after
 	// it wait for the interval's end (Flush stands for it here).
 	report("busy", 0)
-	eventually(t, 30*time.Second, func() error {
+	testwait.For(t, 30*time.Second, func() error {
 		if v := reported("busy"); v != "0" {
 			return fmt.Errorf("busy device reports %q, want 0", v)
 		}
@@ -470,7 +471,7 @@ func TestTwinStatusLeadingEdge(t *testing.T) {
 	if leading != 2 {
 		t.Errorf("%d status writes for one report on each of two quiet devices, want 2", leading)
 	}
-	eventually(t, 10*time.Second, func() error {
+	testwait.For(t, 10*time.Second, func() error {
 		if got := hub.commit(edge); got.Seq != 2 {
 			return fmt.Errorf("committed %+v before the burst was written, want seq 2", got)
 		}

@@ -31,7 +31,7 @@ func thermostatModel(ns string) *v1alpha1.DeviceModel {
 // Devices, with the message that says why.
 func TestCRDValidation(t *testing.T) {
 	ctx := context.Background()
-	ns := namespace(t)
+	ns := suite.Namespace(t)
 	models := []struct {
 		name  string
 		props []v1alpha1.ModelProperty
@@ -48,13 +48,13 @@ func TestCRDValidation(t *testing.T) {
 	}
 	for _, tc := range models {
 		t.Run("model/"+tc.name, func(t *testing.T) {
-			err := k8sClient.Create(ctx, model(ns, tc.name, tc.props...))
+			err := suite.Client.Create(ctx, model(ns, tc.name, tc.props...))
 			check(t, err, tc.want)
 		})
 	}
 
 	var defaulted v1alpha1.DeviceModel
-	if err := k8sClient.Get(ctx, keyOf(ns, "good"), &defaulted); err != nil {
+	if err := suite.Client.Get(ctx, keyOf(ns, "good"), &defaulted); err != nil {
 		t.Fatal(err)
 	}
 
@@ -109,13 +109,13 @@ func TestCRDValidation(t *testing.T) {
 	}
 	for _, tc := range devices {
 		t.Run("device/"+tc.name, func(t *testing.T) {
-			check(t, k8sClient.Create(ctx, tc.dev), tc.want)
+			check(t, suite.Client.Create(ctx, tc.dev), tc.want)
 		})
 	}
 	// Defaulting: accessMode is ReadOnly unless set.
 	t.Run("model/access-mode-defaults-to-ReadOnly", func(t *testing.T) {
 		m := model(ns, "defaults", v1alpha1.ModelProperty{Name: "x", Type: v1alpha1.PropertyInt})
-		if err := k8sClient.Create(ctx, m); err != nil {
+		if err := suite.Client.Create(ctx, m); err != nil {
 			t.Fatal(err)
 		}
 		if got := m.Spec.Properties[0].AccessMode; got != v1alpha1.ReadOnly {

@@ -32,7 +32,7 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := debugecho.Run(ctx, cfg); err != nil {
-		cfg.Logger.Error(err, "Broker failed")
+		cfg.Logger.Error(err, "broker failed")
 		stop()
 		os.Exit(1)
 	}
