@@ -148,7 +148,7 @@ func createSerialInstance(t *testing.T, ns, cfg, name, node string) *v1alpha1.In
 			DeviceSpecs: []v1alpha1.DeviceNode{{HostPath: "/dev/tty" + name, ContainerPath: "/dev/tty" + name}}},
 		Status: v1alpha1.InstanceStatus{Nodes: []v1alpha1.InstanceNode{{Name: node}}},
 	}
-	if err := k8sClient.Create(context.Background(), inst); err != nil {
+	if err := suite.Client.Create(context.Background(), inst); err != nil {
 		t.Fatal(err)
 	}
 	return inst
@@ -164,17 +164,17 @@ func TestMapperPodsGetSerialDevices(t *testing.T) {
 	startController(t)
 	for _, alloc := range []v1alpha1.Allocation{v1alpha1.AllocationDevicePlugin, v1alpha1.AllocationDRA} {
 		t.Run(string(alloc), func(t *testing.T) {
-			ns := namespace(t)
-			if err := k8sClient.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "default"}}); err != nil {
+			ns := suite.Namespace(t)
+			if err := suite.Client.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "default"}}); err != nil {
 				t.Fatal(err)
 			}
-			if err := k8sClient.Create(ctx, thermostatModel(ns)); err != nil {
+			if err := suite.Client.Create(ctx, thermostatModel(ns)); err != nil {
 				t.Fatal(err)
 			}
 			cfg := templateConfiguration(ns, "rtu", "502")
 			cfg.Spec.Allocation = alloc
 			cfg.Spec.DeviceTemplate.MapperPodSpec = &corev1.PodSpec{Containers: []corev1.Container{{Name: "mapper", Image: "ghcr.io/dowse-dev/dowse-modbus-mapper:v1"}}}
-			if err := k8sClient.Create(ctx, cfg); err != nil {
+			if err := suite.Client.Create(ctx, cfg); err != nil {
 				t.Fatal(err)
 			}
 			first := createSerialInstance(t, ns, "rtu", "rtu-usb0", "node-s")
@@ -206,7 +206,7 @@ func TestMapperPodsGetSerialDevices(t *testing.T) {
 				return out
 			}
 			var old corev1.Pod
-			eventually(t, 20*time.Second, func() error {
+			testwait.For(t, 20*time.Second, func() error {
 				p, ok := mapperPods(t, ns)["node-s"]
 				if !ok || !slices.Equal(asks(p), want(first)) {
 					return fmt.Errorf("node-s's mapper pod asks for %v, want %v", asks(p), want(first))
@@ -215,7 +215,7 @@ func TestMapperPodsGetSerialDevices(t *testing.T) {
 				return nil
 			})
 			if alloc == v1alpha1.AllocationDRA {
-				if err := k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: first.Name}, &resourceapi.ResourceClaimTemplate{}); err != nil {
+				if err := suite.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: first.Name}, &resourceapi.ResourceClaimTemplate{}); err != nil {
 					t.Fatalf("the Instance's claim template: %v", err)
 				}
 				if len(old.Spec.Containers[0].Resources.Claims) != 1 {
@@ -230,9 +230,9 @@ func TestMapperPodsGetSerialDevices(t *testing.T) {
 			second := createSerialInstance(t, ns, "rtu", "rtu-usb1", "node-s")
 			// The old Pod is deleted, and no new one comes while it is
 			// there (no kubelet here finishes the deletion).
-			eventually(t, 20*time.Second, func() error {
+			testwait.For(t, 20*time.Second, func() error {
 				var cur corev1.Pod
-				if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(&old), &cur); err != nil || cur.DeletionTimestamp == nil {
+				if err := suite.Client.Get(ctx, client.ObjectKeyFromObject(&old), &cur); err != nil || cur.DeletionTimestamp == nil {
 					return fmt.Errorf("old mapper pod not being deleted (%v)", err)
 				}
 				return nil
@@ -242,10 +242,10 @@ func TestMapperPodsGetSerialDevices(t *testing.T) {
 				t.Fatalf("a new mapper pod %s beside the terminating one, which holds its device", p.Name)
 			}
 			// The kubelet's part: the old Pod's containers have stopped.
-			if err := k8sClient.Delete(ctx, &old, client.GracePeriodSeconds(0)); err != nil {
+			if err := suite.Client.Delete(ctx, &old, client.GracePeriodSeconds(0)); err != nil {
 				t.Fatal(err)
 			}
-			eventually(t, 20*time.Second, func() error {
+			testwait.For(t, 20*time.Second, func() error {
 				p, ok := mapperPods(t, ns)["node-s"]
 				if !ok || !slices.Equal(asks(p), want(first, second)) {
 					return fmt.Errorf("node-s's mapper pod asks for %v, want %v", asks(p), want(first, second))
