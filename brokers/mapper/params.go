@@ -362,7 +362,7 @@ func (p Params) Object(key string) (Params, error) {
 	case string:
 		var m map[string]any
 		if err := json.Unmarshal([]byte(x), &m); err != nil {
-			return nil, fmt.Errorf("%s: want an object (or one as JSON text): %v", key, err)
+			return nil, fmt.Errorf("%s: want an object (or one as JSON text): %w", key, err)
 		}
 		return Params(normalize(m).(map[string]any)), nil
 	}

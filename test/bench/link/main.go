@@ -453,7 +453,7 @@ func (b *bench) connect(ctx context.Context, dialer func(string) link.Dialer, ph
 			}
 			var w linkv1.Envelope
 			if _, err := f.Read(&w); err != nil || w.GetWelcome() == nil {
-				return fmt.Errorf("%s %s: no welcome: %v %v", phase, node, err, w.GetError())
+				return fmt.Errorf("%s %s: no welcome: %w %v", phase, node, err, w.GetError())
 			}
 			e.sess.SetPeer(w.GetWelcome().StreamId)
 			e.sess.Resume(w.GetWelcome().PeerStreamId, w.GetWelcome().Received)
