@@ -233,7 +233,7 @@ func TestMapperPodsGetSerialDevices(t *testing.T) {
 			testwait.For(t, 20*time.Second, func() error {
 				var cur corev1.Pod
 				if err := suite.Client.Get(ctx, client.ObjectKeyFromObject(&old), &cur); err != nil || cur.DeletionTimestamp == nil {
-					return fmt.Errorf("old mapper pod not being deleted (%v)", err)
+					return fmt.Errorf("old mapper pod not being deleted (%w)", err)
 				}
 				return nil
 			})
