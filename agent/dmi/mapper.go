@@ -103,7 +103,7 @@ func (s *Server) newMapper(info *dmiv1beta1.MapperInfo) (*mapper, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := &mapper{info: proto.Clone(info).(*dmiv1beta1.MapperInfo), conn: conn, client: dmiv1beta1.NewDeviceMapperServiceClient(conn),
+	m := &mapper{info: proto.CloneOf(info), conn: conn, client: dmiv1beta1.NewDeviceMapperServiceClient(conn),
 		kick: make(chan struct{}, 1), done: make(chan struct{}), cancel: func() {},
 		devices: map[string]string{}, models: map[string]string{}, removeFailures: map[string]int{}}
 	m.healthy.Store(true)

@@ -30,7 +30,7 @@ func (d *device) modelChanged(mod *dmiv1beta1.DeviceModel) {
 	if cur.dev == nil || cur.dev.GetSpec().GetDeviceModelReference() != mod.GetName() || cur.dev.GetNamespace() != mod.GetNamespace() {
 		return
 	}
-	d.next = &pending{dev: cur.dev, model: proto.Clone(mod).(*dmiv1beta1.DeviceModel), at: time.Now()}
+	d.next = &pending{dev: cur.dev, model: proto.CloneOf(mod), at: time.Now()}
 	d.wake()
 }
 
@@ -128,7 +128,7 @@ func (d *device) takePending(ctx context.Context) {
 type specKeys struct{ protocol, shape [sha256.Size]byte }
 
 func keysOf(dev *dmiv1beta1.Device) specKeys {
-	c := proto.Clone(dev).(*dmiv1beta1.Device)
+	c := proto.CloneOf(dev)
 	c.Status = nil
 	for _, p := range c.GetSpec().GetProperties() {
 		p.Desired = nil

@@ -583,7 +583,7 @@ func (m *Mapper) modelRequest(mod *dmiv1beta1.DeviceModel) error {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.models[key(mod.GetNamespace(), mod.GetName())] = proto.Clone(mod).(*dmiv1beta1.DeviceModel)
+	m.models[key(mod.GetNamespace(), mod.GetName())] = proto.CloneOf(mod)
 	for _, d := range m.devices {
 		d.modelChanged(mod)
 	}

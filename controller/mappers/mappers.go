@@ -89,8 +89,8 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, podType client.Object) e
 		Named("mappers").
 		For(&v1alpha1.Configuration{}).
 		Watches(&v1alpha1.Device{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
-			d := o.(*v1alpha1.Device)
-			if d.Spec.MapperName == "" {
+			d, ok := o.(*v1alpha1.Device)
+			if !ok || d.Spec.MapperName == "" {
 				return nil
 			}
 			return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: d.Namespace, Name: d.Spec.MapperName}}}
