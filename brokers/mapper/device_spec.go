@@ -165,9 +165,16 @@ func (d *device) buildProps(spec *dmiv1beta1.Device, at time.Time) {
 			*ps = propState{value: old.value, hasValue: old.hasValue, readAt: old.readAt, reported: old.reported,
 				hasReported: old.hasReported, reportedAt: old.reportedAt, reportedErr: old.reportedErr,
 				reportedDesiredErr: old.reportedDesiredErr, desiredErr: old.desiredErr,
-				appliedKey: old.appliedKey, observed: old.observed, observedSent: old.observedSent}
+				appliedKey: old.appliedKey, observed: old.observed, observedSent: old.observedSent,
+				pushed: old.pushed, hasPushed: old.hasPushed, pushedAt: old.pushedAt}
 		}
 		ps.p, ps.bad = d.prepare(dp, modelProps[dp.GetName()])
+		if dp.GetPushMethod() != nil {
+			var err error
+			if ps.sinks, err = d.m.sinks.targets(d.m.runCtx, d.ns, d.name, dp.GetPushMethod()); err != nil {
+				d.log.Info("the property's pushMethod is not used", "property", dp.GetName(), "err", err)
+			}
+		}
 		if ps.bad != nil {
 			ps.readErr = ps.bad.Error()
 			ps.dirty = ps.reportedErr != ps.readErr || !ps.hasReported
@@ -175,6 +182,10 @@ func (d *device) buildProps(spec *dmiv1beta1.Device, at time.Time) {
 		}
 		d.props[dp.GetName()] = ps
 		d.order = append(d.order, ps)
+	}
+	// The new properties hold their sinks: a sink both use stays up.
+	for _, old := range oldProps {
+		d.m.sinks.release(old.sinks)
 	}
 	d.takeDesired(spec, at)
 	d.regroup()

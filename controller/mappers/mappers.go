@@ -53,6 +53,10 @@ const (
 	EnvStateDir   = "DOWSE_STATE_DIR"
 	// DefaultStateDir is the agent's default state directory.
 	DefaultStateDir = "/var/lib/dowse"
+	// SinkSecretsDir is where a mapper Pod gets, read-only, each Secret
+	// its Devices' pushMethods name (secretRef), one directory per Secret:
+	// the mapper SDK's default (brokers/mapper.DefaultSinkSecretsDir).
+	SinkSecretsDir = "/etc/dowse/sink-secrets"
 )
 
 // PodsOf lists the cached Pods (metadata only) with the Configuration label
@@ -106,6 +110,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		return reconcile.Result{}, r.prune(ctx, req.Namespace, v1alpha1.LabelValue(req.Name), nil)
 	}
 	want := map[string]bool{}
+	secrets := map[string]bool{}
 	// local holds, by node, the Instances whose device the node's mapper
 	// opens (device nodes or mounts), sorted.
 	local := map[string][]*v1alpha1.Instance{}
@@ -121,6 +126,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 				continue
 			}
 			want[d.Spec.NodeName] = true
+			for _, p := range d.Spec.Properties {
+				if pm := p.PushMethod; pm != nil && pm.SecretRef != nil && pm.SecretRef.Name != "" {
+					secrets[pm.SecretRef.Name] = true
+				}
+			}
 			owner := metav1.GetControllerOf(&d)
 			if owner == nil || owner.Kind != "Instance" {
 				continue
@@ -156,6 +166,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		nodes = append(nodes, n)
 	}
 	slices.Sort(nodes)
+	secretNames := make([]string, 0, len(secrets))
+	for n := range secrets {
+		secretNames = append(secretNames, n)
+	}
+	slices.Sort(secretNames)
 	var result reconcile.Result
 	for _, node := range nodes {
 		insts := local[node]
@@ -163,7 +178,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		if err := r.ensureClaimTemplates(ctx, &cfg, insts); err != nil {
 			return reconcile.Result{}, err
 		}
-		pod, err := r.podWithDevices(&cfg, spec, node, insts)
+		pod, err := r.podWithDevices(&cfg, spec, node, insts, secretNames)
 		if err != nil {
 			return reconcile.Result{}, err
 		}
@@ -236,9 +251,9 @@ func (r *Reconciler) ensureClaimTemplates(ctx context.Context, cfg *v1alpha1.Con
 // podWithDevices is the mapper Pod of node, whose first container asks for
 // one slot of each of insts: the Instance's extended resource, or, with
 // allocation DRA, a claim from its ResourceClaimTemplate.
-func (r *Reconciler) podWithDevices(cfg *v1alpha1.Configuration, spec *corev1.PodSpec, node string, insts []*v1alpha1.Instance) (*corev1.Pod, error) {
+func (r *Reconciler) podWithDevices(cfg *v1alpha1.Configuration, spec *corev1.PodSpec, node string, insts []*v1alpha1.Instance, secrets []string) (*corev1.Pod, error) {
 	if len(insts) == 0 || len(spec.Containers) == 0 {
-		return r.pod(cfg, spec, node)
+		return r.pod(cfg, spec, node, secrets)
 	}
 	s := spec.DeepCopy()
 	c := &s.Containers[0]
@@ -254,7 +269,7 @@ func (r *Reconciler) podWithDevices(cfg *v1alpha1.Configuration, spec *corev1.Po
 		}
 		c.Resources.Limits[corev1.ResourceName(inst.ResourceName())] = resource.MustParse("1")
 	}
-	return r.pod(cfg, s, node)
+	return r.pod(cfg, s, node, secrets)
 }
 
 // current are the Configuration's mapper Pods, by name.
@@ -312,15 +327,27 @@ func PodName(cfg, node, specHash string) string {
 	return name + "-mapper-" + hex.EncodeToString(sum[:])[:10] + "-" + specHash[:6]
 }
 
-func (r *Reconciler) pod(cfg *v1alpha1.Configuration, spec *corev1.PodSpec, node string) (*corev1.Pod, error) {
+// pod is the mapper Pod of cfg on node; secrets are the Secrets its
+// Devices' pushMethods name, each mounted under SinkSecretsDir (optional:
+// a missing one is the Device's Valid condition's to report, and the
+// kubelet mounts it once it exists).
+func (r *Reconciler) pod(cfg *v1alpha1.Configuration, spec *corev1.PodSpec, node string, secrets []string) (*corev1.Pod, error) {
 	s := spec.DeepCopy()
 	s.NodeName = node
 	const vol = "dowse-state"
 	s.Volumes = append(s.Volumes, corev1.Volume{Name: vol, VolumeSource: corev1.VolumeSource{
 		HostPath: &corev1.HostPathVolumeSource{Path: r.stateDir, Type: ptr.To(corev1.HostPathDirectory)}}})
+	mounts := []corev1.VolumeMount{{Name: vol, MountPath: r.stateDir}}
+	for _, name := range secrets {
+		sum := sha256.Sum256([]byte(name))
+		v := "dowse-sink-" + hex.EncodeToString(sum[:])[:12]
+		s.Volumes = append(s.Volumes, corev1.Volume{Name: v, VolumeSource: corev1.VolumeSource{
+			Secret: &corev1.SecretVolumeSource{SecretName: name, Optional: ptr.To(true)}}})
+		mounts = append(mounts, corev1.VolumeMount{Name: v, MountPath: SinkSecretsDir + "/" + name, ReadOnly: true})
+	}
 	for i := range s.Containers {
 		c := &s.Containers[i]
-		c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: vol, MountPath: r.stateDir})
+		c.VolumeMounts = append(c.VolumeMounts, mounts...)
 		c.Env = append(c.Env, corev1.EnvVar{Name: EnvStateDir, Value: r.stateDir}, corev1.EnvVar{Name: EnvMapperName, Value: cfg.Name})
 	}
 	raw, err := json.Marshal(s)
