@@ -302,7 +302,10 @@ func slimInstance(obj any) (any, error) {
 		return obj, nil
 	}
 	i.ManagedFields, i.Annotations = nil, nil
-	spec := v1alpha1.InstanceSpec{ConfigurationName: i.Spec.ConfigurationName, Shared: i.Spec.Shared}
+	// Device nodes and mounts stay (a path or two): a mapper Pod asks for
+	// the device of an Instance that has them (controller/mappers).
+	spec := v1alpha1.InstanceSpec{ConfigurationName: i.Spec.ConfigurationName, Shared: i.Spec.Shared,
+		DeviceSpecs: i.Spec.DeviceSpecs, Mounts: i.Spec.Mounts}
 	if i.Spec.Shared {
 		// controller/dra publishes shared devices with their properties
 		// and capacity.

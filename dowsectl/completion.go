@@ -66,7 +66,7 @@ func (c *cli) completeTypeThenNames(cmd *cobra.Command, args []string, toComplet
 				out = append(out, r.Plural)
 			}
 		}
-		if strings.HasPrefix("dowse", toComplete) {
+		if strings.HasPrefix("dowse", toComplete) { //nolint:gocritic // does what is typed begin the word "dowse"
 			out = append(out, "dowse")
 		}
 		return out, cobra.ShellCompDirectiveNoFileComp

@@ -59,7 +59,7 @@ func (f *readFlags) table() bool { return f.format() == "" || f.format() == "wid
 func (f *readFlags) printer() (printers.ResourcePrinter, error) {
 	p, err := f.print.ToPrinter()
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v (or wide)", ErrUsage, err)
+		return nil, fmt.Errorf("%w: %w (or wide)", ErrUsage, err)
 	}
 	return p, nil
 }

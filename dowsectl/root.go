@@ -88,7 +88,7 @@ reported values). It also works as a kubectl plugin: kubectl dowse ...`,
 	root.SetIn(streams.In)
 	root.SetOut(streams.Out)
 	root.SetErr(streams.ErrOut)
-	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return fmt.Errorf("%w: %v", ErrUsage, err) })
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return fmt.Errorf("%w: %w", ErrUsage, err) })
 	c.flags.AddFlags(root.PersistentFlags())
 	c.registerFlagCompletions(root)
 	root.AddCommand(newGetCommand(c), newDescribeCommand(c), newTwinCommand(c), newTokenCommand(c), newCAHashCommand(c),

@@ -164,7 +164,10 @@ func printResult(w io.Writer, output string, v any) error {
 		_, err = w.Write(b)
 		return err
 	}
-	res := v.(Result)
+	res, ok := v.(Result)
+	if !ok {
+		return fmt.Errorf("%w: -o %q: use -o json or -o yaml", ErrUsage, output)
+	}
 	_, err := fmt.Fprintf(w, `token:        %s
 node:         %s
 expires:      %s

@@ -139,15 +139,16 @@ func NewManager(c client.Client, opts Options, log logr.Logger) (*Manager, error
 	m.host.OnRegistered = opts.Metrics.registered
 	m.slots = slots.NewClaimer(c, opts.NodeName)
 	m.claimer = m.slots
-	if opts.CDI != nil {
+	switch {
+	case opts.CDI != nil:
 		m.cdi = opts.CDI
-	} else if opts.CDIDir != "" {
+	case opts.CDIDir != "":
 		w, err := cdi.NewWriter(opts.CDIDir)
 		if err != nil {
 			return nil, err
 		}
 		m.cdi = w
-	} else if !opts.Classic {
+	case !opts.Classic:
 		return nil, errors.New("device plugins: a CDI spec directory is required unless Allocate answers the classic way")
 	}
 	return m, nil

@@ -99,8 +99,8 @@ func heapAndStacks() (heap, stacks uint64) {
 // reports what each costs the agent (Go heap and stacks in use, and
 // goroutines): with a kubelet (in its own process) that holds a
 // ListAndWatch stream of every plugin, and with none listening, where the
-// plugins retry their registrations. go test -run '^$' -bench PluginMemory
-// -benchtime 1x ./agent/deviceplugin
+// plugins retry their registrations. Run it with
+// go test -run '^$' -bench PluginMemory -benchtime 1x ./agent/deviceplugin.
 func BenchmarkPluginMemory(b *testing.B) {
 	n := 1000
 	if s := os.Getenv("DOWSE_BENCH_PLUGINS"); s != "" {

@@ -136,7 +136,9 @@ func (h *Host) serveLocked(p *hosted) error {
 	}
 	// Closing a listener unlinks its path by default, even when the path
 	// is by then a newer socket of ours: the socket is removed by hand.
-	l.(*net.UnixListener).SetUnlinkOnClose(false)
+	if ul, ok := l.(*net.UnixListener); ok {
+		ul.SetUnlinkOnClose(false)
+	}
 	p.lis = &trackingListener{Listener: l, host: h, p: p}
 	go func() { _ = h.srv.Serve(p.lis) }()
 	return nil
@@ -151,9 +153,10 @@ func (h *Host) dropLocked(p *hosted) {
 	}
 	for c := range p.conns {
 		// Closed here, under h.mu: its own Close would take h.mu again.
-		tc := c.(*trackedConn)
-		tc.once.Do(func() {})
-		_ = tc.Conn.Close()
+		if tc, ok := c.(*trackedConn); ok {
+			tc.once.Do(func() {})
+			_ = tc.Conn.Close()
+		}
 	}
 	clear(p.conns)
 }

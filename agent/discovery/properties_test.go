@@ -76,7 +76,7 @@ func TestResolveProperties(t *testing.T) {
 	}{
 		{"missing required", secret("gone", "", false), func(e error) bool { return e != nil }, `Secret plant/gone has no key "k"`},
 		{"pending", secret("late", "", false), func(e error) bool { return errors.Is(e, propertyrefs.ErrPending) }, "Secret plant/late"},
-		{"forbidden", secret("denied", "", false), func(e error) bool { return apierrors.IsForbidden(e) }, "Role " + v1alpha1.PropertyAccessRole + " of namespace plant"},
+		{"forbidden", secret("denied", "", false), apierrors.IsForbidden, "Role " + v1alpha1.PropertyAccessRole + " of namespace plant"},
 	} {
 		_, err := resolveProperties(src, cfg(c.prop))
 		if !c.check(err) || !strings.Contains(fmtErr(err), c.words) || !strings.Contains(fmtErr(err), "discoveryProperties[0]") {

@@ -113,7 +113,10 @@ func (r *Reconciler) propertiesChanged(owners []types.NamespacedName) {
 // SetupWithManager registers the controller, its indexes and this Runnable.
 func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) error {
 	if err := mgr.GetFieldIndexer().IndexField(ctx, &v1alpha1.Configuration{}, handlerIndex, func(o client.Object) []string {
-		return []string{o.(*v1alpha1.Configuration).Spec.DiscoveryHandler.Name}
+		if c, ok := o.(*v1alpha1.Configuration); ok {
+			return []string{c.Spec.DiscoveryHandler.Name}
+		}
+		return nil
 	}); err != nil {
 		return err
 	}

@@ -112,14 +112,14 @@ func toDMIDevice(d *linkv1.EdgeDevice) *dmiv1beta1.Device {
 // dmiPushMethod is a property's pushMethod as edgecore hands it to
 // mappers: KubeEdge's Device fields copied onto DMI's by name, each
 // message set exactly when the Device sets it (mapper-framework tells an
-// absent one from an empty one). The Secret's name stays on the node: DMI
-// has no field for it, and Dowse's mappers read the credentials where
-// their Pod mounts it.
+// absent one from an empty one). The Secret's name goes in Dowse's own
+// field (dowseSecretName), which KubeEdge's mappers skip; Dowse's mappers
+// read the credentials where their Pod mounts that Secret.
 func dmiPushMethod(pm *linkv1.PushMethod) *dmiv1beta1.PushMethod {
 	if pm == nil {
 		return nil
 	}
-	out := &dmiv1beta1.PushMethod{}
+	out := &dmiv1beta1.PushMethod{DowseSecretName: pm.GetSecretName()}
 	if h := pm.GetHttp(); h != nil {
 		out.Http = &dmiv1beta1.PushMethodHTTP{Hostname: h.GetHostName(), Port: h.GetPort(), Requestpath: h.GetRequestPath(), Timeout: h.GetTimeout()}
 	}

@@ -103,7 +103,7 @@ func (s *Server) newMapper(info *dmiv1beta1.MapperInfo) (*mapper, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := &mapper{info: proto.Clone(info).(*dmiv1beta1.MapperInfo), conn: conn, client: dmiv1beta1.NewDeviceMapperServiceClient(conn),
+	m := &mapper{info: proto.CloneOf(info), conn: conn, client: dmiv1beta1.NewDeviceMapperServiceClient(conn),
 		kick: make(chan struct{}, 1), done: make(chan struct{}), cancel: func() {},
 		devices: map[string]string{}, models: map[string]string{}, removeFailures: map[string]int{}}
 	m.healthy.Store(true)
@@ -252,6 +252,9 @@ func (s *Server) reconcile(ctx context.Context, m *mapper) (err error) {
 		if known && had == sig {
 			continue
 		}
+		if !known {
+			changed = m.set(m.models, k, "") || changed // as for devices below
+		}
 		var err error
 		if known || m.restored {
 			err = s.call(ctx, m, "UpdateDeviceModel", func(ctx context.Context) error {
@@ -280,6 +283,12 @@ func (s *Server) reconcile(ctx context.Context, m *mapper) (err error) {
 		had, known := m.devices[k]
 		if known && had == sig {
 			continue
+		}
+		if !known {
+			// Held from the call on, content unknown: a call cut short (the
+			// agent stopping while the mapper took it) must not leave the
+			// mapper holding a device this agent would never remove.
+			changed = m.set(m.devices, k, "") || changed
 		}
 		var err error
 		if known || m.restored {

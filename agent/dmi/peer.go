@@ -213,7 +213,11 @@ func listenerOf(ctx context.Context, path string) (caller, error) {
 		return caller{}, err
 	}
 	defer c.Close()
-	return callerOf(c.(*net.UnixConn))
+	uc, ok := c.(*net.UnixConn)
+	if !ok {
+		return caller{}, fmt.Errorf("dialing %s gave a %T, not a Unix socket", path, c)
+	}
+	return callerOf(uc)
 }
 
 // callerFrom is the caller of an RPC; the zero caller when the call did

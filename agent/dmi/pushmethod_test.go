@@ -15,7 +15,8 @@ import (
 // TestPushMethodAsEdgecore: DMI's pushMethod is what edgecore makes of the
 // same Device field (it JSON-marshals KubeEdge's v1beta1 property and
 // unmarshals it onto DMI's generated structs, whose names match case
-// insensitively), message for message, absent ones absent.
+// insensitively), message for message, absent ones absent, with the
+// Secret's name in Dowse's own field.
 func TestPushMethodAsEdgecore(t *testing.T) {
 	for name, c := range map[string]struct {
 		crd  *v1alpha1.PushMethod
@@ -63,6 +64,8 @@ func TestPushMethodAsEdgecore(t *testing.T) {
 			if err := json.Unmarshal(b, &want); err != nil {
 				t.Fatal(err)
 			}
+			// Edgecore's copy, plus Dowse's own field for the Secret's name.
+			want.DowseSecretName = c.link.GetSecretName()
 			if got := dmiPushMethod(c.link); !proto.Equal(got, &want) {
 				t.Errorf("DMI pushMethod\n got %v\nwant %v (edgecore's copy of %s)", got, &want, b)
 			}

@@ -135,6 +135,7 @@ type fakeMapper struct {
 	sock  string
 	srv   *grpc.Server
 	block chan struct{} // when set, RegisterDevice waits on it
+	hold  chan struct{} // when set, RegisterDevice takes the device, then waits on it to answer
 
 	mu      sync.Mutex
 	calls   []string
@@ -172,6 +173,13 @@ func (f *fakeMapper) RegisterDevice(ctx context.Context, r *dmiv1beta1.RegisterD
 	f.mu.Lock()
 	f.devices[r.Device.Namespace+"/"+r.Device.Name] = r.Device
 	f.mu.Unlock()
+	if f.hold != nil {
+		select {
+		case <-f.hold:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
 	return &dmiv1beta1.RegisterDeviceResponse{DeviceName: r.Device.Name, DeviceNamespace: r.Device.Namespace}, nil
 }
 
@@ -585,6 +593,38 @@ func TestRestartAndIsolation(t *testing.T) {
 	waitFor(t, "t2 removed after the restart", func() error {
 		if again.has("default/t2") != nil || again.has("default/t1") == nil {
 			return fmt.Errorf("calls %v", again.callList())
+		}
+		return nil
+	})
+}
+
+// TestCutShortRegistrationIsRemembered: a RegisterDevice the mapper took
+// but the agent did not see answered (the agent stopped meanwhile) still
+// counts as held: the device, lost while the agent was down, is removed
+// from the mapper by the restarted agent.
+func TestCutShortRegistrationIsRemembered(t *testing.T) {
+	dir := t.TempDir()
+	edge := newFakeEdge()
+	edge.putModel(model("thermo", "virtual"))
+	edge.putDevice(device("t1", "thermo", "virtual", "", "1"))
+	m := startFakeMapper(t, filepath.Join(dir, "m.sock"))
+	m.hold = make(chan struct{})
+	r := startServer(t, dir, edge, func(c *Config) { c.CallTimeout = time.Minute })
+	register(t, r.client, "virtual-mapper", "virtual", m.sock, false)
+	waitFor(t, "the mapper takes t1", func() error {
+		if m.has("default/t1") == nil {
+			return fmt.Errorf("calls %v", m.callList())
+		}
+		return nil
+	})
+	r.stop() // while RegisterDevice is unanswered
+	close(m.hold)
+
+	edge.removeDevice(&linkv1.DeviceRef{Namespace: "default", Name: "t1"})
+	startServer(t, dir, edge, nil)
+	waitFor(t, "t1 removed after the restart", func() error {
+		if m.has("default/t1") != nil {
+			return fmt.Errorf("calls %v", m.callList())
 		}
 		return nil
 	})

@@ -517,11 +517,13 @@ func (e *EdgeHub) connectOnce(ctx context.Context, dialer link.Dialer) (up bool,
 		_, err = f.Read(&w)
 	}
 	timer.Stop()
-	if err == nil && w.GetError() != nil {
+	switch {
+	case err != nil:
+	case w.GetError() != nil:
 		err = &link.PeerError{Code: w.GetError().Code, Message: w.GetError().Message}
-	} else if err == nil && w.GetReconnect() != nil {
+	case w.GetReconnect() != nil:
 		err = &movedError{reason: w.GetReconnect().Reason}
-	} else if err == nil && w.GetWelcome() == nil {
+	case w.GetWelcome() == nil:
 		err = fmt.Errorf("%w: expected welcome, got %T", link.ErrMalformed, w.Kind)
 	}
 	if err != nil {

@@ -39,7 +39,10 @@ const ConfigurationIndex = "spec.configurationName"
 
 // IndexByConfiguration is the index function for ConfigurationIndex.
 func IndexByConfiguration(obj client.Object) []string {
-	return []string{obj.(*v1alpha1.Instance).Spec.ConfigurationName}
+	if inst, ok := obj.(*v1alpha1.Instance); ok {
+		return []string{inst.Spec.ConfigurationName}
+	}
+	return nil
 }
 
 // Writer applies one node's view of Instances (instancestore.Apply and

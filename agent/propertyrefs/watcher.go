@@ -155,7 +155,7 @@ func (w *Watcher) Value(ref Ref, key string) (v []byte, found bool, err error) {
 		case err == nil:
 			return nil, false, ErrPending
 		case time.Since(ow.started) < ow.reportAfter:
-			return nil, false, fmt.Errorf("%w (retrying: %v)", ErrPending, err)
+			return nil, false, fmt.Errorf("%w (retrying: %w)", ErrPending, err)
 		}
 		return nil, false, err
 	}

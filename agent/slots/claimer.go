@@ -83,7 +83,7 @@ func (c *Claimer) Claim(ctx context.Context, inst *v1alpha1.Instance, ids []stri
 	}
 	if err := instancestore.ApplySlots(ctx, c.c, c.node, inst, slots); err != nil {
 		if apierrors.IsConflict(err) {
-			return fmt.Errorf("claiming slots %v of Instance %s: %w: %v", ids, key, ErrSlotTaken, err)
+			return fmt.Errorf("claiming slots %v of Instance %s: %w: %w", ids, key, ErrSlotTaken, err)
 		}
 		return fmt.Errorf("claiming slots %v of Instance %s: %w", ids, key, err)
 	}

@@ -45,6 +45,12 @@ type propState struct {
 	retryAt      time.Time
 	observed     *dmiv1beta1.TwinProperty
 	observedSent bool
+
+	// Sinks of its pushMethod, and what was last pushed to them.
+	sinks     []sinkTarget
+	pushed    string
+	hasPushed bool
+	pushedAt  time.Time
 }
 
 type group struct {
@@ -151,6 +157,7 @@ func (d *device) run(parent context.Context) {
 		return
 	}
 	defer d.closeDriver()
+	defer d.releaseSinks()
 	d.backoff = d.m.cfg.ReconnectInitial
 	deferred := false // the last round's report waits for an update's write
 	for ctx.Err() == nil {

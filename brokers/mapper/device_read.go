@@ -156,6 +156,9 @@ func (d *device) record(ps *propState, raw any, err error, at time.Time) {
 			if !ps.hasReported || ps.reportedErr != "" || changed(ps.p.Type, ps.reported, s, ps.p.Deadband) {
 				ps.dirty = true
 			}
+			if ps.sinks != nil && (!ps.hasPushed || changed(ps.p.Type, ps.pushed, s, ps.p.Deadband) || at.Sub(ps.pushedAt) >= d.reportCycle(ps)) {
+				d.push(ps, at)
+			}
 			return
 		}
 		err = Permanent(err)
@@ -166,5 +169,23 @@ func (d *device) record(ps *propState, raw any, err error, at time.Time) {
 	ps.readErr = err.Error()
 	if ps.reportedErr != ps.readErr {
 		ps.dirty = true
+	}
+}
+
+// push hands a property's reading to its sinks (each its own copy: their
+// buffers drop independently).
+func (d *device) push(ps *propState, at time.Time) {
+	b := payload(d.ns, d.name, ps.p.Name, ps.value, ps.p.Type, at)
+	for _, t := range ps.sinks {
+		t.sink.push(&reading{topic: t.topic, qos: t.qos, retained: t.retained, payload: b})
+	}
+	ps.pushed, ps.hasPushed, ps.pushedAt = ps.value, true, at
+}
+
+// releaseSinks gives back the sinks of every property (the device stops).
+func (d *device) releaseSinks() {
+	for _, ps := range d.order {
+		d.m.sinks.release(ps.sinks)
+		ps.sinks = nil
 	}
 }

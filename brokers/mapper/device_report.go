@@ -41,7 +41,7 @@ func (d *device) snapshot() *dmiv1beta1.Device {
 		}
 		tw := &dmiv1beta1.Twin{PropertyName: p.GetName(), Reported: &dmiv1beta1.TwinProperty{Value: sp.value, Metadata: meta}}
 		if sp.observed != nil {
-			tw.ObservedDesired = proto.Clone(sp.observed).(*dmiv1beta1.TwinProperty)
+			tw.ObservedDesired = proto.CloneOf(sp.observed)
 		}
 		dev.Status.Twins = append(dev.Status.Twins, tw)
 	}

@@ -30,7 +30,7 @@ func (d *device) modelChanged(mod *dmiv1beta1.DeviceModel) {
 	if cur.dev == nil || cur.dev.GetSpec().GetDeviceModelReference() != mod.GetName() || cur.dev.GetNamespace() != mod.GetNamespace() {
 		return
 	}
-	d.next = &pending{dev: cur.dev, model: proto.Clone(mod).(*dmiv1beta1.DeviceModel), at: time.Now()}
+	d.next = &pending{dev: cur.dev, model: proto.CloneOf(mod), at: time.Now()}
 	d.wake()
 }
 
@@ -128,7 +128,7 @@ func (d *device) takePending(ctx context.Context) {
 type specKeys struct{ protocol, shape [sha256.Size]byte }
 
 func keysOf(dev *dmiv1beta1.Device) specKeys {
-	c := proto.Clone(dev).(*dmiv1beta1.Device)
+	c := proto.CloneOf(dev)
 	c.Status = nil
 	for _, p := range c.GetSpec().GetProperties() {
 		p.Desired = nil
@@ -165,9 +165,16 @@ func (d *device) buildProps(spec *dmiv1beta1.Device, at time.Time) {
 			*ps = propState{value: old.value, hasValue: old.hasValue, readAt: old.readAt, reported: old.reported,
 				hasReported: old.hasReported, reportedAt: old.reportedAt, reportedErr: old.reportedErr,
 				reportedDesiredErr: old.reportedDesiredErr, desiredErr: old.desiredErr,
-				appliedKey: old.appliedKey, observed: old.observed, observedSent: old.observedSent}
+				appliedKey: old.appliedKey, observed: old.observed, observedSent: old.observedSent,
+				pushed: old.pushed, hasPushed: old.hasPushed, pushedAt: old.pushedAt}
 		}
 		ps.p, ps.bad = d.prepare(dp, modelProps[dp.GetName()])
+		if dp.GetPushMethod() != nil {
+			var err error
+			if ps.sinks, err = d.m.sinks.targets(d.m.runCtx, d.ns, d.name, dp.GetPushMethod()); err != nil {
+				d.log.Info("the property's pushMethod is not used", "property", dp.GetName(), "err", err)
+			}
+		}
 		if ps.bad != nil {
 			ps.readErr = ps.bad.Error()
 			ps.dirty = ps.reportedErr != ps.readErr || !ps.hasReported
@@ -175,6 +182,10 @@ func (d *device) buildProps(spec *dmiv1beta1.Device, at time.Time) {
 		}
 		d.props[dp.GetName()] = ps
 		d.order = append(d.order, ps)
+	}
+	// The new properties hold their sinks: a sink both use stays up.
+	for _, old := range oldProps {
+		d.m.sinks.release(old.sinks)
 	}
 	d.takeDesired(spec, at)
 	d.regroup()

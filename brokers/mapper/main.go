@@ -62,6 +62,13 @@ func Main(protocol string, newDriver NewDriver) {
 	fs.DurationVar(&cfg.DefaultCollectCycle, "default-collect-cycle", time.Second, "collect cycle of properties without one")
 	fs.DurationVar(&cfg.DefaultReportCycle, "default-report-cycle", time.Minute, "heartbeat of properties without a reportCycle: an unchanged value is reported again after this long")
 	fs.IntVar(&cfg.UnhealthyAfter, "unhealthy-after", 3, "read rounds in a row that all fail before a device is unhealthy and reconnected")
+	fs.IntVar(&cfg.SinkBufferMessages, "sink-buffer-messages", 10000, "readings each pushMethod sink keeps while its peer is down or slow; beyond, the oldest are dropped")
+	sinkBytes := fs.String("sink-buffer-bytes", "2MiB", "bytes of readings each pushMethod sink keeps (with a KiB/MiB suffix); beyond, the oldest are dropped")
+	sinkDir := os.Getenv("DOWSE_SINK_SECRETS_DIR")
+	if sinkDir == "" {
+		sinkDir = DefaultSinkSecretsDir
+	}
+	fs.StringVar(&cfg.SinkSecretsDir, "sink-secrets-dir", sinkDir, "where the Pod mounts the Secrets pushMethods name (secretRef): <dir>/<secret>/username, password, ca.crt (env DOWSE_SINK_SECRETS_DIR)")
 	memLimit := fs.String("memory-limit", FormatBytes(DefaultMemoryLimit), memoryLimitUsage)
 	maxProcs := fs.Int("max-procs", DefaultMaxProcs, "Go runtime's GOMAXPROCS: goroutines running Go code at once (0: the runtime's choice, one per core of the CPU limit); GOMAXPROCS, when set, wins")
 	showVersion := fs.Bool("version", false, "print the version and exit")
@@ -85,6 +92,11 @@ func Main(protocol string, newDriver NewDriver) {
 		debug.SetMemoryLimit(limit)
 	}
 	cfg.StateDir = *stateDir
+	var err error
+	if cfg.SinkBufferBytes, err = ParseBytes(*sinkBytes); err != nil || cfg.SinkBufferBytes == 0 {
+		fmt.Fprintf(os.Stderr, "--sink-buffer-bytes: %q must be a size above 0\n", *sinkBytes)
+		os.Exit(2)
+	}
 
 	cfg.Metrics = NewMetrics()
 
@@ -93,8 +105,7 @@ func Main(protocol string, newDriver NewDriver) {
 	if *metricsAddr != "" {
 		go serveMetrics(ctx, cfg.Logger, *metricsAddr, cfg.Metrics)
 	}
-	err := Run(ctx, cfg)
-	if err != nil {
+	if err := Run(ctx, cfg); err != nil {
 		cfg.Logger.Error(err, "mapper failed", "protocol", protocol)
 		stop()
 		os.Exit(1)

@@ -96,6 +96,16 @@ type Config struct {
 	// CallTimeout bounds each call to the device manager and each device
 	// exchange the driver does not bound itself. Default 5s.
 	CallTimeout time.Duration
+
+	// SinkBufferMessages and SinkBufferBytes bound each sink's buffer of
+	// readings not yet delivered (pushMethod): beyond either the oldest are
+	// dropped (dowse_mapper_sink_dropped_total). Defaults 10000 and 2 MiB.
+	SinkBufferMessages int
+	SinkBufferBytes    int64
+	// SinkSecretsDir is where the mapper's Pod mounts the Secrets
+	// pushMethods name (<dir>/<secret>/username, password, ca.crt).
+	// Default DefaultSinkSecretsDir.
+	SinkSecretsDir string
 }
 
 func (c *Config) validateAndDefault() error {
@@ -110,7 +120,8 @@ func (c *Config) validateAndDefault() error {
 		errs = append(errs, errors.New("state directory is required (or both the DMI socket and the mapper socket)"))
 	}
 	if c.DefaultCollectCycle < 0 || c.DefaultReportCycle < 0 || c.UnhealthyAfter < 0 || c.ReconnectInitial < 0 ||
-		c.ReconnectMax < 0 || c.ReregisterInterval < 0 || c.CallTimeout < 0 || c.AuthRetryInitial < 0 || c.AuthRetryMax < 0 || c.CredentialPoll < 0 {
+		c.ReconnectMax < 0 || c.ReregisterInterval < 0 || c.CallTimeout < 0 || c.AuthRetryInitial < 0 || c.AuthRetryMax < 0 || c.CredentialPoll < 0 ||
+		c.SinkBufferMessages < 0 || c.SinkBufferBytes < 0 {
 		errs = append(errs, errors.New("durations and counts must not be negative"))
 	}
 	if len(errs) > 0 {
@@ -139,6 +150,15 @@ func (c *Config) validateAndDefault() error {
 	}
 	def(&c.ReregisterInterval, time.Minute)
 	def(&c.CallTimeout, 5*time.Second)
+	if c.SinkBufferMessages == 0 {
+		c.SinkBufferMessages = 10000
+	}
+	if c.SinkBufferBytes == 0 {
+		c.SinkBufferBytes = 2 << 20
+	}
+	if c.SinkSecretsDir == "" {
+		c.SinkSecretsDir = DefaultSinkSecretsDir
+	}
 	if c.ReconnectMax < c.ReconnectInitial {
 		c.ReconnectMax = c.ReconnectInitial
 	}
@@ -197,6 +217,8 @@ type Mapper struct {
 	// seq counts device changes; a device changed by a call after a
 	// registration began is newer than that registration's answer.
 	seq uint64
+
+	sinks *sinkSet
 }
 
 // New validates cfg and returns a Mapper; Start runs it.
@@ -204,13 +226,15 @@ func New(cfg Config) (*Mapper, error) {
 	if err := cfg.validateAndDefault(); err != nil {
 		return nil, fmt.Errorf("mapper config: %w", err)
 	}
-	return &Mapper{
+	m := &Mapper{
 		cfg:        cfg,
 		log:        cfg.Logger.WithValues("mapper", cfg.Name),
 		models:     map[string]*dmiv1beta1.DeviceModel{},
 		devices:    map[string]*device{},
 		registered: make(chan struct{}),
-	}, nil
+	}
+	m.sinks = &sinkSet{m: m, by: map[string]*sink{}}
+	return m, nil
 }
 
 // Socket is the path of the mapper's DeviceMapperService socket.
@@ -301,6 +325,7 @@ func (m *Mapper) Start(ctx context.Context) error {
 	}
 	m.mu.Unlock()
 	m.wg.Wait()
+	m.sinks.stop()   // no device is left to push
 	close(quitCalls) // no device is left to call
 	callers.Wait()
 	m.log.Info("mapper stopped")
@@ -558,7 +583,7 @@ func (m *Mapper) modelRequest(mod *dmiv1beta1.DeviceModel) error {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.models[key(mod.GetNamespace(), mod.GetName())] = proto.Clone(mod).(*dmiv1beta1.DeviceModel)
+	m.models[key(mod.GetNamespace(), mod.GetName())] = proto.CloneOf(mod)
 	for _, d := range m.devices {
 		d.modelChanged(mod)
 	}

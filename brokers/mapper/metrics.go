@@ -26,6 +26,7 @@ import (
 type Metrics struct {
 	mu           sync.Mutex
 	counters     map[series]float64
+	gauges       map[series]float64
 	devices      map[string]float64
 	readLatency  histogram
 	writeLatency histogram
@@ -44,6 +45,12 @@ var helps = map[string]string{
 	"dowse_mapper_devices":                "Devices served, by state.",
 	"dowse_mapper_read_duration_seconds":  "Time of one read exchange with a device (a batch counts once).",
 	"dowse_mapper_write_duration_seconds": "Time of one write to a device.",
+	"dowse_mapper_sink_sent_total":        "Readings a sink (a property's pushMethod) delivered, by kind (mqtt, http) and address: acknowledged by the broker at QoS 1 and 2, written at QoS 0, answered 2xx over HTTP.",
+	"dowse_mapper_sink_dropped_total":     "Readings a sink dropped, oldest first, because its buffer was full (its peer down or slow), by kind and address.",
+	"dowse_mapper_sink_refused_total":     "Readings (HTTP 4xx) and logins (MQTT not authorized, bad user name or password) a sink's peer refused, by kind and address.",
+	"dowse_mapper_sink_errors_total":      "Failed connections and deliveries of a sink (retried with backoff), by kind and address.",
+	"dowse_mapper_sink_connects_total":    "Connections a sink opened, by kind and address.",
+	"dowse_mapper_sink_buffered":          "Readings waiting in a sink's buffer, by kind and address.",
 	"dowse_mapper_desired_wait_seconds":   "Time from a new desired value reaching the mapper (UpdateDevice, or a registration's answer) to its write starting: the mapper's own queueing.",
 }
 
@@ -68,7 +75,7 @@ func (h *histogram) observe(v float64) {
 
 // NewMetrics returns an empty set of metrics.
 func NewMetrics() *Metrics {
-	return &Metrics{counters: map[series]float64{}, devices: map[string]float64{}}
+	return &Metrics{counters: map[series]float64{}, gauges: map[series]float64{}, devices: map[string]float64{}}
 }
 
 func (m *Metrics) add(name, labels string, n float64) {
@@ -77,6 +84,15 @@ func (m *Metrics) add(name, labels string, n float64) {
 	}
 	m.mu.Lock()
 	m.counters[series{name, labels}] += n
+	m.mu.Unlock()
+}
+
+func (m *Metrics) setGauge(name, labels string, v float64) {
+	if m == nil {
+		return
+	}
+	m.mu.Lock()
+	m.gauges[series{name, labels}] = v
 	m.mu.Unlock()
 }
 
@@ -156,6 +172,9 @@ func (m *Metrics) Value(name, labels string) float64 {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if v, ok := m.gauges[series{name, labels}]; ok {
+		return v
+	}
 	return m.counters[series{name, labels}]
 }
 
@@ -179,6 +198,23 @@ func (m *Metrics) WriteTo(w io.Writer) (int64, error) {
 		slices.SortFunc(ss, func(a, b series) int { return strings.Compare(a.labels, b.labels) })
 		for _, s := range ss {
 			fmt.Fprintf(bw, "%s{%s} %s\n", n, s.labels, num(m.counters[s]))
+		}
+	}
+	byName = map[string][]series{}
+	for s := range m.gauges {
+		byName[s.name] = append(byName[s.name], s)
+	}
+	names = names[:0]
+	for n := range byName {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	for _, n := range names {
+		fmt.Fprintf(bw, "# HELP %s %s\n# TYPE %s gauge\n", n, helps[n], n)
+		ss := byName[n]
+		slices.SortFunc(ss, func(a, b series) int { return strings.Compare(a.labels, b.labels) })
+		for _, s := range ss {
+			fmt.Fprintf(bw, "%s{%s} %s\n", n, s.labels, num(m.gauges[s]))
 		}
 	}
 	fmt.Fprintf(bw, "# HELP dowse_mapper_devices %s\n# TYPE dowse_mapper_devices gauge\n", helps["dowse_mapper_devices"])

@@ -358,25 +358,32 @@ func (p Params) Object(key string) (Params, error) {
 	}
 	switch x := v.(type) {
 	case map[string]any:
-		return Params(normalize(x).(map[string]any)), nil
+		normalizeMap(x)
+		return Params(x), nil
 	case string:
 		var m map[string]any
 		if err := json.Unmarshal([]byte(x), &m); err != nil {
-			return nil, fmt.Errorf("%s: want an object (or one as JSON text): %v", key, err)
+			return nil, fmt.Errorf("%s: want an object (or one as JSON text): %w", key, err)
 		}
-		return Params(normalize(m).(map[string]any)), nil
+		normalizeMap(m)
+		return Params(m), nil
 	}
 	return nil, fmt.Errorf("%s: want an object, got %T", key, v)
 }
 
 // normalize turns the float64 numbers of JSON and Struct into int64 where
 // they are integral, so nested values read like top-level ones.
+// normalizeMap normalizes m's values in place.
+func normalizeMap(m map[string]any) {
+	for k, e := range m {
+		m[k] = normalize(e)
+	}
+}
+
 func normalize(v any) any {
 	switch x := v.(type) {
 	case map[string]any:
-		for k, e := range x {
-			x[k] = normalize(e)
-		}
+		normalizeMap(x)
 		return x
 	case []any:
 		for i, e := range x {

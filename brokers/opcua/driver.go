@@ -251,7 +251,7 @@ func (d *Driver) Prepare(p *mapper.Property) error {
 	}
 	id, err := ua.ParseNodeID(s)
 	if err != nil {
-		return fmt.Errorf("nodeId %q: %v", s, err)
+		return fmt.Errorf("nodeId %q: %w", s, err)
 	}
 	pt := &point{id: id}
 	if pt.sample, err = p.Visitor.Duration("samplingInterval", 0); err != nil {

@@ -30,7 +30,7 @@ var npmPackages = []string{
 }
 
 const (
-	peerStart = 60 * time.Second // a node-opcua server is ready in about 5 s, more on a busy machine
+	peerStart = 2 * time.Minute // a node-opcua server is ready in about 5 s; two making their PKI at once on a loaded 2-core machine took over a minute
 	wait      = 20 * time.Second
 )
 
@@ -236,7 +236,7 @@ func readWithOtherClient(t *testing.T, endpoint, node string) any {
 		t.Fatal(err)
 	}
 	if resp.Results[0].Status != ua.StatusOK {
-		t.Fatal(fmt.Errorf("reading %s: %v", node, resp.Results[0].Status))
+		t.Fatal(fmt.Errorf("reading %s: %w", node, resp.Results[0].Status))
 	}
 	return resp.Results[0].Value.Value()
 }

@@ -32,10 +32,11 @@ func usesClaims(cfg *v1alpha1.Configuration) bool {
 // slot of the device's capacity, as a device plugin slot would be.
 func ClaimTemplateName(instance string) string { return instance }
 
-// claimTemplate is the ResourceClaimTemplate of inst's brokers: one device
-// of the Configuration's DeviceClass, the one whose instance attribute is
-// inst's name. Owned by the Instance.
-func claimTemplate(inst *v1alpha1.Instance) *resourceapi.ResourceClaimTemplate {
+// ClaimTemplate is the ResourceClaimTemplate of inst's brokers (and of a
+// mapper Pod that needs the device): one device of the Configuration's
+// DeviceClass, the one whose instance attribute is inst's name. Owned by
+// the Instance.
+func ClaimTemplate(inst *v1alpha1.Instance) *resourceapi.ResourceClaimTemplate {
 	return &resourceapi.ResourceClaimTemplate{
 		ObjectMeta: metav1.ObjectMeta{
 			Name: ClaimTemplateName(inst.Name), Namespace: inst.Namespace,
@@ -94,7 +95,7 @@ func (r *InstanceReconciler) ensureClaimTemplate(ctx context.Context, inst *v1al
 	if uid, ok := r.templates.Load(key); ok && uid == inst.UID {
 		return "", nil
 	}
-	err := r.client.Create(ctx, claimTemplate(inst))
+	err := r.client.Create(ctx, ClaimTemplate(inst))
 	switch {
 	case err == nil, apierrors.IsAlreadyExists(err):
 		r.templates.Store(key, inst.UID)

@@ -49,7 +49,7 @@ func TestBrokerPodOfDRAConfiguration(t *testing.T) {
 	if plugin.Annotations[v1alpha1.AnnotationSpecHash] == dra.Annotations[v1alpha1.AnnotationSpecHash] {
 		t.Error("changing the allocation does not roll the brokers")
 	}
-	tmpl := claimTemplate(inst)
+	tmpl := ClaimTemplate(inst)
 	req := tmpl.Spec.Spec.Devices.Requests[0].Exactly
 	if tmpl.Name != "cams-0123" || tmpl.Namespace != "plant" || req.DeviceClassName != "cams.plant.dowse.dev" ||
 		req.Selectors[0].CEL.Expression != `device.attributes["dowse.dev"].instance == "cams-0123"` || tmpl.OwnerReferences[0].UID != "u" {

@@ -45,7 +45,11 @@ func (r *ConfigurationReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		For(&v1alpha1.Configuration{}).
 		Owns(&corev1.Service{}).
 		Watches(&v1alpha1.Instance{}, debounced(func(_ context.Context, o client.Object) []reconcile.Request {
-			return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: o.(*v1alpha1.Instance).Spec.ConfigurationName}}}
+			inst, ok := o.(*v1alpha1.Instance)
+			if !ok {
+				return nil
+			}
+			return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: inst.Spec.ConfigurationName}}}
 		})).
 		Watches(&BrokerPod{}, debounced(r.configurationOfPod)).
 		WatchesRawSource(source.Channel(r.refusals.changes, &handler.TypedEnqueueRequestForObject[*v1alpha1.Configuration]{})).
@@ -114,7 +118,7 @@ func (r *ConfigurationReconciler) Reconcile(ctx context.Context, req reconcile.R
 	}
 	running := int32(0)
 	for _, o := range pods {
-		if p := o.(*BrokerPod); p.Status.Phase == corev1.PodRunning && p.DeletionTimestamp.IsZero() {
+		if p, ok := o.(*BrokerPod); ok && p.Status.Phase == corev1.PodRunning && p.DeletionTimestamp.IsZero() {
 			running++
 		}
 	}

@@ -25,7 +25,10 @@ type Indexes struct {
 // NewIndexes adds the controller's in-place indexes to c.
 func NewIndexes(ctx context.Context, c cache.Cache) (*Indexes, error) {
 	insts, err := cacheindex.New(ctx, c, &v1alpha1.Instance{}, "dowse.dev/configuration", func(o client.Object) []string {
-		return []string{o.(*v1alpha1.Instance).Spec.ConfigurationName}
+		if inst, ok := o.(*v1alpha1.Instance); ok {
+			return []string{inst.Spec.ConfigurationName}
+		}
+		return nil
 	})
 	if err != nil {
 		return nil, err

@@ -150,9 +150,11 @@ func (r *InstanceReconciler) Reconcile(ctx context.Context, req reconcile.Reques
 	if err != nil {
 		return reconcile.Result{}, err
 	}
-	pods := make([]*BrokerPod, len(objs))
-	for i, o := range objs {
-		pods[i] = o.(*BrokerPod)
+	pods := make([]*BrokerPod, 0, len(objs))
+	for _, o := range objs {
+		if p, ok := o.(*BrokerPod); ok {
+			pods = append(pods, p)
+		}
 	}
 	templateRefused := ""
 	if cfg.Spec.BrokerSpec != nil && usesClaims(&cfg) {

@@ -24,7 +24,10 @@ const NodeIndex = "status.nodes.name"
 
 // IndexByNode is NodeIndex's function.
 func IndexByNode(o client.Object) []string {
-	inst := o.(*v1alpha1.Instance)
+	inst, ok := o.(*v1alpha1.Instance)
+	if !ok {
+		return nil
+	}
 	out := make([]string, len(inst.Status.Nodes))
 	for i, n := range inst.Status.Nodes {
 		out[i] = n.Name

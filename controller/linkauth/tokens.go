@@ -28,8 +28,8 @@ const (
 	TokenSecretType corev1.SecretType = "dowse.dev/link-bootstrap-token"
 	// TokenSecretPrefix plus the token id names the Secret.
 	TokenSecretPrefix = "dowse-link-token-"
-	// LabelToken marks token Secrets, so that they are listable:
-	// kubectl get secrets -l dowse.dev/link-bootstrap-token
+	// LabelToken marks token Secrets, so that they are listable with
+	// kubectl get secrets -l dowse.dev/link-bootstrap-token.
 	LabelToken = "dowse.dev/link-bootstrap-token"
 	// LabelNode names the node a token is for, when the name fits a label
 	// value (the Secret's data always has it).

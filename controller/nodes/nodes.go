@@ -55,8 +55,12 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Named("nodes").
 		For(&corev1.Node{}).
 		Watches(&v1alpha1.Instance{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+			inst, ok := o.(*v1alpha1.Instance)
+			if !ok {
+				return nil
+			}
 			var reqs []reconcile.Request
-			for _, n := range o.(*v1alpha1.Instance).Status.Nodes {
+			for _, n := range inst.Status.Nodes {
 				reqs = append(reqs, reconcile.Request{NamespacedName: types.NamespacedName{Name: n.Name}})
 			}
 			return reqs

@@ -104,7 +104,10 @@ func NewReconciler(c client.Client, subjects []rbacv1.Subject, log logr.Logger) 
 // cache should hold only Managed Roles and RoleBindings (cache.ByObject).
 func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) error {
 	if err := mgr.GetFieldIndexer().IndexField(ctx, &v1alpha1.Configuration{}, namespaceIndex, func(o client.Object) []string {
-		return Namespaces(o.(*v1alpha1.Configuration))
+		if c, ok := o.(*v1alpha1.Configuration); ok {
+			return Namespaces(c)
+		}
+		return nil
 	}); err != nil {
 		return err
 	}
@@ -148,7 +151,11 @@ func (configurationHandler) Create(_ context.Context, e event.CreateEvent, q que
 }
 
 func (configurationHandler) Update(_ context.Context, e event.UpdateEvent, q queue) {
-	o, n := e.ObjectOld.(*v1alpha1.Configuration), e.ObjectNew.(*v1alpha1.Configuration)
+	o, okOld := e.ObjectOld.(*v1alpha1.Configuration)
+	n, okNew := e.ObjectNew.(*v1alpha1.Configuration)
+	if !okOld || !okNew {
+		return
+	}
 	os, oc := o.PropertyObjects()
 	ns, nc := n.PropertyObjects()
 	if slices.Equal(os, ns) && slices.Equal(oc, nc) {
@@ -161,7 +168,11 @@ func (configurationHandler) Update(_ context.Context, e event.UpdateEvent, q que
 func (configurationHandler) Delete(_ context.Context, e event.DeleteEvent, q queue) {
 	// A Configuration deleted outright (no finalizer) read what its last
 	// state names; PropertyObjects of one being deleted is empty.
-	c := e.Object.(*v1alpha1.Configuration).DeepCopy()
+	old, ok := e.Object.(*v1alpha1.Configuration)
+	if !ok {
+		return
+	}
+	c := old.DeepCopy()
 	c.DeletionTimestamp = nil
 	enqueue(q, c)
 }

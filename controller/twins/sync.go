@@ -37,16 +37,16 @@ const (
 
 // IndexByNode is NodeIndex's function.
 func IndexByNode(o client.Object) []string {
-	if n := o.(*v1alpha1.Device).Spec.NodeName; n != "" {
-		return []string{n}
+	if d, ok := o.(*v1alpha1.Device); ok && d.Spec.NodeName != "" {
+		return []string{d.Spec.NodeName}
 	}
 	return nil
 }
 
 // IndexByModel is ModelIndex's function.
 func IndexByModel(o client.Object) []string {
-	if r := o.(*v1alpha1.Device).Spec.DeviceModelRef; r != nil && r.Name != "" {
-		return []string{r.Name}
+	if d, ok := o.(*v1alpha1.Device); ok && d.Spec.DeviceModelRef != nil && d.Spec.DeviceModelRef.Name != "" {
+		return []string{d.Spec.DeviceModelRef.Name}
 	}
 	return nil
 }

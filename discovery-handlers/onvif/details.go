@@ -161,11 +161,12 @@ func ParseDetails(s string) (*Details, error) {
 			}
 		}
 	}
-	if d.DiscoveryTimeoutSeconds == 0 {
+	switch {
+	case d.DiscoveryTimeoutSeconds == 0:
 		d.timeout = DefaultDiscoveryTimeout
-	} else if d.DiscoveryTimeoutSeconds < 1 || time.Duration(d.DiscoveryTimeoutSeconds)*time.Second > MaxDiscoveryTimeout {
+	case d.DiscoveryTimeoutSeconds < 1 || time.Duration(d.DiscoveryTimeoutSeconds)*time.Second > MaxDiscoveryTimeout:
 		return nil, handler.InvalidDetails("discoveryTimeoutSeconds: %d is not between 1 and %d", d.DiscoveryTimeoutSeconds, int(MaxDiscoveryTimeout/time.Second))
-	} else {
+	default:
 		d.timeout = time.Duration(d.DiscoveryTimeoutSeconds) * time.Second
 	}
 	d.interval = DefaultProbeInterval

@@ -36,7 +36,7 @@ var npmPackages = []string{
 }
 
 const (
-	peerStart = 60 * time.Second // a node-opcua server is ready in about 5 s, more on a busy machine
+	peerStart = 2 * time.Minute // a node-opcua server is ready in about 5 s; two making their PKI at once on a loaded 2-core machine took over a minute
 	wait      = 20 * time.Second
 )
 

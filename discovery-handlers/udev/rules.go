@@ -1,6 +1,7 @@
 package udev
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 )
@@ -198,7 +199,10 @@ func (p *ruleParser) match() (Match, error) {
 	}
 	pat, err := CompilePattern(b.String())
 	if err != nil {
-		pe := err.(*patternError)
+		var pe *patternError
+		if !errors.As(err, &pe) {
+			return Match{}, p.errf(valueAt, "bad pattern: %v", err)
+		}
 		return Match{}, p.errf(valueAt+pe.at, "bad pattern: %s", pe.msg)
 	}
 	m.Pattern = pat

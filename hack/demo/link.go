@@ -27,7 +27,7 @@ func (l *demoLink) waitJoined(ctx context.Context) error {
 			say("the agent joined the cloud/edge link with %s (%s)", l.how, sample)
 			return nil
 		} else if time.Now().After(deadline) {
-			return fmt.Errorf("the agent did not join the cloud/edge link within a minute (controller metrics: %v)", err)
+			return fmt.Errorf("the agent did not join the cloud/edge link within a minute (controller metrics: %w)", err)
 		}
 		select {
 		case <-ctx.Done():

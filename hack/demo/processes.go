@@ -80,7 +80,7 @@ func startProcessLink(ctx context.Context, c client.Client, ps *processes, kubec
 	if err := poll(ctx, time.Minute, 300*time.Millisecond, "the link CA and a bootstrap token", func() (bool, error) {
 		var out, errs bytes.Buffer
 		if err := dowsectl.Run(ctx, args, &out, &errs); err != nil {
-			return false, fmt.Errorf("%v: %s", err, errs.String())
+			return false, fmt.Errorf("%w: %s", err, errs.String())
 		}
 		return true, json.Unmarshal(out.Bytes(), &tok)
 	}); err != nil {

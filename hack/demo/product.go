@@ -58,7 +58,7 @@ func poll(ctx context.Context, timeout, interval time.Duration, what string, che
 			last = err
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%s: not within %s (%v)", what, timeout, last)
+			return fmt.Errorf("%s: not within %s (%w)", what, timeout, last)
 		}
 		select {
 		case <-ctx.Done():

@@ -165,7 +165,9 @@ func (s *Server) listen() (net.Listener, os.FileInfo, error) {
 	// the path by then. A successor with the same name and pid (a container
 	// restarted while this one shuts down) may have replaced it, so removal
 	// is left to removeSocket, which checks first.
-	lis.(*net.UnixListener).SetUnlinkOnClose(false)
+	if ul, ok := lis.(*net.UnixListener); ok {
+		ul.SetUnlinkOnClose(false)
+	}
 	info, err := os.Stat(s.socketPath)
 	if err != nil {
 		lis.Close()

@@ -60,7 +60,7 @@ func TestServing(t *testing.T) {
 func TestValues(t *testing.T) {
 	var l []string
 	v := List(&l)
-	for in, want := range map[string][]string{"a,b": {"a", "b"}, " a , ,b,": {"a", "b"}, "": nil, ",": nil} {
+	for in, want := range map[string][]string{"a,b": {"a", "b"}, " a , ,b,": {"a", "b"}, "": nil, ",": nil} { //nolint:gocritic // the spaces are the test
 		if err := v.Set(in); err != nil || !reflect.DeepEqual(l, want) {
 			t.Errorf("List.Set(%q) = %q, %v; want %q", in, l, err, want)
 		}

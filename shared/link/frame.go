@@ -97,7 +97,7 @@ func (fr *FrameReader) Next() ([]byte, error) {
 			return nil, err
 		}
 		// Overflowing varint.
-		return nil, fmt.Errorf("%w: %v", ErrMalformed, err)
+		return nil, fmt.Errorf("%w: %w", ErrMalformed, err)
 	}
 	if n > uint64(fr.max) {
 		return nil, fmt.Errorf("%w: %d bytes, limit %d", ErrFrameTooLarge, n, fr.max)
@@ -123,7 +123,7 @@ func (fr *FrameReader) Next() ([]byte, error) {
 // Decode unmarshals a frame into env and validates it.
 func Decode(frame []byte, env *linkv1.Envelope) error {
 	if err := proto.Unmarshal(frame, env); err != nil {
-		return fmt.Errorf("%w: %v", ErrMalformed, err)
+		return fmt.Errorf("%w: %w", ErrMalformed, err)
 	}
 	return Validate(env)
 }

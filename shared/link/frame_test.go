@@ -36,7 +36,7 @@ func TestFrameRoundTripAndLimits(t *testing.T) {
 			t.Fatalf("frame %d: %v %v", i, err, &env)
 		}
 	}
-	if _, err := fr.Next(); err != io.EOF {
+	if _, err := fr.Next(); !errors.Is(err, io.EOF) {
 		t.Fatalf("want EOF, got %v", err)
 	}
 

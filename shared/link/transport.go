@@ -331,7 +331,10 @@ func (c *wsServerConn) writeFrame(op ws.OpCode, p []byte) error {
 	var hdr [10]byte
 	h := appendWSHeader(hdr[:0], op, len(p))
 	if len(p) <= smallFrame {
-		bp := framePool.Get().(*[]byte)
+		bp, ok := framePool.Get().(*[]byte)
+		if !ok { // the pool makes only these
+			bp = new([]byte)
+		}
 		b := append(append((*bp)[:0], h...), p...)
 		_, err := c.tls.Write(b)
 		*bp = b[:0]

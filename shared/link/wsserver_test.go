@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -208,7 +209,7 @@ func TestWebSocketServerFrames(t *testing.T) {
 	go func() { _, err := c.Read(make([]byte, 1)); errc <- err }()
 	select {
 	case err := <-errc:
-		if err != io.EOF {
+		if !errors.Is(err, io.EOF) {
 			t.Errorf("read after a close frame: %v, want EOF", err)
 		}
 	case <-ctx.Done():

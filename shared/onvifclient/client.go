@@ -264,7 +264,7 @@ func CheckXML(b []byte) error {
 	dec := xml.NewDecoder(bytes.NewReader(b))
 	for {
 		_, err := dec.Token()
-		if err == io.EOF {
+		if errors.Is(err, io.EOF) {
 			return nil
 		}
 		if err != nil {

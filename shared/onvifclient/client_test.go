@@ -31,7 +31,11 @@ func between(s, a, b string) string {
 		return ""
 	}
 	s = s[i+len(a):]
-	return s[:strings.Index(s, b)]
+	j := strings.Index(s, b)
+	if j < 0 {
+		return ""
+	}
+	return s[:j]
 }
 
 // TestErrors: what a camera's refusals become. (Real cameras and a real

@@ -163,7 +163,8 @@ func Format(t Type, v any) (string, error) {
 			if err != nil {
 				return "", fmt.Errorf("device value: %w", err)
 			}
-			return strconv.FormatInt(n.(int64), 10), nil
+			i, _ := n.(int64) // what Parse gives an INT
+			return strconv.FormatInt(i, 10), nil
 		}
 		f, ok := AsFloat(v)
 		if !ok || math.IsNaN(f) || math.IsInf(f, 0) {
@@ -184,7 +185,8 @@ func Format(t Type, v any) (string, error) {
 			if err != nil {
 				return "", fmt.Errorf("device value: %w", err)
 			}
-			return strconv.FormatFloat(f.(float64), 'g', -1, bits), nil
+			x, _ := f.(float64) // what Parse gives a FLOAT or DOUBLE
+			return strconv.FormatFloat(x, 'g', -1, bits), nil
 		}
 		f, ok := AsFloat(v)
 		if !ok {
@@ -206,7 +208,8 @@ func Format(t Type, v any) (string, error) {
 			if err != nil {
 				return "", fmt.Errorf("device value: %w", err)
 			}
-			return strconv.FormatBool(b.(bool)), nil
+			on, _ := b.(bool) // what Parse gives a BOOLEAN
+			return strconv.FormatBool(on), nil
 		}
 		f, ok := AsFloat(v)
 		if !ok || math.IsNaN(f) {

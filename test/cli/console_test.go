@@ -264,7 +264,7 @@ func testConsole(t *testing.T, r *rig) {
 		n, err := eval[int](p, fmt.Sprintf(`(() => { const l = document.querySelector(%q); return l ? l.getAttribute('points').trim().split(' ').length : 0; })()`,
 			devSel+` [data-property="temperature"] td.plot polyline`))
 		if err != nil || n < 2 {
-			return fmt.Errorf("the temperature plot has %d points (%v), want 21.5 and 23.3 at least", n, err)
+			return fmt.Errorf("the temperature plot has %d points (%w), want 21.5 and 23.3 at least", n, err)
 		}
 		return nil
 	})

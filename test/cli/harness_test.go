@@ -195,7 +195,7 @@ func startRig(t *testing.T) *rig {
 		}
 		out, errOut, err := r.kubectlRun("dowse", "-n", "dowse-system", "token", "create", "--node", "edge-1", "--ttl", "10m", "-o", "json")
 		if err != nil {
-			return fmt.Errorf("%v: %s", err, errOut)
+			return fmt.Errorf("%w: %s", err, errOut)
 		}
 		return json.Unmarshal([]byte(out), &tok)
 	})

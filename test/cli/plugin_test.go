@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -361,8 +362,8 @@ func testPlugin(t *testing.T, r *rig) {
 		{[]string{"token", "create", "-n", "dowse-system"}, 2, "--node is required"},
 	} {
 		_, errOut, err := r.kubectlRun(append([]string{"dowse", "-n", ns}, tc.args...)...)
-		ee, ok := err.(*exec.ExitError)
-		if !ok || ee.ExitCode() != tc.code || !strings.Contains(errOut, tc.want) {
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != tc.code || !strings.Contains(errOut, tc.want) {
 			t.Errorf("kubectl dowse %v: %v, stderr %q; want exit %d saying %q", tc.args, err, errOut, tc.code, tc.want)
 		}
 	}

@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os/exec"
 	"slices"
@@ -39,8 +40,8 @@ func testSetWait(t *testing.T, r *rig) {
 	}
 
 	_, errOut, err := r.kubectlRun("dowse", "-n", ns, "twin", "set", dev.Name, "limit", "9", "--wait=60s")
-	ee, ok := err.(*exec.ExitError)
-	if !ok || ee.ExitCode() != 1 || !strings.Contains(errOut, "refused by the mapper") || !strings.Contains(errOut, `desired value "9"`) ||
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 1 || !strings.Contains(errOut, "refused by the mapper") || !strings.Contains(errOut, `desired value "9"`) ||
 		!strings.Contains(errOut, "cannot be written") {
 		t.Errorf("twin set limit 9 --wait: %v, stderr %q; want exit 1 with the mapper's refusal", err, errOut)
 	}
@@ -54,7 +55,7 @@ func testSetWait(t *testing.T, r *rig) {
 	}
 	// The model's own check refuses before anything is written.
 	_, errOut, err = r.kubectlRun("dowse", "-n", ns, "twin", "set", dev.Name, "setpoint", "99", "--wait")
-	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 || !strings.Contains(errOut, "above the maximum 30") {
+	if !errors.As(err, &ee) || ee.ExitCode() != 1 || !strings.Contains(errOut, "above the maximum 30") {
 		t.Errorf("twin set setpoint 99: %v %q, want the model's maximum", err, errOut)
 	}
 	// Back to a clean twin for the console.

@@ -552,7 +552,7 @@ func waitForProcs(ctx context.Context, procs []*proc, what string, check func() 
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("waiting for %s: %w (last error: %v)", what, context.Cause(ctx), last)
+			return fmt.Errorf("waiting for %s: %w (last error: %w)", what, context.Cause(ctx), last)
 		case <-time.After(200 * time.Millisecond):
 		}
 	}

@@ -138,7 +138,7 @@ type kubeletOpts struct {
 
 // kubeconfig for the admin identity every component and test uses.
 func kubeconfig(server string, p *pki) string {
-	b64 := func(b []byte) string { return base64Std(b) }
+	b64 := base64Std
 	return strings.TrimSpace(fmt.Sprintf(`
 apiVersion: v1
 kind: Config

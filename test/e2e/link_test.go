@@ -92,7 +92,7 @@ func TestLinkBinaries(t *testing.T) {
 			b, err := exec.CommandContext(ctx, filepath.Join(kube.RepoRoot(), "bin", "dowsectl"), "token", "create",
 				"--kubeconfig", kubeconfig, "--node", node, "--ttl", "10m", "--output", "json").CombinedOutput()
 			if err != nil {
-				return fmt.Errorf("%v: %s", err, b)
+				return fmt.Errorf("%w: %s", err, b)
 			}
 			return json.Unmarshal(b, &out)
 		})

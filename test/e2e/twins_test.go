@@ -140,7 +140,7 @@ func (c *cloud) joinAgent(node, server string, extra ...string) (*procs.Proc, st
 		b, err := exec.Command(filepath.Join(kube.RepoRoot(), "bin", "dowsectl"), "token", "create",
 			"--kubeconfig", c.kubeconfig, "--node", node, "--ttl", "10m", "--output", "json").CombinedOutput()
 		if err != nil {
-			return fmt.Errorf("%v: %s", err, b)
+			return fmt.Errorf("%w: %s", err, b)
 		}
 		return json.Unmarshal(b, &tok)
 	})

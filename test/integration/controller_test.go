@@ -278,7 +278,7 @@ func TestControllerBrokerPodsServicesAndStatus(t *testing.T) {
 		}
 		err := suite.Client.Get(ctx, keyOf(ns, broker.InstanceServiceName(inst.Name)), &corev1.Service{})
 		if !apierrors.IsNotFound(err) {
-			return fmt.Errorf("instance service: %v", err)
+			return fmt.Errorf("instance service: %w", err)
 		}
 		return nil
 	})

@@ -176,7 +176,7 @@ func TestDRASharedDeviceOneSliceBothNodes(t *testing.T) {
 		}
 		err := suite.Client.Get(context.Background(), client.ObjectKey{Name: className}, &resourceapi.DeviceClass{})
 		if !apierrors.IsNotFound(err) {
-			return fmt.Errorf("class: %v", err)
+			return fmt.Errorf("class: %w", err)
 		}
 		return nil
 	})

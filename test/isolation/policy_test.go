@@ -293,7 +293,7 @@ func TestCredentialsThatAreNotAnAgentPod(t *testing.T) {
 	testwait.For(t, 30*time.Second, func() error {
 		err := gone.Create(ctx, probe(), client.DryRunAll)
 		if !apierrors.IsUnauthorized(err) {
-			return fmt.Errorf("a deleted pod's token answered %v, want 401 Unauthorized", err)
+			return fmt.Errorf("a deleted pod's token answered %w, want 401 Unauthorized", err)
 		}
 		return nil
 	})

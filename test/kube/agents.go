@@ -87,7 +87,7 @@ func InstallAgentAccess(ctx context.Context, admin *rest.Config) error {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("the agent admission policy is not enforced 30s after it was created (a probe write answered %v)", err)
+			return fmt.Errorf("the agent admission policy is not enforced 30s after it was created (a probe write answered %w)", err)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}

@@ -50,6 +50,9 @@ func Start() (*ControlPlane, error) {
 		BinaryAssetsDirectory: BinDir(),
 		CRDDirectoryPaths:     []string{CRDDir()},
 		ErrorIfCRDPathMissing: true,
+		// envtest's 20 s per start (retried 5 times) ran out on a loaded
+		// 2-core machine.
+		ControlPlaneStartTimeout: time.Minute,
 	}
 	env.ControlPlane.APIServer = &envtest.APIServer{CertDir: certDir}
 	cfg, err := env.Start()

@@ -45,7 +45,12 @@ func binary(t testing.TB, name string) string {
 
 // Start runs a broker with persistence on (so that a restart keeps QoS 1
 // sessions, as a production broker does) and stops it when the test ends.
-func Start(t testing.TB) *Broker {
+func Start(t testing.TB) *Broker { return StartWithUsers(t, nil) }
+
+// StartWithUsers is Start with logins required: users maps user names to
+// passwords (hashed by mosquitto_passwd into the broker's password file);
+// nil allows anonymous clients.
+func StartWithUsers(t testing.TB, users map[string]string) *Broker {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -54,7 +59,25 @@ func Start(t testing.TB) *Broker {
 	port := l.Addr().(*net.TCPAddr).Port
 	l.Close()
 	b := &Broker{t: t, dir: t.TempDir(), Port: port}
-	conf := fmt.Sprintf("listener %d 127.0.0.1\nallow_anonymous true\npersistence true\npersistence_location %s/\nautosave_interval 1\n", port, b.dir)
+	auth := "allow_anonymous true\n"
+	if users != nil {
+		pw := filepath.Join(b.dir, "passwd")
+		if err := os.WriteFile(pw, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		for u, p := range users {
+			if out, err := exec.Command(binary(t, "mosquitto_passwd"), "-b", pw, u, p).CombinedOutput(); err != nil {
+				t.Fatalf("mosquitto_passwd: %v\n%s", err, out)
+			}
+		}
+		auth = "allow_anonymous false\npassword_file " + pw + "\n"
+	}
+	if os.Geteuid() == 0 {
+		// As root, mosquitto would switch to user mosquitto, who can read
+		// neither the test's password file nor write its persistence.
+		auth += "user root\n"
+	}
+	conf := fmt.Sprintf("listener %d 127.0.0.1\n%spersistence true\npersistence_location %s/\nautosave_interval 1\n", port, auth, b.dir)
 	if err := os.WriteFile(filepath.Join(b.dir, "mosquitto.conf"), []byte(conf), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -113,6 +136,13 @@ func (b *Broker) Stop() {
 	b.cmd = nil
 }
 
+// StartAgain starts a stopped broker again on the same port, with what it
+// persisted.
+func (b *Broker) StartAgain() {
+	b.t.Helper()
+	b.start()
+}
+
 // Restart stops the broker and starts it again on the same port.
 func (b *Broker) Restart() {
 	b.t.Helper()
@@ -133,11 +163,29 @@ type Sub struct {
 // "topic payload" lines, until the test ends.
 func (b *Broker) Subscribe(t testing.TB, topic string, qos int, id string) *Sub {
 	t.Helper()
-	args := []string{"-h", "127.0.0.1", "-p", fmt.Sprint(b.Port), "-t", topic, "-q", fmt.Sprint(qos), "-v"}
+	return b.SubscribeAs(t, topic, qos, id, "", "")
+}
+
+// SubscribeAs is Subscribe signed in as user with password.
+func (b *Broker) SubscribeAs(t testing.TB, topic string, qos int, id, user, password string) *Sub {
+	t.Helper()
+	// -d prints the protocol's steps: Subscribe returns once the broker
+	// acknowledged the subscription, so nothing published after is missed.
+	args := []string{"-h", "127.0.0.1", "-p", fmt.Sprint(b.Port), "-t", topic, "-q", fmt.Sprint(qos), "-v", "-d"}
+	if user != "" {
+		args = append(args, "-u", user, "-P", password)
+	}
 	if id != "" {
 		args = append(args, "-i", id, "-c")
 	}
-	s := &Sub{cmd: exec.Command(binary(t, "mosquitto_sub"), args...), done: make(chan struct{})}
+	// stdbuf (coreutils): line-buffered, else the steps wait in stdio's
+	// buffer for a pipe.
+	cmd := exec.Command(binary(t, "mosquitto_sub"), args...)
+	if sb, err := exec.LookPath("stdbuf"); err == nil {
+		cmd = exec.Command(sb, append([]string{"-oL", cmd.Path}, args...)...)
+	}
+	s := &Sub{cmd: cmd, done: make(chan struct{})}
+	subscribed := make(chan struct{})
 	out, err := s.cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -148,15 +196,31 @@ func (b *Broker) Subscribe(t testing.TB, topic string, qos int, id string) *Sub 
 	}
 	go func() {
 		sc := bufio.NewScanner(out)
+		ready := false
 		for sc.Scan() {
+			l := sc.Text()
+			if strings.HasPrefix(l, "Client ") || strings.HasPrefix(l, "Subscribed (mid") {
+				if !ready && strings.HasPrefix(l, "Subscribed (mid") {
+					ready = true
+					close(subscribed)
+				}
+				continue
+			}
 			s.mu.Lock()
-			s.lines = append(s.lines, sc.Text())
+			s.lines = append(s.lines, l)
 			s.mu.Unlock()
 		}
 		_ = s.cmd.Wait()
 		close(s.done)
 	}()
 	t.Cleanup(s.Stop)
+	select {
+	case <-subscribed:
+	case <-s.done:
+		t.Fatalf("mosquitto_sub exited: %q", s.Lines())
+	case <-time.After(10 * time.Second):
+		t.Fatalf("mosquitto_sub did not subscribe within 10s: %q", s.Lines())
+	}
 	return s
 }
 

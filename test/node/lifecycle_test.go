@@ -186,7 +186,7 @@ func TestChartLifecycleOnNode(t *testing.T) {
 	eventuallyNode(t, ctx, 2*time.Minute, func() error {
 		pods, err := c.Client.CoreV1().Pods("dowse-system").List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=dowse-agent"})
 		if err != nil || len(pods.Items) > 0 {
-			return fmt.Errorf("agent pods %d (%v)", len(pods.Items), err)
+			return fmt.Errorf("agent pods %d (%w)", len(pods.Items), err)
 		}
 		return nil
 	})

@@ -245,7 +245,7 @@ func expectRules(t *testing.T, ns string, secrets, configMaps []string) {
 				return fmt.Errorf("Role %s/%s is still there: %v", ns, v1alpha1.PropertyAccessRole, r.Rules)
 			}
 			if _, err := suite.Clientset.RbacV1().RoleBindings(ns).Get(t.Context(), v1alpha1.PropertyAccessRole, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
-				return fmt.Errorf("RoleBinding %s/%s is still there (%v)", ns, v1alpha1.PropertyAccessRole, err)
+				return fmt.Errorf("RoleBinding %s/%s is still there (%w)", ns, v1alpha1.PropertyAccessRole, err)
 			}
 			return nil
 		}
@@ -385,7 +385,7 @@ func TestAgentReadsOnlyWhatConfigurationsName(t *testing.T) {
 	testwait.For(t, 10*time.Second, func() error {
 		_, err := as.CoreV1().Secrets(ns).Get(ctx, "camera-cred", metav1.GetOptions{})
 		if !apierrors.IsForbidden(err) {
-			return fmt.Errorf("get of the Secret no longer named: %v, want Forbidden", err)
+			return fmt.Errorf("get of the Secret no longer named: %w, want Forbidden", err)
 		}
 		return nil
 	})

@@ -12,6 +12,7 @@ import (
 	"compress/gzip"
 	"context"
 	"debug/elf"
+	"errors"
 	"io"
 	"log"
 	"net/http/httptest"
@@ -241,7 +242,7 @@ func elfMachine(t *testing.T, img v1.Image, path string) elf.Machine {
 	tr := tar.NewReader(zr)
 	for {
 		h, err := tr.Next()
-		if err == io.EOF {
+		if errors.Is(err, io.EOF) {
 			t.Fatalf("no %s in the layer", path)
 		}
 		if err != nil {

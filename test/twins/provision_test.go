@@ -229,7 +229,7 @@ func TestDevicesFromInstances(t *testing.T) {
 	}
 	testwait.For(t, 15*time.Second, func() error {
 		if _, err := getDevice(ns, inst.Name); !apierrors.IsNotFound(err) {
-			return fmt.Errorf("device still there (%v)", err)
+			return fmt.Errorf("device still there (%w)", err)
 		}
 		return nil
 	})
@@ -245,7 +245,7 @@ func TestDevicesFromInstances(t *testing.T) {
 	}
 	testwait.For(t, 15*time.Second, func() error {
 		if _, err := getDevice(ns, other.Name); !apierrors.IsNotFound(err) {
-			return fmt.Errorf("device of a template-less Configuration still there (%v)", err)
+			return fmt.Errorf("device of a template-less Configuration still there (%w)", err)
 		}
 		return nil
 	})

@@ -20,6 +20,8 @@ type Prop struct {
 	CollectCycle, ReportCycle time.Duration
 	// Desired, when set, is the desired value (with a timestamp).
 	Desired string
+	// PushMethod, when set, is the property's pushMethod.
+	PushMethod *dmiv1beta1.PushMethod
 }
 
 // NewDevice builds a DMI Device as a device manager sends it, packing
@@ -49,7 +51,8 @@ func MakeDevice(namespace, name, model, protocol string, config map[string]any, 
 			return nil, err
 		}
 		dp := &dmiv1beta1.DeviceProperty{Name: p.Name, Visitors: &dmiv1beta1.VisitorConfig{ProtocolName: protocol, ConfigData: v},
-			CollectCycle: p.CollectCycle.Milliseconds(), ReportCycle: p.ReportCycle.Milliseconds(), ReportToCloud: true}
+			CollectCycle: p.CollectCycle.Milliseconds(), ReportCycle: p.ReportCycle.Milliseconds(), ReportToCloud: true,
+			PushMethod: p.PushMethod}
 		if p.Desired != "" {
 			dp.Desired = Desired(p.Desired)
 		}

@@ -165,7 +165,7 @@ func parseTree(data []byte) (*node, error) {
 	var root *node
 	for {
 		tok, err := dec.Token()
-		if err == io.EOF {
+		if errors.Is(err, io.EOF) {
 			break
 		}
 		if err != nil {
@@ -291,7 +291,7 @@ func parseTarget(e *node) (Target, error) {
 	if v := e.childText(NSDiscovery, "MetadataVersion"); v != "" {
 		n, err := strconv.ParseUint(v, 10, 64)
 		if err != nil {
-			return t, fmt.Errorf("metadata version %q: %v", v, err)
+			return t, fmt.Errorf("metadata version %q: %w", v, err)
 		}
 		t.MetadataVersion = n
 	}

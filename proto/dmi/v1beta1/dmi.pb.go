@@ -877,13 +877,20 @@ func (x *CustomizedValue) GetData() map[string]*anypb.Any {
 }
 
 type PushMethod struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Http          *PushMethodHTTP        `protobuf:"bytes,1,opt,name=http,proto3" json:"http,omitempty"`
-	Mqtt          *PushMethodMQTT        `protobuf:"bytes,2,opt,name=mqtt,proto3" json:"mqtt,omitempty"`
-	Otel          *PushMethodOTEL        `protobuf:"bytes,4,opt,name=otel,proto3" json:"otel,omitempty"`
-	DbMethod      *DBMethod              `protobuf:"bytes,3,opt,name=dbMethod,proto3" json:"dbMethod,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Http     *PushMethodHTTP        `protobuf:"bytes,1,opt,name=http,proto3" json:"http,omitempty"`
+	Mqtt     *PushMethodMQTT        `protobuf:"bytes,2,opt,name=mqtt,proto3" json:"mqtt,omitempty"`
+	Otel     *PushMethodOTEL        `protobuf:"bytes,4,opt,name=otel,proto3" json:"otel,omitempty"`
+	DbMethod *DBMethod              `protobuf:"bytes,3,opt,name=dbMethod,proto3" json:"dbMethod,omitempty"`
+	// Dowse's own field, not KubeEdge's (numbered far from theirs, the one
+	// exception to the rule above; a mapper that does not know it skips it,
+	// as protobuf does with unknown fields): the name of the Secret, in the
+	// Device's namespace, holding the sink's credentials (the Device's
+	// pushMethod.secretRef). Dowse's mappers read it where their Pod mounts
+	// it; edgecore never sets it.
+	DowseSecretName string `protobuf:"bytes,1000,opt,name=dowseSecretName,proto3" json:"dowseSecretName,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *PushMethod) Reset() {
@@ -942,6 +949,13 @@ func (x *PushMethod) GetDbMethod() *DBMethod {
 		return x.DbMethod
 	}
 	return nil
+}
+
+func (x *PushMethod) GetDowseSecretName() string {
+	if x != nil {
+		return x.DowseSecretName
+	}
+	return ""
 }
 
 type PushMethodHTTP struct {
@@ -2923,13 +2937,14 @@ const file_dmi_v1beta1_dmi_proto_rawDesc = "" +
 	"\x04data\x18\x01 \x03(\v2,.dowse.dmi.v1beta1.CustomizedValue.DataEntryR\x04data\x1aM\n" +
 	"\tDataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12*\n" +
-	"\x05value\x18\x02 \x01(\v2\x14.google.protobuf.AnyR\x05value:\x028\x01\"\xea\x01\n" +
+	"\x05value\x18\x02 \x01(\v2\x14.google.protobuf.AnyR\x05value:\x028\x01\"\x95\x02\n" +
 	"\n" +
 	"PushMethod\x125\n" +
 	"\x04http\x18\x01 \x01(\v2!.dowse.dmi.v1beta1.PushMethodHTTPR\x04http\x125\n" +
 	"\x04mqtt\x18\x02 \x01(\v2!.dowse.dmi.v1beta1.PushMethodMQTTR\x04mqtt\x125\n" +
 	"\x04otel\x18\x04 \x01(\v2!.dowse.dmi.v1beta1.PushMethodOTELR\x04otel\x127\n" +
-	"\bdbMethod\x18\x03 \x01(\v2\x1b.dowse.dmi.v1beta1.DBMethodR\bdbMethod\"|\n" +
+	"\bdbMethod\x18\x03 \x01(\v2\x1b.dowse.dmi.v1beta1.DBMethodR\bdbMethod\x12)\n" +
+	"\x0fdowseSecretName\x18\xe8\a \x01(\tR\x0fdowseSecretName\"|\n" +
 	"\x0ePushMethodHTTP\x12\x1a\n" +
 	"\bhostname\x18\x01 \x01(\tR\bhostname\x12\x12\n" +
 	"\x04port\x18\x02 \x01(\x03R\x04port\x12 \n" +

@@ -126,7 +126,7 @@ func jsmodbusModules(root string) (string, error) {
 	cmd := exec.Command("npm", "install", "--no-audit", "--no-fund", "--omit=optional", "jsmodbus@5.0.0", "modbus-serial@8.0.25")
 	cmd.Dir = dir
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("npm install jsmodbus@5.0.0 (needs node and npm: apt-get install -y nodejs npm): %v\n%s", err, out)
+		return "", fmt.Errorf("npm install jsmodbus@5.0.0 (needs node and npm: apt-get install -y nodejs npm): %w\n%s", err, out)
 	}
 	return modules, nil
 }

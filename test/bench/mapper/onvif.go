@@ -71,7 +71,7 @@ func runONVIF(ctx context.Context, root string, window time.Duration) error {
 			break
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("go2rtc not listening: %v", err)
+			return fmt.Errorf("go2rtc not listening: %w", err)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

@@ -219,7 +219,7 @@ func runOPCUA(ctx context.Context, root string, window time.Duration, samples in
 		resp, err := other.Write(ctx, &ua.WriteRequest{NodesToWrite: []*ua.WriteValue{{NodeID: ua.MustParseNodeID("ns=2;s=Static_Scalar_Double"),
 			AttributeID: ua.AttributeIDValue, Value: &ua.DataValue{EncodingMask: ua.DataValueValue, Value: ua.MustVariant(v)}}}})
 		if err != nil || resp.Results[0] != ua.StatusOK {
-			return fmt.Errorf("writing with another client: %v %v", err, resp)
+			return fmt.Errorf("writing with another client: %w %v", err, resp)
 		}
 		changed := time.Now()
 		want := strconv.FormatFloat(v, 'g', -1, 64)

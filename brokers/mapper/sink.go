@@ -1,0 +1,403 @@
+package mapper
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+
+	dmiv1beta1 "github.com/dowse-dev/dowse/proto/dmi/v1beta1"
+	"github.com/dowse-dev/dowse/shared/backoff"
+	"github.com/dowse-dev/dowse/shared/twinvalue"
+)
+
+// Sinks: a property's pushMethod (KubeEdge's DMI field) sends its readings
+// to an MQTT broker or an HTTP endpoint besides the twin. One sink per
+// destination (and credentials) is shared by every property and device of
+// the mapper that names it: one connection per broker, however many
+// topics. A reading is pushed when the twin would report it (a change, the
+// first value, and the reportCycle heartbeat), judged on its own: a failed
+// report to the device manager does not push it twice, nor a sink down
+// delay the twin.
+
+// errSinkRefused, wrapped, is a sink's refusal (HTTP 4xx, MQTT not
+// authorized): counted and logged at most once a minute, never retried
+// for the message (an HTTP one), retried with backoff for the connection
+// (an MQTT login).
+var errSinkRefused = errors.New("refused")
+
+// refusalLogEvery is how often a sink that keeps refusing is logged.
+const refusalLogEvery = time.Minute
+
+// sinkBatch is the most readings a sink hands its transport at once (MQTT:
+// published back to back, then their acknowledgements awaited).
+const sinkBatch = 256
+
+// reading is one message to a sink.
+type reading struct {
+	seq      uint64
+	topic    string // MQTT
+	qos      byte
+	retained bool
+	payload  []byte
+}
+
+func (r *reading) size() int { return len(r.payload) + len(r.topic) + 64 }
+
+// transport is a sink's protocol.
+type transport interface {
+	// connect opens the connection (an error wrapping errSinkRefused when
+	// the peer refuses the credentials).
+	connect(ctx context.Context) error
+	// deliver sends msgs in order. The first done are finished: delivered,
+	// or refused for good (refused of them, refusal the last reason). err
+	// says the rest wait for a reconnect.
+	deliver(ctx context.Context, msgs []*reading) (done, refused int, refusal, err error)
+	close()
+}
+
+// sinkSpec is what makes a sink: its kind, destination and credentials.
+type sinkSpec struct {
+	kind    string // "mqtt", "http"
+	address string // the broker's URL, or the HTTP endpoint's URL
+	secret  string // the Secret's name (dowseSecretName), "" for the environment
+	timeout time.Duration
+}
+
+func (s sinkSpec) key() string {
+	return s.kind + "\x00" + s.address + "\x00" + s.secret + "\x00" + s.timeout.String()
+}
+
+// sinkTarget is where one property's readings go.
+type sinkTarget struct {
+	sink     *sink
+	topic    string
+	qos      byte
+	retained bool
+}
+
+// sinkSet is the mapper's sinks, by sinkSpec.key.
+type sinkSet struct {
+	m  *Mapper
+	mu sync.Mutex
+	by map[string]*sink
+	wg sync.WaitGroup
+}
+
+// targets returns where a property's pushMethod sends its readings (none
+// for a pushMethod Dowse's mappers do not serve: otel, influxdb2,
+// tdengine, redis, mysql), acquiring the sinks; release gives them back.
+func (s *sinkSet) targets(ctx context.Context, ns, device string, pm *dmiv1beta1.PushMethod) ([]sinkTarget, error) {
+	if pm == nil || s == nil {
+		return nil, nil
+	}
+	var out []sinkTarget
+	var errs []error
+	if q := pm.GetMqtt(); q != nil {
+		if q.GetQos() < 0 || q.GetQos() > 2 {
+			errs = append(errs, fmt.Errorf("pushMethod.mqtt.qos %d: must be 0, 1 or 2", q.GetQos()))
+		} else if addr, err := mqttBroker(q.GetAddress()); err != nil {
+			errs = append(errs, fmt.Errorf("pushMethod.mqtt.address: %w", err))
+		} else {
+			topic := q.GetTopic()
+			if topic == "" {
+				topic = "dowse/" + ns + "/" + device
+			}
+			out = append(out, sinkTarget{sink: s.acquire(ctx, sinkSpec{kind: "mqtt", address: addr, secret: pm.GetDowseSecretName()}),
+				topic: topic, qos: byte(q.GetQos()), retained: q.GetRetained()})
+		}
+	}
+	if h := pm.GetHttp(); h != nil {
+		u, err := httpEndpoint(h)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("pushMethod.http: %w", err))
+		} else {
+			timeout := time.Duration(h.GetTimeout()) * time.Millisecond
+			if timeout <= 0 {
+				timeout = s.m.cfg.CallTimeout
+			}
+			out = append(out, sinkTarget{sink: s.acquire(ctx, sinkSpec{kind: "http", address: u, secret: pm.GetDowseSecretName(), timeout: timeout})})
+		}
+	}
+	if pm.GetOtel() != nil {
+		errs = append(errs, errors.New("pushMethod.otel: Dowse's mappers do not export to OpenTelemetry (KubeEdge's do)"))
+	}
+	if db := pm.GetDbMethod(); db != nil {
+		errs = append(errs, errors.New("pushMethod.dbMethod: Dowse's mappers do not write to databases yet (KubeEdge's do)"))
+	}
+	return out, errors.Join(errs...)
+}
+
+func (s *sinkSet) acquire(ctx context.Context, spec sinkSpec) *sink {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	k := spec.key()
+	if sk := s.by[k]; sk != nil {
+		sk.refs++
+		return sk
+	}
+	sk := newSink(s.m, spec)
+	sk.refs = 1
+	s.by[k] = sk
+	runCtx, cancel := context.WithCancel(ctx)
+	sk.cancel = cancel
+	s.wg.Go(func() { sk.run(runCtx) })
+	return sk
+}
+
+// release gives back targets; a sink nobody uses stops.
+func (s *sinkSet) release(ts []sinkTarget) {
+	if len(ts) == 0 {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, t := range ts {
+		t.sink.refs--
+		if t.sink.refs == 0 {
+			t.sink.cancel()
+			delete(s.by, t.sink.spec.key())
+		}
+	}
+}
+
+// stop stops every sink and waits for them.
+func (s *sinkSet) stop() {
+	s.mu.Lock()
+	for k, sk := range s.by {
+		sk.cancel()
+		delete(s.by, k)
+	}
+	s.mu.Unlock()
+	s.wg.Wait()
+}
+
+// sink is one destination: a bounded buffer (count and bytes, the oldest
+// dropped first) that one goroutine delivers, reconnecting with backoff.
+type sink struct {
+	m       *Mapper
+	spec    sinkSpec
+	labels  string
+	log     logr.Logger
+	t       transport
+	refs    int // under sinkSet.mu
+	cancel  context.CancelFunc
+	wake    chan struct{}
+	maxMsgs int
+	maxSize int
+
+	mu    sync.Mutex
+	buf   []*reading // buf[head:] is waiting, oldest first
+	head  int
+	size  int
+	seq   uint64
+	drops uint64 // dropped since the last log
+
+	// The goroutine's own.
+	lastRefusalLog time.Time
+	refusedSince   int
+}
+
+func newSink(m *Mapper, spec sinkSpec) *sink {
+	s := &sink{m: m, spec: spec, wake: make(chan struct{}, 1), maxMsgs: m.cfg.SinkBufferMessages, maxSize: int(m.cfg.SinkBufferBytes),
+		labels: `kind="` + spec.kind + `",address=` + strconv.Quote(redact(spec.address)),
+		log:    m.log.WithValues("sink", spec.kind, "address", redact(spec.address))}
+	creds := credentialSource{dir: m.cfg.SinkSecretsDir, secret: spec.secret}
+	switch spec.kind {
+	case "mqtt":
+		sum := sha256.Sum256([]byte(spec.key()))
+		s.t = &mqttTransport{address: spec.address, creds: creds, timeout: m.cfg.CallTimeout,
+			clientID: mqttClientID(m.cfg.Name, hex.EncodeToString(sum[:4]))}
+	case "http":
+		s.t = newHTTPTransport(spec.address, spec.timeout, creds)
+	}
+	return s
+}
+
+// push queues a reading; it never blocks on the sink.
+func (s *sink) push(r *reading) {
+	s.mu.Lock()
+	s.seq++
+	r.seq = s.seq
+	s.buf = append(s.buf, r)
+	s.size += r.size()
+	dropped := 0
+	for len(s.buf)-s.head > 1 && (len(s.buf)-s.head > s.maxMsgs || s.size > s.maxSize) {
+		s.size -= s.buf[s.head].size()
+		s.buf[s.head] = nil
+		s.head++
+		dropped++
+	}
+	s.drops += uint64(dropped)
+	n := len(s.buf) - s.head
+	s.mu.Unlock()
+	if dropped > 0 {
+		s.m.cfg.Metrics.add("dowse_mapper_sink_dropped_total", s.labels, float64(dropped))
+	}
+	s.m.cfg.Metrics.setGauge("dowse_mapper_sink_buffered", s.labels, float64(n))
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// peek returns up to n waiting readings, oldest first, without taking
+// them: push may drop them meanwhile (forget then skips what is gone).
+func (s *sink) peek(n int) []*reading {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	w := s.buf[s.head:]
+	if len(w) > n {
+		w = w[:n]
+	}
+	return append([]*reading(nil), w...)
+}
+
+// forget drops the readings up to seq, delivered or refused.
+func (s *sink) forget(seq uint64) {
+	s.mu.Lock()
+	for s.head < len(s.buf) && s.buf[s.head].seq <= seq {
+		s.size -= s.buf[s.head].size()
+		s.buf[s.head] = nil
+		s.head++
+	}
+	if s.head == len(s.buf) {
+		s.buf, s.head = s.buf[:0], 0
+	} else if s.head >= 1024 && s.head > len(s.buf)/2 {
+		s.buf = append(s.buf[:0], s.buf[s.head:]...)
+		s.head = 0
+	}
+	n := len(s.buf) - s.head
+	drops := s.drops
+	s.drops = 0
+	s.mu.Unlock()
+	s.m.cfg.Metrics.setGauge("dowse_mapper_sink_buffered", s.labels, float64(n))
+	if drops > 0 {
+		s.log.Info("sink buffer full; the oldest readings were dropped", "dropped", drops,
+			"bufferMessages", s.maxMsgs, "bufferBytes", s.maxSize)
+	}
+}
+
+func (s *sink) run(ctx context.Context) {
+	defer s.t.close()
+	bo := backoff.Backoff{Initial: s.m.cfg.ReconnectInitial, Max: s.m.cfg.ReconnectMax, Jitter: 0.2}
+	connected := false
+	for ctx.Err() == nil {
+		if !connected {
+			err := s.t.connect(ctx)
+			if err != nil {
+				if ctx.Err() != nil {
+					return
+				}
+				s.failed(err, "connecting to the sink failed; retrying")
+				backoff.Sleep(ctx, bo.Next())
+				continue
+			}
+			connected = true
+			s.m.cfg.Metrics.add("dowse_mapper_sink_connects_total", s.labels, 1)
+			s.log.V(1).Info("sink connected")
+		}
+		batch := s.peek(sinkBatch)
+		if len(batch) == 0 {
+			select {
+			case <-ctx.Done():
+				return
+			case <-s.wake:
+			}
+			continue
+		}
+		done, refused, refusal, err := s.t.deliver(ctx, batch)
+		if done > 0 {
+			s.forget(batch[done-1].seq)
+			if done > refused {
+				s.m.cfg.Metrics.add("dowse_mapper_sink_sent_total", s.labels, float64(done-refused))
+				bo.Reset()
+			}
+		}
+		if refused > 0 {
+			s.m.cfg.Metrics.add("dowse_mapper_sink_refused_total", s.labels, float64(refused))
+			s.refusedSince += refused
+			s.logRefusal(refusal)
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			connected = false
+			s.t.close()
+			s.failed(err, "delivering to the sink failed; reconnecting")
+			backoff.Sleep(ctx, bo.Next())
+		}
+	}
+}
+
+// failed counts a connection's failure; a refusal is logged at most once
+// a minute, other failures at V(1) after the first.
+func (s *sink) failed(err error, msg string) {
+	if errors.Is(err, errSinkRefused) {
+		s.m.cfg.Metrics.add("dowse_mapper_sink_refused_total", s.labels, 1)
+		s.refusedSince++
+		s.logRefusal(err)
+		return
+	}
+	s.m.cfg.Metrics.add("dowse_mapper_sink_errors_total", s.labels, 1)
+	s.log.V(1).Info(msg, "err", err)
+}
+
+func (s *sink) logRefusal(err error) {
+	now := time.Now()
+	if now.Sub(s.lastRefusalLog) < refusalLogEvery {
+		return
+	}
+	s.log.Info("the sink refuses readings (logged at most once a minute; dowse_mapper_sink_refused_total counts them)",
+		"refused", s.refusedSince, "err", err)
+	s.lastRefusalLog, s.refusedSince = now, 0
+}
+
+// payload is a reading as sinks send it: one JSON object.
+//
+//	{"namespace":"default","device":"boiler-1","property":"temperature","value":"21.5","type":"double","timestamp":1764641234567}
+//
+// value is the twin's string; timestamp the read time in Unix milliseconds
+// (KubeEdge's DataModel.TimeStamp).
+func payload(ns, device, property, value string, typ twinvalue.Type, at time.Time) []byte {
+	b := make([]byte, 0, 96+len(ns)+len(device)+len(property)+len(value))
+	b = append(b, `{"namespace":`...)
+	b = strconv.AppendQuote(b, ns)
+	b = append(b, `,"device":`...)
+	b = strconv.AppendQuote(b, device)
+	b = append(b, `,"property":`...)
+	b = strconv.AppendQuote(b, property)
+	b = append(b, `,"value":`...)
+	b = appendJSONString(b, value)
+	b = append(b, `,"type":`...)
+	b = strconv.AppendQuote(b, string(typ))
+	b = append(b, `,"timestamp":`...)
+	b = strconv.AppendInt(b, at.UnixMilli(), 10)
+	return append(b, '}')
+}
+
+// appendJSONString quotes s as JSON does (strconv's Go quoting differs for
+// a few escapes).
+func appendJSONString(b []byte, s string) []byte {
+	const hexd = "0123456789abcdef"
+	b = append(b, '"')
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c == '"' || c == '\\':
+			b = append(b, '\\', c)
+		case c < 0x20:
+			b = append(b, '\\', 'u', '0', '0', hexd[c>>4], hexd[c&0xf])
+		default:
+			b = append(b, c)
+		}
+	}
+	return append(b, '"')
+}
