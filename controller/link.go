@@ -199,6 +199,7 @@ func addLink(ctx context.Context, mgr ctrl.Manager, cfg Config, reg prometheus.R
 		RateLimit: lc.RateLimit, RateBurst: lc.RateBurst, MaxConnections: lc.MaxConnections,
 		DrainPeriod: lc.DrainPeriod,
 		CanDrain:    func() bool { return presence.Others() > 0 },
+		SendOn:      func(sessions int) bool { return presence.RoomElsewhere(sessions) },
 		// A node that (re)connects learns which devices are its.
 		OnConnect: func(ctx context.Context, node string) {
 			members.OnConnect(ctx, node)

@@ -96,6 +96,12 @@ type Config struct {
 	// replica can take its edges; false skips the drain (a lone replica's
 	// edges would only be turned away until it is back).
 	CanDrain func() bool
+	// SendOn, when set, is asked at the handshake of a node this hub does
+	// not serve, with the number of sessions it serves: true sends the edge
+	// on to its next address (a Reconnect before it claims anything), for
+	// a replica at its share while another has room. A node is sent on at
+	// most once a minute, so that counts out of date cost one hop at most.
+	SendOn func(sessions int) bool
 }
 
 // Position is a place in a node's outbound stream.
@@ -171,6 +177,7 @@ type Hub struct {
 
 	mu        sync.Mutex
 	nodes     map[string]*nodeState
+	sentOn    map[string]time.Time // when each node was last sent on (SendOn)
 	ready     chan struct{}
 	readyOnce sync.Once // Start may be called again after it failed
 	addrs     struct{ ws, quic net.Addr }
@@ -553,6 +560,47 @@ func (h *Hub) Commit(node string, pos Position) {
 }
 
 // Connected lists the nodes with a live connection, sorted.
+// sendOn says whether node's new connection goes on to another replica
+// (Config.SendOn), remembering when it last did.
+func (h *Hub) sendOn(node string) bool {
+	if h.cfg.SendOn == nil {
+		return false
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	held := 0
+	for n, s := range h.nodes {
+		s.mu.Lock()
+		serving := s.cancel != nil
+		s.mu.Unlock()
+		if serving && n == node {
+			return false // its session is here: the edge reconnected
+		}
+		if serving {
+			held++
+		}
+	}
+	now := time.Now()
+	if t, ok := h.sentOn[node]; ok && now.Sub(t) < time.Minute {
+		return false
+	}
+	if !h.cfg.SendOn(held) {
+		return false
+	}
+	if len(h.sentOn) > 4096 {
+		for n, t := range h.sentOn {
+			if now.Sub(t) >= time.Minute {
+				delete(h.sentOn, n)
+			}
+		}
+	}
+	if h.sentOn == nil {
+		h.sentOn = map[string]time.Time{}
+	}
+	h.sentOn[node] = now
+	return true
+}
+
 func (h *Hub) Connected() []string {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -736,6 +784,11 @@ func (h *Hub) handshake(ctx context.Context, transport string, c link.Conn) *ser
 		}
 	}
 
+	if h.sendOn(node) {
+		h.refuse(ctx, kv, "sent-on", c, "sending a connection on: this replica holds its share and another has room")
+		f.WriteFinal(&linkv1.Envelope{Kind: &linkv1.Envelope_Reconnect{Reconnect: &linkv1.Reconnect{Reason: "rebalance"}}})
+		return nil
+	}
 	if h.draining.Load() {
 		// Stopping: send the edge on before it claims anything here.
 		h.refuse(ctx, kv, "draining", c, "turning a connection away: this replica is draining")

@@ -221,6 +221,43 @@ func serving(l *coordinationv1.Lease, now time.Time) bool {
 		now.Sub(l.Spec.RenewTime.Time) <= time.Duration(ptr.Deref(l.Spec.LeaseDurationSeconds, 0))*time.Second
 }
 
+// RoomElsewhere says whether a replica holding sessions should send a new
+// edge on: it holds at least its share (rounded up) and another replica,
+// present and renewed within two intervals, holds less.
+func (p *Presence) RoomElsewhere(sessions int) bool {
+	if !p.inf.HasSynced() {
+		return false
+	}
+	total, replicas := sessions, 1
+	var counts []int
+	now := time.Now()
+	for _, o := range p.inf.GetStore().List() {
+		l, ok := o.(*coordinationv1.Lease)
+		if !ok || ptr.Deref(l.Spec.HolderIdentity, "") == p.cfg.Replica || !serving(l, now) {
+			continue
+		}
+		n, err := strconv.Atoi(l.Annotations[AnnotationSessions])
+		if err != nil {
+			continue
+		}
+		total += n
+		replicas++
+		if l.Spec.RenewTime != nil && now.Sub(l.Spec.RenewTime.Time) <= 2*p.cfg.Every {
+			counts = append(counts, n)
+		}
+	}
+	target := int(math.Ceil(float64(total) / float64(replicas)))
+	if replicas < 2 || sessions < target {
+		return false
+	}
+	for _, n := range counts {
+		if n < target {
+			return true
+		}
+	}
+	return false
+}
+
 // spread moves edges away when this replica holds more than its share,
 // and returns the time over which it spread the moves (0: none).
 func (p *Presence) spread(sessions []string) time.Duration {

@@ -479,11 +479,14 @@ func TestReplicas(t *testing.T) {
 			moved += f.metric(r, "dowse_cloudhub_rebalanced_sessions_total")
 		}
 		t.Logf("the replacement took %d edges (%v); %v edges moved; the longest gap of a moved edge %v", per[holder.name], per, moved, longest)
-		if moved > 5 {
-			t.Errorf("%v edges moved to give the new replica its 3", moved)
+		// The two full replicas decide what to shed each on counts up to
+		// an interval old, so a round may overshoot: up to twice the share
+		// moves, never every edge.
+		if moved > 6 {
+			t.Errorf("%v edges moved to give the new replica its 3, want 6 at most", moved)
 		}
-		if down := len(longest); down > 5 {
-			t.Errorf("%d edges were without a session at some point, want only the few moved: %v", down, longest)
+		if down := len(longest); float64(down) > moved {
+			t.Errorf("%d edges were without a session at some point, more than the %v moved: %v", down, moved, longest)
 		}
 		ct.settled(ctx, "after the replacement", "3")
 	})
