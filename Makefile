@@ -133,7 +133,9 @@ bench: k8s build
 	go run ./test/bench/controller
 	@if [ "$$(id -u)" = 0 ]; then go run ./test/bench/deviceplugin; else echo "bench/deviceplugin skipped: it runs a kubelet, which needs root"; fi
 	go run ./test/bench/link
+	go run ./test/bench/replicas
 	go run ./test/bench/mapper
+	go test -run '^$$' -bench MQTTSink -benchtime 50000x ./brokers/mapper/
 	go test -run '^$$' -bench . -benchtime 2s ./agent/edgehub/
 	go test -run '^$$' -bench . -benchtime 3000x ./test/link/
 	go test -run '^$$' -bench Twins -benchtime 1x ./test/e2e/

@@ -427,6 +427,9 @@ func quicConfig() *quic.Config {
 func ListenQUIC(addr string, tlsConf *tls.Config, opts ListenOptions) (Listener, error) {
 	conf := tlsConf.Clone()
 	conf.NextProtos = []string{ALPN}
+	// Edges do not resume TLS sessions; a ticket would only be one more
+	// buffer kept by every connection's crypto stream.
+	conf.SessionTicketsDisabled = true
 	ua, err := net.ResolveUDPAddr("udp", addr)
 	if err != nil {
 		return nil, err

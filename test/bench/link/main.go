@@ -21,6 +21,7 @@ import (
 	"crypto/tls"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -56,6 +57,8 @@ func main() {
 	dur := flag.Duration("duration", 3*time.Second, "length of each throughput run")
 	window := flag.Int("window", 256, "messages in flight per connection (one-connection runs)")
 	flag.IntVar(&manyWindow, "many-window", 4, "messages in flight per connection (many-connection runs)")
+	spread := flag.Int("spread", 10000, "idle WebSocket connections spread over two hub processes (0: not measured)")
+	transports := flag.String("transports", "websocket,quic", "transports measured, comma-separated")
 	flag.Parse()
 	var err error
 	if *hub {
@@ -63,7 +66,7 @@ func main() {
 	} else {
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		defer stop()
-		err = run(ctx, *idle, *conns, *dur, *window)
+		err = run(ctx, *idle, *conns, *spread, *dur, *window, strings.Split(*transports, ","))
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
@@ -135,12 +138,11 @@ func runHub(dir string) error {
 	go func() {
 		n := 0
 		for range usr1 {
-			// Two collections: the first also shrinks the stacks of
-			// goroutines that use little of theirs, the second frees what
-			// the first left (and shrinks them once more).
-			runtime.GC()
-			runtime.GC()
-			debug.FreeOSMemory()
+			// Collections until the stacks stop shrinking: each halves
+			// the stack of a goroutine that uses little of it, as the
+			// runtime's own collections (at least one every two
+			// minutes) do to the stacks of a hub's idle edges.
+			settle()
 			if f := os.Getenv("LINK_BENCH_HUB_HEAPPROFILE"); f != "" {
 				n++
 				if out, err := os.Create(fmt.Sprintf("%s.%d", f, n)); err == nil {
@@ -170,7 +172,7 @@ func runHub(dir string) error {
 	return nil
 }
 
-func run(ctx context.Context, idleN, connsN int, dur time.Duration, window int) error {
+func run(ctx context.Context, idleN, connsN, spreadN int, dur time.Duration, window int, transports []string) error {
 	dir, err := os.MkdirTemp("", "dowse-link-bench")
 	if err != nil {
 		return err
@@ -191,56 +193,17 @@ func run(ctx context.Context, idleN, connsN int, dur time.Duration, window int) 
 		return err
 	}
 
-	self, err := os.Executable()
+	h, err := startChild(dir)
 	if err != nil {
 		return err
 	}
-	child := exec.Command(self, "-hub", "-dir", dir)
-	stdin, _ := child.StdinPipe()
-	stdout, _ := child.StdoutPipe()
-	child.Stderr = os.Stderr
-	if err := child.Start(); err != nil {
-		return err
-	}
-	fmt.Printf("hub child pid %d\n", child.Process.Pid)
-	defer func() {
-		stdin.Close()
-		done := make(chan struct{})
-		go func() { _ = child.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(5 * time.Second):
-			_ = child.Process.Kill()
-			<-done
-		}
-	}()
-	lines := bufio.NewScanner(stdout)
-	if !lines.Scan() {
-		return fmt.Errorf("hub child did not start")
-	}
-	f := strings.Fields(lines.Text())
-	if len(f) != 4 || f[0] != "READY" {
-		return fmt.Errorf("hub child said %q", lines.Text())
-	}
-	wsAddr, quicAddr, echoAddr := f[1], f[2], f[3]
-	gcLines := make(chan struct{}, 16)
-	go func() {
-		for lines.Scan() {
-			gcLines <- struct{}{}
-		}
-	}()
-	rss := func() float64 { // settled RSS of the hub child, MiB
-		_ = child.Process.Signal(syscall.SIGUSR1)
-		select {
-		case <-gcLines:
-		case <-time.After(10 * time.Second):
-		}
-		return vmRSS(child.Process.Pid)
-	}
+	defer h.stop()
+	wsAddr, quicAddr, echoAddr := h.ws, h.quic, h.echo
+	rss := h.rss
 
 	b := &bench{ca: ca, certs: map[string]tls.Certificate{}}
-	fmt.Printf("issuing %d node certificates...\n", max(idleN, connsN+1))
-	if err := b.issue(max(idleN, connsN+1)); err != nil {
+	fmt.Printf("issuing %d node certificates...\n", max(idleN, connsN+1, spreadN))
+	if err := b.issue(max(idleN, connsN+1, spreadN)); err != nil {
 		return err
 	}
 	qtr := &quic.Transport{Conn: mustUDP()}
@@ -261,7 +224,7 @@ func run(ctx context.Context, idleN, connsN int, dur time.Duration, window int) 
 		return err
 	}
 	fmt.Printf("bare websocket echo: %.0f msg/s, rtt p50 %s p99 %s\n", bare, bareP50, bareP99)
-	for _, tr := range []string{link.WebSocket, link.QUIC} {
+	for _, tr := range transports {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
@@ -321,7 +284,20 @@ func run(ctx context.Context, idleN, connsN int, dur time.Duration, window int) 
 		time.Sleep(2 * time.Second) // let the hub see them go
 	}
 
+	var spreadRSS []float64
+	if spreadN > 0 {
+		if spreadRSS, err = b.spread(ctx, dir, spreadN); err != nil {
+			return err
+		}
+	}
+
 	ws, q := results[link.WebSocket], results[link.QUIC]
+	if ws == nil {
+		ws = &result{}
+	}
+	if q == nil {
+		q = &result{}
+	}
 	fmt.Println()
 	fmt.Printf("%-46s %16s %16s\n", "cloud/edge link, loopback, one hub process", "websocket", "quic")
 	row := func(name string, a, b string) { fmt.Printf("%-46s %16s %16s\n", name, a, b) }
@@ -336,9 +312,133 @@ func run(ctx context.Context, idleN, connsN int, dur time.Duration, window int) 
 	row("bare coder/websocket echo, one conn (msgs/s)", fmt.Sprintf("%.0f", bare), "")
 	row("  rtt p50 / p99", bareP50.String()+" / "+bareP99.String(), "")
 	row("link / bare websocket throughput", fmt.Sprintf("%.2f", ws.oneRate/bare), fmt.Sprintf("%.2f", q.oneRate/bare))
+	if spreadN > 0 {
+		row(fmt.Sprintf("%d idle edges over 2 hubs, RSS total (MiB)", spreadN), fmt.Sprintf("%.0f", spreadRSS[0]+spreadRSS[1]), "")
+		row("  each hub's RSS (MiB)", fmt.Sprintf("%.0f + %.0f", spreadRSS[0], spreadRSS[1]), "")
+	}
 	fmt.Printf("goals: an idle edge <= 25 KiB over WebSocket, <= 35 KiB over QUIC; link/bare > 1; window %d per connection (one), %d (many); %d cores\n",
 		window, manyWindow, runtime.NumCPU())
 	return nil
+}
+
+// settle collects until the goroutine stacks stop shrinking (at most ten
+// times) and returns freed memory to the OS.
+func settle() {
+	var ms runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&ms)
+	for range 9 {
+		before := ms.StackInuse
+		runtime.GC()
+		runtime.ReadMemStats(&ms)
+		if ms.StackInuse >= before {
+			break
+		}
+	}
+	debug.FreeOSMemory()
+}
+
+// hubChild is a hub process (this binary with -hub).
+type hubChild struct {
+	cmd            *exec.Cmd
+	stdin          io.Closer
+	ws, quic, echo string
+	gcLines        chan struct{}
+}
+
+func startChild(dir string) (*hubChild, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	h := &hubChild{cmd: exec.Command(self, "-hub", "-dir", dir), gcLines: make(chan struct{}, 16)}
+	h.stdin, _ = h.cmd.StdinPipe()
+	stdout, _ := h.cmd.StdoutPipe()
+	h.cmd.Stderr = os.Stderr
+	if err := h.cmd.Start(); err != nil {
+		return nil, err
+	}
+	fmt.Printf("hub child pid %d\n", h.cmd.Process.Pid)
+	lines := bufio.NewScanner(stdout)
+	if !lines.Scan() {
+		h.stop()
+		return nil, fmt.Errorf("hub child did not start")
+	}
+	f := strings.Fields(lines.Text())
+	if len(f) != 4 || f[0] != "READY" {
+		h.stop()
+		return nil, fmt.Errorf("hub child said %q", lines.Text())
+	}
+	h.ws, h.quic, h.echo = f[1], f[2], f[3]
+	go func() {
+		for lines.Scan() {
+			h.gcLines <- struct{}{}
+		}
+	}()
+	return h, nil
+}
+
+// rss is the child's settled RSS, MiB.
+func (h *hubChild) rss() float64 {
+	_ = h.cmd.Process.Signal(syscall.SIGUSR1)
+	select {
+	case <-h.gcLines:
+	case <-time.After(10 * time.Second):
+	}
+	return vmRSS(h.cmd.Process.Pid)
+}
+
+// stop ends the child (it returns when its stdin closes) and waits for it.
+func (h *hubChild) stop() {
+	h.stdin.Close()
+	done := make(chan struct{})
+	go func() { _ = h.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		_ = h.cmd.Process.Kill()
+		<-done
+	}
+}
+
+// spread holds n idle WebSocket edges on two fresh hub processes, half on
+// each (as two replicas share a fleet), and returns each hub's whole RSS.
+func (b *bench) spread(ctx context.Context, dir string, n int) ([]float64, error) {
+	var hubs []*hubChild
+	defer func() {
+		for _, h := range hubs {
+			h.stop()
+		}
+	}()
+	for range 2 {
+		h, err := startChild(dir)
+		if err != nil {
+			return nil, err
+		}
+		hubs = append(hubs, h)
+	}
+	ictx, icancel := context.WithCancel(ctx)
+	defer icancel()
+	t0 := time.Now()
+	var all []*edge
+	for i, h := range hubs {
+		addr := h.ws
+		edges, err := b.connect(ictx, func(node string) link.Dialer {
+			return &link.WebSocketDialer{Addr: addr, TLS: b.clientTLS(node)}
+		}, "spread", i*(n/2), n/2, 30*time.Second)
+		all = append(all, edges...)
+		if err != nil {
+			return nil, err
+		}
+	}
+	time.Sleep(2 * time.Second)
+	out := []float64{hubs[0].rss(), hubs[1].rss()}
+	fmt.Printf("spread: %d idle edges over 2 hubs in %s, RSS %.0f + %.0f MiB\n", len(all), time.Since(t0).Round(time.Millisecond), out[0], out[1])
+	icancel()
+	for _, e := range all {
+		<-e.done
+	}
+	return out, nil
 }
 
 func mustCreate(name string) *os.File {
@@ -435,25 +535,35 @@ func (b *bench) connect(ctx context.Context, dialer func(string) link.Dialer, ph
 			e := &edge{node: node, sess: link.NewSession(link.SessionConfig{}), done: make(chan struct{})}
 			var c link.Conn
 			var err error
+			var f *link.Framed
+			var w linkv1.Envelope
+			// A loaded hub turns handshakes away beyond its limit (QUIC's
+			// CONNECTION_REFUSED): try again, as an edge would.
 			for attempt := 0; ; attempt++ {
+				if attempt > 0 {
+					time.Sleep(time.Duration(attempt) * 200 * time.Millisecond)
+				}
 				dctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 				c, err = dialer(node).Dial(dctx)
 				cancel()
-				if err == nil || attempt == 3 || ctx.Err() != nil {
+				if err == nil {
+					f = link.NewFramed(c, link.DefaultMaxFrame)
+					if err = f.Write(&linkv1.Envelope{Kind: &linkv1.Envelope_Hello{Hello: &linkv1.Hello{Node: node, StreamId: e.sess.StreamID()}}}); err == nil {
+						w.Reset()
+						if _, err = f.Read(&w); err == nil && w.GetWelcome() == nil {
+							err = fmt.Errorf("no welcome: %v", w.GetError())
+						}
+					}
+					if err != nil {
+						_ = c.Close()
+					}
+				}
+				if err == nil || attempt == 5 || ctx.Err() != nil {
 					break
 				}
-				time.Sleep(100 * time.Millisecond)
 			}
 			if err != nil {
 				return fmt.Errorf("%s %s: %w", phase, node, err)
-			}
-			f := link.NewFramed(c, link.DefaultMaxFrame)
-			if err := f.Write(&linkv1.Envelope{Kind: &linkv1.Envelope_Hello{Hello: &linkv1.Hello{Node: node, StreamId: e.sess.StreamID()}}}); err != nil {
-				return err
-			}
-			var w linkv1.Envelope
-			if _, err := f.Read(&w); err != nil || w.GetWelcome() == nil {
-				return fmt.Errorf("%s %s: no welcome: %w %v", phase, node, err, w.GetError())
 			}
 			e.sess.SetPeer(w.GetWelcome().StreamId)
 			e.sess.Resume(w.GetWelcome().PeerStreamId, w.GetWelcome().Received)
