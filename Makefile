@@ -135,6 +135,7 @@ bench: k8s build
 	go run ./test/bench/link
 	go run ./test/bench/replicas
 	go run ./test/bench/mapper
+	go test -run '^$$' -bench MQTTSink -benchtime 50000x ./brokers/mapper/
 	go test -run '^$$' -bench . -benchtime 2s ./agent/edgehub/
 	go test -run '^$$' -bench . -benchtime 3000x ./test/link/
 	go test -run '^$$' -bench Twins -benchtime 1x ./test/e2e/

@@ -35,9 +35,16 @@ var errSinkRefused = errors.New("refused")
 // refusalLogEvery is how often a sink that keeps refusing is logged.
 const refusalLogEvery = time.Minute
 
-// sinkBatch is the most readings a sink hands its transport at once (MQTT:
-// published back to back, then their acknowledgements awaited).
+// sinkBatch is the most readings a sink hands a batch transport (HTTP) at
+// once.
 const sinkBatch = 256
+
+// sinkWindow is the most readings a pipelined transport (MQTT) has in
+// flight, published and not yet acknowledged. Acknowledgements come in
+// bursts (a broker's Nagle, as mosquitto's default, holds each small
+// PUBACK until the previous is acknowledged, up to the peer's delayed ACK,
+// 40 ms on Linux): the window keeps publishing meanwhile.
+const sinkWindow = 2048
 
 // reading is one message to a sink.
 type reading struct {
@@ -60,6 +67,21 @@ type transport interface {
 	// says the rest wait for a reconnect.
 	deliver(ctx context.Context, msgs []*reading) (done, refused int, refusal, err error)
 	close()
+}
+
+// pipelined is a transport that delivers readings one by one without
+// waiting for each (MQTT): publish starts delivering r, and the answer
+// says when it is done and how. lost is closed when the connection went.
+type pipelined interface {
+	transport
+	publish(r *reading) inflight
+	lost() <-chan struct{}
+}
+
+// inflight is a reading being delivered (a paho token).
+type inflight interface {
+	Done() <-chan struct{}
+	Error() error
 }
 
 // sinkSpec is what makes a sink: its kind, destination and credentials.
@@ -259,6 +281,27 @@ func (s *sink) peek(n int) []*reading {
 	return append([]*reading(nil), w...)
 }
 
+// after returns up to n waiting readings after seq (those not yet handed
+// to the transport), oldest first. The buffer's seqs are consecutive.
+func (s *sink) after(seq uint64, n int) []*reading {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	w := s.buf[s.head:]
+	if len(w) == 0 {
+		return nil
+	}
+	if skip := seq + 1 - w[0].seq; seq+1 > w[0].seq {
+		if skip >= uint64(len(w)) {
+			return nil
+		}
+		w = w[skip:]
+	}
+	if len(w) > n {
+		w = w[:n]
+	}
+	return append([]*reading(nil), w...)
+}
+
 // forget drops the readings up to seq, delivered or refused.
 func (s *sink) forget(seq uint64) {
 	s.mu.Lock()
@@ -303,6 +346,17 @@ func (s *sink) run(ctx context.Context) {
 			s.m.cfg.Metrics.add("dowse_mapper_sink_connects_total", s.labels, 1)
 			s.log.V(1).Info("sink connected")
 		}
+		if p, ok := s.t.(pipelined); ok {
+			err := s.pipeline(ctx, p, &bo)
+			if ctx.Err() != nil {
+				return
+			}
+			connected = false
+			s.t.close()
+			s.failed(err, "delivering to the sink failed; reconnecting")
+			backoff.Sleep(ctx, bo.Next())
+			continue
+		}
 		batch := s.peek(sinkBatch)
 		if len(batch) == 0 {
 			select {
@@ -334,6 +388,93 @@ func (s *sink) run(ctx context.Context) {
 			s.failed(err, "delivering to the sink failed; reconnecting")
 			backoff.Sleep(ctx, bo.Next())
 		}
+	}
+}
+
+// pipeline delivers over a connected pipelined transport, up to
+// sinkWindow readings in flight, each forgotten once its delivery is done
+// (in order: the broker acknowledges QoS 1 in order), until the
+// connection fails: what was in flight is then published again after the
+// reconnect (at least once).
+func (s *sink) pipeline(ctx context.Context, p pipelined, bo *backoff.Backoff) error {
+	type flight struct {
+		seq uint64
+		tok inflight
+	}
+	var window []flight
+	var sent uint64 // the last seq published on this connection
+	if r := s.peek(1); len(r) > 0 {
+		sent = r[0].seq - 1
+	}
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	var delivered int
+	flushMetrics := func() {
+		if delivered > 0 {
+			s.m.cfg.Metrics.add("dowse_mapper_sink_sent_total", s.labels, float64(delivered))
+			delivered = 0
+		}
+	}
+	defer flushMetrics()
+	for {
+		if len(window) < sinkWindow {
+			for _, r := range s.after(sent, sinkWindow-len(window)) {
+				window = append(window, flight{seq: r.seq, tok: p.publish(r)})
+				sent = r.seq
+			}
+		}
+		if len(window) == 0 {
+			flushMetrics()
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-p.lost():
+				return errors.New("connection lost")
+			case <-s.wake:
+			}
+			continue
+		}
+		head := window[0]
+		select {
+		case <-head.tok.Done():
+		default:
+			flushMetrics()
+			timer.Reset(s.m.cfg.CallTimeout)
+			select {
+			case <-head.tok.Done():
+			case <-s.wake:
+				timer.Stop()
+				continue
+			case <-p.lost():
+				return errors.New("connection lost")
+			case <-timer.C:
+				return fmt.Errorf("no acknowledgement within %s", s.m.cfg.CallTimeout)
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			timer.Stop()
+		}
+		if err := head.tok.Error(); err != nil {
+			return err
+		}
+		// Done in order: forget this and every finished one after it.
+		n := 1
+		for n < len(window) && finishedOK(window[n].tok) {
+			n++
+		}
+		s.forget(window[n-1].seq)
+		window = window[n:]
+		delivered += n
+		bo.Reset()
+	}
+}
+
+func finishedOK(t inflight) bool {
+	select {
+	case <-t.Done():
+		return t.Error() == nil
+	default:
+		return false
 	}
 }
 

@@ -62,7 +62,7 @@ type mqttTransport struct {
 	creds             credentialSource
 	timeout           time.Duration
 	client            mqtt.Client
-	lost              chan struct{}
+	lostCh            chan struct{}
 }
 
 func (t *mqttTransport) connect(ctx context.Context) error {
@@ -72,7 +72,9 @@ func (t *mqttTransport) connect(ctx context.Context) error {
 	}
 	opts := mqtt.NewClientOptions().AddBroker(t.address).SetClientID(t.clientID).
 		SetCleanSession(true).SetAutoReconnect(false).SetConnectRetry(false).
-		SetConnectTimeout(t.timeout).SetWriteTimeout(t.timeout).SetKeepAlive(30 * time.Second).
+		// No write timeout: paho would start a timer per packet; a stuck
+		// connection shows as an acknowledgement overdue (the sink closes it).
+		SetConnectTimeout(t.timeout).SetKeepAlive(30 * time.Second).
 		SetPingTimeout(t.timeout).SetOrderMatters(false)
 	if c.username != "" {
 		opts.SetUsername(c.username)
@@ -103,32 +105,19 @@ func (t *mqttTransport) connect(ctx context.Context) error {
 		}
 		return fmt.Errorf("connecting to broker %s: %w", redact(t.address), err)
 	}
-	t.client, t.lost = client, lost
+	t.client, t.lostCh = client, lost
 	return nil
 }
 
-func (t *mqttTransport) deliver(ctx context.Context, msgs []*reading) (done, refused int, refusal, err error) {
-	toks := make([]mqtt.Token, len(msgs))
-	for i, r := range msgs {
-		toks[i] = t.client.Publish(r.topic, r.qos, r.retained, r.payload)
-	}
-	timer := time.NewTimer(t.timeout)
-	defer timer.Stop()
-	for i, tok := range toks {
-		select {
-		case <-tok.Done():
-		case <-t.lost:
-			return i, 0, nil, errors.New("connection to the broker lost")
-		case <-timer.C:
-			return i, 0, nil, fmt.Errorf("the broker acknowledged no publish within %s", t.timeout)
-		case <-ctx.Done():
-			return i, 0, nil, ctx.Err()
-		}
-		if err := tok.Error(); err != nil {
-			return i, 0, nil, fmt.Errorf("publishing to %s: %w", msgs[i].topic, err)
-		}
-	}
-	return len(msgs), 0, nil, nil
+func (t *mqttTransport) publish(r *reading) inflight {
+	return t.client.Publish(r.topic, r.qos, r.retained, r.payload)
+}
+
+func (t *mqttTransport) lost() <-chan struct{} { return t.lostCh }
+
+// deliver is unused (the sink pipelines publish), there for transport.
+func (t *mqttTransport) deliver(context.Context, []*reading) (done, refused int, refusal, err error) {
+	return 0, 0, nil, errors.New("mqtt delivers by publish")
 }
 
 func (t *mqttTransport) close() {

@@ -8,7 +8,9 @@
 //    "size": registers and bits in each table (default 512),
 //    "holding": {"0": 42, ...}, "input": {...}, "coils": {"3": 1}, "discrete": {...},
 //    "logWrites": true (print "WRITE <address> <value>" for each
-//    single-register write)}
+//    single-register write),
+//    "tick": {"ms": N, "words": W} (jsmodbus only: holding registers
+//    0..W-1 count up by one every N ms, so every read of them changes)}
 // jsmodbus answers every unit id from plain buffers (a read past the end
 // gets a short answer); modbus-serial answers unit "unitId" (default: all)
 // and refuses an address past the end with exception 2 (illegal data
@@ -42,6 +44,11 @@ if (cfg.impl === "jsmodbus") {
   fillBits(coils, cfg.coils);
   fillBits(discrete, cfg.discrete);
   const server = new modbus.server.TCP(netServer, { holding, input, coils, discrete });
+  if (cfg.tick) {
+    setInterval(() => {
+      for (let i = 0; i < cfg.tick.words; i++) holding.writeUInt16BE((holding.readUInt16BE(2 * i) + 1) & 0xffff, 2 * i);
+    }, cfg.tick.ms);
+  }
   if (cfg.logWrites) {
     // Benchmarks time desired writes by these lines.
     server.on("postWriteSingleRegister", (req) => console.log("WRITE " + req.body.address + " " + req.body.value));

@@ -63,12 +63,20 @@ func main() {
 	samples := flag.Int("samples", 200, "samples of each latency figure")
 	withOPCUA := flag.Bool("opcua", true, "also measure dowse-opcua-mapper against node-opcua")
 	withONVIF := flag.Bool("onvif", true, "also measure dowse-onvif-mapper against go2rtc")
+	withModbus := flag.Bool("modbus", true, "measure dowse-modbus-mapper's reads and latencies against jsmodbus")
+	withMQTT := flag.Bool("mqtt", true, "also measure dowse-modbus-mapper's MQTT sink (pushMethod) into mosquitto")
 	flag.DurationVar(&latCycle, "latency-cycle", 10*time.Millisecond, "collect cycle of the latency device")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	err := run(ctx, *window, *devices, *props, *samples)
+	var err error
+	if *withModbus {
+		err = run(ctx, *window, *devices, *props, *samples)
+	}
 	root, _ := repoRoot()
+	if err == nil && *withMQTT {
+		err = runMQTT(ctx, root, *window, *devices, *props)
+	}
 	if err == nil && *withOPCUA {
 		err = runOPCUA(ctx, root, *window, *samples)
 	}
@@ -139,7 +147,16 @@ type peer struct {
 }
 
 func startJSModbus(root, modules string, port int) (*peer, error) {
-	cfg, _ := json.Marshal(map[string]any{"impl": "jsmodbus", "host": "127.0.0.1", "port": port, "size": 4096, "logWrites": true})
+	return startJSModbusWith(root, modules, port, nil)
+}
+
+// startJSModbusWith is startJSModbus with more of the launcher's settings.
+func startJSModbusWith(root, modules string, port int, extra map[string]any) (*peer, error) {
+	c := map[string]any{"impl": "jsmodbus", "host": "127.0.0.1", "port": port, "size": 4096, "logWrites": true}
+	for k, v := range extra {
+		c[k] = v
+	}
+	cfg, _ := json.Marshal(c)
 	cmd := exec.Command("node", filepath.Join(root, "brokers", "modbus", "testdata", "modbus-server.js"), string(cfg))
 	cmd.Env = append(os.Environ(), "NODE_PATH="+modules)
 	cmd.Stderr = os.Stderr
