@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"net/http"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -21,6 +22,7 @@ import (
 	"github.com/dowse-dev/dowse/controller/ownership"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	"github.com/dowse-dev/dowse/test/dmitest"
+	"github.com/dowse-dev/dowse/test/link/faultproxy"
 	"github.com/dowse-dev/dowse/test/procs"
 	"github.com/dowse-dev/dowse/test/promtest"
 	"github.com/dowse-dev/dowse/test/testwait"
@@ -398,7 +400,9 @@ func (ct *counterTwin) settled(ctx context.Context, phase, want string) {
 // desired value set during the move applied; a replacement replica takes
 // its share without the others dropping their edges; and a rolling restart
 // of all three (each drains its edges before it stops) leaves no edge
-// without a session for more than 10 s and loses nothing.
+// without a session for more than 10 s and loses nothing; a node split
+// from its replica reaches another, and once the split heals one replica
+// serves it and its Device's status never went back.
 func TestReplicas(t *testing.T) {
 	ctx := context.Background()
 	f := startFleet(t, 3, "--link-spread-interval", "500ms", "--link-drain-period", "2s", "--twin-status-interval", "200ms")
@@ -519,6 +523,94 @@ func TestReplicas(t *testing.T) {
 			t.Errorf("the agents were told to move by a draining replica %v times, want at least 6 (the edges of the first two replicas stopped)", n)
 		}
 		ct.settled(ctx, "after a rolling restart", "4")
+	})
+
+	t.Run("SplitHealed", func(t *testing.T) {
+		// A node whose link to its replica goes silent (a network split:
+		// neither end sees the connection close) reaches another replica
+		// meanwhile; once the split heals, one replica holds the node's
+		// session, the other has closed its own, and the Device's status
+		// never went back.
+		const node = "split-0"
+		var proxies []*faultproxy.TCP
+		var addrs []string
+		for _, r := range f.replicas[:2] {
+			p, err := faultproxy.NewTCP(fmt.Sprintf("127.0.0.1:%d", r.ws))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(p.Close)
+			proxies, addrs = append(proxies, p), append(addrs, p.Addr())
+		}
+		p, state, metrics := f.joinAgent(node, strings.Join(addrs, ","))
+		f.agents[node] = &fleetAgent{proc: p, state: state, metrics: metrics}
+		lease := func() (string, int32) {
+			var l coordinationv1.Lease
+			if err := f.client.Get(ctx, client.ObjectKey{Namespace: "dowse-system", Name: ownership.NodeLeaseName(node)}, &l); err != nil {
+				return "", 0
+			}
+			return ptr.Deref(l.Spec.HolderIdentity, ""), ptr.Deref(l.Spec.LeaseTransitions, 0)
+		}
+		testwait.For(t, 60*time.Second, func() error {
+			if h, _ := lease(); h == "" {
+				return fmt.Errorf("node %s has no session yet", node)
+			}
+			if _, err := os.Stat(state); err != nil {
+				return err
+			}
+			return nil
+		})
+		sct := f.counterTwin(t, ctx, node)
+		sct.settled(ctx, "before the split", "1")
+		held, epoch := lease()
+		side := slices.IndexFunc(f.replicas[:2], func(r *replica) bool { return r.name == held })
+		if side < 0 {
+			t.Fatalf("node %s held by %q, not one of the two replicas it was given", node, held)
+		}
+		old, other := f.replicas[side], f.replicas[1-side]
+		taken := f.metric(old, "dowse_cloudhub_sessions_taken_over_total")
+		split := time.Now()
+		proxies[side].Blackhole(true)
+		testwait.For(t, 30*time.Second, func() error {
+			if h, e := lease(); h != other.name || e <= epoch {
+				return fmt.Errorf("node %s held by %q at epoch %d, want %s after %d", node, h, e, other.name, epoch)
+			}
+			return nil
+		})
+		t.Logf("split from %s: %s took the node after %s", old.name, other.name, time.Since(split).Round(100*time.Millisecond))
+		time.Sleep(time.Second) // reports go on to the new owner
+		proxies[side].Blackhole(false)
+		// Every live replica serves exactly the nodes whose records it
+		// holds: the old one has closed its session of the node.
+		testwait.For(t, 30*time.Second, func() error {
+			holders, err := f.holders(ctx)
+			if err != nil {
+				return err
+			}
+			per := map[string]int{}
+			for _, r := range f.replicas {
+				if !r.proc.Exited() {
+					per[r.name] = 0
+				}
+			}
+			for n := range f.agents {
+				per[holders[n]]++
+			}
+			if got := f.connected(); !maps.Equal(got, per) {
+				return fmt.Errorf("replicas say they serve %v, the records say %v", got, per)
+			}
+			return nil
+		})
+		if h, _ := lease(); h != other.name {
+			t.Errorf("after the split healed node %s is held by %q, want %s", node, h, other.name)
+		}
+		how := "its heartbeat timed out first"
+		if f.metric(old, "dowse_cloudhub_sessions_taken_over_total") > taken {
+			how = "taken over"
+		}
+		t.Logf("the old replica's session of %s ended: %s", node, how)
+		sct.setDesired(ctx, "2")
+		sct.settled(ctx, "after the split healed", "2")
 	})
 	ct.reported.Range(func(k, _ any) bool {
 		t.Logf("mapper report refused: %v", k)
