@@ -9,7 +9,7 @@ GO_LDFLAGS := -s -w -X github.com/dowse-dev/dowse/shared/version.version=$(VERSI
 # it links), which no Dowse binary turns on: 2.5 MB less in each mapper.
 GO_TAGS := grpcnotrace
 
-.PHONY: all build images release peers helm generate verify-generate test test-unit test-integration test-node node-deps bench demo k8s deps clean
+.PHONY: all build images release peers helm generate verify-generate test fuzz test-unit test-integration test-node node-deps bench demo k8s deps clean
 
 all: build
 
@@ -112,14 +112,33 @@ peers:
 	@hack/build-go2rtc.sh
 
 # Everything CI runs: generated code check, lint, unit and integration
-# tests, the node tier and a short fuzz run.
+# tests under the race detector, the node tier and a short fuzz run.
+# PLAIN_TEST_PKGS (kept out of the -race run's list) run without it: the
+# real kubelet and containerd (test/node) and `make release` (test/release)
+# do their work in other processes, where the detector would see nothing.
+PLAIN_TEST_PKGS := ./test/node ./test/release
 test: deps node-deps k8s helm peers build verify-generate
 	go vet ./...
 	$(MAKE) lint
-	go test $(GO_TEST_FLAGS) ./...
-	# Minimizing a new input (60 s by default) would stall the fuzzer for
-	# the rest of its 15 s; 1 s keeps it fuzzing.
-	go test -run='^$$' -fuzz=FuzzFrameDecode -fuzztime=15s -fuzzminimizetime=1s ./shared/link
+	go test $(GO_TEST_FLAGS) -race $$(go list ./... | grep -v -E '/test/(node|release)$$')
+	go test $(GO_TEST_FLAGS) $(PLAIN_TEST_PKGS)
+	$(MAKE) fuzz FUZZTIME=5s
+
+# Fuzz what comes from outside, each target for FUZZTIME (make test: a few
+# seconds each): the link's frames, derived names, Device specs into the
+# edge (Check), the edge's conversion for mappers, DMI reports into the
+# agent, the JSON pushMethod sinks send, and handlers' device lists.
+# Minimizing a new input (60 s by default) would stall a short run; 1 s
+# keeps it fuzzing (a failing input is kept under the package's
+# testdata/fuzz).
+FUZZ_TARGETS := FuzzFrameDecode:./shared/link FuzzDerivedNames:./shared/dra FuzzCheck:./controller/twins \
+  FuzzDeviceConversion:./agent/dmi FuzzReports:./agent/dmi FuzzPayload:./brokers/mapper FuzzHandlerDevices:./agent/discovery
+FUZZTIME ?= 2m
+fuzz:
+	@for t in $(FUZZ_TARGETS); do \
+	  echo "go test -run='^$$' -fuzz='^$${t%%:*}$$' -fuzztime=$(FUZZTIME) $${t#*:}"; \
+	  go test -run='^$$' -fuzz="^$${t%%:*}$$" -fuzztime=$(FUZZTIME) -fuzzminimizetime=1s $${t#*:} || exit 1; \
+	done
 
 # Benchmarks: discovery latency, apply rate, idle requests, peak RSS; the
 # controller's broker rate and memory; device-plugin registration and

@@ -3,6 +3,9 @@
 set -euo pipefail
 need=()
 command -v protoc >/dev/null || need+=(protobuf-compiler)
+# The race detector (make test runs the tests under -race) and the udev
+# handler's libudev binding need cgo's C compiler.
+command -v gcc >/dev/null || need+=(gcc)
 # Modbus tests cross-check values with Debian's mbpoll; OPC UA and Modbus
 # tests run npm peers with Node.js.
 command -v mbpoll >/dev/null || need+=(mbpoll)

@@ -2,18 +2,33 @@ package discovery
 
 import (
 	"fmt"
+	"regexp"
 	"strings"
+
+	"google.golang.org/protobuf/proto"
 
 	discoveryv1 "github.com/dowse-dev/dowse/proto/discovery/v1"
 )
 
-// screen drops what a handler must not send (empty ids, repeated ids, more
-// devices than max) and says what it dropped, so a lying handler is reported
-// in the Configuration's status instead of corrupting Instances.
+// maxDeviceBytes bounds one device as the handler sent it: its Instance,
+// whose JSON may be a few times larger (escapes), must stay within what
+// the API server stores of one object (etcd's 1.5 MiB), beside its status.
+const maxDeviceBytes = 128 << 10
+
+// permissions is the Instance CRD's pattern of a device node's permissions.
+var permissions = regexp.MustCompile(`^[rwm]{0,3}$`)
+
+// screen drops what a handler must not send (empty ids, repeated ids,
+// devices whose Instance the API server would refuse, more devices than
+// max) and says what it dropped, so a lying handler is reported in the
+// Configuration's status instead of corrupting Instances, and one bad
+// device does not hold back the others' writes.
 func screen(devices []*discoveryv1.Device, max int) (kept []*discoveryv1.Device, problem string) {
 	seen := make(map[string]struct{}, len(devices))
 	var empty, dup int
 	var dupExample string
+	var invalid int
+	var invalidExamples []string
 	for _, d := range devices {
 		switch _, ok := seen[d.GetId()]; {
 		case d.GetId() == "":
@@ -22,6 +37,10 @@ func screen(devices []*discoveryv1.Device, max int) (kept []*discoveryv1.Device,
 			dup++
 			if dupExample == "" {
 				dupExample = d.GetId()
+			}
+		case invalidDevice(d) != "":
+			if invalid++; invalid <= 3 {
+				invalidExamples = append(invalidExamples, fmt.Sprintf("device %q: %s", cut(d.GetId(), 100), invalidDevice(d)))
 			}
 		default:
 			seen[d.GetId()] = struct{}{}
@@ -35,6 +54,9 @@ func screen(devices []*discoveryv1.Device, max int) (kept []*discoveryv1.Device,
 	if dup > 0 {
 		problems = append(problems, fmt.Sprintf("%d repeated device ids (e.g. %q; the first of each was kept)", dup, dupExample))
 	}
+	if invalid > 0 {
+		problems = append(problems, fmt.Sprintf("%d invalid devices (%s)", invalid, strings.Join(invalidExamples, "; ")))
+	}
 	if max > 0 && len(kept) > max {
 		problems = append(problems, fmt.Sprintf("%d devices, more than the agent's limit of %d (the first %d were kept)", len(kept), max, max))
 		kept = kept[:max]
@@ -43,4 +65,18 @@ func screen(devices []*discoveryv1.Device, max int) (kept []*discoveryv1.Device,
 		return kept, ""
 	}
 	return kept, "handler sent " + strings.Join(problems, ", ")
+}
+
+// invalidDevice says what in d its Instance could not hold ("" when
+// nothing).
+func invalidDevice(d *discoveryv1.Device) string {
+	if n := proto.Size(d); n > maxDeviceBytes {
+		return fmt.Sprintf("%d bytes, more than %d", n, maxDeviceBytes)
+	}
+	for i, s := range d.GetDeviceSpecs() {
+		if !permissions.MatchString(s.GetPermissions()) {
+			return fmt.Sprintf("deviceSpecs[%d].permissions %q is not a combination of r, w and m", i, cut(s.GetPermissions(), 20))
+		}
+	}
+	return ""
 }

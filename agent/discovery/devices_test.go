@@ -35,6 +35,11 @@ func TestScreen(t *testing.T) {
 		{"duplicates keep first", []*discoveryv1.Device{dev("a"), dev("b"), dev("a"), dev("a")}, 10, "a,b", []string{`2 repeated device ids (e.g. "a"`}},
 		{"over the cap", many, 10, "0,1,2,3,4,5,6,7,8,9", []string{"12 devices, more than the agent's limit of 10"}},
 		{"no cap", many, 0, "0,1,2,3,4,5,6,7,8,9,10,11", nil},
+		// The API server would refuse their Instances: the others are kept.
+		{"invalid devices", []*discoveryv1.Device{dev("a"),
+			{Id: "tty", DeviceSpecs: []*discoveryv1.DeviceSpec{{HostPath: "/dev/tty0", ContainerPath: "/dev/tty0", Permissions: "rwx"}}},
+			{Id: "huge", Properties: map[string]string{"BLOB": strings.Repeat("x", 200<<10)}}, dev("b")}, 10, "a,b",
+			[]string{`2 invalid devices (device "tty": deviceSpecs[0].permissions "rwx" is not a combination of r, w and m; device "huge": 204`}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -265,7 +265,13 @@ func (w *Writer) Holds(ctx context.Context, cfg *v1alpha1.Configuration) (bool, 
 }
 
 func (w *Writer) desiredInstance(cfg *v1alpha1.Configuration, shared bool, d *discoveryv1.Device) *v1alpha1.Instance {
-	hash := v1alpha1.DeviceHash(d.GetId(), shared, w.nodeName)
+	return Desired(cfg, shared, w.nodeName, d)
+}
+
+// Desired is the Instance (spec and metadata) that node writes for a
+// device a handler of cfg found.
+func Desired(cfg *v1alpha1.Configuration, shared bool, node string, d *discoveryv1.Device) *v1alpha1.Instance {
+	hash := v1alpha1.DeviceHash(d.GetId(), shared, node)
 	props := make(map[string]string, len(cfg.Spec.BrokerProperties)+len(d.GetProperties()))
 	maps.Copy(props, cfg.Spec.BrokerProperties)
 	maps.Copy(props, d.GetProperties())

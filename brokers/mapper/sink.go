@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/go-logr/logr"
 
@@ -510,35 +511,47 @@ func (s *sink) logRefusal(err error) {
 func payload(ns, device, property, value string, typ twinvalue.Type, at time.Time) []byte {
 	b := make([]byte, 0, 96+len(ns)+len(device)+len(property)+len(value))
 	b = append(b, `{"namespace":`...)
-	b = strconv.AppendQuote(b, ns)
+	b = appendJSONString(b, ns)
 	b = append(b, `,"device":`...)
-	b = strconv.AppendQuote(b, device)
+	b = appendJSONString(b, device)
 	b = append(b, `,"property":`...)
-	b = strconv.AppendQuote(b, property)
+	b = appendJSONString(b, property)
 	b = append(b, `,"value":`...)
 	b = appendJSONString(b, value)
 	b = append(b, `,"type":`...)
-	b = strconv.AppendQuote(b, string(typ))
+	b = appendJSONString(b, string(typ))
 	b = append(b, `,"timestamp":`...)
 	b = strconv.AppendInt(b, at.UnixMilli(), 10)
 	return append(b, '}')
 }
 
-// appendJSONString quotes s as JSON does (strconv's Go quoting differs for
-// a few escapes).
+// appendJSONString quotes s as JSON does (strconv's Go quoting writes
+// escapes such as \x01 that JSON has not), each byte that is not UTF-8 as
+// U+FFFD (as encoding/json does): a payload is valid JSON whatever a
+// property's name or a device's string holds.
 func appendJSONString(b []byte, s string) []byte {
 	const hexd = "0123456789abcdef"
 	b = append(b, '"')
-	for i := 0; i < len(s); i++ {
+	for i := 0; i < len(s); {
 		c := s[i]
 		switch {
 		case c == '"' || c == '\\':
 			b = append(b, '\\', c)
 		case c < 0x20:
 			b = append(b, '\\', 'u', '0', '0', hexd[c>>4], hexd[c&0xf])
-		default:
+		case c < utf8.RuneSelf:
 			b = append(b, c)
+		default:
+			r, n := utf8.DecodeRuneInString(s[i:])
+			if r == utf8.RuneError && n == 1 {
+				b = append(b, `\ufffd`...)
+			} else {
+				b = append(b, s[i:i+n]...)
+			}
+			i += n
+			continue
 		}
+		i++
 	}
 	return append(b, '"')
 }

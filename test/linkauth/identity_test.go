@@ -527,11 +527,19 @@ func TestRenewOfRemovedNodeRefused(t *testing.T) {
 	c.expectRefusal(t, "renew", linkauth.ReasonNodeNotAllowed)
 }
 
-// A 3 s certificate is renewed before it expires, again with the renewed
-// one, and GetClientCertificate hands out each new one.
+// A 6 s certificate is renewed before it expires, again with the renewed
+// one, and GetClientCertificate hands out each new one. Renewing at a third
+// of the lifetime keeps the test's length (a renewal about every 2 s) and
+// leaves the renewal about 3 s before the expiry; at the default two
+// thirds of 3 s (NotAfter is in whole seconds, so as little as 2 s from
+// when it arrived) the renewal had half a second, which a loaded machine
+// under the race detector (a key made, a TLS handshake, the API server's
+// checks) did not always give it.
 func TestEdgeRenewsShortLivedCert(t *testing.T) {
-	c := startCloud(t, 3*time.Second)
-	m, err := edgecert.New(c.edgeConfig(t, "edge-short", c.token(t, "edge-short", time.Hour)))
+	c := startCloud(t, 6*time.Second)
+	cfg := c.edgeConfig(t, "edge-short", c.token(t, "edge-short", time.Hour))
+	cfg.RenewFraction = 1.0 / 3
+	m, err := edgecert.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
