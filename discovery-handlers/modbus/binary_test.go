@@ -5,13 +5,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
 	discoveryv1 "github.com/dowse-dev/dowse/proto/discovery/v1"
 	"github.com/dowse-dev/dowse/shared/handler/handlertest"
+	"github.com/dowse-dev/dowse/test/procs"
 )
 
 // TestBinaryPeakRSS runs the real dowse-modbus-discovery binary through a
@@ -50,7 +49,10 @@ func TestBinaryPeakRSS(t *testing.T) {
 	// Two more rounds (unchanged lists, so the SDK sends nothing), so that
 	// the peak covers steady scanning too.
 	time.Sleep(2 * (2540*time.Millisecond + 100*time.Millisecond))
-	hwm := peakRSS(t, cmd.Process.Pid)
+	hwm, err := procs.PeakRSSOf(cmd.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Logf("FIGURE: dowse-modbus-discovery peak RSS over 3 scans of a /24: %.1f MiB", float64(hwm)/1024)
 	// The goal is 16 MiB; about 12 MiB of any handler is the binary's own
 	// mapped code (gRPC and protobuf mostly), so this guards against a
@@ -58,26 +60,6 @@ func TestBinaryPeakRSS(t *testing.T) {
 	if hwm > maxPeakRSS {
 		t.Errorf("peak RSS %d KiB, more than the %d KiB regression bound", hwm, maxPeakRSS)
 	}
-}
-
-// peakRSS returns VmHWM of pid, in KiB.
-func peakRSS(t *testing.T, pid int) int {
-	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
-			n, err := strconv.Atoi(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")))
-			if err != nil {
-				t.Fatal(err)
-			}
-			return n
-		}
-	}
-	t.Fatal("no VmHWM")
-	return 0
 }
 
 // maxPeakRSS is the regression bound of TestBinaryPeakRSS, in KiB.

@@ -8,13 +8,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/dowse-dev/dowse/shared/handler/handlertest"
+	"github.com/dowse-dev/dowse/test/procs"
 )
 
 // lockedBuffer collects a process's stderr while the test reads it.
@@ -94,29 +94,12 @@ func testBinary(t *testing.T, cgo string) {
 		waitFor(t, s2, nil, 10*time.Second)
 	}
 
-	hwm := procHWM(t, cmd.Process.Pid)
+	hwm, err := procs.PeakRSSOf(cmd.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Logf("FIGURE: CGO_ENABLED=%s: dowse-udev-discovery peak RSS: %.1f MiB", cgo, float64(hwm)/1024)
 	if hwm > 24*1024 {
 		t.Errorf("peak RSS %d KiB, more than the 24 MiB regression bound", hwm)
 	}
-}
-
-// procHWM returns VmHWM of pid, in KiB.
-func procHWM(t *testing.T, pid int) int {
-	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
-			n, err := strconv.Atoi(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")))
-			if err != nil {
-				t.Fatal(err)
-			}
-			return n
-		}
-	}
-	t.Fatal("no VmHWM")
-	return 0
 }

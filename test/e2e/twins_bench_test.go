@@ -6,7 +6,6 @@ import (
 	"os"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	"github.com/dowse-dev/dowse/test/dmitest"
+	"github.com/dowse-dev/dowse/test/procs"
 	"github.com/dowse-dev/dowse/test/testwait"
 )
 
@@ -149,7 +149,7 @@ func benchTwins(b *testing.B) {
 	// Sustained intake: 32 clients, each call one value, then ten.
 	intake := func(values int) (callsPerSec, cores float64, refusedN int64) {
 		var accepted, refused atomic.Int64
-		cpu0 := cpuSeconds(agent.Pid())
+		cpu0 := cpuSeconds(b, agent.Pid())
 		start := time.Now()
 		var wg sync.WaitGroup
 		stop := make(chan struct{})
@@ -179,7 +179,7 @@ func benchTwins(b *testing.B) {
 		close(stop)
 		wg.Wait()
 		d := time.Since(start)
-		return float64(accepted.Load()) / d.Seconds(), (cpuSeconds(agent.Pid()) - cpu0) / d.Seconds(), refused.Load()
+		return float64(accepted.Load()) / d.Seconds(), (cpuSeconds(b, agent.Pid()) - cpu0) / d.Seconds(), refused.Load()
 	}
 	calls1, cores1, refused1 := intake(1)
 	calls10, cores10, refused10 := intake(10)
@@ -250,24 +250,17 @@ func pct(ds []time.Duration, p int) time.Duration {
 	return s[max(0, min(len(s)-1, i-1))].Round(100 * time.Microsecond)
 }
 
-// cpuSeconds is the user and system CPU time of a process.
-func cpuSeconds(pid int) float64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
-	}
-	// Fields after the command name (which may contain spaces).
-	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+2:]))
-	if len(f) < 13 {
-		return 0
-	}
-	ut, _ := strconv.ParseFloat(f[11], 64)
-	st, _ := strconv.ParseFloat(f[12], 64)
-	return (ut + st) / 100 // clock ticks: 100 a second on Linux
-}
-
 func metricValue(port int, sample string) (float64, error) {
 	var v float64
 	err := metricCheck(port, sample, 0, func(x float64) bool { v = x; return true })
 	return v, err
+}
+
+// cpuSeconds is the user and system CPU time of process pid.
+func cpuSeconds(t testing.TB, pid int) float64 {
+	d, err := procs.CPUTime(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d.Seconds()
 }

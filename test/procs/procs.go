@@ -114,8 +114,11 @@ func (p *Proc) MemoryNow() (Memory, error) {
 }
 
 // PeakRSS is the process's peak resident set (VmHWM) in KiB.
-func (p *Proc) PeakRSS() (int, error) {
-	f, err := os.Open(fmt.Sprintf("/proc/%d/status", p.Pid()))
+func (p *Proc) PeakRSS() (int, error) { return PeakRSSOf(p.Pid()) }
+
+// PeakRSSOf is process pid's peak resident set (VmHWM) in KiB.
+func PeakRSSOf(pid int) (int, error) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return 0, err
 	}
@@ -126,7 +129,7 @@ func (p *Proc) PeakRSS() (int, error) {
 			return strconv.Atoi(strings.Fields(s.Text())[1])
 		}
 	}
-	return 0, fmt.Errorf("no VmHWM for %s", p.Name)
+	return 0, fmt.Errorf("no VmHWM for process %d", pid)
 }
 
 // FreePort returns a loopback TCP port that was free a moment ago, for a

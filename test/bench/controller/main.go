@@ -133,7 +133,8 @@ func run(ctx context.Context, n int) error {
 	if err != nil {
 		return err
 	}
-	cpu, err := cpuSeconds(ctl.Pid())
+	cpuTime, err := procs.CPUTime(ctl.Pid())
+	cpu := cpuTime.Seconds()
 	if err != nil {
 		return err
 	}
@@ -223,16 +224,4 @@ func scrape(url string) (requestMetrics, error) {
 		}
 	}
 	return m, s.Err()
-}
-
-// cpuSeconds is a process's user+system CPU time.
-func cpuSeconds(pid int) (float64, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, err
-	}
-	f := strings.Fields(string(b[strings.LastIndex(string(b), ")")+2:]))
-	ut, _ := strconv.ParseFloat(f[11], 64)
-	st, _ := strconv.ParseFloat(f[12], 64)
-	return (ut + st) / 100, nil // USER_HZ is 100 on Linux
 }
