@@ -164,6 +164,12 @@ type twinState struct {
 
 	writing   bool
 	lastWrite time.Time
+	// lastTwinWrite is the last write that carried reported values: twin
+	// reports coalesce after it, the rest (conditions, states) after any
+	// write. A condition told just before a report (an edge's on a
+	// Device's change) then does not hold the report to the interval's
+	// end; writes stay at most two an interval.
+	lastTwinWrite time.Time
 }
 
 func (st *twinState) dirty() bool {
@@ -380,7 +386,11 @@ func (s *Status) scheduleLocked(key types.NamespacedName, st *twinState) {
 	}
 	now := time.Now()
 	due := now.Add(s.cfg.Batch)
-	if next := st.lastWrite.Add(s.cfg.Interval); next.After(due) {
+	last := st.lastWrite
+	if len(st.twins) > 0 {
+		last = st.lastTwinWrite
+	}
+	if next := last.Add(s.cfg.Interval); next.After(due) {
 		due = next
 	}
 	s.queue.AddAfter(key, due.Sub(now))
@@ -548,6 +558,9 @@ func (s *Status) writeOne(ctx context.Context, key types.NamespacedName) error {
 	st.twins, st.state, st.conds, st.refs, st.acks, st.touched, st.oldest = map[string]*pendingTwin{}, nil, nil, nil, nil, false, time.Time{}
 	st.writing = true
 	st.lastWrite = time.Now()
+	if len(b.twins) > 0 {
+		st.lastTwinWrite = st.lastWrite
+	}
 	s.mu.Unlock()
 
 	err := s.write(ctx, key, &b)
