@@ -74,7 +74,15 @@ func testBinary(t *testing.T, cgo string) {
 	if reg.GetShared() {
 		t.Error("registered as shared")
 	}
-	if !strings.Contains(stderr.String(), "no udev daemon runs: following kernel uevents") && !strings.Contains(stderr.String(), "following the udev daemon's events") {
+	// The handler's stderr is copied through a pipe by exec's goroutine,
+	// which may lag behind the registration the agent already saw.
+	says := func() bool {
+		return strings.Contains(stderr.String(), "no udev daemon runs: following kernel uevents") || strings.Contains(stderr.String(), "following the udev daemon's events")
+	}
+	for deadline := time.Now().Add(10 * time.Second); !says() && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if !says() {
 		t.Errorf("no start line saying what the handler follows in:\n%s", stderr.String())
 	}
 	s := discover(t, reg, `KERNEL=="null"`)
