@@ -81,6 +81,7 @@ type bench struct {
 	kubeconfig string
 	replicas   []*replica
 	edges      []*edge
+	ports      map[int]bool
 }
 
 type replica struct {
@@ -107,7 +108,7 @@ func run(ctx context.Context, n int, every, window time.Duration) error {
 		return err
 	}
 	defer func() { _ = cp.Stop() }()
-	b := &bench{cp: cp}
+	b := &bench{cp: cp, ports: map[int]bool{}}
 	if b.dir, err = os.MkdirTemp("", "dowse-replicas-bench"); err != nil {
 		return err
 	}
@@ -152,7 +153,9 @@ func run(ctx context.Context, n int, every, window time.Duration) error {
 	// One replica first; the edges know all three addresses and find the
 	// one that answers.
 	r0, r1, r2 := b.replicas[0], b.replicas[1], b.replicas[2]
-	if err := b.start(ctx, r0); err != nil {
+	// The first replica does not spread its edges while it runs first:
+	// killed, it holds them all.
+	if err := b.start(ctx, r0, "--link-spread-interval", "1h"); err != nil {
 		return err
 	}
 	ca, err := b.linkCA(ctx)
@@ -187,8 +190,8 @@ func run(ctx context.Context, n int, every, window time.Duration) error {
 	}
 	fmt.Printf("1 replica: %.0f reports/s written, %.0f status writes/s, status %.1f reports behind its edge (load %s)\n", one.reports, one.writes, one.behind, loadavg())
 
-	// A second replica, then the first killed before it moved anything:
-	// every edge goes to the second at once.
+	// A second replica, then the first killed: every edge goes to the
+	// second at once.
 	if err := b.start(ctx, r1); err != nil {
 		return err
 	}
@@ -318,17 +321,23 @@ func (b *bench) objects(ctx context.Context, n int) error {
 func (b *bench) newReplica(name string) (*replica, error) {
 	r := &replica{name: name}
 	for _, p := range []*int{&r.ws, &r.health, &r.auth, &r.metrics} {
-		port, err := procs.FreePort()
-		if err != nil {
-			return nil, err
+		// Free now, and not one another replica, not started yet, took.
+		for {
+			port, err := procs.FreePort()
+			if err != nil {
+				return nil, err
+			}
+			if !b.ports[port] {
+				b.ports[port], *p = true, port
+				break
+			}
 		}
-		*p = port
 	}
 	return r, nil
 }
 
 // start runs the replica and waits until it is ready (serves edges).
-func (b *bench) start(ctx context.Context, r *replica) error {
+func (b *bench) start(ctx context.Context, r *replica, extra ...string) error {
 	if r.logFile == nil {
 		f, err := os.Create(filepath.Join(b.dir, r.name+".log"))
 		if err != nil {
@@ -336,7 +345,7 @@ func (b *bench) start(ctx context.Context, r *replica) error {
 		}
 		r.logFile = f
 	}
-	p, err := procs.Start("dowse-controller", r.logFile, "--kubeconfig", b.kubeconfig,
+	args := []string{"--kubeconfig", b.kubeconfig,
 		"--leader-elect=true", "--pod-name", r.name,
 		"--metrics-bind-address", fmt.Sprintf("127.0.0.1:%d", r.metrics), "--health-probe-bind-address", fmt.Sprintf("127.0.0.1:%d", r.health),
 		"--link-hosts", "127.0.0.1", "--link-heartbeat", "5s",
@@ -345,7 +354,10 @@ func (b *bench) start(ctx context.Context, r *replica) error {
 		// The twin write path, not the client's limiter, is measured.
 		"--kube-api-qps", "5000", "--kube-api-burst", "10000",
 		"--twin-status-interval", "10ms",
-		"--pprof-bind-address", os.Getenv("BENCH_PPROF_"+strings.ReplaceAll(r.name, "-", "_")))
+		"--pprof-bind-address", os.Getenv("BENCH_PPROF_" + strings.ReplaceAll(r.name, "-", "_"))}
+	// REPLICAS_BENCH_CONTROLLER_ARGS adds flags (e.g. --zap-log-level=debug).
+	args = append(append(args, extra...), strings.Fields(os.Getenv("REPLICAS_BENCH_CONTROLLER_ARGS"))...)
+	p, err := procs.Start("dowse-controller", r.logFile, args...)
 	if err != nil {
 		return err
 	}
