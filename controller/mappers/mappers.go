@@ -80,8 +80,9 @@ func NewReconciler(c client.Client, pods PodsOf, stateDir string, log logr.Logge
 	return &Reconciler{client: c, pods: pods, stateDir: stateDir, log: log}
 }
 
-// SetupWithManager reconciles Configurations, and the Configuration a
-// Device asks a mapper of (spec.mapperName) when the Device changes;
+// SetupWithManager reconciles Configurations, the Configuration a Device
+// asks a mapper of (spec.mapperName) when the Device changes, and an
+// Instance's Configuration when the Instance changes;
 // podType is the cache's Pod type (the controller caches Pods as
 // metadata).
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, podType client.Object) error {
@@ -94,6 +95,16 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, podType client.Object) e
 				return nil
 			}
 			return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: d.Namespace, Name: d.Spec.MapperName}}}
+		})).
+		// An Instance's device nodes, mounts and nodes shape the Pods of
+		// its Configuration's mapper (a Pod asks for the devices it opens):
+		// a Pod made before they were known is made again.
+		Watches(&v1alpha1.Instance{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+			inst, ok := o.(*v1alpha1.Instance)
+			if !ok || inst.Spec.ConfigurationName == "" {
+				return nil
+			}
+			return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: inst.Namespace, Name: inst.Spec.ConfigurationName}}}
 		})).
 		Watches(podType, handler.EnqueueRequestForOwner(mgr.GetScheme(), mgr.GetRESTMapper(), &v1alpha1.Configuration{}, handler.OnlyControllerOwner())).
 		Complete(r)
