@@ -20,6 +20,7 @@ import (
 
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	"github.com/dowse-dev/dowse/shared/scheme"
+	"github.com/dowse-dev/dowse/test/cluster"
 	"github.com/dowse-dev/dowse/test/kube"
 	"github.com/dowse-dev/dowse/test/modbusplc"
 	"github.com/dowse-dev/dowse/test/procs"
@@ -78,7 +79,7 @@ func TestChartLifecycleOnNode(t *testing.T) {
 	}
 	oldChart := filepath.Join(old, "deploy", "helm", "dowse")
 
-	valuesFile, ports := nodeValues(t, c.Config.Host, map[string]any{
+	valuesFile, ports := nodeValues(t, c, map[string]any{
 		"debugEcho": map[string]any{"discovery": map[string]any{"enabled": true}},
 		"modbus":    map[string]any{"discovery": map[string]any{"enabled": true}},
 	})
@@ -199,10 +200,12 @@ func TestChartLifecycleOnNode(t *testing.T) {
 type nodePorts struct{ agentMetrics, controllerMetrics int }
 
 // nodeValues writes the values of a release on the test node (host network,
-// loopback probes, free ports, the link on) with extra merged in.
-func nodeValues(t *testing.T, host string, extra map[string]any) (string, nodePorts) {
+// loopback probes, free ports, the link on, the agent's state, CDI specs and
+// the kubelet's pod-resources socket inside the cluster's directory, not
+// the machine's) with extra merged in.
+func nodeValues(t *testing.T, c *cluster.Cluster, extra map[string]any) (string, nodePorts) {
 	t.Helper()
-	api := strings.TrimPrefix(host, "https://")
+	api := strings.TrimPrefix(c.Config.Host, "https://")
 	apiHost, apiPort, _ := strings.Cut(api, ":")
 	var p [9]int
 	for i := range p {
@@ -213,10 +216,13 @@ func nodeValues(t *testing.T, host string, extra map[string]any) (string, nodePo
 	}
 	apiEnv := []map[string]string{{"name": "KUBERNETES_SERVICE_HOST", "value": apiHost}, {"name": "KUBERNETES_SERVICE_PORT", "value": apiPort}}
 	values := map[string]any{
-		"image":       map[string]any{"tag": "latest", "pullPolicy": "Never"},
-		"hostNetwork": true,
-		"probeHost":   "127.0.0.1",
-		"agent":       map[string]any{"env": apiEnv, "ports": map[string]any{"metrics": p[0], "health": p[1]}},
+		"image":           map[string]any{"tag": "latest", "pullPolicy": "Never"},
+		"hostNetwork":     true,
+		"probeHost":       "127.0.0.1",
+		"stateDir":        filepath.Join(c.StateDir, "dowse"),
+		"cdiSpecDir":      c.CDIDir,
+		"podResourcesDir": filepath.Join(c.StateDir, "kubelet", "pod-resources"),
+		"agent":           map[string]any{"env": apiEnv, "ports": map[string]any{"metrics": p[0], "health": p[1]}},
 		"controller": map[string]any{"env": apiEnv, "replicas": 1, "ports": map[string]any{"metrics": p[2], "health": p[3]},
 			"extraArgs": []string{"--pprof-bind-address=0"}, "nodeGracePeriod": "20s"},
 		"link": map[string]any{"enabled": true, "hosts": []string{"127.0.0.1"}, "quic": false,
