@@ -5,7 +5,6 @@ import (
 	"errors"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -19,10 +18,6 @@ import (
 	dmiv1beta1 "github.com/dowse-dev/dowse/proto/dmi/v1beta1"
 	"github.com/dowse-dev/dowse/test/npmpeer"
 )
-
-// serialPackages run modbus-serial's ServerSerial: serialport's native
-// bindings ship prebuilt in its npm package.
-var serialPackages = []string{"modbus-serial@8.0.25", "serialport@13.0.0"}
 
 // nullModem links two pseudo-terminals as a null-modem cable does two
 // serial ports (what socat's pty,link does): what is written to one
@@ -79,17 +74,11 @@ func nullModem(t *testing.T) (string, string) {
 // server reports the write) and then read back over the same line by
 // Debian's mbpoll in RTU mode, once the mapper let go of it.
 func TestModbusRTU(t *testing.T) {
-	modules := npmpeer.Install(t, "modbus-rtu", nil, serialPackages...)
-	script, err := filepath.Abs("testdata/modbus-server.js")
-	if err != nil {
-		t.Fatal(err)
-	}
 	serverEnd, mapperEnd := nullModem(t)
-	srv := npmpeer.Start(t, "modbus-serial-rtu", modules, script, npmpeer.JSON(t, map[string]any{
+	srv := npmpeer.StartModbus(t, "modbus-serial-rtu", map[string]any{
 		"impl": "modbus-serial", "serialPath": serverEnd, "baudRate": 19200, "parity": "none", "unitId": 7, "logWrites": true,
 		"holding": map[string]int{"0": 1234, "1": 0x4146, "2": 0},
-	}))
-	srv.WaitLine(t, "READY", 0, wait)
+	})
 
 	dev := mappertest.NewDevice(t, "default", "rtu", "plc", modbus.Protocol,
 		map[string]any{"serialPort": mapperEnd, "baudRate": 19200, "parity": "none", "unitId": 7, "timeout": "1s"},

@@ -22,15 +22,8 @@ import (
 	"github.com/dowse-dev/dowse/test/npmpeer"
 )
 
-// node-opcua 2.183 and later need Node 22.
-var npmPackages = []string{
-	"node-opcua@2.182.2",
-	"node-opcua-address-space-for-conformance-testing@2.182.2",
-	"node-opcua-server-discovery@2.182.2",
-}
-
 const (
-	peerStart = 2 * time.Minute // a node-opcua server is ready in about 5 s; two making their PKI at once on a loaded 2-core machine took over a minute
+	peerStart = npmpeer.OPCUAStart
 	wait      = 20 * time.Second
 )
 
@@ -44,11 +37,6 @@ func startServer(t *testing.T) (func() *npmpeer.Process, *npmpeer.Process, strin
 // startServerWith starts the server with extra launcher settings (users).
 func startServerWith(t *testing.T, extra map[string]any) (func() *npmpeer.Process, *npmpeer.Process, string) {
 	t.Helper()
-	modules := npmpeer.Install(t, "opcua", nil, npmPackages...)
-	script, err := filepath.Abs("../../discovery-handlers/opcua/testdata/opcua-server.js")
-	if err != nil {
-		t.Fatal(err)
-	}
 	port := npmpeer.FreePort(t, "127.0.0.1")
 	settings := map[string]any{
 		"kind": "server", "port": port, "pkiDir": filepath.Join(t.TempDir(), "pki"),
@@ -57,9 +45,8 @@ func startServerWith(t *testing.T, extra map[string]any) (func() *npmpeer.Proces
 	for k, v := range extra {
 		settings[k] = v
 	}
-	cfg := npmpeer.JSON(t, settings)
 	start := func() *npmpeer.Process {
-		proc := npmpeer.Start(t, "node-opcua", modules, script, cfg)
+		proc := npmpeer.StartOPCUA(t, "node-opcua", settings)
 		proc.WaitLine(t, "READY", 0, peerStart)
 		return proc
 	}
