@@ -36,7 +36,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/dowse-dev/dowse/agent/cdi"
+	"github.com/dowse-dev/dowse/agent/internal/cdi"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	shareddra "github.com/dowse-dev/dowse/shared/dra"
 	"github.com/dowse-dev/dowse/shared/slicewriter"

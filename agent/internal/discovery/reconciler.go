@@ -35,9 +35,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
-	"github.com/dowse-dev/dowse/agent/instances"
-	"github.com/dowse-dev/dowse/agent/propertyrefs"
-	"github.com/dowse-dev/dowse/agent/registry"
+	"github.com/dowse-dev/dowse/agent/internal/instances"
+	"github.com/dowse-dev/dowse/agent/internal/propertyrefs"
+	"github.com/dowse-dev/dowse/agent/internal/registry"
 	discoveryv1 "github.com/dowse-dev/dowse/proto/discovery/v1"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	acv1alpha1 "github.com/dowse-dev/dowse/shared/api/v1alpha1/applyconfiguration/api/v1alpha1"

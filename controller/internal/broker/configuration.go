@@ -104,7 +104,7 @@ func (r *ConfigurationReconciler) Reconcile(ctx context.Context, req reconcile.R
 	if err := r.client.Get(ctx, req.NamespacedName, &cfg); err != nil {
 		if apierrors.IsNotFound(err) {
 			r.refusals.Set(req.NamespacedName, "")
-			return reconcile.Result{}, ensureService(ctx, r.client, types.NamespacedName{Namespace: req.Namespace, Name: ConfigurationServiceName(req.Name)}, nil)
+			return reconcile.Result{}, ensureService(ctx, r.client, types.NamespacedName{Namespace: req.Namespace, Name: v1alpha1.ConfigurationServiceName(req.Name)}, nil)
 		}
 		return reconcile.Result{}, err
 	}
@@ -126,12 +126,12 @@ func (r *ConfigurationReconciler) Reconcile(ctx context.Context, req reconcile.R
 	var want *corev1.Service
 	if cfg.Spec.ConfigurationServiceSpec != nil && running > 0 {
 		t := true
-		want = service(ConfigurationServiceName(cfg.Name), cfg.Namespace, cfg.Spec.ConfigurationServiceSpec,
+		want = service(v1alpha1.ConfigurationServiceName(cfg.Name), cfg.Namespace, cfg.Spec.ConfigurationServiceSpec,
 			map[string]string{v1alpha1.LabelConfiguration: v1alpha1.LabelValue(cfg.Name)},
 			map[string]string{v1alpha1.LabelConfiguration: v1alpha1.LabelValue(cfg.Name)},
 			[]metav1.OwnerReference{{APIVersion: v1alpha1.GroupVersion.String(), Kind: "Configuration", Name: cfg.Name, UID: cfg.UID, Controller: &t}})
 	}
-	if err := ensureService(ctx, r.client, types.NamespacedName{Namespace: cfg.Namespace, Name: ConfigurationServiceName(cfg.Name)}, want); err != nil {
+	if err := ensureService(ctx, r.client, types.NamespacedName{Namespace: cfg.Namespace, Name: v1alpha1.ConfigurationServiceName(cfg.Name)}, want); err != nil {
 		return reconcile.Result{}, err
 	}
 	return reconcile.Result{}, r.writeStatus(ctx, &cfg, int32(len(insts)), running)

@@ -18,7 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 
-	"github.com/dowse-dev/dowse/agent/cdi"
+	"github.com/dowse-dev/dowse/agent/internal/cdi"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	shareddra "github.com/dowse-dev/dowse/shared/dra"
 	"github.com/dowse-dev/dowse/shared/scheme"
@@ -94,7 +94,7 @@ func TestPrepareCheckpointed(t *testing.T) {
 	if p, ok := res[pool]; !ok || len(res) != 1 || len(p.Slices) != 1 || len(p.Slices[0].Devices()) != 1 || p.Slices[0].Devices()[0].Name != "0123456789abcdef" {
 		t.Fatalf("pools %+v", res)
 	}
-	specFile := filepath.Join(cdiDir, cdi.SpecFileName(inst)+".json")
+	specFile := filepath.Join(cdiDir, inst.CDISpecFileName()+".json")
 	if _, err := os.Stat(specFile); !os.IsNotExist(err) {
 		t.Fatalf("a CDI spec before any claim: %v", err)
 	}
@@ -210,7 +210,7 @@ func TestBothKeepsDevicePluginSpec(t *testing.T) {
 	if _, err := d.UnprepareResourceClaims(ctx, []kubeletplugin.NamespacedObject{{UID: "u1"}}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := os.Stat(filepath.Join(cdiDir, cdi.SpecFileName(inst)+".json")); err != nil {
+	if _, err := os.Stat(filepath.Join(cdiDir, inst.CDISpecFileName()+".json")); err != nil {
 		t.Fatalf("the device plugins' CDI spec was removed: %v", err)
 	}
 }
@@ -252,7 +252,7 @@ func TestUpgradeKeepsLegacyCDIDevice(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(cdiDir, cdi.SpecFileName(inst)+".json"), b, 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(cdiDir, inst.CDISpecFileName()+".json"), b, 0o644); err != nil {
 		t.Fatal(err)
 	}
 

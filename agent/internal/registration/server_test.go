@@ -14,7 +14,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/dowse-dev/dowse/agent/registry"
+	"github.com/dowse-dev/dowse/agent/internal/registry"
 	discoveryv0 "github.com/dowse-dev/dowse/proto/discovery/v0"
 	discoveryv1 "github.com/dowse-dev/dowse/proto/discovery/v1"
 )

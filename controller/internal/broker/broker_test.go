@@ -62,13 +62,13 @@ func TestPinnedJoinsEveryTerm(t *testing.T) {
 func TestNamesFitTheirLimits(t *testing.T) {
 	inst := v1alpha1.InstanceName(strings.Repeat("c", 80), v1alpha1.DeviceHash("d", true, ""))
 	node := strings.Repeat("n", 253)
-	if errs := validation.IsDNS1123Subdomain(PodName(inst, node)); len(errs) > 0 {
-		t.Errorf("pod name %q: %v", PodName(inst, node), errs)
+	if errs := validation.IsDNS1123Subdomain(v1alpha1.BrokerPodName(inst, node)); len(errs) > 0 {
+		t.Errorf("pod name %q: %v", v1alpha1.BrokerPodName(inst, node), errs)
 	}
-	if PodName(inst, "a") == PodName(inst, "b") {
+	if v1alpha1.BrokerPodName(inst, "a") == v1alpha1.BrokerPodName(inst, "b") {
 		t.Error("two nodes' brokers share a name")
 	}
-	for _, n := range []string{JobName(inst, 1<<40), InstanceServiceName(inst), ConfigurationServiceName(strings.Repeat("c", 253))} {
+	for _, n := range []string{v1alpha1.BrokerJobName(inst, 1<<40), v1alpha1.InstanceServiceName(inst), v1alpha1.ConfigurationServiceName(strings.Repeat("c", 253))} {
 		if errs := validation.IsDNS1123Label(n); len(errs) > 0 {
 			t.Errorf("%q: %v", n, errs)
 		}

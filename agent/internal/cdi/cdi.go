@@ -38,10 +38,10 @@ import (
 // one Configuration can tell them apart), names made valid. Properties whose
 // name has no valid form (empty) are dropped.
 func Env(inst *v1alpha1.Instance) map[string]string {
-	hash := EnvName(v1alpha1.InstanceHash(inst.Name))
+	hash := v1alpha1.EnvName(v1alpha1.InstanceHash(inst.Name))
 	env := make(map[string]string, 2*len(inst.Spec.BrokerProperties))
 	for _, k := range slices.Sorted(maps.Keys(inst.Spec.BrokerProperties)) {
-		name := EnvName(k)
+		name := v1alpha1.EnvName(k)
 		if name == "" {
 			continue
 		}
@@ -175,14 +175,8 @@ func (w *Writer) keepOldSpecs() error {
 	return nil
 }
 
-// SpecFileName is the file inst's spec is written to, without extension:
-// namespace and name keep Instances of every namespace apart.
-func SpecFileName(inst *v1alpha1.Instance) string {
-	return specFileName(client.ObjectKeyFromObject(inst))
-}
-
 func specFileName(key types.NamespacedName) string {
-	return v1alpha1.Domain + "_" + key.Namespace + "_" + key.Name
+	return v1alpha1.CDISpecFileName(key.Namespace, key.Name)
 }
 
 // legacySuffix ends the name of an Instance's legacy spec file.
@@ -198,7 +192,7 @@ func (w *Writer) Write(inst *v1alpha1.Instance) error {
 	if err != nil {
 		return fmt.Errorf("CDI spec of %s/%s: %w", inst.Namespace, inst.Name, err)
 	}
-	if err := w.cache.WriteSpec(spec, SpecFileName(inst)+".json"); err != nil {
+	if err := w.cache.WriteSpec(spec, inst.CDISpecFileName()+".json"); err != nil {
 		return fmt.Errorf("writing CDI spec of %s/%s: %w", inst.Namespace, inst.Name, err)
 	}
 	w.mu.Lock()
@@ -315,25 +309,3 @@ func (w *Writer) RemoveFile(f SpecFile) error {
 
 // Dir is the spec directory.
 func (w *Writer) Dir() string { return w.dir }
-
-// EnvName makes s a valid, conventional environment variable name:
-// upper case, every character outside [A-Z0-9_] replaced by '_', and a
-// leading '_' when it would start with a digit. An empty s gives "".
-func EnvName(s string) string {
-	if s == "" {
-		return ""
-	}
-	var b strings.Builder
-	if s[0] >= '0' && s[0] <= '9' {
-		b.WriteByte('_')
-	}
-	for _, r := range strings.ToUpper(s) {
-		switch {
-		case r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '_':
-			b.WriteRune(r)
-		default:
-			b.WriteByte('_')
-		}
-	}
-	return b.String()
-}

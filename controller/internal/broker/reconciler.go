@@ -316,7 +316,7 @@ func (r *InstanceReconciler) reconcileJob(ctx context.Context, inst *v1alpha1.In
 	}
 	want := ""
 	if cfg.Spec.BrokerSpec != nil && cfg.Spec.BrokerSpec.BrokerJobSpec != nil {
-		want = JobName(inst.Name, cfg.Generation)
+		want = v1alpha1.BrokerJobName(inst.Name, cfg.Generation)
 	}
 	found := false
 	for _, o := range jobs {
@@ -370,7 +370,7 @@ func (r *InstanceReconciler) reconcileJob(ctx context.Context, inst *v1alpha1.In
 
 // reconcileService keeps the Instance Service while a broker runs.
 func (r *InstanceReconciler) reconcileService(ctx context.Context, inst *v1alpha1.Instance, cfg *v1alpha1.Configuration, running bool) error {
-	name := InstanceServiceName(inst.Name)
+	name := v1alpha1.InstanceServiceName(inst.Name)
 	var want *corev1.Service
 	if cfg.Spec.InstanceServiceSpec != nil && running {
 		want = service(name, inst.Namespace, cfg.Spec.InstanceServiceSpec, labels(inst, ""),

@@ -15,7 +15,7 @@ import (
 	"sigs.k8s.io/yaml"
 	cdiparser "tags.cncf.io/container-device-interface/pkg/parser"
 
-	"github.com/dowse-dev/dowse/agent/instances"
+	"github.com/dowse-dev/dowse/agent/internal/instances"
 	"github.com/dowse-dev/dowse/deploy/crds"
 	discoveryv1 "github.com/dowse-dev/dowse/proto/discovery/v1"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"

@@ -102,7 +102,7 @@ func brokerPod(inst *v1alpha1.Instance, cfg *v1alpha1.Configuration, node string
 	spec := pinned(device, node)
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
-			Name: PodName(inst.Name, node), Namespace: inst.Namespace,
+			Name: v1alpha1.BrokerPodName(inst.Name, node), Namespace: inst.Namespace,
 			Labels:          labels(inst, node),
 			Annotations:     map[string]string{v1alpha1.AnnotationSpecHash: hash},
 			OwnerReferences: owner(inst),

@@ -11,7 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/dowse-dev/dowse/agent/propertyrefs"
+	"github.com/dowse-dev/dowse/agent/internal/propertyrefs"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 )
 

@@ -7,7 +7,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/dowse-dev/dowse/controller/cacheindex"
+	"github.com/dowse-dev/dowse/controller/internal/cacheindex"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 )
 

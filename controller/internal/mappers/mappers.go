@@ -38,8 +38,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
-	"github.com/dowse-dev/dowse/controller/broker"
+	"github.com/dowse-dev/dowse/brokers/mapper"
+	"github.com/dowse-dev/dowse/controller/internal/broker"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+	dowsehandler "github.com/dowse-dev/dowse/shared/handler"
 )
 
 // Labels and environment of mapper Pods.
@@ -49,10 +51,10 @@ const (
 	LabelMapper = v1alpha1.LabelMapper
 	// EnvMapperName is the registration name a mapper takes
 	// (MapperInfo.name); EnvStateDir the agent's state directory.
-	EnvMapperName = "DOWSE_MAPPER_NAME"
-	EnvStateDir   = "DOWSE_STATE_DIR"
+	EnvMapperName = mapper.NameEnv
+	EnvStateDir   = dowsehandler.StateDirEnv
 	// DefaultStateDir is the agent's default state directory.
-	DefaultStateDir = "/var/lib/dowse"
+	DefaultStateDir = dowsehandler.DefaultStateDir
 	// SinkSecretsDir is where a mapper Pod gets, read-only, each Secret
 	// its Devices' pushMethods name (secretRef), one directory per Secret:
 	// the mapper SDK's default (brokers/mapper.DefaultSinkSecretsDir).

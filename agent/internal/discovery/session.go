@@ -17,8 +17,8 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/dowse-dev/dowse/agent/instances"
-	"github.com/dowse-dev/dowse/agent/registry"
+	"github.com/dowse-dev/dowse/agent/internal/instances"
+	"github.com/dowse-dev/dowse/agent/internal/registry"
 	discoveryv0 "github.com/dowse-dev/dowse/proto/discovery/v0"
 	discoveryv1 "github.com/dowse-dev/dowse/proto/discovery/v1"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
