@@ -87,21 +87,9 @@ func startMapper(t *testing.T, models []*dmiv1beta1.DeviceModel, devices ...*dmi
 	agent := mappertest.Start(t, dir)
 	agent.SetData(models, devices)
 	metrics := mapper.NewMetrics()
-	m, err := mapper.New(mapper.Config{Protocol: modbus.Protocol, StateDir: dir, NewDriver: modbus.NewDriver, Logger: testr.New(t),
+	mappertest.RunMapper(t, mapper.Config{Protocol: modbus.Protocol, StateDir: dir, NewDriver: modbus.NewDriver, Logger: testr.New(t),
 		Metrics: metrics, DefaultCollectCycle: 50 * time.Millisecond, ReconnectInitial: 50 * time.Millisecond,
 		ReconnectMax: 200 * time.Millisecond, ReregisterInterval: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- m.Start(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("mapper Start = %v", err)
-		}
-	})
 	return &mapperRun{agent: agent, metrics: metrics}
 }
 

@@ -78,20 +78,9 @@ func TestOPCUAMapperAgainstNodeOPCUA(t *testing.T) {
 	dir := mappertest.ShortTempDir(t)
 	agent := mappertest.Start(t, dir)
 	agent.SetData([]*dmiv1beta1.DeviceModel{model}, []*dmiv1beta1.Device{plain, secure})
-	m, err := mapper.New(mapper.Config{Protocol: mopcua.Protocol, StateDir: dir, NewDriver: mopcua.NewDriver, Logger: testr.New(t),
+	mappertest.RunMapper(t, mapper.Config{Protocol: mopcua.Protocol, StateDir: dir, NewDriver: mopcua.NewDriver, Logger: testr.New(t),
 		ReconnectInitial: 100 * time.Millisecond, ReconnectMax: time.Second, ReregisterInterval: time.Hour, CallTimeout: 10 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- m.Start(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("mapper Start = %v", err)
-		}
-	})
+	ctx := t.Context()
 
 	t.Run("reads, and an unknown node is a clear error", func(t *testing.T) {
 		for _, dev := range []string{"default/sim", "default/sim-secure"} {
@@ -251,20 +240,9 @@ func TestOPCUAMapperUserNameAgainstNodeOPCUA(t *testing.T) {
 	dir := mappertest.ShortTempDir(t)
 	agent := mappertest.Start(t, dir)
 	agent.SetData([]*dmiv1beta1.DeviceModel{model}, []*dmiv1beta1.Device{right, rightSecure, wrong, anonymous})
-	m, err := mapper.New(mapper.Config{Protocol: mopcua.Protocol, StateDir: dir, NewDriver: mopcua.NewDriver, Logger: testr.New(t),
+	mappertest.RunMapper(t, mapper.Config{Protocol: mopcua.Protocol, StateDir: dir, NewDriver: mopcua.NewDriver, Logger: testr.New(t),
 		ReconnectInitial: 200 * time.Millisecond, ReconnectMax: 2 * time.Second, ReregisterInterval: time.Hour, CallTimeout: 10 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- m.Start(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("mapper Start = %v", err)
-		}
-	})
+	ctx := t.Context()
 
 	for _, dev := range []string{"default/right", "default/right-secure"} {
 		agent.WaitState(t, dev, "ok", wait)
@@ -372,21 +350,9 @@ func TestOPCUAMapperBacksOffRefusedLogins(t *testing.T) {
 	agent := mappertest.Start(t, dir)
 	agent.SetData([]*dmiv1beta1.DeviceModel{model}, []*dmiv1beta1.Device{locked})
 	metrics := mapper.NewMetrics()
-	m, err := mapper.New(mapper.Config{Protocol: mopcua.Protocol, StateDir: dir, NewDriver: mopcua.NewDriver, Logger: testr.New(t), Metrics: metrics,
+	mappertest.RunMapper(t, mapper.Config{Protocol: mopcua.Protocol, StateDir: dir, NewDriver: mopcua.NewDriver, Logger: testr.New(t), Metrics: metrics,
 		ReconnectInitial: 50 * time.Millisecond, ReconnectMax: reconnectMax, AuthRetryInitial: authInitial, AuthRetryMax: authMax,
 		CredentialPoll: 50 * time.Millisecond, ReregisterInterval: time.Hour, CallTimeout: 10 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- m.Start(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("mapper Start = %v", err)
-		}
-	})
 
 	// Seven refused checks: six gaps, the last two at the ceiling.
 	var at []int64

@@ -1,7 +1,6 @@
 package modbus_test
 
 import (
-	"context"
 	"fmt"
 	"net"
 	"os"
@@ -18,7 +17,6 @@ import (
 
 	"github.com/dowse-dev/dowse/discovery-handlers/modbus"
 	discoveryv1 "github.com/dowse-dev/dowse/proto/discovery/v1"
-	"github.com/dowse-dev/dowse/shared/handler"
 	"github.com/dowse-dev/dowse/shared/handler/handlertest"
 	"github.com/dowse-dev/dowse/test/npmpeer"
 )
@@ -49,20 +47,9 @@ func commonPort(t *testing.T, hosts ...string) int {
 
 func runHandler(t *testing.T) string {
 	t.Helper()
-	dir := handlertest.ShortTempDir(t)
-	agent := handlertest.StartAgent(t, dir)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
 	cfg := modbus.Handler()
-	cfg.StateDir, cfg.Logger = dir, testr.New(t)
-	go func() { done <- handler.Serve(ctx, cfg) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run = %v", err)
-		}
-	})
-	reg := agent.WaitForRegistration(t, wait)
+	cfg.Logger = testr.New(t)
+	reg := handlertest.Run(t, cfg)
 	if reg.GetName() != modbus.DefaultName || !reg.GetShared() {
 		t.Errorf("registration = %v, want name %s, shared", reg, modbus.DefaultName)
 	}

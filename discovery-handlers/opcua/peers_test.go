@@ -1,7 +1,6 @@
 package opcua_test
 
 import (
-	"context"
 	"crypto/rand"
 	"crypto/rsa"
 	"crypto/x509"
@@ -23,7 +22,6 @@ import (
 
 	"github.com/dowse-dev/dowse/discovery-handlers/opcua"
 	discoveryv1 "github.com/dowse-dev/dowse/proto/discovery/v1"
-	"github.com/dowse-dev/dowse/shared/handler"
 	"github.com/dowse-dev/dowse/shared/handler/handlertest"
 	"github.com/dowse-dev/dowse/test/npmpeer"
 )
@@ -78,20 +76,9 @@ func (s *server) start(p *peers) {
 // runHandler runs the handler with a fake agent and returns its endpoint.
 func runHandler(t *testing.T) string {
 	t.Helper()
-	dir := handlertest.ShortTempDir(t)
-	agent := handlertest.StartAgent(t, dir)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
 	cfg := opcua.Handler()
-	cfg.StateDir, cfg.Logger = dir, testr.New(t)
-	go func() { done <- handler.Serve(ctx, cfg) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run = %v", err)
-		}
-	})
-	reg := agent.WaitForRegistration(t, wait)
+	cfg.Logger = testr.New(t)
+	reg := handlertest.Run(t, cfg)
 	if reg.GetName() != opcua.DefaultName || !reg.GetShared() {
 		t.Errorf("registration = %v, want name %s, shared", reg, opcua.DefaultName)
 	}
