@@ -175,17 +175,19 @@ type Hub struct {
 	metrics *link.Metrics
 	hsFail  *prometheus.CounterVec
 
-	mu        sync.Mutex
-	nodes     map[string]*nodeState
-	sentOn    map[string]time.Time // when each node was last sent on (SendOn)
-	ready     chan struct{}
-	readyOnce sync.Once // Start may be called again after it failed
-	addrs     struct{ ws, quic net.Addr }
-	live      atomic.Int64 // connections being served
-	draining  atomic.Bool
-	serving   atomic.Bool
-	moved     *prometheus.CounterVec
-	evicted   prometheus.Counter
+	mu           sync.Mutex
+	nodes        map[string]*nodeState
+	sentOn       map[string]time.Time // when each node was last sent on (SendOn)
+	sentOnPruned time.Time
+	ready        chan struct{}
+	readyOnce    sync.Once // Start may be called again after it failed
+	addrs        struct{ ws, quic net.Addr }
+	live         atomic.Int64 // connections being served
+	sessions     atomic.Int64 // nodes with a live connection past the handshake (a nodeState with cancel set)
+	draining     atomic.Bool
+	serving      atomic.Bool
+	moved        *prometheus.CounterVec
+	evicted      prometheus.Counter
 }
 
 type nodeState struct {
@@ -260,17 +262,17 @@ func New(cfg Config, auth Authorizer, handler Handler, reg prometheus.Registerer
 				return 0
 			}),
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "dowse", Subsystem: "cloudhub", Name: "connected_nodes",
-				Help: "Nodes with a live connection."}, func() float64 { c, _, _ := h.stats(); return float64(c) }),
+				Help: "Nodes with a live connection."}, func() float64 { return float64(h.sessions.Load()) }),
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "dowse", Subsystem: "cloudhub", Name: "queued_messages",
-				Help: "Messages to nodes not yet acknowledged, all nodes."}, func() float64 { _, q, _ := h.stats(); return float64(q) }),
+				Help: "Messages to nodes not yet acknowledged, all nodes."}, func() float64 { q, _ := h.stats(); return float64(q) }),
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "dowse", Subsystem: "cloudhub", Name: "max_node_queued_messages",
-				Help: "The deepest node send queue."}, func() float64 { _, _, m := h.stats(); return float64(m) }),
+				Help: "The deepest node send queue."}, func() float64 { _, m := h.stats(); return float64(m) }),
 		)
 	}
 	return h, nil
 }
 
-func (h *Hub) stats() (connected, queued, maxQueued int) {
+func (h *Hub) stats() (queued, maxQueued int) {
 	h.mu.Lock()
 	states := make([]*nodeState, 0, len(h.nodes))
 	for _, s := range h.nodes {
@@ -281,13 +283,8 @@ func (h *Hub) stats() (connected, queued, maxQueued int) {
 		n, _ := s.sess.Len()
 		queued += n
 		maxQueued = max(maxQueued, n)
-		s.mu.Lock()
-		if s.cancel != nil {
-			connected++
-		}
-		s.mu.Unlock()
 	}
-	return connected, queued, maxQueued
+	return queued, maxQueued
 }
 
 // Start listens on the configured transports and serves until ctx ends.
@@ -559,7 +556,6 @@ func (h *Hub) Commit(node string, pos Position) {
 	}
 }
 
-// Connected lists the nodes with a live connection, sorted.
 // sendOn says whether node's new connection goes on to another replica
 // (Config.SendOn), remembering when it last did.
 func (h *Hub) sendOn(node string) bool {
@@ -568,18 +564,15 @@ func (h *Hub) sendOn(node string) bool {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	held := 0
-	for n, s := range h.nodes {
-		s.mu.Lock()
-		serving := s.cancel != nil
-		s.mu.Unlock()
-		if serving && n == node {
+	if st := h.nodes[node]; st != nil {
+		st.mu.Lock()
+		here := st.cancel != nil
+		st.mu.Unlock()
+		if here {
 			return false // its session is here: the edge reconnected
 		}
-		if serving {
-			held++
-		}
 	}
+	held := int(h.sessions.Load())
 	now := time.Now()
 	if t, ok := h.sentOn[node]; ok && now.Sub(t) < time.Minute {
 		return false
@@ -587,12 +580,14 @@ func (h *Hub) sendOn(node string) bool {
 	if !h.cfg.SendOn(held) {
 		return false
 	}
-	if len(h.sentOn) > 4096 {
+	if now.Sub(h.sentOnPruned) >= time.Minute {
+		// At most once a minute: a handshake does not walk the nodes.
 		for n, t := range h.sentOn {
 			if now.Sub(t) >= time.Minute {
 				delete(h.sentOn, n)
 			}
 		}
+		h.sentOnPruned = now
 	}
 	if h.sentOn == nil {
 		h.sentOn = map[string]time.Time{}
@@ -601,6 +596,7 @@ func (h *Hub) sendOn(node string) bool {
 	return true
 }
 
+// Connected lists the nodes with a live connection, sorted.
 func (h *Hub) Connected() []string {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -615,6 +611,10 @@ func (h *Hub) Connected() []string {
 	sort.Strings(out)
 	return out
 }
+
+// Sessions is how many nodes have a live connection (len(Connected()),
+// without walking the nodes).
+func (h *Hub) Sessions() int { return int(h.sessions.Load()) }
 
 // Forget drops a node's session (its queue and receive position), for a
 // node that was deleted; a live connection of it is closed.
@@ -679,6 +679,7 @@ func (h *Hub) refuse(ctx context.Context, conn []any, reason string, c link.Conn
 
 // served is a connection past its handshake, for serveConn to run.
 type served struct {
+	hub  *Hub
 	st   *nodeState
 	f    *link.Framed
 	ctx  context.Context
@@ -694,6 +695,7 @@ func (s *served) end() {
 	s.st.mu.Lock()
 	if s.st.done == s.done {
 		s.st.cancel, s.st.done, s.st.send = nil, nil, nil
+		s.hub.sessions.Add(-1)
 	}
 	s.st.mu.Unlock()
 	close(s.done)
@@ -800,9 +802,10 @@ func (h *Hub) handshake(ctx context.Context, transport string, c link.Conn) *ser
 	cctx, cancel := context.WithCancelCause(ctx)
 	done := make(chan struct{})
 	st.mu.Lock()
-	if st.cancel != nil {
+	for st.cancel != nil {
 		// The edge reconnected before we noticed its old connection died:
-		// the newest wins, after the old one has let go of the session.
+		// the newest wins, after the old one has let go of the session
+		// (and after any other that took it while we waited).
 		st.cancel(errReplaced)
 		old := st.done
 		st.mu.Unlock()
@@ -810,8 +813,9 @@ func (h *Hub) handshake(ctx context.Context, transport string, c link.Conn) *ser
 		st.mu.Lock()
 	}
 	st.cancel, st.done, st.send = cancel, done, nil
+	h.sessions.Add(1)
 	st.mu.Unlock()
-	s := &served{st: st, f: f, ctx: cctx, done: done, log: log}
+	s := &served{hub: h, st: st, f: f, ctx: cctx, done: done, log: log}
 	s.cfg.Cancel = cancel
 	ok := false
 	defer func() {

@@ -249,6 +249,9 @@ func TestHubFull(t *testing.T) {
 		if got := hub.hub.Connected(); !slices.Equal(got, []string{"second"}) {
 			return fmt.Errorf("connected %v", got)
 		}
+		if n := hub.hub.Sessions(); n != 1 {
+			return fmt.Errorf("%d sessions counted, want 1", n)
+		}
 		return nil
 	})
 }

@@ -218,4 +218,15 @@ func TestEvictClosesTheOlderSession(t *testing.T) {
 	if n := promtest.Sum(t, p.a.reg, "dowse_cloudhub_sessions_taken_over_total", nil); n != 1 {
 		t.Errorf("sessions taken over: %v, want 1", n)
 	}
+	// The count of sessions (what SendOn is given) let go of the evicted
+	// one and holds the new one.
+	waitFor(t, 10*time.Second, "one session counted", func() error {
+		if a, b := p.a.hub.Sessions(), p.b.hub.Sessions(); a != 1 || b != 0 {
+			return fmt.Errorf("sessions counted: a %d, b %d; want 1 and 0", a, b)
+		}
+		if n := promtest.Sum(t, p.a.reg, "dowse_cloudhub_connected_nodes", nil); n != 1 {
+			return fmt.Errorf("dowse_cloudhub_connected_nodes %v, want 1", n)
+		}
+		return nil
+	})
 }
