@@ -30,12 +30,13 @@ func secretDir(t *testing.T, name string, keys map[string]string) string {
 
 // TestRedisSink: a pushMethod's dbMethod.redis adds each changed reading
 // to the sorted set <namespace>/<device>/<property> of its database,
-// scored by read time, signing in with the mounted Secret's password, as
-// redis-cli reads back; while the server is down the readings wait in the
+// scored by read time, signing in with the mounted Secret's password (a
+// wrong one refused, counted and logged once, the fixed one used at the
+// next connect), as redis-cli reads back; while the server is down the readings wait in the
 // buffer (the twin goes on) and arrive, in order, once it is back.
 func TestRedisSink(t *testing.T) {
 	redis := dbpeer.StartRedis(t, "s3cret")
-	secrets := secretDir(t, "redis-creds", map[string]string{"password": "s3cret"})
+	secrets := secretDir(t, "redis-creds", map[string]string{"password": "wrong"})
 	pm := &dmiv1beta1.PushMethod{DowseSecretName: "redis-creds", DbMethod: &dmiv1beta1.DBMethod{Redis: &dmiv1beta1.DBMethodRedis{
 		RedisClientConfig: &dmiv1beta1.RedisClientConfig{Addr: redis.Addr(), Db: 2}}}}
 	dev := thermo(t, "a", "A", mappertest.Prop{Name: "temp", Visitor: map[string]any{"register": "t"}, PushMethod: pm})
@@ -71,6 +72,18 @@ func TestRedisSink(t *testing.T) {
 		})
 	}
 	r.agent.WaitReported(t, "ns/a", "temp", "1", 0, wait)
+	waitUntil(t, "the wrong password refused", func() error {
+		if n := r.metrics.Value("dowse_mapper_sink_refused_total", labels); n == 0 {
+			return fmt.Errorf("no refusal counted")
+		}
+		return nil
+	})
+	if n := r.logs.count("the sink refuses readings"); n != 1 {
+		t.Errorf("refused logins logged %d times, want once a minute", n)
+	}
+	if err := os.WriteFile(filepath.Join(secrets, "redis-creds", "password"), []byte("s3cret"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	r.set(t, 2)
 	wantValues("1", "2")
 

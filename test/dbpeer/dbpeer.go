@@ -12,9 +12,10 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/dowse-dev/dowse/test/procs"
 )
 
 func binary(t testing.TB, pkg string, names ...string) string {
@@ -47,15 +48,14 @@ func freePort(t testing.TB) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
-// server is a peer process started and stopped by pid.
+// server is a peer process started and stopped by pid (test/procs).
 type server struct {
 	t    testing.TB
 	name string
 	log  string
 	args []string
 	bin  string
-	cmd  *exec.Cmd
-	done chan struct{}
+	proc *procs.Proc
 	port int
 	// ready says the server answers.
 	ready func() error
@@ -67,24 +67,20 @@ func (s *server) start() {
 	if err != nil {
 		s.t.Fatal(err)
 	}
-	s.cmd = exec.Command(s.bin, s.args...)
-	s.cmd.Stdout, s.cmd.Stderr = log, log
-	if err := s.cmd.Start(); err != nil {
+	defer log.Close()
+	s.proc, err = procs.Run(s.name, s.bin, s.args, procs.Options{Stdout: log, Stderr: log, DieWithCaller: true})
+	if err != nil {
 		s.t.Fatal(err)
 	}
-	s.done = make(chan struct{})
-	go func() { _ = s.cmd.Wait(); log.Close(); close(s.done) }()
 	deadline := time.Now().Add(time.Minute)
 	for {
 		err := s.ready()
 		if err == nil {
 			return
 		}
-		select {
-		case <-s.done:
+		if s.proc.Exited() {
 			out, _ := os.ReadFile(s.log)
 			s.t.Fatalf("%s exited: %v\n%s", s.name, err, out)
-		default:
 		}
 		if time.Now().After(deadline) {
 			out, _ := os.ReadFile(s.log)
@@ -94,29 +90,19 @@ func (s *server) start() {
 	}
 }
 
-// Stop stops the server (SIGTERM, by its pid) and waits for it.
+// Stop stops the server (SIGTERM by its pid, SIGKILL after 30 s) and
+// waits for it.
 func (s *server) Stop() {
-	if s.cmd == nil {
-		return
+	if s.proc != nil {
+		s.proc.StopWithin(30 * time.Second)
+		s.proc = nil
 	}
-	select {
-	case <-s.done:
-	default:
-		_ = s.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-s.done:
-		case <-time.After(30 * time.Second):
-			_ = s.cmd.Process.Kill()
-			<-s.done
-		}
-	}
-	s.cmd = nil
 }
 
 // Start starts a stopped server again, on its port and data.
 func (s *server) Start() {
 	s.t.Helper()
-	if s.cmd == nil {
+	if s.proc == nil {
 		s.start()
 	}
 }
