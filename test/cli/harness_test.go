@@ -74,23 +74,7 @@ func eventually(t testing.TB, timeout time.Duration, f func() error) {
 // the test fails, and stops it when the test ends.
 func startLogged(t *testing.T, dir, name string, args ...string) *procs.Proc {
 	t.Helper()
-	logf, err := os.OpenFile(filepath.Join(dir, name+".log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := procs.Start(name, logf, args...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		p.Stop()
-		logf.Close()
-		if t.Failed() {
-			b, _ := os.ReadFile(logf.Name())
-			t.Logf("%s log (last 4 KiB):\n%s", name, tail(b, 4096))
-		}
-	})
-	return p
+	return procs.StartLogged(t, dir, name, name, args...)
 }
 
 func tail(b []byte, n int) []byte {
