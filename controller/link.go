@@ -73,6 +73,9 @@ type LinkConfig struct {
 	// holds and checks that it holds no more than its share (ownership's
 	// default when 0).
 	SpreadInterval time.Duration
+	// MaxClaimsInFlight bounds the node records this replica writes at
+	// once when edges connect (ownership's default when 0).
+	MaxClaimsInFlight int
 }
 
 type committer func(node string, pos cloudhub.Position)
@@ -178,7 +181,7 @@ func addLink(ctx context.Context, mgr ctrl.Manager, cfg Config, reg prometheus.R
 	// session and drops what it took of it and did not write.
 	cache := mgr.GetClient()
 	claims, err = ownership.NewClaims(ownership.ClaimsConfig{
-		Leases: cs.CoordinationV1().Leases(cfg.Namespace), Replica: lc.Replica,
+		Leases: cs.CoordinationV1().Leases(cfg.Namespace), Replica: lc.Replica, MaxInFlight: lc.MaxClaimsInFlight,
 		NodeUID: func(ctx context.Context, node string) (types.UID, error) {
 			var n corev1.Node
 			err := cache.Get(ctx, client.ObjectKey{Name: node}, &n)

@@ -38,7 +38,8 @@ type ClaimsConfig struct {
 	// the node's owner any more: close it and drop its unwritten state.
 	// Called on the watch's goroutine; it must not block long.
 	Lost func(node string, through uint64)
-	// MaxInFlight bounds the claims being written at once (32); more wait
+	// MaxInFlight bounds the claims being written at once
+	// (DefaultMaxClaimsInFlight); more wait
 	// their turn. A replica taking over a dead one's nodes claims them all
 	// at once: unbounded, the writes queue in the API server instead, and
 	// every other request of the replica (its leader election's renewals)
@@ -48,6 +49,9 @@ type ClaimsConfig struct {
 	Metrics *Metrics
 	Log     logr.Logger
 }
+
+// DefaultMaxClaimsInFlight is ClaimsConfig.MaxInFlight's default.
+const DefaultMaxClaimsInFlight = 32
 
 // Claims makes this replica the owner of node sessions (Claim) and tells
 // it when another replica took one (ClaimsConfig.Lost). See the package
@@ -77,7 +81,7 @@ func NewClaims(cfg ClaimsConfig) (*Claims, error) {
 		cfg.Log = logr.Discard()
 	}
 	if cfg.MaxInFlight <= 0 {
-		cfg.MaxInFlight = 32
+		cfg.MaxInFlight = DefaultMaxClaimsInFlight
 	}
 	return &Claims{cfg: cfg, label: HolderLabel(cfg.Replica), inFlight: make(chan struct{}, cfg.MaxInFlight),
 		held: map[string]uint64{}, claimed: map[string]uint64{}, watched: map[string]uint64{}, synced: func() bool { return false }}, nil
