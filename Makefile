@@ -91,8 +91,8 @@ generate: deps helm
 
 # Fails when the committed generated files differ from what `make generate` makes.
 verify-generate: generate
-	@if [ -n "$$(git status --porcelain -- proto shared/api deploy controller/broker/zz_generated.deepcopy.go)" ]; then \
-	  git status --porcelain -- proto shared/api deploy controller/broker/zz_generated.deepcopy.go; git diff --stat -- proto shared/api deploy controller/broker; \
+	@if [ -n "$$(git status --porcelain -- proto shared/api deploy controller/internal/broker/zz_generated.deepcopy.go)" ]; then \
+	  git status --porcelain -- proto shared/api deploy controller/internal/broker/zz_generated.deepcopy.go; git diff --stat -- proto shared/api deploy controller/internal/broker; \
 	  echo "generated files are stale: run 'make generate' and commit the result" >&2; exit 1; fi
 
 test-unit:
@@ -126,13 +126,14 @@ test: deps node-deps k8s helm peers build verify-generate
 
 # Fuzz what comes from outside, each target for FUZZTIME (make test: a few
 # seconds each): the link's frames, derived names, Device specs into the
-# edge (Check), the edge's conversion for mappers, DMI reports into the
-# agent, the JSON pushMethod sinks send, and handlers' device lists.
+# edge (Check), the edge's conversion for mappers, DMI reports and mapper
+# registrations into the agent, the JSON pushMethod sinks send, and
+# handlers' device lists.
 # Minimizing a new input (60 s by default) would stall a short run; 1 s
 # keeps it fuzzing (a failing input is kept under the package's
 # testdata/fuzz).
 FUZZ_TARGETS := FuzzFrameDecode:./shared/link FuzzDerivedNames:./shared/dra FuzzCheck:./controller/twins \
-  FuzzDeviceConversion:./agent/dmi FuzzReports:./agent/dmi FuzzPayload:./brokers/mapper FuzzHandlerDevices:./agent/discovery
+  FuzzDeviceConversion:./agent/dmi FuzzReports:./agent/dmi FuzzMapperRegister:./agent/dmi FuzzPayload:./brokers/mapper FuzzHandlerDevices:./agent/internal/discovery
 FUZZTIME ?= 2m
 fuzz:
 	@for t in $(FUZZ_TARGETS); do \

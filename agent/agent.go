@@ -28,13 +28,13 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
-	"github.com/dowse-dev/dowse/agent/cdi"
 	"github.com/dowse-dev/dowse/agent/deviceplugin"
-	"github.com/dowse-dev/dowse/agent/discovery"
-	"github.com/dowse-dev/dowse/agent/instances"
-	"github.com/dowse-dev/dowse/agent/propertyrefs"
-	"github.com/dowse-dev/dowse/agent/registration"
-	"github.com/dowse-dev/dowse/agent/registry"
+	"github.com/dowse-dev/dowse/agent/internal/cdi"
+	"github.com/dowse-dev/dowse/agent/internal/discovery"
+	"github.com/dowse-dev/dowse/agent/internal/instances"
+	"github.com/dowse-dev/dowse/agent/internal/propertyrefs"
+	"github.com/dowse-dev/dowse/agent/internal/registration"
+	"github.com/dowse-dev/dowse/agent/internal/registry"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	"github.com/dowse-dev/dowse/shared/contain"
 	"github.com/dowse-dev/dowse/shared/events"
@@ -137,7 +137,7 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 	// reads them: dropping them from the cache roughly halves its memory.
 	// The cache holds no Secret or ConfigMap: the agent may not list them,
 	// and reads the few that discoveryProperties name one by one
-	// (agent/propertyrefs).
+	// (agent/internal/propertyrefs).
 	cacheOpts := cache.Options{DefaultTransform: cache.TransformStripManagedFields()}
 	// The agent caches only its own node's Instances (those with its node
 	// label), so its memory and watch traffic do not grow with other nodes'.

@@ -6,11 +6,18 @@ import (
 	"time"
 
 	"github.com/dowse-dev/dowse/agent/deviceplugin"
-	"github.com/dowse-dev/dowse/agent/dra"
 	"github.com/dowse-dev/dowse/agent/edgehub"
+	"github.com/dowse-dev/dowse/agent/internal/dra"
+	"github.com/dowse-dev/dowse/agent/internal/instances"
 	"github.com/dowse-dev/dowse/agent/slots"
+	"github.com/dowse-dev/dowse/shared/handler"
 	"github.com/dowse-dev/dowse/shared/kubeflags"
 )
+
+// InstancesLabelledMarker, in the agent's state directory, records that the
+// agent gave its node's label to the cluster's Instances once: a later
+// agent does not do it again.
+const InstancesLabelledMarker = instances.LabelledMarker
 
 // setDefaults gives every zero field that has one the binary's default;
 // Run calls it, and AddFlags shows its values as the flags' defaults.
@@ -20,7 +27,7 @@ func (c *Config) setDefaults() {
 	}
 	c.Serving.SetDefaults(":9743", ":9744")
 	if c.StateDir == "" {
-		c.StateDir = "/var/lib/dowse"
+		c.StateDir = handler.DefaultStateDir
 	}
 	if c.GracePeriod == 0 {
 		c.GracePeriod = 5 * time.Minute

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dowse-dev/dowse/agent/dra"
+	"github.com/dowse-dev/dowse/agent/internal/dra"
 	"github.com/dowse-dev/dowse/shared/kubeflags"
 )
 

@@ -5,8 +5,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/dowse-dev/dowse/controller/internal/mappers"
 	"github.com/dowse-dev/dowse/controller/linkauth"
-	"github.com/dowse-dev/dowse/controller/mappers"
 	"github.com/dowse-dev/dowse/controller/ownership"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	"github.com/dowse-dev/dowse/shared/kubeflags"

@@ -34,11 +34,11 @@ import (
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
-	"github.com/dowse-dev/dowse/controller/broker"
-	"github.com/dowse-dev/dowse/controller/devices"
+	"github.com/dowse-dev/dowse/controller/internal/broker"
+	"github.com/dowse-dev/dowse/controller/internal/devices"
+	"github.com/dowse-dev/dowse/controller/internal/mappers"
+	"github.com/dowse-dev/dowse/controller/internal/nodes"
 	"github.com/dowse-dev/dowse/controller/lifecycle"
-	"github.com/dowse-dev/dowse/controller/mappers"
-	"github.com/dowse-dev/dowse/controller/nodes"
 	"github.com/dowse-dev/dowse/controller/propertyaccess"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	"github.com/dowse-dev/dowse/shared/contain"
@@ -89,7 +89,7 @@ type Config struct {
 	// ConfigMaps that discoveryProperties name (controller/propertyaccess);
 	// empty: the controller grants nothing.
 	AgentServiceAccounts []string
-	// DRA runs the Dynamic Resource Allocation part (controller/dra): a
+	// DRA runs the Dynamic Resource Allocation part (controller/internal/dra): a
 	// DeviceClass per Configuration whose spec.allocation asks for DRA and
 	// the ResourceSlices of their shared devices. Off when false (tests
 	// that do not need it); on an API server without resource.k8s.io/v1 it
@@ -294,7 +294,7 @@ func slimNode(obj any) (any, error) {
 
 // slimInstance keeps what the controller reads of an Instance: its
 // Configuration and the nodes that see it (and, for a shared device, what
-// controller/dra publishes of it). Whatever writes an Instance reads
+// controller/internal/dra publishes of it). Whatever writes an Instance reads
 // it from the API server first (nodes.Reconciler).
 func slimInstance(obj any) (any, error) {
 	i, ok := obj.(*v1alpha1.Instance)
@@ -303,11 +303,11 @@ func slimInstance(obj any) (any, error) {
 	}
 	i.ManagedFields, i.Annotations = nil, nil
 	// Device nodes and mounts stay (a path or two): a mapper Pod asks for
-	// the device of an Instance that has them (controller/mappers).
+	// the device of an Instance that has them (controller/internal/mappers).
 	spec := v1alpha1.InstanceSpec{ConfigurationName: i.Spec.ConfigurationName, Shared: i.Spec.Shared,
 		DeviceSpecs: i.Spec.DeviceSpecs, Mounts: i.Spec.Mounts}
 	if i.Spec.Shared {
-		// controller/dra publishes shared devices with their properties
+		// controller/internal/dra publishes shared devices with their properties
 		// and capacity.
 		spec.Capacity, spec.BrokerProperties = i.Spec.Capacity, i.Spec.BrokerProperties
 	}

@@ -17,7 +17,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
 
 	"github.com/dowse-dev/dowse/controller/cloudhub"
-	"github.com/dowse-dev/dowse/controller/edges"
+	"github.com/dowse-dev/dowse/controller/internal/edges"
 	"github.com/dowse-dev/dowse/controller/linkauth"
 	"github.com/dowse-dev/dowse/controller/ownership"
 	"github.com/dowse-dev/dowse/controller/twins"

@@ -17,7 +17,7 @@ import (
 
 // TestDRAOnlyConfigurationGetsNoPlugin: an Instance of a Configuration
 // whose spec.allocation is DRA gets no device plugin, and its CDI spec is
-// left alone (agent/dra keeps it).
+// left alone (agent/internal/dra keeps it).
 func TestDRAOnlyConfigurationGetsNoPlugin(t *testing.T) {
 	sch, err := scheme.New()
 	if err != nil {
@@ -34,7 +34,7 @@ func TestDRAOnlyConfigurationGetsNoPlugin(t *testing.T) {
 		t.Fatal(err)
 	}
 	close(m.started)
-	// A spec agent/dra wrote: it must stay.
+	// A spec agent/internal/dra wrote: it must stay.
 	if err := m.cdi.Write(inst); err != nil {
 		t.Fatal(err)
 	}
@@ -45,6 +45,6 @@ func TestDRAOnlyConfigurationGetsNoPlugin(t *testing.T) {
 		t.Fatalf("plugins for a DRA Configuration: %v %v", m.instances, m.configs)
 	}
 	if ents, _ := os.ReadDir(cdiDir); len(ents) != 1 {
-		t.Fatalf("CDI spec directory holds %d files, want agent/dra's one", len(ents))
+		t.Fatalf("CDI spec directory holds %d files, want agent/internal/dra's one", len(ents))
 	}
 }

@@ -3,7 +3,7 @@
 // (dowse.dev/<instance>.<namespace>) and one per Configuration
 // (dowse.dev/<configuration>.<namespace>), each offering one device per
 // capacity slot, and one per legacy resource pods still hold slots under.
-// Its Manager runs them, with agent/cdi's spec per Instance and agent/slots'
+// Its Manager runs them, with agent/internal/cdi's spec per Instance and agent/slots'
 // claims and reclaimer. The names they use (resources, slot ids, CDI kinds
 // and devices) are v1alpha1's.
 //

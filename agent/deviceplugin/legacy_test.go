@@ -17,7 +17,6 @@ import (
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
-	"github.com/dowse-dev/dowse/agent/cdi"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	"github.com/dowse-dev/dowse/shared/scheme"
 )
@@ -33,7 +32,7 @@ func writeOldSpec(t *testing.T, dir string, inst *v1alpha1.Instance) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, cdi.SpecFileName(inst)+".json"), b, 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, inst.CDISpecFileName()+".json"), b, 0o644); err != nil {
 		t.Fatal(err)
 	}
 }

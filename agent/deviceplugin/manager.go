@@ -25,8 +25,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
-	"github.com/dowse-dev/dowse/agent/cdi"
-	"github.com/dowse-dev/dowse/agent/instances"
+	"github.com/dowse-dev/dowse/agent/internal/cdi"
+	"github.com/dowse-dev/dowse/agent/internal/instances"
 	"github.com/dowse-dev/dowse/agent/slots"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 )
@@ -232,7 +232,7 @@ func (m *Manager) Reconcile(ctx context.Context, req reconcile.Request) (reconci
 	here := err == nil && inst.DeletionTimestamp == nil && inst.HasNode(m.opts.NodeName)
 	if here && !m.usesDevicePlugins(ctx, inst) {
 		// A Configuration allocated through DRA alone: no plugin, and its
-		// CDI spec is agent/dra's to keep.
+		// CDI spec is agent/internal/dra's to keep.
 		m.remove(req.NamespacedName, log)
 		return reconcile.Result{}, nil
 	}

@@ -2,9 +2,13 @@ package dmi
 
 import (
 	"context"
+	"maps"
 	"math"
+	"os"
 	"testing"
+	"time"
 
+	"github.com/go-logr/logr"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -211,4 +215,137 @@ func textOf(v *linkv1.Value) string {
 		return s
 	}
 	return "\x00no value"
+}
+
+// FuzzMapperRegister feeds arbitrary registrations to MapperRegister, as
+// any process that can reach dmi.sock may send them: none panics; one
+// without a protocol or an address (its socket) is refused with
+// InvalidArgument and leaves nothing behind; any other is served: withData
+// answers with exactly the Devices the assignment rule gives it (its name
+// asked for, else its protocol unless a Device asks for it by name; only
+// those whose model the node has) and their models, and the mapper is
+// remembered as it registered: an agent started again on the same state
+// directory restores it with the same name, protocol, versions and socket.
+func FuzzMapperRegister(f *testing.F) {
+	for _, r := range []*dmiv1beta1.MapperRegisterRequest{
+		{WithData: true, Mapper: &dmiv1beta1.MapperInfo{Name: "generic", Protocol: "virtual", Address: []byte("/tmp/m.sock"), Version: "v1", ApiVersion: "v1beta1"}},
+		{WithData: true, Mapper: &dmiv1beta1.MapperInfo{Name: "named", Protocol: "modbus", Address: []byte("unix:///tmp/n.sock")}},
+		{Mapper: &dmiv1beta1.MapperInfo{Name: "opc", Protocol: "opcua", Address: []byte(" unix:/tmp/o.sock ")}},
+		{Mapper: &dmiv1beta1.MapperInfo{Name: "noaddr", Protocol: "virtual", Address: []byte("unix://")}},
+		{Mapper: &dmiv1beta1.MapperInfo{Name: "noproto", Address: []byte("/tmp/x.sock")}},
+		// Found by this target: an address the registry file could not
+		// hold as sent, and one whose path began with a space after the
+		// scheme (restored without it).
+		{Mapper: &dmiv1beta1.MapperInfo{Name: "latin1", Protocol: "virtual", Address: []byte("/tmp/\xff.sock")}},
+		{Mapper: &dmiv1beta1.MapperInfo{Name: "spaced", Protocol: "virtual", Address: []byte("unix: /tmp/s.sock")}},
+		{},
+	} {
+		b, _ := proto.Marshal(r)
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var req dmiv1beta1.MapperRegisterRequest
+		if proto.Unmarshal(b, &req) != nil {
+			return
+		}
+		edge := newFakeEdge()
+		edge.putModel(model("thermo", "virtual"))
+		edge.putModel(model("plc", "modbus"))
+		edge.putDevice(device("a", "thermo", "virtual", "", "1"))
+		edge.putDevice(device("b", "thermo", "virtual", "named", "2"))
+		edge.putDevice(device("c", "ghost", "virtual", "", "3")) // its model is not on the node
+		edge.putDevice(device("d", "plc", "", "", "4"))          // its protocol is its model's
+		dir := t.TempDir()
+		cfg := Config{StateDir: dir, Node: "edge", ReportRate: -1, RetryMin: time.Hour, RetryMax: time.Hour}
+		s, err := New(cfg, edge, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Started as Start does, without its socket: the workers dial
+		// sockets nobody serves and are stopped below.
+		ctx, cancel := context.WithCancel(context.Background())
+		s.mu.Lock()
+		s.runCtx, s.log = ctx, logr.Discard()
+		s.mu.Unlock()
+		stop := func(s *Server) {
+			s.mu.Lock()
+			for _, m := range s.mappers {
+				m.cancel()
+			}
+			s.mu.Unlock()
+			s.wg.Wait()
+			for _, m := range s.mappers {
+				_ = m.conn.Close()
+			}
+		}
+		defer func() { cancel(); stop(s) }()
+
+		info := req.GetMapper()
+		resp, err := s.MapperRegister(ctx, &req)
+		if info.GetProtocol() == "" || mapperAddress(info) == "" {
+			if status.Code(err) != codes.InvalidArgument {
+				t.Fatalf("a registration without a protocol or an address: %v, want InvalidArgument", err)
+			}
+		}
+		if err != nil {
+			if status.Code(err) != codes.InvalidArgument {
+				t.Fatalf("MapperRegister: %v", err)
+			}
+			if _, statErr := os.Stat(s.mappersFile()); len(s.mappers) != 0 || statErr == nil {
+				t.Fatalf("a refused registration was kept (%d mappers, file: %v)", len(s.mappers), statErr)
+			}
+			return
+		}
+		if _, err := proto.Marshal(resp); err != nil {
+			t.Fatalf("the answer does not marshal: %v", err)
+		}
+		// The assignment rule, spelled out for one mapper on the node.
+		name, protocol := info.GetName(), info.GetProtocol()
+		asked := name == "named"
+		want := map[string]bool{}
+		if req.GetWithData() {
+			switch {
+			case name == "named":
+				want["default/b"] = true
+			case !asked && protocol == "virtual":
+				want["default/a"], want["default/b"] = true, true
+			case !asked && protocol == "modbus":
+				want["default/d"] = true
+			}
+		}
+		got := map[string]bool{}
+		for _, d := range resp.GetDeviceList() {
+			got[d.GetNamespace()+"/"+d.GetName()] = true
+		}
+		if !maps.Equal(got, want) {
+			t.Fatalf("mapper %q (%q) was handed %v, want %v", name, protocol, got, want)
+		}
+		models := map[string]bool{}
+		for _, m := range resp.GetModelList() {
+			models[m.GetName()] = true
+		}
+		wantModels := map[string]bool{}
+		for k := range want {
+			wantModels[map[string]string{"default/a": "thermo", "default/b": "thermo", "default/d": "plc"}[k]] = true
+		}
+		if !maps.Equal(models, wantModels) {
+			t.Fatalf("mapper %q was handed models %v, want %v", name, models, wantModels)
+		}
+
+		// An agent started again restores it as it registered.
+		again, err := New(cfg, edge, nil)
+		if err != nil {
+			t.Fatalf("an agent restarting on what this registration left: %v", err)
+		}
+		defer stop(again)
+		m := again.mappers[name]
+		if len(again.mappers) != 1 || m == nil {
+			t.Fatalf("restored %d mappers, none named %q", len(again.mappers), name)
+		}
+		ri := m.info
+		if ri.GetName() != name || ri.GetProtocol() != protocol || ri.GetVersion() != info.GetVersion() ||
+			ri.GetApiVersion() != info.GetApiVersion() || mapperAddress(ri) != mapperAddress(info) {
+			t.Fatalf("restored %v, registered %v", ri, info)
+		}
+	})
 }

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/go-logr/logr"
 	"google.golang.org/grpc"
@@ -90,6 +91,24 @@ func mapperAddress(info *dmiv1beta1.MapperInfo) string {
 	a := strings.TrimSpace(string(info.GetAddress()))
 	a = strings.TrimPrefix(a, "unix://")
 	return strings.TrimPrefix(a, "unix:")
+}
+
+// maxSocketPath is the room in sockaddr_un.sun_path on Linux less its NUL.
+const maxSocketPath = 107
+
+// checkAddress refuses a socket path the agent could never dial, or could
+// not remember as the mapper sent it (dmi-mappers.json holds text): not
+// UTF-8, a NUL byte, longer than a Unix socket path may be.
+func checkAddress(addr string) error {
+	switch {
+	case !utf8.ValidString(addr):
+		return fmt.Errorf("address %q is not valid UTF-8", addr)
+	case strings.ContainsRune(addr, 0):
+		return fmt.Errorf("address %q holds a NUL byte", addr)
+	case len(addr) > maxSocketPath:
+		return fmt.Errorf("address %q is %d bytes, more than a Unix socket path may be (%d)", addr, len(addr), maxSocketPath)
+	}
+	return nil
 }
 
 func (s *Server) newMapper(info *dmiv1beta1.MapperInfo) (*mapper, error) {

@@ -445,6 +445,9 @@ func (s *Server) MapperRegister(ctx context.Context, req *dmiv1beta1.MapperRegis
 	if mapperAddress(info) == "" {
 		return nil, status.Errorf(codes.InvalidArgument, "mapper %q registers without an address (its DeviceMapperService socket)", info.GetName())
 	}
+	if err := checkAddress(mapperAddress(info)); err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "mapper %q: %v", info.GetName(), err)
+	}
 	m, err := s.newMapper(info)
 	if err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "mapper %q: %v", info.GetName(), err)
@@ -893,7 +896,8 @@ type savedMapper struct {
 	Version    string `json:"version,omitempty"`
 	APIVersion string `json:"apiVersion,omitempty"`
 	Protocol   string `json:"protocol"`
-	Address    string `json:"address"`
+	// Address is MapperInfo.address as the mapper sent it.
+	Address string `json:"address"`
 	// Devices and Models it was sent (namespace/name), so that a restarted
 	// agent removes from it what the node lost meanwhile.
 	Devices []string `json:"devices,omitempty"`
@@ -933,7 +937,7 @@ func (s *Server) writeMappers() error {
 	for _, m := range ms {
 		i := m.info
 		devs, models := m.held()
-		sm := savedMapper{Name: i.GetName(), Version: i.GetVersion(), APIVersion: i.GetApiVersion(), Protocol: i.GetProtocol(), Address: mapperAddress(i),
+		sm := savedMapper{Name: i.GetName(), Version: i.GetVersion(), APIVersion: i.GetApiVersion(), Protocol: i.GetProtocol(), Address: string(i.GetAddress()),
 			Devices: devs, Models: models}
 		m.mu.Lock()
 		if m.registrant.Known {

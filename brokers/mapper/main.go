@@ -27,6 +27,11 @@ import (
 // binaries (--memory-limit) unless GOMEMLIMIT is set.
 const DefaultMemoryLimit = 8 << 20
 
+// NameEnv names the environment variable that sets a mapper's registration
+// name when --name is not given; the controller sets it in the mapper Pods
+// it runs.
+const NameEnv = "DOWSE_MAPPER_NAME"
+
 // DefaultMaxProcs is the Go runtime's GOMAXPROCS in mapper binaries
 // (--max-procs) unless GOMAXPROCS is set. A mapper waits on devices far
 // more than it computes: with one P, 100 Modbus devices at 1 s cycles cost
@@ -51,10 +56,10 @@ func Main(protocol string, newDriver NewDriver) {
 	cfg := Config{Protocol: protocol, NewDriver: newDriver, Logger: handler.NewLogger()}
 	fs := flag.NewFlagSet(os.Args[0], flag.ExitOnError)
 	name := protocol
-	if n := os.Getenv("DOWSE_MAPPER_NAME"); n != "" {
+	if n := os.Getenv(NameEnv); n != "" {
 		name = n // set by the controller in the mapper Pods it runs
 	}
-	fs.StringVar(&cfg.Name, "name", name, "registration name (env DOWSE_MAPPER_NAME; Devices name it in spec.mapperName; a Configuration's mapper uses the Configuration's name)")
+	fs.StringVar(&cfg.Name, "name", name, "registration name (env "+NameEnv+"; Devices name it in spec.mapperName; a Configuration's mapper uses the Configuration's name)")
 	stateDir := handler.StateDirFlag(fs)
 	fs.StringVar(&cfg.DMISocket, "dmi-socket", "", "device manager's DMI socket (default <state-dir>/dmi.sock; KubeEdge edgecore: /etc/kubeedge/dmi.sock)")
 	fs.StringVar(&cfg.Socket, "socket", "", "socket this mapper serves DeviceMapperService on (default <state-dir>/mapper-<name>-<pid>.sock)")

@@ -121,7 +121,7 @@ const (
 	EnvSinkPassword = "DOWSE_SINK_PASSWORD"
 	EnvSinkCAFile   = "DOWSE_SINK_CA_FILE"
 	// DefaultSinkSecretsDir is where the controller mounts pushMethod
-	// Secrets in the mapper Pods it runs (controller/mappers.SinkSecretsDir).
+	// Secrets in the mapper Pods it runs (controller/internal/mappers.SinkSecretsDir).
 	DefaultSinkSecretsDir = "/etc/dowse/sink-secrets"
 )
 

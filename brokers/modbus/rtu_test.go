@@ -2,76 +2,17 @@ package modbus_test
 
 import (
 	"context"
-	"errors"
-	"os"
 	"os/exec"
-	"path/filepath"
-	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/dowse-dev/dowse/brokers/mapper/mappertest"
 	"github.com/dowse-dev/dowse/brokers/modbus"
 	dmiv1beta1 "github.com/dowse-dev/dowse/proto/dmi/v1beta1"
 	"github.com/dowse-dev/dowse/test/npmpeer"
+	"github.com/dowse-dev/dowse/test/nullmodem"
 )
-
-// serialPackages run modbus-serial's ServerSerial: serialport's native
-// bindings ship prebuilt in its npm package.
-var serialPackages = []string{"modbus-serial@8.0.25", "serialport@13.0.0"}
-
-// nullModem links two pseudo-terminals as a null-modem cable does two
-// serial ports (what socat's pty,link does): what is written to one
-// device comes out of the other. It returns their device paths.
-func nullModem(t *testing.T) (string, string) {
-	t.Helper()
-	open := func() (*os.File, string) {
-		fd, err := unix.Open("/dev/ptmx", unix.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			npmpeer.Unavailable(t, "no pseudo-terminals (/dev/ptmx): %v", err)
-		}
-		if err := unix.IoctlSetPointerInt(fd, unix.TIOCSPTLCK, 0); err != nil {
-			t.Fatal(err)
-		}
-		n, err := unix.IoctlGetInt(fd, unix.TIOCGPTN)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return os.NewFile(uintptr(fd), "ptmx"), "/dev/pts/" + strconv.Itoa(n)
-	}
-	a, pathA := open()
-	b, pathB := open()
-	ctx, cancel := context.WithCancel(context.Background())
-	relay := func(from, to *os.File) {
-		buf := make([]byte, 512)
-		for ctx.Err() == nil {
-			n, err := from.Read(buf)
-			if n > 0 {
-				_, _ = to.Write(buf[:n])
-			}
-			if err != nil {
-				// EIO while no process has the other end open (between a
-				// client's close and the next open): wait for one.
-				if !errors.Is(err, syscall.EIO) {
-					return
-				}
-				time.Sleep(5 * time.Millisecond)
-			}
-		}
-	}
-	go relay(a, b)
-	go relay(b, a)
-	t.Cleanup(func() {
-		cancel()
-		a.Close()
-		b.Close()
-	})
-	return pathA, pathB
-}
 
 // Modbus RTU over a serial line: modbus-serial's ServerSerial on one end
 // of a null-modem pair of pseudo-terminals, the mapper on the other; reads
@@ -79,17 +20,11 @@ func nullModem(t *testing.T) (string, string) {
 // server reports the write) and then read back over the same line by
 // Debian's mbpoll in RTU mode, once the mapper let go of it.
 func TestModbusRTU(t *testing.T) {
-	modules := npmpeer.Install(t, "modbus-rtu", nil, serialPackages...)
-	script, err := filepath.Abs("testdata/modbus-server.js")
-	if err != nil {
-		t.Fatal(err)
-	}
-	serverEnd, mapperEnd := nullModem(t)
-	srv := npmpeer.Start(t, "modbus-serial-rtu", modules, script, npmpeer.JSON(t, map[string]any{
+	serverEnd, mapperEnd := nullmodem.Open(t)
+	srv := npmpeer.StartModbus(t, "modbus-serial-rtu", map[string]any{
 		"impl": "modbus-serial", "serialPath": serverEnd, "baudRate": 19200, "parity": "none", "unitId": 7, "logWrites": true,
 		"holding": map[string]int{"0": 1234, "1": 0x4146, "2": 0},
-	}))
-	srv.WaitLine(t, "READY", 0, wait)
+	})
 
 	dev := mappertest.NewDevice(t, "default", "rtu", "plc", modbus.Protocol,
 		map[string]any{"serialPort": mapperEnd, "baudRate": 19200, "parity": "none", "unitId": 7, "timeout": "1s"},

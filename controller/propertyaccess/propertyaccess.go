@@ -4,7 +4,7 @@
 // v1alpha1.PropertyAccessRole, whose rules allow get, list and watch on
 // those objects by name (Kubernetes authorizes a list or watch against
 // resourceNames when it selects metadata.name, which is how
-// agent/propertyrefs reads them), and a RoleBinding of that Role to the
+// agent/internal/propertyrefs reads them), and a RoleBinding of that Role to the
 // agents' service accounts. When the last reference in a namespace goes,
 // both are deleted: a rule without resourceNames would grant every object.
 //

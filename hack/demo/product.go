@@ -20,9 +20,7 @@ import (
 	"sigs.k8s.io/yaml"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
-	"github.com/dowse-dev/dowse/agent/cdi"
 	debugecho "github.com/dowse-dev/dowse/brokers/debug-echo"
-	"github.com/dowse-dev/dowse/controller/broker"
 	"github.com/dowse-dev/dowse/dowsectl"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	"github.com/dowse-dev/dowse/test/cluster"
@@ -106,7 +104,7 @@ func showBroker(ctx context.Context, c *cluster.Cluster, cl client.Client) error
 	}); err != nil {
 		return err
 	}
-	name := broker.PodName(inst.Name, c.NodeName)
+	name := v1alpha1.BrokerPodName(inst.Name, c.NodeName)
 	var pod corev1.Pod
 	if err := poll(ctx, 2*time.Minute, 300*time.Millisecond, "broker pod "+name+" ready", func() (bool, error) {
 		if err := cl.Get(ctx, client.ObjectKey{Namespace: "default", Name: name}, &pod); err != nil {
@@ -129,7 +127,7 @@ func showBroker(ctx context.Context, c *cluster.Cluster, cl client.Client) error
 	say("broker pod %s is Running on %s and holds %s: %s (the agent's device plugin allocated it the Instance's slot)", name, pod.Spec.NodeName, res, q.String())
 
 	// What the agent wrote for the container runtime.
-	specFile := filepath.Join(c.CDIDir, cdi.SpecFileName(&inst)+".json")
+	specFile := filepath.Join(c.CDIDir, inst.CDISpecFileName()+".json")
 	raw, err := os.ReadFile(specFile)
 	if err != nil {
 		return fmt.Errorf("the Instance's CDI spec: %w", err)

@@ -125,15 +125,11 @@ func startRig(t *testing.T) *rig {
 		}
 	}
 	r := &rig{top: t, dir: t.TempDir(), kubectl: kubectlPath(t)}
-	modules := npmpeer.Install(t, "modbus", []string{"--omit=optional"}, "jsmodbus@5.0.0", "modbus-serial@8.0.25")
 	port := npmpeer.FreePort(t, "127.0.0.1")
 	r.modbusAddr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 	// holding 0: setpoint 5; holding 1: temperature 21.5 (scale 0.1);
 	// input 3: a register the model wrongly calls writable.
-	srv := npmpeer.Start(t, "jsmodbus", modules, filepath.Join(kube.RepoRoot(), "brokers", "modbus", "testdata", "modbus-server.js"),
-		npmpeer.JSON(t, map[string]any{"impl": "jsmodbus", "host": "127.0.0.1", "port": port, "holding": map[string]int{"0": 5, "1": 215}, "input": map[string]int{"3": 7}}))
-	srv.WaitLine(t, "READY", 0, 30*time.Second)
-	t.Cleanup(srv.Stop)
+	npmpeer.StartModbus(t, "jsmodbus", map[string]any{"impl": "jsmodbus", "host": "127.0.0.1", "port": port, "holding": map[string]int{"0": 5, "1": 215}, "input": map[string]int{"3": 7}})
 
 	cp, err := kube.Start()
 	if err != nil {

@@ -255,13 +255,9 @@ spec:
 // the register's value comes back as reported and observedDesired in
 // Device.status; a register mbpoll changes is reported too.
 func TestModbusTwinEndToEnd(t *testing.T) {
-	modules := npmpeer.Install(t, "modbus", []string{"--omit=optional"}, "jsmodbus@5.0.0", "modbus-serial@8.0.25")
 	port := npmpeer.FreePort(t, "127.0.0.1")
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-	srv := npmpeer.Start(t, "jsmodbus", modules, filepath.Join(kube.RepoRoot(), "brokers", "modbus", "testdata", "modbus-server.js"),
-		npmpeer.JSON(t, map[string]any{"impl": "jsmodbus", "host": "127.0.0.1", "port": port, "holding": map[string]int{"0": 5, "1": 215}}))
-	srv.WaitLine(t, "READY", 0, 30*time.Second)
-	t.Cleanup(srv.Stop)
+	npmpeer.StartModbus(t, "jsmodbus", map[string]any{"impl": "jsmodbus", "host": "127.0.0.1", "port": port, "holding": map[string]int{"0": 5, "1": 215}})
 
 	c := startCloud(t, "--twin-status-interval", "500ms")
 	ctx := context.Background()

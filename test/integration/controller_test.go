@@ -20,7 +20,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/dowse-dev/dowse/controller"
-	"github.com/dowse-dev/dowse/controller/broker"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	"github.com/dowse-dev/dowse/shared/kubeflags"
 	"github.com/dowse-dev/dowse/test/kube"
@@ -103,7 +102,7 @@ func createInstance(t *testing.T, ns, cfg, device string, nodes ...string) *v1al
 func brokerPodSpec(image string) *corev1.PodSpec {
 	return &corev1.PodSpec{Containers: []corev1.Container{{
 		Name: "broker", Image: image,
-		Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{broker.Placeholder: resource.MustParse("1")}},
+		Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{v1alpha1.BrokerResourcePlaceholder: resource.MustParse("1")}},
 	}}}
 }
 
@@ -172,7 +171,7 @@ func TestControllerBrokerPodsServicesAndStatus(t *testing.T) {
 		if q, ok := lim[corev1.ResourceName(inst.ResourceName())]; !ok || q.Value() != 1 {
 			t.Fatalf("pod %s limits %v: want dowse.dev/%s: 1 in place of the placeholder", p.Name, lim, inst.Name)
 		}
-		if _, ok := lim[broker.Placeholder]; ok {
+		if _, ok := lim[v1alpha1.BrokerResourcePlaceholder]; ok {
 			t.Fatalf("placeholder left in %s", p.Name)
 		}
 		node := p.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms[0].MatchFields[0].Values[0]
@@ -182,19 +181,19 @@ func TestControllerBrokerPodsServicesAndStatus(t *testing.T) {
 	}
 	// No Service until a broker runs.
 	svc := &corev1.Service{}
-	if err := suite.Client.Get(ctx, keyOf(ns, broker.InstanceServiceName(inst.Name)), svc); !apierrors.IsNotFound(err) {
+	if err := suite.Client.Get(ctx, keyOf(ns, v1alpha1.InstanceServiceName(inst.Name)), svc); !apierrors.IsNotFound(err) {
 		t.Fatalf("instance service before any broker runs: %v", err)
 	}
 	markRunning(t, &pods[0], corev1.PodRunning)
 	testwait.For(t, 10*time.Second, func() error {
-		if err := suite.Client.Get(ctx, keyOf(ns, broker.InstanceServiceName(inst.Name)), svc); err != nil {
+		if err := suite.Client.Get(ctx, keyOf(ns, v1alpha1.InstanceServiceName(inst.Name)), svc); err != nil {
 			return err
 		}
 		if svc.Spec.Selector[v1alpha1.LabelInstance] != inst.Name {
 			return fmt.Errorf("selector %v", svc.Spec.Selector)
 		}
 		cs := &corev1.Service{}
-		if err := suite.Client.Get(ctx, keyOf(ns, broker.ConfigurationServiceName("cams")), cs); err != nil {
+		if err := suite.Client.Get(ctx, keyOf(ns, v1alpha1.ConfigurationServiceName("cams")), cs); err != nil {
 			return err
 		}
 		var cfg v1alpha1.Configuration
@@ -276,7 +275,7 @@ func TestControllerBrokerPodsServicesAndStatus(t *testing.T) {
 		if n := len(brokerPods(t, ns, inst.Name)); n != 0 {
 			return fmt.Errorf("%d pods left", n)
 		}
-		err := suite.Client.Get(ctx, keyOf(ns, broker.InstanceServiceName(inst.Name)), &corev1.Service{})
+		err := suite.Client.Get(ctx, keyOf(ns, v1alpha1.InstanceServiceName(inst.Name)), &corev1.Service{})
 		if !apierrors.IsNotFound(err) {
 			return fmt.Errorf("instance service: %w", err)
 		}
@@ -346,7 +345,7 @@ func TestControllerJobsAndRefusedSpecs(t *testing.T) {
 	}
 	testwait.For(t, 10*time.Second, func() error {
 		jobs := jobsOf()
-		if len(jobs) != 1 || jobs[0].Name != broker.JobName(ji.Name, 1) {
+		if len(jobs) != 1 || jobs[0].Name != v1alpha1.BrokerJobName(ji.Name, 1) {
 			return fmt.Errorf("jobs %d", len(jobs))
 		}
 		if _, ok := jobs[0].Spec.Template.Spec.Containers[0].Resources.Limits[corev1.ResourceName(ji.ResourceName())]; !ok {
@@ -386,7 +385,7 @@ func TestControllerJobsAndRefusedSpecs(t *testing.T) {
 	}
 	testwait.For(t, 10*time.Second, func() error {
 		jobs := jobsOf()
-		if len(jobs) != 1 || jobs[0].Name != broker.JobName(ji.Name, 2) {
+		if len(jobs) != 1 || jobs[0].Name != v1alpha1.BrokerJobName(ji.Name, 2) {
 			return fmt.Errorf("jobs %v", len(jobs))
 		}
 		return nil

@@ -11,7 +11,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/dowse-dev/dowse/agent/instances"
+	"github.com/dowse-dev/dowse/agent"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	"github.com/dowse-dev/dowse/test/testwait"
 )
@@ -61,7 +61,7 @@ func TestOldInstancesAreLabelledOnStart(t *testing.T) {
 	// which may be before the labeller has finished and written its
 	// marker.
 	testwait.For(t, 30*time.Second, func() error {
-		_, err := os.Stat(filepath.Join(dir, instances.LabelledMarker))
+		_, err := os.Stat(filepath.Join(dir, agent.InstancesLabelledMarker))
 		return err
 	})
 }

@@ -25,7 +25,6 @@ import (
 
 	debugbroker "github.com/dowse-dev/dowse/brokers/debug-echo"
 	"github.com/dowse-dev/dowse/controller"
-	"github.com/dowse-dev/dowse/controller/broker"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	"github.com/dowse-dev/dowse/shared/kubeflags"
 	"github.com/dowse-dev/dowse/test/kube"
@@ -79,14 +78,14 @@ func TestBrokersOnNode(t *testing.T) {
 	}
 	sel := client.MatchingLabels{v1alpha1.LabelConfiguration: v1alpha1.LabelValue(podCfg.Name)}
 	inst := waitInstances(t, ctx, cl, podCfg.Name, 1)[0]
-	instSvc, cfgSvc := broker.InstanceServiceName(inst.Name), broker.ConfigurationServiceName(podCfg.Name)
+	instSvc, cfgSvc := v1alpha1.InstanceServiceName(inst.Name), v1alpha1.ConfigurationServiceName(podCfg.Name)
 
 	// runningBroker waits for the one Running broker Pod of the Instance
 	// and checks it got the device.
 	runningBroker := func() *corev1.Pod {
 		t.Helper()
 		var pod corev1.Pod
-		name := broker.PodName(inst.Name, c.NodeName)
+		name := v1alpha1.BrokerPodName(inst.Name, c.NodeName)
 		for {
 			err := cl.Get(ctx, client.ObjectKey{Namespace: "default", Name: name}, &pod)
 			if err == nil && pod.Status.Phase == corev1.PodRunning && pod.DeletionTimestamp == nil {
@@ -262,7 +261,7 @@ func TestBrokersOnNode(t *testing.T) {
 		insts := waitInstances(t, ctx, cl, jobCfg.Name, 2)
 		jsel := client.MatchingLabels{v1alpha1.LabelConfiguration: v1alpha1.LabelValue(jobCfg.Name)}
 		for _, in := range insts {
-			name := broker.JobName(in.Name, jobCfg.Generation)
+			name := v1alpha1.BrokerJobName(in.Name, jobCfg.Generation)
 			var job batchv1.Job
 			for {
 				err := cl.Get(ctx, client.ObjectKey{Namespace: "default", Name: name}, &job)

@@ -35,8 +35,10 @@ import (
 // pods (from locally built images), a sample Configuration's devices become
 // Instances, a pod asking for one gets it through the agent's device plugin
 // and CDI, the agent joins the cloud/edge link with the CA the chart made
-// and its pod's service account token, and `helm uninstall` leaves none of
-// the chart's objects or pods (but the link CA's Secret, kept on purpose).
+// and its pod's service account token, a serial device reaches the Modbus
+// mapper Pod the controller runs (testSerialMapper), and `helm uninstall`
+// leaves none of the chart's objects or pods (but the link CA's Secret,
+// kept on purpose).
 // The node has no pod network: the chart's hostNetwork and probeHost keep
 // the pods on loopback, on ports picked free.
 func TestChartOnNode(t *testing.T) {
@@ -46,7 +48,8 @@ func TestChartOnNode(t *testing.T) {
 	c := startCluster(t, ctx,
 		[2]string{"./agent/cmd/dowse-agent", "ghcr.io/dowse-dev/dowse-agent:latest"},
 		[2]string{"./controller/cmd/dowse-controller", "ghcr.io/dowse-dev/dowse-controller:latest"},
-		[2]string{"./discovery-handlers/debug-echo/cmd/dowse-debug-echo-discovery", "ghcr.io/dowse-dev/dowse-debug-echo-discovery:latest"})
+		[2]string{"./discovery-handlers/debug-echo/cmd/dowse-debug-echo-discovery", "ghcr.io/dowse-dev/dowse-debug-echo-discovery:latest"},
+		mapperImage)
 	t.Cleanup(func() {
 		_ = c.Stop()
 		if !t.Failed() {
@@ -136,6 +139,8 @@ func TestChartOnNode(t *testing.T) {
 	if err := c.Client.CoreV1().Pods("default").Delete(ctx, p.Name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	// A serial device reaches the mapper Pod the controller runs.
+	t.Run("SerialMapper", func(t *testing.T) { testSerialMapper(t, ctx, c, cl, filepath.Join(c.StateDir, "dowse")) })
 	// The Configuration goes first, while the agent still runs to let go
 	// of its Instances; then the release.
 	if err := cl.Delete(ctx, cfg); err != nil {

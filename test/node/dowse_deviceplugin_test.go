@@ -15,7 +15,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/dowse-dev/dowse/agent/cdi"
 	"github.com/dowse-dev/dowse/agent/deviceplugin"
 	debugecho "github.com/dowse-dev/dowse/discovery-handlers/debug-echo"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
@@ -102,14 +101,14 @@ func TestDowseDevicePlugins(t *testing.T) {
 	waitAllocatable()
 	t.Logf("Instance %s seen to both resources allocatable: %s (Instance created %s before it was seen)",
 		inst.Name, time.Since(seen).Round(time.Millisecond), seen.Sub(inst.CreationTimestamp.Time).Round(time.Second))
-	if _, err := os.Stat(filepath.Join(c.CDIDir, cdi.SpecFileName(&inst)+".json")); err != nil {
+	if _, err := os.Stat(filepath.Join(c.CDIDir, inst.CDISpecFileName()+".json")); err != nil {
 		t.Fatalf("no CDI spec: %v", err)
 	}
 	if _, err := os.Stat(stale); !os.IsNotExist(err) {
 		t.Fatalf("stale CDI spec not removed: %v", err)
 	}
 
-	hashEnv := "DEBUG_ECHO_DESCRIPTION_" + cdi.EnvName(v1alpha1.InstanceHash(inst.Name))
+	hashEnv := "DEBUG_ECHO_DESCRIPTION_" + v1alpha1.EnvName(v1alpha1.InstanceHash(inst.Name))
 	pods := c.Client.CoreV1().Pods("default")
 	devicePod := func(name string, res corev1.ResourceName) {
 		t.Helper()
@@ -386,7 +385,7 @@ func TestDowseDevicePlugins(t *testing.T) {
 		deletePod("after-restart")
 	})
 	t.Run("OfflineRemovesPluginAndSpec", func(t *testing.T) {
-		spec := filepath.Join(c.CDIDir, cdi.SpecFileName(&inst)+".json")
+		spec := filepath.Join(c.CDIDir, inst.CDISpecFileName()+".json")
 		sockets := func() []string {
 			m, _ := filepath.Glob(filepath.Join(deviceplugin.DefaultDir, "dowse-*.sock"))
 			return m

@@ -24,7 +24,6 @@ import (
 
 	"github.com/dowse-dev/dowse/agent"
 	"github.com/dowse-dev/dowse/controller"
-	"github.com/dowse-dev/dowse/controller/broker"
 	debugecho "github.com/dowse-dev/dowse/discovery-handlers/debug-echo"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	shareddra "github.com/dowse-dev/dowse/shared/dra"
@@ -388,7 +387,7 @@ func TestDRAOnNode(t *testing.T) {
 			t.Fatal(err)
 		}
 		insts := waitInstances(t, ctx, cl, "debug-echo-broker-dra", 1)
-		brokerName := broker.PodName(insts[0].Name, c.NodeName)
+		brokerName := v1alpha1.BrokerPodName(insts[0].Name, c.NodeName)
 		waitBrokerEnv(t, ctx, c, brokerName, "foo0")
 		p, err := pods.Get(ctx, brokerName, metav1.GetOptions{})
 		if err != nil {

@@ -3,7 +3,7 @@
 // Secrets and ConfigMaps its Configurations' discoveryProperties name and
 // nothing else: the controller (controller/propertyaccess, under the
 // controller's own credentials) grants exactly those by name, the agent
-// (agent/propertyrefs, under a pod-bound token of the agent DaemonSet's
+// (agent/internal/propertyrefs, under a pod-bound token of the agent DaemonSet's
 // service account) reads them by name and follows their changes.
 package propertyaccess_test
 

@@ -13,15 +13,16 @@ import (
 	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/dowse-dev/dowse/controller/mappers"
+	"github.com/dowse-dev/dowse/brokers/mapper"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+	"github.com/dowse-dev/dowse/shared/handler"
 	"github.com/dowse-dev/dowse/test/testwait"
 )
 
 func mapperPods(t *testing.T, ns string) map[string]corev1.Pod {
 	t.Helper()
 	var pods corev1.PodList
-	if err := suite.Client.List(context.Background(), &pods, client.InNamespace(ns), client.MatchingLabels{mappers.LabelMapper: "true"}); err != nil {
+	if err := suite.Client.List(context.Background(), &pods, client.InNamespace(ns), client.MatchingLabels{v1alpha1.LabelMapper: "true"}); err != nil {
 		t.Fatal(err)
 	}
 	out := map[string]corev1.Pod{}
@@ -79,7 +80,7 @@ func TestMapperPodsFollowDevices(t *testing.T) {
 	for _, e := range p.Spec.Containers[0].Env {
 		env[e.Name] = e.Value
 	}
-	if env[mappers.EnvMapperName] != "plc" || env[mappers.EnvStateDir] != mappers.DefaultStateDir {
+	if env[mapper.NameEnv] != "plc" || env[handler.StateDirEnv] != handler.DefaultStateDir {
 		t.Errorf("env %v: want the Configuration's name and the state directory", env)
 	}
 	hostPath := ""
@@ -88,7 +89,7 @@ func TestMapperPodsFollowDevices(t *testing.T) {
 			hostPath = v.HostPath.Path
 		}
 	}
-	if hostPath != mappers.DefaultStateDir || !metav1.IsControlledBy(&p, cfg) {
+	if hostPath != handler.DefaultStateDir || !metav1.IsControlledBy(&p, cfg) {
 		t.Errorf("volumes %v, owners %v: want the state directory mounted and the Configuration as owner", p.Spec.Volumes, p.OwnerReferences)
 	}
 
@@ -238,7 +239,7 @@ func TestMapperPodsGetSerialDevices(t *testing.T) {
 				}
 			}
 			for _, v := range old.Spec.Volumes {
-				if v.HostPath != nil && v.HostPath.Path != mappers.DefaultStateDir {
+				if v.HostPath != nil && v.HostPath.Path != handler.DefaultStateDir {
 					t.Fatalf("a hostPath %s besides the state directory", v.HostPath.Path)
 				}
 			}

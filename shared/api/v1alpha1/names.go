@@ -209,3 +209,81 @@ func (in *Instance) HasNode(node string) bool {
 	}
 	return false
 }
+
+// The names below are of what the agent and the controller make for others
+// to find: brokers read the environment CDI gives them, and people and tests
+// look up the broker Pods, Jobs and Services and the agent's CDI spec files.
+
+// CDISpecFileName is the file, without extension, in the CDI spec directory
+// that holds an Instance's spec: namespace and name keep Instances of every
+// namespace apart.
+func CDISpecFileName(namespace, name string) string {
+	return Domain + "_" + namespace + "_" + name
+}
+
+// CDISpecFileName is CDISpecFileName of the Instance.
+func (in *Instance) CDISpecFileName() string { return CDISpecFileName(in.Namespace, in.Name) }
+
+// EnvName makes s a valid, conventional environment variable name, as the
+// CDI specs give a device's properties to its broker: upper case, every
+// character outside [A-Z0-9_] replaced by '_', and a leading '_' when it
+// would start with a digit. An empty s gives "".
+func EnvName(s string) string {
+	if s == "" {
+		return ""
+	}
+	var b strings.Builder
+	if s[0] >= '0' && s[0] <= '9' {
+		b.WriteByte('_')
+	}
+	for _, r := range strings.ToUpper(s) {
+		switch {
+		case r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '_':
+			b.WriteRune(r)
+		default:
+			b.WriteByte('_')
+		}
+	}
+	return b.String()
+}
+
+// BrokerResourcePlaceholder is the resource name a broker spec may use in
+// its requests and limits; the controller replaces it with the Instance's
+// resource, as Akri does with its own placeholder.
+const BrokerResourcePlaceholder = "{{PLACEHOLDER}}"
+
+// BrokerPodName is the broker Pod of an Instance on a node. Instance names
+// are at most 63 characters, so the whole stays a valid DNS subdomain.
+func BrokerPodName(instance, node string) string {
+	return instance + "-" + shortHash(node, 8) + "-broker"
+}
+
+// BrokerJobName is the broker Job of an Instance for one Configuration
+// generation, cut to the 63 characters the job-name label allows.
+func BrokerJobName(instance string, generation int64) string {
+	suffix := fmt.Sprintf("-g%d", generation)
+	if len(instance)+len(suffix) > 63 {
+		instance = strings.TrimRight(instance[:63-len(suffix)], "-.")
+	}
+	return instance + suffix
+}
+
+// InstanceServiceName and ConfigurationServiceName are the Services in
+// front of an Instance's and a Configuration's brokers.
+func InstanceServiceName(instance string) string { return cutName(instance, 59) + "-svc" }
+
+func ConfigurationServiceName(configuration string) string {
+	return cutName(configuration, 54) + "-" + shortHash(configuration, 4) + "-svc"
+}
+
+func shortHash(s string, n int) string {
+	sum := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(sum[:])[:n]
+}
+
+func cutName(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return strings.TrimRight(s[:n], "-.")
+}

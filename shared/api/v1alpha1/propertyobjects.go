@@ -11,7 +11,7 @@ import (
 // read, each named once and sorted (a reference without a namespace is in
 // c's). They are the contract between the controller, which grants the
 // agents read of exactly these objects (controller/propertyaccess), and the
-// agent, which watches exactly these (agent/propertyrefs). A Configuration
+// agent, which watches exactly these (agent/internal/propertyrefs). A Configuration
 // being deleted reads nothing.
 func (c *Configuration) PropertyObjects() (secrets, configMaps []types.NamespacedName) {
 	if c.DeletionTimestamp != nil {

@@ -1,0 +1,73 @@
+// Package nullmodem links two pseudo-terminals as a null-modem cable links
+// two serial ports (what socat's pty,link does), for tests that need a
+// serial line: what is written to one end comes out of the other.
+package nullmodem
+
+import (
+	"context"
+	"errors"
+	"os"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Open makes the pair and returns the device paths of its two ends
+// (/dev/pts/N); the relay between them stops when the test ends. A machine
+// without pseudo-terminals fails the test under CI=true and skips it
+// otherwise.
+func Open(t testing.TB) (string, string) {
+	t.Helper()
+	open := func() (*os.File, string) {
+		fd, err := unix.Open("/dev/ptmx", unix.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			if os.Getenv("CI") == "true" {
+				t.Fatalf("no pseudo-terminals (/dev/ptmx): %v", err)
+			}
+			t.Skipf("no pseudo-terminals (/dev/ptmx): %v", err)
+		}
+		if err := unix.IoctlSetPointerInt(fd, unix.TIOCSPTLCK, 0); err != nil {
+			t.Fatal(err)
+		}
+		n, err := unix.IoctlGetInt(fd, unix.TIOCGPTN)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return os.NewFile(uintptr(fd), "ptmx"), "/dev/pts/" + strconv.Itoa(n)
+	}
+	a, pathA := open()
+	b, pathB := open()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{}, 2)
+	relay := func(from, to *os.File) {
+		defer func() { done <- struct{}{} }()
+		buf := make([]byte, 512)
+		for ctx.Err() == nil {
+			n, err := from.Read(buf)
+			if n > 0 {
+				_, _ = to.Write(buf[:n])
+			}
+			if err != nil {
+				// EIO while no process has this end open (between a
+				// client's close and the next open): wait for one.
+				if !errors.Is(err, syscall.EIO) {
+					return
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+		}
+	}
+	go relay(a, b)
+	go relay(b, a)
+	t.Cleanup(func() {
+		cancel()
+		a.Close()
+		b.Close()
+		<-done
+		<-done
+	})
+	return pathA, pathB
+}
