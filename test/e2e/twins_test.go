@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -95,31 +94,7 @@ func (c *cloud) startController() {
 // start runs a binary with its output in the cloud's directory.
 func (c *cloud) start(name, logName string, args ...string) *procs.Proc {
 	c.t.Helper()
-	return startLogged(c.t, c.dir, name, logName, args...)
-}
-
-// startLogged runs bin/<name> with its output appended to
-// <dir>/<logName>.log, printed when the test fails, and stops it when the
-// test ends.
-func startLogged(t testing.TB, dir, name, logName string, args ...string) *procs.Proc {
-	t.Helper()
-	logf, err := os.OpenFile(filepath.Join(dir, logName+".log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := procs.Start(name, logf, args...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		p.Stop()
-		logf.Close()
-		if t.Failed() {
-			b, _ := os.ReadFile(logf.Name())
-			t.Logf("%s log:\n%s", logName, b)
-		}
-	})
-	return p
+	return procs.StartLogged(c.t, c.dir, name, logName, args...)
 }
 
 // joinAgent creates the Node, mints its token and starts its agent over

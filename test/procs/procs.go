@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"testing"
 	"time"
 
 	"github.com/dowse-dev/dowse/test/kube"
@@ -328,4 +329,32 @@ func MachineCPU() (busy, total time.Duration, err error) {
 	}
 	idle := ticks[3] + ticks[4] // idle, iowait
 	return time.Duration(all-idle) * 10 * time.Millisecond, time.Duration(all) * 10 * time.Millisecond, nil
+}
+
+// StartLogged runs <BinDir>/<name> with its output appended to
+// <dir>/<logName>.log, stops it when the test ends, and then shows the
+// log's last 16 KiB if the test failed.
+func StartLogged(t testing.TB, dir, name, logName string, args ...string) *Proc {
+	t.Helper()
+	logf, err := os.OpenFile(filepath.Join(dir, logName+".log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := Start(name, logf, args...)
+	if err != nil {
+		logf.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		p.Stop()
+		logf.Close()
+		if t.Failed() {
+			b, _ := os.ReadFile(logf.Name())
+			if len(b) > 16<<10 {
+				b = b[len(b)-16<<10:]
+			}
+			t.Logf("%s log (its last 16 KiB):\n%s", logName, b)
+		}
+	})
+	return p
 }
