@@ -279,21 +279,9 @@ func startWith(t *testing.T, dev *dmiv1beta1.Device, setup func(*fakeDevices)) *
 	agent.SetData([]*dmiv1beta1.DeviceModel{model}, []*dmiv1beta1.Device{dev})
 	fake := newFake()
 	setup(fake)
-	m, err := mapper.New(mapper.Config{Protocol: "fake", StateDir: dir, NewDriver: fake.newDriver, Logger: testr.New(t),
+	m := mappertest.RunMapper(t, mapper.Config{Protocol: "fake", StateDir: dir, NewDriver: fake.newDriver, Logger: testr.New(t),
 		DefaultCollectCycle: 20 * time.Millisecond, ReconnectInitial: 10 * time.Millisecond, ReconnectMax: 50 * time.Millisecond,
 		ReregisterInterval: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- m.Start(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Start = %v", err)
-		}
-	})
 	return &run{agent: agent, fake: fake, m: m}
 }
 
@@ -394,19 +382,9 @@ func TestHealthAndReconnect(t *testing.T) {
 		fake.set(id, "t", int64(100))
 		fake.set(id, "s", int64(200))
 	}
-	m, err := mapper.New(mapper.Config{Protocol: "fake", StateDir: dir, NewDriver: fake.newDriver, Logger: testr.New(t),
+	mappertest.RunMapper(t, mapper.Config{Protocol: "fake", StateDir: dir, NewDriver: fake.newDriver, Logger: testr.New(t),
 		DefaultCollectCycle: 20 * time.Millisecond, ReconnectInitial: 10 * time.Millisecond, ReconnectMax: 50 * time.Millisecond,
 		ReregisterInterval: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- m.Start(ctx) }()
-	defer func() {
-		cancel()
-		<-done
-	}()
 	agent.WaitState(t, "ns/a", "ok", wait)
 	fake.setDown("A", true)
 	agent.WaitState(t, "ns/a", "offline", wait)
@@ -443,18 +421,9 @@ func TestBadPropertyAndModelLater(t *testing.T) {
 	agent.SetData(nil, []*dmiv1beta1.Device{dev})
 	fake := newFake()
 	fake.set("A", "t", 1.5)
-	m, err := mapper.New(mapper.Config{Protocol: "fake", StateDir: dir, NewDriver: fake.newDriver, Logger: testr.New(t),
+	mappertest.RunMapper(t, mapper.Config{Protocol: "fake", StateDir: dir, NewDriver: fake.newDriver, Logger: testr.New(t),
 		DefaultCollectCycle: 20 * time.Millisecond, ReregisterInterval: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- m.Start(ctx) }()
-	defer func() {
-		cancel()
-		<-done
-	}()
+	ctx := t.Context()
 	agent.WaitState(t, "ns/a", "offline", wait)
 	if _, err := agent.Mapper(t).CreateDeviceModel(ctx, &dmiv1beta1.CreateDeviceModelRequest{Model: model}); err != nil {
 		t.Fatal(err)
@@ -575,18 +544,9 @@ func TestRegisterDeviceDuringRegistration(t *testing.T) {
 	fake := newFake()
 	fake.set("A", "t", int64(100))
 	fake.set("A", "s", int64(200))
-	m, err := mapper.New(mapper.Config{Protocol: "fake", StateDir: dir, NewDriver: fake.newDriver, Logger: testr.New(t),
+	m := mappertest.RunMapper(t, mapper.Config{Protocol: "fake", StateDir: dir, NewDriver: fake.newDriver, Logger: testr.New(t),
 		DefaultCollectCycle: 20 * time.Millisecond, ReregisterInterval: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- m.Start(ctx) }()
-	defer func() {
-		cancel()
-		<-done
-	}()
+	ctx := t.Context()
 	client := agent.Mapper(t)
 	// The model arrives with the (held) answer; create it directly too.
 	if _, err := client.CreateDeviceModel(ctx, &dmiv1beta1.CreateDeviceModelRequest{Model: model}); err != nil {
@@ -648,18 +608,8 @@ func TestAgentAwayNoSpin(t *testing.T) {
 	fake := newFake()
 	fake.set("A", "t", 7.5)
 	metrics := mapper.NewMetrics()
-	m, err := mapper.New(mapper.Config{Protocol: "fake", StateDir: dir, NewDriver: fake.newDriver, Logger: testr.New(t), Metrics: metrics,
+	mappertest.RunMapper(t, mapper.Config{Protocol: "fake", StateDir: dir, NewDriver: fake.newDriver, Logger: testr.New(t), Metrics: metrics,
 		DefaultCollectCycle: time.Hour, ReconnectInitial: 50 * time.Millisecond, ReconnectMax: 200 * time.Millisecond, ReregisterInterval: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- m.Start(ctx) }()
-	defer func() {
-		cancel()
-		<-done
-	}()
 	_, next := agent.WaitReported(t, "ns/a", "temp", "7.5", 0, wait)
 	agent.WaitReported(t, "ns/a", "temp", "7.5", next, wait) // a heartbeat
 	agent.Stop()
@@ -685,18 +635,8 @@ func TestDroppingPeerBackoff(t *testing.T) {
 	fake.set("A", "t", int64(100))
 	fake.set("A", "s", int64(200))
 	fake.drops["A"] = true
-	m, err := mapper.New(mapper.Config{Protocol: "fake", StateDir: dir, NewDriver: fake.newDriver, Logger: testr.New(t),
+	mappertest.RunMapper(t, mapper.Config{Protocol: "fake", StateDir: dir, NewDriver: fake.newDriver, Logger: testr.New(t),
 		DefaultCollectCycle: 20 * time.Millisecond, ReconnectInitial: 50 * time.Millisecond, ReconnectMax: 200 * time.Millisecond, ReregisterInterval: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- m.Start(ctx) }()
-	defer func() {
-		cancel()
-		<-done
-	}()
 	agent.WaitState(t, "ns/a", "unhealthy", wait)
 	time.Sleep(time.Second)
 	n := fake.count(fake.connects, "A")

@@ -6,7 +6,6 @@ import (
 	"io"
 	"net"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -25,44 +24,6 @@ import (
 )
 
 const wait = 15 * time.Second
-
-var npmPackages = []string{"jsmodbus@5.0.0", "modbus-serial@8.0.25"}
-
-type peers struct {
-	t       *testing.T
-	modules string
-	script  string
-}
-
-func newPeers(t *testing.T) *peers {
-	t.Helper()
-	modules := npmpeer.Install(t, "modbus", []string{"--omit=optional"}, npmPackages...)
-	script, err := filepath.Abs("testdata/modbus-server.js")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &peers{t: t, modules: modules, script: script}
-}
-
-type server struct {
-	*npmpeer.Process
-	name, address string
-	cfg           map[string]any
-}
-
-func (p *peers) start(name string, cfg map[string]any) *server {
-	if _, ok := cfg["port"]; !ok {
-		cfg["port"] = npmpeer.FreePort(p.t, cfg["host"].(string))
-	}
-	s := &server{name: name, cfg: cfg, address: net.JoinHostPort(cfg["host"].(string), strconv.Itoa(cfg["port"].(int)))}
-	s.restart(p)
-	return s
-}
-
-func (s *server) restart(p *peers) {
-	s.Process = npmpeer.Start(p.t, s.name, p.modules, p.script, npmpeer.JSON(p.t, s.cfg))
-	s.WaitLine(p.t, "READY", 0, wait)
-}
 
 // mbpoll runs Debian's mbpoll, an independent Modbus client, and returns
 // its output.
@@ -126,21 +87,9 @@ func startMapper(t *testing.T, models []*dmiv1beta1.DeviceModel, devices ...*dmi
 	agent := mappertest.Start(t, dir)
 	agent.SetData(models, devices)
 	metrics := mapper.NewMetrics()
-	m, err := mapper.New(mapper.Config{Protocol: modbus.Protocol, StateDir: dir, NewDriver: modbus.NewDriver, Logger: testr.New(t),
+	mappertest.RunMapper(t, mapper.Config{Protocol: modbus.Protocol, StateDir: dir, NewDriver: modbus.NewDriver, Logger: testr.New(t),
 		Metrics: metrics, DefaultCollectCycle: 50 * time.Millisecond, ReconnectInitial: 50 * time.Millisecond,
 		ReconnectMax: 200 * time.Millisecond, ReregisterInterval: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- m.Start(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("mapper Start = %v", err)
-		}
-	})
 	return &mapperRun{agent: agent, metrics: metrics}
 }
 
@@ -197,16 +146,15 @@ func withMemory(cfg map[string]any) map[string]any {
 // TestModbusMapperPeers runs the mapper against jsmodbus and modbus-serial
 // servers on loopback, cross-checked with mbpoll.
 func TestModbusMapperPeers(t *testing.T) {
-	p := newPeers(t)
-	js := p.start("jsmodbus", withMemory(map[string]any{"impl": "jsmodbus", "host": "127.0.0.11"}))
-	ms := p.start("modbus-serial", withMemory(map[string]any{"impl": "modbus-serial", "host": "127.0.0.12"}))
+	js := npmpeer.StartModbus(t, "jsmodbus", withMemory(map[string]any{"impl": "jsmodbus", "host": "127.0.0.11"}))
+	ms := npmpeer.StartModbus(t, "modbus-serial", withMemory(map[string]any{"impl": "modbus-serial", "host": "127.0.0.12"}))
 	hung := hangingPeer(t, "127.0.0.13")
 
-	jsDev := plcDevice(t, "js", js.address, 1, plcProps()...)
+	jsDev := plcDevice(t, "js", js.Address, 1, plcProps()...)
 	msProps := append(plcProps(),
 		prop("past", map[string]any{"register": "holding", "address": 600}),
 		prop("wrong", map[string]any{"register": "holding", "address": 7, "dataType": "int128"}))
-	msDev := plcDevice(t, "ms", ms.address, 1, msProps...)
+	msDev := plcDevice(t, "ms", ms.Address, 1, msProps...)
 	hungDev := plcDevice(t, "hung", hung, 1, prop("count", map[string]any{"register": "holding", "address": 0}))
 	garbage := garbagePeer(t, "127.0.0.13")
 	garbageDev := plcDevice(t, "garbage", garbage, 1, prop("count", map[string]any{"register": "holding", "address": 0}))
@@ -249,7 +197,7 @@ func TestModbusMapperPeers(t *testing.T) {
 			t.Errorf("hanging peer: %q, want a timeout", e)
 		}
 		from := agent.ReportCount()
-		mbpollWrite(t, js.address, 0, "1235", "-t", "4")
+		mbpollWrite(t, js.Address, 0, "1235", "-t", "4")
 		agent.WaitReported(t, "default/js", "count", "1235", from, wait)
 	})
 
@@ -258,13 +206,13 @@ func TestModbusMapperPeers(t *testing.T) {
 		e := agent.WaitDeviceError(t, "default", "garbage", "count", wait)
 		t.Logf("garbage: %s", e)
 		from := agent.ReportCount()
-		mbpollWrite(t, js.address, 0, "1236", "-t", "4")
+		mbpollWrite(t, js.Address, 0, "1236", "-t", "4")
 		agent.WaitReported(t, "default/js", "count", "1236", from, wait)
 	})
 
 	t.Run("a register changed by mbpoll is reported once", func(t *testing.T) {
 		from := agent.ReportCount()
-		mbpollWrite(t, js.address, 0, "777", "-t", "4")
+		mbpollWrite(t, js.Address, 0, "777", "-t", "4")
 		_, next := agent.WaitReported(t, "default/js", "count", "777", from, wait)
 		// Ten collect cycles later it was not reported again.
 		time.Sleep(500 * time.Millisecond)
@@ -272,8 +220,8 @@ func TestModbusMapperPeers(t *testing.T) {
 			t.Errorf("unchanged register reported %d more times", len(tws))
 		}
 		// Floats in both word orders as mbpoll writes them (-B: big).
-		mbpollWrite(t, js.address, 1, "-2.5", "-t", "4:float", "-B")
-		mbpollWrite(t, js.address, 3, "99.25", "-t", "4:float")
+		mbpollWrite(t, js.Address, 1, "-2.5", "-t", "4:float", "-B")
+		mbpollWrite(t, js.Address, 3, "99.25", "-t", "4:float")
 		agent.WaitReported(t, "default/js", "flowBig", "-2.5", from, wait)
 		agent.WaitReported(t, "default/js", "flowLittle", "99.25", from, wait)
 	})
@@ -295,20 +243,20 @@ func TestModbusMapperPeers(t *testing.T) {
 			})
 		}
 		agent.WaitReported(t, "default/js", "count", "321", from, wait)
-		if v := mbpollRead(t, js.address, 0, "-t", "4"); v != "321" {
+		if v := mbpollRead(t, js.Address, 0, "-t", "4"); v != "321" {
 			t.Errorf("mbpoll reads holding 0 = %s, want 321", v)
 		}
-		if v := mbpollRead(t, js.address, 1, "-t", "4:float", "-B"); v != "6.5" && v != "6.500000" {
+		if v := mbpollRead(t, js.Address, 1, "-t", "4:float", "-B"); v != "6.5" && v != "6.500000" {
 			t.Errorf("mbpoll reads float (big word order) at 1 = %s, want 6.5", v)
 		}
-		if v := mbpollRead(t, js.address, 3, "-t", "4:float"); !strings.HasPrefix(v, "-1.25") {
+		if v := mbpollRead(t, js.Address, 3, "-t", "4:float"); !strings.HasPrefix(v, "-1.25") {
 			t.Errorf("mbpoll reads float (little word order) at 3 = %s, want -1.25", v)
 		}
-		if v := mbpollRead(t, js.address, 3, "-t", "0"); v != "0" {
+		if v := mbpollRead(t, js.Address, 3, "-t", "0"); v != "0" {
 			t.Errorf("mbpoll reads coil 3 = %s, want 0", v)
 		}
 		// The masked write changed bits 8-11 only: 0x0a50 -> 0x0350.
-		if v := mbpollRead(t, js.address, 6, "-t", "4:hex"); !strings.EqualFold(v, "0x0350") {
+		if v := mbpollRead(t, js.Address, 6, "-t", "4:hex"); !strings.EqualFold(v, "0x0350") {
 			t.Errorf("mbpoll reads holding 6 = %s, want 0x0350", v)
 		}
 		// Outside the model's maximum: refused, nothing written.
@@ -325,7 +273,7 @@ func TestModbusMapperPeers(t *testing.T) {
 		} else {
 			t.Logf("above the maximum: %s", e)
 		}
-		if v := mbpollRead(t, js.address, 0, "-t", "4"); v != "321" {
+		if v := mbpollRead(t, js.Address, 0, "-t", "4"); v != "321" {
 			t.Errorf("holding 0 = %s after a refused desired value, want 321", v)
 		}
 		// A desired value on an input register is refused by the mapper.
@@ -345,8 +293,8 @@ func TestModbusMapperPeers(t *testing.T) {
 		ms.Stop()
 		agent.WaitState(t, "default/ms", "offline", wait)
 		from := agent.ReportCount()
-		ms.cfg["holding"] = map[string]int{"0": 4321}
-		ms.restart(p)
+		ms.Config["holding"] = map[string]int{"0": 4321}
+		ms.Restart(t)
 		agent.WaitState(t, "default/ms", "ok", wait)
 		agent.WaitReported(t, "default/ms", "count", "4321", from, wait)
 	})
@@ -356,9 +304,8 @@ func TestModbusMapperPeers(t *testing.T) {
 // through a byte-counting relay: three properties on adjacent registers
 // cost one request per cycle, not three.
 func TestAdjacentRegistersOneRequest(t *testing.T) {
-	p := newPeers(t)
-	js := p.start("jsmodbus", withMemory(map[string]any{"impl": "jsmodbus", "host": "127.0.0.14"}))
-	relay := newRelay(t, js.address)
+	js := npmpeer.StartModbus(t, "jsmodbus", withMemory(map[string]any{"impl": "jsmodbus", "host": "127.0.0.14"}))
+	relay := newRelay(t, js.Address)
 	dev := plcDevice(t, "adj", relay.addr, 1,
 		prop("count", map[string]any{"address": 0}),
 		prop("flowBig", map[string]any{"address": 1, "dataType": "float32"}),

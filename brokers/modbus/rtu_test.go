@@ -3,7 +3,6 @@ package modbus_test
 import (
 	"context"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -15,27 +14,17 @@ import (
 	"github.com/dowse-dev/dowse/test/nullmodem"
 )
 
-// serialPackages run modbus-serial's ServerSerial: serialport's native
-// bindings ship prebuilt in its npm package.
-var serialPackages = []string{"modbus-serial@8.0.25", "serialport@13.0.0"}
-
 // Modbus RTU over a serial line: modbus-serial's ServerSerial on one end
 // of a null-modem pair of pseudo-terminals, the mapper on the other; reads
 // of holding registers (a float32 too), a desired value written (the
 // server reports the write) and then read back over the same line by
 // Debian's mbpoll in RTU mode, once the mapper let go of it.
 func TestModbusRTU(t *testing.T) {
-	modules := npmpeer.Install(t, "modbus-rtu", nil, serialPackages...)
-	script, err := filepath.Abs("testdata/modbus-server.js")
-	if err != nil {
-		t.Fatal(err)
-	}
 	serverEnd, mapperEnd := nullmodem.Open(t)
-	srv := npmpeer.Start(t, "modbus-serial-rtu", modules, script, npmpeer.JSON(t, map[string]any{
+	srv := npmpeer.StartModbus(t, "modbus-serial-rtu", map[string]any{
 		"impl": "modbus-serial", "serialPath": serverEnd, "baudRate": 19200, "parity": "none", "unitId": 7, "logWrites": true,
 		"holding": map[string]int{"0": 1234, "1": 0x4146, "2": 0},
-	}))
-	srv.WaitLine(t, "READY", 0, wait)
+	})
 
 	dev := mappertest.NewDevice(t, "default", "rtu", "plc", modbus.Protocol,
 		map[string]any{"serialPort": mapperEnd, "baudRate": 19200, "parity": "none", "unitId": 7, "timeout": "1s"},

@@ -10,6 +10,7 @@ import (
 	"github.com/dowse-dev/dowse/brokers/mapper/mappertest"
 	dmiv1beta1 "github.com/dowse-dev/dowse/proto/dmi/v1beta1"
 	"github.com/dowse-dev/dowse/test/mosquitto"
+	"github.com/dowse-dev/dowse/test/npmpeer"
 )
 
 // TestModbusMapperPublishesToMQTT: Dowse's Modbus mapper reading jsmodbus
@@ -19,12 +20,11 @@ import (
 // reports every value meanwhile, and once the broker is back every
 // reading reaches the subscriber, none lost, in order.
 func TestModbusMapperPublishesToMQTT(t *testing.T) {
-	p := newPeers(t)
-	js := p.start("jsmodbus", withMemory(map[string]any{"impl": "jsmodbus", "host": "127.0.0.15"}))
+	js := npmpeer.StartModbus(t, "jsmodbus", withMemory(map[string]any{"impl": "jsmodbus", "host": "127.0.0.15"}))
 	broker := mosquitto.Start(t)
 	sub := broker.Subscribe(t, "plant/#", 1, "dowse-modbus-sink-test")
 	pm := &dmiv1beta1.PushMethod{Mqtt: &dmiv1beta1.PushMethodMQTT{Address: broker.Addr(), Topic: "plant/js/count", Qos: 1}}
-	dev := plcDevice(t, "js", js.address, 1, mappertest.Prop{Name: "count", Visitor: map[string]any{"register": "holding", "address": 0}, PushMethod: pm})
+	dev := plcDevice(t, "js", js.Address, 1, mappertest.Prop{Name: "count", Visitor: map[string]any{"register": "holding", "address": 0}, PushMethod: pm})
 	run := startMapper(t, []*dmiv1beta1.DeviceModel{plcModel}, dev)
 	agent := run.agent
 
@@ -72,7 +72,7 @@ func TestModbusMapperPublishesToMQTT(t *testing.T) {
 		}
 		v := strconv.Itoa(100 + i)
 		from := agent.ReportCount()
-		mbpollWrite(t, js.address, 0, v, "-t", "4")
+		mbpollWrite(t, js.Address, 0, v, "-t", "4")
 		agent.WaitReported(t, "default/js", "count", v, from, wait)
 		want = append(want, v)
 	}

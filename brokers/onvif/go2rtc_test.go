@@ -2,7 +2,6 @@ package onvif_test
 
 import (
 	"bytes"
-	"context"
 	"crypto/sha1"
 	"encoding/base64"
 	"fmt"
@@ -176,20 +175,9 @@ func TestONVIFMapperAgainstGo2rtc(t *testing.T) {
 	dir := mappertest.ShortTempDir(t)
 	agent := mappertest.Start(t, dir)
 	agent.SetData([]*dmiv1beta1.DeviceModel{model}, []*dmiv1beta1.Device{dev, wrongPath})
-	m, err := mapper.New(mapper.Config{Protocol: onvif.Protocol, StateDir: dir, NewDriver: onvif.NewDriver, Logger: testr.New(t),
+	mappertest.RunMapper(t, mapper.Config{Protocol: onvif.Protocol, StateDir: dir, NewDriver: onvif.NewDriver, Logger: testr.New(t),
 		ReconnectInitial: 100 * time.Millisecond, ReconnectMax: 500 * time.Millisecond, ReregisterInterval: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- m.Start(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("mapper Start = %v", err)
-		}
-	})
+	ctx := t.Context()
 
 	const d = "default/cam"
 	agent.WaitState(t, d, "ok", wait)
@@ -269,20 +257,8 @@ func TestONVIFCredentials(t *testing.T) {
 	dir := mappertest.ShortTempDir(t)
 	agent := mappertest.Start(t, dir)
 	agent.SetData([]*dmiv1beta1.DeviceModel{model}, devs)
-	m, err := mapper.New(mapper.Config{Protocol: onvif.Protocol, StateDir: dir, NewDriver: onvif.NewDriver, Logger: testr.New(t),
+	mappertest.RunMapper(t, mapper.Config{Protocol: onvif.Protocol, StateDir: dir, NewDriver: onvif.NewDriver, Logger: testr.New(t),
 		ReconnectInitial: 100 * time.Millisecond, ReconnectMax: time.Second, ReregisterInterval: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- m.Start(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("mapper Start = %v", err)
-		}
-	})
 
 	agent.WaitState(t, "default/right", "ok", wait)
 	agent.WaitReported(t, "default/right", "model", "go2rtc", 0, wait)

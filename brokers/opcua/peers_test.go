@@ -22,15 +22,8 @@ import (
 	"github.com/dowse-dev/dowse/test/npmpeer"
 )
 
-// node-opcua 2.183 and later need Node 22.
-var npmPackages = []string{
-	"node-opcua@2.182.2",
-	"node-opcua-address-space-for-conformance-testing@2.182.2",
-	"node-opcua-server-discovery@2.182.2",
-}
-
 const (
-	peerStart = 2 * time.Minute // a node-opcua server is ready in about 5 s; two making their PKI at once on a loaded 2-core machine took over a minute
+	peerStart = npmpeer.OPCUAStart
 	wait      = 20 * time.Second
 )
 
@@ -44,11 +37,6 @@ func startServer(t *testing.T) (func() *npmpeer.Process, *npmpeer.Process, strin
 // startServerWith starts the server with extra launcher settings (users).
 func startServerWith(t *testing.T, extra map[string]any) (func() *npmpeer.Process, *npmpeer.Process, string) {
 	t.Helper()
-	modules := npmpeer.Install(t, "opcua", nil, npmPackages...)
-	script, err := filepath.Abs("../../discovery-handlers/opcua/testdata/opcua-server.js")
-	if err != nil {
-		t.Fatal(err)
-	}
 	port := npmpeer.FreePort(t, "127.0.0.1")
 	settings := map[string]any{
 		"kind": "server", "port": port, "pkiDir": filepath.Join(t.TempDir(), "pki"),
@@ -57,9 +45,8 @@ func startServerWith(t *testing.T, extra map[string]any) (func() *npmpeer.Proces
 	for k, v := range extra {
 		settings[k] = v
 	}
-	cfg := npmpeer.JSON(t, settings)
 	start := func() *npmpeer.Process {
-		proc := npmpeer.Start(t, "node-opcua", modules, script, cfg)
+		proc := npmpeer.StartOPCUA(t, "node-opcua", settings)
 		proc.WaitLine(t, "READY", 0, peerStart)
 		return proc
 	}
@@ -91,20 +78,9 @@ func TestOPCUAMapperAgainstNodeOPCUA(t *testing.T) {
 	dir := mappertest.ShortTempDir(t)
 	agent := mappertest.Start(t, dir)
 	agent.SetData([]*dmiv1beta1.DeviceModel{model}, []*dmiv1beta1.Device{plain, secure})
-	m, err := mapper.New(mapper.Config{Protocol: mopcua.Protocol, StateDir: dir, NewDriver: mopcua.NewDriver, Logger: testr.New(t),
+	mappertest.RunMapper(t, mapper.Config{Protocol: mopcua.Protocol, StateDir: dir, NewDriver: mopcua.NewDriver, Logger: testr.New(t),
 		ReconnectInitial: 100 * time.Millisecond, ReconnectMax: time.Second, ReregisterInterval: time.Hour, CallTimeout: 10 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- m.Start(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("mapper Start = %v", err)
-		}
-	})
+	ctx := t.Context()
 
 	t.Run("reads, and an unknown node is a clear error", func(t *testing.T) {
 		for _, dev := range []string{"default/sim", "default/sim-secure"} {
@@ -264,20 +240,9 @@ func TestOPCUAMapperUserNameAgainstNodeOPCUA(t *testing.T) {
 	dir := mappertest.ShortTempDir(t)
 	agent := mappertest.Start(t, dir)
 	agent.SetData([]*dmiv1beta1.DeviceModel{model}, []*dmiv1beta1.Device{right, rightSecure, wrong, anonymous})
-	m, err := mapper.New(mapper.Config{Protocol: mopcua.Protocol, StateDir: dir, NewDriver: mopcua.NewDriver, Logger: testr.New(t),
+	mappertest.RunMapper(t, mapper.Config{Protocol: mopcua.Protocol, StateDir: dir, NewDriver: mopcua.NewDriver, Logger: testr.New(t),
 		ReconnectInitial: 200 * time.Millisecond, ReconnectMax: 2 * time.Second, ReregisterInterval: time.Hour, CallTimeout: 10 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- m.Start(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("mapper Start = %v", err)
-		}
-	})
+	ctx := t.Context()
 
 	for _, dev := range []string{"default/right", "default/right-secure"} {
 		agent.WaitState(t, dev, "ok", wait)
@@ -385,21 +350,9 @@ func TestOPCUAMapperBacksOffRefusedLogins(t *testing.T) {
 	agent := mappertest.Start(t, dir)
 	agent.SetData([]*dmiv1beta1.DeviceModel{model}, []*dmiv1beta1.Device{locked})
 	metrics := mapper.NewMetrics()
-	m, err := mapper.New(mapper.Config{Protocol: mopcua.Protocol, StateDir: dir, NewDriver: mopcua.NewDriver, Logger: testr.New(t), Metrics: metrics,
+	mappertest.RunMapper(t, mapper.Config{Protocol: mopcua.Protocol, StateDir: dir, NewDriver: mopcua.NewDriver, Logger: testr.New(t), Metrics: metrics,
 		ReconnectInitial: 50 * time.Millisecond, ReconnectMax: reconnectMax, AuthRetryInitial: authInitial, AuthRetryMax: authMax,
 		CredentialPoll: 50 * time.Millisecond, ReregisterInterval: time.Hour, CallTimeout: 10 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- m.Start(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("mapper Start = %v", err)
-		}
-	})
 
 	// Seven refused checks: six gaps, the last two at the ceiling.
 	var at []int64

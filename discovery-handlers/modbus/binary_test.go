@@ -10,6 +10,7 @@ import (
 
 	discoveryv1 "github.com/dowse-dev/dowse/proto/discovery/v1"
 	"github.com/dowse-dev/dowse/shared/handler/handlertest"
+	"github.com/dowse-dev/dowse/test/npmpeer"
 	"github.com/dowse-dev/dowse/test/procs"
 )
 
@@ -20,10 +21,9 @@ func TestBinaryPeakRSS(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binary")
 	}
-	p := newPeers(t)
 	port := commonPort(t, "127.0.0.10", "127.0.0.20")
-	p.start("jsmodbus", map[string]any{"impl": "jsmodbus", "host": "127.0.0.10", "port": port})
-	p.start("modbus-serial", map[string]any{"impl": "modbus-serial", "host": "127.0.0.20", "port": port})
+	npmpeer.StartModbus(t, "jsmodbus", map[string]any{"impl": "jsmodbus", "host": "127.0.0.10", "port": port})
+	npmpeer.StartModbus(t, "modbus-serial", map[string]any{"impl": "modbus-serial", "host": "127.0.0.20", "port": port})
 
 	bin := filepath.Join(t.TempDir(), "dowse-modbus-discovery")
 	if out, err := exec.Command("go", "build", "-o", bin, "./cmd/dowse-modbus-discovery").CombinedOutput(); err != nil {

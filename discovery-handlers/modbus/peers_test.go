@@ -1,12 +1,10 @@
 package modbus_test
 
 import (
-	"context"
 	"fmt"
 	"net"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -19,50 +17,11 @@ import (
 
 	"github.com/dowse-dev/dowse/discovery-handlers/modbus"
 	discoveryv1 "github.com/dowse-dev/dowse/proto/discovery/v1"
-	"github.com/dowse-dev/dowse/shared/handler"
 	"github.com/dowse-dev/dowse/shared/handler/handlertest"
 	"github.com/dowse-dev/dowse/test/npmpeer"
 )
 
-var npmPackages = []string{"jsmodbus@5.0.0", "modbus-serial@8.0.25"}
-
 const wait = 15 * time.Second
-
-type peers struct {
-	t       *testing.T
-	modules string
-	script  string
-}
-
-func newPeers(t *testing.T) *peers {
-	t.Helper()
-	// modbus-serial's optional dependencies are serial-port bindings that
-	// build native code; TCP needs none of them.
-	modules := npmpeer.Install(t, "modbus", []string{"--omit=optional"}, npmPackages...)
-	script, err := filepath.Abs("testdata/modbus-server.js")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &peers{t: t, modules: modules, script: script}
-}
-
-type server struct {
-	*npmpeer.Process
-	name, address string
-	cfg           map[string]any
-}
-
-// start runs a server and waits until it listens.
-func (p *peers) start(name string, cfg map[string]any) *server {
-	s := &server{name: name, cfg: cfg, address: net.JoinHostPort(cfg["host"].(string), strconv.Itoa(cfg["port"].(int)))}
-	s.restart(p)
-	return s
-}
-
-func (s *server) restart(p *peers) {
-	s.Process = npmpeer.Start(p.t, s.name, p.modules, p.script, npmpeer.JSON(p.t, s.cfg))
-	s.WaitLine(p.t, "READY", 0, wait)
-}
 
 // commonPort returns a port free on every host.
 func commonPort(t *testing.T, hosts ...string) int {
@@ -88,20 +47,9 @@ func commonPort(t *testing.T, hosts ...string) int {
 
 func runHandler(t *testing.T) string {
 	t.Helper()
-	dir := handlertest.ShortTempDir(t)
-	agent := handlertest.StartAgent(t, dir)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
 	cfg := modbus.Handler()
-	cfg.StateDir, cfg.Logger = dir, testr.New(t)
-	go func() { done <- handler.Serve(ctx, cfg) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run = %v", err)
-		}
-	})
-	reg := agent.WaitForRegistration(t, wait)
+	cfg.Logger = testr.New(t)
+	reg := handlertest.Run(t, cfg)
 	if reg.GetName() != modbus.DefaultName || !reg.GetShared() {
 		t.Errorf("registration = %v, want name %s, shared", reg, modbus.DefaultName)
 	}
@@ -148,13 +96,12 @@ func mbpoll(t *testing.T, address string, unit, value int) {
 // TestModbusPeers runs every scenario against jsmodbus and modbus-serial
 // servers on loopback addresses.
 func TestModbusPeers(t *testing.T) {
-	p := newPeers(t)
 	endpoint := runHandler(t)
 	port := commonPort(t, "127.0.0.10", "127.0.0.20", "127.0.0.30")
 	// jsmodbus answers every unit id.
-	js := p.start("jsmodbus", map[string]any{"impl": "jsmodbus", "host": "127.0.0.10", "port": port})
+	js := npmpeer.StartModbus(t, "jsmodbus", map[string]any{"impl": "jsmodbus", "host": "127.0.0.10", "port": port})
 	// modbus-serial answers unit 3 only, and identifies itself.
-	ms := p.start("modbus-serial", map[string]any{"impl": "modbus-serial", "host": "127.0.0.20", "port": port, "unitId": 3,
+	ms := npmpeer.StartModbus(t, "modbus-serial", map[string]any{"impl": "modbus-serial", "host": "127.0.0.20", "port": port, "unitId": 3,
 		"identification": map[string]string{"0": "Acme", "1": "PC-7", "2": "1.2", "4": "Pump controller", "128": "SN-0042"}})
 
 	discover := func(details string) *handlertest.Stream {
@@ -162,19 +109,19 @@ func TestModbusPeers(t *testing.T) {
 	}
 
 	t.Run("single target", func(t *testing.T) {
-		s := discover(fmt.Sprintf(`{"targets": [%q], "rescanInterval": "200ms"}`, js.address))
-		dev := waitFor(t, s, unitID(js.address, 1))[0]
-		if p := dev.GetProperties(); p[modbus.AddressProperty] != js.address || p[modbus.UnitIDProperty] != "1" {
+		s := discover(fmt.Sprintf(`{"targets": [%q], "rescanInterval": "200ms"}`, js.Address))
+		dev := waitFor(t, s, unitID(js.Address, 1))[0]
+		if p := dev.GetProperties(); p[modbus.AddressProperty] != js.Address || p[modbus.UnitIDProperty] != "1" {
 			t.Errorf("properties = %v", p)
 		}
 	})
 
 	t.Run("unit ids and identification", func(t *testing.T) {
 		s := discover(fmt.Sprintf(`{"targets": [%q], "unitIds": [1, 2, 3], "timeout": "300ms", "rescanInterval": "200ms",
-			"probe": {"identify": true, "serialObjectId": 128}}`, ms.address))
+			"probe": {"identify": true, "serialObjectId": 128}}`, ms.Address))
 		dev := waitFor(t, s, "Acme/PC-7/SN-0042")[0]
 		want := map[string]string{
-			modbus.AddressProperty: ms.address, modbus.UnitIDProperty: "3", modbus.VendorNameProperty: "Acme",
+			modbus.AddressProperty: ms.Address, modbus.UnitIDProperty: "3", modbus.VendorNameProperty: "Acme",
 			modbus.ProductCodeProperty: "PC-7", modbus.RevisionProperty: "1.2", modbus.ProductNameProperty: "Pump controller",
 			modbus.SerialNumberProperty: "SN-0042",
 		}
@@ -187,10 +134,10 @@ func TestModbusPeers(t *testing.T) {
 		// Read Device Identification as the probe: modbus-serial answers
 		// it, jsmodbus answers "illegal function" and is no device.
 		s = discover(fmt.Sprintf(`{"targets": [%q, %q], "unitIds": [3], "rescanInterval": "200ms", "probe": {"function": "deviceIdentification"},
-			"match": {"identification": {"vendorName": "^Acme$"}}}`, js.address, ms.address))
-		waitFor(t, s, unitID(ms.address, 3))
+			"match": {"identification": {"vendorName": "^Acme$"}}}`, js.Address, ms.Address))
+		waitFor(t, s, unitID(ms.Address, 3))
 		s = discover(fmt.Sprintf(`{"targets": [%q], "unitIds": [3], "rescanInterval": "200ms", "probe": {"function": "deviceIdentification"},
-			"match": {"identification": {"vendorName": "^Other"}}}`, ms.address))
+			"match": {"identification": {"vendorName": "^Other"}}}`, ms.Address))
 		waitFor(t, s)
 	})
 
@@ -201,7 +148,7 @@ func TestModbusPeers(t *testing.T) {
 		s := discover(fmt.Sprintf(`{"targets": ["127.0.0.0/24"], "ports": [%d], "unitIds": [1, 3]}`, port))
 		devs := s.Next(t, 30*time.Second)
 		took := time.Since(start)
-		want := []string{unitID(js.address, 1), unitID(js.address, 3), unitID(ms.address, 3)}
+		want := []string{unitID(js.Address, 1), unitID(js.Address, 3), unitID(ms.Address, 3)}
 		slices.Sort(want)
 		if got := handlertest.IDs(devs); !slices.Equal(got, want) {
 			t.Errorf("first list %q, want %q", got, want)
@@ -215,33 +162,33 @@ func TestModbusPeers(t *testing.T) {
 
 	t.Run("match follows values written with mbpoll", func(t *testing.T) {
 		s := discover(fmt.Sprintf(`{"targets": [%q, %q], "unitIds": [1, 3], "timeout": "300ms", "rescanInterval": "200ms", "failureThreshold": 1,
-			"probe": {"address": 0, "count": 2}, "match": {"registers": [{"offset": 0, "equals": 42}]}}`, js.address, ms.address))
+			"probe": {"address": 0, "count": 2}, "match": {"registers": [{"offset": 0, "equals": 42}]}}`, js.Address, ms.Address))
 		waitFor(t, s)
-		mbpoll(t, js.address, 1, 42)
-		waitFor(t, s, unitID(js.address, 1), unitID(js.address, 3))
-		mbpoll(t, ms.address, 3, 42)
-		waitFor(t, s, unitID(js.address, 1), unitID(js.address, 3), unitID(ms.address, 3))
-		mbpoll(t, js.address, 1, 7)
-		waitFor(t, s, unitID(ms.address, 3))
-		mbpoll(t, ms.address, 3, 0)
+		mbpoll(t, js.Address, 1, 42)
+		waitFor(t, s, unitID(js.Address, 1), unitID(js.Address, 3))
+		mbpoll(t, ms.Address, 3, 42)
+		waitFor(t, s, unitID(js.Address, 1), unitID(js.Address, 3), unitID(ms.Address, 3))
+		mbpoll(t, js.Address, 1, 7)
+		waitFor(t, s, unitID(ms.Address, 3))
+		mbpoll(t, ms.Address, 3, 0)
 		waitFor(t, s)
 	})
 
 	t.Run("server goes away and comes back", func(t *testing.T) {
 		const interval, threshold = 200 * time.Millisecond, 3
-		gone := p.start("jsmodbus-2", map[string]any{"impl": "jsmodbus", "host": "127.0.0.30", "port": port})
-		s := discover(fmt.Sprintf(`{"targets": [%q, %q], "rescanInterval": %q, "failureThreshold": %d}`, js.address, gone.address, interval, threshold))
-		waitFor(t, s, unitID(js.address, 1), unitID(gone.address, 1))
+		gone := npmpeer.StartModbus(t, "jsmodbus-2", map[string]any{"impl": "jsmodbus", "host": "127.0.0.30", "port": port})
+		s := discover(fmt.Sprintf(`{"targets": [%q, %q], "rescanInterval": %q, "failureThreshold": %d}`, js.Address, gone.Address, interval, threshold))
+		waitFor(t, s, unitID(js.Address, 1), unitID(gone.Address, 1))
 		// From before Stop: the server stops answering while Stop still
 		// waits for its process to exit.
 		stopped := time.Now()
 		gone.Stop()
-		waitFor(t, s, unitID(js.address, 1))
+		waitFor(t, s, unitID(js.Address, 1))
 		if took, min := time.Since(stopped), time.Duration(threshold-1)*interval; took < min {
 			t.Errorf("dropped %v after the server stopped, want at least %v (%d rounds %v apart)", took, min, threshold, interval)
 		}
-		gone.restart(p)
-		waitFor(t, s, unitID(js.address, 1), unitID(gone.address, 1))
+		gone.Restart(t)
+		waitFor(t, s, unitID(js.Address, 1), unitID(gone.Address, 1))
 	})
 
 	t.Run("bad details", func(t *testing.T) {

@@ -3,7 +3,6 @@
 package onvif
 
 import (
-	"context"
 	"fmt"
 	"strings"
 	"testing"
@@ -12,32 +11,15 @@ import (
 	"github.com/go-logr/logr/testr"
 
 	discoveryv1 "github.com/dowse-dev/dowse/proto/discovery/v1"
-	"github.com/dowse-dev/dowse/shared/handler"
 	"github.com/dowse-dev/dowse/shared/handler/handlertest"
 	peertest "github.com/dowse-dev/dowse/test/onvifpeer"
 )
 
 func runHandler(t *testing.T) *discoveryv1.RegisterDiscoveryHandlerRequest {
 	t.Helper()
-	dir := handlertest.ShortTempDir(t)
-	agent := handlertest.StartAgent(t, dir)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
 	cfg := Handler()
-	cfg.StateDir, cfg.Logger = dir, testr.New(t)
-	go func() { done <- handler.Serve(ctx, cfg) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("Serve = %v", err)
-			}
-		case <-time.After(10 * time.Second):
-			t.Error("Serve did not return within 10s of its context ending")
-		}
-	})
-	reg := agent.WaitForRegistration(t, 5*time.Second)
+	cfg.Logger = testr.New(t)
+	reg := handlertest.Run(t, cfg)
 	if !reg.GetShared() {
 		t.Error("ONVIF handler registered as not shared")
 	}

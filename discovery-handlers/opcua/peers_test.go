@@ -1,7 +1,6 @@
 package opcua_test
 
 import (
-	"context"
 	"crypto/rand"
 	"crypto/rsa"
 	"crypto/x509"
@@ -23,41 +22,27 @@ import (
 
 	"github.com/dowse-dev/dowse/discovery-handlers/opcua"
 	discoveryv1 "github.com/dowse-dev/dowse/proto/discovery/v1"
-	"github.com/dowse-dev/dowse/shared/handler"
 	"github.com/dowse-dev/dowse/shared/handler/handlertest"
 	"github.com/dowse-dev/dowse/test/npmpeer"
 )
 
-// node-opcua 2.183 and later need Node 22.
-var npmPackages = []string{
-	"node-opcua@2.182.2",
-	"node-opcua-address-space-for-conformance-testing@2.182.2",
-	"node-opcua-server-discovery@2.182.2",
-}
-
 const (
-	peerStart = 2 * time.Minute // a node-opcua server is ready in about 5 s; two making their PKI at once on a loaded 2-core machine took over a minute
+	peerStart = npmpeer.OPCUAStart
 	wait      = 20 * time.Second
 )
 
 // peers starts real node-opcua processes for one test.
 type peers struct {
-	t       *testing.T
-	modules string
-	script  string
-	pkiDir  string
+	t      *testing.T
+	pkiDir string
 }
 
 func newPeers(t *testing.T) *peers {
 	t.Helper()
-	modules := npmpeer.Install(t, "opcua", nil, npmPackages...)
-	script, err := filepath.Abs("testdata/opcua-server.js")
-	if err != nil {
-		t.Fatal(err)
-	}
+	modules := npmpeer.OPCUAModules(t)
 	// Certificates are kept beside the packages, one folder per application,
 	// so that later runs skip generating keys.
-	return &peers{t: t, modules: modules, script: script, pkiDir: filepath.Join(filepath.Dir(modules), "pki")}
+	return &peers{t: t, pkiDir: filepath.Join(filepath.Dir(modules), "pki")}
 }
 
 type server struct {
@@ -70,7 +55,7 @@ type server struct {
 // lds starts a local discovery server and returns its URL.
 func (p *peers) lds() (*npmpeer.Process, string) {
 	port := npmpeer.FreePort(p.t, "127.0.0.1")
-	proc := npmpeer.Start(p.t, "lds", p.modules, p.script, npmpeer.JSON(p.t, map[string]any{"kind": "lds", "port": port, "pkiDir": p.pkiDir}))
+	proc := npmpeer.StartOPCUA(p.t, "lds", map[string]any{"kind": "lds", "port": port, "pkiDir": p.pkiDir})
 	return proc, fmt.Sprintf("opc.tcp://127.0.0.1:%d", port)
 }
 
@@ -85,26 +70,15 @@ func (p *peers) server(name, ldsURL string) *server {
 }
 
 func (s *server) start(p *peers) {
-	s.Process = npmpeer.Start(p.t, s.name, p.modules, p.script, npmpeer.JSON(p.t, s.cfg))
+	s.Process = npmpeer.StartOPCUA(p.t, s.name, s.cfg)
 }
 
 // runHandler runs the handler with a fake agent and returns its endpoint.
 func runHandler(t *testing.T) string {
 	t.Helper()
-	dir := handlertest.ShortTempDir(t)
-	agent := handlertest.StartAgent(t, dir)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
 	cfg := opcua.Handler()
-	cfg.StateDir, cfg.Logger = dir, testr.New(t)
-	go func() { done <- handler.Serve(ctx, cfg) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run = %v", err)
-		}
-	})
-	reg := agent.WaitForRegistration(t, wait)
+	cfg.Logger = testr.New(t)
+	reg := handlertest.Run(t, cfg)
 	if reg.GetName() != opcua.DefaultName || !reg.GetShared() {
 		t.Errorf("registration = %v, want name %s, shared", reg, opcua.DefaultName)
 	}

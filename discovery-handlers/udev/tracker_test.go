@@ -12,7 +12,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	discoveryv1 "github.com/dowse-dev/dowse/proto/discovery/v1"
-	"github.com/dowse-dev/dowse/shared/handler"
 	"github.com/dowse-dev/dowse/shared/handler/handlertest"
 )
 
@@ -151,25 +150,9 @@ func TestDiscoverEvents(t *testing.T) {
 // ends, and returns its registration.
 func runHandler(t *testing.T, src Source) *discoveryv1.RegisterDiscoveryHandlerRequest {
 	t.Helper()
-	dir := handlertest.ShortTempDir(t)
-	agent := handlertest.StartAgent(t, dir)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
 	cfg := Handler()
-	cfg.StateDir, cfg.Discoverer, cfg.Logger = dir, NewDiscoverer(src), testr.New(t)
-	go func() { done <- handler.Serve(ctx, cfg) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("Serve = %v", err)
-			}
-		case <-time.After(10 * time.Second):
-			t.Errorf("Serve did not return within 10s of its context ending")
-		}
-	})
-	reg := agent.WaitForRegistration(t, 5*time.Second)
+	cfg.Discoverer, cfg.Logger = NewDiscoverer(src), testr.New(t)
+	reg := handlertest.Run(t, cfg)
 	if reg.GetShared() {
 		t.Error("udev handler registered as shared")
 	}

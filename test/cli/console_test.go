@@ -21,6 +21,7 @@ import (
 	"github.com/dowse-dev/dowse/test/kube"
 	"github.com/dowse-dev/dowse/test/npmpeer"
 	"github.com/dowse-dev/dowse/test/procs"
+	"github.com/dowse-dev/dowse/test/testwait"
 )
 
 // browser is one headless Chromium for the whole test, with a profile of
@@ -104,7 +105,7 @@ func openConsole(t *testing.T, r *rig, extra []string) *page {
 		}
 	})
 	var url string
-	eventually(t, 30*time.Second, func() error {
+	testwait.For(t, 30*time.Second, func() error {
 		if m := consoleURL.FindStringSubmatch(out.String()); m != nil {
 			url = m[1]
 			return nil
@@ -136,7 +137,7 @@ func (p *page) text(sel string) (string, error) {
 // waitText waits until the element sel exists and its text contains want.
 func (p *page) waitText(t *testing.T, sel, want string) {
 	t.Helper()
-	eventually(t, 60*time.Second, func() error {
+	testwait.For(t, 60*time.Second, func() error {
 		got, err := p.text(sel)
 		if err != nil {
 			return err
@@ -150,7 +151,7 @@ func (p *page) waitText(t *testing.T, sel, want string) {
 
 func (p *page) waitGone(t *testing.T, sel string) {
 	t.Helper()
-	eventually(t, 60*time.Second, func() error {
+	testwait.For(t, 60*time.Second, func() error {
 		there, err := eval[bool](p, fmt.Sprintf(`document.querySelector(%q) !== null`, sel))
 		if err != nil {
 			return err
@@ -170,7 +171,7 @@ func (p *page) problems() string {
 
 func (p *page) waitProblem(t *testing.T, want string) {
 	t.Helper()
-	eventually(t, 60*time.Second, func() error {
+	testwait.For(t, 60*time.Second, func() error {
 		if got := p.problems(); !strings.Contains(got, want) {
 			return fmt.Errorf("the page shows problems %q, want one saying %q", got, want)
 		}
@@ -180,7 +181,7 @@ func (p *page) waitProblem(t *testing.T, want string) {
 
 func (p *page) waitNoProblems(t *testing.T) {
 	t.Helper()
-	eventually(t, 60*time.Second, func() error {
+	testwait.For(t, 60*time.Second, func() error {
 		if got := p.problems(); got != "" {
 			return fmt.Errorf("the page still shows %q", got)
 		}
@@ -260,7 +261,7 @@ func testConsole(t *testing.T, r *rig) {
 	p.waitText(t, devSel+` [data-property="temperature"] td.reported`, "21.5 C")
 	r.mbpoll(t, []string{"-t", "4", "-r", "1"}, "233")
 	p.waitText(t, devSel+` [data-property="temperature"] td.reported`, "23.3 C")
-	eventually(t, 30*time.Second, func() error {
+	testwait.For(t, 30*time.Second, func() error {
 		n, err := eval[int](p, fmt.Sprintf(`(() => { const l = document.querySelector(%q); return l ? l.getAttribute('points').trim().split(' ').length : 0; })()`,
 			devSel+` [data-property="temperature"] td.plot polyline`))
 		if err != nil || n < 2 {

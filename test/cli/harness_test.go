@@ -65,32 +65,11 @@ type rig struct {
 	plcErr error
 }
 
-func eventually(t testing.TB, timeout time.Duration, f func() error) {
-	t.Helper()
-	testwait.For(t, timeout, f)
-}
-
 // startLogged runs bin/<name> with its output in dir/<name>.log, shown when
 // the test fails, and stops it when the test ends.
 func startLogged(t *testing.T, dir, name string, args ...string) *procs.Proc {
 	t.Helper()
-	logf, err := os.OpenFile(filepath.Join(dir, name+".log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := procs.Start(name, logf, args...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		p.Stop()
-		logf.Close()
-		if t.Failed() {
-			b, _ := os.ReadFile(logf.Name())
-			t.Logf("%s log (last 4 KiB):\n%s", name, tail(b, 4096))
-		}
-	})
-	return p
+	return procs.StartLogged(t, dir, name, name, args...)
 }
 
 func tail(b []byte, n int) []byte {
@@ -125,15 +104,11 @@ func startRig(t *testing.T) *rig {
 		}
 	}
 	r := &rig{top: t, dir: t.TempDir(), kubectl: kubectlPath(t)}
-	modules := npmpeer.Install(t, "modbus", []string{"--omit=optional"}, "jsmodbus@5.0.0", "modbus-serial@8.0.25")
 	port := npmpeer.FreePort(t, "127.0.0.1")
 	r.modbusAddr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 	// holding 0: setpoint 5; holding 1: temperature 21.5 (scale 0.1);
 	// input 3: a register the model wrongly calls writable.
-	srv := npmpeer.Start(t, "jsmodbus", modules, filepath.Join(kube.RepoRoot(), "brokers", "modbus", "testdata", "modbus-server.js"),
-		npmpeer.JSON(t, map[string]any{"impl": "jsmodbus", "host": "127.0.0.1", "port": port, "holding": map[string]int{"0": 5, "1": 215}, "input": map[string]int{"3": 7}}))
-	srv.WaitLine(t, "READY", 0, 30*time.Second)
-	t.Cleanup(srv.Stop)
+	npmpeer.StartModbus(t, "jsmodbus", map[string]any{"impl": "jsmodbus", "host": "127.0.0.1", "port": port, "holding": map[string]int{"0": 5, "1": 215}, "input": map[string]int{"3": 7}})
 
 	cp, err := kube.Start()
 	if err != nil {
@@ -189,7 +164,7 @@ func startRig(t *testing.T) *rig {
 	// The agent joins the link with a token minted by the plugin, once the
 	// controller has made the link CA it serves with.
 	var tok struct{ Token, CACertHash string }
-	eventually(t, 60*time.Second, func() error {
+	testwait.For(t, 60*time.Second, func() error {
 		if err := r.client.Get(ctx, client.ObjectKey{Namespace: "dowse-system", Name: "dowse-link-ca"}, &corev1.Secret{}); err != nil {
 			return err
 		}
@@ -353,7 +328,7 @@ func (r *rig) plcDevice(t *testing.T) *v1alpha1.Device {
 			r.plcErr = fmt.Errorf("no report within 2 minutes")
 		}
 	}()
-	eventually(t, 120*time.Second, func() error {
+	testwait.For(t, 120*time.Second, func() error {
 		var list v1alpha1.DeviceList
 		if err := r.client.List(context.Background(), &list, client.InNamespace(ns)); err != nil {
 			return err

@@ -21,6 +21,7 @@ import (
 	"github.com/dowse-dev/dowse/dowsectl"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	"github.com/dowse-dev/dowse/test/npmpeer"
+	"github.com/dowse-dev/dowse/test/testwait"
 )
 
 // table reads a printed table: its header's column names and each row's
@@ -160,7 +161,7 @@ func checkFormats(t *testing.T, r *rig, resource, kind string, names []string) {
 func instanceOf(t *testing.T, r *rig, cfg string) *v1alpha1.Instance {
 	t.Helper()
 	var inst *v1alpha1.Instance
-	eventually(t, 60*time.Second, func() error {
+	testwait.For(t, 60*time.Second, func() error {
 		var list v1alpha1.InstanceList
 		if err := r.client.List(context.Background(), &list, client.InNamespace(ns)); err != nil {
 			return err
@@ -186,7 +187,7 @@ func testPlugin(t *testing.T, r *rig) {
 
 	// Printer columns, computed by the API server from the CRDs; the counts
 	// behind them are written by the controller.
-	eventually(t, 30*time.Second, func() error {
+	testwait.For(t, 30*time.Second, func() error {
 		return checkTable(r, []string{"get", "configurations"}, []string{"NAME", "HANDLER", "CAPACITY", "SEEING", "READY", "INSTANCES", "BROKERS", "AGE"},
 			"debug-echo", map[string]string{"HANDLER": "debug-echo", "CAPACITY": "2", "SEEING": "1", "READY": "1", "INSTANCES": "1", "BROKERS": "0"})
 	})
@@ -206,7 +207,7 @@ func testPlugin(t *testing.T, r *rig) {
 		}
 	}
 	claim(fmt.Sprintf(`[{"id":"%s-0","node":"edge-1","resource":"dowse.dev/%s"}]`, echo.Name, echo.Name))
-	eventually(t, 30*time.Second, func() error {
+	testwait.For(t, 30*time.Second, func() error {
 		return checkTable(r, []string{"get", "instances"}, []string{"NAME", "CONFIGURATION", "SHARED", "NODES", "IN USE", "CAPACITY", "AGE"},
 			echo.Name, map[string]string{"CONFIGURATION": "debug-echo", "SHARED": "false", "NODES": "edge-1", "IN USE": "1", "CAPACITY": "2"})
 	})
@@ -220,7 +221,7 @@ func testPlugin(t *testing.T, r *rig) {
 		}
 	}
 	claim("null")
-	eventually(t, 30*time.Second, func() error {
+	testwait.For(t, 30*time.Second, func() error {
 		return checkTable(r, []string{"get", "instances", "-o", "wide"}, []string{"NAME", "CONFIGURATION", "SHARED", "NODES", "IN USE", "CAPACITY", "DEVICE ID", "AGE"},
 			echo.Name, map[string]string{"IN USE": "0", "DEVICE ID": echo.Spec.DeviceID})
 	})

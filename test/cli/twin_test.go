@@ -17,6 +17,7 @@ import (
 	"github.com/dowse-dev/dowse/dowsectl"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	"github.com/dowse-dev/dowse/test/procs"
+	"github.com/dowse-dev/dowse/test/testwait"
 )
 
 // testSetWait: `twin set --wait` returns once the mapper has written the
@@ -45,7 +46,7 @@ func testSetWait(t *testing.T, r *rig) {
 		!strings.Contains(errOut, "cannot be written") {
 		t.Errorf("twin set limit 9 --wait: %v, stderr %q; want exit 1 with the mapper's refusal", err, errOut)
 	}
-	eventually(t, 30*time.Second, func() error {
+	testwait.For(t, 30*time.Second, func() error {
 		return checkTable(r, []string{"get", "devices"}, []string{"NAME", "MODEL", "NODE", "STATE", "DIFFERING", "LAST REPORT", "AGE"},
 			dev.Name, map[string]string{"DIFFERING": "1"})
 	})
@@ -60,7 +61,7 @@ func testSetWait(t *testing.T, r *rig) {
 	}
 	// Back to a clean twin for the console.
 	clearDesired(t, r, dev.Name, "limit")
-	eventually(t, 30*time.Second, func() error {
+	testwait.For(t, 30*time.Second, func() error {
 		return checkTable(r, []string{"get", "devices"}, []string{"NAME", "MODEL", "NODE", "STATE", "DIFFERING", "LAST REPORT", "AGE"},
 			dev.Name, map[string]string{"DIFFERING": "0"})
 	})
@@ -114,7 +115,7 @@ func testWatchAcrossRestart(t *testing.T, r *rig) {
 		}
 	}
 	set("14")
-	eventually(t, 30*time.Second, func() error { return seen("reported", "14") })
+	testwait.For(t, 30*time.Second, func() error { return seen("reported", "14") })
 
 	page := openConsole(t, r, nil)
 	page.waitText(t, `[data-device="plant/`+dev.Name+`"] [data-property="setpoint"] td.reported`, "14")
@@ -126,7 +127,7 @@ func testWatchAcrossRestart(t *testing.T, r *rig) {
 	t.Logf("API server stopped in %s", time.Since(start).Round(time.Millisecond))
 	// Down until both noticed (a blip shorter than their retry would go
 	// unseen, rightly), then back.
-	eventually(t, 90*time.Second, func() error {
+	testwait.For(t, 90*time.Second, func() error {
 		if !strings.Contains(out.String(), "API server unreachable") {
 			return fmt.Errorf("twin watch has not reported the outage:\n%s", out.String())
 		}
@@ -144,7 +145,7 @@ func testWatchAcrossRestart(t *testing.T, r *rig) {
 	}
 	t.Logf("API server down for %s in all", time.Since(start).Round(time.Millisecond))
 	set("16")
-	eventually(t, 60*time.Second, func() error {
+	testwait.For(t, 60*time.Second, func() error {
 		if err := seen("desired", "16"); err != nil {
 			return err
 		}

@@ -351,7 +351,7 @@ func (c *Cluster) RestartKubelet(ctx context.Context) error {
 	if i < 0 {
 		return errors.New("no kubelet to restart")
 	}
-	c.procs[i].stop(10 * time.Second)
+	c.procs[i].StopWithin(10 * time.Second)
 	sock := filepath.Join(DevicePluginDir, "kubelet.sock")
 	// The old socket file stays behind; waiting for a fresh one below needs
 	// it gone.
@@ -408,25 +408,25 @@ func (c *Cluster) Stop() error {
 		byName[p.Name] = p
 	}
 	if p := byName["kubelet"]; p != nil {
-		p.stop(10 * time.Second)
+		p.StopWithin(10 * time.Second)
 		// The device-plugin directory is the machine's, not ours: the next
 		// cluster's kubelet would restore this one's resources from the
 		// checkpoint and list them on its node.
-		if !p.alive() {
+		if !p.Alive() {
 			_ = os.Remove(filepath.Join(DevicePluginDir, "kubelet_internal_checkpoint"))
 			_ = os.Remove(filepath.Join(DevicePluginDir, "kubelet.sock"))
 		}
 	}
 	killShims(c.containerdSock)
 	for i := len(c.procs) - 1; i >= 0; i-- {
-		c.procs[i].stop(10 * time.Second)
+		c.procs[i].StopWithin(10 * time.Second)
 	}
 	// A shim that was starting while containerd stopped: look once more.
 	killShims(c.containerdSock)
 	reapShims()
 	for _, p := range c.procs {
-		if p.alive() {
-			errs = append(errs, fmt.Errorf("%s (pid %d) did not stop", p.Name, p.Pid))
+		if p.Alive() {
+			errs = append(errs, fmt.Errorf("%s (pid %d) did not stop", p.Name, p.Pid()))
 		}
 	}
 	if err := unmountAll(c.StateDir); err != nil {
@@ -471,7 +471,7 @@ const varLogContainers = "/var/log/containers"
 func (c *Cluster) Pids() map[string]int {
 	out := map[string]int{}
 	for _, p := range c.procs {
-		out[p.Name] = p.Pid
+		out[p.Name] = p.Pid()
 	}
 	return out
 }
@@ -482,8 +482,8 @@ func (c *Cluster) Pids() map[string]int {
 func (c *Cluster) Leftovers() []string {
 	var out []string
 	for _, p := range c.procs {
-		if p.alive() {
-			out = append(out, fmt.Sprintf("process %s (pid %d)", p.Name, p.Pid))
+		if p.Alive() {
+			out = append(out, fmt.Sprintf("process %s (pid %d)", p.Name, p.Pid()))
 		}
 	}
 	for _, s := range shimsOf(c.containerdSock) {
@@ -539,14 +539,14 @@ func imageVersion(ctx context.Context) string {
 // waitForProcs polls check until it succeeds or ctx ends, and gives up at once
 // when one of procs has exited: a component that failed to start would
 // otherwise cost the whole timeout.
-func waitForProcs(ctx context.Context, procs []*proc, what string, check func() error) error {
+func waitForProcs(ctx context.Context, ps []*proc, what string, check func() error) error {
 	var last error
 	for {
 		if last = check(); last == nil {
 			return nil
 		}
-		for _, p := range procs {
-			if !p.alive() {
+		for _, p := range ps {
+			if !p.Alive() {
 				return fmt.Errorf("waiting for %s: %s exited (see its log)", what, p.Name)
 			}
 		}

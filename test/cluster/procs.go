@@ -3,28 +3,21 @@ package cluster
 import (
 	"bufio"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/dowse-dev/dowse/test/procs"
 )
 
-// proc is a process the cluster started. StartTime (clock ticks since boot,
-// from /proc/<pid>/stat) tells our process from a later one that reused its
-// pid, so that Stop never signals a stranger.
-type proc struct {
-	Name      string `json:"name"`
-	Pid       int    `json:"pid"`
-	StartTime uint64 `json:"startTime"`
-
-	done chan struct{} // nil when the process is not our child (after Attach)
-}
+// proc is a process the cluster started; its Record is kept in pids.json
+// so that a later command (dowse-cluster down) finds it again.
+type proc = procs.Proc
 
 // startProc runs path with args, output appended to logPath. With detach the
 // process gets its own session and outlives the caller (dowse-cluster up);
@@ -35,89 +28,8 @@ func startProc(name, path string, args, env []string, logPath string, detach boo
 	if err != nil {
 		return nil, err
 	}
-	defer logf.Close()
-	cmd := exec.Command(path, args...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.Env = env
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if detach {
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	} else {
-		cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
-	}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("starting %s: %w", name, err)
-	}
-	p := &proc{Name: name, Pid: cmd.Process.Pid, done: make(chan struct{})}
-	p.StartTime, _ = procStartTime(p.Pid)
-	go func() { _ = cmd.Wait(); close(p.done) }()
-	return p, nil
-}
-
-// alive reports whether the process still runs (and is still ours).
-func (p *proc) alive() bool {
-	if p.done != nil {
-		select {
-		case <-p.done:
-			return false
-		default:
-			return true
-		}
-	}
-	st, err := procStartTime(p.Pid)
-	return err == nil && st == p.StartTime && !isZombie(p.Pid)
-}
-
-// stop sends SIGTERM, then SIGKILL after grace, and waits for the end.
-func (p *proc) stop(grace time.Duration) {
-	if !p.alive() {
-		return
-	}
-	_ = syscall.Kill(p.Pid, syscall.SIGTERM)
-	if p.wait(grace) {
-		return
-	}
-	_ = syscall.Kill(p.Pid, syscall.SIGKILL)
-	p.wait(10 * time.Second)
-}
-
-func (p *proc) wait(d time.Duration) bool {
-	deadline := time.Now().Add(d)
-	for time.Now().Before(deadline) {
-		if !p.alive() {
-			return true
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	return !p.alive()
-}
-
-// procStartTime is field 22 of /proc/<pid>/stat.
-func procStartTime(pid int) (uint64, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, err
-	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')') // the command name may hold spaces
-	if i < 0 {
-		return 0, errors.New("bad stat")
-	}
-	f := strings.Fields(s[i+1:])
-	if len(f) < 20 {
-		return 0, errors.New("bad stat")
-	}
-	return strconv.ParseUint(f[19], 10, 64)
-}
-
-func isZombie(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	return i >= 0 && len(s) > i+2 && s[i+2] == 'Z'
+	defer logf.Close() // the child has its own descriptor
+	return procs.Run(name, path, args, procs.Options{Env: env, Stdout: logf, Stderr: logf, Detach: detach, DieWithCaller: !detach})
 }
 
 // procInfo is what cleanup needs of any process on the machine.
@@ -209,7 +121,7 @@ func killShims(address string) []int {
 	deadline := time.Now().Add(10 * time.Second)
 	for _, pid := range killed {
 		for time.Now().Before(deadline) {
-			if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err != nil || isZombie(pid) {
+			if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err != nil || procs.Zombie(pid) {
 				break
 			}
 			time.Sleep(20 * time.Millisecond)
@@ -327,8 +239,12 @@ func unmountAll(dir string) error {
 	return nil
 }
 
-func writePids(path string, procs []*proc) error {
-	b, err := json.MarshalIndent(procs, "", "  ")
+func writePids(path string, ps []*proc) error {
+	recs := make([]procs.Record, len(ps))
+	for i, p := range ps {
+		recs[i] = p.Record
+	}
+	b, err := json.MarshalIndent(recs, "", "  ")
 	if err != nil {
 		return err
 	}
@@ -340,6 +256,13 @@ func readPids(path string) ([]*proc, error) {
 	if err != nil {
 		return nil, err
 	}
-	var out []*proc
-	return out, json.Unmarshal(b, &out)
+	var recs []procs.Record
+	if err := json.Unmarshal(b, &recs); err != nil {
+		return nil, err
+	}
+	out := make([]*proc, len(recs))
+	for i, r := range recs {
+		out[i] = procs.Attach(r)
+	}
+	return out, nil
 }

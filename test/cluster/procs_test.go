@@ -4,6 +4,8 @@ import (
 	"os"
 	"slices"
 	"testing"
+
+	"github.com/dowse-dev/dowse/test/procs"
 )
 
 func TestUnescapeMount(t *testing.T) {
@@ -22,8 +24,8 @@ func TestDescendants(t *testing.T) {
 	}
 }
 
-func TestProcStartTime(t *testing.T) {
-	a, err := procStartTime(os.Getpid())
+func TestStartTime(t *testing.T) {
+	a, err := procs.StartTime(os.Getpid())
 	if err != nil || a == 0 {
 		t.Fatalf("start time %d, %v", a, err)
 	}

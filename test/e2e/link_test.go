@@ -68,7 +68,7 @@ func TestLinkBinaries(t *testing.T) {
 	ctlMetrics, wsPort, quicPort, authPort := ports[0], ports[1], ports[2], ports[3]
 	start := func(name, logName string, args ...string) *procs.Proc {
 		t.Helper()
-		return startLogged(t, dir, name, logName, args...)
+		return procs.StartLogged(t, dir, name, logName, args...)
 	}
 	start("dowse-controller", "controller", "--kubeconfig", kubeconfig, "--leader-elect=false",
 		"--metrics-bind-address", fmt.Sprintf("127.0.0.1:%d", ctlMetrics), "--health-probe-bind-address", "0",

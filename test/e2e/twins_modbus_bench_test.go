@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"testing"
@@ -14,7 +13,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
-	"github.com/dowse-dev/dowse/test/kube"
 	"github.com/dowse-dev/dowse/test/npmpeer"
 	"github.com/dowse-dev/dowse/test/testwait"
 )
@@ -34,13 +32,9 @@ func BenchmarkModbusTwin(b *testing.B) {
 }
 
 func benchModbusTwin(b *testing.B) {
-	modules := npmpeer.Install(b, "modbus", []string{"--omit=optional"}, "jsmodbus@5.0.0", "modbus-serial@8.0.25")
 	port := npmpeer.FreePort(b, "127.0.0.1")
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-	srv := npmpeer.Start(b, "jsmodbus", modules, filepath.Join(kube.RepoRoot(), "brokers", "modbus", "testdata", "modbus-server.js"),
-		npmpeer.JSON(b, map[string]any{"impl": "jsmodbus", "host": "127.0.0.1", "port": port, "holding": map[string]int{"0": 5, "1": 215}}))
-	srv.WaitLine(b, "READY", 0, 30*time.Second)
-	b.Cleanup(srv.Stop)
+	npmpeer.StartModbus(b, "jsmodbus", map[string]any{"impl": "jsmodbus", "host": "127.0.0.1", "port": port, "holding": map[string]int{"0": 5, "1": 215}})
 
 	c := startCloud(b)
 	ctx := context.Background()

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -95,31 +94,7 @@ func (c *cloud) startController() {
 // start runs a binary with its output in the cloud's directory.
 func (c *cloud) start(name, logName string, args ...string) *procs.Proc {
 	c.t.Helper()
-	return startLogged(c.t, c.dir, name, logName, args...)
-}
-
-// startLogged runs bin/<name> with its output appended to
-// <dir>/<logName>.log, printed when the test fails, and stops it when the
-// test ends.
-func startLogged(t testing.TB, dir, name, logName string, args ...string) *procs.Proc {
-	t.Helper()
-	logf, err := os.OpenFile(filepath.Join(dir, logName+".log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := procs.Start(name, logf, args...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		p.Stop()
-		logf.Close()
-		if t.Failed() {
-			b, _ := os.ReadFile(logf.Name())
-			t.Logf("%s log:\n%s", logName, b)
-		}
-	})
-	return p
+	return procs.StartLogged(c.t, c.dir, name, logName, args...)
 }
 
 // joinAgent creates the Node, mints its token and starts its agent over
@@ -255,13 +230,9 @@ spec:
 // the register's value comes back as reported and observedDesired in
 // Device.status; a register mbpoll changes is reported too.
 func TestModbusTwinEndToEnd(t *testing.T) {
-	modules := npmpeer.Install(t, "modbus", []string{"--omit=optional"}, "jsmodbus@5.0.0", "modbus-serial@8.0.25")
 	port := npmpeer.FreePort(t, "127.0.0.1")
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-	srv := npmpeer.Start(t, "jsmodbus", modules, filepath.Join(kube.RepoRoot(), "brokers", "modbus", "testdata", "modbus-server.js"),
-		npmpeer.JSON(t, map[string]any{"impl": "jsmodbus", "host": "127.0.0.1", "port": port, "holding": map[string]int{"0": 5, "1": 215}}))
-	srv.WaitLine(t, "READY", 0, 30*time.Second)
-	t.Cleanup(srv.Stop)
+	npmpeer.StartModbus(t, "jsmodbus", map[string]any{"impl": "jsmodbus", "host": "127.0.0.1", "port": port, "holding": map[string]int{"0": 5, "1": 215}})
 
 	c := startCloud(t, "--twin-status-interval", "500ms")
 	ctx := context.Background()

@@ -17,7 +17,7 @@ import (
 
 	"github.com/dowse-dev/dowse/discovery-handlers/onvif"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
-	"github.com/dowse-dev/dowse/shared/handler"
+	"github.com/dowse-dev/dowse/shared/handler/handlertest"
 	peertest "github.com/dowse-dev/dowse/test/onvifpeer"
 	"github.com/dowse-dev/dowse/test/testwait"
 )
@@ -45,17 +45,9 @@ func TestONVIFExplainsSkippedCamera(t *testing.T) {
 	dir := stateDir(t)
 	const node = "onvif-node"
 	startAgent(t, node, dir)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
 	cfg := onvif.Handler()
 	cfg.StateDir, cfg.Logger = dir, testr.New(t).WithName("onvif")
-	go func() { done <- handler.Serve(ctx, cfg) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("onvif handler: %v", err)
-		}
-	})
+	handlertest.Serve(t, cfg)
 
 	nsName := suite.Namespace(t)
 	details := fmt.Sprintf(`{"interfaces": [%q], "probeInterval": "2s"}`, local.Name)

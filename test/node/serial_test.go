@@ -94,14 +94,11 @@ spec:
 // cluster whose agent, controller and link are up (TestChartOnNode's), with
 // the mapper's image loaded, and removes what it made.
 func testSerialMapper(t *testing.T, ctx context.Context, c *cluster.Cluster, cl client.Client, stateDir string) {
-	modules := npmpeer.Install(t, "modbus-rtu", nil, "modbus-serial@8.0.25", "serialport@13.0.0")
 	serverEnd, deviceEnd := nullmodem.Open(t)
 	// setpoint (holding 0) 17; flow (holding 1-2, float32, low word
 	// first) 12.375.
-	srv := npmpeer.Start(t, "modbus-serial-rtu", modules, filepath.Join(kube.RepoRoot(), "brokers", "modbus", "testdata", "modbus-server.js"),
-		npmpeer.JSON(t, map[string]any{"impl": "modbus-serial", "serialPath": serverEnd, "baudRate": 19200, "parity": "none",
-			"unitId": 7, "logWrites": true, "holding": map[string]int{"0": 17, "1": 0, "2": 0x4146}}))
-	srv.WaitLine(t, "READY", 0, time.Minute)
+	srv := npmpeer.StartModbus(t, "modbus-serial-rtu", map[string]any{"impl": "modbus-serial", "serialPath": serverEnd, "baudRate": 19200, "parity": "none",
+		"unitId": 7, "logWrites": true, "holding": map[string]int{"0": 17, "1": 0, "2": 0x4146}})
 
 	hctx, stopHandler := context.WithCancel(ctx)
 	handlerDone := make(chan error, 1)

@@ -9,20 +9,19 @@
 package npmpeer
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/dowse-dev/dowse/test/kube"
+	"github.com/dowse-dev/dowse/test/procs"
 )
 
 // Unavailable fails the test under CI and skips it otherwise, saying how to
@@ -44,11 +43,7 @@ func Install(t testing.TB, cache string, npmArgs []string, pkgs ...string) strin
 	if _, err := exec.LookPath("node"); err != nil {
 		Unavailable(t, "node is not on PATH: install Node.js 20 (apt-get install -y nodejs npm)")
 	}
-	root, err := repoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := filepath.Join(root, "bin", "npm-peers", cache)
+	dir := filepath.Join(kube.RepoRoot(), "bin", "npm-peers", cache)
 	modules := filepath.Join(dir, "node_modules")
 	if installed(modules, pkgs) {
 		return modules
@@ -101,32 +96,10 @@ func installed(modules string, pkgs []string) bool {
 	return true
 }
 
-func repoRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("npmpeer: no go.mod above the working directory")
-		}
-		dir = parent
-	}
-}
-
 // Process is a running peer.
 type Process struct {
-	Name string
-	cmd  *exec.Cmd
-	done chan struct{}
-
-	mu    sync.Mutex
-	lines []string
-	cond  *sync.Cond
+	*procs.Proc
+	stdout *procs.Lines
 }
 
 // Start runs node script args with NODE_PATH=modules and stops it when the
@@ -134,47 +107,17 @@ type Process struct {
 // test log.
 func Start(t testing.TB, name, modules, script string, args ...string) *Process {
 	t.Helper()
-	cmd := exec.Command("node", append([]string{script}, args...)...)
-	cmd.Env = append(os.Environ(), "NODE_PATH="+modules)
-	stdout, err := cmd.StdoutPipe()
+	stdout, stderr := procs.NewLines(), procs.NewLines()
+	stderr.Each = func(line string) { logf(t, "%s stderr: %s", name, line) }
+	p, err := procs.Run(name, "node", append([]string{script}, args...), procs.Options{
+		Env: append(os.Environ(), "NODE_PATH="+modules), Stdout: stdout, Stderr: stderr,
+	})
 	if err != nil {
-		t.Fatal(err)
-	}
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
 		Unavailable(t, "starting node %s: %v", script, err)
 	}
-	p := &Process{Name: name, cmd: cmd, done: make(chan struct{})}
-	p.cond = sync.NewCond(&p.mu)
-	var readers sync.WaitGroup
-	readers.Go(func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			p.mu.Lock()
-			p.lines = append(p.lines, sc.Text())
-			p.cond.Broadcast()
-			p.mu.Unlock()
-		}
-	})
-	readers.Go(func() {
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			logf(t, "%s stderr: %s", name, sc.Text())
-		}
-	})
-	go func() {
-		readers.Wait()
-		_ = cmd.Wait()
-		p.mu.Lock()
-		close(p.done)
-		p.cond.Broadcast()
-		p.mu.Unlock()
-	}()
+	stdout.EndWith(p)
 	t.Cleanup(p.Stop)
-	return p
+	return &Process{Proc: p, stdout: stdout}
 }
 
 // logf logs unless the test has finished; a peer's late output must not
@@ -189,56 +132,19 @@ func logf(t testing.TB, format string, args ...any) {
 // index after it.
 func (p *Process) WaitLine(t testing.TB, prefix string, from int, timeout time.Duration) (string, int) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	timer := time.AfterFunc(timeout, func() {
-		p.mu.Lock()
-		p.cond.Broadcast()
-		p.mu.Unlock()
-	})
-	defer timer.Stop()
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for {
-		for i := from; i < len(p.lines); i++ {
-			if rest, ok := strings.CutPrefix(p.lines[i], prefix); ok {
-				return strings.TrimSpace(rest), i + 1
-			}
-		}
-		select {
-		case <-p.done:
-			t.Fatalf("%s exited before printing %q; stdout: %q", p.Name, prefix, p.lines)
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s did not print %q within %v; stdout: %q", p.Name, prefix, timeout, p.lines)
-		}
-		p.cond.Wait()
+	rest, next, err := p.stdout.Wait(prefix, from, timeout)
+	if err != nil {
+		t.Fatalf("%s %v", p.Name, err)
 	}
+	return rest, next
 }
 
 // Lines returns how many stdout lines the peer has printed.
-func (p *Process) Lines() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return len(p.lines)
-}
+func (p *Process) Lines() int { return p.stdout.Len() }
 
 // Stop ends the peer by its pid: SIGTERM, then SIGKILL after 5s. It is
 // idempotent.
-func (p *Process) Stop() {
-	select {
-	case <-p.done:
-		return
-	default:
-	}
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(5 * time.Second):
-		_ = p.cmd.Process.Kill()
-		<-p.done
-	}
-}
+func (p *Process) Stop() { p.StopWithin(5 * time.Second) }
 
 // FreePort returns a TCP port free on host at the time of the call.
 func FreePort(t testing.TB, host string) int {

@@ -1,5 +1,7 @@
-// Package procs runs Dowse's real binaries (from bin/) as child processes for
-// benchmarks, end-to-end tests and the demo, and stops them by process id.
+// Package procs runs processes for tests, benchmarks and the demo (Dowse's
+// binaries from bin/, peers, a cluster's daemons), keeps their output lines
+// for a test to wait on, reads what /proc says of them, and stops them by
+// process id.
 package procs
 
 import (
@@ -14,16 +16,41 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"testing"
 	"time"
 
 	"github.com/dowse-dev/dowse/test/kube"
 )
 
-// Proc is a running binary.
+// Proc is a process this package started, or one found again by its
+// Record after the process that started it ended (Attach). The start time
+// in its Record tells it from a later process that reused its pid, so that
+// Stop never signals a stranger.
 type Proc struct {
-	Name string
+	Record
 	cmd  *exec.Cmd
-	done chan struct{}
+	done chan struct{} // nil when the process is not our child (Attach)
+}
+
+// Record is what identifies a process across the processes that handle it:
+// a cluster started by one command and stopped by another keeps it on disk.
+type Record struct {
+	Name      string `json:"name"`
+	ID        int    `json:"pid"`
+	StartTime uint64 `json:"startTime"`
+}
+
+// Options says how Run starts a process.
+type Options struct {
+	// Env is the whole environment; nil is this process's.
+	Env []string
+	// Stdout and Stderr receive the output; nil discards it. The process
+	// counts as ended only once both are copied.
+	Stdout, Stderr io.Writer
+	// Detach gives the process its own session, so that it outlives the
+	// caller; otherwise, with DieWithCaller, the kernel kills it (and it
+	// gets its own process group) when the caller dies.
+	Detach, DieWithCaller bool
 }
 
 // BinDir is where Start finds binaries: $DOWSE_BIN_DIR when set (a bench
@@ -41,44 +68,134 @@ func Start(name string, out io.Writer, args ...string) (*Proc, error) {
 	if _, err := os.Stat(path); err != nil {
 		return nil, fmt.Errorf("%s is missing: run `make build` first", path)
 	}
+	return Run(name, path, args, Options{Stdout: out, Stderr: out})
+}
+
+// Run starts path with args.
+func Run(name, path string, args []string, o Options) (*Proc, error) {
 	cmd := exec.Command(path, args...)
-	cmd.Stdout, cmd.Stderr = out, out
+	cmd.Env = o.Env
+	cmd.Stdout, cmd.Stderr = o.Stdout, o.Stderr
+	switch {
+	case o.Detach:
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	case o.DieWithCaller:
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	}
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("starting %s: %w", name, err)
 	}
-	p := &Proc{Name: name, cmd: cmd, done: make(chan struct{})}
+	p := &Proc{Record: Record{Name: name, ID: cmd.Process.Pid}, cmd: cmd, done: make(chan struct{})}
+	p.StartTime, _ = StartTime(p.ID)
 	go func() { _ = cmd.Wait(); close(p.done) }()
 	return p, nil
 }
 
+// Attach finds a process again by its record; it is not our child, so its
+// end is seen by polling.
+func Attach(r Record) *Proc { return &Proc{Record: r} }
+
 // Pid is the process id.
-func (p *Proc) Pid() int { return p.cmd.Process.Pid }
+func (p *Proc) Pid() int { return p.ID }
+
+// Done is closed when our child has ended and its output is copied; nil
+// for an attached process.
+func (p *Proc) Done() <-chan struct{} { return p.done }
 
 // Exited reports whether the process has ended.
-func (p *Proc) Exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
+func (p *Proc) Exited() bool { return !p.Alive() }
+
+// Alive reports whether the process still runs (and is still ours).
+func (p *Proc) Alive() bool {
+	if p.done != nil {
+		select {
+		case <-p.done:
+			return false
+		default:
+			return true
+		}
 	}
+	st, err := StartTime(p.ID)
+	return err == nil && st == p.StartTime && !Zombie(p.ID)
 }
 
 // Stop sends SIGTERM, then SIGKILL after 10 s, and waits for the exit.
-func (p *Proc) Stop() {
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(10 * time.Second):
-		_ = p.cmd.Process.Kill()
-		<-p.done
+func (p *Proc) Stop() { p.StopWithin(10 * time.Second) }
+
+// StopWithin sends SIGTERM, then SIGKILL after grace, and waits for the
+// end. It is idempotent.
+func (p *Proc) StopWithin(grace time.Duration) {
+	if !p.Alive() {
+		return
 	}
+	_ = syscall.Kill(p.ID, syscall.SIGTERM)
+	if p.wait(grace) {
+		return
+	}
+	_ = syscall.Kill(p.ID, syscall.SIGKILL)
+	p.wait(10 * time.Second)
 }
 
 // Kill ends the process at once, as a crash would.
 func (p *Proc) Kill() {
-	_ = p.cmd.Process.Kill()
-	<-p.done
+	if !p.Alive() {
+		return
+	}
+	_ = syscall.Kill(p.ID, syscall.SIGKILL)
+	p.wait(10 * time.Second)
+}
+
+func (p *Proc) wait(d time.Duration) bool {
+	if p.done != nil {
+		select {
+		case <-p.done:
+			return true
+		case <-time.After(d):
+			return false
+		}
+	}
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) {
+		if !p.Alive() {
+			return true
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return !p.Alive()
+}
+
+// StartTime is when process pid started, in clock ticks since boot (field
+// 22 of /proc/<pid>/stat).
+func StartTime(pid int) (uint64, error) {
+	f, err := statFields(pid)
+	if err != nil {
+		return 0, err
+	}
+	if len(f) < 20 {
+		return 0, fmt.Errorf("short /proc/%d/stat", pid)
+	}
+	return strconv.ParseUint(f[19], 10, 64)
+}
+
+// Zombie reports whether process pid has ended and waits to be reaped.
+func Zombie(pid int) bool {
+	f, err := statFields(pid)
+	return err == nil && len(f) > 0 && f[0] == "Z"
+}
+
+// statFields are the fields of /proc/<pid>/stat after the command name,
+// which may hold spaces: the state is the first.
+func statFields(pid int) ([]string, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return nil, err
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return nil, fmt.Errorf("unreadable /proc/%d/stat", pid)
+	}
+	return strings.Fields(s[i+1:]), nil
 }
 
 // Memory is a sample of a process's resident memory, in KiB: Anon is its
@@ -145,15 +262,12 @@ func FreePort() (int, error) {
 
 // CPUTime is the CPU time (user and system) process pid has used.
 func CPUTime(pid int) (time.Duration, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	f, err := statFields(pid)
 	if err != nil {
 		return 0, err
 	}
-	// The command name (field 2) may hold spaces; the fields after it
-	// follow its closing parenthesis: utime and stime are the 14th and
-	// 15th fields, in clock ticks (USER_HZ, 100 on Linux).
-	rest := string(b[strings.LastIndexByte(string(b), ')')+2:])
-	f := strings.Fields(rest)
+	// utime and stime are the 14th and 15th fields, in clock ticks
+	// (USER_HZ, 100 on Linux).
 	if len(f) < 13 {
 		return 0, fmt.Errorf("short /proc/%d/stat", pid)
 	}
@@ -163,6 +277,12 @@ func CPUTime(pid int) (time.Duration, error) {
 		return 0, fmt.Errorf("unreadable /proc/%d/stat", pid)
 	}
 	return time.Duration(u+s) * 10 * time.Millisecond, nil
+}
+
+// CPUSeconds is CPUTime in seconds, for rates.
+func CPUSeconds(pid int) (float64, error) {
+	d, err := CPUTime(pid)
+	return d.Seconds(), err
 }
 
 // Child finds the process id of this process's child whose command is
@@ -209,4 +329,32 @@ func MachineCPU() (busy, total time.Duration, err error) {
 	}
 	idle := ticks[3] + ticks[4] // idle, iowait
 	return time.Duration(all-idle) * 10 * time.Millisecond, time.Duration(all) * 10 * time.Millisecond, nil
+}
+
+// StartLogged runs <BinDir>/<name> with its output appended to
+// <dir>/<logName>.log, stops it when the test ends, and then shows the
+// log's last 16 KiB if the test failed.
+func StartLogged(t testing.TB, dir, name, logName string, args ...string) *Proc {
+	t.Helper()
+	logf, err := os.OpenFile(filepath.Join(dir, logName+".log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := Start(name, logf, args...)
+	if err != nil {
+		logf.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		p.Stop()
+		logf.Close()
+		if t.Failed() {
+			b, _ := os.ReadFile(logf.Name())
+			if len(b) > 16<<10 {
+				b = b[len(b)-16<<10:]
+			}
+			t.Logf("%s log (its last 16 KiB):\n%s", logName, b)
+		}
+	})
+	return p
 }

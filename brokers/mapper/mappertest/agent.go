@@ -507,3 +507,23 @@ func (a *Agent) WaitDeviceError(t testing.TB, namespace, name, property string, 
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// RunMapper makes a mapper of cfg and runs it until the test ends; the test
+// fails when the mapper cannot be made or its Start returns an error.
+func RunMapper(t testing.TB, cfg mapper.Config) *mapper.Mapper {
+	t.Helper()
+	m, err := mapper.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- m.Start(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("mapper Start = %v", err)
+		}
+	})
+	return m
+}

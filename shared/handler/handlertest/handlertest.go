@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	discoveryv1 "github.com/dowse-dev/dowse/proto/discovery/v1"
+	"github.com/dowse-dev/dowse/shared/handler"
 )
 
 // ShortTempDir returns a new directory removed when the test ends. Unix
@@ -264,4 +265,35 @@ func IDs(devs []*discoveryv1.Device) []string {
 		ids = append(ids, d.GetId())
 	}
 	return ids
+}
+
+// Serve runs a handler of cfg until the test ends; the test fails when
+// Serve returns an error, or does not return within 10 s of its context
+// ending.
+func Serve(t testing.TB, cfg handler.Config) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- handler.Serve(ctx, cfg) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("%s handler: Serve = %v", cfg.Name, err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Errorf("%s handler: Serve did not return within 10s of its context ending", cfg.Name)
+		}
+	})
+}
+
+// Run starts a fake agent in a new short state directory, serves a handler
+// of cfg there until the test ends, and returns its registration.
+func Run(t testing.TB, cfg handler.Config) *discoveryv1.RegisterDiscoveryHandlerRequest {
+	t.Helper()
+	cfg.StateDir = ShortTempDir(t)
+	agent := StartAgent(t, cfg.StateDir)
+	Serve(t, cfg)
+	return agent.WaitForRegistration(t, 20*time.Second)
 }

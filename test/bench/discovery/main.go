@@ -35,7 +35,7 @@ import (
 
 	"github.com/dowse-dev/dowse/agent"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
-	"github.com/dowse-dev/dowse/test/kube"
+	"github.com/dowse-dev/dowse/test/bench/benchkit"
 	"github.com/dowse-dev/dowse/test/procs"
 	"github.com/dowse-dev/dowse/test/promtest"
 )
@@ -77,32 +77,16 @@ func start(dir, name string, args ...string) (*procs.Proc, error) {
 }
 
 func run(ctx context.Context, flips, applyN, idleN int, idleFor time.Duration) error {
-	cp, err := kube.Start()
-	if err != nil {
-		return err
-	}
-	defer cp.Stop()
-	dir, err := os.MkdirTemp("", "dowse-bench")
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if os.Getenv("BENCH_KEEP") == "" {
-			os.RemoveAll(dir)
-		}
-	}()
-	kubeconfig := filepath.Join(dir, "kubeconfig")
-	if err := cp.Kubeconfig(kubeconfig); err != nil {
-		return err
-	}
 	scheme, err := agent.Scheme()
 	if err != nil {
 		return err
 	}
-	c, err := client.NewWithWatch(cp.Config, client.Options{Scheme: scheme})
+	cloud, err := benchkit.StartCloud("dowse-bench", scheme)
 	if err != nil {
 		return err
 	}
+	defer cloud.Stop()
+	c, dir, kubeconfig := cloud.Client, cloud.Dir, cloud.Kubeconfig
 	// Both cases write only under dir: the agent's default CDI directory is
 	// the machine's /var/run/cdi.
 	for _, cs := range []struct{ name, pluginDir string }{
@@ -150,28 +134,7 @@ func measure(ctx context.Context, c client.WithWatch, dir, kubeconfig string, fl
 	}
 	defer h.Stop()
 
-	// Sample memory all along: the kernel keeps only the peak of the total
-	// (VmHWM), not of its anonymous part.
-	peakAnon := map[string]int{}
-	sampleDone := make(chan struct{})
-	stopSampling := make(chan struct{})
-	go func() {
-		defer close(sampleDone)
-		t := time.NewTicker(20 * time.Millisecond)
-		defer t.Stop()
-		for {
-			select {
-			case <-stopSampling:
-				return
-			case <-t.C:
-				for _, p := range []*procs.Proc{ag, h} {
-					if m, err := p.MemoryNow(); err == nil && m.Anon > peakAnon[p.Name] {
-						peakAnon[p.Name] = m.Anon
-					}
-				}
-			}
-		}
-	}()
+	anon := benchkit.SampleAnon(ag, h)
 
 	// 1. Latency over flips.
 	if err := createConfig(ctx, c, "flip", 1); err != nil {
@@ -238,8 +201,7 @@ func measure(ctx context.Context, c client.WithWatch, dir, kubeconfig string, fl
 	}
 	fmt.Printf("agent API requests in %s idle with %d instances: %.0f writes, %.0f reads (watches stay open) (goal: 0 writes)\n", idleFor, idleN+1, writes, reads)
 
-	close(stopSampling)
-	<-sampleDone
+	anon.Stop()
 	for _, p := range []*procs.Proc{ag, h} {
 		kib, err := p.PeakRSS()
 		if err != nil {
@@ -250,7 +212,7 @@ func measure(ctx context.Context, c client.WithWatch, dir, kubeconfig string, fl
 			return err
 		}
 		fmt.Printf("peak RSS %s: %.1f MiB (peak anonymous %.1f MiB; now %.1f MiB of which %.1f MiB file-backed binary pages)\n",
-			p.Name, mib(kib), mib(peakAnon[p.Name]), mib(now.RSS), mib(now.File))
+			p.Name, mib(kib), mib(anon.Peak(p.Name)), mib(now.RSS), mib(now.File))
 	}
 	fmt.Println("goals: agent < 64 MiB, handler < 16 MiB")
 	for _, name := range []string{"flip", "idle"} {

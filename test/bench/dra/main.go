@@ -53,7 +53,7 @@ import (
 	"github.com/dowse-dev/dowse/agent"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	shareddra "github.com/dowse-dev/dowse/shared/dra"
-	"github.com/dowse-dev/dowse/test/kube"
+	"github.com/dowse-dev/dowse/test/bench/benchkit"
 	"github.com/dowse-dev/dowse/test/procs"
 )
 
@@ -102,32 +102,16 @@ func main() {
 }
 
 func run(ctx context.Context, counts []int, only []string) error {
-	cp, err := kube.Start()
-	if err != nil {
-		return err
-	}
-	defer cp.Stop()
-	dir, err := os.MkdirTemp("", "dowse-bench-dra")
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if os.Getenv("BENCH_KEEP") == "" {
-			os.RemoveAll(dir)
-		}
-	}()
-	kubeconfig := filepath.Join(dir, "kubeconfig")
-	if err := cp.Kubeconfig(kubeconfig); err != nil {
-		return err
-	}
 	scheme, err := agent.Scheme()
 	if err != nil {
 		return err
 	}
-	c, err := client.NewWithWatch(cp.Config, client.Options{Scheme: scheme})
+	cloud, err := benchkit.StartCloud("dowse-bench-dra", scheme)
 	if err != nil {
 		return err
 	}
+	defer cloud.Stop()
+	c, dir, kubeconfig := cloud.Client, cloud.Dir, cloud.Kubeconfig
 	// The agent's slices are owned by its Node.
 	if err := c.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}); err != nil {
 		return err

@@ -34,6 +34,7 @@ import (
 
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	"github.com/dowse-dev/dowse/shared/scheme"
+	"github.com/dowse-dev/dowse/test/bench/benchkit"
 	"github.com/dowse-dev/dowse/test/kube"
 	"github.com/dowse-dev/dowse/test/procs"
 	"github.com/dowse-dev/dowse/test/promtest"
@@ -156,24 +157,7 @@ func measure(ctx context.Context, admin client.Client, dir, kubeconfig string, o
 		return f, err
 	}
 	defer h.Stop()
-	peakAnon := 0
-	stopSampling := make(chan struct{})
-	sampled := make(chan struct{})
-	go func() {
-		defer close(sampled)
-		t := time.NewTicker(20 * time.Millisecond)
-		defer t.Stop()
-		for {
-			select {
-			case <-stopSampling:
-				return
-			case <-t.C:
-				if m, err := ag.MemoryNow(); err == nil && m.Anon > peakAnon {
-					peakAnon = m.Anon
-				}
-			}
-		}
-	}()
+	anon := benchkit.SampleAnon(ag)
 	deadline := time.Now().Add(5 * time.Minute)
 	for {
 		var list v1alpha1.InstanceList
@@ -213,8 +197,8 @@ func measure(ctx context.Context, admin client.Client, dir, kubeconfig string, o
 			f.writes += v - before[k]
 		}
 	}
-	close(stopSampling)
-	<-sampled
+	anon.Stop()
+	peakAnon := anon.Peak(ag.Name)
 	if f.peakRSS, err = ag.PeakRSS(); err != nil {
 		return f, err
 	}

@@ -48,6 +48,7 @@ import (
 
 	"github.com/dowse-dev/dowse/brokers/mapper/mappertest"
 	dmiv1beta1 "github.com/dowse-dev/dowse/proto/dmi/v1beta1"
+	"github.com/dowse-dev/dowse/test/npmpeer"
 	"github.com/dowse-dev/dowse/test/procs"
 )
 
@@ -157,7 +158,7 @@ func startJSModbusWith(root, modules string, port int, extra map[string]any) (*p
 		c[k] = v
 	}
 	cfg, _ := json.Marshal(c)
-	cmd := exec.Command("node", filepath.Join(root, "brokers", "modbus", "testdata", "modbus-server.js"), string(cfg))
+	cmd := exec.Command("node", npmpeer.ModbusScript(), string(cfg))
 	cmd.Env = append(os.Environ(), "NODE_PATH="+modules)
 	cmd.Stderr = os.Stderr
 	out, err := cmd.StdoutPipe()
@@ -382,7 +383,7 @@ func run(ctx context.Context, window time.Duration, nDevices, nProps, samples in
 		time.Sleep(time.Second) // connect and settle
 		ok0, _ := counter(metrics, `dowse_mapper_reads_total{result="ok"}`)
 		err0, _ := counter(metrics, `dowse_mapper_reads_total{result="error"}`)
-		cpu0, _ := cpuSeconds(m.Pid())
+		cpu0, _ := procs.CPUSeconds(m.Pid())
 		start := time.Now()
 		select {
 		case <-time.After(window):
@@ -395,7 +396,7 @@ func run(ctx context.Context, window time.Duration, nDevices, nProps, samples in
 		}
 		err1, _ := counter(metrics, `dowse_mapper_reads_total{result="error"}`)
 		took := time.Since(start).Seconds()
-		if cpu1, err := cpuSeconds(m.Pid()); err == nil && ok1 > ok0 {
+		if cpu1, err := procs.CPUSeconds(m.Pid()); err == nil && ok1 > ok0 {
 			// What a read costs the mapper, whatever share of the cores it
 			// got on a busy machine.
 			fmt.Printf("  (mapper CPU %.2f s in %.1f s: %.0f µs a read)\n", cpu1-cpu0, took, (cpu1-cpu0)/(ok1-ok0)*1e6)
@@ -537,24 +538,6 @@ func run(ctx context.Context, window time.Duration, nDevices, nProps, samples in
 	fmt.Printf("mapper peak RSS (VmHWM) over the run, %d devices at most: %.1f MiB (peak anonymous %.1f MiB; now %.1f MiB of which %.1f MiB file-backed binary pages; goal < 16 MiB)\n",
 		nDevices, float64(kib)/1024, float64(peakAnon.Load())/1024, float64(now.RSS)/1024, float64(now.File)/1024)
 	return nil
-}
-
-// cpuSeconds is the user and system CPU time a process has used.
-func cpuSeconds(pid int) (float64, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, err
-	}
-	// Fields after the command name (which may hold spaces), from the
-	// third: utime and stime are the 14th and 15th.
-	s := string(b)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-	if len(f) < 13 {
-		return 0, fmt.Errorf("short /proc/%d/stat", pid)
-	}
-	ut, _ := strconv.ParseFloat(f[11], 64)
-	st, _ := strconv.ParseFloat(f[12], 64)
-	return (ut + st) / 100, nil // USER_HZ is 100 on Linux
 }
 
 // bucket is one cumulative histogram bucket.

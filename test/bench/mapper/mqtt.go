@@ -186,7 +186,7 @@ func runMQTT(ctx context.Context, root string, window time.Duration, nDevices, n
 	labels := `kind="mqtt",address="` + brokerURL + `"`
 	r0 := received.Load()
 	s0, _ := counter(metrics, `dowse_mapper_sink_sent_total{`+labels+`}`)
-	cpu0, _ := cpuSeconds(m.Pid())
+	cpu0, _ := procs.CPUSeconds(m.Pid())
 	busy0, total0, _ := procs.MachineCPU()
 	start := time.Now()
 	select {
@@ -196,7 +196,7 @@ func runMQTT(ctx context.Context, root string, window time.Duration, nDevices, n
 	}
 	r1 := received.Load()
 	s1, _ := counter(metrics, `dowse_mapper_sink_sent_total{`+labels+`}`)
-	cpu1, _ := cpuSeconds(m.Pid())
+	cpu1, _ := procs.CPUSeconds(m.Pid())
 	busy1, total1, _ := procs.MachineCPU()
 	took := time.Since(start).Seconds()
 	reads, _ := counter(metrics, `dowse_mapper_reads_total{result="ok"}`)

@@ -19,6 +19,7 @@ import (
 
 	"github.com/dowse-dev/dowse/brokers/mapper/mappertest"
 	dmiv1beta1 "github.com/dowse-dev/dowse/proto/dmi/v1beta1"
+	"github.com/dowse-dev/dowse/test/npmpeer"
 	"github.com/dowse-dev/dowse/test/procs"
 )
 
@@ -31,7 +32,7 @@ func startNodeOPCUA(root, dir string, port int) (*peer, error) {
 	}
 	cfg, _ := json.Marshal(map[string]any{"kind": "server", "port": port, "pkiDir": filepath.Join(dir, "pki"),
 		"applicationName": "bench", "applicationUri": "urn:dowse:bench"})
-	cmd := exec.Command("node", filepath.Join(root, "discovery-handlers", "opcua", "testdata", "opcua-server.js"), string(cfg))
+	cmd := exec.Command("node", npmpeer.OPCUAScript(), string(cfg))
 	cmd.Env = append(os.Environ(), "NODE_PATH="+modules)
 	out, err := cmd.StdoutPipe()
 	if err != nil {

@@ -1,5 +1,5 @@
-// Launcher for a real Modbus TCP or RTU peer, used by the Modbus mapper's
-// tests.
+// Launcher for a real Modbus TCP or RTU peer (npmpeer.StartModbus), used by
+// the Modbus handler's and mapper's tests and benches.
 // Usage: node modbus-server.js '<json config>'
 //   {"impl": "jsmodbus" | "modbus-serial", "host": "127.0.0.x", "port": N,
 //    "serialPath": "/dev/pts/N" (modbus-serial only: Modbus RTU on that
@@ -9,6 +9,8 @@
 //    "holding": {"0": 42, ...}, "input": {...}, "coils": {"3": 1}, "discrete": {...},
 //    "logWrites": true (print "WRITE <address> <value>" for each
 //    single-register write),
+//    "identification": {"0": "vendor", "1": "product code", ...}
+//    (modbus-serial only: what Read Device Identification answers),
 //    "tick": {"ms": N, "words": W} (jsmodbus only: holding registers
 //    0..W-1 count up by one every N ms, so every read of them changes)}
 // jsmodbus answers every unit id from plain buffers (a read past the end
@@ -85,6 +87,7 @@ if (cfg.impl === "jsmodbus") {
       coils[addr] = value ? 1 : 0;
     },
   };
+  if (cfg.identification) vector.readDeviceIdentification = () => cfg.identification;
   let server;
   if (cfg.serialPath) {
     server = new ModbusRTU.ServerSerial(vector, {

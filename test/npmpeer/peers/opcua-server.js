@@ -1,4 +1,5 @@
-// Launcher for a real node-opcua peer, used by the OPC UA handler's tests.
+// Launcher for a real node-opcua peer (npmpeer.StartOPCUA), used by the OPC
+// UA handler's and mapper's tests and benches.
 // Usage: node opcua-server.js '<json config>'
 //   {"kind": "server" | "lds", "port": N, "pkiDir": "...",
 //    "applicationName": "...", "applicationUri": "...", "ldsUrl": "opc.tcp://...",

@@ -1,0 +1,57 @@
+package procs
+
+import (
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestRunWaitsForLinesAndStops(t *testing.T) {
+	out := NewLines()
+	var each []string
+	out.Each = func(l string) { each = append(each, l) }
+	p, err := Run("sh", "sh", []string{"-c", "echo starting; echo 'listening on 127.0.0.1:1'; exec sleep 60"}, Options{Stdout: out})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out.EndWith(p)
+	addr, next, err := out.Wait("listening on", 0, 10*time.Second)
+	if err != nil || addr != "127.0.0.1:1" || next != 2 {
+		t.Fatalf("Wait = %q, %d, %v", addr, next, err)
+	}
+	if _, _, err := out.Wait("listening on", next, 100*time.Millisecond); err == nil || !strings.Contains(err.Error(), "within") {
+		t.Fatalf("a line that never comes: %v", err)
+	}
+	// Another handle on the same process, as a later command has it.
+	again := Attach(p.Record)
+	if !again.Alive() || p.StartTime == 0 {
+		t.Fatalf("attached: alive %v, start time %d", again.Alive(), p.StartTime)
+	}
+	p.StopWithin(5 * time.Second)
+	if p.Alive() || again.Alive() {
+		t.Fatal("still alive after Stop")
+	}
+	if _, _, err := out.Wait("never", 0, 10*time.Second); err == nil || !strings.Contains(err.Error(), "ended") {
+		t.Fatalf("waiting after the end: %v", err)
+	}
+	if len(each) != 2 || out.Len() != 2 {
+		t.Fatalf("Each saw %q, Len %d", each, out.Len())
+	}
+	// A pid reused by a stranger is not ours.
+	if Attach(Record{Name: "x", ID: p.Pid(), StartTime: p.StartTime + 1}).Alive() {
+		t.Fatal("a record with another start time counts as alive")
+	}
+}
+
+func TestCPUTimeOfThisProcess(t *testing.T) {
+	if _, err := CPUTime(1 << 30); err == nil {
+		t.Fatal("no error for a process that does not exist")
+	}
+	d, err := CPUTime(selfPid())
+	if err != nil || d < 0 {
+		t.Fatalf("CPUTime = %v, %v", d, err)
+	}
+}
+
+func selfPid() int { return os.Getpid() }
