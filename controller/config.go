@@ -7,6 +7,7 @@ import (
 
 	"github.com/dowse-dev/dowse/controller/internal/mappers"
 	"github.com/dowse-dev/dowse/controller/linkauth"
+	"github.com/dowse-dev/dowse/controller/ownership"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	"github.com/dowse-dev/dowse/shared/kubeflags"
 	"github.com/dowse-dev/dowse/shared/link"
@@ -79,6 +80,9 @@ func (c *Config) defaults() {
 	if l.DrainPeriod == 0 {
 		l.DrainPeriod = 5 * time.Second
 	}
+	if l.MaxClaimsInFlight == 0 {
+		l.MaxClaimsInFlight = ownership.DefaultMaxClaimsInFlight
+	}
 }
 
 // AddFlags registers the controller's flags on fs, bound to c, with c's
@@ -120,6 +124,7 @@ func (c *Config) AddFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.Link.QueueSize, "link-queue-size", c.Link.QueueSize, "most unacknowledged messages queued for one node (a node is sent each of its Devices when it connects)")
 	fs.StringVar(&c.PodName, "pod-name", kubeflags.EnvOr("POD_NAME", c.PodName), "this replica's Pod (env POD_NAME): its identity as the holder of the edges' sessions it serves (outside a Pod, the host name and a random suffix)")
 	fs.DurationVar(&c.Link.SpreadInterval, "link-spread-interval", c.Link.SpreadInterval, "how often this replica publishes how many edges it serves and, when it holds more than its share, moves some to the other replicas")
+	fs.IntVar(&c.Link.MaxClaimsInFlight, "link-max-claims-in-flight", c.Link.MaxClaimsInFlight, "most node ownership records this replica writes at once as edges connect (a replica taking over a dead one's edges claims each; more wait in their handshake rather than queue in the API server ahead of everything else the replica asks)")
 	fs.Var(kubeflags.DurationOrNone(&c.Link.DrainPeriod), "link-drain-period", "when stopping, the `time` this replica spends moving its edges to the other replicas, spread over that time, before it closes what is left (0: none, the edges find out when their connections close)")
 	fs.StringVar(&c.MapperStateDir, "mapper-state-dir", c.MapperStateDir, "the agents' state directory on the nodes (their --state-dir), mounted into the mapper Pods the controller runs")
 	fs.DurationVar(&c.Link.TwinStatusInterval, "twin-status-interval", c.Link.TwinStatusInterval, "least time between two status writes of one Device, however fast its mappers report")

@@ -73,6 +73,9 @@ type LinkConfig struct {
 	// holds and checks that it holds no more than its share (ownership's
 	// default when 0).
 	SpreadInterval time.Duration
+	// MaxClaimsInFlight bounds the node records this replica writes at
+	// once when edges connect (ownership's default when 0).
+	MaxClaimsInFlight int
 }
 
 type committer func(node string, pos cloudhub.Position)
@@ -164,16 +167,21 @@ func addLink(ctx context.Context, mgr ctrl.Manager, cfg Config, reg prometheus.R
 	var twinSync *twins.Sync
 	var hub *cloudhub.Hub
 	var presence *ownership.Presence
+	var claims *ownership.Claims
 	twinMetrics := twins.NewMetrics(reg)
 	status := twins.NewStatus(mgr.GetClient(), mgr.GetClient(), committer(func(node string, pos cloudhub.Position) { hub.Commit(node, pos) }),
-		twins.StatusConfig{Interval: lc.TwinStatusInterval, Concurrency: lc.TwinStatusConcurrency, Live: mgr.GetAPIReader()}, twinMetrics, log.WithName("twins"))
+		twins.StatusConfig{Interval: lc.TwinStatusInterval, Concurrency: lc.TwinStatusConcurrency, Live: mgr.GetAPIReader(),
+			// A newer session wrote one of the node's Devices: close the
+			// older one here now rather than when the watch tells.
+			OnFenced: func(node string, through uint64) { claims.Fenced(node, through) }},
+		twinMetrics, log.WithName("twins"))
 
 	// A node's session is this replica's from the moment it claims the
 	// node's record; when another replica claims it, this one closes its
 	// session and drops what it took of it and did not write.
 	cache := mgr.GetClient()
-	claims, err := ownership.NewClaims(ownership.ClaimsConfig{
-		Leases: cs.CoordinationV1().Leases(cfg.Namespace), Replica: lc.Replica,
+	claims, err = ownership.NewClaims(ownership.ClaimsConfig{
+		Leases: cs.CoordinationV1().Leases(cfg.Namespace), Replica: lc.Replica, MaxInFlight: lc.MaxClaimsInFlight,
 		NodeUID: func(ctx context.Context, node string) (types.UID, error) {
 			var n corev1.Node
 			err := cache.Get(ctx, client.ObjectKey{Name: node}, &n)

@@ -38,10 +38,20 @@ type ClaimsConfig struct {
 	// the node's owner any more: close it and drop its unwritten state.
 	// Called on the watch's goroutine; it must not block long.
 	Lost func(node string, through uint64)
+	// MaxInFlight bounds the claims being written at once
+	// (DefaultMaxClaimsInFlight); more wait
+	// their turn. A replica taking over a dead one's nodes claims them all
+	// at once: unbounded, the writes queue in the API server instead, and
+	// every other request of the replica (its leader election's renewals)
+	// waits behind them.
+	MaxInFlight int
 	// Metrics may be nil.
 	Metrics *Metrics
 	Log     logr.Logger
 }
+
+// DefaultMaxClaimsInFlight is ClaimsConfig.MaxInFlight's default.
+const DefaultMaxClaimsInFlight = 32
 
 // Claims makes this replica the owner of node sessions (Claim) and tells
 // it when another replica took one (ClaimsConfig.Lost). See the package
@@ -50,9 +60,13 @@ type Claims struct {
 	cfg   ClaimsConfig
 	label string
 
-	mu     sync.Mutex
-	held   map[string]uint64 // node -> the newest epoch this replica knows it holds
-	synced func() bool
+	inFlight chan struct{}
+
+	mu      sync.Mutex
+	held    map[string]uint64 // node -> the newest epoch this replica knows it holds
+	claimed map[string]uint64 // node -> the epoch this process last wrote into its record
+	watched map[string]uint64 // node -> the epoch the watch last showed its record held here at
+	synced  func() bool
 }
 
 // NewClaims checks cfg and makes Claims; Start runs its watch.
@@ -66,7 +80,11 @@ func NewClaims(cfg ClaimsConfig) (*Claims, error) {
 	if cfg.Log.GetSink() == nil {
 		cfg.Log = logr.Discard()
 	}
-	return &Claims{cfg: cfg, label: HolderLabel(cfg.Replica), held: map[string]uint64{}, synced: func() bool { return false }}, nil
+	if cfg.MaxInFlight <= 0 {
+		cfg.MaxInFlight = DefaultMaxClaimsInFlight
+	}
+	return &Claims{cfg: cfg, label: HolderLabel(cfg.Replica), inFlight: make(chan struct{}, cfg.MaxInFlight),
+		held: map[string]uint64{}, claimed: map[string]uint64{}, watched: map[string]uint64{}, synced: func() bool { return false }}, nil
 }
 
 // maxClaimRounds bounds the read-and-write rounds of one Claim: each lost
@@ -85,19 +103,51 @@ var ErrContended = errors.New("ownership: the node's record kept changing while 
 // resourceVersion), so two replicas claiming at once get different epochs
 // and the later one is the owner. hint is the epoch the edge last had (its
 // Hello's): when it is still the record's, the claim is one request.
+//
+// An edge that comes back to this process with the epoch this process
+// last wrote into its record, while the watch still shows the record held
+// here at that epoch, resumes that session without a write (path "kept"):
+// no other session can have begun as far as this replica can know, and if
+// one did (the watch trails the API server), the watch closes this one
+// when it catches up and the fence on Device.status refuses its writes
+// after the newer session's first. A reconnect of an edge dropped by a
+// loaded replica then costs the API server nothing.
+//
 // Errors are the API server's, or ErrContended; the caller refuses the
 // session and the edge retries.
 func (c *Claims) Claim(ctx context.Context, node string, hint uint64) (uint64, error) {
 	start := time.Now()
+	if c.kept(node, hint) {
+		c.cfg.Metrics.claimed("kept", nil, time.Since(start))
+		return hint, nil
+	}
+	select {
+	case c.inFlight <- struct{}{}:
+	case <-ctx.Done():
+		return 0, context.Cause(ctx)
+	}
 	epoch, path, err := c.claim(ctx, node, hint)
+	<-c.inFlight
 	c.cfg.Metrics.claimed(path, err, time.Since(start))
 	if err != nil {
 		return 0, err
 	}
 	c.mu.Lock()
 	c.held[node] = max(c.held[node], epoch)
+	c.claimed[node] = epoch
 	c.mu.Unlock()
 	return epoch, nil
+}
+
+// kept reports whether node's session at epoch hint is still this
+// process's (see Claim).
+func (c *Claims) kept(node string, hint uint64) bool {
+	if hint == 0 {
+		return false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.claimed[node] == hint && c.watched[node] == hint && c.held[node] == hint
 }
 
 func (c *Claims) claim(ctx context.Context, node string, hint uint64) (uint64, string, error) {
@@ -308,6 +358,7 @@ func (c *Claims) seen(o any) {
 	}
 	c.mu.Lock()
 	c.held[node] = max(c.held[node], epoch)
+	c.watched[node] = epoch
 	c.mu.Unlock()
 }
 
@@ -330,15 +381,27 @@ func (c *Claims) lost(node string, through uint64) {
 	if c.held[node] <= through {
 		delete(c.held, node)
 	}
+	delete(c.watched, node)
+	if c.claimed[node] <= through {
+		delete(c.claimed, node)
+	}
 	c.mu.Unlock()
 	c.cfg.Log.V(1).Info("another replica took the node's session", "node", node, "through", through)
 	c.cfg.Lost(node, through)
 }
+
+// Fenced tells Claims that a Device of node was found written by a newer
+// session than any through epoch through (the status writer's fence): the
+// record has moved on whether or not the watch saw it yet, so sessions of
+// node through that epoch are lost as if the watch had said so (Lost).
+func (c *Claims) Fenced(node string, through uint64) { c.lost(node, through) }
 
 // Forget drops what this replica knows of node's record (a node that left
 // the cluster).
 func (c *Claims) Forget(node string) {
 	c.mu.Lock()
 	delete(c.held, node)
+	delete(c.claimed, node)
+	delete(c.watched, node)
 	c.mu.Unlock()
 }

@@ -25,7 +25,13 @@
 //     the claim succeeded, and the Welcome tells it the epoch. The Lease is
 //     a record, not a timer: nobody renews it and nothing expires, so a
 //     replica that dies leaves it as it is, and its nodes reconnect
-//     elsewhere and claim.
+//     elsewhere and claim. An edge that comes back to the process that
+//     wrote its current epoch, while that process's watch still shows the
+//     record held there at that epoch, resumes the session at that epoch
+//     without a write (a replica too loaded to keep its edges' heartbeats
+//     does not also pay a claim for each return); should another replica
+//     have claimed meanwhile, unseen yet, the watch and the fence below
+//     close and refuse the older session as for any other.
 //  2. The old owner lets go at once. Each replica watches the records
 //     labelled with it (LabelHolder), and only those. A record that leaves
 //     that set was claimed by another replica (or deleted with its Node):
@@ -65,8 +71,10 @@
 //     per node), so a replica killed with kill -9 leaves nothing another
 //     replica has to wait for or recover.
 //
-// The cost is one Lease write per connect (one request when the edge's
-// hint is right) and, per replica, a watch of the records it holds.
+// The cost is one Lease write per connect to another replica (one request
+// when the edge's hint is right; at most ClaimsConfig.MaxInFlight at once),
+// none for a return to the same one, and, per replica, a watch of the
+// records it holds.
 //
 // # Spread and move
 //

@@ -221,6 +221,12 @@ func serving(l *coordinationv1.Lease, now time.Time) bool {
 		now.Sub(l.Spec.RenewTime.Time) <= time.Duration(ptr.Deref(l.Spec.LeaseDurationSeconds, 0))*time.Second
 }
 
+// fresh reports whether l was renewed within two of this replica's
+// intervals: a replica that recent is taken to have room as it says.
+func (p *Presence) fresh(l *coordinationv1.Lease, now time.Time) bool {
+	return l.Spec.RenewTime != nil && now.Sub(l.Spec.RenewTime.Time) <= 2*p.cfg.Every
+}
+
 // RoomElsewhere says whether a replica holding sessions should send a new
 // edge on: it holds at least its share (rounded up) and another replica,
 // present and renewed within two intervals, holds less.
@@ -242,7 +248,7 @@ func (p *Presence) RoomElsewhere(sessions int) bool {
 		}
 		total += n
 		replicas++
-		if l.Spec.RenewTime != nil && now.Sub(l.Spec.RenewTime.Time) <= 2*p.cfg.Every {
+		if p.fresh(l, now) {
 			counts = append(counts, n)
 		}
 	}
@@ -280,7 +286,13 @@ func (p *Presence) spread(sessions []string) time.Duration {
 		}
 		total += n
 		replicas++
-		counts = append(counts, n)
+		// Room only on a replica renewed within two of this one's
+		// intervals (as RoomElsewhere): a replica killed leaves its
+		// presence serving until it expires, and the edges moved to it
+		// would only come back here, each with one more claim.
+		if p.fresh(l, now) {
+			counts = append(counts, n)
+		}
 	}
 	share := float64(total) / float64(replicas)
 	p.share.Set(share)

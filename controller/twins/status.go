@@ -48,9 +48,10 @@ type StatusConfig struct {
 	// cache may not have seen the write that won yet); nil: the client.
 	Live client.Reader
 	// OnFenced, when set, is called (after Release) when a write finds the
-	// Device written by a newer session of the same node: this replica no
-	// longer owns the node and should close its session.
-	OnFenced func(node string)
+	// Device written by a newer session of the same node: this replica's
+	// sessions of the node through epoch through are not the owner and
+	// should be closed.
+	OnFenced func(node string, through uint64)
 }
 
 // Status owns the reported part of Device.status: it takes what nodes
@@ -441,8 +442,8 @@ func (s *Status) fenced(node string, stored *v1alpha1.LinkPosition) {
 	s.metrics.dropped("fenced")
 	s.log.Info("a newer session of the node wrote a device: releasing the node", "node", node, "storedEpoch", stored.Epoch)
 	s.Release(node)
-	if s.cfg.OnFenced != nil {
-		s.cfg.OnFenced(node)
+	if s.cfg.OnFenced != nil && stored.Epoch > 0 {
+		s.cfg.OnFenced(node, uint64(stored.Epoch)-1)
 	}
 }
 

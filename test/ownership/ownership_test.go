@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr/testr"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
@@ -108,22 +109,60 @@ func TestClaimTakesOverAndTellsTheOldHolder(t *testing.T) {
 		}
 		return nil
 	})
-	// Reconnecting to the replica that holds it: one request, no loss told.
-	e4, err := a.Claim(ctx, "edge-1", e3)
-	if err != nil || e4 != 4 {
-		t.Fatalf("reclaim: epoch %d, %v; want 4", e4, err)
+	// Reconnecting to the replica that holds it: a claim with the epoch
+	// this process wrote is one request, or none once its watch shows the
+	// record at that epoch: the session goes on (kept), nothing is
+	// written, no loss told.
+	rv := func() string {
+		l, err := leases.Get(ctx, ownership.NodeLeaseName("edge-1"), metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l.ResourceVersion
 	}
+	cur := e3
+	testwait.For(t, 10*time.Second, func() error {
+		before := rv()
+		e, err := a.Claim(ctx, "edge-1", cur)
+		switch {
+		case err != nil:
+			return err
+		case e != cur:
+			if e != cur+1 {
+				t.Fatalf("reclaim with hint %d: epoch %d, want %d or %d", cur, e, cur, cur+1)
+			}
+			cur = e
+			return fmt.Errorf("claimed anew as epoch %d: the watch trails", e)
+		case rv() != before:
+			t.Fatalf("the session of epoch %d was kept, yet its record was written", e)
+		}
+		return nil
+	})
 	l, err := leases.Get(ctx, ownership.NodeLeaseName("edge-1"), metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if h := ptr.Deref(l.Spec.HolderIdentity, ""); h != "replica-a" || ptr.Deref(l.Spec.LeaseTransitions, 0) != 4 ||
+	if h := ptr.Deref(l.Spec.HolderIdentity, ""); h != "replica-a" || uint64(ptr.Deref(l.Spec.LeaseTransitions, 0)) != cur ||
 		l.Labels[ownership.LabelHolder] != "replica-a" || l.Annotations[ownership.AnnotationNode] != "edge-1" || l.Spec.LeaseDurationSeconds != nil {
-		t.Errorf("record %+v %+v: want holder replica-a, 4 transitions, its label and node, no duration", l.ObjectMeta, l.Spec)
+		t.Errorf("record %+v %+v: want holder replica-a, %d transitions, its label and node, no duration", l.ObjectMeta, l.Spec, cur)
 	}
 	time.Sleep(500 * time.Millisecond)
 	if got := lostA.of("edge-1"); !slices.Equal(got, []uint64{1}) {
 		t.Errorf("replica-a was told it lost %v after reclaiming, want only the first [1]", got)
+	}
+	// Taken by b: once a's watch told it, a keeps nothing and claims anew.
+	eb, err := b.Claim(ctx, "edge-1", cur)
+	if err != nil || eb != cur+1 {
+		t.Fatalf("claim on replica-b: epoch %d, %v; want %d", eb, err, cur+1)
+	}
+	testwait.For(t, 10*time.Second, func() error {
+		if got := lostA.of("edge-1"); !slices.Equal(got, []uint64{1, cur}) {
+			return fmt.Errorf("replica-a was told it lost %v, want [1 %d]", got, cur)
+		}
+		return nil
+	})
+	if e, err := a.Claim(ctx, "edge-1", cur); err != nil || e != cur+2 {
+		t.Errorf("claim on replica-a after it lost epoch %d: epoch %d, %v; want %d", cur, e, err, cur+2)
 	}
 }
 
@@ -334,4 +373,42 @@ func TestPresenceSpreadsEdges(t *testing.T) {
 	f.order = []string{"a", "b"}
 	f.mu.Unlock()
 	settled([]int{5, 4})
+}
+
+// TestPresenceSendsNothingToAStaleReplica: a replica killed leaves its
+// presence as it was (here one that promised to renew hourly, as a replica
+// run with --link-spread-interval 1h does, last renewed 10 s ago, holding
+// nothing): it is counted in the share, but a replica holding every edge
+// moves none to it, since the edges would only come back.
+func TestPresenceSendsNothingToAStaleReplica(t *testing.T) {
+	ctx := context.Background()
+	leases := ownLeases(t)
+	renewed := metav1.NewMicroTime(time.Now().Add(-10 * time.Second))
+	if _, err := leases.Create(ctx, &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Name: ownership.ReplicaLeaseName("dead"), Labels: map[string]string{ownership.LabelKind: "replica"},
+			Annotations: map[string]string{ownership.AnnotationSessions: "0", ownership.AnnotationDraining: "false"}},
+		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To("dead"), LeaseDurationSeconds: ptr.To(int32(3 * 3600)), RenewTime: &renewed},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f := &fleet{held: map[string]map[string]bool{"a": {}, "dead": {}}, order: []string{"a", "dead"}}
+	for i := range 9 {
+		f.held["a"][fmt.Sprintf("edge-%d", i)] = true
+	}
+	startPresence(t, leases, f, "a")
+	// Ten of its intervals: it renewed and looked at the spread each time.
+	testwait.For(t, 10*time.Second, func() error {
+		l, err := leases.Get(ctx, ownership.ReplicaLeaseName("a"), metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if l.Spec.RenewTime == nil || time.Since(l.Spec.RenewTime.Time) > time.Second {
+			return errors.New("a's presence is not renewed")
+		}
+		return nil
+	})
+	time.Sleep(2 * time.Second)
+	if got := f.counts(); !slices.Equal(got, []int{9, 0}) {
+		t.Errorf("edges per replica %v, want [9 0]: a moved edges to a replica whose presence is stale", got)
+	}
 }

@@ -497,3 +497,53 @@ func findTwin(d *v1alpha1.Device, prop string) *v1alpha1.Twin {
 	}
 	return nil
 }
+
+// TestTwinStatusFenced: a writer of an older session of the node (another
+// replica that has not seen the takeover yet) finds the Device written by
+// the newer one, applies nothing and says which sessions are fenced
+// (StatusConfig.OnFenced: through the epoch below the stored one).
+func TestTwinStatusFenced(t *testing.T) {
+	ctx := context.Background()
+	ns := suite.Namespace(t)
+	if err := suite.Client.Create(ctx, thermostatModel(ns)); err != nil {
+		t.Fatal(err)
+	}
+	if err := suite.Client.Create(ctx, device(ns, "t1", "edge-1")); err != nil {
+		t.Fatal(err)
+	}
+	hub := newFakeHub()
+	type fence struct {
+		node    string
+		through uint64
+	}
+	var fences []fence
+	writer := func() *twins.Status {
+		return twins.NewStatus(suite.Client, suite.Client, hub, twins.StatusConfig{
+			OnFenced: func(node string, through uint64) { fences = append(fences, fence{node, through}) }}, twins.NewMetrics(nil), testr.New(t))
+	}
+	report := func(s *twins.Status, epoch, seq uint64, v float64) {
+		t.Helper()
+		if err := s.Handle(ctx, cloudhub.Inbound{Node: "edge-1", At: cloudhub.Position{Stream: 3, Seq: seq, Epoch: epoch}, Epoch: epoch,
+			Env: &linkv1.Envelope{Seq: seq, Kind: &linkv1.Envelope_TwinReported{TwinReported: &linkv1.TwinReportedUpdate{
+				Device: &linkv1.DeviceRef{Namespace: ns, Name: "t1"}, Property: "temperature", Value: &linkv1.Value{Kind: &linkv1.Value_DoubleValue{DoubleValue: v}}}}}}); err != nil {
+			t.Fatal(err)
+		}
+		s.Flush(ctx)
+	}
+	newer, older := writer(), writer()
+	report(newer, 5, 10, 1.5)
+	if d, err := getDevice(ns, "t1"); err != nil || d.Status.ReportedPosition == nil || d.Status.ReportedPosition.Epoch != 5 {
+		t.Fatalf("after the newer session's write: %+v, %v; want the position of epoch 5", d.Status.ReportedPosition, err)
+	}
+	report(older, 4, 11, 2.5)
+	d, err := getDevice(ns, "t1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tw := findTwin(d, "temperature"); tw == nil || tw.Reported.Value != "1.5" {
+		t.Errorf("temperature twin %+v: an older session's report was applied over the newer one's", tw)
+	}
+	if !slices.Equal(fences, []fence{{"edge-1", 4}}) {
+		t.Errorf("OnFenced told %v, want [{edge-1 4}]", fences)
+	}
+}
