@@ -25,6 +25,12 @@ command -v chromium >/dev/null || need+=(chromium)
 # checks what the mappers publish).
 command -v mosquitto >/dev/null || [ -x /usr/sbin/mosquitto ] || need+=(mosquitto)
 command -v mosquitto_sub >/dev/null || need+=(mosquitto-clients)
+# The database sinks' peers: Debian's Redis (redis-cli reads back what the
+# mappers wrote) and MariaDB (started on a scratch data directory by the
+# tests; the mariadb client reads the rows back).
+command -v redis-server >/dev/null || need+=(redis-server)
+command -v mariadb-install-db >/dev/null || [ -x /usr/sbin/mariadbd ] || need+=(mariadb-server)
+command -v mariadb >/dev/null || need+=(mariadb-client)
 # lighttpd is the reverse proxy that requires HTTP Digest in front of go2rtc
 # (a camera insisting on Digest); promtool (Debian's prometheus) checks the
 # chart's alerting rules.

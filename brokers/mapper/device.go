@@ -51,6 +51,12 @@ type propState struct {
 	pushed    string
 	hasPushed bool
 	pushedAt  time.Time
+
+	// report is this property's twin in the device's reports, reused by
+	// every flush (a report is marshalled before its call returns): a
+	// busy device reports every cycle, and a map and two messages per
+	// property each time were most of a mapper's garbage.
+	report *dmiv1beta1.Twin
 }
 
 type group struct {
@@ -118,6 +124,11 @@ type device struct {
 	authWant     *authCond // the Authenticated condition to tell
 	authSent     *authCond // the last one told
 	credDigest   string    // of the credential files at the refused login
+	flushTwins   []*dmiv1beta1.Twin
+	flushSent    []*propState
+	flushReq     *dmiv1beta1.ReportDeviceStatusRequest
+	pushBuf      []byte      // a reading's payload, copied by each sink
+	waitTimer    *time.Timer // wait's, reused
 }
 
 func newDevice(m *Mapper, ns, name string) *device {

@@ -172,12 +172,12 @@ func (d *device) record(ps *propState, raw any, err error, at time.Time) {
 	}
 }
 
-// push hands a property's reading to its sinks (each its own copy: their
-// buffers drop independently).
+// push hands a property's reading to its sinks (each keeps its own copy:
+// their buffers drop independently).
 func (d *device) push(ps *propState, at time.Time) {
-	b := payload(d.ns, d.name, ps.p.Name, ps.value, ps.p.Type, at)
-	for _, t := range ps.sinks {
-		t.sink.push(&reading{topic: t.topic, qos: t.qos, retained: t.retained, payload: b})
+	d.pushBuf = appendPayload(d.pushBuf[:0], d.ns, d.name, ps.p.Name, ps.value, ps.p.Type, at)
+	for i := range ps.sinks {
+		ps.sinks[i].sink.push(&ps.sinks[i], d.pushBuf, ps.value, at.UnixMilli())
 	}
 	ps.pushed, ps.hasPushed, ps.pushedAt = ps.value, true, at
 }

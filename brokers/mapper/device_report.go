@@ -86,8 +86,7 @@ func (d *device) sendState(ctx context.Context) {
 // properties with a value are sent (see the package doc).
 func (d *device) flush(ctx context.Context, now time.Time) {
 	defer d.updateSnapProps()
-	var twins []*dmiv1beta1.Twin
-	var sent []*propState
+	twins, sent := d.flushTwins[:0], d.flushSent[:0]
 	for _, ps := range d.order {
 		if !ps.hasValue {
 			continue
@@ -96,26 +95,21 @@ func (d *device) flush(ctx context.Context, now time.Time) {
 		if !ps.dirty && !heartbeat && (ps.observed == nil || ps.observedSent) {
 			continue
 		}
-		meta := map[string]string{twinvalue.MetaType: string(ps.p.Type), twinvalue.MetaTimestamp: twinvalue.Timestamp(ps.readAt)}
-		if ps.readErr != "" {
-			meta[twinvalue.MetaError] = ps.readErr
-		}
-		if ps.desiredErr != "" {
-			meta[twinvalue.MetaDesiredError] = ps.desiredErr
-		}
-		twins = append(twins, &dmiv1beta1.Twin{PropertyName: ps.p.Name, ObservedDesired: ps.observed,
-			Reported: &dmiv1beta1.TwinProperty{Value: ps.value, Metadata: meta}})
+		twins = append(twins, ps.reportTwin())
 		sent = append(sent, ps)
 	}
+	d.flushTwins, d.flushSent = twins, sent
 	if len(twins) == 0 || ctx.Err() != nil {
 		return
 	}
 	cctx, cancel := d.callCtx(ctx)
 	defer cancel()
-	req := &dmiv1beta1.ReportDeviceStatusRequest{
-		DeviceName: d.name, DeviceNamespace: d.ns,
-		ReportedDevice: &dmiv1beta1.DeviceStatus{Twins: twins, ReportToCloud: true},
+	if d.flushReq == nil {
+		d.flushReq = &dmiv1beta1.ReportDeviceStatusRequest{DeviceName: d.name, DeviceNamespace: d.ns,
+			ReportedDevice: &dmiv1beta1.DeviceStatus{ReportToCloud: true}}
 	}
+	req := d.flushReq
+	req.ReportedDevice.Twins = twins
 	err := d.m.agentCall(cctx, func(ctx context.Context) error {
 		_, err := d.m.agent.ReportDeviceStatus(ctx, req)
 		return err
@@ -146,6 +140,28 @@ func (d *device) flush(ctx context.Context, now time.Time) {
 		ps.observedSent = true
 		ps.reported, ps.hasReported, ps.reportedErr, ps.reportedDesiredErr, ps.reportedAt = ps.value, true, ps.readErr, ps.desiredErr, now
 	}
+}
+
+// reportTwin is ps's twin as a report sends it, in ps.report.
+func (ps *propState) reportTwin() *dmiv1beta1.Twin {
+	tw := ps.report
+	if tw == nil {
+		tw = &dmiv1beta1.Twin{Reported: &dmiv1beta1.TwinProperty{Metadata: make(map[string]string, 2)}}
+		ps.report = tw
+	}
+	tw.PropertyName, tw.ObservedDesired = ps.p.Name, ps.observed
+	tw.Reported.Value = ps.value
+	meta := tw.Reported.Metadata
+	clear(meta)
+	meta[twinvalue.MetaType] = string(ps.p.Type)
+	meta[twinvalue.MetaTimestamp] = twinvalue.Timestamp(ps.readAt)
+	if ps.readErr != "" {
+		meta[twinvalue.MetaError] = ps.readErr
+	}
+	if ps.desiredErr != "" {
+		meta[twinvalue.MetaDesiredError] = ps.desiredErr
+	}
+	return tw
 }
 
 // snapProp is one property as GetDevice shows it.

@@ -14,9 +14,13 @@ func (d *device) wait(ctx context.Context, at time.Time) {
 		if dur <= 0 {
 			return
 		}
-		t := time.NewTimer(dur)
-		defer t.Stop()
-		timer = t.C
+		if d.waitTimer == nil {
+			d.waitTimer = time.NewTimer(dur)
+		} else {
+			d.waitTimer.Reset(dur)
+		}
+		defer d.waitTimer.Stop()
+		timer = d.waitTimer.C
 	}
 	select {
 	case <-ctx.Done():

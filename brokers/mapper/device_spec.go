@@ -171,7 +171,7 @@ func (d *device) buildProps(spec *dmiv1beta1.Device, at time.Time) {
 		ps.p, ps.bad = d.prepare(dp, modelProps[dp.GetName()])
 		if dp.GetPushMethod() != nil {
 			var err error
-			if ps.sinks, err = d.m.sinks.targets(d.m.runCtx, d.ns, d.name, dp.GetPushMethod()); err != nil {
+			if ps.sinks, err = d.m.sinks.targets(d.m.runCtx, d.ns, d.name, dp.GetName(), dp.GetPushMethod()); err != nil {
 				d.log.Info("the property's pushMethod is not used", "property", dp.GetName(), "err", err)
 			}
 		}

@@ -24,8 +24,11 @@ import (
 )
 
 // DefaultMemoryLimit is the Go runtime's soft memory limit in mapper
-// binaries (--memory-limit) unless GOMEMLIMIT is set.
-const DefaultMemoryLimit = 8 << 20
+// binaries (--memory-limit) unless GOMEMLIMIT is set. The limit counts
+// the runtime's own memory besides the heap (about 7 MiB in a busy
+// mapper), so at 8 MiB a heap of a few MiB was collected hundreds of
+// times a second.
+const DefaultMemoryLimit = 12 << 20
 
 // NameEnv names the environment variable that sets a mapper's registration
 // name when --name is not given; the controller sets it in the mapper Pods

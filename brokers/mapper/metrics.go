@@ -96,6 +96,16 @@ func (m *Metrics) setGauge(name, labels string, v float64) {
 	m.mu.Unlock()
 }
 
+// deleteGauge removes a gauge's series (its subject is gone).
+func (m *Metrics) deleteGauge(name, labels string) {
+	if m == nil {
+		return
+	}
+	m.mu.Lock()
+	delete(m.gauges, series{name, labels})
+	m.mu.Unlock()
+}
+
 func (m *Metrics) read(result string, n int) {
 	if n > 0 {
 		m.add("dowse_mapper_reads_total", `result="`+result+`"`, float64(n))

@@ -19,7 +19,7 @@ import (
 )
 
 // Sinks: a property's pushMethod (KubeEdge's DMI field) sends its readings
-// to an MQTT broker or an HTTP endpoint besides the twin. One sink per
+// to an MQTT broker, an HTTP endpoint, Redis or MySQL besides the twin. One sink per
 // destination (and credentials) is shared by every property and device of
 // the mapper that names it: one connection per broker, however many
 // topics. A reading is pushed when the twin would report it (a change, the
@@ -28,16 +28,16 @@ import (
 // delay the twin.
 
 // errSinkRefused, wrapped, is a sink's refusal (HTTP 4xx, MQTT not
-// authorized): counted and logged at most once a minute, never retried
-// for the message (an HTTP one), retried with backoff for the connection
-// (an MQTT login).
+// authorized, a database's error for a reading or a login): counted and
+// logged at most once a minute, never retried for a reading, retried with
+// backoff for a connection (a login).
 var errSinkRefused = errors.New("refused")
 
 // refusalLogEvery is how often a sink that keeps refusing is logged.
 const refusalLogEvery = time.Minute
 
-// sinkBatch is the most readings a sink hands a batch transport (HTTP) at
-// once.
+// sinkBatch is the most readings a sink hands a batch transport (HTTP,
+// the databases) at once.
 const sinkBatch = 256
 
 // sinkWindow is the most readings a pipelined transport (MQTT) has in
@@ -50,13 +50,15 @@ const sinkWindow = 2048
 // reading is one message to a sink.
 type reading struct {
 	seq      uint64
-	topic    string // MQTT
+	topic    string // MQTT's topic, Redis's key, MySQL's table
 	qos      byte
 	retained bool
 	payload  []byte
+	value    string // the twin's value (MySQL)
+	at       int64  // read time, Unix ms (databases)
 }
 
-func (r *reading) size() int { return len(r.payload) + len(r.topic) + 64 }
+func (r *reading) size() int { return len(r.payload) + len(r.topic) + len(r.value) + 64 }
 
 // transport is a sink's protocol.
 type transport interface {
@@ -70,31 +72,45 @@ type transport interface {
 	close()
 }
 
-// pipelined is a transport that delivers readings one by one without
-// waiting for each (MQTT): publish starts delivering r, and the answer
-// says when it is done and how. lost is closed when the connection went.
+// pipelined is a transport that delivers readings without waiting for
+// each (MQTT), one connection at a time: write buffers a reading with a
+// packet id from nextID (none at QoS 0, done once flushed), flush sends
+// what was written, acks gives the ids the peer has finished, and lost is
+// closed, lostErr set, when the connection went.
 type pipelined interface {
 	transport
-	publish(r *reading) inflight
+	nextID() uint16
+	write(r *reading, id uint16) error
+	flush() error
+	acks() <-chan uint16
 	lost() <-chan struct{}
-}
-
-// inflight is a reading being delivered (a paho token).
-type inflight interface {
-	Done() <-chan struct{}
-	Error() error
+	lostErr() error
 }
 
 // sinkSpec is what makes a sink: its kind, destination and credentials.
 type sinkSpec struct {
-	kind    string // "mqtt", "http"
-	address string // the broker's URL, or the HTTP endpoint's URL
+	kind    string // "mqtt", "http", "redis", "mysql"
+	address string // the broker's URL, the HTTP endpoint's URL, a database's host:port
 	secret  string // the Secret's name (dowseSecretName), "" for the environment
 	timeout time.Duration
+	db      int    // Redis's database
+	dbName  string // MySQL's database
+	user    string // MySQL's userName
 }
 
 func (s sinkSpec) key() string {
-	return s.kind + "\x00" + s.address + "\x00" + s.secret + "\x00" + s.timeout.String()
+	return s.kind + "\x00" + s.address + "\x00" + s.secret + "\x00" + s.timeout.String() + "\x00" + strconv.Itoa(s.db) + "\x00" + s.dbName + "\x00" + s.user
+}
+
+// label is the sink's address in metrics and logs.
+func (s sinkSpec) label() string {
+	switch s.kind {
+	case "redis":
+		return "redis://" + s.address + "/" + strconv.Itoa(s.db)
+	case "mysql":
+		return "mysql://" + s.address + "/" + s.dbName
+	}
+	return redact(s.address)
 }
 
 // sinkTarget is where one property's readings go.
@@ -115,8 +131,8 @@ type sinkSet struct {
 
 // targets returns where a property's pushMethod sends its readings (none
 // for a pushMethod Dowse's mappers do not serve: otel, influxdb2,
-// tdengine, redis, mysql), acquiring the sinks; release gives them back.
-func (s *sinkSet) targets(ctx context.Context, ns, device string, pm *dmiv1beta1.PushMethod) ([]sinkTarget, error) {
+// tdengine), acquiring the sinks; release gives them back.
+func (s *sinkSet) targets(ctx context.Context, ns, device, property string, pm *dmiv1beta1.PushMethod) ([]sinkTarget, error) {
 	if pm == nil || s == nil {
 		return nil, nil
 	}
@@ -132,8 +148,12 @@ func (s *sinkSet) targets(ctx context.Context, ns, device string, pm *dmiv1beta1
 			if topic == "" {
 				topic = "dowse/" + ns + "/" + device
 			}
-			out = append(out, sinkTarget{sink: s.acquire(ctx, sinkSpec{kind: "mqtt", address: addr, secret: pm.GetDowseSecretName()}),
-				topic: topic, qos: byte(q.GetQos()), retained: q.GetRetained()})
+			if err := mqttTopic(topic); err != nil {
+				errs = append(errs, fmt.Errorf("pushMethod.mqtt.topic: %w", err))
+			} else {
+				out = append(out, sinkTarget{sink: s.acquire(ctx, sinkSpec{kind: "mqtt", address: addr, secret: pm.GetDowseSecretName()}),
+					topic: topic, qos: byte(q.GetQos()), retained: q.GetRetained()})
+			}
 		}
 	}
 	if h := pm.GetHttp(); h != nil {
@@ -152,7 +172,30 @@ func (s *sinkSet) targets(ctx context.Context, ns, device string, pm *dmiv1beta1
 		errs = append(errs, errors.New("pushMethod.otel: Dowse's mappers do not export to OpenTelemetry (KubeEdge's do)"))
 	}
 	if db := pm.GetDbMethod(); db != nil {
-		errs = append(errs, errors.New("pushMethod.dbMethod: Dowse's mappers do not write to databases yet (KubeEdge's do)"))
+		table := ns + "/" + device + "/" + property
+		switch {
+		case db.GetRedis() != nil:
+			c := db.GetRedis().GetRedisClientConfig()
+			if addr, err := dbAddr(c.GetAddr()); err != nil {
+				errs = append(errs, fmt.Errorf("pushMethod.dbMethod.redis.redisClientConfig.addr: %w", err))
+			} else if c.GetDb() < 0 {
+				errs = append(errs, fmt.Errorf("pushMethod.dbMethod.redis.redisClientConfig.db %d: must be 0 or more", c.GetDb()))
+			} else {
+				out = append(out, sinkTarget{sink: s.acquire(ctx, sinkSpec{kind: "redis", address: addr, secret: pm.GetDowseSecretName(), db: int(c.GetDb())}), topic: table})
+			}
+		case db.GetMysql() != nil:
+			c := db.GetMysql().GetMysqlClientConfig()
+			if addr, err := dbAddr(c.GetAddr()); err != nil {
+				errs = append(errs, fmt.Errorf("pushMethod.dbMethod.mysql.mysqlClientConfig.addr: %w", err))
+			} else if c.GetDatabase() == "" {
+				errs = append(errs, errors.New("pushMethod.dbMethod.mysql.mysqlClientConfig.database: missing"))
+			} else {
+				out = append(out, sinkTarget{sink: s.acquire(ctx, sinkSpec{kind: "mysql", address: addr, secret: pm.GetDowseSecretName(),
+					dbName: c.GetDatabase(), user: c.GetUserName()}), topic: table})
+			}
+		default:
+			errs = append(errs, errors.New("pushMethod.dbMethod: Dowse's mappers write to redis and mysql, not yet to influxdb2 nor TDEngine (KubeEdge's do)"))
+		}
 	}
 	return out, errors.Join(errs...)
 }
@@ -166,6 +209,7 @@ func (s *sinkSet) acquire(ctx context.Context, spec sinkSpec) *sink {
 		return sk
 	}
 	sk := newSink(s.m, spec)
+	sk.set = s
 	sk.refs = 1
 	s.by[k] = sk
 	runCtx, cancel := context.WithCancel(ctx)
@@ -209,6 +253,7 @@ type sink struct {
 	labels  string
 	log     logr.Logger
 	t       transport
+	set     *sinkSet
 	refs    int // under sinkSet.mu
 	cancel  context.CancelFunc
 	wake    chan struct{}
@@ -221,6 +266,9 @@ type sink struct {
 	size  int
 	seq   uint64
 	drops uint64 // dropped since the last log
+	// free holds readings forgotten or dropped, for push to reuse: a
+	// busy sink then allocates nothing per reading.
+	free []*reading
 
 	// The goroutine's own.
 	lastRefusalLog time.Time
@@ -229,8 +277,8 @@ type sink struct {
 
 func newSink(m *Mapper, spec sinkSpec) *sink {
 	s := &sink{m: m, spec: spec, wake: make(chan struct{}, 1), maxMsgs: m.cfg.SinkBufferMessages, maxSize: int(m.cfg.SinkBufferBytes),
-		labels: `kind="` + spec.kind + `",address=` + strconv.Quote(redact(spec.address)),
-		log:    m.log.WithValues("sink", spec.kind, "address", redact(spec.address))}
+		labels: `kind="` + spec.kind + `",address=` + strconv.Quote(spec.label()),
+		log:    m.log.WithValues("sink", spec.kind, "address", spec.label())}
 	creds := credentialSource{dir: m.cfg.SinkSecretsDir, secret: spec.secret}
 	switch spec.kind {
 	case "mqtt":
@@ -239,19 +287,38 @@ func newSink(m *Mapper, spec sinkSpec) *sink {
 			clientID: mqttClientID(m.cfg.Name, hex.EncodeToString(sum[:4]))}
 	case "http":
 		s.t = newHTTPTransport(spec.address, spec.timeout, creds)
+	case "redis":
+		s.t = &redisTransport{addr: spec.address, db: spec.db, creds: creds, timeout: m.cfg.CallTimeout}
+	case "mysql":
+		s.t = &mysqlTransport{addr: spec.address, database: spec.dbName, user: spec.user, creds: creds, timeout: m.cfg.CallTimeout}
 	}
 	return s
 }
 
-// push queues a reading; it never blocks on the sink.
-func (s *sink) push(r *reading) {
+// sinkFree is the most forgotten readings a sink keeps for reuse.
+const sinkFree = 512
+
+// push queues a reading of t's with a copy of payload; it never blocks on
+// the sink.
+func (s *sink) push(t *sinkTarget, payload []byte, value string, at int64) {
 	s.mu.Lock()
+	var r *reading
+	if n := len(s.free); n > 0 {
+		r = s.free[n-1]
+		s.free[n-1] = nil
+		s.free = s.free[:n-1]
+	} else {
+		r = &reading{}
+	}
 	s.seq++
-	r.seq = s.seq
+	r.seq, r.topic, r.qos, r.retained = s.seq, t.topic, t.qos, t.retained
+	r.payload = append(r.payload[:0], payload...)
+	r.value, r.at = value, at
 	s.buf = append(s.buf, r)
 	s.size += r.size()
 	dropped := 0
 	for len(s.buf)-s.head > 1 && (len(s.buf)-s.head > s.maxMsgs || s.size > s.maxSize) {
+		// Not reused: the sink's goroutine may be sending it.
 		s.size -= s.buf[s.head].size()
 		s.buf[s.head] = nil
 		s.head++
@@ -270,6 +337,16 @@ func (s *sink) push(r *reading) {
 	}
 }
 
+// recycleLocked keeps r, forgotten, for push to reuse: the sink's
+// goroutine forgets only what it has finished sending (transports copy
+// what they send).
+func (s *sink) recycleLocked(r *reading) {
+	if len(s.free) < sinkFree && cap(r.payload) <= 1024 {
+		r.topic, r.value = "", ""
+		s.free = append(s.free, r)
+	}
+}
+
 // peek returns up to n waiting readings, oldest first, without taking
 // them: push may drop them meanwhile (forget then skips what is gone).
 func (s *sink) peek(n int) []*reading {
@@ -282,25 +359,26 @@ func (s *sink) peek(n int) []*reading {
 	return append([]*reading(nil), w...)
 }
 
-// after returns up to n waiting readings after seq (those not yet handed
-// to the transport), oldest first. The buffer's seqs are consecutive.
-func (s *sink) after(seq uint64, n int) []*reading {
+// afterInto appends to dst up to n waiting readings after seq (those not
+// yet handed to the transport), oldest first. The buffer's seqs are
+// consecutive.
+func (s *sink) afterInto(dst []*reading, seq uint64, n int) []*reading {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	w := s.buf[s.head:]
 	if len(w) == 0 {
-		return nil
+		return dst
 	}
 	if skip := seq + 1 - w[0].seq; seq+1 > w[0].seq {
 		if skip >= uint64(len(w)) {
-			return nil
+			return dst
 		}
 		w = w[skip:]
 	}
 	if len(w) > n {
 		w = w[:n]
 	}
-	return append([]*reading(nil), w...)
+	return append(dst, w...)
 }
 
 // forget drops the readings up to seq, delivered or refused.
@@ -308,6 +386,7 @@ func (s *sink) forget(seq uint64) {
 	s.mu.Lock()
 	for s.head < len(s.buf) && s.buf[s.head].seq <= seq {
 		s.size -= s.buf[s.head].size()
+		s.recycleLocked(s.buf[s.head])
 		s.buf[s.head] = nil
 		s.head++
 	}
@@ -330,6 +409,7 @@ func (s *sink) forget(seq uint64) {
 
 func (s *sink) run(ctx context.Context) {
 	defer s.t.close()
+	defer s.stopped()
 	bo := backoff.Backoff{Initial: s.m.cfg.ReconnectInitial, Max: s.m.cfg.ReconnectMax, Jitter: 0.2}
 	connected := false
 	for ctx.Err() == nil {
@@ -392,21 +472,38 @@ func (s *sink) run(ctx context.Context) {
 	}
 }
 
+// stopped removes the sink's buffered gauge once its goroutine, the last
+// to set it, is done, unless a new sink of the same destination took the
+// series over meanwhile.
+func (s *sink) stopped() {
+	if s.set == nil {
+		return
+	}
+	s.set.mu.Lock()
+	defer s.set.mu.Unlock()
+	if s.set.by[s.spec.key()] == nil {
+		s.m.cfg.Metrics.deleteGauge("dowse_mapper_sink_buffered", s.labels)
+	}
+}
+
 // pipeline delivers over a connected pipelined transport, up to
-// sinkWindow readings in flight, each forgotten once its delivery is done
-// (in order: the broker acknowledges QoS 1 in order), until the
-// connection fails: what was in flight is then published again after the
-// reconnect (at least once).
+// sinkWindow readings in flight, forgetting the oldest as soon as it and
+// every one before it are done, until the connection fails: what was in
+// flight is then published again after the reconnect (at least once).
 func (s *sink) pipeline(ctx context.Context, p pipelined, bo *backoff.Backoff) error {
 	type flight struct {
-		seq uint64
-		tok inflight
+		seq  uint64
+		at   time.Time // written
+		id   uint16
+		done bool
 	}
-	var window []flight
+	ring := make([]flight, sinkWindow)
+	head, n := 0, 0 // ring[head:head+n] (mod sinkWindow) is in flight, oldest first
 	var sent uint64 // the last seq published on this connection
 	if r := s.peek(1); len(r) > 0 {
 		sent = r[0].seq - 1
 	}
+	batch := make([]*reading, 0, sinkBatch)
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	var delivered int
@@ -417,65 +514,93 @@ func (s *sink) pipeline(ctx context.Context, p pipelined, bo *backoff.Backoff) e
 		}
 	}
 	defer flushMetrics()
-	for {
-		if len(window) < sinkWindow {
-			for _, r := range s.after(sent, sinkWindow-len(window)) {
-				window = append(window, flight{seq: r.seq, tok: p.publish(r)})
-				sent = r.seq
+	ack := func(id uint16) {
+		for i := range n {
+			f := &ring[(head+i)%sinkWindow]
+			if !f.done && f.id == id {
+				f.done = true
+				return
 			}
 		}
-		if len(window) == 0 {
+	}
+	for {
+		if n < sinkWindow {
+			batch = s.afterInto(batch[:0], sent, min(sinkWindow-n, sinkBatch))
+			if len(batch) > 0 {
+				now := time.Now()
+				for _, r := range batch {
+					var id uint16
+					if r.qos > 0 {
+						id = p.nextID()
+					}
+					if err := p.write(r, id); err != nil {
+						return err
+					}
+					ring[(head+n)%sinkWindow] = flight{seq: r.seq, at: now, id: id, done: r.qos == 0}
+					n++
+					sent = r.seq
+				}
+				clear(batch)
+				if err := p.flush(); err != nil {
+					return err
+				}
+			}
+		}
+		k := 0
+		for k < n && ring[(head+k)%sinkWindow].done {
+			k++
+		}
+		if k > 0 {
+			s.forget(ring[(head+k-1)%sinkWindow].seq)
+			head, n = (head+k)%sinkWindow, n-k
+			delivered += k
+			bo.Reset()
+			continue
+		}
+		if n == 0 {
 			flushMetrics()
 			select {
 			case <-ctx.Done():
 				return ctx.Err()
 			case <-p.lost():
-				return errors.New("connection lost")
+				return p.lostErr()
 			case <-s.wake:
 			}
 			continue
 		}
-		head := window[0]
 		select {
-		case <-head.tok.Done():
+		case id := <-p.acks():
+			ack(id)
 		default:
 			flushMetrics()
-			timer.Reset(s.m.cfg.CallTimeout)
-			select {
-			case <-head.tok.Done():
-			case <-s.wake:
-				timer.Stop()
-				continue
-			case <-p.lost():
-				return errors.New("connection lost")
-			case <-timer.C:
+			wait := s.m.cfg.CallTimeout - time.Since(ring[head].at)
+			if wait <= 0 {
 				return fmt.Errorf("no acknowledgement within %s", s.m.cfg.CallTimeout)
+			}
+			timer.Reset(wait)
+			select {
+			case id := <-p.acks():
+				ack(id)
+			case <-s.wake:
+			case <-p.lost():
+				timer.Stop()
+				return p.lostErr()
+			case <-timer.C:
 			case <-ctx.Done():
+				timer.Stop()
 				return ctx.Err()
 			}
 			timer.Stop()
 		}
-		if err := head.tok.Error(); err != nil {
-			return err
+		// Take every acknowledgement that is there before forgetting.
+		for more := true; more; {
+			select {
+			case id := <-p.acks():
+				ack(id)
+			default:
+				more = false
+			}
 		}
-		// Done in order: forget this and every finished one after it.
-		n := 1
-		for n < len(window) && finishedOK(window[n].tok) {
-			n++
-		}
-		s.forget(window[n-1].seq)
-		window = window[n:]
-		delivered += n
-		bo.Reset()
-	}
-}
-
-func finishedOK(t inflight) bool {
-	select {
-	case <-t.Done():
-		return t.Error() == nil
-	default:
-		return false
 	}
 }
 
@@ -509,7 +634,11 @@ func (s *sink) logRefusal(err error) {
 // value is the twin's string; timestamp the read time in Unix milliseconds
 // (KubeEdge's DataModel.TimeStamp).
 func payload(ns, device, property, value string, typ twinvalue.Type, at time.Time) []byte {
-	b := make([]byte, 0, 96+len(ns)+len(device)+len(property)+len(value))
+	return appendPayload(make([]byte, 0, 96+len(ns)+len(device)+len(property)+len(value)), ns, device, property, value, typ, at)
+}
+
+// appendPayload appends payload's JSON to b.
+func appendPayload(b []byte, ns, device, property, value string, typ twinvalue.Type, at time.Time) []byte {
 	b = append(b, `{"namespace":`...)
 	b = appendJSONString(b, ns)
 	b = append(b, `,"device":`...)

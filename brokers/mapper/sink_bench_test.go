@@ -27,7 +27,7 @@ func BenchmarkMQTTSink(b *testing.B) {
 	p := payload("bench", "d0", "p0", "12345", "INT", time.Now())
 	b.ResetTimer()
 	for range b.N {
-		s.push(&reading{topic: "bench/d0/p0", qos: 1, payload: p})
+		s.push(&sinkTarget{topic: "bench/d0/p0", qos: 1}, p, "12345", 0)
 	}
 	for m.cfg.Metrics.Value("dowse_mapper_sink_sent_total", s.labels) < float64(b.N) {
 		time.Sleep(time.Millisecond)

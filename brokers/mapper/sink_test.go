@@ -3,6 +3,7 @@ package mapper_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -243,6 +244,30 @@ func TestHTTPSink(t *testing.T) {
 		}
 		return nil
 	})
+
+	// The Device goes, and its sink with it: so does the sink's gauge.
+	gauge := "dowse_mapper_sink_buffered{" + labels + "}"
+	if !strings.Contains(exposition(t, r.metrics), gauge) {
+		t.Fatalf("/metrics lacks %s while the sink runs", gauge)
+	}
+	if _, err := r.agent.Mapper(t).RemoveDevice(context.Background(), &dmiv1beta1.RemoveDeviceRequest{DeviceNamespace: "ns", DeviceName: "a"}); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the stopped sink's gauge removed", func() error {
+		if strings.Contains(exposition(t, r.metrics), gauge) {
+			return fmt.Errorf("/metrics still has %s", gauge)
+		}
+		return nil
+	})
+}
+
+func exposition(t *testing.T, m *mapper.Metrics) string {
+	t.Helper()
+	var b strings.Builder
+	if _, err := m.WriteTo(&b); err != nil {
+		t.Fatal(err)
+	}
+	return b.String()
 }
 
 // TestMQTTSinkCredentials: a pushMethod's MQTT sink signs in with the
@@ -291,4 +316,63 @@ func TestMQTTSinkCredentials(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestMQTTSinkQoS: the MQTT sink publishes at each QoS (0; 2 with its
+// PUBREC, PUBREL and PUBCOMP), with the retained flag and over WebSocket,
+// as mosquitto and mosquitto_sub see it; a topic with a wildcard is
+// refused by name and the device's other properties go on.
+func TestMQTTSinkQoS(t *testing.T) {
+	broker := mosquitto.Start(t)
+	sub := broker.Subscribe(t, "plant/#", 2, "")
+	mq := func(topic string, qos int32, retained bool) *dmiv1beta1.PushMethod {
+		return &dmiv1beta1.PushMethod{Mqtt: &dmiv1beta1.PushMethodMQTT{Address: broker.Addr(), Topic: topic, Qos: qos, Retained: retained}}
+	}
+	dev := thermo(t, "a", "A",
+		mappertest.Prop{Name: "temp", Visitor: map[string]any{"register": "t"}, PushMethod: mq("plant/a/temp", 0, false)},
+		mappertest.Prop{Name: "pushed", Visitor: map[string]any{"register": "s"}, PushMethod: mq("plant/a/pushed", 2, true)},
+		mappertest.Prop{Name: "label", Visitor: map[string]any{"register": "l"}, PushMethod: mq("plant/+/label", 1, false)},
+		mappertest.Prop{Name: "setpoint", Visitor: map[string]any{"register": "p"}, PushMethod: &dmiv1beta1.PushMethod{
+			Mqtt: &dmiv1beta1.PushMethodMQTT{Address: broker.WSAddr(), Topic: "plant/a/setpoint", Qos: 1}}})
+	r := startSinks(t, dev, func(c *mapper.Config) {})
+	r.fake.set("A", "s", 5.0)
+	r.fake.set("A", "l", "x")
+	r.fake.set("A", "p", int64(12))
+	labels := `kind="mqtt",address="` + broker.Addr() + `"`
+	r.agent.WaitReported(t, "ns/a", "label", "x", 0, wait)
+	r.set(t, 2)
+	r.fake.set("A", "s", 6.0)
+	r.agent.WaitReported(t, "ns/a", "pushed", "6", 0, wait)
+	want := func(s *mosquitto.Sub, topic, value string) error {
+		if n := s.Count(topic+` {"namespace":"ns","device":"a","property":`, `"value":"`+value+`"`); n != 1 {
+			return fmt.Errorf("%s %s printed %d times: %q", topic, value, n, s.Lines())
+		}
+		return nil
+	}
+	waitUntil(t, "mosquitto_sub gets every QoS", func() error {
+		return errors.Join(want(sub, "plant/a/temp", "1"), want(sub, "plant/a/temp", "2"),
+			want(sub, "plant/a/pushed", "5"), want(sub, "plant/a/pushed", "6"), want(sub, "plant/a/setpoint", "12"))
+	})
+	if n := r.metrics.Value("dowse_mapper_sink_sent_total", `kind="mqtt",address="`+broker.WSAddr()+`"`); n != 1 {
+		t.Errorf("sent over WebSocket = %v, want 1", n)
+	}
+	waitUntil(t, "deliveries counted", func() error {
+		if n := r.metrics.Value("dowse_mapper_sink_sent_total", labels); n != 4 {
+			return fmt.Errorf("sent = %v, want 4", n)
+		}
+		return nil
+	})
+	// Retained: a subscriber that comes later gets the last reading of pushed at
+	// once, and no temperature.
+	late := broker.Subscribe(t, "plant/#", 1, "")
+	waitUntil(t, "the retained reading", func() error { return want(late, "plant/a/pushed", "6") })
+	if n := late.Count("plant/a/temp"); n != 0 {
+		t.Errorf("a late subscriber got %d temperatures, published without retain", n)
+	}
+	if n := sub.Count("label"); n != 0 {
+		t.Errorf("a reading was published to a wildcard topic: %q", sub.Lines())
+	}
+	if n := r.logs.count(`pushMethod.mqtt.topic: \"plant/+/label\": a topic name holds no wildcard`); n == 0 {
+		t.Errorf("the wildcard topic was not named in the log")
+	}
 }

@@ -21,8 +21,10 @@ type Broker struct {
 	t    testing.TB
 	dir  string
 	Port int
-	cmd  *exec.Cmd
-	done chan struct{}
+	// WSPort is its MQTT over WebSocket listener's.
+	WSPort int
+	cmd    *exec.Cmd
+	done   chan struct{}
 }
 
 func binary(t testing.TB, name string) string {
@@ -58,7 +60,13 @@ func StartWithUsers(t testing.TB, users map[string]string) *Broker {
 	}
 	port := l.Addr().(*net.TCPAddr).Port
 	l.Close()
-	b := &Broker{t: t, dir: t.TempDir(), Port: port}
+	l, err = net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wsPort := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	b := &Broker{t: t, dir: t.TempDir(), Port: port, WSPort: wsPort}
 	auth := "allow_anonymous true\n"
 	if users != nil {
 		pw := filepath.Join(b.dir, "passwd")
@@ -77,7 +85,9 @@ func StartWithUsers(t testing.TB, users map[string]string) *Broker {
 		// neither the test's password file nor write its persistence.
 		auth += "user root\n"
 	}
-	conf := fmt.Sprintf("listener %d 127.0.0.1\n%spersistence true\npersistence_location %s/\nautosave_interval 1\n", port, auth, b.dir)
+	// The authentication applies to both listeners, MQTT's and
+	// WebSocket's (per_listener_settings is false by default).
+	conf := fmt.Sprintf("listener %d 127.0.0.1\nlistener %d 127.0.0.1\nprotocol websockets\n%spersistence true\npersistence_location %s/\nautosave_interval 1\n", port, wsPort, auth, b.dir)
 	if err := os.WriteFile(filepath.Join(b.dir, "mosquitto.conf"), []byte(conf), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -88,6 +98,9 @@ func StartWithUsers(t testing.TB, users map[string]string) *Broker {
 
 // Addr is the broker's URL for a pushMethod.
 func (b *Broker) Addr() string { return fmt.Sprintf("tcp://127.0.0.1:%d", b.Port) }
+
+// WSAddr is the broker's MQTT over WebSocket URL for a pushMethod.
+func (b *Broker) WSAddr() string { return fmt.Sprintf("ws://127.0.0.1:%d/mqtt", b.WSPort) }
 
 func (b *Broker) start() {
 	b.t.Helper()
