@@ -36,6 +36,12 @@ func Open(t testing.TB) (string, string) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// Non-blocking, so that the runtime polls it and Close ends a
+		// Read in progress: a master whose slave was never opened blocks
+		// a plain read for ever.
+		if err := unix.SetNonblock(fd, true); err != nil {
+			t.Fatal(err)
+		}
 		return os.NewFile(uintptr(fd), "ptmx"), "/dev/pts/" + strconv.Itoa(n)
 	}
 	a, pathA := open()
