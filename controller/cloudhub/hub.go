@@ -612,6 +612,20 @@ func (h *Hub) Connected() []string {
 	return out
 }
 
+// IsConnected reports whether node has a live connection (a reconciler's
+// check, without listing every node as Connected does).
+func (h *Hub) IsConnected(node string) bool {
+	h.mu.Lock()
+	st := h.nodes[node]
+	h.mu.Unlock()
+	if st == nil {
+		return false
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return st.cancel != nil
+}
+
 // Sessions is how many nodes have a live connection (len(Connected()),
 // without walking the nodes).
 func (h *Hub) Sessions() int { return int(h.sessions.Load()) }

@@ -54,7 +54,7 @@ func IndexByModel(o client.Object) []string {
 // Sender is what Sync needs of the cloudhub.
 type Sender interface {
 	Send(node string, env *linkv1.Envelope) (uint64, error)
-	Connected() []string
+	IsConnected(node string) bool
 }
 
 // Sync sends each connected node its Devices and the DeviceModels they
@@ -171,7 +171,7 @@ func (s *Sync) reconcileNode(d *v1alpha1.Device, ed *linkv1.EdgeDevice, model *v
 	if ed == nil || d.Spec.NodeName == "" {
 		return reconcile.Result{}, nil
 	}
-	if s.nodes[d.Spec.NodeName] != nil && !slices.Contains(s.hub.Connected(), d.Spec.NodeName) {
+	if s.nodes[d.Spec.NodeName] != nil && !s.hub.IsConnected(d.Spec.NodeName) {
 		// Gone since it connected: it is sent everything when it is back.
 		delete(s.nodes, d.Spec.NodeName)
 	}

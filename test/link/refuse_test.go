@@ -252,6 +252,9 @@ func TestHubFull(t *testing.T) {
 		if n := hub.hub.Sessions(); n != 1 {
 			return fmt.Errorf("%d sessions counted, want 1", n)
 		}
+		if !hub.hub.IsConnected("second") || hub.hub.IsConnected("first") {
+			return fmt.Errorf("IsConnected: second %v, first %v; want true, false", hub.hub.IsConnected("second"), hub.hub.IsConnected("first"))
+		}
 		return nil
 	})
 }

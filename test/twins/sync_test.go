@@ -48,10 +48,10 @@ func (h *fakeHub) Send(node string, env *linkv1.Envelope) (uint64, error) {
 	return uint64(len(h.sent[node])), nil
 }
 
-func (h *fakeHub) Connected() []string {
+func (h *fakeHub) IsConnected(node string) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return slices.Clone(h.connected)
+	return slices.Contains(h.connected, node)
 }
 
 func (h *fakeHub) Commit(node string, pos cloudhub.Position) {

@@ -38,7 +38,7 @@ func IndexByNode(o client.Object) []string {
 // Sender is what Memberships needs of the cloudhub.
 type Sender interface {
 	Send(node string, env *linkv1.Envelope) (uint64, error)
-	Connected() []string
+	IsConnected(node string) bool
 }
 
 // Memberships keeps each connected node told which Instances it sees: in
@@ -99,7 +99,7 @@ func (m *Memberships) OnConnect(ctx context.Context, node string) {
 // Reconcile sends node its membership if it is connected and the set
 // changed. Idempotent.
 func (m *Memberships) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
-	if !slices.Contains(m.hub.Connected(), req.Name) {
+	if !m.hub.IsConnected(req.Name) {
 		return reconcile.Result{}, nil
 	}
 	return reconcile.Result{}, m.send(ctx, req.Name)
