@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -250,14 +251,52 @@ func PeakRSSOf(pid int) (int, error) {
 }
 
 // FreePort returns a loopback TCP port that was free a moment ago, for a
-// binary's metrics or probe address.
+// binary's metrics or probe address. It is picked below the kernel's
+// ephemeral range (from 20000): a port from that range, which ":0" gives,
+// can be taken by any outgoing connection's local end before the binary
+// binds it, and again whenever a harness restarts the binary on the same
+// port (a restarted controller in test/e2e exited with "bind: address
+// already in use" on its metrics port so, under load).
 func FreePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
+	low, high := 20000, ephemeralStart()
+	if high-low < 1000 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return 0, err
+		}
+		defer l.Close()
+		return l.Addr().(*net.TCPAddr).Port, nil
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	var last error
+	for range 100 {
+		p := low + rand.IntN(high-low)
+		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
+		if err != nil {
+			last = err
+			continue
+		}
+		_ = l.Close()
+		return p, nil
+	}
+	return 0, fmt.Errorf("procs: no free loopback port in %d-%d: %w", low, high-1, last)
+}
+
+// ephemeralStart is the first port of the kernel's ephemeral range (32768
+// when it cannot be read).
+func ephemeralStart() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 32768
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 32768
+	}
+	n, err := strconv.Atoi(f[0])
+	if err != nil {
+		return 32768
+	}
+	return n
 }
 
 // CPUTime is the CPU time (user and system) process pid has used.

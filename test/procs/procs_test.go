@@ -55,3 +55,17 @@ func TestCPUTimeOfThisProcess(t *testing.T) {
 }
 
 func selfPid() int { return os.Getpid() }
+
+// TestFreePortBelowEphemeral: the ports handed out are free and outside the
+// kernel's ephemeral range, where outgoing connections take theirs.
+func TestFreePortBelowEphemeral(t *testing.T) {
+	for range 20 {
+		p, err := FreePort()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p < 20000 || p >= ephemeralStart() {
+			t.Fatalf("port %d, want one in 20000-%d", p, ephemeralStart()-1)
+		}
+	}
+}
