@@ -51,7 +51,8 @@
 //     it), and a retry at once when the credentials change (a Device update,
 //     or a file a Credentialed driver names).
 //   - Prometheus metrics (Metrics) and Main's --version, --memory-limit
-//     (the Go runtime's soft limit, default 12 MiB; GOMEMLIMIT wins) and
+//     (the Go runtime's soft limit, default 8 MiB, 12 MiB while a pushMethod
+//     sink runs, --sink-memory-limit; GOMEMLIMIT wins) and
 //     --max-procs (GOMAXPROCS, default 1: a mapper waits more than it
 //     computes).
 //   - Memory: no copies of the specs it is handed (a device keeps its spec

@@ -102,6 +102,10 @@ type Config struct {
 	// dropped (dowse_mapper_sink_dropped_total). Defaults 10000 and 2 MiB.
 	SinkBufferMessages int
 	SinkBufferBytes    int64
+	// OnSinks, when set, is called with true when the first sink starts
+	// and false when the last one stops (Main raises the runtime's memory
+	// limit meanwhile: pushing readings makes garbage at their rate).
+	OnSinks func(running bool)
 	// SinkSecretsDir is where the mapper's Pod mounts the Secrets
 	// pushMethods name (<dir>/<secret>/username, password, ca.crt).
 	// Default DefaultSinkSecretsDir.

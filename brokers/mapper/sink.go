@@ -211,6 +211,9 @@ func (s *sinkSet) acquire(ctx context.Context, spec sinkSpec) *sink {
 	sk := newSink(s.m, spec)
 	sk.set = s
 	sk.refs = 1
+	if len(s.by) == 0 && s.m.cfg.OnSinks != nil {
+		s.m.cfg.OnSinks(true)
+	}
 	s.by[k] = sk
 	runCtx, cancel := context.WithCancel(ctx)
 	sk.cancel = cancel
@@ -230,6 +233,9 @@ func (s *sinkSet) release(ts []sinkTarget) {
 		if t.sink.refs == 0 {
 			t.sink.cancel()
 			delete(s.by, t.sink.spec.key())
+			if len(s.by) == 0 && s.m.cfg.OnSinks != nil {
+				s.m.cfg.OnSinks(false)
+			}
 		}
 	}
 }

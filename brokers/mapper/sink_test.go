@@ -188,7 +188,13 @@ func TestHTTPSink(t *testing.T) {
 	pm := &dmiv1beta1.PushMethod{DowseSecretName: "plant-sink",
 		Http: &dmiv1beta1.PushMethodHTTP{Hostname: "http://127.0.0.1", Port: int64(port), Requestpath: "/readings", Timeout: 1000}}
 	dev := thermo(t, "a", "A", mappertest.Prop{Name: "temp", Visitor: map[string]any{"register": "t"}, PushMethod: pm})
-	r := startSinks(t, dev, func(c *mapper.Config) { c.SinkSecretsDir = secrets; c.SinkBufferMessages = 3 })
+	var running []bool
+	var runningMu sync.Mutex
+	r := startSinks(t, dev, func(c *mapper.Config) {
+		c.SinkSecretsDir = secrets
+		c.SinkBufferMessages = 3
+		c.OnSinks = func(b bool) { runningMu.Lock(); running = append(running, b); runningMu.Unlock() }
+	})
 	labels := `kind="http",address="` + srv.URL + `/readings"`
 
 	r.agent.WaitReported(t, "ns/a", "temp", "1", 0, wait)
@@ -259,6 +265,11 @@ func TestHTTPSink(t *testing.T) {
 		}
 		return nil
 	})
+	runningMu.Lock()
+	defer runningMu.Unlock()
+	if fmt.Sprint(running) != "[true false]" {
+		t.Errorf("OnSinks calls = %v, want [true false] (the sink started, then the last one stopped)", running)
+	}
 }
 
 func exposition(t *testing.T, m *mapper.Metrics) string {

@@ -10,7 +10,13 @@ type Metrics struct {
 	Writes         *prometheus.CounterVec
 	WriteSeconds   prometheus.Histogram
 	ReportToStatus prometheus.Histogram
-	Sent           *prometheus.CounterVec
+	// ReportTransit and StatusWait split ReportToStatus: the edge's part
+	// (read time to the writer's hands: mapper, agent, edge store, link)
+	// and the writer's wait (a report's arrival to its write's start:
+	// the batch window, the coalescing interval, a busy queue).
+	ReportTransit prometheus.Histogram
+	StatusWait    prometheus.Histogram
+	Sent          *prometheus.CounterVec
 }
 
 // NewMetrics registers the metrics with reg (nil: unregistered).
@@ -28,11 +34,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Duration of one Device status write.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)}),
 		ReportToStatus: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "dowse", Subsystem: "twins", Name: "report_to_status_seconds",
 			Help: "From a device's oldest unwritten report (its read time) to its status write.", Buckets: prometheus.ExponentialBuckets(0.01, 2, 12)}),
+		ReportTransit: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "dowse", Subsystem: "twins", Name: "report_transit_seconds",
+			Help: "From a report's read time on the edge to its arrival at the status writer.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)}),
+		StatusWait: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "dowse", Subsystem: "twins", Name: "status_wait_seconds",
+			Help: "From a device's oldest unwritten report's arrival at the status writer to the start of the write that takes it.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)}),
 		Sent: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "dowse", Subsystem: "twins", Name: "sent_total",
 			Help: "Messages sent to nodes, by kind (device, device-removal, model, model-removal, inventory)."}, []string{"kind"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Reports, m.Dropped, m.Coalesced, m.Writes, m.WriteSeconds, m.ReportToStatus, m.Sent)
+		reg.MustRegister(m.Reports, m.Dropped, m.Coalesced, m.Writes, m.WriteSeconds, m.ReportToStatus, m.ReportTransit, m.StatusWait, m.Sent)
 	}
 	return m
 }

@@ -161,6 +161,7 @@ type twinState struct {
 	acks    []*nodeAcks // the node of each ref
 	touched bool        // recompute DesiredApplied even without reports
 	oldest  time.Time   // read time of the oldest unwritten report
+	arrived time.Time   // when the oldest unwritten report arrived
 	seen    *v1alpha1.LinkPosition
 
 	writing   bool
@@ -310,8 +311,15 @@ func (s *Status) Handle(ctx context.Context, m cloudhub.Inbound) error {
 		s.metrics.Reports.WithLabelValues("condition").Inc()
 	}
 	st.seen = pos.linkPosition()
+	now := time.Now()
 	if st.oldest.IsZero() {
 		st.oldest = at
+	}
+	if st.arrived.IsZero() {
+		st.arrived = now
+	}
+	if _, ok := m.Env.Kind.(*linkv1.Envelope_TwinReported); ok && !at.IsZero() {
+		s.metrics.ReportTransit.Observe(now.Sub(at).Seconds())
 	}
 	ref2 := s.pushLocked(acks, m.At, false)
 	st.refs = append(st.refs, ref2)
@@ -556,9 +564,13 @@ func (s *Status) writeOne(ctx context.Context, key types.NamespacedName) error {
 		return nil
 	}
 	b := batch{twins: st.twins, state: st.state, conds: st.conds, refs: st.refs, acks: st.acks, touched: st.touched, oldest: st.oldest}
-	st.twins, st.state, st.conds, st.refs, st.acks, st.touched, st.oldest = map[string]*pendingTwin{}, nil, nil, nil, nil, false, time.Time{}
+	arrived := st.arrived
+	st.twins, st.state, st.conds, st.refs, st.acks, st.touched, st.oldest, st.arrived = map[string]*pendingTwin{}, nil, nil, nil, nil, false, time.Time{}, time.Time{}
 	st.writing = true
 	st.lastWrite = time.Now()
+	if !arrived.IsZero() {
+		s.metrics.StatusWait.Observe(st.lastWrite.Sub(arrived).Seconds())
+	}
 	if len(b.twins) > 0 {
 		st.lastTwinWrite = st.lastWrite
 	}
@@ -590,6 +602,9 @@ func (s *Status) writeOne(ctx context.Context, key types.NamespacedName) error {
 		st.touched = st.touched || b.touched
 		if !b.oldest.IsZero() && (st.oldest.IsZero() || b.oldest.Before(st.oldest)) {
 			st.oldest = b.oldest
+		}
+		if !arrived.IsZero() && (st.arrived.IsZero() || arrived.Before(st.arrived)) {
+			st.arrived = arrived
 		}
 		return err
 	}

@@ -1,11 +1,16 @@
 package e2e
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"io"
+	"maps"
+	"net/http"
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -115,11 +120,13 @@ func benchTwins(b *testing.B) {
 			}
 		}
 	}()
+	var calls []time.Duration // the mapper's ReportDeviceStatus: taken and stored by the agent
 	report := func(i int) time.Duration {
 		start := time.Now()
 		if err := m.Report(ctx, "default", dev.Name, map[string]string{"p0": strconv.Itoa(i)}); err != nil {
 			b.Fatal(err)
 		}
+		calls = append(calls, time.Since(start))
 		for {
 			select {
 			case v := <-seen:
@@ -139,9 +146,22 @@ func benchTwins(b *testing.B) {
 	}
 	// A quiet Device: each report comes more than an interval after the
 	// last write, so it is written at once (the leading edge).
+	stages := []string{"dowse_twins_report_transit_seconds", "dowse_twins_status_wait_seconds", "dowse_twins_status_write_duration_seconds"}
+	before := map[string]map[string]float64{}
+	for _, h := range stages {
+		before[h] = histBuckets(b, c.metrics, h)
+	}
+	conflicts0, _ := metricValue(c.metrics, `dowse_twins_status_writes_total{result="conflict"}`)
+	calls = calls[:0]
 	for i := 101; i <= 130; i++ {
 		time.Sleep(1100 * time.Millisecond)
 		quiet = append(quiet, report(i))
+	}
+	quietCalls := slices.Clone(calls)
+	conflicts1, _ := metricValue(c.metrics, `dowse_twins_status_writes_total{result="conflict"}`)
+	var quietStages []string
+	for _, h := range stages {
+		quietStages = append(quietStages, strings.TrimPrefix(h, "dowse_twins_")+": "+histDelta(before[h], histBuckets(b, c.metrics, h)))
 	}
 	cancel()
 	w.Stop()
@@ -233,6 +253,11 @@ func benchTwins(b *testing.B) {
 	fmt.Fprintf(os.Stdout, "  desired in Device.spec -> mapper UpdateDevice, 100 changes:  p50 %v  p99 %v\n", pct(desired, 50), pct(desired, 99))
 	fmt.Fprintf(os.Stdout, "  mapper report -> value in Device.status, 100 reports 0-300 ms apart (busy): p50 %v  p99 %v\n", pct(toStatus, 50), pct(toStatus, 99))
 	fmt.Fprintf(os.Stdout, "  mapper report -> value in Device.status, 30 reports 1.1 s apart (quiet):   p50 %v  p99 %v\n", pct(quiet, 50), pct(quiet, 99))
+	fmt.Fprintf(os.Stdout, "    where the quiet reports' time went: the mapper's ReportDeviceStatus (agent stored it) p50 %v p99 %v max %v; %v conflicts;\n",
+		pct(quietCalls, 50), pct(quietCalls, 99), pct(quietCalls, 100), conflicts1-conflicts0)
+	for _, l := range quietStages {
+		fmt.Fprintf(os.Stdout, "      %s\n", l)
+	}
 	fmt.Fprintf(os.Stdout, "  agent intake, 32 DMI clients, one value a call:             %.0f calls/s = values/s (%d refused), agent CPU %.2f cores\n",
 		calls1, refused1, cores1)
 	fmt.Fprintf(os.Stdout, "  agent intake, 32 DMI clients, ten values a call:            %.0f calls/s = %.0f values/s (%d refused), agent CPU %.2f cores\n",
@@ -263,4 +288,54 @@ func cpuSeconds(t testing.TB, pid int) float64 {
 		t.Fatal(err)
 	}
 	return d.Seconds()
+}
+
+// histBuckets reads a histogram's cumulative bucket counts by upper bound.
+func histBuckets(t testing.TB, port int, name string) map[string]float64 {
+	t.Helper()
+	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]float64{}
+	for _, line := range strings.Split(string(body), "\n") {
+		rest, ok := strings.CutPrefix(line, name+`_bucket{le="`)
+		if !ok {
+			continue
+		}
+		le, value, ok := strings.Cut(rest, `"} `)
+		if v, err := strconv.ParseFloat(value, 64); ok && err == nil {
+			out[le] = v
+		}
+	}
+	return out
+}
+
+// histDelta says how many observations fell in each bucket between two
+// readings, e.g. "<=0.004s 25, <=0.008s 4, <=1.024s 1".
+func histDelta(before, after map[string]float64) string {
+	les := slices.Collect(maps.Keys(after))
+	slices.SortFunc(les, func(a, b string) int {
+		x, _ := strconv.ParseFloat(a, 64)
+		y, _ := strconv.ParseFloat(b, 64)
+		return cmp.Compare(x, y)
+	})
+	var parts []string
+	prev := 0.0
+	for _, le := range les {
+		n := after[le] - before[le]
+		if n > prev {
+			parts = append(parts, fmt.Sprintf("<=%ss %.0f", le, n-prev))
+		}
+		prev = n
+	}
+	if len(parts) == 0 {
+		return "none"
+	}
+	return strings.Join(parts, ", ")
 }
