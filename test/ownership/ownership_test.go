@@ -162,7 +162,16 @@ func TestClaimTakesOverAndTellsTheOldHolder(t *testing.T) {
 		return nil
 	})
 	if e, err := a.Claim(ctx, "edge-1", cur); err != nil || e != cur+2 {
-		t.Errorf("claim on replica-a after it lost epoch %d: epoch %d, %v; want %d", cur, e, err, cur+2)
+		t.Fatalf("claim on replica-a after it lost epoch %d: epoch %d, %v; want %d", cur, e, err, cur+2)
+	}
+	// A fence (a Device found written by a newer session) is a loss as
+	// the watch's is: told to Lost, and the next return is claimed anew.
+	a.Fenced("edge-1", cur+2)
+	if got := lostA.of("edge-1"); !slices.Equal(got, []uint64{1, cur, cur + 2}) {
+		t.Errorf("replica-a was told it lost %v after the fence, want [1 %d %d]", got, cur, cur+2)
+	}
+	if e, err := a.Claim(ctx, "edge-1", cur+2); err != nil || e != cur+3 {
+		t.Errorf("claim on replica-a after it was fenced at epoch %d: epoch %d, %v; want %d (not kept)", cur+2, e, err, cur+3)
 	}
 }
 

@@ -42,14 +42,15 @@ func TestMain(m *testing.M) {
 }
 
 // sharedHostNetwork lets the chart's two controller replicas share the
-// test node's one host network. Each replica serves metrics and health
-// probes (the link only while it leads), so on a host network two of them
-// on one node would contend for those ports, and their declared container
-// ports become host ports, which keep the scheduler from putting the second
-// replica on the node at all. On a real cluster the replicas have a pod
-// network or a node each; here the controller's metrics and probes are
-// turned off and its ports left undeclared. Leader election, the leader
-// label and the link's Service are the chart's own.
+// test node's one host network. Each replica serves metrics, health probes
+// and the link, so on a host network two of them on one node contend for
+// those ports, and their declared container ports become host ports, which
+// keep the scheduler from putting the second replica on the node at all.
+// On a real cluster the replicas have a pod network or a node each; here
+// the controller's metrics and probes are turned off and its ports left
+// undeclared. The link's ports stay shared: one replica at a time listens
+// on them (the other's cloudhub retries until the port is free). Leader
+// election and the link's Service are the chart's own.
 func sharedHostNetwork(in io.Reader, out io.Writer) error {
 	raw, err := io.ReadAll(in)
 	if err != nil {
@@ -95,15 +96,21 @@ func sharedHostNetwork(in io.Reader, out io.Writer) error {
 	return err
 }
 
-// TestChartLeaderOnNode installs the chart with its default two controller
-// replicas and leader election on the real node: exactly one replica's Pod
-// carries dowse.dev/cloudhub=leader, the dowse-cloudhub Service's
-// EndpointSlice names that Pod alone, and the agent joins the link it
-// serves. When the leader's Pod is deleted the other replica takes the
-// lease and the label, the EndpointSlice follows, and the agent joins
-// again. `helm uninstall` then leaves nothing of the release
+// TestChartReplicasOnNode installs the chart with its default two
+// controller replicas and leader election on the real node: the agent
+// joins the link, the replica that serves it holds the node's ownership
+// record and is named ready by the dowse-cloudhub Service's EndpointSlice;
+// when that replica's Pod is deleted the other one takes the agent's
+// session (a new holder of the record, the agent told its device
+// membership again). `helm uninstall` then leaves nothing of the release
 // (waitUninstalled).
-func TestChartLeaderOnNode(t *testing.T) {
+//
+// What it cannot show on this node: the test node has no pod network, so
+// both replicas are on the host's network and share the link's port (the
+// agent reaches whichever listens, at 127.0.0.1, not through the Service:
+// there is no kube-proxy either), and the twins are not exercised here
+// (test/e2e TestReplicas moves twins between three replicas as processes).
+func TestChartReplicasOnNode(t *testing.T) {
 	kube.RequireHelm(t)
 	self, err := os.Executable()
 	if err != nil {
@@ -172,30 +179,30 @@ func TestChartLeaderOnNode(t *testing.T) {
 	helm("install", "dowse", filepath.Join(kube.RepoRoot(), "deploy", "helm", "dowse"),
 		"--namespace", "dowse-system", "--create-namespace", "--values", valuesFile, "--post-renderer", self)
 
-	leader := waitLeader(t, ctx, cl, "", func(pods []corev1.Pod) error {
+	holder := waitHolder(t, ctx, cl, "", func(pods []corev1.Pod) error {
 		if len(pods) != 2 {
 			return fmt.Errorf("%d controller pods running, want the chart's 2", len(pods))
 		}
 		return nil
 	})
-	t.Logf("leader %s", leader)
+	t.Logf("the agent's session is on %s", holder)
 	waitMetric(t, ctx, agentMetrics, "dowse_edgehub_connected 1")
 
 	begin := time.Now()
-	if err := c.Client.CoreV1().Pods("dowse-system").Delete(ctx, leader, metav1.DeleteOptions{}); err != nil {
+	if err := c.Client.CoreV1().Pods("dowse-system").Delete(ctx, holder, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	next := waitLeader(t, ctx, cl, leader, func(pods []corev1.Pod) error {
+	next := waitHolder(t, ctx, cl, holder, func(pods []corev1.Pod) error {
 		for _, p := range pods {
-			if p.Name == leader {
-				return fmt.Errorf("the old leader %s still runs", leader)
+			if p.Name == holder {
+				return fmt.Errorf("the deleted holder %s still runs", holder)
 			}
 		}
 		return nil
 	})
-	t.Logf("after deleting %s, %s leads (%s)", leader, next, time.Since(begin).Round(100*time.Millisecond))
-	// The old leader's process is gone with its Pod: a connected agent is
-	// one that joined the new leader's link, which sent it its device
+	t.Logf("after deleting %s, %s holds the agent's session (%s)", holder, next, time.Since(begin).Round(100*time.Millisecond))
+	// The old holder's process is gone with its Pod: a connected agent is
+	// one that joined the other replica's link, which sent it its device
 	// membership again (logged on every connection).
 	waitMetric(t, ctx, agentMetrics, "dowse_edgehub_connected 1")
 	var agents corev1.PodList
@@ -208,7 +215,7 @@ func TestChartLeaderOnNode(t *testing.T) {
 			t.Fatal(err)
 		}
 		if n = strings.Count(string(logs), "device membership from the cloud"); n < 2 && ctx.Err() != nil {
-			t.Fatalf("the agent joined the link %d times, want 2 (the first leader's and the next one's):\n%s", n, logs)
+			t.Fatalf("the agent joined the link %d times, want 2 (the first holder's and the next one's):\n%s", n, logs)
 		}
 		time.Sleep(300 * time.Millisecond)
 	}
@@ -219,27 +226,27 @@ func TestChartLeaderOnNode(t *testing.T) {
 	waitUninstalled(t, ctx, c.Config, "dowse-system")
 }
 
-// waitLeader waits until exactly one running controller Pod, not old,
-// carries the leader label, the dowse-cloudhub Service's EndpointSlices
-// name that Pod alone, and check passes for the running controller Pods;
-// it returns the leader's name.
-func waitLeader(t *testing.T, ctx context.Context, cl client.Client, old string, check func([]corev1.Pod) error) string {
+// waitHolder waits until the node's ownership record is held by a running
+// controller Pod other than old, the dowse-cloudhub Service's
+// EndpointSlices name that Pod as ready, and check passes for the running
+// controller Pods; it returns the holder's name.
+func waitHolder(t *testing.T, ctx context.Context, cl client.Client, old string, check func([]corev1.Pod) error) string {
 	t.Helper()
 	deadline := time.Now().Add(2 * time.Minute)
 	var last error
 	for time.Now().Before(deadline) && ctx.Err() == nil {
-		name, err := leaderNow(ctx, cl, old, check)
+		name, err := holderNow(ctx, cl, old, check)
 		if err == nil {
 			return name
 		}
 		last = err
 		time.Sleep(500 * time.Millisecond)
 	}
-	t.Fatalf("no single cloudhub leader: %v", last)
+	t.Fatalf("no running replica holds the node's session: %v", last)
 	return ""
 }
 
-func leaderNow(ctx context.Context, cl client.Client, old string, check func([]corev1.Pod) error) (string, error) {
+func holderNow(ctx context.Context, cl client.Client, old string, check func([]corev1.Pod) error) (string, error) {
 	var pods corev1.PodList
 	if err := cl.List(ctx, &pods, client.InNamespace("dowse-system"), client.MatchingLabels{"app.kubernetes.io/name": "dowse-controller"}); err != nil {
 		return "", err
