@@ -51,12 +51,6 @@ type propState struct {
 	pushed    string
 	hasPushed bool
 	pushedAt  time.Time
-
-	// report is this property's twin in the device's reports, reused by
-	// every flush (a report is marshalled before its call returns): a
-	// busy device reports every cycle, and a map and two messages per
-	// property each time were most of a mapper's garbage.
-	report *dmiv1beta1.Twin
 }
 
 type group struct {

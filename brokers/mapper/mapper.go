@@ -212,6 +212,8 @@ type Mapper struct {
 	wg     sync.WaitGroup
 	// calls takes the devices' reports to the agentCallers goroutines.
 	calls chan func()
+	// twins are the report twins not in a report (device_report.go).
+	twins sync.Pool
 
 	mu         sync.Mutex
 	models     map[string]*dmiv1beta1.DeviceModel
