@@ -377,7 +377,12 @@ func (t *mqttTransport) close() {
 	if t.conn == nil {
 		return
 	}
-	_ = t.control(mqttDisconn<<4, 0, false)
+	select {
+	case <-t.lostCh:
+		// Nothing to say goodbye on.
+	default:
+		_ = t.control(mqttDisconn<<4, 0, false)
+	}
 	close(t.stop)
 	t.conn.Close()
 	t.wg.Wait()

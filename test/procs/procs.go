@@ -372,7 +372,8 @@ func MachineCPU() (busy, total time.Duration, err error) {
 
 // StartLogged runs <BinDir>/<name> with its output appended to
 // <dir>/<logName>.log, stops it when the test ends, and then shows the
-// log's last 16 KiB if the test failed.
+// log (its last 256 KiB, enough for a goroutine dump and what led to it)
+// if the test failed.
 func StartLogged(t testing.TB, dir, name, logName string, args ...string) *Proc {
 	t.Helper()
 	logf, err := os.OpenFile(filepath.Join(dir, logName+".log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
@@ -389,10 +390,10 @@ func StartLogged(t testing.TB, dir, name, logName string, args ...string) *Proc 
 		logf.Close()
 		if t.Failed() {
 			b, _ := os.ReadFile(logf.Name())
-			if len(b) > 16<<10 {
-				b = b[len(b)-16<<10:]
+			if len(b) > 256<<10 {
+				b = b[len(b)-256<<10:]
 			}
-			t.Logf("%s log (its last 16 KiB):\n%s", logName, b)
+			t.Logf("%s log:\n%s", logName, b)
 		}
 	})
 	return p
