@@ -4,7 +4,6 @@
 package mosquitto
 
 import (
-	"bufio"
 	"fmt"
 	"net"
 	"os"
@@ -14,6 +13,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/dowse-dev/dowse/test/procs"
 )
 
 // Broker is a running mosquitto.
@@ -23,8 +24,7 @@ type Broker struct {
 	Port int
 	// WSPort is its MQTT over WebSocket listener's.
 	WSPort int
-	cmd    *exec.Cmd
-	done   chan struct{}
+	proc   *procs.Proc
 }
 
 func binary(t testing.TB, name string) string {
@@ -108,13 +108,12 @@ func (b *Broker) start() {
 	if err != nil {
 		b.t.Fatal(err)
 	}
-	b.cmd = exec.Command(binary(b.t, "mosquitto"), "-c", filepath.Join(b.dir, "mosquitto.conf"))
-	b.cmd.Stdout, b.cmd.Stderr = log, log
-	if err := b.cmd.Start(); err != nil {
+	defer log.Close() // the broker has its own descriptor
+	b.proc, err = procs.Run("mosquitto", binary(b.t, "mosquitto"), []string{"-c", filepath.Join(b.dir, "mosquitto.conf")},
+		procs.Options{Stdout: log, Stderr: log})
+	if err != nil {
 		b.t.Fatal(err)
 	}
-	b.done = make(chan struct{})
-	go func() { _ = b.cmd.Wait(); log.Close(); close(b.done) }()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", b.Port))
@@ -132,21 +131,10 @@ func (b *Broker) start() {
 
 // Stop stops the broker (by its pid) and waits for it.
 func (b *Broker) Stop() {
-	if b.cmd == nil || b.cmd.Process == nil {
-		return
+	if b.proc != nil {
+		b.proc.StopWithin(5 * time.Second)
 	}
-	select {
-	case <-b.done:
-	default:
-		_ = b.cmd.Process.Signal(os.Interrupt)
-		select {
-		case <-b.done:
-		case <-time.After(5 * time.Second):
-			_ = b.cmd.Process.Kill()
-			<-b.done
-		}
-	}
-	b.cmd = nil
+	b.proc = nil
 }
 
 // StartAgain starts a stopped broker again on the same port, with what it
@@ -167,8 +155,7 @@ func (b *Broker) Restart() {
 type Sub struct {
 	mu    sync.Mutex
 	lines []string
-	cmd   *exec.Cmd
-	done  chan struct{}
+	proc  *procs.Proc
 }
 
 // Subscribe runs mosquitto_sub on topic (wildcards allowed) at qos with a
@@ -193,43 +180,36 @@ func (b *Broker) SubscribeAs(t testing.TB, topic string, qos int, id, user, pass
 	}
 	// stdbuf (coreutils): line-buffered, else the steps wait in stdio's
 	// buffer for a pipe.
-	cmd := exec.Command(binary(t, "mosquitto_sub"), args...)
+	path := binary(t, "mosquitto_sub")
 	if sb, err := exec.LookPath("stdbuf"); err == nil {
-		cmd = exec.Command(sb, append([]string{"-oL", cmd.Path}, args...)...)
+		path, args = sb, append([]string{"-oL", path}, args...)
 	}
-	s := &Sub{cmd: cmd, done: make(chan struct{})}
+	s := &Sub{}
 	subscribed := make(chan struct{})
-	out, err := s.cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.cmd.Stderr = s.cmd.Stdout
-	if err := s.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		sc := bufio.NewScanner(out)
-		ready := false
-		for sc.Scan() {
-			l := sc.Text()
-			if strings.HasPrefix(l, "Client ") || strings.HasPrefix(l, "Subscribed (mid") {
-				if !ready && strings.HasPrefix(l, "Subscribed (mid") {
-					ready = true
+	out := procs.NewLines()
+	out.Each = func(l string) {
+		if strings.HasPrefix(l, "Client ") || strings.HasPrefix(l, "Subscribed (mid") {
+			if strings.HasPrefix(l, "Subscribed (mid") {
+				select {
+				case <-subscribed:
+				default:
 					close(subscribed)
 				}
-				continue
 			}
-			s.mu.Lock()
-			s.lines = append(s.lines, l)
-			s.mu.Unlock()
+			return
 		}
-		_ = s.cmd.Wait()
-		close(s.done)
-	}()
+		s.mu.Lock()
+		s.lines = append(s.lines, l)
+		s.mu.Unlock()
+	}
+	var err error
+	if s.proc, err = procs.Run("mosquitto_sub", path, args, procs.Options{Stdout: out, Stderr: out}); err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(s.Stop)
 	select {
 	case <-subscribed:
-	case <-s.done:
+	case <-s.proc.Done():
 		t.Fatalf("mosquitto_sub exited: %q", s.Lines())
 	case <-time.After(10 * time.Second):
 		t.Fatalf("mosquitto_sub did not subscribe within 10s: %q", s.Lines())
@@ -260,11 +240,4 @@ next:
 }
 
 // Stop stops mosquitto_sub.
-func (s *Sub) Stop() {
-	select {
-	case <-s.done:
-	default:
-		_ = s.cmd.Process.Kill()
-		<-s.done
-	}
-}
+func (s *Sub) Stop() { s.proc.Kill() }
