@@ -71,19 +71,7 @@ func startSinks(t *testing.T, dev *dmiv1beta1.Device, cfg func(*mapper.Config)) 
 		DefaultCollectCycle: 20 * time.Millisecond, ReconnectInitial: 10 * time.Millisecond, ReconnectMax: 50 * time.Millisecond,
 		ReregisterInterval: time.Hour, CallTimeout: 2 * time.Second}
 	cfg(&c)
-	m, err := mapper.New(c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- m.Start(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Start = %v", err)
-		}
-	})
+	mappertest.RunMapper(t, c)
 	return r
 }
 
