@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -287,6 +288,8 @@ type counterTwin struct {
 	props    []string
 	on       chan bool
 	reported sync.Map
+	// sent is the setpoint of the newest report the agent took.
+	sent atomic.Value
 }
 
 func (f *fleet) counterTwin(t *testing.T, ctx context.Context, node string) *counterTwin {
@@ -339,6 +342,8 @@ func (f *fleet) counterTwin(t *testing.T, ctx context.Context, node string) *cou
 				vals["setpoint"] = ct.m.Desired("default", ct.dev.Name, "setpoint")
 				if err := ct.m.Report(mctx, "default", ct.dev.Name, vals); err != nil {
 					ct.reported.Store(err.Error(), true)
+				} else {
+					ct.sent.Store(vals["setpoint"])
 				}
 			}
 		}
@@ -368,9 +373,14 @@ func (ct *counterTwin) settled(ctx context.Context, phase, want string) {
 		if got := ct.m.Desired("default", ct.dev.Name, "setpoint"); got != want {
 			return fmt.Errorf("%s: the mapper holds desired %q, want %s", phase, got, want)
 		}
+		// A report that carries it must have been taken before the
+		// reports stop: one call can outlast any fixed pause on a loaded
+		// machine.
+		if got, _ := ct.sent.Load().(string); got != want {
+			return fmt.Errorf("%s: the newest report the agent took carries setpoint %q, want %s", phase, got, want)
+		}
 		return nil
 	})
-	time.Sleep(100 * time.Millisecond)
 	ct.on <- false
 	final := ct.cnt.snapshot()
 	testwait.For(t, 30*time.Second, func() error {
