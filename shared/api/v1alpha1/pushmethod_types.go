@@ -139,8 +139,8 @@ type Influxdb2DataConfig struct {
 	FieldKey string `json:"fieldKey,omitempty"`
 }
 
-// DBMethodRedis is a Redis server: each reading is added to a sorted set
-// named after the device and property, scored by its read time.
+// DBMethodRedis is a Redis server: each reading is added to the sorted set
+// <namespace>/<device>/<property>, scored by its read time (Unix ms).
 type DBMethodRedis struct {
 	// +optional
 	RedisClientConfig *RedisClientConfig `json:"redisClientConfig,omitempty"`

@@ -5,8 +5,8 @@ package v1alpha1
 // DBMethodRedisApplyConfiguration represents a declarative configuration of the DBMethodRedis type for use
 // with apply.
 //
-// DBMethodRedis is a Redis server: each reading is added to a sorted set
-// named after the device and property, scored by its read time.
+// DBMethodRedis is a Redis server: each reading is added to the sorted set
+// <namespace>/<device>/<property>, scored by its read time (Unix ms).
 type DBMethodRedisApplyConfiguration struct {
 	RedisClientConfig *RedisClientConfigApplyConfiguration `json:"redisClientConfig,omitempty"`
 }
