@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -189,6 +190,7 @@ func TestTwinsSurviveOfflineAndFaults(t *testing.T) {
 	cnt := &counters{last: map[string]int{}}
 	reporting := make(chan bool)
 	var reportErrs sync.Map
+	var sent atomic.Value // the setpoint of the newest report the agent took
 	go func() {
 		on := true
 		tick := time.NewTicker(5 * time.Millisecond)
@@ -206,6 +208,8 @@ func TestTwinsSurviveOfflineAndFaults(t *testing.T) {
 				vals["setpoint"] = m.Desired("default", dev.Name, "setpoint")
 				if err := m.Report(mctx, "default", dev.Name, vals); err != nil {
 					reportErrs.Store(err.Error(), true)
+				} else {
+					sent.Store(vals["setpoint"])
 				}
 			}
 		}
@@ -217,14 +221,18 @@ func TestTwinsSurviveOfflineAndFaults(t *testing.T) {
 	settled := func(phase, want string) {
 		t.Helper()
 		// The mapper reports what it applied: wait for the desired value
-		// to reach it before its reports stop.
+		// to reach it, and for a report carrying it to be taken (one call
+		// can outlast any fixed pause on a loaded machine), before its
+		// reports stop.
 		testwait.For(t, 30*time.Second, func() error {
 			if got := m.Desired("default", dev.Name, "setpoint"); got != want {
 				return fmt.Errorf("%s: the mapper holds desired %q, want %s", phase, got, want)
 			}
+			if got, _ := sent.Load().(string); got != want {
+				return fmt.Errorf("%s: the newest report the agent took carries setpoint %q, want %s", phase, got, want)
+			}
 			return nil
 		})
-		time.Sleep(100 * time.Millisecond)
 		setReporting(false)
 		final := cnt.snapshot()
 		defer func() {
