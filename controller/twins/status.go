@@ -33,10 +33,12 @@ type Committer interface {
 // StatusConfig configures Status. Zero values take the defaults noted.
 type StatusConfig struct {
 	// Interval is the least time between two status writes of one Device
-	// (1s). A Device not written within the last interval is written as
-	// soon as a report arrives; reports within the interval after a write
-	// coalesce into one trailing write with the newest value of every
-	// property.
+	// (1s). A report that changes a value is written as soon as it arrives
+	// when no change was written within the last interval; changes within
+	// the interval after one coalesce into one trailing write with the
+	// newest value of every property. A report that repeats the value the
+	// status holds (a heartbeat) waits for the interval after any write,
+	// and does not hold back a change that follows it.
 	Interval time.Duration
 	// Batch is how long a leading-edge write waits for the reports that
 	// arrive with the first one (3ms): a mapper's report of several
@@ -164,14 +166,18 @@ type twinState struct {
 	arrived time.Time   // when the oldest unwritten report arrived
 	seen    *v1alpha1.LinkPosition
 
+	// news: a pending report changes a value Device.status holds (the
+	// cache's), rather than repeating it (a mapper's heartbeat).
+	news bool
+
 	writing   bool
 	lastWrite time.Time
-	// lastTwinWrite is the last write that carried reported values: twin
-	// reports coalesce after it, the rest (conditions, states) after any
-	// write. A condition told just before a report (an edge's on a
-	// Device's change) then does not hold the report to the interval's
-	// end; writes stay at most two an interval.
-	lastTwinWrite time.Time
+	// lastNewsWrite is the last write that carried news: news coalesces
+	// after it, the rest (repeated values, conditions, states) after any
+	// write. A heartbeat or a condition written just before a change then
+	// does not hold the change to the interval's end; writes stay at most
+	// two an interval.
+	lastNewsWrite time.Time
 }
 
 func (st *twinState) dirty() bool {
@@ -271,6 +277,7 @@ func (s *Status) Handle(ctx context.Context, m cloudhub.Inbound) error {
 		if r.ObservedDesired != nil {
 			pt.observed = &v1alpha1.TwinProperty{Value: FormatValue(r.ObservedDesired), Metadata: map[string]string{twinvalue.MetaTimestamp: md[twinvalue.MetaTimestamp]}}
 		}
+		st.news = st.news || !holds(&d, r.Property, pt.reported.Value, pt.observed)
 		if old := st.twins[r.Property]; old != nil {
 			s.metrics.Coalesced.Inc()
 			if pt.observed == nil {
@@ -396,8 +403,8 @@ func (s *Status) scheduleLocked(key types.NamespacedName, st *twinState) {
 	now := time.Now()
 	due := now.Add(s.cfg.Batch)
 	last := st.lastWrite
-	if len(st.twins) > 0 {
-		last = st.lastTwinWrite
+	if st.news {
+		last = st.lastNewsWrite
 	}
 	if next := last.Add(s.cfg.Interval); next.After(due) {
 		due = next
@@ -438,7 +445,7 @@ func (s *Status) Release(node string) {
 		if st.writing {
 			// The write in flight commits nothing (its node's queue is
 			// gone); its pending rest is dropped when it ends.
-			st.twins, st.state, st.conds, st.refs, st.acks = map[string]*pendingTwin{}, nil, nil, nil, nil
+			st.twins, st.state, st.conds, st.refs, st.acks, st.news = map[string]*pendingTwin{}, nil, nil, nil, nil, false
 			st.seen = nil
 			continue
 		}
@@ -564,15 +571,15 @@ func (s *Status) writeOne(ctx context.Context, key types.NamespacedName) error {
 		return nil
 	}
 	b := batch{twins: st.twins, state: st.state, conds: st.conds, refs: st.refs, acks: st.acks, touched: st.touched, oldest: st.oldest}
-	arrived := st.arrived
-	st.twins, st.state, st.conds, st.refs, st.acks, st.touched, st.oldest, st.arrived = map[string]*pendingTwin{}, nil, nil, nil, nil, false, time.Time{}, time.Time{}
+	arrived, news := st.arrived, st.news
+	st.twins, st.state, st.conds, st.refs, st.acks, st.touched, st.oldest, st.arrived, st.news = map[string]*pendingTwin{}, nil, nil, nil, nil, false, time.Time{}, time.Time{}, false
 	st.writing = true
 	st.lastWrite = time.Now()
 	if !arrived.IsZero() {
 		s.metrics.StatusWait.Observe(st.lastWrite.Sub(arrived).Seconds())
 	}
-	if len(b.twins) > 0 {
-		st.lastTwinWrite = st.lastWrite
+	if news {
+		st.lastNewsWrite = st.lastWrite
 	}
 	s.mu.Unlock()
 
@@ -600,6 +607,7 @@ func (s *Status) writeOne(ctx context.Context, key types.NamespacedName) error {
 		st.conds = append(b.conds, st.conds...)
 		st.refs, st.acks = append(b.refs, st.refs...), append(b.acks, st.acks...)
 		st.touched = st.touched || b.touched
+		st.news = st.news || news
 		if !b.oldest.IsZero() && (st.oldest.IsZero() || b.oldest.Before(st.oldest)) {
 			st.oldest = b.oldest
 		}
@@ -841,6 +849,21 @@ func needsDesiredApplied(d *v1alpha1.Device) bool {
 		return slices.ContainsFunc(d.Spec.Properties, func(p v1alpha1.DeviceProperty) bool { return p.Desired != nil })
 	}
 	return c.ObservedGeneration != d.Generation
+}
+
+// holds says whether d's status already shows property prop reported as
+// value (and observedDesired as observed, when given).
+func holds(d *v1alpha1.Device, prop, value string, observed *v1alpha1.TwinProperty) bool {
+	for _, t := range d.Status.Twins {
+		if t.PropertyName != prop {
+			continue
+		}
+		if t.Reported == nil || !sameValue(t.Reported.Value, value) {
+			return false
+		}
+		return observed == nil || (t.ObservedDesired != nil && sameValue(t.ObservedDesired.Value, observed.Value))
+	}
+	return false
 }
 
 // sameValue compares as numbers where both parse, so "1.50" equals "1.5".

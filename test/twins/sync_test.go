@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
@@ -95,6 +96,7 @@ type twinRig struct {
 	sync   *twins.Sync
 	status *twins.Status
 	writes *writeCounter
+	cache  client.Reader // what the status writer reads
 }
 
 // startTwins runs the twin sync and status writer in a manager of their
@@ -141,7 +143,7 @@ func startTwins(t *testing.T, hub *fakeHub) *twinRig {
 	if !mgr.GetCache().WaitForCacheSync(ctx) {
 		t.Fatal("cache never synced")
 	}
-	return &twinRig{hub: hub, sync: s, status: status, writes: writes}
+	return &twinRig{hub: hub, sync: s, status: status, writes: writes, cache: mgr.GetClient()}
 }
 
 func device(ns, name, node string, props ...v1alpha1.DeviceProperty) *v1alpha1.Device {
@@ -400,7 +402,7 @@ func TestTwinStatusLeadingEdge(t *testing.T) {
 	if err := suite.Client.Create(ctx, thermostatModel(ns)); err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{"quiet", "busy"} {
+	for _, name := range []string{"quiet", "busy", "steady"} {
 		if err := suite.Client.Create(ctx, device(ns, name, edge)); err != nil {
 			t.Fatal(err)
 		}
@@ -487,6 +489,42 @@ func TestTwinStatusLeadingEdge(t *testing.T) {
 	if got := hub.commit(edge); got.Seq != seq {
 		t.Errorf("committed %+v after the trailing write, want seq %d", got, seq)
 	}
+
+	// A heartbeat (the value the status holds, reported again) is written,
+	// and the change right after it is written at once all the same.
+	waitValid(t, ns, "steady")
+	d, err := getDevice(ns, "steady")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Status.Twins = []v1alpha1.Twin{{PropertyName: "temperature", Reported: &v1alpha1.TwinProperty{Value: "1.5"}}}
+	if err := suite.Client.Status().Update(ctx, d); err != nil {
+		t.Fatal(err)
+	}
+	testwait.For(t, 10*time.Second, func() error {
+		var cached v1alpha1.Device
+		if err := rig.cache.Get(ctx, keyOf(ns, "steady"), &cached); err != nil {
+			return err
+		}
+		if tw := findTwin(&cached, "temperature"); tw == nil || tw.Reported == nil || tw.Reported.Value != "1.5" {
+			return fmt.Errorf("the status writer's cache does not show steady's 1.5 yet")
+		}
+		return nil
+	})
+	report("steady", 1.5)
+	testwait.For(t, 30*time.Second, func() error {
+		if got := hub.commit(edge); got.Seq != seq {
+			return fmt.Errorf("committed %+v, want seq %d once the heartbeat is written", got, seq)
+		}
+		return nil
+	})
+	report("steady", 2.5)
+	testwait.For(t, 30*time.Second, func() error {
+		if v := reported("steady"); v != "2.5" {
+			return fmt.Errorf("steady device reports %q, want 2.5 (a change after a heartbeat's write is not held to the interval)", v)
+		}
+		return nil
+	})
 }
 
 func findTwin(d *v1alpha1.Device, prop string) *v1alpha1.Twin {
