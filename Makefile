@@ -158,7 +158,7 @@ bench: k8s build
 	go test -run '^$$' -bench MQTTSink -benchtime 50000x ./brokers/mapper/
 	go test -run '^$$' -bench . -benchtime 2s ./agent/edgehub/
 	go test -run '^$$' -bench . -benchtime 3000x ./test/link/
-	go test -run '^$$' -bench 'Twins|ModbusTwin' -benchtime 1x ./test/e2e/
+	go test -run '^$$' -bench 'Twins|ModbusTwin|KubeEdgeMapperTwin' -benchtime 1x ./test/e2e/
 
 # Local demo: a twin (a desired setpoint moves the demo's Modbus controller,
 # the readings come back reported), live Instances, and on a root machine

@@ -26,7 +26,7 @@ import (
 
 // buildKubeEdgeMapper builds test/kubeedge-mapper (a mapper on KubeEdge's
 // mapper-framework v1.21.0 runtime, a module of its own) into dir.
-func buildKubeEdgeMapper(t *testing.T, dir string) string {
+func buildKubeEdgeMapper(t testing.TB, dir string) string {
 	t.Helper()
 	bin := filepath.Join(dir, "kubeedge-mapper")
 	cmd := exec.Command("go", "build", "-o", bin, ".")
@@ -38,15 +38,16 @@ func buildKubeEdgeMapper(t *testing.T, dir string) string {
 }
 
 // kubeEdgeMapper runs the framework mapper against an agent's dmi.sock and
-// keeps its event lines.
+// keeps its event lines with the time each arrived.
 type kubeEdgeMapper struct {
 	mu    sync.Mutex
 	lines []string
+	at    []time.Time
 	cmd   *exec.Cmd
 	done  chan struct{}
 }
 
-func startKubeEdgeMapper(t *testing.T, bin, dmiSock string) *kubeEdgeMapper {
+func startKubeEdgeMapper(t testing.TB, bin, dmiSock string) *kubeEdgeMapper {
 	t.Helper()
 	dir := t.TempDir()
 	cfg := filepath.Join(dir, "config.yaml")
@@ -73,6 +74,7 @@ func startKubeEdgeMapper(t *testing.T, bin, dmiSock string) *kubeEdgeMapper {
 		for sc.Scan() {
 			m.mu.Lock()
 			m.lines = append(m.lines, sc.Text())
+			m.at = append(m.at, time.Now())
 			m.mu.Unlock()
 		}
 		_ = m.cmd.Wait()
@@ -94,6 +96,19 @@ func (m *kubeEdgeMapper) has(sub string) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return slices.ContainsFunc(m.lines, func(l string) bool { return strings.Contains(l, sub) })
+}
+
+// firstSince is when the first line from index from on that contains sub
+// arrived, and the index after it.
+func (m *kubeEdgeMapper) firstSince(sub string, from int) (time.Time, int, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for i := from; i < len(m.lines); i++ {
+		if strings.Contains(m.lines[i], sub) {
+			return m.at[i], i + 1, true
+		}
+	}
+	return time.Time{}, from, false
 }
 
 func (m *kubeEdgeMapper) String() string {
