@@ -3,8 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -63,16 +61,7 @@ func benchKubeEdgeMapperTwin(b *testing.B) {
 	bin := buildKubeEdgeMapper(b, b.TempDir())
 	c := startCloud(b)
 	ctx := context.Background()
-	_, state, _ := c.joinAgent("edge-1", "")
-	dmiSock := filepath.Join(state, "dmi.sock")
-	testwait.For(b, 60*time.Second, func() error { _, err := os.Stat(dmiSock); return err })
-	m := startKubeEdgeMapper(b, bin, dmiSock)
-	testwait.For(b, 30*time.Second, func() error {
-		if !m.has("EVENT registered") {
-			return fmt.Errorf("the mapper has not registered:\n%s", m)
-		}
-		return nil
-	})
+	m := c.joinKubeEdgeMapper(b, bin)
 
 	// Watch before the Device exists, so that no event of it is missed.
 	wc, err := client.NewWithWatch(c.cp.Config, client.Options{Scheme: c.client.Scheme()})

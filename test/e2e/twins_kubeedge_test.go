@@ -92,6 +92,23 @@ func startKubeEdgeMapper(t testing.TB, bin, dmiSock string) *kubeEdgeMapper {
 	return m
 }
 
+// joinKubeEdgeMapper joins node edge-1 to c and runs bin, the framework
+// mapper, on its agent's dmi.sock until it has registered.
+func (c *cloud) joinKubeEdgeMapper(t testing.TB, bin string) *kubeEdgeMapper {
+	t.Helper()
+	_, state, _ := c.joinAgent("edge-1", "")
+	dmiSock := filepath.Join(state, "dmi.sock")
+	testwait.For(t, 60*time.Second, func() error { _, err := os.Stat(dmiSock); return err })
+	m := startKubeEdgeMapper(t, bin, dmiSock)
+	testwait.For(t, 30*time.Second, func() error {
+		if !m.has("EVENT registered") {
+			return fmt.Errorf("the mapper has not registered:\n%s", m)
+		}
+		return nil
+	})
+	return m
+}
+
 func (m *kubeEdgeMapper) has(sub string) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -163,16 +180,7 @@ func TestKubeEdgeMapperEndToEnd(t *testing.T) {
 	bin := buildKubeEdgeMapper(t, t.TempDir())
 	c := startCloud(t, "--twin-status-interval", "500ms")
 	ctx := context.Background()
-	_, state, _ := c.joinAgent("edge-1", "")
-	dmiSock := filepath.Join(state, "dmi.sock")
-	testwait.For(t, 60*time.Second, func() error { _, err := os.Stat(dmiSock); return err })
-	m := startKubeEdgeMapper(t, bin, dmiSock)
-	testwait.For(t, 30*time.Second, func() error {
-		if !m.has("EVENT registered") {
-			return fmt.Errorf("the mapper has not registered:\n%s", m)
-		}
-		return nil
-	})
+	m := c.joinKubeEdgeMapper(t, bin)
 	c.apply(t, kubeEdgeTwinManifest)
 
 	key := client.ObjectKey{Namespace: "default", Name: "thermo-1"}
