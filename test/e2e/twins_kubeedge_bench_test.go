@@ -64,17 +64,7 @@ func benchKubeEdgeMapperTwin(b *testing.B) {
 	m := c.joinKubeEdgeMapper(b, bin)
 
 	// Watch before the Device exists, so that no event of it is missed.
-	wc, err := client.NewWithWatch(c.cp.Config, client.Options{Scheme: c.client.Scheme()})
-	if err != nil {
-		b.Fatal(err)
-	}
-	wctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	w, err := wc.Watch(wctx, &v1alpha1.DeviceList{}, client.InNamespace("default"))
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer w.Stop()
+	w := c.watchDevices(b)
 	type sighting struct {
 		at   time.Time // the watch event's arrival
 		read time.Time // the report's read time, from its metadata

@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
@@ -90,6 +91,21 @@ func startKubeEdgeMapper(t testing.TB, bin, dmiSock string) *kubeEdgeMapper {
 		}
 	})
 	return m
+}
+
+// watchDevices watches the Devices of namespace default until t ends.
+func (c *cloud) watchDevices(t testing.TB) watch.Interface {
+	t.Helper()
+	wc, err := client.NewWithWatch(c.cp.Config, client.Options{Scheme: c.client.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := wc.Watch(context.Background(), &v1alpha1.DeviceList{}, client.InNamespace("default"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(w.Stop)
+	return w
 }
 
 // joinKubeEdgeMapper joins node edge-1 to c and runs bin, the framework

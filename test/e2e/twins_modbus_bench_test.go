@@ -60,17 +60,7 @@ func benchModbusTwin(b *testing.B) {
 	})
 	i := slices.IndexFunc(dev.Spec.Properties, func(p v1alpha1.DeviceProperty) bool { return p.Name == "setpoint" })
 
-	wc, err := client.NewWithWatch(c.cp.Config, client.Options{Scheme: c.client.Scheme()})
-	if err != nil {
-		b.Fatal(err)
-	}
-	wctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	w, err := wc.Watch(wctx, &v1alpha1.DeviceList{}, client.InNamespace("default"))
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer w.Stop()
+	w := c.watchDevices(b)
 	seen := make(chan string, 1024)
 	go func() {
 		for ev := range w.ResultChan() {
