@@ -2,8 +2,8 @@
 # Builds the test cluster's binaries from the Go module proxy into bin/k8s/,
 # once each: no prebuilt Kubernetes or containerd release can be downloaded on
 # our machines. The control plane (etcd, kube-apiserver) is what envtest needs;
-# the node (kubelet, scheduler, controller manager, containerd, its runc shim,
-# ctr) is what test/cluster needs; kubectl runs dowsectl as a plugin in
+# the node (kubelet, scheduler, controller manager, kube-proxy, containerd,
+# its runc shim, ctr) is what test/cluster needs; kubectl runs dowsectl as a plugin in
 # test/dowsectl. Versions are pinned in hack/k8s/*/go.mod.
 # Builds run one after another: our machines have two cores.
 set -euo pipefail
@@ -28,7 +28,7 @@ v=k8s.io/component-base/version
 XFLAGS="-X $v.gitVersion=$KUBE_VERSION -X $v.gitMajor=1 -X $v.gitMinor=$KUBE_MINOR -X $v.gitTreeState=clean"
 # The first one downloads and compiles most of Kubernetes; the others reuse it.
 about="5 to 7 minutes"
-for cmd in kube-apiserver kube-controller-manager kube-scheduler kubelet; do
+for cmd in kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy; do
   XFLAGS=$XFLAGS build $cmd kube k8s.io/kubernetes/cmd/$cmd "$about"
   about="1 to 2 minutes"
 done

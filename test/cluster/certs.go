@@ -32,7 +32,9 @@ func writePEM(path, typ string, der []byte) ([]byte, error) {
 	return b, os.WriteFile(path, b, 0o600)
 }
 
-func newPKI(dir string) (*pki, error) {
+// newPKI makes the cluster's CA and certificates; the API server's also
+// names apiIPs.
+func newPKI(dir string, apiIPs ...net.IP) (*pki, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
@@ -87,11 +89,12 @@ func newPKI(dir string) (*pki, error) {
 		keyPEM, err := writePEM(keyPath, "EC PRIVATE KEY", kder)
 		return certPEM, keyPEM, err
 	}
-	// The API server is reached on loopback and, from pods, through the
-	// kubernetes Service's first address of the service range.
+	// The API server is reached on loopback (or where the pod network
+	// reaches the machine) and, from pods, through the kubernetes Service's
+	// first address of the service range.
 	if _, _, err := leaf(2, "kube-apiserver", nil, x509.ExtKeyUsageServerAuth,
 		[]string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"},
-		[]net.IP{net.ParseIP("127.0.0.1"), net.ParseIP(serviceIP)}, p.servingCert, p.servingKey); err != nil {
+		append([]net.IP{net.ParseIP("127.0.0.1"), net.ParseIP(serviceIP)}, apiIPs...), p.servingCert, p.servingKey); err != nil {
 		return nil, err
 	}
 	if p.adminPEM, p.adminKPEM, err = leaf(3, "dowse-admin", []string{"system:masters"}, x509.ExtKeyUsageClientAuth, nil, nil, p.adminCert, p.adminKey); err != nil {

@@ -15,6 +15,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -68,6 +69,12 @@ type Options struct {
 	// a new device-plugin resource shows in the node's allocatable); 2s
 	// when zero (the kubelet's own default is 10s).
 	NodeStatusEvery time.Duration
+	// PodNetwork gives the node a real pod network (see PodNetwork): the
+	// node runs in a network namespace of its own, pods get addresses on a
+	// bridge and reach Services through kube-proxy, and the control plane
+	// listens on the machine's end of the link to it. Without it the node
+	// is on the machine's network and only hostNetwork pods run.
+	PodNetwork bool
 }
 
 // Cluster is a running cluster.
@@ -81,6 +88,8 @@ type Cluster struct {
 	PodLogsDir string
 	Config     *rest.Config
 	Client     kubernetes.Interface
+	// PodNetwork is the node's network when Options.PodNetwork was set.
+	PodNetwork *PodNetwork
 
 	binDir         string
 	containerdSock string
@@ -104,7 +113,11 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 	if o.BinDir == "" {
 		o.BinDir = kube.BinDir()
 	}
-	for _, b := range []string{"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "containerd", "containerd-shim-runc-v2", "ctr"} {
+	bins := []string{"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "containerd", "containerd-shim-runc-v2", "ctr"}
+	if o.PodNetwork {
+		bins = append(bins, "kube-proxy")
+	}
+	for _, b := range bins {
 		if _, err := os.Stat(filepath.Join(o.BinDir, b)); err != nil {
 			return nil, fmt.Errorf("%s is missing from %s: run `make k8s` (hack/build-k8s.sh)", b, o.BinDir)
 		}
@@ -180,22 +193,47 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 			return nil, err
 		}
 	}
-	p, err := newPKI(filepath.Join(o.StateDir, "pki"))
+	// The API server listens on loopback, or with a pod network where the
+	// node's namespace reaches the machine.
+	apiHost := "127.0.0.1"
+	if o.PodNetwork {
+		if c.PodNetwork, err = newPodNetwork(); err != nil {
+			return nil, err
+		}
+		if err := writeJSON(filepath.Join(o.StateDir, podNetworkFile), c.PodNetwork); err != nil {
+			return nil, err
+		}
+		apiHost = c.PodNetwork.HostIP
+	}
+	p, err := newPKI(filepath.Join(o.StateDir, "pki"), net.ParseIP(apiHost))
 	if err != nil {
 		return nil, err
 	}
-	ports, err := freePorts(7)
+	ports, err := freePorts(9)
 	if err != nil {
 		return nil, err
 	}
 	etcdClient, etcdPeer, apiPort, kcmPort, schedPort, kubeletPort, kubeletHealthz := ports[0], ports[1], ports[2], ports[3], ports[4], ports[5], ports[6]
-	server := fmt.Sprintf("https://127.0.0.1:%d", apiPort)
+	server := fmt.Sprintf("https://%s:%d", apiHost, apiPort)
 	if err := writeFile(c.Kubeconfig, kubeconfig(server, p)); err != nil {
 		return nil, err
 	}
 	env := append(os.Environ(), "PATH="+o.BinDir+":"+os.Getenv("PATH"))
+	// onNode is where the node's processes run: in its network namespace
+	// when it has one.
+	onNode := func(name string, args []string) (string, []string) {
+		path := filepath.Join(o.BinDir, name)
+		if c.PodNetwork != nil {
+			return c.PodNetwork.command(path, args)
+		}
+		return path, args
+	}
 	start := func(name string, args ...string) error {
-		pr, err := startProc(name, filepath.Join(o.BinDir, name), args, env, filepath.Join(logs, name+".log"), o.Detach)
+		path := filepath.Join(o.BinDir, name)
+		if name == "containerd" || name == "kubelet" || name == "kube-proxy" {
+			path, args = onNode(name, args)
+		}
+		pr, err := startProc(name, path, args, env, filepath.Join(logs, name+".log"), o.Detach)
 		if err != nil {
 			return err
 		}
@@ -207,11 +245,15 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 	// containerd first: it loads the images while the control plane boots.
 	ctrdDir := filepath.Join(o.StateDir, "containerd")
 	runc, _ := exec.LookPath("runc")
-	if err := writeFile(filepath.Join(o.StateDir, "cni", "net.d", "10-dowse.conflist"), noPodNetworkCNI); err != nil {
+	cniConf, cniBin := noPodNetworkCNI, filepath.Join(o.StateDir, "cni", "bin")
+	if c.PodNetwork != nil {
+		cniConf, cniBin = c.PodNetwork.cniConfig(o.StateDir), cniPluginDir
+	}
+	if err := writeFile(filepath.Join(o.StateDir, "cni", "net.d", "10-dowse.conflist"), cniConf); err != nil {
 		return nil, err
 	}
 	if err := writeFile(filepath.Join(ctrdDir, "config.toml"), containerdConfig(ctrdDir, runc, PauseImage, c.CDIDir,
-		filepath.Join(o.StateDir, "cni", "net.d"), filepath.Join(o.StateDir, "cni", "bin"))); err != nil {
+		filepath.Join(o.StateDir, "cni", "net.d"), cniBin)); err != nil {
 		return nil, err
 	}
 	if err := start("containerd", "--config", filepath.Join(ctrdDir, "config.toml")); err != nil {
@@ -224,12 +266,21 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 		"--initial-cluster", "default="+u(etcdPeer), "--unsafe-no-fsync", "--log-level", "warn"); err != nil {
 		return nil, err
 	}
-	if err := start("kube-apiserver",
+	// A loopback advertise address is refused unless no endpoint reconciler
+	// maintains the kubernetes Service's endpoints; with a pod network pods
+	// reach the API server through that Service, at the machine's end of
+	// the node's link.
+	advertise := []string{"--advertise-address", "127.0.0.1", "--endpoint-reconciler-type", "none"}
+	// The kubelet listens on loopback only; its Hostname address (the node
+	// name) resolves there. With a pod network it listens on its InternalIP.
+	kubeletAddress := "Hostname"
+	if c.PodNetwork != nil {
+		advertise = []string{"--advertise-address", c.PodNetwork.HostIP}
+		kubeletAddress = "InternalIP"
+	}
+	if err := start("kube-apiserver", append(advertise,
 		"--etcd-servers", u(etcdClient),
-		"--bind-address", "127.0.0.1", "--secure-port", strconv.Itoa(apiPort),
-		// A loopback advertise address is refused unless no endpoint
-		// reconciler maintains the kubernetes Service's endpoints.
-		"--advertise-address", "127.0.0.1", "--endpoint-reconciler-type", "none",
+		"--bind-address", apiHost, "--secure-port", strconv.Itoa(apiPort),
 		"--cert-dir", filepath.Join(o.StateDir, "pki"),
 		"--tls-cert-file", p.servingCert, "--tls-private-key-file", p.servingKey,
 		"--client-ca-file", p.caCert,
@@ -237,11 +288,9 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 		"--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
 		"--service-account-key-file", p.saPub, "--service-account-signing-key-file", p.saKey,
 		"--authorization-mode", "RBAC", "--allow-privileged=true",
-		// The kubelet listens on loopback only; its Hostname address (the
-		// node name) resolves there.
-		"--kubelet-preferred-address-types", "Hostname",
+		"--kubelet-preferred-address-types", kubeletAddress,
 		"--kubelet-client-certificate", p.adminCert, "--kubelet-client-key", p.adminKey,
-	); err != nil {
+	)...); err != nil {
 		return nil, err
 	}
 	// Wait for containerd before loading images; then load while the API
@@ -284,12 +333,25 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 		"--leader-elect=false")...); err != nil {
 		return nil, err
 	}
+	if c.PodNetwork != nil {
+		cfg := filepath.Join(o.StateDir, "kube-proxy", "config.yaml")
+		if err := writeFile(cfg, c.PodNetwork.kubeProxyConfig(c.Kubeconfig, o.NodeName, ports[7], ports[8])); err != nil {
+			return nil, err
+		}
+		if err := start("kube-proxy", "--config", cfg); err != nil {
+			return nil, err
+		}
+	}
 	if err := <-loadErr; err != nil {
 		return nil, err
 	}
 	kubeletDir := filepath.Join(o.StateDir, "kubelet")
+	kubeletListen := "127.0.0.1"
+	if c.PodNetwork != nil {
+		kubeletListen = c.PodNetwork.NodeIP
+	}
 	if err := writeFile(filepath.Join(kubeletDir, "config.yaml"), kubeletConfig(kubeletOpts{
-		port: kubeletPort, healthzPort: kubeletHealthz, containerdSock: c.containerdSock,
+		address: kubeletListen, port: kubeletPort, healthzPort: kubeletHealthz, containerdSock: c.containerdSock,
 		clientCA: p.caCert, podLogsDir: c.PodLogsDir, nodeStatusEvery: cmp.Or(o.NodeStatusEvery, 2*time.Second),
 	})); err != nil {
 		return nil, err
@@ -298,8 +360,12 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 		"--kubeconfig", c.Kubeconfig, "--root-dir", kubeletDir,
 		"--cert-dir", filepath.Join(kubeletDir, "pki"),
 		"--hostname-override", o.NodeName}
+	if c.PodNetwork != nil {
+		kubeletArgs = append(kubeletArgs, "--node-ip", c.PodNetwork.NodeIP)
+	}
 	c.restartKubelet = func() (*proc, error) {
-		return startProc("kubelet", filepath.Join(o.BinDir, "kubelet"), kubeletArgs, env, filepath.Join(logs, "kubelet.log"), o.Detach)
+		path, args := onNode("kubelet", kubeletArgs)
+		return startProc("kubelet", path, args, env, filepath.Join(logs, "kubelet.log"), o.Detach)
 	}
 	if err := start("kubelet", kubeletArgs...); err != nil {
 		return nil, err
@@ -379,8 +445,15 @@ func Attach(stateDir string) (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Cluster{StateDir: stateDir, Kubeconfig: filepath.Join(stateDir, "kubeconfig"), procs: procs,
-		containerdSock: filepath.Join(stateDir, "containerd", "containerd.sock"), binDir: kube.BinDir()}, nil
+	c := &Cluster{StateDir: stateDir, Kubeconfig: filepath.Join(stateDir, "kubeconfig"), procs: procs,
+		containerdSock: filepath.Join(stateDir, "containerd", "containerd.sock"), binDir: kube.BinDir()}
+	if raw, err := os.ReadFile(filepath.Join(stateDir, podNetworkFile)); err == nil {
+		c.PodNetwork = &PodNetwork{}
+		if err := json.Unmarshal(raw, c.PodNetwork); err != nil {
+			return nil, fmt.Errorf("%s: %w", podNetworkFile, err)
+		}
+	}
+	return c, nil
 }
 
 // LoadImages imports OCI archives into containerd's k8s.io namespace, where
@@ -431,6 +504,13 @@ func (c *Cluster) Stop() error {
 	}
 	if err := unmountAll(c.StateDir); err != nil {
 		errs = append(errs, err)
+	}
+	// The namespace last: containerd and the pods' network namespaces
+	// (mounted under the state directory) are gone by now.
+	if c.PodNetwork != nil {
+		if err := c.PodNetwork.delete(); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	// The kubelet links every container log into /var/log/containers (a
 	// path no setting moves); the links point into our state directory.
@@ -495,6 +575,9 @@ func (c *Cluster) Leftovers() []string {
 	}
 	for _, l := range c.logLinks() {
 		out = append(out, "log link "+l)
+	}
+	if c.PodNetwork != nil {
+		out = append(out, c.PodNetwork.leftovers()...)
 	}
 	return out
 }
@@ -580,3 +663,14 @@ func freePorts(n int) ([]int, error) {
 }
 
 func base64Std(b []byte) string { return base64.StdEncoding.EncodeToString(b) }
+
+// podNetworkFile keeps the node's network in the state directory, for Attach.
+const podNetworkFile = "podnet.json"
+
+func writeJSON(path string, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return writeFile(path, string(b))
+}

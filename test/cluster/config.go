@@ -9,8 +9,9 @@ import (
 )
 
 const (
-	serviceCIDR = "10.0.0.0/24"
-	serviceIP   = "10.0.0.1" // the kubernetes Service: first address of serviceCIDR
+	// From the benchmarking block, as the pod network's are (podnet.go).
+	serviceCIDR = "198.19.0.0/24"
+	serviceIP   = "198.19.0.1" // the kubernetes Service: first address of serviceCIDR
 )
 
 // containerdConfig is containerd 2.x's config (version 3). Everything it keeps
@@ -33,6 +34,10 @@ state = %[2]q
   # child's PID from pipe".
   restrict_oom_score_adj = true
   cdi_spec_dirs = [%[5]q]
+  # Pods' network namespaces under the state directory, where Stop finds
+  # and unmounts what a stopped containerd left, not in the machine's
+  # /run/netns.
+  netns_mounts_under_state_dir = true
   [plugins."io.containerd.cri.v1.runtime".cni]
     bin_dirs = [%[6]q]
     conf_dir = %[7]q
@@ -82,9 +87,10 @@ const noPodNetworkCNI = `{
 func kubeletConfig(o kubeletOpts) string {
 	return fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
-# The kubelet serves on loopback only; the API server reaches it there because
-# the node's Hostname address is its name (see Options.NodeName).
-address: 127.0.0.1
+# The kubelet serves on loopback only, where the API server reaches it
+# because the node's Hostname address is its name (see Options.NodeName); or,
+# with a pod network, on the node's InternalIP.
+address: %[7]s
 port: %[1]d
 readOnlyPort: 0
 healthzBindAddress: 127.0.0.1
@@ -125,10 +131,11 @@ registerNode: true
 syncFrequency: 5s
 fileCheckFrequency: 5s
 nodeStatusUpdateFrequency: %[6]s
-`, o.port, o.healthzPort, o.containerdSock, o.clientCA, o.podLogsDir, o.nodeStatusEvery)
+`, o.port, o.healthzPort, o.containerdSock, o.clientCA, o.podLogsDir, o.nodeStatusEvery, o.address)
 }
 
 type kubeletOpts struct {
+	address           string
 	port, healthzPort int
 	containerdSock    string
 	clientCA          string

@@ -4,10 +4,11 @@
 package modbusplc
 
 import (
-	"fmt"
 	"io"
 	"log"
 	"math"
+	"net"
+	"strconv"
 	"sync"
 	"time"
 
@@ -47,11 +48,17 @@ const ModelCode = 4711
 // Start serves a PLC on a free loopback port; onWrite (nil: none) is told
 // each setpoint written.
 func Start(onWrite func(setpoint int16)) (*PLC, error) {
+	return StartOn("127.0.0.1", onWrite)
+}
+
+// StartOn serves a PLC on a free port of host, an address of this machine
+// (where a test node's pod network reaches it, say).
+func StartOn(host string, onWrite func(setpoint int16)) (*PLC, error) {
 	port, err := procs.FreePort()
 	if err != nil {
 		return nil, err
 	}
-	p := &PLC{Addr: fmt.Sprintf("127.0.0.1:%d", port), setpoint: 18, temp: 18, pump: true, mode: 2 << 8, onWrite: onWrite, stop: make(chan struct{})}
+	p := &PLC{Addr: net.JoinHostPort(host, strconv.Itoa(port)), setpoint: 18, temp: 18, pump: true, mode: 2 << 8, onWrite: onWrite, stop: make(chan struct{})}
 	p.srv, err = modbus.NewServer(&modbus.ServerConfiguration{URL: "tcp://" + p.Addr, Timeout: time.Minute, MaxClients: 8,
 		Logger: log.New(io.Discard, "", 0)}, p)
 	if err != nil {

@@ -4,9 +4,11 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -289,10 +291,16 @@ func waitReady(t *testing.T, ctx context.Context, cl client.Client, ns string, p
 // waitMetric waits until the metrics on 127.0.0.1:port have line.
 func waitMetric(t *testing.T, ctx context.Context, port int, line string) {
 	t.Helper()
+	waitMetricAt(t, ctx, net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), line)
+}
+
+// waitMetricAt waits until the metrics on addr (host:port) have line.
+func waitMetricAt(t *testing.T, ctx context.Context, addr, line string) {
+	t.Helper()
 	deadline := time.Now().Add(time.Minute)
 	var last string
 	for time.Now().Before(deadline) && ctx.Err() == nil {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://127.0.0.1:%d/metrics", port), nil)
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
 		if resp, err := http.DefaultClient.Do(req); err == nil {
 			b, _ := io.ReadAll(resp.Body)
 			_ = resp.Body.Close()
@@ -307,5 +315,5 @@ func waitMetric(t *testing.T, ctx context.Context, port int, line string) {
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
-	t.Fatalf("metrics on port %d never had %q (%s)", port, line, last)
+	t.Fatalf("metrics on %s never had %q (%s)", addr, line, last)
 }

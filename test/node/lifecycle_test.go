@@ -264,6 +264,20 @@ func applyWorkloads(t *testing.T, ctx context.Context, cl client.Client, plc str
 	if err := cl.Create(ctx, echo); err != nil {
 		t.Fatal(err)
 	}
+	closed, err := procs.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	modbus := applyModbus(t, ctx, cl, []string{plc, fmt.Sprintf("127.0.0.1:%d", closed)}, nil)
+	waitInstances(t, ctx, cl, echo.Name, 1)
+	return echo, modbus
+}
+
+// applyModbus applies the Modbus sample with its model, scanning targets,
+// its mapper Pod changed by mapperPod (nil: as the sample has it) after
+// its metrics port is set and its image never pulled.
+func applyModbus(t *testing.T, ctx context.Context, cl client.Client, targets []string, mapperPod func(*corev1.PodSpec)) *v1alpha1.Configuration {
+	t.Helper()
 	raw, err := os.ReadFile(filepath.Join(kube.RepoRoot(), "samples", "modbus-plc-model.yaml"))
 	if err != nil {
 		t.Fatal(err)
@@ -277,15 +291,11 @@ func applyWorkloads(t *testing.T, ctx context.Context, cl client.Client, plc str
 		t.Fatal(err)
 	}
 	modbus := loadSample(t, "modbus-plc.yaml")
-	closed, err := procs.FreePort()
-	if err != nil {
-		t.Fatal(err)
-	}
 	var details map[string]any
 	if err := json.Unmarshal(modbus.Spec.DiscoveryHandler.DiscoveryDetails.Raw, &details); err != nil {
 		t.Fatal(err)
 	}
-	details["targets"] = []string{plc, fmt.Sprintf("127.0.0.1:%d", closed)}
+	details["targets"] = targets
 	modbus.Spec.DiscoveryHandler.DiscoveryDetails.Raw, _ = json.Marshal(details)
 	mport, err := procs.FreePort()
 	if err != nil {
@@ -295,11 +305,13 @@ func applyWorkloads(t *testing.T, ctx context.Context, cl client.Client, plc str
 	mc.Args = []string{fmt.Sprintf("--metrics-address=127.0.0.1:%d", mport)}
 	mc.Ports = []corev1.ContainerPort{{Name: "metrics", ContainerPort: int32(mport)}}
 	mc.ImagePullPolicy = corev1.PullNever
+	if mapperPod != nil {
+		mapperPod(modbus.Spec.DeviceTemplate.MapperPodSpec)
+	}
 	if err := cl.Create(ctx, modbus); err != nil {
 		t.Fatal(err)
 	}
-	waitInstances(t, ctx, cl, echo.Name, 1)
-	return echo, modbus
+	return modbus
 }
 
 // waitTwin waits for the one Device to report prop as value.

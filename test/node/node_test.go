@@ -33,6 +33,12 @@ const probeImage = "ghcr.io/dowse-dev/dowse-node-probe:test"
 // probe image and loaded into the node.
 func startCluster(t *testing.T, ctx context.Context, images ...[2]string) *cluster.Cluster {
 	t.Helper()
+	return startClusterWith(t, ctx, cluster.Options{}, images...)
+}
+
+// startClusterWith is startCluster with options (Images is filled in).
+func startClusterWith(t *testing.T, ctx context.Context, o cluster.Options, images ...[2]string) *cluster.Cluster {
+	t.Helper()
 	requireNode(t)
 	var archives []string
 	for _, im := range append([][2]string{{"./test/cluster/cmd/dowse-node-probe", probeImage}}, images...) {
@@ -44,7 +50,8 @@ func startCluster(t *testing.T, ctx context.Context, images ...[2]string) *clust
 		archives = append(archives, a)
 	}
 	begin := time.Now()
-	c, err := cluster.Start(ctx, cluster.Options{Images: archives})
+	o.Images = archives
+	c, err := cluster.Start(ctx, o)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,7 +3,7 @@ package node
 import (
 	"context"
 	"fmt"
-	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -21,106 +21,36 @@ import (
 
 	"github.com/dowse-dev/dowse/controller/ownership"
 	"github.com/dowse-dev/dowse/shared/scheme"
+	"github.com/dowse-dev/dowse/test/cluster"
 	"github.com/dowse-dev/dowse/test/kube"
-	"github.com/dowse-dev/dowse/test/procs"
+	"github.com/dowse-dev/dowse/test/modbusplc"
 )
 
-// postRenderEnv makes this test binary Helm's post-renderer (TestMain): it
-// reads the rendered manifests on stdin and writes them back changed by
-// sharedHostNetwork.
-const postRenderEnv = "DOWSE_NODE_TEST_POST_RENDER"
-
-func TestMain(m *testing.M) {
-	if os.Getenv(postRenderEnv) != "" {
-		if err := sharedHostNetwork(os.Stdin, os.Stdout); err != nil {
-			fmt.Fprintln(os.Stderr, "post-render:", err)
-			os.Exit(1)
-		}
-		os.Exit(0)
-	}
-	os.Exit(m.Run())
-}
-
-// sharedHostNetwork lets the chart's two controller replicas share the
-// test node's one host network. Each replica serves metrics, health probes
-// and the link, so on a host network two of them on one node contend for
-// those ports, and their declared container ports become host ports, which
-// keep the scheduler from putting the second replica on the node at all.
-// On a real cluster the replicas have a pod network or a node each; here
-// the controller's metrics and probes are turned off and its ports left
-// undeclared. The link's ports stay shared: one replica at a time listens
-// on them (the other's cloudhub retries until the port is free). Leader
-// election and the link's Service are the chart's own.
-func sharedHostNetwork(in io.Reader, out io.Writer) error {
-	raw, err := io.ReadAll(in)
-	if err != nil {
-		return err
-	}
-	var docs []string
-	for _, doc := range strings.Split(string(raw), "\n---") {
-		var obj map[string]any
-		if err := yaml.Unmarshal([]byte(doc), &obj); err != nil {
-			return err
-		}
-		if obj == nil {
-			continue
-		}
-		if meta, _ := obj["metadata"].(map[string]any); obj["kind"] == "Deployment" && meta["name"] == "dowse-controller" {
-			tmpl := obj["spec"].(map[string]any)["template"].(map[string]any)
-			for _, c := range tmpl["spec"].(map[string]any)["containers"].([]any) {
-				c := c.(map[string]any)
-				delete(c, "ports")
-				delete(c, "livenessProbe")
-				delete(c, "readinessProbe")
-				var args []any
-				for _, a := range c["args"].([]any) {
-					s := a.(string)
-					switch {
-					case strings.HasPrefix(s, "--metrics-bind-address="):
-						s = "--metrics-bind-address=0"
-					case strings.HasPrefix(s, "--health-probe-bind-address="):
-						s = "--health-probe-bind-address=0"
-					}
-					args = append(args, s)
-				}
-				c["args"] = append(args, "--pprof-bind-address=0")
-			}
-		}
-		b, err := yaml.Marshal(obj)
-		if err != nil {
-			return err
-		}
-		docs = append(docs, string(b))
-	}
-	_, err = io.WriteString(out, "---\n"+strings.Join(docs, "---\n"))
-	return err
-}
-
-// TestChartReplicasOnNode installs the chart with its default two
-// controller replicas and leader election on the real node: the agent
-// joins the link, the replica that serves it holds the node's ownership
-// record and is named ready by the dowse-cloudhub Service's EndpointSlice;
-// when that replica's Pod is deleted the other one takes the agent's
-// session (a new holder of the record, the agent told its device
-// membership again). `helm uninstall` then leaves nothing of the release
+// TestChartReplicasOnNode installs the chart at its defaults (two
+// controller replicas with leader election, no host network) with the link
+// on, on a real node with a real pod network (test/cluster's PodNetwork:
+// a bridge, kube-proxy, the Services' addresses) and runs a twin through
+// it: the Modbus sample finds a controller the test serves where the pod
+// network reaches the machine, its Device is served by the controller-run
+// mapper Pod (its host network turned off), and the agent reaches the
+// replicas through the dowse-cloudhub Service. The replica that serves the
+// agent holds the node's ownership record and is named ready by the
+// Service's EndpointSlice. When that replica's Pod is deleted the other
+// one takes the agent's session (a new holder of the record, the agent
+// told its device membership again) and the twin goes on both ways: a
+// desired value set after the move reaches the controller's register and
+// comes back reported, and the Device's stored position of its reports
+// never went back. `helm uninstall` then leaves nothing of the release
 // (waitUninstalled).
-//
-// What it cannot show on this node: the test node has no pod network, so
-// both replicas are on the host's network and share the link's port (the
-// agent reaches whichever listens, at 127.0.0.1, not through the Service:
-// there is no kube-proxy either), and the twins are not exercised here
-// (test/e2e TestReplicas moves twins between three replicas as processes).
 func TestChartReplicasOnNode(t *testing.T) {
 	kube.RequireHelm(t)
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
-	c := startCluster(t, ctx,
+	c := startClusterWith(t, ctx, cluster.Options{PodNetwork: true},
 		[2]string{"./agent/cmd/dowse-agent", "ghcr.io/dowse-dev/dowse-agent:latest"},
-		[2]string{"./controller/cmd/dowse-controller", "ghcr.io/dowse-dev/dowse-controller:latest"})
+		[2]string{"./controller/cmd/dowse-controller", "ghcr.io/dowse-dev/dowse-controller:latest"},
+		[2]string{"./discovery-handlers/modbus/cmd/dowse-modbus-discovery", "ghcr.io/dowse-dev/dowse-modbus-discovery:latest"},
+		[2]string{"./brokers/modbus/cmd/dowse-modbus-mapper", "ghcr.io/dowse-dev/dowse-modbus-mapper:latest"})
 	t.Cleanup(func() {
 		_ = c.Stop()
 		if !t.Failed() {
@@ -135,30 +65,17 @@ func TestChartReplicasOnNode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	api := strings.TrimPrefix(c.Config.Host, "https://")
-	apiHost, apiPort, _ := strings.Cut(api, ":")
-	var ports [4]int
-	for i := range ports {
-		if ports[i], err = procs.FreePort(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	agentMetrics := ports[0]
-	apiEnv := []map[string]string{{"name": "KUBERNETES_SERVICE_HOST", "value": apiHost}, {"name": "KUBERNETES_SERVICE_PORT", "value": apiPort}}
+	// No cluster DNS runs here: the agents dial the Service at an address
+	// fixed in the Service range.
+	linkIP := c.PodNetwork.ServiceAddress(77)
 	values := map[string]any{
 		"image":           map[string]any{"tag": "latest", "pullPolicy": "Never"},
-		"hostNetwork":     true,
-		"probeHost":       "127.0.0.1",
 		"stateDir":        filepath.Join(c.StateDir, "dowse"),
 		"cdiSpecDir":      c.CDIDir,
-		"devicePluginDir": "/var/lib/kubelet/device-plugins",
 		"podResourcesDir": filepath.Join(c.StateDir, "kubelet", "pod-resources"),
-		"agent":           map[string]any{"env": apiEnv, "ports": map[string]any{"metrics": agentMetrics, "health": ports[1]}},
-		// The chart's own replicas (2) and leader election.
-		"controller": map[string]any{"env": apiEnv},
-		"link": map[string]any{"enabled": true, "hosts": []string{"127.0.0.1"}, "quic": false,
-			"ports": map[string]any{"websocket": ports[2], "auth": ports[3]}},
-		"debugEcho": map[string]any{"discovery": map[string]any{"enabled": false}},
+		// The chart's own replicas (2), leader election, ports and probes.
+		"link":   map[string]any{"enabled": true, "hosts": []string{linkIP}, "service": map[string]any{"clusterIP": linkIP}},
+		"modbus": map[string]any{"discovery": map[string]any{"enabled": true}},
 	}
 	raw, err := yaml.Marshal(values)
 	if err != nil {
@@ -170,14 +87,12 @@ func TestChartReplicasOnNode(t *testing.T) {
 	}
 	helm := func(args ...string) {
 		t.Helper()
-		cmd := kube.HelmCommand(ctx, t, append(args, "--kubeconfig", c.Kubeconfig)...)
-		cmd.Env = append(cmd.Env, postRenderEnv+"=1")
-		if out, err := cmd.CombinedOutput(); err != nil {
+		if out, err := kube.HelmCommand(ctx, t, append(args, "--kubeconfig", c.Kubeconfig)...).CombinedOutput(); err != nil {
 			t.Fatalf("helm %s: %v\n%s", strings.Join(args, " "), err, out)
 		}
 	}
 	helm("install", "dowse", filepath.Join(kube.RepoRoot(), "deploy", "helm", "dowse"),
-		"--namespace", "dowse-system", "--create-namespace", "--values", valuesFile, "--post-renderer", self)
+		"--namespace", "dowse-system", "--create-namespace", "--values", valuesFile)
 
 	holder := waitHolder(t, ctx, cl, "", func(pods []corev1.Pod) error {
 		if len(pods) != 2 {
@@ -186,7 +101,29 @@ func TestChartReplicasOnNode(t *testing.T) {
 		return nil
 	})
 	t.Logf("the agent's session is on %s", holder)
-	waitMetric(t, ctx, agentMetrics, "dowse_edgehub_connected 1")
+	agent := agentPod(t, ctx, cl)
+	agentMetrics := net.JoinHostPort(agent.Status.PodIP, "9743")
+	waitMetricAt(t, ctx, agentMetrics, "dowse_edgehub_connected 1")
+
+	writes := make(chan int16, 16)
+	plc, err := modbusplc.StartOn(c.PodNetwork.HostIP, func(v int16) {
+		select {
+		case writes <- v:
+		default:
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plc.Stop()
+	applyModbus(t, ctx, cl, []string{plc.Addr}, func(spec *corev1.PodSpec) { spec.HostNetwork = false })
+	// The sample's Device wants setpoint 21 (the controller starts at 18).
+	dev := waitTwin(t, ctx, cl, "setpoint", "21")
+	before := dev.Status.ReportedPosition
+	if before == nil {
+		t.Fatalf("the Device reports without a stored position: %+v", dev.Status)
+	}
+	t.Logf("the twin works through %s: setpoint 21 reported at position %+v", holder, *before)
 
 	begin := time.Now()
 	if err := c.Client.CoreV1().Pods("dowse-system").Delete(ctx, holder, metav1.DeleteOptions{}); err != nil {
@@ -204,13 +141,9 @@ func TestChartReplicasOnNode(t *testing.T) {
 	// The old holder's process is gone with its Pod: a connected agent is
 	// one that joined the other replica's link, which sent it its device
 	// membership again (logged on every connection).
-	waitMetric(t, ctx, agentMetrics, "dowse_edgehub_connected 1")
-	var agents corev1.PodList
-	if err := cl.List(ctx, &agents, client.InNamespace("dowse-system"), client.MatchingLabels{"app.kubernetes.io/name": "dowse-agent"}); err != nil || len(agents.Items) != 1 {
-		t.Fatalf("agent pods %v: %v", agents.Items, err)
-	}
+	waitMetricAt(t, ctx, agentMetrics, "dowse_edgehub_connected 1")
 	for n := 0; n < 2; {
-		logs, err := c.Client.CoreV1().Pods("dowse-system").GetLogs(agents.Items[0].Name, &corev1.PodLogOptions{}).DoRaw(ctx)
+		logs, err := c.Client.CoreV1().Pods("dowse-system").GetLogs(agent.Name, &corev1.PodLogOptions{}).DoRaw(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -220,10 +153,53 @@ func TestChartReplicasOnNode(t *testing.T) {
 		time.Sleep(300 * time.Millisecond)
 	}
 
+	// The twin after the move: down to the register, back up as reported.
+	setDesired(t, ctx, cl, dev, "setpoint", "30")
+	waitWrite(t, ctx, writes, 30)
+	dev = waitTwin(t, ctx, cl, "setpoint", "30")
+	after := dev.Status.ReportedPosition
+	if after == nil || after.Epoch <= before.Epoch {
+		t.Fatalf("the Device's reports after the move are stored at %+v, before it at %+v: want the new session's greater epoch", after, *before)
+	}
+	t.Logf("setpoint 30 written and reported through %s, at position %+v", next, *after)
+
 	// Nothing of the release is left (but the link CA it keeps on
 	// purpose), found by asking the API server for every kind it serves.
 	helm("uninstall", "dowse", "--namespace", "dowse-system", "--wait", "--timeout", "2m")
 	waitUninstalled(t, ctx, c.Config, "dowse-system")
+}
+
+// agentPod is the one agent Pod, running with its address.
+func agentPod(t *testing.T, ctx context.Context, cl client.Client) corev1.Pod {
+	t.Helper()
+	var agents corev1.PodList
+	eventuallyNode(t, ctx, time.Minute, func() error {
+		if err := cl.List(ctx, &agents, client.InNamespace("dowse-system"), client.MatchingLabels{"app.kubernetes.io/name": "dowse-agent"}); err != nil {
+			return err
+		}
+		if len(agents.Items) != 1 || agents.Items[0].Status.PodIP == "" {
+			return fmt.Errorf("agent pods %v", agents.Items)
+		}
+		return nil
+	})
+	return agents.Items[0]
+}
+
+// waitWrite waits until the controller's setpoint register is written v.
+func waitWrite(t *testing.T, ctx context.Context, writes <-chan int16, v int16) {
+	t.Helper()
+	var seen []int16
+	for {
+		select {
+		case w := <-writes:
+			if w == v {
+				return
+			}
+			seen = append(seen, w)
+		case <-ctx.Done():
+			t.Fatalf("the setpoint register was never written %d (written: %v)", v, seen)
+		}
+	}
 }
 
 // waitHolder waits until the node's ownership record is held by a running
