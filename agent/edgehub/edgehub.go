@@ -544,7 +544,7 @@ func (e *EdgeHub) connectOnce(ctx context.Context, dialer link.Dialer) (up bool,
 			moveTimer.Stop()
 		}
 	}()
-	err = link.RunConn(cctx, f, e.sess, link.ConnConfig{
+	err = link.RunConn(cctx, f, e.sess, &link.ConnConfig{
 		Heartbeat: e.cfg.Heartbeat, MaxFrame: e.cfg.MaxFrame, Metrics: e.metrics,
 		OnReconnect: func(r *linkv1.Reconnect) {
 			if moveTimer == nil {

@@ -370,10 +370,26 @@ type admitted struct {
 
 // admit serves c unless the hub stops or serves its maximum.
 func (h *Hub) admit(ctx context.Context, ac *admitted, transport string, c link.Conn) {
+	if !h.enter(ctx, ac, c) {
+		return
+	}
+	// No defers: this frame stays under every connection's goroutine
+	// (serveConn recovers nothing either; a panic ends the process), and
+	// so it is kept small: the turning away is enter's.
+	h.serveConn(ctx, transport, c)
+	h.live.Add(-1)
+	ac.conns.Done()
+}
+
+// enter counts c in unless the hub stops or serves its maximum (then c is
+// closed).
+//
+//go:noinline
+func (h *Hub) enter(ctx context.Context, ac *admitted, c link.Conn) bool {
 	ac.mu.Lock()
 	if ac.stopping {
 		ac.mu.Unlock()
-		return
+		return false
 	}
 	ac.conns.Add(1)
 	ac.mu.Unlock()
@@ -382,13 +398,9 @@ func (h *Hub) admit(ctx context.Context, ac *admitted, transport string, c link.
 		ac.conns.Done()
 		h.refuse(ctx, nil, "hub-full", c, "refusing connection: the hub serves its maximum of connections", "max", h.cfg.MaxConnections)
 		_ = c.Close()
-		return
+		return false
 	}
-	// No defers: this frame stays under every connection's goroutine
-	// (serveConn recovers nothing either; a panic ends the process).
-	h.serveConn(ctx, transport, c)
-	h.live.Add(-1)
-	ac.conns.Done()
+	return true
 }
 
 // drain tells every connected edge to reconnect elsewhere, each at a random
@@ -726,7 +738,7 @@ func (h *Hub) serveConn(ctx context.Context, transport string, c link.Conn) {
 		return
 	}
 	defer s.end()
-	s.ended(link.RunConn(s.ctx, s.f, s.st.sess, s.cfg)) //nolint:contextcheck // s.ctx is the connection's, made from ctx by handshake
+	s.ended(link.RunConn(s.ctx, s.f, s.st.sess, &s.cfg)) //nolint:contextcheck // s.ctx is the connection's, made from ctx by handshake
 }
 
 func (s *served) ended(err error) {

@@ -162,9 +162,11 @@ func (f *Framed) linger(d time.Duration) {
 // connection fails, the peer goes silent (ErrPeerDead), a frame is
 // malformed or too large (after telling the peer), or ctx ends. It closes
 // the connection before returning. The session stays usable for the next
-// connection.
-func RunConn(ctx context.Context, f *Framed, sess *Session, cfg ConnConfig) error {
-	r, ctx, done := start(ctx, f, sess, &cfg)
+// connection. RunConn keeps a copy of *cfg: the caller may reuse it. (A
+// pointer, because the caller's frame stays under an idle connection's
+// reader for the connection's life: see readLoop.)
+func RunConn(ctx context.Context, f *Framed, sess *Session, cfg *ConnConfig) error {
+	r, ctx, done := start(ctx, f, sess, cfg)
 	defer done()
 	return r.finish(ctx, r.readLoop(ctx, r.watchdog))
 }
@@ -172,7 +174,9 @@ func RunConn(ctx context.Context, f *Framed, sess *Session, cfg ConnConfig) erro
 // start sets the connection up: its context, timers and writer. (Apart
 // from RunConn, whose frame stays under the reader for the connection's
 // life: small frames there let the runtime keep idle stacks small.)
-func start(ctx context.Context, f *Framed, sess *Session, cfg *ConnConfig) (*runner, context.Context, func()) {
+func start(ctx context.Context, f *Framed, sess *Session, c *ConnConfig) (*runner, context.Context, func()) {
+	r := &runner{f: f, sess: sess, cfg: *c, start: time.Now()}
+	cfg := &r.cfg
 	if cfg.Heartbeat <= 0 {
 		cfg.Heartbeat = 10 * time.Second
 	}
@@ -185,7 +189,7 @@ func start(ctx context.Context, f *Framed, sess *Session, cfg *ConnConfig) (*run
 		ctx, cancel = context.WithCancelCause(ctx)
 		done = func() { cancel(nil) }
 	}
-	r := &runner{f: f, sess: sess, cfg: *cfg, start: time.Now(), fail: cancel}
+	r.fail = cancel
 	// Close the connection when the context ends: it unblocks the reader
 	// and a writer stuck on a peer that does not read.
 	r.stop = context.AfterFunc(ctx, func() { _ = f.Conn.Close() })

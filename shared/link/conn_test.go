@@ -30,7 +30,7 @@ func TestQueuedEnvelopesAreNotWritten(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- RunConn(ctx, NewFramed(pipeConn{ours}, 0), sess, ConnConfig{Heartbeat: time.Minute, Deliver: func(context.Context, *linkv1.Envelope) error { return nil }})
+		done <- RunConn(ctx, NewFramed(pipeConn{ours}, 0), sess, &ConnConfig{Heartbeat: time.Minute, Deliver: func(context.Context, *linkv1.Envelope) error { return nil }})
 	}()
 	defer func() {
 		cancel()

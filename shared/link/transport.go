@@ -497,22 +497,55 @@ func (q *quicListener) Serve(ctx context.Context, handle func(Conn)) error {
 				_ = qc.CloseWithError(0, "no stream")
 				return
 			}
-			c := &quicConn{Stream: st, qc: qc}
-			defer c.Close()
-			handle(c)
+			// The connection gets a goroutine of its own (as a WebSocket
+			// one does): this one's frame is not kept for its life.
+			go func() {
+				c := &quicConn{Stream: st, qc: qc}
+				defer c.Close()
+				handle(c)
+			}()
 		}()
 	}
 }
 
 type quicConn struct {
 	*quic.Stream
-	qc  *quic.Conn
-	one [1]byte
+	qc     *quic.Conn
+	one    [1]byte
+	peeked bool // one holds a byte WaitReadable took
+}
+
+// WaitReadable returns once the stream has something to read (or failed),
+// having taken one byte of it: an idle connection's goroutine then waits
+// a few small frames deep (see wsServerConn.WaitReadable), not under the
+// frame reader, and the runtime keeps its stack small.
+func (c *quicConn) WaitReadable() error {
+	if c.peeked {
+		return nil
+	}
+	n, err := c.Stream.Read(c.one[:])
+	if n == 1 {
+		c.peeked = true
+		return nil
+	}
+	return err
+}
+
+func (c *quicConn) Read(p []byte) (int, error) {
+	if c.peeked && len(p) > 0 {
+		p[0], c.peeked = c.one[0], false
+		return 1, nil
+	}
+	return c.Stream.Read(p)
 }
 
 // ReadByte lets the frame reader read lengths without a buffer of its own
 // (the stream buffers what arrived).
 func (c *quicConn) ReadByte() (byte, error) {
+	if c.peeked {
+		c.peeked = false
+		return c.one[0], nil
+	}
 	for {
 		n, err := c.Stream.Read(c.one[:])
 		if n == 1 {

@@ -97,7 +97,7 @@ func readAll(t *testing.T, c link.Conn, n int) []byte {
 	t.Helper()
 	w, ok := c.(interface{ WaitReadable() error })
 	if !ok {
-		t.Fatal("the server's WebSocket connection cannot wait for data")
+		t.Fatal("the server's connection cannot wait for data")
 	}
 	out := make([]byte, 0, n)
 	done := make(chan error, 1)

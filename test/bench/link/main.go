@@ -12,7 +12,9 @@
 // file-descriptor limit; the edges run here. Everything ends by itself.
 // LINK_BENCH_HUB_CPUPROFILE=<file> writes the hub child's CPU profile;
 // LINK_BENCH_HUB_HEAPPROFILE=<file> its heap (and goroutine) profiles at
-// each memory reading, as <file>.<n>.
+// each memory reading, as <file>.<n>, and with LINK_BENCH_HUB_HEAPDUMP set
+// too a runtime heap dump, <file>.<n>.dump (debug.WriteHeapDump: it holds
+// each goroutine's stack bounds and frames, which no profile shows).
 package main
 
 import (
@@ -149,6 +151,12 @@ func runHub(dir string) error {
 					_ = pprof.Lookup("heap").WriteTo(out, 0)
 					_ = pprof.Lookup("goroutine").WriteTo(mustCreate(fmt.Sprintf("%s.%d.goroutines", f, n)), 1)
 					out.Close()
+				}
+				if os.Getenv("LINK_BENCH_HUB_HEAPDUMP") != "" {
+					if d, err := os.Create(fmt.Sprintf("%s.%d.dump", f, n)); err == nil {
+						debug.WriteHeapDump(d.Fd())
+						d.Close()
+					}
 				}
 				var ms runtime.MemStats
 				runtime.ReadMemStats(&ms)
@@ -569,7 +577,7 @@ func (b *bench) connect(ctx context.Context, dialer func(string) link.Dialer, ph
 			e.sess.Resume(w.GetWelcome().PeerStreamId, w.GetWelcome().Received)
 			go func() {
 				defer close(e.done)
-				_ = link.RunConn(ctx, f, e.sess, link.ConnConfig{Heartbeat: hb, Deliver: func(_ context.Context, env *linkv1.Envelope) error {
+				_ = link.RunConn(ctx, f, e.sess, &link.ConnConfig{Heartbeat: hb, Deliver: func(_ context.Context, env *linkv1.Envelope) error {
 					if d := env.GetTwinDesired(); d != nil {
 						if e.record.Load() {
 							rtt := time.Duration(time.Now().UnixNano() - d.GetValue().GetIntValue())
