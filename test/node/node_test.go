@@ -15,16 +15,25 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/dowse-dev/dowse/test/cluster"
 )
 
 const probeImage = "ghcr.io/dowse-dev/dowse-node-probe:test"
+
+func TestMain(m *testing.M) {
+	// Tests give what they run their own loggers; this only silences
+	// controller-runtime's warning (with a stack) about an unset global one.
+	ctrllog.SetLogger(logr.Discard())
+	os.Exit(m.Run())
+}
 
 // startCluster starts the cluster or explains why it cannot. On a developer's
 // machine without root or runc the tier skips; in CI (CI=true) the same

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -94,14 +95,31 @@ func TestChartReplicasOnNode(t *testing.T) {
 	helm("install", "dowse", filepath.Join(kube.RepoRoot(), "deploy", "helm", "dowse"),
 		"--namespace", "dowse-system", "--create-namespace", "--values", valuesFile)
 
+	podCIDR := netip.MustParsePrefix(c.PodNetwork.PodCIDR)
+	onPodNetwork := func(p corev1.Pod) error {
+		if ip, err := netip.ParseAddr(p.Status.PodIP); err != nil || !podCIDR.Contains(ip) {
+			return fmt.Errorf("pod %s has address %q, not one of the pod network's %s", p.Name, p.Status.PodIP, podCIDR)
+		}
+		return nil
+	}
 	holder := waitHolder(t, ctx, cl, "", func(pods []corev1.Pod) error {
 		if len(pods) != 2 {
 			return fmt.Errorf("%d controller pods running, want the chart's 2", len(pods))
+		}
+		// Each replica on its own address of the pod network, both
+		// listening on the link's port.
+		for _, p := range pods {
+			if err := onPodNetwork(p); err != nil {
+				return err
+			}
 		}
 		return nil
 	})
 	t.Logf("the agent's session is on %s", holder)
 	agent := agentPod(t, ctx, cl)
+	if err := onPodNetwork(agent); err != nil {
+		t.Fatal(err)
+	}
 	agentMetrics := net.JoinHostPort(agent.Status.PodIP, "9743")
 	waitMetricAt(t, ctx, agentMetrics, "dowse_edgehub_connected 1")
 
