@@ -219,20 +219,17 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 		return nil, err
 	}
 	env := append(os.Environ(), "PATH="+o.BinDir+":"+os.Getenv("PATH"))
-	// onNode is where the node's processes run: in its network namespace
-	// when it has one.
-	onNode := func(name string, args []string) (string, []string) {
+	// command runs one of bin/k8s; the node's own processes run in its
+	// network namespace when it has one.
+	command := func(name string, args []string) (string, []string) {
 		path := filepath.Join(o.BinDir, name)
-		if c.PodNetwork != nil {
+		if c.PodNetwork != nil && (name == "containerd" || name == "kubelet" || name == "kube-proxy") {
 			return c.PodNetwork.command(path, args)
 		}
 		return path, args
 	}
 	start := func(name string, args ...string) error {
-		path := filepath.Join(o.BinDir, name)
-		if name == "containerd" || name == "kubelet" || name == "kube-proxy" {
-			path, args = onNode(name, args)
-		}
+		path, args := command(name, args)
 		pr, err := startProc(name, path, args, env, filepath.Join(logs, name+".log"), o.Detach)
 		if err != nil {
 			return err
@@ -364,7 +361,7 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 		kubeletArgs = append(kubeletArgs, "--node-ip", c.PodNetwork.NodeIP)
 	}
 	c.restartKubelet = func() (*proc, error) {
-		path, args := onNode("kubelet", kubeletArgs)
+		path, args := command("kubelet", kubeletArgs)
 		return startProc("kubelet", path, args, env, filepath.Join(logs, "kubelet.log"), o.Detach)
 	}
 	if err := start("kubelet", kubeletArgs...); err != nil {
