@@ -196,11 +196,24 @@ func TestBrokersOnNode(t *testing.T) {
 
 	t.Run("BrokerGetsDevice", func(t *testing.T) {
 		pod := runningBroker()
-		logs := podLogs(t, ctx, cs, pod.Name)
-		for _, want := range []string{`"name":"DEBUG_ECHO_DESCRIPTION","value":"foo0"`, `"name":"GREETING","value":"hello"`} {
-			if !strings.Contains(logs, want) {
-				t.Errorf("broker logs lack %s:\n%s", want, logs)
+		// Running says the container started, not that it has printed yet.
+		wants := []string{`"name":"DEBUG_ECHO_DESCRIPTION","value":"foo0"`, `"name":"GREETING","value":"hello"`}
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			logs := podLogs(t, ctx, cs, pod.Name)
+			var missing []string
+			for _, want := range wants {
+				if !strings.Contains(logs, want) {
+					missing = append(missing, want)
+				}
 			}
+			if len(missing) == 0 {
+				break
+			}
+			if time.Now().After(deadline) || ctx.Err() != nil {
+				t.Fatalf("broker logs lack %v:\n%s", missing, logs)
+			}
+			time.Sleep(200 * time.Millisecond)
 		}
 	})
 	t.Run("ServicesAnswer", func(t *testing.T) {
