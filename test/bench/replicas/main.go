@@ -59,10 +59,19 @@ import (
 
 const namespace = "dowse-system"
 
+var (
+	failoverOnly bool
+	profileDir   string
+	profileFor   time.Duration
+)
+
 func main() {
 	edges := flag.Int("edges", 2000, "simulated edges, one Device each")
 	every := flag.Duration("report-every", 500*time.Millisecond, "how often each edge reports its Device's counter")
 	window := flag.Duration("window", 10*time.Second, "length of each write-rate measurement")
+	flag.BoolVar(&failoverOnly, "failover-only", false, "measure only the failover (and that nothing was lost): no write rates, no third replica")
+	flag.StringVar(&profileDir, "profile", "", "write CPU profiles of the surviving replica and of the API server during the failover into this folder")
+	flag.DurationVar(&profileFor, "profile-for", 15*time.Second, "length of the failover's CPU profiles")
 	flag.Parse()
 	ctrllog.SetLogger(logr.Discard())
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -91,6 +100,7 @@ type replica struct {
 	health  int
 	auth    int
 	metrics int
+	pprof   int
 	logFile *os.File
 }
 
@@ -184,11 +194,13 @@ func run(ctx context.Context, n int, every, window time.Duration) error {
 	fmt.Printf("%s anonymous RSS: %.0f MiB before the edges, %.0f MiB with them (%.1f KiB each)\n", r0.name, idleRSS, withEdges, (withEdges-idleRSS)*1024/float64(n))
 	stopReports := b.report(ectx, every)
 	time.Sleep(window) // let the first writes settle
-	one, err := b.writeRate(ctx, window)
-	if err != nil {
-		return err
+	var one rate
+	if !failoverOnly {
+		if one, err = b.writeRate(ctx, window); err != nil {
+			return err
+		}
+		fmt.Printf("1 replica: %.0f reports/s written, %.0f status writes/s, status %.1f reports behind its edge (load %s)\n", one.reports, one.writes, one.behind, loadavg())
 	}
-	fmt.Printf("1 replica: %.0f reports/s written, %.0f status writes/s, status %.1f reports behind its edge (load %s)\n", one.reports, one.writes, one.behind, loadavg())
 
 	// A second replica, then the first killed: every edge goes to the
 	// second at once.
@@ -201,6 +213,8 @@ func run(ctx context.Context, n int, every, window time.Duration) error {
 	}
 	fmt.Printf("%s ready; %s holds %d sessions; killing %s\n", r1.name, r0.name, held[r0.name], r0.name)
 	killedWith := held[r0.name]
+	cpu0 := b.cpuTimes(r1)
+	profiles := b.profile(ctx, r1)
 	tk := time.Now()
 	r0.proc.Kill()
 	if err := waitGone(ctx, b.edges, 10*time.Second); err != nil {
@@ -231,6 +245,24 @@ func run(ctx context.Context, n int, every, window time.Duration) error {
 	fmt.Printf("killed %s with %d sessions: every edge had a session again %s after the kill (load %s)\n",
 		r0.name, killedWith, failover, loadavg())
 	fmt.Printf("  %s meanwhile: %s\n", r1.name, hubFigures(r1))
+	fmt.Printf("  CPU seconds used from the kill until then: %s\n", cpuSpent(cpu0, b.cpuTimes(r1)))
+	if err := profiles(); err != nil {
+		fmt.Println("note: profiles:", err)
+	}
+
+	if failoverOnly {
+		stopReports()
+		lost, err := b.checkNothingLost(ctx, 2*time.Minute)
+		if err != nil {
+			return err
+		}
+		fmt.Printf("failover only: %d edges, replica killed with %d sessions: all have one again after %s; %d Devices lost their last report; %d cores, load %s\n",
+			n, killedWith, failover, lost, runtime.NumCPU(), loadavg())
+		if lost > 0 {
+			return fmt.Errorf("%d Devices lost their last report", lost)
+		}
+		return nil
+	}
 
 	// Three replicas: the first back, the third added; the spread moves
 	// edges to them.
@@ -320,7 +352,7 @@ func (b *bench) objects(ctx context.Context, n int) error {
 
 func (b *bench) newReplica(name string) (*replica, error) {
 	r := &replica{name: name}
-	for _, p := range []*int{&r.ws, &r.health, &r.auth, &r.metrics} {
+	for _, p := range []*int{&r.ws, &r.health, &r.auth, &r.metrics, &r.pprof} {
 		// Free now, and not one another replica, not started yet, took.
 		for {
 			port, err := procs.FreePort()
@@ -354,7 +386,7 @@ func (b *bench) start(ctx context.Context, r *replica, extra ...string) error {
 		// The twin write path, not the client's limiter, is measured.
 		"--kube-api-qps", "5000", "--kube-api-burst", "10000",
 		"--twin-status-interval", "10ms",
-		"--pprof-bind-address", os.Getenv("BENCH_PPROF_" + strings.ReplaceAll(r.name, "-", "_"))}
+		"--pprof-bind-address", b.pprofAddr(r)}
 	// REPLICAS_BENCH_CONTROLLER_ARGS adds flags (e.g. --zap-log-level=debug).
 	args = append(append(args, extra...), strings.Fields(os.Getenv("REPLICAS_BENCH_CONTROLLER_ARGS"))...)
 	p, err := procs.Start("dowse-controller", r.logFile, args...)
@@ -704,6 +736,83 @@ func hubFigures(r *replica) string {
 		mean = claimSec / claims * 1000
 	}
 	return fmt.Sprintf("%.0f claims, %.0f ms each on average; connections refused: %v", claims, mean, refused)
+}
+
+func (b *bench) pprofAddr(r *replica) string {
+	if v := os.Getenv("BENCH_PPROF_" + strings.ReplaceAll(r.name, "-", "_")); v != "" {
+		return v
+	}
+	if profileDir != "" {
+		return fmt.Sprintf("127.0.0.1:%d", r.pprof)
+	}
+	return ""
+}
+
+// cpuTimes is the CPU time used so far by this process (the simulated
+// edges), the API server, etcd and replica r.
+func (b *bench) cpuTimes(r *replica) map[string]time.Duration {
+	out := map[string]time.Duration{}
+	if d, err := procs.CPUTime(os.Getpid()); err == nil {
+		out["bench (edges)"] = d
+	}
+	for _, comm := range []string{"kube-apiserver", "etcd"} {
+		if pid, err := procs.Child(comm); err == nil {
+			if d, err := procs.CPUTime(pid); err == nil {
+				out[comm] = d
+			}
+		}
+	}
+	if d, err := procs.CPUTime(r.proc.Pid()); err == nil {
+		out[r.name] = d
+	}
+	if busy, _, err := procs.MachineCPU(); err == nil {
+		out["machine"] = busy
+	}
+	return out
+}
+
+func cpuSpent(before, after map[string]time.Duration) string {
+	var parts []string
+	for _, k := range []string{"bench (edges)", "kube-apiserver", "etcd", "replica-1", "machine"} {
+		if a, ok := after[k]; ok {
+			parts = append(parts, fmt.Sprintf("%s %.1f", k, (a-before[k]).Seconds()))
+		}
+	}
+	return strings.Join(parts, ", ")
+}
+
+// profile starts CPU profiles of r and the API server, when -profile is
+// set; the returned function waits for them and writes them.
+func (b *bench) profile(ctx context.Context, r *replica) func() error {
+	if profileDir == "" {
+		return func() error { return nil }
+	}
+	if err := os.MkdirAll(profileDir, 0o755); err != nil {
+		return func() error { return err }
+	}
+	secs := int(profileFor.Seconds())
+	var g errgroup.Group
+	g.Go(func() error {
+		c := &http.Client{Timeout: profileFor + 30*time.Second}
+		resp, err := c.Get(fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/profile?seconds=%d", r.pprof, secs))
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		raw, err := io.ReadAll(resp.Body)
+		if err != nil {
+			return err
+		}
+		return os.WriteFile(filepath.Join(profileDir, r.name+".pprof"), raw, 0o644)
+	})
+	g.Go(func() error {
+		raw, err := b.cs.RESTClient().Get().AbsPath("/debug/pprof/profile").Param("seconds", strconv.Itoa(secs)).Timeout(profileFor + 30*time.Second).DoRaw(ctx)
+		if err != nil {
+			return err
+		}
+		return os.WriteFile(filepath.Join(profileDir, "kube-apiserver.pprof"), raw, 0o644)
+	})
+	return g.Wait
 }
 
 // anonMiB is the replica's anonymous resident memory (its heap and
