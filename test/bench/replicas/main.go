@@ -214,6 +214,7 @@ func run(ctx context.Context, n int, every, window time.Duration) error {
 	fmt.Printf("%s ready; %s holds %d sessions; killing %s\n", r1.name, r0.name, held[r0.name], r0.name)
 	killedWith := held[r0.name]
 	cpu0 := b.cpuTimes(r1)
+	api0, rest0 := b.apiMetrics(ctx), scrape(fmt.Sprintf("http://127.0.0.1:%d/metrics", r1.metrics))
 	profiles := b.profile(ctx, r1)
 	tk := time.Now()
 	r0.proc.Kill()
@@ -246,6 +247,7 @@ func run(ctx context.Context, n int, every, window time.Duration) error {
 		r0.name, killedWith, failover, loadavg())
 	fmt.Printf("  %s meanwhile: %s\n", r1.name, hubFigures(r1))
 	fmt.Printf("  CPU seconds used from the kill until then: %s\n", cpuSpent(cpu0, b.cpuTimes(r1)))
+	fmt.Printf("  requests meanwhile: %s\n", requestFigures(api0, b.apiMetrics(ctx), rest0, scrape(fmt.Sprintf("http://127.0.0.1:%d/metrics", r1.metrics))))
 	if err := profiles(); err != nil {
 		fmt.Println("note: profiles:", err)
 	}
@@ -699,6 +701,107 @@ func httpGet(url string) (int, error) {
 	}
 	resp.Body.Close()
 	return resp.StatusCode, nil
+}
+
+// series is a scrape of Prometheus metrics: each sample line's name and
+// labels, as written, to its value.
+type series map[string]float64
+
+func parseSeries(r io.Reader) series {
+	out := series{}
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		l := sc.Text()
+		if l == "" || l[0] == '#' {
+			continue
+		}
+		i := strings.LastIndexByte(l, ' ')
+		if i < 0 {
+			continue
+		}
+		v, err := strconv.ParseFloat(l[i+1:], 64)
+		if err == nil {
+			out[l[:i]] = v
+		}
+	}
+	return out
+}
+
+func scrape(url string) series {
+	resp, err := httpClient.Get(url)
+	if err != nil {
+		return series{}
+	}
+	defer resp.Body.Close()
+	return parseSeries(resp.Body)
+}
+
+func (b *bench) apiMetrics(ctx context.Context) series {
+	raw, err := b.cs.RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
+	if err != nil {
+		return series{}
+	}
+	return parseSeries(strings.NewReader(string(raw)))
+}
+
+// sum adds the samples of metric name whose labels contain every one of
+// labels (each written as in the exposition, `verb="PATCH"`).
+func (s series) sum(name string, labels ...string) float64 {
+	var t float64
+	for k, v := range s {
+		if !strings.HasPrefix(k, name+"{") && k != name {
+			continue
+		}
+		ok := true
+		for _, l := range labels {
+			if !strings.Contains(k, l) {
+				ok = false
+				break
+			}
+		}
+		if ok {
+			t += v
+		}
+	}
+	return t
+}
+
+// requestFigures says how many Lease and Device status writes the API
+// server answered between two scrapes and their mean time there, the time
+// of its etcd updates, and the replica's client's mean PATCH time.
+func requestFigures(api0, api1, rest0, rest1 series) string {
+	mean := func(s0, s1 series, name string, labels ...string) (n, ms float64) {
+		n = s1.sum(name+"_count", labels...) - s0.sum(name+"_count", labels...)
+		sec := s1.sum(name+"_sum", labels...) - s0.sum(name+"_sum", labels...)
+		if n > 0 {
+			ms = sec / n * 1000
+		}
+		return n, ms
+	}
+	var parts []string
+	for _, q := range []struct {
+		what, name string
+		labels     []string
+	}{
+		{"Lease PATCH", "apiserver_request_duration_seconds", []string{`resource="leases"`, `verb="PATCH"`}},
+		{"Device status PATCH", "apiserver_request_duration_seconds", []string{`resource="devices"`, `subresource="status"`, `verb="PATCH"`}},
+		{"Device status PUT", "apiserver_request_duration_seconds", []string{`resource="devices"`, `subresource="status"`, `verb="PUT"`}},
+		{"Device GET", "apiserver_request_duration_seconds", []string{`resource="devices"`, `verb="GET"`}},
+		{"etcd Lease update", "etcd_request_duration_seconds", []string{`operation="update"`, `type="leases.coordination.k8s.io"`}},
+		{"etcd Device update", "etcd_request_duration_seconds", []string{`operation="update"`, `type="devices.dowse.dev"`}},
+	} {
+		if n, ms := mean(api0, api1, q.name, q.labels...); n > 0 {
+			parts = append(parts, fmt.Sprintf("%s %.0f × %.1f ms", q.what, n, ms))
+		}
+	}
+	if n, ms := mean(rest0, rest1, "rest_client_request_duration_seconds", `verb="PATCH"`); n > 0 {
+		parts = append(parts, fmt.Sprintf("replica's PATCHes %.0f × %.1f ms", n, ms))
+	}
+	if n, ms := mean(rest0, rest1, "rest_client_request_duration_seconds", `verb="PUT"`); n > 0 {
+		parts = append(parts, fmt.Sprintf("replica's PUTs %.0f × %.1f ms", n, ms))
+	}
+	return strings.Join(parts, "; ")
 }
 
 // hubFigures sums what the replica's metrics say about taking sessions:
