@@ -32,6 +32,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -213,6 +214,12 @@ func run(ctx context.Context, n int, every, window time.Duration) error {
 	}
 	fmt.Printf("%s ready; %s holds %d sessions; killing %s\n", r1.name, r0.name, held[r0.name], r0.name)
 	killedWith := held[r0.name]
+	// The steady state's CPU (one replica serving every edge's reports,
+	// the second idle), to tell the failover's own cost from it.
+	steady0 := b.cpuTimes(r0)
+	ts0 := time.Now()
+	time.Sleep(5 * time.Second)
+	fmt.Printf("  CPU seconds a second before the kill (steady reporting): %s\n", cpuRate(steady0, b.cpuTimes(r0), time.Since(ts0)))
 	cpu0 := b.cpuTimes(r1)
 	api0, rest0 := b.apiMetrics(ctx), scrape(fmt.Sprintf("http://127.0.0.1:%d/metrics", r1.metrics))
 	profiles := b.profile(ctx, r1)
@@ -874,6 +881,16 @@ func (b *bench) cpuTimes(r *replica) map[string]time.Duration {
 	return out
 }
 
+func cpuRate(before, after map[string]time.Duration, d time.Duration) string {
+	var parts []string
+	for _, k := range []string{"bench (edges)", "kube-apiserver", "etcd", "replica-0", "machine"} {
+		if a, ok := after[k]; ok {
+			parts = append(parts, fmt.Sprintf("%s %.2f", k, (a-before[k]).Seconds()/d.Seconds()))
+		}
+	}
+	return strings.Join(parts, ", ")
+}
+
 func cpuSpent(before, after map[string]time.Duration) string {
 	var parts []string
 	for _, k := range []string{"bench (edges)", "kube-apiserver", "etcd", "replica-1", "machine"} {
@@ -895,6 +912,19 @@ func (b *bench) profile(ctx context.Context, r *replica) func() error {
 	}
 	secs := int(profileFor.Seconds())
 	var g errgroup.Group
+	g.Go(func() error {
+		f, err := os.Create(filepath.Join(profileDir, "bench.pprof"))
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		time.Sleep(profileFor)
+		pprof.StopCPUProfile()
+		return nil
+	})
 	g.Go(func() error {
 		c := &http.Client{Timeout: profileFor + 30*time.Second}
 		resp, err := c.Get(fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/profile?seconds=%d", r.pprof, secs))
