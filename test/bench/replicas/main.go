@@ -84,6 +84,7 @@ func main() {
 }
 
 type bench struct {
+	edgeLog    edgeLog
 	cp         *kube.ControlPlane
 	c          client.Client
 	cs         *kubernetes.Clientset
@@ -223,13 +224,16 @@ func run(ctx context.Context, n int, every, window time.Duration) error {
 	cpu0 := b.cpuTimes(r1)
 	api0, rest0 := b.apiMetrics(ctx), scrape(fmt.Sprintf("http://127.0.0.1:%d/metrics", r1.metrics))
 	profiles := b.profile(ctx, r1)
+	b.edgeLog.on.Store(true)
 	tk := time.Now()
 	r0.proc.Kill()
 	if err := waitGone(ctx, b.edges, 10*time.Second); err != nil {
 		fmt.Println("note:", err)
 	}
-	progress := time.NewTicker(5 * time.Second)
+	progress := time.NewTicker(time.Second)
 	defer progress.Stop()
+	var bySecond []string
+	var bsMu sync.Mutex
 	go func() {
 		for range progress.C {
 			connected := 0
@@ -238,12 +242,22 @@ func run(ctx context.Context, n int, every, window time.Duration) error {
 					connected++
 				}
 			}
-			fmt.Printf("  %s after the kill: %d edges with a session; %s: %s\n", time.Since(tk).Round(time.Second), connected, r1.name, hubFigures(r1))
+			bsMu.Lock()
+			bySecond = append(bySecond, strconv.Itoa(connected))
+			n := len(bySecond)
+			bsMu.Unlock()
+			if n%5 == 0 {
+				fmt.Printf("  %s after the kill: %d edges with a session; %s: %s\n", time.Since(tk).Round(time.Second), connected, r1.name, hubFigures(r1))
+			}
 		}
 	}()
 	err = waitAll(ctx, b.edges, 2*time.Minute)
 	progress.Stop()
+	bsMu.Lock()
+	fmt.Printf("  edges with a session, second by second after the kill: %s\n", strings.Join(bySecond, " "))
+	bsMu.Unlock()
 	failover := time.Since(tk).Round(time.Millisecond).String()
+	b.edgeLog.on.Store(false)
 	if err != nil {
 		if ctx.Err() != nil {
 			return err
@@ -255,6 +269,9 @@ func run(ctx context.Context, n int, every, window time.Duration) error {
 	fmt.Printf("  %s meanwhile: %s\n", r1.name, hubFigures(r1))
 	fmt.Printf("  CPU seconds used from the kill until then: %s\n", cpuSpent(cpu0, b.cpuTimes(r1)))
 	fmt.Printf("  requests meanwhile: %s\n", requestFigures(api0, b.apiMetrics(ctx), rest0, scrape(fmt.Sprintf("http://127.0.0.1:%d/metrics", r1.metrics))))
+	for msg, n := range b.edgeLog.take() {
+		fmt.Printf("  edges logged %d× %s\n", n, msg)
+	}
 	if err := profiles(); err != nil {
 		fmt.Println("note: profiles:", err)
 	}
@@ -470,7 +487,7 @@ func (b *bench) startEdges(ctx context.Context, ca *pki.CA, n int) error {
 			b.edges[i] = e
 			go func() {
 				defer close(e.done)
-				_ = h.Start(ctx)
+				_ = h.Start(logr.NewContext(ctx, logr.New(b.edgeLog.sink())))
 			}()
 			return nil
 		})
@@ -709,6 +726,59 @@ func httpGet(url string) (int, error) {
 	resp.Body.Close()
 	return resp.StatusCode, nil
 }
+
+// edgeLog counts what the simulated edges log (why a connection failed),
+// while on.
+type edgeLog struct {
+	on     atomic.Bool
+	mu     sync.Mutex
+	counts map[string]int
+}
+
+func (l *edgeLog) sink() logr.LogSink { return &countingSink{l: l} }
+
+func (l *edgeLog) take() map[string]int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := l.counts
+	l.counts = map[string]int{}
+	return out
+}
+
+type countingSink struct {
+	l  *edgeLog
+	kv []any
+}
+
+func (s *countingSink) Init(logr.RuntimeInfo)  {}
+func (s *countingSink) Enabled(level int) bool { return level <= 1 && s.l.on.Load() }
+func (s *countingSink) Info(_ int, msg string, kv ...any) {
+	if msg == "link up" {
+		return
+	}
+	key := msg
+	for i := 0; i+1 < len(kv); i += 2 {
+		if kv[i] == "reason" || kv[i] == "code" {
+			r := fmt.Sprint(kv[i+1])
+			// Addresses and ports differ from edge to edge.
+			if j := strings.Index(r, "127.0.0.1:"); j >= 0 {
+				r = r[:j] + "127.0.0.1:*" + strings.TrimLeft(r[j+len("127.0.0.1:"):], "0123456789")
+			}
+			key += ": " + r
+		}
+	}
+	s.l.mu.Lock()
+	if s.l.counts == nil {
+		s.l.counts = map[string]int{}
+	}
+	s.l.counts[key]++
+	s.l.mu.Unlock()
+}
+func (s *countingSink) Error(err error, msg string, kv ...any) {
+	s.Info(0, msg+": "+err.Error(), kv...)
+}
+func (s *countingSink) WithValues(kv ...any) logr.LogSink { return s }
+func (s *countingSink) WithName(string) logr.LogSink      { return s }
 
 // series is a scrape of Prometheus metrics: each sample line's name and
 // labels, as written, to its value.
