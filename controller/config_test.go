@@ -31,7 +31,7 @@ var binary = Config{
 		AuthRateLimit: linkauth.DefaultRequestRate, AuthRateBurst: linkauth.DefaultRequestBurst,
 		AgentServiceAccounts: []string{"dowse-system/dowse-agent"},
 		TwinStatusInterval:   time.Second, TwinStatusConcurrency: 16,
-		SpreadInterval: 2 * time.Second, DrainPeriod: 5 * time.Second, MaxClaimsInFlight: 32,
+		SpreadInterval: 2 * time.Second, DrainPeriod: 5 * time.Second, MaxClaimsInFlight: 128,
 	},
 }
 

@@ -51,7 +51,7 @@ type ClaimsConfig struct {
 }
 
 // DefaultMaxClaimsInFlight is ClaimsConfig.MaxInFlight's default.
-const DefaultMaxClaimsInFlight = 32
+const DefaultMaxClaimsInFlight = 128
 
 // Claims makes this replica the owner of node sessions (Claim) and tells
 // it when another replica took one (ClaimsConfig.Lost). See the package
