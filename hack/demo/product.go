@@ -77,6 +77,7 @@ func showBroker(ctx context.Context, c *cluster.Cluster, cl client.Client) error
 	if err := readSample("debug-echo-broker-pod.yaml", &cfg); err != nil {
 		return err
 	}
+	cluster.OnHostNetwork(&cfg) // the demo's node has no pod network
 	port, err := procs.FreePort()
 	if err != nil {
 		return err
@@ -202,6 +203,7 @@ func showTwin(ctx context.Context, cl client.Client, kubeconfig string, p *modbu
 	if err := readSample("modbus-plc.yaml", &cfg); err != nil {
 		return err
 	}
+	cluster.OnHostNetwork(&cfg) // the demo's node has no pod network
 	var details map[string]any
 	if err := yaml.Unmarshal(cfg.Spec.DiscoveryHandler.DiscoveryDetails.Raw, &details); err != nil {
 		return err

@@ -27,6 +27,7 @@ import (
 	"github.com/dowse-dev/dowse/controller"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	"github.com/dowse-dev/dowse/shared/kubeflags"
+	"github.com/dowse-dev/dowse/test/cluster"
 	"github.com/dowse-dev/dowse/test/kube"
 	"github.com/dowse-dev/dowse/test/procs"
 )
@@ -348,7 +349,9 @@ func TestBrokersOnNode(t *testing.T) {
 	})
 }
 
-// loadSample reads samples/<file> into a Configuration in "default".
+// loadSample reads samples/<file> into a Configuration in "default", its
+// Pods on the node's network (cluster.OnHostNetwork): the tests' nodes have
+// no pod network unless they ask for one.
 func loadSample(t *testing.T, file string) *v1alpha1.Configuration {
 	t.Helper()
 	raw, err := os.ReadFile(filepath.Join(kube.RepoRoot(), "samples", file))
@@ -360,6 +363,7 @@ func loadSample(t *testing.T, file string) *v1alpha1.Configuration {
 		t.Fatalf("%s: %v", file, err)
 	}
 	cfg.Namespace = "default"
+	cluster.OnHostNetwork(cfg)
 	return cfg
 }
 

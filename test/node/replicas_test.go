@@ -134,6 +134,8 @@ func TestChartReplicasOnNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer plc.Stop()
+	// This node has a pod network: the mapper Pod as the sample has it,
+	// not on the node's network as loadSample puts it.
 	applyModbus(t, ctx, cl, []string{plc.Addr}, func(spec *corev1.PodSpec) { spec.HostNetwork = false })
 	// The sample's Device wants setpoint 21 (the controller starts at 18).
 	dev := waitTwin(t, ctx, cl, "setpoint", "21")
