@@ -745,10 +745,7 @@ func (l *edgeLog) take() map[string]int {
 	return out
 }
 
-type countingSink struct {
-	l  *edgeLog
-	kv []any
-}
+type countingSink struct{ l *edgeLog }
 
 func (s *countingSink) Init(logr.RuntimeInfo)  {}
 func (s *countingSink) Enabled(level int) bool { return level <= 1 && s.l.on.Load() }
