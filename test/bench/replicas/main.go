@@ -864,6 +864,9 @@ func requestFigures(api0, api1, rest0, rest1 series) string {
 		{"Device GET", "apiserver_request_duration_seconds", []string{`resource="devices"`, `verb="GET"`}},
 		{"etcd Lease update", "etcd_request_duration_seconds", []string{`operation="update"`, `type="leases.coordination.k8s.io"`}},
 		{"etcd Device update", "etcd_request_duration_seconds", []string{`operation="update"`, `type="devices.dowse.dev"`}},
+		// Time in API Priority and Fairness's queues, which the request
+		// durations above leave out.
+		{"APF wait", "apiserver_flowcontrol_request_wait_duration_seconds", []string{`execute="true"`}},
 	} {
 		if n, ms := mean(api0, api1, q.name, q.labels...); n > 0 {
 			parts = append(parts, fmt.Sprintf("%s %.0f × %.1f ms", q.what, n, ms))
