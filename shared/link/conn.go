@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -53,8 +54,7 @@ type ConnConfig struct {
 	Deliver func(ctx context.Context, env *linkv1.Envelope) error
 	// Limiter, when set, paces received sequenced messages and heartbeats
 	// (the reader waits, which pushes back on the peer through the
-	// transport). It must allow at least a few messages per heartbeat
-	// interval, or the wait itself starves the dead-peer watchdog.
+	// transport; the dead-peer watchdog does not count that wait).
 	Limiter *rate.Limiter
 	Metrics *Metrics
 	// OnAcked, when set, is told how many messages an ack released.
@@ -193,7 +193,15 @@ func start(ctx context.Context, f *Framed, sess *Session, c *ConnConfig) (*runne
 	// Close the connection when the context ends: it unblocks the reader
 	// and a writer stuck on a peer that does not read.
 	r.stop = context.AfterFunc(ctx, func() { _ = f.Conn.Close() })
-	r.watchdog = time.AfterFunc(2*cfg.Heartbeat, func() { cancel(ErrPeerDead) })
+	// The peer is dead when nothing came from it for two intervals while
+	// this end waited for it: a reader held up with a frame (a slow
+	// Deliver, the rate limit) is this end's delay, and the reader re-arms
+	// the watchdog when it waits again.
+	r.watchdog = time.AfterFunc(2*cfg.Heartbeat, func() {
+		if !r.busy.Load() {
+			cancel(ErrPeerDead)
+		}
+	})
 	if cfg.Started != nil {
 		cfg.Started(func(env *linkv1.Envelope) {
 			if ctx.Err() == nil {
@@ -257,6 +265,7 @@ type runner struct {
 
 	stop     func() bool // the context's AfterFunc
 	watchdog *time.Timer
+	busy     atomic.Bool // the reader handles a frame, not waiting for the peer
 
 	mu        sync.Mutex
 	ctrl      []*linkv1.Envelope
@@ -354,7 +363,8 @@ func (r *runner) readOne(ctx context.Context, watchdog *time.Timer) error {
 			}
 			return err
 		}
-		watchdog.Reset(2 * r.cfg.Heartbeat)
+		r.busy.Store(true)
+		defer r.waitAgain(watchdog)
 		m.MessagesIn.Inc()
 		m.BytesIn.Add(float64(n))
 		if env.Ack > 0 {
@@ -413,6 +423,13 @@ func (r *runner) readOne(ctx context.Context, watchdog *time.Timer) error {
 		}
 	}
 	return nil
+}
+
+// waitAgain starts the peer's two intervals again as the reader goes back
+// to waiting for it (the watchdog ignores a firing while it is busy).
+func (r *runner) waitAgain(watchdog *time.Timer) {
+	watchdog.Reset(2 * r.cfg.Heartbeat)
+	r.busy.Store(false)
 }
 
 // writer writes until nothing is left, then ends; wake starts the next.

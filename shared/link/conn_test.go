@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/x509"
+	"errors"
 	"net"
 	"sync"
 	"testing"
@@ -102,5 +103,88 @@ func TestAppendFrameAckOverridesStoredAck(t *testing.T) {
 	}
 	if env.Ack != 41 {
 		t.Errorf("envelope changed: ack %d", env.Ack)
+	}
+}
+
+// TestSlowDeliverIsNotASilentPeer: a reader held up delivering a message
+// for many heartbeat intervals does not call the peer dead (the peer kept
+// sending; its frames waited for this end), and the watchdog still finds a
+// peer that does go silent once the reader waits for it again.
+func TestSlowDeliverIsNotASilentPeer(t *testing.T) {
+	const heartbeat = 20 * time.Millisecond
+	const hold = 15 * heartbeat
+	sess := NewSession(SessionConfig{})
+	ours, theirs := net.Pipe()
+	delivered := make(chan uint64, 4)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		done <- RunConn(ctx, NewFramed(pipeConn{ours}, 0), sess, &ConnConfig{Heartbeat: heartbeat,
+			Deliver: func(ctx context.Context, env *linkv1.Envelope) error {
+				if env.Seq == 1 {
+					select {
+					case <-time.After(hold):
+					case <-ctx.Done():
+						return context.Cause(ctx)
+					}
+				}
+				delivered <- env.Seq
+				return nil
+			}})
+	}()
+	peer := NewFramed(pipeConn{theirs}, 0)
+	go func() { // the peer reads whatever this end sends
+		var env linkv1.Envelope
+		for {
+			if _, err := peer.Read(&env); err != nil {
+				return
+			}
+		}
+	}()
+	send := func(env *linkv1.Envelope) {
+		if err := peer.Write(env); err != nil {
+			t.Errorf("peer write: %v", err)
+		}
+	}
+	send(twinReported(1, "cam", "p", 1))
+	// The peer keeps beating while this end delivers message 1; each write
+	// waits until this end reads it.
+	stopBeats := make(chan struct{})
+	beats := make(chan struct{})
+	go func() {
+		defer close(beats)
+		for {
+			select {
+			case <-stopBeats:
+				return
+			case <-time.After(heartbeat / 2):
+			}
+			send(&linkv1.Envelope{Kind: &linkv1.Envelope_Heartbeat{Heartbeat: &linkv1.Heartbeat{}}})
+		}
+	}()
+	select {
+	case err := <-done:
+		t.Fatalf("the connection ended while its reader delivered a message: %v", err)
+	case seq := <-delivered:
+		if seq != 1 {
+			t.Fatalf("delivered %d first, want 1", seq)
+		}
+	}
+	send(twinReported(2, "cam", "p", 2))
+	select {
+	case err := <-done:
+		t.Fatalf("the connection ended after the slow delivery: %v", err)
+	case <-delivered:
+	}
+	close(stopBeats)
+	<-beats
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrPeerDead) {
+			t.Fatalf("after the peer went silent the connection ended with %v, want ErrPeerDead", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a silent peer was not noticed")
 	}
 }
