@@ -30,6 +30,7 @@ import (
 	"github.com/dowse-dev/dowse/test/cluster"
 	"github.com/dowse-dev/dowse/test/kube"
 	"github.com/dowse-dev/dowse/test/procs"
+	"github.com/dowse-dev/dowse/test/testwait"
 )
 
 const brokerImage = "ghcr.io/dowse-dev/dowse-debug-echo-broker:latest"
@@ -198,24 +199,15 @@ func TestBrokersOnNode(t *testing.T) {
 	t.Run("BrokerGetsDevice", func(t *testing.T) {
 		pod := runningBroker()
 		// Running says the container started, not that it has printed yet.
-		wants := []string{`"name":"DEBUG_ECHO_DESCRIPTION","value":"foo0"`, `"name":"GREETING","value":"hello"`}
-		deadline := time.Now().Add(30 * time.Second)
-		for {
+		testwait.For(t, 30*time.Second, func() error {
 			logs := podLogs(t, ctx, cs, pod.Name)
-			var missing []string
-			for _, want := range wants {
+			for _, want := range []string{`"name":"DEBUG_ECHO_DESCRIPTION","value":"foo0"`, `"name":"GREETING","value":"hello"`} {
 				if !strings.Contains(logs, want) {
-					missing = append(missing, want)
+					return fmt.Errorf("broker logs lack %s:\n%s", want, logs)
 				}
 			}
-			if len(missing) == 0 {
-				break
-			}
-			if time.Now().After(deadline) || ctx.Err() != nil {
-				t.Fatalf("broker logs lack %v:\n%s", missing, logs)
-			}
-			time.Sleep(200 * time.Millisecond)
-		}
+			return nil
+		})
 	})
 	t.Run("ServicesAnswer", func(t *testing.T) {
 		serviceExists(instSvc)
