@@ -124,8 +124,8 @@ test: deps node-deps k8s helm peers build verify-generate
 	go test $(GO_TEST_FLAGS) $(PLAIN_TEST_PKGS)
 	$(MAKE) fuzz FUZZTIME=10000x
 
-# Fuzz what comes from outside, each target for FUZZTIME (make test: a few
-# seconds each): the link's frames, derived names, Device specs into the
+# Fuzz what comes from outside, each target for FUZZTIME (make test: 10,000
+# inputs each): the link's frames, derived names, Device specs into the
 # edge (Check), the edge's conversion for mappers, DMI reports and mapper
 # registrations into the agent, the JSON pushMethod sinks send, and
 # handlers' device lists.
