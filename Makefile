@@ -2,9 +2,9 @@
 SHELL := /bin/bash
 BIN := $(CURDIR)/bin
 GO_TEST_FLAGS ?= -count=1 -timeout 30m
-# Every binary's --version (shared/version) and the images' labels.
+# Every binary's --version (internal/version) and the images' labels.
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
-GO_LDFLAGS := -s -w -X github.com/dowse-dev/dowse/shared/version.version=$(VERSION)
+GO_LDFLAGS := -s -w -X github.com/dowse-dev/dowse/internal/version.version=$(VERSION)
 # grpcnotrace leaves out gRPC's golang.org/x/net/trace (and the html/template
 # it links), which no Dowse binary turns on: 2.5 MB less in each mapper.
 GO_TAGS := grpcnotrace
@@ -28,8 +28,8 @@ build:
 	# their memory). dowsectl too: k8s.io/cli-runtime links kustomize, whose
 	# plugin loader imports Go's plugin package, and with cgo the linker then
 	# exports every symbol (69 MB instead of 53).
-	CGO_ENABLED=0 go build -tags $(GO_TAGS) -trimpath -ldflags="$(GO_LDFLAGS)" -o $(BIN)/ ./agent/cmd/dowse-agent ./brokers/modbus/cmd/dowse-modbus-mapper \
-	  ./brokers/opcua/cmd/dowse-opcua-mapper ./brokers/onvif/cmd/dowse-onvif-mapper ./dowsectl/cmd/dowsectl
+	CGO_ENABLED=0 go build -tags $(GO_TAGS) -trimpath -ldflags="$(GO_LDFLAGS)" -o $(BIN)/ ./agent/cmd/dowse-agent ./mappers/modbus/cmd/dowse-modbus-mapper \
+	  ./mappers/opcua/cmd/dowse-opcua-mapper ./mappers/onvif/cmd/dowse-onvif-mapper ./dowsectl/cmd/dowsectl
 
 # Test cluster binaries built from the module proxy, once each: the control
 # plane (etcd, kube-apiserver, controller manager, scheduler) and the node
@@ -76,7 +76,7 @@ release: helm
 	  for p in $(RELEASE_PLATFORMS); do \
 	    echo "  go build for $$p"; \
 	    CGO_ENABLED=0 GOOS=$${p%/*} GOARCH=$${p#*/} go build -tags $(GO_TAGS) -trimpath \
-	      -ldflags="-s -w -X github.com/dowse-dev/dowse/shared/version.version=$(RELEASE_VERSION)" \
+	      -ldflags="-s -w -X github.com/dowse-dev/dowse/internal/version.version=$(RELEASE_VERSION)" \
 	      -o $(RELEASE_DIR)/bin/$${p%/*}-$${p#*/}/ $$cmds; \
 	  done; \
 	  go run ./hack/images release -out $(RELEASE_DIR) -bindir $(RELEASE_DIR)/bin -version $(RELEASE_VERSION) \
@@ -91,8 +91,8 @@ generate: deps helm
 
 # Fails when the committed generated files differ from what `make generate` makes.
 verify-generate: generate
-	@if [ -n "$$(git status --porcelain -- proto shared/api deploy controller/internal/broker/zz_generated.deepcopy.go)" ]; then \
-	  git status --porcelain -- proto shared/api deploy controller/internal/broker/zz_generated.deepcopy.go; git diff --stat -- proto shared/api deploy controller/internal/broker; \
+	@if [ -n "$$(git status --porcelain -- proto shared/api deploy internal/controller/broker/zz_generated.deepcopy.go)" ]; then \
+	  git status --porcelain -- proto shared/api deploy internal/controller/broker/zz_generated.deepcopy.go; git diff --stat -- proto shared/api deploy internal/controller/broker; \
 	  echo "generated files are stale: run 'make generate' and commit the result" >&2; exit 1; fi
 
 test-unit:
@@ -136,8 +136,8 @@ test: deps node-deps k8s helm peers build verify-generate
 # coordinator can fail a timed run at its deadline with a bare "context
 # deadline exceeded" and no failing input (golang/go#75804, fixed in Go
 # 1.27); a count has no deadline to race.
-FUZZ_TARGETS := FuzzFrameDecode:./shared/link FuzzDerivedNames:./shared/dra FuzzCheck:./controller/twins \
-  FuzzDeviceConversion:./agent/dmi FuzzReports:./agent/dmi FuzzMapperRegister:./agent/dmi FuzzPayload:./brokers/mapper FuzzHandlerDevices:./agent/internal/discovery
+FUZZ_TARGETS := FuzzFrameDecode:./internal/link FuzzDerivedNames:./internal/dra FuzzCheck:./internal/controller/link/twins \
+  FuzzDeviceConversion:./internal/agent/dmi FuzzReports:./internal/agent/dmi FuzzMapperRegister:./internal/agent/dmi FuzzPayload:./mappers/mapper FuzzHandlerDevices:./internal/agent/discovery
 FUZZTIME ?= 2m
 fuzz:
 	@for t in $(FUZZ_TARGETS); do \
@@ -159,8 +159,8 @@ bench: k8s build
 	go run ./test/bench/link
 	go run ./test/bench/replicas
 	go run ./test/bench/mapper
-	go test -run '^$$' -bench MQTTSink -benchtime 50000x ./brokers/mapper/
-	go test -run '^$$' -bench . -benchtime 2s ./agent/edgehub/
+	go test -run '^$$' -bench MQTTSink -benchtime 50000x ./mappers/mapper/
+	go test -run '^$$' -bench . -benchtime 2s ./internal/agent/edgehub/
 	go test -run '^$$' -bench . -benchtime 3000x ./test/link/
 	go test -run '^$$' -bench 'Twins|ModbusTwin|KubeEdgeMapperTwin' -benchtime 1x ./test/e2e/
 

@@ -28,18 +28,18 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
-	"github.com/dowse-dev/dowse/agent/deviceplugin"
-	"github.com/dowse-dev/dowse/agent/internal/cdi"
-	"github.com/dowse-dev/dowse/agent/internal/discovery"
-	"github.com/dowse-dev/dowse/agent/internal/instances"
-	"github.com/dowse-dev/dowse/agent/internal/propertyrefs"
-	"github.com/dowse-dev/dowse/agent/internal/registration"
-	"github.com/dowse-dev/dowse/agent/internal/registry"
+	"github.com/dowse-dev/dowse/internal/agent/cdi"
+	"github.com/dowse-dev/dowse/internal/agent/deviceplugin"
+	"github.com/dowse-dev/dowse/internal/agent/discovery"
+	"github.com/dowse-dev/dowse/internal/agent/instances"
+	"github.com/dowse-dev/dowse/internal/agent/propertyrefs"
+	"github.com/dowse-dev/dowse/internal/agent/registration"
+	"github.com/dowse-dev/dowse/internal/agent/registry"
+	"github.com/dowse-dev/dowse/internal/contain"
+	"github.com/dowse-dev/dowse/internal/events"
+	"github.com/dowse-dev/dowse/internal/kubeflags"
+	"github.com/dowse-dev/dowse/internal/scheme"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
-	"github.com/dowse-dev/dowse/shared/contain"
-	"github.com/dowse-dev/dowse/shared/events"
-	"github.com/dowse-dev/dowse/shared/kubeflags"
-	"github.com/dowse-dev/dowse/shared/scheme"
 )
 
 // Config is everything the agent needs; main fills it from flags
@@ -137,7 +137,7 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 	// reads them: dropping them from the cache roughly halves its memory.
 	// The cache holds no Secret or ConfigMap: the agent may not list them,
 	// and reads the few that discoveryProperties name one by one
-	// (agent/internal/propertyrefs).
+	// (internal/agent/propertyrefs).
 	cacheOpts := cache.Options{DefaultTransform: cache.TransformStripManagedFields()}
 	// The agent caches only its own node's Instances (those with its node
 	// label), so its memory and watch traffic do not grow with other nodes'.

@@ -5,13 +5,13 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/dowse-dev/dowse/agent/deviceplugin"
-	"github.com/dowse-dev/dowse/agent/edgehub"
-	"github.com/dowse-dev/dowse/agent/internal/dra"
-	"github.com/dowse-dev/dowse/agent/internal/instances"
-	"github.com/dowse-dev/dowse/agent/slots"
+	"github.com/dowse-dev/dowse/internal/agent/deviceplugin"
+	"github.com/dowse-dev/dowse/internal/agent/dra"
+	"github.com/dowse-dev/dowse/internal/agent/edgehub"
+	"github.com/dowse-dev/dowse/internal/agent/instances"
+	"github.com/dowse-dev/dowse/internal/agent/slots"
+	"github.com/dowse-dev/dowse/internal/kubeflags"
 	"github.com/dowse-dev/dowse/shared/handler"
-	"github.com/dowse-dev/dowse/shared/kubeflags"
 )
 
 // InstancesLabelledMarker, in the agent's state directory, records that the

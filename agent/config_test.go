@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dowse-dev/dowse/agent/internal/dra"
-	"github.com/dowse-dev/dowse/shared/kubeflags"
+	"github.com/dowse-dev/dowse/internal/agent/dra"
+	"github.com/dowse-dev/dowse/internal/kubeflags"
 )
 
 // binary is the Config dowse-agent ran with before its defaults moved

@@ -11,12 +11,12 @@ import (
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 
-	"github.com/dowse-dev/dowse/agent/internal/cdi"
-	"github.com/dowse-dev/dowse/agent/internal/dra"
+	"github.com/dowse-dev/dowse/internal/agent/cdi"
+	"github.com/dowse-dev/dowse/internal/agent/dra"
 )
 
 // DRAConfig is the node's part of Dynamic Resource Allocation, for the
-// Configurations whose spec.allocation is DRA or Both (agent/internal/dra).
+// Configurations whose spec.allocation is DRA or Both (internal/agent/dra).
 type DRAConfig struct {
 	// Enabled publishes this node's local devices as ResourceSlices,
 	// writes the CDI specs of its DRA devices (into Config.CDISpecDir) and

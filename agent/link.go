@@ -14,11 +14,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 
-	"github.com/dowse-dev/dowse/agent/edgecert"
-	"github.com/dowse-dev/dowse/agent/edgehub"
+	"github.com/dowse-dev/dowse/internal/agent/edgecert"
+	"github.com/dowse-dev/dowse/internal/agent/edgehub"
+	"github.com/dowse-dev/dowse/internal/contain"
+	"github.com/dowse-dev/dowse/internal/link/pki"
 	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
-	"github.com/dowse-dev/dowse/shared/contain"
-	"github.com/dowse-dev/dowse/shared/link/pki"
 )
 
 // LinkConfig is the node's end of the cloud/edge link; the link is off

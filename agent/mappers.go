@@ -6,8 +6,8 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/dowse-dev/dowse/agent/dmi"
-	"github.com/dowse-dev/dowse/agent/edgehub"
+	"github.com/dowse-dev/dowse/internal/agent/dmi"
+	"github.com/dowse-dev/dowse/internal/agent/edgehub"
 )
 
 // startMappers builds the node's mapper API (DMI on <state dir>/dmi.sock)

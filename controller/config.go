@@ -5,12 +5,12 @@ import (
 	"strings"
 	"time"
 
-	"github.com/dowse-dev/dowse/controller/internal/mappers"
-	"github.com/dowse-dev/dowse/controller/linkauth"
-	"github.com/dowse-dev/dowse/controller/ownership"
+	"github.com/dowse-dev/dowse/internal/controller/link/linkauth"
+	"github.com/dowse-dev/dowse/internal/controller/link/ownership"
+	"github.com/dowse-dev/dowse/internal/controller/mappers"
+	"github.com/dowse-dev/dowse/internal/kubeflags"
+	"github.com/dowse-dev/dowse/internal/link"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
-	"github.com/dowse-dev/dowse/shared/kubeflags"
-	"github.com/dowse-dev/dowse/shared/link"
 )
 
 // setDefaults gives every zero field that has one the binary's default

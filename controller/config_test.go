@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dowse-dev/dowse/controller/linkauth"
-	"github.com/dowse-dev/dowse/shared/kubeflags"
+	"github.com/dowse-dev/dowse/internal/controller/link/linkauth"
+	"github.com/dowse-dev/dowse/internal/kubeflags"
 )
 
 // binary is the Config dowse-controller ran with before its defaults

@@ -34,17 +34,17 @@ import (
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
-	"github.com/dowse-dev/dowse/controller/internal/broker"
-	"github.com/dowse-dev/dowse/controller/internal/devices"
-	"github.com/dowse-dev/dowse/controller/internal/mappers"
-	"github.com/dowse-dev/dowse/controller/internal/nodes"
-	"github.com/dowse-dev/dowse/controller/lifecycle"
-	"github.com/dowse-dev/dowse/controller/propertyaccess"
+	"github.com/dowse-dev/dowse/internal/contain"
+	"github.com/dowse-dev/dowse/internal/controller/broker"
+	"github.com/dowse-dev/dowse/internal/controller/devices"
+	"github.com/dowse-dev/dowse/internal/controller/lifecycle"
+	"github.com/dowse-dev/dowse/internal/controller/mappers"
+	"github.com/dowse-dev/dowse/internal/controller/nodes"
+	"github.com/dowse-dev/dowse/internal/controller/propertyaccess"
+	"github.com/dowse-dev/dowse/internal/events"
+	"github.com/dowse-dev/dowse/internal/kubeflags"
+	"github.com/dowse-dev/dowse/internal/scheme"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
-	"github.com/dowse-dev/dowse/shared/contain"
-	"github.com/dowse-dev/dowse/shared/events"
-	"github.com/dowse-dev/dowse/shared/kubeflags"
-	"github.com/dowse-dev/dowse/shared/scheme"
 )
 
 // Config is everything the controller needs; main fills it from flags
@@ -86,10 +86,10 @@ type Config struct {
 	Registerer prometheus.Registerer
 	// AgentServiceAccounts are the agents' service accounts
 	// ("namespace/name"), granted read of exactly the Secrets and
-	// ConfigMaps that discoveryProperties name (controller/propertyaccess);
+	// ConfigMaps that discoveryProperties name (internal/controller/propertyaccess);
 	// empty: the controller grants nothing.
 	AgentServiceAccounts []string
-	// DRA runs the Dynamic Resource Allocation part (controller/internal/dra): a
+	// DRA runs the Dynamic Resource Allocation part (internal/controller/dra): a
 	// DeviceClass per Configuration whose spec.allocation asks for DRA and
 	// the ResourceSlices of their shared devices. Off when false (tests
 	// that do not need it); on an API server without resource.k8s.io/v1 it
@@ -97,7 +97,7 @@ type Config struct {
 	DRA bool
 	// AgentPodSelector selects the agent DaemonSet's Pods in Namespace; set,
 	// the controller drops the Configuration finalizers of an agent that has
-	// had no Pod on its node for NodeGracePeriod (controller/lifecycle).
+	// had no Pod on its node for NodeGracePeriod (internal/controller/lifecycle).
 	// Empty (agents not run as Pods): off.
 	AgentPodSelector string
 	// SkipNameValidation lets one process run several of these managers,
@@ -152,7 +152,7 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 				// Read only, and often (one Get per broker): no copies.
 				&corev1.Node{}:       {Transform: slimNode, UnsafeDisableDeepCopy: ptr.To(true)},
 				&v1alpha1.Instance{}: {Transform: slimInstance},
-				// Only the grants controller/propertyaccess keeps.
+				// Only the grants internal/controller/propertyaccess keeps.
 				&rbacv1.Role{}:        {Label: propertyaccess.Managed},
 				&rbacv1.RoleBinding{}: {Label: propertyaccess.Managed},
 			},
@@ -294,7 +294,7 @@ func slimNode(obj any) (any, error) {
 
 // slimInstance keeps what the controller reads of an Instance: its
 // Configuration and the nodes that see it (and, for a shared device, what
-// controller/internal/dra publishes of it). Whatever writes an Instance reads
+// internal/controller/dra publishes of it). Whatever writes an Instance reads
 // it from the API server first (nodes.Reconciler).
 func slimInstance(obj any) (any, error) {
 	i, ok := obj.(*v1alpha1.Instance)
@@ -303,11 +303,11 @@ func slimInstance(obj any) (any, error) {
 	}
 	i.ManagedFields, i.Annotations = nil, nil
 	// Device nodes and mounts stay (a path or two): a mapper Pod asks for
-	// the device of an Instance that has them (controller/internal/mappers).
+	// the device of an Instance that has them (internal/controller/mappers).
 	spec := v1alpha1.InstanceSpec{ConfigurationName: i.Spec.ConfigurationName, Shared: i.Spec.Shared,
 		DeviceSpecs: i.Spec.DeviceSpecs, Mounts: i.Spec.Mounts}
 	if i.Spec.Shared {
-		// controller/internal/dra publishes shared devices with their properties
+		// internal/controller/dra publishes shared devices with their properties
 		// and capacity.
 		spec.Capacity, spec.BrokerProperties = i.Spec.Capacity, i.Spec.BrokerProperties
 	}

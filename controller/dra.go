@@ -11,7 +11,7 @@ import (
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 
-	"github.com/dowse-dev/dowse/controller/internal/dra"
+	"github.com/dowse-dev/dowse/internal/controller/dra"
 )
 
 // addDRA adds the DeviceClasses and the shared devices' ResourceSlices,

@@ -16,14 +16,14 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
 
-	"github.com/dowse-dev/dowse/controller/cloudhub"
-	"github.com/dowse-dev/dowse/controller/internal/edges"
-	"github.com/dowse-dev/dowse/controller/linkauth"
-	"github.com/dowse-dev/dowse/controller/ownership"
-	"github.com/dowse-dev/dowse/controller/twins"
+	"github.com/dowse-dev/dowse/internal/contain"
+	"github.com/dowse-dev/dowse/internal/controller/link/cloudhub"
+	"github.com/dowse-dev/dowse/internal/controller/link/edges"
+	"github.com/dowse-dev/dowse/internal/controller/link/linkauth"
+	"github.com/dowse-dev/dowse/internal/controller/link/ownership"
+	"github.com/dowse-dev/dowse/internal/controller/link/twins"
+	"github.com/dowse-dev/dowse/internal/link/pki"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
-	"github.com/dowse-dev/dowse/shared/contain"
-	"github.com/dowse-dev/dowse/shared/link/pki"
 )
 
 // LinkConfig is the cloud end of the cloud/edge link; the link is off when
@@ -99,7 +99,7 @@ func (f forgetAll) Forget(node string) {
 // addLink adds the link CA (loaded or created in namespace), the bootstrap
 // endpoint and the cloudhub to mgr. Every replica runs them, with the twin
 // sync, the memberships and the status writes of the nodes whose sessions
-// it holds (package controller/ownership decides which); the leader alone
+// it holds (package internal/controller/link/ownership decides which); the leader alone
 // records whether Devices fit their models.
 func addLink(ctx context.Context, mgr ctrl.Manager, cfg Config, reg prometheus.Registerer, log logr.Logger) error {
 	lc := cfg.Link

@@ -7,7 +7,7 @@ import (
 	"github.com/spf13/cobra"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/dowse-dev/dowse/dowsectl/console"
+	"github.com/dowse-dev/dowse/internal/dowsectl/console"
 )
 
 func newConsoleCommand(c *cli) *cobra.Command {

@@ -23,8 +23,8 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/dowse-dev/dowse/shared/scheme"
-	"github.com/dowse-dev/dowse/shared/version"
+	"github.com/dowse-dev/dowse/internal/scheme"
+	"github.com/dowse-dev/dowse/internal/version"
 )
 
 // ErrUsage is wrapped by errors in the command line itself; main exits 2

@@ -11,8 +11,8 @@ import (
 	"github.com/spf13/cobra"
 	"sigs.k8s.io/yaml"
 
-	"github.com/dowse-dev/dowse/controller/linkauth"
-	"github.com/dowse-dev/dowse/shared/link/pki"
+	"github.com/dowse-dev/dowse/internal/controller/link/linkauth"
+	"github.com/dowse-dev/dowse/internal/link/pki"
 )
 
 // DefaultControllerNamespace is where the link CA and the bootstrap tokens

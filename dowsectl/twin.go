@@ -21,7 +21,7 @@ import (
 	"k8s.io/client-go/dynamic"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/dowse-dev/dowse/dowsectl/internal/live"
+	"github.com/dowse-dev/dowse/internal/dowsectl/live"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	acv1alpha1 "github.com/dowse-dev/dowse/shared/api/v1alpha1/applyconfiguration/api/v1alpha1"
 	"github.com/dowse-dev/dowse/shared/twinvalue"

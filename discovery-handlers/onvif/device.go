@@ -11,8 +11,8 @@ import (
 	"os"
 	"strings"
 
+	"github.com/dowse-dev/dowse/internal/onvifclient"
 	discoveryv1 "github.com/dowse-dev/dowse/proto/discovery/v1"
-	"github.com/dowse-dev/dowse/shared/onvifclient"
 )
 
 // Discovery properties holding WS-Security credentials. A per-device pair

@@ -15,9 +15,9 @@ import (
 	"github.com/go-logr/logr"
 
 	"github.com/dowse-dev/dowse/discovery-handlers/onvif/wsdiscovery"
+	"github.com/dowse-dev/dowse/internal/onvifclient"
 	discoveryv1 "github.com/dowse-dev/dowse/proto/discovery/v1"
 	"github.com/dowse-dev/dowse/shared/handler"
-	"github.com/dowse-dev/dowse/shared/onvifclient"
 )
 
 // Device properties, handed to brokers as environment variables.

@@ -12,7 +12,7 @@ import (
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/dowse-dev/dowse/shared/scheme"
+	"github.com/dowse-dev/dowse/internal/scheme"
 	"github.com/dowse-dev/dowse/test/cluster"
 	"github.com/dowse-dev/dowse/test/kube"
 	"github.com/dowse-dev/dowse/test/modbusplc"
@@ -45,7 +45,7 @@ var images = []struct{ pkg, name string }{
 	{"./discovery-handlers/debug-echo/cmd/dowse-debug-echo-discovery", "dowse-debug-echo-discovery"},
 	{"./brokers/debug-echo/cmd/dowse-debug-echo-broker", "dowse-debug-echo-broker"},
 	{"./discovery-handlers/modbus/cmd/dowse-modbus-discovery", "dowse-modbus-discovery"},
-	{"./brokers/modbus/cmd/dowse-modbus-mapper", "dowse-modbus-mapper"},
+	{"./mappers/modbus/cmd/dowse-modbus-mapper", "dowse-modbus-mapper"},
 }
 
 // runOnNode runs the demo on a real kubelet: Dowse is installed with its

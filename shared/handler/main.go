@@ -9,7 +9,7 @@ import (
 
 	"github.com/go-logr/logr"
 
-	"github.com/dowse-dev/dowse/shared/version"
+	"github.com/dowse-dev/dowse/internal/version"
 )
 
 // Settings are what a handler binary is told on its command line.

@@ -593,7 +593,7 @@ func BuildImage(ctx context.Context, pkg, name, ref string) (string, error) {
 	bin := filepath.Join(kube.RepoRoot(), "bin", "static", name)
 	version := imageVersion(ctx)
 	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath",
-		"-ldflags=-s -w -X github.com/dowse-dev/dowse/shared/version.version="+version, "-o", bin, pkg)
+		"-ldflags=-s -w -X github.com/dowse-dev/dowse/internal/version.version="+version, "-o", bin, pkg)
 	cmd.Dir = kube.RepoRoot()
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := cmd.CombinedOutput(); err != nil {

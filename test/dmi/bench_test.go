@@ -14,9 +14,9 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/dowse-dev/dowse/internal/link"
+	"github.com/dowse-dev/dowse/internal/link/pki"
 	dmiv1beta1 "github.com/dowse-dev/dowse/proto/dmi/v1beta1"
-	"github.com/dowse-dev/dowse/shared/link"
-	"github.com/dowse-dev/dowse/shared/link/pki"
 )
 
 func newPKI(t testing.TB) (server, client *tls.Config) {
@@ -76,7 +76,7 @@ func (m *timingMapper) UpdateDeviceModel(context.Context, *dmiv1beta1.UpdateDevi
 // BenchmarkDesiredToMapper is the edge's share of "desired set in
 // Device.spec -> the mapper's UpdateDevice": from cloudhub.Send of a
 // DeviceUpdate carrying a new desired value, over the link (WebSocket on
-// loopback, mutual TLS), into the edge store (fsync), through agent/dmi,
+// loopback, mutual TLS), into the edge store (fsync), through internal/agent/dmi,
 // to the mapper's UpdateDevice. One change at a time; p50 and p99 over
 // b.N changes (run with -benchtime=100x for the issue's 100).
 func BenchmarkDesiredToMapper(b *testing.B) {

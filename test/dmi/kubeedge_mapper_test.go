@@ -1,7 +1,7 @@
 // Package dmi_test proves the node's mapper API against a mapper built on
 // KubeEdge's own mapper-framework v1.21.0 runtime (test/kubeedge-mapper, a
 // module of its own), with the real agent edge parts (edgehub, edge store,
-// agent/dmi wired as agent/mappers.go wires them) and a real cloudhub.
+// internal/agent/dmi wired as agent/mappers.go wires them) and a real cloudhub.
 package dmi_test
 
 import (
@@ -27,13 +27,13 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 
-	"github.com/dowse-dev/dowse/agent/dmi"
-	"github.com/dowse-dev/dowse/agent/edgehub"
-	"github.com/dowse-dev/dowse/controller/cloudhub"
+	"github.com/dowse-dev/dowse/internal/agent/dmi"
+	"github.com/dowse-dev/dowse/internal/agent/edgehub"
+	"github.com/dowse-dev/dowse/internal/controller/link/cloudhub"
+	"github.com/dowse-dev/dowse/internal/link"
+	"github.com/dowse-dev/dowse/internal/link/pki"
 	dmiv1beta1 "github.com/dowse-dev/dowse/proto/dmi/v1beta1"
 	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
-	"github.com/dowse-dev/dowse/shared/link"
-	"github.com/dowse-dev/dowse/shared/link/pki"
 	"github.com/dowse-dev/dowse/test/promtest"
 )
 

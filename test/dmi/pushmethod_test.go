@@ -12,11 +12,11 @@ import (
 
 	"sigs.k8s.io/yaml"
 
-	"github.com/dowse-dev/dowse/controller/twins"
+	"github.com/dowse-dev/dowse/internal/controller/link/twins"
+	"github.com/dowse-dev/dowse/internal/link"
+	"github.com/dowse-dev/dowse/internal/link/pki"
 	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
-	"github.com/dowse-dev/dowse/shared/link"
-	"github.com/dowse-dev/dowse/shared/link/pki"
 	"github.com/dowse-dev/dowse/test/mosquitto"
 )
 

@@ -30,7 +30,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/yaml"
 
-	"github.com/dowse-dev/dowse/shared/link/pki"
+	"github.com/dowse-dev/dowse/internal/link/pki"
 	"github.com/dowse-dev/dowse/test/kube"
 	"github.com/dowse-dev/dowse/test/promtest"
 )

@@ -18,9 +18,9 @@ import (
 
 	"github.com/dowse-dev/dowse/agent"
 	"github.com/dowse-dev/dowse/controller"
+	shareddra "github.com/dowse-dev/dowse/internal/dra"
+	"github.com/dowse-dev/dowse/internal/kubeflags"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
-	shareddra "github.com/dowse-dev/dowse/shared/dra"
-	"github.com/dowse-dev/dowse/shared/kubeflags"
 	"github.com/dowse-dev/dowse/test/testwait"
 )
 

@@ -23,9 +23,9 @@ import (
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 
 	"github.com/dowse-dev/dowse/agent"
-	"github.com/dowse-dev/dowse/agent/deviceplugin"
+	"github.com/dowse-dev/dowse/internal/agent/deviceplugin"
+	shareddra "github.com/dowse-dev/dowse/internal/dra"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
-	shareddra "github.com/dowse-dev/dowse/shared/dra"
 	"github.com/dowse-dev/dowse/test/testwait"
 )
 

@@ -15,7 +15,7 @@ import (
 	"k8s.io/client-go/metadata"
 	"k8s.io/utils/ptr"
 
-	"github.com/dowse-dev/dowse/shared/slicewriter"
+	"github.com/dowse-dev/dowse/internal/slicewriter"
 	"github.com/dowse-dev/dowse/test/testwait"
 )
 

@@ -12,9 +12,9 @@ import (
 	"github.com/go-logr/logr"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/dowse-dev/dowse/agent/slots"
+	"github.com/dowse-dev/dowse/internal/agent/slots"
+	"github.com/dowse-dev/dowse/internal/instancestore"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
-	"github.com/dowse-dev/dowse/shared/instancestore"
 )
 
 // TestSlotRace has two nodes' Claimers race for every slot of one shared

@@ -17,10 +17,10 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/dowse-dev/dowse/internal/apply"
+	"github.com/dowse-dev/dowse/internal/instancestore"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	acv1alpha1 "github.com/dowse-dev/dowse/shared/api/v1alpha1/applyconfiguration/api/v1alpha1"
-	"github.com/dowse-dev/dowse/shared/apply"
-	"github.com/dowse-dev/dowse/shared/instancestore"
 	"github.com/dowse-dev/dowse/test/kube"
 	"github.com/dowse-dev/dowse/test/testwait"
 )
@@ -208,7 +208,7 @@ func TestAgentCannotTouchAnotherNodesPart(t *testing.T) {
 }
 
 // The same kinds of write on node A's own part succeed, made as the agent
-// makes them (shared/instancestore and server-side apply).
+// makes them (internal/instancestore and server-side apply).
 func TestAgentWritesItsOwnPart(t *testing.T) {
 	ns := suite.Namespace(t)
 	ctx := context.Background()

@@ -13,7 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
-	"github.com/dowse-dev/dowse/shared/scheme"
+	"github.com/dowse-dev/dowse/internal/scheme"
 )
 
 // Suite is a test package's control plane, shared by its tests: TestMain
@@ -33,7 +33,7 @@ type Suite struct {
 
 	// Set by Run before the tests start.
 	*ControlPlane
-	// Client is an admin client with Dowse's scheme (shared/scheme).
+	// Client is an admin client with Dowse's scheme (internal/scheme).
 	Client    client.Client
 	Clientset *kubernetes.Clientset
 }

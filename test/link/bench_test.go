@@ -5,9 +5,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dowse-dev/dowse/agent/edgehub"
-	"github.com/dowse-dev/dowse/controller/cloudhub"
-	"github.com/dowse-dev/dowse/shared/link"
+	"github.com/dowse-dev/dowse/internal/agent/edgehub"
+	"github.com/dowse-dev/dowse/internal/controller/link/cloudhub"
+	"github.com/dowse-dev/dowse/internal/link"
 )
 
 // BenchmarkEdgeReports is what one edge delivers end to end: b.N readings

@@ -13,10 +13,10 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/dowse-dev/dowse/agent/edgehub"
-	"github.com/dowse-dev/dowse/controller/cloudhub"
+	"github.com/dowse-dev/dowse/internal/agent/edgehub"
+	"github.com/dowse-dev/dowse/internal/controller/link/cloudhub"
+	"github.com/dowse-dev/dowse/internal/link"
 	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
-	"github.com/dowse-dev/dowse/shared/link"
 	"github.com/dowse-dev/dowse/test/link/faultproxy"
 	"github.com/dowse-dev/dowse/test/promtest"
 )

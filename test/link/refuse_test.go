@@ -10,10 +10,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dowse-dev/dowse/controller/cloudhub"
+	"github.com/dowse-dev/dowse/internal/controller/link/cloudhub"
+	"github.com/dowse-dev/dowse/internal/link"
+	"github.com/dowse-dev/dowse/internal/link/pki"
 	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
-	"github.com/dowse-dev/dowse/shared/link"
-	"github.com/dowse-dev/dowse/shared/link/pki"
 )
 
 // TestRefusals: a certificate from another CA, a hello claiming another

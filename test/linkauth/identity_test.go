@@ -22,10 +22,10 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/dowse-dev/dowse/agent/edgecert"
-	"github.com/dowse-dev/dowse/controller/linkauth"
 	"github.com/dowse-dev/dowse/dowsectl"
-	"github.com/dowse-dev/dowse/shared/link/pki"
+	"github.com/dowse-dev/dowse/internal/agent/edgecert"
+	"github.com/dowse-dev/dowse/internal/controller/link/linkauth"
+	"github.com/dowse-dev/dowse/internal/link/pki"
 )
 
 // Concurrent starters (controller replicas, dowsectl) all end with the one

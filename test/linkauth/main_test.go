@@ -1,5 +1,5 @@
 // Package linkauth_test proves node identity on the cloud/edge link
-// (controller/linkauth, agent/edgecert, dowsectl) against a real
+// (internal/controller/link/linkauth, internal/agent/edgecert, dowsectl) against a real
 // kube-apiserver and etcd, over real HTTPS on loopback.
 package linkauth_test
 
@@ -18,9 +18,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/dowse-dev/dowse/agent/edgecert"
-	"github.com/dowse-dev/dowse/controller/linkauth"
-	"github.com/dowse-dev/dowse/shared/link/pki"
+	"github.com/dowse-dev/dowse/internal/agent/edgecert"
+	"github.com/dowse-dev/dowse/internal/controller/link/linkauth"
+	"github.com/dowse-dev/dowse/internal/link/pki"
 	"github.com/dowse-dev/dowse/test/kube"
 	"github.com/dowse-dev/dowse/test/promtest"
 )

@@ -12,9 +12,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/dowse-dev/dowse/agent/edgecert"
-	"github.com/dowse-dev/dowse/controller/linkauth"
-	"github.com/dowse-dev/dowse/shared/link/pki"
+	"github.com/dowse-dev/dowse/internal/agent/edgecert"
+	"github.com/dowse-dev/dowse/internal/controller/link/linkauth"
+	"github.com/dowse-dev/dowse/internal/link/pki"
 )
 
 // agentPod is a pod of service account sa on node, as a DaemonSet makes it

@@ -25,8 +25,8 @@ import (
 
 	debugbroker "github.com/dowse-dev/dowse/brokers/debug-echo"
 	"github.com/dowse-dev/dowse/controller"
+	"github.com/dowse-dev/dowse/internal/kubeflags"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
-	"github.com/dowse-dev/dowse/shared/kubeflags"
 	"github.com/dowse-dev/dowse/test/cluster"
 	"github.com/dowse-dev/dowse/test/kube"
 	"github.com/dowse-dev/dowse/test/procs"

@@ -24,7 +24,7 @@ import (
 )
 
 // mapperImage is the Modbus mapper's image, loaded into the node.
-var mapperImage = [2]string{"./brokers/modbus/cmd/dowse-modbus-mapper", "ghcr.io/dowse-dev/dowse-modbus-mapper:latest"}
+var mapperImage = [2]string{"./mappers/modbus/cmd/dowse-modbus-mapper", "ghcr.io/dowse-dev/dowse-modbus-mapper:latest"}
 
 // serialPort is where the port appears in the mapper's container.
 const serialPort = "/dev/ttyDOWSE0"

@@ -1,5 +1,5 @@
 // Package ownership tests the node-session ownership records and the
-// replicas' presence (controller/ownership) against a real kube-apiserver.
+// replicas' presence (internal/controller/link/ownership) against a real kube-apiserver.
 package ownership
 
 import (
@@ -20,7 +20,7 @@ import (
 	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	"k8s.io/utils/ptr"
 
-	"github.com/dowse-dev/dowse/controller/ownership"
+	"github.com/dowse-dev/dowse/internal/controller/link/ownership"
 	"github.com/dowse-dev/dowse/test/kube"
 	"github.com/dowse-dev/dowse/test/testwait"
 )

@@ -1,9 +1,9 @@
 // Package propertyaccess_test proves, on a real API server with the
 // chart's RBAC and real service account tokens, that an agent reads the
 // Secrets and ConfigMaps its Configurations' discoveryProperties name and
-// nothing else: the controller (controller/propertyaccess, under the
+// nothing else: the controller (internal/controller/propertyaccess, under the
 // controller's own credentials) grants exactly those by name, the agent
-// (agent/internal/propertyrefs, under a pod-bound token of the agent DaemonSet's
+// (internal/agent/propertyrefs, under a pod-bound token of the agent DaemonSet's
 // service account) reads them by name and follows their changes.
 package propertyaccess_test
 

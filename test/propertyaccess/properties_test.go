@@ -26,11 +26,11 @@ import (
 
 	"github.com/dowse-dev/dowse/agent"
 	"github.com/dowse-dev/dowse/controller"
-	"github.com/dowse-dev/dowse/controller/propertyaccess"
+	"github.com/dowse-dev/dowse/internal/controller/propertyaccess"
+	"github.com/dowse-dev/dowse/internal/kubeflags"
 	discoveryv1 "github.com/dowse-dev/dowse/proto/discovery/v1"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	"github.com/dowse-dev/dowse/shared/handler"
-	"github.com/dowse-dev/dowse/shared/kubeflags"
 	"github.com/dowse-dev/dowse/test/testwait"
 )
 

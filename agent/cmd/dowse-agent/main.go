@@ -7,7 +7,7 @@ import (
 	"github.com/go-logr/logr"
 
 	"github.com/dowse-dev/dowse/agent"
-	"github.com/dowse-dev/dowse/shared/kubeflags"
+	"github.com/dowse-dev/dowse/internal/kubeflags"
 )
 
 func main() {

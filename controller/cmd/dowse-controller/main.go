@@ -14,8 +14,8 @@ import (
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/dowse-dev/dowse/controller"
-	"github.com/dowse-dev/dowse/controller/lifecycle"
-	"github.com/dowse-dev/dowse/shared/kubeflags"
+	"github.com/dowse-dev/dowse/internal/controller/lifecycle"
+	"github.com/dowse-dev/dowse/internal/kubeflags"
 )
 
 func main() {

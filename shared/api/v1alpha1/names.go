@@ -29,7 +29,7 @@ import (
 // (LegacyResourceName, LegacyCDIName): pods allocated under those names keep
 // them while they run (the kubelet's checkpoint holds the resource and the
 // CDI device of every allocation), so the agent still serves them for the
-// slots such pods hold. The DRA names are shared/dra's.
+// slots such pods hold. The DRA names are internal/dra's.
 const (
 	// Domain is Dowse's API group and the prefix of every name Dowse
 	// puts on others' objects: extended resources, CDI kinds, labels.

@@ -10,8 +10,8 @@ import (
 // PropertyObjects are the Secrets and ConfigMaps the discoveryProperties of c
 // read, each named once and sorted (a reference without a namespace is in
 // c's). They are the contract between the controller, which grants the
-// agents read of exactly these objects (controller/propertyaccess), and the
-// agent, which watches exactly these (agent/internal/propertyrefs). A Configuration
+// agents read of exactly these objects (internal/controller/propertyaccess), and the
+// agent, which watches exactly these (internal/agent/propertyrefs). A Configuration
 // being deleted reads nothing.
 func (c *Configuration) PropertyObjects() (secrets, configMaps []types.NamespacedName) {
 	if c.DeletionTimestamp != nil {

@@ -51,8 +51,8 @@ import (
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/dowse-dev/dowse/agent"
+	shareddra "github.com/dowse-dev/dowse/internal/dra"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
-	shareddra "github.com/dowse-dev/dowse/shared/dra"
 	"github.com/dowse-dev/dowse/test/bench/benchkit"
 	"github.com/dowse-dev/dowse/test/procs"
 )

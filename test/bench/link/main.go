@@ -43,10 +43,10 @@ import (
 	"github.com/quic-go/quic-go"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/dowse-dev/dowse/controller/cloudhub"
+	"github.com/dowse-dev/dowse/internal/controller/link/cloudhub"
+	"github.com/dowse-dev/dowse/internal/link"
+	"github.com/dowse-dev/dowse/internal/link/pki"
 	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
-	"github.com/dowse-dev/dowse/shared/link"
-	"github.com/dowse-dev/dowse/shared/link/pki"
 )
 
 var manyWindow int

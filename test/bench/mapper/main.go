@@ -1,6 +1,6 @@
 // Command mapper benchmarks the Modbus mapper: the real binary
 // (bin/dowse-modbus-mapper, from `make build`) against a real jsmodbus
-// server on loopback, registered with a fake agent (brokers/mapper/
+// server on loopback, registered with a fake agent (mappers/mapper/
 // mappertest) in this process. It prints:
 //   - property reads a second on one device and across 100 devices (one
 //     jsmodbus server, one unit id per device), every property on its own
@@ -46,7 +46,7 @@ import (
 
 	"github.com/goburrow/modbus"
 
-	"github.com/dowse-dev/dowse/brokers/mapper/mappertest"
+	"github.com/dowse-dev/dowse/mappers/mapper/mappertest"
 	dmiv1beta1 "github.com/dowse-dev/dowse/proto/dmi/v1beta1"
 	"github.com/dowse-dev/dowse/test/npmpeer"
 	"github.com/dowse-dev/dowse/test/procs"

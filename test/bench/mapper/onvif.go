@@ -11,7 +11,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/dowse-dev/dowse/brokers/mapper/mappertest"
+	"github.com/dowse-dev/dowse/mappers/mapper/mappertest"
 	dmiv1beta1 "github.com/dowse-dev/dowse/proto/dmi/v1beta1"
 	"github.com/dowse-dev/dowse/test/procs"
 )

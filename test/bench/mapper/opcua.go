@@ -17,7 +17,7 @@ import (
 	"github.com/gopcua/opcua"
 	"github.com/gopcua/opcua/ua"
 
-	"github.com/dowse-dev/dowse/brokers/mapper/mappertest"
+	"github.com/dowse-dev/dowse/mappers/mapper/mappertest"
 	dmiv1beta1 "github.com/dowse-dev/dowse/proto/dmi/v1beta1"
 	"github.com/dowse-dev/dowse/test/npmpeer"
 	"github.com/dowse-dev/dowse/test/procs"
@@ -28,7 +28,7 @@ import (
 func startNodeOPCUA(root, dir string, port int) (*peer, error) {
 	modules := filepath.Join(root, "bin", "npm-peers", "opcua", "node_modules")
 	if _, err := os.Stat(filepath.Join(modules, "node-opcua-address-space-for-conformance-testing")); err != nil {
-		return nil, fmt.Errorf("node-opcua is not installed in %s: run go test ./brokers/opcua once (it installs node-opcua@2.182.2)", modules)
+		return nil, fmt.Errorf("node-opcua is not installed in %s: run go test ./mappers/opcua once (it installs node-opcua@2.182.2)", modules)
 	}
 	cfg, _ := json.Marshal(map[string]any{"kind": "server", "port": port, "pkiDir": filepath.Join(dir, "pki"),
 		"applicationName": "bench", "applicationUri": "urn:dowse:bench"})

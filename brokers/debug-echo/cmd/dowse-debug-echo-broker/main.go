@@ -14,7 +14,7 @@ import (
 	"github.com/go-logr/logr"
 
 	debugecho "github.com/dowse-dev/dowse/brokers/debug-echo"
-	"github.com/dowse-dev/dowse/shared/version"
+	"github.com/dowse-dev/dowse/internal/version"
 )
 
 func main() {

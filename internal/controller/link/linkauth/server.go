@@ -1,0 +1,486 @@
+package linkauth
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	stdlog "log"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"golang.org/x/time/rate"
+	authnv1 "k8s.io/api/authentication/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/dowse-dev/dowse/internal/link/pki"
+)
+
+// Defaults for Config's zero values.
+const (
+	DefaultCertValidity         = 24 * time.Hour
+	DefaultServerCertValidity   = 30 * 24 * time.Hour
+	DefaultTokenCleanupInterval = 10 * time.Minute
+	DefaultRequestRate          = 20
+	DefaultRequestBurst         = 100
+	// maxBody bounds a request: a CSR is a few hundred bytes.
+	maxBody = 64 << 10
+)
+
+// Config wires a Server.
+type Config struct {
+	// CA signs node certificates and the endpoint's own server certificate
+	// (LoadOrCreateCA). Required.
+	CA *pki.CA
+	// Tokens is the bootstrap token store. Required.
+	Tokens *Tokens
+	// CertValidity is the lifetime of node client certificates; edges renew
+	// at about two thirds of it. Short, because certificates are never
+	// revoked: a node refused renewal (NodeAllowed) or stolen key loses the
+	// link when its certificate expires.
+	CertValidity time.Duration
+	// NodeAllowed, when set, is asked before each renewal; false refuses it
+	// (reason node_not_allowed), an error is retryable. The controller can
+	// pass a check that the Node object still exists, so that a node
+	// removed from the cluster cannot keep renewing. Bootstrap does not ask:
+	// a token is the operator's word that the node may join.
+	NodeAllowed func(ctx context.Context, node string) (bool, error)
+	// Hosts are the DNS names and IP addresses edges dial to reach this
+	// endpoint; they go into its server certificate. Required.
+	Hosts []string
+	// ServerCertValidity is the lifetime of the endpoint's server
+	// certificate, which is issued from CA in memory and re-issued at two
+	// thirds of it (nothing is stored: every replica issues its own).
+	ServerCertValidity time.Duration
+	// Addr is where Start listens, e.g. ":9747"; Listener, when set, is
+	// used instead (tests).
+	Addr     string
+	Listener net.Listener
+	// TokenCleanupInterval is how often Start deletes expired tokens;
+	// negative disables.
+	TokenCleanupInterval time.Duration
+	// TokenReviews, when set, lets agents bootstrap with a service account
+	// token bound to their pod (pki.ServiceAccountAudience) instead of a
+	// bootstrap token: the API server authenticates it, and the node it
+	// names (the pod's) must be the one the CSR names. This is how agents
+	// of a DaemonSet join, each as its own node. Normally the clientset's
+	// AuthenticationV1().TokenReviews().
+	TokenReviews TokenReviewer
+	// AgentServiceAccounts are the service accounts ("namespace/name")
+	// whose tokens are taken; any other is refused.
+	AgentServiceAccounts []string
+	// RequestRate and RequestBurst pace bootstrap and renew requests
+	// together (20/s, burst 100). Each costs API reads, and a refused one
+	// costs them too, so a flood of bad tokens must not reach the API
+	// server at its own pace; a request over the limit is answered 429 with
+	// Retry-After, which edges retry with backoff.
+	RequestRate  float64
+	RequestBurst int
+	// Metrics may be nil.
+	Metrics *Metrics
+}
+
+// Server is the bootstrap and renew endpoint (pki.BootstrapPath,
+// pki.RenewPath). It keeps no state of its own beyond its request rate
+// limiter (each replica paces its own requests).
+type Server struct {
+	cfg    Config
+	caPool *x509.CertPool
+	now    func() time.Time
+	limit  *rate.Limiter
+	// agents are the user names of Config.AgentServiceAccounts.
+	agents map[string]bool
+
+	mu          sync.Mutex
+	serverCert  *tls.Certificate
+	reissueAt   time.Time
+	handlerOnce sync.Once
+	handler     http.Handler
+}
+
+// NewServer checks cfg and fills its defaults.
+func NewServer(cfg Config) (*Server, error) {
+	if cfg.CA == nil || cfg.Tokens == nil {
+		return nil, errors.New("linkauth: CA and Tokens are required")
+	}
+	if len(cfg.Hosts) == 0 {
+		return nil, errors.New("linkauth: at least one host name or address is required for the server certificate")
+	}
+	agents := map[string]bool{}
+	for _, sa := range cfg.AgentServiceAccounts {
+		ns, name, ok := strings.Cut(sa, "/")
+		if !ok || ns == "" || name == "" || strings.Contains(name, "/") {
+			return nil, fmt.Errorf("linkauth: agent service account %q: want namespace/name", sa)
+		}
+		agents["system:serviceaccount:"+ns+":"+name] = true
+	}
+	if cfg.CertValidity <= 0 {
+		cfg.CertValidity = DefaultCertValidity
+	}
+	if cfg.ServerCertValidity <= 0 {
+		cfg.ServerCertValidity = DefaultServerCertValidity
+	}
+	if cfg.TokenCleanupInterval == 0 {
+		cfg.TokenCleanupInterval = DefaultTokenCleanupInterval
+	}
+	if cfg.RequestRate <= 0 {
+		cfg.RequestRate = DefaultRequestRate
+	}
+	if cfg.RequestBurst <= 0 {
+		cfg.RequestBurst = DefaultRequestBurst
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = NewMetrics(nil)
+	}
+	return &Server{cfg: cfg, caPool: cfg.CA.Pool(), now: time.Now, agents: agents,
+		limit: rate.NewLimiter(rate.Limit(cfg.RequestRate), cfg.RequestBurst)}, nil
+}
+
+// TLSConfig is the endpoint's TLS: 1.3 only, the server certificate chain
+// includes the CA (an edge bootstrapping with only a CA pin finds the CA
+// there), and a client certificate is asked for but not required, because
+// a bootstrapping edge has none. Renew verifies it itself, so that a wrong
+// certificate gets a clear HTTP answer instead of a failed handshake. In
+// TLS 1.3 the handshake still proves the client holds the certificate's key.
+func (s *Server) TLSConfig() *tls.Config {
+	return &tls.Config{
+		MinVersion:     tls.VersionTLS13,
+		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return s.currentServerCert() },
+		ClientAuth:     tls.RequestClientCert,
+	}
+}
+
+// ServerCertificate is the endpoint's current server certificate, for a
+// tls.Config's GetCertificate: the cloudhub serves the same one.
+func (s *Server) ServerCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+	return s.currentServerCert()
+}
+
+func (s *Server) currentServerCert() (*tls.Certificate, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	if s.serverCert != nil && now.Before(s.reissueAt) {
+		return s.serverCert, nil
+	}
+	c, err := s.cfg.CA.IssueServer(s.cfg.Hosts, s.cfg.ServerCertValidity)
+	if err != nil {
+		return nil, fmt.Errorf("issuing linkauth server certificate: %w", err)
+	}
+	c.Certificate = append(c.Certificate, s.cfg.CA.Cert.Raw)
+	s.serverCert, s.reissueAt = &c, now.Add(s.cfg.ServerCertValidity*2/3)
+	return s.serverCert, nil
+}
+
+// Handler serves both paths; it must be served with TLSConfig (renew reads
+// the client certificate from the connection). The request's context
+// carries the logger.
+func (s *Server) Handler() http.Handler {
+	s.handlerOnce.Do(func() {
+		mux := http.NewServeMux()
+		mux.HandleFunc("POST "+pki.BootstrapPath, s.limited(requestBootstrap, s.bootstrap))
+		mux.HandleFunc("POST "+pki.RenewPath, s.limited(requestRenew, s.renew))
+		s.handler = mux
+	})
+	return s.handler
+}
+
+// Start serves HTTPS on cfg.Addr (or cfg.Listener) and deletes expired
+// tokens every TokenCleanupInterval, until ctx ends; then it stops
+// accepting, lets requests in flight finish for up to five seconds, and
+// returns nil. Its errors are the listener's.
+func (s *Server) Start(ctx context.Context) error {
+	log := logr.FromContextOrDiscard(ctx).WithName("linkauth")
+	ctx = logr.NewContext(ctx, log)
+	lis := s.cfg.Listener
+	if lis == nil {
+		var err error
+		if lis, err = net.Listen("tcp", s.cfg.Addr); err != nil {
+			return fmt.Errorf("linkauth: listening: %w", err)
+		}
+	}
+	// Issue the server certificate now, so that a CA that cannot sign is
+	// an error at start rather than at the first edge's handshake.
+	if _, err := s.currentServerCert(); err != nil {
+		_ = lis.Close()
+		return err
+	}
+	srv := &http.Server{
+		Handler:           s.Handler(),
+		TLSConfig:         s.TLSConfig(),
+		BaseContext:       func(net.Listener) context.Context { return ctx },
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		WriteTimeout:      30 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          stdlog.New(logWriter{log}, "", 0),
+	}
+	var wg sync.WaitGroup
+	if s.cfg.TokenCleanupInterval > 0 {
+		wg.Go(func() { s.cleanTokens(ctx) })
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.ServeTLS(lis, "", "") }()
+	log.Info("serving link bootstrap and renewal", "address", lis.Addr().String(), "hosts", s.cfg.Hosts, "caPin", pki.CAPin(s.cfg.CA.Cert))
+	var err error
+	select {
+	case <-ctx.Done():
+		shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		_ = srv.Shutdown(shutdownCtx)
+		cancel()
+	case err = <-errc:
+		err = fmt.Errorf("linkauth: serving: %w", err)
+	}
+	wg.Wait()
+	return err
+}
+
+func (s *Server) cleanTokens(ctx context.Context) {
+	log := logr.FromContextOrDiscard(ctx)
+	t := time.NewTicker(s.cfg.TokenCleanupInterval)
+	defer t.Stop()
+	for {
+		n, err := s.cfg.Tokens.DeleteExpired(ctx)
+		s.cfg.Metrics.tokensExpired.Add(float64(n))
+		if err != nil && ctx.Err() == nil {
+			log.Error(err, "deleting expired bootstrap tokens")
+		} else if n > 0 {
+			log.Info("deleted expired bootstrap tokens", "count", n)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// limited answers 429 when requests come faster than Config.RequestRate.
+// Refusals are counted, and logged only at V(1): a flood would flood the log.
+func (s *Server) limited(request string, next http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if s.limit.Allow() {
+			next(w, r)
+			return
+		}
+		logr.FromContextOrDiscard(r.Context()).V(1).Info("refused node certificate request", "request", request,
+			"remote", r.RemoteAddr, "reason", ReasonRateLimited)
+		s.cfg.Metrics.refused.WithLabelValues(request, ReasonRateLimited).Inc()
+		w.Header().Set("Retry-After", "1")
+		writeJSON(w, http.StatusTooManyRequests, pki.ErrorResponse{Error: "too many certificate requests; retry later"})
+	}
+}
+
+// TokenReviewer asks the API server about a token.
+type TokenReviewer interface {
+	Create(ctx context.Context, review *authnv1.TokenReview, opts metav1.CreateOptions) (*authnv1.TokenReview, error)
+}
+
+// The node a bound service account token's pod runs on, in the reviewed
+// user's extra (Kubernetes 1.32+).
+const (
+	extraNodeName = "authentication.kubernetes.io/node-name"
+	extraPodName  = "authentication.kubernetes.io/pod-name"
+)
+
+// serviceAccountNode authenticates a service account token and returns the
+// node of the pod it is bound to, and who it is for the log.
+func (s *Server) serviceAccountNode(ctx context.Context, token string) (node string, who []any, err error) {
+	if s.cfg.TokenReviews == nil || len(s.agents) == 0 {
+		return "", nil, refuse(ReasonSABootstrapOff, http.StatusForbidden, "this cloud does not take service account tokens; bootstrap with a token from `dowsectl token create`")
+	}
+	review, err := s.cfg.TokenReviews.Create(ctx, &authnv1.TokenReview{Spec: authnv1.TokenReviewSpec{
+		Token: token, Audiences: []string{pki.ServiceAccountAudience}}}, metav1.CreateOptions{})
+	if err != nil {
+		return "", nil, fmt.Errorf("reviewing the service account token: %w", err)
+	}
+	st := review.Status
+	if !st.Authenticated {
+		// The API server's reason (expired, audience, pod deleted) is about
+		// the caller's own token: safe and useful to send back.
+		return "", nil, refuse(ReasonInvalidSAToken, http.StatusUnauthorized, "the service account token is not valid for audience %q: %s", pki.ServiceAccountAudience, st.Error)
+	}
+	if !s.agents[st.User.Username] {
+		return "", nil, refuse(ReasonSANotAllowed, http.StatusForbidden, "%s may not join nodes to the link (allowed: %s)", st.User.Username, strings.Join(s.cfg.AgentServiceAccounts, ", "))
+	}
+	nodes := st.User.Extra[extraNodeName]
+	if len(nodes) != 1 || nodes[0] == "" {
+		return "", nil, refuse(ReasonSATokenNotBound, http.StatusUnauthorized, "the service account token is not bound to a pod on a node: mount a projected service account token with audience %q", pki.ServiceAccountAudience)
+	}
+	return nodes[0], []any{"serviceAccount", st.User.Username, "pod", strings.Join(st.User.Extra[extraPodName], ",")}, nil
+}
+
+func (s *Server) bootstrap(w http.ResponseWriter, r *http.Request) {
+	log := logr.FromContextOrDiscard(r.Context()).WithValues("request", requestBootstrap, "remote", r.RemoteAddr)
+	var req pki.BootstrapRequest
+	if err := decode(w, r, &req); err != nil {
+		s.refused(w, log, requestBootstrap, err)
+		return
+	}
+	node, key, err := csrNode(req.CSR)
+	if err != nil {
+		s.refused(w, log, requestBootstrap, err)
+		return
+	}
+	log = log.WithValues("node", node)
+	// Sign before consuming the token: signing checks the rest of the CSR
+	// (signature, key type), and a CSR the CA refuses must not burn the
+	// token. A certificate signed for a refused token is just dropped.
+	certPEM, err := s.cfg.CA.SignNodeCSR(req.CSR, node, s.cfg.CertValidity)
+	if err != nil {
+		s.refused(w, log, requestBootstrap, refuse(ReasonMalformed, http.StatusBadRequest, "%v", err))
+		return
+	}
+	switch {
+	case req.Token != "" && req.ServiceAccountToken != "":
+		s.refused(w, log, requestBootstrap, refuse(ReasonMalformed, http.StatusBadRequest, "a bootstrap request carries a bootstrap token or a service account token, not both"))
+		return
+	case req.ServiceAccountToken != "":
+		podNode, who, err := s.serviceAccountNode(r.Context(), req.ServiceAccountToken)
+		if err == nil && podNode != node {
+			err = refuse(ReasonWrongNode, http.StatusForbidden, "the service account token is of a pod on node %q, but the certificate request names node %q", podNode, node)
+		}
+		if err != nil {
+			s.refused(w, log, requestBootstrap, err)
+			return
+		}
+		log.Info("issued node certificate", append(who, "validity", s.cfg.CertValidity)...)
+		s.cfg.Metrics.issued.WithLabelValues(requestBootstrap).Inc()
+		writeJSON(w, http.StatusOK, pki.CertificateResponse{CertificatePEM: certPEM, CAPEM: s.cfg.CA.CertPEM})
+		return
+	}
+	info, err := s.cfg.Tokens.Consume(r.Context(), req.Token, node, key)
+	if err != nil {
+		s.refused(w, log, requestBootstrap, err)
+		return
+	}
+	log.Info("issued node certificate", "token", info.ID, "validity", s.cfg.CertValidity, "retry", info.Retry)
+	s.cfg.Metrics.issued.WithLabelValues(requestBootstrap).Inc()
+	writeJSON(w, http.StatusOK, pki.CertificateResponse{CertificatePEM: certPEM, CAPEM: s.cfg.CA.CertPEM})
+}
+
+func (s *Server) renew(w http.ResponseWriter, r *http.Request) {
+	log := logr.FromContextOrDiscard(r.Context()).WithValues("request", requestRenew, "remote", r.RemoteAddr)
+	node, err := s.clientNode(r)
+	if err != nil {
+		s.refused(w, log, requestRenew, err)
+		return
+	}
+	log = log.WithValues("node", node)
+	var req pki.RenewRequest
+	if err := decode(w, r, &req); err != nil {
+		s.refused(w, log, requestRenew, err)
+		return
+	}
+	asked, _, err := csrNode(req.CSR)
+	if err != nil {
+		s.refused(w, log, requestRenew, err)
+		return
+	}
+	if asked != node {
+		s.refused(w, log, requestRenew, refuse(ReasonWrongNode, http.StatusForbidden, "the client certificate is for node %q, but the certificate request names node %q", node, asked))
+		return
+	}
+	if s.cfg.NodeAllowed != nil {
+		ok, err := s.cfg.NodeAllowed(r.Context(), node)
+		if err == nil && !ok {
+			err = refuse(ReasonNodeNotAllowed, http.StatusForbidden, "node %q may no longer renew its link certificate: it was removed from the cluster; bootstrap it again with a new token", node)
+		}
+		if err != nil {
+			s.refused(w, log, requestRenew, err)
+			return
+		}
+	}
+	certPEM, err := s.cfg.CA.SignNodeCSR(req.CSR, node, s.cfg.CertValidity)
+	if err != nil {
+		s.refused(w, log, requestRenew, refuse(ReasonMalformed, http.StatusBadRequest, "%v", err))
+		return
+	}
+	log.V(1).Info("renewed node certificate", "validity", s.cfg.CertValidity)
+	s.cfg.Metrics.issued.WithLabelValues(requestRenew).Inc()
+	writeJSON(w, http.StatusOK, pki.CertificateResponse{CertificatePEM: certPEM, CAPEM: s.cfg.CA.CertPEM})
+}
+
+// clientNode verifies the connection's client certificate against the CA,
+// as client authentication, now, and returns the node it names.
+func (s *Server) clientNode(r *http.Request) (string, error) {
+	if r.TLS == nil || len(r.TLS.PeerCertificates) == 0 {
+		return "", refuse(ReasonBadClientCert, http.StatusUnauthorized, "renewal needs the node's current client certificate; bootstrap with a token instead")
+	}
+	leaf := r.TLS.PeerCertificates[0]
+	if _, err := leaf.Verify(x509.VerifyOptions{
+		Roots:       s.caPool,
+		CurrentTime: s.now(),
+		KeyUsages:   []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}); err != nil {
+		return "", refuse(ReasonBadClientCert, http.StatusUnauthorized, "client certificate %q is not valid for this cluster's link CA: %v", leaf.Subject.CommonName, err)
+	}
+	node, err := pki.NodeFromCert(leaf)
+	if err != nil {
+		return "", refuse(ReasonBadClientCert, http.StatusUnauthorized, "%v", err)
+	}
+	return node, nil
+}
+
+// csrNode is the node a CSR asks for, and its public key (DER
+// SubjectPublicKeyInfo); its signature is checked later, by SignNodeCSR.
+func csrNode(der []byte) (string, []byte, error) {
+	csr, err := x509.ParseCertificateRequest(der)
+	if err != nil {
+		return "", nil, refuse(ReasonMalformed, http.StatusBadRequest, "certificate request: %v", err)
+	}
+	node, ok := strings.CutPrefix(csr.Subject.CommonName, pki.NodeCNPrefix)
+	if !ok {
+		return "", nil, refuse(ReasonMalformed, http.StatusBadRequest, "certificate request names %q, not %q<node>", csr.Subject.CommonName, pki.NodeCNPrefix)
+	}
+	if err := pki.ValidateNodeName(node); err != nil {
+		return "", nil, refuse(ReasonMalformed, http.StatusBadRequest, "certificate request: %v", err)
+	}
+	return node, csr.RawSubjectPublicKeyInfo, nil
+}
+
+// refused answers err: a *Refused with its status and reason, anything
+// else as a retryable 503.
+func (s *Server) refused(w http.ResponseWriter, log logr.Logger, request string, err error) {
+	var ref *Refused
+	if !errors.As(err, &ref) {
+		log.Error(err, "node certificate request failed")
+		s.cfg.Metrics.failed.WithLabelValues(request).Inc()
+		// The API server's words stay in our log: they name service
+		// accounts and resources an unauthenticated caller need not see.
+		writeJSON(w, http.StatusServiceUnavailable, pki.ErrorResponse{Error: "the cloud could not handle the request now; retry later"})
+		return
+	}
+	log.Info("refused node certificate request", "reason", ref.Reason, "detail", ref.Msg)
+	s.cfg.Metrics.refused.WithLabelValues(request, ref.Reason).Inc()
+	writeJSON(w, ref.Status, pki.ErrorResponse{Error: ref.Msg})
+}
+
+func decode(w http.ResponseWriter, r *http.Request, v any) error {
+	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody)).Decode(v); err != nil {
+		return refuse(ReasonMalformed, http.StatusBadRequest, "request body: %v", err)
+	}
+	return nil
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// logWriter turns net/http's own error lines (TLS handshake failures, for
+// one) into log entries.
+type logWriter struct{ log logr.Logger }
+
+func (l logWriter) Write(p []byte) (int, error) {
+	l.log.Info("https server error", "detail", strings.TrimSpace(string(p)))
+	return len(p), nil
+}

@@ -1,0 +1,343 @@
+// Package console is `dowsectl console`: a web page served on loopback that
+// shows Configurations with each node's state and their Instances, Devices
+// with their twins (live values, a small plot of numeric ones, a form for
+// desired values) and the Events of the object in view. It talks to the API
+// server with the user's own credentials, as kubectl proxy does: nothing is
+// installed in the cluster, and the page can do what the user may do and
+// no more. The page's assets are embedded (no internet needed); live
+// updates come from informers (package live) as server-sent events.
+package console
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/subtle"
+	"embed"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/dowse-dev/dowse/internal/dowsectl/live"
+	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+)
+
+//go:embed assets
+var assets embed.FS
+
+// DefaultListen is where the console listens unless told otherwise.
+const DefaultListen = "127.0.0.1:8470"
+
+// Config is what the console needs; Listen, Namespace and Heartbeat have
+// defaults.
+type Config struct {
+	// Listen is the address to serve on; DefaultListen when empty. Other
+	// processes of this machine can reach it, so the page refuses requests
+	// for other host names (DNS rebinding) and writes without the page's
+	// token.
+	Listen string
+	// Namespace is shown first; the page may switch. "" shows all
+	// namespaces.
+	Namespace string
+	// Dynamic reads and watches, as the user.
+	Dynamic dynamic.Interface
+	// SetDesired writes a desired value after checking it against the
+	// model: the function `dowsectl twin set` uses, so both refuse alike.
+	SetDesired func(ctx context.Context, key client.ObjectKey, property, value string) error
+	// Context and Server name the kubeconfig context and API server in the
+	// page's header.
+	Context, Server string
+	// Heartbeat is how often an idle event stream sends a comment, so that
+	// a dead client is noticed; 15 s when zero.
+	Heartbeat time.Duration
+}
+
+// Server is a running console.
+type Server struct {
+	cfg    Config
+	token  string
+	ln     net.Listener
+	static fs.FS
+}
+
+// New listens on cfg.Listen. Start serves.
+func New(cfg Config) (*Server, error) {
+	if cfg.Dynamic == nil || cfg.SetDesired == nil {
+		return nil, errors.New("console: Dynamic and SetDesired are required")
+	}
+	if cfg.Listen == "" {
+		cfg.Listen = DefaultListen
+	}
+	if cfg.Heartbeat == 0 {
+		cfg.Heartbeat = 15 * time.Second
+	}
+	b := make([]byte, 16)
+	if _, err := rand.Read(b); err != nil {
+		return nil, err
+	}
+	static, err := fs.Sub(assets, "assets")
+	if err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("console: %w", err)
+	}
+	return &Server{cfg: cfg, token: hex.EncodeToString(b), ln: ln, static: static}, nil
+}
+
+// URL is the page's address.
+func (s *Server) URL() string { return "http://" + s.ln.Addr().String() + "/" }
+
+// Start serves until ctx ends.
+func (s *Server) Start(ctx context.Context) error {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /{$}", s.index)
+	mux.Handle("GET /assets/", http.StripPrefix("/assets/", http.FileServerFS(s.static)))
+	mux.HandleFunc("GET /api/watch", s.watch)
+	mux.HandleFunc("GET /api/events", s.events)
+	mux.HandleFunc("POST /api/desired", s.desired)
+	srv := &http.Server{Handler: s.checkHost(mux), ReadHeaderTimeout: 10 * time.Second, BaseContext: func(net.Listener) context.Context { return ctx }}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(s.ln) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	// ctx is done: the shutdown gets a few seconds of its own.
+	shutdown, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	_ = srv.Shutdown(shutdown)
+	if err := <-errc; !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+// checkHost refuses requests whose Host is not this loopback listener's
+// (a page elsewhere that rebinds its DNS name to 127.0.0.1).
+func (s *Server) checkHost(next http.Handler) http.Handler {
+	_, port, _ := net.SplitHostPort(s.ln.Addr().String())
+	allowed := map[string]bool{s.ln.Addr().String(): true, "localhost:" + port: true, "127.0.0.1:" + port: true, "[::1]:" + port: true}
+	if host, _, _ := net.SplitHostPort(s.cfg.Listen); host != "" {
+		allowed[net.JoinHostPort(host, port)] = true
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !allowed[r.Host] {
+			http.Error(w, "this console answers only to "+s.ln.Addr().String(), http.StatusForbidden)
+			return
+		}
+		w.Header().Set("X-Content-Type-Options", "nosniff")
+		w.Header().Set("Content-Security-Policy", "default-src 'self'; style-src 'self'; img-src 'self' data:")
+		next.ServeHTTP(w, r)
+	})
+}
+
+func (s *Server) index(w http.ResponseWriter, _ *http.Request) {
+	b, err := fs.ReadFile(s.static, "index.html")
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	page := strings.NewReplacer("{{TOKEN}}", s.token, "{{NAMESPACE}}", attr(s.cfg.Namespace),
+		"{{CONTEXT}}", attr(s.cfg.Context), "{{SERVER}}", attr(s.cfg.Server)).Replace(string(b))
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	_, _ = io.WriteString(w, page)
+}
+
+// attr escapes s for an HTML attribute value.
+func attr(s string) string {
+	return strings.NewReplacer("&", "&amp;", `"`, "&quot;", "<", "&lt;", ">", "&gt;", "'", "&#39;").Replace(s)
+}
+
+// kinds are what the main stream watches, with the words its errors use.
+var kinds = []struct {
+	kind, plural, words string
+}{
+	{"Configuration", "configurations", "Configurations"},
+	{"Instance", "instances", "Instances"},
+	{"DeviceModel", "devicemodels", "DeviceModels"},
+	{"Device", "devices", "Devices"},
+}
+
+// sse writes server-sent events to one client.
+type sse struct {
+	mu sync.Mutex
+	w  http.ResponseWriter
+	f  http.Flusher
+}
+
+func newSSE(w http.ResponseWriter) (*sse, bool) {
+	f, ok := w.(http.Flusher)
+	if !ok {
+		return nil, false
+	}
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-store")
+	// The browser reconnects this soon after the stream breaks.
+	_, _ = io.WriteString(w, "retry: 2000\n\n")
+	f.Flush()
+	return &sse{w: w, f: f}, true
+}
+
+func (e *sse) send(event string, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	fmt.Fprintf(e.w, "event: %s\ndata: %s\n\n", event, b)
+	e.f.Flush()
+}
+
+func (e *sse) comment() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	_, _ = io.WriteString(e.w, ": keep-alive\n\n")
+	e.f.Flush()
+}
+
+// message is one event of a stream: an object added or changed (upsert),
+// gone (delete), the first complete list (synced), or the watch's health
+// (state: problem in words, "" when it is fine again).
+type message struct {
+	Kind    string         `json:"kind"`
+	Op      string         `json:"op"`
+	Object  map[string]any `json:"object,omitempty"`
+	Problem string         `json:"problem,omitempty"`
+}
+
+func slim(u *unstructured.Unstructured) map[string]any {
+	o := u.DeepCopy()
+	unstructured.RemoveNestedField(o.Object, "metadata", "managedFields")
+	unstructured.RemoveNestedField(o.Object, "metadata", "annotations", "kubectl.kubernetes.io/last-applied-configuration")
+	return o.Object
+}
+
+// stream runs watches for one client until it goes away.
+func (s *Server) stream(w http.ResponseWriter, r *http.Request, watches map[string]live.Watch, words map[string]string, ns string) {
+	out, ok := newSSE(w)
+	if !ok {
+		http.Error(w, "streaming unsupported", http.StatusInternalServerError)
+		return
+	}
+	ctx := r.Context()
+	var wg sync.WaitGroup
+	for kind, lw := range watches {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			lw.Run(ctx, live.Handler{
+				Upsert: func(u *unstructured.Unstructured) {
+					out.send("object", message{Kind: kind, Op: "upsert", Object: slim(u)})
+				},
+				Delete: func(u *unstructured.Unstructured) {
+					out.send("object", message{Kind: kind, Op: "delete", Object: slim(u)})
+				},
+				Synced: func() { out.send("object", message{Kind: kind, Op: "synced"}) },
+				State: func(err error) {
+					m := message{Kind: kind, Op: "state"}
+					if err != nil {
+						m.Problem = live.Describe(err, words[kind], ns)
+					}
+					out.send("object", m)
+				},
+			})
+		}()
+	}
+	t := time.NewTicker(s.cfg.Heartbeat)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			wg.Wait()
+			return
+		case <-t.C:
+			out.comment()
+		}
+	}
+}
+
+// watch streams the namespace's Configurations, Instances, DeviceModels and
+// Devices (?namespace=NS; ?all=1 for every namespace).
+func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
+	ns := r.URL.Query().Get("namespace")
+	if r.URL.Query().Get("all") == "1" {
+		ns = ""
+	}
+	watches := map[string]live.Watch{}
+	words := map[string]string{}
+	for _, k := range kinds {
+		watches[k.kind] = live.Watch{Client: s.cfg.Dynamic, Resource: v1alpha1.GroupVersion.WithResource(k.plural), Namespace: ns}
+		words[k.kind] = k.words
+	}
+	s.stream(w, r, watches, words, ns)
+}
+
+// events streams the Events of one object (?namespace, kind, name).
+func (s *Server) events(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	ns, kind, name := q.Get("namespace"), q.Get("kind"), q.Get("name")
+	if ns == "" || kind == "" || name == "" {
+		http.Error(w, "namespace, kind and name are required", http.StatusBadRequest)
+		return
+	}
+	sel := fields.Set{"involvedObject.kind": kind, "involvedObject.name": name}.AsSelector().String()
+	s.stream(w, r, map[string]live.Watch{"Event": {Client: s.cfg.Dynamic, Resource: schema.GroupVersionResource{Version: "v1", Resource: "events"}, Namespace: ns, FieldSelector: sel}},
+		map[string]string{"Event": "Events"}, ns)
+}
+
+// desiredRequest is the form's body.
+type desiredRequest struct {
+	Namespace string `json:"namespace"`
+	Device    string `json:"device"`
+	Property  string `json:"property"`
+	Value     string `json:"value"`
+}
+
+// desired sets a desired value through the same check as `twin set`; the
+// answer is {"error": "..."} in words when it is refused.
+func (s *Server) desired(w http.ResponseWriter, r *http.Request) {
+	if subtle.ConstantTimeCompare([]byte(r.Header.Get("X-Dowse-Token")), []byte(s.token)) != 1 {
+		writeJSON(w, http.StatusForbidden, map[string]string{"error": "this request did not come from the console's page (missing or wrong token): reload the page"})
+		return
+	}
+	var req desiredRequest
+	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<10)).Decode(&req); err != nil {
+		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "bad request: " + err.Error()})
+		return
+	}
+	if req.Namespace == "" || req.Device == "" || req.Property == "" {
+		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "namespace, device and property are required"})
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
+	defer cancel()
+	if err := s.cfg.SetDesired(ctx, client.ObjectKey{Namespace: req.Namespace, Name: req.Device}, req.Property, req.Value); err != nil {
+		writeJSON(w, http.StatusUnprocessableEntity, map[string]string{"error": err.Error()})
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"set": req.Property + "=" + req.Value})
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(v)
+}
