@@ -17,7 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	dmiv1beta1 "github.com/dowse-dev/dowse/proto/dmi/v1beta1"
-	"github.com/dowse-dev/dowse/test/promtest"
+	"github.com/dowse-dev/dowse/test/framework/promtest"
 )
 
 func TestCallerSame(t *testing.T) {

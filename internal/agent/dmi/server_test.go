@@ -26,7 +26,7 @@ import (
 	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
 	mapperv1 "github.com/dowse-dev/dowse/proto/mapper/v1"
 	"github.com/dowse-dev/dowse/shared/twinvalue"
-	"github.com/dowse-dev/dowse/test/promtest"
+	"github.com/dowse-dev/dowse/test/framework/promtest"
 )
 
 // fakeEdge is an in-memory edge store.

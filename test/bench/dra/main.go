@@ -54,7 +54,7 @@ import (
 	shareddra "github.com/dowse-dev/dowse/internal/dra"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	"github.com/dowse-dev/dowse/test/bench/benchkit"
-	"github.com/dowse-dev/dowse/test/procs"
+	"github.com/dowse-dev/dowse/test/framework/procs"
 )
 
 const node = "bench-node"

@@ -1,5 +1,5 @@
 // Command replicas measures the cloud side with several controller
-// replicas, on the API server of test/kube with the real dowse-controller
+// replicas, on the API server of test/framework/kube with the real dowse-controller
 // binary (leader election and the link on every replica) and simulated
 // edges in this process (the agent's edgehub, each with its node's
 // certificate from the controller's link CA, its store without fsync),
@@ -54,8 +54,8 @@ import (
 	"github.com/dowse-dev/dowse/internal/scheme"
 	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
-	"github.com/dowse-dev/dowse/test/kube"
-	"github.com/dowse-dev/dowse/test/procs"
+	"github.com/dowse-dev/dowse/test/framework/kube"
+	"github.com/dowse-dev/dowse/test/framework/procs"
 )
 
 const namespace = "dowse-system"

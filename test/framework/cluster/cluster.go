@@ -34,7 +34,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/dowse-dev/dowse/hack/images/imagearchive"
-	"github.com/dowse-dev/dowse/test/kube"
+	"github.com/dowse-dev/dowse/test/framework/kube"
 )
 
 // DevicePluginDir is where every kubelet looks for device plugins; it cannot

@@ -12,7 +12,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/dowse-dev/dowse/test/procs"
+	"github.com/dowse-dev/dowse/test/framework/procs"
 )
 
 // proc is a process the cluster started; its Record is kept in pids.json

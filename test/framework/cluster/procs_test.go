@@ -5,7 +5,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/dowse-dev/dowse/test/procs"
+	"github.com/dowse-dev/dowse/test/framework/procs"
 )
 
 func TestUnescapeMount(t *testing.T) {

@@ -19,7 +19,7 @@ import (
 // RepoRoot is the repository's top folder.
 func RepoRoot() string {
 	_, file, _, _ := runtime.Caller(0)
-	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
+	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", "..", ".."))
 }
 
 // BinDir holds kube-apiserver and etcd.

@@ -20,7 +20,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dowse-dev/dowse/test/kube"
+	"github.com/dowse-dev/dowse/test/framework/kube"
 )
 
 // Proc is a process this package started, or one found again by its
@@ -255,7 +255,7 @@ func PeakRSSOf(pid int) (int, error) {
 // ephemeral range (from 20000): a port from that range, which ":0" gives,
 // can be taken by any outgoing connection's local end before the binary
 // binds it, and again whenever a harness restarts the binary on the same
-// port (a restarted controller in test/e2e exited with "bind: address
+// port (a restarted controller in test/suites/e2e exited with "bind: address
 // already in use" on its metrics port so, under load).
 func FreePort() (int, error) {
 	low, high := 20000, ephemeralStart()

@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dowse-dev/dowse/test/procs"
+	"github.com/dowse-dev/dowse/test/framework/procs"
 )
 
 func binary(t testing.TB, pkg string, names ...string) string {
@@ -48,7 +48,7 @@ func freePort(t testing.TB) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
-// server is a peer process started and stopped by pid (test/procs).
+// server is a peer process started and stopped by pid (test/framework/procs).
 type server struct {
 	t    testing.TB
 	name string

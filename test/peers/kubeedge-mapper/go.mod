@@ -2,7 +2,7 @@
 // which registers with the agent's dmi.sock exactly as with edgecore. A
 // module of its own: KubeEdge's DMI package and Dowse's register the same
 // protobuf names, so the two must never be linked into one binary.
-module github.com/dowse-dev/dowse/test/kubeedge-mapper
+module github.com/dowse-dev/dowse/test/peers/kubeedge-mapper
 
 go 1.26.0
 

@@ -14,7 +14,7 @@ import (
 
 	"github.com/simonvetter/modbus"
 
-	"github.com/dowse-dev/dowse/test/procs"
+	"github.com/dowse-dev/dowse/test/framework/procs"
 )
 
 // PLC is a Modbus TCP controller, served on loopback by

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dowse-dev/dowse/test/procs"
+	"github.com/dowse-dev/dowse/test/framework/procs"
 )
 
 // Broker is a running mosquitto.

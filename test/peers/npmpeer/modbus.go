@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dowse-dev/dowse/test/kube"
+	"github.com/dowse-dev/dowse/test/framework/kube"
 )
 
 // The pinned npm packages of the Modbus peers: jsmodbus's and
@@ -21,7 +21,7 @@ var (
 // ModbusScript is the launcher of the Modbus peers; its first lines say
 // what its JSON config holds.
 func ModbusScript() string {
-	return filepath.Join(kube.RepoRoot(), "test", "npmpeer", "peers", "modbus-server.js")
+	return filepath.Join(kube.RepoRoot(), "test", "peers", "npmpeer", "peers", "modbus-server.js")
 }
 
 // ModbusModules installs the Modbus peers' packages once (cached under

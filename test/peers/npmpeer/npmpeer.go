@@ -20,8 +20,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dowse-dev/dowse/test/kube"
-	"github.com/dowse-dev/dowse/test/procs"
+	"github.com/dowse-dev/dowse/test/framework/kube"
+	"github.com/dowse-dev/dowse/test/framework/procs"
 )
 
 // Unavailable fails the test under CI and skips it otherwise, saying how to

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dowse-dev/dowse/test/kube"
+	"github.com/dowse-dev/dowse/test/framework/kube"
 )
 
 // OPCUAPackages are the pinned npm packages of the node-opcua peers (a
@@ -25,7 +25,7 @@ const OPCUAStart = 2 * time.Minute
 // OPCUAScript is the launcher of the node-opcua peers; its first lines say
 // what its JSON config holds.
 func OPCUAScript() string {
-	return filepath.Join(kube.RepoRoot(), "test", "npmpeer", "peers", "opcua-server.js")
+	return filepath.Join(kube.RepoRoot(), "test", "peers", "npmpeer", "peers", "opcua-server.js")
 }
 
 // OPCUAModules installs node-opcua once (cached under bin/) and returns its

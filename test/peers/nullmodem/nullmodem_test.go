@@ -8,7 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/dowse-dev/dowse/test/nullmodem"
+	"github.com/dowse-dev/dowse/test/peers/nullmodem"
 )
 
 // raw opens a pair's end in raw mode, as a serial library does (no echo,

@@ -37,7 +37,7 @@ func Go2rtcBinary(t testing.TB) string {
 	bin := os.Getenv(Go2rtcEnv)
 	if bin == "" {
 		_, file, _, _ := runtime.Caller(0)
-		bin = filepath.Join(filepath.Dir(file), "..", "..", "bin", "peers", "go2rtc")
+		bin = filepath.Join(filepath.Dir(file), "..", "..", "..", "bin", "peers", "go2rtc")
 	}
 	if _, err := os.Stat(bin); err != nil {
 		Unavailable(t, "needs go2rtc v1.9.13 at %s: run hack/build-go2rtc.sh (make peers) or set %s", bin, Go2rtcEnv)

@@ -20,8 +20,8 @@ import (
 
 	"github.com/dowse-dev/dowse/dowsectl"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
-	"github.com/dowse-dev/dowse/test/npmpeer"
-	"github.com/dowse-dev/dowse/test/testwait"
+	"github.com/dowse-dev/dowse/test/framework/testwait"
+	"github.com/dowse-dev/dowse/test/peers/npmpeer"
 )
 
 // table reads a printed table: its header's column names and each row's

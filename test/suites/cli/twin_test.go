@@ -16,8 +16,8 @@ import (
 
 	"github.com/dowse-dev/dowse/dowsectl"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
-	"github.com/dowse-dev/dowse/test/procs"
-	"github.com/dowse-dev/dowse/test/testwait"
+	"github.com/dowse-dev/dowse/test/framework/procs"
+	"github.com/dowse-dev/dowse/test/framework/testwait"
 )
 
 // testSetWait: `twin set --wait` returns once the mapper has written the

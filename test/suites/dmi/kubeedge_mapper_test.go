@@ -1,5 +1,5 @@
 // Package dmi_test proves the node's mapper API against a mapper built on
-// KubeEdge's own mapper-framework v1.21.0 runtime (test/kubeedge-mapper, a
+// KubeEdge's own mapper-framework v1.21.0 runtime (test/peers/kubeedge-mapper, a
 // module of its own), with the real agent edge parts (edgehub, edge store,
 // internal/agent/dmi wired as agent/mappers.go wires them) and a real cloudhub.
 package dmi_test
@@ -34,22 +34,22 @@ import (
 	"github.com/dowse-dev/dowse/internal/link/pki"
 	dmiv1beta1 "github.com/dowse-dev/dowse/proto/dmi/v1beta1"
 	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
-	"github.com/dowse-dev/dowse/test/promtest"
+	"github.com/dowse-dev/dowse/test/framework/promtest"
 )
 
 const node = "edge-1"
 
-// buildMapper builds test/kubeedge-mapper into dir.
+// buildMapper builds test/peers/kubeedge-mapper into dir.
 func buildMapper(t *testing.T, dir string) string {
 	t.Helper()
 	bin := filepath.Join(dir, "kubeedge-mapper")
 	cmd := exec.Command("go", "build", "-o", bin, ".")
-	cmd.Dir = filepath.Join("..", "kubeedge-mapper")
+	cmd.Dir = filepath.Join("..", "..", "peers", "kubeedge-mapper")
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		msg := fmt.Sprintf("cannot build the KubeEdge mapper-framework test peer (%v):\n%s\n"+
 			"It needs github.com/kubeedge/mapper-framework v1.21.0 and github.com/kubeedge/api v1.21.0 in the module cache: "+
-			"run `cd test/kubeedge-mapper && go mod download` with the Go module proxy reachable.", err, out)
+			"run `cd test/peers/kubeedge-mapper && go mod download` with the Go module proxy reachable.", err, out)
 		if os.Getenv("CI") == "true" {
 			t.Fatal(msg)
 		}

@@ -17,7 +17,7 @@ import (
 	"github.com/dowse-dev/dowse/internal/link/pki"
 	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
-	"github.com/dowse-dev/dowse/test/mosquitto"
+	"github.com/dowse-dev/dowse/test/peers/mosquitto"
 )
 
 // kubeEdgeDevice is a Device with a property pushed to MQTT, written as

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dowse-dev/dowse/test/kube"
+	"github.com/dowse-dev/dowse/test/framework/kube"
 )
 
 // TestDemo runs `make demo`'s program with the real controller, agent,

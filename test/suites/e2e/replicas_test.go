@@ -22,11 +22,11 @@ import (
 
 	"github.com/dowse-dev/dowse/internal/controller/link/ownership"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
-	"github.com/dowse-dev/dowse/test/dmitest"
-	"github.com/dowse-dev/dowse/test/link/faultproxy"
-	"github.com/dowse-dev/dowse/test/procs"
-	"github.com/dowse-dev/dowse/test/promtest"
-	"github.com/dowse-dev/dowse/test/testwait"
+	"github.com/dowse-dev/dowse/test/framework/dmitest"
+	"github.com/dowse-dev/dowse/test/framework/faultproxy"
+	"github.com/dowse-dev/dowse/test/framework/procs"
+	"github.com/dowse-dev/dowse/test/framework/promtest"
+	"github.com/dowse-dev/dowse/test/framework/testwait"
 )
 
 // replica is one dowse-controller process of a fleet.

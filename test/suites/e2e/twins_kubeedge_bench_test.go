@@ -14,7 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
-	"github.com/dowse-dev/dowse/test/testwait"
+	"github.com/dowse-dev/dowse/test/framework/testwait"
 )
 
 const kubeEdgeBenchManifest = `apiVersion: dowse.dev/v1alpha1
@@ -42,7 +42,7 @@ spec:
 
 // BenchmarkKubeEdgeMapperTwin prints, with the real binaries on loopback,
 // the controller's default 1 s status interval and the mapper built on
-// KubeEdge's mapper-framework v1.21.0 (test/kubeedge-mapper) at a 1 s
+// KubeEdge's mapper-framework v1.21.0 (test/peers/kubeedge-mapper) at a 1 s
 // collect and report cycle, the round trip of a desired value patched into
 // Device.spec until it is reported (and observedDesired) in Device.status,
 // seen through a watch, and that round trip less the mapper's own wait:

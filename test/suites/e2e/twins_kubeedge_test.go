@@ -20,20 +20,20 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
-	"github.com/dowse-dev/dowse/test/kube"
-	"github.com/dowse-dev/dowse/test/npmpeer"
-	"github.com/dowse-dev/dowse/test/testwait"
+	"github.com/dowse-dev/dowse/test/framework/kube"
+	"github.com/dowse-dev/dowse/test/framework/testwait"
+	"github.com/dowse-dev/dowse/test/peers/npmpeer"
 )
 
-// buildKubeEdgeMapper builds test/kubeedge-mapper (a mapper on KubeEdge's
+// buildKubeEdgeMapper builds test/peers/kubeedge-mapper (a mapper on KubeEdge's
 // mapper-framework v1.21.0 runtime, a module of its own) into dir.
 func buildKubeEdgeMapper(t testing.TB, dir string) string {
 	t.Helper()
 	bin := filepath.Join(dir, "kubeedge-mapper")
 	cmd := exec.Command("go", "build", "-o", bin, ".")
-	cmd.Dir = filepath.Join(kube.RepoRoot(), "test", "kubeedge-mapper")
+	cmd.Dir = filepath.Join(kube.RepoRoot(), "test", "peers", "kubeedge-mapper")
 	if out, err := cmd.CombinedOutput(); err != nil {
-		npmpeer.Unavailable(t, "cannot build the mapper-framework test peer (%v): %s; it needs github.com/kubeedge/mapper-framework v1.21.0 and github.com/kubeedge/api v1.21.0: run `cd test/kubeedge-mapper && go mod download` with the Go module proxy reachable", err, out)
+		npmpeer.Unavailable(t, "cannot build the mapper-framework test peer (%v): %s; it needs github.com/kubeedge/mapper-framework v1.21.0 and github.com/kubeedge/api v1.21.0: run `cd test/peers/kubeedge-mapper && go mod download` with the Go module proxy reachable", err, out)
 	}
 	return bin
 }

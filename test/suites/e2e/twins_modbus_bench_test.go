@@ -13,8 +13,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
-	"github.com/dowse-dev/dowse/test/npmpeer"
-	"github.com/dowse-dev/dowse/test/testwait"
+	"github.com/dowse-dev/dowse/test/framework/testwait"
+	"github.com/dowse-dev/dowse/test/peers/npmpeer"
 )
 
 // BenchmarkModbusTwin prints, with the real binaries on loopback and the

@@ -26,9 +26,9 @@ import (
 	"github.com/dowse-dev/dowse/internal/agent/edgecert"
 	"github.com/dowse-dev/dowse/internal/link/pki"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
-	"github.com/dowse-dev/dowse/test/dmitest"
-	"github.com/dowse-dev/dowse/test/link/faultproxy"
-	"github.com/dowse-dev/dowse/test/testwait"
+	"github.com/dowse-dev/dowse/test/framework/dmitest"
+	"github.com/dowse-dev/dowse/test/framework/faultproxy"
+	"github.com/dowse-dev/dowse/test/framework/testwait"
 )
 
 // counters is the scripted device's state: each property counts up.

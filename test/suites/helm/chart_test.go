@@ -31,8 +31,8 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/dowse-dev/dowse/internal/link/pki"
-	"github.com/dowse-dev/dowse/test/kube"
-	"github.com/dowse-dev/dowse/test/promtest"
+	"github.com/dowse-dev/dowse/test/framework/kube"
+	"github.com/dowse-dev/dowse/test/framework/promtest"
 )
 
 var (
@@ -273,7 +273,7 @@ func TestSchema(t *testing.T) {
 // alerting rules, as they are and as the PrometheusRule renders them; the
 // dashboard is JSON whose every panel queries Dowse metrics. (That each
 // queried metric is served is checked against a scrape of the agent and
-// controller on the real node, test/node.)
+// controller on the real node, test/suites/node.)
 func TestRulesAndDashboard(t *testing.T) {
 	promtool, err := exec.LookPath("promtool")
 	if err != nil {

@@ -16,7 +16,7 @@ import (
 
 	debugecho "github.com/dowse-dev/dowse/discovery-handlers/debug-echo"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
-	"github.com/dowse-dev/dowse/test/testwait"
+	"github.com/dowse-dev/dowse/test/framework/testwait"
 )
 
 type echoHandler struct {

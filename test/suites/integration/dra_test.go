@@ -21,7 +21,7 @@ import (
 	shareddra "github.com/dowse-dev/dowse/internal/dra"
 	"github.com/dowse-dev/dowse/internal/kubeflags"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
-	"github.com/dowse-dev/dowse/test/testwait"
+	"github.com/dowse-dev/dowse/test/framework/testwait"
 )
 
 // startDRAController runs the controller with its DRA part on.

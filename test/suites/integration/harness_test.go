@@ -29,8 +29,8 @@ import (
 	"github.com/dowse-dev/dowse/internal/kubeflags"
 	discoveryv1 "github.com/dowse-dev/dowse/proto/discovery/v1"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
-	"github.com/dowse-dev/dowse/test/kube"
-	"github.com/dowse-dev/dowse/test/testwait"
+	"github.com/dowse-dev/dowse/test/framework/kube"
+	"github.com/dowse-dev/dowse/test/framework/testwait"
 )
 
 // stateDir makes a short temp dir: Unix socket paths must stay under 108 bytes.

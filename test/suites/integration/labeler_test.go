@@ -13,7 +13,7 @@ import (
 
 	"github.com/dowse-dev/dowse/agent"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
-	"github.com/dowse-dev/dowse/test/testwait"
+	"github.com/dowse-dev/dowse/test/framework/testwait"
 )
 
 // TestOldInstancesAreLabelledOnStart: an Instance an agent wrote before the

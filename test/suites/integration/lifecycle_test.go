@@ -14,8 +14,8 @@ import (
 
 	"github.com/dowse-dev/dowse/internal/controller/lifecycle"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
-	"github.com/dowse-dev/dowse/test/kube"
-	"github.com/dowse-dev/dowse/test/testwait"
+	"github.com/dowse-dev/dowse/test/framework/kube"
+	"github.com/dowse-dev/dowse/test/framework/testwait"
 )
 
 func agentPods(t *testing.T) lifecycle.Agents {

@@ -6,7 +6,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/dowse-dev/dowse/test/kube"
+	"github.com/dowse-dev/dowse/test/framework/kube"
 )
 
 // Agents run as in a cluster: under their pods' tokens, with the RBAC and

@@ -26,7 +26,7 @@ import (
 	"github.com/dowse-dev/dowse/internal/agent/deviceplugin"
 	shareddra "github.com/dowse-dev/dowse/internal/dra"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
-	"github.com/dowse-dev/dowse/test/testwait"
+	"github.com/dowse-dev/dowse/test/framework/testwait"
 )
 
 // registrar is the kubelet's device-plugin registration service on a

@@ -18,8 +18,8 @@ import (
 	"github.com/dowse-dev/dowse/discovery-handlers/onvif"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	"github.com/dowse-dev/dowse/shared/handler/handlertest"
-	peertest "github.com/dowse-dev/dowse/test/onvifpeer"
-	"github.com/dowse-dev/dowse/test/testwait"
+	"github.com/dowse-dev/dowse/test/framework/testwait"
+	peertest "github.com/dowse-dev/dowse/test/peers/onvifpeer"
 )
 
 // TestONVIFExplainsSkippedCamera runs the real ONVIF handler beside an agent

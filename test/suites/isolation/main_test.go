@@ -8,7 +8,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/dowse-dev/dowse/test/kube"
+	"github.com/dowse-dev/dowse/test/framework/kube"
 )
 
 var suite = &kube.Suite{NamespacePrefix: "iso-", AgentAccess: true}

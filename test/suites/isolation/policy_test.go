@@ -21,8 +21,8 @@ import (
 	"github.com/dowse-dev/dowse/internal/instancestore"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	acv1alpha1 "github.com/dowse-dev/dowse/shared/api/v1alpha1/applyconfiguration/api/v1alpha1"
-	"github.com/dowse-dev/dowse/test/kube"
-	"github.com/dowse-dev/dowse/test/testwait"
+	"github.com/dowse-dev/dowse/test/framework/kube"
+	"github.com/dowse-dev/dowse/test/framework/testwait"
 )
 
 const nodeA, nodeB = "iso-node-a", "iso-node-b"

@@ -20,7 +20,7 @@ import (
 	"github.com/dowse-dev/dowse/internal/link"
 	"github.com/dowse-dev/dowse/internal/link/pki"
 	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
-	"github.com/dowse-dev/dowse/test/testwait"
+	"github.com/dowse-dev/dowse/test/framework/testwait"
 )
 
 const heartbeat = 50 * time.Millisecond

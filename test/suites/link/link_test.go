@@ -17,8 +17,8 @@ import (
 	"github.com/dowse-dev/dowse/internal/controller/link/cloudhub"
 	"github.com/dowse-dev/dowse/internal/link"
 	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
-	"github.com/dowse-dev/dowse/test/link/faultproxy"
-	"github.com/dowse-dev/dowse/test/promtest"
+	"github.com/dowse-dev/dowse/test/framework/faultproxy"
+	"github.com/dowse-dev/dowse/test/framework/promtest"
 )
 
 // faulty is a proxy of either kind as the fault loop sees it.

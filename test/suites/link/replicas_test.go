@@ -11,11 +11,11 @@ import (
 	"github.com/dowse-dev/dowse/internal/agent/edgehub"
 	"github.com/dowse-dev/dowse/internal/controller/link/cloudhub"
 	"github.com/dowse-dev/dowse/internal/link"
-	"github.com/dowse-dev/dowse/test/promtest"
+	"github.com/dowse-dev/dowse/test/framework/promtest"
 )
 
 // records is an in-memory stand-in for the node records of package
-// internal/controller/link/ownership (which test/ownership tests on the API server):
+// internal/controller/link/ownership (which test/suites/ownership tests on the API server):
 // each claim begins a session with the next epoch and tells the hub that
 // held the node to evict what it holds through the previous one.
 type records struct {

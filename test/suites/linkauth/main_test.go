@@ -21,8 +21,8 @@ import (
 	"github.com/dowse-dev/dowse/internal/agent/edgecert"
 	"github.com/dowse-dev/dowse/internal/controller/link/linkauth"
 	"github.com/dowse-dev/dowse/internal/link/pki"
-	"github.com/dowse-dev/dowse/test/kube"
-	"github.com/dowse-dev/dowse/test/promtest"
+	"github.com/dowse-dev/dowse/test/framework/kube"
+	"github.com/dowse-dev/dowse/test/framework/promtest"
 )
 
 // Each test gets its own controller namespace.

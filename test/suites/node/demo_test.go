@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dowse-dev/dowse/test/kube"
+	"github.com/dowse-dev/dowse/test/framework/kube"
 )
 
 // TestDemoOnNode runs `make demo`'s program on the real node: the agent with

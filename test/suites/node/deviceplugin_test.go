@@ -17,7 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	dp "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
-	"github.com/dowse-dev/dowse/test/cluster"
+	"github.com/dowse-dev/dowse/test/framework/cluster"
 )
 
 const (

@@ -18,7 +18,7 @@ import (
 	debugecho "github.com/dowse-dev/dowse/discovery-handlers/debug-echo"
 	"github.com/dowse-dev/dowse/internal/agent/deviceplugin"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
-	"github.com/dowse-dev/dowse/test/promtest"
+	"github.com/dowse-dev/dowse/test/framework/promtest"
 )
 
 // TestDowseDevicePlugins runs the agent and the debug-echo handler in this

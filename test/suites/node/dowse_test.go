@@ -18,8 +18,8 @@ import (
 	"github.com/dowse-dev/dowse/internal/agent/deviceplugin"
 	"github.com/dowse-dev/dowse/internal/kubeflags"
 	"github.com/dowse-dev/dowse/internal/scheme"
-	"github.com/dowse-dev/dowse/test/cluster"
-	"github.com/dowse-dev/dowse/test/kube"
+	"github.com/dowse-dev/dowse/test/framework/cluster"
+	"github.com/dowse-dev/dowse/test/framework/kube"
 )
 
 // dowseOnNode is Dowse's agent and debug-echo handler running in this

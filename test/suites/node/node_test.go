@@ -1,5 +1,5 @@
 // Package node holds the tests that need a real node: a kubelet, containerd
-// and runc started by test/cluster. They are their own tier (`make
+// and runc started by test/framework/cluster. They are their own tier (`make
 // test-node`, also part of `make test`): they need root, runc (`make
 // node-deps`) and the binaries of `make k8s`, and take about half a minute
 // once those are built.
@@ -23,7 +23,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
-	"github.com/dowse-dev/dowse/test/cluster"
+	"github.com/dowse-dev/dowse/test/framework/cluster"
 )
 
 const probeImage = "ghcr.io/dowse-dev/dowse-node-probe:test"
@@ -50,7 +50,7 @@ func startClusterWith(t *testing.T, ctx context.Context, o cluster.Options, imag
 	t.Helper()
 	requireNode(t)
 	var archives []string
-	for _, im := range append([][2]string{{"./test/cluster/cmd/dowse-node-probe", probeImage}}, images...) {
+	for _, im := range append([][2]string{{"./test/framework/cluster/cmd/dowse-node-probe", probeImage}}, images...) {
 		name := filepath.Base(im[0])
 		a, err := cluster.BuildImage(ctx, im[0], name, im[1])
 		if err != nil {

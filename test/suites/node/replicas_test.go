@@ -22,14 +22,14 @@ import (
 
 	"github.com/dowse-dev/dowse/internal/controller/link/ownership"
 	"github.com/dowse-dev/dowse/internal/scheme"
-	"github.com/dowse-dev/dowse/test/cluster"
-	"github.com/dowse-dev/dowse/test/kube"
-	"github.com/dowse-dev/dowse/test/modbusplc"
+	"github.com/dowse-dev/dowse/test/framework/cluster"
+	"github.com/dowse-dev/dowse/test/framework/kube"
+	"github.com/dowse-dev/dowse/test/peers/modbusplc"
 )
 
 // TestChartReplicasOnNode installs the chart at its defaults (two
 // controller replicas with leader election, no host network) with the link
-// on, on a real node with a real pod network (test/cluster's PodNetwork:
+// on, on a real node with a real pod network (test/framework/cluster's PodNetwork:
 // a bridge, kube-proxy, the Services' addresses) and runs a twin through
 // it: the Modbus sample finds a controller the test serves where the pod
 // network reaches the machine, its Device is served by the controller-run

@@ -16,11 +16,11 @@ import (
 	discoveryv1 "github.com/dowse-dev/dowse/proto/discovery/v1"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	"github.com/dowse-dev/dowse/shared/handler"
-	"github.com/dowse-dev/dowse/test/cluster"
-	"github.com/dowse-dev/dowse/test/kube"
-	"github.com/dowse-dev/dowse/test/npmpeer"
-	"github.com/dowse-dev/dowse/test/nullmodem"
-	"github.com/dowse-dev/dowse/test/procs"
+	"github.com/dowse-dev/dowse/test/framework/cluster"
+	"github.com/dowse-dev/dowse/test/framework/kube"
+	"github.com/dowse-dev/dowse/test/framework/procs"
+	"github.com/dowse-dev/dowse/test/peers/npmpeer"
+	"github.com/dowse-dev/dowse/test/peers/nullmodem"
 )
 
 // mapperImage is the Modbus mapper's image, loaded into the node.

@@ -14,7 +14,7 @@ import (
 	"github.com/dowse-dev/dowse/internal/controller/link/cloudhub"
 	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
-	"github.com/dowse-dev/dowse/test/testwait"
+	"github.com/dowse-dev/dowse/test/framework/testwait"
 )
 
 // TestEdgeConditions: a node's DeviceCondition is written to the Device's

@@ -16,7 +16,7 @@ import (
 	"github.com/dowse-dev/dowse/mappers/mapper"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	"github.com/dowse-dev/dowse/shared/handler"
-	"github.com/dowse-dev/dowse/test/testwait"
+	"github.com/dowse-dev/dowse/test/framework/testwait"
 )
 
 func mapperPods(t *testing.T, ns string) map[string]corev1.Pod {

@@ -27,7 +27,7 @@ import (
 	"github.com/dowse-dev/dowse/internal/scheme"
 	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
-	"github.com/dowse-dev/dowse/test/testwait"
+	"github.com/dowse-dev/dowse/test/framework/testwait"
 )
 
 // fakeHub records what is sent to each node, and what is committed.

@@ -1,5 +1,5 @@
 // Command dowse-cluster starts and stops the single-node test cluster of
-// test/cluster by hand, for the demo and for poking at it:
+// test/framework/cluster by hand, for the demo and for poking at it:
 //
 //	dowse-cluster up [-state DIR] [ARCHIVE.tar ...]   # prints the kubeconfig path
 //	dowse-cluster down -state DIR
@@ -13,7 +13,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/dowse-dev/dowse/test/cluster"
+	"github.com/dowse-dev/dowse/test/framework/cluster"
 )
 
 type config struct {
