@@ -29,6 +29,7 @@ import (
 
 	"github.com/dowse-dev/dowse/internal/scheme"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+	"github.com/dowse-dev/dowse/test/framework/dowse"
 	"github.com/dowse-dev/dowse/test/framework/kube"
 	"github.com/dowse-dev/dowse/test/peers/modbusplc"
 )
@@ -106,10 +107,11 @@ func run(ctx context.Context, every time.Duration, flips int) error {
 	}
 	// No kubelet runs beside these processes: no device plugins, and so no
 	// CDI specs in the machine's /var/run/cdi.
-	if err := ps.start("dowse-agent", append([]string{"--kubeconfig", kubeconfig, "--node-name", processNode, "--state-dir", dir,
-		"--device-plugin-dir", "", "--metrics-bind-address", "0", "--health-probe-bind-address", "0"}, link.agentArgs...)...); err != nil {
+	ag, err := dowse.Agent{Kubeconfig: kubeconfig, Node: processNode, StateDir: dir, Link: link.edge}.Start(ps.logs)
+	if err != nil {
 		return err
 	}
+	ps.ps = append(ps.ps, ag)
 	if err := ps.start("dowse-debug-echo-discovery", "--state-dir", dir, "--availability-file", avail); err != nil {
 		return err
 	}

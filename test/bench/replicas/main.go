@@ -54,6 +54,7 @@ import (
 	"github.com/dowse-dev/dowse/internal/scheme"
 	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+	"github.com/dowse-dev/dowse/test/framework/dowse"
 	"github.com/dowse-dev/dowse/test/framework/kube"
 	"github.com/dowse-dev/dowse/test/framework/procs"
 )
@@ -403,19 +404,13 @@ func (b *bench) start(ctx context.Context, r *replica, extra ...string) error {
 		}
 		r.logFile = f
 	}
-	args := []string{"--kubeconfig", b.kubeconfig,
-		"--leader-elect=true", "--pod-name", r.name,
-		"--metrics-bind-address", fmt.Sprintf("127.0.0.1:%d", r.metrics), "--health-probe-bind-address", fmt.Sprintf("127.0.0.1:%d", r.health),
-		"--link-hosts", "127.0.0.1", "--link-heartbeat", "5s",
-		"--link-websocket-address", fmt.Sprintf("127.0.0.1:%d", r.ws), "--link-quic-address", "",
-		"--link-auth-bind-address", fmt.Sprintf("127.0.0.1:%d", r.auth),
-		// The twin write path, not the client's limiter, is measured.
-		"--kube-api-qps", "5000", "--kube-api-burst", "10000",
-		"--twin-status-interval", "10ms",
-		"--pprof-bind-address", b.pprofAddr(r)}
+	// The twin write path, not the client's limiter, is measured.
+	args := []string{"--kube-api-qps", "5000", "--kube-api-burst", "10000", "--pprof-bind-address", b.pprofAddr(r)}
 	// REPLICAS_BENCH_CONTROLLER_ARGS adds flags (e.g. --zap-log-level=debug).
 	args = append(append(args, extra...), strings.Fields(os.Getenv("REPLICAS_BENCH_CONTROLLER_ARGS"))...)
-	p, err := procs.Start("dowse-controller", r.logFile, args...)
+	p, err := dowse.Controller{Kubeconfig: b.kubeconfig, PodName: r.name, Metrics: r.metrics, Health: r.health,
+		Link:               &dowse.Link{WebSocket: r.ws, Auth: r.auth, Heartbeat: 5 * time.Second},
+		TwinStatusInterval: 10 * time.Millisecond, Args: args}.Start(r.logFile)
 	if err != nil {
 		return err
 	}

@@ -31,6 +31,7 @@ import (
 
 	"github.com/dowse-dev/dowse/internal/scheme"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+	"github.com/dowse-dev/dowse/test/framework/dowse"
 	"github.com/dowse-dev/dowse/test/framework/kube"
 	"github.com/dowse-dev/dowse/test/framework/procs"
 	"github.com/dowse-dev/dowse/test/framework/testwait"
@@ -152,12 +153,9 @@ func startRig(t *testing.T) *rig {
 			t.Fatal(err)
 		}
 	}
-	startLogged(t, r.dir, "dowse-controller", "--kubeconfig", r.kubeconfig, "--leader-elect=false",
-		"--metrics-bind-address", fmt.Sprintf("127.0.0.1:%d", ports[0]), "--health-probe-bind-address", "0",
-		"--link-hosts", "127.0.0.1", "--link-heartbeat", "1s", "--twin-status-interval", "300ms",
-		"--link-websocket-address", fmt.Sprintf("127.0.0.1:%d", ports[1]),
-		"--link-quic-address", fmt.Sprintf("127.0.0.1:%d", ports[2]),
-		"--link-auth-bind-address", fmt.Sprintf("127.0.0.1:%d", ports[3]))
+	link := &dowse.Link{WebSocket: ports[1], QUIC: ports[2], Auth: ports[3], Heartbeat: time.Second}
+	dowse.Controller{Kubeconfig: r.kubeconfig, Metrics: ports[0], Link: link,
+		TwinStatusInterval: 300 * time.Millisecond}.StartLogged(t, r.dir, "dowse-controller")
 	if err := r.client.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "edge-1"}}); err != nil {
 		t.Fatal(err)
 	}
@@ -179,12 +177,10 @@ func startRig(t *testing.T) *rig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	startLogged(t, r.dir, "dowse-agent", "--kubeconfig", r.kubeconfig, "--node-name", "edge-1",
-		"--state-dir", r.state, "--device-plugin-dir", "",
-		"--metrics-bind-address", fmt.Sprintf("127.0.0.1:%d", agentMetrics), "--health-probe-bind-address", "0",
-		"--link-server", fmt.Sprintf("127.0.0.1:%d", ports[1]), "--link-transport", "websocket", "--link-heartbeat", "1s",
-		"--link-auth-url", fmt.Sprintf("https://127.0.0.1:%d", ports[3]),
-		"--link-bootstrap-token", tok.Token, "--link-ca-cert-hash", tok.CACertHash)
+	edge := link.Edge("websocket")
+	edge.BootstrapToken, edge.CACertHash = tok.Token, tok.CACertHash
+	dowse.Agent{Kubeconfig: r.kubeconfig, Node: "edge-1", StateDir: r.state, Metrics: agentMetrics,
+		Link: edge}.StartLogged(t, r.dir, "dowse-agent")
 	startLogged(t, r.dir, "dowse-debug-echo-discovery", "--state-dir", r.state)
 	startLogged(t, r.dir, "dowse-modbus-discovery", "--state-dir", r.state)
 	startLogged(t, r.dir, "dowse-modbus-mapper", "--state-dir", r.state, "--name", "plc")

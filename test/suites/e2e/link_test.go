@@ -27,6 +27,7 @@ import (
 	"github.com/dowse-dev/dowse/internal/link/pki"
 	"github.com/dowse-dev/dowse/internal/scheme"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+	"github.com/dowse-dev/dowse/test/framework/dowse"
 	"github.com/dowse-dev/dowse/test/framework/kube"
 	"github.com/dowse-dev/dowse/test/framework/procs"
 	"github.com/dowse-dev/dowse/test/framework/testwait"
@@ -70,12 +71,8 @@ func TestLinkBinaries(t *testing.T) {
 		t.Helper()
 		return procs.StartLogged(t, dir, name, logName, args...)
 	}
-	start("dowse-controller", "controller", "--kubeconfig", kubeconfig, "--leader-elect=false",
-		"--metrics-bind-address", fmt.Sprintf("127.0.0.1:%d", ctlMetrics), "--health-probe-bind-address", "0",
-		"--link-hosts", "127.0.0.1", "--link-heartbeat", "1s",
-		"--link-websocket-address", fmt.Sprintf("127.0.0.1:%d", wsPort),
-		"--link-quic-address", fmt.Sprintf("127.0.0.1:%d", quicPort),
-		"--link-auth-bind-address", fmt.Sprintf("127.0.0.1:%d", authPort))
+	link := &dowse.Link{WebSocket: wsPort, QUIC: quicPort, Auth: authPort, Heartbeat: time.Second}
+	dowse.Controller{Kubeconfig: kubeconfig, Metrics: ctlMetrics, Link: link}.StartLogged(t, dir, "controller")
 
 	type tokenOut struct {
 		Token, Node, CACertHash string
@@ -108,21 +105,15 @@ func TestLinkBinaries(t *testing.T) {
 			t.Fatal(err)
 		}
 		agentMetrics[node] = port
-		server := fmt.Sprintf("127.0.0.1:%d", wsPort)
-		if transport == "quic" {
-			server = fmt.Sprintf("127.0.0.1:%d", quicPort)
-		}
-		state := filepath.Join(dir, node)
-		bootstrap := []string{"--link-bootstrap-token", tok.Token}
+		edge := link.Edge(transport)
+		edge.CACertHash = tok.CACertHash
 		if len(saTokenFile) > 0 {
-			bootstrap = []string{"--link-service-account-token-file", saTokenFile[0]}
+			edge.ServiceAccountTokenFile = saTokenFile[0]
+		} else {
+			edge.BootstrapToken = tok.Token
 		}
-		return start("dowse-agent", node+"-"+strconv.Itoa(port), append([]string{"--kubeconfig", kubeconfig, "--node-name", node,
-			"--state-dir", state, "--device-plugin-dir", "",
-			"--metrics-bind-address", fmt.Sprintf("127.0.0.1:%d", port), "--health-probe-bind-address", "0",
-			"--link-server", server, "--link-transport", transport, "--link-heartbeat", "1s",
-			"--link-auth-url", fmt.Sprintf("https://127.0.0.1:%d", authPort),
-			"--link-ca-cert-hash", tok.CACertHash}, bootstrap...)...)
+		return dowse.Agent{Kubeconfig: kubeconfig, Node: node, StateDir: filepath.Join(dir, node), Metrics: port,
+			Link: edge}.StartLogged(t, dir, node+"-"+strconv.Itoa(port))
 	}
 
 	// Only nodes of the cluster may connect (a deleted Node is out).

@@ -23,6 +23,7 @@ import (
 	"github.com/dowse-dev/dowse/internal/controller/link/ownership"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	"github.com/dowse-dev/dowse/test/framework/dmitest"
+	"github.com/dowse-dev/dowse/test/framework/dowse"
 	"github.com/dowse-dev/dowse/test/framework/faultproxy"
 	"github.com/dowse-dev/dowse/test/framework/procs"
 	"github.com/dowse-dev/dowse/test/framework/promtest"
@@ -76,14 +77,9 @@ func startFleet(t *testing.T, n int, args ...string) *fleet {
 
 func (f *fleet) start(r *replica) {
 	f.t.Helper()
-	r.proc = f.cloud.start("dowse-controller", r.name, append([]string{"--kubeconfig", f.kubeconfig,
-		"--leader-elect=true", "--pod-name", r.name,
-		"--metrics-bind-address", fmt.Sprintf("127.0.0.1:%d", r.metrics),
-		"--health-probe-bind-address", fmt.Sprintf("127.0.0.1:%d", r.health),
-		"--link-hosts", "127.0.0.1", "--link-heartbeat", "1s",
-		"--link-websocket-address", fmt.Sprintf("127.0.0.1:%d", r.ws),
-		"--link-quic-address", fmt.Sprintf("127.0.0.1:%d", r.quic),
-		"--link-auth-bind-address", fmt.Sprintf("127.0.0.1:%d", r.au)}, f.args...)...)
+	r.proc = dowse.Controller{Kubeconfig: f.kubeconfig, PodName: r.name, Metrics: r.metrics, Health: r.health,
+		Link: &dowse.Link{WebSocket: r.ws, QUIC: r.quic, Auth: r.au, Heartbeat: time.Second},
+		Args: f.args}.StartLogged(f.t, f.cloud.dir, r.name)
 }
 
 // waitReady waits for the replica's readiness (its link serves edges).

@@ -23,6 +23,7 @@ import (
 
 	"github.com/dowse-dev/dowse/internal/scheme"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+	"github.com/dowse-dev/dowse/test/framework/dowse"
 	"github.com/dowse-dev/dowse/test/framework/kube"
 	"github.com/dowse-dev/dowse/test/framework/procs"
 	"github.com/dowse-dev/dowse/test/framework/testwait"
@@ -83,12 +84,13 @@ func newCloud(t testing.TB, controllerArgs ...string) *cloud {
 }
 
 func (c *cloud) startController() {
-	c.controller = c.start("dowse-controller", "controller", append([]string{"--kubeconfig", c.kubeconfig, "--leader-elect=false",
-		"--metrics-bind-address", fmt.Sprintf("127.0.0.1:%d", c.metrics), "--health-probe-bind-address", "0",
-		"--link-hosts", "127.0.0.1", "--link-heartbeat", "1s",
-		"--link-websocket-address", fmt.Sprintf("127.0.0.1:%d", c.ws),
-		"--link-quic-address", fmt.Sprintf("127.0.0.1:%d", c.quic),
-		"--link-auth-bind-address", fmt.Sprintf("127.0.0.1:%d", c.auth)}, c.controllerArgs...)...)
+	c.controller = dowse.Controller{Kubeconfig: c.kubeconfig, Metrics: c.metrics, Link: c.link(),
+		Args: c.controllerArgs}.StartLogged(c.t, c.dir, "controller")
+}
+
+// link is where the cloud's controller serves the link.
+func (c *cloud) link() *dowse.Link {
+	return &dowse.Link{WebSocket: c.ws, QUIC: c.quic, Auth: c.auth, Heartbeat: time.Second}
 }
 
 // start runs a binary with its output in the cloud's directory.
@@ -124,15 +126,13 @@ func (c *cloud) joinAgent(node, server string, extra ...string) (*procs.Proc, st
 		t.Fatal(err)
 	}
 	state := filepath.Join(c.dir, node)
-	if server == "" {
-		server = fmt.Sprintf("127.0.0.1:%d", c.ws)
+	edge := c.link().Edge("websocket")
+	if server != "" {
+		edge.Server = server
 	}
-	p := c.start("dowse-agent", node, append([]string{"--kubeconfig", c.kubeconfig, "--node-name", node,
-		"--state-dir", state, "--device-plugin-dir", "",
-		"--metrics-bind-address", fmt.Sprintf("127.0.0.1:%d", port), "--health-probe-bind-address", "0",
-		"--link-server", server, "--link-transport", "websocket", "--link-heartbeat", "1s",
-		"--link-auth-url", fmt.Sprintf("https://127.0.0.1:%d", c.auth),
-		"--link-bootstrap-token", tok.Token, "--link-ca-cert-hash", tok.CACertHash}, extra...)...)
+	edge.BootstrapToken, edge.CACertHash = tok.Token, tok.CACertHash
+	p := dowse.Agent{Kubeconfig: c.kubeconfig, Node: node, StateDir: state, Metrics: port, Link: edge,
+		Args: extra}.StartLogged(t, c.dir, node)
 	return p, state, port
 }
 
