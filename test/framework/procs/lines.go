@@ -14,6 +14,7 @@ type Lines struct {
 	mu      sync.Mutex
 	cond    *sync.Cond
 	lines   []string
+	at      []time.Time // when each line came
 	partial []byte
 	ended   bool
 	// Each, when set, is called with every complete line.
@@ -40,6 +41,7 @@ func (l *Lines) Write(b []byte) (int, error) {
 		line := strings.TrimSuffix(string(l.partial[:i]), "\r")
 		l.partial = l.partial[i+1:]
 		l.lines = append(l.lines, line)
+		l.at = append(l.at, time.Now())
 		done = append(done, line)
 	}
 	l.cond.Broadcast()
@@ -58,6 +60,7 @@ func (l *Lines) End() {
 	l.mu.Lock()
 	if len(l.partial) > 0 {
 		l.lines = append(l.lines, string(l.partial))
+		l.at = append(l.at, time.Now())
 		l.partial = nil
 	}
 	l.ended = true
@@ -85,6 +88,48 @@ func (l *Lines) All() []string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return append([]string(nil), l.lines...)
+}
+
+// Count is how many lines contain every one of subs.
+func (l *Lines) Count(subs ...string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+next:
+	for _, line := range l.lines {
+		for _, sub := range subs {
+			if !strings.Contains(line, sub) {
+				continue next
+			}
+		}
+		n++
+	}
+	return n
+}
+
+// First finds the first line from index from on that contains sub, and
+// returns when it was written (for a bench's latency) and the index after
+// it.
+func (l *Lines) First(sub string, from int) (time.Time, int, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for i := from; i < len(l.lines); i++ {
+		if strings.Contains(l.lines[i], sub) {
+			return l.at[i], i + 1, true
+		}
+	}
+	return time.Time{}, from, false
+}
+
+// String is the last lines, as many as a failing test's message can hold.
+func (l *Lines) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	const most = 60
+	if len(l.lines) > most {
+		return strings.Join(l.lines[len(l.lines)-most:], "\n")
+	}
+	return strings.Join(l.lines, "\n")
 }
 
 // Wait waits for a line starting with prefix, counting from line index from

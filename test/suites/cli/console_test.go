@@ -81,7 +81,7 @@ type page struct {
 	ctx    context.Context
 	shots  string
 	url    string
-	log    *lines
+	log    *procs.Lines
 	prefix string
 }
 
@@ -92,7 +92,7 @@ var consoleURL = regexp.MustCompile(`Dowse console on (http://\S+)`)
 func openConsole(t *testing.T, r *rig, extra []string) *page {
 	t.Helper()
 	bctx, shots := r.browser(t)
-	out := &lines{}
+	out := procs.NewLines()
 	args := append([]string{"console", "--kubeconfig", r.kubeconfig, "-n", ns, "--listen", "127.0.0.1:0"}, extra...)
 	p, err := procs.Start("dowsectl", out, args...)
 	if err != nil {
@@ -101,12 +101,12 @@ func openConsole(t *testing.T, r *rig, extra []string) *page {
 	t.Cleanup(func() {
 		p.Stop()
 		if t.Failed() {
-			t.Logf("dowsectl console %v output:\n%s", extra, tail([]byte(out.String()), 4096))
+			t.Logf("dowsectl console %v output:\n%s", extra, out)
 		}
 	})
 	var url string
 	testwait.For(t, 30*time.Second, func() error {
-		if m := consoleURL.FindStringSubmatch(out.String()); m != nil {
+		if m := consoleURL.FindStringSubmatch(strings.Join(out.All(), "\n")); m != nil {
 			url = m[1]
 			return nil
 		}

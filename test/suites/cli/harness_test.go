@@ -7,7 +7,6 @@
 package cli
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -18,7 +17,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -349,39 +347,6 @@ func reported(d *v1alpha1.Device, prop string) string {
 		}
 	}
 	return ""
-}
-
-// lines collects a process's output, safe to read while it runs.
-type lines struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lines) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-// complete is the lines written so far, without a last partial one.
-func (l *lines) complete() []string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var out []string
-	sc := bufio.NewScanner(bytes.NewReader(l.b.Bytes()))
-	for sc.Scan() {
-		out = append(out, sc.Text())
-	}
-	if n := l.b.Len(); n > 0 && l.b.Bytes()[n-1] != '\n' && len(out) > 0 {
-		out = out[:len(out)-1]
-	}
-	return out
-}
-
-func (l *lines) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // TestDowsectl runs everything on one cluster, in order: the plugin's

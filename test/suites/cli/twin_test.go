@@ -90,14 +90,14 @@ func clearDesired(t *testing.T, r *rig, device, prop string) {
 // by themselves, and changes made after are printed and shown.
 func testWatchAcrossRestart(t *testing.T, r *rig) {
 	dev := r.plcDevice(t)
-	var out lines
-	w, err := procs.Start("dowsectl", &out, "twin", "watch", dev.Name, "-o", "json", "--kubeconfig", r.kubeconfig, "-n", ns)
+	out := procs.NewLines()
+	w, err := procs.Start("dowsectl", out, "twin", "watch", dev.Name, "-o", "json", "--kubeconfig", r.kubeconfig, "-n", ns)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(w.Stop)
 	seen := func(field, value string) error {
-		for _, l := range out.complete() {
+		for _, l := range out.All() {
 			var ch dowsectl.Change
 			if json.Unmarshal([]byte(l), &ch) != nil {
 				continue // the outage's report (stderr shares the stream)
@@ -128,7 +128,7 @@ func testWatchAcrossRestart(t *testing.T, r *rig) {
 	// Down until both noticed (a blip shorter than their retry would go
 	// unseen, rightly), then back.
 	testwait.For(t, 90*time.Second, func() error {
-		if !strings.Contains(out.String(), "API server unreachable") {
+		if out.Count("API server unreachable") == 0 {
 			return fmt.Errorf("twin watch has not reported the outage:\n%s", out.String())
 		}
 		if got := page.problems(); !strings.Contains(got, "API server unreachable") {
@@ -151,8 +151,8 @@ func testWatchAcrossRestart(t *testing.T, r *rig) {
 		}
 		return seen("reported", "16")
 	})
-	if s := out.String(); !strings.Contains(s, "watching again") {
-		t.Errorf("twin watch did not say it watches again:\n%s", s)
+	if out.Count("watching again") == 0 {
+		t.Errorf("twin watch did not say it watches again:\n%s", out)
 	}
 	page.waitText(t, `[data-device="plant/`+dev.Name+`"] [data-property="setpoint"] td.reported`, "16")
 	page.waitNoProblems(t)

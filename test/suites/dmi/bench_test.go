@@ -17,6 +17,7 @@ import (
 	"github.com/dowse-dev/dowse/internal/link"
 	"github.com/dowse-dev/dowse/internal/link/pki"
 	dmiv1beta1 "github.com/dowse-dev/dowse/proto/dmi/v1beta1"
+	"github.com/dowse-dev/dowse/test/framework/procs"
 )
 
 func newPKI(t testing.TB) (server, client *tls.Config) {
@@ -88,7 +89,7 @@ func BenchmarkDesiredToMapper(b *testing.B) {
 		b.Fatal(err)
 	}
 	stateDir := filepath.Join(tmp, "state")
-	a := startAgent(b, stateDir, dialer, &lines{}, false)
+	a := startAgent(b, stateDir, dialer, procs.NewLines(), false)
 	waitFor(b, "link up", func() error {
 		if !a.hub.Connected() {
 			return fmt.Errorf("not connected")

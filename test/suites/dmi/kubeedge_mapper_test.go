@@ -5,13 +5,10 @@
 package dmi_test
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"crypto/tls"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -34,122 +31,12 @@ import (
 	"github.com/dowse-dev/dowse/internal/link/pki"
 	dmiv1beta1 "github.com/dowse-dev/dowse/proto/dmi/v1beta1"
 	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
+	"github.com/dowse-dev/dowse/test/framework/procs"
 	"github.com/dowse-dev/dowse/test/framework/promtest"
+	"github.com/dowse-dev/dowse/test/peers/kubeedgepeer"
 )
 
 const node = "edge-1"
-
-// buildMapper builds test/peers/kubeedge-mapper into dir.
-func buildMapper(t *testing.T, dir string) string {
-	t.Helper()
-	bin := filepath.Join(dir, "kubeedge-mapper")
-	cmd := exec.Command("go", "build", "-o", bin, ".")
-	cmd.Dir = filepath.Join("..", "..", "peers", "kubeedge-mapper")
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		msg := fmt.Sprintf("cannot build the KubeEdge mapper-framework test peer (%v):\n%s\n"+
-			"It needs github.com/kubeedge/mapper-framework v1.21.0 and github.com/kubeedge/api v1.21.0 in the module cache: "+
-			"run `cd test/peers/kubeedge-mapper && go mod download` with the Go module proxy reachable.", err, out)
-		if os.Getenv("CI") == "true" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
-	return bin
-}
-
-// lines collects a process's output lines.
-type lines struct {
-	mu  sync.Mutex
-	all []string
-}
-
-func (l *lines) add(s string) { l.mu.Lock(); l.all = append(l.all, s); l.mu.Unlock() }
-
-func (l *lines) count(sub ...string) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	n := 0
-next:
-	for _, s := range l.all {
-		for _, x := range sub {
-			if !strings.Contains(s, x) {
-				continue next
-			}
-		}
-		n++
-	}
-	return n
-}
-
-func (l *lines) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if len(l.all) > 40 {
-		return strings.Join(l.all[len(l.all)-40:], "\n")
-	}
-	return strings.Join(l.all, "\n")
-}
-
-type mapperProc struct {
-	cmd    *exec.Cmd
-	out    *lines
-	stderr *lockedWriter
-	done   chan struct{}
-}
-
-func startMapper(t *testing.T, bin, dir, dmiSock string) *mapperProc {
-	t.Helper()
-	cfg := filepath.Join(dir, "config.yaml")
-	yaml := fmt.Sprintf("grpc_server:\n  socket_path: %s\ncommon:\n  name: virtual-mapper\n  version: v1.0.0\n  api_version: v1.0.0\n  protocol: virtual\n  address: 127.0.0.1\n  edgecore_sock: %s\n",
-		filepath.Join(dir, "mapper.sock"), dmiSock)
-	if err := os.WriteFile(cfg, []byte(yaml), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(bin, "--config-file", cfg, "--v", "1")
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &mapperProc{cmd: cmd, out: &lines{}, stderr: &lockedWriter{w: &bytes.Buffer{}}, done: make(chan struct{})}
-	cmd.Stderr = p.stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			p.out.add(sc.Text())
-		}
-		_ = cmd.Wait()
-		close(p.done)
-	}()
-	t.Cleanup(p.kill)
-	return p
-}
-
-func (p *mapperProc) kill() {
-	select {
-	case <-p.done:
-		return
-	default:
-	}
-	_ = p.cmd.Process.Kill() // by its pid
-	<-p.done
-}
-
-type lockedWriter struct {
-	mu sync.Mutex
-	w  *bytes.Buffer
-}
-
-func (l *lockedWriter) Write(b []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.w.Write(b)
-}
-
-func (l *lockedWriter) String() string { l.mu.Lock(); defer l.mu.Unlock(); return l.w.String() }
 
 // cloud is a cloudhub whose handler records what the node sends.
 type cloud struct {
@@ -240,7 +127,7 @@ type agentEdge struct {
 	done   chan struct{}
 }
 
-func startAgent(t testing.TB, stateDir string, dialer link.Dialer, logs *lines, noSync bool) *agentEdge {
+func startAgent(t testing.TB, stateDir string, dialer link.Dialer, logs *procs.Lines, noSync bool) *agentEdge {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	a := &agentEdge{reg: reg, done: make(chan struct{})}
@@ -255,7 +142,7 @@ func startAgent(t testing.TB, stateDir string, dialer link.Dialer, logs *lines, 
 		t.Fatal(err)
 	}
 	a.hub, a.dmi = hub, srv
-	log := funcr.New(func(prefix, args string) { logs.add(prefix + " " + args) }, funcr.Options{Verbosity: 1})
+	log := funcr.New(func(prefix, args string) { fmt.Fprintln(logs, prefix+" "+args) }, funcr.Options{Verbosity: 1})
 	ctx, cancel := context.WithCancel(logr.NewContext(context.Background(), log))
 	a.cancel = cancel
 	mctx, stopMappers := context.WithCancel(ctx)
@@ -264,7 +151,7 @@ func startAgent(t testing.TB, stateDir string, dialer link.Dialer, logs *lines, 
 	go func() {
 		defer close(mdone)
 		if err := srv.Start(mctx); err != nil {
-			logs.add("dmi: " + err.Error())
+			fmt.Fprintln(logs, "dmi: "+err.Error())
 		}
 	}()
 	go func() {
@@ -367,7 +254,7 @@ func intV(v *linkv1.Value) (int64, bool) {
 // cloud when it is back.
 func TestKubeEdgeMapperFramework(t *testing.T) {
 	tmp := t.TempDir()
-	bin := buildMapper(t, tmp)
+	bin := kubeedgepeer.Build(t, tmp)
 	stateDir := filepath.Join(tmp, "state")
 	mapperDir := filepath.Join(tmp, "mapper")
 	if err := os.MkdirAll(mapperDir, 0o700); err != nil {
@@ -396,7 +283,7 @@ func TestKubeEdgeMapperFramework(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	logs := &lines{}
+	logs := procs.NewLines()
 	agent := startAgent(t, stateDir, dialer, logs, true)
 	waitFor(t, "link up", func() error {
 		if !agent.hub.Connected() {
@@ -405,10 +292,10 @@ func TestKubeEdgeMapperFramework(t *testing.T) {
 		return nil
 	})
 
-	m := startMapper(t, bin, mapperDir, dmiSock)
+	m := kubeedgepeer.Start(t, bin, mapperDir, dmiSock)
 	waitFor(t, "mapper registers", func() error {
-		if m.out.count("EVENT registered devices=0") != 1 {
-			return fmt.Errorf("mapper stdout:\n%s\nstderr:\n%s", m.out, m.stderr)
+		if m.Out.Count("EVENT registered devices=0") != 1 {
+			return fmt.Errorf("mapper stdout:\n%s\nstderr:\n%s", m.Out, m.Stderr)
 		}
 		return nil
 	})
@@ -421,8 +308,8 @@ func TestKubeEdgeMapperFramework(t *testing.T) {
 		Node: node, Devices: []*linkv1.DeviceRef{ref("thermo-1"), ref("thermo-bad")}, Models: []*linkv1.DeviceRef{ref("thermo")}}}})
 
 	waitFor(t, "RegisterDevice reaches the framework mapper, desired applied", func() error {
-		if m.out.count("EVENT device-started id=default/thermo-1 desired=temp:25") < 1 {
-			return fmt.Errorf("mapper stdout:\n%s\nagent:\n%s", m.out, logs)
+		if m.Out.Count("EVENT device-started id=default/thermo-1 desired=temp:25") < 1 {
+			return fmt.Errorf("mapper stdout:\n%s\nagent:\n%s", m.Out, logs)
 		}
 		return nil
 	})
@@ -441,7 +328,7 @@ func TestKubeEdgeMapperFramework(t *testing.T) {
 			return r.Device.GetName() == "thermo-1" && r.Property == "ratio" && isD && r.Value.GetDoubleValue() == 0.5
 		})
 		if len(temp) == 0 || len(label) == 0 || len(ratio) == 0 {
-			return fmt.Errorf("temp %d, label %d, ratio %d reports; mapper:\n%s", len(temp), len(label), len(ratio), m.out)
+			return fmt.Errorf("temp %d, label %d, ratio %d reports; mapper:\n%s", len(temp), len(label), len(ratio), m.Out)
 		}
 		r := temp[0]
 		if r.Metadata["timestamp"] == "" || fmt.Sprint(r.Time.AsTime().UnixMilli()) != r.Metadata["timestamp"] {
@@ -462,11 +349,11 @@ func TestKubeEdgeMapperFramework(t *testing.T) {
 
 	// Refusals, seen by the framework mapper's own client.
 	waitFor(t, "unknown property and bad value refused with InvalidArgument", func() error {
-		if m.out.count("report-refused id=default/thermo-1 property=ghost code=InvalidArgument", "model default/thermo has no such property") == 0 {
-			return fmt.Errorf("no ghost refusal; mapper:\n%s", m.out)
+		if m.Out.Count("report-refused id=default/thermo-1 property=ghost code=InvalidArgument", "model default/thermo has no such property") == 0 {
+			return fmt.Errorf("no ghost refusal; mapper:\n%s", m.Out)
 		}
-		if m.out.count("report-refused id=default/thermo-bad property=temp code=InvalidArgument", `is not an INT`) == 0 {
-			return fmt.Errorf("no bad-value refusal; mapper:\n%s", m.out)
+		if m.Out.Count("report-refused id=default/thermo-bad property=temp code=InvalidArgument", `is not an INT`) == 0 {
+			return fmt.Errorf("no bad-value refusal; mapper:\n%s", m.Out)
 		}
 		return nil
 	})
@@ -524,8 +411,8 @@ func TestKubeEdgeMapperFramework(t *testing.T) {
 	// A desired change: UpdateDevice, applied, reported back.
 	c.send(t, thermo1(t, 2, "30"))
 	waitFor(t, "desired 30 applied and reported", func() error {
-		if m.out.count("EVENT device-started id=default/thermo-1 desired=temp:30") < 1 {
-			return fmt.Errorf("mapper:\n%s", m.out)
+		if m.Out.Count("EVENT device-started id=default/thermo-1 desired=temp:30") < 1 {
+			return fmt.Errorf("mapper:\n%s", m.Out)
 		}
 		if len(c.find(func(r *linkv1.TwinReportedUpdate) bool {
 			v, _ := intV(r.Value)
@@ -540,23 +427,23 @@ func TestKubeEdgeMapperFramework(t *testing.T) {
 	// The cloud goes away; then the agent restarts, still without it.
 	c.stop()
 	agent.stop()
-	started := m.out.count("EVENT device-started id=default/thermo-1 desired=temp:30")
-	reported := m.out.count("report-ok id=default/thermo-1")
+	started := m.Out.Count("EVENT device-started id=default/thermo-1 desired=temp:30")
+	reported := m.Out.Count("report-ok id=default/thermo-1")
 	agent = startAgent(t, stateDir, dialer, logs, true)
 	waitFor(t, "the restarted agent tells the remembered mapper its devices from the store, and takes its reports", func() error {
-		if m.out.count("EVENT device-started id=default/thermo-1 desired=temp:30") <= started || m.out.count("report-ok id=default/thermo-1") <= reported+2 {
-			return fmt.Errorf("mapper:\n%s\nagent:\n%s", m.out, logs)
+		if m.Out.Count("EVENT device-started id=default/thermo-1 desired=temp:30") <= started || m.Out.Count("report-ok id=default/thermo-1") <= reported+2 {
+			return fmt.Errorf("mapper:\n%s\nagent:\n%s", m.Out, logs)
 		}
 		return nil
 	})
 
 	// The mapper restarts too: MapperRegister(withData) hands it both
 	// devices and the model from the store.
-	m.kill()
-	m2 := startMapper(t, bin, mapperDir, dmiSock)
+	m.Kill()
+	m2 := kubeedgepeer.Start(t, bin, mapperDir, dmiSock)
 	waitFor(t, "the restarted mapper gets its devices from the store", func() error {
-		if m2.out.count("EVENT registered devices=2 models=1") != 1 || m2.out.count("report-ok id=default/thermo-1 property=temp value=30") == 0 {
-			return fmt.Errorf("mapper:\n%s\nstderr:\n%s", m2.out, m2.stderr)
+		if m2.Out.Count("EVENT registered devices=2 models=1") != 1 || m2.Out.Count("report-ok id=default/thermo-1 property=temp value=30") == 0 {
+			return fmt.Errorf("mapper:\n%s\nstderr:\n%s", m2.Out, m2.Stderr)
 		}
 		return nil
 	})
@@ -579,5 +466,5 @@ func TestKubeEdgeMapperFramework(t *testing.T) {
 		}
 		return nil
 	})
-	t.Logf("first mapper:\n%s\nrestarted mapper:\n%s", m.out, m2.out)
+	t.Logf("first mapper:\n%s\nrestarted mapper:\n%s", m.Out, m2.Out)
 }

@@ -17,6 +17,8 @@ import (
 	"github.com/dowse-dev/dowse/internal/link/pki"
 	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+	"github.com/dowse-dev/dowse/test/framework/procs"
+	"github.com/dowse-dev/dowse/test/peers/kubeedgepeer"
 	"github.com/dowse-dev/dowse/test/peers/mosquitto"
 )
 
@@ -62,7 +64,7 @@ func TestKubeEdgeMapperPushesToMQTT(t *testing.T) {
 	broker := mosquitto.Start(t)
 	sub := broker.Subscribe(t, "dowse/#", 1, "")
 	tmp := t.TempDir()
-	bin := buildMapper(t, tmp)
+	bin := kubeedgepeer.Build(t, tmp)
 	stateDir := filepath.Join(tmp, "state")
 	mapperDir := filepath.Join(tmp, "mapper")
 	if err := os.MkdirAll(mapperDir, 0o700); err != nil {
@@ -85,7 +87,7 @@ func TestKubeEdgeMapperPushesToMQTT(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	logs := &lines{}
+	logs := procs.NewLines()
 	agent := startAgent(t, stateDir, dialer, logs, true)
 	waitFor(t, "link up", func() error {
 		if !agent.hub.Connected() {
@@ -93,10 +95,10 @@ func TestKubeEdgeMapperPushesToMQTT(t *testing.T) {
 		}
 		return nil
 	})
-	m := startMapper(t, bin, mapperDir, filepath.Join(stateDir, "dmi.sock"))
+	m := kubeedgepeer.Start(t, bin, mapperDir, filepath.Join(stateDir, "dmi.sock"))
 	waitFor(t, "mapper registers", func() error {
-		if m.out.count("EVENT registered") != 1 {
-			return fmt.Errorf("mapper stdout:\n%s\nstderr:\n%s", m.out, m.stderr)
+		if m.Out.Count("EVENT registered") != 1 {
+			return fmt.Errorf("mapper stdout:\n%s\nstderr:\n%s", m.Out, m.Stderr)
 		}
 		return nil
 	})
@@ -121,7 +123,7 @@ func TestKubeEdgeMapperPushesToMQTT(t *testing.T) {
 
 	waitFor(t, "the framework mapper publishes to mosquitto", func() error {
 		if n := sub.Count("dowse/thermo-push/temp", "dowse/thermo-push/temp: 21"); n < 3 {
-			return fmt.Errorf("mosquitto_sub saw %d readings, want 3; it printed %q\nmapper stdout:\n%s\nstderr:\n%s", n, sub.Lines(), m.out, m.stderr)
+			return fmt.Errorf("mosquitto_sub saw %d readings, want 3; it printed %q\nmapper stdout:\n%s\nstderr:\n%s", n, sub.Lines(), m.Out, m.Stderr)
 		}
 		return nil
 	})

@@ -15,6 +15,7 @@ import (
 
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	"github.com/dowse-dev/dowse/test/framework/testwait"
+	"github.com/dowse-dev/dowse/test/peers/kubeedgepeer"
 )
 
 const kubeEdgeBenchManifest = `apiVersion: dowse.dev/v1alpha1
@@ -58,7 +59,7 @@ func BenchmarkKubeEdgeMapperTwin(b *testing.B) {
 }
 
 func benchKubeEdgeMapperTwin(b *testing.B) {
-	bin := buildKubeEdgeMapper(b, b.TempDir())
+	bin := kubeedgepeer.Build(b, b.TempDir())
 	c := startCloud(b)
 	ctx := context.Background()
 	m := c.joinKubeEdgeMapper(b, bin)
@@ -103,7 +104,7 @@ func benchKubeEdgeMapperTwin(b *testing.B) {
 	c.apply(b, kubeEdgeBenchManifest)
 	testwait.For(b, 60*time.Second, func() error {
 		if _, ok := sightingOf("100"); !ok {
-			return fmt.Errorf("the Device's own desired value 100 is not reported yet:\n%s", m)
+			return fmt.Errorf("the Device's own desired value 100 is not reported yet:\n%s", m.Out)
 		}
 		return nil
 	})
@@ -120,7 +121,7 @@ func benchKubeEdgeMapperTwin(b *testing.B) {
 	}
 	const changes = 40
 	var total, down, mapperWait, dowse []time.Duration
-	_, line, _ := m.firstSince("desired=temp:100", 0)
+	_, line, _ := m.Out.First("desired=temp:100", 0)
 	for n := 1; n <= changes; n++ {
 		// Spread the changes over the mapper's 1 s cycle.
 		time.Sleep(1300*time.Millisecond + time.Duration(n*37%40)*25*time.Millisecond)
@@ -135,8 +136,8 @@ func benchKubeEdgeMapperTwin(b *testing.B) {
 		testwait.For(b, 30*time.Second, func() error {
 			if applied.IsZero() {
 				var ok bool
-				if applied, line, ok = m.firstSince("desired=temp:"+v, line); !ok {
-					return fmt.Errorf("desired %s has not reached the mapper:\n%s", v, m)
+				if applied, line, ok = m.Out.First("desired=temp:"+v, line); !ok {
+					return fmt.Errorf("desired %s has not reached the mapper:\n%s", v, m.Out)
 				}
 			}
 			var ok bool

@@ -1,15 +1,12 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -22,76 +19,8 @@ import (
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	"github.com/dowse-dev/dowse/test/framework/kube"
 	"github.com/dowse-dev/dowse/test/framework/testwait"
-	"github.com/dowse-dev/dowse/test/peers/npmpeer"
+	"github.com/dowse-dev/dowse/test/peers/kubeedgepeer"
 )
-
-// buildKubeEdgeMapper builds test/peers/kubeedge-mapper (a mapper on KubeEdge's
-// mapper-framework v1.21.0 runtime, a module of its own) into dir.
-func buildKubeEdgeMapper(t testing.TB, dir string) string {
-	t.Helper()
-	bin := filepath.Join(dir, "kubeedge-mapper")
-	cmd := exec.Command("go", "build", "-o", bin, ".")
-	cmd.Dir = filepath.Join(kube.RepoRoot(), "test", "peers", "kubeedge-mapper")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		npmpeer.Unavailable(t, "cannot build the mapper-framework test peer (%v): %s; it needs github.com/kubeedge/mapper-framework v1.21.0 and github.com/kubeedge/api v1.21.0: run `cd test/peers/kubeedge-mapper && go mod download` with the Go module proxy reachable", err, out)
-	}
-	return bin
-}
-
-// kubeEdgeMapper runs the framework mapper against an agent's dmi.sock and
-// keeps its event lines with the time each arrived.
-type kubeEdgeMapper struct {
-	mu    sync.Mutex
-	lines []string
-	at    []time.Time
-	cmd   *exec.Cmd
-	done  chan struct{}
-}
-
-func startKubeEdgeMapper(t testing.TB, bin, dmiSock string) *kubeEdgeMapper {
-	t.Helper()
-	dir := t.TempDir()
-	cfg := filepath.Join(dir, "config.yaml")
-	yaml := fmt.Sprintf("grpc_server:\n  socket_path: %s\ncommon:\n  name: virtual-mapper\n  version: v1.0.0\n  api_version: v1.0.0\n  protocol: virtual\n  address: 127.0.0.1\n  edgecore_sock: %s\n",
-		filepath.Join(dir, "mapper.sock"), dmiSock)
-	if err := os.WriteFile(cfg, []byte(yaml), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	m := &kubeEdgeMapper{cmd: exec.Command(bin, "--config-file", cfg, "--v", "1"), done: make(chan struct{})}
-	out, err := m.cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	logf, err := os.Create(filepath.Join(dir, "stderr.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	m.cmd.Stderr = logf
-	if err := m.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			m.mu.Lock()
-			m.lines = append(m.lines, sc.Text())
-			m.at = append(m.at, time.Now())
-			m.mu.Unlock()
-		}
-		_ = m.cmd.Wait()
-		close(m.done)
-	}()
-	t.Cleanup(func() {
-		_ = m.cmd.Process.Kill() // by its pid
-		<-m.done
-		logf.Close()
-		if t.Failed() {
-			b, _ := os.ReadFile(logf.Name())
-			t.Logf("kubeedge mapper events:\n%s\nstderr:\n%s", m.String(), b)
-		}
-	})
-	return m
-}
 
 // watchDevices watches the Devices of namespace default until t ends.
 func (c *cloud) watchDevices(t testing.TB) watch.Interface {
@@ -110,47 +39,19 @@ func (c *cloud) watchDevices(t testing.TB) watch.Interface {
 
 // joinKubeEdgeMapper joins node edge-1 to c and runs bin, the framework
 // mapper, on its agent's dmi.sock until it has registered.
-func (c *cloud) joinKubeEdgeMapper(t testing.TB, bin string) *kubeEdgeMapper {
+func (c *cloud) joinKubeEdgeMapper(t testing.TB, bin string) *kubeedgepeer.Mapper {
 	t.Helper()
 	_, state, _ := c.joinAgent("edge-1", "")
 	dmiSock := filepath.Join(state, "dmi.sock")
 	testwait.For(t, 60*time.Second, func() error { _, err := os.Stat(dmiSock); return err })
-	m := startKubeEdgeMapper(t, bin, dmiSock)
+	m := kubeedgepeer.Start(t, bin, t.TempDir(), dmiSock)
 	testwait.For(t, 30*time.Second, func() error {
-		if !m.has("EVENT registered") {
-			return fmt.Errorf("the mapper has not registered:\n%s", m)
+		if m.Out.Count("EVENT registered") == 0 {
+			return fmt.Errorf("the mapper has not registered:\n%s", m.Out)
 		}
 		return nil
 	})
 	return m
-}
-
-func (m *kubeEdgeMapper) has(sub string) bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return slices.ContainsFunc(m.lines, func(l string) bool { return strings.Contains(l, sub) })
-}
-
-// firstSince is when the first line from index from on that contains sub
-// arrived, and the index after it.
-func (m *kubeEdgeMapper) firstSince(sub string, from int) (time.Time, int, bool) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	for i := from; i < len(m.lines); i++ {
-		if strings.Contains(m.lines[i], sub) {
-			return m.at[i], i + 1, true
-		}
-	}
-	return time.Time{}, from, false
-}
-
-func (m *kubeEdgeMapper) String() string {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if len(m.lines) > 60 {
-		return strings.Join(m.lines[len(m.lines)-60:], "\n")
-	}
-	return strings.Join(m.lines, "\n")
 }
 
 const kubeEdgeTwinManifest = `apiVersion: dowse.dev/v1alpha1
@@ -193,7 +94,7 @@ spec:
 // with the mapper's state; a property whose reads do not parse is refused
 // alone and named in ReportsAccepted.
 func TestKubeEdgeMapperEndToEnd(t *testing.T) {
-	bin := buildKubeEdgeMapper(t, t.TempDir())
+	bin := kubeedgepeer.Build(t, t.TempDir())
 	c := startCloud(t, "--twin-status-interval", "500ms")
 	ctx := context.Background()
 	m := c.joinKubeEdgeMapper(t, bin)
@@ -203,8 +104,8 @@ func TestKubeEdgeMapperEndToEnd(t *testing.T) {
 	see := func(how, value string) {
 		t.Helper()
 		testwait.For(t, 60*time.Second, func() error {
-			if !m.has("EVENT device-started id=default/thermo-1 desired=temp:" + value) {
-				return fmt.Errorf("%s: the mapper has not applied temp=%s:\n%s", how, value, m)
+			if m.Out.Count("EVENT device-started id=default/thermo-1 desired=temp:"+value) == 0 {
+				return fmt.Errorf("%s: the mapper has not applied temp=%s:\n%s", how, value, m.Out)
 			}
 			var d v1alpha1.Device
 			if err := c.client.Get(ctx, key, &d); err != nil {
