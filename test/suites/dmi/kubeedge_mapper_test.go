@@ -33,6 +33,7 @@ import (
 	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
 	"github.com/dowse-dev/dowse/test/framework/procs"
 	"github.com/dowse-dev/dowse/test/framework/promtest"
+	"github.com/dowse-dev/dowse/test/framework/testwait"
 	"github.com/dowse-dev/dowse/test/peers/kubeedgepeer"
 )
 
@@ -179,19 +180,15 @@ func (a *agentEdge) stop() {
 	}
 }
 
+// waitFor waits 30 s for cond, saying what it waited for when it fails.
 func waitFor(t testing.TB, what string, cond func() error) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		err := cond()
-		if err == nil {
-			return
+	testwait.For(t, 30*time.Second, func() error {
+		if err := cond(); err != nil {
+			return fmt.Errorf("%s: %w", what, err)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: %v", what, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 func ref(name string) *linkv1.DeviceRef { return &linkv1.DeviceRef{Namespace: "default", Name: name} }

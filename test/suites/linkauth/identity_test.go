@@ -11,6 +11,7 @@ import (
 	"crypto/x509/pkix"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -26,6 +27,7 @@ import (
 	"github.com/dowse-dev/dowse/internal/agent/edgecert"
 	"github.com/dowse-dev/dowse/internal/controller/link/linkauth"
 	"github.com/dowse-dev/dowse/internal/link/pki"
+	"github.com/dowse-dev/dowse/test/framework/testwait"
 )
 
 // Concurrent starters (controller replicas, dowsectl) all end with the one
@@ -629,8 +631,7 @@ func TestServerCleansExpiredTokens(t *testing.T) {
 	c := startCloud(t, time.Hour, func(cfg *linkauth.Config) { cfg.TokenCleanupInterval = 50 * time.Millisecond })
 	c.token(t, "edge-x", time.Millisecond)
 	live := c.token(t, "edge-y", time.Hour)
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	testwait.For(t, 5*time.Second, func() error {
 		list, err := c.tokens.List(context.Background())
 		if err != nil {
 			t.Fatal(err)
@@ -638,13 +639,10 @@ func TestServerCleansExpiredTokens(t *testing.T) {
 		// The metric is counted just after the deletion: wait for both.
 		deleted := c.counter(t, "dowse_linkauth_expired_tokens_deleted_total", nil)
 		if len(list) == 1 && strings.HasPrefix(live, list[0].ID+".") && deleted == 1 {
-			break
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after 5 s of cleaning: tokens %+v, deleted metric %v; want the live token alone and 1", list, deleted)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return fmt.Errorf("tokens %+v, deleted metric %v; want the live token alone and 1", list, deleted)
+	})
 }
 
 // Requests that are not well-formed get a 4xx and a reason.

@@ -2,6 +2,7 @@ package linkauth_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -15,6 +16,7 @@ import (
 	"github.com/dowse-dev/dowse/internal/agent/edgecert"
 	"github.com/dowse-dev/dowse/internal/controller/link/linkauth"
 	"github.com/dowse-dev/dowse/internal/link/pki"
+	"github.com/dowse-dev/dowse/test/framework/testwait"
 )
 
 // agentPod is a pod of service account sa on node, as a DaemonSet makes it
@@ -159,15 +161,12 @@ func TestServiceAccountBootstrapOff(t *testing.T) {
 
 func waitGone(t *testing.T, ns, pod string) {
 	t.Helper()
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		_, err := suite.Clientset.CoreV1().Pods(ns).Get(context.Background(), pod, metav1.GetOptions{})
-		if err != nil {
-			return
+	testwait.For(t, 30*time.Second, func() error {
+		if _, err := suite.Clientset.CoreV1().Pods(ns).Get(context.Background(), pod, metav1.GetOptions{}); err == nil {
+			return fmt.Errorf("pod %s still there", pod)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("pod %s still there", pod)
-		}
-	}
+		return nil
+	})
 }
 
 // A node whose certificate expired before it could renew (offline, or
@@ -193,15 +192,13 @@ func TestServiceAccountEdgeBootstrapsAgainAfterExpiry(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- m.Start(ctx) }()
 	defer func() { cancel(); <-done }()
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+	testwait.For(t, 30*time.Second, func() error {
 		cur, _ := m.GetClientCertificate(nil)
 		if cur.Leaf.SerialNumber.Cmp(first.Leaf.SerialNumber) != 0 && time.Now().Before(cur.Leaf.NotAfter) {
-			break
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("still on the expired certificate (not after %s)", first.Leaf.NotAfter)
-		}
-	}
+		return fmt.Errorf("still on the expired certificate (not after %s)", first.Leaf.NotAfter)
+	})
 	c.expectRefusal(t, "renew", linkauth.ReasonNodeNotAllowed)
 	if got := c.counter(t, "dowse_linkauth_certificates_issued_total", map[string]string{"request": "bootstrap"}); got != 2 {
 		t.Fatalf("%v bootstraps, want 2 (the first and the one after expiry)", got)

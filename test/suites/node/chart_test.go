@@ -30,6 +30,7 @@ import (
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	"github.com/dowse-dev/dowse/test/framework/kube"
 	"github.com/dowse-dev/dowse/test/framework/procs"
+	"github.com/dowse-dev/dowse/test/framework/testwait"
 )
 
 // TestChartOnNode installs the Helm chart on the real node with bin/helm:
@@ -297,23 +298,22 @@ func waitMetric(t *testing.T, ctx context.Context, port int, line string) {
 // waitMetricAt waits until the metrics on addr (host:port) have line.
 func waitMetricAt(t *testing.T, ctx context.Context, addr, line string) {
 	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	var last string
-	for time.Now().Before(deadline) && ctx.Err() == nil {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
-		if resp, err := http.DefaultClient.Do(req); err == nil {
-			b, _ := io.ReadAll(resp.Body)
-			_ = resp.Body.Close()
-			for _, l := range strings.Split(string(b), "\n") {
-				if strings.TrimSpace(l) == line {
-					return
-				}
-			}
-			last = "no such line"
-		} else {
-			last = err.Error()
+	testwait.For(t, time.Minute, func() error {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
+		if err != nil {
+			t.Fatal(err)
 		}
-		time.Sleep(500 * time.Millisecond)
-	}
-	t.Fatalf("metrics on %s never had %q (%s)", addr, line, last)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return fmt.Errorf("metrics on %s: %w", addr, err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		for _, l := range strings.Split(string(b), "\n") {
+			if strings.TrimSpace(l) == line {
+				return nil
+			}
+		}
+		return fmt.Errorf("metrics on %s have no %q", addr, line)
+	})
 }

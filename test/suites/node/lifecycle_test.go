@@ -24,6 +24,7 @@ import (
 	"github.com/dowse-dev/dowse/test/framework/kube"
 	"github.com/dowse-dev/dowse/test/framework/procs"
 	"github.com/dowse-dev/dowse/test/framework/promtest"
+	"github.com/dowse-dev/dowse/test/framework/testwait"
 	"github.com/dowse-dev/dowse/test/peers/modbusplc"
 )
 
@@ -401,15 +402,10 @@ func hasSkipped(crd *apiextensionsv1.CustomResourceDefinition) bool {
 
 func eventuallyNode(t *testing.T, ctx context.Context, d time.Duration, f func() error) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		err := f()
-		if err == nil {
-			return
+	testwait.For(t, d, func() error {
+		if err := ctx.Err(); err != nil {
+			t.Fatalf("%v while waiting", err)
 		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			t.Fatalf("after %v: %v", d, err)
-		}
-		time.Sleep(500 * time.Millisecond)
-	}
+		return f()
+	})
 }

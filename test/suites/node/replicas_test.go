@@ -24,6 +24,7 @@ import (
 	"github.com/dowse-dev/dowse/internal/scheme"
 	"github.com/dowse-dev/dowse/test/framework/cluster"
 	"github.com/dowse-dev/dowse/test/framework/kube"
+	"github.com/dowse-dev/dowse/test/framework/testwait"
 	"github.com/dowse-dev/dowse/test/peers/modbusplc"
 )
 
@@ -228,18 +229,18 @@ func waitWrite(t *testing.T, ctx context.Context, writes <-chan int16, v int16) 
 // controller Pods; it returns the holder's name.
 func waitHolder(t *testing.T, ctx context.Context, cl client.Client, old string, check func([]corev1.Pod) error) string {
 	t.Helper()
-	deadline := time.Now().Add(2 * time.Minute)
-	var last error
-	for time.Now().Before(deadline) && ctx.Err() == nil {
-		name, err := holderNow(ctx, cl, old, check)
-		if err == nil {
-			return name
+	var name string
+	testwait.For(t, 2*time.Minute, func() error {
+		if err := ctx.Err(); err != nil {
+			t.Fatalf("%v while waiting for a replica to hold the node's session", err)
 		}
-		last = err
-		time.Sleep(500 * time.Millisecond)
-	}
-	t.Fatalf("no running replica holds the node's session: %v", last)
-	return ""
+		var err error
+		if name, err = holderNow(ctx, cl, old, check); err != nil {
+			return fmt.Errorf("no running replica holds the node's session: %w", err)
+		}
+		return nil
+	})
+	return name
 }
 
 func holderNow(ctx context.Context, cl client.Client, old string, check func([]corev1.Pod) error) (string, error) {
