@@ -69,3 +69,27 @@ func TestFreePortBelowEphemeral(t *testing.T) {
 		}
 	}
 }
+
+func TestLinesCountFirst(t *testing.T) {
+	l := NewLines()
+	_, _ = l.Write([]byte("a x\nb y\na y\npart"))
+	if n := l.Count("a"); n != 2 {
+		t.Errorf("Count(a) = %d, want 2", n)
+	}
+	if n := l.Count("a", "y"); n != 1 {
+		t.Errorf("Count(a, y) = %d, want 1", n)
+	}
+	if _, next, ok := l.First("y", 0); !ok || next != 2 {
+		t.Errorf("First(y, 0) = %d %v, want 2 true", next, ok)
+	}
+	if _, next, ok := l.First("y", 2); !ok || next != 3 {
+		t.Errorf("First(y, 2) = %d %v, want 3 true", next, ok)
+	}
+	if l.Count("part") != 0 {
+		t.Error("a partial line counts before its end")
+	}
+	l.End()
+	if at, _, ok := l.First("part", 0); !ok || at.IsZero() {
+		t.Error("the last partial line is not kept at End")
+	}
+}
