@@ -86,7 +86,7 @@ func TestLinkBinaries(t *testing.T) {
 			if _, err := cs.CoreV1().Secrets("dowse-system").Get(ctx, "dowse-link-ca", metav1.GetOptions{}); err != nil {
 				return err
 			}
-			b, err := exec.CommandContext(ctx, filepath.Join(kube.RepoRoot(), "bin", "dowsectl"), "token", "create",
+			b, err := exec.CommandContext(ctx, filepath.Join(procs.BinDir(), "dowsectl"), "token", "create",
 				"--kubeconfig", kubeconfig, "--node", node, "--ttl", "10m", "--output", "json").CombinedOutput()
 			if err != nil {
 				return fmt.Errorf("%w: %s", err, b)
@@ -225,7 +225,7 @@ func TestLinkBinaries(t *testing.T) {
 			t.Fatal(err)
 		}
 		// The CA pin, without minting a token.
-		pin, err := exec.CommandContext(ctx, filepath.Join(kube.RepoRoot(), "bin", "dowsectl"), "ca-hash", "--kubeconfig", kubeconfig).CombinedOutput()
+		pin, err := exec.CommandContext(ctx, filepath.Join(procs.BinDir(), "dowsectl"), "ca-hash", "--kubeconfig", kubeconfig).CombinedOutput()
 		if err != nil {
 			t.Fatalf("dowsectl ca-hash: %v: %s", err, pin)
 		}

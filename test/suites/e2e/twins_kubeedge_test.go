@@ -17,7 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
-	"github.com/dowse-dev/dowse/test/framework/kube"
+	"github.com/dowse-dev/dowse/test/framework/procs"
 	"github.com/dowse-dev/dowse/test/framework/testwait"
 	"github.com/dowse-dev/dowse/test/peers/kubeedgepeer"
 )
@@ -155,7 +155,7 @@ func TestKubeEdgeMapperEndToEnd(t *testing.T) {
 	}
 	see("kubectl", "42")
 
-	if out, err := exec.Command(filepath.Join(kube.RepoRoot(), "bin", "dowsectl"), "twin", "set", "thermo-1", "temp", "7",
+	if out, err := exec.Command(filepath.Join(procs.BinDir(), "dowsectl"), "twin", "set", "thermo-1", "temp", "7",
 		"--kubeconfig", c.kubeconfig, "-n", "default").CombinedOutput(); err != nil {
 		t.Fatalf("dowsectl twin set: %v: %s", err, out)
 	}

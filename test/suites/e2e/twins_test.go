@@ -114,7 +114,7 @@ func (c *cloud) joinAgent(node, server string, extra ...string) (*procs.Proc, st
 		if err := c.client.Get(ctx, client.ObjectKey{Namespace: "dowse-system", Name: "dowse-link-ca"}, &corev1.Secret{}); err != nil {
 			return err
 		}
-		b, err := exec.Command(filepath.Join(kube.RepoRoot(), "bin", "dowsectl"), "token", "create",
+		b, err := exec.Command(filepath.Join(procs.BinDir(), "dowsectl"), "token", "create",
 			"--kubeconfig", c.kubeconfig, "--node", node, "--ttl", "10m", "--output", "json").CombinedOutput()
 		if err != nil {
 			return fmt.Errorf("%w: %s", err, b)
@@ -300,13 +300,13 @@ func TestModbusTwinEndToEnd(t *testing.T) {
 		}
 	})
 	setAndSee("dowsectl twin set", "7", func() {
-		if out, err := exec.Command(filepath.Join(kube.RepoRoot(), "bin", "dowsectl"), "twin", "set", dev.Name, "setpoint", "7",
+		if out, err := exec.Command(filepath.Join(procs.BinDir(), "dowsectl"), "twin", "set", dev.Name, "setpoint", "7",
 			"--kubeconfig", c.kubeconfig, "-n", "default").CombinedOutput(); err != nil {
 			t.Fatalf("dowsectl twin set: %v: %s", err, out)
 		}
 	})
 	// dowsectl refuses what the model forbids, before any write.
-	if out, err := exec.Command(filepath.Join(kube.RepoRoot(), "bin", "dowsectl"), "twin", "set", dev.Name, "setpoint", "5000",
+	if out, err := exec.Command(filepath.Join(procs.BinDir(), "dowsectl"), "twin", "set", dev.Name, "setpoint", "5000",
 		"--kubeconfig", c.kubeconfig, "-n", "default").CombinedOutput(); err == nil || !strings.Contains(string(out), "above the maximum") {
 		t.Errorf("dowsectl twin set 5000: %v %s, want a refusal naming the maximum", err, out)
 	}
