@@ -542,10 +542,9 @@ func (s *Server) ReportDeviceStatus(ctx context.Context, req *dmiv1beta1.ReportD
 		return nil, status.Errorf(codes.InvalidArgument, "report for device %s carries no twins", refKey(d.GetRef()))
 	}
 	type item struct {
-		prop     string
-		v, od    *linkv1.Value
-		at       time.Time
-		metadata map[string]string
+		prop  string
+		v, od *linkv1.TwinValue
+		at    time.Time
 	}
 	items := make([]item, 0, len(twins))
 	refused := map[string]string{} // property -> why
@@ -566,19 +565,22 @@ func (s *Server) ReportDeviceStatus(ctx context.Context, req *dmiv1beta1.ReportD
 			refuse(i, prop, reasonEmpty, "no reported value")
 			continue
 		}
-		v, err := parseValue(p.GetType(), t.GetReported().GetValue())
+		v, err := twinvalue.Canonical(twinvalue.Type(p.GetType()), t.GetReported().GetValue())
 		if err != nil {
 			refuse(i, prop, reasonBadValue, fmt.Sprintf("reported value %v", err))
 			continue
 		}
-		var od *linkv1.Value
+		var od *linkv1.TwinValue
 		if ov := t.GetObservedDesired().GetValue(); ov != "" {
-			if od, err = parseValue(p.GetType(), ov); err != nil {
+			odv, err := twinvalue.Canonical(twinvalue.Type(p.GetType()), ov)
+			if err != nil {
 				refuse(i, prop, reasonBadValue, fmt.Sprintf("observed desired value %v", err))
 				continue
 			}
+			od = &linkv1.TwinValue{Value: odv}
 		}
-		items = append(items, item{prop: prop, v: v, od: od, at: s.reportTime(t.GetReported().GetMetadata()), metadata: t.GetReported().GetMetadata()})
+		items = append(items, item{prop: prop, v: &linkv1.TwinValue{Value: v, Metadata: t.GetReported().GetMetadata()}, od: od,
+			at: s.reportTime(t.GetReported().GetMetadata())})
 	}
 	if len(items) > 0 {
 		if !s.allow(owner, len(items)) {
@@ -587,8 +589,8 @@ func (s *Server) ReportDeviceStatus(ctx context.Context, req *dmiv1beta1.ReportD
 		}
 		reports := make([]*linkv1.TwinReportedUpdate, len(items))
 		for i, it := range items {
-			reports[i] = &linkv1.TwinReportedUpdate{Device: d.GetRef(), Property: it.prop, Value: it.v, Time: timestamppb.New(it.at),
-				Metadata: it.metadata, ObservedDesired: it.od}
+			reports[i] = &linkv1.TwinReportedUpdate{Device: d.GetRef(), Property: it.prop, Reported: it.v, Time: timestamppb.New(it.at),
+				ObservedDesired: it.od}
 		}
 		if err := s.edge.ReportMany(reports); err != nil {
 			s.metrics.refuse("twin", reasonStore, len(items))

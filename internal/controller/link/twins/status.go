@@ -266,16 +266,16 @@ func (s *Status) Handle(ctx context.Context, m cloudhub.Inbound) error {
 		if t := r.GetTime(); t != nil {
 			at = t.AsTime()
 		}
-		md := maps.Clone(r.Metadata)
+		md := maps.Clone(r.GetReported().GetMetadata())
 		if md == nil {
 			md = map[string]string{}
 		}
 		if _, ok := md[twinvalue.MetaTimestamp]; !ok {
 			md[twinvalue.MetaTimestamp] = twinvalue.Timestamp(at)
 		}
-		pt := &pendingTwin{reported: &v1alpha1.TwinProperty{Value: FormatValue(r.Value), Metadata: md}, at: at, pos: pos}
-		if r.ObservedDesired != nil {
-			pt.observed = &v1alpha1.TwinProperty{Value: FormatValue(r.ObservedDesired), Metadata: map[string]string{twinvalue.MetaTimestamp: md[twinvalue.MetaTimestamp]}}
+		pt := &pendingTwin{reported: &v1alpha1.TwinProperty{Value: r.GetReported().GetValue(), Metadata: md}, at: at, pos: pos}
+		if od := r.GetObservedDesired(); od != nil {
+			pt.observed = &v1alpha1.TwinProperty{Value: od.GetValue(), Metadata: map[string]string{twinvalue.MetaTimestamp: md[twinvalue.MetaTimestamp]}}
 		}
 		st.news = st.news || !holds(&d, r.Property, pt.reported.Value, pt.observed)
 		if old := st.twins[r.Property]; old != nil {
@@ -819,7 +819,7 @@ func desiredApplied(d *v1alpha1.Device, st *v1alpha1.DeviceStatus) {
 			}
 		}
 		switch {
-		case sameValue(observed, p.Desired.Value):
+		case twinvalue.Equal(observed, p.Desired.Value):
 		case writeErr != "":
 			failed = append(failed, fmt.Sprintf("%s: %s", p.Name, writeErr))
 		default:
@@ -858,20 +858,10 @@ func holds(d *v1alpha1.Device, prop, value string, observed *v1alpha1.TwinProper
 		if t.PropertyName != prop {
 			continue
 		}
-		if t.Reported == nil || !sameValue(t.Reported.Value, value) {
+		if t.Reported == nil || !twinvalue.Equal(t.Reported.Value, value) {
 			return false
 		}
-		return observed == nil || (t.ObservedDesired != nil && sameValue(t.ObservedDesired.Value, observed.Value))
+		return observed == nil || (t.ObservedDesired != nil && twinvalue.Equal(t.ObservedDesired.Value, observed.Value))
 	}
 	return false
-}
-
-// sameValue compares as numbers where both parse, so "1.50" equals "1.5".
-func sameValue(a, b string) bool {
-	if a == b {
-		return true
-	}
-	fa, errA := strconv.ParseFloat(a, 64)
-	fb, errB := strconv.ParseFloat(b, 64)
-	return errA == nil && errB == nil && fa == fb
 }
