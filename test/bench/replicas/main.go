@@ -508,7 +508,7 @@ func (b *bench) report(ctx context.Context, every time.Duration) func() {
 			defer t.Stop()
 			for {
 				v := e.counter.Load() + 1
-				if _, err := e.hub.Report(e.dev, "count", &linkv1.Value{Kind: &linkv1.Value_IntValue{IntValue: v}}, time.Now()); err == nil {
+				if _, err := e.hub.Report(e.dev, "count", &linkv1.TwinValue{Value: strconv.FormatInt(v, 10)}, time.Now()); err == nil {
 					e.counter.Store(v)
 				}
 				select {

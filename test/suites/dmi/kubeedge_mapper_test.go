@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -232,12 +233,13 @@ func thermoBad(t *testing.T) *linkv1.Envelope {
 	}}}}
 }
 
-func intV(v *linkv1.Value) (int64, bool) {
-	i, ok := v.GetKind().(*linkv1.Value_IntValue)
-	if !ok {
+// intV reads an INT's text as the link carries it.
+func intV(v *linkv1.TwinValue) (int64, bool) {
+	if v == nil {
 		return 0, false
 	}
-	return i.IntValue, true
+	i, err := strconv.ParseInt(v.GetValue(), 10, 64)
+	return i, err == nil
 }
 
 // TestKubeEdgeMapperFramework: a mapper built on mapper-framework v1.21.0
@@ -310,26 +312,25 @@ func TestKubeEdgeMapperFramework(t *testing.T) {
 		}
 		return nil
 	})
-	waitFor(t, "reports reach the cloud typed, with observedDesired", func() error {
+	waitFor(t, "reports reach the cloud in their types' text, with observedDesired", func() error {
 		temp := c.find(func(r *linkv1.TwinReportedUpdate) bool {
-			v, ok := intV(r.Value)
+			v, ok := intV(r.Reported)
 			od, ok2 := intV(r.ObservedDesired)
 			return r.Device.GetName() == "thermo-1" && r.Property == "temp" && ok && v == 25 && ok2 && od == 25
 		})
 		label := c.find(func(r *linkv1.TwinReportedUpdate) bool {
-			return r.Device.GetName() == "thermo-1" && r.Property == "label" && r.Value.GetStringValue() == "lab-1" && r.ObservedDesired == nil
+			return r.Device.GetName() == "thermo-1" && r.Property == "label" && r.GetReported().GetValue() == "lab-1" && r.ObservedDesired == nil
 		})
 		// 0.5 went as configData through a FloatValue and back as text.
 		ratio := c.find(func(r *linkv1.TwinReportedUpdate) bool {
-			_, isD := r.Value.GetKind().(*linkv1.Value_DoubleValue)
-			return r.Device.GetName() == "thermo-1" && r.Property == "ratio" && isD && r.Value.GetDoubleValue() == 0.5
+			return r.Device.GetName() == "thermo-1" && r.Property == "ratio" && r.GetReported().GetValue() == "0.5"
 		})
 		if len(temp) == 0 || len(label) == 0 || len(ratio) == 0 {
 			return fmt.Errorf("temp %d, label %d, ratio %d reports; mapper:\n%s", len(temp), len(label), len(ratio), m.Out)
 		}
 		r := temp[0]
-		if r.Metadata["timestamp"] == "" || fmt.Sprint(r.Time.AsTime().UnixMilli()) != r.Metadata["timestamp"] {
-			return fmt.Errorf("report time %v does not come from its timestamp metadata %v", r.Time.AsTime(), r.Metadata)
+		if md := r.GetReported().GetMetadata(); md["timestamp"] == "" || fmt.Sprint(r.Time.AsTime().UnixMilli()) != md["timestamp"] {
+			return fmt.Errorf("report time %v does not come from its timestamp metadata %v", r.Time.AsTime(), md)
 		}
 		return nil
 	})
@@ -394,7 +395,7 @@ func TestKubeEdgeMapperFramework(t *testing.T) {
 		t.Fatalf("a second mapper's report for the first one's device: %v", err)
 	}
 	if n := len(c.find(func(r *linkv1.TwinReportedUpdate) bool {
-		v, _ := intV(r.Value)
+		v, _ := intV(r.Reported)
 		return r.Property == "ghost" || r.Device.GetName() == "thermo-bad" || v == 99
 	})); n != 0 {
 		t.Fatalf("%d refused reports reached the cloud", n)
@@ -412,7 +413,7 @@ func TestKubeEdgeMapperFramework(t *testing.T) {
 			return fmt.Errorf("mapper:\n%s", m.Out)
 		}
 		if len(c.find(func(r *linkv1.TwinReportedUpdate) bool {
-			v, _ := intV(r.Value)
+			v, _ := intV(r.Reported)
 			od, _ := intV(r.ObservedDesired)
 			return r.Property == "temp" && r.Device.GetName() == "thermo-1" && v == 30 && od == 30
 		})) == 0 {
@@ -456,7 +457,7 @@ func TestKubeEdgeMapperFramework(t *testing.T) {
 	c2 := startCloud(t, serverTLS, addr)
 	waitFor(t, "offline reports reach the cloud", func() error {
 		if len(c2.find(func(r *linkv1.TwinReportedUpdate) bool {
-			v, _ := intV(r.Value)
+			v, _ := intV(r.Reported)
 			return r.Device.GetName() == "thermo-1" && r.Property == "temp" && v == 30
 		})) == 0 {
 			return fmt.Errorf("nothing yet")

@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -109,7 +110,8 @@ func (r *recorder) take(m cloudhub.Inbound) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if rep := m.Env.GetTwinReported(); rep != nil {
-		r.got[m.Node] = append(r.got[m.Node], rep.GetValue().GetIntValue())
+		v, _ := strconv.ParseInt(rep.GetReported().GetValue(), 10, 64)
+		r.got[m.Node] = append(r.got[m.Node], v)
 	}
 	r.at[m.Node] = m.At
 }
@@ -203,8 +205,8 @@ func startEdge(t testing.TB, node string, dialer link.Dialer, dir string, rec *r
 		tweak(&cfg)
 	}
 	e, err := edgehub.New(cfg, func(_ context.Context, env *linkv1.Envelope) {
-		if d := env.GetTwinDesired(); d != nil {
-			rec.add(node, d.GetValue().GetIntValue())
+		if v, ok := setpoint(env); ok {
+			rec.add(node, v)
 		}
 	}, prometheus.NewRegistry())
 	if err != nil {
@@ -217,13 +219,27 @@ func startEdge(t testing.TB, node string, dialer link.Dialer, dir string, rec *r
 	return r
 }
 
-func intValue(v int64) *linkv1.Value { return &linkv1.Value{Kind: &linkv1.Value_IntValue{IntValue: v}} }
+func intValue(v int64) *linkv1.TwinValue { return &linkv1.TwinValue{Value: strconv.FormatInt(v, 10)} }
 
 func dev(name string) *linkv1.DeviceRef { return &linkv1.DeviceRef{Namespace: "default", Name: name} }
 
+// desired is what the cloud sends when a desired value of a Device
+// changes: the Device, desired value i of its property setpoint riding it.
 func desired(node string, i int64) *linkv1.Envelope {
-	return &linkv1.Envelope{Kind: &linkv1.Envelope_TwinDesired{TwinDesired: &linkv1.TwinDesiredUpdate{
-		Device: dev(node + "-cam"), Property: fmt.Sprintf("p%05d", i), Value: intValue(i)}}}
+	return &linkv1.Envelope{Kind: &linkv1.Envelope_DeviceUpdate{DeviceUpdate: &linkv1.DeviceUpdate{Device: &linkv1.EdgeDevice{
+		Ref: dev(node + "-cam"), Generation: i + 1, Model: "cam",
+		Properties: []*linkv1.EdgeDeviceProperty{{Name: "setpoint", Desired: intValue(i)}}}}}}
+}
+
+// setpoint is the desired value a Device update carries (desired's).
+func setpoint(env *linkv1.Envelope) (int64, bool) {
+	for _, p := range env.GetDeviceUpdate().GetDevice().GetProperties() {
+		if p.GetName() == "setpoint" && p.GetDesired() != nil {
+			v, err := strconv.ParseInt(p.GetDesired().GetValue(), 10, 64)
+			return v, err == nil
+		}
+	}
+	return 0, false
 }
 
 // sendDesired queues value i for node, waiting while its queue is full.

@@ -382,8 +382,8 @@ func TestEdgeRestartKeepsState(t *testing.T) {
 
 	got2 := newRecorder()
 	e2 := startEdge(t, "edge", d, dir, got2, logs, nil)
-	if v, err := e2.edge.Desired(dev("edge-cam"), "p00003"); err != nil || v.GetValue().GetIntValue() != 3 {
-		t.Fatalf("desired after restart: %v %v", v, err)
+	if d, err := e2.edge.Device(dev("edge-cam")); err != nil || len(d.GetProperties()) != 1 || d.GetProperties()[0].GetDesired().GetValue() != "9" {
+		t.Fatalf("desired after restart: %v %v", d, err)
 	}
 	if m, err := e2.edge.Membership(); err != nil || len(m.GetDevices()) != 2 {
 		t.Fatalf("membership after restart: %v %v", m, err)

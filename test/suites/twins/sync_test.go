@@ -273,21 +273,21 @@ func TestTwinStatus(t *testing.T) {
 	waitValid(t, ns, "t1")
 	const stream = 77
 	seq := uint64(0)
-	report := func(prop string, v *linkv1.Value, observed *linkv1.Value) error {
+	report := func(prop string, v, observed *linkv1.TwinValue) error {
 		seq++
 		return rig.status.Handle(ctx, cloudhub.Inbound{Node: "edge-1", At: cloudhub.Position{Stream: stream, Seq: seq},
 			Env: &linkv1.Envelope{Seq: seq, Kind: &linkv1.Envelope_TwinReported{TwinReported: &linkv1.TwinReportedUpdate{
-				Device: &linkv1.DeviceRef{Namespace: ns, Name: "t1"}, Property: prop, Value: v, ObservedDesired: observed,
+				Device: &linkv1.DeviceRef{Namespace: ns, Name: "t1"}, Property: prop, Reported: v, ObservedDesired: observed,
 				Time: timestamppb.New(time.UnixMilli(1_700_000_000_000 + int64(seq)))}}}})
 	}
 	t1 := "/namespaces/" + ns + "/devices/t1/status"
 	before := rig.writes.to(t1)
 	for i := range 500 {
-		if err := report("temperature", &linkv1.Value{Kind: &linkv1.Value_DoubleValue{DoubleValue: float64(i) / 2}}, nil); err != nil {
+		if err := report("temperature", &linkv1.TwinValue{Value: strconv.FormatFloat(float64(i)/2, 'g', -1, 64)}, nil); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := report("setpoint", &linkv1.Value{Kind: &linkv1.Value_IntValue{IntValue: 20}}, &linkv1.Value{Kind: &linkv1.Value_IntValue{IntValue: 20}}); err != nil {
+	if err := report("setpoint", &linkv1.TwinValue{Value: "20"}, &linkv1.TwinValue{Value: "20"}); err != nil {
 		t.Fatal(err)
 	}
 	if _, ok := hub.committed["edge-1"]; ok {
@@ -313,12 +313,12 @@ func TestTwinStatus(t *testing.T) {
 
 	// The mapper applies 21; a report resent from before (a controller
 	// restart) changes nothing.
-	if err := report("setpoint", &linkv1.Value{Kind: &linkv1.Value_IntValue{IntValue: 21}}, &linkv1.Value{Kind: &linkv1.Value_IntValue{IntValue: 21}}); err != nil {
+	if err := report("setpoint", &linkv1.TwinValue{Value: "21"}, &linkv1.TwinValue{Value: "21"}); err != nil {
 		t.Fatal(err)
 	}
 	last := seq
 	seq = 10 // a resend of seq 11: temperature 5
-	if err := report("temperature", &linkv1.Value{Kind: &linkv1.Value_DoubleValue{DoubleValue: 5}}, nil); err != nil {
+	if err := report("temperature", &linkv1.TwinValue{Value: "5"}, nil); err != nil {
 		t.Fatal(err)
 	}
 	seq = last
@@ -339,7 +339,7 @@ func TestTwinStatus(t *testing.T) {
 	seq = 5
 	if err := restarted.Handle(ctx, cloudhub.Inbound{Node: "edge-1", At: cloudhub.Position{Stream: stream, Seq: seq}, Env: &linkv1.Envelope{Seq: seq,
 		Kind: &linkv1.Envelope_TwinReported{TwinReported: &linkv1.TwinReportedUpdate{Device: &linkv1.DeviceRef{Namespace: ns, Name: "t1"},
-			Property: "temperature", Value: &linkv1.Value{Kind: &linkv1.Value_DoubleValue{DoubleValue: 2}}}}}}); err != nil {
+			Property: "temperature", Reported: &linkv1.TwinValue{Value: strconv.FormatFloat(2, 'g', -1, 64)}}}}}); err != nil {
 		t.Fatal(err)
 	}
 	restarted.Flush(ctx)
@@ -425,7 +425,7 @@ func TestTwinStatusLeadingEdge(t *testing.T) {
 		if err := rig.status.Handle(ctx, cloudhub.Inbound{Node: edge, At: cloudhub.Position{Stream: 9, Seq: seq},
 			Env: &linkv1.Envelope{Seq: seq, Kind: &linkv1.Envelope_TwinReported{TwinReported: &linkv1.TwinReportedUpdate{
 				Device: &linkv1.DeviceRef{Namespace: ns, Name: name}, Property: "temperature",
-				Value: &linkv1.Value{Kind: &linkv1.Value_DoubleValue{DoubleValue: v}}}}}}); err != nil {
+				Reported: &linkv1.TwinValue{Value: strconv.FormatFloat(v, 'g', -1, 64)}}}}}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -563,7 +563,7 @@ func TestTwinStatusFenced(t *testing.T) {
 		t.Helper()
 		if err := s.Handle(ctx, cloudhub.Inbound{Node: "edge-1", At: cloudhub.Position{Stream: 3, Seq: seq, Epoch: epoch}, Epoch: epoch,
 			Env: &linkv1.Envelope{Seq: seq, Kind: &linkv1.Envelope_TwinReported{TwinReported: &linkv1.TwinReportedUpdate{
-				Device: &linkv1.DeviceRef{Namespace: ns, Name: "t1"}, Property: "temperature", Value: &linkv1.Value{Kind: &linkv1.Value_DoubleValue{DoubleValue: v}}}}}}); err != nil {
+				Device: &linkv1.DeviceRef{Namespace: ns, Name: "t1"}, Property: "temperature", Reported: &linkv1.TwinValue{Value: strconv.FormatFloat(v, 'g', -1, 64)}}}}}); err != nil {
 			t.Fatal(err)
 		}
 		s.Flush(ctx)

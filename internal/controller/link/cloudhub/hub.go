@@ -533,7 +533,8 @@ func (h *Hub) state(node string) *nodeState {
 	return s
 }
 
-// Send queues env (a TwinDesiredUpdate, DeviceMembership or ProcessedAck)
+// Send queues env (a Device or DeviceModel update or removal, an inventory,
+// a DeviceMembership or a ProcessedAck)
 // for node; it is delivered exactly once, in order, for as long as this Hub
 // runs, whether the node is connected now or later. It returns
 // link.ErrQueueFull when the node already has QueueSize messages
@@ -960,7 +961,7 @@ func (h *Hub) deliver(ctx context.Context, m Inbound) error {
 		devices = append(devices, k.DeviceState.Device)
 	case *linkv1.Envelope_DeviceCondition:
 		devices = append(devices, k.DeviceCondition.Device)
-	case *linkv1.Envelope_TwinDesired, *linkv1.Envelope_DeviceUpdate, *linkv1.Envelope_DeviceRemoval,
+	case *linkv1.Envelope_DeviceUpdate, *linkv1.Envelope_DeviceRemoval,
 		*linkv1.Envelope_ModelUpdate, *linkv1.Envelope_ModelRemoval, *linkv1.Envelope_DeviceInventory:
 		return h.refused(ctx, node, env, "devices, models and desired values come from the cloud only")
 	}
