@@ -75,17 +75,23 @@ func (s *Server) ownerLocked(d *linkv1.EdgeDevice, asked map[string]bool) (strin
 			return n, true
 		}
 	}
+	// A Device naming no mapper goes to the protocol's mapper that has held
+	// its name longest (mapper.since), not the one whose name sorts first:
+	// a process registering later cannot take it by its choice of name.
 	proto := protocolOf(d, s.models)
-	best, found := "", false
+	var best *mapper
 	for name, m := range s.mappers {
 		if m.info.GetProtocol() != proto || asked[name] {
 			continue
 		}
-		if !found || name < best {
-			best, found = name, true
+		if best == nil || m.since < best.since || m.since == best.since && name < best.info.GetName() {
+			best = m
 		}
 	}
-	return best, found
+	if best == nil {
+		return "", false
+	}
+	return best.info.GetName(), true
 }
 
 // assignedLocked is what mapper name should hold: its Devices whose model

@@ -41,6 +41,12 @@ type mapper struct {
 	// remembered from an agent that did not record it: the process serving
 	// its socket is adopted on its first report. Under mu.
 	registrant caller
+	// since orders the registrations of one protocol: the mapper that has
+	// held its name longest serves the protocol's Devices that name no
+	// mapper, so that a newcomer (another process on the socket) cannot take
+	// them by picking a name that sorts first. Kept across re-registrations
+	// and agent restarts.
+	since uint64
 	// unreachableSince is when calls started failing as unreachable (zero:
 	// reachable). The worker's own.
 	unreachableSince time.Time

@@ -244,3 +244,56 @@ func TestCallerOfThisProcess(t *testing.T) {
 	}
 	t.Logf("caller %+v (pidfs inode %d: 0 on kernels before 6.9)", who, who.PidIno)
 }
+
+// TestNameStaysWithItsLiveProcess: another process may not register under a
+// name whose registrant still serves its socket (PermissionDenied, saying
+// why), nor take a protocol's unnamed Devices by registering a name that
+// sorts first; once the first mapper's socket is served by nobody, its name
+// is free.
+func TestNameStaysWithItsLiveProcess(t *testing.T) {
+	dir := t.TempDir()
+	edge := newFakeEdge()
+	edge.putModel(model("pump", "modbus"))
+	edge.putDevice(device("pump-1", "pump", "modbus", "", "1"))
+	r := startServer(t, dir, edge, nil)
+	plc := startFakeMapper(t, filepath.Join(dir, "plc.sock"))
+	register(t, r.client, "plc", "modbus", plc.sock, false)
+	waitFor(t, "pump-1 sent to plc", func() error {
+		if plc.has("default/pump-1") == nil {
+			return fmt.Errorf("plc holds %v", plc.callList())
+		}
+		return nil
+	})
+	sock := filepath.Join(dir, "dmi.sock")
+	owner := func() string {
+		r.srv.mu.Lock()
+		defer r.srv.mu.Unlock()
+		name, _ := r.srv.ownerLocked(r.srv.devices["default/pump-1"], r.srv.askedLocked())
+		return name
+	}
+
+	got := runChild(t, map[string]any{"Socket": sock, "Name": "plc", "Protocol": "modbus", "Address": filepath.Join(dir, "evil.sock")})
+	if len(got) != 1 || got[0].Code != codes.PermissionDenied || !strings.Contains(got[0].Message, "still serves "+plc.sock) {
+		t.Fatalf("another process registering a live mapper's name: %v, want PermissionDenied saying the name is held", got)
+	}
+	if o := owner(); o != "plc" {
+		t.Errorf("pump-1 served by %q after the refused takeover, want plc", o)
+	}
+
+	// A name that sorts first is a new mapper of the protocol, not the
+	// owner of its Devices.
+	got = runChild(t, map[string]any{"Socket": sock, "Name": "a", "Protocol": "modbus", "Address": filepath.Join(dir, "a.sock")})
+	if len(got) != 1 || got[0].Code != codes.OK {
+		t.Fatalf("registering a new name: %v", got)
+	}
+	if o := owner(); o != "plc" {
+		t.Errorf("pump-1 served by %q after mapper a registered, want plc (the first registered)", o)
+	}
+
+	// The first mapper is gone: its name may be taken.
+	plc.srv.Stop()
+	got = runChild(t, map[string]any{"Socket": sock, "Name": "plc", "Protocol": "modbus", "Address": filepath.Join(dir, "plc2.sock")})
+	if len(got) != 1 || got[0].Code != codes.OK {
+		t.Fatalf("registering the name of a mapper whose socket nobody serves: %v", got)
+	}
+}

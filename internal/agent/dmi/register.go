@@ -5,6 +5,8 @@ package dmi
 
 import (
 	"context"
+	"fmt"
+	"time"
 
 	"github.com/go-logr/logr"
 	"google.golang.org/grpc/codes"
@@ -32,6 +34,14 @@ func (s *Server) MapperRegister(ctx context.Context, req *dmiv1beta1.MapperRegis
 	}
 	who := callerFrom(ctx)
 	m.registrant = who
+	s.mu.Lock()
+	prev := s.mappers[info.GetName()]
+	s.mu.Unlock()
+	if err := mayReplace(ctx, prev, who); err != nil {
+		_ = m.conn.Close()
+		s.log.Info("refused a registration under a name another live process holds", "mapper", info.GetName(), "caller", who.String(), "reason", err.Error())
+		return nil, status.Errorf(codes.PermissionDenied, "mapper %q: %v", info.GetName(), err)
+	}
 	resp := &dmiv1beta1.MapperRegisterResponse{}
 	s.mu.Lock()
 	if s.runCtx == nil {
@@ -40,6 +50,17 @@ func (s *Server) MapperRegister(ctx context.Context, req *dmiv1beta1.MapperRegis
 		return nil, status.Error(codes.Unavailable, "the mapper API is starting")
 	}
 	old := s.mappers[info.GetName()]
+	if old != prev {
+		s.mu.Unlock()
+		_ = m.conn.Close()
+		return nil, status.Errorf(codes.Aborted, "mapper %q registered meanwhile by another call; try again", info.GetName())
+	}
+	if old != nil {
+		m.since = old.since
+	} else {
+		s.registered++
+		m.since = s.registered
+	}
 	s.mappers[info.GetName()] = m
 	if req.GetWithData() {
 		devs, models := s.assignedLocked(info.GetName())
@@ -92,6 +113,34 @@ func (s *Server) MapperRegister(ctx context.Context, req *dmiv1beta1.MapperRegis
 			"mapper", info.GetName(), "uid", who.UID)
 	}
 	return resp, nil
+}
+
+// mayReplace says whether who may register under the name old holds (nil:
+// a new name). A name stays with the process that registered it while that
+// process lives: it may register again, and so may whoever serves the old
+// registration's socket now (a restarted mapper); while the old socket is
+// still served by another process, nobody else may take the name and the
+// Devices that come with it. The agent's own process (tests) may.
+func mayReplace(ctx context.Context, old *mapper, who caller) error {
+	if old == nil || !who.Known {
+		return nil
+	}
+	old.mu.Lock()
+	reg := old.registrant
+	old.mu.Unlock()
+	if reg.Known && reg.same(who) {
+		return nil
+	}
+	lctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	served, err := listenerOf(lctx, mapperAddress(old.info))
+	if err != nil {
+		return nil // nobody serves the old registration's socket: it is gone
+	}
+	if served.same(who) {
+		return nil
+	}
+	return fmt.Errorf("the name is registered by %s, which still serves %s; a mapper's name stays with the process that registered it while it lives (give this mapper another name)", served.String(), mapperAddress(old.info))
 }
 
 // forget drops m if it is still the registration under its name.

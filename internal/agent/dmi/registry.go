@@ -26,6 +26,9 @@ type savedMapper struct {
 	// Caller is the process that registered it (absent from files of
 	// agents before it was recorded).
 	Caller *caller `json:"caller,omitempty"`
+	// Since orders registrations (mapper.since); 0 in files of agents
+	// before it was recorded, which then keep the file's name order.
+	Since uint64 `json:"since,omitempty"`
 }
 
 func (s *Server) mappersFile() string { return filepath.Join(s.cfg.StateDir, "dmi-mappers.json") }
@@ -59,7 +62,7 @@ func (s *Server) writeMappers() error {
 		i := m.info
 		devs, models := m.held()
 		sm := savedMapper{Name: i.GetName(), Version: i.GetVersion(), APIVersion: i.GetApiVersion(), Protocol: i.GetProtocol(), Address: string(i.GetAddress()),
-			Devices: devs, Models: models}
+			Devices: devs, Models: models, Since: m.since}
 		m.mu.Lock()
 		if m.registrant.Known {
 			c := m.registrant

@@ -123,16 +123,18 @@ type Server struct {
 
 	fileMu sync.Mutex
 
-	mu       sync.Mutex
-	devices  map[string]*linkv1.EdgeDevice
-	models   map[string]*linkv1.EdgeDeviceModel
-	asked    map[string]bool // see askedLocked; nil when devices changed
-	mappers  map[string]*mapper
-	pending  map[string]time.Time // device -> when its update reached the edge
-	limiters map[string]*rate.Limiter
-	unserved map[string]bool // Devices told to the cloud as served by no mapper
-	refused  map[string]*refusals
-	condMu   sync.Mutex // orders the condition messages of noteRefusals
+	mu      sync.Mutex
+	devices map[string]*linkv1.EdgeDevice
+	models  map[string]*linkv1.EdgeDeviceModel
+	asked   map[string]bool // see askedLocked; nil when devices changed
+	mappers map[string]*mapper
+	// registered counts registrations of new names (mapper.since).
+	registered uint64
+	pending    map[string]time.Time // device -> when its update reached the edge
+	limiters   map[string]*rate.Limiter
+	unserved   map[string]bool // Devices told to the cloud as served by no mapper
+	refused    map[string]*refusals
+	condMu     sync.Mutex // orders the condition messages of noteRefusals
 	// runCtx is Start's context, under which the workers of mappers that
 	// register later run: a registration's call ends long before its
 	// mapper's worker does. Nil until Start.
@@ -202,6 +204,13 @@ func New(cfg Config, edge Edge, metrics *Metrics) (*Server, error) {
 		if sm.Caller != nil {
 			m.registrant = *sm.Caller
 		}
+		// Files before Since was kept list by name: that order, after
+		// every recorded one.
+		m.since = sm.Since
+		if m.since == 0 {
+			m.since = 1<<32 + uint64(len(s.mappers))
+		}
+		s.registered = max(s.registered, m.since)
 		for _, k := range sm.Devices {
 			m.devices[k] = "" // held, content unknown: sent again
 		}
