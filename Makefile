@@ -137,7 +137,8 @@ test: deps node-deps k8s helm peers build verify-generate
 # deadline exceeded" and no failing input (golang/go#75804, fixed in Go
 # 1.27); a count has no deadline to race.
 FUZZ_TARGETS := FuzzFrameDecode:./internal/link FuzzDerivedNames:./internal/dra FuzzCheck:./internal/controller/link/twins \
-  FuzzDeviceConversion:./internal/agent/dmi FuzzReports:./internal/agent/dmi FuzzMapperRegister:./internal/agent/dmi FuzzPayload:./mappers/mapper FuzzHandlerDevices:./internal/agent/discovery
+  FuzzDeviceConversion:./internal/agent/dmi FuzzReports:./internal/agent/dmi FuzzMapperRegister:./internal/agent/dmi FuzzPayload:./mappers/mapper FuzzHandlerDevices:./internal/agent/discovery \
+  FuzzParseMessage:./discovery-handlers/onvif/wsdiscovery FuzzDeviceAnswers:./internal/onvifclient
 FUZZTIME ?= 2m
 fuzz:
 	@for t in $(FUZZ_TARGETS); do \
