@@ -16,13 +16,13 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
 
-	"github.com/dowse-dev/dowse/internal/contain"
 	"github.com/dowse-dev/dowse/internal/controller/link/cloudhub"
-	"github.com/dowse-dev/dowse/internal/controller/link/edges"
 	"github.com/dowse-dev/dowse/internal/controller/link/linkauth"
+	"github.com/dowse-dev/dowse/internal/controller/link/membership"
 	"github.com/dowse-dev/dowse/internal/controller/link/ownership"
 	"github.com/dowse-dev/dowse/internal/controller/link/twins"
 	"github.com/dowse-dev/dowse/internal/link/pki"
+	"github.com/dowse-dev/dowse/internal/optional"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 )
 
@@ -141,8 +141,8 @@ func addLink(ctx context.Context, mgr ctrl.Manager, cfg Config, reg prometheus.R
 	// retried, and fails only the "link" readiness check meanwhile, while
 	// brokers go on. Every replica serves the bootstrap endpoint and the
 	// hub: the link's Service selects every ready replica.
-	failures := contain.NewFailures(reg, "dowse_controller")
-	authPart := &contain.Part{Name: "link-auth", Log: log, Failures: failures, Run: func(ctx context.Context) error {
+	failures := optional.NewFailures(reg, "dowse_controller")
+	authPart := &optional.Part{Name: "link-auth", Log: log, Failures: failures, Run: func(ctx context.Context) error {
 		return auth.Start(logr.NewContext(ctx, log))
 	}}
 	if err := mgr.Add(authPart); err != nil {
@@ -151,7 +151,7 @@ func addLink(ctx context.Context, mgr ctrl.Manager, cfg Config, reg prometheus.R
 
 	// The hub serves the bootstrap endpoint's certificate, re-issued with it.
 	tlsCfg := pki.ServerTLSConfig(auth.ServerCertificate, ca.Pool())
-	if err := mgr.GetFieldIndexer().IndexField(ctx, &v1alpha1.Instance{}, edges.NodeIndex, edges.IndexByNode); err != nil {
+	if err := mgr.GetFieldIndexer().IndexField(ctx, &v1alpha1.Instance{}, membership.NodeIndex, membership.IndexByNode); err != nil {
 		return err
 	}
 	for _, ix := range []struct {
@@ -162,8 +162,8 @@ func addLink(ctx context.Context, mgr ctrl.Manager, cfg Config, reg prometheus.R
 			return err
 		}
 	}
-	var members *edges.Memberships
-	var departures *edges.Departures
+	var members *membership.Memberships
+	var departures *membership.Departures
 	var twinSync *twins.Sync
 	var hub *cloudhub.Hub
 	var presence *ownership.Presence
@@ -220,11 +220,11 @@ func addLink(ctx context.Context, mgr ctrl.Manager, cfg Config, reg prometheus.R
 		// valid, no longer gets in.
 		NodeAllowed: func(ctx context.Context, node string) (bool, error) { return departures.Allowed(ctx, node) },
 		Claim:       claims.Claim,
-	}, edges.Authorizer{Reader: mgr.GetClient()}, status.Handle, reg)
+	}, membership.Authorizer{Reader: mgr.GetClient()}, status.Handle, reg)
 	if err != nil {
 		return err
 	}
-	members = edges.NewMemberships(mgr.GetClient(), hub, log.WithName("membership"))
+	members = membership.NewMemberships(mgr.GetClient(), hub, log.WithName("membership"))
 	if err := members.SetupWithManager(mgr); err != nil {
 		return err
 	}
@@ -238,11 +238,11 @@ func addLink(ctx context.Context, mgr ctrl.Manager, cfg Config, reg prometheus.R
 	if err := mgr.Add(status); err != nil {
 		return err
 	}
-	departures = edges.NewDepartures(mgr.GetClient(), forgetAll{hub, twinSync, claims}, members, log.WithName("departures"))
+	departures = membership.NewDepartures(mgr.GetClient(), forgetAll{hub, twinSync, claims}, members, log.WithName("departures"))
 	if err := departures.SetupWithManager(mgr); err != nil {
 		return err
 	}
-	ownPart := &contain.Part{Name: "link-ownership", Log: log, Failures: failures, Run: func(ctx context.Context) error {
+	ownPart := &optional.Part{Name: "link-ownership", Log: log, Failures: failures, Run: func(ctx context.Context) error {
 		return claims.Start(ctx)
 	}}
 	if err := mgr.Add(ownPart); err != nil {
@@ -259,7 +259,7 @@ func addLink(ctx context.Context, mgr ctrl.Manager, cfg Config, reg prometheus.R
 	if err != nil {
 		return err
 	}
-	if err := mgr.Add(&contain.Part{Name: "link-spread", Log: log, Failures: failures, Run: func(ctx context.Context) error {
+	if err := mgr.Add(&optional.Part{Name: "link-spread", Log: log, Failures: failures, Run: func(ctx context.Context) error {
 		select {
 		case <-hub.Ready():
 		case <-ctx.Done():
@@ -269,7 +269,7 @@ func addLink(ctx context.Context, mgr ctrl.Manager, cfg Config, reg prometheus.R
 	}}); err != nil {
 		return err
 	}
-	hubPart := &contain.Part{Name: "cloudhub", Log: log, Failures: failures, Run: func(ctx context.Context) error {
+	hubPart := &optional.Part{Name: "cloudhub", Log: log, Failures: failures, Run: func(ctx context.Context) error {
 		if !mgr.GetCache().WaitForCacheSync(ctx) {
 			return errors.New("cache never synced")
 		}

@@ -1,4 +1,4 @@
-package edges
+package membership
 
 import (
 	"context"
@@ -106,7 +106,7 @@ func (m *Memberships) Reconcile(ctx context.Context, req reconcile.Request) (rec
 }
 
 func (m *Memberships) send(ctx context.Context, node string) error {
-	set, err := Membership(ctx, m.reader, node)
+	set, err := Of(ctx, m.reader, node)
 	if err != nil {
 		return err
 	}
@@ -128,8 +128,8 @@ func (m *Memberships) send(ctx context.Context, node string) error {
 	return nil
 }
 
-// Membership lists the Instances node sees, sorted.
-func Membership(ctx context.Context, r client.Reader, node string) (*linkv1.DeviceMembership, error) {
+// Of lists the Instances node sees, sorted.
+func Of(ctx context.Context, r client.Reader, node string) (*linkv1.DeviceMembership, error) {
 	var list v1alpha1.InstanceList
 	// Read only: the cache's objects are not copied.
 	if err := r.List(ctx, &list, client.MatchingFields{NodeIndex: node}, client.UnsafeDisableDeepCopy); err != nil {

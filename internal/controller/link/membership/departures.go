@@ -1,4 +1,4 @@
-package edges
+package membership
 
 import (
 	"context"
