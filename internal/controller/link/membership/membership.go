@@ -77,17 +77,22 @@ func (m *Memberships) SetupWithManager(mgr ctrl.Manager) error {
 		Complete(m)
 }
 
-// Forget drops what was last sent to node, for a node that left the
-// cluster.
-func (m *Memberships) Forget(node string) {
+// TakenOver (cloudhub.SessionObserver) drops what was last sent to node:
+// its new owner sends it again.
+func (m *Memberships) TakenOver(node string) { m.forget(node) }
+
+// Departed (cloudhub.SessionObserver) drops what was last sent to node.
+func (m *Memberships) Departed(node string) { m.forget(node) }
+
+func (m *Memberships) forget(node string) {
 	m.mu.Lock()
 	delete(m.sent, node)
 	m.mu.Unlock()
 }
 
-// OnConnect sends node its whole membership: a (re)connected node may have
+// Connected (cloudhub.SessionObserver) sends node its whole membership: a (re)connected node may have
 // missed any earlier one (a restarted hub keeps no queue).
-func (m *Memberships) OnConnect(ctx context.Context, node string) {
+func (m *Memberships) Connected(ctx context.Context, node string) {
 	m.mu.Lock()
 	delete(m.sent, node)
 	m.mu.Unlock()

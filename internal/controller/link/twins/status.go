@@ -412,6 +412,17 @@ func (s *Status) scheduleLocked(key types.NamespacedName, st *twinState) {
 	s.queue.AddAfter(key, due.Sub(now))
 }
 
+// Connected is cloudhub.SessionObserver's: nothing to do, the node
+// resends what was not committed.
+func (s *Status) Connected(context.Context, string) {}
+
+// TakenOver is cloudhub.SessionObserver's: Release.
+func (s *Status) TakenOver(node string) { s.Release(node) }
+
+// Departed is cloudhub.SessionObserver's: nothing more to drop than what
+// the node's Devices' removals drop.
+func (s *Status) Departed(string) {}
+
 // Release drops what node reported and was not written yet, for a node
 // whose session this replica no longer holds: nothing of it was
 // committed, so the edge resends it to its new owner. Messages of the
