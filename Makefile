@@ -67,7 +67,7 @@ images:
 RELEASE_VERSION ?= $(shell hack/release-version.sh)
 RELEASE_PLATFORMS ?= linux/amd64 linux/arm64
 RELEASE_DIR ?= $(BIN)/release
-# Every dowse-* command by default (test/release builds two).
+# Every dowse-* command by default (test/suites/release builds two).
 RELEASE_CMDS ?=
 release: helm
 	@echo "building release $(RELEASE_VERSION) for $(RELEASE_PLATFORMS) into $(RELEASE_DIR)"
@@ -102,10 +102,10 @@ test-unit:
 test-integration: k8s helm build
 	go test $(GO_TEST_FLAGS) ./test/...
 
-# The real-node tier alone (test/cluster): needs root and runc; about half a
+# The real-node tier alone (test/framework/cluster): needs root and runc; about half a
 # minute once the binaries are built. `make test` runs it too, within ./...
 test-node: k8s node-deps
-	go test $(GO_TEST_FLAGS) -v ./test/node/
+	go test $(GO_TEST_FLAGS) -v ./test/suites/node/
 
 # Real protocol peers built from the module proxy (go2rtc for ONVIF).
 peers:
@@ -114,13 +114,13 @@ peers:
 # Everything CI runs: generated code check, lint, unit and integration
 # tests under the race detector, the node tier and a short fuzz run.
 # PLAIN_TEST_PKGS (kept out of the -race run's list) run without it: the
-# real kubelet and containerd (test/node) and `make release` (test/release)
+# real kubelet and containerd (test/suites/node) and `make release` (test/suites/release)
 # do their work in other processes, where the detector would see nothing.
-PLAIN_TEST_PKGS := ./test/node ./test/release
+PLAIN_TEST_PKGS := ./test/suites/node ./test/suites/release
 test: deps node-deps k8s helm peers build verify-generate
 	go vet ./...
 	$(MAKE) lint
-	go test $(GO_TEST_FLAGS) -race $$(go list ./... | grep -v -E '/test/(node|release)$$')
+	go test $(GO_TEST_FLAGS) -race $$(go list ./... | grep -v -E '/test/suites/(node|release)$$')
 	go test $(GO_TEST_FLAGS) $(PLAIN_TEST_PKGS)
 	$(MAKE) fuzz FUZZTIME=10000x
 
@@ -161,8 +161,8 @@ bench: k8s build
 	go run ./test/bench/mapper
 	go test -run '^$$' -bench MQTTSink -benchtime 50000x ./mappers/mapper/
 	go test -run '^$$' -bench . -benchtime 2s ./internal/agent/edgehub/
-	go test -run '^$$' -bench . -benchtime 3000x ./test/link/
-	go test -run '^$$' -bench 'Twins|ModbusTwin|KubeEdgeMapperTwin' -benchtime 1x ./test/e2e/
+	go test -run '^$$' -bench . -benchtime 3000x ./test/suites/link/
+	go test -run '^$$' -bench 'Twins|ModbusTwin|KubeEdgeMapperTwin' -benchtime 1x ./test/suites/e2e/
 
 # Local demo: a twin (a desired setpoint moves the demo's Modbus controller,
 # the readings come back reported), live Instances, and on a root machine

@@ -180,7 +180,10 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 		reg = ctrlMetricsRegistry()
 	}
 	handlers := registry.New(cfg.StateDir)
-	writer := instances.NewWriter(mgr.GetClient(), mgr.GetAPIReader(), cfg.NodeName, cfg.WriteConcurrency, instances.NewMetrics(reg))
+	// What containers get of the host comes from this node's own handlers
+	// (cdi.Local), not from shared Instance objects other nodes also write.
+	local := cdi.NewLocal()
+	writer := instances.NewWriter(mgr.GetClient(), mgr.GetAPIReader(), cfg.NodeName, cfg.WriteConcurrency, instances.NewMetrics(reg), local)
 	instInformer, err := mgr.GetCache().GetInformer(ctx, &v1alpha1.Instance{})
 	if err != nil {
 		return err
@@ -224,7 +227,7 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 	// keeps stays until both let go of it.
 	var specs *cdi.Writer
 	if cfg.CDISpecDir != "" && (cfg.DevicePluginDir != "" || cfg.DRA.Enabled) {
-		if specs, err = cdi.NewWriter(cfg.CDISpecDir); err != nil {
+		if specs, err = cdi.NewWriter(cfg.CDISpecDir, local); err != nil {
 			return err
 		}
 	}

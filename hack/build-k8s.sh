@@ -3,8 +3,8 @@
 # once each: no prebuilt Kubernetes or containerd release can be downloaded on
 # our machines. The control plane (etcd, kube-apiserver) is what envtest needs;
 # the node (kubelet, scheduler, controller manager, kube-proxy, containerd,
-# its runc shim, ctr) is what test/cluster needs; kubectl runs dowsectl as a plugin in
-# test/dowsectl. Versions are pinned in hack/k8s/*/go.mod.
+# its runc shim, ctr) is what test/framework/cluster needs; kubectl runs dowsectl as a plugin in
+# test/suites/cli. Versions are pinned in hack/k8s/*/go.mod.
 # Builds run one after another: our machines have two cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs what the real test node (test/cluster) needs from Debian, when
+# Installs what the real test node (test/framework/cluster) needs from Debian, when
 # missing: runc, the OCI runtime containerd's shim starts, and for the node's
 # pod network the CNI plugins (bridge, host-local, loopback), nftables (the
 # rules kube-proxy writes) and iptables (the bridge plugin's masquerade).

@@ -18,7 +18,7 @@ import (
 	"github.com/dowse-dev/dowse/discovery-handlers/modbus"
 	discoveryv1 "github.com/dowse-dev/dowse/proto/discovery/v1"
 	"github.com/dowse-dev/dowse/shared/handler/handlertest"
-	"github.com/dowse-dev/dowse/test/npmpeer"
+	"github.com/dowse-dev/dowse/test/peers/npmpeer"
 )
 
 const wait = 15 * time.Second

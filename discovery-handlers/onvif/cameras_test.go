@@ -11,7 +11,7 @@ import (
 
 	discoveryv1 "github.com/dowse-dev/dowse/proto/discovery/v1"
 	"github.com/dowse-dev/dowse/shared/handler/handlertest"
-	peertest "github.com/dowse-dev/dowse/test/onvifpeer"
+	peertest "github.com/dowse-dev/dowse/test/peers/onvifpeer"
 )
 
 // waitIDs reads the stream until a list with exactly ids arrives and

@@ -17,7 +17,7 @@ import (
 
 	discoveryv1 "github.com/dowse-dev/dowse/proto/discovery/v1"
 	"github.com/dowse-dev/dowse/shared/handler/handlertest"
-	peertest "github.com/dowse-dev/dowse/test/onvifpeer"
+	peertest "github.com/dowse-dev/dowse/test/peers/onvifpeer"
 )
 
 // Go2rtcEnv names the go2rtc v1.9.13 binary the test runs as a real ONVIF

@@ -12,7 +12,7 @@ import (
 
 	discoveryv1 "github.com/dowse-dev/dowse/proto/discovery/v1"
 	"github.com/dowse-dev/dowse/shared/handler/handlertest"
-	peertest "github.com/dowse-dev/dowse/test/onvifpeer"
+	peertest "github.com/dowse-dev/dowse/test/peers/onvifpeer"
 )
 
 func runHandler(t *testing.T) *discoveryv1.RegisterDiscoveryHandlerRequest {

@@ -23,7 +23,7 @@ import (
 	"github.com/dowse-dev/dowse/discovery-handlers/opcua"
 	discoveryv1 "github.com/dowse-dev/dowse/proto/discovery/v1"
 	"github.com/dowse-dev/dowse/shared/handler/handlertest"
-	"github.com/dowse-dev/dowse/test/npmpeer"
+	"github.com/dowse-dev/dowse/test/peers/npmpeer"
 )
 
 const (

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/dowse-dev/dowse/shared/handler/handlertest"
-	"github.com/dowse-dev/dowse/test/procs"
+	"github.com/dowse-dev/dowse/test/framework/procs"
 )
 
 // lockedBuffer collects a process's stderr while the test reads it.

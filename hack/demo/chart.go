@@ -10,9 +10,9 @@ import (
 
 	"sigs.k8s.io/yaml"
 
-	"github.com/dowse-dev/dowse/test/cluster"
-	"github.com/dowse-dev/dowse/test/kube"
-	"github.com/dowse-dev/dowse/test/procs"
+	"github.com/dowse-dev/dowse/test/framework/cluster"
+	"github.com/dowse-dev/dowse/test/framework/kube"
+	"github.com/dowse-dev/dowse/test/framework/procs"
 )
 
 // helmPath is the Helm `make helm` builds from the module proxy.

@@ -29,8 +29,9 @@ import (
 
 	"github.com/dowse-dev/dowse/internal/scheme"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
-	"github.com/dowse-dev/dowse/test/kube"
-	"github.com/dowse-dev/dowse/test/modbusplc"
+	"github.com/dowse-dev/dowse/test/framework/dowse"
+	"github.com/dowse-dev/dowse/test/framework/kube"
+	"github.com/dowse-dev/dowse/test/peers/modbusplc"
 )
 
 func main() {
@@ -106,10 +107,11 @@ func run(ctx context.Context, every time.Duration, flips int) error {
 	}
 	// No kubelet runs beside these processes: no device plugins, and so no
 	// CDI specs in the machine's /var/run/cdi.
-	if err := ps.start("dowse-agent", append([]string{"--kubeconfig", kubeconfig, "--node-name", processNode, "--state-dir", dir,
-		"--device-plugin-dir", "", "--metrics-bind-address", "0", "--health-probe-bind-address", "0"}, link.agentArgs...)...); err != nil {
+	ag, err := dowse.Agent{Kubeconfig: kubeconfig, Node: processNode, StateDir: dir, Link: link.edge}.Start(ps.logs)
+	if err != nil {
 		return err
 	}
+	ps.ps = append(ps.ps, ag)
 	if err := ps.start("dowse-debug-echo-discovery", "--state-dir", dir, "--availability-file", avail); err != nil {
 		return err
 	}
@@ -155,7 +157,7 @@ func watchAndFlip(ctx context.Context, c client.WithWatch, kubeconfig, avail str
 	// The console opens nothing by itself: the command is for the person.
 	say("to watch the twin and the Instances coming and going in a browser, run in another terminal:")
 	say("  %s console --kubeconfig %s -n default", filepath.Join(kube.RepoRoot(), "bin", "dowsectl"), kubeconfig)
-	say("  and open http://127.0.0.1:8470/ (as a kubectl plugin: ln -s bin/dowsectl kubectl-dowse on your PATH, then kubectl dowse console)")
+	say("  and open the address it prints, with its one-time login (as a kubectl plugin: ln -s bin/dowsectl kubectl-dowse on your PATH, then kubectl dowse console)")
 	w, err := c.Watch(ctx, &v1alpha1.InstanceList{}, client.InNamespace("default"))
 	if err != nil {
 		return err

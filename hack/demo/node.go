@@ -13,9 +13,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/dowse-dev/dowse/internal/scheme"
-	"github.com/dowse-dev/dowse/test/cluster"
-	"github.com/dowse-dev/dowse/test/kube"
-	"github.com/dowse-dev/dowse/test/modbusplc"
+	"github.com/dowse-dev/dowse/test/framework/cluster"
+	"github.com/dowse-dev/dowse/test/framework/kube"
+	"github.com/dowse-dev/dowse/test/peers/modbusplc"
 )
 
 // canUseNode says whether this machine can run the real one-node cluster.

@@ -14,7 +14,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/dowse-dev/dowse/dowsectl"
-	"github.com/dowse-dev/dowse/test/procs"
+	"github.com/dowse-dev/dowse/test/framework/dowse"
+	"github.com/dowse-dev/dowse/test/framework/procs"
 )
 
 // processNode is the node the process demo's agent says it runs on.
@@ -69,12 +70,12 @@ func startProcessLink(ctx context.Context, c client.Client, ps *processes, kubec
 			return nil, err
 		}
 	}
-	if err := ps.start("dowse-controller", "--kubeconfig", kubeconfig, "--leader-elect=false",
-		"--metrics-bind-address", fmt.Sprintf("127.0.0.1:%d", ports[0]), "--health-probe-bind-address", "0",
-		"--link-hosts", "127.0.0.1", "--link-websocket-address", fmt.Sprintf("127.0.0.1:%d", ports[1]), "--link-quic-address", "",
-		"--link-auth-bind-address", fmt.Sprintf("127.0.0.1:%d", ports[2])); err != nil {
+	link := &dowse.Link{WebSocket: ports[1], Auth: ports[2]}
+	ctl, err := dowse.Controller{Kubeconfig: kubeconfig, Metrics: ports[0], Link: link}.Start(ps.logs)
+	if err != nil {
 		return nil, err
 	}
+	ps.ps = append(ps.ps, ctl)
 	var tok dowsectl.Result
 	args := []string{"token", "create", "--kubeconfig", kubeconfig, "--node", processNode, "--ttl", "1h", "--output", "json"}
 	if err := poll(ctx, time.Minute, 300*time.Millisecond, "the link CA and a bootstrap token", func() (bool, error) {
@@ -87,13 +88,12 @@ func startProcessLink(ctx context.Context, c client.Client, ps *processes, kubec
 		return nil, err
 	}
 	say("$ dowsectl %s   (the agent joins the link with it)", strings.Join(args, " "))
-	return &processLink{demoLink: demoLink{metricsPort: ports[0], how: "the bootstrap token"}, agentArgs: []string{
-		"--link-server", fmt.Sprintf("127.0.0.1:%d", ports[1]), "--link-transport", "websocket",
-		"--link-auth-url", fmt.Sprintf("https://127.0.0.1:%d", ports[2]),
-		"--link-bootstrap-token", tok.Token, "--link-ca-cert-hash", tok.CACertHash}}, nil
+	edge := link.Edge("websocket")
+	edge.BootstrapToken, edge.CACertHash = tok.Token, tok.CACertHash
+	return &processLink{demoLink: demoLink{metricsPort: ports[0], how: "the bootstrap token"}, edge: edge}, nil
 }
 
 type processLink struct {
 	demoLink
-	agentArgs []string
+	edge *dowse.AgentLink
 }

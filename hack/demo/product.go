@@ -23,10 +23,10 @@ import (
 	debugecho "github.com/dowse-dev/dowse/brokers/debug-echo"
 	"github.com/dowse-dev/dowse/dowsectl"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
-	"github.com/dowse-dev/dowse/test/cluster"
-	"github.com/dowse-dev/dowse/test/kube"
-	"github.com/dowse-dev/dowse/test/modbusplc"
-	"github.com/dowse-dev/dowse/test/procs"
+	"github.com/dowse-dev/dowse/test/framework/cluster"
+	"github.com/dowse-dev/dowse/test/framework/kube"
+	"github.com/dowse-dev/dowse/test/framework/procs"
+	"github.com/dowse-dev/dowse/test/peers/modbusplc"
 )
 
 // readSample reads samples/<file> strictly into obj, in "default".

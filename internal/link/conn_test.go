@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"net"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -65,8 +66,8 @@ func TestQueuedEnvelopesAreNotWritten(t *testing.T) {
 		if env.Ack != received {
 			t.Fatalf("message %d carries ack %d, want %d", env.Seq, env.Ack, received)
 		}
-		if v := env.GetTwinReported().GetValue().GetIntValue(); v != int64(got) {
-			t.Fatalf("message %d holds %d, want %d", env.Seq, v, got)
+		if v := env.GetTwinReported().GetReported().GetValue(); v != strconv.Itoa(got) {
+			t.Fatalf("message %d holds %s, want %d", env.Seq, v, got)
 		}
 		got++
 	}
@@ -97,7 +98,7 @@ func TestAppendFrameAckOverridesStoredAck(t *testing.T) {
 		if err := Decode(frame, &got); err != nil {
 			t.Fatalf("ack %d: %v", ack, err)
 		}
-		if got.Ack != ack || got.Seq != 3 || got.GetTwinReported().GetValue().GetIntValue() != 1 {
+		if got.Ack != ack || got.Seq != 3 || got.GetTwinReported().GetReported().GetValue() != "1" {
 			t.Errorf("ack %d: decoded %v", ack, &got)
 		}
 	}

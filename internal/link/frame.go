@@ -125,13 +125,14 @@ func Decode(frame []byte, env *linkv1.Envelope) error {
 	if err := proto.Unmarshal(frame, env); err != nil {
 		return fmt.Errorf("%w: %w", ErrMalformed, err)
 	}
+	UpgradeLegacy(env)
 	return Validate(env)
 }
 
 // Sequenced reports whether env's kind is numbered and resent until acked.
 func Sequenced(env *linkv1.Envelope) bool {
 	switch env.Kind.(type) {
-	case *linkv1.Envelope_TwinDesired, *linkv1.Envelope_TwinReported,
+	case *linkv1.Envelope_TwinReported,
 		*linkv1.Envelope_DeviceMembership, *linkv1.Envelope_Processed,
 		*linkv1.Envelope_DeviceUpdate, *linkv1.Envelope_DeviceRemoval,
 		*linkv1.Envelope_ModelUpdate, *linkv1.Envelope_ModelRemoval,
@@ -151,10 +152,11 @@ func Validate(env *linkv1.Envelope) error {
 		return fmt.Errorf("%w: seq %d on %T", ErrMalformed, env.Seq, env.Kind)
 	}
 	switch k := env.Kind.(type) {
-	case *linkv1.Envelope_TwinDesired:
-		return validTwin(k.TwinDesired.GetDevice(), k.TwinDesired.GetProperty(), k.TwinDesired.GetValue())
 	case *linkv1.Envelope_TwinReported:
-		return validTwin(k.TwinReported.GetDevice(), k.TwinReported.GetProperty(), k.TwinReported.GetValue())
+		r := k.TwinReported
+		if r.GetDevice().GetName() == "" || r.GetProperty() == "" || r.GetReported() == nil {
+			return fmt.Errorf("%w: twin update needs device, property and value", ErrMalformed)
+		}
 	case *linkv1.Envelope_DeviceMembership:
 		if k.DeviceMembership.GetNode() == "" {
 			return fmt.Errorf("%w: membership without node", ErrMalformed)
@@ -206,13 +208,6 @@ func Validate(env *linkv1.Envelope) error {
 		if k.Welcome.GetStreamId() == 0 {
 			return fmt.Errorf("%w: welcome without stream", ErrMalformed)
 		}
-	}
-	return nil
-}
-
-func validTwin(d *linkv1.DeviceRef, prop string, v *linkv1.Value) error {
-	if d.GetName() == "" || prop == "" || v.GetKind() == nil {
-		return fmt.Errorf("%w: twin update needs device, property and value", ErrMalformed)
 	}
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"strconv"
 	"testing"
 
 	"google.golang.org/protobuf/proto"
@@ -14,7 +15,7 @@ import (
 func twinReported(seq uint64, name, prop string, v int64) *linkv1.Envelope {
 	return &linkv1.Envelope{Version: ProtocolVersion, Seq: seq, Kind: &linkv1.Envelope_TwinReported{TwinReported: &linkv1.TwinReportedUpdate{
 		Device: &linkv1.DeviceRef{Namespace: "default", Name: name}, Property: prop,
-		Value: &linkv1.Value{Kind: &linkv1.Value_IntValue{IntValue: v}}}}}
+		Reported: &linkv1.TwinValue{Value: strconv.FormatInt(v, 10)}}}}
 }
 
 func TestFrameRoundTripAndLimits(t *testing.T) {

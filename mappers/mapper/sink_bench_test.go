@@ -7,7 +7,7 @@ import (
 
 	"github.com/go-logr/logr"
 
-	"github.com/dowse-dev/dowse/test/mosquitto"
+	"github.com/dowse-dev/dowse/test/peers/mosquitto"
 )
 
 // BenchmarkMQTTSink: readings through one MQTT sink at QoS 1 into Debian's

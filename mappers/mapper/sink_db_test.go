@@ -10,7 +10,7 @@ import (
 	"github.com/dowse-dev/dowse/mappers/mapper"
 	"github.com/dowse-dev/dowse/mappers/mapper/mappertest"
 	dmiv1beta1 "github.com/dowse-dev/dowse/proto/dmi/v1beta1"
-	"github.com/dowse-dev/dowse/test/dbpeer"
+	"github.com/dowse-dev/dowse/test/peers/dbpeer"
 )
 
 // secretDir writes a mounted Secret's keys under a sink secrets directory.

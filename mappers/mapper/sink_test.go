@@ -22,7 +22,7 @@ import (
 	"github.com/dowse-dev/dowse/mappers/mapper"
 	"github.com/dowse-dev/dowse/mappers/mapper/mappertest"
 	dmiv1beta1 "github.com/dowse-dev/dowse/proto/dmi/v1beta1"
-	"github.com/dowse-dev/dowse/test/mosquitto"
+	"github.com/dowse-dev/dowse/test/peers/mosquitto"
 )
 
 // logLines counts the mapper's log lines holding a string, besides

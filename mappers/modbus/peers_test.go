@@ -20,7 +20,7 @@ import (
 	"github.com/dowse-dev/dowse/mappers/modbus"
 	dmiv1beta1 "github.com/dowse-dev/dowse/proto/dmi/v1beta1"
 	"github.com/dowse-dev/dowse/shared/twinvalue"
-	"github.com/dowse-dev/dowse/test/npmpeer"
+	"github.com/dowse-dev/dowse/test/peers/npmpeer"
 )
 
 const wait = 15 * time.Second

@@ -10,8 +10,8 @@ import (
 	"github.com/dowse-dev/dowse/mappers/mapper/mappertest"
 	"github.com/dowse-dev/dowse/mappers/modbus"
 	dmiv1beta1 "github.com/dowse-dev/dowse/proto/dmi/v1beta1"
-	"github.com/dowse-dev/dowse/test/npmpeer"
-	"github.com/dowse-dev/dowse/test/nullmodem"
+	"github.com/dowse-dev/dowse/test/peers/npmpeer"
+	"github.com/dowse-dev/dowse/test/peers/nullmodem"
 )
 
 // Modbus RTU over a serial line: modbus-serial's ServerSerial on one end

@@ -9,8 +9,8 @@ import (
 
 	"github.com/dowse-dev/dowse/mappers/mapper/mappertest"
 	dmiv1beta1 "github.com/dowse-dev/dowse/proto/dmi/v1beta1"
-	"github.com/dowse-dev/dowse/test/mosquitto"
-	"github.com/dowse-dev/dowse/test/npmpeer"
+	"github.com/dowse-dev/dowse/test/peers/mosquitto"
+	"github.com/dowse-dev/dowse/test/peers/npmpeer"
 )
 
 // TestModbusMapperPublishesToMQTT: Dowse's Modbus mapper reading jsmodbus

@@ -25,7 +25,7 @@ import (
 	"github.com/dowse-dev/dowse/mappers/onvif"
 	dmiv1beta1 "github.com/dowse-dev/dowse/proto/dmi/v1beta1"
 	"github.com/dowse-dev/dowse/shared/twinvalue"
-	"github.com/dowse-dev/dowse/test/npmpeer"
+	"github.com/dowse-dev/dowse/test/peers/npmpeer"
 )
 
 const wait = 15 * time.Second

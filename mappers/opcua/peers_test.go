@@ -19,7 +19,7 @@ import (
 	mopcua "github.com/dowse-dev/dowse/mappers/opcua"
 	dmiv1beta1 "github.com/dowse-dev/dowse/proto/dmi/v1beta1"
 	"github.com/dowse-dev/dowse/shared/twinvalue"
-	"github.com/dowse-dev/dowse/test/npmpeer"
+	"github.com/dowse-dev/dowse/test/peers/npmpeer"
 )
 
 const (

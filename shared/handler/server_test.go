@@ -26,7 +26,7 @@ import (
 	discoveryv1 "github.com/dowse-dev/dowse/proto/discovery/v1"
 	"github.com/dowse-dev/dowse/shared/handler"
 	"github.com/dowse-dev/dowse/shared/handler/handlertest"
-	"github.com/dowse-dev/dowse/test/testwait"
+	"github.com/dowse-dev/dowse/test/framework/testwait"
 )
 
 const wait = 5 * time.Second

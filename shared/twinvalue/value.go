@@ -248,6 +248,24 @@ func Format(t Type, v any) (string, error) {
 	return s, nil
 }
 
+// Canonical reads text as a value of type t (any spelling ParseType takes)
+// and writes it back in the one text of that value: a number's shortest
+// digits ("1.50" as 1.5, " 21" as 21), a boolean as true or false, bytes
+// in padded base64, a string as it is. A FLOAT keeps its text's float64
+// digits, as Parse does. The link carries reported values in this form,
+// so that Device.status shows one spelling of a value whatever its mapper
+// sends.
+func Canonical(t Type, text string) (string, error) {
+	v, err := Parse(t, text)
+	if err != nil {
+		return "", err
+	}
+	if t, _ = canonical(t); t == Float { // Parse took t
+		t = Double
+	}
+	return Format(t, v)
+}
+
 // AsFloat reads a number of any kind Format takes (or a bool, as 1 or 0)
 // as a float64; ok is false for other kinds.
 func AsFloat(v any) (float64, bool) {

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	peertest "github.com/dowse-dev/dowse/test/onvifpeer"
+	peertest "github.com/dowse-dev/dowse/test/peers/onvifpeer"
 )
 
 // TestWsdd proves probing and announcements against a foreign peer, Debian's

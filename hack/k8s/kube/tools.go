@@ -2,7 +2,7 @@
 
 // Package kube pins the Kubernetes commands the test cluster needs: the API
 // server for envtest, and the kubelet, scheduler and controller manager for
-// the single real node of test/cluster, and kube-proxy for its pod network. One module keeps them on one
+// the single real node of test/framework/cluster, and kube-proxy for its pod network. One module keeps them on one
 // k8s.io/kubernetes version so they build from one shared cache.
 package kube
 

@@ -1,7 +1,6 @@
 package dmi
 
 import (
-	"fmt"
 	"maps"
 	"math"
 
@@ -12,7 +11,6 @@ import (
 
 	dmiv1beta1 "github.com/dowse-dev/dowse/proto/dmi/v1beta1"
 	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
-	"github.com/dowse-dev/dowse/shared/twinvalue"
 )
 
 // customized converts a Device's configData (a JSON object on the Device,
@@ -177,27 +175,4 @@ func toDMIModel(m *linkv1.EdgeDeviceModel) *dmiv1beta1.DeviceModel {
 		})
 	}
 	return &dmiv1beta1.DeviceModel{Name: m.GetRef().GetName(), Namespace: m.GetRef().GetNamespace(), Spec: spec}
-}
-
-// parseValue reads a mapper's text value as the model's type, as
-// twinvalue.Parse does (type names in any case, as mappers lower-case
-// them), into the link's typed value.
-func parseValue(typ, s string) (*linkv1.Value, error) {
-	v, err := twinvalue.Parse(twinvalue.Type(typ), s)
-	if err != nil {
-		return nil, err
-	}
-	switch x := v.(type) {
-	case int64:
-		return &linkv1.Value{Kind: &linkv1.Value_IntValue{IntValue: x}}, nil
-	case float64:
-		return &linkv1.Value{Kind: &linkv1.Value_DoubleValue{DoubleValue: x}}, nil
-	case bool:
-		return &linkv1.Value{Kind: &linkv1.Value_BoolValue{BoolValue: x}}, nil
-	case []byte:
-		return &linkv1.Value{Kind: &linkv1.Value_BytesValue{BytesValue: x}}, nil
-	case string:
-		return &linkv1.Value{Kind: &linkv1.Value_StringValue{StringValue: x}}, nil
-	}
-	return nil, fmt.Errorf("twinvalue.Parse returned a %T", v) // it returns the kinds above
 }

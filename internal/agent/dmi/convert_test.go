@@ -10,42 +10,6 @@ import (
 	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
 )
 
-func TestParseValue(t *testing.T) {
-	for _, c := range []struct {
-		typ, in string
-		want    *linkv1.Value
-	}{
-		{"INT", "42", &linkv1.Value{Kind: &linkv1.Value_IntValue{IntValue: 42}}},
-		{"int", "-7", &linkv1.Value{Kind: &linkv1.Value_IntValue{IntValue: -7}}},
-		{"INT", "4.2", nil},
-		{"INT", "", nil},
-		{"FLOAT", "1.5", &linkv1.Value{Kind: &linkv1.Value_DoubleValue{DoubleValue: 1.5}}},
-		{"FLOAT", "1e39", nil}, // beyond float32
-		{"DOUBLE", "1e39", &linkv1.Value{Kind: &linkv1.Value_DoubleValue{DoubleValue: 1e39}}},
-		{"DOUBLE", "NaN", nil},
-		{"DOUBLE", "abc", nil},
-		{"BOOLEAN", "true", &linkv1.Value{Kind: &linkv1.Value_BoolValue{BoolValue: true}}},
-		{"boolean", "0", &linkv1.Value{Kind: &linkv1.Value_BoolValue{BoolValue: false}}},
-		{"BOOLEAN", "yes", nil},
-		{"STRING", "", &linkv1.Value{Kind: &linkv1.Value_StringValue{StringValue: ""}}},
-		{"STRING", "on", &linkv1.Value{Kind: &linkv1.Value_StringValue{StringValue: "on"}}},
-		{"BYTES", "AAEC", &linkv1.Value{Kind: &linkv1.Value_BytesValue{BytesValue: []byte{0, 1, 2}}}},
-		{"BYTES", "not base64!", nil},
-		{"STREAM", "x", nil},
-	} {
-		got, err := parseValue(c.typ, c.in)
-		if c.want == nil {
-			if err == nil {
-				t.Errorf("%s %q: accepted as %v", c.typ, c.in, got)
-			}
-			continue
-		}
-		if err != nil || !proto.Equal(got, c.want) {
-			t.Errorf("%s %q: %v, %v; want %v", c.typ, c.in, got, err, c.want)
-		}
-	}
-}
-
 func TestCustomized(t *testing.T) {
 	s, err := structpb.NewStruct(map[string]any{
 		"address": "127.0.0.1:502", "slaveID": 1.0, "big": 5e9, "scale": 0.5, "swap": true,

@@ -17,7 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	dmiv1beta1 "github.com/dowse-dev/dowse/proto/dmi/v1beta1"
-	"github.com/dowse-dev/dowse/test/promtest"
+	"github.com/dowse-dev/dowse/test/framework/promtest"
 )
 
 func TestCallerSame(t *testing.T) {
@@ -172,7 +172,7 @@ func TestAnotherProcessReportsOnlyForItsOwnDevices(t *testing.T) {
 	}
 	edge.mu.Lock()
 	for _, rep := range edge.reports {
-		if rep.Device.Name == "first-dev" && rep.Value.GetIntValue() == 9 {
+		if rep.Device.Name == "first-dev" && rep.GetReported().GetValue() == "9" {
 			t.Errorf("a refused report was stored: %v", rep)
 		}
 	}

@@ -250,23 +250,19 @@ func (e *EdgeHub) acked(through uint64) {
 // ReportOption adds to a Report.
 type ReportOption func(*linkv1.TwinReportedUpdate)
 
-// WithMetadata attaches the mapper's metadata of the value (as it sent it).
-func WithMetadata(md map[string]string) ReportOption {
-	return func(r *linkv1.TwinReportedUpdate) { r.Metadata = md }
-}
-
 // WithObservedDesired names the desired value the mapper last applied.
-func WithObservedDesired(v *linkv1.Value) ReportOption {
+func WithObservedDesired(v *linkv1.TwinValue) ReportOption {
 	return func(r *linkv1.TwinReportedUpdate) { r.ObservedDesired = v }
 }
 
-// Report queues a property value read from a device; at is when it was
-// read. While it has not been written to the cloud (offline, or queued
-// behind others) a newer value of the same device property replaces it
-// (metadata and observed desired value included: the newest report wins
-// whole). It returns once the store has committed it.
-func (e *EdgeHub) Report(device *linkv1.DeviceRef, property string, v *linkv1.Value, at time.Time, opts ...ReportOption) (uint64, error) {
-	r := &linkv1.TwinReportedUpdate{Device: device, Property: property, Value: v, Time: timestamppb.New(at)}
+// Report queues a property value read from a device (the text of the
+// model's type, with the mapper's metadata); at is when it was read. While
+// it has not been written to the cloud (offline, or queued behind others)
+// a newer value of the same device property replaces it (metadata and
+// observed desired value included: the newest report wins whole). It
+// returns once the store has committed it.
+func (e *EdgeHub) Report(device *linkv1.DeviceRef, property string, v *linkv1.TwinValue, at time.Time, opts ...ReportOption) (uint64, error) {
+	r := &linkv1.TwinReportedUpdate{Device: device, Property: property, Reported: v, Time: timestamppb.New(at)}
 	for _, o := range opts {
 		o(r)
 	}
@@ -313,7 +309,7 @@ func (e *EdgeHub) enqueue(env *linkv1.Envelope, key string) (uint64, error) {
 }
 
 // ReportMany queues several reported values (TwinReportedUpdate: device,
-// property, value, time, and metadata and observed desired when known)
+// property, value with its metadata, time, and observed desired when known)
 // and returns once all are committed, in one store transaction. Each
 // coalesces as Report's do. An error refuses the ones not yet taken.
 func (e *EdgeHub) ReportMany(reports []*linkv1.TwinReportedUpdate) error {
@@ -331,11 +327,6 @@ func (e *EdgeHub) ReportMany(reports []*linkv1.TwinReportedUpdate) error {
 	}
 	_, err := e.submit(envs, keys)
 	return err
-}
-
-// Desired is the last desired value received for a device property (nil when none).
-func (e *EdgeHub) Desired(device *linkv1.DeviceRef, property string) (*linkv1.TwinDesiredUpdate, error) {
-	return e.store.desired(device, property)
 }
 
 // Devices are the Devices the cloud last assigned to this node, as the

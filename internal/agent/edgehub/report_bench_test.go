@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"testing"
 	"time"
 
@@ -31,7 +32,7 @@ func BenchmarkReport(b *testing.B) {
 			b.ResetTimer()
 			for i := range b.N {
 				// Distinct properties: nothing coalesces.
-				if _, err := e.Report(dev, fmt.Sprintf("p%d", i), &linkv1.Value{Kind: &linkv1.Value_IntValue{IntValue: int64(i)}}, now); err != nil {
+				if _, err := e.Report(dev, fmt.Sprintf("p%d", i), &linkv1.TwinValue{Value: strconv.Itoa(i)}, now); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -26,8 +26,10 @@ import (
 )
 
 var (
-	bMeta    = []byte("meta")
-	bOut     = []byte("out")
+	bMeta = []byte("meta")
+	bOut  = []byte("out")
+	// bDesired held TwinDesiredUpdates, which only tests sent; desired
+	// values ride the Devices (bDevices). openStore deletes it.
 	bDesired = []byte("desired")
 	bState   = []byte("state")
 	bDevices = []byte("devices")
@@ -58,10 +60,13 @@ func openStore(dir string, noSync bool) (*store, error) {
 		return nil, fmt.Errorf("edge store: %w", err)
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bMeta, bOut, bDesired, bState, bDevices, bModels} {
+		for _, b := range [][]byte{bMeta, bOut, bState, bDevices, bModels} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
+		}
+		if err := tx.DeleteBucket(bDesired); err != nil && !errors.Is(err, bolt.ErrBucketNotFound) {
+			return err
 		}
 		return nil
 	})
@@ -105,6 +110,9 @@ func (s *store) load() (link.SessionConfig, error) {
 			if err := proto.Unmarshal(v, env); err != nil {
 				return fmt.Errorf("edge store: entry %d: %w", u64(k), err)
 			}
+			// A report an older agent stored with a typed value is sent in
+			// today's form.
+			link.UpgradeLegacy(env)
 			cfg.Unacked = append(cfg.Unacked, &link.Entry{Seq: u64(k), Env: env, Key: coalesceKey(env)})
 		}
 		return nil
@@ -188,14 +196,6 @@ func (s *store) markAcked(through uint64) error {
 func (s *store) received(peerStream uint64, env *linkv1.Envelope) error {
 	return s.db.Update(func(tx *bolt.Tx) error {
 		switch k := env.Kind.(type) {
-		case *linkv1.Envelope_TwinDesired:
-			data, err := proto.Marshal(k.TwinDesired)
-			if err != nil {
-				return err
-			}
-			if err := tx.Bucket(bDesired).Put([]byte(propKey(k.TwinDesired.Device, k.TwinDesired.Property)), data); err != nil {
-				return err
-			}
 		case *linkv1.Envelope_DeviceMembership:
 			data, err := proto.Marshal(k.DeviceMembership)
 			if err != nil {
@@ -244,19 +244,6 @@ func (s *store) received(peerStream uint64, env *linkv1.Envelope) error {
 		}
 		return meta.Put(kReceived, be(env.Seq))
 	})
-}
-
-func (s *store) desired(d *linkv1.DeviceRef, property string) (*linkv1.TwinDesiredUpdate, error) {
-	var out *linkv1.TwinDesiredUpdate
-	err := s.db.View(func(tx *bolt.Tx) error {
-		v := tx.Bucket(bDesired).Get([]byte(propKey(d, property)))
-		if v == nil {
-			return nil
-		}
-		out = &linkv1.TwinDesiredUpdate{}
-		return proto.Unmarshal(v, out)
-	})
-	return out, err
 }
 
 func (s *store) membership() (*linkv1.DeviceMembership, error) {

@@ -1,13 +1,20 @@
 package edgehub
 
 import (
+	"errors"
 	"fmt"
+	"math"
+	"path/filepath"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
 
+	bolt "go.etcd.io/bbolt"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/dowse-dev/dowse/internal/link"
 	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
 )
 
@@ -141,9 +148,9 @@ func TestReportStateAndExtras(t *testing.T) {
 	}
 	d := ref("default", "thermo-1")
 	at := time.UnixMilli(1_700_000_000_123)
-	od := &linkv1.Value{Kind: &linkv1.Value_IntValue{IntValue: 21}}
-	if _, err := e.Report(d, "temp", &linkv1.Value{Kind: &linkv1.Value_IntValue{IntValue: 20}}, at,
-		WithMetadata(map[string]string{"timestamp": "1700000000123", "type": "INT"}), WithObservedDesired(od)); err != nil {
+	od := &linkv1.TwinValue{Value: "21"}
+	if _, err := e.Report(d, "temp", &linkv1.TwinValue{Value: "20", Metadata: map[string]string{"timestamp": "1700000000123", "type": "INT"}}, at,
+		WithObservedDesired(od)); err != nil {
 		t.Fatal(err)
 	}
 	for _, st := range []string{"online", "unhealthy", "ok"} {
@@ -180,7 +187,7 @@ func TestReportStateAndExtras(t *testing.T) {
 		t.Fatalf("%d entries after reopen, want 3", len(cfg.Unacked))
 	}
 	rep := cfg.Unacked[0].Env.GetTwinReported()
-	if rep.GetMetadata()["timestamp"] != "1700000000123" || !proto.Equal(rep.GetObservedDesired(), od) || !rep.GetTime().AsTime().Equal(at) {
+	if rep.GetReported().GetMetadata()["timestamp"] != "1700000000123" || !proto.Equal(rep.GetObservedDesired(), od) || !rep.GetTime().AsTime().Equal(at) {
 		t.Fatalf("report after reopen: %v", rep)
 	}
 	if s := cfg.Unacked[1].Env.GetDeviceState(); s.GetState() != "ok" || s.GetMapper() != "virtual-mapper" || s.GetDevice().GetName() != "thermo-1" {
@@ -208,7 +215,7 @@ func TestGroupCommit(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := range each {
-				if _, err := e.Report(ref("default", fmt.Sprintf("d%d", w)), fmt.Sprintf("p%d", i), &linkv1.Value{Kind: &linkv1.Value_IntValue{IntValue: int64(i)}}, time.Now()); err != nil {
+				if _, err := e.Report(ref("default", fmt.Sprintf("d%d", w)), fmt.Sprintf("p%d", i), &linkv1.TwinValue{Value: strconv.Itoa(i)}, time.Now()); err != nil {
 					errs <- err
 					return
 				}
@@ -224,7 +231,7 @@ func TestGroupCommit(t *testing.T) {
 	if err := e.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.Report(ref("default", "late"), "p", &linkv1.Value{Kind: &linkv1.Value_IntValue{IntValue: 1}}, time.Now()); err == nil {
+	if _, err := e.Report(ref("default", "late"), "p", &linkv1.TwinValue{Value: "1"}, time.Now()); err == nil {
 		t.Fatal("report after Close accepted")
 	}
 
@@ -236,7 +243,7 @@ func TestGroupCommit(t *testing.T) {
 	if n := e2.Pending(); n != writers*each {
 		t.Fatalf("%d messages after reopen, want %d", n, writers*each)
 	}
-	seq, err := e2.Report(ref("default", "after"), "p", &linkv1.Value{Kind: &linkv1.Value_IntValue{IntValue: 1}}, time.Now())
+	seq, err := e2.Report(ref("default", "after"), "p", &linkv1.TwinValue{Value: "1"}, time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -254,13 +261,13 @@ func TestReportMany(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := ref("default", "d")
-	iv := func(v int64) *linkv1.Value { return &linkv1.Value{Kind: &linkv1.Value_IntValue{IntValue: v}} }
+	iv := func(v int64) *linkv1.TwinValue { return &linkv1.TwinValue{Value: strconv.FormatInt(v, 10)} }
 	if err := e.ReportMany([]*linkv1.TwinReportedUpdate{
-		{Device: d, Property: "a", Value: iv(1)}, {Device: d, Property: "b", Value: iv(2)}, {Device: d, Property: "a", Value: iv(3)},
+		{Device: d, Property: "a", Reported: iv(1)}, {Device: d, Property: "b", Reported: iv(2)}, {Device: d, Property: "a", Reported: iv(3)},
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.ReportMany([]*linkv1.TwinReportedUpdate{{Device: d, Property: "", Value: iv(1)}}); err == nil {
+	if err := e.ReportMany([]*linkv1.TwinReportedUpdate{{Device: d, Property: "", Reported: iv(1)}}); err == nil {
 		t.Fatal("a report without property accepted")
 	}
 	if n := e.Pending(); n != 2 {
@@ -279,9 +286,85 @@ func TestReportMany(t *testing.T) {
 	var got []string
 	for _, u := range cfg.Unacked {
 		r := u.Env.GetTwinReported()
-		got = append(got, fmt.Sprintf("%s=%d", r.Property, r.Value.GetIntValue()))
+		got = append(got, r.Property+"="+r.GetReported().GetValue())
 	}
 	if !equal(got, []string{"b=2", "a=3"}) {
 		t.Fatalf("stored %v, want [b=2 a=3]", got)
+	}
+}
+
+// TestStoreReadsOlderAgents: a store an older agent wrote (a report with
+// its value typed, and the bucket of TwinDesiredUpdates) opens, and the
+// report is sent as text.
+func TestStoreReadsOlderAgents(t *testing.T) {
+	dir := t.TempDir()
+	db, err := bolt.Open(filepath.Join(dir, "edge.db"), 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// TwinReportedUpdate{device, property, value: Value{double_value: 21.5},
+	// metadata: {timestamp: 1700000000123}, observed_desired: Value{int_value: 21}}.
+	var r []byte
+	dev, _ := proto.Marshal(ref("default", "thermo-1"))
+	r = protowire.AppendBytes(protowire.AppendTag(r, 1, protowire.BytesType), dev)
+	r = protowire.AppendString(protowire.AppendTag(r, 2, protowire.BytesType), "temp")
+	v := protowire.AppendFixed64(protowire.AppendTag(nil, 3, protowire.Fixed64Type), math.Float64bits(21.5))
+	r = protowire.AppendBytes(protowire.AppendTag(r, 3, protowire.BytesType), v)
+	md := protowire.AppendString(protowire.AppendTag(nil, 1, protowire.BytesType), "timestamp")
+	md = protowire.AppendString(protowire.AppendTag(md, 2, protowire.BytesType), "1700000000123")
+	r = protowire.AppendBytes(protowire.AppendTag(r, 5, protowire.BytesType), md)
+	od := protowire.AppendVarint(protowire.AppendTag(nil, 2, protowire.VarintType), 21)
+	r = protowire.AppendBytes(protowire.AppendTag(r, 6, protowire.BytesType), od)
+	env := protowire.AppendVarint(protowire.AppendTag(nil, 1, protowire.VarintType), link.ProtocolVersion)
+	env = protowire.AppendBytes(protowire.AppendTag(env, 14, protowire.BytesType), r)
+	err = db.Update(func(tx *bolt.Tx) error {
+		out, err := tx.CreateBucketIfNotExists(bOut)
+		if err != nil {
+			return err
+		}
+		if err := out.Put(be(1), env); err != nil {
+			return err
+		}
+		desired, err := tx.CreateBucketIfNotExists(bDesired)
+		if err != nil {
+			return err
+		}
+		return desired.Put([]byte("default\x00thermo-1\x00temp"), []byte{0x12, 0x04, 't', 'e', 'm', 'p'})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	st, err := openStore(dir, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.close()
+	cfg, err := st.load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cfg.Unacked) != 1 {
+		t.Fatalf("%d entries, want 1", len(cfg.Unacked))
+	}
+	got := cfg.Unacked[0].Env.GetTwinReported()
+	if got.GetReported().GetValue() != "21.5" || got.GetReported().GetMetadata()["timestamp"] != "1700000000123" ||
+		got.GetObservedDesired().GetValue() != "21" || cfg.Unacked[0].Key != propKey(ref("default", "thermo-1"), "temp") {
+		t.Fatalf("old report read as %v (key %q)", got, cfg.Unacked[0].Key)
+	}
+	if err := link.Validate(&linkv1.Envelope{Version: link.ProtocolVersion, Seq: 1, Kind: cfg.Unacked[0].Env.Kind}); err != nil {
+		t.Fatalf("old report does not validate: %v", err)
+	}
+	err = st.db.View(func(tx *bolt.Tx) error {
+		if tx.Bucket(bDesired) != nil {
+			return errors.New("the bucket of desired updates is still there")
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }

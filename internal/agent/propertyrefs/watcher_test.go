@@ -18,7 +18,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
-	"github.com/dowse-dev/dowse/test/promtest"
+	"github.com/dowse-dev/dowse/test/framework/promtest"
 )
 
 type notes struct {

@@ -132,7 +132,7 @@ func (r *fakeRecorder) Eventf(_, _ runtime.Object, _, reason, _, note string, ar
 // a person made a moment before the Instance, which the cache does not show
 // yet, is found on the API server and left alone (a DeviceNameTaken Event),
 // not taken over by the forced apply (the cause of the known flake of
-// test/twins' DeviceNameTaken check: the Event never came, as the Device
+// test/suites/twins' DeviceNameTaken check: the Event never came, as the Device
 // had become the Instance's).
 func TestDeviceMadeJustBeforeIsLeftAlone(t *testing.T) {
 	sch, err := scheme.New()

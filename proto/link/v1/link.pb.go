@@ -100,7 +100,7 @@ func (x Error_Code) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Error_Code.Descriptor instead.
 func (Error_Code) EnumDescriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{38, 0}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{36, 0}
 }
 
 type Envelope struct {
@@ -119,7 +119,6 @@ type Envelope struct {
 	//	*Envelope_Hello
 	//	*Envelope_Welcome
 	//	*Envelope_Heartbeat
-	//	*Envelope_TwinDesired
 	//	*Envelope_TwinReported
 	//	*Envelope_DeviceMembership
 	//	*Envelope_Processed
@@ -217,15 +216,6 @@ func (x *Envelope) GetHeartbeat() *Heartbeat {
 	if x != nil {
 		if x, ok := x.Kind.(*Envelope_Heartbeat); ok {
 			return x.Heartbeat
-		}
-	}
-	return nil
-}
-
-func (x *Envelope) GetTwinDesired() *TwinDesiredUpdate {
-	if x != nil {
-		if x, ok := x.Kind.(*Envelope_TwinDesired); ok {
-			return x.TwinDesired
 		}
 	}
 	return nil
@@ -355,10 +345,6 @@ type Envelope_Heartbeat struct {
 	Heartbeat *Heartbeat `protobuf:"bytes,12,opt,name=heartbeat,proto3,oneof"`
 }
 
-type Envelope_TwinDesired struct {
-	TwinDesired *TwinDesiredUpdate `protobuf:"bytes,13,opt,name=twin_desired,json=twinDesired,proto3,oneof"`
-}
-
 type Envelope_TwinReported struct {
 	TwinReported *TwinReportedUpdate `protobuf:"bytes,14,opt,name=twin_reported,json=twinReported,proto3,oneof"`
 }
@@ -412,8 +398,6 @@ func (*Envelope_Hello) isEnvelope_Kind() {}
 func (*Envelope_Welcome) isEnvelope_Kind() {}
 
 func (*Envelope_Heartbeat) isEnvelope_Kind() {}
-
-func (*Envelope_TwinDesired) isEnvelope_Kind() {}
 
 func (*Envelope_TwinReported) isEnvelope_Kind() {}
 
@@ -772,229 +756,29 @@ func (x *DeviceRef) GetName() string {
 	return ""
 }
 
-// Value is a typed property value.
-type Value struct {
-	state protoimpl.MessageState `protogen:"open.v1"`
-	// Types that are valid to be assigned to Kind:
-	//
-	//	*Value_BoolValue
-	//	*Value_IntValue
-	//	*Value_DoubleValue
-	//	*Value_StringValue
-	//	*Value_BytesValue
-	Kind          isValue_Kind `protobuf_oneof:"kind"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *Value) Reset() {
-	*x = Value{}
-	mi := &file_link_v1_link_proto_msgTypes[6]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *Value) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*Value) ProtoMessage() {}
-
-func (x *Value) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[6]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use Value.ProtoReflect.Descriptor instead.
-func (*Value) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{6}
-}
-
-func (x *Value) GetKind() isValue_Kind {
-	if x != nil {
-		return x.Kind
-	}
-	return nil
-}
-
-func (x *Value) GetBoolValue() bool {
-	if x != nil {
-		if x, ok := x.Kind.(*Value_BoolValue); ok {
-			return x.BoolValue
-		}
-	}
-	return false
-}
-
-func (x *Value) GetIntValue() int64 {
-	if x != nil {
-		if x, ok := x.Kind.(*Value_IntValue); ok {
-			return x.IntValue
-		}
-	}
-	return 0
-}
-
-func (x *Value) GetDoubleValue() float64 {
-	if x != nil {
-		if x, ok := x.Kind.(*Value_DoubleValue); ok {
-			return x.DoubleValue
-		}
-	}
-	return 0
-}
-
-func (x *Value) GetStringValue() string {
-	if x != nil {
-		if x, ok := x.Kind.(*Value_StringValue); ok {
-			return x.StringValue
-		}
-	}
-	return ""
-}
-
-func (x *Value) GetBytesValue() []byte {
-	if x != nil {
-		if x, ok := x.Kind.(*Value_BytesValue); ok {
-			return x.BytesValue
-		}
-	}
-	return nil
-}
-
-type isValue_Kind interface {
-	isValue_Kind()
-}
-
-type Value_BoolValue struct {
-	BoolValue bool `protobuf:"varint,1,opt,name=bool_value,json=boolValue,proto3,oneof"`
-}
-
-type Value_IntValue struct {
-	IntValue int64 `protobuf:"varint,2,opt,name=int_value,json=intValue,proto3,oneof"`
-}
-
-type Value_DoubleValue struct {
-	DoubleValue float64 `protobuf:"fixed64,3,opt,name=double_value,json=doubleValue,proto3,oneof"`
-}
-
-type Value_StringValue struct {
-	StringValue string `protobuf:"bytes,4,opt,name=string_value,json=stringValue,proto3,oneof"`
-}
-
-type Value_BytesValue struct {
-	BytesValue []byte `protobuf:"bytes,5,opt,name=bytes_value,json=bytesValue,proto3,oneof"`
-}
-
-func (*Value_BoolValue) isValue_Kind() {}
-
-func (*Value_IntValue) isValue_Kind() {}
-
-func (*Value_DoubleValue) isValue_Kind() {}
-
-func (*Value_StringValue) isValue_Kind() {}
-
-func (*Value_BytesValue) isValue_Kind() {}
-
-// TwinDesiredUpdate: cloud to edge, a property's desired value changed.
-type TwinDesiredUpdate struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Device        *DeviceRef             `protobuf:"bytes,1,opt,name=device,proto3" json:"device,omitempty"`
-	Property      string                 `protobuf:"bytes,2,opt,name=property,proto3" json:"property,omitempty"`
-	Value         *Value                 `protobuf:"bytes,3,opt,name=value,proto3" json:"value,omitempty"`
-	Time          *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=time,proto3" json:"time,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *TwinDesiredUpdate) Reset() {
-	*x = TwinDesiredUpdate{}
-	mi := &file_link_v1_link_proto_msgTypes[7]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *TwinDesiredUpdate) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*TwinDesiredUpdate) ProtoMessage() {}
-
-func (x *TwinDesiredUpdate) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[7]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use TwinDesiredUpdate.ProtoReflect.Descriptor instead.
-func (*TwinDesiredUpdate) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{7}
-}
-
-func (x *TwinDesiredUpdate) GetDevice() *DeviceRef {
-	if x != nil {
-		return x.Device
-	}
-	return nil
-}
-
-func (x *TwinDesiredUpdate) GetProperty() string {
-	if x != nil {
-		return x.Property
-	}
-	return ""
-}
-
-func (x *TwinDesiredUpdate) GetValue() *Value {
-	if x != nil {
-		return x.Value
-	}
-	return nil
-}
-
-func (x *TwinDesiredUpdate) GetTime() *timestamppb.Timestamp {
-	if x != nil {
-		return x.Time
-	}
-	return nil
-}
-
 // TwinReportedUpdate: edge to cloud, a property's value read from the
-// device, typed by the DeviceModel (the edge refuses a mapper's report that
-// does not parse as the property's type). While unsent, a newer report of
-// the same device property replaces it.
+// device. The edge refuses a mapper's report whose value does not parse as
+// the DeviceModel's type of the property, and sends the value in that
+// type's canonical text (twinvalue.Canonical: "1.50" as "1.5"). While
+// unsent, a newer report of the same device property replaces it.
 type TwinReportedUpdate struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	Device   *DeviceRef             `protobuf:"bytes,1,opt,name=device,proto3" json:"device,omitempty"`
 	Property string                 `protobuf:"bytes,2,opt,name=property,proto3" json:"property,omitempty"`
-	Value    *Value                 `protobuf:"bytes,3,opt,name=value,proto3" json:"value,omitempty"`
 	// When the mapper read the value (its report's timestamp metadata, else
 	// when the agent took the report).
 	Time *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=time,proto3" json:"time,omitempty"`
-	// The mapper's metadata of the reported value, as it sent it.
-	Metadata map[string]string `protobuf:"bytes,5,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// The value, with the mapper's metadata of it as it sent it.
+	Reported *TwinValue `protobuf:"bytes,7,opt,name=reported,proto3" json:"reported,omitempty"`
 	// The desired value the mapper last applied, when it said (unset: none).
-	ObservedDesired *Value `protobuf:"bytes,6,opt,name=observed_desired,json=observedDesired,proto3" json:"observed_desired,omitempty"`
+	ObservedDesired *TwinValue `protobuf:"bytes,8,opt,name=observed_desired,json=observedDesired,proto3" json:"observed_desired,omitempty"`
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }
 
 func (x *TwinReportedUpdate) Reset() {
 	*x = TwinReportedUpdate{}
-	mi := &file_link_v1_link_proto_msgTypes[8]
+	mi := &file_link_v1_link_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1006,7 +790,7 @@ func (x *TwinReportedUpdate) String() string {
 func (*TwinReportedUpdate) ProtoMessage() {}
 
 func (x *TwinReportedUpdate) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[8]
+	mi := &file_link_v1_link_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1019,7 +803,7 @@ func (x *TwinReportedUpdate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TwinReportedUpdate.ProtoReflect.Descriptor instead.
 func (*TwinReportedUpdate) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{8}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *TwinReportedUpdate) GetDevice() *DeviceRef {
@@ -1036,13 +820,6 @@ func (x *TwinReportedUpdate) GetProperty() string {
 	return ""
 }
 
-func (x *TwinReportedUpdate) GetValue() *Value {
-	if x != nil {
-		return x.Value
-	}
-	return nil
-}
-
 func (x *TwinReportedUpdate) GetTime() *timestamppb.Timestamp {
 	if x != nil {
 		return x.Time
@@ -1050,14 +827,14 @@ func (x *TwinReportedUpdate) GetTime() *timestamppb.Timestamp {
 	return nil
 }
 
-func (x *TwinReportedUpdate) GetMetadata() map[string]string {
+func (x *TwinReportedUpdate) GetReported() *TwinValue {
 	if x != nil {
-		return x.Metadata
+		return x.Reported
 	}
 	return nil
 }
 
-func (x *TwinReportedUpdate) GetObservedDesired() *Value {
+func (x *TwinReportedUpdate) GetObservedDesired() *TwinValue {
 	if x != nil {
 		return x.ObservedDesired
 	}
@@ -1081,7 +858,7 @@ type DeviceStateUpdate struct {
 
 func (x *DeviceStateUpdate) Reset() {
 	*x = DeviceStateUpdate{}
-	mi := &file_link_v1_link_proto_msgTypes[9]
+	mi := &file_link_v1_link_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1093,7 +870,7 @@ func (x *DeviceStateUpdate) String() string {
 func (*DeviceStateUpdate) ProtoMessage() {}
 
 func (x *DeviceStateUpdate) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[9]
+	mi := &file_link_v1_link_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1106,7 +883,7 @@ func (x *DeviceStateUpdate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeviceStateUpdate.ProtoReflect.Descriptor instead.
 func (*DeviceStateUpdate) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{9}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *DeviceStateUpdate) GetDevice() *DeviceRef {
@@ -1159,7 +936,7 @@ type DeviceCondition struct {
 
 func (x *DeviceCondition) Reset() {
 	*x = DeviceCondition{}
-	mi := &file_link_v1_link_proto_msgTypes[10]
+	mi := &file_link_v1_link_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1171,7 +948,7 @@ func (x *DeviceCondition) String() string {
 func (*DeviceCondition) ProtoMessage() {}
 
 func (x *DeviceCondition) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[10]
+	mi := &file_link_v1_link_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1184,7 +961,7 @@ func (x *DeviceCondition) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeviceCondition.ProtoReflect.Descriptor instead.
 func (*DeviceCondition) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{10}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *DeviceCondition) GetDevice() *DeviceRef {
@@ -1247,7 +1024,7 @@ type DeviceUpdate struct {
 
 func (x *DeviceUpdate) Reset() {
 	*x = DeviceUpdate{}
-	mi := &file_link_v1_link_proto_msgTypes[11]
+	mi := &file_link_v1_link_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1259,7 +1036,7 @@ func (x *DeviceUpdate) String() string {
 func (*DeviceUpdate) ProtoMessage() {}
 
 func (x *DeviceUpdate) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[11]
+	mi := &file_link_v1_link_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1272,7 +1049,7 @@ func (x *DeviceUpdate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeviceUpdate.ProtoReflect.Descriptor instead.
 func (*DeviceUpdate) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{11}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *DeviceUpdate) GetDevice() *EdgeDevice {
@@ -1292,7 +1069,7 @@ type DeviceRemoval struct {
 
 func (x *DeviceRemoval) Reset() {
 	*x = DeviceRemoval{}
-	mi := &file_link_v1_link_proto_msgTypes[12]
+	mi := &file_link_v1_link_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1304,7 +1081,7 @@ func (x *DeviceRemoval) String() string {
 func (*DeviceRemoval) ProtoMessage() {}
 
 func (x *DeviceRemoval) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[12]
+	mi := &file_link_v1_link_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1317,7 +1094,7 @@ func (x *DeviceRemoval) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeviceRemoval.ProtoReflect.Descriptor instead.
 func (*DeviceRemoval) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{12}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *DeviceRemoval) GetDevice() *DeviceRef {
@@ -1338,7 +1115,7 @@ type DeviceModelUpdate struct {
 
 func (x *DeviceModelUpdate) Reset() {
 	*x = DeviceModelUpdate{}
-	mi := &file_link_v1_link_proto_msgTypes[13]
+	mi := &file_link_v1_link_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1350,7 +1127,7 @@ func (x *DeviceModelUpdate) String() string {
 func (*DeviceModelUpdate) ProtoMessage() {}
 
 func (x *DeviceModelUpdate) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[13]
+	mi := &file_link_v1_link_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1363,7 +1140,7 @@ func (x *DeviceModelUpdate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeviceModelUpdate.ProtoReflect.Descriptor instead.
 func (*DeviceModelUpdate) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{13}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *DeviceModelUpdate) GetModel() *EdgeDeviceModel {
@@ -1384,7 +1161,7 @@ type DeviceModelRemoval struct {
 
 func (x *DeviceModelRemoval) Reset() {
 	*x = DeviceModelRemoval{}
-	mi := &file_link_v1_link_proto_msgTypes[14]
+	mi := &file_link_v1_link_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1396,7 +1173,7 @@ func (x *DeviceModelRemoval) String() string {
 func (*DeviceModelRemoval) ProtoMessage() {}
 
 func (x *DeviceModelRemoval) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[14]
+	mi := &file_link_v1_link_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1409,7 +1186,7 @@ func (x *DeviceModelRemoval) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeviceModelRemoval.ProtoReflect.Descriptor instead.
 func (*DeviceModelRemoval) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{14}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *DeviceModelRemoval) GetModel() *DeviceRef {
@@ -1433,7 +1210,7 @@ type DeviceInventory struct {
 
 func (x *DeviceInventory) Reset() {
 	*x = DeviceInventory{}
-	mi := &file_link_v1_link_proto_msgTypes[15]
+	mi := &file_link_v1_link_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1445,7 +1222,7 @@ func (x *DeviceInventory) String() string {
 func (*DeviceInventory) ProtoMessage() {}
 
 func (x *DeviceInventory) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[15]
+	mi := &file_link_v1_link_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1458,7 +1235,7 @@ func (x *DeviceInventory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeviceInventory.ProtoReflect.Descriptor instead.
 func (*DeviceInventory) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{15}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *DeviceInventory) GetNode() string {
@@ -1503,7 +1280,7 @@ type EdgeDevice struct {
 
 func (x *EdgeDevice) Reset() {
 	*x = EdgeDevice{}
-	mi := &file_link_v1_link_proto_msgTypes[16]
+	mi := &file_link_v1_link_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1515,7 +1292,7 @@ func (x *EdgeDevice) String() string {
 func (*EdgeDevice) ProtoMessage() {}
 
 func (x *EdgeDevice) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[16]
+	mi := &file_link_v1_link_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1528,7 +1305,7 @@ func (x *EdgeDevice) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EdgeDevice.ProtoReflect.Descriptor instead.
 func (*EdgeDevice) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{16}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *EdgeDevice) GetRef() *DeviceRef {
@@ -1606,7 +1383,7 @@ type EdgeDeviceProperty struct {
 
 func (x *EdgeDeviceProperty) Reset() {
 	*x = EdgeDeviceProperty{}
-	mi := &file_link_v1_link_proto_msgTypes[17]
+	mi := &file_link_v1_link_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1618,7 +1395,7 @@ func (x *EdgeDeviceProperty) String() string {
 func (*EdgeDeviceProperty) ProtoMessage() {}
 
 func (x *EdgeDeviceProperty) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[17]
+	mi := &file_link_v1_link_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1631,7 +1408,7 @@ func (x *EdgeDeviceProperty) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EdgeDeviceProperty.ProtoReflect.Descriptor instead.
 func (*EdgeDeviceProperty) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{17}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *EdgeDeviceProperty) GetName() string {
@@ -1708,7 +1485,7 @@ type PushMethod struct {
 
 func (x *PushMethod) Reset() {
 	*x = PushMethod{}
-	mi := &file_link_v1_link_proto_msgTypes[18]
+	mi := &file_link_v1_link_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1720,7 +1497,7 @@ func (x *PushMethod) String() string {
 func (*PushMethod) ProtoMessage() {}
 
 func (x *PushMethod) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[18]
+	mi := &file_link_v1_link_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1733,7 +1510,7 @@ func (x *PushMethod) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PushMethod.ProtoReflect.Descriptor instead.
 func (*PushMethod) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{18}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *PushMethod) GetHttp() *PushMethodHTTP {
@@ -1785,7 +1562,7 @@ type PushMethodHTTP struct {
 
 func (x *PushMethodHTTP) Reset() {
 	*x = PushMethodHTTP{}
-	mi := &file_link_v1_link_proto_msgTypes[19]
+	mi := &file_link_v1_link_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1797,7 +1574,7 @@ func (x *PushMethodHTTP) String() string {
 func (*PushMethodHTTP) ProtoMessage() {}
 
 func (x *PushMethodHTTP) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[19]
+	mi := &file_link_v1_link_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1810,7 +1587,7 @@ func (x *PushMethodHTTP) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PushMethodHTTP.ProtoReflect.Descriptor instead.
 func (*PushMethodHTTP) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{19}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *PushMethodHTTP) GetHostName() string {
@@ -1854,7 +1631,7 @@ type PushMethodMQTT struct {
 
 func (x *PushMethodMQTT) Reset() {
 	*x = PushMethodMQTT{}
-	mi := &file_link_v1_link_proto_msgTypes[20]
+	mi := &file_link_v1_link_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1866,7 +1643,7 @@ func (x *PushMethodMQTT) String() string {
 func (*PushMethodMQTT) ProtoMessage() {}
 
 func (x *PushMethodMQTT) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[20]
+	mi := &file_link_v1_link_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1879,7 +1656,7 @@ func (x *PushMethodMQTT) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PushMethodMQTT.ProtoReflect.Descriptor instead.
 func (*PushMethodMQTT) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{20}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *PushMethodMQTT) GetAddress() string {
@@ -1919,7 +1696,7 @@ type PushMethodOTEL struct {
 
 func (x *PushMethodOTEL) Reset() {
 	*x = PushMethodOTEL{}
-	mi := &file_link_v1_link_proto_msgTypes[21]
+	mi := &file_link_v1_link_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1931,7 +1708,7 @@ func (x *PushMethodOTEL) String() string {
 func (*PushMethodOTEL) ProtoMessage() {}
 
 func (x *PushMethodOTEL) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[21]
+	mi := &file_link_v1_link_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1944,7 +1721,7 @@ func (x *PushMethodOTEL) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PushMethodOTEL.ProtoReflect.Descriptor instead.
 func (*PushMethodOTEL) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{21}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *PushMethodOTEL) GetEndpointUrl() string {
@@ -1968,7 +1745,7 @@ type DBMethod struct {
 
 func (x *DBMethod) Reset() {
 	*x = DBMethod{}
-	mi := &file_link_v1_link_proto_msgTypes[22]
+	mi := &file_link_v1_link_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1980,7 +1757,7 @@ func (x *DBMethod) String() string {
 func (*DBMethod) ProtoMessage() {}
 
 func (x *DBMethod) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[22]
+	mi := &file_link_v1_link_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1993,7 +1770,7 @@ func (x *DBMethod) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DBMethod.ProtoReflect.Descriptor instead.
 func (*DBMethod) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{22}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *DBMethod) GetInfluxdb2() *DBMethodInfluxdb2 {
@@ -2034,7 +1811,7 @@ type DBMethodInfluxdb2 struct {
 
 func (x *DBMethodInfluxdb2) Reset() {
 	*x = DBMethodInfluxdb2{}
-	mi := &file_link_v1_link_proto_msgTypes[23]
+	mi := &file_link_v1_link_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2046,7 +1823,7 @@ func (x *DBMethodInfluxdb2) String() string {
 func (*DBMethodInfluxdb2) ProtoMessage() {}
 
 func (x *DBMethodInfluxdb2) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[23]
+	mi := &file_link_v1_link_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2059,7 +1836,7 @@ func (x *DBMethodInfluxdb2) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DBMethodInfluxdb2.ProtoReflect.Descriptor instead.
 func (*DBMethodInfluxdb2) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{23}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *DBMethodInfluxdb2) GetClientConfig() *Influxdb2ClientConfig {
@@ -2087,7 +1864,7 @@ type Influxdb2ClientConfig struct {
 
 func (x *Influxdb2ClientConfig) Reset() {
 	*x = Influxdb2ClientConfig{}
-	mi := &file_link_v1_link_proto_msgTypes[24]
+	mi := &file_link_v1_link_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2099,7 +1876,7 @@ func (x *Influxdb2ClientConfig) String() string {
 func (*Influxdb2ClientConfig) ProtoMessage() {}
 
 func (x *Influxdb2ClientConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[24]
+	mi := &file_link_v1_link_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2112,7 +1889,7 @@ func (x *Influxdb2ClientConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Influxdb2ClientConfig.ProtoReflect.Descriptor instead.
 func (*Influxdb2ClientConfig) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{24}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Influxdb2ClientConfig) GetUrl() string {
@@ -2147,7 +1924,7 @@ type Influxdb2DataConfig struct {
 
 func (x *Influxdb2DataConfig) Reset() {
 	*x = Influxdb2DataConfig{}
-	mi := &file_link_v1_link_proto_msgTypes[25]
+	mi := &file_link_v1_link_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2159,7 +1936,7 @@ func (x *Influxdb2DataConfig) String() string {
 func (*Influxdb2DataConfig) ProtoMessage() {}
 
 func (x *Influxdb2DataConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[25]
+	mi := &file_link_v1_link_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2172,7 +1949,7 @@ func (x *Influxdb2DataConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Influxdb2DataConfig.ProtoReflect.Descriptor instead.
 func (*Influxdb2DataConfig) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{25}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *Influxdb2DataConfig) GetMeasurement() string {
@@ -2205,7 +1982,7 @@ type DBMethodRedis struct {
 
 func (x *DBMethodRedis) Reset() {
 	*x = DBMethodRedis{}
-	mi := &file_link_v1_link_proto_msgTypes[26]
+	mi := &file_link_v1_link_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2217,7 +1994,7 @@ func (x *DBMethodRedis) String() string {
 func (*DBMethodRedis) ProtoMessage() {}
 
 func (x *DBMethodRedis) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[26]
+	mi := &file_link_v1_link_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2230,7 +2007,7 @@ func (x *DBMethodRedis) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DBMethodRedis.ProtoReflect.Descriptor instead.
 func (*DBMethodRedis) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{26}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *DBMethodRedis) GetClientConfig() *RedisClientConfig {
@@ -2252,7 +2029,7 @@ type RedisClientConfig struct {
 
 func (x *RedisClientConfig) Reset() {
 	*x = RedisClientConfig{}
-	mi := &file_link_v1_link_proto_msgTypes[27]
+	mi := &file_link_v1_link_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2264,7 +2041,7 @@ func (x *RedisClientConfig) String() string {
 func (*RedisClientConfig) ProtoMessage() {}
 
 func (x *RedisClientConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[27]
+	mi := &file_link_v1_link_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2277,7 +2054,7 @@ func (x *RedisClientConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RedisClientConfig.ProtoReflect.Descriptor instead.
 func (*RedisClientConfig) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{27}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *RedisClientConfig) GetAddr() string {
@@ -2317,7 +2094,7 @@ type DBMethodTDEngine struct {
 
 func (x *DBMethodTDEngine) Reset() {
 	*x = DBMethodTDEngine{}
-	mi := &file_link_v1_link_proto_msgTypes[28]
+	mi := &file_link_v1_link_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2329,7 +2106,7 @@ func (x *DBMethodTDEngine) String() string {
 func (*DBMethodTDEngine) ProtoMessage() {}
 
 func (x *DBMethodTDEngine) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[28]
+	mi := &file_link_v1_link_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2342,7 +2119,7 @@ func (x *DBMethodTDEngine) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DBMethodTDEngine.ProtoReflect.Descriptor instead.
 func (*DBMethodTDEngine) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{28}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *DBMethodTDEngine) GetClientConfig() *TDEngineClientConfig {
@@ -2362,7 +2139,7 @@ type TDEngineClientConfig struct {
 
 func (x *TDEngineClientConfig) Reset() {
 	*x = TDEngineClientConfig{}
-	mi := &file_link_v1_link_proto_msgTypes[29]
+	mi := &file_link_v1_link_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2374,7 +2151,7 @@ func (x *TDEngineClientConfig) String() string {
 func (*TDEngineClientConfig) ProtoMessage() {}
 
 func (x *TDEngineClientConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[29]
+	mi := &file_link_v1_link_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2387,7 +2164,7 @@ func (x *TDEngineClientConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TDEngineClientConfig.ProtoReflect.Descriptor instead.
 func (*TDEngineClientConfig) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{29}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *TDEngineClientConfig) GetAddr() string {
@@ -2413,7 +2190,7 @@ type DBMethodMySQL struct {
 
 func (x *DBMethodMySQL) Reset() {
 	*x = DBMethodMySQL{}
-	mi := &file_link_v1_link_proto_msgTypes[30]
+	mi := &file_link_v1_link_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2425,7 +2202,7 @@ func (x *DBMethodMySQL) String() string {
 func (*DBMethodMySQL) ProtoMessage() {}
 
 func (x *DBMethodMySQL) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[30]
+	mi := &file_link_v1_link_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2438,7 +2215,7 @@ func (x *DBMethodMySQL) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DBMethodMySQL.ProtoReflect.Descriptor instead.
 func (*DBMethodMySQL) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{30}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *DBMethodMySQL) GetClientConfig() *MySQLClientConfig {
@@ -2459,7 +2236,7 @@ type MySQLClientConfig struct {
 
 func (x *MySQLClientConfig) Reset() {
 	*x = MySQLClientConfig{}
-	mi := &file_link_v1_link_proto_msgTypes[31]
+	mi := &file_link_v1_link_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2471,7 +2248,7 @@ func (x *MySQLClientConfig) String() string {
 func (*MySQLClientConfig) ProtoMessage() {}
 
 func (x *MySQLClientConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[31]
+	mi := &file_link_v1_link_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2484,7 +2261,7 @@ func (x *MySQLClientConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MySQLClientConfig.ProtoReflect.Descriptor instead.
 func (*MySQLClientConfig) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{31}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *MySQLClientConfig) GetAddr() string {
@@ -2508,8 +2285,11 @@ func (x *MySQLClientConfig) GetUserName() string {
 	return ""
 }
 
-// TwinValue is a value as the Device object holds it: text typed by the
-// model, with metadata.
+// TwinValue is a twin value as the Device object holds it and as mappers
+// send and take it (DMI's TwinProperty): text, read as the DeviceModel's
+// type of the property (shared/twinvalue), with metadata. It is the one
+// form of a value on the link both ways: desired values (EdgeDeviceProperty)
+// and reported ones (TwinReportedUpdate).
 type TwinValue struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Value         string                 `protobuf:"bytes,1,opt,name=value,proto3" json:"value,omitempty"`
@@ -2520,7 +2300,7 @@ type TwinValue struct {
 
 func (x *TwinValue) Reset() {
 	*x = TwinValue{}
-	mi := &file_link_v1_link_proto_msgTypes[32]
+	mi := &file_link_v1_link_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2532,7 +2312,7 @@ func (x *TwinValue) String() string {
 func (*TwinValue) ProtoMessage() {}
 
 func (x *TwinValue) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[32]
+	mi := &file_link_v1_link_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2545,7 +2325,7 @@ func (x *TwinValue) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TwinValue.ProtoReflect.Descriptor instead.
 func (*TwinValue) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{32}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *TwinValue) GetValue() string {
@@ -2573,7 +2353,7 @@ type EdgeDeviceMethod struct {
 
 func (x *EdgeDeviceMethod) Reset() {
 	*x = EdgeDeviceMethod{}
-	mi := &file_link_v1_link_proto_msgTypes[33]
+	mi := &file_link_v1_link_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2585,7 +2365,7 @@ func (x *EdgeDeviceMethod) String() string {
 func (*EdgeDeviceMethod) ProtoMessage() {}
 
 func (x *EdgeDeviceMethod) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[33]
+	mi := &file_link_v1_link_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2598,7 +2378,7 @@ func (x *EdgeDeviceMethod) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EdgeDeviceMethod.ProtoReflect.Descriptor instead.
 func (*EdgeDeviceMethod) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{33}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *EdgeDeviceMethod) GetName() string {
@@ -2635,7 +2415,7 @@ type EdgeDeviceModel struct {
 
 func (x *EdgeDeviceModel) Reset() {
 	*x = EdgeDeviceModel{}
-	mi := &file_link_v1_link_proto_msgTypes[34]
+	mi := &file_link_v1_link_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2647,7 +2427,7 @@ func (x *EdgeDeviceModel) String() string {
 func (*EdgeDeviceModel) ProtoMessage() {}
 
 func (x *EdgeDeviceModel) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[34]
+	mi := &file_link_v1_link_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2660,7 +2440,7 @@ func (x *EdgeDeviceModel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EdgeDeviceModel.ProtoReflect.Descriptor instead.
 func (*EdgeDeviceModel) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{34}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *EdgeDeviceModel) GetRef() *DeviceRef {
@@ -2708,7 +2488,7 @@ type EdgeModelProperty struct {
 
 func (x *EdgeModelProperty) Reset() {
 	*x = EdgeModelProperty{}
-	mi := &file_link_v1_link_proto_msgTypes[35]
+	mi := &file_link_v1_link_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2720,7 +2500,7 @@ func (x *EdgeModelProperty) String() string {
 func (*EdgeModelProperty) ProtoMessage() {}
 
 func (x *EdgeModelProperty) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[35]
+	mi := &file_link_v1_link_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2733,7 +2513,7 @@ func (x *EdgeModelProperty) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EdgeModelProperty.ProtoReflect.Descriptor instead.
 func (*EdgeModelProperty) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{35}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *EdgeModelProperty) GetName() string {
@@ -2797,7 +2577,7 @@ type DeviceMembership struct {
 
 func (x *DeviceMembership) Reset() {
 	*x = DeviceMembership{}
-	mi := &file_link_v1_link_proto_msgTypes[36]
+	mi := &file_link_v1_link_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2809,7 +2589,7 @@ func (x *DeviceMembership) String() string {
 func (*DeviceMembership) ProtoMessage() {}
 
 func (x *DeviceMembership) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[36]
+	mi := &file_link_v1_link_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2822,7 +2602,7 @@ func (x *DeviceMembership) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeviceMembership.ProtoReflect.Descriptor instead.
 func (*DeviceMembership) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{36}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *DeviceMembership) GetNode() string {
@@ -2852,7 +2632,7 @@ type ProcessedAck struct {
 
 func (x *ProcessedAck) Reset() {
 	*x = ProcessedAck{}
-	mi := &file_link_v1_link_proto_msgTypes[37]
+	mi := &file_link_v1_link_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2864,7 +2644,7 @@ func (x *ProcessedAck) String() string {
 func (*ProcessedAck) ProtoMessage() {}
 
 func (x *ProcessedAck) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[37]
+	mi := &file_link_v1_link_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2877,7 +2657,7 @@ func (x *ProcessedAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessedAck.ProtoReflect.Descriptor instead.
 func (*ProcessedAck) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{37}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ProcessedAck) GetRefSeq() uint64 {
@@ -2906,7 +2686,7 @@ type Error struct {
 
 func (x *Error) Reset() {
 	*x = Error{}
-	mi := &file_link_v1_link_proto_msgTypes[38]
+	mi := &file_link_v1_link_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2918,7 +2698,7 @@ func (x *Error) String() string {
 func (*Error) ProtoMessage() {}
 
 func (x *Error) ProtoReflect() protoreflect.Message {
-	mi := &file_link_v1_link_proto_msgTypes[38]
+	mi := &file_link_v1_link_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2931,7 +2711,7 @@ func (x *Error) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Error.ProtoReflect.Descriptor instead.
 func (*Error) Descriptor() ([]byte, []int) {
-	return file_link_v1_link_proto_rawDescGZIP(), []int{38}
+	return file_link_v1_link_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *Error) GetCode() Error_Code {
@@ -2959,7 +2739,7 @@ var File_link_v1_link_proto protoreflect.FileDescriptor
 
 const file_link_v1_link_proto_rawDesc = "" +
 	"\n" +
-	"\x12link/v1/link.proto\x12\rdowse.link.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xef\b\n" +
+	"\x12link/v1/link.proto\x12\rdowse.link.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xbc\b\n" +
 	"\bEnvelope\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x10\n" +
@@ -2967,8 +2747,7 @@ const file_link_v1_link_proto_rawDesc = "" +
 	"\x05hello\x18\n" +
 	" \x01(\v2\x14.dowse.link.v1.HelloH\x00R\x05hello\x122\n" +
 	"\awelcome\x18\v \x01(\v2\x16.dowse.link.v1.WelcomeH\x00R\awelcome\x128\n" +
-	"\theartbeat\x18\f \x01(\v2\x18.dowse.link.v1.HeartbeatH\x00R\theartbeat\x12E\n" +
-	"\ftwin_desired\x18\r \x01(\v2 .dowse.link.v1.TwinDesiredUpdateH\x00R\vtwinDesired\x12H\n" +
+	"\theartbeat\x18\f \x01(\v2\x18.dowse.link.v1.HeartbeatH\x00R\theartbeat\x12H\n" +
 	"\rtwin_reported\x18\x0e \x01(\v2!.dowse.link.v1.TwinReportedUpdateH\x00R\ftwinReported\x12N\n" +
 	"\x11device_membership\x18\x0f \x01(\v2\x1f.dowse.link.v1.DeviceMembershipH\x00R\x10deviceMembership\x12;\n" +
 	"\tprocessed\x18\x10 \x01(\v2\x1b.dowse.link.v1.ProcessedAckH\x00R\tprocessed\x12,\n" +
@@ -2981,7 +2760,7 @@ const file_link_v1_link_proto_rawDesc = "" +
 	"\fdevice_state\x18\x17 \x01(\v2 .dowse.link.v1.DeviceStateUpdateH\x00R\vdeviceState\x128\n" +
 	"\treconnect\x18\x18 \x01(\v2\x18.dowse.link.v1.ReconnectH\x00R\treconnect\x12K\n" +
 	"\x10device_condition\x18( \x01(\v2\x1e.dowse.link.v1.DeviceConditionH\x00R\x0fdeviceConditionB\x06\n" +
-	"\x04kind\"\x90\x01\n" +
+	"\x04kindJ\x04\b\r\x10\x0eR\ftwin_desired\"\x90\x01\n" +
 	"\x05Hello\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1b\n" +
 	"\tstream_id\x18\x02 \x01(\x04R\bstreamId\x12$\n" +
@@ -3003,31 +2782,13 @@ const file_link_v1_link_proto_rawDesc = "" +
 	"\x05reply\x18\x02 \x01(\bR\x05reply\"=\n" +
 	"\tDeviceRef\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
-	"\x04name\x18\x02 \x01(\tR\x04name\"\xbc\x01\n" +
-	"\x05Value\x12\x1f\n" +
-	"\n" +
-	"bool_value\x18\x01 \x01(\bH\x00R\tboolValue\x12\x1d\n" +
-	"\tint_value\x18\x02 \x01(\x03H\x00R\bintValue\x12#\n" +
-	"\fdouble_value\x18\x03 \x01(\x01H\x00R\vdoubleValue\x12#\n" +
-	"\fstring_value\x18\x04 \x01(\tH\x00R\vstringValue\x12!\n" +
-	"\vbytes_value\x18\x05 \x01(\fH\x00R\n" +
-	"bytesValueB\x06\n" +
-	"\x04kind\"\xbd\x01\n" +
-	"\x11TwinDesiredUpdate\x120\n" +
-	"\x06device\x18\x01 \x01(\v2\x18.dowse.link.v1.DeviceRefR\x06device\x12\x1a\n" +
-	"\bproperty\x18\x02 \x01(\tR\bproperty\x12*\n" +
-	"\x05value\x18\x03 \x01(\v2\x14.dowse.link.v1.ValueR\x05value\x12.\n" +
-	"\x04time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\"\x89\x03\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\"\xb0\x02\n" +
 	"\x12TwinReportedUpdate\x120\n" +
 	"\x06device\x18\x01 \x01(\v2\x18.dowse.link.v1.DeviceRefR\x06device\x12\x1a\n" +
-	"\bproperty\x18\x02 \x01(\tR\bproperty\x12*\n" +
-	"\x05value\x18\x03 \x01(\v2\x14.dowse.link.v1.ValueR\x05value\x12.\n" +
-	"\x04time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12K\n" +
-	"\bmetadata\x18\x05 \x03(\v2/.dowse.link.v1.TwinReportedUpdate.MetadataEntryR\bmetadata\x12?\n" +
-	"\x10observed_desired\x18\x06 \x01(\v2\x14.dowse.link.v1.ValueR\x0fobservedDesired\x1a;\n" +
-	"\rMetadataEntry\x12\x10\n" +
-	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa3\x01\n" +
+	"\bproperty\x18\x02 \x01(\tR\bproperty\x12.\n" +
+	"\x04time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x124\n" +
+	"\breported\x18\a \x01(\v2\x18.dowse.link.v1.TwinValueR\breported\x12C\n" +
+	"\x10observed_desired\x18\b \x01(\v2\x18.dowse.link.v1.TwinValueR\x0fobservedDesiredJ\x04\b\x03\x10\x04J\x04\b\x05\x10\x06J\x04\b\x06\x10\aR\x05valueR\bmetadata\"\xa3\x01\n" +
 	"\x11DeviceStateUpdate\x120\n" +
 	"\x06device\x18\x01 \x01(\v2\x18.dowse.link.v1.DeviceRefR\x06device\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12.\n" +
@@ -3194,7 +2955,7 @@ func file_link_v1_link_proto_rawDescGZIP() []byte {
 }
 
 var file_link_v1_link_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_link_v1_link_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
+var file_link_v1_link_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
 var file_link_v1_link_proto_goTypes = []any{
 	(Error_Code)(0),               // 0: dowse.link.v1.Error.Code
 	(*Envelope)(nil),              // 1: dowse.link.v1.Envelope
@@ -3203,111 +2964,103 @@ var file_link_v1_link_proto_goTypes = []any{
 	(*Reconnect)(nil),             // 4: dowse.link.v1.Reconnect
 	(*Heartbeat)(nil),             // 5: dowse.link.v1.Heartbeat
 	(*DeviceRef)(nil),             // 6: dowse.link.v1.DeviceRef
-	(*Value)(nil),                 // 7: dowse.link.v1.Value
-	(*TwinDesiredUpdate)(nil),     // 8: dowse.link.v1.TwinDesiredUpdate
-	(*TwinReportedUpdate)(nil),    // 9: dowse.link.v1.TwinReportedUpdate
-	(*DeviceStateUpdate)(nil),     // 10: dowse.link.v1.DeviceStateUpdate
-	(*DeviceCondition)(nil),       // 11: dowse.link.v1.DeviceCondition
-	(*DeviceUpdate)(nil),          // 12: dowse.link.v1.DeviceUpdate
-	(*DeviceRemoval)(nil),         // 13: dowse.link.v1.DeviceRemoval
-	(*DeviceModelUpdate)(nil),     // 14: dowse.link.v1.DeviceModelUpdate
-	(*DeviceModelRemoval)(nil),    // 15: dowse.link.v1.DeviceModelRemoval
-	(*DeviceInventory)(nil),       // 16: dowse.link.v1.DeviceInventory
-	(*EdgeDevice)(nil),            // 17: dowse.link.v1.EdgeDevice
-	(*EdgeDeviceProperty)(nil),    // 18: dowse.link.v1.EdgeDeviceProperty
-	(*PushMethod)(nil),            // 19: dowse.link.v1.PushMethod
-	(*PushMethodHTTP)(nil),        // 20: dowse.link.v1.PushMethodHTTP
-	(*PushMethodMQTT)(nil),        // 21: dowse.link.v1.PushMethodMQTT
-	(*PushMethodOTEL)(nil),        // 22: dowse.link.v1.PushMethodOTEL
-	(*DBMethod)(nil),              // 23: dowse.link.v1.DBMethod
-	(*DBMethodInfluxdb2)(nil),     // 24: dowse.link.v1.DBMethodInfluxdb2
-	(*Influxdb2ClientConfig)(nil), // 25: dowse.link.v1.Influxdb2ClientConfig
-	(*Influxdb2DataConfig)(nil),   // 26: dowse.link.v1.Influxdb2DataConfig
-	(*DBMethodRedis)(nil),         // 27: dowse.link.v1.DBMethodRedis
-	(*RedisClientConfig)(nil),     // 28: dowse.link.v1.RedisClientConfig
-	(*DBMethodTDEngine)(nil),      // 29: dowse.link.v1.DBMethodTDEngine
-	(*TDEngineClientConfig)(nil),  // 30: dowse.link.v1.TDEngineClientConfig
-	(*DBMethodMySQL)(nil),         // 31: dowse.link.v1.DBMethodMySQL
-	(*MySQLClientConfig)(nil),     // 32: dowse.link.v1.MySQLClientConfig
-	(*TwinValue)(nil),             // 33: dowse.link.v1.TwinValue
-	(*EdgeDeviceMethod)(nil),      // 34: dowse.link.v1.EdgeDeviceMethod
-	(*EdgeDeviceModel)(nil),       // 35: dowse.link.v1.EdgeDeviceModel
-	(*EdgeModelProperty)(nil),     // 36: dowse.link.v1.EdgeModelProperty
-	(*DeviceMembership)(nil),      // 37: dowse.link.v1.DeviceMembership
-	(*ProcessedAck)(nil),          // 38: dowse.link.v1.ProcessedAck
-	(*Error)(nil),                 // 39: dowse.link.v1.Error
-	nil,                           // 40: dowse.link.v1.TwinReportedUpdate.MetadataEntry
-	nil,                           // 41: dowse.link.v1.Influxdb2DataConfig.TagEntry
-	nil,                           // 42: dowse.link.v1.TwinValue.MetadataEntry
-	(*timestamppb.Timestamp)(nil), // 43: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),       // 44: google.protobuf.Struct
+	(*TwinReportedUpdate)(nil),    // 7: dowse.link.v1.TwinReportedUpdate
+	(*DeviceStateUpdate)(nil),     // 8: dowse.link.v1.DeviceStateUpdate
+	(*DeviceCondition)(nil),       // 9: dowse.link.v1.DeviceCondition
+	(*DeviceUpdate)(nil),          // 10: dowse.link.v1.DeviceUpdate
+	(*DeviceRemoval)(nil),         // 11: dowse.link.v1.DeviceRemoval
+	(*DeviceModelUpdate)(nil),     // 12: dowse.link.v1.DeviceModelUpdate
+	(*DeviceModelRemoval)(nil),    // 13: dowse.link.v1.DeviceModelRemoval
+	(*DeviceInventory)(nil),       // 14: dowse.link.v1.DeviceInventory
+	(*EdgeDevice)(nil),            // 15: dowse.link.v1.EdgeDevice
+	(*EdgeDeviceProperty)(nil),    // 16: dowse.link.v1.EdgeDeviceProperty
+	(*PushMethod)(nil),            // 17: dowse.link.v1.PushMethod
+	(*PushMethodHTTP)(nil),        // 18: dowse.link.v1.PushMethodHTTP
+	(*PushMethodMQTT)(nil),        // 19: dowse.link.v1.PushMethodMQTT
+	(*PushMethodOTEL)(nil),        // 20: dowse.link.v1.PushMethodOTEL
+	(*DBMethod)(nil),              // 21: dowse.link.v1.DBMethod
+	(*DBMethodInfluxdb2)(nil),     // 22: dowse.link.v1.DBMethodInfluxdb2
+	(*Influxdb2ClientConfig)(nil), // 23: dowse.link.v1.Influxdb2ClientConfig
+	(*Influxdb2DataConfig)(nil),   // 24: dowse.link.v1.Influxdb2DataConfig
+	(*DBMethodRedis)(nil),         // 25: dowse.link.v1.DBMethodRedis
+	(*RedisClientConfig)(nil),     // 26: dowse.link.v1.RedisClientConfig
+	(*DBMethodTDEngine)(nil),      // 27: dowse.link.v1.DBMethodTDEngine
+	(*TDEngineClientConfig)(nil),  // 28: dowse.link.v1.TDEngineClientConfig
+	(*DBMethodMySQL)(nil),         // 29: dowse.link.v1.DBMethodMySQL
+	(*MySQLClientConfig)(nil),     // 30: dowse.link.v1.MySQLClientConfig
+	(*TwinValue)(nil),             // 31: dowse.link.v1.TwinValue
+	(*EdgeDeviceMethod)(nil),      // 32: dowse.link.v1.EdgeDeviceMethod
+	(*EdgeDeviceModel)(nil),       // 33: dowse.link.v1.EdgeDeviceModel
+	(*EdgeModelProperty)(nil),     // 34: dowse.link.v1.EdgeModelProperty
+	(*DeviceMembership)(nil),      // 35: dowse.link.v1.DeviceMembership
+	(*ProcessedAck)(nil),          // 36: dowse.link.v1.ProcessedAck
+	(*Error)(nil),                 // 37: dowse.link.v1.Error
+	nil,                           // 38: dowse.link.v1.Influxdb2DataConfig.TagEntry
+	nil,                           // 39: dowse.link.v1.TwinValue.MetadataEntry
+	(*timestamppb.Timestamp)(nil), // 40: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),       // 41: google.protobuf.Struct
 }
 var file_link_v1_link_proto_depIdxs = []int32{
 	2,  // 0: dowse.link.v1.Envelope.hello:type_name -> dowse.link.v1.Hello
 	3,  // 1: dowse.link.v1.Envelope.welcome:type_name -> dowse.link.v1.Welcome
 	5,  // 2: dowse.link.v1.Envelope.heartbeat:type_name -> dowse.link.v1.Heartbeat
-	8,  // 3: dowse.link.v1.Envelope.twin_desired:type_name -> dowse.link.v1.TwinDesiredUpdate
-	9,  // 4: dowse.link.v1.Envelope.twin_reported:type_name -> dowse.link.v1.TwinReportedUpdate
-	37, // 5: dowse.link.v1.Envelope.device_membership:type_name -> dowse.link.v1.DeviceMembership
-	38, // 6: dowse.link.v1.Envelope.processed:type_name -> dowse.link.v1.ProcessedAck
-	39, // 7: dowse.link.v1.Envelope.error:type_name -> dowse.link.v1.Error
-	12, // 8: dowse.link.v1.Envelope.device_update:type_name -> dowse.link.v1.DeviceUpdate
-	13, // 9: dowse.link.v1.Envelope.device_removal:type_name -> dowse.link.v1.DeviceRemoval
-	14, // 10: dowse.link.v1.Envelope.model_update:type_name -> dowse.link.v1.DeviceModelUpdate
-	15, // 11: dowse.link.v1.Envelope.model_removal:type_name -> dowse.link.v1.DeviceModelRemoval
-	16, // 12: dowse.link.v1.Envelope.device_inventory:type_name -> dowse.link.v1.DeviceInventory
-	10, // 13: dowse.link.v1.Envelope.device_state:type_name -> dowse.link.v1.DeviceStateUpdate
-	4,  // 14: dowse.link.v1.Envelope.reconnect:type_name -> dowse.link.v1.Reconnect
-	11, // 15: dowse.link.v1.Envelope.device_condition:type_name -> dowse.link.v1.DeviceCondition
-	6,  // 16: dowse.link.v1.TwinDesiredUpdate.device:type_name -> dowse.link.v1.DeviceRef
-	7,  // 17: dowse.link.v1.TwinDesiredUpdate.value:type_name -> dowse.link.v1.Value
-	43, // 18: dowse.link.v1.TwinDesiredUpdate.time:type_name -> google.protobuf.Timestamp
-	6,  // 19: dowse.link.v1.TwinReportedUpdate.device:type_name -> dowse.link.v1.DeviceRef
-	7,  // 20: dowse.link.v1.TwinReportedUpdate.value:type_name -> dowse.link.v1.Value
-	43, // 21: dowse.link.v1.TwinReportedUpdate.time:type_name -> google.protobuf.Timestamp
-	40, // 22: dowse.link.v1.TwinReportedUpdate.metadata:type_name -> dowse.link.v1.TwinReportedUpdate.MetadataEntry
-	7,  // 23: dowse.link.v1.TwinReportedUpdate.observed_desired:type_name -> dowse.link.v1.Value
-	6,  // 24: dowse.link.v1.DeviceStateUpdate.device:type_name -> dowse.link.v1.DeviceRef
-	43, // 25: dowse.link.v1.DeviceStateUpdate.time:type_name -> google.protobuf.Timestamp
-	6,  // 26: dowse.link.v1.DeviceCondition.device:type_name -> dowse.link.v1.DeviceRef
-	43, // 27: dowse.link.v1.DeviceCondition.time:type_name -> google.protobuf.Timestamp
-	17, // 28: dowse.link.v1.DeviceUpdate.device:type_name -> dowse.link.v1.EdgeDevice
-	6,  // 29: dowse.link.v1.DeviceRemoval.device:type_name -> dowse.link.v1.DeviceRef
-	35, // 30: dowse.link.v1.DeviceModelUpdate.model:type_name -> dowse.link.v1.EdgeDeviceModel
-	6,  // 31: dowse.link.v1.DeviceModelRemoval.model:type_name -> dowse.link.v1.DeviceRef
-	6,  // 32: dowse.link.v1.DeviceInventory.devices:type_name -> dowse.link.v1.DeviceRef
-	6,  // 33: dowse.link.v1.DeviceInventory.models:type_name -> dowse.link.v1.DeviceRef
-	6,  // 34: dowse.link.v1.EdgeDevice.ref:type_name -> dowse.link.v1.DeviceRef
-	44, // 35: dowse.link.v1.EdgeDevice.protocol_config:type_name -> google.protobuf.Struct
-	18, // 36: dowse.link.v1.EdgeDevice.properties:type_name -> dowse.link.v1.EdgeDeviceProperty
-	34, // 37: dowse.link.v1.EdgeDevice.methods:type_name -> dowse.link.v1.EdgeDeviceMethod
-	33, // 38: dowse.link.v1.EdgeDeviceProperty.desired:type_name -> dowse.link.v1.TwinValue
-	44, // 39: dowse.link.v1.EdgeDeviceProperty.visitor_config:type_name -> google.protobuf.Struct
-	19, // 40: dowse.link.v1.EdgeDeviceProperty.push_method:type_name -> dowse.link.v1.PushMethod
-	20, // 41: dowse.link.v1.PushMethod.http:type_name -> dowse.link.v1.PushMethodHTTP
-	21, // 42: dowse.link.v1.PushMethod.mqtt:type_name -> dowse.link.v1.PushMethodMQTT
-	22, // 43: dowse.link.v1.PushMethod.otel:type_name -> dowse.link.v1.PushMethodOTEL
-	23, // 44: dowse.link.v1.PushMethod.db_method:type_name -> dowse.link.v1.DBMethod
-	24, // 45: dowse.link.v1.DBMethod.influxdb2:type_name -> dowse.link.v1.DBMethodInfluxdb2
-	27, // 46: dowse.link.v1.DBMethod.redis:type_name -> dowse.link.v1.DBMethodRedis
-	29, // 47: dowse.link.v1.DBMethod.tdengine:type_name -> dowse.link.v1.DBMethodTDEngine
-	31, // 48: dowse.link.v1.DBMethod.mysql:type_name -> dowse.link.v1.DBMethodMySQL
-	25, // 49: dowse.link.v1.DBMethodInfluxdb2.client_config:type_name -> dowse.link.v1.Influxdb2ClientConfig
-	26, // 50: dowse.link.v1.DBMethodInfluxdb2.data_config:type_name -> dowse.link.v1.Influxdb2DataConfig
-	41, // 51: dowse.link.v1.Influxdb2DataConfig.tag:type_name -> dowse.link.v1.Influxdb2DataConfig.TagEntry
-	28, // 52: dowse.link.v1.DBMethodRedis.client_config:type_name -> dowse.link.v1.RedisClientConfig
-	30, // 53: dowse.link.v1.DBMethodTDEngine.client_config:type_name -> dowse.link.v1.TDEngineClientConfig
-	32, // 54: dowse.link.v1.DBMethodMySQL.client_config:type_name -> dowse.link.v1.MySQLClientConfig
-	42, // 55: dowse.link.v1.TwinValue.metadata:type_name -> dowse.link.v1.TwinValue.MetadataEntry
-	6,  // 56: dowse.link.v1.EdgeDeviceModel.ref:type_name -> dowse.link.v1.DeviceRef
-	36, // 57: dowse.link.v1.EdgeDeviceModel.properties:type_name -> dowse.link.v1.EdgeModelProperty
-	6,  // 58: dowse.link.v1.DeviceMembership.devices:type_name -> dowse.link.v1.DeviceRef
-	0,  // 59: dowse.link.v1.Error.code:type_name -> dowse.link.v1.Error.Code
-	60, // [60:60] is the sub-list for method output_type
-	60, // [60:60] is the sub-list for method input_type
-	60, // [60:60] is the sub-list for extension type_name
-	60, // [60:60] is the sub-list for extension extendee
-	0,  // [0:60] is the sub-list for field type_name
+	7,  // 3: dowse.link.v1.Envelope.twin_reported:type_name -> dowse.link.v1.TwinReportedUpdate
+	35, // 4: dowse.link.v1.Envelope.device_membership:type_name -> dowse.link.v1.DeviceMembership
+	36, // 5: dowse.link.v1.Envelope.processed:type_name -> dowse.link.v1.ProcessedAck
+	37, // 6: dowse.link.v1.Envelope.error:type_name -> dowse.link.v1.Error
+	10, // 7: dowse.link.v1.Envelope.device_update:type_name -> dowse.link.v1.DeviceUpdate
+	11, // 8: dowse.link.v1.Envelope.device_removal:type_name -> dowse.link.v1.DeviceRemoval
+	12, // 9: dowse.link.v1.Envelope.model_update:type_name -> dowse.link.v1.DeviceModelUpdate
+	13, // 10: dowse.link.v1.Envelope.model_removal:type_name -> dowse.link.v1.DeviceModelRemoval
+	14, // 11: dowse.link.v1.Envelope.device_inventory:type_name -> dowse.link.v1.DeviceInventory
+	8,  // 12: dowse.link.v1.Envelope.device_state:type_name -> dowse.link.v1.DeviceStateUpdate
+	4,  // 13: dowse.link.v1.Envelope.reconnect:type_name -> dowse.link.v1.Reconnect
+	9,  // 14: dowse.link.v1.Envelope.device_condition:type_name -> dowse.link.v1.DeviceCondition
+	6,  // 15: dowse.link.v1.TwinReportedUpdate.device:type_name -> dowse.link.v1.DeviceRef
+	40, // 16: dowse.link.v1.TwinReportedUpdate.time:type_name -> google.protobuf.Timestamp
+	31, // 17: dowse.link.v1.TwinReportedUpdate.reported:type_name -> dowse.link.v1.TwinValue
+	31, // 18: dowse.link.v1.TwinReportedUpdate.observed_desired:type_name -> dowse.link.v1.TwinValue
+	6,  // 19: dowse.link.v1.DeviceStateUpdate.device:type_name -> dowse.link.v1.DeviceRef
+	40, // 20: dowse.link.v1.DeviceStateUpdate.time:type_name -> google.protobuf.Timestamp
+	6,  // 21: dowse.link.v1.DeviceCondition.device:type_name -> dowse.link.v1.DeviceRef
+	40, // 22: dowse.link.v1.DeviceCondition.time:type_name -> google.protobuf.Timestamp
+	15, // 23: dowse.link.v1.DeviceUpdate.device:type_name -> dowse.link.v1.EdgeDevice
+	6,  // 24: dowse.link.v1.DeviceRemoval.device:type_name -> dowse.link.v1.DeviceRef
+	33, // 25: dowse.link.v1.DeviceModelUpdate.model:type_name -> dowse.link.v1.EdgeDeviceModel
+	6,  // 26: dowse.link.v1.DeviceModelRemoval.model:type_name -> dowse.link.v1.DeviceRef
+	6,  // 27: dowse.link.v1.DeviceInventory.devices:type_name -> dowse.link.v1.DeviceRef
+	6,  // 28: dowse.link.v1.DeviceInventory.models:type_name -> dowse.link.v1.DeviceRef
+	6,  // 29: dowse.link.v1.EdgeDevice.ref:type_name -> dowse.link.v1.DeviceRef
+	41, // 30: dowse.link.v1.EdgeDevice.protocol_config:type_name -> google.protobuf.Struct
+	16, // 31: dowse.link.v1.EdgeDevice.properties:type_name -> dowse.link.v1.EdgeDeviceProperty
+	32, // 32: dowse.link.v1.EdgeDevice.methods:type_name -> dowse.link.v1.EdgeDeviceMethod
+	31, // 33: dowse.link.v1.EdgeDeviceProperty.desired:type_name -> dowse.link.v1.TwinValue
+	41, // 34: dowse.link.v1.EdgeDeviceProperty.visitor_config:type_name -> google.protobuf.Struct
+	17, // 35: dowse.link.v1.EdgeDeviceProperty.push_method:type_name -> dowse.link.v1.PushMethod
+	18, // 36: dowse.link.v1.PushMethod.http:type_name -> dowse.link.v1.PushMethodHTTP
+	19, // 37: dowse.link.v1.PushMethod.mqtt:type_name -> dowse.link.v1.PushMethodMQTT
+	20, // 38: dowse.link.v1.PushMethod.otel:type_name -> dowse.link.v1.PushMethodOTEL
+	21, // 39: dowse.link.v1.PushMethod.db_method:type_name -> dowse.link.v1.DBMethod
+	22, // 40: dowse.link.v1.DBMethod.influxdb2:type_name -> dowse.link.v1.DBMethodInfluxdb2
+	25, // 41: dowse.link.v1.DBMethod.redis:type_name -> dowse.link.v1.DBMethodRedis
+	27, // 42: dowse.link.v1.DBMethod.tdengine:type_name -> dowse.link.v1.DBMethodTDEngine
+	29, // 43: dowse.link.v1.DBMethod.mysql:type_name -> dowse.link.v1.DBMethodMySQL
+	23, // 44: dowse.link.v1.DBMethodInfluxdb2.client_config:type_name -> dowse.link.v1.Influxdb2ClientConfig
+	24, // 45: dowse.link.v1.DBMethodInfluxdb2.data_config:type_name -> dowse.link.v1.Influxdb2DataConfig
+	38, // 46: dowse.link.v1.Influxdb2DataConfig.tag:type_name -> dowse.link.v1.Influxdb2DataConfig.TagEntry
+	26, // 47: dowse.link.v1.DBMethodRedis.client_config:type_name -> dowse.link.v1.RedisClientConfig
+	28, // 48: dowse.link.v1.DBMethodTDEngine.client_config:type_name -> dowse.link.v1.TDEngineClientConfig
+	30, // 49: dowse.link.v1.DBMethodMySQL.client_config:type_name -> dowse.link.v1.MySQLClientConfig
+	39, // 50: dowse.link.v1.TwinValue.metadata:type_name -> dowse.link.v1.TwinValue.MetadataEntry
+	6,  // 51: dowse.link.v1.EdgeDeviceModel.ref:type_name -> dowse.link.v1.DeviceRef
+	34, // 52: dowse.link.v1.EdgeDeviceModel.properties:type_name -> dowse.link.v1.EdgeModelProperty
+	6,  // 53: dowse.link.v1.DeviceMembership.devices:type_name -> dowse.link.v1.DeviceRef
+	0,  // 54: dowse.link.v1.Error.code:type_name -> dowse.link.v1.Error.Code
+	55, // [55:55] is the sub-list for method output_type
+	55, // [55:55] is the sub-list for method input_type
+	55, // [55:55] is the sub-list for extension type_name
+	55, // [55:55] is the sub-list for extension extendee
+	0,  // [0:55] is the sub-list for field type_name
 }
 
 func init() { file_link_v1_link_proto_init() }
@@ -3319,7 +3072,6 @@ func file_link_v1_link_proto_init() {
 		(*Envelope_Hello)(nil),
 		(*Envelope_Welcome)(nil),
 		(*Envelope_Heartbeat)(nil),
-		(*Envelope_TwinDesired)(nil),
 		(*Envelope_TwinReported)(nil),
 		(*Envelope_DeviceMembership)(nil),
 		(*Envelope_Processed)(nil),
@@ -3333,20 +3085,13 @@ func file_link_v1_link_proto_init() {
 		(*Envelope_Reconnect)(nil),
 		(*Envelope_DeviceCondition)(nil),
 	}
-	file_link_v1_link_proto_msgTypes[6].OneofWrappers = []any{
-		(*Value_BoolValue)(nil),
-		(*Value_IntValue)(nil),
-		(*Value_DoubleValue)(nil),
-		(*Value_StringValue)(nil),
-		(*Value_BytesValue)(nil),
-	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_link_v1_link_proto_rawDesc), len(file_link_v1_link_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   42,
+			NumMessages:   39,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

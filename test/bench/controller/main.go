@@ -28,8 +28,9 @@ import (
 
 	"github.com/dowse-dev/dowse/internal/scheme"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
-	"github.com/dowse-dev/dowse/test/kube"
-	"github.com/dowse-dev/dowse/test/procs"
+	"github.com/dowse-dev/dowse/test/framework/dowse"
+	"github.com/dowse-dev/dowse/test/framework/kube"
+	"github.com/dowse-dev/dowse/test/framework/procs"
 )
 
 func main() {
@@ -103,10 +104,9 @@ func run(ctx context.Context, n int) error {
 		return err
 	}
 	t1 := time.Now()
-	ctl, err := procs.Start("dowse-controller", logf, "--kubeconfig", kubeconfig, "--leader-elect=false",
-		"--metrics-bind-address", fmt.Sprintf("127.0.0.1:%d", port), "--health-probe-bind-address", "0",
+	ctl, err := dowse.Controller{Kubeconfig: kubeconfig, Metrics: port, Args: []string{
 		"--pprof-bind-address", os.Getenv("BENCH_PPROF"),
-		"--kube-api-qps", strconv.Itoa(ctlQPS), "--kube-api-burst", strconv.Itoa(2*ctlQPS))
+		"--kube-api-qps", strconv.Itoa(ctlQPS), "--kube-api-burst", strconv.Itoa(2 * ctlQPS)}}.Start(logf)
 	if err != nil {
 		return err
 	}

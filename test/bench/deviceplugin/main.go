@@ -35,8 +35,8 @@ import (
 	"github.com/dowse-dev/dowse/internal/kubeflags"
 	"github.com/dowse-dev/dowse/internal/scheme"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
-	"github.com/dowse-dev/dowse/test/cluster"
-	"github.com/dowse-dev/dowse/test/kube"
+	"github.com/dowse-dev/dowse/test/framework/cluster"
+	"github.com/dowse-dev/dowse/test/framework/kube"
 )
 
 func main() {

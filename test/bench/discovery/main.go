@@ -36,8 +36,8 @@ import (
 	"github.com/dowse-dev/dowse/agent"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	"github.com/dowse-dev/dowse/test/bench/benchkit"
-	"github.com/dowse-dev/dowse/test/procs"
-	"github.com/dowse-dev/dowse/test/promtest"
+	"github.com/dowse-dev/dowse/test/framework/procs"
+	"github.com/dowse-dev/dowse/test/framework/promtest"
 )
 
 var agentArgs string

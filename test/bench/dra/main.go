@@ -54,7 +54,8 @@ import (
 	shareddra "github.com/dowse-dev/dowse/internal/dra"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	"github.com/dowse-dev/dowse/test/bench/benchkit"
-	"github.com/dowse-dev/dowse/test/procs"
+	"github.com/dowse-dev/dowse/test/framework/dowse"
+	"github.com/dowse-dev/dowse/test/framework/procs"
 )
 
 const node = "bench-node"
@@ -174,6 +175,15 @@ func start(dir, name string, args ...string) (*procs.Proc, error) {
 	return procs.Start(name, logf, args...)
 }
 
+// startController runs the controller logging to dir/dowse-controller.log.
+func startController(dir string, c dowse.Controller) (*procs.Proc, error) {
+	logf, err := os.Create(filepath.Join(dir, "dowse-controller.log"))
+	if err != nil {
+		return nil, err
+	}
+	return c.Start(logf)
+}
+
 func measure(ctx context.Context, c client.WithWatch, kubeconfig, dir, ns string, cs benchCase, n int, out io.Writer) error {
 	args := append([]string{"--kubeconfig", kubeconfig, "--node-name", node, "--state-dir", dir, "--namespace", ns,
 		"--metrics-bind-address", "0", "--health-probe-bind-address", "0", "--cdi-spec-dir", filepath.Join(dir, "cdi")}, cs.args(dir)...)
@@ -194,8 +204,7 @@ func measure(ctx context.Context, c client.WithWatch, kubeconfig, dir, ns string
 	var ctl *procs.Proc
 	if cs.shared {
 		hargs = append(hargs, "--shared")
-		if ctl, err = start(dir, "dowse-controller", "--kubeconfig", kubeconfig, "--leader-elect=false", "--dra",
-			"--metrics-bind-address", "0", "--health-probe-bind-address", "0", "--link-hosts="); err != nil {
+		if ctl, err = startController(dir, dowse.Controller{Kubeconfig: kubeconfig, Args: []string{"--dra"}}); err != nil {
 			return err
 		}
 		defer ctl.Stop()

@@ -35,9 +35,10 @@ import (
 	"github.com/dowse-dev/dowse/internal/scheme"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	"github.com/dowse-dev/dowse/test/bench/benchkit"
-	"github.com/dowse-dev/dowse/test/kube"
-	"github.com/dowse-dev/dowse/test/procs"
-	"github.com/dowse-dev/dowse/test/promtest"
+	"github.com/dowse-dev/dowse/test/framework/dowse"
+	"github.com/dowse-dev/dowse/test/framework/kube"
+	"github.com/dowse-dev/dowse/test/framework/procs"
+	"github.com/dowse-dev/dowse/test/framework/promtest"
 )
 
 const (
@@ -145,9 +146,8 @@ func measure(ctx context.Context, admin client.Client, dir, kubeconfig string, o
 	}
 	metricsURL := fmt.Sprintf("http://127.0.0.1:%d/metrics", port)
 	t0 := time.Now()
-	ag, err := start(dir, "dowse-agent", "--kubeconfig", kubeconfig, "--node-name", node, "--state-dir", dir,
-		"--metrics-bind-address", fmt.Sprintf("127.0.0.1:%d", port), "--health-probe-bind-address", "0",
-		"--device-plugin-dir=", "--cdi-spec-dir", filepath.Join(dir, "cdi"))
+	ag, err := startAgent(dir, dowse.Agent{Kubeconfig: kubeconfig, Node: node, StateDir: dir, Metrics: port,
+		CDISpecDir: filepath.Join(dir, "cdi")})
 	if err != nil {
 		return f, err
 	}
@@ -239,6 +239,15 @@ func crowd(ctx context.Context, admin client.Client, others, secrets int) error 
 		})
 	}
 	return g.Wait()
+}
+
+// startAgent runs the agent logging to dir/dowse-agent.log.
+func startAgent(dir string, a dowse.Agent) (*procs.Proc, error) {
+	logf, err := os.Create(filepath.Join(dir, "dowse-agent.log"))
+	if err != nil {
+		return nil, err
+	}
+	return a.Start(logf)
 }
 
 func start(dir, name string, args ...string) (*procs.Proc, error) {

@@ -115,8 +115,10 @@ func runHub(dir string) error {
 			if r == nil {
 				return nil
 			}
-			_, err := hub.Send(node, &linkv1.Envelope{Kind: &linkv1.Envelope_TwinDesired{TwinDesired: &linkv1.TwinDesiredUpdate{
-				Device: r.Device, Property: r.Property, Value: r.Value}}})
+			// The reported value comes back as a desired value, which rides
+			// its Device as the controller sends it.
+			_, err := hub.Send(node, &linkv1.Envelope{Kind: &linkv1.Envelope_DeviceUpdate{DeviceUpdate: &linkv1.DeviceUpdate{Device: &linkv1.EdgeDevice{
+				Ref: r.Device, Model: "cam", Properties: []*linkv1.EdgeDeviceProperty{{Name: r.Property, Desired: r.Reported}}}}}})
 			return err
 		}, nil)
 	if err != nil {
@@ -578,9 +580,10 @@ func (b *bench) connect(ctx context.Context, dialer func(string) link.Dialer, ph
 			go func() {
 				defer close(e.done)
 				_ = link.RunConn(ctx, f, e.sess, &link.ConnConfig{Heartbeat: hb, Deliver: func(_ context.Context, env *linkv1.Envelope) error {
-					if d := env.GetTwinDesired(); d != nil {
+					if d := env.GetDeviceUpdate(); d != nil {
 						if e.record.Load() {
-							rtt := time.Duration(time.Now().UnixNano() - d.GetValue().GetIntValue())
+							sent, _ := strconv.ParseInt(d.GetDevice().GetProperties()[0].GetDesired().GetValue(), 10, 64)
+							rtt := time.Duration(time.Now().UnixNano() - sent)
 							e.mu.Lock()
 							e.rtts = append(e.rtts, rtt)
 							e.mu.Unlock()
@@ -621,7 +624,7 @@ func load(edges []*edge, dur time.Duration, window int) (float64, time.Duration,
 				case e.window <- struct{}{}:
 				}
 				env := &linkv1.Envelope{Kind: &linkv1.Envelope_TwinReported{TwinReported: &linkv1.TwinReportedUpdate{
-					Device: dev, Property: "temperature", Value: &linkv1.Value{Kind: &linkv1.Value_IntValue{IntValue: time.Now().UnixNano()}}}}}
+					Device: dev, Property: "temperature", Reported: &linkv1.TwinValue{Value: strconv.FormatInt(time.Now().UnixNano(), 10)}}}}
 				if _, _, err := e.sess.Enqueue(env, ""); err != nil {
 					<-e.window
 					time.Sleep(time.Millisecond)
@@ -744,6 +747,6 @@ func bareEcho(ctx context.Context, addr string, conf *tls.Config, dur time.Durat
 func mustFrame() []byte {
 	b, _ := link.AppendFrame(nil, &linkv1.Envelope{Version: 1, Seq: 1000, Ack: 1000, Kind: &linkv1.Envelope_TwinReported{TwinReported: &linkv1.TwinReportedUpdate{
 		Device: &linkv1.DeviceRef{Namespace: "default", Name: "node-0-cam"}, Property: "temperature",
-		Value: &linkv1.Value{Kind: &linkv1.Value_IntValue{IntValue: time.Now().UnixNano()}}}}})
+		Reported: &linkv1.TwinValue{Value: strconv.FormatInt(time.Now().UnixNano(), 10)}}}})
 	return b
 }

@@ -17,7 +17,7 @@ import (
 
 	"github.com/dowse-dev/dowse/mappers/mapper/mappertest"
 	dmiv1beta1 "github.com/dowse-dev/dowse/proto/dmi/v1beta1"
-	"github.com/dowse-dev/dowse/test/procs"
+	"github.com/dowse-dev/dowse/test/framework/procs"
 )
 
 // runMQTT measures the MQTT sink: dowse-modbus-mapper reading nDevices

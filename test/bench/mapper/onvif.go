@@ -13,7 +13,7 @@ import (
 
 	"github.com/dowse-dev/dowse/mappers/mapper/mappertest"
 	dmiv1beta1 "github.com/dowse-dev/dowse/proto/dmi/v1beta1"
-	"github.com/dowse-dev/dowse/test/procs"
+	"github.com/dowse-dev/dowse/test/framework/procs"
 )
 
 // runONVIF measures dowse-onvif-mapper against go2rtc (bin/peers/go2rtc,

@@ -19,8 +19,8 @@ import (
 
 	"github.com/dowse-dev/dowse/mappers/mapper/mappertest"
 	dmiv1beta1 "github.com/dowse-dev/dowse/proto/dmi/v1beta1"
-	"github.com/dowse-dev/dowse/test/npmpeer"
-	"github.com/dowse-dev/dowse/test/procs"
+	"github.com/dowse-dev/dowse/test/framework/procs"
+	"github.com/dowse-dev/dowse/test/peers/npmpeer"
 )
 
 // startNodeOPCUA runs node-opcua's conformance server (the launcher of the

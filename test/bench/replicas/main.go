@@ -1,5 +1,5 @@
 // Command replicas measures the cloud side with several controller
-// replicas, on the API server of test/kube with the real dowse-controller
+// replicas, on the API server of test/framework/kube with the real dowse-controller
 // binary (leader election and the link on every replica) and simulated
 // edges in this process (the agent's edgehub, each with its node's
 // certificate from the controller's link CA, its store without fsync),
@@ -54,8 +54,9 @@ import (
 	"github.com/dowse-dev/dowse/internal/scheme"
 	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
-	"github.com/dowse-dev/dowse/test/kube"
-	"github.com/dowse-dev/dowse/test/procs"
+	"github.com/dowse-dev/dowse/test/framework/dowse"
+	"github.com/dowse-dev/dowse/test/framework/kube"
+	"github.com/dowse-dev/dowse/test/framework/procs"
 )
 
 const namespace = "dowse-system"
@@ -403,19 +404,13 @@ func (b *bench) start(ctx context.Context, r *replica, extra ...string) error {
 		}
 		r.logFile = f
 	}
-	args := []string{"--kubeconfig", b.kubeconfig,
-		"--leader-elect=true", "--pod-name", r.name,
-		"--metrics-bind-address", fmt.Sprintf("127.0.0.1:%d", r.metrics), "--health-probe-bind-address", fmt.Sprintf("127.0.0.1:%d", r.health),
-		"--link-hosts", "127.0.0.1", "--link-heartbeat", "5s",
-		"--link-websocket-address", fmt.Sprintf("127.0.0.1:%d", r.ws), "--link-quic-address", "",
-		"--link-auth-bind-address", fmt.Sprintf("127.0.0.1:%d", r.auth),
-		// The twin write path, not the client's limiter, is measured.
-		"--kube-api-qps", "5000", "--kube-api-burst", "10000",
-		"--twin-status-interval", "10ms",
-		"--pprof-bind-address", b.pprofAddr(r)}
+	// The twin write path, not the client's limiter, is measured.
+	args := []string{"--kube-api-qps", "5000", "--kube-api-burst", "10000", "--pprof-bind-address", b.pprofAddr(r)}
 	// REPLICAS_BENCH_CONTROLLER_ARGS adds flags (e.g. --zap-log-level=debug).
 	args = append(append(args, extra...), strings.Fields(os.Getenv("REPLICAS_BENCH_CONTROLLER_ARGS"))...)
-	p, err := procs.Start("dowse-controller", r.logFile, args...)
+	p, err := dowse.Controller{Kubeconfig: b.kubeconfig, PodName: r.name, Metrics: r.metrics, Health: r.health,
+		Link:               &dowse.Link{WebSocket: r.ws, Auth: r.auth, Heartbeat: 5 * time.Second},
+		TwinStatusInterval: 10 * time.Millisecond, Args: args}.Start(r.logFile)
 	if err != nil {
 		return err
 	}
@@ -513,7 +508,7 @@ func (b *bench) report(ctx context.Context, every time.Duration) func() {
 			defer t.Stop()
 			for {
 				v := e.counter.Load() + 1
-				if _, err := e.hub.Report(e.dev, "count", &linkv1.Value{Kind: &linkv1.Value_IntValue{IntValue: v}}, time.Now()); err == nil {
+				if _, err := e.hub.Report(e.dev, "count", &linkv1.TwinValue{Value: strconv.FormatInt(v, 10)}, time.Now()); err == nil {
 					e.counter.Store(v)
 				}
 				select {

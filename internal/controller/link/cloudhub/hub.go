@@ -846,7 +846,7 @@ func (h *Hub) deliver(ctx context.Context, m Inbound) error {
 		devices = append(devices, k.DeviceState.Device)
 	case *linkv1.Envelope_DeviceCondition:
 		devices = append(devices, k.DeviceCondition.Device)
-	case *linkv1.Envelope_TwinDesired, *linkv1.Envelope_DeviceUpdate, *linkv1.Envelope_DeviceRemoval,
+	case *linkv1.Envelope_DeviceUpdate, *linkv1.Envelope_DeviceRemoval,
 		*linkv1.Envelope_ModelUpdate, *linkv1.Envelope_ModelRemoval, *linkv1.Envelope_DeviceInventory:
 		return h.refused(ctx, node, env, "devices, models and desired values come from the cloud only")
 	}

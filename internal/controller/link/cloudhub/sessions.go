@@ -199,7 +199,8 @@ func (t *Sessions) state(node string) *nodeState {
 	return s
 }
 
-// Send queues env (a TwinDesiredUpdate, DeviceMembership or ProcessedAck)
+// Send queues env (a Device or DeviceModel update or removal, an inventory,
+// a DeviceMembership or a ProcessedAck)
 // for node; it is delivered exactly once, in order, for as long as this Hub
 // runs, whether the node is connected now or later. It returns
 // link.ErrQueueFull when the node already has QueueSize messages

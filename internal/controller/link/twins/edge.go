@@ -20,7 +20,6 @@ import (
 
 	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
-	"github.com/dowse-dev/dowse/shared/twinvalue"
 )
 
 // EdgeDevice is what the node is sent of d: the model's protocol, default
@@ -111,34 +110,6 @@ func mergeObjects(base, over *apiextensionsv1.JSON) (*structpb.Struct, error) {
 		return nil, nil
 	}
 	return structpb.NewStruct(m)
-}
-
-// FormatValue writes a reported value as the Device holds values: the twin
-// text of its kind (twinvalue.Format). A value no twin text holds (a
-// non-finite number, which agents refuse from mappers) is written as Go
-// prints it.
-func FormatValue(v *linkv1.Value) string {
-	var t twinvalue.Type
-	var x any
-	switch k := v.GetKind().(type) {
-	case *linkv1.Value_BoolValue:
-		t, x = twinvalue.Boolean, k.BoolValue
-	case *linkv1.Value_IntValue:
-		t, x = twinvalue.Int, k.IntValue
-	case *linkv1.Value_DoubleValue:
-		t, x = twinvalue.Double, k.DoubleValue
-	case *linkv1.Value_StringValue:
-		t, x = twinvalue.String, k.StringValue
-	case *linkv1.Value_BytesValue:
-		t, x = twinvalue.Bytes, k.BytesValue
-	default:
-		return ""
-	}
-	s, err := twinvalue.Format(t, x)
-	if err != nil {
-		return fmt.Sprint(x)
-	}
-	return s
 }
 
 // edgePushMethod is what the node is sent of a property's pushMethod.

@@ -1,7 +1,6 @@
 package twins
 
 import (
-	"math"
 	"strings"
 	"testing"
 
@@ -12,7 +11,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
-	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	"github.com/dowse-dev/dowse/shared/twinvalue"
 )
@@ -58,27 +56,6 @@ func TestEdgeDevice(t *testing.T) {
 	d.Spec.Protocol.ConfigData = js(`[1,2]`)
 	if _, err := EdgeDevice(d, model); err == nil {
 		t.Error("configData that is not an object was accepted")
-	}
-}
-
-func TestFormatValue(t *testing.T) {
-	for _, tc := range []struct {
-		v    *linkv1.Value
-		want string
-	}{
-		{&linkv1.Value{Kind: &linkv1.Value_IntValue{IntValue: -42}}, "-42"},
-		{&linkv1.Value{Kind: &linkv1.Value_DoubleValue{DoubleValue: 21.5}}, "21.5"},
-		{&linkv1.Value{Kind: &linkv1.Value_DoubleValue{DoubleValue: 1e21}}, "1e+21"},
-		{&linkv1.Value{Kind: &linkv1.Value_DoubleValue{DoubleValue: 0.1}}, "0.1"},
-		{&linkv1.Value{Kind: &linkv1.Value_DoubleValue{DoubleValue: math.NaN()}}, "NaN"}, // from no agent of this version
-		{&linkv1.Value{Kind: &linkv1.Value_BoolValue{BoolValue: true}}, "true"},
-		{&linkv1.Value{Kind: &linkv1.Value_StringValue{StringValue: "on"}}, "on"},
-		{&linkv1.Value{Kind: &linkv1.Value_BytesValue{BytesValue: []byte{1, 2}}}, "AQI="},
-		{nil, ""},
-	} {
-		if got := FormatValue(tc.v); got != tc.want {
-			t.Errorf("FormatValue(%v) = %q, want %q", tc.v, got, tc.want)
-		}
 	}
 }
 

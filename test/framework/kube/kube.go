@@ -1,0 +1,141 @@
+// Package kube starts the real test control plane (etcd and kube-apiserver
+// built by hack/build-k8s.sh) through controller-runtime's envtest, with
+// Dowse's CRDs installed.
+package kube
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"time"
+
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+)
+
+// RepoRoot is the repository's top folder.
+func RepoRoot() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", "..", ".."))
+}
+
+// BinDir holds kube-apiserver and etcd.
+func BinDir() string { return filepath.Join(RepoRoot(), "bin", "k8s") }
+
+// ControlPlane is a running API server with Dowse's CRDs.
+type ControlPlane struct {
+	env *envtest.Environment
+	// certDir is the API server's, kept across RestartAPIServer so that
+	// its serving and client CAs, and so every kubeconfig, stay valid.
+	certDir string
+	Config  *rest.Config
+}
+
+// Start starts etcd and kube-apiserver and installs the CRDs. The binaries
+// must have been built: `make k8s` (or `make test`, which does it).
+func Start() (*ControlPlane, error) {
+	for _, b := range []string{"etcd", "kube-apiserver"} {
+		if _, err := os.Stat(filepath.Join(BinDir(), b)); err != nil {
+			return nil, fmt.Errorf("%s is missing from %s: run `make k8s` (hack/build-k8s.sh) to build the test control plane", b, BinDir())
+		}
+	}
+	certDir, err := os.MkdirTemp("", "dowse-apiserver-")
+	if err != nil {
+		return nil, err
+	}
+	env := &envtest.Environment{
+		BinaryAssetsDirectory: BinDir(),
+		CRDDirectoryPaths:     []string{CRDDir()},
+		ErrorIfCRDPathMissing: true,
+		// envtest's 20 s per start (retried 5 times) ran out on a loaded
+		// 2-core machine.
+		ControlPlaneStartTimeout: time.Minute,
+	}
+	env.ControlPlane.APIServer = &envtest.APIServer{CertDir: certDir}
+	cfg, err := env.Start()
+	if err != nil {
+		// A failure after etcd and the API server started (a CRD refused)
+		// would otherwise leave them running.
+		_ = env.Stop()
+		_ = os.RemoveAll(certDir)
+		return nil, fmt.Errorf("starting control plane: %w", err)
+	}
+	return &ControlPlane{env: env, certDir: certDir, Config: cfg}, nil
+}
+
+// StopAPIServer stops the API server (its watches end, clients see
+// connections refused) until StartAPIServer; etcd and the data stay. An
+// API server that does not stop within envtest's timeout is killed, as a
+// crash would end it.
+func (c *ControlPlane) StopAPIServer() error {
+	api := c.env.ControlPlane.GetAPIServer()
+	if err := api.Stop(); err != nil && !strings.Contains(err.Error(), "timeout waiting for process") {
+		return fmt.Errorf("stopping the API server: %w", err)
+	}
+	// Killed: wait until its port is free again.
+	addr := net.JoinHostPort(api.SecureServing.Address, api.SecureServing.Port)
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		conn, err := net.DialTimeout("tcp", addr, time.Second)
+		if err != nil {
+			return nil
+		}
+		conn.Close()
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the stopped API server still listens on %s", addr)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// StartAPIServer starts a stopped API server again on the same address
+// with the same certificates, so every client and kubeconfig still works.
+func (c *ControlPlane) StartAPIServer() error {
+	if err := c.env.ControlPlane.GetAPIServer().Start(); err != nil {
+		return fmt.Errorf("starting the API server again: %w", err)
+	}
+	return nil
+}
+
+// RestartAPIServer is StopAPIServer then StartAPIServer.
+func (c *ControlPlane) RestartAPIServer() error {
+	if err := c.StopAPIServer(); err != nil {
+		return err
+	}
+	return c.StartAPIServer()
+}
+
+// CRDDir holds Dowse's generated CRDs.
+func CRDDir() string { return filepath.Join(RepoRoot(), "deploy", "crds") }
+
+// InstallCRDs creates Dowse's CRDs on another API server (the test
+// cluster's) and waits until they are served.
+func InstallCRDs(cfg *rest.Config) error {
+	_, err := envtest.InstallCRDs(cfg, envtest.CRDInstallOptions{Paths: []string{CRDDir()}, ErrorIfPathMissing: true})
+	return err
+}
+
+// Stop stops the API server and etcd and removes their data.
+func (c *ControlPlane) Stop() error {
+	err := c.env.Stop()
+	if rmErr := os.RemoveAll(c.certDir); err == nil {
+		err = rmErr
+	}
+	return err
+}
+
+// Kubeconfig writes a kubeconfig for an admin user to path, for binaries
+// started as separate processes.
+func (c *ControlPlane) Kubeconfig(path string) error {
+	user, err := c.env.ControlPlane.AddUser(envtest.User{Name: "dowse-admin", Groups: []string{"system:masters"}}, nil)
+	if err != nil {
+		return err
+	}
+	b, err := user.KubeConfig()
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, b, 0o600)
+}

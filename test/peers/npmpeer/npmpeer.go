@@ -1,0 +1,168 @@
+// Package npmpeer runs real protocol peers from the npm registry in tests:
+// it installs pinned packages once into a cache folder under the
+// repository's bin/ and runs small launcher scripts with node, stopping
+// every process it starts when the test ends.
+//
+// When node, npm or a package cannot be had, a test fails if the
+// environment variable CI is "true" (a CI run must not pass by skipping) and
+// is skipped otherwise.
+package npmpeer
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dowse-dev/dowse/test/framework/kube"
+	"github.com/dowse-dev/dowse/test/framework/procs"
+)
+
+// Unavailable fails the test under CI and skips it otherwise, saying how to
+// get what is missing.
+func Unavailable(t testing.TB, format string, args ...any) {
+	t.Helper()
+	msg := fmt.Sprintf(format, args...)
+	if os.Getenv("CI") == "true" {
+		t.Fatalf("%s (CI=true, so this fails rather than skips)", msg)
+	}
+	t.Skipf("%s; skipping (set CI=true to make this a failure)", msg)
+}
+
+// Install makes sure the packages (name@version) are installed in
+// <repo>/bin/npm-peers/<cache>, installing them with npm the first time, and
+// returns the node_modules folder to put in NODE_PATH.
+func Install(t testing.TB, cache string, npmArgs []string, pkgs ...string) string {
+	t.Helper()
+	if _, err := exec.LookPath("node"); err != nil {
+		Unavailable(t, "node is not on PATH: install Node.js 20 (apt-get install -y nodejs npm)")
+	}
+	dir := filepath.Join(kube.RepoRoot(), "bin", "npm-peers", cache)
+	modules := filepath.Join(dir, "node_modules")
+	if installed(modules, pkgs) {
+		return modules
+	}
+	if _, err := exec.LookPath("npm"); err != nil {
+		Unavailable(t, "npm is not on PATH: install it (apt-get install -y npm) to fetch %v", pkgs)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// A package.json of its own keeps npm from walking up to another
+	// project's.
+	pj := filepath.Join(dir, "package.json")
+	if _, err := os.Stat(pj); err != nil {
+		if err := os.WriteFile(pj, []byte(`{"name":"dowse-npm-peers","private":true}`+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	args := append([]string{"install", "--no-audit", "--no-fund"}, npmArgs...)
+	args = append(args, pkgs...)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "npm", args...)
+	cmd.Dir = dir
+	t.Logf("installing npm peers into %s: npm %s", dir, strings.Join(args, " "))
+	if out, err := cmd.CombinedOutput(); err != nil {
+		Unavailable(t, "npm %s in %s failed: %v\n%s", strings.Join(args, " "), dir, err, out)
+	}
+	if !installed(modules, pkgs) {
+		Unavailable(t, "npm install in %s did not install %v", dir, pkgs)
+	}
+	return modules
+}
+
+func installed(modules string, pkgs []string) bool {
+	for _, p := range pkgs {
+		name, version := p, ""
+		if i := strings.LastIndexByte(p, '@'); i > 0 {
+			name, version = p[:i], p[i+1:]
+		}
+		b, err := os.ReadFile(filepath.Join(modules, name, "package.json"))
+		if err != nil {
+			return false
+		}
+		var meta struct{ Version string }
+		if json.Unmarshal(b, &meta) != nil || (version != "" && meta.Version != version) {
+			return false
+		}
+	}
+	return true
+}
+
+// Process is a running peer.
+type Process struct {
+	*procs.Proc
+	stdout *procs.Lines
+}
+
+// Start runs node script args with NODE_PATH=modules and stops it when the
+// test ends. Its stdout lines are kept for WaitLine; both streams go to the
+// test log.
+func Start(t testing.TB, name, modules, script string, args ...string) *Process {
+	t.Helper()
+	stdout, stderr := procs.NewLines(), procs.NewLines()
+	stderr.Each = func(line string) { logf(t, "%s stderr: %s", name, line) }
+	p, err := procs.Run(name, "node", append([]string{script}, args...), procs.Options{
+		Env: append(os.Environ(), "NODE_PATH="+modules), Stdout: stdout, Stderr: stderr,
+	})
+	if err != nil {
+		Unavailable(t, "starting node %s: %v", script, err)
+	}
+	stdout.EndWith(p)
+	t.Cleanup(p.Stop)
+	return &Process{Proc: p, stdout: stdout}
+}
+
+// logf logs unless the test has finished; a peer's late output must not
+// panic the test binary.
+func logf(t testing.TB, format string, args ...any) {
+	defer func() { _ = recover() }()
+	t.Logf(format, args...)
+}
+
+// WaitLine waits for a stdout line starting with prefix, counting from line
+// index from (0 for the first), and returns the rest of the line and the
+// index after it.
+func (p *Process) WaitLine(t testing.TB, prefix string, from int, timeout time.Duration) (string, int) {
+	t.Helper()
+	rest, next, err := p.stdout.Wait(prefix, from, timeout)
+	if err != nil {
+		t.Fatalf("%s %v", p.Name, err)
+	}
+	return rest, next
+}
+
+// Lines returns how many stdout lines the peer has printed.
+func (p *Process) Lines() int { return p.stdout.Len() }
+
+// Stop ends the peer by its pid: SIGTERM, then SIGKILL after 5s. It is
+// idempotent.
+func (p *Process) Stop() { p.StopWithin(5 * time.Second) }
+
+// FreePort returns a TCP port free on host at the time of the call.
+func FreePort(t testing.TB, host string) int {
+	t.Helper()
+	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// JSON marshals v for a launcher's argument.
+func JSON(t testing.TB, v any) string {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}

@@ -1,0 +1,337 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	debugecho "github.com/dowse-dev/dowse/discovery-handlers/debug-echo"
+	"github.com/dowse-dev/dowse/test/framework/kube"
+	"github.com/dowse-dev/dowse/test/framework/procs"
+	"github.com/dowse-dev/dowse/test/framework/testwait"
+	"github.com/dowse-dev/dowse/test/peers/npmpeer"
+)
+
+// browser is one headless Chromium for the whole test, with a profile of
+// its own; each page is a tab.
+type browser struct {
+	once  sync.Once
+	ctx   context.Context
+	shots string
+	err   error
+}
+
+var chromium browser
+
+// ScreenshotEnv names a file the console's screenshot of the demo's kind of
+// data is also written to (the README's docs/console.png is made so).
+const ScreenshotEnv = "DOWSE_CONSOLE_SCREENSHOT"
+
+func (r *rig) browser(t *testing.T) (context.Context, string) {
+	t.Helper()
+	path, err := exec.LookPath("chromium")
+	if err != nil {
+		npmpeer.Unavailable(t, "chromium is not installed: run hack/install-deps.sh (Debian chromium)")
+	}
+	chromium.once.Do(func() {
+		// Kept after the test, for a person to look at: printed below.
+		if chromium.shots, chromium.err = os.MkdirTemp("", "dowse-console-screenshots-"); chromium.err != nil {
+			return
+		}
+		profile := filepath.Join(r.dir, "chromium-profile")
+		alloc, cancelAlloc := chromedp.NewExecAllocator(context.Background(),
+			chromedp.ExecPath(path), chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU, chromedp.NoFirstRun,
+			chromedp.Flag("disable-quic", true), chromedp.Flag("disable-background-networking", true),
+			chromedp.Flag("disable-component-update", true), chromedp.Flag("disable-sync", true),
+			chromedp.UserDataDir(profile), chromedp.WindowSize(1440, 720))
+		ctx, cancel := chromedp.NewContext(alloc)
+		// The first Run starts the browser; it lives as long as ctx.
+		if chromium.err = chromedp.Do(ctx); chromium.err != nil {
+			cancel()
+			cancelAlloc()
+			return
+		}
+		chromium.ctx = ctx
+		r.top.Cleanup(func() {
+			_ = chromedp.Cancel(ctx)
+			cancel()
+			cancelAlloc()
+		})
+	})
+	if chromium.err != nil {
+		t.Fatalf("starting chromium: %v", chromium.err)
+	}
+	return chromium.ctx, chromium.shots
+}
+
+// page is the console in a browser tab.
+type page struct {
+	ctx    context.Context
+	shots  string
+	url    string
+	log    *procs.Lines
+	prefix string
+}
+
+var consoleURL = regexp.MustCompile(`Dowse console on (http://\S+)`)
+
+// openConsole starts `dowsectl console` (its own listener, chosen by the
+// kernel) with extra flags and opens it in a new tab.
+func openConsole(t *testing.T, r *rig, extra []string) *page {
+	t.Helper()
+	bctx, shots := r.browser(t)
+	out := procs.NewLines()
+	args := append([]string{"console", "--kubeconfig", r.kubeconfig, "-n", ns, "--listen", "127.0.0.1:0"}, extra...)
+	p, err := procs.Start("dowsectl", out, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		p.Stop()
+		if t.Failed() {
+			t.Logf("dowsectl console %v output:\n%s", extra, out)
+		}
+	})
+	var url string
+	testwait.For(t, 30*time.Second, func() error {
+		if m := consoleURL.FindStringSubmatch(strings.Join(out.All(), "\n")); m != nil {
+			url = m[1]
+			return nil
+		}
+		if p.Exited() {
+			t.Fatalf("dowsectl console exited:\n%s", out.String())
+		}
+		return fmt.Errorf("dowsectl console printed no address yet: %q", out.String())
+	})
+	tab, cancel := chromedp.NewContext(bctx)
+	t.Cleanup(cancel)
+	if err := chromedp.Do(tab, chromedp.Navigate(url)); err != nil {
+		t.Fatalf("opening %s: %v", url, err)
+	}
+	return &page{ctx: tab, shots: shots, url: url, log: out, prefix: strings.ReplaceAll(t.Name(), "/", "-")}
+}
+
+// eval runs a JavaScript expression in the page and decodes its value.
+func eval[T any](p *page, js string, opts ...chromedp.EvaluateOption) (T, error) {
+	ctx, cancel := context.WithTimeout(p.ctx, 10*time.Second)
+	defer cancel()
+	return chromedp.Run(ctx, chromedp.Evaluate[T](js, opts...))
+}
+
+func (p *page) text(sel string) (string, error) {
+	return eval[string](p, fmt.Sprintf(`(() => { const e = document.querySelector(%q); return e ? e.textContent : "<absent>"; })()`, sel))
+}
+
+// waitText waits until the element sel exists and its text contains want.
+func (p *page) waitText(t *testing.T, sel, want string) {
+	t.Helper()
+	testwait.For(t, 60*time.Second, func() error {
+		got, err := p.text(sel)
+		if err != nil {
+			return err
+		}
+		if !strings.Contains(got, want) {
+			return fmt.Errorf("%s reads %q, want %q (problems on the page: %q)", sel, got, want, p.problems())
+		}
+		return nil
+	})
+}
+
+func (p *page) waitGone(t *testing.T, sel string) {
+	t.Helper()
+	testwait.For(t, 60*time.Second, func() error {
+		there, err := eval[bool](p, fmt.Sprintf(`document.querySelector(%q) !== null`, sel))
+		if err != nil {
+			return err
+		}
+		if there {
+			return fmt.Errorf("%s is still on the page", sel)
+		}
+		return nil
+	})
+}
+
+// problems is what the page's alert list says now.
+func (p *page) problems() string {
+	s, _ := eval[string](p, `[...document.querySelectorAll('#problems li')].map(l => l.textContent).join(' | ')`)
+	return s
+}
+
+func (p *page) waitProblem(t *testing.T, want string) {
+	t.Helper()
+	testwait.For(t, 60*time.Second, func() error {
+		if got := p.problems(); !strings.Contains(got, want) {
+			return fmt.Errorf("the page shows problems %q, want one saying %q", got, want)
+		}
+		return nil
+	})
+}
+
+func (p *page) waitNoProblems(t *testing.T) {
+	t.Helper()
+	testwait.For(t, 60*time.Second, func() error {
+		if got := p.problems(); got != "" {
+			return fmt.Errorf("the page still shows %q", got)
+		}
+		return nil
+	})
+}
+
+func (p *page) do(t *testing.T, steps ...chromedp.Action[chromedp.Void]) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(p.ctx, 20*time.Second)
+	defer cancel()
+	if err := chromedp.Do(ctx, steps...); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// screenshot saves the page as <name>.png in the screenshot folder.
+func (p *page) screenshot(t *testing.T, name string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(p.ctx, 20*time.Second)
+	defer cancel()
+	png, err := chromedp.Run(ctx, chromedp.CaptureScreenshot())
+	if err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(p.shots, p.prefix+"-"+name+".png")
+	if err := os.WriteFile(file, png, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("screenshot: %s", file)
+	return file
+}
+
+// setDesired types a value into a property's form and submits it.
+func (p *page) setDesired(t *testing.T, device, prop, value string) {
+	t.Helper()
+	form := fmt.Sprintf(`[data-device="%s/%s"] form[data-set=%q]`, ns, device, prop)
+	if _, err := eval[bool](p, fmt.Sprintf(`(() => { const i = document.querySelector(%q); i.value = ''; return true; })()`, form+" input")); err != nil {
+		t.Fatal(err)
+	}
+	p.do(t, chromedp.SendKeys(chromedp.CSS(form+" input"), value), chromedp.Click(chromedp.CSS(form+" button")))
+}
+
+// testConsole drives `dowsectl console` in Chromium against the live
+// cluster: a debug-echo Instance comes and goes with its device; a Modbus
+// twin's reported value follows a register mbpoll changes on the peer; a
+// desired value typed into the form moves the register; an out-of-range
+// one is refused in words; the Events of the Device in view show; and a
+// user without rights sees that in words.
+func testConsole(t *testing.T, r *rig) {
+	ctx := context.Background()
+	echo := instanceOf(t, r, "debug-echo")
+	dev := r.plcDevice(t)
+	p := openConsole(t, r, nil)
+	devSel := fmt.Sprintf(`[data-device="%s/%s"]`, ns, dev.Name)
+
+	// Configurations with each node's state, and their Instances.
+	p.waitText(t, `[data-configuration="plant/debug-echo"] [data-node="edge-1"]`, "edge-1")
+	p.waitText(t, `[data-configuration="plant/debug-echo"] [data-node="edge-1"]`, "True")
+	p.waitText(t, `[data-configuration="plant/debug-echo"] [data-instance="`+echo.Name+`"]`, echo.Name)
+	p.waitText(t, `[data-configuration="plant/plc"] [data-node="edge-1"] [data-skipped]`, "NoReply ×1: "+r.closedAddr)
+	p.screenshot(t, "instances")
+	availability := filepath.Join(r.state, debugecho.DefaultAvailabilityFileName)
+	if err := os.WriteFile(availability, []byte("OFFLINE"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p.waitGone(t, `[data-instance="`+echo.Name+`"]`)
+	p.waitText(t, `[data-configuration="plant/debug-echo"] [data-no-instances]`, "No Instances")
+	p.screenshot(t, "device-offline")
+	if err := os.WriteFile(availability, []byte("ONLINE"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p.waitText(t, `[data-configuration="plant/debug-echo"] [data-instance="`+echo.Name+`"]`, echo.Name)
+
+	// A register changed on the real peer: the reported value follows, and
+	// the plot has its points.
+	p.waitText(t, devSel+` [data-property="temperature"] td.reported`, "21.5 C")
+	r.mbpoll(t, []string{"-t", "4", "-r", "1"}, "233")
+	p.waitText(t, devSel+` [data-property="temperature"] td.reported`, "23.3 C")
+	testwait.For(t, 30*time.Second, func() error {
+		n, err := eval[int](p, fmt.Sprintf(`(() => { const l = document.querySelector(%q); return l ? l.getAttribute('points').trim().split(' ').length : 0; })()`,
+			devSel+` [data-property="temperature"] td.plot polyline`))
+		if err != nil || n < 2 {
+			return fmt.Errorf("the temperature plot has %d points (%w), want 21.5 and 23.3 at least", n, err)
+		}
+		return nil
+	})
+
+	// A desired value typed into the form moves the register.
+	p.setDesired(t, dev.Name, "setpoint", "22")
+	p.waitText(t, devSel+` form[data-set="setpoint"] .result`, "22 applied on the device")
+	if got := r.holding(t, 0); got != "22" {
+		t.Errorf("register 0 reads %s after the form's value was applied, want 22", got)
+	}
+	p.waitText(t, devSel+` [data-property="setpoint"] td.reported`, "22")
+	// Out of range: refused in words, by the same check as twin set, and
+	// nothing written.
+	p.setDesired(t, dev.Name, "setpoint", "99")
+	p.waitText(t, devSel+` form[data-set="setpoint"] .result`, "refused: property setpoint: 99 is above the maximum 30")
+	p.screenshot(t, "refused")
+	if got := r.holding(t, 0); got != "22" {
+		t.Errorf("register 0 reads %s after a refused value, want 22 still", got)
+	}
+
+	// The Events of the object in view.
+	ev := &corev1.Event{
+		ObjectMeta:     metav1.ObjectMeta{Namespace: ns, GenerateName: dev.Name + "."},
+		InvolvedObject: corev1.ObjectReference{APIVersion: "dowse.dev/v1alpha1", Kind: "Device", Namespace: ns, Name: dev.Name, UID: dev.UID},
+		Type:           corev1.EventTypeNormal, Reason: "SetpointChanged", Message: "setpoint 22 written by the console test",
+		Source: corev1.EventSource{Component: "test"}, FirstTimestamp: metav1.Now(), LastTimestamp: metav1.Now(), Count: 1,
+	}
+	if _, err := r.cs.CoreV1().Events(ns).Create(ctx, ev, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	p.do(t, chromedp.Click(chromedp.CSS(devSel+` h3 a.sel`)))
+	p.waitText(t, `#evtable tbody`, "setpoint 22 written by the console test")
+	shot := p.screenshot(t, "twins")
+	if dst := os.Getenv(ScreenshotEnv); dst != "" {
+		if !filepath.IsAbs(dst) {
+			dst = filepath.Join(kube.RepoRoot(), dst)
+		}
+		b, err := os.ReadFile(shot)
+		if err == nil {
+			err = os.WriteFile(dst, b, 0o644)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("screenshot copied to %s", dst)
+	}
+
+	// A user with no rights in the namespace sees why the page is empty.
+	if _, err := r.cs.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "nobody"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	np := openConsole(t, r, []string{"--as", "system:serviceaccount:plant:nobody"})
+	np.waitProblem(t, `No right to read Devices in namespace plant: devices.dowse.dev is forbidden: User "system:serviceaccount:plant:nobody" cannot list resource "devices"`)
+	np.waitProblem(t, "No right to read Configurations in namespace plant")
+	np.screenshot(t, "no-rights")
+	// Its form would be refused too: the page only has what the user may do.
+	body, err := eval[string](np, fmt.Sprintf(`fetch('api/desired', {method: 'POST', headers: {'Content-Type': 'application/json', 'X-Dowse-Token': document.querySelector('meta[name="dowse-token"]').content},
+		body: JSON.stringify({namespace: %q, device: %q, property: 'setpoint', value: '20'})}).then(r => r.text())`, ns, dev.Name), chromedp.EvalAwaitPromise)
+	if err != nil || !strings.Contains(body, "forbidden") {
+		t.Errorf("a desired value from the user without rights: %v %q, want forbidden", err, body)
+	}
+	// And a request that did not come from the page is refused.
+	var refused struct{ Error string }
+	res, err := eval[string](p, fmt.Sprintf(`fetch('api/desired', {method: 'POST', headers: {'Content-Type': 'application/json'}, body: JSON.stringify({namespace: %q, device: %q, property: 'setpoint', value: '20'})}).then(r => r.text())`, ns, dev.Name),
+		chromedp.EvalAwaitPromise)
+	if err != nil || json.Unmarshal([]byte(res), &refused) != nil || !strings.Contains(refused.Error, "token") {
+		t.Errorf("a desired value without the page's token: %v %q, want refused", err, res)
+	}
+}

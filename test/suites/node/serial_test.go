@@ -1,0 +1,206 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr/testr"
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	discoveryv1 "github.com/dowse-dev/dowse/proto/discovery/v1"
+	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+	"github.com/dowse-dev/dowse/shared/handler"
+	"github.com/dowse-dev/dowse/test/framework/cluster"
+	"github.com/dowse-dev/dowse/test/framework/kube"
+	"github.com/dowse-dev/dowse/test/framework/procs"
+	"github.com/dowse-dev/dowse/test/peers/npmpeer"
+	"github.com/dowse-dev/dowse/test/peers/nullmodem"
+)
+
+// mapperImage is the Modbus mapper's image, loaded into the node.
+var mapperImage = [2]string{"./mappers/modbus/cmd/dowse-modbus-mapper", "ghcr.io/dowse-dev/dowse-modbus-mapper:latest"}
+
+// serialPort is where the port appears in the mapper's container.
+const serialPort = "/dev/ttyDOWSE0"
+
+// ptyHandler is a discovery handler (on the handler SDK, registered with
+// the agent like any other) that reports one serial port: the mapper's end
+// of a pseudo-terminal pair, handed as a bind mount at serialPort, and its
+// container path as SERIAL_PORT.
+//
+// Why not the udev handler: a Unix98 pty has no sysfs entry (the kernel
+// registers /dev/pts/N in devpts only), so neither udevd nor the kernel's
+// uevents ever announce it. Why a mount, not a device node: a pty's slave
+// opens only through its own devpts inode (the kernel finds the terminal
+// from it: a node made for it with mknod opens with EIO), and the runtime
+// makes a CDI device node anew in the container (tried: the mapper found
+// no port to open). So it reaches the container as a CDI bind mount of the
+// Instance's device, which every container's device rules allow (136:*,
+// as for its own /dev/pts). A real USB serial port goes the udev handler's
+// way, as a device node; everything after discovery is the same.
+type ptyHandler struct{ hostPath string }
+
+func (h ptyHandler) Discover(ctx context.Context, _ *discoveryv1.DiscoverRequest, send func([]*discoveryv1.Device) error) error {
+	if err := send([]*discoveryv1.Device{{
+		Id:         "pty" + h.hostPath,
+		Properties: map[string]string{"SERIAL_PORT": serialPort},
+		Mounts:     []*discoveryv1.Mount{{HostPath: h.hostPath, ContainerPath: serialPort}},
+	}}); err != nil {
+		return err
+	}
+	<-ctx.Done()
+	return nil
+}
+
+// rtuConfiguration makes the Devices of the pty handler's port twins of
+// samples/modbus-plc-model.yaml over Modbus RTU, served by the mapper Pod
+// the controller runs.
+const rtuConfiguration = `
+apiVersion: dowse.dev/v1alpha1
+kind: Configuration
+metadata: {name: rtu, namespace: default}
+spec:
+  discoveryHandler: {name: pty-serial}
+  capacity: 1
+  deviceTemplate:
+    deviceModelRef: {name: modbus-plc}
+    protocol:
+      protocolName: modbus
+      configData: {serialPort: "${SERIAL_PORT}", baudRate: 19200, parity: none, unitId: 7, timeout: 1s}
+    properties:
+      - {name: setpoint, collectCycle: 500ms}
+      - {name: flow, collectCycle: 500ms}
+    mapperPodSpec:
+      hostNetwork: true
+      containers:
+        - name: mapper
+          image: ghcr.io/dowse-dev/dowse-modbus-mapper:latest
+          imagePullPolicy: Never
+`
+
+// testSerialMapper proves on the real node that a serial device reaches its
+// mapper through the Instance's device: a pseudo-terminal pair is the
+// serial line, modbus-serial's RTU server (npm, a real peer) holds one end,
+// the other is the Instance's device; the controller's Modbus mapper Pod
+// gets it through the device plugin and CDI (no hostPath but the agent's
+// state directory, not privileged); the RTU server's registers reach
+// Device.status and a desired value reaches its register. It runs on a
+// cluster whose agent, controller and link are up (TestChartOnNode's), with
+// the mapper's image loaded, and removes what it made.
+func testSerialMapper(t *testing.T, ctx context.Context, c *cluster.Cluster, cl client.Client, stateDir string) {
+	serverEnd, deviceEnd := nullmodem.Open(t)
+	// setpoint (holding 0) 17; flow (holding 1-2, float32, low word
+	// first) 12.375.
+	srv := npmpeer.StartModbus(t, "modbus-serial-rtu", map[string]any{"impl": "modbus-serial", "serialPath": serverEnd, "baudRate": 19200, "parity": "none",
+		"unitId": 7, "logWrites": true, "holding": map[string]int{"0": 17, "1": 0, "2": 0x4146}})
+
+	hctx, stopHandler := context.WithCancel(ctx)
+	handlerDone := make(chan error, 1)
+	go func() {
+		handlerDone <- handler.Serve(hctx, handler.Config{Name: "pty-serial", StateDir: stateDir,
+			Discoverer: ptyHandler{hostPath: deviceEnd}, Logger: testr.New(t).WithName("pty-serial")})
+	}()
+	t.Cleanup(func() {
+		stopHandler()
+		if err := <-handlerDone; err != nil {
+			t.Logf("pty-serial handler: %v", err)
+		}
+	})
+
+	raw, err := os.ReadFile(filepath.Join(kube.RepoRoot(), "samples", "modbus-plc-model.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var model v1alpha1.DeviceModel
+	if err := yaml.Unmarshal(raw, &model); err != nil {
+		t.Fatal(err)
+	}
+	model.Namespace = "default"
+	model.Name = "modbus-plc"
+	if err := cl.Create(ctx, &model); client.IgnoreAlreadyExists(err) != nil {
+		t.Fatal(err)
+	}
+	var cfg v1alpha1.Configuration
+	if err := yaml.UnmarshalStrict([]byte(rtuConfiguration), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	mport, err := procs.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Spec.DeviceTemplate.MapperPodSpec.Containers[0].Args = []string{fmt.Sprintf("--metrics-address=127.0.0.1:%d", mport)}
+	if err := cl.Create(ctx, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		// The Configuration goes while the agent still runs, so that it
+		// lets go of the Instance; the mapper Pod and Device go with it.
+		_ = cl.Delete(context.Background(), &cfg)
+		waitInstances(t, ctx, cl, cfg.Name, 0)
+		eventuallyNode(t, ctx, time.Minute, func() error {
+			var pods corev1.PodList
+			if err := cl.List(ctx, &pods, client.InNamespace("default"), client.MatchingLabels{v1alpha1.LabelMapper: "true"}); err != nil || len(pods.Items) > 0 {
+				return fmt.Errorf("%d mapper pods left (%w)", len(pods.Items), err)
+			}
+			return nil
+		})
+		_ = cl.Delete(context.Background(), &model)
+	})
+	inst := waitInstances(t, ctx, cl, cfg.Name, 1)[0]
+	if len(inst.Spec.Mounts) != 1 || inst.Spec.Mounts[0].HostPath != deviceEnd {
+		t.Fatalf("the Instance carries %+v, want the pty %s", inst.Spec.Mounts, deviceEnd)
+	}
+
+	// The mapper Pod runs, asks for the Instance's slot and holds no
+	// hostPath but the state directory (its dmi.sock), unprivileged.
+	var pod corev1.Pod
+	eventuallyNode(t, ctx, 2*time.Minute, func() error {
+		var pods corev1.PodList
+		if err := cl.List(ctx, &pods, client.InNamespace("default"), client.MatchingLabels{v1alpha1.LabelMapper: "true"}); err != nil {
+			return err
+		}
+		for _, p := range pods.Items {
+			if p.DeletionTimestamp == nil && p.Status.Phase == corev1.PodRunning {
+				pod = p
+				return nil
+			}
+			for _, st := range p.Status.ContainerStatuses {
+				if st.State.Terminated != nil || st.LastTerminationState.Terminated != nil {
+					return fmt.Errorf("mapper pod %s: %+v\n%s", p.Name, st, podLogs(t, ctx, c.Client, p.Name))
+				}
+			}
+		}
+		return fmt.Errorf("no Running mapper pod among %d", len(pods.Items))
+	})
+	mc := pod.Spec.Containers[0]
+	if q := mc.Resources.Limits[corev1.ResourceName(inst.ResourceName())]; q.Value() != 1 {
+		t.Fatalf("the mapper pod does not ask for the Instance's %s: %v", inst.ResourceName(), mc.Resources.Limits)
+	}
+	for _, v := range pod.Spec.Volumes {
+		if v.HostPath != nil && v.HostPath.Path != stateDir {
+			t.Fatalf("the mapper pod mounts hostPath %s", v.HostPath.Path)
+		}
+	}
+	for _, ctr := range pod.Spec.Containers {
+		if sc := ctr.SecurityContext; sc != nil && sc.Privileged != nil && *sc.Privileged {
+			t.Fatalf("the mapper container %s is privileged", ctr.Name)
+		}
+	}
+
+	// The RTU server's registers reach Device.status over the line.
+	waitTwin(t, ctx, cl, "setpoint", "17")
+	dev := waitTwin(t, ctx, cl, "flow", "12.375")
+	// A desired value reaches the register, and comes back as reported.
+	from := srv.Lines()
+	setDesired(t, ctx, cl, dev, "setpoint", "30")
+	srv.WaitLine(t, "WRITE 0 30", from, time.Minute)
+	waitTwin(t, ctx, cl, "setpoint", "30")
+	t.Logf("mapper pod %s got %s through %s; setpoint 17 and flow 12.375 read over RTU, desired 30 written to the server's register and reported",
+		pod.Name, deviceEnd, inst.ResourceName())
+}
