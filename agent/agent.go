@@ -35,9 +35,9 @@ import (
 	"github.com/dowse-dev/dowse/internal/agent/propertyrefs"
 	"github.com/dowse-dev/dowse/internal/agent/registration"
 	"github.com/dowse-dev/dowse/internal/agent/registry"
-	"github.com/dowse-dev/dowse/internal/contain"
 	"github.com/dowse-dev/dowse/internal/events"
 	"github.com/dowse-dev/dowse/internal/kubeflags"
+	"github.com/dowse-dev/dowse/internal/optional"
 	"github.com/dowse-dev/dowse/internal/scheme"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 )
@@ -168,7 +168,7 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
 		return err
 	}
-	if err := mgr.AddReadyzCheck("cache-sync", contain.CacheSynced(mgr.GetCache())); err != nil {
+	if err := mgr.AddReadyzCheck("cache-sync", optional.CacheSynced(mgr.GetCache())); err != nil {
 		return err
 	}
 	if err := mgr.GetFieldIndexer().IndexField(ctx, &v1alpha1.Instance{}, instances.ConfigurationIndex, instances.IndexByConfiguration); err != nil {

@@ -16,8 +16,8 @@ import (
 
 	"github.com/dowse-dev/dowse/internal/agent/edgecert"
 	"github.com/dowse-dev/dowse/internal/agent/edgehub"
-	"github.com/dowse-dev/dowse/internal/contain"
 	"github.com/dowse-dev/dowse/internal/link/pki"
+	"github.com/dowse-dev/dowse/internal/optional"
 	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
 )
 
@@ -87,8 +87,8 @@ func addLink(mgr manager.Manager, cfg Config, reg prometheus.Registerer, log log
 	// The edge's store or link failing is the link's failure, not the
 	// agent's: contained, it is logged, counted and retried, and fails only
 	// the "link" readiness check meanwhile, while discovery goes on.
-	partReg := contain.Reregistering(reg)
-	edge := &contain.Part{Name: "edgehub", Log: log, Failures: contain.NewFailures(reg, "dowse_agent"), Run: func(ctx context.Context) error {
+	partReg := optional.Reregistering(reg)
+	edge := &optional.Part{Name: "edgehub", Log: log, Failures: optional.NewFailures(reg, "dowse_agent"), Run: func(ctx context.Context) error {
 		reg := partReg // each run registers its metrics again
 		// The store, and the mapper API on it, serve from the start; the
 		// link waits for the node's credentials (an expired certificate

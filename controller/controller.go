@@ -34,7 +34,6 @@ import (
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
-	"github.com/dowse-dev/dowse/internal/contain"
 	"github.com/dowse-dev/dowse/internal/controller/broker"
 	"github.com/dowse-dev/dowse/internal/controller/devices"
 	"github.com/dowse-dev/dowse/internal/controller/lifecycle"
@@ -43,6 +42,7 @@ import (
 	"github.com/dowse-dev/dowse/internal/controller/propertyaccess"
 	"github.com/dowse-dev/dowse/internal/events"
 	"github.com/dowse-dev/dowse/internal/kubeflags"
+	"github.com/dowse-dev/dowse/internal/optional"
 	"github.com/dowse-dev/dowse/internal/scheme"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 )
@@ -178,7 +178,7 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
 		return err
 	}
-	if err := mgr.AddReadyzCheck("cache-sync", contain.CacheSynced(mgr.GetCache())); err != nil {
+	if err := mgr.AddReadyzCheck("cache-sync", optional.CacheSynced(mgr.GetCache())); err != nil {
 		return err
 	}
 	idx, err := broker.NewIndexes(ctx, mgr.GetCache())

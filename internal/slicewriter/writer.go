@@ -160,10 +160,12 @@ func (w *Writer) Update(pools map[string]Pool) {
 	w.mu.Lock()
 	w.desired = desired
 	w.mu.Unlock()
-	w.poke()
+	w.requestReconcile()
 }
 
-func (w *Writer) poke() {
+// requestReconcile makes the writer's loop reconcile again; it never
+// blocks: one pending request covers any number of changes.
+func (w *Writer) requestReconcile() {
 	select {
 	case w.wake <- struct{}{}:
 	default:
@@ -278,7 +280,7 @@ func (w *Writer) observe(obj any) {
 	}
 	w.published[s.name] = s
 	w.mu.Unlock()
-	w.poke()
+	w.requestReconcile()
 }
 
 // forget drops a slice the watch shows deleted, unless that was an
@@ -292,7 +294,7 @@ func (w *Writer) forget(name, uid string) {
 	delete(w.published, name)
 	delete(w.pending, name)
 	w.mu.Unlock()
-	w.poke()
+	w.requestReconcile()
 }
 
 func parse(m metav1.Object) *sliceMeta {

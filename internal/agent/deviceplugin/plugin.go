@@ -107,7 +107,7 @@ func (h *Host) Add(resource, endpoint string, svc *service) (remove func()) {
 	}
 	h.enqueueLocked(p)
 	h.mu.Unlock()
-	h.poke()
+	h.wakeDispatcher()
 	return sync.OnceFunc(func() {
 		h.mu.Lock()
 		if h.plugins[p.sock] == p {
@@ -118,7 +118,9 @@ func (h *Host) Add(resource, endpoint string, svc *service) (remove func()) {
 	})
 }
 
-func (h *Host) poke() {
+// wakeDispatcher makes the serving loop look at its queue again; it never
+// blocks: one pending wake-up covers any number of changes.
+func (h *Host) wakeDispatcher() {
 	select {
 	case h.wake <- struct{}{}:
 	default:

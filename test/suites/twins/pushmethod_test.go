@@ -35,7 +35,7 @@ func TestPushMethodValid(t *testing.T) {
 	}
 	hub := newFakeHub(edge)
 	rig := startTwins(t, hub)
-	rig.sync.OnConnect(ctx, edge)
+	rig.sync.Connected(ctx, edge)
 	envs := waitSent(t, hub, edge, "model thermostat", "device pushy", "inventory 1/1")
 	if pm := envs[1].GetDeviceUpdate().Device.Properties[0].PushMethod; pm != nil {
 		t.Errorf("a pushMethod that cannot work was sent: %v", pm)

@@ -197,7 +197,7 @@ func TestTwinSync(t *testing.T) {
 	}
 	hub := newFakeHub(edge1)
 	rig := startTwins(t, hub)
-	rig.sync.OnConnect(ctx, edge1)
+	rig.sync.Connected(ctx, edge1)
 	envs := waitSent(t, hub, edge1, "model thermostat", "device good", "inventory 1/1")
 	ed := envs[1].GetDeviceUpdate().Device
 	if p := ed.Properties[0]; p.Name != "setpoint" || p.Desired.GetValue() != "21" || ed.ProtocolName != "virtual" {

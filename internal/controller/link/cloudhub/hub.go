@@ -12,7 +12,6 @@ import (
 	"fmt"
 	mrand "math/rand/v2"
 	"net"
-	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -50,17 +49,18 @@ type Config struct {
 	RateBurst int
 	// HandshakeTimeout bounds the wait for a connection's Hello (10s).
 	HandshakeTimeout time.Duration
-	// MaxConnections caps the connections served at once (20000); one more
+	// MaxConnections caps the connections welcomedConn at once (20000); one more
 	// is closed at once, logged and counted, so that a flood of edges (or
 	// of anyone holding a node certificate) cannot exhaust the hub.
 	MaxConnections int
 	// MaxHandshakes caps, per transport, the connections accepted whose TLS
 	// handshake and upgrade are not done yet (link.DefaultMaxHandshakes).
 	MaxHandshakes int
-	// OnConnect, when set, is called after a node's handshake, on the
-	// connection's goroutine: the application may resend state the node
-	// might lack (a restarted hub holds no queue from before).
-	OnConnect func(ctx context.Context, node string)
+	// Sessions is the session table the hub serves (NewSessions), made
+	// first by an application whose parts need it before the hub exists;
+	// nil: the hub makes its own from this Config. Its observers are told
+	// when a node is welcomed.
+	Sessions *Sessions
 	// NodeAllowed, when set, is asked after each Hello whether the node may
 	// connect; false refuses it (Error PERMISSION_DENIED), an error closes
 	// the connection for the edge to retry. A certificate outlives the Node
@@ -96,12 +96,13 @@ type Config struct {
 	// replica can take its edges; false skips the drain (a lone replica's
 	// edges would only be turned away until it is back).
 	CanDrain func() bool
-	// SendOn, when set, is asked at the handshake of a node this hub does
-	// not serve, with the number of sessions it serves: true sends the edge
-	// on to its next address (a Reconnect before it claims anything), for
-	// a replica at its share while another has room. A node is sent on at
-	// most once a minute, so that counts out of date cost one hop at most.
-	SendOn func(sessions int) bool
+	// Redirect, when set, is asked at the handshake of a node this hub
+	// does not serve, with the number of sessions it serves: true sends the
+	// edge on to its next address (a Reconnect before it claims anything),
+	// for a replica at its share while another has room. A node is
+	// redirected at most once a minute, so that counts out of date cost one
+	// hop at most.
+	Redirect func(sessions int) bool
 }
 
 // Position is a place in a node's outbound stream.
@@ -175,19 +176,16 @@ type Hub struct {
 	metrics *link.Metrics
 	hsFail  *prometheus.CounterVec
 
-	mu           sync.Mutex
-	nodes        map[string]*nodeState
-	sentOn       map[string]time.Time // when each node was last sent on (SendOn)
-	sentOnPruned time.Time
-	ready        chan struct{}
-	readyOnce    sync.Once // Start may be called again after it failed
-	addrs        struct{ ws, quic net.Addr }
-	live         atomic.Int64 // connections being served
-	sessions     atomic.Int64 // nodes with a live connection past the handshake (a nodeState with cancel set)
-	draining     atomic.Bool
-	serving      atomic.Bool
-	moved        *prometheus.CounterVec
-	evicted      prometheus.Counter
+	table *Sessions
+
+	mu               sync.Mutex
+	redirected       map[string]time.Time // when each node was last redirected (Redirect)
+	redirectedPruned time.Time
+	ready            chan struct{}
+	readyOnce        sync.Once // Start may be called again after it failed
+	addrs            struct{ ws, quic net.Addr }
+	live             atomic.Int64 // connections being welcomedConn
+	serving          atomic.Bool
 }
 
 type nodeState struct {
@@ -219,6 +217,24 @@ func New(cfg Config, auth Authorizer, handler Handler, reg prometheus.Registerer
 	if auth == nil || handler == nil {
 		return nil, errors.New("cloudhub: authorizer and handler are required")
 	}
+	cfg = cfg.withDefaults()
+	table := cfg.Sessions
+	if table == nil {
+		table = NewSessions(cfg, reg)
+	}
+	h := &Hub{cfg: cfg, auth: auth, handler: handler, table: table, ready: make(chan struct{}),
+		metrics: link.NewMetrics(reg, "cloudhub"),
+		hsFail: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "dowse", Subsystem: "cloudhub", Name: "refused_connections_total",
+			Help: "Connections refused at the handshake, by reason."}, []string{"reason"}),
+	}
+	if reg != nil {
+		reg.MustRegister(h.hsFail)
+	}
+	return h, nil
+}
+
+// withDefaults is cfg with the defaults of its zero fields.
+func (cfg Config) withDefaults() Config {
 	if cfg.Heartbeat <= 0 {
 		cfg.Heartbeat = 10 * time.Second
 	}
@@ -243,49 +259,37 @@ func New(cfg Config, auth Authorizer, handler Handler, reg prometheus.Registerer
 	if cfg.DrainPeriod == 0 {
 		cfg.DrainPeriod = 5 * time.Second
 	}
-	h := &Hub{cfg: cfg, auth: auth, handler: handler, nodes: map[string]*nodeState{}, ready: make(chan struct{}),
-		metrics: link.NewMetrics(reg, "cloudhub"),
-		hsFail: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "dowse", Subsystem: "cloudhub", Name: "refused_connections_total",
-			Help: "Connections refused at the handshake, by reason."}, []string{"reason"}),
-		moved: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "dowse", Subsystem: "cloudhub", Name: "moved_sessions_total",
-			Help: "Edges told to reconnect elsewhere, by reason (drain: this replica is stopping; rebalance: it held more than its share)."}, []string{"reason"}),
-		evicted: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "dowse", Subsystem: "cloudhub", Name: "sessions_taken_over_total",
-			Help: "Sessions closed because another replica took the node (its newer session is the owner)."}),
-	}
-	if reg != nil {
-		reg.MustRegister(h.hsFail, h.moved, h.evicted,
-			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "dowse", Subsystem: "cloudhub", Name: "draining",
-				Help: "1 while this replica moves its edges away before it stops."}, func() float64 {
-				if h.draining.Load() {
-					return 1
-				}
-				return 0
-			}),
-			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "dowse", Subsystem: "cloudhub", Name: "connected_nodes",
-				Help: "Nodes with a live connection."}, func() float64 { return float64(h.sessions.Load()) }),
-			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "dowse", Subsystem: "cloudhub", Name: "queued_messages",
-				Help: "Messages to nodes not yet acknowledged, all nodes."}, func() float64 { q, _ := h.stats(); return float64(q) }),
-			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "dowse", Subsystem: "cloudhub", Name: "max_node_queued_messages",
-				Help: "The deepest node send queue."}, func() float64 { _, m := h.stats(); return float64(m) }),
-		)
-	}
-	return h, nil
+	return cfg
 }
 
-func (h *Hub) stats() (queued, maxQueued int) {
-	h.mu.Lock()
-	states := make([]*nodeState, 0, len(h.nodes))
-	for _, s := range h.nodes {
-		states = append(states, s)
-	}
-	h.mu.Unlock()
-	for _, s := range states {
-		n, _ := s.sess.Len()
-		queued += n
-		maxQueued = max(maxQueued, n)
-	}
-	return queued, maxQueued
+// Sessions is Sessions.Count.
+func (h *Hub) Sessions() int { return h.table.Count() }
+
+// Draining reports whether the hub is moving its edges away.
+func (h *Hub) Draining() bool { return h.table.Draining() }
+
+// Move is Sessions.Move.
+func (h *Hub) Move(node string, delay time.Duration, reason string) bool {
+	return h.table.Move(node, delay, reason)
 }
+
+// Evict is Sessions.Evict.
+func (h *Hub) Evict(node string, through uint64) bool { return h.table.Evict(node, through) }
+
+// Send is Sessions.Send.
+func (h *Hub) Send(node string, env *linkv1.Envelope) (uint64, error) { return h.table.Send(node, env) }
+
+// Commit is Sessions.Commit.
+func (h *Hub) Commit(node string, pos Position) { h.table.Commit(node, pos) }
+
+// Connected is Sessions.Connected.
+func (h *Hub) Connected() []string { return h.table.Connected() }
+
+// IsConnected is Sessions.IsConnected.
+func (h *Hub) IsConnected(node string) bool { return h.table.IsConnected(node) }
+
+// Forget is Sessions.Forget.
+func (h *Hub) Forget(node string) { h.table.Forget(node) }
 
 // Start listens on the configured transports and serves until ctx ends.
 // It returns an error when a listener cannot be opened or fails. When ctx
@@ -322,7 +326,7 @@ func (h *Hub) Start(ctx context.Context) error {
 		h.addrs.quic = l.Addr()
 		listeners, names = append(listeners, l), append(names, link.QUIC)
 	}
-	h.draining.Store(false)
+	h.table.draining.Store(false)
 	h.serving.Store(true)
 	defer h.serving.Store(false)
 	h.readyOnce.Do(func() { close(h.ready) })
@@ -361,7 +365,7 @@ func (h *Hub) Start(ctx context.Context) error {
 	return err
 }
 
-// admitted counts the connections being served, for Start to wait for.
+// admitted counts the connections being welcomedConn, for Start to wait for.
 type admitted struct {
 	mu       sync.Mutex
 	stopping bool
@@ -407,109 +411,37 @@ func (h *Hub) enter(ctx context.Context, ac *admitted, c link.Conn) bool {
 // moment within the drain period, and waits for them to go (at most the
 // period and a heartbeat more).
 func (h *Hub) drain(ctx context.Context) {
-	h.draining.Store(true)
+	h.table.draining.Store(true)
 	period := h.cfg.DrainPeriod
 	if period < 0 || (h.cfg.CanDrain != nil && !h.cfg.CanDrain()) {
 		return
 	}
 	log := logr.FromContextOrDiscard(ctx)
-	states := h.connectedStates()
+	states := h.table.connectedStates()
 	log.Info("draining: moving every edge to another replica", "edges", len(states), "period", period)
 	for _, st := range states {
-		h.move(st, time.Duration(mrand.Int64N(int64(period)+1)), "drain")
+		h.table.move(st, time.Duration(mrand.Int64N(int64(period)+1)), "drain")
 	}
 	deadline := time.Now().Add(period + h.cfg.Heartbeat)
 	for time.Now().Before(deadline) {
-		if len(h.connectedStates()) == 0 {
+		if len(h.table.connectedStates()) == 0 {
 			break
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	log.Info("drained", "left", len(h.connectedStates()))
+	log.Info("drained", "left", len(h.table.connectedStates()))
 }
 
 // Serving is nil while the hub listens and is not draining: a readiness
-// check (an edge sent to this replica now is served).
+// check (an edge sent to this replica now is welcomedConn).
 func (h *Hub) Serving() error {
 	switch {
-	case h.draining.Load():
+	case h.table.draining.Load():
 		return errors.New("cloudhub: draining")
 	case !h.serving.Load():
 		return errors.New("cloudhub: not listening")
 	}
 	return nil
-}
-
-// Draining reports whether the hub is moving its edges away.
-func (h *Hub) Draining() bool { return h.draining.Load() }
-
-func (h *Hub) connectedStates() []*nodeState {
-	h.mu.Lock()
-	states := make([]*nodeState, 0, len(h.nodes))
-	for _, s := range h.nodes {
-		states = append(states, s)
-	}
-	h.mu.Unlock()
-	out := states[:0]
-	for _, s := range states {
-		s.mu.Lock()
-		if s.cancel != nil {
-			out = append(out, s)
-		}
-		s.mu.Unlock()
-	}
-	return out
-}
-
-// Move tells node's edge to close its connection after delay and connect
-// again at once, elsewhere if it can (a Reconnect); false when the node is
-// not connected. reason ("rebalance", "drain") is counted and logged by the
-// edge.
-func (h *Hub) Move(node string, delay time.Duration, reason string) bool {
-	h.mu.Lock()
-	st := h.nodes[node]
-	h.mu.Unlock()
-	return st != nil && h.move(st, delay, reason)
-}
-
-func (h *Hub) move(st *nodeState, delay time.Duration, reason string) bool {
-	st.mu.Lock()
-	send := st.send
-	st.mu.Unlock()
-	if send == nil {
-		return false
-	}
-	send(&linkv1.Envelope{Kind: &linkv1.Envelope_Reconnect{Reconnect: &linkv1.Reconnect{
-		DelayMs: uint32(delay / time.Millisecond), Reason: reason}}})
-	h.moved.WithLabelValues(reason).Inc()
-	return true
-}
-
-// Evict closes node's session and forgets it (queue and receive position)
-// when its epoch is at or below through: another hub's newer session of
-// the node is the owner (see Config.Claim). It reports whether it did; the
-// caller then drops what it holds of the node's session too.
-func (h *Hub) Evict(node string, through uint64) bool {
-	h.mu.Lock()
-	st := h.nodes[node]
-	if st == nil {
-		h.mu.Unlock()
-		return false
-	}
-	st.mu.Lock()
-	if st.epoch > through {
-		st.mu.Unlock()
-		h.mu.Unlock()
-		return false
-	}
-	delete(h.nodes, node)
-	h.mu.Unlock()
-	if st.cancel != nil {
-		st.cancel(errEvicted)
-	}
-	st.mu.Unlock()
-	h.evicted.Inc()
-	return true
 }
 
 // Addrs are the bound listen addresses (nil for a disabled transport); they
@@ -519,144 +451,39 @@ func (h *Hub) Addrs() (websocket, quic net.Addr) { return h.addrs.ws, h.addrs.qu
 // Ready is closed when the listeners are open.
 func (h *Hub) Ready() <-chan struct{} { return h.ready }
 
-func (h *Hub) state(node string) *nodeState {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	s := h.nodes[node]
-	if s == nil {
-		s = &nodeState{
-			sess:    link.NewSession(link.SessionConfig{MaxEntries: h.cfg.QueueSize, ManualCommit: h.cfg.ManualCommit}),
-			limiter: rate.NewLimiter(rate.Limit(h.cfg.RateLimit), h.cfg.RateBurst),
-		}
-		h.nodes[node] = s
-	}
-	return s
-}
-
-// Send queues env (a Device or DeviceModel update or removal, an inventory,
-// a DeviceMembership or a ProcessedAck)
-// for node; it is delivered exactly once, in order, for as long as this Hub
-// runs, whether the node is connected now or later. It returns
-// link.ErrQueueFull when the node already has QueueSize messages
-// unacknowledged (retry later, or coalesce: a slow node never slows others).
-// env must not be modified afterwards.
-func (h *Hub) Send(node string, env *linkv1.Envelope) (uint64, error) {
-	if !link.Sequenced(env) {
-		return 0, fmt.Errorf("cloudhub: %T is not an application message", env.Kind)
-	}
-	if m := env.GetDeviceMembership(); m != nil && m.Node != node {
-		return 0, fmt.Errorf("cloudhub: membership for node %q sent to node %q", m.Node, node)
-	}
-	seq, _, err := h.state(node).sess.Enqueue(env, "")
-	return seq, err
-}
-
-// Commit tells a ManualCommit hub that the application has made node's
-// messages through pos durable; the node is acknowledged that far and may
-// forget them. Safe from any goroutine; unknown nodes are ignored.
-func (h *Hub) Commit(node string, pos Position) {
-	h.mu.Lock()
-	st := h.nodes[node]
-	h.mu.Unlock()
-	if st == nil {
-		return
-	}
-	st.mu.Lock()
-	before := pos.Epoch != 0 && pos.Epoch < st.first
-	st.mu.Unlock()
-	if !before {
-		st.sess.Commit(pos.Stream, pos.Seq)
-	}
-}
-
-// sendOn says whether node's new connection goes on to another replica
-// (Config.SendOn), remembering when it last did.
-func (h *Hub) sendOn(node string) bool {
-	if h.cfg.SendOn == nil {
+// redirect says whether node's new connection goes on to another replica
+// (Config.Redirect), remembering when it last did.
+func (h *Hub) redirect(node string) bool {
+	if h.cfg.Redirect == nil {
 		return false
 	}
+	if h.table.IsConnected(node) {
+		return false // its session is here: the edge reconnected
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if st := h.nodes[node]; st != nil {
-		st.mu.Lock()
-		here := st.cancel != nil
-		st.mu.Unlock()
-		if here {
-			return false // its session is here: the edge reconnected
-		}
-	}
-	held := int(h.sessions.Load())
+	held := h.table.Count()
 	now := time.Now()
-	if t, ok := h.sentOn[node]; ok && now.Sub(t) < time.Minute {
+	if t, ok := h.redirected[node]; ok && now.Sub(t) < time.Minute {
 		return false
 	}
-	if !h.cfg.SendOn(held) {
+	if !h.cfg.Redirect(held) {
 		return false
 	}
-	if now.Sub(h.sentOnPruned) >= time.Minute {
+	if now.Sub(h.redirectedPruned) >= time.Minute {
 		// At most once a minute: a handshake does not walk the nodes.
-		for n, t := range h.sentOn {
+		for n, t := range h.redirected {
 			if now.Sub(t) >= time.Minute {
-				delete(h.sentOn, n)
+				delete(h.redirected, n)
 			}
 		}
-		h.sentOnPruned = now
+		h.redirectedPruned = now
 	}
-	if h.sentOn == nil {
-		h.sentOn = map[string]time.Time{}
+	if h.redirected == nil {
+		h.redirected = map[string]time.Time{}
 	}
-	h.sentOn[node] = now
+	h.redirected[node] = now
 	return true
-}
-
-// Connected lists the nodes with a live connection, sorted.
-func (h *Hub) Connected() []string {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	var out []string
-	for n, s := range h.nodes {
-		s.mu.Lock()
-		if s.cancel != nil {
-			out = append(out, n)
-		}
-		s.mu.Unlock()
-	}
-	sort.Strings(out)
-	return out
-}
-
-// IsConnected reports whether node has a live connection (a reconciler's
-// check, without listing every node as Connected does).
-func (h *Hub) IsConnected(node string) bool {
-	h.mu.Lock()
-	st := h.nodes[node]
-	h.mu.Unlock()
-	if st == nil {
-		return false
-	}
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	return st.cancel != nil
-}
-
-// Sessions is how many nodes have a live connection (len(Connected()),
-// without walking the nodes).
-func (h *Hub) Sessions() int { return int(h.sessions.Load()) }
-
-// Forget drops a node's session (its queue and receive position), for a
-// node that was deleted; a live connection of it is closed.
-func (h *Hub) Forget(node string) {
-	h.mu.Lock()
-	s := h.nodes[node]
-	delete(h.nodes, node)
-	h.mu.Unlock()
-	if s != nil {
-		s.mu.Lock()
-		if s.cancel != nil {
-			s.cancel(errors.New("cloudhub: node forgotten"))
-		}
-		s.mu.Unlock()
-	}
 }
 
 // verifyingTLS is the configured TLS with the client certificate verified
@@ -704,8 +531,8 @@ func (h *Hub) refuse(ctx context.Context, conn []any, reason string, c link.Conn
 	logr.FromContextOrDiscard(ctx).Info(msg, append(append([]any{"remote", c.RemoteAddr()}, conn...), kv...)...)
 }
 
-// served is a connection past its handshake, for serveConn to run.
-type served struct {
+// welcomedConn is a connection past its handshake, for serveConn to run.
+type welcomedConn struct {
 	hub  *Hub
 	st   *nodeState
 	f    *link.Framed
@@ -718,11 +545,11 @@ type served struct {
 
 // end lets go of the node's session (another connection may take it) and
 // ends the connection's context.
-func (s *served) end() {
+func (s *welcomedConn) end() {
 	s.st.mu.Lock()
 	if s.st.done == s.done {
 		s.st.cancel, s.st.done, s.st.send = nil, nil, nil
-		s.hub.sessions.Add(-1)
+		s.hub.table.live.Add(-1)
 	}
 	s.st.mu.Unlock()
 	close(s.done)
@@ -742,7 +569,7 @@ func (h *Hub) serveConn(ctx context.Context, transport string, c link.Conn) {
 	s.ended(link.RunConn(s.ctx, s.f, s.st.sess, &s.cfg)) //nolint:contextcheck // s.ctx is the connection's, made from ctx by handshake
 }
 
-func (s *served) ended(err error) {
+func (s *welcomedConn) ended(err error) {
 	log, kv := s.log, s.kv
 	switch {
 	case errors.Is(err, link.ErrMalformed) || errors.Is(err, link.ErrFrameTooLarge):
@@ -757,29 +584,69 @@ func (s *served) ended(err error) {
 }
 
 // handshake takes the Hello, claims the node's session and welcomes it;
-// nil when the connection is refused or lost (then it is closed).
-func (h *Hub) handshake(ctx context.Context, transport string, c link.Conn) *served {
+// nil when the connection is refused or lost (then it is closed). Its
+// steps: who the certificate names, the Hello, whether the node may be
+// served here, taking the node's session from any older connection,
+// claiming it, and the Welcome.
+func (h *Hub) handshake(ctx context.Context, transport string, c link.Conn) *welcomedConn {
 	// The connection's log values go with each line rather than into a
 	// logger of its own: a logger with values (zap's) keeps an encoder
 	// buffer for its life, per connection.
-	log := logr.FromContextOrDiscard(ctx)
 	kv := []any{"transport", transport}
+	node, ok := h.certifiedNode(ctx, kv, c)
+	if !ok {
+		return nil
+	}
+	kv = append(kv, "node", node)
+	f := link.NewFramed(c, h.cfg.MaxFrame)
+	hl := h.readHello(ctx, kv, c, f, node)
+	if hl == nil || !h.servesHere(ctx, kv, c, f, node) {
+		return nil
+	}
+	s := h.takeSession(ctx, node, f)
+	welcomed := false
+	defer func() {
+		if !welcomed {
+			s.end()
+		}
+	}()
+	epoch, ok := h.claim(ctx, kv, c, s, node, hl.Epoch)
+	if !ok {
+		return nil
+	}
+	if epoch != 0 {
+		kv = append(kv, "epoch", epoch)
+	}
+	if !h.welcome(ctx, kv, c, s, node, hl, epoch) {
+		return nil
+	}
+	h.table.connected(s.ctx, node)
+	s.prepare(kv, node, hl.StreamId, epoch)
+	welcomed = true
+	return s
+}
+
+// certifiedNode is the node the client certificate names.
+func (h *Hub) certifiedNode(ctx context.Context, kv []any, c link.Conn) (string, bool) {
 	certs := c.PeerCertificates()
 	if len(certs) == 0 {
 		h.refuse(ctx, kv, "no-certificate", c, "refusing connection without a client certificate")
-		return nil
+		return "", false
 	}
 	node, err := pki.NodeFromCert(certs[0])
 	if err != nil {
 		h.refuse(ctx, kv, "not-a-node", c, "refusing connection: certificate names no node", "subject", certs[0].Subject.CommonName, "reason", err.Error())
-		return nil
+		return "", false
 	}
-	kv = append(kv, "node", node)
+	return node, true
+}
 
-	f := link.NewFramed(c, h.cfg.MaxFrame)
+// readHello reads the first frame, within the handshake timeout: a Hello
+// from node; nil (the edge told why) otherwise.
+func (h *Hub) readHello(ctx context.Context, kv []any, c link.Conn, f *link.Framed, node string) *linkv1.Hello {
 	timer := time.AfterFunc(h.cfg.HandshakeTimeout, func() { _ = c.Close() })
 	var hello linkv1.Envelope
-	_, err = f.Read(&hello)
+	_, err := f.Read(&hello)
 	timer.Stop()
 	switch {
 	case err != nil:
@@ -799,33 +666,44 @@ func (h *Hub) handshake(ctx context.Context, transport string, c link.Conn) *ser
 		f.WriteError(linkv1.Error_NODE_MISMATCH, fmt.Sprintf("certificate is for node %q, hello claims %q", node, hello.GetHello().Node))
 		return nil
 	}
-	hl := hello.GetHello()
+	return hello.GetHello()
+}
+
+// servesHere says whether this hub serves node now: the node is in the
+// cluster (Config.NodeAllowed), and the hub neither redirects it
+// (Config.Redirect) nor drains. A node turned away is told to reconnect
+// elsewhere before it claims anything here.
+func (h *Hub) servesHere(ctx context.Context, kv []any, c link.Conn, f *link.Framed, node string) bool {
 	if h.cfg.NodeAllowed != nil {
 		ok, err := h.cfg.NodeAllowed(ctx, node)
 		switch {
 		case err != nil:
 			h.refuse(ctx, kv, "node-check-failed", c, "closing connection: could not check that the node is in the cluster", "reason", err.Error())
-			return nil
+			return false
 		case !ok:
 			h.refuse(ctx, kv, "node-not-allowed", c, "refusing node that is not in the cluster")
 			f.WriteError(linkv1.Error_PERMISSION_DENIED, fmt.Sprintf("node %q is not in the cluster", node))
-			return nil
+			return false
 		}
 	}
-
-	if h.sendOn(node) {
+	if h.redirect(node) {
 		h.refuse(ctx, kv, "sent-on", c, "sending a connection on: this replica holds its share and another has room")
 		f.WriteFinal(&linkv1.Envelope{Kind: &linkv1.Envelope_Reconnect{Reconnect: &linkv1.Reconnect{Reason: "rebalance"}}})
-		return nil
+		return false
 	}
-	if h.draining.Load() {
+	if h.table.draining.Load() {
 		// Stopping: send the edge on before it claims anything here.
 		h.refuse(ctx, kv, "draining", c, "turning a connection away: this replica is draining")
 		f.WriteFinal(&linkv1.Envelope{Kind: &linkv1.Envelope_Reconnect{Reconnect: &linkv1.Reconnect{Reason: "drain"}}})
-		return nil
+		return false
 	}
+	return true
+}
 
-	st := h.state(node)
+// takeSession makes this connection the one of node's session, after any
+// older one has let go of it. The caller ends it (end) unless it runs.
+func (h *Hub) takeSession(ctx context.Context, node string, f *link.Framed) *welcomedConn {
+	st := h.table.state(node)
 	cctx, cancel := context.WithCancelCause(ctx)
 	done := make(chan struct{})
 	st.mu.Lock()
@@ -840,72 +718,79 @@ func (h *Hub) handshake(ctx context.Context, transport string, c link.Conn) *ser
 		st.mu.Lock()
 	}
 	st.cancel, st.done, st.send = cancel, done, nil
-	h.sessions.Add(1)
+	h.table.live.Add(1)
 	st.mu.Unlock()
-	s := &served{hub: h, st: st, f: f, ctx: cctx, done: done, log: log}
+	s := &welcomedConn{hub: h, st: st, f: f, ctx: cctx, done: done, log: logr.FromContextOrDiscard(ctx)}
 	s.cfg.Cancel = cancel
-	ok := false
-	defer func() {
-		if !ok {
-			s.end()
-		}
-	}()
+	return s
+}
 
-	var epoch uint64
-	if h.cfg.Claim != nil {
-		var err error
-		if epoch, err = h.cfg.Claim(cctx, node, hl.Epoch); err != nil {
-			h.refuse(ctx, kv, "claim-failed", c, "closing connection: could not claim the node's session", "reason", err.Error())
-			return nil
-		}
-		if cctx.Err() != nil {
-			return nil // evicted or replaced while claiming
-		}
-		st.mu.Lock()
-		st.epoch = epoch
-		if st.first == 0 {
-			st.first = epoch
-		}
-		st.mu.Unlock()
-		kv = append(kv, "epoch", epoch)
+// claim makes this hub the owner of node's session (Config.Claim) and
+// returns the session's epoch (0 without Claim).
+func (h *Hub) claim(ctx context.Context, kv []any, c link.Conn, s *welcomedConn, node string, hint uint64) (uint64, bool) {
+	if h.cfg.Claim == nil {
+		return 0, true
 	}
+	epoch, err := h.cfg.Claim(s.ctx, node, hint)
+	if err != nil {
+		h.refuse(ctx, kv, "claim-failed", c, "closing connection: could not claim the node's session", "reason", err.Error())
+		return 0, false
+	}
+	if s.ctx.Err() != nil {
+		return 0, false // evicted or replaced while claiming
+	}
+	st := s.st
+	st.mu.Lock()
+	st.epoch = epoch
+	if st.first == 0 {
+		st.first = epoch
+	}
+	st.mu.Unlock()
+	return epoch, true
+}
+
+// welcome resumes node's streams where both ends left them and sends the
+// Welcome.
+func (h *Hub) welcome(ctx context.Context, kv []any, c link.Conn, s *welcomedConn, node string, hl *linkv1.Hello, epoch uint64) bool {
+	st := s.st
 	if err := h.seedPosition(ctx, st, node, hl.StreamId); err != nil {
 		h.refuse(ctx, kv, "positions-unavailable", c, "closing connection: the application's position in the node's stream is unknown", "reason", err.Error())
-		return nil
+		return false
 	}
 	st.sess.SetPeer(hl.StreamId)
 	st.sess.Resume(hl.PeerStreamId, hl.Received)
 	peer, _ := st.sess.Received()
 	received := st.sess.AckPosition()
-	if err := f.Write(&linkv1.Envelope{Kind: &linkv1.Envelope_Welcome{Welcome: &linkv1.Welcome{
+	if err := s.f.Write(&linkv1.Envelope{Kind: &linkv1.Envelope_Welcome{Welcome: &linkv1.Welcome{
 		StreamId: st.sess.StreamID(), PeerStreamId: peer, Received: received,
 		HeartbeatIntervalMs: uint32(h.cfg.Heartbeat / time.Millisecond), Epoch: epoch}}}); err != nil {
-		log.V(1).Info("connection lost during handshake", append(kv, "err", err)...)
-		return nil
+		s.log.V(1).Info("connection lost during handshake", append(kv, "err", err)...)
+		return false
 	}
-	log.V(1).Info("node connected", append(kv, "resumeFrom", hl.Received)...)
-	if h.cfg.OnConnect != nil {
-		h.cfg.OnConnect(cctx, node)
-	}
+	s.log.V(1).Info("node connected", append(kv, "resumeFrom", hl.Received)...)
+	return true
+}
+
+// prepare sets up the welcomed connection for serveConn to run.
+func (s *welcomedConn) prepare(kv []any, node string, stream, epoch uint64) {
+	h, st, done := s.hub, s.st, s.done
 	s.kv = kv
 	s.cfg = link.ConnConfig{
 		Heartbeat: h.cfg.Heartbeat, MaxFrame: h.cfg.MaxFrame, Limiter: st.limiter, Metrics: h.metrics,
-		Cancel: cancel, LogValues: kv,
+		Cancel: s.cfg.Cancel, LogValues: kv,
 		Started: func(send func(*linkv1.Envelope)) {
 			st.mu.Lock()
 			if st.done == done {
 				st.send = send
 			}
 			st.mu.Unlock()
-			if h.draining.Load() {
+			if h.table.draining.Load() {
 				// Welcomed as the drain began: move on too.
 				send(&linkv1.Envelope{Kind: &linkv1.Envelope_Reconnect{Reconnect: &linkv1.Reconnect{Reason: "drain"}}})
 			}
 		},
-		Deliver: deliverer{h: h, ctx: cctx, node: node, stream: hl.StreamId, epoch: epoch}.deliver,
+		Deliver: deliverer{h: h, ctx: s.ctx, node: node, stream: stream, epoch: epoch}.deliver,
 	}
-	ok = true
-	return s
 }
 
 // deliverer hands a connection's messages to the application.

@@ -396,6 +396,15 @@ func (c *Claims) lost(node string, through uint64) {
 // node through that epoch are lost as if the watch had said so (Lost).
 func (c *Claims) Fenced(node string, through uint64) { c.lost(node, through) }
 
+// Connected is cloudhub.SessionObserver's: the claim came before it.
+func (c *Claims) Connected(context.Context, string) {}
+
+// TakenOver is cloudhub.SessionObserver's: the record told it (Lost).
+func (c *Claims) TakenOver(string) {}
+
+// Departed is cloudhub.SessionObserver's: Forget.
+func (c *Claims) Departed(node string) { c.Forget(node) }
+
 // Forget drops what this replica knows of node's record (a node that left
 // the cluster).
 func (c *Claims) Forget(node string) {

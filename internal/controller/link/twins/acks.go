@@ -4,6 +4,7 @@ package twins
 // committed to the hub once their effect is durable; Release.
 
 import (
+	"context"
 	"slices"
 
 	"github.com/dowse-dev/dowse/internal/controller/link/cloudhub"
@@ -82,6 +83,17 @@ func (s *Status) advanceLocked(a *nodeAcks) {
 		s.hub.Commit(a.node, last.at)
 	}
 }
+
+// Connected is cloudhub.SessionObserver's: nothing to do, the node
+// resends what was not committed.
+func (s *Status) Connected(context.Context, string) {}
+
+// TakenOver is cloudhub.SessionObserver's: Release.
+func (s *Status) TakenOver(node string) { s.Release(node) }
+
+// Departed is cloudhub.SessionObserver's: nothing more to drop than what
+// the node's Devices' removals drop.
+func (s *Status) Departed(string) {}
 
 // Release drops what node reported and was not written yet, for a node
 // whose session this replica no longer holds: nothing of it was

@@ -261,11 +261,11 @@ func (s *Sync) send(node, kind string, env *linkv1.Envelope) error {
 	return nil
 }
 
-// OnConnect sends node every Device it owns and their models, then the
+// Connected (cloudhub.SessionObserver) sends node every Device it owns and their models, then the
 // inventory: a (re)connected node may have missed anything (a restarted
 // hub keeps no queue), and the inventory lets it forget what it holds of
 // Devices that are no longer its.
-func (s *Sync) OnConnect(ctx context.Context, node string) {
+func (s *Sync) Connected(ctx context.Context, node string) {
 	var list v1alpha1.DeviceList
 	if err := s.reader.List(ctx, &list, client.MatchingFields{NodeIndex: node}); err != nil {
 		s.log.Error(err, "listing the devices of a node", "node", node)
@@ -313,8 +313,14 @@ func (s *Sync) OnConnect(ctx context.Context, node string) {
 	}
 }
 
-// Forget drops what was sent to node, for a node that left the cluster.
-func (s *Sync) Forget(node string) {
+// TakenOver (cloudhub.SessionObserver) drops what was sent to node: its
+// new owner sends it all again.
+func (s *Sync) TakenOver(node string) { s.forget(node) }
+
+// Departed (cloudhub.SessionObserver) drops what was sent to node.
+func (s *Sync) Departed(node string) { s.forget(node) }
+
+func (s *Sync) forget(node string) {
 	s.mu.Lock()
 	delete(s.nodes, node)
 	s.mu.Unlock()

@@ -1,4 +1,4 @@
-// Package contain keeps an optional part's failures in its own room: a
+// Package optional keeps an optional part's failures in its own room: a
 // Part runs its function again, with backoff, whenever it fails, logs and
 // counts each failure, and never returns an error to the manager that runs
 // it, so that (for example) a cloud/edge link that cannot listen or store
@@ -7,7 +7,7 @@
 //
 // It has no controller-runtime in its imports: a Part is a manager Runnable
 // by its Start method alone.
-package contain
+package optional
 
 import (
 	"context"

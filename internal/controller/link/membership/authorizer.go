@@ -1,7 +1,7 @@
-// Package edges is what the controller makes of its nodes' link: which
+// Package membership is what the controller makes of its nodes' link: which
 // devices a node may speak about, which devices each node is told it has,
 // and that a node removed from the cluster is off the link.
-package edges
+package membership
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package edges
+package membership
 
 import (
 	"context"
@@ -59,7 +59,7 @@ func TestAuthorizeDevice(t *testing.T) {
 			t.Errorf("%s on %s: %v, want an error saying %q", tc.node, tc.name, err, tc.wantErr)
 		}
 	}
-	m, err := Membership(ctx, c, "edge-b")
+	m, err := Of(ctx, c, "edge-b")
 	if err != nil {
 		t.Fatal(err)
 	}

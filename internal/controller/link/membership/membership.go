@@ -1,4 +1,4 @@
-package edges
+package membership
 
 import (
 	"context"
@@ -77,17 +77,22 @@ func (m *Memberships) SetupWithManager(mgr ctrl.Manager) error {
 		Complete(m)
 }
 
-// Forget drops what was last sent to node, for a node that left the
-// cluster.
-func (m *Memberships) Forget(node string) {
+// TakenOver (cloudhub.SessionObserver) drops what was last sent to node:
+// its new owner sends it again.
+func (m *Memberships) TakenOver(node string) { m.forget(node) }
+
+// Departed (cloudhub.SessionObserver) drops what was last sent to node.
+func (m *Memberships) Departed(node string) { m.forget(node) }
+
+func (m *Memberships) forget(node string) {
 	m.mu.Lock()
 	delete(m.sent, node)
 	m.mu.Unlock()
 }
 
-// OnConnect sends node its whole membership: a (re)connected node may have
+// Connected (cloudhub.SessionObserver) sends node its whole membership: a (re)connected node may have
 // missed any earlier one (a restarted hub keeps no queue).
-func (m *Memberships) OnConnect(ctx context.Context, node string) {
+func (m *Memberships) Connected(ctx context.Context, node string) {
 	m.mu.Lock()
 	delete(m.sent, node)
 	m.mu.Unlock()
@@ -106,7 +111,7 @@ func (m *Memberships) Reconcile(ctx context.Context, req reconcile.Request) (rec
 }
 
 func (m *Memberships) send(ctx context.Context, node string) error {
-	set, err := Membership(ctx, m.reader, node)
+	set, err := Of(ctx, m.reader, node)
 	if err != nil {
 		return err
 	}
@@ -128,8 +133,8 @@ func (m *Memberships) send(ctx context.Context, node string) error {
 	return nil
 }
 
-// Membership lists the Instances node sees, sorted.
-func Membership(ctx context.Context, r client.Reader, node string) (*linkv1.DeviceMembership, error) {
+// Of lists the Instances node sees, sorted.
+func Of(ctx context.Context, r client.Reader, node string) (*linkv1.DeviceMembership, error) {
 	var list v1alpha1.InstanceList
 	// Read only: the cache's objects are not copied.
 	if err := r.List(ctx, &list, client.MatchingFields{NodeIndex: node}, client.UnsafeDisableDeepCopy); err != nil {

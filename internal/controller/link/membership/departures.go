@@ -1,4 +1,4 @@
-package edges
+package membership
 
 import (
 	"context"
@@ -27,15 +27,15 @@ type Forgetter interface {
 // session and membership forgotten (no memory kept for departed nodes), and
 // Allowed keeps it out.
 type Departures struct {
-	reader  client.Reader // the cache
-	hub     Forgetter
-	members *Memberships
-	log     logr.Logger
+	reader client.Reader // the cache
+	hub    Forgetter
+	log    logr.Logger
 }
 
-// NewDepartures makes a Departures; members may be nil.
-func NewDepartures(reader client.Reader, hub Forgetter, members *Memberships, log logr.Logger) *Departures {
-	return &Departures{reader: reader, hub: hub, members: members, log: log}
+// NewDepartures makes a Departures. hub's Forget tells the parts that keep
+// state per node (cloudhub.SessionObserver's Departed).
+func NewDepartures(reader client.Reader, hub Forgetter, log logr.Logger) *Departures {
+	return &Departures{reader: reader, hub: hub, log: log}
 }
 
 // SetupWithManager reconciles Nodes as they are deleted.
@@ -59,9 +59,6 @@ func (d *Departures) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		return reconcile.Result{}, err
 	}
 	d.hub.Forget(req.Name)
-	if d.members != nil {
-		d.members.Forget(req.Name)
-	}
 	d.log.Info("node left the cluster: its link is closed and forgotten", "node", req.Name)
 	return reconcile.Result{}, nil
 }

@@ -1,0 +1,303 @@
+// Package link is the controller's end of the cloud/edge link, as one
+// subsystem: the link CA and the bootstrap and renewal endpoint
+// (linkauth), the session table and the hub edges connect to (cloudhub),
+// who owns each node's session among the replicas (ownership), the
+// twins' status writer and sync (twins), and what each node is told it
+// sees, which devices it may speak about and that it left (membership).
+//
+// Add builds them in the order they depend on each other, so that no part
+// is reached before it exists: the CA, the bootstrap endpoint, the
+// session table, the ownership records and presence (which act on the
+// session table), the status writer (which commits to it and reports
+// fences to ownership), the twin sync, memberships and departures, then
+// the hub that serves the table and asks ownership, presence, departures
+// and the status writer. What happens to a node's session (connected,
+// taken over by another replica, departed from the cluster) reaches the
+// parts that keep state per node through one interface,
+// cloudhub.SessionObserver, that they register for on the session table.
+package link
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
+
+	"github.com/dowse-dev/dowse/internal/controller/link/cloudhub"
+	"github.com/dowse-dev/dowse/internal/controller/link/linkauth"
+	"github.com/dowse-dev/dowse/internal/controller/link/membership"
+	"github.com/dowse-dev/dowse/internal/controller/link/ownership"
+	"github.com/dowse-dev/dowse/internal/controller/link/twins"
+	"github.com/dowse-dev/dowse/internal/link/pki"
+	"github.com/dowse-dev/dowse/internal/optional"
+	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+)
+
+// Config is the cloud end of the cloud/edge link; the link is off when
+// Hosts is empty.
+type Config struct {
+	// Hosts are the names and addresses edges dial; they go into the
+	// server certificate.
+	Hosts []string
+	// WebSocketAddr and QUICAddr are the cloudhub's listen addresses (TCP,
+	// UDP; either may be empty); AuthAddr is the bootstrap and renewal
+	// endpoint's.
+	WebSocketAddr, QUICAddr, AuthAddr string
+	// CertValidity is the lifetime of node certificates; CAValidity that of
+	// the CA, when the controller creates it.
+	CertValidity, CAValidity time.Duration
+	Heartbeat                time.Duration
+	MaxMessageSize           int
+	// QueueSize bounds each node's unacknowledged outbound messages;
+	// RateLimit and RateBurst pace each node's inbound ones.
+	QueueSize int
+	RateLimit float64
+	RateBurst int
+	// MaxConnections caps the edges connected at once.
+	MaxConnections int
+	// AuthRateLimit and AuthRateBurst pace the bootstrap and renewal
+	// requests of all edges together.
+	AuthRateLimit float64
+	AuthRateBurst int
+	// AgentServiceAccounts ("namespace/name") may bootstrap with a service
+	// account token bound to an agent pod; empty: bootstrap tokens only.
+	AgentServiceAccounts []string
+	// TwinStatusInterval is the least time between two status writes of
+	// one Device (twins' default when 0).
+	TwinStatusInterval time.Duration
+	// TwinStatusConcurrency bounds parallel Device status writes (twins'
+	// default when 0).
+	TwinStatusConcurrency int
+	// Replica is this replica's identity among the controller's replicas
+	// (unique among those running at once): the holder of the node
+	// sessions it serves. Run sets it to PodName, else to the host name
+	// and a random suffix.
+	Replica string
+	// DrainPeriod is how long a stopping replica spends moving its edges
+	// to the others (cloudhub's default when 0; negative: none).
+	DrainPeriod time.Duration
+	// SpreadInterval is how often a replica publishes how many sessions it
+	// holds and checks that it holds no more than its share (ownership's
+	// default when 0).
+	SpreadInterval time.Duration
+	// MaxClaimsInFlight bounds the node records this replica writes at
+	// once when edges connect (ownership's default when 0).
+	MaxClaimsInFlight int
+	// Namespace holds the link CA's Secret, the bootstrap tokens and the
+	// ownership and presence Leases (the controller's namespace).
+	Namespace string
+}
+
+// takeoverLog logs a session another replica took, after the parts
+// before it dropped it.
+type takeoverLog struct{ log logr.Logger }
+
+func (takeoverLog) Connected(context.Context, string) {}
+func (l takeoverLog) TakenOver(node string) {
+	l.log.Info("another replica took the node's session; closed it here", "node", node)
+}
+func (takeoverLog) Departed(string) {}
+
+// Add adds the link to mgr: the link CA (loaded or created in
+// cfg.Namespace), the bootstrap endpoint and the cloudhub. Every replica
+// runs them, with the twin sync, the memberships and the status writes of
+// the nodes whose sessions it holds (package ownership decides which); the
+// leader alone records whether Devices fit their models. The listeners'
+// failures are contained (package optional): they fail the "link"
+// readiness check, not the controller.
+func Add(ctx context.Context, mgr ctrl.Manager, cfg Config, reg prometheus.Registerer, log logr.Logger) error {
+	cs, err := kubernetes.NewForConfig(mgr.GetConfig())
+	if err != nil {
+		return err
+	}
+	cache, live := mgr.GetClient(), mgr.GetAPIReader()
+
+	// The CA and the bootstrap endpoint. The Secrets are read through a
+	// client of their own: the manager's would cache every Secret of the
+	// cluster.
+	secrets := cs.CoreV1().Secrets(cfg.Namespace)
+	ca, err := linkauth.LoadOrCreateCA(ctx, secrets, cfg.CAValidity)
+	if err != nil {
+		return fmt.Errorf("link CA: %w", err)
+	}
+	auth, err := linkauth.NewServer(linkauth.Config{
+		CA: ca, Tokens: linkauth.NewTokens(secrets), CertValidity: cfg.CertValidity,
+		Hosts: cfg.Hosts, ServerCertValidity: 30 * 24 * time.Hour, Addr: cfg.AuthAddr,
+		Metrics:      linkauth.NewMetrics(reg),
+		RequestRate:  cfg.AuthRateLimit,
+		RequestBurst: cfg.AuthRateBurst,
+		// Agents of a DaemonSet join with their pod's service account token.
+		TokenReviews:         cs.AuthenticationV1().TokenReviews(),
+		AgentServiceAccounts: cfg.AgentServiceAccounts,
+		// A node removed from the cluster cannot keep renewing.
+		NodeAllowed: func(ctx context.Context, node string) (bool, error) {
+			err := live.Get(ctx, client.ObjectKey{Name: node}, &corev1.Node{})
+			if apierrors.IsNotFound(err) {
+				return false, nil
+			}
+			return err == nil, err
+		},
+	})
+	if err != nil {
+		return err
+	}
+	if err := addIndexes(ctx, mgr); err != nil {
+		return err
+	}
+
+	// The session table, which the parts below act on and observe.
+	hubCfg := cloudhub.Config{
+		WebSocketAddr: cfg.WebSocketAddr, QUICAddr: cfg.QUICAddr,
+		// The hub serves the bootstrap endpoint's certificate, re-issued
+		// with it.
+		TLS:       pki.ServerTLSConfig(auth.ServerCertificate, ca.Pool()),
+		Heartbeat: cfg.Heartbeat, MaxFrame: cfg.MaxMessageSize, QueueSize: cfg.QueueSize,
+		RateLimit: cfg.RateLimit, RateBurst: cfg.RateBurst, MaxConnections: cfg.MaxConnections,
+		DrainPeriod: cfg.DrainPeriod,
+		// Reports are acknowledged once they are in Device.status, not
+		// when taken: nothing is lost if the controller dies in between.
+		ManualCommit: true,
+	}
+	sessions := cloudhub.NewSessions(hubCfg, reg)
+
+	// A node's session is this replica's from the moment it claims the
+	// node's record; when another replica claims it, this one closes its
+	// session (and the observers drop what they took of it and did not
+	// write).
+	claims, err := ownership.NewClaims(ownership.ClaimsConfig{
+		Leases: cs.CoordinationV1().Leases(cfg.Namespace), Replica: cfg.Replica, MaxInFlight: cfg.MaxClaimsInFlight,
+		NodeUID: func(ctx context.Context, node string) (types.UID, error) {
+			var n corev1.Node
+			err := cache.Get(ctx, client.ObjectKey{Name: node}, &n)
+			return n.UID, err
+		},
+		Lost:    func(node string, through uint64) { sessions.Evict(node, through) },
+		Metrics: ownership.NewMetrics(reg),
+		Log:     log.WithName("ownership"),
+	})
+	if err != nil {
+		return err
+	}
+	presence, err := ownership.NewPresence(ownership.PresenceConfig{
+		Leases: cs.CoordinationV1().Leases(cfg.Namespace), Replica: cfg.Replica,
+		Sessions: sessions.Connected, Draining: sessions.Draining,
+		Move:       func(node string, delay time.Duration) bool { return sessions.Move(node, delay, "rebalance") },
+		Every:      cfg.SpreadInterval,
+		Log:        log.WithName("spread"),
+		Registerer: reg,
+	})
+	if err != nil {
+		return err
+	}
+
+	twinMetrics := twins.NewMetrics(reg)
+	status := twins.NewStatus(cache, cache, sessions,
+		twins.StatusConfig{Interval: cfg.TwinStatusInterval, Concurrency: cfg.TwinStatusConcurrency, Live: live,
+			// A newer session wrote one of the node's Devices: close the
+			// older one here now rather than when the watch tells.
+			OnFenced: claims.Fenced},
+		twinMetrics, log.WithName("twins"))
+	twinSync := twins.NewSync(cache, live, sessions, status, twinMetrics, log.WithName("twin-sync"))
+	members := membership.NewMemberships(cache, sessions, log.WithName("membership"))
+	departures := membership.NewDepartures(cache, sessions, log.WithName("departures"))
+	sessions.Observe(status, twinSync, members, claims, takeoverLog{log})
+
+	hubCfg.Sessions = sessions
+	hubCfg.Claim = claims.Claim
+	hubCfg.CanDrain = func() bool { return presence.Others() > 0 }
+	hubCfg.Redirect = presence.RoomElsewhere
+	// Only nodes of the cluster: a deleted Node's certificate, still
+	// valid, no longer gets in.
+	hubCfg.NodeAllowed = departures.Allowed
+	hub, err := cloudhub.New(hubCfg, membership.Authorizer{Reader: cache}, status.Handle, reg)
+	if err != nil {
+		return err
+	}
+
+	// Then the manager runs them. The link's listeners failing (an
+	// address in use) is the link's failure, not the controller's:
+	// contained, each is logged, counted and retried, and fails only the
+	// "link" readiness check meanwhile, while brokers go on. Every replica
+	// serves the bootstrap endpoint and the hub: the link's Service
+	// selects every ready replica.
+	failures := optional.NewFailures(reg, "dowse_controller")
+	authPart := &optional.Part{Name: "link-auth", Log: log, Failures: failures, Run: func(ctx context.Context) error {
+		return auth.Start(logr.NewContext(ctx, log))
+	}}
+	ownPart := &optional.Part{Name: "link-ownership", Log: log, Failures: failures, Run: claims.Start}
+	spreadPart := &optional.Part{Name: "link-spread", Log: log, Failures: failures, Run: func(ctx context.Context) error {
+		select {
+		case <-hub.Ready():
+		case <-ctx.Done():
+			return nil
+		}
+		return presence.Start(ctx)
+	}}
+	hubPart := &optional.Part{Name: "cloudhub", Log: log, Failures: failures, Run: func(ctx context.Context) error {
+		if !mgr.GetCache().WaitForCacheSync(ctx) {
+			return errors.New("cache never synced")
+		}
+		log.Info("starting cloudhub", "websocket", cfg.WebSocketAddr, "quic", cfg.QUICAddr, "replica", cfg.Replica)
+		return hub.Start(logr.NewContext(ctx, log))
+	}}
+	if err := mgr.Add(authPart); err != nil {
+		return err
+	}
+	for _, c := range []interface{ SetupWithManager(ctrl.Manager) error }{
+		members, twinSync, twins.NewValidity(cache, cache, live, log.WithName("device-validity")),
+	} {
+		if err := c.SetupWithManager(mgr); err != nil {
+			return err
+		}
+	}
+	if err := mgr.Add(status); err != nil {
+		return err
+	}
+	if err := departures.SetupWithManager(mgr); err != nil {
+		return err
+	}
+	if err := mgr.Add(ownPart); err != nil {
+		return err
+	}
+	if err := mgr.Add(spreadPart); err != nil {
+		return err
+	}
+	// Ready while this replica can serve edges: listening, not draining,
+	// and watching the records of the sessions it holds.
+	if err := mgr.AddReadyzCheck("link", func(r *http.Request) error {
+		var synced error
+		if !claims.Synced() {
+			synced = errors.New("link-ownership: the records of the sessions held are not listed yet")
+		}
+		return errors.Join(authPart.Check(r), hubPart.Check(r), ownPart.Check(r), hub.Serving(), synced)
+	}); err != nil {
+		return err
+	}
+	return mgr.Add(hubPart)
+}
+
+// addIndexes adds the cache indexes the parts read by.
+func addIndexes(ctx context.Context, mgr ctrl.Manager) error {
+	if err := mgr.GetFieldIndexer().IndexField(ctx, &v1alpha1.Instance{}, membership.NodeIndex, membership.IndexByNode); err != nil {
+		return err
+	}
+	for _, ix := range []struct {
+		name string
+		fn   client.IndexerFunc
+	}{{twins.NodeIndex, twins.IndexByNode}, {twins.ModelIndex, twins.IndexByModel}} {
+		if err := mgr.GetFieldIndexer().IndexField(ctx, &v1alpha1.Device{}, ix.name, ix.fn); err != nil {
+			return err
+		}
+	}
+	return nil
+}
