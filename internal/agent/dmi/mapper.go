@@ -132,7 +132,7 @@ func (s *Server) newMapper(info *dmiv1beta1.MapperInfo) (*mapper, error) {
 		kick: make(chan struct{}, 1), done: make(chan struct{}), cancel: func() {},
 		devices: map[string]string{}, models: map[string]string{}, removeFailures: map[string]int{}}
 	m.healthy.Store(true)
-	m.poke()
+	m.requestSync()
 	return m, nil
 }
 
@@ -164,7 +164,7 @@ func (m *mapper) speaksFor(ctx context.Context, who caller) (ok, adopted bool, e
 	return reg.same(who), adopted, nil
 }
 
-func (m *mapper) poke() {
+func (m *mapper) requestSync() {
 	select {
 	case m.kick <- struct{}{}:
 	default:
@@ -213,7 +213,7 @@ func (s *Server) work(ctx context.Context, m *mapper) {
 		case <-time.After(backoff):
 		}
 		backoff = min(2*backoff, s.cfg.RetryMax)
-		m.poke()
+		m.requestSync()
 	}
 }
 

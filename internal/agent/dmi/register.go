@@ -84,7 +84,7 @@ func (s *Server) MapperRegister(ctx context.Context, req *dmiv1beta1.MapperRegis
 		}
 	}
 	for _, o := range s.mappers {
-		o.poke() // assignments may have moved
+		o.requestSync() // assignments may have moved
 	}
 	// A mapper registering again may have been fixed: its Devices' refused
 	// properties are judged afresh.
@@ -152,7 +152,7 @@ func (s *Server) forget(ctx context.Context, m *mapper) {
 	}
 	delete(s.mappers, m.info.GetName())
 	for _, o := range s.mappers {
-		o.poke()
+		o.requestSync()
 	}
 	s.updateConnectedLocked()
 	s.mu.Unlock()

@@ -303,7 +303,7 @@ func (s *Server) Changed(ctx context.Context, env *linkv1.Envelope) {
 	}
 	s.asked = nil
 	for _, m := range s.mappers {
-		m.poke()
+		m.requestSync()
 	}
 	s.mu.Unlock()
 }
