@@ -39,9 +39,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/dowse-dev/dowse/internal/controller/broker"
-	"github.com/dowse-dev/dowse/mappers/mapper"
+	"github.com/dowse-dev/dowse/internal/nodepaths"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
-	dowsehandler "github.com/dowse-dev/dowse/shared/handler"
 )
 
 // Labels and environment of mapper Pods.
@@ -51,14 +50,14 @@ const (
 	LabelMapper = v1alpha1.LabelMapper
 	// EnvMapperName is the registration name a mapper takes
 	// (MapperInfo.name); EnvStateDir the agent's state directory.
-	EnvMapperName = mapper.NameEnv
-	EnvStateDir   = dowsehandler.StateDirEnv
+	EnvMapperName = nodepaths.MapperNameEnv
+	EnvStateDir   = nodepaths.StateDirEnv
 	// DefaultStateDir is the agent's default state directory.
-	DefaultStateDir = dowsehandler.DefaultStateDir
+	DefaultStateDir = nodepaths.DefaultStateDir
 	// SinkSecretsDir is where a mapper Pod gets, read-only, each Secret
 	// its Devices' pushMethods name (secretRef), one directory per Secret:
-	// the mapper SDK's default (mappers/mapper.DefaultSinkSecretsDir).
-	SinkSecretsDir = "/etc/dowse/sink-secrets"
+	// where the mapper SDK looks by default.
+	SinkSecretsDir = nodepaths.SinkSecretsDir
 )
 
 // PodsOf lists the cached Pods (metadata only) with the Configuration label
