@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
 
+	"github.com/dowse-dev/dowse/internal/bootstrap"
 	"github.com/dowse-dev/dowse/internal/contain"
 	"github.com/dowse-dev/dowse/internal/controller/link/cloudhub"
 	"github.com/dowse-dev/dowse/internal/controller/link/edges"
@@ -110,7 +111,7 @@ func addLink(ctx context.Context, mgr ctrl.Manager, cfg Config, reg prometheus.R
 	// The Secrets are read through a client of their own: the manager's
 	// would cache every Secret of the cluster.
 	secrets := cs.CoreV1().Secrets(cfg.Namespace)
-	ca, err := linkauth.LoadOrCreateCA(ctx, secrets, lc.CAValidity)
+	ca, err := bootstrap.LoadOrCreateCA(ctx, secrets, lc.CAValidity)
 	if err != nil {
 		return fmt.Errorf("link CA: %w", err)
 	}
