@@ -1,5 +1,7 @@
-// Package mappers runs the mapper a Configuration's deviceTemplate names as
-// a broker: one Pod per node that owns Devices of the Configuration, pinned
+// Package mappers runs the mapper a Configuration's deviceTemplate names
+// (KubeEdge's mapper, serving twins over DMI): one Pod per node that owns
+// Devices of the Configuration, not per Instance as the brokerSpec's
+// workloads of internal/controller/brokers are, pinned
 // to that node, with the node's state directory mounted (where the agent's
 // dmi.sock is) and the Configuration's name as its registration name, so
 // the agent hands it exactly those Devices. A node that owns none of them
@@ -38,7 +40,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
-	"github.com/dowse-dev/dowse/internal/controller/broker"
+	"github.com/dowse-dev/dowse/internal/controller/brokers"
 	"github.com/dowse-dev/dowse/internal/nodepaths"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 )
@@ -253,7 +255,7 @@ func (r *Reconciler) ensureClaimTemplates(ctx context.Context, cfg *v1alpha1.Con
 		return nil
 	}
 	for _, inst := range insts {
-		if err := r.client.Create(ctx, broker.ClaimTemplate(inst)); err != nil && !apierrors.IsAlreadyExists(err) {
+		if err := r.client.Create(ctx, brokers.ClaimTemplate(inst)); err != nil && !apierrors.IsAlreadyExists(err) {
 			return fmt.Errorf("claim template of Instance %s: %w", inst.Name, err)
 		}
 	}
@@ -272,7 +274,7 @@ func (r *Reconciler) podWithDevices(cfg *v1alpha1.Configuration, spec *corev1.Po
 	for _, inst := range insts {
 		if cfg.Spec.Allocation == v1alpha1.AllocationDRA {
 			name := "dowse-" + v1alpha1.InstanceHash(inst.Name)
-			s.ResourceClaims = append(s.ResourceClaims, corev1.PodResourceClaim{Name: name, ResourceClaimTemplateName: ptr.To(broker.ClaimTemplateName(inst.Name))})
+			s.ResourceClaims = append(s.ResourceClaims, corev1.PodResourceClaim{Name: name, ResourceClaimTemplateName: ptr.To(brokers.ClaimTemplateName(inst.Name))})
 			c.Resources.Claims = append(c.Resources.Claims, corev1.ResourceClaim{Name: name})
 			continue
 		}
