@@ -144,10 +144,13 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 		reg = ctrlMetricsRegistry()
 	}
 	handlers := registry.New(cfg.StateDir)
-	if err := addDiscovery(ctx, mgr, restCfg, sch, cfg, handlers, reg, log); err != nil {
+	// What containers get of the host comes from this node's own handlers
+	// (cdi.Local), not from shared Instance objects other nodes also write.
+	local := cdi.NewLocal()
+	if err := addDiscovery(ctx, mgr, restCfg, sch, cfg, handlers, local, reg, log); err != nil {
 		return err
 	}
-	if err := addDeviceAllocation(mgr, restCfg, cfg, reg, log); err != nil {
+	if err := addDeviceAllocation(mgr, restCfg, cfg, local, reg, log); err != nil {
 		return err
 	}
 	if err := addRegistration(mgr, cfg, handlers, log); err != nil {
@@ -213,8 +216,8 @@ func newManager(ctx context.Context, restCfg *rest.Config, sch *runtime.Scheme, 
 // addDiscovery adds what turns handlers' device lists into Instances: the
 // Instance writer fed by the cache, the labeler of older Instances, the
 // Events recorder and the Configuration reconciler.
-func addDiscovery(ctx context.Context, mgr ctrl.Manager, restCfg *rest.Config, sch *runtime.Scheme, cfg Config, handlers *registry.Registry, reg prometheus.Registerer, log logr.Logger) error {
-	writer := instances.NewWriter(mgr.GetClient(), mgr.GetAPIReader(), cfg.NodeName, cfg.WriteConcurrency, instances.NewMetrics(reg))
+func addDiscovery(ctx context.Context, mgr ctrl.Manager, restCfg *rest.Config, sch *runtime.Scheme, cfg Config, handlers *registry.Registry, local *cdi.Local, reg prometheus.Registerer, log logr.Logger) error {
+	writer := instances.NewWriter(mgr.GetClient(), mgr.GetAPIReader(), cfg.NodeName, cfg.WriteConcurrency, instances.NewMetrics(reg), local)
 	instInformer, err := mgr.GetCache().GetInformer(ctx, &v1alpha1.Instance{})
 	if err != nil {
 		return err
@@ -259,13 +262,13 @@ func addDiscovery(ctx context.Context, mgr ctrl.Manager, restCfg *rest.Config, s
 
 // addDeviceAllocation adds what gives pods the node's devices: the kubelet
 // device plugins and DRA driver that are on, sharing one CDI writer.
-func addDeviceAllocation(mgr ctrl.Manager, restCfg *rest.Config, cfg Config, reg prometheus.Registerer, log logr.Logger) error {
+func addDeviceAllocation(mgr ctrl.Manager, restCfg *rest.Config, cfg Config, local *cdi.Local, reg prometheus.Registerer, log logr.Logger) error {
 	var err error
 	// One CDI writer for the device plugins and DRA: a legacy spec either
 	// keeps stays until both let go of it.
 	var specs *cdi.Writer
 	if cfg.CDISpecDir != "" && (cfg.DevicePluginDir != "" || cfg.DRA.Enabled) {
-		if specs, err = cdi.NewWriter(cfg.CDISpecDir); err != nil {
+		if specs, err = cdi.NewWriter(cfg.CDISpecDir, local); err != nil {
 			return err
 		}
 	}

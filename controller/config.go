@@ -134,6 +134,7 @@ func (c *Config) AddFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.Link.RateBurst, "link-rate-burst", c.Link.RateBurst, "burst of messages accepted from one node")
 	fs.IntVar(&c.Link.MaxConnections, "link-max-connections", c.Link.MaxConnections, "most edge connections served at once")
 	fs.Var(kubeflags.List(&c.AgentServiceAccounts), "agent-service-accounts", "comma-separated service `accounts` of the agents (name in --namespace, or namespace/name), granted read of exactly the Secrets and ConfigMaps that Configurations' discoveryProperties name (a Role and RoleBinding "+v1alpha1.PropertyAccessRole+" in each namespace holding some); empty: the controller grants nothing")
+	fs.Var(kubeflags.List(&c.PropertyNamespaces), "property-namespaces", "comma-separated `namespaces` whose Secrets and ConfigMaps any Configuration's discoveryProperties may read; a Configuration always may read its own namespace's, and is granted nothing elsewhere")
 	fs.Var(kubeflags.List(&c.Link.AgentServiceAccounts), "link-agent-service-accounts", "comma-separated service `accounts` (name in --namespace, or namespace/name) whose pod-bound tokens (audience dowse-link) may bootstrap their pod's node; empty: bootstrap tokens only")
 	fs.Float64Var(&c.Link.AuthRateLimit, "link-auth-rate-limit", c.Link.AuthRateLimit, "bootstrap and renewal requests per second, all edges together (more are answered 429 and retried)")
 	fs.IntVar(&c.Link.AuthRateBurst, "link-auth-rate-burst", c.Link.AuthRateBurst, "burst of bootstrap and renewal requests")

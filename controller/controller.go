@@ -89,6 +89,9 @@ type Config struct {
 	// ConfigMaps that discoveryProperties name (internal/controller/propertyaccess);
 	// empty: the controller grants nothing.
 	AgentServiceAccounts []string
+	// PropertyNamespaces are the namespaces, besides its own, whose Secrets
+	// and ConfigMaps any Configuration's discoveryProperties may read.
+	PropertyNamespaces []string
 	// DRA runs the Dynamic Resource Allocation part (internal/controller/dra): a
 	// DeviceClass per Configuration whose spec.allocation asks for DRA and
 	// the ResourceSlices of their shared devices. Off when false (tests
@@ -244,7 +247,7 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 		if err != nil {
 			return err
 		}
-		access, err := propertyaccess.NewReconciler(mgr.GetClient(), agents, log.WithName("property-access"))
+		access, err := propertyaccess.NewReconciler(mgr.GetClient(), agents, cfg.PropertyNamespaces, log.WithName("property-access"))
 		if err != nil {
 			return err
 		}

@@ -12,7 +12,7 @@ import (
 
 func newConsoleCommand(c *cli) *cobra.Command {
 	listen := console.DefaultListen
-	var all bool
+	var all, allowRemote bool
 	cmd := &cobra.Command{
 		Use:   "console",
 		Short: "Serve a web page on loopback that shows devices and twins live",
@@ -24,7 +24,9 @@ the model as twin set checks them) and the Events of the object in view.
 
 It talks to the API server with your kubeconfig and rights, as kubectl proxy
 does: nothing is installed in the cluster, and the page can do what you may
-do. Open the printed address in a browser; Ctrl-C stops it.`,
+do. Open the printed address in a browser: it holds a one-time login that the
+page trades for a cookie, so other users and processes of this machine cannot
+use the page; restart the command for a new one. Ctrl-C stops it.`,
 		Example: "  dowsectl console\n  dowsectl console -n plant-3 --listen 127.0.0.1:9000\n  kubectl dowse console -A",
 		Args:    noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -53,7 +55,7 @@ do. Open the printed address in a browser; Ctrl-C stops it.`,
 				ctxName = *c.flags.Context
 			}
 			srv, err := console.New(console.Config{
-				Listen: listen, Namespace: ns, Dynamic: dyn, Context: ctxName, Server: cfg.Host,
+				Listen: listen, AllowRemote: allowRemote, Namespace: ns, Dynamic: dyn, Context: ctxName, Server: cfg.Host,
 				SetDesired: func(ctx context.Context, key client.ObjectKey, property, value string) error {
 					return SetDesired(ctx, cl, key, property, value)
 				},
@@ -66,6 +68,7 @@ do. Open the printed address in a browser; Ctrl-C stops it.`,
 		},
 	}
 	cmd.Flags().StringVar(&listen, "listen", listen, "address to serve the page on (keep it on loopback: the page acts with your credentials)")
+	cmd.Flags().BoolVar(&allowRemote, "allow-remote", false, "serve on an address other than loopback (whoever reaches it and obtains the printed address acts with your credentials)")
 	cmd.Flags().BoolVarP(&all, "all-namespaces", "A", false, "show every namespace")
 	return cmd
 }

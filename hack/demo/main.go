@@ -155,7 +155,7 @@ func watchAndFlip(ctx context.Context, c client.WithWatch, kubeconfig, avail str
 	// The console opens nothing by itself: the command is for the person.
 	say("to watch the twin and the Instances coming and going in a browser, run in another terminal:")
 	say("  %s console --kubeconfig %s -n default", filepath.Join(kube.RepoRoot(), "bin", "dowsectl"), kubeconfig)
-	say("  and open http://127.0.0.1:8470/ (as a kubectl plugin: ln -s bin/dowsectl kubectl-dowse on your PATH, then kubectl dowse console)")
+	say("  and open the address it prints, with its one-time login (as a kubectl plugin: ln -s bin/dowsectl kubectl-dowse on your PATH, then kubectl dowse console)")
 	w, err := c.Watch(ctx, &v1alpha1.InstanceList{}, client.InNamespace("default"))
 	if err != nil {
 		return err

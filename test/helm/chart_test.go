@@ -175,11 +175,29 @@ func TestDefaultValues(t *testing.T) {
 		"Deployment/dowse-controller", "PodDisruptionBudget/dowse-controller",
 		// The hooks: CRDs applied before install and upgrade, everything
 		// taken away before uninstall.
-		"ServiceAccount/dowse-hooks", "ClusterRole/dowse-hooks", "ClusterRoleBinding/dowse-hooks", "Job/dowse-apply-crds", "Job/dowse-uninstall", "Job/dowse-after-uninstall",
+		"ServiceAccount/dowse-hooks", "ClusterRole/dowse-hooks", "ClusterRoleBinding/dowse-hooks", "Role/dowse-hooks", "RoleBinding/dowse-hooks", "Job/dowse-apply-crds", "Job/dowse-uninstall", "Job/dowse-after-uninstall",
 	} {
 		if got[want] == nil {
 			t.Errorf("default values render no %s", want)
 		}
+	}
+	// Deleting Leases (other components' leader elections, nodes'
+	// heartbeats) is granted in the release's namespace only.
+	for k, o := range got {
+		if !strings.HasPrefix(k, "ClusterRole/") {
+			continue
+		}
+		rules, _, _ := unstructured.NestedSlice(o.Object, "rules")
+		for _, r := range rules {
+			res, _, _ := unstructured.NestedStringSlice(r.(map[string]any), "resources")
+			verbs, _, _ := unstructured.NestedStringSlice(r.(map[string]any), "verbs")
+			if slices.Contains(res, "leases") && (slices.Contains(verbs, "delete") || slices.Contains(verbs, "deletecollection")) {
+				t.Errorf("%s may delete Leases in every namespace: %v", k, r)
+			}
+		}
+	}
+	if r := got["Role/dowse-hooks"]; r == nil || r.GetNamespace() != ns {
+		t.Errorf("Role/dowse-hooks %v, want one in %s (the link's Leases)", r, ns)
 	}
 	for k := range got {
 		for _, absent := range []string{"Namespace/", "Configuration/", "PodMonitor/", "Service/", "Secret/", "DaemonSet/dowse-onvif", "DaemonSet/dowse-modbus-mapper",

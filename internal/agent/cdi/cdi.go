@@ -128,6 +128,7 @@ func specNamed(inst *v1alpha1.Instance, name string) (*cdispec.Spec, error) {
 type Writer struct {
 	dir   string
 	cache *cdiapi.Cache
+	local *Local
 
 	mu sync.Mutex
 	// legacy holds, by Instance, who keeps its legacy spec.
@@ -137,8 +138,10 @@ type Writer struct {
 // NewWriter makes a Writer for dir (created if missing). Specs an earlier
 // agent wrote under an Instance's legacy name are moved to the Instance's
 // legacy spec file first, so that their device stays defined while running
-// containers may ask for it; the sweeps remove those no pod needs.
-func NewWriter(dir string) (*Writer, error) {
+// containers may ask for it; the sweeps remove those no pod needs. Mounts
+// and device nodes come from local, this node's own discovery (nil trusts
+// the Instance objects).
+func NewWriter(dir string, local *Local) (*Writer, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
@@ -148,7 +151,7 @@ func NewWriter(dir string) (*Writer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("CDI cache for %s: %w", dir, err)
 	}
-	w := &Writer{dir: dir, cache: c, legacy: map[types.NamespacedName]map[string]bool{}}
+	w := &Writer{dir: dir, cache: c, local: local, legacy: map[types.NamespacedName]map[string]bool{}}
 	if err := w.keepOldSpecs(); err != nil {
 		return nil, err
 	}
@@ -186,8 +189,14 @@ func legacyFileName(key types.NamespacedName) string { return specFileName(key) 
 
 // Write validates inst's spec with the CDI library and writes it atomically
 // (a temporary file renamed over the old one). Idempotent. A legacy spec
-// kept for inst is rewritten with it, so that both stay alike.
+// kept for inst is rewritten with it, so that both stay alike. The mounts
+// and device nodes are this node's own (Own).
 func (w *Writer) Write(inst *v1alpha1.Instance) error {
+	own, err := w.Own(inst)
+	if err != nil {
+		return fmt.Errorf("CDI spec of %s/%s: %w", inst.Namespace, inst.Name, err)
+	}
+	inst = own
 	spec, err := Spec(inst)
 	if err != nil {
 		return fmt.Errorf("CDI spec of %s/%s: %w", inst.Namespace, inst.Name, err)
@@ -202,6 +211,16 @@ func (w *Writer) Write(inst *v1alpha1.Instance) error {
 		return w.writeLegacy(inst)
 	}
 	return nil
+}
+
+// Own is inst as this node hands it to containers: with the mounts and
+// device nodes its own handlers reported (Local.Own).
+// A nil Writer trusts the object.
+func (w *Writer) Own(inst *v1alpha1.Instance) (*v1alpha1.Instance, error) {
+	if w == nil {
+		return inst, nil
+	}
+	return w.local.Own(inst)
 }
 
 // writeLegacy writes inst's legacy spec; none when the legacy name is not
@@ -230,7 +249,11 @@ func (w *Writer) KeepLegacy(owner string, key types.NamespacedName, inst *v1alph
 	if inst == nil {
 		return nil
 	}
-	return w.writeLegacy(inst)
+	own, err := w.Own(inst)
+	if err != nil {
+		return fmt.Errorf("legacy CDI spec of %s/%s: %w", inst.Namespace, inst.Name, err)
+	}
+	return w.writeLegacy(own)
 }
 
 // DropLegacy makes owner let go of key's legacy spec, which is removed

@@ -27,7 +27,7 @@ func testInstance(name string) *v1alpha1.Instance {
 
 func TestCDISpecValidatedByLibrary(t *testing.T) {
 	dir := t.TempDir()
-	w, err := NewWriter(dir)
+	w, err := NewWriter(dir, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,7 +87,7 @@ func TestCDISpecBadInput(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			inst := testInstance("debug-echo-a1b2c3")
 			mutate(inst)
-			w, err := NewWriter(t.TempDir())
+			w, err := NewWriter(t.TempDir(), nil)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -143,7 +143,7 @@ func NewManager(c client.Client, opts Options, log logr.Logger) (*Manager, error
 	case opts.CDI != nil:
 		m.cdi = opts.CDI
 	case opts.CDIDir != "":
-		w, err := cdi.NewWriter(opts.CDIDir)
+		w, err := cdi.NewWriter(opts.CDIDir, nil)
 		if err != nil {
 			return nil, err
 		}
@@ -246,7 +246,13 @@ func (m *Manager) Reconcile(ctx context.Context, req reconcile.Request) (reconci
 		} else if err := m.cdi.DropLegacy(cdiOwner, req.NamespacedName); err != nil {
 			log.Error(err, "removing the legacy CDI spec")
 		}
-		if err := m.cdi.Write(inst); err != nil {
+		if err := m.cdi.Write(inst); errors.Is(err, cdi.ErrNotDiscoveredHere) {
+			// Just started: this node's handler has not reported the
+			// device yet, and only its report says what a container here
+			// gets of the host.
+			log.V(1).Info("waiting for this node's handler to report the device")
+			return reconcile.Result{RequeueAfter: time.Second}, nil
+		} else if err != nil {
 			// Bad input from the handler: no plugin rather than pods that
 			// fail to start. The Instance's next change brings us back.
 			log.Error(err, "invalid device; not offering it")
@@ -657,10 +663,16 @@ func (m *Manager) answer(ctx context.Context, resource string, want map[*v1alpha
 			resp.Envs = map[string]string{}
 		}
 		maps.Copy(resp.Envs, cdi.Env(inst))
-		for _, mt := range inst.Spec.Mounts {
+		// The host paths this node's own handler reported, not the
+		// object's, which other nodes also write.
+		own, err := m.cdi.Own(inst)
+		if err != nil {
+			return nil, fmt.Errorf("instance %s: %w", inst.Name, err)
+		}
+		for _, mt := range own.Spec.Mounts {
 			resp.Mounts = append(resp.Mounts, &dp.Mount{ContainerPath: mt.ContainerPath, HostPath: mt.HostPath, ReadOnly: mt.ReadOnly})
 		}
-		for _, d := range inst.Spec.DeviceSpecs {
+		for _, d := range own.Spec.DeviceSpecs {
 			perm := d.Permissions
 			if perm == "" {
 				perm = "rw"

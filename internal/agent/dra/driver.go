@@ -128,7 +128,7 @@ func New(c cache.Cache, kube kubernetes.Interface, meta metadata.Interface, opts
 	w := opts.CDI
 	if w == nil {
 		var err error
-		if w, err = cdi.NewWriter(opts.CDIDir); err != nil {
+		if w, err = cdi.NewWriter(opts.CDIDir, nil); err != nil {
 			return nil, err
 		}
 	}

@@ -54,6 +54,7 @@ type Writer struct {
 	nodeName    string
 	concurrency int
 	metrics     *Metrics
+	local       Recorder
 
 	// applied remembers the spec (as JSON) this node last applied, with its
 	// node entry, per Instance. The cache lags behind our own writes, so
@@ -74,14 +75,24 @@ type memo struct {
 	resourceVersion string
 }
 
+// Recorder is told what this node's own handlers reported for each
+// Instance it holds (cdi.Local): a shared Instance is written by every node
+// that sees its device, so what a container here gets of the host must come
+// from this node's report, not from the object.
+type Recorder interface {
+	Record(key types.NamespacedName, mounts []v1alpha1.Mount, devices []v1alpha1.DeviceNode)
+	Drop(key types.NamespacedName)
+}
+
 // NewWriter makes a Writer for nodeName. c must read Instances from a cache
 // indexed with ConfigurationIndex; concurrency bounds parallel writes;
-// direct reads past the cache, needed only in rare races.
-func NewWriter(c client.Client, direct client.Reader, nodeName string, concurrency int, m *Metrics) *Writer {
+// direct reads past the cache, needed only in rare races. local (may be
+// nil) is told what this node discovered for each Instance.
+func NewWriter(c client.Client, direct client.Reader, nodeName string, concurrency int, m *Metrics, local Recorder) *Writer {
 	if concurrency < 1 {
 		concurrency = 1
 	}
-	return &Writer{client: c, reader: direct, nodeName: nodeName, concurrency: concurrency, metrics: m, applied: map[types.NamespacedName]memo{},
+	return &Writer{client: c, reader: direct, nodeName: nodeName, concurrency: concurrency, metrics: m, local: local, applied: map[types.NamespacedName]memo{},
 		inflight: map[types.NamespacedName]string{}}
 }
 
@@ -171,6 +182,9 @@ func (w *Writer) Sync(ctx context.Context, cfg *v1alpha1.Configuration, shared b
 		if cur != nil && (cur.Spec.DeviceID != inst.Spec.DeviceID || cur.Spec.ConfigurationName != inst.Spec.ConfigurationName) {
 			res.Collisions = append(res.Collisions, fmt.Sprintf("device %q maps to Instance %s, which belongs to device %q of Configuration %q", d.Id, inst.Name, cur.Spec.DeviceID, cur.Spec.ConfigurationName))
 			continue
+		}
+		if w.local != nil {
+			w.local.Record(client.ObjectKeyFromObject(inst), inst.Spec.Mounts, inst.Spec.DeviceSpecs)
 		}
 		if w.upToDate(cur, inst) {
 			continue
@@ -415,6 +429,9 @@ func (w *Writer) release(ctx context.Context, cur *v1alpha1.Instance) (bool, err
 		cur = fresh
 	}
 	w.Forget(client.ObjectKeyFromObject(cur))
+	if w.local != nil {
+		w.local.Drop(client.ObjectKeyFromObject(cur))
+	}
 	return instancestore.Release(ctx, w.client, w.nodeName, cur)
 }
 

@@ -8,6 +8,13 @@
 // agents' service accounts. When the last reference in a namespace goes,
 // both are deleted: a rule without resourceNames would grant every object.
 //
+// A Configuration may read objects in its own namespace, and in the
+// namespaces an administrator allows (--property-namespaces): its author
+// may not be able to read anywhere else, and granting the agents read there
+// would read it for them. A reference elsewhere is refused at admission by
+// the chart's policy (templates/configuration-policy.yaml) and, should it get
+// in without that policy, granted nothing here.
+//
 // The controller must itself hold get, list and watch on secrets and
 // configmaps for the API server to let it grant them (RBAC's escalation
 // check), and roles/rolebindings get, list, watch, create, patch, delete.
@@ -88,16 +95,23 @@ func ParseServiceAccounts(list []string, defaultNamespace string) ([]rbacv1.Subj
 type Reconciler struct {
 	client   client.Client
 	subjects []rbacv1.Subject
+	allowed  []string
 	log      logr.Logger
 }
 
 // NewReconciler grants subjects (the agents' service accounts, at least
-// one) read of the objects discoveryProperties name.
-func NewReconciler(c client.Client, subjects []rbacv1.Subject, log logr.Logger) (*Reconciler, error) {
+// one) read of the objects discoveryProperties name in their
+// Configuration's own namespace or in one of allowed.
+func NewReconciler(c client.Client, subjects []rbacv1.Subject, allowed []string, log logr.Logger) (*Reconciler, error) {
 	if len(subjects) == 0 {
 		return nil, errors.New("property access needs the agents' service accounts")
 	}
-	return &Reconciler{client: c, subjects: subjects, log: log}, nil
+	for _, ns := range allowed {
+		if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
+			return nil, fmt.Errorf("property namespace %q: %s", ns, strings.Join(errs, "; "))
+		}
+	}
+	return &Reconciler{client: c, subjects: subjects, allowed: allowed, log: log}, nil
 }
 
 // SetupWithManager registers the index and the controller. The manager's
@@ -192,10 +206,21 @@ func enqueue(q queue, o client.Object) {
 }
 
 // Wanted returns the names, sorted, of the Secrets and of the ConfigMaps
-// in namespace that cfgs read.
-func Wanted(namespace string, cfgs []v1alpha1.Configuration) (secrets, configMaps []string) {
+// in namespace that cfgs may read: those of Configurations in namespace,
+// and of any when namespace is one of allowed. refused counts the
+// references into namespace from Configurations elsewhere that are not.
+func Wanted(namespace string, cfgs []v1alpha1.Configuration, allowed []string) (secrets, configMaps []string, refused int) {
+	open := slices.Contains(allowed, namespace)
 	for i := range cfgs {
 		s, c := cfgs[i].PropertyObjects()
+		if cfgs[i].Namespace != namespace && !open {
+			for _, o := range append(s, c...) {
+				if o.Namespace == namespace {
+					refused++
+				}
+			}
+			continue
+		}
 		for _, o := range s {
 			if o.Namespace == namespace {
 				secrets = append(secrets, o.Name)
@@ -209,7 +234,7 @@ func Wanted(namespace string, cfgs []v1alpha1.Configuration) (secrets, configMap
 	}
 	slices.Sort(secrets)
 	slices.Sort(configMaps)
-	return slices.Compact(secrets), slices.Compact(configMaps)
+	return slices.Compact(secrets), slices.Compact(configMaps), refused
 }
 
 // Rules are the Role's rules for these names: one per kind that has names,
@@ -239,7 +264,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	if err := r.client.List(ctx, &cfgs, client.MatchingFields{namespaceIndex: ns}); err != nil {
 		return reconcile.Result{}, err
 	}
-	rules := Rules(Wanted(ns, cfgs.Items))
+	secrets, configMaps, refused := Wanted(ns, cfgs.Items, r.allowed)
+	if refused > 0 {
+		r.log.Info("not granting the agents read of objects that Configurations of other namespaces name: a Configuration reads only its own namespace and those allowed (--property-namespaces)", "namespace", ns, "references", refused)
+	}
+	rules := Rules(secrets, configMaps)
 	key := client.ObjectKey{Namespace: ns, Name: v1alpha1.PropertyAccessRole}
 	var role rbacv1.Role
 	roleErr := r.client.Get(ctx, key, &role)

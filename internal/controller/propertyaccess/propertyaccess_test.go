@@ -59,15 +59,22 @@ func TestWanted(t *testing.T) {
 		*configuration("plant", "a", secret("", "s2"), secret("", "s1"), configMap("", "c1"), secret("other", "x")),
 		*configuration("other", "b", secret("plant", "s1"), configMap("", "c9")),
 	}
-	s, c := Wanted("plant", cfgs)
-	if !reflect.DeepEqual(s, []string{"s1", "s2"}) || !reflect.DeepEqual(c, []string{"c1"}) {
-		t.Errorf("plant: secrets %v, configmaps %v", s, c)
+	// Each namespace grants only what its own Configurations name: plant's
+	// reference to other/x and other's to plant/s1 are refused.
+	s, c, refused := Wanted("plant", cfgs, nil)
+	if !reflect.DeepEqual(s, []string{"s1", "s2"}) || !reflect.DeepEqual(c, []string{"c1"}) || refused != 1 {
+		t.Errorf("plant: secrets %v, configmaps %v, refused %d", s, c, refused)
 	}
-	s, c = Wanted("other", cfgs)
-	if !reflect.DeepEqual(s, []string{"x"}) || !reflect.DeepEqual(c, []string{"c9"}) {
-		t.Errorf("other: secrets %v, configmaps %v", s, c)
+	s, c, refused = Wanted("other", cfgs, nil)
+	if s != nil || !reflect.DeepEqual(c, []string{"c9"}) || refused != 1 {
+		t.Errorf("other: secrets %v, configmaps %v, refused %d", s, c, refused)
 	}
-	if s, c := Wanted("nowhere", cfgs); s != nil || c != nil {
+	// A namespace an administrator allows serves every Configuration.
+	s, c, refused = Wanted("other", cfgs, []string{"other"})
+	if !reflect.DeepEqual(s, []string{"x"}) || !reflect.DeepEqual(c, []string{"c9"}) || refused != 0 {
+		t.Errorf("other, allowed: secrets %v, configmaps %v, refused %d", s, c, refused)
+	}
+	if s, c, _ := Wanted("nowhere", cfgs, nil); s != nil || c != nil {
 		t.Errorf("nowhere: %v %v", s, c)
 	}
 }
@@ -81,7 +88,7 @@ func TestParseServiceAccounts(t *testing.T) {
 	if _, err := ParseServiceAccounts([]string{"a/b/c"}, "x"); err == nil {
 		t.Fatal("a/b/c accepted")
 	}
-	if _, err := NewReconciler(nil, nil, testr.New(t)); err == nil {
+	if _, err := NewReconciler(nil, nil, nil, testr.New(t)); err == nil {
 		t.Fatal("a reconciler granting nobody")
 	}
 }
@@ -138,7 +145,7 @@ func TestReconcile(t *testing.T) {
 		WithIndex(&v1alpha1.Configuration{}, namespaceIndex, func(o client.Object) []string { return Namespaces(o.(*v1alpha1.Configuration)) }).
 		Build()
 	agents := []rbacv1.Subject{{Kind: "ServiceAccount", Namespace: "dowse-system", Name: "dowse-agent"}}
-	r, err := NewReconciler(c, agents, testr.New(t))
+	r, err := NewReconciler(c, agents, nil, testr.New(t))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,7 +4,10 @@
 // desired values) and the Events of the object in view. It talks to the API
 // server with the user's own credentials, as kubectl proxy does: nothing is
 // installed in the cluster, and the page can do what the user may do and
-// no more. The page's assets are embedded (no internet needed); live
+// no more. Because it acts as the user, every path needs a secret that other
+// local users and processes cannot read: the address printed at start holds
+// a one-time login, traded on first use for an HttpOnly, SameSite=Strict
+// cookie, and the listener stays on loopback unless asked otherwise. The page's assets are embedded (no internet needed); live
 // updates come from informers (package live) as server-sent events.
 package console
 
@@ -23,6 +26,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -45,10 +49,15 @@ const DefaultListen = "127.0.0.1:8470"
 // defaults.
 type Config struct {
 	// Listen is the address to serve on; DefaultListen when empty. Other
-	// processes of this machine can reach it, so the page refuses requests
-	// for other host names (DNS rebinding) and writes without the page's
-	// token.
+	// processes of this machine can reach it, so every request needs the
+	// session cookie traded for the one-time login in URL, the page refuses
+	// requests for other host names (DNS rebinding) and writes without the
+	// page's token.
 	Listen string
+	// AllowRemote lets Listen be an address other than loopback: anyone who
+	// can reach it and obtains the login then acts with the user's
+	// credentials, so New refuses such an address without it.
+	AllowRemote bool
 	// Namespace is shown first; the page may switch. "" shows all
 	// namespaces.
 	Namespace string
@@ -71,7 +80,14 @@ type Server struct {
 	token  string
 	ln     net.Listener
 	static fs.FS
+	// login is the one-time secret in URL; spent once it was traded for
+	// the session cookie, whose value is session.
+	login, session string
+	spent          atomic.Bool
 }
+
+// sessionCookie names the cookie the login is traded for.
+const sessionCookie = "dowse_console"
 
 // New listens on cfg.Listen. Start serves.
 func New(cfg Config) (*Server, error) {
@@ -84,9 +100,18 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Heartbeat == 0 {
 		cfg.Heartbeat = 15 * time.Second
 	}
-	b := make([]byte, 16)
-	if _, err := rand.Read(b); err != nil {
-		return nil, err
+	if !cfg.AllowRemote {
+		if err := loopbackOnly(cfg.Listen); err != nil {
+			return nil, err
+		}
+	}
+	var secrets [3]string
+	for i := range secrets {
+		b := make([]byte, 16)
+		if _, err := rand.Read(b); err != nil {
+			return nil, err
+		}
+		secrets[i] = hex.EncodeToString(b)
 	}
 	static, err := fs.Sub(assets, "assets")
 	if err != nil {
@@ -96,11 +121,31 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("console: %w", err)
 	}
-	return &Server{cfg: cfg, token: hex.EncodeToString(b), ln: ln, static: static}, nil
+	return &Server{cfg: cfg, token: secrets[0], login: secrets[1], session: secrets[2], ln: ln, static: static}, nil
 }
 
-// URL is the page's address.
-func (s *Server) URL() string { return "http://" + s.ln.Addr().String() + "/" }
+// loopbackOnly refuses a listen address whose host is not a loopback IP or
+// localhost (an empty host listens on every interface).
+func loopbackOnly(listen string) error {
+	host, _, err := net.SplitHostPort(listen)
+	if err != nil {
+		return fmt.Errorf("console: listen address %q: %w", listen, err)
+	}
+	if host == "localhost" {
+		return nil
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
+		return nil
+	}
+	return fmt.Errorf("console: %q is not a loopback address: whoever reaches the page acts with your credentials; allow it explicitly (--allow-remote) to serve there anyway", listen)
+}
+
+// URL is the page's address with its one-time login: the first request
+// with it gets the session cookie; afterwards it is refused.
+func (s *Server) URL() string { return s.Address() + "?login=" + s.login }
+
+// Address is the page's address without the login.
+func (s *Server) Address() string { return "http://" + s.ln.Addr().String() + "/" }
 
 // Start serves until ctx ends.
 func (s *Server) Start(ctx context.Context) error {
@@ -110,7 +155,7 @@ func (s *Server) Start(ctx context.Context) error {
 	mux.HandleFunc("GET /api/watch", s.watch)
 	mux.HandleFunc("GET /api/events", s.events)
 	mux.HandleFunc("POST /api/desired", s.desired)
-	srv := &http.Server{Handler: s.checkHost(mux), ReadHeaderTimeout: 10 * time.Second, BaseContext: func(net.Listener) context.Context { return ctx }}
+	srv := &http.Server{Handler: s.checkHost(s.authenticate(mux)), ReadHeaderTimeout: 10 * time.Second, BaseContext: func(net.Listener) context.Context { return ctx }}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(s.ln) }()
 	select {
@@ -142,8 +187,29 @@ func (s *Server) checkHost(next http.Handler) http.Handler {
 			return
 		}
 		w.Header().Set("X-Content-Type-Options", "nosniff")
-		w.Header().Set("Content-Security-Policy", "default-src 'self'; style-src 'self'; img-src 'self' data:")
+		w.Header().Set("X-Frame-Options", "DENY")
+		w.Header().Set("Content-Security-Policy", "default-src 'self'; style-src 'self'; img-src 'self' data:; frame-ancestors 'none'")
 		next.ServeHTTP(w, r)
+	})
+}
+
+// authenticate lets through requests that carry the session cookie, trades
+// the one-time login for it (once), and refuses everything else.
+func (s *Server) authenticate(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if c, err := r.Cookie(sessionCookie); err == nil && subtle.ConstantTimeCompare([]byte(c.Value), []byte(s.session)) == 1 {
+			next.ServeHTTP(w, r)
+			return
+		}
+		if login := r.URL.Query().Get("login"); r.Method == http.MethodGet && r.URL.Path == "/" && login != "" &&
+			subtle.ConstantTimeCompare([]byte(login), []byte(s.login)) == 1 && s.spent.CompareAndSwap(false, true) {
+			http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: s.session, Path: "/", HttpOnly: true, SameSite: http.SameSiteStrictMode})
+			// Off the address bar and the history, now that it is spent.
+			http.Redirect(w, r, "/", http.StatusSeeOther)
+			return
+		}
+		w.Header().Set("Cache-Control", "no-store")
+		http.Error(w, "this console needs its login: open the address `dowsectl console` printed, in one browser (the login works once; restart dowsectl console for a new one)", http.StatusUnauthorized)
 	})
 }
 

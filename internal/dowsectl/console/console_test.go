@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"net/http/cookiejar"
 	"os"
 	"strings"
 	"testing"
@@ -59,6 +60,23 @@ func start(t *testing.T, set func(context.Context, client.ObjectKey, string, str
 	return s
 }
 
+// loggedIn is a browser that opened the printed address: it holds the
+// session cookie.
+func loggedIn(t *testing.T, s *Server) *http.Client {
+	t.Helper()
+	jar, _ := cookiejar.New(nil)
+	c := &http.Client{Jar: jar}
+	res, err := c.Get(s.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != http.StatusOK || res.Request.URL.RawQuery != "" {
+		t.Fatalf("login: %s at %s, want 200 at the address without the login", res.Status, res.Request.URL)
+	}
+	return c
+}
+
 // TestPageAndWrites: the page carries its token; a write needs it and
 // goes through SetDesired, whose refusal comes back in words; another
 // Host name is refused.
@@ -71,7 +89,8 @@ func TestPageAndWrites(t *testing.T) {
 		}
 		return nil
 	})
-	res, err := http.Get(s.URL())
+	browser := loggedIn(t, s)
+	res, err := browser.Get(s.Address())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,12 +101,12 @@ func TestPageAndWrites(t *testing.T) {
 		t.Fatalf("page lacks its token or namespace:\n%s", page)
 	}
 	post := func(token, body string) (int, map[string]string) {
-		req, _ := http.NewRequest(http.MethodPost, s.URL()+"api/desired", strings.NewReader(body))
+		req, _ := http.NewRequest(http.MethodPost, s.Address()+"api/desired", strings.NewReader(body))
 		req.Header.Set("Content-Type", "application/json")
 		if token != "" {
 			req.Header.Set("X-Dowse-Token", token)
 		}
-		res, err := http.DefaultClient.Do(req)
+		res, err := browser.Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -112,9 +131,9 @@ func TestPageAndWrites(t *testing.T) {
 	if len(got) != 2 || got[0] != "plant/boiler setpoint=21" {
 		t.Errorf("SetDesired calls %v", got)
 	}
-	req, _ := http.NewRequest(http.MethodGet, s.URL(), nil)
+	req, _ := http.NewRequest(http.MethodGet, s.Address(), nil)
 	req.Host = "evil.example:80"
-	if res, err := http.DefaultClient.Do(req); err != nil || res.StatusCode != http.StatusForbidden {
+	if res, err := browser.Do(req); err != nil || res.StatusCode != http.StatusForbidden {
 		t.Errorf("another Host: %v %v, want 403", err, res)
 	}
 }
@@ -123,7 +142,7 @@ func TestPageAndWrites(t *testing.T) {
 // kind is synced, and sends changes as they happen.
 func TestWatchStream(t *testing.T) {
 	s := start(t, func(context.Context, client.ObjectKey, string, string) error { return nil }, device("plant", "boiler", "ok"), device("other", "pump", "ok"))
-	res, err := http.Get(s.URL() + "api/watch?namespace=plant")
+	res, err := loggedIn(t, s).Get(s.Address() + "api/watch?namespace=plant")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -167,4 +186,83 @@ func TestWatchStream(t *testing.T) {
 	if len(devices) != 1 || devices[0] != "plant/boiler" {
 		t.Errorf("devices %v, want plant/boiler only", devices)
 	}
+}
+
+// TestEveryPathNeedsTheLogin: without the session cookie every path is
+// refused, a wrong login too; the login works once, and the page may not
+// be framed.
+func TestEveryPathNeedsTheLogin(t *testing.T) {
+	var set int
+	s := start(t, func(context.Context, client.ObjectKey, string, string) error { set++; return nil })
+	for _, path := range []string{"", "assets/app.js", "api/watch?namespace=plant", "api/events?namespace=plant&kind=Device&name=boiler", "?login=" + strings.Repeat("0", len(s.login))} {
+		res, err := http.Get(s.Address() + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		if res.StatusCode != http.StatusUnauthorized {
+			t.Errorf("GET /%s without the cookie: %s, want 401", path, res.Status)
+		}
+	}
+	res, err := http.Post(s.Address()+"api/desired", "application/json", strings.NewReader(`{"namespace":"plant","device":"boiler","property":"setpoint","value":"1"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != http.StatusUnauthorized || set != 0 {
+		t.Errorf("POST api/desired without the cookie: %s and %d writes, want 401 and none", res.Status, set)
+	}
+	browser := loggedIn(t, s)
+	res, err = browser.Get(s.Address())
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if csp := res.Header.Get("Content-Security-Policy"); !strings.Contains(csp, "frame-ancestors 'none'") {
+		t.Errorf("Content-Security-Policy %q lacks frame-ancestors 'none'", csp)
+	}
+	var cookie *http.Cookie
+	for _, c := range browser.Jar.Cookies(res.Request.URL) {
+		cookie = c
+	}
+	if cookie == nil || cookie.Name != sessionCookie {
+		t.Fatalf("cookies %v, want %s", browser.Jar.Cookies(res.Request.URL), sessionCookie)
+	}
+	// A second browser (or a process that read the address later) gets
+	// nothing with the spent login.
+	jar, _ := cookiejar.New(nil)
+	res, err = (&http.Client{Jar: jar}).Get(s.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != http.StatusUnauthorized {
+		t.Errorf("the login used twice: %s, want 401", res.Status)
+	}
+}
+
+// TestListenLoopbackOnly: a non-loopback listener needs AllowRemote.
+func TestListenLoopbackOnly(t *testing.T) {
+	dyn := dynamicfake.NewSimpleDynamicClient(runtime.NewScheme())
+	set := func(context.Context, client.ObjectKey, string, string) error { return nil }
+	for _, addr := range []string{"0.0.0.0:0", ":0", "[::]:0"} {
+		if _, err := New(Config{Listen: addr, Dynamic: dyn, SetDesired: set}); err == nil || !strings.Contains(err.Error(), "--allow-remote") {
+			t.Errorf("listen %s: %v, want a refusal naming --allow-remote", addr, err)
+		}
+	}
+	for _, addr := range []string{"127.0.0.1:0", "localhost:0", "[::1]:0"} {
+		s, err := New(Config{Listen: addr, Dynamic: dyn, SetDesired: set})
+		if err != nil {
+			if strings.Contains(err.Error(), "--allow-remote") {
+				t.Errorf("listen %s refused: %v", addr, err)
+			}
+			continue // e.g. no IPv6 loopback here
+		}
+		s.ln.Close()
+	}
+	s, err := New(Config{Listen: "0.0.0.0:0", AllowRemote: true, Dynamic: dyn, SetDesired: set})
+	if err != nil {
+		t.Fatalf("AllowRemote: %v", err)
+	}
+	s.ln.Close()
 }
