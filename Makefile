@@ -4,10 +4,28 @@ BIN := $(CURDIR)/bin
 GO_TEST_FLAGS ?= -count=1 -timeout 30m
 # Every binary's --version (internal/version) and the images' labels.
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
-GO_LDFLAGS := -s -w -X github.com/dowse-dev/dowse/internal/version.version=$(VERSION)
 # grpcnotrace leaves out gRPC's golang.org/x/net/trace (and the html/template
 # it links), which no Dowse binary turns on: 2.5 MB less in each mapper.
 GO_TAGS := grpcnotrace
+# go_build is the one go build of Dowse's binaries, stamped with the version
+# $(1).
+go_build = go build -tags $(GO_TAGS) -trimpath -ldflags="-s -w -X github.com/dowse-dev/dowse/internal/version.version=$(1)"
+
+# Dowse's binaries, listed once: every main package under a cmd/ folder
+# named dowse-* or dowsectl, outside test/. go list runs on first use only
+# (not for `make test-unit`), then the list is kept.
+CMDS = $(eval CMDS := $(shell go list -f '{{if eq .Name "main"}}{{.ImportPath}}{{end}}' ./... | grep -E '/cmd/(dowse-|dowsectl$$)' | grep -v '/test/'))$(CMDS)
+# The images: every command but dowsectl, which runs on a person's machine.
+IMAGE_CMDS = $(filter-out %/dowsectl,$(CMDS))
+# Built static by `make build` too, as in their images (no libc pages in
+# their memory): the agent and the mappers. dowsectl too: k8s.io/cli-runtime
+# links kustomize, whose plugin loader imports Go's plugin package, and with
+# cgo the linker then exports every symbol (69 MB instead of 53). The rest
+# keep cgo there (the udev handler's libudev source).
+STATIC_CMDS = $(filter %/dowse-agent %-mapper %/dowsectl,$(CMDS))
+
+# The files `make generate` writes, which verify-generate checks.
+GENERATED := proto shared/api deploy internal/controller/brokers/zz_generated.deepcopy.go
 
 .PHONY: all build images release peers helm generate verify-generate test fuzz test-unit test-integration test-node node-deps bench demo k8s deps clean
 
@@ -20,16 +38,8 @@ deps:
 build:
 	@mkdir -p $(BIN)
 	@echo "building Dowse's binaries into bin/ (about 3 minutes the first time, seconds after)"
-	go build -tags $(GO_TAGS) -trimpath -ldflags="$(GO_LDFLAGS)" -o $(BIN)/ ./controller/cmd/dowse-controller ./discovery-handlers/debug-echo/cmd/dowse-debug-echo-discovery \
-	  ./discovery-handlers/opcua/cmd/dowse-opcua-discovery ./discovery-handlers/modbus/cmd/dowse-modbus-discovery \
-	  ./discovery-handlers/udev/cmd/dowse-udev-discovery ./discovery-handlers/onvif/cmd/dowse-onvif-discovery \
-	  ./brokers/debug-echo/cmd/dowse-debug-echo-broker
-	# The agent and the mappers static, as in their images (no libc pages in
-	# their memory). dowsectl too: k8s.io/cli-runtime links kustomize, whose
-	# plugin loader imports Go's plugin package, and with cgo the linker then
-	# exports every symbol (69 MB instead of 53).
-	CGO_ENABLED=0 go build -tags $(GO_TAGS) -trimpath -ldflags="$(GO_LDFLAGS)" -o $(BIN)/ ./agent/cmd/dowse-agent ./mappers/modbus/cmd/dowse-modbus-mapper \
-	  ./mappers/opcua/cmd/dowse-opcua-mapper ./mappers/onvif/cmd/dowse-onvif-mapper ./dowsectl/cmd/dowsectl
+	$(call go_build,$(VERSION)) -o $(BIN)/ $(filter-out $(STATIC_CMDS),$(CMDS))
+	CGO_ENABLED=0 $(call go_build,$(VERSION)) -o $(BIN)/ $(STATIC_CMDS)
 
 # Test cluster binaries built from the module proxy, once each: the control
 # plane (etcd, kube-apiserver, controller manager, scheduler) and the node
@@ -52,9 +62,8 @@ node-deps:
 images:
 	@mkdir -p $(BIN)/static
 	@echo "building static binaries and their images into bin/images with go-containerregistry (about 3 minutes the first time, half a minute after)"
-	@cmds="$$(go list -f '{{if eq .Name "main"}}{{.ImportPath}}{{end}}' ./... | grep '/cmd/dowse-' | grep -v '/test/')"; \
-	  set -x; CGO_ENABLED=0 go build -tags $(GO_TAGS) -trimpath -ldflags="$(GO_LDFLAGS)" -o $(BIN)/static/ $$cmds ./hack/images/dowse-pause && \
-	  go run ./hack/images -out $(BIN)/images -version $(VERSION) $(BIN)/static/dowse-pause $$(for c in $$cmds; do echo $(BIN)/static/$${c##*/}; done)
+	CGO_ENABLED=0 $(call go_build,$(VERSION)) -o $(BIN)/static/ $(IMAGE_CMDS) ./hack/images/dowse-pause
+	go run ./hack/images -out $(BIN)/images -version $(VERSION) $(BIN)/static/dowse-pause $(addprefix $(BIN)/static/,$(notdir $(IMAGE_CMDS)))
 
 # A release into bin/release: every image for linux/amd64 and linux/arm64
 # (static cross-compiled binaries; the udev handler's netlink source needs no
@@ -67,20 +76,18 @@ images:
 RELEASE_VERSION ?= $(shell hack/release-version.sh)
 RELEASE_PLATFORMS ?= linux/amd64 linux/arm64
 RELEASE_DIR ?= $(BIN)/release
-# Every dowse-* command by default (test/suites/release builds two).
-RELEASE_CMDS ?=
+# Every image's command by default (test/suites/release builds two).
+RELEASE_CMDS ?= $(IMAGE_CMDS)
 release: helm
 	@echo "building release $(RELEASE_VERSION) for $(RELEASE_PLATFORMS) into $(RELEASE_DIR)"
 	@rm -rf $(RELEASE_DIR) && mkdir -p $(RELEASE_DIR)
-	@cmds="$(RELEASE_CMDS)"; [ -n "$$cmds" ] || cmds="$$(go list -f '{{if eq .Name "main"}}{{.ImportPath}}{{end}}' ./... | grep '/cmd/dowse-' | grep -v '/test/')"; set -e; \
-	  for p in $(RELEASE_PLATFORMS); do \
+	@set -e; for p in $(RELEASE_PLATFORMS); do \
 	    echo "  go build for $$p"; \
-	    CGO_ENABLED=0 GOOS=$${p%/*} GOARCH=$${p#*/} go build -tags $(GO_TAGS) -trimpath \
-	      -ldflags="-s -w -X github.com/dowse-dev/dowse/internal/version.version=$(RELEASE_VERSION)" \
-	      -o $(RELEASE_DIR)/bin/$${p%/*}-$${p#*/}/ $$cmds; \
+	    CGO_ENABLED=0 GOOS=$${p%/*} GOARCH=$${p#*/} $(call go_build,$(RELEASE_VERSION)) \
+	      -o $(RELEASE_DIR)/bin/$${p%/*}-$${p#*/}/ $(RELEASE_CMDS); \
 	  done; \
 	  go run ./hack/images release -out $(RELEASE_DIR) -bindir $(RELEASE_DIR)/bin -version $(RELEASE_VERSION) \
-	    -platforms "$$(echo $(RELEASE_PLATFORMS) | tr ' ' ',')" $$(for c in $$cmds; do echo $${c##*/}; done)
+	    -platforms "$$(echo $(RELEASE_PLATFORMS) | tr ' ' ',')" $(notdir $(RELEASE_CMDS))
 	$(BIN)/helm package deploy/helm/dowse --version $(RELEASE_VERSION) --app-version $(RELEASE_VERSION) -d $(RELEASE_DIR)
 
 # Regenerates protobuf Go, deepcopy and CRD YAML with the pinned tools, then
@@ -91,8 +98,8 @@ generate: deps helm
 
 # Fails when the committed generated files differ from what `make generate` makes.
 verify-generate: generate
-	@if [ -n "$$(git status --porcelain -- proto shared/api deploy internal/controller/broker/zz_generated.deepcopy.go)" ]; then \
-	  git status --porcelain -- proto shared/api deploy internal/controller/broker/zz_generated.deepcopy.go; git diff --stat -- proto shared/api deploy internal/controller/broker; \
+	@if [ -n "$$(git status --porcelain -- $(GENERATED))" ]; then \
+	  git status --porcelain -- $(GENERATED); git diff --stat -- $(GENERATED); \
 	  echo "generated files are stale: run 'make generate' and commit the result" >&2; exit 1; fi
 
 test-unit:

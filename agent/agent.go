@@ -118,7 +118,10 @@ func (c *Config) Validate() error {
 // Scheme returns a scheme with the Kubernetes and Dowse types.
 func Scheme() (*runtime.Scheme, error) { return scheme.New() }
 
-// Run runs the agent until ctx ends.
+// Run runs the agent until ctx ends: a manager caching the node's own
+// objects, then its parts in the order they depend on each other
+// (discovery writes the Instances the device plugins and DRA serve,
+// registration admits the handlers discovery talks to), then the link.
 func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 	cfg.setDefaults()
 	if err := cfg.Validate(); err != nil {
@@ -128,11 +131,43 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 	if err != nil {
 		return err
 	}
-
 	sch, err := scheme.New()
 	if err != nil {
 		return err
 	}
+	mgr, err := newManager(ctx, restCfg, sch, cfg, log)
+	if err != nil {
+		return err
+	}
+	reg := cfg.Registerer
+	if reg == nil {
+		reg = ctrlMetricsRegistry()
+	}
+	handlers := registry.New(cfg.StateDir)
+	// What containers get of the host comes from this node's own handlers
+	// (cdi.Local), not from shared Instance objects other nodes also write.
+	local := cdi.NewLocal()
+	if err := addDiscovery(ctx, mgr, restCfg, sch, cfg, handlers, local, reg, log); err != nil {
+		return err
+	}
+	if err := addDeviceAllocation(mgr, restCfg, cfg, local, reg, log); err != nil {
+		return err
+	}
+	if err := addRegistration(mgr, cfg, handlers, log); err != nil {
+		return err
+	}
+	if cfg.Link.Server != "" {
+		if err := addLink(mgr, cfg, reg, log); err != nil {
+			return fmt.Errorf("setting up the cloud/edge link: %w", err)
+		}
+	}
+	log.Info("starting agent", "node", cfg.NodeName, "stateDir", cfg.StateDir)
+	return mgr.Start(ctx)
+}
+
+// newManager is the agent's controller-runtime manager, its cache holding
+// only what the agent reads, with its health checks and the Instance index.
+func newManager(ctx context.Context, restCfg *rest.Config, sch *runtime.Scheme, cfg Config, log logr.Logger) (ctrl.Manager, error) {
 	// managedFields are most of an applied object's size and the agent never
 	// reads them: dropping them from the cache roughly halves its memory.
 	// The cache holds no Secret or ConfigMap: the agent may not list them,
@@ -143,7 +178,7 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 	// label), so its memory and watch traffic do not grow with other nodes'.
 	ownNode, err := labels.NewRequirement(v1alpha1.NodeLabel(cfg.NodeName), selection.Exists, nil)
 	if err != nil {
-		return fmt.Errorf("node %q makes no label selector: %w", cfg.NodeName, err)
+		return nil, fmt.Errorf("node %q makes no label selector: %w", cfg.NodeName, err)
 	}
 	cacheOpts.ByObject = map[client.Object]cache.ByObject{
 		&v1alpha1.Instance{}: {Label: labels.NewSelector().Add(*ownNode), Transform: instances.Trim},
@@ -163,26 +198,25 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 		Controller:     config.Controller{SkipNameValidation: ptr.To(cfg.SkipNameValidation)},
 	})
 	if err != nil {
-		return fmt.Errorf("creating manager: %w", err)
+		return nil, fmt.Errorf("creating manager: %w", err)
 	}
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
-		return err
+		return nil, err
 	}
 	if err := mgr.AddReadyzCheck("cache-sync", optional.CacheSynced(mgr.GetCache())); err != nil {
-		return err
+		return nil, err
 	}
 	if err := mgr.GetFieldIndexer().IndexField(ctx, &v1alpha1.Instance{}, instances.ConfigurationIndex, instances.IndexByConfiguration); err != nil {
-		return err
+		return nil, err
 	}
 
-	reg := cfg.Registerer
-	if reg == nil {
-		reg = ctrlMetricsRegistry()
-	}
-	handlers := registry.New(cfg.StateDir)
-	// What containers get of the host comes from this node's own handlers
-	// (cdi.Local), not from shared Instance objects other nodes also write.
-	local := cdi.NewLocal()
+	return mgr, nil
+}
+
+// addDiscovery adds what turns handlers' device lists into Instances: the
+// Instance writer fed by the cache, the labeler of older Instances, the
+// Events recorder and the Configuration reconciler.
+func addDiscovery(ctx context.Context, mgr ctrl.Manager, restCfg *rest.Config, sch *runtime.Scheme, cfg Config, handlers *registry.Registry, local *cdi.Local, reg prometheus.Registerer, log logr.Logger) error {
 	writer := instances.NewWriter(mgr.GetClient(), mgr.GetAPIReader(), cfg.NodeName, cfg.WriteConcurrency, instances.NewMetrics(reg), local)
 	instInformer, err := mgr.GetCache().GetInformer(ctx, &v1alpha1.Instance{})
 	if err != nil {
@@ -223,6 +257,13 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 	if err := rec.SetupWithManager(ctx, mgr); err != nil {
 		return fmt.Errorf("setting up configuration controller: %w", err)
 	}
+	return nil
+}
+
+// addDeviceAllocation adds what gives pods the node's devices: the kubelet
+// device plugins and DRA driver that are on, sharing one CDI writer.
+func addDeviceAllocation(mgr ctrl.Manager, restCfg *rest.Config, cfg Config, local *cdi.Local, reg prometheus.Registerer, log logr.Logger) error {
+	var err error
 	// One CDI writer for the device plugins and DRA: a legacy spec either
 	// keeps stays until both let go of it.
 	var specs *cdi.Writer
@@ -249,6 +290,12 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 			return fmt.Errorf("setting up dynamic resource allocation: %w", err)
 		}
 	}
+	return nil
+}
+
+// addRegistration serves the registration socket handlers register on,
+// and checks it.
+func addRegistration(mgr ctrl.Manager, cfg Config, handlers *registry.Registry, log logr.Logger) error {
 	regSrv := registration.New(cfg.StateDir, handlers, log.WithName("registration"))
 	if err := mgr.Add(regSrv); err != nil {
 		return err
@@ -261,11 +308,5 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 	if err := mgr.AddHealthzCheck("registration", regSrv.Healthy); err != nil {
 		return err
 	}
-	if cfg.Link.Server != "" {
-		if err := addLink(mgr, cfg, reg, log); err != nil {
-			return fmt.Errorf("setting up the cloud/edge link: %w", err)
-		}
-	}
-	log.Info("starting agent", "node", cfg.NodeName, "stateDir", cfg.StateDir)
-	return mgr.Start(ctx)
+	return nil
 }

@@ -11,7 +11,7 @@ import (
 	"github.com/dowse-dev/dowse/internal/agent/instances"
 	"github.com/dowse-dev/dowse/internal/agent/slots"
 	"github.com/dowse-dev/dowse/internal/kubeflags"
-	"github.com/dowse-dev/dowse/shared/handler"
+	"github.com/dowse-dev/dowse/internal/nodepaths"
 )
 
 // InstancesLabelledMarker, in the agent's state directory, records that the
@@ -27,7 +27,7 @@ func (c *Config) setDefaults() {
 	}
 	c.Serving.SetDefaults(":9743", ":9744")
 	if c.StateDir == "" {
-		c.StateDir = handler.DefaultStateDir
+		c.StateDir = nodepaths.DefaultStateDir
 	}
 	if c.GracePeriod == 0 {
 		c.GracePeriod = 5 * time.Minute
@@ -81,7 +81,7 @@ func (c *Config) AddFlags(fs *flag.FlagSet) {
 	c.Client.AddFlags(fs)
 	c.Serving.AddFlags(fs)
 	fs.StringVar(&c.NodeName, "node-name", kubeflags.EnvOr("NODE_NAME", c.NodeName), "this node's name (env NODE_NAME)")
-	fs.StringVar(&c.StateDir, "state-dir", kubeflags.EnvOr("DOWSE_STATE_DIR", c.StateDir), "state directory holding the registration and handler sockets (env DOWSE_STATE_DIR)")
+	fs.StringVar(&c.StateDir, "state-dir", kubeflags.EnvOr(nodepaths.StateDirEnv, c.StateDir), "state directory holding the registration and handler sockets (env "+nodepaths.StateDirEnv+")")
 	fs.StringVar(&c.Namespace, "namespace", c.Namespace, "only watch this namespace (default: all)")
 	fs.Var(kubeflags.DurationOrNone(&c.GracePeriod), "handler-grace-period", "the `time` the devices of a handler that died or became unreachable stay (0: none)")
 	fs.Var(kubeflags.IntOrNone(&c.MaxDevices), "max-devices", "most `devices` taken from one handler list for one Configuration (0: no limit)")

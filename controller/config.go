@@ -5,6 +5,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/dowse-dev/dowse/internal/bootstrap"
 	"github.com/dowse-dev/dowse/internal/controller/link/linkauth"
 	"github.com/dowse-dev/dowse/internal/controller/link/ownership"
 	"github.com/dowse-dev/dowse/internal/controller/mappers"
@@ -47,7 +48,7 @@ func (c *Config) defaults() {
 		l.CertValidity = linkauth.DefaultCertValidity
 	}
 	if l.CAValidity == 0 {
-		l.CAValidity = linkauth.DefaultCAValidity
+		l.CAValidity = bootstrap.DefaultCAValidity
 	}
 	if l.Heartbeat == 0 {
 		l.Heartbeat = 10 * time.Second

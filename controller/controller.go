@@ -34,7 +34,7 @@ import (
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
-	"github.com/dowse-dev/dowse/internal/controller/broker"
+	"github.com/dowse-dev/dowse/internal/controller/brokers"
 	"github.com/dowse-dev/dowse/internal/controller/devices"
 	"github.com/dowse-dev/dowse/internal/controller/lifecycle"
 	"github.com/dowse-dev/dowse/internal/controller/mappers"
@@ -128,7 +128,7 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 		return err
 	}
 	ours := labels.NewSelector().Add(*req)
-	cacheScheme, err := broker.CacheScheme(sch)
+	cacheScheme, err := brokers.CacheScheme(sch)
 	if err != nil {
 		return err
 	}
@@ -136,7 +136,7 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 		Scheme:     sch,
 		Logger:     log,
 		Controller: config.Controller{SkipNameValidation: ptr.To(cfg.SkipNameValidation)},
-		// The cache reads JSON: it decodes Pods into broker.BrokerPod,
+		// The cache reads JSON: it decodes Pods into brokers.BrokerPod,
 		// which protobuf cannot.
 		NewCache: func(config *rest.Config, opts cache.Options) (cache.Cache, error) {
 			config = rest.CopyConfig(config)
@@ -149,9 +149,9 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 			// Only what the controller made: caching every Pod of a large
 			// cluster would cost more than the Instances themselves.
 			ByObject: map[client.Object]cache.ByObject{
-				&broker.BrokerPod{}: {Label: ours},
-				&batchv1.Job{}:      {Label: ours, Transform: slimJob},
-				&corev1.Service{}:   {Label: ours},
+				&brokers.BrokerPod{}: {Label: ours},
+				&batchv1.Job{}:       {Label: ours, Transform: slimJob},
+				&corev1.Service{}:    {Label: ours},
 				// Read only, and often (one Get per broker): no copies.
 				&corev1.Node{}:       {Transform: slimNode, UnsafeDisableDeepCopy: ptr.To(true)},
 				&v1alpha1.Instance{}: {Transform: slimInstance},
@@ -181,7 +181,7 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 	if err := mgr.AddReadyzCheck("cache-sync", optional.CacheSynced(mgr.GetCache())); err != nil {
 		return err
 	}
-	idx, err := broker.NewIndexes(ctx, mgr.GetCache())
+	idx, err := brokers.NewIndexes(ctx, mgr.GetCache())
 	if err != nil {
 		return err
 	}
@@ -197,14 +197,14 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 	if err := mgr.Add(recorder); err != nil {
 		return err
 	}
-	refusals := broker.NewRefusals()
-	if err := broker.NewInstanceReconciler(mgr.GetClient(), idx, recorder, refusals, log.WithName("broker")).SetupWithManager(mgr); err != nil {
+	refusals := brokers.NewRefusals()
+	if err := brokers.NewInstanceReconciler(mgr.GetClient(), idx, recorder, refusals, log.WithName("broker")).SetupWithManager(mgr); err != nil {
 		return err
 	}
-	if err := broker.NewConfigurationReconciler(mgr.GetClient(), idx, refusals).SetupWithManager(mgr); err != nil {
+	if err := brokers.NewConfigurationReconciler(mgr.GetClient(), idx, refusals).SetupWithManager(mgr); err != nil {
 		return err
 	}
-	if err := broker.NewSlotsReconciler(mgr.GetClient()).SetupWithManager(mgr); err != nil {
+	if err := brokers.NewSlotsReconciler(mgr.GetClient()).SetupWithManager(mgr); err != nil {
 		return err
 	}
 	instancesOf := func(namespace, configuration string) ([]string, error) {
@@ -221,7 +221,7 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 	podsOf := func(namespace, configurationLabel string) ([]client.Object, error) {
 		return idx.PodsByConfiguration.Objects(namespace, configurationLabel)
 	}
-	if err := mappers.NewReconciler(mgr.GetClient(), podsOf, cfg.MapperStateDir, log.WithName("mappers")).SetupWithManager(mgr, &broker.BrokerPod{}); err != nil {
+	if err := mappers.NewReconciler(mgr.GetClient(), podsOf, cfg.MapperStateDir, log.WithName("mappers")).SetupWithManager(mgr, &brokers.BrokerPod{}); err != nil {
 		return err
 	}
 	if err := nodes.NewReconciler(mgr.GetClient(), mgr.GetAPIReader(), cfg.NodeGracePeriod, log.WithName("nodes")).SetupWithManager(mgr); err != nil {
@@ -315,7 +315,7 @@ func slimInstance(obj any) (any, error) {
 		spec.Capacity, spec.BrokerProperties = i.Spec.Capacity, i.Spec.BrokerProperties
 	}
 	i.Spec = spec
-	i.Status.Slots = broker.SlimSlots(i)
+	i.Status.Slots = brokers.SlimSlots(i)
 	return i, nil
 }
 

@@ -11,7 +11,7 @@ import (
 	"github.com/spf13/cobra"
 	"sigs.k8s.io/yaml"
 
-	"github.com/dowse-dev/dowse/internal/controller/link/linkauth"
+	"github.com/dowse-dev/dowse/internal/bootstrap"
 	"github.com/dowse-dev/dowse/internal/link/pki"
 )
 
@@ -29,7 +29,7 @@ func (c *cli) controllerNamespace() string {
 	return DefaultControllerNamespace
 }
 
-func (c *cli) secrets() (linkauth.SecretClient, error) {
+func (c *cli) secrets() (bootstrap.SecretClient, error) {
 	cs, err := c.kube()
 	if err != nil {
 		return nil, err
@@ -65,7 +65,7 @@ naming node:<name>) once. They are kept in the controller's namespace
 			if err != nil {
 				return err
 			}
-			res, err := CreateToken(cmd.Context(), linkauth.NewTokens(secrets), secrets, node, ttl)
+			res, err := CreateToken(cmd.Context(), bootstrap.NewTokens(secrets, nil), secrets, node, ttl)
 			if err != nil {
 				return err
 			}
@@ -85,7 +85,7 @@ naming node:<name>) once. They are kept in the controller's namespace
 			if err != nil {
 				return err
 			}
-			return listTokens(cmd.Context(), linkauth.NewTokens(secrets), c.streams.Out, listOutput)
+			return listTokens(cmd.Context(), bootstrap.NewTokens(secrets, nil), c.streams.Out, listOutput)
 		},
 	}
 	list.Flags().StringVarP(&listOutput, "output", "o", "", "wide, json, yaml or name (default: a table)")
@@ -107,7 +107,7 @@ is created when no controller has made it yet.`,
 			if err != nil {
 				return err
 			}
-			ca, err := linkauth.LoadOrCreateCA(cmd.Context(), secrets, linkauth.DefaultCAValidity)
+			ca, err := bootstrap.LoadOrCreateCA(cmd.Context(), secrets, bootstrap.DefaultCAValidity)
 			if err != nil {
 				return err
 			}
@@ -138,8 +138,8 @@ type Result struct {
 // It creates the CA when no controller has yet (the same race-safe
 // LoadOrCreateCA the controller uses), so tokens can be made before the
 // controller first starts.
-func CreateToken(ctx context.Context, tokens *linkauth.Tokens, secrets linkauth.SecretClient, node string, ttl time.Duration) (Result, error) {
-	ca, err := linkauth.LoadOrCreateCA(ctx, secrets, linkauth.DefaultCAValidity)
+func CreateToken(ctx context.Context, tokens *bootstrap.Tokens, secrets bootstrap.SecretClient, node string, ttl time.Duration) (Result, error) {
+	ca, err := bootstrap.LoadOrCreateCA(ctx, secrets, bootstrap.DefaultCAValidity)
 	if err != nil {
 		return Result{}, err
 	}
@@ -187,7 +187,7 @@ type tokenRow struct {
 	Used    *time.Time `json:"used,omitempty"`
 }
 
-func listTokens(ctx context.Context, tokens *linkauth.Tokens, w io.Writer, output string) error {
+func listTokens(ctx context.Context, tokens *bootstrap.Tokens, w io.Writer, output string) error {
 	infos, err := tokens.List(ctx)
 	if err != nil {
 		return err

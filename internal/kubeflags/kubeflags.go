@@ -14,11 +14,8 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/signal"
-	"runtime/debug"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -27,6 +24,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
+	"github.com/dowse-dev/dowse/internal/command"
 	"github.com/dowse-dev/dowse/internal/version"
 )
 
@@ -217,9 +215,7 @@ func (l *listValue) Set(s string) error {
 // ends at SIGINT or SIGTERM and a zap logger (also controller-runtime's).
 // It exits 1 when run fails.
 func Main(name string, gcPercent int, addFlags func(*flag.FlagSet), run func(ctx context.Context, log logr.Logger) error) {
-	if gcPercent > 0 && os.Getenv("GOGC") == "" {
-		debug.SetGCPercent(gcPercent)
-	}
+	command.TuneGC(gcPercent)
 	fs := flag.NewFlagSet(name, flag.ExitOnError)
 	addFlags(fs)
 	zapOpts := zap.Options{}
@@ -231,7 +227,7 @@ func Main(name string, gcPercent int, addFlags func(*flag.FlagSet), run func(ctx
 	}
 	log := zap.New(zap.UseFlagOptions(&zapOpts))
 	ctrl.SetLogger(log)
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	ctx, stop := command.SignalContext()
 	defer stop()
 	if err := run(ctx, log); err != nil {
 		fmt.Fprintln(os.Stderr, name+":", err)

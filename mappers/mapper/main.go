@@ -9,18 +9,17 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/signal"
 	"runtime"
 	"runtime/debug"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/go-logr/logr"
 
+	"github.com/dowse-dev/dowse/internal/command"
+	"github.com/dowse-dev/dowse/internal/nodepaths"
 	"github.com/dowse-dev/dowse/internal/version"
-	"github.com/dowse-dev/dowse/shared/handler"
 )
 
 // DefaultMemoryLimit is the Go runtime's soft memory limit in mapper
@@ -37,7 +36,7 @@ const DefaultSinkMemoryLimit = 12 << 20
 // NameEnv names the environment variable that sets a mapper's registration
 // name when --name is not given; the controller sets it in the mapper Pods
 // it runs.
-const NameEnv = "DOWSE_MAPPER_NAME"
+const NameEnv = nodepaths.MapperNameEnv
 
 // DefaultMaxProcs is the Go runtime's GOMAXPROCS in mapper binaries
 // (--max-procs) unless GOMAXPROCS is set. A mapper waits on devices far
@@ -59,15 +58,15 @@ func Version() string { return version.Get() }
 // --memory-limit, --sink-memory-limit, --max-procs, --version), runs the mapper until SIGINT or SIGTERM and
 // exits 1 when it fails. Only main should call it.
 func Main(protocol string, newDriver NewDriver) {
-	handler.TuneGC()
-	cfg := Config{Protocol: protocol, NewDriver: newDriver, Logger: handler.NewLogger()}
+	command.TuneGC(50)
+	cfg := Config{Protocol: protocol, NewDriver: newDriver, Logger: command.NewLogger()}
 	fs := flag.NewFlagSet(os.Args[0], flag.ExitOnError)
 	name := protocol
 	if n := os.Getenv(NameEnv); n != "" {
 		name = n // set by the controller in the mapper Pods it runs
 	}
 	fs.StringVar(&cfg.Name, "name", name, "registration name (env "+NameEnv+"; Devices name it in spec.mapperName; a Configuration's mapper uses the Configuration's name)")
-	stateDir := handler.StateDirFlag(fs)
+	stateDir := command.StateDirFlag(fs, "the DMI socket and mapper sockets")
 	fs.StringVar(&cfg.DMISocket, "dmi-socket", "", "device manager's DMI socket (default <state-dir>/dmi.sock; KubeEdge edgecore: /etc/kubeedge/dmi.sock)")
 	fs.StringVar(&cfg.Socket, "socket", "", "socket this mapper serves DeviceMapperService on (default <state-dir>/mapper-<name>-<pid>.sock)")
 	metricsAddr := fs.String("metrics-address", "", "address to serve Prometheus metrics on at /metrics, e.g. :9471 (off when empty)")
@@ -76,11 +75,11 @@ func Main(protocol string, newDriver NewDriver) {
 	fs.IntVar(&cfg.UnhealthyAfter, "unhealthy-after", 3, "read rounds in a row that all fail before a device is unhealthy and reconnected")
 	fs.IntVar(&cfg.SinkBufferMessages, "sink-buffer-messages", 10000, "readings each pushMethod sink keeps while its peer is down or slow; beyond, the oldest are dropped")
 	sinkBytes := fs.String("sink-buffer-bytes", "2MiB", "bytes of readings each pushMethod sink keeps (with a KiB/MiB suffix); beyond, the oldest are dropped")
-	sinkDir := os.Getenv("DOWSE_SINK_SECRETS_DIR")
+	sinkDir := os.Getenv(nodepaths.SinkSecretsDirEnv)
 	if sinkDir == "" {
 		sinkDir = DefaultSinkSecretsDir
 	}
-	fs.StringVar(&cfg.SinkSecretsDir, "sink-secrets-dir", sinkDir, "where the Pod mounts the Secrets pushMethods name (secretRef): <dir>/<secret>/username, password, ca.crt (env DOWSE_SINK_SECRETS_DIR)")
+	fs.StringVar(&cfg.SinkSecretsDir, "sink-secrets-dir", sinkDir, "where the Pod mounts the Secrets pushMethods name (secretRef): <dir>/<secret>/username, password, ca.crt (env "+nodepaths.SinkSecretsDirEnv+")")
 	memLimit := fs.String("memory-limit", FormatBytes(DefaultMemoryLimit), memoryLimitUsage)
 	sinkMemLimit := fs.String("sink-memory-limit", FormatBytes(DefaultSinkMemoryLimit),
 		"the soft limit while any pushMethod sink runs (as --memory-limit; ignored when GOMEMLIMIT is set)")
@@ -129,7 +128,7 @@ func Main(protocol string, newDriver NewDriver) {
 
 	cfg.Metrics = NewMetrics()
 
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := command.SignalContext()
 	defer stop()
 	if *metricsAddr != "" {
 		go serveMetrics(ctx, cfg.Logger, *metricsAddr, cfg.Metrics)

@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/dowse-dev/dowse/internal/nodepaths"
 	dmiv1beta1 "github.com/dowse-dev/dowse/proto/dmi/v1beta1"
 	mapperv1 "github.com/dowse-dev/dowse/proto/mapper/v1"
 )
@@ -28,7 +29,7 @@ import (
 const (
 	// DMISocketName is the device manager's DMI socket in the state
 	// directory.
-	DMISocketName = "dmi.sock"
+	DMISocketName = nodepaths.DMISocket
 	// APIVersion is the DMI version mappers register with.
 	APIVersion = "v1beta1"
 

@@ -16,6 +16,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/dowse-dev/dowse/internal/nodepaths"
 	dmiv1beta1 "github.com/dowse-dev/dowse/proto/dmi/v1beta1"
 )
 
@@ -121,8 +122,8 @@ const (
 	EnvSinkPassword = "DOWSE_SINK_PASSWORD"
 	EnvSinkCAFile   = "DOWSE_SINK_CA_FILE"
 	// DefaultSinkSecretsDir is where the controller mounts pushMethod
-	// Secrets in the mapper Pods it runs (internal/controller/mappers.SinkSecretsDir).
-	DefaultSinkSecretsDir = "/etc/dowse/sink-secrets"
+	// Secrets in the mapper Pods it runs.
+	DefaultSinkSecretsDir = nodepaths.SinkSecretsDir
 )
 
 type credentialSource struct {

@@ -13,22 +13,24 @@ import (
 
 	"github.com/go-logr/logr"
 
+	"github.com/dowse-dev/dowse/internal/command"
+	"github.com/dowse-dev/dowse/internal/nodepaths"
 	discoveryv1 "github.com/dowse-dev/dowse/proto/discovery/v1"
 )
 
 const (
 	// DefaultStateDir is the agent's state directory on a node.
-	DefaultStateDir = "/var/lib/dowse"
+	DefaultStateDir = nodepaths.DefaultStateDir
 	// StateDirEnv names the environment variable that overrides
 	// DefaultStateDir when --state-dir is not given.
-	StateDirEnv = "DOWSE_STATE_DIR"
+	StateDirEnv = nodepaths.StateDirEnv
 	// AkriStateDirEnv is Akri's name for the folder of the registration
 	// and handler sockets, honoured after StateDirEnv so that a handler
 	// deployed with Akri's pod spec finds the agent.
-	AkriStateDirEnv = "DISCOVERY_HANDLERS_DIRECTORY"
+	AkriStateDirEnv = nodepaths.AkriStateDirEnv
 	// RegistrationSocketName is the agent's registration socket, relative to
 	// the state directory.
-	RegistrationSocketName = "registration.sock"
+	RegistrationSocketName = nodepaths.RegistrationSocket
 
 	defaultRetryInitial    = 200 * time.Millisecond
 	defaultRetryMax        = 30 * time.Second
@@ -173,16 +175,7 @@ func (cfg *Config) validateAndDefault() (string, error) {
 // does: the --state-dir flag when given, else $DOWSE_STATE_DIR, else
 // Akri's $DISCOVERY_HANDLERS_DIRECTORY, else /var/lib/dowse.
 func StateDirFromEnv(flagValue string) string {
-	if flagValue != "" {
-		return flagValue
-	}
-	if v := os.Getenv(StateDirEnv); v != "" {
-		return v
-	}
-	if v := os.Getenv(AkriStateDirEnv); v != "" {
-		return v
-	}
-	return DefaultStateDir
+	return nodepaths.StateDir(flagValue)
 }
 
 // StateDirFlag registers --state-dir on fs. Its default is
@@ -190,6 +183,5 @@ func StateDirFromEnv(flagValue string) string {
 // directory the handler would really use and the flag still wins over the
 // environment.
 func StateDirFlag(fs *flag.FlagSet) *string {
-	return fs.String("state-dir", StateDirFromEnv(""),
-		"agent state directory holding the registration socket and handler sockets (env "+StateDirEnv+")")
+	return command.StateDirFlag(fs, "the registration socket and handler sockets")
 }

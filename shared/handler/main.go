@@ -4,11 +4,10 @@ import (
 	"context"
 	"flag"
 	"os"
-	"os/signal"
-	"syscall"
 
 	"github.com/go-logr/logr"
 
+	"github.com/dowse-dev/dowse/internal/command"
 	"github.com/dowse-dev/dowse/internal/version"
 )
 
@@ -59,7 +58,7 @@ func MainFunc(defaultName string, addFlags func(*flag.FlagSet), run func(context
 	}
 	s.StateDir = *stateDir
 
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := command.SignalContext()
 	defer stop()
 	if err := run(ctx, s); err != nil {
 		s.Logger.Error(err, "discovery handler failed", "handler", s.Name)

@@ -22,18 +22,19 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/dowse-dev/dowse/internal/agent/registry"
+	"github.com/dowse-dev/dowse/internal/nodepaths"
 	discoveryv0 "github.com/dowse-dev/dowse/proto/discovery/v0"
 	discoveryv1 "github.com/dowse-dev/dowse/proto/discovery/v1"
 )
 
 // SocketName is the registration socket's file name inside the state dir.
-const SocketName = "registration.sock"
+const SocketName = nodepaths.RegistrationSocket
 
 // AkriSocketName is the name Akri's agent serves registration on, which
 // Akri's discovery handlers (discovery-utils) dial in
 // DISCOVERY_HANDLERS_DIRECTORY. The agent serves both, so that an Akri
 // handler container mounting the state directory registers unchanged.
-const AkriSocketName = "agent-registration.sock"
+const AkriSocketName = nodepaths.AkriRegistrationSocket
 
 // Server serves Registration on <state-dir>/registration.sock and
 // <state-dir>/agent-registration.sock (one gRPC server on both).

@@ -33,6 +33,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
 
+	"github.com/dowse-dev/dowse/internal/bootstrap"
 	"github.com/dowse-dev/dowse/internal/controller/link/cloudhub"
 	"github.com/dowse-dev/dowse/internal/controller/link/linkauth"
 	"github.com/dowse-dev/dowse/internal/controller/link/membership"
@@ -126,7 +127,7 @@ func Add(ctx context.Context, mgr ctrl.Manager, cfg Config, reg prometheus.Regis
 	// client of their own: the manager's would cache every Secret of the
 	// cluster.
 	secrets := cs.CoreV1().Secrets(cfg.Namespace)
-	ca, err := linkauth.LoadOrCreateCA(ctx, secrets, cfg.CAValidity)
+	ca, err := bootstrap.LoadOrCreateCA(ctx, secrets, cfg.CAValidity)
 	if err != nil {
 		return fmt.Errorf("link CA: %w", err)
 	}

@@ -1,5 +1,7 @@
-// Package mappers runs the mapper a Configuration's deviceTemplate names as
-// a broker: one Pod per node that owns Devices of the Configuration, pinned
+// Package mappers runs the mapper a Configuration's deviceTemplate names
+// (KubeEdge's mapper, serving twins over DMI): one Pod per node that owns
+// Devices of the Configuration, not per Instance as the brokerSpec's
+// workloads of internal/controller/brokers are, pinned
 // to that node, with the node's state directory mounted (where the agent's
 // dmi.sock is) and the Configuration's name as its registration name, so
 // the agent hands it exactly those Devices. A node that owns none of them
@@ -38,10 +40,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
-	"github.com/dowse-dev/dowse/internal/controller/broker"
-	"github.com/dowse-dev/dowse/mappers/mapper"
+	"github.com/dowse-dev/dowse/internal/controller/brokers"
+	"github.com/dowse-dev/dowse/internal/nodepaths"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
-	dowsehandler "github.com/dowse-dev/dowse/shared/handler"
 )
 
 // Labels and environment of mapper Pods.
@@ -51,14 +52,14 @@ const (
 	LabelMapper = v1alpha1.LabelMapper
 	// EnvMapperName is the registration name a mapper takes
 	// (MapperInfo.name); EnvStateDir the agent's state directory.
-	EnvMapperName = mapper.NameEnv
-	EnvStateDir   = dowsehandler.StateDirEnv
+	EnvMapperName = nodepaths.MapperNameEnv
+	EnvStateDir   = nodepaths.StateDirEnv
 	// DefaultStateDir is the agent's default state directory.
-	DefaultStateDir = dowsehandler.DefaultStateDir
+	DefaultStateDir = nodepaths.DefaultStateDir
 	// SinkSecretsDir is where a mapper Pod gets, read-only, each Secret
 	// its Devices' pushMethods name (secretRef), one directory per Secret:
-	// the mapper SDK's default (mappers/mapper.DefaultSinkSecretsDir).
-	SinkSecretsDir = "/etc/dowse/sink-secrets"
+	// where the mapper SDK looks by default.
+	SinkSecretsDir = nodepaths.SinkSecretsDir
 )
 
 // PodsOf lists the cached Pods (metadata only) with the Configuration label
@@ -254,7 +255,7 @@ func (r *Reconciler) ensureClaimTemplates(ctx context.Context, cfg *v1alpha1.Con
 		return nil
 	}
 	for _, inst := range insts {
-		if err := r.client.Create(ctx, broker.ClaimTemplate(inst)); err != nil && !apierrors.IsAlreadyExists(err) {
+		if err := r.client.Create(ctx, brokers.ClaimTemplate(inst)); err != nil && !apierrors.IsAlreadyExists(err) {
 			return fmt.Errorf("claim template of Instance %s: %w", inst.Name, err)
 		}
 	}
@@ -273,7 +274,7 @@ func (r *Reconciler) podWithDevices(cfg *v1alpha1.Configuration, spec *corev1.Po
 	for _, inst := range insts {
 		if cfg.Spec.Allocation == v1alpha1.AllocationDRA {
 			name := "dowse-" + v1alpha1.InstanceHash(inst.Name)
-			s.ResourceClaims = append(s.ResourceClaims, corev1.PodResourceClaim{Name: name, ResourceClaimTemplateName: ptr.To(broker.ClaimTemplateName(inst.Name))})
+			s.ResourceClaims = append(s.ResourceClaims, corev1.PodResourceClaim{Name: name, ResourceClaimTemplateName: ptr.To(brokers.ClaimTemplateName(inst.Name))})
 			c.Resources.Claims = append(c.Resources.Claims, corev1.ResourceClaim{Name: name})
 			continue
 		}

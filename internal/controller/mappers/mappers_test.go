@@ -8,7 +8,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/dowse-dev/dowse/mappers/mapper"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 )
 
@@ -54,9 +53,6 @@ func TestPod(t *testing.T) {
 // read-only where the mapper SDK looks, optional, in every container, and
 // a new Secret makes a new Pod.
 func TestPodMountsSinkSecrets(t *testing.T) {
-	if SinkSecretsDir != mapper.DefaultSinkSecretsDir {
-		t.Fatalf("SinkSecretsDir %q, the mapper SDK's %q", SinkSecretsDir, mapper.DefaultSinkSecretsDir)
-	}
 	r := NewReconciler(nil, nil, "", logrDiscard())
 	cfg := &v1alpha1.Configuration{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "plc", UID: "u"}}
 	spec := &corev1.PodSpec{Containers: []corev1.Container{{Name: "a", Image: "x:1"}, {Name: "b", Image: "y:1"}}}

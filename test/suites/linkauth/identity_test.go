@@ -25,6 +25,7 @@ import (
 
 	"github.com/dowse-dev/dowse/dowsectl"
 	"github.com/dowse-dev/dowse/internal/agent/edgecert"
+	"github.com/dowse-dev/dowse/internal/bootstrap"
 	"github.com/dowse-dev/dowse/internal/controller/link/linkauth"
 	"github.com/dowse-dev/dowse/internal/link/pki"
 	"github.com/dowse-dev/dowse/test/framework/testwait"
@@ -43,12 +44,12 @@ func TestCACreatedOnceConcurrently(t *testing.T) {
 	for i := range starters {
 		wg.Go(func() {
 			<-start
-			cas[i], errs[i] = linkauth.LoadOrCreateCA(context.Background(), secrets, time.Hour)
+			cas[i], errs[i] = bootstrap.LoadOrCreateCA(context.Background(), secrets, time.Hour)
 		})
 	}
 	close(start)
 	wg.Wait()
-	stored, err := secrets.Get(context.Background(), linkauth.CASecretName, metav1.GetOptions{})
+	stored, err := secrets.Get(context.Background(), bootstrap.CASecretName, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,7 +65,7 @@ func TestCACreatedOnceConcurrently(t *testing.T) {
 			t.Errorf("starter %d uses a CA other than the stored one", i)
 		}
 	}
-	again, err := linkauth.LoadOrCreateCA(context.Background(), secrets, time.Hour)
+	again, err := bootstrap.LoadOrCreateCA(context.Background(), secrets, time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,7 +77,7 @@ func TestCACreatedOnceConcurrently(t *testing.T) {
 // racingSecrets makes the race certain: another replica stores its CA
 // between our Get (NotFound) and our Create.
 type racingSecrets struct {
-	linkauth.SecretClient
+	bootstrap.SecretClient
 	other *pki.CA
 	once  sync.Once
 }
@@ -107,7 +108,7 @@ func TestCACreateConflictReadsTheWinner(t *testing.T) {
 		t.Fatal(err)
 	}
 	secrets := &racingSecrets{SecretClient: suite.Clientset.CoreV1().Secrets(suite.Namespace(t)), other: other}
-	ca, err := linkauth.LoadOrCreateCA(context.Background(), secrets, time.Hour)
+	ca, err := bootstrap.LoadOrCreateCA(context.Background(), secrets, time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,6 +19,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/dowse-dev/dowse/internal/agent/edgecert"
+	"github.com/dowse-dev/dowse/internal/bootstrap"
 	"github.com/dowse-dev/dowse/internal/controller/link/linkauth"
 	"github.com/dowse-dev/dowse/internal/link/pki"
 	"github.com/dowse-dev/dowse/test/framework/kube"
@@ -64,7 +65,7 @@ next:
 // cloud is a running linkauth endpoint in its own namespace.
 type cloud struct {
 	ns      string
-	secrets linkauth.SecretClient
+	secrets bootstrap.SecretClient
 	ca      *pki.CA
 	tokens  *linkauth.Tokens
 	url     string
@@ -78,7 +79,7 @@ func startCloud(t *testing.T, certValidity time.Duration, opts ...func(*linkauth
 	ctx, cancel := context.WithCancel(logr.NewContext(context.Background(), c.logs.logger(t)))
 	c.secrets = suite.Clientset.CoreV1().Secrets(c.ns)
 	var err error
-	if c.ca, err = linkauth.LoadOrCreateCA(ctx, c.secrets, 0); err != nil {
+	if c.ca, err = bootstrap.LoadOrCreateCA(ctx, c.secrets, 0); err != nil {
 		t.Fatal(err)
 	}
 	c.tokens = linkauth.NewTokens(c.secrets)

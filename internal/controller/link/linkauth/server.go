@@ -36,7 +36,7 @@ const (
 // Config wires a Server.
 type Config struct {
 	// CA signs node certificates and the endpoint's own server certificate
-	// (LoadOrCreateCA). Required.
+	// (bootstrap.LoadOrCreateCA). Required.
 	CA *pki.CA
 	// Tokens is the bootstrap token store. Required.
 	Tokens *Tokens

@@ -2,127 +2,37 @@ package linkauth
 
 import (
 	"context"
-	"crypto/sha256"
-	"crypto/subtle"
-	"encoding/hex"
-	"errors"
 	"fmt"
 	"net/http"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/validation"
 
+	"github.com/dowse-dev/dowse/internal/bootstrap"
 	"github.com/dowse-dev/dowse/internal/link/pki"
 )
 
-// A bootstrap token is kept as a Secret, like kubeadm's, with two changes:
-// its own Secret type, so that the API server's bootstrap-token
-// authenticator and kube-controller-manager's token cleaner never mistake it
-// for a cluster join token; and only a hash of the secret part, so that
-// whoever can read Secrets (a backup, a dashboard) cannot use it.
-const (
-	// TokenSecretType is the type of every bootstrap token Secret.
-	TokenSecretType corev1.SecretType = "dowse.dev/link-bootstrap-token"
-	// TokenSecretPrefix plus the token id names the Secret.
-	TokenSecretPrefix = "dowse-link-token-"
-	// LabelToken marks token Secrets, so that they are listable with
-	// kubectl get secrets -l dowse.dev/link-bootstrap-token.
-	LabelToken = "dowse.dev/link-bootstrap-token"
-	// LabelNode names the node a token is for, when the name fits a label
-	// value (the Secret's data always has it).
-	LabelNode = "dowse.dev/node"
-
-	keyID         = "token-id"
-	keySecretHash = "token-secret-sha256"
-	keyNode       = "node"
-	keyExpiration = "expiration"
-	keyUsedAt     = "used-at"
-	keyUsedByKey  = "used-by-key-sha256"
-)
-
-// TokenInfo is what the store knows of a token, without its secret.
-type TokenInfo struct {
-	ID      string
-	Node    string
-	Expires time.Time
-	// UsedAt is zero while the token is unused.
-	UsedAt time.Time
-	// Retry is set by Consume when the key that used the token asked again.
-	Retry bool
-}
-
-// Tokens stores bootstrap tokens as Secrets in one namespace.
+// Tokens is the bootstrap token store (internal/bootstrap: Create, List,
+// DeleteExpired) with Consume, the one use the endpoint makes of a token.
 type Tokens struct {
-	secrets SecretClient
+	*bootstrap.Tokens
+	secrets bootstrap.SecretClient
 	now     func() time.Time
 }
 
 // NewTokens stores tokens through secrets (a namespaced Secret client).
-func NewTokens(secrets SecretClient) *Tokens {
-	return &Tokens{secrets: secrets, now: time.Now}
+func NewTokens(secrets bootstrap.SecretClient) *Tokens {
+	t := &Tokens{secrets: secrets, now: time.Now}
+	t.Tokens = bootstrap.NewTokens(secrets, func() time.Time { return t.now() })
+	return t
 }
 
-// Create mints a token for node that expires after ttl. The returned token
-// is the only copy of its secret part: print it once, it cannot be read
-// back. Not idempotent: each call makes a new token.
-func (t *Tokens) Create(ctx context.Context, node string, ttl time.Duration) (pki.Token, TokenInfo, error) {
-	if err := pki.ValidateNodeName(node); err != nil {
-		return pki.Token{}, TokenInfo{}, err
-	}
-	if ttl <= 0 {
-		return pki.Token{}, TokenInfo{}, fmt.Errorf("token ttl must be positive, got %s", ttl)
-	}
-	// Expirations are stored to the second (RFC 3339, as kubeadm does);
-	// rounding down keeps a token from outliving its ttl.
-	expires := t.now().Add(ttl).UTC().Truncate(time.Second)
-	labels := map[string]string{LabelToken: "true"}
-	if len(validation.IsValidLabelValue(node)) == 0 {
-		labels[LabelNode] = node
-	}
-	// An id collision (one in 36^6 per pair of live tokens) shows as
-	// AlreadyExists; drawing again is cheaper than listing first.
-	for range 3 {
-		tok, err := pki.NewToken()
-		if err != nil {
-			return pki.Token{}, TokenInfo{}, err
-		}
-		_, err = t.secrets.Create(ctx, &corev1.Secret{
-			ObjectMeta: metav1.ObjectMeta{Name: TokenSecretPrefix + tok.ID, Labels: labels},
-			Type:       TokenSecretType,
-			Data: map[string][]byte{
-				keyID:         []byte(tok.ID),
-				keySecretHash: []byte(hashSecret(tok.Secret)),
-				keyNode:       []byte(node),
-				keyExpiration: []byte(expires.Format(time.RFC3339)),
-			},
-		}, metav1.CreateOptions{})
-		if apierrors.IsAlreadyExists(err) {
-			continue
-		}
-		if err != nil {
-			return pki.Token{}, TokenInfo{}, fmt.Errorf("storing bootstrap token: %w", err)
-		}
-		return tok, TokenInfo{ID: tok.ID, Node: node, Expires: expires}, nil
-	}
-	return pki.Token{}, TokenInfo{}, errors.New("could not find a free token id")
-}
-
-// List returns every token Secret's information, used or not.
-func (t *Tokens) List(ctx context.Context) ([]TokenInfo, error) {
-	list, err := t.secrets.List(ctx, metav1.ListOptions{LabelSelector: LabelToken})
-	if err != nil {
-		return nil, fmt.Errorf("listing bootstrap tokens: %w", err)
-	}
-	var out []TokenInfo
-	for i := range list.Items {
-		if info, err := tokenInfo(&list.Items[i]); err == nil {
-			out = append(out, info)
-		}
-	}
-	return out, nil
+// Consumed is a token as Consume found it.
+type Consumed struct {
+	bootstrap.TokenInfo
+	// Retry is set when the key that used the token asked again.
+	Retry bool
 }
 
 // Refused is returned for a request the cloud will not grant; retrying it
@@ -172,114 +82,51 @@ func refuse(reason string, status int, format string, args ...any) *Refused {
 // marked, until the cleaner removes it after its expiration, so that a
 // reuse is reported as such rather than as unknown. Errors other than
 // *Refused are the API server's and retryable.
-func (t *Tokens) Consume(ctx context.Context, token, csrNode string, csrKey []byte) (TokenInfo, error) {
+func (t *Tokens) Consume(ctx context.Context, token, csrNode string, csrKey []byte) (Consumed, error) {
 	tok, err := pki.ParseToken(token)
 	if err != nil {
-		return TokenInfo{}, refuse(ReasonMalformed, http.StatusBadRequest, "%v", err)
+		return Consumed{}, refuse(ReasonMalformed, http.StatusBadRequest, "%v", err)
 	}
-	s, err := t.secrets.Get(ctx, TokenSecretPrefix+tok.ID, metav1.GetOptions{})
+	s, err := t.secrets.Get(ctx, bootstrap.TokenSecretPrefix+tok.ID, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
-		return TokenInfo{}, refuse(ReasonUnknownToken, http.StatusUnauthorized, "bootstrap token %s is unknown: it was never created, or it expired and was removed", tok.ID)
+		return Consumed{}, refuse(ReasonUnknownToken, http.StatusUnauthorized, "bootstrap token %s is unknown: it was never created, or it expired and was removed", tok.ID)
 	}
 	if err != nil {
-		return TokenInfo{}, fmt.Errorf("reading bootstrap token %s: %w", tok.ID, err)
+		return Consumed{}, fmt.Errorf("reading bootstrap token %s: %w", tok.ID, err)
 	}
-	info, err := tokenInfo(s)
+	parsed, err := bootstrap.ParseTokenSecret(s)
 	if err != nil {
-		return TokenInfo{}, refuse(ReasonUnknownToken, http.StatusUnauthorized, "bootstrap token %s is unknown: %v", tok.ID, err)
+		return Consumed{}, refuse(ReasonUnknownToken, http.StatusUnauthorized, "bootstrap token %s is unknown: %v", tok.ID, err)
 	}
-	if !secretMatches(tok.Secret, s.Data[keySecretHash]) {
-		return TokenInfo{}, refuse(ReasonInvalidToken, http.StatusUnauthorized, "bootstrap token %s: the secret part is wrong", tok.ID)
+	info := Consumed{TokenInfo: parsed}
+	if !bootstrap.TokenSecretMatches(s, tok.Secret) {
+		return Consumed{}, refuse(ReasonInvalidToken, http.StatusUnauthorized, "bootstrap token %s: the secret part is wrong", tok.ID)
 	}
 	// Expiry before use: an old used token reads as expired, the more
 	// useful thing to tell an operator who kept a stale token around.
 	if now := t.now(); !now.Before(info.Expires) {
-		return TokenInfo{}, refuse(ReasonExpiredToken, http.StatusUnauthorized, "bootstrap token %s expired at %s: create a new one with dowsectl token create", tok.ID, info.Expires.Format(time.RFC3339))
+		return Consumed{}, refuse(ReasonExpiredToken, http.StatusUnauthorized, "bootstrap token %s expired at %s: create a new one with dowsectl token create", tok.ID, info.Expires.Format(time.RFC3339))
 	}
-	keyHash := sha256.Sum256(csrKey)
-	key := hex.EncodeToString(keyHash[:])
 	if !info.UsedAt.IsZero() {
-		if string(s.Data[keyUsedByKey]) == key && csrNode == info.Node {
+		if info.UsedBy(csrKey) && csrNode == info.Node {
 			info.Retry = true
 			return info, nil
 		}
-		return TokenInfo{}, refuse(ReasonReusedToken, http.StatusUnauthorized, "bootstrap token %s was already used at %s: a token bootstraps one node once", tok.ID, info.UsedAt.Format(time.RFC3339))
+		return Consumed{}, refuse(ReasonReusedToken, http.StatusUnauthorized, "bootstrap token %s was already used at %s: a token bootstraps one node once", tok.ID, info.UsedAt.Format(time.RFC3339))
 	}
 	if csrNode != info.Node {
-		return TokenInfo{}, refuse(ReasonWrongNode, http.StatusForbidden, "bootstrap token %s is for node %q, but the certificate request names node %q", tok.ID, info.Node, csrNode)
+		return Consumed{}, refuse(ReasonWrongNode, http.StatusForbidden, "bootstrap token %s is for node %q, but the certificate request names node %q", tok.ID, info.Node, csrNode)
 	}
 	used := t.now().UTC()
-	s = s.DeepCopy()
-	s.Data[keyUsedAt] = []byte(used.Format(time.RFC3339Nano))
-	s.Data[keyUsedByKey] = []byte(key)
+	s = bootstrap.MarkTokenUsed(s, used, csrKey)
 	// Update sends the resourceVersion we read: the precondition that makes
 	// two racing uses fail for all but one.
 	if _, err := t.secrets.Update(ctx, s, metav1.UpdateOptions{}); err != nil {
 		if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
-			return TokenInfo{}, refuse(ReasonReusedToken, http.StatusUnauthorized, "bootstrap token %s was used by another request at the same time", tok.ID)
+			return Consumed{}, refuse(ReasonReusedToken, http.StatusUnauthorized, "bootstrap token %s was used by another request at the same time", tok.ID)
 		}
-		return TokenInfo{}, fmt.Errorf("marking bootstrap token %s used: %w", tok.ID, err)
+		return Consumed{}, fmt.Errorf("marking bootstrap token %s used: %w", tok.ID, err)
 	}
 	info.UsedAt = used
 	return info, nil
-}
-
-// DeleteExpired removes the Secrets of tokens past their expiration (used or
-// not) and of token Secrets it cannot read. Idempotent; concurrent cleaners
-// are harmless.
-func (t *Tokens) DeleteExpired(ctx context.Context) (int, error) {
-	list, err := t.secrets.List(ctx, metav1.ListOptions{LabelSelector: LabelToken})
-	if err != nil {
-		return 0, fmt.Errorf("listing bootstrap tokens: %w", err)
-	}
-	now, n := t.now(), 0
-	for i := range list.Items {
-		s := &list.Items[i]
-		if info, err := tokenInfo(s); err == nil && now.Before(info.Expires) {
-			continue
-		}
-		err := t.secrets.Delete(ctx, s.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &s.UID}})
-		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
-			return n, fmt.Errorf("deleting expired bootstrap token %s: %w", s.Name, err)
-		}
-		if err == nil {
-			n++
-		}
-	}
-	return n, nil
-}
-
-func tokenInfo(s *corev1.Secret) (TokenInfo, error) {
-	if s.Type != TokenSecretType {
-		return TokenInfo{}, fmt.Errorf("secret %s has type %q, not %q", s.Name, s.Type, TokenSecretType)
-	}
-	info := TokenInfo{ID: string(s.Data[keyID]), Node: string(s.Data[keyNode])}
-	if TokenSecretPrefix+info.ID != s.Name {
-		return TokenInfo{}, fmt.Errorf("secret %s holds token id %q", s.Name, info.ID)
-	}
-	exp, err := time.Parse(time.RFC3339, string(s.Data[keyExpiration]))
-	if err != nil {
-		return TokenInfo{}, fmt.Errorf("secret %s: expiration: %w", s.Name, err)
-	}
-	info.Expires = exp
-	if u := s.Data[keyUsedAt]; len(u) > 0 {
-		if info.UsedAt, err = time.Parse(time.RFC3339Nano, string(u)); err != nil {
-			return TokenInfo{}, fmt.Errorf("secret %s: used-at: %w", s.Name, err)
-		}
-	}
-	return info, nil
-}
-
-// hashSecret is the stored form of a token's secret part. A fast unsalted
-// hash is enough here, unlike for passwords: the secret is ~82 random bits,
-// so there is no dictionary to try and no feasible brute force.
-func hashSecret(secret string) string {
-	sum := sha256.Sum256([]byte(secret))
-	return hex.EncodeToString(sum[:])
-}
-
-// secretMatches compares in constant time, so that response timing tells an
-// attacker nothing about how much of a guess was right.
-func secretMatches(secret string, storedHash []byte) bool {
-	return subtle.ConstantTimeCompare([]byte(hashSecret(secret)), storedHash) == 1
 }

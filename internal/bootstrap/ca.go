@@ -1,12 +1,4 @@
-// Package linkauth gives edge nodes their identity on the cloud/edge link:
-// the cluster's link CA kept in a Secret, bootstrap tokens kept as Secrets,
-// and the HTTPS endpoint where an edge trades a token (or its agent pod's
-// service account token) for a client certificate naming "node:<name>" and
-// later renews it.
-//
-// Everything it keeps is in the API server, so any number of controller
-// replicas may serve the endpoint at once, leader or not.
-package linkauth
+package bootstrap
 
 import (
 	"context"
@@ -18,7 +10,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 
 	"github.com/dowse-dev/dowse/internal/link/pki"
 )
@@ -32,6 +23,32 @@ const (
 	DefaultCAValidity = 10 * 365 * 24 * time.Hour
 	caCommonName      = "dowse-link-ca"
 )
+
+// CASecret is the Secret that keeps ca: CASecretName, of type
+// kubernetes.io/tls. ParseCASecret reads it back.
+func CASecret(ca *pki.CA) (*corev1.Secret, error) {
+	keyPEM, err := ca.KeyPEM()
+	if err != nil {
+		return nil, err
+	}
+	return &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:   CASecretName,
+			Labels: map[string]string{"app.kubernetes.io/part-of": "dowse"},
+		},
+		Type: corev1.SecretTypeTLS,
+		Data: map[string][]byte{corev1.TLSCertKey: ca.CertPEM, corev1.TLSPrivateKeyKey: keyPEM},
+	}, nil
+}
+
+// ParseCASecret is the CA a CASecret keeps; an error names the Secret.
+func ParseCASecret(s *corev1.Secret) (*pki.CA, error) {
+	ca, err := pki.LoadCA(s.Data[corev1.TLSCertKey], s.Data[corev1.TLSPrivateKeyKey])
+	if err != nil {
+		return nil, fmt.Errorf("secret %s/%s: %w", s.Namespace, s.Name, err)
+	}
+	return ca, nil
+}
 
 // LoadOrCreateCA returns the link CA kept in the CASecretName Secret,
 // creating it when it does not exist. Several callers (two controller
@@ -50,7 +67,7 @@ func LoadOrCreateCA(ctx context.Context, secrets SecretClient, validity time.Dur
 	for range 2 {
 		s, err := secrets.Get(ctx, CASecretName, metav1.GetOptions{})
 		if err == nil {
-			return caFromSecret(s)
+			return ParseCASecret(s)
 		}
 		if !apierrors.IsNotFound(err) {
 			return nil, fmt.Errorf("reading link CA secret %s: %w", CASecretName, err)
@@ -59,18 +76,11 @@ func LoadOrCreateCA(ctx context.Context, secrets SecretClient, validity time.Dur
 		if err != nil {
 			return nil, fmt.Errorf("creating link CA: %w", err)
 		}
-		keyPEM, err := ca.KeyPEM()
+		s, err = CASecret(ca)
 		if err != nil {
 			return nil, err
 		}
-		_, err = secrets.Create(ctx, &corev1.Secret{
-			ObjectMeta: metav1.ObjectMeta{
-				Name:   CASecretName,
-				Labels: map[string]string{"app.kubernetes.io/part-of": "dowse"},
-			},
-			Type: corev1.SecretTypeTLS,
-			Data: map[string][]byte{corev1.TLSCertKey: ca.CertPEM, corev1.TLSPrivateKeyKey: keyPEM},
-		}, metav1.CreateOptions{})
+		_, err = secrets.Create(ctx, s, metav1.CreateOptions{})
 		switch {
 		case err == nil:
 			log.Info("created link CA", "secret", CASecretName, "pin", pki.CAPin(ca.Cert), "notAfter", ca.Cert.NotAfter)
@@ -82,17 +92,4 @@ func LoadOrCreateCA(ctx context.Context, secrets SecretClient, validity time.Dur
 		}
 	}
 	return nil, errors.New("link CA secret was created and deleted while reading it; try again")
-}
-
-// SecretClient is client-go's Secret client for one namespace, the
-// controller's (clientset.CoreV1().Secrets(ns)). Not controller-runtime's
-// cached client: that would cache every Secret in the cluster.
-type SecretClient = typedcorev1.SecretInterface
-
-func caFromSecret(s *corev1.Secret) (*pki.CA, error) {
-	ca, err := pki.LoadCA(s.Data[corev1.TLSCertKey], s.Data[corev1.TLSPrivateKeyKey])
-	if err != nil {
-		return nil, fmt.Errorf("secret %s/%s: %w", s.Namespace, s.Name, err)
-	}
-	return ca, nil
 }

@@ -1,7 +1,10 @@
-// Package broker deploys what a Configuration asks for next to each of its
-// devices: a broker Pod per node that sees an Instance, or a Job per
-// Instance, and the Instance and Configuration Services in front of them.
-package broker
+// Package brokers deploys the workloads a Configuration's brokerSpec
+// describes, per discovered device: a broker Pod per node that sees an
+// Instance, or a Job per Instance, and the Instance and Configuration
+// Services in front of them (Akri's brokers). The Pods of a mapper, which
+// serve a Configuration's Devices per node rather than its Instances, are
+// internal/controller/mappers'.
+package brokers
 
 import (
 	"crypto/sha256"

@@ -1,4 +1,4 @@
-package broker
+package brokers
 
 import (
 	corev1 "k8s.io/api/core/v1"
