@@ -55,6 +55,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/reflection"
 
+	"github.com/dowse-dev/dowse/internal/nodepaths"
 	dmiv1beta1 "github.com/dowse-dev/dowse/proto/dmi/v1beta1"
 	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
 	mapperv1 "github.com/dowse-dev/dowse/proto/mapper/v1"
@@ -152,7 +153,7 @@ func New(cfg Config, edge Edge, metrics *Metrics) (*Server, error) {
 		return nil, errors.New("dmi: state directory and edge are required")
 	}
 	if cfg.SocketPath == "" {
-		cfg.SocketPath = filepath.Join(cfg.StateDir, "dmi.sock")
+		cfg.SocketPath = filepath.Join(cfg.StateDir, nodepaths.DMISocket)
 	}
 	if cfg.CallTimeout <= 0 {
 		cfg.CallTimeout = 5 * time.Second
