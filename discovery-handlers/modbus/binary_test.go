@@ -10,8 +10,8 @@ import (
 
 	discoveryv1 "github.com/dowse-dev/dowse/proto/discovery/v1"
 	"github.com/dowse-dev/dowse/shared/handler/handlertest"
-	"github.com/dowse-dev/dowse/test/peers/npmpeer"
 	"github.com/dowse-dev/dowse/test/framework/procs"
+	"github.com/dowse-dev/dowse/test/peers/npmpeer"
 )
 
 // TestBinaryPeakRSS runs the real dowse-modbus-discovery binary through a

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+	bolterrors "go.etcd.io/bbolt/errors"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/dowse-dev/dowse/internal/link"
@@ -65,7 +66,7 @@ func openStore(dir string, noSync bool) (*store, error) {
 				return err
 			}
 		}
-		if err := tx.DeleteBucket(bDesired); err != nil && !errors.Is(err, bolt.ErrBucketNotFound) {
+		if err := tx.DeleteBucket(bDesired); err != nil && !errors.Is(err, bolterrors.ErrBucketNotFound) {
 			return err
 		}
 		return nil

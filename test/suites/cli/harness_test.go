@@ -71,13 +71,6 @@ func startLogged(t *testing.T, dir, name string, args ...string) *procs.Proc {
 	return procs.StartLogged(t, dir, name, name, args...)
 }
 
-func tail(b []byte, n int) []byte {
-	if len(b) > n {
-		return b[len(b)-n:]
-	}
-	return b
-}
-
 // kubectlPath is the kubectl the tests run: the test cluster's build
 // (hack/build-k8s.sh), else one on PATH outside CI.
 func kubectlPath(t *testing.T) string {

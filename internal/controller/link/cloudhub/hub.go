@@ -620,7 +620,7 @@ func (h *Hub) handshake(ctx context.Context, transport string, c link.Conn) *wel
 	if !h.welcome(ctx, kv, c, s, node, hl, epoch) {
 		return nil
 	}
-	h.table.connected(s.ctx, node)
+	h.table.connected(s.ctx, node) //nolint:contextcheck // the session's context: what observers start lives as long as the session, not the handshake
 	s.prepare(kv, node, hl.StreamId, epoch)
 	welcomed = true
 	return s
@@ -731,7 +731,7 @@ func (h *Hub) claim(ctx context.Context, kv []any, c link.Conn, s *welcomedConn,
 	if h.cfg.Claim == nil {
 		return 0, true
 	}
-	epoch, err := h.cfg.Claim(s.ctx, node, hint)
+	epoch, err := h.cfg.Claim(s.ctx, node, hint) //nolint:contextcheck // the session's context: a claim ends with the session, not with the handshake's deadline
 	if err != nil {
 		h.refuse(ctx, kv, "claim-failed", c, "closing connection: could not claim the node's session", "reason", err.Error())
 		return 0, false
