@@ -30,8 +30,8 @@ render() { # out header helm-args...
 rm -rf deploy/agent deploy/controller deploy/handlers deploy/mappers
 render deploy/agent/agent.yaml "# The dowse-system namespace and the agent DaemonSet with its RBAC and admission policy. Apply deploy/crds first, then a handler from deploy/handlers." \
   --set createNamespace=true --show-only templates/namespace.yaml --show-only templates/agent.yaml --show-only templates/agent-policy.yaml
-render deploy/controller/controller.yaml "# The controller Deployment (two replicas, leader election), its PodDisruptionBudget and RBAC. Apply deploy/agent/agent.yaml (the namespace) first." \
-  --show-only templates/controller.yaml
+render deploy/controller/controller.yaml "# The controller Deployment (two replicas, leader election), its PodDisruptionBudget and RBAC, and the admission policy that keeps Configurations' Secret and ConfigMap references in their namespace. Apply deploy/agent/agent.yaml (the namespace) first." \
+  --show-only templates/controller.yaml --show-only templates/configuration-policy.yaml
 # The link's Service alone: the agents' link flags need the CA's pin, which
 # only an install knows (helm install, or deploy/agent's args by hand).
 render deploy/controller/cloudhub-service.yaml "# Where edges reach the cloud/edge link (helm install --set link.enabled=true turns it on in the controller and the agents)." \
