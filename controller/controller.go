@@ -123,14 +123,58 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 	if err != nil {
 		return err
 	}
-	req, err := labels.NewRequirement(v1alpha1.LabelConfiguration, selection.Exists, nil)
+	mgr, err := newManager(restCfg, sch, cfg, log)
 	if err != nil {
 		return err
+	}
+	reg := cfg.Registerer
+	if reg == nil {
+		reg = ctrlmetrics.Registry
+	}
+	evClient, err := eventsclient.NewForConfig(restCfg)
+	if err != nil {
+		return err
+	}
+	recorder := events.New(evClient, sch, "dowse-controller", "dowse_controller", 1000, reg)
+	if err := mgr.Add(recorder); err != nil {
+		return err
+	}
+	if err := addWorkloads(ctx, mgr, cfg, recorder, reg, log); err != nil {
+		return err
+	}
+	if err := addNodeParts(ctx, mgr, cfg, reg, log); err != nil {
+		return err
+	}
+	if cfg.DRA {
+		if err := addDRA(mgr, restCfg, reg, log.WithName("dra")); err != nil {
+			return fmt.Errorf("setting up dynamic resource allocation: %w", err)
+		}
+	}
+	if len(cfg.Link.Hosts) > 0 {
+		if cfg.Link.Replica == "" {
+			cfg.Link.Replica = replicaName(cfg.PodName)
+		}
+		if err := addLink(ctx, mgr, cfg, reg, log.WithName("link")); err != nil {
+			return fmt.Errorf("setting up the cloud/edge link: %w", err)
+		}
+	}
+	log.Info("starting controller")
+	return mgr.Start(ctx)
+}
+
+// newManager makes the controller's manager: a cache of only what the
+// controller made or reads (brokers' Pods, Jobs and Services by label,
+// slimmed Nodes and Instances, its own property grants), leader election,
+// and the health checks.
+func newManager(restCfg *rest.Config, sch *runtime.Scheme, cfg Config, log logr.Logger) (ctrl.Manager, error) {
+	req, err := labels.NewRequirement(v1alpha1.LabelConfiguration, selection.Exists, nil)
+	if err != nil {
+		return nil, err
 	}
 	ours := labels.NewSelector().Add(*req)
 	cacheScheme, err := brokers.CacheScheme(sch)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	mgr, err := ctrl.NewManager(restCfg, ctrl.Options{
 		Scheme:     sch,
@@ -173,28 +217,23 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 		LeaderElectionReleaseOnCancel: true,
 	})
 	if err != nil {
-		return fmt.Errorf("creating manager: %w", err)
+		return nil, fmt.Errorf("creating manager: %w", err)
 	}
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
-		return err
+		return nil, err
 	}
 	if err := mgr.AddReadyzCheck("cache-sync", optional.CacheSynced(mgr.GetCache())); err != nil {
-		return err
+		return nil, err
 	}
+	return mgr, nil
+}
+
+// addWorkloads adds what runs next to devices: brokers (Pods, Jobs,
+// Services) from Configurations' brokerSpec, Devices from Instances, and
+// mapper Pods from deviceTemplates.
+func addWorkloads(ctx context.Context, mgr ctrl.Manager, cfg Config, recorder *events.Recorder, reg prometheus.Registerer, log logr.Logger) error {
 	idx, err := brokers.NewIndexes(ctx, mgr.GetCache())
 	if err != nil {
-		return err
-	}
-	reg := cfg.Registerer
-	if reg == nil {
-		reg = ctrlmetrics.Registry
-	}
-	evClient, err := eventsclient.NewForConfig(restCfg)
-	if err != nil {
-		return err
-	}
-	recorder := events.New(evClient, sch, "dowse-controller", "dowse_controller", 1000, reg)
-	if err := mgr.Add(recorder); err != nil {
 		return err
 	}
 	refusals := brokers.NewRefusals()
@@ -224,6 +263,13 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 	if err := mappers.NewReconciler(mgr.GetClient(), podsOf, cfg.MapperStateDir, log.WithName("mappers")).SetupWithManager(mgr, &brokers.BrokerPod{}); err != nil {
 		return err
 	}
+	return nil
+}
+
+// addNodeParts adds what follows nodes and agents: dead-node cleanup, the
+// twin gauge, the janitor of agents' finalizers, and the agents' read of
+// the Secrets and ConfigMaps that discoveryProperties name.
+func addNodeParts(ctx context.Context, mgr ctrl.Manager, cfg Config, reg prometheus.Registerer, log logr.Logger) error {
 	if err := nodes.NewReconciler(mgr.GetClient(), mgr.GetAPIReader(), cfg.NodeGracePeriod, log.WithName("nodes")).SetupWithManager(mgr); err != nil {
 		return err
 	}
@@ -255,21 +301,7 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 			return err
 		}
 	}
-	if cfg.DRA {
-		if err := addDRA(mgr, restCfg, reg, log.WithName("dra")); err != nil {
-			return fmt.Errorf("setting up dynamic resource allocation: %w", err)
-		}
-	}
-	if len(cfg.Link.Hosts) > 0 {
-		if cfg.Link.Replica == "" {
-			cfg.Link.Replica = replicaName(cfg.PodName)
-		}
-		if err := addLink(ctx, mgr, cfg, reg, log.WithName("link")); err != nil {
-			return fmt.Errorf("setting up the cloud/edge link: %w", err)
-		}
-	}
-	log.Info("starting controller")
-	return mgr.Start(ctx)
+	return nil
 }
 
 // replicaName is the Pod's name, or outside a Pod the host's with a random
