@@ -84,10 +84,10 @@ type Server struct {
 	// the session cookie, whose value is session.
 	login, session string
 	spent          atomic.Bool
+	// cookie names the session cookie: a browser keeps cookies per host,
+	// not per port, so two consoles on one machine need names of their own.
+	cookie string
 }
-
-// sessionCookie names the cookie the login is traded for.
-const sessionCookie = "dowse_console"
 
 // New listens on cfg.Listen. Start serves.
 func New(cfg Config) (*Server, error) {
@@ -121,7 +121,8 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("console: %w", err)
 	}
-	return &Server{cfg: cfg, token: secrets[0], login: secrets[1], session: secrets[2], ln: ln, static: static}, nil
+	_, port, _ := net.SplitHostPort(ln.Addr().String())
+	return &Server{cfg: cfg, token: secrets[0], login: secrets[1], session: secrets[2], ln: ln, static: static, cookie: "dowse_console_" + port}, nil
 }
 
 // loopbackOnly refuses a listen address whose host is not a loopback IP or
@@ -197,13 +198,13 @@ func (s *Server) checkHost(next http.Handler) http.Handler {
 // the one-time login for it (once), and refuses everything else.
 func (s *Server) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if c, err := r.Cookie(sessionCookie); err == nil && subtle.ConstantTimeCompare([]byte(c.Value), []byte(s.session)) == 1 {
+		if c, err := r.Cookie(s.cookie); err == nil && subtle.ConstantTimeCompare([]byte(c.Value), []byte(s.session)) == 1 {
 			next.ServeHTTP(w, r)
 			return
 		}
 		if login := r.URL.Query().Get("login"); r.Method == http.MethodGet && r.URL.Path == "/" && login != "" &&
 			subtle.ConstantTimeCompare([]byte(login), []byte(s.login)) == 1 && s.spent.CompareAndSwap(false, true) {
-			http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: s.session, Path: "/", HttpOnly: true, SameSite: http.SameSiteStrictMode})
+			http.SetCookie(w, &http.Cookie{Name: s.cookie, Value: s.session, Path: "/", HttpOnly: true, SameSite: http.SameSiteStrictMode})
 			// Off the address bar and the history, now that it is spent.
 			http.Redirect(w, r, "/", http.StatusSeeOther)
 			return

@@ -225,8 +225,30 @@ func TestEveryPathNeedsTheLogin(t *testing.T) {
 	for _, c := range browser.Jar.Cookies(res.Request.URL) {
 		cookie = c
 	}
-	if cookie == nil || cookie.Name != sessionCookie {
-		t.Fatalf("cookies %v, want %s", browser.Jar.Cookies(res.Request.URL), sessionCookie)
+	if cookie == nil || cookie.Name != s.cookie {
+		t.Fatalf("cookies %v, want %s", browser.Jar.Cookies(res.Request.URL), s.cookie)
+	}
+	// A second console on this machine: the browser keeps cookies per host,
+	// so each console's cookie has a name of its own, and logging in to one
+	// leaves the other's session alone.
+	other := start(t, func(context.Context, client.ObjectKey, string, string) error { return nil })
+	if other.cookie == s.cookie {
+		t.Fatalf("two consoles share the cookie name %s", s.cookie)
+	}
+	res, err = browser.Get(other.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	for _, srv := range []*Server{s, other} {
+		res, err := browser.Get(srv.Address() + "assets/app.js")
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		if res.StatusCode != http.StatusOK {
+			t.Errorf("console %s after logging in to both: %s", srv.Address(), res.Status)
+		}
 	}
 	// A second browser (or a process that read the address later) gets
 	// nothing with the spent login.
