@@ -237,6 +237,13 @@ func (m *Manager) Reconcile(ctx context.Context, req reconcile.Request) (reconci
 		return reconcile.Result{}, nil
 	}
 	if here && m.cdi != nil {
+		if _, err := m.cdi.Own(inst); errors.Is(err, cdi.ErrNotDiscoveredHere) {
+			// Just started: this node's handler has not reported the
+			// device yet, and only its report says what a container here
+			// gets of the host (legacy spec included).
+			log.V(1).Info("waiting for this node's handler to report the device")
+			return reconcile.Result{RequeueAfter: time.Second}, nil
+		}
 		// The legacy spec first: the main one may still be an earlier
 		// agent's, which its containers name.
 		if len(LegacyResources(inst, m.opts.NodeName)) > 0 {
@@ -246,13 +253,7 @@ func (m *Manager) Reconcile(ctx context.Context, req reconcile.Request) (reconci
 		} else if err := m.cdi.DropLegacy(cdiOwner, req.NamespacedName); err != nil {
 			log.Error(err, "removing the legacy CDI spec")
 		}
-		if err := m.cdi.Write(inst); errors.Is(err, cdi.ErrNotDiscoveredHere) {
-			// Just started: this node's handler has not reported the
-			// device yet, and only its report says what a container here
-			// gets of the host.
-			log.V(1).Info("waiting for this node's handler to report the device")
-			return reconcile.Result{RequeueAfter: time.Second}, nil
-		} else if err != nil {
+		if err := m.cdi.Write(inst); err != nil {
 			// Bad input from the handler: no plugin rather than pods that
 			// fail to start. The Instance's next change brings us back.
 			log.Error(err, "invalid device; not offering it")

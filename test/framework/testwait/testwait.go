@@ -27,3 +27,15 @@ func For(t testing.TB, timeout time.Duration, f func() error) {
 		time.Sleep(Interval)
 	}
 }
+
+// Holds polls f for the whole of d and fails t at the first error: the
+// other side of For, for what must not happen (a grant that must not
+// appear, a file that must not change).
+func Holds(t testing.TB, d time.Duration, f func() error) {
+	t.Helper()
+	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(Interval) {
+		if err := f(); err != nil {
+			t.Fatalf("condition broken within %s: %v", d, err)
+		}
+	}
+}

@@ -89,15 +89,16 @@ func TestSharedInstancePathsComeFromEachNode(t *testing.T) {
 	}
 	// Node B sees the change (its device plugin reconciles it) and keeps
 	// its own paths.
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+	testwait.Holds(t, 5*time.Second, func() error {
 		got, err := mountsOnB()
 		if err != nil {
-			t.Fatal(err)
+			return err
 		}
 		if len(got) != 1 || got[0] != "/var/lib/cam:/data" {
-			t.Fatalf("node B's CDI spec follows node A's rewrite: %v", got)
+			return fmt.Errorf("node B's CDI spec follows node A's rewrite: %v", got)
 		}
-	}
+		return nil
+	})
 }
 
 func metavOf(key types.NamespacedName) metav1.ObjectMeta {

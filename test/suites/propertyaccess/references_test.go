@@ -39,11 +39,12 @@ func TestReferencesStayInTheirNamespace(t *testing.T) {
 		// The grant of its own namespace's object comes; none appears in
 		// the other namespace meanwhile or after.
 		expectRules(t, ns, []string{"own"}, nil)
-		for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		testwait.Holds(t, 3*time.Second, func() error {
 			if r := role(t, other); r != nil {
-				t.Fatalf("the controller granted the agents %v in %s for a Configuration of %s", r.Rules, other, ns)
+				return fmt.Errorf("the controller granted the agents %v in %s for a Configuration of %s", r.Rules, other, ns)
 			}
-		}
+			return nil
+		})
 	})
 
 	t.Run("the policy refuses the reference at admission", func(t *testing.T) {
