@@ -22,7 +22,7 @@ func gateTLS(t *testing.T) (server, client *tls.Config) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	node, err := ca.IssueNode("edge", time.Hour)
+	node, err := ca.IssueNode("edge", "", time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -28,7 +28,7 @@ func newCA(t *testing.T) *pki.CA {
 // would have.
 func writeCreds(t *testing.T, dir string, ca *pki.CA, node string, validity time.Duration) *tls.Certificate {
 	t.Helper()
-	c, err := ca.IssueNode(node, validity)
+	c, err := ca.IssueNode(node, "", validity)
 	if err != nil {
 		t.Fatal(err)
 	}

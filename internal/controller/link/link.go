@@ -27,7 +27,6 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -140,14 +139,9 @@ func Add(ctx context.Context, mgr ctrl.Manager, cfg Config, reg prometheus.Regis
 		// Agents of a DaemonSet join with their pod's service account token.
 		TokenReviews:         cs.AuthenticationV1().TokenReviews(),
 		AgentServiceAccounts: cfg.AgentServiceAccounts,
-		// A node removed from the cluster cannot keep renewing.
-		NodeAllowed: func(ctx context.Context, node string) (bool, error) {
-			err := live.Get(ctx, client.ObjectKey{Name: node}, &corev1.Node{})
-			if apierrors.IsNotFound(err) {
-				return false, nil
-			}
-			return err == nil, err
-		},
+		// Certificates are bound to their Node's UID; a node removed from
+		// the cluster cannot keep renewing.
+		NodeUID: membership.NodeUID(live),
 	})
 	if err != nil {
 		return err
@@ -219,7 +213,7 @@ func Add(ctx context.Context, mgr ctrl.Manager, cfg Config, reg prometheus.Regis
 	hubCfg.Redirect = presence.RoomElsewhere
 	// Only nodes of the cluster: a deleted Node's certificate, still
 	// valid, no longer gets in.
-	hubCfg.NodeAllowed = departures.Allowed
+	hubCfg.NodeUID = membership.NodeUID(cache)
 	hub, err := cloudhub.New(hubCfg, membership.Authorizer{Reader: cache}, status.Handle, reg)
 	if err != nil {
 		return err

@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"math/big"
 	"net"
+	"net/url"
 	"strings"
 	"time"
 
@@ -24,6 +25,12 @@ import (
 
 // NodeCNPrefix starts the common name of every node's client certificate.
 const NodeCNPrefix = "node:"
+
+// NodeUIDURIPrefix starts the URI SAN that binds a node's client
+// certificate to one Node object: a Node deleted and created again under
+// the same name has a new UID, so a key stolen from the old one no longer
+// connects or renews.
+const NodeUIDURIPrefix = "urn:dowse:node-uid:"
 
 // clockSkew backdates NotBefore so that a peer whose clock runs slightly
 // behind still accepts a certificate issued a moment ago.
@@ -100,10 +107,11 @@ func (ca *CA) Pool() *x509.CertPool {
 	return p
 }
 
-// IssueNode creates a key and a client certificate for node. The cloud side
+// IssueNode creates a key and a client certificate for node, bound to the
+// Node of UID uid when it is not empty (as SignNodeCSR). The cloud side
 // uses it for tests and for nodes it provisions itself; edges normally send a
 // CSR (SignNodeCSR) so their key never travels.
-func (ca *CA) IssueNode(node string, validity time.Duration) (tls.Certificate, error) {
+func (ca *CA) IssueNode(node, uid string, validity time.Duration) (tls.Certificate, error) {
 	if err := ValidateNodeName(node); err != nil {
 		return tls.Certificate{}, err
 	}
@@ -111,7 +119,7 @@ func (ca *CA) IssueNode(node string, validity time.Duration) (tls.Certificate, e
 	if err != nil {
 		return tls.Certificate{}, err
 	}
-	der, err := ca.sign(clientTemplate(node, validity), key.Public())
+	der, err := ca.sign(clientTemplate(node, uid, validity), key.Public())
 	if err != nil {
 		return tls.Certificate{}, err
 	}
@@ -151,11 +159,13 @@ func (ca *CA) IssueServer(hosts []string, validity time.Duration) (tls.Certifica
 	return pairOf(der, key)
 }
 
-// SignNodeCSR issues a client certificate for node from a DER CSR. The CSR
-// must be self-signed and name exactly "node:<node>"; anything else it asks
-// for (SANs, extensions, usages) is ignored: the certificate is built from
-// our template, so a CSR cannot widen what the node may do.
-func (ca *CA) SignNodeCSR(csrDER []byte, node string, validity time.Duration) ([]byte, error) {
+// SignNodeCSR issues a client certificate for node from a DER CSR, bound to
+// the Node object whose UID is uid (unbound when uid is empty: the Node is
+// not known yet). The CSR must be self-signed and name exactly
+// "node:<node>"; anything else it asks for (SANs, extensions, usages) is
+// ignored: the certificate is built from our template, so a CSR cannot
+// widen what the node may do.
+func (ca *CA) SignNodeCSR(csrDER []byte, node, uid string, validity time.Duration) ([]byte, error) {
 	if err := ValidateNodeName(node); err != nil {
 		return nil, err
 	}
@@ -177,7 +187,7 @@ func (ca *CA) SignNodeCSR(csrDER []byte, node string, validity time.Duration) ([
 	default:
 		return nil, fmt.Errorf("certificate request key: %T not accepted, use ECDSA P-256", csr.PublicKey)
 	}
-	der, err := ca.sign(clientTemplate(node, validity), csr.PublicKey)
+	der, err := ca.sign(clientTemplate(node, uid, validity), csr.PublicKey)
 	if err != nil {
 		return nil, err
 	}
@@ -230,6 +240,21 @@ func NodeFromCert(c *x509.Certificate) (string, error) {
 	return node, nil
 }
 
+// NodeUIDFromCert returns the Node UID a client certificate is bound to, or
+// "" for a certificate issued before its Node was known (or before
+// certificates were bound).
+func NodeUIDFromCert(c *x509.Certificate) string {
+	if c == nil {
+		return ""
+	}
+	for _, u := range c.URIs {
+		if uid, ok := strings.CutPrefix(u.String(), NodeUIDURIPrefix); ok {
+			return uid
+		}
+	}
+	return ""
+}
+
 // ValidateNodeName accepts what Kubernetes accepts as a Node name.
 func ValidateNodeName(node string) error {
 	if errs := validation.IsDNS1123Subdomain(node); len(errs) > 0 {
@@ -269,9 +294,9 @@ func ClientTLSConfig(getCert func(*tls.CertificateRequestInfo) (*tls.Certificate
 	}
 }
 
-func clientTemplate(node string, validity time.Duration) *x509.Certificate {
+func clientTemplate(node, uid string, validity time.Duration) *x509.Certificate {
 	now := time.Now()
-	return &x509.Certificate{
+	tmpl := &x509.Certificate{
 		SerialNumber: serial(),
 		Subject:      pkix.Name{CommonName: NodeCNPrefix + node},
 		NotBefore:    now.Add(-clockSkew),
@@ -279,6 +304,10 @@ func clientTemplate(node string, validity time.Duration) *x509.Certificate {
 		KeyUsage:     x509.KeyUsageDigitalSignature,
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
 	}
+	if uid != "" {
+		tmpl.URIs = []*url.URL{{Scheme: "urn", Opaque: strings.TrimPrefix(NodeUIDURIPrefix, "urn:") + uid}}
+	}
+	return tmpl
 }
 
 func (ca *CA) sign(tmpl *x509.Certificate, pub crypto.PublicKey) ([]byte, error) {

@@ -32,7 +32,7 @@ func TestCARoundTrip(t *testing.T) {
 	if !loaded.Cert.Equal(ca.Cert) {
 		t.Fatal("loaded CA differs")
 	}
-	leaf, err := loaded.IssueNode("edge-1", time.Minute)
+	leaf, err := loaded.IssueNode("edge-1", "", time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,7 +52,7 @@ func TestSignNodeCSR(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	certPEM, err := ca.SignNodeCSR(csr, "edge-1", time.Minute)
+	certPEM, err := ca.SignNodeCSR(csr, "edge-1", "", time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,6 +66,21 @@ func TestSignNodeCSR(t *testing.T) {
 	}
 	if cert.NotAfter.After(time.Now().Add(time.Minute + time.Second)) {
 		t.Fatalf("validity not honoured: NotAfter %v", cert.NotAfter)
+	}
+	if uid := NodeUIDFromCert(cert); uid != "" {
+		t.Fatalf("a certificate signed without a UID is bound to %q", uid)
+	}
+	boundPEM, err := ca.SignNodeCSR(csr, "edge-1", "9f1c2a7e-0b1d-4c55-8d2e-1a2b3c4d5e6f", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	block, _ = pem.Decode(boundPEM)
+	bound, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if uid := NodeUIDFromCert(bound); uid != "9f1c2a7e-0b1d-4c55-8d2e-1a2b3c4d5e6f" {
+		t.Fatalf("NodeUIDFromCert = %q, want the UID it was signed with", uid)
 	}
 
 	rsaKey, _ := rsa.GenerateKey(rand.Reader, 2048)
@@ -83,7 +98,7 @@ func TestSignNodeCSR(t *testing.T) {
 		"rsa key":       {rsaCSR, "edge-1", "not accepted"},
 		"bad node name": {csr, "Edge_1", "node name"},
 	} {
-		if _, err := ca.SignNodeCSR(tc.csr, tc.node, time.Minute); err == nil || !strings.Contains(err.Error(), tc.want) {
+		if _, err := ca.SignNodeCSR(tc.csr, tc.node, "", time.Minute); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: err = %v, want it to mention %q", name, err, tc.want)
 		}
 	}
@@ -96,7 +111,7 @@ func TestNodeFromCertRefusesServerAndForeignNames(t *testing.T) {
 		t.Fatal("a server certificate was taken for a node")
 	}
 	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	tmpl := clientTemplate("x", time.Hour)
+	tmpl := clientTemplate("x", "", time.Hour)
 	tmpl.Subject.CommonName = "admin"
 	der, _ := ca.sign(tmpl, key.Public())
 	c, _ := x509.ParseCertificate(der)
@@ -149,7 +164,7 @@ func TestMutualTLS(t *testing.T) {
 		_, err = io.ReadAll(c)
 		return err
 	}
-	good, _ := ca.IssueNode("edge-1", time.Hour)
+	good, _ := ca.IssueNode("edge-1", "", time.Hour)
 	if err := dial(good); err != nil {
 		t.Fatal(err)
 	}
@@ -157,7 +172,7 @@ func TestMutualTLS(t *testing.T) {
 		t.Fatalf("server saw %q", got)
 	}
 	other, _ := NewCA("other", time.Hour)
-	foreign, _ := other.IssueNode("edge-1", time.Hour)
+	foreign, _ := other.IssueNode("edge-1", "", time.Hour)
 	_ = dial(foreign) // TLS 1.3 reports the client's rejection on first read, if at all
 	if got := <-nodes; got != "refused" {
 		t.Fatalf("server accepted a certificate from another CA: %q", got)

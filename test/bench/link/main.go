@@ -496,7 +496,7 @@ func (b *bench) issue(n int) error {
 	for i := range n {
 		g.Go(func() error {
 			name := fmt.Sprintf("node-%d", i)
-			c, err := b.ca.IssueNode(name, time.Hour)
+			c, err := b.ca.IssueNode(name, "", time.Hour)
 			if err != nil {
 				return err
 			}
@@ -515,7 +515,7 @@ func (b *bench) clientTLS(node string) *tls.Config {
 	c, ok := b.certs[node]
 	b.mu.Unlock()
 	if !ok {
-		c, _ = b.ca.IssueNode(node, time.Hour)
+		c, _ = b.ca.IssueNode(node, "", time.Hour)
 	}
 	return pki.ClientTLSConfig(pki.Static[*tls.CertificateRequestInfo](c), b.ca.Pool(), "127.0.0.1")
 }

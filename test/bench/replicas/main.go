@@ -464,7 +464,7 @@ func (b *bench) startEdges(ctx context.Context, ca *pki.CA, n int) error {
 	for i := range n {
 		g.Go(func() error {
 			node := fmt.Sprintf("node-%d", i)
-			cert, err := ca.IssueNode(node, 24*time.Hour)
+			cert, err := ca.IssueNode(node, "", 24*time.Hour)
 			if err != nil {
 				return err
 			}

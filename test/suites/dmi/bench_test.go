@@ -30,7 +30,7 @@ func newPKI(t testing.TB) (server, client *tls.Config) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cert, err := ca.IssueNode(node, time.Hour)
+	cert, err := ca.IssueNode(node, "", time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -270,7 +270,7 @@ func TestKubeEdgeMapperFramework(t *testing.T) {
 		t.Fatal(err)
 	}
 	serverTLS := pki.ServerTLSConfig(pki.Static[*tls.ClientHelloInfo](srvCert), ca.Pool())
-	nodeCert, err := ca.IssueNode(node, time.Hour)
+	nodeCert, err := ca.IssueNode(node, "", time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}

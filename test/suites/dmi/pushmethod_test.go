@@ -78,7 +78,7 @@ func TestKubeEdgeMapperPushesToMQTT(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	nodeCert, err := ca.IssueNode(node, time.Hour)
+	nodeCert, err := ca.IssueNode(node, "", time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -364,7 +364,7 @@ func TestTwinsSurviveOfflineAndFaults(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		expired, err := ca.IssueNode("edge-1", -time.Hour)
+		expired, err := ca.IssueNode("edge-1", "", -time.Hour)
 		if err != nil {
 			t.Fatal(err)
 		}

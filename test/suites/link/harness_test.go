@@ -68,7 +68,7 @@ func newCluster(t testing.TB) *cluster {
 
 func (c *cluster) clientTLS(t testing.TB, ca *pki.CA, node string) *tls.Config {
 	t.Helper()
-	cert, err := ca.IssueNode(node, time.Hour)
+	cert, err := ca.IssueNode(node, "", time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}

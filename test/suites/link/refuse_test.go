@@ -1,6 +1,7 @@
 package link_test
 
 import (
+	"crypto/tls"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -25,7 +26,9 @@ func TestRefusals(t *testing.T) {
 	logs := &logBuf{}
 	cloudGot, edgeGot := newRecorder(), newRecorder()
 	hub := startHub(t, c, "127.0.0.1:0", "127.0.0.1:0", cloudGot, logs, func(cfg *cloudhub.Config) {
-		cfg.NodeAllowed = func(_ context.Context, node string) (bool, error) { return node != "departed", nil }
+		cfg.NodeUID = func(_ context.Context, node string) (string, bool, error) {
+			return "uid-of-" + node, node != "departed", nil
+		}
 	})
 	ws, q := hub.hub.Addrs()
 	good, _ := link.NewDialer(link.WebSocket, ws.String(), c.clientTLS(t, c.ca, "good"))
@@ -112,6 +115,42 @@ func TestRefusals(t *testing.T) {
 			t.Fatalf("hub delivered %v from a departed node", got)
 		}
 		healthyStep("departed node")
+	})
+
+	t.Run("certificate of an earlier Node of the same name", func(t *testing.T) {
+		cert, err := c.ca.IssueNode("reborn", "uid-of-an-earlier-reborn", time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, _ := link.NewDialer(link.WebSocket, ws.String(), pki.ClientTLSConfig(pki.Static[*tls.CertificateRequestInfo](cert), c.ca.Pool(), "127.0.0.1"))
+		stolen := startEdge(t, "reborn", d, t.TempDir(), newRecorder(), logs, nil)
+		if _, err := stolen.edge.Report(dev("reborn-cam"), "temperature", intValue(1), time.Now()); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, 15*time.Second, "refusal logged", func() error {
+			if !logs.has("refusing a certificate issued to an earlier Node of this name") || !logs.has(`"certificateUID"="uid-of-an-earlier-reborn"`) {
+				return fmt.Errorf("no refusal in logs")
+			}
+			return nil
+		})
+		stolen.stop()
+		if got := cloudGot.get("reborn"); len(got) != 0 {
+			t.Fatalf("hub delivered %v over a certificate of an earlier Node", got)
+		}
+		// The same node with a certificate bound to its Node as it is now
+		// gets through.
+		cert, err = c.ca.IssueNode("reborn", "uid-of-reborn", time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, _ = link.NewDialer(link.WebSocket, ws.String(), pki.ClientTLSConfig(pki.Static[*tls.CertificateRequestInfo](cert), c.ca.Pool(), "127.0.0.1"))
+		current := startEdge(t, "reborn", d, t.TempDir(), cloudGot, logs, nil)
+		if _, err := current.edge.Report(dev("reborn-cam"), "temperature", intValue(0), time.Now()); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, 15*time.Second, "the current Node's report", func() error { return exactly(cloudGot.get("reborn"), 1) })
+		current.stop()
+		healthyStep("earlier Node's certificate")
 	})
 
 	t.Run("message about another node's device", func(t *testing.T) {

@@ -461,7 +461,7 @@ func TestRenewRefusals(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	foreign, err := other.IssueNode("edge-f", time.Hour)
+	foreign, err := other.IssueNode("edge-f", "", time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -476,7 +476,7 @@ func TestRenewRefusals(t *testing.T) {
 		t.Fatalf("renew without a certificate: %d %q", status, msg)
 	}
 
-	own, err := c.ca.IssueNode("edge-f", time.Hour)
+	own, err := c.ca.IssueNode("edge-f", "", time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -490,19 +490,21 @@ func TestRenewRefusals(t *testing.T) {
 	}
 }
 
-// With NodeAllowed set, a node it rejects cannot renew; the check's
-// errors are retryable.
+// With NodeUID set, a node not in the cluster cannot renew, nor can a
+// certificate bound to an earlier Node of the same name (deleted and made
+// again: a key stolen from the old one is useless); the check's errors are
+// retryable.
 func TestRenewOfRemovedNodeRefused(t *testing.T) {
 	var mu sync.Mutex
-	allowed, failing := true, false
+	allowed, failing, uid := true, false, "uid-1"
 	c := startCloud(t, time.Hour, func(cfg *linkauth.Config) {
-		cfg.NodeAllowed = func(_ context.Context, node string) (bool, error) {
+		cfg.NodeUID = func(_ context.Context, node string) (string, bool, error) {
 			mu.Lock()
 			defer mu.Unlock()
 			if failing {
-				return false, errors.New("API server unavailable")
+				return "", false, errors.New("API server unavailable")
 			}
-			return allowed && node == "edge-n", nil
+			return uid, allowed && node == "edge-n", nil
 		}
 	})
 	m, err := edgecert.New(c.edgeConfig(t, "edge-n", c.token(t, "edge-n", time.Hour)))
@@ -515,7 +517,17 @@ func TestRenewOfRemovedNodeRefused(t *testing.T) {
 	if err := m.Renew(context.Background()); err != nil {
 		t.Fatalf("renew while allowed: %v", err)
 	}
+	if cert, _ := m.GetClientCertificate(nil); pki.NodeUIDFromCert(cert.Leaf) != "uid-1" {
+		t.Fatalf("certificate bound to %q, want the Node's UID uid-1", pki.NodeUIDFromCert(cert.Leaf))
+	}
+	// The Node deleted and made again under its name: the certificate
+	// bound to the earlier one renews no more.
 	mu.Lock()
+	uid = "uid-2"
+	mu.Unlock()
+	expectRefused(t, m.Renew(context.Background()), http.StatusForbidden, "earlier Node")
+	mu.Lock()
+	uid = "uid-1"
 	failing = true
 	mu.Unlock()
 	err = m.Renew(context.Background())

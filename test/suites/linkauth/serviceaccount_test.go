@@ -176,7 +176,7 @@ func TestServiceAccountEdgeBootstrapsAgainAfterExpiry(t *testing.T) {
 	c := startCloud(t, 3*time.Second, func(cfg *linkauth.Config) {
 		cfg.TokenReviews = suite.Clientset.AuthenticationV1().TokenReviews()
 		cfg.AgentServiceAccounts = []string{ns + "/dowse-agent"}
-		cfg.NodeAllowed = func(context.Context, string) (bool, error) { return false, nil } // every renewal refused
+		cfg.NodeUID = func(context.Context, string) (string, bool, error) { return "", false, nil } // every renewal refused
 	})
 	cfg := c.edgeConfig(t, "sa-edge-expiry", "")
 	cfg.ServiceAccountTokenFile = saToken(t, ns, "dowse-agent", agentPod(t, ns, "dowse-agent", "sa-edge-expiry"), pki.ServiceAccountAudience)

@@ -61,12 +61,14 @@ type Config struct {
 	// nil: the hub makes its own from this Config. Its observers are told
 	// when a node is welcomed.
 	Sessions *Sessions
-	// NodeAllowed, when set, is asked after each Hello whether the node may
-	// connect; false refuses it (Error PERMISSION_DENIED), an error closes
-	// the connection for the edge to retry. A certificate outlives the Node
-	// it names (nothing revokes it), so the controller passes "the Node
-	// object exists": a node removed from the cluster is out at once.
-	NodeAllowed func(ctx context.Context, node string) (bool, error)
+	// NodeUID, when set, is asked after each Hello for the UID of the Node
+	// the certificate names; a node not in the cluster (inCluster false) is
+	// refused (Error PERMISSION_DENIED), and so is a certificate bound to
+	// another UID (the Node was deleted and made again under its name); an
+	// error closes the connection for the edge to retry. A certificate
+	// outlives the Node it names (nothing revokes it): this check puts a
+	// node removed from the cluster out at once.
+	NodeUID func(ctx context.Context, node string) (uid string, inCluster bool, err error)
 	// Positions, when set, tells the hub how far the application got in a
 	// node's stream the first time the node connects to this hub process;
 	// see Positions.
@@ -600,7 +602,7 @@ func (h *Hub) handshake(ctx context.Context, transport string, c link.Conn) *wel
 	kv = append(kv, "node", node)
 	f := link.NewFramed(c, h.cfg.MaxFrame)
 	hl := h.readHello(ctx, kv, c, f, node)
-	if hl == nil || !h.servesHere(ctx, kv, c, f, node) {
+	if hl == nil || !h.servesHere(ctx, kv, c, f, node, pki.NodeUIDFromCert(c.PeerCertificates()[0])) {
 		return nil
 	}
 	s := h.takeSession(ctx, node, f)
@@ -670,12 +672,13 @@ func (h *Hub) readHello(ctx context.Context, kv []any, c link.Conn, f *link.Fram
 }
 
 // servesHere says whether this hub serves node now: the node is in the
-// cluster (Config.NodeAllowed), and the hub neither redirects it
-// (Config.Redirect) nor drains. A node turned away is told to reconnect
-// elsewhere before it claims anything here.
-func (h *Hub) servesHere(ctx context.Context, kv []any, c link.Conn, f *link.Framed, node string) bool {
-	if h.cfg.NodeAllowed != nil {
-		ok, err := h.cfg.NodeAllowed(ctx, node)
+// cluster and its certificate is bound to no other Node of its name
+// (Config.NodeUID; certUID "" is a certificate issued unbound), and the hub
+// neither redirects it (Config.Redirect) nor drains. A node turned away is
+// told to reconnect elsewhere before it claims anything here.
+func (h *Hub) servesHere(ctx context.Context, kv []any, c link.Conn, f *link.Framed, node, certUID string) bool {
+	if h.cfg.NodeUID != nil {
+		uid, ok, err := h.cfg.NodeUID(ctx, node)
 		switch {
 		case err != nil:
 			h.refuse(ctx, kv, "node-check-failed", c, "closing connection: could not check that the node is in the cluster", "reason", err.Error())
@@ -683,6 +686,10 @@ func (h *Hub) servesHere(ctx context.Context, kv []any, c link.Conn, f *link.Fra
 		case !ok:
 			h.refuse(ctx, kv, "node-not-allowed", c, "refusing node that is not in the cluster")
 			f.WriteError(linkv1.Error_PERMISSION_DENIED, fmt.Sprintf("node %q is not in the cluster", node))
+			return false
+		case certUID != "" && certUID != uid:
+			h.refuse(ctx, kv, "node-replaced", c, "refusing a certificate issued to an earlier Node of this name", "certificateUID", certUID, "nodeUID", uid)
+			f.WriteError(linkv1.Error_PERMISSION_DENIED, fmt.Sprintf("this certificate was issued to an earlier Node named %q (UID %s), deleted since; bootstrap the node again", node, certUID))
 			return false
 		}
 	}

@@ -42,15 +42,19 @@ type Config struct {
 	Tokens *Tokens
 	// CertValidity is the lifetime of node client certificates; edges renew
 	// at about two thirds of it. Short, because certificates are never
-	// revoked: a node refused renewal (NodeAllowed) or stolen key loses the
+	// revoked: a node refused renewal (NodeUID) or stolen key loses the
 	// link when its certificate expires.
 	CertValidity time.Duration
-	// NodeAllowed, when set, is asked before each renewal; false refuses it
-	// (reason node_not_allowed), an error is retryable. The controller can
-	// pass a check that the Node object still exists, so that a node
-	// removed from the cluster cannot keep renewing. Bootstrap does not ask:
-	// a token is the operator's word that the node may join.
-	NodeAllowed func(ctx context.Context, node string) (bool, error)
+	// NodeUID, when set, tells the UID of the Node object of a name, and
+	// whether it is in the cluster. Certificates are bound to that UID when
+	// issued, so that a key stolen from a Node deleted and made again under
+	// its name neither renews nor connects. A renewal for a node not in the
+	// cluster, or with a certificate bound to another UID, is refused
+	// (reason node_not_allowed); an error is retryable. Bootstrap does not
+	// refuse a node that is not in the cluster yet (a token is the
+	// operator's word that it may join): its certificate is issued unbound
+	// and bound at its first renewal.
+	NodeUID func(ctx context.Context, node string) (uid string, inCluster bool, err error)
 	// Hosts are the DNS names and IP addresses edges dial to reach this
 	// endpoint; they go into its server certificate. Required.
 	Hosts []string
@@ -329,10 +333,15 @@ func (s *Server) bootstrap(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	log = log.WithValues("node", node)
+	uid, err := s.bootstrapUID(r.Context(), node)
+	if err != nil {
+		s.refused(w, log, requestBootstrap, err)
+		return
+	}
 	// Sign before consuming the token: signing checks the rest of the CSR
 	// (signature, key type), and a CSR the CA refuses must not burn the
 	// token. A certificate signed for a refused token is just dropped.
-	certPEM, err := s.cfg.CA.SignNodeCSR(req.CSR, node, s.cfg.CertValidity)
+	certPEM, err := s.cfg.CA.SignNodeCSR(req.CSR, node, uid, s.cfg.CertValidity)
 	if err != nil {
 		s.refused(w, log, requestBootstrap, refuse(ReasonMalformed, http.StatusBadRequest, "%v", err))
 		return
@@ -387,17 +396,25 @@ func (s *Server) renew(w http.ResponseWriter, r *http.Request) {
 		s.refused(w, log, requestRenew, refuse(ReasonWrongNode, http.StatusForbidden, "the client certificate is for node %q, but the certificate request names node %q", node, asked))
 		return
 	}
-	if s.cfg.NodeAllowed != nil {
-		ok, err := s.cfg.NodeAllowed(r.Context(), node)
-		if err == nil && !ok {
+	var uid string
+	if s.cfg.NodeUID != nil {
+		var ok bool
+		uid, ok, err = s.cfg.NodeUID(r.Context(), node)
+		certUID := pki.NodeUIDFromCert(r.TLS.PeerCertificates[0])
+		switch {
+		case err != nil:
+			err = fmt.Errorf("looking up node %q: %w", node, err)
+		case !ok:
 			err = refuse(ReasonNodeNotAllowed, http.StatusForbidden, "node %q may no longer renew its link certificate: it was removed from the cluster; bootstrap it again with a new token", node)
+		case certUID != "" && certUID != uid:
+			err = refuse(ReasonNodeNotAllowed, http.StatusForbidden, "this certificate was issued to an earlier Node named %q (UID %s), deleted since; bootstrap the node again with a new token", node, certUID)
 		}
 		if err != nil {
 			s.refused(w, log, requestRenew, err)
 			return
 		}
 	}
-	certPEM, err := s.cfg.CA.SignNodeCSR(req.CSR, node, s.cfg.CertValidity)
+	certPEM, err := s.cfg.CA.SignNodeCSR(req.CSR, node, uid, s.cfg.CertValidity)
 	if err != nil {
 		s.refused(w, log, requestRenew, refuse(ReasonMalformed, http.StatusBadRequest, "%v", err))
 		return
@@ -405,6 +422,22 @@ func (s *Server) renew(w http.ResponseWriter, r *http.Request) {
 	log.V(1).Info("renewed node certificate", "validity", s.cfg.CertValidity)
 	s.cfg.Metrics.issued.WithLabelValues(requestRenew).Inc()
 	writeJSON(w, http.StatusOK, pki.CertificateResponse{CertificatePEM: certPEM, CAPEM: s.cfg.CA.CertPEM})
+}
+
+// bootstrapUID is the UID a bootstrapped node's certificate is bound to:
+// its Node's, or none while the Node is not in the cluster.
+func (s *Server) bootstrapUID(ctx context.Context, node string) (string, error) {
+	if s.cfg.NodeUID == nil {
+		return "", nil
+	}
+	uid, ok, err := s.cfg.NodeUID(ctx, node)
+	if err != nil {
+		return "", fmt.Errorf("looking up node %q: %w", node, err)
+	}
+	if !ok {
+		return "", nil
+	}
+	return uid, nil
 }
 
 // clientNode verifies the connection's client certificate against the CA,

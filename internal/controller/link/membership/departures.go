@@ -54,7 +54,7 @@ func (d *Departures) SetupWithManager(mgr ctrl.Manager) error {
 
 // Reconcile forgets the node if its Node object is gone.
 func (d *Departures) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
-	ok, err := d.Allowed(ctx, req.Name)
+	_, ok, err := NodeUID(d.reader)(ctx, req.Name)
 	if err != nil || ok {
 		return reconcile.Result{}, err
 	}
@@ -63,12 +63,19 @@ func (d *Departures) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	return reconcile.Result{}, nil
 }
 
-// Allowed reports whether node's Node object exists; it is the cloudhub's
-// NodeAllowed.
-func (d *Departures) Allowed(ctx context.Context, node string) (bool, error) {
-	err := d.reader.Get(ctx, client.ObjectKey{Name: node}, &corev1.Node{})
-	if apierrors.IsNotFound(err) {
-		return false, nil
+// NodeUID is the UID of a node's Node object read through reader, and
+// whether it is in the cluster: the cloudhub's and the bootstrap
+// endpoint's NodeUID.
+func NodeUID(reader client.Reader) func(ctx context.Context, node string) (string, bool, error) {
+	return func(ctx context.Context, node string) (string, bool, error) {
+		var n corev1.Node
+		err := reader.Get(ctx, client.ObjectKey{Name: node}, &n)
+		if apierrors.IsNotFound(err) {
+			return "", false, nil
+		}
+		if err != nil {
+			return "", false, err
+		}
+		return string(n.UID), true, nil
 	}
-	return err == nil, err
 }

@@ -68,12 +68,12 @@ func TestAuthorizeDevice(t *testing.T) {
 	}
 }
 
-func TestDeparturesAllowsOnlyNodesOfTheCluster(t *testing.T) {
-	c := newFake(t).WithObjects(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "edge-a"}}).Build()
-	d := &Departures{reader: c}
-	for node, want := range map[string]bool{"edge-a": true, "edge-gone": false} {
-		if got, err := d.Allowed(context.Background(), node); err != nil || got != want {
-			t.Errorf("Allowed(%s) = %v, %v; want %v", node, got, err, want)
+func TestNodeUIDOnlyOfNodesOfTheCluster(t *testing.T) {
+	c := newFake(t).WithObjects(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "edge-a", UID: "uid-a"}}).Build()
+	for node, want := range map[string]string{"edge-a": "uid-a", "edge-gone": ""} {
+		uid, ok, err := NodeUID(c)(context.Background(), node)
+		if err != nil || uid != want || ok != (want != "") {
+			t.Errorf("NodeUID(%s) = %q, %v, %v; want %q", node, uid, ok, err, want)
 		}
 	}
 }
