@@ -1,8 +1,8 @@
 package link_test
 
 import (
-	"crypto/tls"
 	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
