@@ -100,6 +100,13 @@ func addLink(mgr manager.Manager, cfg Config, reg prometheus.Registerer, log log
 			TLS:      pki.ClientTLSConfig(certs.GetClientCertificate, roots, host),
 			StateDir: cfg.StateDir, Heartbeat: lc.Heartbeat,
 			StoreMaxEntries: lc.StoreMaxEntries, StoreMaxBytes: lc.StoreMaxBytes,
+			// Refused with its certificate (issued to an earlier Node of
+			// this name): new credentials may get it in.
+			OnRefused: func(code linkv1.Error_Code) {
+				if code == linkv1.Error_PERMISSION_DENIED {
+					certs.RenewNow()
+				}
+			},
 		}, func(ctx context.Context, env *linkv1.Envelope) {
 			if m := env.GetDeviceMembership(); m != nil {
 				log.Info("device membership from the cloud", "devices", len(m.Devices))

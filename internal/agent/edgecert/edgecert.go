@@ -113,6 +113,8 @@ type Manager struct {
 	ready    chan struct{}
 	// readyOnce closes ready.
 	readyOnce sync.Once
+	// renewNow wakes Start's renewal wait (RenewNow).
+	renewNow chan struct{}
 }
 
 // New loads the credentials stored in cfg.Dir, if any, without touching the
@@ -138,7 +140,7 @@ func New(cfg Config) (*Manager, error) {
 	if cfg.Metrics == nil {
 		cfg.Metrics = NewMetrics(nil)
 	}
-	m := &Manager{cfg: cfg, serverURL: u, now: time.Now, jitter: func() float64 { return rand.Float64()*2 - 1 }, ready: make(chan struct{})}
+	m := &Manager{cfg: cfg, serverURL: u, now: time.Now, jitter: func() float64 { return rand.Float64()*2 - 1 }, ready: make(chan struct{}), renewNow: make(chan struct{}, 1)}
 	if cfg.CAPin != "" {
 		if m.pin, err = pki.ParsePin(cfg.CAPin); err != nil {
 			return nil, err
@@ -289,8 +291,17 @@ func (m *Manager) Start(ctx context.Context) error {
 	for {
 		at := m.renewAt()
 		log.V(1).Info("next certificate renewal", "at", at)
-		if !backoff.Sleep(ctx, at.Sub(m.now())) {
+		early := false
+		t := time.NewTimer(at.Sub(m.now()))
+		select {
+		case <-ctx.Done():
+			t.Stop()
 			return nil
+		case <-t.C:
+		case <-m.renewNow:
+			t.Stop()
+			early = true
+			log.Info("renewing the link certificate early: the cloud refused the link with it")
 		}
 		err := retry(ctx, func() error {
 			var err error
@@ -302,6 +313,19 @@ func (m *Manager) Start(ctx context.Context) error {
 				err = m.Renew(ctx)
 			}
 			var ref *Refused
+			if errors.As(err, &ref) && ref.Status == http.StatusForbidden && m.cfg.ServiceAccountTokenFile != "" {
+				// The certificate names a Node that is gone (made again
+				// under its name): the pod's token names the one there is.
+				log.Info("the cloud no longer renews this certificate; bootstrapping again with the pod's token", "reason", ref.Msg)
+				err = m.Bootstrap(ctx)
+			}
+			if early && errors.As(err, &ref) {
+				// An early renewal is a guess at a cure, not due: wait for
+				// the next refusal or the certificate's time rather than
+				// hammer the endpoint.
+				log.Error(err, "early certificate renewal refused", "notAfter", m.cert.Load().Leaf.NotAfter)
+				return nil
+			}
 			if errors.As(err, &ref) {
 				// A renewal the cloud refuses today may pass tomorrow
 				// (a replica with a stale CA, a clock off): keep trying
@@ -314,6 +338,16 @@ func (m *Manager) Start(ctx context.Context) error {
 		if err != nil && ctx.Err() != nil {
 			return nil
 		}
+	}
+}
+
+// RenewNow asks Start to renew the certificate now rather than at its
+// time: the cloud refused the link with it. Calls while a renewal is
+// pending are one.
+func (m *Manager) RenewNow() {
+	select {
+	case m.renewNow <- struct{}{}:
+	default:
 	}
 }
 

@@ -64,6 +64,10 @@ type Config struct {
 	// NoSync skips fsync on store commits (tests only: a power cut may then
 	// lose recent messages).
 	NoSync bool
+	// OnRefused, when set, is told each time the cloud refuses the link
+	// itself (not a message): PERMISSION_DENIED says the node's credentials
+	// no longer do (its Node was made again, say), which new ones may cure.
+	OnRefused func(code linkv1.Error_Code)
 }
 
 // OnMessage is told of each inbound sequenced message exactly once, in
@@ -425,6 +429,9 @@ func (e *EdgeHub) Start(ctx context.Context) error {
 			log.V(1).Info("the cloud moved this edge to another replica", "reason", mv.reason, "connected", up)
 		case errors.As(err, &pe):
 			log.Info("cloud refused the link", "code", pe.Code.String(), "reason", pe.Message)
+			if e.cfg.OnRefused != nil {
+				e.cfg.OnRefused(pe.Code)
+			}
 		case up:
 			log.V(1).Info("link down", "reason", err.Error())
 		default:

@@ -248,6 +248,14 @@ func Add(ctx context.Context, mgr ctrl.Manager, cfg Config, reg prometheus.Regis
 	if err := mgr.Add(authPart); err != nil {
 		return err
 	}
+	// The agents pin the CA from a ConfigMap the controller publishes (the
+	// chart does not make the CA, so its key is in no release history).
+	caCert := &bootstrap.CACertPublisher{ConfigMaps: cs.CoreV1().ConfigMaps(cfg.Namespace), CA: ca}
+	if err := mgr.Add(ctrl.RunnableFunc(func(ctx context.Context) error {
+		return caCert.Start(logr.NewContext(ctx, log.WithName("link-ca")))
+	})); err != nil {
+		return err
+	}
 	for _, c := range []interface{ SetupWithManager(ctrl.Manager) error }{
 		members, twinSync, twins.NewValidity(cache, cache, live, log.WithName("device-validity")),
 	} {

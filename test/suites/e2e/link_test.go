@@ -3,6 +3,8 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"crypto/x509"
+	"encoding/pem"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -145,6 +147,50 @@ func TestLinkBinaries(t *testing.T) {
 		})
 	}
 
+	// Each node's certificate is bound to its Node object; the CA's
+	// certificate (never its key) is published for the chart's agents, and
+	// put back when deleted.
+	for _, node := range []string{"edge-ws", "edge-quic"} {
+		b, err := os.ReadFile(filepath.Join(dir, node, "link", "node.pem"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		block, _ := pem.Decode(b)
+		if block == nil {
+			t.Fatalf("%s: node.pem holds no PEM", node)
+		}
+		cert, err := x509.ParseCertificate(block.Bytes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, err := cs.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := pki.NodeUIDFromCert(cert); got != string(n.UID) {
+			t.Errorf("%s's certificate is bound to %q, want its Node's UID %s", node, got, n.UID)
+		}
+	}
+	caSecret, err := cs.CoreV1().Secrets("dowse-system").Get(ctx, "dowse-link-ca", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	published := func() error {
+		cm, err := cs.CoreV1().ConfigMaps("dowse-system").Get(ctx, "dowse-link-ca-cert", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if cm.Data["ca.crt"] != string(caSecret.Data["tls.crt"]) || len(cm.Data) != 1 {
+			return fmt.Errorf("configmap dowse-link-ca-cert holds %v, want the CA's certificate alone", cm.Data)
+		}
+		return nil
+	}
+	testwait.For(t, 30*time.Second, published)
+	if err := cs.CoreV1().ConfigMaps("dowse-system").Delete(ctx, "dowse-link-ca-cert", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testwait.For(t, 30*time.Second, published)
+
 	t.Run("RestartReusesCredentials", func(t *testing.T) {
 		wsAgent.Stop()
 		testwait.For(t, 30*time.Second, func() error { return metricIs(ctlMetrics, "dowse_cloudhub_connected_nodes", 1) })
@@ -252,6 +298,46 @@ func TestLinkBinaries(t *testing.T) {
 		testwait.For(t, 10*time.Second, func() error { return metricIs(agentMetrics["edge-quic"], "dowse_edgehub_connected", 0) })
 		if err := metricIs(ctlMetrics, "dowse_cloudhub_connected_nodes", 2); err != nil {
 			t.Fatal(err)
+		}
+		// A Node made again under the name is another Node: the key of
+		// the earlier one (stolen, say) still does not connect.
+		if _, err := cs.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "edge-quic"}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		testwait.For(t, 30*time.Second, func() error {
+			return metricAtLeast(ctlMetrics, `dowse_cloudhub_refused_connections_total{reason="node-replaced"}`, 1)
+		})
+		if err := metricIs(agentMetrics["edge-quic"], "dowse_edgehub_connected", 0); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Run("RemadeNodeRejoinsWithServiceAccount", func(t *testing.T) {
+		// A DaemonSet's agent whose Node is made again (a node reinstalled
+		// under its name) is refused with its stored certificate, and
+		// bootstraps again with its pod's token by itself.
+		if err := cs.CoreV1().Nodes().Delete(ctx, "edge-ds", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		testwait.For(t, 30*time.Second, func() error { return metricIs(agentMetrics["edge-ds"], "dowse_edgehub_connected", 0) })
+		n, err := cs.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "edge-ds"}}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		testwait.For(t, time.Minute, func() error { return metricIs(agentMetrics["edge-ds"], "dowse_edgehub_connected", 1) })
+		b, err := os.ReadFile(filepath.Join(dir, "edge-ds", "link", "node.pem"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		block, _ := pem.Decode(b)
+		if block == nil {
+			t.Fatal("node.pem holds no PEM")
+		}
+		cert, err := x509.ParseCertificate(block.Bytes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := pki.NodeUIDFromCert(cert); got != string(n.UID) {
+			t.Fatalf("edge-ds's new certificate is bound to %q, want the new Node's UID %s", got, n.UID)
 		}
 	})
 }

@@ -17,6 +17,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
@@ -234,7 +235,7 @@ func TestAllOn(t *testing.T) {
 		want = append(want, "DaemonSet/dowse-"+p+"-mapper", "PodMonitor/dowse-"+p+"-mapper")
 	}
 	want = append(want, "Configuration/debug-echo", "Configuration/onvif-camera", "Configuration/udev", "Configuration/opcua-server",
-		"Configuration/modbus-plc", "Service/dowse-cloudhub", "Secret/dowse-link-ca", "ConfigMap/dowse-link-ca-cert",
+		"Configuration/modbus-plc", "Service/dowse-cloudhub",
 		"PodMonitor/dowse-agent", "PodMonitor/dowse-controller", "PodMonitor/dowse-controller-mappers", "PrometheusRule/dowse", "ConfigMap/dowse-dashboard",
 		"DaemonSet/dowse-zeroconf-discovery", "Configuration/printers")
 	for _, w := range want {
@@ -327,30 +328,26 @@ func TestRulesAndDashboard(t *testing.T) {
 	t.Logf("queried: %v", metrics)
 }
 
-// checkLink: with the chart's CA, agents pin the CA certificate (a
-// ConfigMap holding it alone) and join with their service account token;
-// the controller serves the hosts of the values and keeps the CA Secret.
+// checkLink: with the controller's CA, the chart renders no CA key (it
+// would be in Helm's release history); agents pin the CA certificate from
+// the ConfigMap the controller publishes and join with their service
+// account token; the controller serves the hosts of the values.
 func checkLink(t *testing.T, got map[string]*unstructured.Unstructured) {
 	t.Helper()
-	sec, cm := got["Secret/dowse-link-ca"], got["ConfigMap/dowse-link-ca-cert"]
-	if sec == nil || cm == nil {
-		return
+	for _, k := range []string{"Secret/dowse-link-ca", "ConfigMap/dowse-link-ca-cert"} {
+		if got[k] != nil {
+			t.Errorf("the chart renders %s: the controller makes the CA and publishes its certificate", k)
+		}
 	}
-	data, _, _ := unstructured.NestedMap(sec.Object, "data")
-	var s corev1.Secret
-	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(sec.Object, &s); err != nil {
+	var ps corev1.PodSpec
+	spec, _, _ := unstructured.NestedMap(got["DaemonSet/dowse-agent"].Object, "spec", "template", "spec")
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(spec, &ps); err != nil {
 		t.Fatal(err)
 	}
-	ca, err := pki.LoadCA(s.Data["tls.crt"], s.Data["tls.key"])
-	if err != nil {
-		t.Fatalf("chart's link CA (%d keys): %v", len(data), err)
-	}
-	certInCM, _, _ := unstructured.NestedString(cm.Object, "data", "ca.crt")
-	if strings.TrimSpace(certInCM) != strings.TrimSpace(string(ca.CertPEM)) {
-		t.Error("the agents' CA certificate is not the Secret's")
-	}
-	if _, has, _ := unstructured.NestedString(cm.Object, "data", "tls.key"); has {
-		t.Error("the agents' ConfigMap holds the CA key")
+	if !slices.ContainsFunc(ps.Volumes, func(v corev1.Volume) bool {
+		return v.ConfigMap != nil && v.ConfigMap.Name == "dowse-link-ca-cert"
+	}) {
+		t.Errorf("the agent mounts no dowse-link-ca-cert ConfigMap: volumes %v", ps.Volumes)
 	}
 	agentArgs := containerArgs(t, got["DaemonSet/dowse-agent"], "agent")
 	for _, w := range []string{"--link-server=dowse-cloudhub.example.com:7443", "--link-auth-url=https://dowse-cloudhub.example.com:9747",
@@ -461,3 +458,45 @@ func installPodMonitorCRD(t *testing.T) {
 }
 
 func bufioReader(s string) *bufio.Reader { return bufio.NewReader(strings.NewReader(s)) }
+
+// TestLinkCAOfYourOwn: a CA given in values is rendered as the controller's
+// Secret, and its certificate alone as the agents' ConfigMap; a certificate
+// without its key fails the render, naming the value.
+func TestLinkCAOfYourOwn(t *testing.T) {
+	ca, err := pki.NewCA("my-link-ca", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyPEM, err := ca.KeyPEM()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	certFile, keyFile := filepath.Join(dir, "ca.crt"), filepath.Join(dir, "ca.key")
+	if err := os.WriteFile(certFile, ca.CertPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keyFile, keyPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	got := index(render(t, "dowse-own-ca", "--set", "link.enabled=true", "--set-file", "link.ca.cert="+certFile, "--set-file", "link.ca.key="+keyFile))
+	sec, cm := got["Secret/dowse-link-ca"], got["ConfigMap/dowse-link-ca-cert"]
+	if sec == nil || cm == nil {
+		t.Fatalf("a CA given in values renders no Secret (%v) or ConfigMap (%v)", sec != nil, cm != nil)
+	}
+	var s corev1.Secret
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(sec.Object, &s); err != nil {
+		t.Fatal(err)
+	}
+	if loaded, err := pki.LoadCA(s.Data["tls.crt"], s.Data["tls.key"]); err != nil || !loaded.Cert.Equal(ca.Cert) {
+		t.Fatalf("the Secret holds another CA: %v", err)
+	}
+	data, _, _ := unstructured.NestedStringMap(cm.Object, "data")
+	if strings.TrimSpace(data["ca.crt"]) != strings.TrimSpace(string(ca.CertPEM)) || len(data) != 1 {
+		t.Errorf("the agents' ConfigMap holds %d keys, want the CA's certificate alone", len(data))
+	}
+	out, err := kube.HelmCommand(context.Background(), t, "template", chartDir(), "--set", "link.enabled=true", "--set-file", "link.ca.cert="+certFile).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "link.ca.cert needs link.ca.key") {
+		t.Errorf("a CA certificate without its key: %v\n%s", err, out)
+	}
+}

@@ -16,9 +16,10 @@ import (
 
 // keptByUninstall are what `helm uninstall` leaves in the release's
 // namespace on purpose or what Kubernetes itself keeps there: the link CA
-// (resource policy keep, so that a reinstall does not lock the edges out),
-// the namespace's root CA ConfigMap and default ServiceAccount, Events.
-var keptByUninstall = []string{"Secret/dowse-link-ca", "ConfigMap/kube-root-ca.crt", "ServiceAccount/default"}
+// and its published certificate (the controller's, not the release's: a
+// reinstall must not lock the edges out), the namespace's root CA
+// ConfigMap and default ServiceAccount, Events.
+var keptByUninstall = []string{"Secret/dowse-link-ca", "ConfigMap/dowse-link-ca-cert", "ConfigMap/kube-root-ca.crt", "ServiceAccount/default"}
 
 // waitUninstalled fails unless, within a minute, nothing of the release is
 // left: every object of every listable resource in ns (but keptByUninstall

@@ -79,7 +79,7 @@ app.kubernetes.io/instance: {{ .root.Release.Name }}
 {{- end -}}
 
 {{/* Whether the chart hands agents the link CA's certificate (else a pin). */}}
-{{- define "dowse.linkCAFromChart" -}}
+{{- define "dowse.linkCAFromConfigMap" -}}
 {{- if and .Values.link.enabled (or .Values.link.ca.cert (and .Values.link.ca.generate (not .Values.link.caCertHash))) -}}true{{- end -}}
 {{- end -}}
 
