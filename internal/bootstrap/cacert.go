@@ -73,7 +73,7 @@ func (p *CACertPublisher) watch(ctx context.Context) error {
 	defer w.Stop()
 	for ev := range w.ResultChan() {
 		if ev.Type == watch.Error {
-			return fmt.Errorf("watching configmap %s: %v", CACertConfigMapName, apierrors.FromObject(ev.Object))
+			return fmt.Errorf("watching configmap %s: %w", CACertConfigMapName, apierrors.FromObject(ev.Object))
 		}
 		if err := p.Publish(ctx); err != nil {
 			return err
