@@ -35,6 +35,7 @@ import (
 	"github.com/dowse-dev/dowse/internal/agent/propertyrefs"
 	"github.com/dowse-dev/dowse/internal/agent/registration"
 	"github.com/dowse-dev/dowse/internal/agent/registry"
+	"github.com/dowse-dev/dowse/internal/apiready"
 	"github.com/dowse-dev/dowse/internal/events"
 	"github.com/dowse-dev/dowse/internal/kubeflags"
 	"github.com/dowse-dev/dowse/internal/optional"
@@ -133,6 +134,9 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 	}
 	sch, err := scheme.New()
 	if err != nil {
+		return err
+	}
+	if err := apiready.Await(ctx, restCfg, sch, v1alpha1.GroupVersion, log.WithName("api")); err != nil {
 		return err
 	}
 	mgr, err := newManager(ctx, restCfg, sch, cfg, log)

@@ -34,6 +34,7 @@ import (
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	"github.com/dowse-dev/dowse/internal/apiready"
 	"github.com/dowse-dev/dowse/internal/controller/brokers"
 	"github.com/dowse-dev/dowse/internal/controller/devices"
 	"github.com/dowse-dev/dowse/internal/controller/lifecycle"
@@ -121,6 +122,9 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 	}
 	sch, err := scheme.New()
 	if err != nil {
+		return err
+	}
+	if err := apiready.Await(ctx, restCfg, sch, v1alpha1.GroupVersion, log.WithName("api")); err != nil {
 		return err
 	}
 	mgr, err := newManager(restCfg, sch, cfg, log)

@@ -36,7 +36,13 @@ type ControlPlane struct {
 
 // Start starts etcd and kube-apiserver and installs the CRDs. The binaries
 // must have been built: `make k8s` (or `make test`, which does it).
-func Start() (*ControlPlane, error) {
+func Start() (*ControlPlane, error) { return start(true) }
+
+// StartBare is Start without Dowse's CRDs: a bare API server, as a new
+// user's cluster is before `kubectl apply -f deploy/crds`.
+func StartBare() (*ControlPlane, error) { return start(false) }
+
+func start(crds bool) (*ControlPlane, error) {
 	for _, b := range []string{"etcd", "kube-apiserver"} {
 		if _, err := os.Stat(filepath.Join(BinDir(), b)); err != nil {
 			return nil, fmt.Errorf("%s is missing from %s: run `make k8s` (hack/build-k8s.sh) to build the test control plane", b, BinDir())
@@ -48,11 +54,12 @@ func Start() (*ControlPlane, error) {
 	}
 	env := &envtest.Environment{
 		BinaryAssetsDirectory: BinDir(),
-		CRDDirectoryPaths:     []string{CRDDir()},
-		ErrorIfCRDPathMissing: true,
 		// envtest's 20 s per start (retried 5 times) ran out on a loaded
 		// 2-core machine.
 		ControlPlaneStartTimeout: time.Minute,
+	}
+	if crds {
+		env.CRDDirectoryPaths, env.ErrorIfCRDPathMissing = []string{CRDDir()}, true
 	}
 	env.ControlPlane.APIServer = &envtest.APIServer{CertDir: certDir}
 	cfg, err := env.Start()
