@@ -53,6 +53,7 @@ type DeviceSpec struct {
 	// +optional
 	// +listType=map
 	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=64
 	Methods []DeviceMethod `json:"methods,omitempty"`
 }
 
@@ -137,14 +138,17 @@ type DeviceMethod struct {
 // (mappers put "timestamp", Unix milliseconds, and "type" there).
 type TwinProperty struct {
 	// +required
+	// +kubebuilder:validation:MaxLength=16384
 	Value string `json:"value"`
 	// +optional
+	// +kubebuilder:validation:MaxProperties=16
 	Metadata map[string]string `json:"metadata,omitempty"`
 }
 
 // Twin is one property's values as the edge last reported them.
 type Twin struct {
 	// +required
+	// +kubebuilder:validation:MaxLength=128
 	PropertyName string `json:"propertyName"`
 	// Reported is the value read from the device.
 	// +optional
@@ -187,6 +191,13 @@ const (
 	// the mapper then tries again with backoff, and at once when the
 	// credentials change. Set by the node.
 	ConditionAuthenticated = "Authenticated"
+	// ConditionReportsChecked is False when the cloud dropped reported
+	// values a node sent that its agent should have refused (a property
+	// not in the model, a value not of its type or too large): a node that
+	// lies, or an agent of another version. The message names the latest
+	// such report; the other properties' values are taken. Set by the
+	// controller.
+	ConditionReportsChecked = "ReportsChecked"
 )
 
 // DeviceStatus is what the edge observed, written by the controller from
@@ -195,9 +206,11 @@ type DeviceStatus struct {
 	// +optional
 	// +listType=map
 	// +listMapKey=propertyName
+	// +kubebuilder:validation:MaxItems=512
 	Twins []Twin `json:"twins,omitempty"`
 	// State is the mapper's last reported state.
 	// +optional
+	// +kubebuilder:validation:MaxLength=64
 	State string `json:"state,omitempty"`
 	// LastOnlineTime is when the device last reported an ok or online state
 	// (RFC 3339, as KubeEdge writes it).
@@ -229,6 +242,7 @@ type DeviceStatus struct {
 	// +optional
 	// +listType=map
 	// +listMapKey=type
+	// +kubebuilder:validation:MaxItems=16
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
 }
 
@@ -332,6 +346,7 @@ type DeviceTemplate struct {
 	// +optional
 	// +listType=map
 	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=64
 	Methods []DeviceMethod `json:"methods,omitempty"`
 	// MapperPodSpec, when set, is a mapper the controller runs as a broker:
 	// one Pod per node that owns Devices of the Configuration, with the

@@ -6,7 +6,6 @@ package twins
 import (
 	"context"
 	"fmt"
-	"maps"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -35,11 +34,13 @@ type pendingState struct {
 	pos    position
 }
 
-// pendingCond is a condition the node set on a Device (applyEdgeCondition).
+// pendingCond is a condition the node set on a Device (applyEdgeCondition),
+// or, when cloud is set, one the cloud sets for the node's report at pos.
 type pendingCond struct {
-	c   *linkv1.DeviceCondition
-	gen int64
-	pos position
+	c     *linkv1.DeviceCondition
+	cloud *metav1.Condition
+	gen   int64
+	pos   position
 }
 
 // twinState is what was taken for a Device and not written yet.
@@ -99,6 +100,24 @@ func (s *Status) Handle(ctx context.Context, m cloudhub.Inbound) error {
 		}
 		return err // transient: the edge resends
 	}
+	var checked checkedReport
+	if r := m.Env.GetTwinReported(); r != nil {
+		var model v1alpha1.DeviceModel
+		if d.Spec.DeviceModelRef == nil {
+			s.metrics.dropped("model-gone")
+			s.noop(m)
+			return nil
+		}
+		if err := s.reader.Get(ctx, types.NamespacedName{Namespace: d.Namespace, Name: d.Spec.DeviceModelRef.Name}, &model, client.UnsafeDisableDeepCopy); err != nil {
+			if apierrors.IsNotFound(err) {
+				s.metrics.dropped("model-gone")
+				s.noop(m)
+				return nil
+			}
+			return err
+		}
+		checked = checkReport(&model, r, m.Node, time.Now())
+	}
 	s.mu.Lock()
 	s.arrival++
 	pos := position{node: m.Node, stream: m.At.Stream, seq: m.At.Seq, epoch: int64(m.Epoch), order: s.arrival}
@@ -129,20 +148,18 @@ func (s *Status) Handle(ctx context.Context, m cloudhub.Inbound) error {
 	switch k := m.Env.Kind.(type) {
 	case *linkv1.Envelope_TwinReported:
 		r := k.TwinReported
-		if t := r.GetTime(); t != nil {
-			at = t.AsTime()
+		if checked.refused != "" {
+			s.metrics.dropped(checked.refused)
+			s.log.V(1).Info("dropped a report the node's agent should have refused", "node", m.Node, "device", key.String(), "reason", checked.message)
+			cond := refusalCondition(checked, d.Generation)
+			st.conds = append(st.conds, pendingCond{cloud: &cond, gen: d.Generation, pos: pos})
+			break
 		}
-		md := maps.Clone(r.GetReported().GetMetadata())
-		if md == nil {
-			md = map[string]string{}
+		if checked.trimmed > 0 {
+			s.metrics.Trimmed.Inc()
 		}
-		if _, ok := md[twinvalue.MetaTimestamp]; !ok {
-			md[twinvalue.MetaTimestamp] = twinvalue.Timestamp(at)
-		}
-		pt := &pendingTwin{reported: &v1alpha1.TwinProperty{Value: r.GetReported().GetValue(), Metadata: md}, at: at, pos: pos}
-		if od := r.GetObservedDesired(); od != nil {
-			pt.observed = &v1alpha1.TwinProperty{Value: od.GetValue(), Metadata: map[string]string{twinvalue.MetaTimestamp: md[twinvalue.MetaTimestamp]}}
-		}
+		at = checked.at
+		pt := &pendingTwin{reported: checked.reported, observed: checked.observed, at: at, pos: pos}
 		st.news = st.news || !holds(&d, r.Property, pt.reported.Value, pt.observed)
 		if old := st.twins[r.Property]; old != nil {
 			s.metrics.Coalesced.Inc()

@@ -7,6 +7,7 @@ type Metrics struct {
 	Reports        *prometheus.CounterVec
 	Dropped        *prometheus.CounterVec
 	Coalesced      prometheus.Counter
+	Trimmed        prometheus.Counter
 	Writes         *prometheus.CounterVec
 	WriteSeconds   prometheus.Histogram
 	ReportToStatus prometheus.Histogram
@@ -25,7 +26,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Reports: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "dowse", Subsystem: "twins", Name: "reports_total",
 			Help: "Reports taken from nodes, by kind (reported, state)."}, []string{"kind"}),
 		Dropped: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "dowse", Subsystem: "twins", Name: "dropped_reports_total",
-			Help: "Reports not applied, by reason (device-gone, already-written, fenced, released)."}, []string{"reason"}),
+			Help: "Reports not applied, by reason (device-gone, model-gone, already-written, fenced, released; and, for reports the node's agent should have refused, unknown-property, bad-value, too-large)."}, []string{"reason"}),
+		Trimmed: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "dowse", Subsystem: "twins", Name: "trimmed_reports_total",
+			Help: "Reports applied with metadata entries dropped past their bounds or a time ahead of the cloud's clock clamped."}),
 		Coalesced: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "dowse", Subsystem: "twins", Name: "coalesced_reports_total",
 			Help: "Reported values replaced by a newer one of the same property before they were written."}),
 		Writes: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "dowse", Subsystem: "twins", Name: "status_writes_total",
@@ -42,7 +45,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Messages sent to nodes, by kind (device, device-removal, model, model-removal, inventory)."}, []string{"kind"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Reports, m.Dropped, m.Coalesced, m.Writes, m.WriteSeconds, m.ReportToStatus, m.ReportTransit, m.StatusWait, m.Sent)
+		reg.MustRegister(m.Reports, m.Dropped, m.Coalesced, m.Trimmed, m.Writes, m.WriteSeconds, m.ReportToStatus, m.ReportTransit, m.StatusWait, m.Sent)
 	}
 	return m
 }

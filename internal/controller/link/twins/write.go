@@ -182,7 +182,13 @@ func (s *Status) write(ctx context.Context, key types.NamespacedName, b *batch) 
 			changed = true
 		}
 		for _, pc := range b.conds {
-			if consider(pc.pos) && applyEdgeCondition(&d.Status, pc.c, pc.gen) {
+			if !consider(pc.pos) {
+				continue
+			}
+			if pc.cloud != nil {
+				meta.SetStatusCondition(&d.Status.Conditions, *pc.cloud)
+				changed = true
+			} else if applyEdgeCondition(&d.Status, pc.c, pc.gen) {
 				changed = true
 			}
 		}
