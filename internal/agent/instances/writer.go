@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -186,6 +187,7 @@ func (w *Writer) Sync(ctx context.Context, cfg *v1alpha1.Configuration, shared b
 		if w.local != nil {
 			w.local.Record(client.ObjectKeyFromObject(inst), inst.Spec.Mounts, inst.Spec.DeviceSpecs)
 		}
+		keepHostPaths(inst, cur)
 		if w.upToDate(cur, inst) {
 			continue
 		}
@@ -219,6 +221,7 @@ func (w *Writer) Sync(ctx context.Context, cfg *v1alpha1.Configuration, shared b
 	for _, wk := range todo {
 		g.Go(func() error {
 			want := w.desiredInstance(cfg, shared, wk.device)
+			keepHostPaths(want, wk.cached)
 			if err := w.upsert(gctx, want); err != nil {
 				if wk.cached == nil && apierrors.IsInvalid(err) && strings.Contains(err.Error(), "is immutable") {
 					// Not in this node's cache: an Instance of another node's,
@@ -276,6 +279,19 @@ func (w *Writer) Holds(ctx context.Context, cfg *v1alpha1.Configuration) (bool, 
 		}
 	}
 	return false, nil
+}
+
+// keepHostPaths leaves the mounts and device nodes of an existing shared
+// Instance as they are: they were set by the node that made it, the node
+// policy refuses any other node's change (each node hands its containers
+// what it discovered itself, cdi.Local), and an apply that tried would
+// fail whole, this node's entry with it.
+func keepHostPaths(want, cur *v1alpha1.Instance) {
+	if cur == nil || !cur.Spec.Shared || !want.Spec.Shared {
+		return
+	}
+	want.Spec.Mounts = slices.Clone(cur.Spec.Mounts)
+	want.Spec.DeviceSpecs = slices.Clone(cur.Spec.DeviceSpecs)
 }
 
 func (w *Writer) desiredInstance(cfg *v1alpha1.Configuration, shared bool, d *discoveryv1.Device) *v1alpha1.Instance {

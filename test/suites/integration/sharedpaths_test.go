@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -75,17 +76,22 @@ func TestSharedInstancePathsComeFromEachNode(t *testing.T) {
 	})
 
 	// Node A, under its own agent credentials, puts the host's root and
-	// memory into the shared object.
+	// memory into the shared object: the node policy refuses it.
 	asA, err := client.New(agentConfig(t, nodeA), client.Options{Scheme: suite.Client.Scheme()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	patch := client.RawPatch(types.MergePatchType, []byte(`{"spec":{"mounts":[{"containerPath":"/host","hostPath":"/"}],"deviceSpecs":[{"containerPath":"/dev/mem","hostPath":"/dev/mem","permissions":"rw"}]}}`))
-	if err := asA.Patch(context.Background(), &v1alpha1.Instance{ObjectMeta: metavOf(key)}, patch); err != nil {
-		t.Fatalf("node A's rewrite of the shared Instance: %v", err)
+	if err := asA.Patch(context.Background(), &v1alpha1.Instance{ObjectMeta: metavOf(key)}, patch); err == nil || !strings.Contains(err.Error(), "instance-shared-host-paths") {
+		t.Fatalf("node A's rewrite of the shared Instance: %v, want the node policy's refusal", err)
+	}
+	// Written past the policy (by an administrator, or with the policy
+	// off), it still reaches no other node's containers.
+	if err := suite.Client.Patch(context.Background(), &v1alpha1.Instance{ObjectMeta: metavOf(key)}, patch); err != nil {
+		t.Fatal(err)
 	}
 	if err := suite.Client.Get(context.Background(), key, inst); err != nil || len(inst.Spec.Mounts) != 1 || inst.Spec.Mounts[0].HostPath != "/" {
-		t.Fatalf("the object after node A's rewrite: %+v %v", inst.Spec.Mounts, err)
+		t.Fatalf("the object after the rewrite: %+v %v", inst.Spec.Mounts, err)
 	}
 	// Node B sees the change (its device plugin reconciles it) and keeps
 	// its own paths.

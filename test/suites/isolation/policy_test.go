@@ -180,6 +180,14 @@ func TestAgentCannotTouchAnotherNodesPart(t *testing.T) {
 		l.Spec.BrokerProperties = map[string]string{"URL": "rtsp://attacker"}
 	}), "instance-spec")
 	expectRefused(t, "delete node B's local Instance", a.Delete(ctx, fresh(t, local.DeepCopy())), "instance-delete")
+	// Node A sees the shared device too, so it may touch the spec, but not
+	// the host paths node B's containers would get.
+	expectRefused(t, "mount the host's root into a shared Instance", patch(t, a, shared, func(s inst) {
+		s.Spec.Mounts = append(s.Spec.Mounts, v1alpha1.Mount{ContainerPath: "/host", HostPath: "/"})
+	}), "instance-shared-host-paths")
+	expectRefused(t, "add a device node to a shared Instance", patch(t, a, shared, func(s inst) {
+		s.Spec.DeviceSpecs = append(s.Spec.DeviceSpecs, v1alpha1.DeviceNode{ContainerPath: "/dev/mem", HostPath: "/dev/mem"})
+	}), "instance-shared-host-paths")
 
 	expectRefused(t, "remove node B's label", patch(t, a, shared, func(s inst) { delete(s.Labels, v1alpha1.NodeLabel(nodeB)) }), "labels")
 	expectRefused(t, "label an Instance node A is not in", patch(t, a, local, func(l inst) { l.Labels[v1alpha1.NodeLabel(nodeA)] = "" }), "labels")
