@@ -3,6 +3,7 @@ package link_test
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"net"
 	"sync/atomic"
 	"testing"
@@ -76,8 +77,7 @@ func TestWebSocketHandshakesBounded(t *testing.T) {
 
 	_ = stalled[0].Close() // frees a slot
 	// The second edge needs the first one's slot back: the other stalled
-	// handshake holds its own until the server's 10 s handshake timeout,
-	// past this dial's deadline.
+	// connection holds its own until link.FirstByteTimeout.
 	for i := range 2 {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		c, err := d.Dial(ctx)
@@ -90,6 +90,68 @@ func TestWebSocketHandshakesBounded(t *testing.T) {
 		case <-got:
 		case <-time.After(10 * time.Second):
 			t.Fatalf("edge %d not handed over", i)
+		}
+	}
+}
+
+// One source address holds at most its share of the slots: its further
+// connections are closed at once and reported, an edge from another
+// address still gets in, and a connection that sends nothing is closed
+// after link.FirstByteTimeout.
+func TestWebSocketOneSourceHoldsItsShare(t *testing.T) {
+	serverTLS, clientTLS := gateTLS(t)
+	var refused atomic.Int32
+	l, err := link.ListenWebSocket("127.0.0.1:0", serverTLS, link.ListenOptions{MaxHandshakes: 8, MaxHandshakesPerSource: 2,
+		Refused: func(reason string) {
+			if reason == "source-busy" {
+				refused.Add(1)
+			}
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := serve(t, l)
+	flooder := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.2")}}
+	var conns []net.Conn
+	for range 6 {
+		c, err := flooder.Dial("tcp", l.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		conns = append(conns, c)
+	}
+	closed := func(c net.Conn, within time.Duration) bool {
+		_ = c.SetReadDeadline(time.Now().Add(within))
+		_, err := c.Read(make([]byte, 1))
+		var ne net.Error
+		return err != nil && !(errors.As(err, &ne) && ne.Timeout())
+	}
+	open := 0
+	for _, c := range conns {
+		if !closed(c, 300*time.Millisecond) {
+			open++
+		}
+	}
+	if open != 2 || refused.Load() != 4 {
+		t.Fatalf("%d of 6 connections from one address held, %d refused: want 2 and 4", open, refused.Load())
+	}
+	d := &link.WebSocketDialer{Addr: l.Addr().String(), TLS: clientTLS}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c, err := d.Dial(ctx)
+	if err != nil {
+		t.Fatalf("an edge from another address: %v", err)
+	}
+	defer c.Close()
+	select {
+	case <-got:
+	case <-ctx.Done():
+		t.Fatal("the edge from another address was not handed over")
+	}
+	for i, c := range conns[:2] {
+		if !closed(c, link.FirstByteTimeout+2*time.Second) {
+			t.Fatalf("silent connection %d still open after %s", i, link.FirstByteTimeout+2*time.Second)
 		}
 	}
 }
@@ -131,7 +193,7 @@ func TestQUICHandshakeSlotsReleased(t *testing.T) {
 func TestQUICHandshakesBounded(t *testing.T) {
 	serverTLS, clientTLS := gateTLS(t)
 	var refused atomic.Int64
-	l, err := link.ListenQUIC("127.0.0.1:0", serverTLS, link.ListenOptions{MaxHandshakes: 1, Refused: func() { refused.Add(1) }})
+	l, err := link.ListenQUIC("127.0.0.1:0", serverTLS, link.ListenOptions{MaxHandshakes: 1, Refused: func(string) { refused.Add(1) }})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -60,13 +60,15 @@ const ALPN = "dowse-link/1"
 // ListenOptions bound a listener.
 type ListenOptions struct {
 	// MaxHandshakes bounds the connections held between accept and
-	// hand-over (DefaultMaxHandshakes when 0).
-	MaxHandshakes int
+	// hand-over (DefaultMaxHandshakes when 0), MaxHandshakesPerSource those
+	// of one source address among them (DefaultMaxHandshakesPerSource).
+	MaxHandshakes, MaxHandshakesPerSource int
 	// Refused, when set, is called each time a connection attempt is turned
-	// away because MaxHandshakes are in progress (QUIC: a retransmitted
-	// Initial may count twice; WebSocket attempts wait in the kernel's
-	// backlog instead).
-	Refused func()
+	// away, with why: "handshakes-full", MaxHandshakes are in progress
+	// (QUIC: a retransmitted Initial may count twice; WebSocket attempts
+	// wait in the kernel's backlog instead), or "source-busy", its source
+	// address holds MaxHandshakesPerSource.
+	Refused func(reason string)
 }
 
 // ListenWebSocket listens on addr (TLS over TCP) with tlsConf, which should
@@ -81,13 +83,30 @@ func ListenWebSocket(addr string, tlsConf *tls.Config, opts ListenOptions) (List
 	conf := tlsConf.Clone()
 	// HTTP/1.1 only: the WebSocket upgrade needs it.
 	conf.NextProtos = []string{"http/1.1"}
-	return &wsListener{l: l, tls: conf, gate: newHandshakeGate(opts.MaxHandshakes)}, nil
+	return &wsListener{l: l, tls: conf, gate: newHandshakeGate(opts.MaxHandshakes, opts.MaxHandshakesPerSource), refused: opts.Refused}, nil
 }
 
 type wsListener struct {
-	l    net.Listener
-	tls  *tls.Config
-	gate *handshakeGate
+	l       net.Listener
+	tls     *tls.Config
+	gate    *handshakeGate
+	refused func(reason string)
+}
+
+// prefixedConn gives back, first, the byte read ahead of the TLS handshake.
+type prefixedConn struct {
+	net.Conn
+	first  byte
+	unread bool
+}
+
+func (p *prefixedConn) Read(b []byte) (int, error) {
+	if p.unread && len(b) > 0 {
+		p.unread = false
+		b[0] = p.first
+		return 1, nil
+	}
+	return p.Conn.Read(b)
 }
 
 func (w *wsListener) Addr() net.Addr { return w.l.Addr() }
@@ -102,7 +121,7 @@ const handshakeTimeout = 10 * time.Second
 // so an idle one holds its TLS state and little else.
 func (w *wsListener) Serve(ctx context.Context, handle func(Conn)) error {
 	log := logr.FromContextOrDiscard(ctx)
-	gl := &gatedListener{Listener: w.l, gate: w.gate, done: ctx.Done()}
+	gl := &gatedListener{Listener: w.l, gate: w.gate, done: ctx.Done(), refused: w.refused}
 	stop := context.AfterFunc(ctx, func() { _ = w.l.Close() })
 	defer stop()
 	for {
@@ -142,8 +161,14 @@ func (w *wsListener) Serve(ctx context.Context, handle func(Conn)) error {
 var errNotUpgraded = errors.New("link: not a WebSocket upgrade to " + WebSocketPath)
 
 func (w *wsListener) upgrade(c net.Conn) (*wsServerConn, error) {
+	// The first byte soon, then the whole handshake in its own time.
+	_ = c.SetDeadline(time.Now().Add(FirstByteTimeout))
+	var first [1]byte
+	if _, err := io.ReadFull(c, first[:]); err != nil {
+		return nil, fmt.Errorf("nothing sent within %s of connecting: %w", FirstByteTimeout, err)
+	}
 	_ = c.SetDeadline(time.Now().Add(handshakeTimeout))
-	tc := tls.Server(c, w.tls)
+	tc := tls.Server(&prefixedConn{Conn: c, first: first[0], unread: true}, w.tls)
 	if err := tc.Handshake(); err != nil {
 		return nil, err
 	}
@@ -441,15 +466,22 @@ func ListenQUIC(addr string, tlsConf *tls.Config, opts ListenOptions) (Listener,
 	// Our own socket and Transport, closed in order when Serve ends, so
 	// that the port is free again when Serve returns (a restarted hub binds
 	// it at once).
-	gate := newHandshakeGate(opts.MaxHandshakes)
+	gate := newHandshakeGate(opts.MaxHandshakes, opts.MaxHandshakesPerSource)
 	tr := &quic.Transport{Conn: udp,
-		ConnContext: func(ctx context.Context, _ *quic.ClientInfo) (context.Context, error) {
+		ConnContext: func(ctx context.Context, ci *quic.ClientInfo) (context.Context, error) {
 			a := gate.tryEnter()
 			if a == nil {
 				if opts.Refused != nil {
-					opts.Refused()
+					opts.Refused("handshakes-full")
 				}
 				return nil, errTooManyHandshakes
+			}
+			if !gate.bind(a, ci.RemoteAddr) {
+				a.release()
+				if opts.Refused != nil {
+					opts.Refused("source-busy")
+				}
+				return nil, errSourceBusy
 			}
 			// The context ends when the handshake fails or the connection
 			// closes.

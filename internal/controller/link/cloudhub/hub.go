@@ -305,7 +305,8 @@ func (h *Hub) Start(ctx context.Context) error {
 	var names []string
 	tlsCfg := h.verifyingTLS(log)
 	if h.cfg.WebSocketAddr != "" {
-		l, err := link.ListenWebSocket(h.cfg.WebSocketAddr, tlsCfg, link.ListenOptions{MaxHandshakes: h.cfg.MaxHandshakes})
+		l, err := link.ListenWebSocket(h.cfg.WebSocketAddr, tlsCfg, link.ListenOptions{MaxHandshakes: h.cfg.MaxHandshakes,
+			Refused: func(reason string) { h.hsFail.WithLabelValues(reason).Inc() }})
 		if err != nil {
 			return fmt.Errorf("cloudhub websocket: %w", err)
 		}
@@ -314,7 +315,7 @@ func (h *Hub) Start(ctx context.Context) error {
 	}
 	if h.cfg.QUICAddr != "" {
 		l, err := link.ListenQUIC(h.cfg.QUICAddr, tlsCfg, link.ListenOptions{MaxHandshakes: h.cfg.MaxHandshakes,
-			Refused: func() { h.hsFail.WithLabelValues("handshakes-full").Inc() }})
+			Refused: func(reason string) { h.hsFail.WithLabelValues(reason).Inc() }})
 		if err != nil {
 			// Free the WebSocket address for the next Start: a listener
 			// closes when its Serve's context has ended.

@@ -29,6 +29,8 @@ const (
 	DefaultTokenCleanupInterval = 10 * time.Minute
 	DefaultRequestRate          = 20
 	DefaultRequestBurst         = 100
+	DefaultSourceRate           = 2
+	DefaultSourceBurst          = 20
 	// maxBody bounds a request: a CSR is a few hundred bytes.
 	maxBody = 64 << 10
 )
@@ -79,13 +81,21 @@ type Config struct {
 	// AgentServiceAccounts are the service accounts ("namespace/name")
 	// whose tokens are taken; any other is refused.
 	AgentServiceAccounts []string
-	// RequestRate and RequestBurst pace bootstrap and renew requests
-	// together (20/s, burst 100). Each costs API reads, and a refused one
-	// costs them too, so a flood of bad tokens must not reach the API
-	// server at its own pace; a request over the limit is answered 429 with
-	// Retry-After, which edges retry with backoff.
+	// RequestRate and RequestBurst pace bootstrap requests (20/s, burst
+	// 100), and renewals that present a client certificate apart, at the
+	// same pace: a flood of bootstraps cannot keep renewals out. Each
+	// costs API reads, and a refused one costs them too, so a flood of bad
+	// tokens must not reach the API server at its own pace; a request over
+	// the limit is answered 429 with Retry-After, which edges retry with
+	// backoff.
 	RequestRate  float64
 	RequestBurst int
+	// SourceRate and SourceBurst pace the requests of one source address
+	// without a client certificate (2/s, burst 20), so that one host's
+	// flood spends its own share, not the others'. Edges behind one NAT
+	// share it, and retry.
+	SourceRate  float64
+	SourceBurst int
 	// Metrics may be nil.
 	Metrics *Metrics
 }
@@ -98,6 +108,9 @@ type Server struct {
 	caPool *x509.CertPool
 	now    func() time.Time
 	limit  *rate.Limiter
+	// renewLimit paces renewals with a client certificate, apart.
+	renewLimit *rate.Limiter
+	sources    *sourceLimits
 	// agents are the user names of Config.AgentServiceAccounts.
 	agents map[string]bool
 
@@ -139,11 +152,19 @@ func NewServer(cfg Config) (*Server, error) {
 	if cfg.RequestBurst <= 0 {
 		cfg.RequestBurst = DefaultRequestBurst
 	}
+	if cfg.SourceRate <= 0 {
+		cfg.SourceRate = DefaultSourceRate
+	}
+	if cfg.SourceBurst <= 0 {
+		cfg.SourceBurst = DefaultSourceBurst
+	}
 	if cfg.Metrics == nil {
 		cfg.Metrics = NewMetrics(nil)
 	}
 	return &Server{cfg: cfg, caPool: cfg.CA.Pool(), now: time.Now, agents: agents,
-		limit: rate.NewLimiter(rate.Limit(cfg.RequestRate), cfg.RequestBurst)}, nil
+		limit:      rate.NewLimiter(rate.Limit(cfg.RequestRate), cfg.RequestBurst),
+		renewLimit: rate.NewLimiter(rate.Limit(cfg.RequestRate), cfg.RequestBurst),
+		sources:    newSourceLimits(rate.Limit(cfg.SourceRate), cfg.SourceBurst)}, nil
 }
 
 // TLSConfig is the endpoint's TLS: 1.3 only, the server certificate chain
@@ -269,7 +290,15 @@ func (s *Server) cleanTokens(ctx context.Context) {
 // Refusals are counted, and logged only at V(1): a flood would flood the log.
 func (s *Server) limited(request string, next http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		if s.limit.Allow() {
+		var allowed bool
+		if r.TLS != nil && len(r.TLS.PeerCertificates) > 0 {
+			// A node's certificate (renew checks it against the CA): its
+			// own budget, which no flood without one spends.
+			allowed = s.renewLimit.Allow()
+		} else {
+			allowed = s.sources.allow(r.RemoteAddr) && s.limit.Allow()
+		}
+		if allowed {
 			next(w, r)
 			return
 		}
