@@ -56,8 +56,17 @@ type Config struct {
 	Client     kubeflags.Client
 	RESTConfig *rest.Config
 	NodeName   string
-	// StateDir holds the registration and handler sockets (/var/lib/dowse).
+	// StateDir is the agent's own (/var/lib/dowse): its link credentials
+	// and edge store, and the socket folders it shares with handlers
+	// (discovery/) and mappers (dmi/).
 	StateDir string
+	// SocketGroup owns the socket folders and the agent's sockets in them,
+	// for handlers and mappers that run as non-root users in it; 0: the
+	// agent's own group.
+	SocketGroup int
+	// HostPaths are the host paths handlers may hand out as device nodes
+	// and mounts (discovery.DefaultHostPaths: under /dev).
+	HostPaths discovery.HostPaths
 	// Namespace limits the agent to one namespace; empty watches all.
 	Namespace string
 	// GracePeriod is how long a vanished handler's devices stay (5m;
@@ -255,7 +264,7 @@ func addDiscovery(ctx context.Context, mgr ctrl.Manager, restCfg *rest.Config, s
 		return err
 	}
 	rec := discovery.NewReconciler(mgr.GetClient(), props, handlers, writer, discovery.Options{
-		NodeName: cfg.NodeName, GracePeriod: max(cfg.GracePeriod, 0), MaxDevices: max(cfg.MaxDevices, 0),
+		NodeName: cfg.NodeName, GracePeriod: max(cfg.GracePeriod, 0), MaxDevices: max(cfg.MaxDevices, 0), HostPaths: cfg.HostPaths,
 		PropertyMetrics: propertyrefs.NewMetrics(reg), Metrics: discovery.NewMetrics(reg), Recorder: recorder,
 	}, log.WithName("discovery"))
 	if err := rec.SetupWithManager(ctx, mgr); err != nil {
@@ -300,7 +309,7 @@ func addDeviceAllocation(mgr ctrl.Manager, restCfg *rest.Config, cfg Config, loc
 // addRegistration serves the registration socket handlers register on,
 // and checks it.
 func addRegistration(mgr ctrl.Manager, cfg Config, handlers *registry.Registry, log logr.Logger) error {
-	regSrv := registration.New(cfg.StateDir, handlers, log.WithName("registration"))
+	regSrv := registration.New(cfg.StateDir, cfg.socketGroup(), handlers, log.WithName("registration"))
 	if err := mgr.Add(regSrv); err != nil {
 		return err
 	}

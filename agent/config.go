@@ -3,13 +3,16 @@ package agent
 import (
 	"flag"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/dowse-dev/dowse/internal/agent/deviceplugin"
+	"github.com/dowse-dev/dowse/internal/agent/discovery"
 	"github.com/dowse-dev/dowse/internal/agent/dra"
 	"github.com/dowse-dev/dowse/internal/agent/edgehub"
 	"github.com/dowse-dev/dowse/internal/agent/instances"
 	"github.com/dowse-dev/dowse/internal/agent/slots"
+	"github.com/dowse-dev/dowse/internal/agent/socketdir"
 	"github.com/dowse-dev/dowse/internal/kubeflags"
 	"github.com/dowse-dev/dowse/internal/nodepaths"
 )
@@ -19,6 +22,26 @@ import (
 // agent does not do it again.
 const InstancesLabelledMarker = instances.LabelledMarker
 
+// socketGroup is SocketGroup for socketdir (0: none).
+func (c *Config) socketGroup() int {
+	if c.SocketGroup <= 0 {
+		return socketdir.NoGroup
+	}
+	return c.SocketGroup
+}
+
+// splitPaths is a comma-separated list of host folders, empty ones left out
+// (an empty list allows none).
+func splitPaths(v string) []string {
+	out := []string{}
+	for p := range strings.SplitSeq(v, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
 // setDefaults gives every zero field that has one the binary's default;
 // Run calls it, and AddFlags shows its values as the flags' defaults.
 func (c *Config) setDefaults() {
@@ -26,6 +49,9 @@ func (c *Config) setDefaults() {
 		c.Client.QPS, c.Client.Burst = 1000, 2000
 	}
 	c.Serving.SetDefaults(":9743", ":9744")
+	if c.HostPaths.Devices == nil && c.HostPaths.Mounts == nil {
+		c.HostPaths = discovery.DefaultHostPaths()
+	}
 	if c.StateDir == "" {
 		c.StateDir = nodepaths.DefaultStateDir
 	}
@@ -81,7 +107,16 @@ func (c *Config) AddFlags(fs *flag.FlagSet) {
 	c.Client.AddFlags(fs)
 	c.Serving.AddFlags(fs)
 	fs.StringVar(&c.NodeName, "node-name", kubeflags.EnvOr("NODE_NAME", c.NodeName), "this node's name (env NODE_NAME)")
-	fs.StringVar(&c.StateDir, "state-dir", kubeflags.EnvOr(nodepaths.StateDirEnv, c.StateDir), "state directory holding the registration and handler sockets (env "+nodepaths.StateDirEnv+")")
+	fs.StringVar(&c.StateDir, "state-dir", kubeflags.EnvOr(nodepaths.StateDirEnv, c.StateDir), "the agent's state directory: its link credentials and edge store, and the socket folders discovery/ (handlers) and dmi/ (mappers) (env "+nodepaths.StateDirEnv+")")
+	fs.IntVar(&c.SocketGroup, "socket-group", c.SocketGroup, "group `id` owning the discovery/ and dmi/ socket folders and the agent's sockets in them, for handlers and mappers running as non-root users in it (0: the agent's own)")
+	fs.Func("allowed-device-paths", "comma-separated host `folders` under which handlers may hand out device nodes (default /dev; \"/\" allows any)", func(v string) error {
+		c.HostPaths.Devices = splitPaths(v)
+		return nil
+	})
+	fs.Func("allowed-mount-paths", "comma-separated host `folders` under which handlers may hand out mounts (default /dev)", func(v string) error {
+		c.HostPaths.Mounts = splitPaths(v)
+		return nil
+	})
 	fs.StringVar(&c.Namespace, "namespace", c.Namespace, "only watch this namespace (default: all)")
 	fs.Var(kubeflags.DurationOrNone(&c.GracePeriod), "handler-grace-period", "the `time` the devices of a handler that died or became unreachable stay (0: none)")
 	fs.Var(kubeflags.IntOrNone(&c.MaxDevices), "max-devices", "most `devices` taken from one handler list for one Configuration (0: no limit)")

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dowse-dev/dowse/internal/agent/discovery"
 	"github.com/dowse-dev/dowse/internal/agent/dra"
 	"github.com/dowse-dev/dowse/internal/kubeflags"
 )
@@ -26,6 +27,7 @@ var binary = Config{
 	SlotReclaimGrace:   time.Minute,
 	PodResourcesSocket: "/var/lib/kubelet/pod-resources/kubelet.sock",
 	Link:               LinkConfig{Transport: "websocket", Heartbeat: 10 * time.Second, StoreMaxEntries: 10000, StoreMaxBytes: 64 << 20},
+	HostPaths:          discovery.DefaultHostPaths(),
 }
 
 func clearEnv(t *testing.T) {

@@ -14,7 +14,7 @@ import (
 // on the edgehub's store; nil when it cannot (logged: the link keeps
 // running without it).
 func startMappers(cfg Config, hub *edgehub.EdgeHub, reg prometheus.Registerer, log logr.Logger) *dmi.Server {
-	srv, err := dmi.New(dmi.Config{StateDir: cfg.StateDir, Node: cfg.NodeName}, hub, dmi.NewMetrics(reg))
+	srv, err := dmi.New(dmi.Config{StateDir: cfg.StateDir, SocketGroup: cfg.socketGroup(), Node: cfg.NodeName}, hub, dmi.NewMetrics(reg))
 	if err != nil {
 		log.Error(err, "the mapper API is off")
 		return nil

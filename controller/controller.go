@@ -82,6 +82,9 @@ type Config struct {
 	// MapperStateDir is the agents' state directory on the nodes, mounted
 	// into mapper Pods (mappers.DefaultStateDir when empty).
 	MapperStateDir string
+	// MapperSocketGroup owns the agents' socket folders: the mapper Pods
+	// the controller runs get it as a supplemental group (0: none).
+	MapperSocketGroup int64
 	// Registerer receives the link's metrics; nil means the manager's
 	// metrics registry (served on MetricsAddr).
 	Registerer prometheus.Registerer
@@ -264,7 +267,7 @@ func addWorkloads(ctx context.Context, mgr ctrl.Manager, cfg Config, recorder *e
 	podsOf := func(namespace, configurationLabel string) ([]client.Object, error) {
 		return idx.PodsByConfiguration.Objects(namespace, configurationLabel)
 	}
-	if err := mappers.NewReconciler(mgr.GetClient(), podsOf, cfg.MapperStateDir, log.WithName("mappers")).SetupWithManager(mgr, &brokers.BrokerPod{}); err != nil {
+	if err := mappers.NewReconciler(mgr.GetClient(), podsOf, cfg.MapperStateDir, cfg.MapperSocketGroup, log.WithName("mappers")).SetupWithManager(mgr, &brokers.BrokerPod{}); err != nil {
 		return err
 	}
 	return nil

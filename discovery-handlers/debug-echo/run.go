@@ -28,6 +28,8 @@ type Config struct {
 	Shared bool
 	// StateDir is the agent's state directory (required).
 	StateDir string
+	// SocketDir is handler.Config.SocketDir.
+	SocketDir string
 	// MetricsAddr is where the handler serves Prometheus metrics
 	// (handler.Config.MetricsAddr); empty: not served.
 	MetricsAddr string
@@ -59,6 +61,7 @@ func Run(ctx context.Context, cfg Config) error {
 		Name:        cfg.Name,
 		Shared:      cfg.Shared,
 		StateDir:    cfg.StateDir,
+		SocketDir:   cfg.SocketDir,
 		MetricsAddr: cfg.MetricsAddr,
 		Discoverer:  &discoverer{availability: avail},
 		Logger:      cfg.Logger,

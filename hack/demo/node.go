@@ -129,7 +129,7 @@ func runOnNode(ctx context.Context, every time.Duration, flips int) error {
 	if err := showTwin(ctx, cl, c.Kubeconfig, p); err != nil {
 		return fmt.Errorf("the twin: %w", err)
 	}
-	return watchAndFlip(ctx, cl, c.Kubeconfig, filepath.Join(state, "debug-echo-availability"), every, flips)
+	return watchAndFlip(ctx, cl, c.Kubeconfig, filepath.Join(state, "discovery", "debug-echo-availability"), every, flips)
 }
 
 func waitCRDs(ctx context.Context, cl client.Client) error {

@@ -8,10 +8,14 @@
 // take it.
 package nodepaths
 
-import "os"
+import (
+	"os"
+	"path/filepath"
+)
 
-// The state directory: the agent's, shared with every handler and mapper
-// on the node (mounted into their containers).
+// The state directory is the agent's alone: its link credentials and edge
+// store stay there. Handlers and mappers get a folder of sockets each kind
+// (DiscoverySubdir, DMISubdir), mounted alone into their containers.
 const (
 	// DefaultStateDir is the agent's state directory on a node.
 	DefaultStateDir = "/var/lib/dowse"
@@ -24,17 +28,34 @@ const (
 	AkriStateDirEnv = "DISCOVERY_HANDLERS_DIRECTORY"
 )
 
-// Sockets in the state directory, by file name.
+// The socket folders inside the state directory: the agent's registration
+// sockets and the handlers' sockets in one, the DMI socket and the
+// mappers' sockets in the other. The agent makes them group-writable for
+// its socket group (--socket-group), so that handlers and mappers of their
+// own non-root uids in that group connect and serve there.
+const (
+	DiscoverySubdir = "discovery"
+	DMISubdir       = "dmi"
+)
+
+// DiscoveryDir is the folder of the registration and handler sockets.
+func DiscoveryDir(stateDir string) string { return filepath.Join(stateDir, DiscoverySubdir) }
+
+// DMIDir is the folder of the DMI socket and the mappers' sockets.
+func DMIDir(stateDir string) string { return filepath.Join(stateDir, DMISubdir) }
+
+// Sockets in their folders, by file name.
 const (
 	// RegistrationSocket is where the agent serves discovery handlers'
-	// registrations.
+	// registrations, in DiscoveryDir.
 	RegistrationSocket = "registration.sock"
 	// AkriRegistrationSocket is the name Akri's agent serves registration
 	// on, which Akri's discovery handlers dial: the agent serves both, so
 	// an Akri handler container that mounts the state directory registers
 	// unchanged.
 	AkriRegistrationSocket = "agent-registration.sock"
-	// DMISocket is where the agent serves mappers KubeEdge's DMI.
+	// DMISocket is where the agent serves mappers KubeEdge's DMI, in
+	// DMIDir.
 	DMISocket = "dmi.sock"
 )
 
@@ -66,4 +87,23 @@ func StateDir(flagValue string) string {
 		return v
 	}
 	return DefaultStateDir
+}
+
+// HandlerSocketDir resolves the folder of the registration socket the way
+// handler binaries do: <flag>/discovery when the state directory is given,
+// else <$DOWSE_STATE_DIR>/discovery, else Akri's
+// $DISCOVERY_HANDLERS_DIRECTORY as it is (Akri's agent keeps its sockets
+// there, and so does a chart that sets it for Akri's handlers), else
+// <DefaultStateDir>/discovery.
+func HandlerSocketDir(flagValue string) string {
+	if flagValue != "" {
+		return DiscoveryDir(flagValue)
+	}
+	if v := os.Getenv(StateDirEnv); v != "" {
+		return DiscoveryDir(v)
+	}
+	if v := os.Getenv(AkriStateDirEnv); v != "" {
+		return v
+	}
+	return DiscoveryDir(DefaultStateDir)
 }

@@ -67,8 +67,8 @@ func Main(protocol string, newDriver NewDriver) {
 	}
 	fs.StringVar(&cfg.Name, "name", name, "registration name (env "+NameEnv+"; Devices name it in spec.mapperName; a Configuration's mapper uses the Configuration's name)")
 	stateDir := command.StateDirFlag(fs, "the DMI socket and mapper sockets")
-	fs.StringVar(&cfg.DMISocket, "dmi-socket", "", "device manager's DMI socket (default <state-dir>/dmi.sock; KubeEdge edgecore: /etc/kubeedge/dmi.sock)")
-	fs.StringVar(&cfg.Socket, "socket", "", "socket this mapper serves DeviceMapperService on (default <state-dir>/mapper-<name>-<pid>.sock)")
+	fs.StringVar(&cfg.DMISocket, "dmi-socket", "", "device manager's DMI socket (default <state-dir>/dmi/dmi.sock; KubeEdge edgecore: /etc/kubeedge/dmi.sock)")
+	fs.StringVar(&cfg.Socket, "socket", "", "socket this mapper serves DeviceMapperService on (default <state-dir>/dmi/mapper-<name>-<pid>.sock)")
 	metricsAddr := fs.String("metrics-address", "", "address to serve Prometheus metrics on at /metrics, e.g. :9471 (off when empty)")
 	fs.DurationVar(&cfg.DefaultCollectCycle, "default-collect-cycle", time.Second, "collect cycle of properties without one")
 	fs.DurationVar(&cfg.DefaultReportCycle, "default-report-cycle", time.Minute, "heartbeat of properties without a reportCycle: an unchanged value is reported again after this long")

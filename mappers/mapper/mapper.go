@@ -54,11 +54,12 @@ type Config struct {
 	// StateDir is the agent's state directory.
 	StateDir string
 	// DMISocket is the device manager's socket; default
-	// <StateDir>/dmi.sock. Point it at edgecore's
+	// <StateDir>/dmi/dmi.sock (the dmi/ folder is all of the node a
+	// mapper's container needs to mount). Point it at edgecore's
 	// (/etc/kubeedge/dmi.sock) to run under KubeEdge.
 	DMISocket string
 	// Socket is where the mapper serves DeviceMapperService; default
-	// <StateDir>/mapper-<Name>-<pid>.sock.
+	// <StateDir>/dmi/mapper-<Name>-<pid>.sock.
 	Socket string
 	// NewDriver makes a device's Driver.
 	NewDriver NewDriver
@@ -178,10 +179,10 @@ func (c *Config) validateAndDefault() error {
 		c.StateDir = dir
 	}
 	if c.DMISocket == "" {
-		c.DMISocket = filepath.Join(c.StateDir, DMISocketName)
+		c.DMISocket = filepath.Join(nodepaths.DMIDir(c.StateDir), DMISocketName)
 	}
 	if c.Socket == "" {
-		c.Socket = filepath.Join(c.StateDir, "mapper-"+c.Name+"-"+strconv.Itoa(os.Getpid())+".sock")
+		c.Socket = filepath.Join(nodepaths.DMIDir(c.StateDir), "mapper-"+c.Name+"-"+strconv.Itoa(os.Getpid())+".sock")
 	}
 	for _, p := range []string{c.DMISocket, c.Socket} {
 		if len(p) > maxSocketPath {

@@ -534,7 +534,7 @@ func TestSubscription(t *testing.T) {
 // not list it yet) is on its way stays.
 func TestRegisterDeviceDuringRegistration(t *testing.T) {
 	dir := mappertest.ShortTempDir(t)
-	agent := mappertest.NewAgent(dir + "/dmi.sock")
+	agent := mappertest.NewAgent(dir + "/dmi/dmi.sock")
 	release := make(chan struct{})
 	var once sync.Once
 	agent.BeforeRegisterReply = func() { once.Do(func() { <-release }) }

@@ -88,10 +88,15 @@ type Config struct {
 	// Shared is true when the devices this handler finds can be seen from
 	// several nodes (network devices), false for devices attached to the node.
 	Shared bool
-	// StateDir is the agent's state directory. The handler's socket is
-	// <StateDir>/<Name>-<pid>.sock and the agent's registration socket is
-	// <StateDir>/registration.sock.
+	// StateDir is the agent's state directory; SocketDir defaults to its
+	// discovery folder.
 	StateDir string
+	// SocketDir is the folder of the agent's registration socket
+	// (<SocketDir>/registration.sock), where the handler's own socket goes
+	// too (<SocketDir>/<Name>-<pid>.sock): <StateDir>/discovery unless
+	// given (Akri's DISCOVERY_HANDLERS_DIRECTORY names it directly). It is
+	// all of the node a handler's container needs to mount.
+	SocketDir string
 	// Discoverer serves the Discover streams.
 	Discoverer Discoverer
 	// Logger receives the SDK's logs and is put in each stream's context.
@@ -123,8 +128,8 @@ func (cfg *Config) validateAndDefault() (string, error) {
 	if cfg.Discoverer == nil {
 		errs = append(errs, errors.New("discoverer is required"))
 	}
-	if cfg.StateDir == "" {
-		errs = append(errs, errors.New("state directory is required"))
+	if cfg.StateDir == "" && cfg.SocketDir == "" {
+		errs = append(errs, errors.New("state directory (or socket directory) is required"))
 	}
 	if cfg.RetryInitial < 0 || cfg.RetryMax < 0 || cfg.RegisterTimeout < 0 || cfg.ShutdownTimeout < 0 {
 		errs = append(errs, errors.New("durations must not be negative"))
@@ -152,11 +157,14 @@ func (cfg *Config) validateAndDefault() (string, error) {
 	// The agent accepts only an absolute UDS endpoint inside its state
 	// directory, so the directory is made absolute before anything is built
 	// from it.
-	dir, err := filepath.Abs(cfg.StateDir)
-	if err != nil {
-		return "", fmt.Errorf("state directory %q: %w", cfg.StateDir, err)
+	if cfg.SocketDir == "" {
+		cfg.SocketDir = nodepaths.DiscoveryDir(cfg.StateDir)
 	}
-	cfg.StateDir = dir
+	dir, err := filepath.Abs(cfg.SocketDir)
+	if err != nil {
+		return "", fmt.Errorf("socket directory %q: %w", cfg.SocketDir, err)
+	}
+	cfg.SocketDir = dir
 
 	// The pid keeps two handlers of the same name apart on a shared state
 	// directory, and keeps the path stable for the life of the process. A

@@ -8,6 +8,7 @@ import (
 	"github.com/go-logr/logr"
 
 	"github.com/dowse-dev/dowse/internal/command"
+	"github.com/dowse-dev/dowse/internal/nodepaths"
 	"github.com/dowse-dev/dowse/internal/version"
 )
 
@@ -17,6 +18,9 @@ type Settings struct {
 	Name string
 	// StateDir is the agent's state directory (--state-dir, DOWSE_STATE_DIR).
 	StateDir string
+	// SocketDir is the folder of the registration socket:
+	// nodepaths.HandlerSocketDir of the command line and environment.
+	SocketDir string
 	// MetricsAddr is where Prometheus metrics are served (--metrics-address;
 	// empty: not served), for the protocol's Config.MetricsAddr.
 	MetricsAddr string
@@ -31,7 +35,7 @@ type Settings struct {
 //	func main() { handler.Main(modbus.Handler()) }
 func Main(cfg Config) {
 	MainFunc(cfg.Name, nil, func(ctx context.Context, s Settings) error {
-		cfg.Name, cfg.StateDir, cfg.MetricsAddr, cfg.Logger = s.Name, s.StateDir, s.MetricsAddr, s.Logger
+		cfg.Name, cfg.StateDir, cfg.SocketDir, cfg.MetricsAddr, cfg.Logger = s.Name, s.StateDir, s.SocketDir, s.MetricsAddr, s.Logger
 		return Serve(ctx, cfg)
 	})
 }
@@ -57,6 +61,13 @@ func MainFunc(defaultName string, addFlags func(*flag.FlagSet), run func(context
 		return
 	}
 	s.StateDir = *stateDir
+	given := ""
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name == "state-dir" {
+			given = *stateDir
+		}
+	})
+	s.SocketDir = nodepaths.HandlerSocketDir(given)
 
 	ctx, stop := command.SignalContext()
 	defer stop()

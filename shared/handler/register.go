@@ -90,7 +90,7 @@ func (s *Server) registerUntilDone(ctx context.Context, reason string) error {
 // fast meanwhile; registrations are rare, so a new connection each time
 // costs nothing and always dials the agent that is there now.
 func (s *Server) register(ctx context.Context) error {
-	conn, err := grpc.NewClient("unix://"+filepath.Join(s.cfg.StateDir, RegistrationSocketName),
+	conn, err := grpc.NewClient("unix://"+filepath.Join(s.cfg.SocketDir, RegistrationSocketName),
 		grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return err
@@ -113,7 +113,7 @@ func (s *Server) register(ctx context.Context) error {
 // know this handler. It returns an error when the handler's own socket (ours)
 // is removed or replaced, and nil when ctx ends.
 func (s *Server) watchStateDir(ctx context.Context, watcher *fsnotify.Watcher, ours os.FileInfo) error {
-	registrationSocket := filepath.Join(s.cfg.StateDir, RegistrationSocketName)
+	registrationSocket := filepath.Join(s.cfg.SocketDir, RegistrationSocketName)
 	for {
 		select {
 		case <-ctx.Done():

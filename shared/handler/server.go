@@ -86,7 +86,7 @@ func (s *Server) Start(ctx context.Context) error {
 		cancel()
 	}
 
-	if err := os.MkdirAll(s.cfg.StateDir, 0o750); err != nil {
+	if err := os.MkdirAll(s.cfg.SocketDir, 0o750); err != nil {
 		return fmt.Errorf("creating state directory: %w", err)
 	}
 
@@ -97,8 +97,8 @@ func (s *Server) Start(ctx context.Context) error {
 		return fmt.Errorf("watching state directory: %w", err)
 	}
 	defer watcher.Close()
-	if err := watcher.Add(s.cfg.StateDir); err != nil {
-		return fmt.Errorf("watching state directory %s: %w", s.cfg.StateDir, err)
+	if err := watcher.Add(s.cfg.SocketDir); err != nil {
+		return fmt.Errorf("watching state directory %s: %w", s.cfg.SocketDir, err)
 	}
 
 	lis, socketInfo, err := s.listen()

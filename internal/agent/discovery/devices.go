@@ -2,6 +2,7 @@ package discovery
 
 import (
 	"fmt"
+	"path"
 	"regexp"
 	"strings"
 
@@ -23,7 +24,7 @@ var permissions = regexp.MustCompile(`^[rwm]{0,3}$`)
 // max) and says what it dropped, so a lying handler is reported in the
 // Configuration's status instead of corrupting Instances, and one bad
 // device does not hold back the others' writes.
-func screen(devices []*discoveryv1.Device, max int) (kept []*discoveryv1.Device, problem string) {
+func screen(devices []*discoveryv1.Device, max int, allowed HostPaths) (kept []*discoveryv1.Device, problem string) {
 	seen := make(map[string]struct{}, len(devices))
 	var empty, dup int
 	var dupExample string
@@ -38,9 +39,13 @@ func screen(devices []*discoveryv1.Device, max int) (kept []*discoveryv1.Device,
 			if dupExample == "" {
 				dupExample = d.GetId()
 			}
-		case invalidDevice(d) != "":
+		case invalidDevice(d) != "" || allowed.refuse(d) != "":
 			if invalid++; invalid <= 3 {
-				invalidExamples = append(invalidExamples, fmt.Sprintf("device %q: %s", cut(d.GetId(), 100), invalidDevice(d)))
+				why := invalidDevice(d)
+				if why == "" {
+					why = allowed.refuse(d)
+				}
+				invalidExamples = append(invalidExamples, fmt.Sprintf("device %q: %s", cut(d.GetId(), 100), why))
 			}
 		default:
 			seen[d.GetId()] = struct{}{}
@@ -79,4 +84,48 @@ func invalidDevice(d *discoveryv1.Device) string {
 		}
 	}
 	return ""
+}
+
+// HostPaths are the host paths an administrator lets handlers hand out:
+// device nodes under Devices, mounts under Mounts (path prefixes, whole
+// folder names; "/" allows all). A device naming another is refused, so
+// that a handler that lies (or another process on its name) cannot put
+// the host's files into the containers that get the device.
+type HostPaths struct {
+	Devices, Mounts []string
+}
+
+// DefaultHostPaths allows device nodes and mounts under /dev (a serial
+// port's pty reaches its container as a mount), nothing else: what the
+// shipped handlers hand out.
+func DefaultHostPaths() HostPaths { return HostPaths{Devices: []string{"/dev"}, Mounts: []string{"/dev"}} }
+
+// refuse says which host path of d is not allowed ("" when none).
+func (h HostPaths) refuse(d *discoveryv1.Device) string {
+	for i, s := range d.GetDeviceSpecs() {
+		if !under(s.GetHostPath(), h.Devices) {
+			return fmt.Sprintf("deviceSpecs[%d].hostPath %q is not under the allowed device paths %v (the agent's --allowed-device-paths)", i, cut(s.GetHostPath(), 200), h.Devices)
+		}
+	}
+	for i, m := range d.GetMounts() {
+		if !under(m.GetHostPath(), h.Mounts) {
+			return fmt.Sprintf("mounts[%d].hostPath %q is not under the allowed mount paths %v (the agent's --allowed-mount-paths)", i, cut(m.GetHostPath(), 200), h.Mounts)
+		}
+	}
+	return ""
+}
+
+// under says whether p, an absolute clean path, is one of prefixes or in
+// one of their folders.
+func under(p string, prefixes []string) bool {
+	if !path.IsAbs(p) || path.Clean(p) != p {
+		return false
+	}
+	for _, pre := range prefixes {
+		pre = path.Clean(pre)
+		if pre == "/" || p == pre || strings.HasPrefix(p, pre+"/") {
+			return true
+		}
+	}
+	return false
 }

@@ -43,7 +43,7 @@ func TestScreen(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			kept, problem := screen(c.in, c.max)
+			kept, problem := screen(c.in, c.max, HostPaths{Devices: []string{"/"}, Mounts: []string{"/"}})
 			if got := ids(kept); got != c.kept {
 				t.Fatalf("kept %q, want %q", got, c.kept)
 			}
@@ -56,5 +56,46 @@ func TestScreen(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestHostPathsAllowed: device nodes and mounts only under the allowed
+// folders, whole names, absolute and clean; the default allows device
+// nodes under /dev and no mount.
+func TestHostPathsAllowed(t *testing.T) {
+	dev := func(devs []string, mounts []string) *discoveryv1.Device {
+		d := &discoveryv1.Device{Id: "x"}
+		for _, p := range devs {
+			d.DeviceSpecs = append(d.DeviceSpecs, &discoveryv1.DeviceSpec{HostPath: p, ContainerPath: p})
+		}
+		for _, p := range mounts {
+			d.Mounts = append(d.Mounts, &discoveryv1.Mount{HostPath: p, ContainerPath: "/m"})
+		}
+		return d
+	}
+	def := DefaultHostPaths()
+	for name, c := range map[string]struct {
+		d       *discoveryv1.Device
+		allowed HostPaths
+		ok      bool
+	}{
+		"video node":         {dev([]string{"/dev/video0"}, nil), def, true},
+		"host root mount":    {dev(nil, []string{"/"}), def, false},
+		"mount not allowed":  {dev(nil, []string{"/var/lib/cam"}), def, false},
+		"mount allowed":      {dev(nil, []string{"/var/lib/cam/a"}), HostPaths{Mounts: []string{"/var/lib/cam"}}, true},
+		"prefix is a name":   {dev(nil, []string{"/var/lib/camera"}), HostPaths{Mounts: []string{"/var/lib/cam"}}, false},
+		"dot dot":            {dev([]string{"/dev/../etc/shadow"}, nil), def, false},
+		"relative":           {dev([]string{"dev/mem"}, nil), def, false},
+		"outside /dev":       {dev([]string{"/etc/shadow"}, nil), def, false},
+		"everything allowed": {dev([]string{"/etc/shadow"}, []string{"/"}), HostPaths{Devices: []string{"/"}, Mounts: []string{"/"}}, true},
+		"no paths at all":    {dev(nil, nil), HostPaths{}, true},
+	} {
+		if got := c.allowed.refuse(c.d) == ""; got != c.ok {
+			t.Errorf("%s: allowed %v, want %v (%s)", name, got, c.ok, c.allowed.refuse(c.d))
+		}
+	}
+	kept, problem := screen([]*discoveryv1.Device{dev([]string{"/dev/ttyUSB0"}, nil), {Id: "root", Mounts: []*discoveryv1.Mount{{HostPath: "/", ContainerPath: "/host"}}}}, 0, def)
+	if len(kept) != 1 || kept[0].GetId() != "x" || !strings.Contains(problem, `device "root"`) || !strings.Contains(problem, "--allowed-mount-paths") {
+		t.Errorf("screen kept %v, problem %q: want the /dev device alone, the other named with why", kept, problem)
 	}
 }

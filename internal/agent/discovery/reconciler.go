@@ -53,6 +53,8 @@ type Options struct {
 	GracePeriod time.Duration
 	// MaxDevices caps the devices taken from one list (0: no cap).
 	MaxDevices int
+	// HostPaths are the host paths handlers may hand out.
+	HostPaths HostPaths
 	// PropertyMetrics counts the watches of discovery property objects
 	// (nil: not counted).
 	PropertyMetrics *propertyrefs.Metrics
@@ -348,6 +350,7 @@ func (r *Reconciler) replaceSession(cfg *v1alpha1.Configuration, key string, pro
 		blocked:    blocked,
 		grace:      r.opts.GracePeriod,
 		maxDevices: r.opts.MaxDevices,
+		hostPaths:  r.opts.HostPaths,
 		registry:   r.registry,
 		writer:     r.writer,
 		log:        r.log.WithValues("configuration", cfg.Name, "namespace", cfg.Namespace, "handler", cfg.Spec.DiscoveryHandler.Name),

@@ -110,6 +110,7 @@ type session struct {
 	blocked    string // why the stream must not be opened (e.g. a property did not resolve)
 	grace      time.Duration
 	maxDevices int
+	hostPaths  HostPaths
 
 	registry *registry.Registry
 	writer   *instances.Writer
@@ -201,7 +202,10 @@ func (s *session) run(ctx context.Context) {
 	var target list
 	have := false // whether target holds anything to apply yet
 	applyTarget := func() {
-		kept, problem := screen(target.devices, s.maxDevices)
+		kept, problem := screen(target.devices, s.maxDevices, s.hostPaths)
+		if problem != "" {
+			s.log.Info("dropped devices the handler sent", "problem", problem)
+		}
 		res, err := s.writer.Sync(ctx, s.cfg, target.shared, kept)
 		if err != nil {
 			if ctx.Err() != nil {

@@ -138,7 +138,7 @@ func TestAnotherProcessReportsOnlyForItsOwnDevices(t *testing.T) {
 	first := startFakeMapper(t, filepath.Join(dir, "first.sock"))
 	register(t, r.client, "first", "virtual", first.sock, false)
 
-	sock := filepath.Join(dir, "dmi.sock")
+	sock := filepath.Join(dir, "dmi", "dmi.sock")
 	got := runChild(t, map[string]any{"Socket": sock, "Name": "second", "Protocol": "modbus", "Address": filepath.Join(dir, "second.sock"),
 		"Report": []string{"second-dev", "first-dev"}})
 	want := []struct {
@@ -264,7 +264,7 @@ func TestNameStaysWithItsLiveProcess(t *testing.T) {
 		}
 		return nil
 	})
-	sock := filepath.Join(dir, "dmi.sock")
+	sock := filepath.Join(dir, "dmi", "dmi.sock")
 	owner := func() string {
 		r.srv.mu.Lock()
 		defer r.srv.mu.Unlock()

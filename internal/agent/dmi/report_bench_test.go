@@ -67,7 +67,7 @@ func BenchmarkReportDeviceStatus(b *testing.B) {
 			done := make(chan error, 1)
 			go func() { done <- srv.Start(ctx) }()
 			defer func() { cancel(); <-done }()
-			conn, err := grpc.NewClient("unix://"+filepath.Join(dir, "dmi.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+			conn, err := grpc.NewClient("unix://"+filepath.Join(dir, "dmi", "dmi.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
 			if err != nil {
 				b.Fatal(err)
 			}

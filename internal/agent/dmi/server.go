@@ -55,6 +55,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/reflection"
 
+	"github.com/dowse-dev/dowse/internal/agent/socketdir"
 	"github.com/dowse-dev/dowse/internal/nodepaths"
 	dmiv1beta1 "github.com/dowse-dev/dowse/proto/dmi/v1beta1"
 	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
@@ -84,8 +85,12 @@ type Config struct {
 	// StateDir holds dmi-mappers.json and, by default, the socket.
 	StateDir string
 	// SocketPath is where DeviceManagerService is served
-	// (<StateDir>/dmi.sock), mode 0660.
+	// (<StateDir>/dmi/dmi.sock), mode 0660, in a folder of its own that
+	// mappers' containers mount alone.
 	SocketPath string
+	// SocketGroup owns the socket and its folder (socketdir.Prepare);
+	// socketdir.NoGroup leaves them to the agent's group.
+	SocketGroup int
 	// Node names this node in messages.
 	Node string
 	// CallTimeout bounds each call to a mapper (5s).
@@ -153,7 +158,7 @@ func New(cfg Config, edge Edge, metrics *Metrics) (*Server, error) {
 		return nil, errors.New("dmi: state directory and edge are required")
 	}
 	if cfg.SocketPath == "" {
-		cfg.SocketPath = filepath.Join(cfg.StateDir, nodepaths.DMISocket)
+		cfg.SocketPath = filepath.Join(nodepaths.DMIDir(cfg.StateDir), nodepaths.DMISocket)
 	}
 	if cfg.CallTimeout <= 0 {
 		cfg.CallTimeout = 5 * time.Second
@@ -317,7 +322,7 @@ func (s *Server) Start(ctx context.Context) error {
 	log := logr.FromContextOrDiscard(ctx).WithName("dmi")
 	ctx = logr.NewContext(ctx, log)
 	sock := s.cfg.SocketPath
-	if err := os.MkdirAll(filepath.Dir(sock), 0o750); err != nil {
+	if err := socketdir.Prepare(filepath.Dir(sock), s.cfg.SocketGroup); err != nil {
 		return fmt.Errorf("dmi: %w", err)
 	}
 	if fi, err := os.Lstat(sock); err == nil && fi.Mode()&os.ModeSocket != 0 {
@@ -328,7 +333,7 @@ func (s *Server) Start(ctx context.Context) error {
 		return fmt.Errorf("dmi: listen on %s: %w", sock, err)
 	}
 	defer os.Remove(sock)
-	if err := os.Chmod(sock, 0o660); err != nil {
+	if err := socketdir.Socket(sock, s.cfg.SocketGroup); err != nil {
 		lis.Close()
 		return fmt.Errorf("dmi: %w", err)
 	}

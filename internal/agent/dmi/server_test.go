@@ -256,7 +256,7 @@ func startServer(t *testing.T, dir string, edge Edge, tweak func(*Config)) *run 
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &run{srv: srv, reg: reg, cancel: cancel, done: make(chan error, 1)}
 	go func() { r.done <- srv.Start(ctx) }()
-	sock := filepath.Join(dir, "dmi.sock")
+	sock := filepath.Join(dir, "dmi", "dmi.sock")
 	waitFor(t, "dmi.sock", func() error { _, err := os.Stat(sock); return err })
 	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -706,7 +706,7 @@ func TestForgetUnreachable(t *testing.T) {
 func TestReflection(t *testing.T) {
 	dir := t.TempDir()
 	startServer(t, dir, newFakeEdge(), nil)
-	conn, err := grpc.NewClient("unix://"+filepath.Join(dir, "dmi.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient("unix://"+filepath.Join(dir, "dmi", "dmi.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -890,7 +890,7 @@ func TestMapperConditions(t *testing.T) {
 	edge.putDevice(device("a", "thermo", "virtual", "", "1"))
 	r := startServer(t, dir, edge, nil)
 	register(t, r.client, "virt", "virtual", startFakeMapper(t, filepath.Join(dir, "m.sock")).sock, false)
-	conn, err := grpc.NewClient("unix://"+filepath.Join(dir, "dmi.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient("unix://"+filepath.Join(dir, "dmi", "dmi.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}

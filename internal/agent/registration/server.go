@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/dowse-dev/dowse/internal/agent/registry"
+	"github.com/dowse-dev/dowse/internal/agent/socketdir"
 	"github.com/dowse-dev/dowse/internal/nodepaths"
 	discoveryv0 "github.com/dowse-dev/dowse/proto/discovery/v0"
 	discoveryv1 "github.com/dowse-dev/dowse/proto/discovery/v1"
@@ -41,24 +42,24 @@ const AkriSocketName = nodepaths.AkriRegistrationSocket
 type Server struct {
 	socketPath string
 	akriPath   string
+	group      int
 	registry   *registry.Registry
 	log        logr.Logger
 	serving    atomic.Bool
 }
 
-// New makes a Server that records registrations in reg.
-func New(stateDir string, reg *registry.Registry, log logr.Logger) *Server {
-	return &Server{socketPath: filepath.Join(stateDir, SocketName), akriPath: filepath.Join(stateDir, AkriSocketName), registry: reg, log: log}
+// New makes a Server that records registrations in reg, serving in
+// stateDir's discovery folder, which members of group (socketdir) may use.
+func New(stateDir string, group int, reg *registry.Registry, log logr.Logger) *Server {
+	dir := nodepaths.DiscoveryDir(stateDir)
+	return &Server{socketPath: filepath.Join(dir, SocketName), akriPath: filepath.Join(dir, AkriSocketName), group: group, registry: reg, log: log}
 }
-
-// socketMode lets the agent's user and group, and nobody else, use a socket.
-const socketMode = 0o660
 
 // Start serves until ctx ends. It replaces a stale socket left by an earlier
 // agent; handlers notice the new socket and register again.
 func (s *Server) Start(ctx context.Context) error {
-	if err := os.MkdirAll(filepath.Dir(s.socketPath), 0o750); err != nil {
-		return fmt.Errorf("creating state directory: %w", err)
+	if err := socketdir.Prepare(filepath.Dir(s.socketPath), s.group); err != nil {
+		return err
 	}
 	var listeners []net.Listener
 	for _, p := range []string{s.socketPath, s.akriPath} {
@@ -78,10 +79,11 @@ func (s *Server) Start(ctx context.Context) error {
 			closeAll(listeners)
 			return fmt.Errorf("listening on registration socket: %w", err)
 		}
-		// Only the agent's user and group may register a handler.
-		if err := os.Chmod(p, socketMode); err != nil {
+		// Only the agent's user and the socket group may register a
+		// handler.
+		if err := socketdir.Socket(p, s.group); err != nil {
 			closeAll(append(listeners, lis))
-			return fmt.Errorf("restricting registration socket: %w", err)
+			return err
 		}
 		listeners = append(listeners, lis)
 	}

@@ -15,6 +15,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/dowse-dev/dowse/internal/agent/registry"
+	"github.com/dowse-dev/dowse/internal/agent/socketdir"
+	"github.com/dowse-dev/dowse/internal/nodepaths"
 	discoveryv0 "github.com/dowse-dev/dowse/proto/discovery/v0"
 	discoveryv1 "github.com/dowse-dev/dowse/proto/discovery/v1"
 )
@@ -28,7 +30,7 @@ func TestHealthChecksFollowTheSocket(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	s := New(dir, registry.New(dir), logr.Discard())
+	s := New(dir, socketdir.NoGroup, registry.New(dir), logr.Discard())
 	req := httptest.NewRequest("GET", "/readyz", nil)
 	if s.Ready(req) == nil {
 		t.Fatal("ready before serving")
@@ -49,7 +51,7 @@ func TestHealthChecksFollowTheSocket(t *testing.T) {
 	if err := s.Healthy(req); err != nil {
 		t.Fatalf("healthy server: %v", err)
 	}
-	if err := os.Remove(filepath.Join(dir, SocketName)); err != nil {
+	if err := os.Remove(filepath.Join(nodepaths.DiscoveryDir(dir), SocketName)); err != nil {
 		t.Fatal(err)
 	}
 	if s.Healthy(req) == nil {
@@ -71,7 +73,7 @@ func TestAkriRegistrationSocket(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })
 	reg := registry.New(dir)
-	s := New(dir, reg, logr.Discard())
+	s := New(dir, socketdir.NoGroup, reg, logr.Discard())
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- s.Start(ctx) }()
@@ -83,7 +85,7 @@ func TestAkriRegistrationSocket(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	for _, name := range []string{SocketName, AkriSocketName} {
-		fi, err := os.Stat(filepath.Join(dir, name))
+		fi, err := os.Stat(filepath.Join(nodepaths.DiscoveryDir(dir), name))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -91,7 +93,7 @@ func TestAkriRegistrationSocket(t *testing.T) {
 			t.Fatalf("%s has mode %v: only the agent's user and group may register", name, perm)
 		}
 	}
-	conn, err := grpc.NewClient("unix://"+filepath.Join(dir, AkriSocketName), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient("unix://"+filepath.Join(nodepaths.DiscoveryDir(dir), AkriSocketName), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -117,7 +119,7 @@ func TestAkriRegistrationSocket(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, n := range []string{SocketName, AkriSocketName} {
-		if _, err := os.Stat(filepath.Join(dir, n)); !errors.Is(err, os.ErrNotExist) {
+		if _, err := os.Stat(filepath.Join(nodepaths.DiscoveryDir(dir), n)); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("%s left behind after stopping (%v)", n, err)
 		}
 	}
@@ -137,10 +139,10 @@ func TestAkriSocketTooLongIsNotFatal(t *testing.T) {
 		t.Skipf("temp dir %s too long for this test", base)
 	}
 	dir := filepath.Join(base, strings.Repeat("d", pad))
-	if len(filepath.Join(dir, AkriSocketName)) <= 107 || len(filepath.Join(dir, SocketName)) > 107 {
+	if len(filepath.Join(nodepaths.DiscoveryDir(dir), AkriSocketName)) <= 107 || len(filepath.Join(nodepaths.DiscoveryDir(dir), SocketName)) > 107 {
 		t.Fatalf("bad test dir %s", dir)
 	}
-	s := New(dir, registry.New(dir), logr.Discard())
+	s := New(dir, socketdir.NoGroup, registry.New(dir), logr.Discard())
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- s.Start(ctx) }()
@@ -159,7 +161,7 @@ func TestAkriSocketTooLongIsNotFatal(t *testing.T) {
 	if err := s.Healthy(httptest.NewRequest("GET", "/healthz", nil)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := os.Lstat(filepath.Join(dir, AkriSocketName)); err == nil {
+	if _, err := os.Lstat(filepath.Join(nodepaths.DiscoveryDir(dir), AkriSocketName)); err == nil {
 		t.Error("a socket path longer than 107 bytes was served")
 	}
 	cancel()

@@ -71,16 +71,18 @@ type Reconciler struct {
 	client   client.Client
 	pods     PodsOf
 	stateDir string
-	log      logr.Logger
+	// socketGroup owns the agents' socket folders (0: none).
+	socketGroup int64
+	log         logr.Logger
 }
 
 // NewReconciler makes a Reconciler; stateDir is the agents' state directory
 // on the nodes (DefaultStateDir when empty).
-func NewReconciler(c client.Client, pods PodsOf, stateDir string, log logr.Logger) *Reconciler {
+func NewReconciler(c client.Client, pods PodsOf, stateDir string, socketGroup int64, log logr.Logger) *Reconciler {
 	if stateDir == "" {
 		stateDir = DefaultStateDir
 	}
-	return &Reconciler{client: c, pods: pods, stateDir: stateDir, log: log}
+	return &Reconciler{client: c, pods: pods, stateDir: stateDir, socketGroup: socketGroup, log: log}
 }
 
 // SetupWithManager reconciles Configurations, the Configuration a Device
@@ -348,10 +350,22 @@ func PodName(cfg, node, specHash string) string {
 func (r *Reconciler) pod(cfg *v1alpha1.Configuration, spec *corev1.PodSpec, node string, secrets []string) (*corev1.Pod, error) {
 	s := spec.DeepCopy()
 	s.NodeName = node
-	const vol = "dowse-state"
+	// The agent's DMI socket folder alone: the rest of its state directory
+	// (the node's link key, its edge store) is none of a mapper's business.
+	const vol = "dowse-dmi"
+	dmiDir := nodepaths.DMIDir(r.stateDir)
 	s.Volumes = append(s.Volumes, corev1.Volume{Name: vol, VolumeSource: corev1.VolumeSource{
-		HostPath: &corev1.HostPathVolumeSource{Path: r.stateDir, Type: ptr.To(corev1.HostPathDirectory)}}})
-	mounts := []corev1.VolumeMount{{Name: vol, MountPath: r.stateDir}}
+		HostPath: &corev1.HostPathVolumeSource{Path: dmiDir, Type: ptr.To(corev1.HostPathDirectory)}}})
+	mounts := []corev1.VolumeMount{{Name: vol, MountPath: dmiDir}}
+	if r.socketGroup > 0 {
+		// A template's non-root user may then use the folder's sockets.
+		if s.SecurityContext == nil {
+			s.SecurityContext = &corev1.PodSecurityContext{}
+		}
+		if !slices.Contains(s.SecurityContext.SupplementalGroups, r.socketGroup) {
+			s.SecurityContext.SupplementalGroups = append(s.SecurityContext.SupplementalGroups, r.socketGroup)
+		}
+	}
 	for _, name := range secrets {
 		sum := sha256.Sum256([]byte(name))
 		v := "dowse-sink-" + hex.EncodeToString(sum[:])[:12]

@@ -1,6 +1,7 @@
 package mappers
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
@@ -11,26 +12,30 @@ import (
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 )
 
-// TestPod: pinned to its node, the state directory mounted in every
-// container, the registration name set, and a name that changes with the
+// TestPod: pinned to its node, the agent's DMI socket folder (and nothing
+// else of its state directory: not the node's link key) mounted in every
+// container, the socket group given, the registration name set, and a name that changes with the
 // spec (so a new template starts a new Pod) but not with the node's length.
 func TestPod(t *testing.T) {
-	r := NewReconciler(nil, nil, "", logrDiscard())
+	r := NewReconciler(nil, nil, "", 2000, logrDiscard())
 	cfg := &v1alpha1.Configuration{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "plc", UID: "u"}}
 	spec := &corev1.PodSpec{Containers: []corev1.Container{{Name: "a", Image: "x:1"}, {Name: "b", Image: "y:1"}}}
 	p, err := r.pod(cfg, spec, "edge-1", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p.Spec.NodeName != "edge-1" || len(p.Spec.Volumes) != 1 || p.Spec.Volumes[0].HostPath.Path != DefaultStateDir {
-		t.Fatalf("pod spec %+v: want pinned, with the state directory", p.Spec)
+	if p.Spec.NodeName != "edge-1" || len(p.Spec.Volumes) != 1 || p.Spec.Volumes[0].HostPath.Path != DefaultStateDir+"/dmi" {
+		t.Fatalf("pod spec %+v: want pinned, with the DMI socket folder alone", p.Spec)
+	}
+	if sc := p.Spec.SecurityContext; sc == nil || !slices.Equal(sc.SupplementalGroups, []int64{2000}) {
+		t.Fatalf("pod security context %+v: want the socket group", sc)
 	}
 	for _, c := range p.Spec.Containers {
 		env := map[string]string{}
 		for _, e := range c.Env {
 			env[e.Name] = e.Value
 		}
-		if len(c.VolumeMounts) != 1 || env[EnvMapperName] != "plc" || env[EnvStateDir] != DefaultStateDir {
+		if len(c.VolumeMounts) != 1 || c.VolumeMounts[0].MountPath != DefaultStateDir+"/dmi" || env[EnvMapperName] != "plc" || env[EnvStateDir] != DefaultStateDir {
 			t.Errorf("container %s: mounts %v env %v", c.Name, c.VolumeMounts, env)
 		}
 	}
@@ -53,7 +58,7 @@ func TestPod(t *testing.T) {
 // read-only where the mapper SDK looks, optional, in every container, and
 // a new Secret makes a new Pod.
 func TestPodMountsSinkSecrets(t *testing.T) {
-	r := NewReconciler(nil, nil, "", logrDiscard())
+	r := NewReconciler(nil, nil, "", 0, logrDiscard())
 	cfg := &v1alpha1.Configuration{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "plc", UID: "u"}}
 	spec := &corev1.PodSpec{Containers: []corev1.Container{{Name: "a", Image: "x:1"}, {Name: "b", Image: "y:1"}}}
 	p, err := r.pod(cfg, spec, "edge-1", []string{"mqtt-creds", "http-creds"})

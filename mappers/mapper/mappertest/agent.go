@@ -141,10 +141,11 @@ func ShortTempDir(t testing.TB) string {
 	return dir
 }
 
-// Start serves a fake agent on <dir>/dmi.sock until the test ends.
+// Start serves a fake agent on <dir>/dmi/dmi.sock, where a mapper of state
+// directory dir looks, until the test ends.
 func Start(t testing.TB, dir string) *Agent {
 	t.Helper()
-	a := NewAgent(filepath.Join(dir, mapper.DMISocketName))
+	a := NewAgent(filepath.Join(dir, "dmi", mapper.DMISocketName))
 	a.Serve(t)
 	t.Cleanup(func() {
 		a.Close()
@@ -185,6 +186,9 @@ func (a *Agent) Serve(t testing.TB) {
 // Listen is Serve without a test.
 func (a *Agent) Listen() error {
 	_ = os.Remove(a.Socket)
+	if err := os.MkdirAll(filepath.Dir(a.Socket), 0o750); err != nil {
+		return err
+	}
 	lis, err := net.Listen("unix", a.Socket)
 	if err != nil {
 		return err

@@ -293,7 +293,7 @@ func run(ctx context.Context, window time.Duration, nDevices, nProps, samples in
 	address := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 
 	reports := make(chan mappertest.Report, 4096)
-	agent := mappertest.NewAgent(filepath.Join(dir, "dmi.sock"))
+	agent := mappertest.NewAgent(filepath.Join(dir, "dmi", "dmi.sock"))
 	agent.OnReport = func(r mappertest.Report) {
 		if r.Req.GetDeviceName() == "lat" {
 			select {

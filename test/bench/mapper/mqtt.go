@@ -139,7 +139,7 @@ func runMQTT(ctx context.Context, root string, window time.Duration, nDevices, n
 		return errors.New("mosquitto_sub did not subscribe within 15s")
 	}
 
-	agent := mappertest.NewAgent(filepath.Join(dir, "dmi.sock"))
+	agent := mappertest.NewAgent(filepath.Join(dir, "dmi", "dmi.sock"))
 	if err := agent.Listen(); err != nil {
 		return err
 	}

@@ -76,7 +76,7 @@ func runONVIF(ctx context.Context, root string, window time.Duration) error {
 		time.Sleep(50 * time.Millisecond)
 	}
 
-	agent := mappertest.NewAgent(filepath.Join(dir, "dmi.sock"))
+	agent := mappertest.NewAgent(filepath.Join(dir, "dmi", "dmi.sock"))
 	if err := agent.Listen(); err != nil {
 		return err
 	}

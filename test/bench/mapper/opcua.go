@@ -89,7 +89,7 @@ func runOPCUA(ctx context.Context, root string, window time.Duration, samples in
 	endpoint := "opc.tcp://127.0.0.1:" + strconv.Itoa(port)
 
 	reports := make(chan mappertest.Report, 4096)
-	agent := mappertest.NewAgent(filepath.Join(dir, "dmi.sock"))
+	agent := mappertest.NewAgent(filepath.Join(dir, "dmi", "dmi.sock"))
 	agent.OnReport = func(r mappertest.Report) {
 		select {
 		case reports <- r:

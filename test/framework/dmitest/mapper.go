@@ -40,7 +40,7 @@ type Mapper struct {
 // Start serves DeviceMapperService on a socket in stateDir and registers
 // with the agent's dmi.sock there (retrying until ctx ends).
 func Start(ctx context.Context, stateDir, name, protocol string) (*Mapper, error) {
-	m := &Mapper{Name: name, Protocol: protocol, Socket: filepath.Join(stateDir, "scripted-"+name+".sock"), DMISocket: filepath.Join(stateDir, "dmi.sock"),
+	m := &Mapper{Name: name, Protocol: protocol, Socket: filepath.Join(stateDir, "scripted-"+name+".sock"), DMISocket: filepath.Join(stateDir, "dmi", "dmi.sock"),
 		devices: map[string]*dmiv1beta1.Device{}, desired: map[string]map[string]string{}}
 	_ = os.Remove(m.Socket)
 	l, err := net.Listen("unix", m.Socket)

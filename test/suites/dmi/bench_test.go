@@ -107,7 +107,7 @@ func BenchmarkDesiredToMapper(b *testing.B) {
 	dmiv1beta1.RegisterDeviceMapperServiceServer(gs, tm)
 	go gs.Serve(lis)
 	defer gs.Stop()
-	conn, err := grpc.NewClient("unix://"+filepath.Join(stateDir, "dmi.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient("unix://"+filepath.Join(stateDir, "dmi", "dmi.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		b.Fatal(err)
 	}

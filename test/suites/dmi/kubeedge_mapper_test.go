@@ -168,7 +168,7 @@ func startAgent(t testing.TB, stateDir string, dialer link.Dialer, logs *procs.L
 		stopMappers()
 		<-mdone
 	}()
-	waitFor(t, "dmi.sock", func() error { _, err := os.Stat(filepath.Join(stateDir, "dmi.sock")); return err })
+	waitFor(t, "dmi.sock", func() error { _, err := os.Stat(filepath.Join(stateDir, "dmi", "dmi.sock")); return err })
 	t.Cleanup(a.stop)
 	return a
 }
@@ -259,7 +259,7 @@ func TestKubeEdgeMapperFramework(t *testing.T) {
 	if err := os.MkdirAll(mapperDir, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	dmiSock := filepath.Join(stateDir, "dmi.sock")
+	dmiSock := filepath.Join(stateDir, "dmi", "dmi.sock")
 
 	ca, err := pki.NewCA("dowse-dmi-test", time.Hour)
 	if err != nil {

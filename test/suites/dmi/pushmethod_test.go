@@ -95,7 +95,7 @@ func TestKubeEdgeMapperPushesToMQTT(t *testing.T) {
 		}
 		return nil
 	})
-	m := kubeedgepeer.Start(t, bin, mapperDir, filepath.Join(stateDir, "dmi.sock"))
+	m := kubeedgepeer.Start(t, bin, mapperDir, filepath.Join(stateDir, "dmi", "dmi.sock"))
 	waitFor(t, "mapper registers", func() error {
 		if m.Out.Count("EVENT registered") != 1 {
 			return fmt.Errorf("mapper stdout:\n%s\nstderr:\n%s", m.Out, m.Stderr)

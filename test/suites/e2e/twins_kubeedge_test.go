@@ -42,7 +42,7 @@ func (c *cloud) watchDevices(t testing.TB) watch.Interface {
 func (c *cloud) joinKubeEdgeMapper(t testing.TB, bin string) *kubeedgepeer.Mapper {
 	t.Helper()
 	_, state, _ := c.joinAgent("edge-1", "")
-	dmiSock := filepath.Join(state, "dmi.sock")
+	dmiSock := filepath.Join(state, "dmi", "dmi.sock")
 	testwait.For(t, 60*time.Second, func() error { _, err := os.Stat(dmiSock); return err })
 	m := kubeedgepeer.Start(t, bin, t.TempDir(), dmiSock)
 	testwait.For(t, 30*time.Second, func() error {

@@ -174,7 +174,7 @@ func TestTwinsSurviveOfflineAndFaults(t *testing.T) {
 	defer stopMapper()
 	// The mapper's socket goes in the agent's state directory, which the
 	// agent makes.
-	testwait.For(t, 60*time.Second, func() error { _, err := os.Stat(filepath.Join(state, "dmi.sock")); return err })
+	testwait.For(t, 60*time.Second, func() error { _, err := os.Stat(filepath.Join(state, "dmi", "dmi.sock")); return err })
 	m, err := dmitest.Start(mctx, state, "counters", "scripted")
 	if err != nil {
 		t.Fatal(err)

@@ -368,6 +368,7 @@ func checkLink(t *testing.T, got map[string]*unstructured.Unstructured) {
 func checkPods(t *testing.T, objs []*unstructured.Unstructured) {
 	t.Helper()
 	n := 0
+	uids := map[int64]string{}
 	for _, o := range objs {
 		if o.GetKind() != "DaemonSet" && o.GetKind() != "Deployment" {
 			continue
@@ -392,6 +393,30 @@ func checkPods(t *testing.T, objs []*unstructured.Unstructured) {
 		if o.GetName() == "dowse-controller" {
 			if psc := ps.SecurityContext; psc == nil || psc.RunAsNonRoot == nil || !*psc.RunAsNonRoot {
 				t.Errorf("controller pod runs as root: %+v", psc)
+			}
+		}
+		// Handlers and mappers: non-root users of their own, each in the
+		// socket group, mounting of the node its socket folder alone (and,
+		// for udev, udev's database read-only): never the agent's state
+		// directory, where the node's link key is.
+		comp := o.GetLabels()["app.kubernetes.io/component"]
+		if comp == "discovery-handler" || comp == "mapper" {
+			psc := ps.SecurityContext
+			if psc == nil || psc.RunAsNonRoot == nil || !*psc.RunAsNonRoot || psc.RunAsUser == nil || *psc.RunAsUser == 0 || !slices.Contains(psc.SupplementalGroups, 2000) {
+				t.Errorf("%s pod security context %+v: want non-root, its own user, the socket group", o.GetName(), psc)
+			} else if other, ok := uids[*psc.RunAsUser]; ok {
+				t.Errorf("%s and %s run as the same user %d", o.GetName(), other, *psc.RunAsUser)
+			} else {
+				uids[*psc.RunAsUser] = o.GetName()
+			}
+			want := "/var/lib/dowse/discovery"
+			if comp == "mapper" {
+				want = "/var/lib/dowse/dmi"
+			}
+			for _, v := range ps.Volumes {
+				if v.HostPath != nil && v.HostPath.Path != want && v.HostPath.Path != "/run/udev" {
+					t.Errorf("%s mounts host path %s; want %s alone", o.GetName(), v.HostPath.Path, want)
+				}
 			}
 		}
 	}

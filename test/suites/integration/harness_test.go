@@ -131,7 +131,7 @@ func startAgent(t *testing.T, node, dir string, opts ...agentOption) *runningAge
 			t.Fatalf("agent %s exited: %v", node, err)
 		default:
 		}
-		_, err := os.Stat(filepath.Join(dir, "registration.sock"))
+		_, err := os.Stat(filepath.Join(dir, "discovery", "registration.sock"))
 		return err
 	})
 	return a
@@ -184,7 +184,7 @@ func startScripted(t *testing.T, dir, name string, shared bool, devices []*disco
 
 func (h *scriptedHandler) register(t *testing.T, dir string) {
 	t.Helper()
-	conn, err := grpc.NewClient("unix://"+filepath.Join(dir, "registration.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient("unix://"+filepath.Join(dir, "discovery", "registration.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}

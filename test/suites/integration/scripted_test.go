@@ -170,7 +170,7 @@ func TestLyingHandler(t *testing.T) {
 
 func TestRegistrationOutsideStateDirIsRefused(t *testing.T) {
 	a := startAgent(t, "node-a", stateDir(t))
-	conn, err := grpc.NewClient("unix://"+filepath.Join(a.stateDir, "registration.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient("unix://"+filepath.Join(a.stateDir, "discovery", "registration.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -313,7 +313,7 @@ func TestAkriV0HandlerWorks(t *testing.T) {
 	discoveryv0.RegisterDiscoveryHandlerServer(srv, akriHandler{})
 	go func() { _ = srv.Serve(lis) }()
 	defer srv.Stop()
-	conn, err := grpc.NewClient("unix://"+filepath.Join(a.stateDir, "registration.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient("unix://"+filepath.Join(a.stateDir, "discovery", "registration.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -504,7 +504,7 @@ func TestAkriConventions(t *testing.T) {
 	discoveryv0.RegisterDiscoveryHandlerServer(srv, h)
 	go func() { _ = srv.Serve(lis) }()
 	defer srv.Stop()
-	conn, err := grpc.NewClient("unix://"+filepath.Join(a.stateDir, "agent-registration.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient("unix://"+filepath.Join(a.stateDir, "discovery", "agent-registration.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -27,7 +27,7 @@ func TestSharedInstancePathsComeFromEachNode(t *testing.T) {
 	const nodeA, nodeB = "paths-node-a", "paths-node-b"
 	cam := func() []*discoveryv1.Device {
 		d := devices("cam-1")
-		d[0].Mounts = []*discoveryv1.Mount{{ContainerPath: "/data", HostPath: "/var/lib/cam", ReadOnly: true}}
+		d[0].Mounts = []*discoveryv1.Mount{{ContainerPath: "/data", HostPath: "/dev/dowse-cam", ReadOnly: true}}
 		return d
 	}
 	cdiDirs := map[string]string{}
@@ -69,7 +69,7 @@ func TestSharedInstancePathsComeFromEachNode(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		if len(got) != 1 || got[0] != "/var/lib/cam:/data" {
+		if len(got) != 1 || got[0] != "/dev/dowse-cam:/data" {
 			return fmt.Errorf("node B's spec mounts %v", got)
 		}
 		return nil
@@ -100,7 +100,7 @@ func TestSharedInstancePathsComeFromEachNode(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		if len(got) != 1 || got[0] != "/var/lib/cam:/data" {
+		if len(got) != 1 || got[0] != "/dev/dowse-cam:/data" {
 			return fmt.Errorf("node B's CDI spec follows node A's rewrite: %v", got)
 		}
 		return nil

@@ -183,7 +183,7 @@ func testSerialMapper(t *testing.T, ctx context.Context, c *cluster.Cluster, cl 
 		t.Fatalf("the mapper pod does not ask for the Instance's %s: %v", inst.ResourceName(), mc.Resources.Limits)
 	}
 	for _, v := range pod.Spec.Volumes {
-		if v.HostPath != nil && v.HostPath.Path != stateDir {
+		if v.HostPath != nil && v.HostPath.Path != stateDir+"/dmi" {
 			t.Fatalf("the mapper pod mounts hostPath %s", v.HostPath.Path)
 		}
 	}

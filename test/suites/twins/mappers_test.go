@@ -89,8 +89,8 @@ func TestMapperPodsFollowDevices(t *testing.T) {
 			hostPath = v.HostPath.Path
 		}
 	}
-	if hostPath != handler.DefaultStateDir || !metav1.IsControlledBy(&p, cfg) {
-		t.Errorf("volumes %v, owners %v: want the state directory mounted and the Configuration as owner", p.Spec.Volumes, p.OwnerReferences)
+	if hostPath != handler.DefaultStateDir+"/dmi" || !metav1.IsControlledBy(&p, cfg) {
+		t.Errorf("volumes %v, owners %v: want the DMI socket folder alone mounted and the Configuration as owner", p.Spec.Volumes, p.OwnerReferences)
 	}
 
 	// node-a no longer sees its only device: the Device moves, the Pod goes.
@@ -239,8 +239,8 @@ func TestMapperPodsGetSerialDevices(t *testing.T) {
 				}
 			}
 			for _, v := range old.Spec.Volumes {
-				if v.HostPath != nil && v.HostPath.Path != handler.DefaultStateDir {
-					t.Fatalf("a hostPath %s besides the state directory", v.HostPath.Path)
+				if v.HostPath != nil && v.HostPath.Path != handler.DefaultStateDir+"/dmi" {
+					t.Fatalf("a hostPath %s besides the DMI socket folder", v.HostPath.Path)
 				}
 			}
 			second := createSerialInstance(t, ns, "rtu", "rtu-usb1", "node-s")

@@ -18,7 +18,7 @@ func main() {
 		fs.StringVar(&cfg.AvailabilityFile, "availability-file", "",
 			"file whose content OFFLINE takes every device offline (default <state-dir>/"+debugecho.DefaultAvailabilityFileName+")")
 	}, func(ctx context.Context, s handler.Settings) error {
-		cfg.Name, cfg.StateDir, cfg.MetricsAddr, cfg.Logger = s.Name, s.StateDir, s.MetricsAddr, s.Logger
+		cfg.Name, cfg.StateDir, cfg.SocketDir, cfg.MetricsAddr, cfg.Logger = s.Name, s.StateDir, s.SocketDir, s.MetricsAddr, s.Logger
 		return debugecho.Run(ctx, cfg)
 	})
 }
