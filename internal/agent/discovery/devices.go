@@ -98,7 +98,9 @@ type HostPaths struct {
 // DefaultHostPaths allows device nodes and mounts under /dev (a serial
 // port's pty reaches its container as a mount), nothing else: what the
 // shipped handlers hand out.
-func DefaultHostPaths() HostPaths { return HostPaths{Devices: []string{"/dev"}, Mounts: []string{"/dev"}} }
+func DefaultHostPaths() HostPaths {
+	return HostPaths{Devices: []string{"/dev"}, Mounts: []string{"/dev"}}
+}
 
 // refuse says which host path of d is not allowed ("" when none).
 func (h HostPaths) refuse(d *discoveryv1.Device) string {

@@ -147,7 +147,7 @@ func (m *mapper) speaksFor(ctx context.Context, who caller) (ok, adopted bool, e
 	reg := m.registrant
 	m.mu.Unlock()
 	if reg.Known {
-		return reg.same(who), false, nil
+		return reg.Same(who), false, nil
 	}
 	lctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
@@ -161,7 +161,7 @@ func (m *mapper) speaksFor(ctx context.Context, who caller) (ok, adopted bool, e
 	}
 	reg = m.registrant
 	m.mu.Unlock()
-	return reg.same(who), adopted, nil
+	return reg.Same(who), adopted, nil
 }
 
 func (m *mapper) requestSync() {

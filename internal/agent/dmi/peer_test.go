@@ -42,10 +42,10 @@ func TestCallerSame(t *testing.T) {
 		{"the agent's own process is only itself", caller{}, base, false},
 		{"the agent's own process", caller{}, caller{}, true},
 	} {
-		if got := c.a.same(c.b); got != c.want {
+		if got := c.a.Same(c.b); got != c.want {
 			t.Errorf("%s: same = %v, want %v", c.name, got, c.want)
 		}
-		if got := c.b.same(c.a); got != c.want {
+		if got := c.b.Same(c.a); got != c.want {
 			t.Errorf("%s (reversed): same = %v, want %v", c.name, got, c.want)
 		}
 	}
@@ -239,7 +239,7 @@ func TestCallerOfThisProcess(t *testing.T) {
 	if !who.Known || who.PID != int32(os.Getpid()) || who.UID != uint32(os.Getuid()) || who.Start == 0 || who.Boot == "" || who.PidNS == 0 {
 		t.Fatalf("caller %+v, want this process (pid %d, uid %d) with its start time, boot and pid namespace", who, os.Getpid(), os.Getuid())
 	}
-	if !who.same(who) {
+	if !who.Same(who) {
 		t.Fatal("a caller is not itself")
 	}
 	t.Logf("caller %+v (pidfs inode %d: 0 on kernels before 6.9)", who, who.PidIno)

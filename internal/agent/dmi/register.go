@@ -108,7 +108,7 @@ func (s *Server) MapperRegister(ctx context.Context, req *dmiv1beta1.MapperRegis
 	}
 	log.Info("mapper registered", "mapper", info.GetName(), "protocol", info.GetProtocol(), "address", mapperAddress(info),
 		"withData", req.GetWithData(), "devices", len(resp.DeviceList), "again", old != nil, "caller", who.String())
-	if !who.distinct() {
+	if !who.Distinct() {
 		log.Info("this mapper is known by its uid alone (another pid namespace, and a kernel without pidfs): mappers of the same uid can report for each other's devices; give each mapper its own uid or run the agent with hostPID",
 			"mapper", info.GetName(), "uid", who.UID)
 	}
@@ -128,7 +128,7 @@ func mayReplace(ctx context.Context, old *mapper, who caller) error {
 	old.mu.Lock()
 	reg := old.registrant
 	old.mu.Unlock()
-	if reg.Known && reg.same(who) {
+	if reg.Known && reg.Same(who) {
 		return nil
 	}
 	lctx, cancel := context.WithTimeout(ctx, time.Second)
@@ -137,7 +137,7 @@ func mayReplace(ctx context.Context, old *mapper, who caller) error {
 	if err != nil {
 		return nil // nobody serves the old registration's socket: it is gone
 	}
-	if served.same(who) {
+	if served.Same(who) {
 		return nil
 	}
 	return fmt.Errorf("the name is registered by %s, which still serves %s; a mapper's name stays with the process that registered it while it lives (give this mapper another name)", served.String(), mapperAddress(old.info))

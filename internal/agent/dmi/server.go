@@ -55,6 +55,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/reflection"
 
+	"github.com/dowse-dev/dowse/internal/agent/peercred"
 	"github.com/dowse-dev/dowse/internal/agent/socketdir"
 	"github.com/dowse-dev/dowse/internal/nodepaths"
 	dmiv1beta1 "github.com/dowse-dev/dowse/proto/dmi/v1beta1"
@@ -337,7 +338,7 @@ func (s *Server) Start(ctx context.Context) error {
 		lis.Close()
 		return fmt.Errorf("dmi: %w", err)
 	}
-	gs := grpc.NewServer(grpc.Creds(peerCreds{}))
+	gs := grpc.NewServer(grpc.Creds(peercred.Creds{}))
 	dmiv1beta1.RegisterDeviceManagerServiceServer(gs, s)
 	mapperv1.RegisterDeviceConditionsServer(gs, conditions{s: s})
 	reflection.Register(gs) // as edgecore does: grpcurl -unix <socket> list

@@ -21,6 +21,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
+	"github.com/dowse-dev/dowse/internal/agent/peercred"
 	"github.com/dowse-dev/dowse/internal/agent/registry"
 	"github.com/dowse-dev/dowse/internal/agent/socketdir"
 	"github.com/dowse-dev/dowse/internal/nodepaths"
@@ -87,7 +88,9 @@ func (s *Server) Start(ctx context.Context) error {
 		}
 		listeners = append(listeners, lis)
 	}
-	srv := grpc.NewServer()
+	// The kernel's word on who registers (peercred): names stay with their
+	// processes.
+	srv := grpc.NewServer(grpc.Creds(peercred.Creds{}))
 	discoveryv1.RegisterRegistrationServer(srv, &v1Server{s: s})
 	discoveryv0.RegisterRegistrationServer(srv, &v0Server{s: s})
 	// The agent's own health checks ask it through the socket.
@@ -153,6 +156,11 @@ func (s *Server) register(ctx context.Context, req *discoveryv1.RegisterDiscover
 		EndpointType: registry.EndpointType(req.GetEndpointType()),
 		Shared:       req.GetShared(),
 		Protocol:     proto,
+		Registrant:   peercred.FromContext(ctx),
+	}
+	if err := s.mayTake(ctx, h); err != nil {
+		s.log.Info("refused a registration under a name another live process holds", "name", h.Name, "caller", h.Registrant.String(), "reason", err.Error())
+		return nil, status.Errorf(codes.PermissionDenied, "handler %q: %v", h.Name, err)
 	}
 	if err := s.registry.Register(h); err != nil {
 		var inv *registry.InvalidError
@@ -164,6 +172,26 @@ func (s *Server) register(ctx context.Context, req *discoveryv1.RegisterDiscover
 	}
 	s.log.V(1).Info("handler registered", "name", h.Name, "endpoint", h.Endpoint, "shared", h.Shared, "protocol", proto)
 	return &discoveryv1.Empty{}, nil
+}
+
+// mayTake says whether h's registrant may register under h's name: a
+// name stays with the process that registered it while that process still
+// serves the socket it registered (a handler restarted on a new socket
+// takes its name back); another process, on the same registration socket
+// (its folder is shared by every handler of the node), may not take it
+// and answer the name's Configurations with devices of its own.
+func (s *Server) mayTake(ctx context.Context, h registry.Handler) error {
+	old, ok := s.registry.Get(h.Name)
+	if !ok || !h.Registrant.Known || !old.Registrant.Known || old.Registrant.Same(h.Registrant) || old.EndpointType != registry.UDS {
+		return nil
+	}
+	lctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	served, err := peercred.ListenerOf(lctx, old.Endpoint)
+	if err != nil || served.Same(h.Registrant) {
+		return nil // the old registration's socket is gone, or the caller serves it
+	}
+	return fmt.Errorf("the name is registered by %s, which still serves %s; a handler's name stays with the process that registered it while it lives", served.String(), old.Endpoint)
 }
 
 type v1Server struct {

@@ -134,7 +134,7 @@ func TestAkriSocketTooLongIsNotFatal(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(base) })
 	// 107 bytes fit in a socket path: registration.sock fits, Akri's not.
-	pad := 107 - len(base) - len("/") - len("/"+SocketName)
+	pad := 107 - len(base) - len("/") - len("/"+nodepaths.DiscoverySubdir) - len("/"+SocketName)
 	if pad < 1 {
 		t.Skipf("temp dir %s too long for this test", base)
 	}

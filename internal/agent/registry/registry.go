@@ -3,6 +3,7 @@ package registry
 
 import (
 	"fmt"
+	"github.com/dowse-dev/dowse/internal/agent/peercred"
 	"net"
 	"path/filepath"
 	"strings"
@@ -39,6 +40,9 @@ type Handler struct {
 	EndpointType EndpointType
 	Shared       bool
 	Protocol     Protocol
+	// Registrant is the process that registered it (the zero Caller: the
+	// agent's own, or unknown).
+	Registrant peercred.Caller
 	// Generation grows on every change of this handler's registration, so a
 	// session can tell a re-registration from the one it already used.
 	Generation uint64
