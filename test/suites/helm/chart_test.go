@@ -363,7 +363,8 @@ func checkLink(t *testing.T, got map[string]*unstructured.Unstructured) {
 }
 
 // checkPods: every container of the chart runs without privilege
-// escalation, with no capabilities and a read-only root filesystem; the
+// escalation, with no capabilities (the agent: CHOWN and FSETID alone) and
+// a read-only root filesystem; the
 // controller (which needs no host folder) as a non-root user.
 func checkPods(t *testing.T, objs []*unstructured.Unstructured) {
 	t.Helper()
@@ -385,6 +386,10 @@ func checkPods(t *testing.T, objs []*unstructured.Unstructured) {
 				sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem ||
 				sc.Capabilities == nil || !slices.Contains(sc.Capabilities.Drop, "ALL") || sc.Privileged != nil && *sc.Privileged {
 				t.Errorf("%s %s container %s: securityContext %+v", o.GetKind(), o.GetName(), c.Name, sc)
+			} else if add := slices.Sorted(slices.Values(sc.Capabilities.Add)); len(add) > 0 &&
+				(o.GetName() != "dowse-agent" || !slices.Equal(add, []corev1.Capability{"CHOWN", "FSETID"})) {
+				// The agent gives its socket folders to the socket group.
+				t.Errorf("%s %s container %s adds capabilities %v", o.GetKind(), o.GetName(), c.Name, add)
 			}
 			if c.Resources.Requests.Memory().IsZero() || c.Resources.Limits.Memory().IsZero() {
 				t.Errorf("%s %s container %s has no memory request or limit", o.GetKind(), o.GetName(), c.Name)
