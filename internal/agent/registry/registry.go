@@ -3,13 +3,14 @@ package registry
 
 import (
 	"fmt"
-	"github.com/dowse-dev/dowse/internal/agent/peercred"
 	"net"
 	"path/filepath"
 	"strings"
 	"sync"
 
 	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/dowse-dev/dowse/internal/agent/peercred"
 )
 
 // EndpointType says how the agent reaches a handler.
