@@ -148,14 +148,14 @@ func TestRegistersAndReregistersWhenAgentRestarts(t *testing.T) {
 	// only noticing the new registration socket can bring the second
 	// registration. The short retry covers the moment between the agent's
 	// bind (which the handler notices) and its listen.
-	srv := start(t, handler.Config{Name: "echo", Shared: true, SocketDir: dir, Discoverer: static("a", "b"), RetryInitial: 50 * time.Millisecond, RetryMax: time.Minute})
+	srv := start(t, handler.Config{Name: "echo", Shared: true, StateDir: dir, Discoverer: static("a", "b"), RetryInitial: 50 * time.Millisecond, RetryMax: time.Minute})
 
 	reg := agent.WaitForRegistration(t, wait)
 	if reg.GetName() != "echo" || !reg.GetShared() || reg.GetEndpointType() != discoveryv1.RegisterDiscoveryHandlerRequest_UDS {
 		t.Errorf("registration = %v, want name echo, shared, UDS", reg)
 	}
-	if reg.GetEndpoint() != srv.Endpoint() || !filepath.IsAbs(reg.GetEndpoint()) || filepath.Dir(reg.GetEndpoint()) != dir {
-		t.Errorf("endpoint = %q, want %q, an absolute path directly inside %s", reg.GetEndpoint(), srv.Endpoint(), dir)
+	if reg.GetEndpoint() != srv.Endpoint() || !filepath.IsAbs(reg.GetEndpoint()) || filepath.Dir(reg.GetEndpoint()) != filepath.Join(dir, "discovery") {
+		t.Errorf("endpoint = %q, want %q, an absolute path directly inside %s/discovery", reg.GetEndpoint(), srv.Endpoint(), dir)
 	}
 	if fi, err := os.Stat(reg.GetEndpoint()); err != nil || fi.Mode().Perm() != 0o660 {
 		t.Errorf("handler socket: %v, %v; want mode 0660 (the handler's and agent's user and group only)", fi, err)
@@ -178,7 +178,7 @@ func TestRegistersAndReregistersWhenAgentRestarts(t *testing.T) {
 
 func TestRegistersWhenAgentStartsLater(t *testing.T) {
 	dir := handlertest.ShortTempDir(t)
-	srv := start(t, handler.Config{SocketDir: dir, RetryInitial: 20 * time.Millisecond, RetryMax: 100 * time.Millisecond})
+	srv := start(t, handler.Config{StateDir: dir, RetryInitial: 20 * time.Millisecond, RetryMax: 100 * time.Millisecond})
 
 	agent := handlertest.StartAgent(t, dir)
 	if reg := agent.WaitForRegistration(t, wait); reg.GetEndpoint() != srv.Endpoint() {
@@ -196,7 +196,7 @@ func TestRetriesWhileAgentUnavailable(t *testing.T) {
 		}
 		return nil
 	})
-	start(t, handler.Config{SocketDir: dir, RetryInitial: 10 * time.Millisecond, RetryMax: 50 * time.Millisecond})
+	start(t, handler.Config{StateDir: dir, RetryInitial: 10 * time.Millisecond, RetryMax: 50 * time.Millisecond})
 
 	agent.WaitForRegistration(t, wait)
 	if n := calls.Load(); n != 3 {
@@ -210,7 +210,7 @@ func TestRejectedRegistrationIsFatal(t *testing.T) {
 	agent.Reject(func(*discoveryv1.RegisterDiscoveryHandlerRequest) error {
 		return status.Error(codes.InvalidArgument, "endpoint outside the state directory")
 	})
-	srv := start(t, handler.Config{SocketDir: dir})
+	srv := start(t, handler.Config{StateDir: dir})
 
 	err := srv.result(t)
 	if err == nil || !strings.Contains(err.Error(), "endpoint outside the state directory") {
@@ -224,7 +224,7 @@ func TestRejectedRegistrationIsFatal(t *testing.T) {
 func TestReregistersWhenAgentClosesStream(t *testing.T) {
 	dir := handlertest.ShortTempDir(t)
 	agent := handlertest.StartAgent(t, dir)
-	srv := start(t, handler.Config{SocketDir: dir, RetryInitial: time.Minute})
+	srv := start(t, handler.Config{StateDir: dir, RetryInitial: time.Minute})
 	agent.WaitForRegistration(t, wait)
 
 	stream := handlertest.Discover(t, srv.Endpoint(), &discoveryv1.DiscoverRequest{})
@@ -256,7 +256,7 @@ func TestIdenticalListsAreSentOnce(t *testing.T) {
 		<-ctx.Done()
 		return nil
 	})
-	srv := start(t, handler.Config{SocketDir: dir, Discoverer: disc})
+	srv := start(t, handler.Config{StateDir: dir, Discoverer: disc})
 	stream := handlertest.Discover(t, srv.Endpoint(), &discoveryv1.DiscoverRequest{})
 
 	// Each message must be the next distinct list, sorted by id; "c" comes
@@ -284,7 +284,7 @@ func TestSendRejectsInvalidLists(t *testing.T) {
 			disc := discoverFunc(func(ctx context.Context, _ *discoveryv1.DiscoverRequest, send func([]*discoveryv1.Device) error) error {
 				return send(devs)
 			})
-			srv := start(t, handler.Config{SocketDir: dir, Discoverer: disc})
+			srv := start(t, handler.Config{StateDir: dir, Discoverer: disc})
 			err := handlertest.Discover(t, srv.Endpoint(), &discoveryv1.DiscoverRequest{}).Err(t, wait)
 			if status.Code(err) != codes.Internal {
 				t.Errorf("stream error = %v, want Internal", err)
@@ -298,7 +298,7 @@ func TestInvalidArgumentReachesAgent(t *testing.T) {
 	disc := discoverFunc(func(ctx context.Context, req *discoveryv1.DiscoverRequest, _ func([]*discoveryv1.Device) error) error {
 		return status.Errorf(codes.InvalidArgument, "discovery_details: descriptions[1] is empty (got %q)", req.GetDiscoveryDetails())
 	})
-	srv := start(t, handler.Config{SocketDir: dir, Discoverer: disc})
+	srv := start(t, handler.Config{StateDir: dir, Discoverer: disc})
 
 	err := handlertest.Discover(t, srv.Endpoint(), &discoveryv1.DiscoverRequest{DiscoveryDetails: "x"}).Err(t, wait)
 	if status.Code(err) != codes.InvalidArgument || !strings.Contains(status.Convert(err).Message(), "descriptions[1]") {
@@ -311,7 +311,7 @@ func TestEarlyReturnIsInternal(t *testing.T) {
 	disc := discoverFunc(func(context.Context, *discoveryv1.DiscoverRequest, func([]*discoveryv1.Device) error) error {
 		return nil
 	})
-	srv := start(t, handler.Config{SocketDir: dir, Discoverer: disc})
+	srv := start(t, handler.Config{StateDir: dir, Discoverer: disc})
 
 	err := handlertest.Discover(t, srv.Endpoint(), &discoveryv1.DiscoverRequest{}).Err(t, wait)
 	if status.Code(err) != codes.Internal {
@@ -334,7 +334,7 @@ func TestShutdownEndsStreamsAndRemovesSocket(t *testing.T) {
 		<-ctx.Done()
 		return nil
 	})
-	srv := start(t, handler.Config{SocketDir: dir, Discoverer: disc})
+	srv := start(t, handler.Config{StateDir: dir, Discoverer: disc})
 	stream := handlertest.Discover(t, srv.Endpoint(), &discoveryv1.DiscoverRequest{})
 	stream.Next(t, wait)
 	if !hasLogger.Load() {
@@ -356,14 +356,14 @@ func TestShutdownEndsStreamsAndRemovesSocket(t *testing.T) {
 func TestReplacesStaleSocketFile(t *testing.T) {
 	dir := handlertest.ShortTempDir(t)
 	agent := handlertest.StartAgent(t, dir)
-	srv, err := handler.NewServer(handler.Config{Name: "stale", SocketDir: dir, Discoverer: static("a"), Logger: testr.New(t)})
+	srv, err := handler.NewServer(handler.Config{Name: "stale", StateDir: dir, Discoverer: static("a"), Logger: testr.New(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(srv.Endpoint(), []byte("left by a crashed handler"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	start(t, handler.Config{Name: "stale", SocketDir: dir})
+	start(t, handler.Config{Name: "stale", StateDir: dir})
 	agent.WaitForRegistration(t, wait)
 	handlertest.Discover(t, srv.Endpoint(), &discoveryv1.DiscoverRequest{}).Next(t, wait)
 }
@@ -371,7 +371,7 @@ func TestReplacesStaleSocketFile(t *testing.T) {
 func TestRemovedSocketIsFatal(t *testing.T) {
 	dir := handlertest.ShortTempDir(t)
 	agent := handlertest.StartAgent(t, dir)
-	srv := start(t, handler.Config{SocketDir: dir})
+	srv := start(t, handler.Config{StateDir: dir})
 	agent.WaitForRegistration(t, wait)
 
 	if err := os.Remove(srv.Endpoint()); err != nil {
@@ -384,7 +384,7 @@ func TestRemovedSocketIsFatal(t *testing.T) {
 
 func TestStartTwice(t *testing.T) {
 	dir := handlertest.ShortTempDir(t)
-	srv := start(t, handler.Config{SocketDir: dir})
+	srv := start(t, handler.Config{StateDir: dir})
 	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
 	if err := srv.Start(ctx); err == nil || ctx.Err() != nil {
@@ -489,7 +489,7 @@ func TestMetrics(t *testing.T) {
 		}
 	})
 	port := freePort(t)
-	srv := start(t, handler.Config{Name: "counted", SocketDir: dir, Discoverer: d, MetricsAddr: fmt.Sprintf("127.0.0.1:%d", port)})
+	srv := start(t, handler.Config{Name: "counted", StateDir: dir, Discoverer: d, MetricsAddr: fmt.Sprintf("127.0.0.1:%d", port)})
 	agent.WaitForRegistration(t, wait)
 	stream := handlertest.Discover(t, srv.Endpoint(), &discoveryv1.DiscoverRequest{})
 	lists <- devices("a", "b")

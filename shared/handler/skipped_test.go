@@ -44,7 +44,7 @@ func TestSkippedReachesAgent(t *testing.T) {
 		<-ctx.Done()
 		return nil
 	})
-	srv := start(t, handler.Config{SocketDir: dir, Discoverer: disc})
+	srv := start(t, handler.Config{StateDir: dir, Discoverer: disc})
 	stream := handlertest.Discover(t, srv.Endpoint(), &discoveryv1.DiscoverRequest{})
 
 	first := stream.NextResponse(t, wait)

@@ -47,12 +47,16 @@ type Agent struct {
 	reject func(*discoveryv1.RegisterDiscoveryHandlerRequest) error
 }
 
-// StartAgent starts a fake agent in stateDir. It is stopped when the test
+// StartAgent starts a fake agent in stateDir's discovery folder, where a
+// handler of that state directory registers. It is stopped when the test
 // ends.
 func StartAgent(t testing.TB, stateDir string) *Agent {
 	t.Helper()
+	if err := os.MkdirAll(filepath.Join(stateDir, "discovery"), 0o750); err != nil {
+		t.Fatal(err)
+	}
 	a := &Agent{
-		socket: filepath.Join(stateDir, "registration.sock"),
+		socket: filepath.Join(stateDir, "discovery", "registration.sock"),
 		srv:    grpc.NewServer(),
 		regs:   make(chan *discoveryv1.RegisterDiscoveryHandlerRequest, 100),
 	}
