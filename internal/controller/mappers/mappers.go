@@ -200,14 +200,22 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		}
 		var others []client.Object
 		for name, old := range have {
-			if name != pod.Name && old.GetAnnotations()[annotationNode] == node {
+			if old.GetAnnotations()[annotationNode] != node {
+				continue
+			}
+			if name != pod.Name || ended(old) {
 				others = append(others, old)
 			}
 		}
-		if len(insts) > 0 && (len(others) > 0 || terminating[node]) {
-			// The old Pod holds the devices the new one asks for: it goes
+		if len(others) > 0 || terminating[node] {
+			// One mapper Pod per node at a time: the old one may hold the
+			// devices the new one asks for, the host ports of a hostNetwork
+			// template, and the mapper's name on the agent's DMI socket
+			// (which refuses a second live process of that name). It goes
 			// first, and the new one comes once it is gone (its deletion
-			// brings a Reconcile; the requeue is for a missed one).
+			// brings a Reconcile; the requeue is for a missed one). A
+			// mapper Pod that ended (the kubelet refused it, or it was
+			// evicted) is made again the same way.
 			for _, old := range others {
 				if err := r.delete(ctx, old); err != nil {
 					return reconcile.Result{}, err
@@ -222,15 +230,15 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 			}
 			r.log.Info("created mapper pod", "configuration", req.String(), "node", node, "pod", pod.Name, "devices", len(insts))
 		}
-		// A template change names a new Pod (a Pod's spec is immutable):
-		// the new one starts beside the old one, which then goes.
-		for _, old := range others {
-			if err := r.delete(ctx, old); err != nil {
-				return reconcile.Result{}, err
-			}
-		}
 	}
 	return result, nil
+}
+
+// ended says whether a mapper Pod's containers will not run again: a
+// mapper serves until it is deleted, so one that ended is replaced.
+func ended(o client.Object) bool {
+	p, ok := o.(*brokers.BrokerPod)
+	return ok && (p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded)
 }
 
 // terminating says which nodes have a mapper Pod of the Configuration

@@ -101,10 +101,41 @@ func TestMapperPodsFollowDevices(t *testing.T) {
 		}
 		return nil
 	})
-	// A new image replaces the Pod.
+	// A mapper Pod that ended (the kubelet refused it: its host ports were
+	// taken, say) is made again.
+	failed := mapperPods(t, ns)["node-b"]
+	failed.Status.Phase = corev1.PodFailed
+	if err := suite.Client.Status().Update(ctx, &failed); err != nil {
+		t.Fatal(err)
+	}
+	testwait.For(t, 20*time.Second, func() error {
+		p, ok := mapperPods(t, ns)["node-b"]
+		if !ok || p.UID == failed.UID || p.Status.Phase == corev1.PodFailed {
+			return fmt.Errorf("node-b's failed mapper pod %s not made again", failed.Name)
+		}
+		return nil
+	})
+	// A new image replaces the Pod, the old one first: beside it, the new
+	// one would find its host ports and its mapper name taken.
+	old := mapperPods(t, ns)["node-b"]
 	updateConfiguration(t, cfg, func(c *v1alpha1.Configuration) {
 		c.Spec.DeviceTemplate.MapperPodSpec.Containers[0].Image = "ghcr.io/dowse-dev/dowse-modbus-mapper:v2"
 	})
+	testwait.For(t, 20*time.Second, func() error {
+		var cur corev1.Pod
+		if err := suite.Client.Get(ctx, client.ObjectKeyFromObject(&old), &cur); err != nil || cur.DeletionTimestamp == nil {
+			return fmt.Errorf("old mapper pod not being deleted (%w)", err)
+		}
+		return nil
+	})
+	time.Sleep(2 * time.Second)
+	if p, ok := mapperPods(t, ns)["node-b"]; ok {
+		t.Fatalf("a new mapper pod %s beside the terminating one", p.Name)
+	}
+	// The kubelet's part: the old Pod's containers have stopped.
+	if err := suite.Client.Delete(ctx, &old, client.GracePeriodSeconds(0)); err != nil {
+		t.Fatal(err)
+	}
 	testwait.For(t, 20*time.Second, func() error {
 		pods := mapperPods(t, ns)
 		if p, ok := pods["node-b"]; !ok || p.Spec.Containers[0].Image != "ghcr.io/dowse-dev/dowse-modbus-mapper:v2" {
