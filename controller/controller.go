@@ -96,6 +96,10 @@ type Config struct {
 	// PropertyNamespaces are the namespaces, besides its own, whose Secrets
 	// and ConfigMaps any Configuration's discoveryProperties may read.
 	PropertyNamespaces []string
+	// ConfigurationNamespaces, when set, are the namespaces Configurations
+	// are served in for property access: the controller then may hold read
+	// of Secrets and ConfigMaps only there and in PropertyNamespaces.
+	ConfigurationNamespaces []string
 	// DRA runs the Dynamic Resource Allocation part (internal/controller/dra): a
 	// DeviceClass per Configuration whose spec.allocation asks for DRA and
 	// the ResourceSlices of their shared devices. Off when false (tests
@@ -300,7 +304,7 @@ func addNodeParts(ctx context.Context, mgr ctrl.Manager, cfg Config, reg prometh
 		if err != nil {
 			return err
 		}
-		access, err := propertyaccess.NewReconciler(mgr.GetClient(), agents, cfg.PropertyNamespaces, log.WithName("property-access"))
+		access, err := propertyaccess.NewReconciler(mgr.GetClient(), agents, cfg.PropertyNamespaces, cfg.ConfigurationNamespaces, log.WithName("property-access"))
 		if err != nil {
 			return err
 		}

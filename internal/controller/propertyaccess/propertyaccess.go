@@ -96,22 +96,26 @@ type Reconciler struct {
 	client   client.Client
 	subjects []rbacv1.Subject
 	allowed  []string
+	served   []string
 	log      logr.Logger
 }
 
 // NewReconciler grants subjects (the agents' service accounts, at least
 // one) read of the objects discoveryProperties name in their
-// Configuration's own namespace or in one of allowed.
-func NewReconciler(c client.Client, subjects []rbacv1.Subject, allowed []string, log logr.Logger) (*Reconciler, error) {
+// Configuration's own namespace or in one of allowed, for the
+// Configurations in served (empty: in any namespace). Outside served and
+// allowed the controller may hold no read of Secrets at all (the chart's
+// rbac.configurationNamespaces), so it grants nothing there.
+func NewReconciler(c client.Client, subjects []rbacv1.Subject, allowed, served []string, log logr.Logger) (*Reconciler, error) {
 	if len(subjects) == 0 {
 		return nil, errors.New("property access needs the agents' service accounts")
 	}
-	for _, ns := range allowed {
+	for _, ns := range slices.Concat(allowed, served) {
 		if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
-			return nil, fmt.Errorf("property namespace %q: %s", ns, strings.Join(errs, "; "))
+			return nil, fmt.Errorf("namespace %q: %s", ns, strings.Join(errs, "; "))
 		}
 	}
-	return &Reconciler{client: c, subjects: subjects, allowed: allowed, log: log}, nil
+	return &Reconciler{client: c, subjects: subjects, allowed: allowed, served: served, log: log}, nil
 }
 
 // SetupWithManager registers the index and the controller. The manager's
@@ -264,7 +268,15 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	if err := r.client.List(ctx, &cfgs, client.MatchingFields{namespaceIndex: ns}); err != nil {
 		return reconcile.Result{}, err
 	}
-	secrets, configMaps, refused := Wanted(ns, cfgs.Items, r.allowed)
+	kept := cfgs.Items[:0]
+	for _, c := range cfgs.Items {
+		if len(r.served) == 0 || slices.Contains(r.served, c.Namespace) {
+			kept = append(kept, c)
+			continue
+		}
+		r.log.Info("not granting the agents read for a Configuration outside the namespaces Configurations are served in (--configuration-namespaces)", "configuration", c.Namespace+"/"+c.Name, "served", r.served)
+	}
+	secrets, configMaps, refused := Wanted(ns, kept, r.allowed)
 	if refused > 0 {
 		r.log.Info("not granting the agents read of objects that Configurations of other namespaces name: a Configuration reads only its own namespace and those allowed (--property-namespaces)", "namespace", ns, "references", refused)
 	}

@@ -88,7 +88,7 @@ func TestParseServiceAccounts(t *testing.T) {
 	if _, err := ParseServiceAccounts([]string{"a/b/c"}, "x"); err == nil {
 		t.Fatal("a/b/c accepted")
 	}
-	if _, err := NewReconciler(nil, nil, nil, testr.New(t)); err == nil {
+	if _, err := NewReconciler(nil, nil, nil, nil, testr.New(t)); err == nil {
 		t.Fatal("a reconciler granting nobody")
 	}
 }
@@ -145,7 +145,7 @@ func TestReconcile(t *testing.T) {
 		WithIndex(&v1alpha1.Configuration{}, namespaceIndex, func(o client.Object) []string { return Namespaces(o.(*v1alpha1.Configuration)) }).
 		Build()
 	agents := []rbacv1.Subject{{Kind: "ServiceAccount", Namespace: "dowse-system", Name: "dowse-agent"}}
-	r, err := NewReconciler(c, agents, nil, testr.New(t))
+	r, err := NewReconciler(c, agents, nil, nil, testr.New(t))
 	if err != nil {
 		t.Fatal(err)
 	}

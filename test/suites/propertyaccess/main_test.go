@@ -47,10 +47,10 @@ func TestMain(m *testing.M) { os.Exit(suite.Run(m)) }
 // render runs bin/helm template on the chart with the agent's and the
 // controller's templates. Without bin/helm the test is skipped, or fails
 // under CI (CI=true).
-func render(t *testing.T) []*unstructured.Unstructured {
+func render(t *testing.T, set ...string) []*unstructured.Unstructured {
 	t.Helper()
-	cmd := kube.HelmCommand(t.Context(), t, "template", "dowse", filepath.Join(kube.RepoRoot(), "deploy", "helm", "dowse"),
-		"--namespace", releaseNamespace, "--show-only", "templates/agent.yaml", "--show-only", "templates/controller.yaml")
+	cmd := kube.HelmCommand(t.Context(), t, append([]string{"template", "dowse", filepath.Join(kube.RepoRoot(), "deploy", "helm", "dowse"),
+		"--namespace", releaseNamespace, "--show-only", "templates/agent.yaml", "--show-only", "templates/controller.yaml"}, set...)...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -135,10 +135,10 @@ func withToken(token string) *rest.Config {
 	return c
 }
 
-// controllerConfig authenticates as the chart's controller service account.
-func controllerConfig(t *testing.T) *rest.Config {
+// controllerConfig authenticates as the controller service account sa.
+func controllerConfig(t *testing.T, sa string) *rest.Config {
 	t.Helper()
-	tr, err := suite.Clientset.CoreV1().ServiceAccounts(releaseNamespace).CreateToken(t.Context(), controllerSA, &authnv1.TokenRequest{}, metav1.CreateOptions{})
+	tr, err := suite.Clientset.CoreV1().ServiceAccounts(releaseNamespace).CreateToken(t.Context(), sa, &authnv1.TokenRequest{}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

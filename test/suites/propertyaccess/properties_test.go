@@ -40,12 +40,19 @@ const handlerName = "props-echo"
 // controller service account.
 func startController(t *testing.T, agentAccounts []string) {
 	t.Helper()
+	startControllerAs(t, controllerConfig(t, controllerSA), agentAccounts, nil)
+}
+
+// startControllerAs runs the controller with restCfg's credentials,
+// serving Configurations of served (nil: any namespace).
+func startControllerAs(t *testing.T, restCfg *rest.Config, agentAccounts, served []string) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
 		done <- controller.Run(ctx, controller.Config{
-			RESTConfig: controllerConfig(t), NodeGracePeriod: time.Hour, Namespace: releaseNamespace,
-			AgentServiceAccounts: agentAccounts, Serving: kubeflags.Off(),
+			RESTConfig: restCfg, NodeGracePeriod: time.Hour, Namespace: releaseNamespace,
+			AgentServiceAccounts: agentAccounts, ConfigurationNamespaces: served, Serving: kubeflags.Off(),
 			Registerer: prometheus.NewRegistry(), SkipNameValidation: true,
 		}, testr.New(t).WithName("controller"))
 	}()

@@ -96,3 +96,20 @@ given. */}}
 {{- $_ := set $r "limits" $limits -}}
 {{- toYaml $r -}}
 {{- end -}}
+
+{{/* What the controller must hold to grant the agents read of the Secrets
+and ConfigMaps discoveryProperties name (RBAC's escalation check): as
+ClusterRole rules, or as a Role's in each namespace rbac.configurationNamespaces
+and rbac.propertyNamespaces name. */}}
+{{- define "dowse.controllerPropertyRules" }}
+  - apiGroups: [""]
+    resources: ["secrets", "configmaps"]
+    verbs: ["get", "list", "watch"]
+  - apiGroups: ["rbac.authorization.k8s.io"]
+    resources: ["roles", "rolebindings"]
+    verbs: ["create"]
+  - apiGroups: ["rbac.authorization.k8s.io"]
+    resources: ["roles", "rolebindings"]
+    resourceNames: ["dowse-agent-discovery-properties"]
+    verbs: ["patch", "delete"]
+{{- end }}
