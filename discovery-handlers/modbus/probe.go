@@ -246,6 +246,13 @@ func readDevID(h *modbus.TCPClientHandler, code, objectID byte, objects map[byte
 	if err != nil {
 		return false, 0, 0, err
 	}
+	return parseDeviceIdentification(pdu, objects)
+}
+
+// parseDeviceIdentification reads a Read Device Identification answer's
+// objects into objects; more says whether the device has others, from
+// nextID on.
+func parseDeviceIdentification(pdu *modbus.ProtocolDataUnit, objects map[byte]string) (more bool, nextID byte, conformity byte, err error) {
 	if pdu.FunctionCode == fcReadDeviceIdentification|0x80 {
 		e := &modbus.ModbusError{FunctionCode: pdu.FunctionCode}
 		if len(pdu.Data) > 0 {
