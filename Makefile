@@ -146,7 +146,7 @@ test: deps node-deps k8s helm peers build verify-generate
 FUZZ_TARGETS := FuzzFrameDecode:./internal/link FuzzDerivedNames:./internal/dra FuzzCheck:./internal/controller/link/twins \
   FuzzDeviceConversion:./internal/agent/dmi FuzzReports:./internal/agent/dmi FuzzMapperRegister:./internal/agent/dmi FuzzPayload:./mappers/mapper FuzzHandlerDevices:./internal/agent/discovery \
   FuzzParseMessage:./discovery-handlers/onvif/wsdiscovery FuzzDeviceAnswers:./internal/onvifclient FuzzReportShapes:./internal/controller/link/twins FuzzRequests:./internal/controller/link/linkauth FuzzDesiredBody:./internal/dowsectl/console FuzzChallenge:./internal/onvifclient FuzzStoreRecords:./internal/agent/edgehub \
-  FuzzAnswers:./mappers/modbus FuzzDeviceIdentification:./discovery-handlers/modbus
+  FuzzAnswers:./mappers/modbus FuzzDeviceIdentification:./discovery-handlers/modbus FuzzStreamFrames:./internal/link
 FUZZTIME ?= 2m
 fuzz:
 	@for t in $(FUZZ_TARGETS); do \

@@ -73,6 +73,10 @@ type ConnConfig struct {
 	Cancel context.CancelCauseFunc
 	// LogValues go with every line RunConn logs (the connection's node).
 	LogValues []any
+	// Streams, when set, carries byte streams on this connection (one
+	// Streams per connection: they end with it). Without it the peer's
+	// StreamOpen is refused.
+	Streams *Streams
 }
 
 // Framed is a Conn with its frame reader, for the handshake and RunConn.
@@ -213,6 +217,9 @@ func start(ctx context.Context, f *Framed, sess *Session, c *ConnConfig) (*runne
 	// (an idle connection costs its reader alone): what is enqueued, acked,
 	// committed, pushed, or a heartbeat due wakes it.
 	sess.setWaker(r.wake)
+	if cfg.Streams != nil {
+		cfg.Streams.attach(r.wake)
+	}
 	r.mu.Lock()
 	r.heartbeat = true // announce ourselves at once: it also carries the first ack
 	r.hb = time.AfterFunc(cfg.Heartbeat, r.beat)
@@ -243,6 +250,9 @@ func (r *runner) finish(ctx context.Context, rerr error) error {
 		r.f.linger(200 * time.Millisecond)
 	}
 	r.fail(rerr)
+	if r.cfg.Streams != nil {
+		r.cfg.Streams.end(rerr)
+	}
 	r.sess.setWaker(nil)
 	r.mu.Lock()
 	r.stopped = true // no writer starts after this
@@ -399,6 +409,13 @@ func (r *runner) readOne(ctx context.Context, watchdog *time.Timer) error {
 			}
 		case *linkv1.Envelope_Hello, *linkv1.Envelope_Welcome:
 			return fmt.Errorf("%w: %T after the handshake", ErrMalformed, env.Kind)
+		case *linkv1.Envelope_StreamOpen, *linkv1.Envelope_StreamData, *linkv1.Envelope_StreamWindow,
+			*linkv1.Envelope_StreamClose, *linkv1.Envelope_StreamReset:
+			if r.cfg.Streams != nil {
+				r.cfg.Streams.handle(ctx, &env)
+			} else if o := env.GetStreamOpen(); o != nil {
+				r.push(&linkv1.Envelope{Kind: &linkv1.Envelope_StreamReset{StreamReset: &linkv1.StreamReset{Id: o.Id, Reason: "streams are not served on this link"}}})
+			}
 		default:
 			if !r.sess.Accept(env.Seq) {
 				m.Duplicates.Inc()
@@ -507,6 +524,17 @@ func (r *runner) write(buf []byte, batch []*Entry) ([]byte, []*Entry, error) {
 			return buf, batch, err
 		}
 		frames++
+	}
+	// Streams last: a bulk transfer fills what room the messages left,
+	// and the next write takes messages first again.
+	if r.cfg.Streams != nil {
+		var n int
+		var moreStreams bool
+		if buf, n, moreStreams, err = r.cfg.Streams.appendFrames(buf, ack, len(buf)+streamBudget); err != nil {
+			return buf, batch, err
+		}
+		frames += n
+		more = more || moreStreams
 	}
 	// Acks ride on outgoing messages; a bare ack waits ackDelay for one to
 	// come along (as TCP's delayed ack does), which saves a frame per

@@ -208,6 +208,26 @@ func Validate(env *linkv1.Envelope) error {
 		if k.Welcome.GetStreamId() == 0 {
 			return fmt.Errorf("%w: welcome without stream", ErrMalformed)
 		}
+	case *linkv1.Envelope_StreamOpen:
+		if k.StreamOpen.GetId() == 0 || k.StreamOpen.GetTarget() == "" || len(k.StreamOpen.GetTarget()) > 512 {
+			return fmt.Errorf("%w: stream open needs an id and a target of at most 512 bytes", ErrMalformed)
+		}
+	case *linkv1.Envelope_StreamData:
+		if k.StreamData.GetId() == 0 || len(k.StreamData.GetData()) > MaxStreamData {
+			return fmt.Errorf("%w: stream data needs an id and at most %d bytes", ErrMalformed, MaxStreamData)
+		}
+	case *linkv1.Envelope_StreamWindow:
+		if k.StreamWindow.GetId() == 0 {
+			return fmt.Errorf("%w: stream window without id", ErrMalformed)
+		}
+	case *linkv1.Envelope_StreamClose:
+		if k.StreamClose.GetId() == 0 {
+			return fmt.Errorf("%w: stream close without id", ErrMalformed)
+		}
+	case *linkv1.Envelope_StreamReset:
+		if k.StreamReset.GetId() == 0 {
+			return fmt.Errorf("%w: stream reset without id", ErrMalformed)
+		}
 	}
 	return nil
 }

@@ -67,6 +67,10 @@ func FuzzFrameDecode(f *testing.F) {
 	seed, _ := AppendFrame(nil, twinReported(7, "cam", "temp", 42))
 	seed, _ = AppendFrame(seed, &linkv1.Envelope{Version: 1, Ack: 9, Kind: &linkv1.Envelope_Heartbeat{Heartbeat: &linkv1.Heartbeat{SentNanos: 5}}})
 	f.Add(seed)
+	streams, _ := AppendFrame(nil, &linkv1.Envelope{Version: 1, Kind: &linkv1.Envelope_StreamOpen{StreamOpen: &linkv1.StreamOpen{Id: 1, Target: "10.0.0.5:10250", Window: 1 << 18}}})
+	streams, _ = AppendFrame(streams, &linkv1.Envelope{Version: 1, Kind: &linkv1.Envelope_StreamData{StreamData: &linkv1.StreamData{Id: 1, Data: []byte("GET / HTTP/1.1")}}})
+	streams, _ = AppendFrame(streams, &linkv1.Envelope{Version: 1, Kind: &linkv1.Envelope_StreamReset{StreamReset: &linkv1.StreamReset{Id: 1, Reason: "no"}}})
+	f.Add(streams)
 	f.Add([]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01})
 	f.Add([]byte{0x03, 0x08, 0x01, 0x10})
 	f.Fuzz(func(t *testing.T, data []byte) {

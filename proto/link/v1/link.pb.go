@@ -131,6 +131,11 @@ type Envelope struct {
 	//	*Envelope_DeviceState
 	//	*Envelope_Reconnect
 	//	*Envelope_DeviceCondition
+	//	*Envelope_StreamOpen
+	//	*Envelope_StreamData
+	//	*Envelope_StreamWindow
+	//	*Envelope_StreamClose
+	//	*Envelope_StreamReset
 	Kind          isEnvelope_Kind `protobuf_oneof:"kind"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -329,6 +334,51 @@ func (x *Envelope) GetDeviceCondition() *DeviceCondition {
 	return nil
 }
 
+func (x *Envelope) GetStreamOpen() *StreamOpen {
+	if x != nil {
+		if x, ok := x.Kind.(*Envelope_StreamOpen); ok {
+			return x.StreamOpen
+		}
+	}
+	return nil
+}
+
+func (x *Envelope) GetStreamData() *StreamData {
+	if x != nil {
+		if x, ok := x.Kind.(*Envelope_StreamData); ok {
+			return x.StreamData
+		}
+	}
+	return nil
+}
+
+func (x *Envelope) GetStreamWindow() *StreamWindow {
+	if x != nil {
+		if x, ok := x.Kind.(*Envelope_StreamWindow); ok {
+			return x.StreamWindow
+		}
+	}
+	return nil
+}
+
+func (x *Envelope) GetStreamClose() *StreamClose {
+	if x != nil {
+		if x, ok := x.Kind.(*Envelope_StreamClose); ok {
+			return x.StreamClose
+		}
+	}
+	return nil
+}
+
+func (x *Envelope) GetStreamReset() *StreamReset {
+	if x != nil {
+		if x, ok := x.Kind.(*Envelope_StreamReset); ok {
+			return x.StreamReset
+		}
+	}
+	return nil
+}
+
 type isEnvelope_Kind interface {
 	isEnvelope_Kind()
 }
@@ -393,6 +443,28 @@ type Envelope_DeviceCondition struct {
 	DeviceCondition *DeviceCondition `protobuf:"bytes,40,opt,name=device_condition,json=deviceCondition,proto3,oneof"`
 }
 
+type Envelope_StreamOpen struct {
+	// Byte streams (TCP connections the cloud opens to the node): control
+	// kinds, seq 0, never resent; a lost connection resets them all.
+	StreamOpen *StreamOpen `protobuf:"bytes,41,opt,name=stream_open,json=streamOpen,proto3,oneof"`
+}
+
+type Envelope_StreamData struct {
+	StreamData *StreamData `protobuf:"bytes,42,opt,name=stream_data,json=streamData,proto3,oneof"`
+}
+
+type Envelope_StreamWindow struct {
+	StreamWindow *StreamWindow `protobuf:"bytes,43,opt,name=stream_window,json=streamWindow,proto3,oneof"`
+}
+
+type Envelope_StreamClose struct {
+	StreamClose *StreamClose `protobuf:"bytes,44,opt,name=stream_close,json=streamClose,proto3,oneof"`
+}
+
+type Envelope_StreamReset struct {
+	StreamReset *StreamReset `protobuf:"bytes,45,opt,name=stream_reset,json=streamReset,proto3,oneof"`
+}
+
 func (*Envelope_Hello) isEnvelope_Kind() {}
 
 func (*Envelope_Welcome) isEnvelope_Kind() {}
@@ -422,6 +494,16 @@ func (*Envelope_DeviceState) isEnvelope_Kind() {}
 func (*Envelope_Reconnect) isEnvelope_Kind() {}
 
 func (*Envelope_DeviceCondition) isEnvelope_Kind() {}
+
+func (*Envelope_StreamOpen) isEnvelope_Kind() {}
+
+func (*Envelope_StreamData) isEnvelope_Kind() {}
+
+func (*Envelope_StreamWindow) isEnvelope_Kind() {}
+
+func (*Envelope_StreamClose) isEnvelope_Kind() {}
+
+func (*Envelope_StreamReset) isEnvelope_Kind() {}
 
 // Hello is the edge's first frame. The cloud refuses it unless node equals
 // the node its verified client certificate names.
@@ -2735,11 +2817,284 @@ func (x *Error) GetRefSeq() uint64 {
 	return 0
 }
 
+// StreamOpen asks the edge to dial target ("host:port") and carry a byte
+// stream to it; only the cloud opens, ids are the cloud's, per connection.
+// window is the bytes of data the cloud will take before it grants more.
+// The edge answers with a StreamWindow granting its own window once the
+// dial succeeded, or a StreamReset saying why not; neither side sends data
+// before it holds the other's credit.
+type StreamOpen struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	Target        string                 `protobuf:"bytes,2,opt,name=target,proto3" json:"target,omitempty"`
+	Window        uint32                 `protobuf:"varint,3,opt,name=window,proto3" json:"window,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StreamOpen) Reset() {
+	*x = StreamOpen{}
+	mi := &file_link_v1_link_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StreamOpen) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StreamOpen) ProtoMessage() {}
+
+func (x *StreamOpen) ProtoReflect() protoreflect.Message {
+	mi := &file_link_v1_link_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StreamOpen.ProtoReflect.Descriptor instead.
+func (*StreamOpen) Descriptor() ([]byte, []int) {
+	return file_link_v1_link_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *StreamOpen) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *StreamOpen) GetTarget() string {
+	if x != nil {
+		return x.Target
+	}
+	return ""
+}
+
+func (x *StreamOpen) GetWindow() uint32 {
+	if x != nil {
+		return x.Window
+	}
+	return 0
+}
+
+// StreamData is at most 32 KiB of a stream's bytes, within the credit the
+// receiver granted.
+type StreamData struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	Data          []byte                 `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StreamData) Reset() {
+	*x = StreamData{}
+	mi := &file_link_v1_link_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StreamData) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StreamData) ProtoMessage() {}
+
+func (x *StreamData) ProtoReflect() protoreflect.Message {
+	mi := &file_link_v1_link_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StreamData.ProtoReflect.Descriptor instead.
+func (*StreamData) Descriptor() ([]byte, []int) {
+	return file_link_v1_link_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *StreamData) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *StreamData) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+// StreamWindow grants the peer credit more bytes of the stream's data.
+type StreamWindow struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	Credit        uint32                 `protobuf:"varint,2,opt,name=credit,proto3" json:"credit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StreamWindow) Reset() {
+	*x = StreamWindow{}
+	mi := &file_link_v1_link_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StreamWindow) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StreamWindow) ProtoMessage() {}
+
+func (x *StreamWindow) ProtoReflect() protoreflect.Message {
+	mi := &file_link_v1_link_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StreamWindow.ProtoReflect.Descriptor instead.
+func (*StreamWindow) Descriptor() ([]byte, []int) {
+	return file_link_v1_link_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *StreamWindow) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *StreamWindow) GetCredit() uint32 {
+	if x != nil {
+		return x.Credit
+	}
+	return 0
+}
+
+// StreamClose: the sender sends no more data (a half-close); the stream
+// ends when both sides have sent one.
+type StreamClose struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StreamClose) Reset() {
+	*x = StreamClose{}
+	mi := &file_link_v1_link_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StreamClose) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StreamClose) ProtoMessage() {}
+
+func (x *StreamClose) ProtoReflect() protoreflect.Message {
+	mi := &file_link_v1_link_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StreamClose.ProtoReflect.Descriptor instead.
+func (*StreamClose) Descriptor() ([]byte, []int) {
+	return file_link_v1_link_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *StreamClose) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+// StreamReset ends the stream at once, both ways, for reason.
+type StreamReset struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	Reason        string                 `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StreamReset) Reset() {
+	*x = StreamReset{}
+	mi := &file_link_v1_link_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StreamReset) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StreamReset) ProtoMessage() {}
+
+func (x *StreamReset) ProtoReflect() protoreflect.Message {
+	mi := &file_link_v1_link_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StreamReset.ProtoReflect.Descriptor instead.
+func (*StreamReset) Descriptor() ([]byte, []int) {
+	return file_link_v1_link_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *StreamReset) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *StreamReset) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 var File_link_v1_link_proto protoreflect.FileDescriptor
 
 const file_link_v1_link_proto_rawDesc = "" +
 	"\n" +
-	"\x12link/v1/link.proto\x12\rdowse.link.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xbc\b\n" +
+	"\x12link/v1/link.proto\x12\rdowse.link.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xfe\n" +
+	"\n" +
 	"\bEnvelope\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x10\n" +
@@ -2759,7 +3114,14 @@ const file_link_v1_link_proto_rawDesc = "" +
 	"\x10device_inventory\x18\x16 \x01(\v2\x1e.dowse.link.v1.DeviceInventoryH\x00R\x0fdeviceInventory\x12E\n" +
 	"\fdevice_state\x18\x17 \x01(\v2 .dowse.link.v1.DeviceStateUpdateH\x00R\vdeviceState\x128\n" +
 	"\treconnect\x18\x18 \x01(\v2\x18.dowse.link.v1.ReconnectH\x00R\treconnect\x12K\n" +
-	"\x10device_condition\x18( \x01(\v2\x1e.dowse.link.v1.DeviceConditionH\x00R\x0fdeviceConditionB\x06\n" +
+	"\x10device_condition\x18( \x01(\v2\x1e.dowse.link.v1.DeviceConditionH\x00R\x0fdeviceCondition\x12<\n" +
+	"\vstream_open\x18) \x01(\v2\x19.dowse.link.v1.StreamOpenH\x00R\n" +
+	"streamOpen\x12<\n" +
+	"\vstream_data\x18* \x01(\v2\x19.dowse.link.v1.StreamDataH\x00R\n" +
+	"streamData\x12B\n" +
+	"\rstream_window\x18+ \x01(\v2\x1b.dowse.link.v1.StreamWindowH\x00R\fstreamWindow\x12?\n" +
+	"\fstream_close\x18, \x01(\v2\x1a.dowse.link.v1.StreamCloseH\x00R\vstreamClose\x12?\n" +
+	"\fstream_reset\x18- \x01(\v2\x1a.dowse.link.v1.StreamResetH\x00R\vstreamResetB\x06\n" +
 	"\x04kindJ\x04\b\r\x10\x0eR\ftwin_desired\"\x90\x01\n" +
 	"\x05Hello\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1b\n" +
@@ -2940,7 +3302,24 @@ const file_link_v1_link_proto_rawDesc = "" +
 	"\rNODE_MISMATCH\x10\x02\x12\x17\n" +
 	"\x13UNSUPPORTED_VERSION\x10\x03\x12\r\n" +
 	"\tMALFORMED\x10\x04\x12\r\n" +
-	"\tTOO_LARGE\x10\x05B1Z/github.com/dowse-dev/dowse/proto/link/v1;linkv1b\x06proto3"
+	"\tTOO_LARGE\x10\x05\"L\n" +
+	"\n" +
+	"StreamOpen\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x16\n" +
+	"\x06target\x18\x02 \x01(\tR\x06target\x12\x16\n" +
+	"\x06window\x18\x03 \x01(\rR\x06window\"0\n" +
+	"\n" +
+	"StreamData\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\"6\n" +
+	"\fStreamWindow\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x16\n" +
+	"\x06credit\x18\x02 \x01(\rR\x06credit\"\x1d\n" +
+	"\vStreamClose\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\"5\n" +
+	"\vStreamReset\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reasonB1Z/github.com/dowse-dev/dowse/proto/link/v1;linkv1b\x06proto3"
 
 var (
 	file_link_v1_link_proto_rawDescOnce sync.Once
@@ -2955,7 +3334,7 @@ func file_link_v1_link_proto_rawDescGZIP() []byte {
 }
 
 var file_link_v1_link_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_link_v1_link_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
+var file_link_v1_link_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
 var file_link_v1_link_proto_goTypes = []any{
 	(Error_Code)(0),               // 0: dowse.link.v1.Error.Code
 	(*Envelope)(nil),              // 1: dowse.link.v1.Envelope
@@ -2995,10 +3374,15 @@ var file_link_v1_link_proto_goTypes = []any{
 	(*DeviceMembership)(nil),      // 35: dowse.link.v1.DeviceMembership
 	(*ProcessedAck)(nil),          // 36: dowse.link.v1.ProcessedAck
 	(*Error)(nil),                 // 37: dowse.link.v1.Error
-	nil,                           // 38: dowse.link.v1.Influxdb2DataConfig.TagEntry
-	nil,                           // 39: dowse.link.v1.TwinValue.MetadataEntry
-	(*timestamppb.Timestamp)(nil), // 40: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),       // 41: google.protobuf.Struct
+	(*StreamOpen)(nil),            // 38: dowse.link.v1.StreamOpen
+	(*StreamData)(nil),            // 39: dowse.link.v1.StreamData
+	(*StreamWindow)(nil),          // 40: dowse.link.v1.StreamWindow
+	(*StreamClose)(nil),           // 41: dowse.link.v1.StreamClose
+	(*StreamReset)(nil),           // 42: dowse.link.v1.StreamReset
+	nil,                           // 43: dowse.link.v1.Influxdb2DataConfig.TagEntry
+	nil,                           // 44: dowse.link.v1.TwinValue.MetadataEntry
+	(*timestamppb.Timestamp)(nil), // 45: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),       // 46: google.protobuf.Struct
 }
 var file_link_v1_link_proto_depIdxs = []int32{
 	2,  // 0: dowse.link.v1.Envelope.hello:type_name -> dowse.link.v1.Hello
@@ -3016,51 +3400,56 @@ var file_link_v1_link_proto_depIdxs = []int32{
 	8,  // 12: dowse.link.v1.Envelope.device_state:type_name -> dowse.link.v1.DeviceStateUpdate
 	4,  // 13: dowse.link.v1.Envelope.reconnect:type_name -> dowse.link.v1.Reconnect
 	9,  // 14: dowse.link.v1.Envelope.device_condition:type_name -> dowse.link.v1.DeviceCondition
-	6,  // 15: dowse.link.v1.TwinReportedUpdate.device:type_name -> dowse.link.v1.DeviceRef
-	40, // 16: dowse.link.v1.TwinReportedUpdate.time:type_name -> google.protobuf.Timestamp
-	31, // 17: dowse.link.v1.TwinReportedUpdate.reported:type_name -> dowse.link.v1.TwinValue
-	31, // 18: dowse.link.v1.TwinReportedUpdate.observed_desired:type_name -> dowse.link.v1.TwinValue
-	6,  // 19: dowse.link.v1.DeviceStateUpdate.device:type_name -> dowse.link.v1.DeviceRef
-	40, // 20: dowse.link.v1.DeviceStateUpdate.time:type_name -> google.protobuf.Timestamp
-	6,  // 21: dowse.link.v1.DeviceCondition.device:type_name -> dowse.link.v1.DeviceRef
-	40, // 22: dowse.link.v1.DeviceCondition.time:type_name -> google.protobuf.Timestamp
-	15, // 23: dowse.link.v1.DeviceUpdate.device:type_name -> dowse.link.v1.EdgeDevice
-	6,  // 24: dowse.link.v1.DeviceRemoval.device:type_name -> dowse.link.v1.DeviceRef
-	33, // 25: dowse.link.v1.DeviceModelUpdate.model:type_name -> dowse.link.v1.EdgeDeviceModel
-	6,  // 26: dowse.link.v1.DeviceModelRemoval.model:type_name -> dowse.link.v1.DeviceRef
-	6,  // 27: dowse.link.v1.DeviceInventory.devices:type_name -> dowse.link.v1.DeviceRef
-	6,  // 28: dowse.link.v1.DeviceInventory.models:type_name -> dowse.link.v1.DeviceRef
-	6,  // 29: dowse.link.v1.EdgeDevice.ref:type_name -> dowse.link.v1.DeviceRef
-	41, // 30: dowse.link.v1.EdgeDevice.protocol_config:type_name -> google.protobuf.Struct
-	16, // 31: dowse.link.v1.EdgeDevice.properties:type_name -> dowse.link.v1.EdgeDeviceProperty
-	32, // 32: dowse.link.v1.EdgeDevice.methods:type_name -> dowse.link.v1.EdgeDeviceMethod
-	31, // 33: dowse.link.v1.EdgeDeviceProperty.desired:type_name -> dowse.link.v1.TwinValue
-	41, // 34: dowse.link.v1.EdgeDeviceProperty.visitor_config:type_name -> google.protobuf.Struct
-	17, // 35: dowse.link.v1.EdgeDeviceProperty.push_method:type_name -> dowse.link.v1.PushMethod
-	18, // 36: dowse.link.v1.PushMethod.http:type_name -> dowse.link.v1.PushMethodHTTP
-	19, // 37: dowse.link.v1.PushMethod.mqtt:type_name -> dowse.link.v1.PushMethodMQTT
-	20, // 38: dowse.link.v1.PushMethod.otel:type_name -> dowse.link.v1.PushMethodOTEL
-	21, // 39: dowse.link.v1.PushMethod.db_method:type_name -> dowse.link.v1.DBMethod
-	22, // 40: dowse.link.v1.DBMethod.influxdb2:type_name -> dowse.link.v1.DBMethodInfluxdb2
-	25, // 41: dowse.link.v1.DBMethod.redis:type_name -> dowse.link.v1.DBMethodRedis
-	27, // 42: dowse.link.v1.DBMethod.tdengine:type_name -> dowse.link.v1.DBMethodTDEngine
-	29, // 43: dowse.link.v1.DBMethod.mysql:type_name -> dowse.link.v1.DBMethodMySQL
-	23, // 44: dowse.link.v1.DBMethodInfluxdb2.client_config:type_name -> dowse.link.v1.Influxdb2ClientConfig
-	24, // 45: dowse.link.v1.DBMethodInfluxdb2.data_config:type_name -> dowse.link.v1.Influxdb2DataConfig
-	38, // 46: dowse.link.v1.Influxdb2DataConfig.tag:type_name -> dowse.link.v1.Influxdb2DataConfig.TagEntry
-	26, // 47: dowse.link.v1.DBMethodRedis.client_config:type_name -> dowse.link.v1.RedisClientConfig
-	28, // 48: dowse.link.v1.DBMethodTDEngine.client_config:type_name -> dowse.link.v1.TDEngineClientConfig
-	30, // 49: dowse.link.v1.DBMethodMySQL.client_config:type_name -> dowse.link.v1.MySQLClientConfig
-	39, // 50: dowse.link.v1.TwinValue.metadata:type_name -> dowse.link.v1.TwinValue.MetadataEntry
-	6,  // 51: dowse.link.v1.EdgeDeviceModel.ref:type_name -> dowse.link.v1.DeviceRef
-	34, // 52: dowse.link.v1.EdgeDeviceModel.properties:type_name -> dowse.link.v1.EdgeModelProperty
-	6,  // 53: dowse.link.v1.DeviceMembership.devices:type_name -> dowse.link.v1.DeviceRef
-	0,  // 54: dowse.link.v1.Error.code:type_name -> dowse.link.v1.Error.Code
-	55, // [55:55] is the sub-list for method output_type
-	55, // [55:55] is the sub-list for method input_type
-	55, // [55:55] is the sub-list for extension type_name
-	55, // [55:55] is the sub-list for extension extendee
-	0,  // [0:55] is the sub-list for field type_name
+	38, // 15: dowse.link.v1.Envelope.stream_open:type_name -> dowse.link.v1.StreamOpen
+	39, // 16: dowse.link.v1.Envelope.stream_data:type_name -> dowse.link.v1.StreamData
+	40, // 17: dowse.link.v1.Envelope.stream_window:type_name -> dowse.link.v1.StreamWindow
+	41, // 18: dowse.link.v1.Envelope.stream_close:type_name -> dowse.link.v1.StreamClose
+	42, // 19: dowse.link.v1.Envelope.stream_reset:type_name -> dowse.link.v1.StreamReset
+	6,  // 20: dowse.link.v1.TwinReportedUpdate.device:type_name -> dowse.link.v1.DeviceRef
+	45, // 21: dowse.link.v1.TwinReportedUpdate.time:type_name -> google.protobuf.Timestamp
+	31, // 22: dowse.link.v1.TwinReportedUpdate.reported:type_name -> dowse.link.v1.TwinValue
+	31, // 23: dowse.link.v1.TwinReportedUpdate.observed_desired:type_name -> dowse.link.v1.TwinValue
+	6,  // 24: dowse.link.v1.DeviceStateUpdate.device:type_name -> dowse.link.v1.DeviceRef
+	45, // 25: dowse.link.v1.DeviceStateUpdate.time:type_name -> google.protobuf.Timestamp
+	6,  // 26: dowse.link.v1.DeviceCondition.device:type_name -> dowse.link.v1.DeviceRef
+	45, // 27: dowse.link.v1.DeviceCondition.time:type_name -> google.protobuf.Timestamp
+	15, // 28: dowse.link.v1.DeviceUpdate.device:type_name -> dowse.link.v1.EdgeDevice
+	6,  // 29: dowse.link.v1.DeviceRemoval.device:type_name -> dowse.link.v1.DeviceRef
+	33, // 30: dowse.link.v1.DeviceModelUpdate.model:type_name -> dowse.link.v1.EdgeDeviceModel
+	6,  // 31: dowse.link.v1.DeviceModelRemoval.model:type_name -> dowse.link.v1.DeviceRef
+	6,  // 32: dowse.link.v1.DeviceInventory.devices:type_name -> dowse.link.v1.DeviceRef
+	6,  // 33: dowse.link.v1.DeviceInventory.models:type_name -> dowse.link.v1.DeviceRef
+	6,  // 34: dowse.link.v1.EdgeDevice.ref:type_name -> dowse.link.v1.DeviceRef
+	46, // 35: dowse.link.v1.EdgeDevice.protocol_config:type_name -> google.protobuf.Struct
+	16, // 36: dowse.link.v1.EdgeDevice.properties:type_name -> dowse.link.v1.EdgeDeviceProperty
+	32, // 37: dowse.link.v1.EdgeDevice.methods:type_name -> dowse.link.v1.EdgeDeviceMethod
+	31, // 38: dowse.link.v1.EdgeDeviceProperty.desired:type_name -> dowse.link.v1.TwinValue
+	46, // 39: dowse.link.v1.EdgeDeviceProperty.visitor_config:type_name -> google.protobuf.Struct
+	17, // 40: dowse.link.v1.EdgeDeviceProperty.push_method:type_name -> dowse.link.v1.PushMethod
+	18, // 41: dowse.link.v1.PushMethod.http:type_name -> dowse.link.v1.PushMethodHTTP
+	19, // 42: dowse.link.v1.PushMethod.mqtt:type_name -> dowse.link.v1.PushMethodMQTT
+	20, // 43: dowse.link.v1.PushMethod.otel:type_name -> dowse.link.v1.PushMethodOTEL
+	21, // 44: dowse.link.v1.PushMethod.db_method:type_name -> dowse.link.v1.DBMethod
+	22, // 45: dowse.link.v1.DBMethod.influxdb2:type_name -> dowse.link.v1.DBMethodInfluxdb2
+	25, // 46: dowse.link.v1.DBMethod.redis:type_name -> dowse.link.v1.DBMethodRedis
+	27, // 47: dowse.link.v1.DBMethod.tdengine:type_name -> dowse.link.v1.DBMethodTDEngine
+	29, // 48: dowse.link.v1.DBMethod.mysql:type_name -> dowse.link.v1.DBMethodMySQL
+	23, // 49: dowse.link.v1.DBMethodInfluxdb2.client_config:type_name -> dowse.link.v1.Influxdb2ClientConfig
+	24, // 50: dowse.link.v1.DBMethodInfluxdb2.data_config:type_name -> dowse.link.v1.Influxdb2DataConfig
+	43, // 51: dowse.link.v1.Influxdb2DataConfig.tag:type_name -> dowse.link.v1.Influxdb2DataConfig.TagEntry
+	26, // 52: dowse.link.v1.DBMethodRedis.client_config:type_name -> dowse.link.v1.RedisClientConfig
+	28, // 53: dowse.link.v1.DBMethodTDEngine.client_config:type_name -> dowse.link.v1.TDEngineClientConfig
+	30, // 54: dowse.link.v1.DBMethodMySQL.client_config:type_name -> dowse.link.v1.MySQLClientConfig
+	44, // 55: dowse.link.v1.TwinValue.metadata:type_name -> dowse.link.v1.TwinValue.MetadataEntry
+	6,  // 56: dowse.link.v1.EdgeDeviceModel.ref:type_name -> dowse.link.v1.DeviceRef
+	34, // 57: dowse.link.v1.EdgeDeviceModel.properties:type_name -> dowse.link.v1.EdgeModelProperty
+	6,  // 58: dowse.link.v1.DeviceMembership.devices:type_name -> dowse.link.v1.DeviceRef
+	0,  // 59: dowse.link.v1.Error.code:type_name -> dowse.link.v1.Error.Code
+	60, // [60:60] is the sub-list for method output_type
+	60, // [60:60] is the sub-list for method input_type
+	60, // [60:60] is the sub-list for extension type_name
+	60, // [60:60] is the sub-list for extension extendee
+	0,  // [0:60] is the sub-list for field type_name
 }
 
 func init() { file_link_v1_link_proto_init() }
@@ -3084,6 +3473,11 @@ func file_link_v1_link_proto_init() {
 		(*Envelope_DeviceState)(nil),
 		(*Envelope_Reconnect)(nil),
 		(*Envelope_DeviceCondition)(nil),
+		(*Envelope_StreamOpen)(nil),
+		(*Envelope_StreamData)(nil),
+		(*Envelope_StreamWindow)(nil),
+		(*Envelope_StreamClose)(nil),
+		(*Envelope_StreamReset)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -3091,7 +3485,7 @@ func file_link_v1_link_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_link_v1_link_proto_rawDesc), len(file_link_v1_link_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   39,
+			NumMessages:   44,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -1,0 +1,517 @@
+package link
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"time"
+
+	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
+)
+
+// MaxStreamData is the most bytes one StreamData frame carries: a twin
+// message waits behind at most a write's worth of such chunks.
+const MaxStreamData = 32 << 10
+
+// DefaultStreamWindow is the receive window each side grants a stream: the
+// bytes the peer may send before the reader has consumed some.
+const DefaultStreamWindow = 256 << 10
+
+// streamBudget bounds the stream data one write of the connection carries
+// after its sequenced and control messages.
+const streamBudget = 96 << 10
+
+// ErrLinkLost ends every stream of a connection that ended: a byte stream
+// cannot resume on the next one.
+var ErrLinkLost = errors.New("link lost")
+
+// StreamResetError is a stream's end when the peer reset it.
+type StreamResetError struct{ Reason string }
+
+func (e *StreamResetError) Error() string { return "stream reset by the peer: " + e.Reason }
+
+// StreamDialer serves a StreamOpen on the side that accepts streams (the edge):
+// it connects to target or says why not.
+type StreamDialer func(ctx context.Context, target string) (net.Conn, error)
+
+// Streams are the byte streams of one connection, multiplexed with its
+// messages: one side opens them (Open), the other serves them with its
+// StreamDialer. Each stream has credit-based flow control in both directions, so
+// a reader that stops holds up its own stream alone; the connection's
+// writer takes sequenced and control messages first and stream data after,
+// round-robin over the streams that have data and credit. When the
+// connection ends, every stream ends with ErrLinkLost.
+type Streams struct {
+	dial   StreamDialer
+	window uint32
+
+	mu      sync.Mutex
+	wake    func()
+	ended   error
+	nextID  uint64
+	streams map[uint64]*Stream
+	ctrl    []*linkv1.Envelope
+	ready   []*Stream
+}
+
+// NewStreams makes the streams of one connection. dial serves the peer's
+// opens; nil refuses them (the side that only opens).
+func NewStreams(dial StreamDialer) *Streams {
+	return &Streams{dial: dial, window: DefaultStreamWindow, streams: map[uint64]*Stream{}}
+}
+
+// attach ties the streams to their running connection.
+func (s *Streams) attach(wake func()) {
+	s.mu.Lock()
+	s.wake = wake
+	s.mu.Unlock()
+}
+
+// end ends every stream with ErrLinkLost and refuses new ones.
+func (s *Streams) end(cause error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ended != nil {
+		return
+	}
+	if cause == nil {
+		cause = errors.New("connection closed")
+	}
+	s.ended = fmt.Errorf("%w: %w", ErrLinkLost, cause)
+	for _, st := range s.streams {
+		st.fail(s.ended)
+	}
+	clear(s.streams)
+	s.ctrl, s.ready = nil, nil
+}
+
+// Len is the number of open streams.
+func (s *Streams) Len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.streams)
+}
+
+// Open asks the peer to connect to target and returns the stream once it
+// did, a *StreamResetError saying why not, or ErrLinkLost.
+func (s *Streams) Open(ctx context.Context, target string) (*Stream, error) {
+	s.mu.Lock()
+	if s.ended != nil {
+		s.mu.Unlock()
+		return nil, s.ended
+	}
+	s.nextID++
+	st := s.newStream(s.nextID, target)
+	st.accepted = make(chan struct{})
+	st.recvLimit = int(s.window)
+	s.ctrl = append(s.ctrl, &linkv1.Envelope{Kind: &linkv1.Envelope_StreamOpen{StreamOpen: &linkv1.StreamOpen{Id: st.id, Target: target, Window: s.window}}})
+	wake := s.wake // nil before the connection runs: its start writes what waits
+	s.mu.Unlock()
+	if wake != nil {
+		wake()
+	}
+	select {
+	case <-st.accepted:
+	case <-ctx.Done():
+		st.reset("abandoned by its opener: " + context.Cause(ctx).Error())
+		return nil, context.Cause(ctx)
+	}
+	s.mu.Lock()
+	err := st.err
+	s.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	return st, nil
+}
+
+// newStream registers a stream; s.mu is held.
+func (s *Streams) newStream(id uint64, target string) *Stream {
+	st := &Stream{s: s, id: id, target: target}
+	st.cond = sync.NewCond(&s.mu)
+	s.streams[id] = st
+	return st
+}
+
+// handle takes one received stream frame, on the reader's goroutine: it
+// never blocks on a stream's reader or a dial. ctx is the connection's:
+// dials end with it.
+func (s *Streams) handle(ctx context.Context, env *linkv1.Envelope) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ended != nil {
+		return
+	}
+	switch k := env.Kind.(type) {
+	case *linkv1.Envelope_StreamOpen:
+		s.serveOpen(ctx, k.StreamOpen)
+	case *linkv1.Envelope_StreamData:
+		st := s.streams[k.StreamData.Id]
+		if st == nil {
+			return // reset here before the frame arrived
+		}
+		data := k.StreamData.Data
+		switch {
+		case len(data) > st.recvLimit:
+			st.resetLocked(fmt.Sprintf("flow control: %d bytes sent, %d granted", len(data), st.recvLimit))
+		case st.closed:
+			st.resetLocked("closed by its reader")
+		default:
+			st.recvLimit -= len(data)
+			st.recv = append(st.recv, data...)
+			st.cond.Broadcast()
+		}
+	case *linkv1.Envelope_StreamWindow:
+		st := s.streams[k.StreamWindow.Id]
+		if st == nil {
+			return
+		}
+		if st.accepted != nil {
+			select {
+			case <-st.accepted:
+			default:
+				close(st.accepted)
+			}
+		}
+		if st.sendCredit+int(k.StreamWindow.Credit) > 1<<30 {
+			st.resetLocked("flow control: credit beyond 1 GiB")
+			return
+		}
+		st.sendCredit += int(k.StreamWindow.Credit)
+		s.readyLocked(st)
+	case *linkv1.Envelope_StreamClose:
+		if st := s.streams[k.StreamClose.Id]; st != nil {
+			st.recvEOF = true
+			st.cond.Broadcast()
+			st.doneLocked()
+		}
+	case *linkv1.Envelope_StreamReset:
+		if st := s.streams[k.StreamReset.Id]; st != nil {
+			st.fail(&StreamResetError{Reason: k.StreamReset.Reason})
+			delete(s.streams, st.id)
+		}
+	}
+}
+
+// serveOpen dials for a peer's StreamOpen; s.mu is held.
+func (s *Streams) serveOpen(ctx context.Context, o *linkv1.StreamOpen) {
+	refuse := func(reason string) {
+		s.ctrl = append(s.ctrl, &linkv1.Envelope{Kind: &linkv1.Envelope_StreamReset{StreamReset: &linkv1.StreamReset{Id: o.Id, Reason: reason}}})
+		s.wake()
+	}
+	switch {
+	case s.dial == nil:
+		refuse("this side opens streams, it serves none")
+		return
+	case s.streams[o.Id] != nil:
+		refuse("stream id in use")
+		return
+	}
+	st := s.newStream(o.Id, o.Target)
+	st.sendCredit = int(o.Window)
+	go func() {
+		dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		conn, err := s.dial(dctx, o.Target)
+		cancel()
+		s.mu.Lock()
+		if err == nil && st.err != nil {
+			err = st.err // reset or lost while dialling
+		}
+		if err != nil {
+			if st.err == nil {
+				st.resetLocked("dial " + o.Target + ": " + err.Error())
+			}
+			s.mu.Unlock()
+			if conn != nil {
+				_ = conn.Close()
+			}
+			return
+		}
+		st.recvLimit = int(s.window)
+		s.ctrl = append(s.ctrl, &linkv1.Envelope{Kind: &linkv1.Envelope_StreamWindow{StreamWindow: &linkv1.StreamWindow{Id: st.id, Credit: s.window}}})
+		s.readyLocked(st)
+		s.mu.Unlock()
+		s.wake()
+		Splice(st, conn)
+	}()
+}
+
+// readyLocked queues st for the writer (once); s.mu is held.
+func (s *Streams) readyLocked(st *Stream) {
+	if !st.queued {
+		st.queued = true
+		s.ready = append(s.ready, st)
+	}
+	if s.wake != nil {
+		s.wake()
+	}
+}
+
+// appendFrames appends the stream frames waiting (control first, then data
+// round-robin) until buf holds limit bytes; more says whether some wait.
+func (s *Streams) appendFrames(buf []byte, ack uint64, limit int) (_ []byte, frames int, more bool, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, c := range s.ctrl {
+		c.Version, c.Ack = ProtocolVersion, ack
+		if buf, err = AppendFrame(buf, c); err != nil {
+			return buf, frames, false, err
+		}
+		frames++
+	}
+	s.ctrl = s.ctrl[:0]
+	for len(s.ready) > 0 {
+		if len(buf) >= limit {
+			return buf, frames, true, nil
+		}
+		st := s.ready[0]
+		s.ready = s.ready[1:]
+		st.queued = false
+		if st.err != nil || s.streams[st.id] != st {
+			continue
+		}
+		if n := min(len(st.send), st.sendCredit, MaxStreamData); n > 0 {
+			env := &linkv1.Envelope{Version: ProtocolVersion, Ack: ack, Kind: &linkv1.Envelope_StreamData{StreamData: &linkv1.StreamData{Id: st.id, Data: st.send[:n]}}}
+			if buf, err = AppendFrame(buf, env); err != nil {
+				return buf, frames, false, err
+			}
+			frames++
+			st.send = st.send[n:]
+			st.sendCredit -= n
+			st.cond.Broadcast() // room for its writer
+		}
+		if len(st.send) == 0 && st.sendClosed && !st.closeSent {
+			env := &linkv1.Envelope{Version: ProtocolVersion, Ack: ack, Kind: &linkv1.Envelope_StreamClose{StreamClose: &linkv1.StreamClose{Id: st.id}}}
+			if buf, err = AppendFrame(buf, env); err != nil {
+				return buf, frames, false, err
+			}
+			frames++
+			st.closeSent = true
+			st.doneLocked()
+		}
+		if len(st.send) > 0 && st.sendCredit > 0 {
+			st.queued = true
+			s.ready = append(s.ready, st)
+		}
+	}
+	return buf, frames, false, nil
+}
+
+// Stream is one byte stream on the link, a net.Conn with a half-close
+// (CloseWrite). Read and Write may be called from different goroutines;
+// deadlines are not supported.
+type Stream struct {
+	s      *Streams
+	id     uint64
+	target string
+	cond   *sync.Cond // on s.mu
+
+	// Guarded by s.mu.
+	accepted   chan struct{} // an opener's, closed by the first grant or the end
+	recv       []byte
+	recvEOF    bool
+	recvLimit  int // bytes the peer may still send
+	consumed   int // read since the last grant
+	send       []byte
+	sendCredit int
+	sendClosed bool
+	closeSent  bool
+	closed     bool // Close called: reads fail, data received is refused
+	queued     bool
+	err        error
+}
+
+var _ net.Conn = (*Stream)(nil)
+
+// ID is the stream's id on its connection.
+func (st *Stream) ID() uint64 { return st.id }
+
+// Target is what the stream was opened to.
+func (st *Stream) Target() string { return st.target }
+
+// Read reads the peer's bytes; io.EOF once the peer closed its side.
+func (st *Stream) Read(p []byte) (int, error) {
+	s := st.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for len(st.recv) == 0 && !st.recvEOF && st.err == nil && !st.closed {
+		st.cond.Wait()
+	}
+	switch {
+	case st.closed:
+		return 0, net.ErrClosed
+	case len(st.recv) > 0:
+		n := copy(p, st.recv)
+		st.recv = st.recv[n:]
+		if len(st.recv) == 0 {
+			st.recv = nil // let a drained burst's buffer go
+		}
+		st.consumed += n
+		if st.consumed >= int(s.window)/2 && st.err == nil && !st.recvEOF {
+			st.recvLimit += st.consumed
+			s.ctrl = append(s.ctrl, &linkv1.Envelope{Kind: &linkv1.Envelope_StreamWindow{StreamWindow: &linkv1.StreamWindow{Id: st.id, Credit: uint32(st.consumed)}}})
+			st.consumed = 0
+			if s.wake != nil {
+				s.wake()
+			}
+		}
+		return n, nil
+	case st.err != nil:
+		return 0, st.err
+	}
+	return 0, io.EOF
+}
+
+// Write queues p for the peer, waiting while the stream's send buffer is
+// full (the peer's credit is spent).
+func (st *Stream) Write(p []byte) (int, error) {
+	s := st.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	written := 0
+	for len(p) > 0 {
+		for len(st.send) >= int(s.window) && st.err == nil && !st.sendClosed {
+			st.cond.Wait()
+		}
+		switch {
+		case st.err != nil:
+			return written, st.err
+		case st.sendClosed:
+			return written, net.ErrClosed
+		}
+		n := min(len(p), int(s.window)-len(st.send))
+		st.send = append(st.send, p[:n]...)
+		p = p[n:]
+		written += n
+		if st.sendCredit > 0 {
+			s.readyLocked(st)
+		}
+	}
+	return written, nil
+}
+
+// CloseWrite sends the peer an end of stream once what was written has
+// gone; reading goes on.
+func (st *Stream) CloseWrite() error {
+	s := st.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if st.err != nil {
+		return st.err
+	}
+	st.sendClosed = true
+	st.cond.Broadcast()
+	s.readyLocked(st)
+	return nil
+}
+
+// Close ends this side: what was written still goes, then the end of
+// stream; reads end, and data the peer still sends resets the stream.
+func (st *Stream) Close() error {
+	s := st.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if st.closed {
+		return nil
+	}
+	st.closed = true
+	st.recv = nil
+	st.cond.Broadcast()
+	if st.err != nil {
+		return nil
+	}
+	st.sendClosed = true
+	s.readyLocked(st)
+	st.doneLocked()
+	return nil
+}
+
+// reset ends the stream both ways, telling the peer why.
+func (st *Stream) reset(reason string) {
+	st.s.mu.Lock()
+	defer st.s.mu.Unlock()
+	st.resetLocked(reason)
+}
+
+func (st *Stream) resetLocked(reason string) {
+	s := st.s
+	if st.err != nil {
+		return
+	}
+	st.fail(fmt.Errorf("stream reset: %s", reason))
+	delete(s.streams, st.id)
+	s.ctrl = append(s.ctrl, &linkv1.Envelope{Kind: &linkv1.Envelope_StreamReset{StreamReset: &linkv1.StreamReset{Id: st.id, Reason: reason}}})
+	if s.wake != nil {
+		s.wake()
+	}
+}
+
+// fail ends the stream locally with err; s.mu is held.
+func (st *Stream) fail(err error) {
+	if st.err == nil {
+		st.err = err
+	}
+	st.send = nil
+	if st.accepted != nil {
+		select {
+		case <-st.accepted:
+		default:
+			close(st.accepted)
+		}
+	}
+	st.cond.Broadcast()
+}
+
+// doneLocked forgets the stream once both sides closed (or this one did
+// and reads no more); s.mu is held.
+func (st *Stream) doneLocked() {
+	if st.closeSent && (st.recvEOF || st.closed) {
+		delete(st.s.streams, st.id)
+	}
+}
+
+// LocalAddr and RemoteAddr name the stream; deadlines are not supported.
+func (st *Stream) LocalAddr() net.Addr { return streamAddr(fmt.Sprintf("link-stream-%d", st.id)) }
+
+// RemoteAddr is the target the stream was opened to.
+func (st *Stream) RemoteAddr() net.Addr { return streamAddr(st.target) }
+
+// SetDeadline is not supported.
+func (st *Stream) SetDeadline(time.Time) error { return errors.ErrUnsupported }
+
+// SetReadDeadline is not supported.
+func (st *Stream) SetReadDeadline(time.Time) error { return errors.ErrUnsupported }
+
+// SetWriteDeadline is not supported.
+func (st *Stream) SetWriteDeadline(time.Time) error { return errors.ErrUnsupported }
+
+type streamAddr string
+
+func (streamAddr) Network() string  { return "link" }
+func (a streamAddr) String() string { return string(a) }
+
+// Splice copies a and b into each other until both directions ended,
+// passing each end of stream on as a half-close, then closes both.
+func Splice(a, b net.Conn) {
+	var wg sync.WaitGroup
+	one := func(dst, src net.Conn) {
+		defer wg.Done()
+		_, err := io.Copy(dst, src)
+		if cw, ok := dst.(interface{ CloseWrite() error }); ok && err == nil {
+			_ = cw.CloseWrite()
+		} else {
+			// An error one way ends both.
+			_ = a.Close()
+			_ = b.Close()
+		}
+	}
+	wg.Add(2)
+	go one(a, b)
+	go one(b, a)
+	wg.Wait()
+	_ = a.Close()
+	_ = b.Close()
+}

@@ -1,0 +1,401 @@
+package link
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
+)
+
+// streamPair is a cloud and an edge connection over a pipe, each with its
+// streams; the edge dials real TCP on loopback.
+type streamPair struct {
+	cloud, edge         *Streams
+	cloudSess, edgeSess *Session
+	cloudConn, edgeConn net.Conn
+	delivered           chan *linkv1.Envelope
+	done                chan error
+}
+
+func startStreams(t *testing.T) *streamPair {
+	t.Helper()
+	var d net.Dialer
+	p := &streamPair{
+		cloud: NewStreams(nil),
+		edge: NewStreams(func(ctx context.Context, target string) (net.Conn, error) {
+			return d.DialContext(ctx, "tcp", target)
+		}),
+		cloudSess: NewSession(SessionConfig{}),
+		edgeSess:  NewSession(SessionConfig{}),
+		delivered: make(chan *linkv1.Envelope, 1024),
+		done:      make(chan error, 2),
+	}
+	p.cloudConn, p.edgeConn = net.Pipe()
+	ctx, cancel := context.WithCancel(context.Background())
+	deliver := func(_ context.Context, env *linkv1.Envelope) error {
+		p.delivered <- env
+		return nil
+	}
+	go func() {
+		p.done <- RunConn(ctx, NewFramed(pipeConn{p.cloudConn}, 0), p.cloudSess, &ConnConfig{Heartbeat: time.Minute, Deliver: deliver, Streams: p.cloud})
+	}()
+	go func() {
+		p.done <- RunConn(ctx, NewFramed(pipeConn{p.edgeConn}, 0), p.edgeSess, &ConnConfig{Heartbeat: time.Minute, Deliver: deliver, Streams: p.edge})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-p.done
+		<-p.done
+	})
+	return p
+}
+
+// echoServer echoes each connection on loopback and closes its side after
+// the peer's end of stream; conns gets each accepted connection.
+func echoServer(t *testing.T) (addr string, conns chan net.Conn) {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close() })
+	conns = make(chan net.Conn, 16)
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			conns <- c
+			go func() {
+				_, _ = io.Copy(c, c)
+				_ = c.(*net.TCPConn).CloseWrite()
+			}()
+		}
+	}()
+	return l.Addr().String(), conns
+}
+
+func randomBytes(t *testing.T, n int) []byte {
+	t.Helper()
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// roundTrip sends data through st to an echo server and reads it back to
+// the end of stream.
+func roundTrip(t *testing.T, st *Stream, data []byte) {
+	t.Helper()
+	errs := make(chan error, 1)
+	go func() {
+		_, err := st.Write(data)
+		if err == nil {
+			err = st.CloseWrite()
+		}
+		errs <- err
+	}()
+	got, err := io.ReadAll(st)
+	if err != nil {
+		t.Fatalf("stream %d: reading back: %v", st.ID(), err)
+	}
+	if err := <-errs; err != nil {
+		t.Fatalf("stream %d: writing: %v", st.ID(), err)
+	}
+	if !bytes.Equal(got, data) {
+		t.Fatalf("stream %d: %d bytes back, want the %d sent", st.ID(), len(got), len(data))
+	}
+	_ = st.Close()
+}
+
+// TestStreamsCarryBytesBothWays: streams the cloud opens reach a TCP
+// server through the edge, several at once, each byte back in order, the
+// end of stream passed on both ways; then both sides forget them.
+func TestStreamsCarryBytesBothWays(t *testing.T) {
+	p := startStreams(t)
+	addr, _ := echoServer(t)
+	var wg sync.WaitGroup
+	for i := range 4 {
+		wg.Go(func() {
+			st, err := p.cloud.Open(t.Context(), addr)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			roundTrip(t, st, randomBytes(t, (i+1)*700<<10))
+		})
+	}
+	wg.Wait()
+	waitFor(t, func() bool { return p.cloud.Len() == 0 && p.edge.Len() == 0 }, "streams forgotten after both ends closed")
+}
+
+// TestStreamOpenRefused: a target the edge cannot dial resets the stream
+// with the dial's error; a side without a dialer refuses every open.
+func TestStreamOpenRefused(t *testing.T) {
+	p := startStreams(t)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := l.Addr().String()
+	_ = l.Close()
+	_, err = p.cloud.Open(t.Context(), closed)
+	var reset *StreamResetError
+	if !errors.As(err, &reset) || !strings.Contains(reset.Reason, "dial "+closed) {
+		t.Fatalf("opening a closed port: %v, want a reset naming the dial", err)
+	}
+	_, err = p.edge.Open(t.Context(), closed)
+	if !errors.As(err, &reset) || !strings.Contains(reset.Reason, "serves none") {
+		t.Fatalf("the edge opening towards the cloud: %v, want a refusal", err)
+	}
+	// The link goes on.
+	addr, _ := echoServer(t)
+	st, err := p.cloud.Open(t.Context(), addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roundTrip(t, st, []byte("still here"))
+}
+
+// TestStreamsEndWithTheLink: a cut ends every stream at both ends with
+// ErrLinkLost (the edge closes its dial), never a hang, and no stream
+// opens on the ended connection.
+func TestStreamsEndWithTheLink(t *testing.T) {
+	p := startStreams(t)
+	addr, conns := echoServer(t)
+	st, err := p.cloud.Open(t.Context(), addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	target := <-conns
+	if _, err := st.Write([]byte("ping")); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 4)
+	if _, err := io.ReadFull(st, buf); err != nil {
+		t.Fatal(err)
+	}
+	_ = p.edgeConn.Close() // the cut
+	readErr := make(chan error, 1)
+	go func() {
+		_, err := st.Read(buf)
+		readErr <- err
+	}()
+	select {
+	case err := <-readErr:
+		if !errors.Is(err, ErrLinkLost) {
+			t.Fatalf("the cloud's read after the cut: %v, want ErrLinkLost", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the cloud's read hangs after the cut")
+	}
+	if _, err := st.Write([]byte("x")); !errors.Is(err, ErrLinkLost) {
+		t.Errorf("a write after the cut: %v, want ErrLinkLost", err)
+	}
+	// The edge's dial is closed: the target reads its end.
+	_ = target.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.Copy(io.Discard, target); err != nil {
+		t.Errorf("the target's connection was not closed by the edge: %v", err)
+	}
+	if _, err := p.cloud.Open(t.Context(), addr); !errors.Is(err, ErrLinkLost) {
+		t.Errorf("open on the ended connection: %v, want ErrLinkLost", err)
+	}
+}
+
+// TestStalledStreamHoldsOnlyItself: a stream whose target reads nothing
+// fills its window and waits; another stream on the same link carries its
+// bytes meanwhile.
+func TestStalledStreamHoldsOnlyItself(t *testing.T) {
+	p := startStreams(t)
+	// A target that accepts and never reads, its receive buffer small.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			_ = c.(*net.TCPConn).SetReadBuffer(4096)
+			t.Cleanup(func() { _ = c.Close() })
+		}
+	}()
+	stalled, err := p.cloud.Open(t.Context(), l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _, _ = stalled.Write(make([]byte, 64<<20)) }()
+	waitFor(t, func() bool {
+		p.cloud.mu.Lock()
+		defer p.cloud.mu.Unlock()
+		return stalled.sendCredit == 0 && len(stalled.send) >= int(p.cloud.window)
+	}, "the stalled stream to spend its credit and fill its buffer")
+
+	addr, _ := echoServer(t)
+	st, err := p.cloud.Open(t.Context(), addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roundTrip(t, st, randomBytes(t, 2<<20))
+	// And twin messages still flow.
+	if _, _, err := p.cloudSess.Enqueue(twinReported(0, "cam", "p", 1), ""); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case env := <-p.delivered:
+		if env.GetTwinReported() == nil {
+			t.Fatalf("delivered %v", env)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a twin message did not get past the stalled stream")
+	}
+	_ = stalled.Close()
+}
+
+// TestTwinsGoAheadOfStreamData: a message queued while a stream carries a
+// bulk transfer is written before the stream's next write's worth of data
+// (counted on the wire, not timed).
+func TestTwinsGoAheadOfStreamData(t *testing.T) {
+	sess := NewSession(SessionConfig{})
+	streams := NewStreams(nil)
+	ours, theirs := net.Pipe()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- RunConn(ctx, NewFramed(pipeConn{ours}, 0), sess, &ConnConfig{Heartbeat: time.Minute, Streams: streams,
+			Deliver: func(context.Context, *linkv1.Envelope) error { return nil }})
+	}()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	peer := NewFramed(pipeConn{theirs}, 0)
+	opened := make(chan *Stream, 1)
+	go func() {
+		st, err := streams.Open(ctx, "plc:502")
+		if err != nil {
+			t.Error(err)
+		}
+		opened <- st
+	}()
+	var env linkv1.Envelope
+	for env.GetStreamOpen() == nil {
+		if _, err := peer.Read(&env); err != nil {
+			t.Fatal(err)
+		}
+	}
+	id := env.GetStreamOpen().Id
+	// The peer takes 64 MiB: credit is never what holds the stream up.
+	if err := peer.Write(&linkv1.Envelope{Kind: &linkv1.Envelope_StreamWindow{StreamWindow: &linkv1.StreamWindow{Id: id, Credit: 64 << 20}}}); err != nil {
+		t.Fatal(err)
+	}
+	st := <-opened
+	go func() { _, _ = st.Write(make([]byte, 32<<20)) }()
+
+	streamBytes, after := 0, -1
+	for {
+		var env linkv1.Envelope
+		if _, err := peer.Read(&env); err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case env.GetStreamData() != nil:
+			streamBytes += len(env.GetStreamData().Data)
+			if after >= 0 {
+				after += len(env.GetStreamData().Data)
+			}
+			if streamBytes >= 1<<20 && after < 0 {
+				after = 0
+				if _, _, err := sess.Enqueue(twinReported(0, "cam", "p", 1), ""); err != nil {
+					t.Fatal(err)
+				}
+			}
+		case env.GetTwinReported() != nil:
+			// What was framed before the message came, at most two writes.
+			if after > 2*(streamBudget+MaxStreamData) {
+				t.Fatalf("the twin message waited behind %d bytes of stream data", after)
+			}
+			t.Logf("the twin message came after %d bytes of stream data queued before it", after)
+			return
+		}
+		if streamBytes > 16<<20 {
+			t.Fatalf("no twin message within %d bytes of stream data", streamBytes)
+		}
+	}
+}
+
+// waitFor polls cond for up to 10 s.
+func waitFor(t *testing.T, cond func() bool, what string) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+}
+
+// FuzzStreamFrames: any sequence of stream frames from a peer (opens,
+// data beyond credit, windows, closes and resets of any id) leaves every
+// stream's buffer within the window granted, never panics, and the
+// streams all end with the connection.
+func FuzzStreamFrames(f *testing.F) {
+	f.Add([]byte{0, 1, 1, 1, 5, 2, 1, 9, 3, 1, 4, 1})
+	f.Add([]byte{1, 2, 200, 2, 2, 0, 4, 2, 0, 1, 1})
+	f.Fuzz(func(t *testing.T, ops []byte) {
+		refused := errors.New("no target here")
+		s := NewStreams(func(context.Context, string) (net.Conn, error) { return nil, refused })
+		opener := NewStreams(nil)
+		s.attach(func() {})
+		opener.attach(func() {})
+		for len(ops) >= 3 {
+			kind, id, n := ops[0]%5, uint64(ops[1]%4)+1, int(ops[2])
+			ops = ops[3:]
+			var env *linkv1.Envelope
+			switch kind {
+			case 0:
+				env = &linkv1.Envelope{Kind: &linkv1.Envelope_StreamOpen{StreamOpen: &linkv1.StreamOpen{Id: id, Target: "t:1", Window: uint32(n) << 10}}}
+			case 1:
+				env = &linkv1.Envelope{Kind: &linkv1.Envelope_StreamData{StreamData: &linkv1.StreamData{Id: id, Data: make([]byte, n<<7)}}}
+			case 2:
+				env = &linkv1.Envelope{Kind: &linkv1.Envelope_StreamWindow{StreamWindow: &linkv1.StreamWindow{Id: id, Credit: uint32(n) << 24}}}
+			case 3:
+				env = &linkv1.Envelope{Kind: &linkv1.Envelope_StreamClose{StreamClose: &linkv1.StreamClose{Id: id}}}
+			case 4:
+				env = &linkv1.Envelope{Kind: &linkv1.Envelope_StreamReset{StreamReset: &linkv1.StreamReset{Id: id, Reason: "r"}}}
+			}
+			s.handle(t.Context(), env)
+			opener.handle(t.Context(), env)
+			for _, x := range []*Streams{s, opener} {
+				x.mu.Lock()
+				for _, st := range x.streams {
+					if len(st.recv) > int(x.window) || st.recvLimit < 0 || st.sendCredit > 1<<30 {
+						x.mu.Unlock()
+						t.Fatalf("stream %d holds %d bytes, may take %d more, credit %d", st.id, len(st.recv), st.recvLimit, st.sendCredit)
+					}
+				}
+				x.mu.Unlock()
+			}
+			if _, _, _, err := s.appendFrames(nil, 0, 1<<20); err != nil {
+				t.Fatal(err)
+			}
+		}
+		s.end(nil)
+		opener.end(nil)
+		if s.Len() != 0 || opener.Len() != 0 {
+			t.Fatal("streams outlive their connection")
+		}
+	})
+}
