@@ -16,6 +16,7 @@ import (
 
 	"github.com/dowse-dev/dowse/internal/agent/edgecert"
 	"github.com/dowse-dev/dowse/internal/agent/edgehub"
+	"github.com/dowse-dev/dowse/internal/agent/edgereach"
 	"github.com/dowse-dev/dowse/internal/link/pki"
 	"github.com/dowse-dev/dowse/internal/optional"
 	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
@@ -88,6 +89,9 @@ func addLink(mgr manager.Manager, cfg Config, reg prometheus.Registerer, log log
 	// agent's: contained, it is logged, counted and retried, and fails only
 	// the "link" readiness check meanwhile, while discovery goes on.
 	partReg := optional.Reregistering(reg)
+	// What the cloud may reach through the link: this node's kubelet and
+	// its pods, nothing else of the edge's network.
+	reach := edgereach.New(cfg.NodeName, mgr.GetAPIReader(), reg)
 	edge := &optional.Part{Name: "edgehub", Log: log, Failures: optional.NewFailures(reg, "dowse_agent"), Run: func(ctx context.Context) error {
 		reg := partReg // each run registers its metrics again
 		// The store, and the mapper API on it, serve from the start; the
@@ -107,6 +111,7 @@ func addLink(mgr manager.Manager, cfg Config, reg prometheus.Registerer, log log
 					certs.RenewNow()
 				}
 			},
+			Reach: reach.Dial,
 		}, func(ctx context.Context, env *linkv1.Envelope) {
 			if m := env.GetDeviceMembership(); m != nil {
 				log.Info("device membership from the cloud", "devices", len(m.Devices))

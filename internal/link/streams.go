@@ -20,6 +20,9 @@ const MaxStreamData = 32 << 10
 // bytes the peer may send before the reader has consumed some.
 const DefaultStreamWindow = 256 << 10
 
+// DefaultMaxStreams bounds the streams open at once on one connection.
+const DefaultMaxStreams = 256
+
 // streamBudget bounds the stream data one write of the connection carries
 // after its sequenced and control messages.
 const streamBudget = 96 << 10
@@ -27,6 +30,9 @@ const streamBudget = 96 << 10
 // ErrLinkLost ends every stream of a connection that ended: a byte stream
 // cannot resume on the next one.
 var ErrLinkLost = errors.New("link lost")
+
+// ErrTooManyStreams: the connection holds as many streams as it may.
+var ErrTooManyStreams = errors.New("link: too many streams")
 
 // StreamResetError is a stream's end when the peer reset it.
 type StreamResetError struct{ Reason string }
@@ -47,6 +53,7 @@ type StreamDialer func(ctx context.Context, target string) (net.Conn, error)
 type Streams struct {
 	dial   StreamDialer
 	window uint32
+	limit  int
 
 	mu      sync.Mutex
 	wake    func()
@@ -60,7 +67,19 @@ type Streams struct {
 // NewStreams makes the streams of one connection. dial serves the peer's
 // opens; nil refuses them (the side that only opens).
 func NewStreams(dial StreamDialer) *Streams {
-	return &Streams{dial: dial, window: DefaultStreamWindow, streams: map[uint64]*Stream{}}
+	return &Streams{dial: dial, window: DefaultStreamWindow, limit: DefaultMaxStreams, streams: map[uint64]*Stream{}}
+}
+
+// SetLimit bounds the streams open at once (DefaultMaxStreams when n <= 0):
+// an open beyond it fails, a peer's is refused. Call before the connection
+// runs.
+func (s *Streams) SetLimit(n int) {
+	if n <= 0 {
+		n = DefaultMaxStreams
+	}
+	s.mu.Lock()
+	s.limit = n
+	s.mu.Unlock()
 }
 
 // attach ties the streams to their running connection.
@@ -102,6 +121,10 @@ func (s *Streams) Open(ctx context.Context, target string) (*Stream, error) {
 	if s.ended != nil {
 		s.mu.Unlock()
 		return nil, s.ended
+	}
+	if len(s.streams) >= s.limit {
+		s.mu.Unlock()
+		return nil, fmt.Errorf("%w: %d streams open on the connection", ErrTooManyStreams, s.limit)
 	}
 	s.nextID++
 	st := s.newStream(s.nextID, target)
@@ -208,6 +231,9 @@ func (s *Streams) serveOpen(ctx context.Context, o *linkv1.StreamOpen) {
 		return
 	case s.streams[o.Id] != nil:
 		refuse("stream id in use")
+		return
+	case len(s.streams) >= s.limit:
+		refuse(fmt.Sprintf("%d streams open on the connection", s.limit))
 		return
 	}
 	st := s.newStream(o.Id, o.Target)

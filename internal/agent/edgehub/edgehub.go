@@ -68,6 +68,10 @@ type Config struct {
 	// itself (not a message): PERMISSION_DENIED says the node's credentials
 	// no longer do (its Node was made again, say), which new ones may cure.
 	OnRefused func(code linkv1.Error_Code)
+	// Reach, when set, serves the byte streams the cloud opens on the link
+	// (it dials the target or says why not); without it every one is
+	// refused.
+	Reach link.StreamDialer
 }
 
 // OnMessage is told of each inbound sequenced message exactly once, in
@@ -542,8 +546,12 @@ func (e *EdgeHub) connectOnce(ctx context.Context, dialer link.Dialer) (up bool,
 			moveTimer.Stop()
 		}
 	}()
+	var streams *link.Streams
+	if e.cfg.Reach != nil {
+		streams = link.NewStreams(e.cfg.Reach)
+	}
 	err = link.RunConn(cctx, f, e.sess, &link.ConnConfig{
-		Heartbeat: e.cfg.Heartbeat, MaxFrame: e.cfg.MaxFrame, Metrics: e.metrics,
+		Heartbeat: e.cfg.Heartbeat, MaxFrame: e.cfg.MaxFrame, Metrics: e.metrics, Streams: streams,
 		OnReconnect: func(r *linkv1.Reconnect) {
 			if moveTimer == nil {
 				mv := &movedError{reason: r.Reason}

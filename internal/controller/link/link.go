@@ -19,9 +19,12 @@ package link
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -34,6 +37,7 @@ import (
 
 	"github.com/dowse-dev/dowse/internal/bootstrap"
 	"github.com/dowse-dev/dowse/internal/controller/link/cloudhub"
+	"github.com/dowse-dev/dowse/internal/controller/link/egress"
 	"github.com/dowse-dev/dowse/internal/controller/link/linkauth"
 	"github.com/dowse-dev/dowse/internal/controller/link/membership"
 	"github.com/dowse-dev/dowse/internal/controller/link/ownership"
@@ -96,6 +100,30 @@ type Config struct {
 	// Namespace holds the link CA's Secret, the bootstrap tokens and the
 	// ownership and presence Leases (the controller's namespace).
 	Namespace string
+	// EgressUDS and EgressAddr serve the API server's egress (package
+	// egress) on a Unix socket and on TCP with mutual TLS (EgressCertFile,
+	// EgressKeyFile, and EgressClientCAFile verifying the API server's
+	// client certificate); both empty: no egress.
+	EgressUDS, EgressAddr                             string
+	EgressCertFile, EgressKeyFile, EgressClientCAFile string
+}
+
+// egressTLS is the egress's TCP listener's TLS: its certificate, and
+// client certificates required and verified against the client CA.
+func egressTLS(cfg Config) (*tls.Config, error) {
+	cert, err := tls.LoadX509KeyPair(cfg.EgressCertFile, cfg.EgressKeyFile)
+	if err != nil {
+		return nil, fmt.Errorf("egress certificate: %w", err)
+	}
+	caPEM, err := os.ReadFile(cfg.EgressClientCAFile)
+	if err != nil {
+		return nil, fmt.Errorf("egress client CA: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(caPEM) {
+		return nil, fmt.Errorf("egress client CA %s holds no certificate", cfg.EgressClientCAFile)
+	}
+	return &tls.Config{Certificates: []tls.Certificate{cert}, ClientCAs: pool, ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS12}, nil
 }
 
 // takeoverLog logs a session another replica took, after the parts
@@ -247,6 +275,22 @@ func Add(ctx context.Context, mgr ctrl.Manager, cfg Config, reg prometheus.Regis
 	}}
 	if err := mgr.Add(authPart); err != nil {
 		return err
+	}
+	if cfg.EgressUDS != "" || cfg.EgressAddr != "" {
+		var conf *tls.Config
+		if cfg.EgressAddr != "" {
+			if conf, err = egressTLS(cfg); err != nil {
+				return err
+			}
+		}
+		eg, err := egress.New(egress.Config{UDS: cfg.EgressUDS, Addr: cfg.EgressAddr, TLS: conf,
+			Nodes: cache, Pods: live, Hub: hub, Registerer: reg, Log: log.WithName("egress")})
+		if err != nil {
+			return err
+		}
+		if err := mgr.Add(&optional.Part{Name: "egress", Log: log, Failures: failures, Run: eg.Start}); err != nil {
+			return err
+		}
 	}
 	// The agents pin the CA from a ConfigMap the controller publishes (the
 	// chart does not make the CA, so its key is in no release history).

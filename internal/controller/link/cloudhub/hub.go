@@ -53,6 +53,9 @@ type Config struct {
 	// is closed at once, logged and counted, so that a flood of edges (or
 	// of anyone holding a node certificate) cannot exhaust the hub.
 	MaxConnections int
+	// MaxStreamsPerNode caps the byte streams open at once on one node's
+	// connection (link.DefaultMaxStreams).
+	MaxStreamsPerNode int
 	// MaxHandshakes caps, per transport, the connections accepted whose TLS
 	// handshake and upgrade are not done yet (link.DefaultMaxHandshakes).
 	MaxHandshakes int
@@ -198,8 +201,10 @@ type nodeState struct {
 	cancel context.CancelCauseFunc // of the current connection
 	done   chan struct{}           // closed when the current connection ends
 	send   func(*linkv1.Envelope)  // queues a control frame on it
-	epoch  uint64                  // of the current (or last) connection
-	first  uint64                  // epoch of the first connection of sess
+	// streams are the byte streams of the current connection.
+	streams *link.Streams
+	epoch   uint64 // of the current (or last) connection
+	first   uint64 // epoch of the first connection of sess
 }
 
 var (
@@ -286,6 +291,12 @@ func (h *Hub) Commit(node string, pos Position) { h.table.Commit(node, pos) }
 
 // Connected is Sessions.Connected.
 func (h *Hub) Connected() []string { return h.table.Connected() }
+
+// OpenStream opens a byte stream to target through node's connection here
+// (see Sessions.OpenStream).
+func (h *Hub) OpenStream(ctx context.Context, node, target string) (*link.Stream, error) {
+	return h.table.OpenStream(ctx, node, target)
+}
 
 // IsConnected is Sessions.IsConnected.
 func (h *Hub) IsConnected(node string) bool { return h.table.IsConnected(node) }
@@ -551,7 +562,7 @@ type welcomedConn struct {
 func (s *welcomedConn) end() {
 	s.st.mu.Lock()
 	if s.st.done == s.done {
-		s.st.cancel, s.st.done, s.st.send = nil, nil, nil
+		s.st.cancel, s.st.done, s.st.send, s.st.streams = nil, nil, nil, nil
 		s.hub.table.live.Add(-1)
 	}
 	s.st.mu.Unlock()
@@ -783,13 +794,15 @@ func (h *Hub) welcome(ctx context.Context, kv []any, c link.Conn, s *welcomedCon
 func (s *welcomedConn) prepare(kv []any, node string, stream, epoch uint64) {
 	h, st, done := s.hub, s.st, s.done
 	s.kv = kv
+	streams := link.NewStreams(nil) // the cloud opens streams, it serves none
+	streams.SetLimit(h.cfg.MaxStreamsPerNode)
 	s.cfg = link.ConnConfig{
 		Heartbeat: h.cfg.Heartbeat, MaxFrame: h.cfg.MaxFrame, Limiter: st.limiter, Metrics: h.metrics,
-		Cancel: s.cfg.Cancel, LogValues: kv,
+		Cancel: s.cfg.Cancel, LogValues: kv, Streams: streams,
 		Started: func(send func(*linkv1.Envelope)) {
 			st.mu.Lock()
 			if st.done == done {
-				st.send = send
+				st.send, st.streams = send, streams
 			}
 			st.mu.Unlock()
 			if h.table.draining.Load() {

@@ -235,6 +235,29 @@ func (t *Sessions) Commit(node string, pos Position) {
 	}
 }
 
+// OpenStream opens a byte stream to target through node's current
+// connection: ErrNoSession when this hub holds none, a
+// *link.StreamResetError when the node refused it, link.ErrLinkLost when
+// the connection ended meanwhile.
+func (t *Sessions) OpenStream(ctx context.Context, node, target string) (*link.Stream, error) {
+	t.mu.Lock()
+	st := t.nodes[node]
+	t.mu.Unlock()
+	if st == nil {
+		return nil, ErrNoSession
+	}
+	st.mu.Lock()
+	streams := st.streams
+	st.mu.Unlock()
+	if streams == nil {
+		return nil, ErrNoSession
+	}
+	return streams.Open(ctx, target)
+}
+
+// ErrNoSession: the hub holds no connection of the node.
+var ErrNoSession = errors.New("cloudhub: no connection of the node here")
+
 // Connected lists the nodes with a live connection, sorted.
 func (t *Sessions) Connected() []string {
 	t.mu.Lock()

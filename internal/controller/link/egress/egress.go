@@ -1,0 +1,228 @@
+// Package egress serves the API server's egress to the cluster (what
+// kube-apiserver's EgressSelectorConfiguration sends to konnectivity in
+// HTTPConnect mode): each HTTP CONNECT to a node's address or to a pod on
+// a node whose link this replica holds goes over that link as a byte
+// stream; any other destination is dialled from here, so webhooks and
+// aggregated APIs keep working. It listens on a Unix socket (the control
+// plane beside the replica; the socket's mode is the check) and on TCP
+// with mutual TLS.
+package egress
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/dowse-dev/dowse/internal/controller/link/cloudhub"
+	"github.com/dowse-dev/dowse/internal/link"
+)
+
+// Opener opens a byte stream to target through node's link (the hub).
+type Opener interface {
+	OpenStream(ctx context.Context, node, target string) (*link.Stream, error)
+}
+
+// Config is the egress server's.
+type Config struct {
+	// UDS is the Unix socket to listen on (mode 0600: only its owner, the
+	// API server's user, may connect); empty: none.
+	UDS string
+	// Addr is the TCP address to listen on with TLS; TLS must require and
+	// verify client certificates. Empty: none.
+	Addr string
+	TLS  *tls.Config
+	// Nodes reads Nodes (the manager's cache), Pods lists Pods by IP (the
+	// API server, with the status.podIP field selector).
+	Nodes, Pods client.Reader
+	Hub         Opener
+	Registerer  prometheus.Registerer
+	Log         logr.Logger
+}
+
+// Server is the egress server.
+type Server struct {
+	cfg    Config
+	dialer net.Dialer
+	opened *prometheus.CounterVec
+}
+
+// New checks cfg and makes the server.
+func New(cfg Config) (*Server, error) {
+	if cfg.UDS == "" && cfg.Addr == "" {
+		return nil, errors.New("egress: no socket and no address")
+	}
+	if cfg.Addr != "" && (cfg.TLS == nil || cfg.TLS.ClientAuth != tls.RequireAndVerifyClientCert) {
+		return nil, errors.New("egress: a TCP address needs TLS that requires and verifies client certificates")
+	}
+	if cfg.Nodes == nil || cfg.Pods == nil || cfg.Hub == nil {
+		return nil, errors.New("egress: Nodes, Pods and Hub are required")
+	}
+	s := &Server{cfg: cfg, opened: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "dowse", Subsystem: "egress", Name: "connections_total",
+		Help: "The API server's egress connections, by route: link (over a node's link), direct (dialled from the cloud side) or refused."}, []string{"route"})}
+	if cfg.Registerer != nil {
+		cfg.Registerer.MustRegister(s.opened)
+	}
+	return s, nil
+}
+
+// Start serves until ctx ends.
+func (s *Server) Start(ctx context.Context) error {
+	var ls []net.Listener
+	defer func() {
+		for _, l := range ls {
+			_ = l.Close()
+		}
+	}()
+	if s.cfg.UDS != "" {
+		if err := os.MkdirAll(filepath.Dir(s.cfg.UDS), 0o700); err != nil {
+			return err
+		}
+		if err := os.Remove(s.cfg.UDS); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+		l, err := net.Listen("unix", s.cfg.UDS)
+		if err != nil {
+			return err
+		}
+		ls = append(ls, l)
+		if err := os.Chmod(s.cfg.UDS, 0o600); err != nil {
+			return err
+		}
+	}
+	if s.cfg.Addr != "" {
+		conf := s.cfg.TLS.Clone()
+		conf.NextProtos = []string{"http/1.1"} // CONNECT is hijacked: no HTTP/2
+		l, err := tls.Listen("tcp", s.cfg.Addr, conf)
+		if err != nil {
+			return err
+		}
+		ls = append(ls, l)
+	}
+	srv := &http.Server{Handler: s, ReadHeaderTimeout: 10 * time.Second, BaseContext: func(net.Listener) context.Context { return ctx }}
+	errs := make(chan error, len(ls))
+	for _, l := range ls {
+		s.cfg.Log.Info("serving the API server's egress", "address", l.Addr().String())
+		go func() { errs <- srv.Serve(l) }()
+	}
+	select {
+	case <-ctx.Done():
+		_ = srv.Close()
+		return nil
+	case err := <-errs:
+		_ = srv.Close()
+		return err
+	}
+}
+
+// ServeHTTP answers one CONNECT: 200 and the bytes both ways once the
+// destination is reached, 502 saying why not.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodConnect {
+		http.Error(w, "only CONNECT host:port is served here", http.StatusMethodNotAllowed)
+		return
+	}
+	target := r.Host
+	ctx, cancel := context.WithTimeout(r.Context(), 15*time.Second)
+	defer cancel()
+	conn, route, err := s.dial(ctx, target)
+	if err != nil {
+		s.opened.WithLabelValues("refused").Inc()
+		s.cfg.Log.Info("egress refused", "target", target, "reason", err.Error())
+		http.Error(w, err.Error(), http.StatusBadGateway)
+		return
+	}
+	s.opened.WithLabelValues(route).Inc()
+	hj, ok := w.(http.Hijacker)
+	if !ok {
+		_ = conn.Close()
+		http.Error(w, "connection cannot be taken over", http.StatusInternalServerError)
+		return
+	}
+	c, buf, err := hj.Hijack()
+	if err != nil {
+		_ = conn.Close()
+		return
+	}
+	if _, err := io.WriteString(c, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
+		_ = c.Close()
+		_ = conn.Close()
+		return
+	}
+	// Bytes the client sent after its CONNECT, already read.
+	if n := buf.Reader.Buffered(); n > 0 {
+		early, _ := buf.Reader.Peek(n)
+		if _, err := conn.Write(early); err != nil {
+			_ = c.Close()
+			_ = conn.Close()
+			return
+		}
+	}
+	link.Splice(conn, c)
+}
+
+// dial reaches target: over its node's link when the node's session is
+// here, else directly.
+func (s *Server) dial(ctx context.Context, target string) (net.Conn, string, error) {
+	host, _, err := net.SplitHostPort(target)
+	if err != nil {
+		return nil, "", fmt.Errorf("CONNECT %q: %w", target, err)
+	}
+	node, err := s.nodeOf(ctx, host)
+	if err != nil {
+		return nil, "", err
+	}
+	if node != "" {
+		st, err := s.cfg.Hub.OpenStream(ctx, node, target)
+		switch {
+		case err == nil:
+			return st, "link", nil
+		case !errors.Is(err, cloudhub.ErrNoSession):
+			return nil, "", fmt.Errorf("%s through node %s's link: %w", target, node, err)
+		}
+		// Not held here: the node may be one the cloud reaches itself.
+	}
+	c, err := s.dialer.DialContext(ctx, "tcp", target)
+	if err != nil {
+		return nil, "", err
+	}
+	return c, "direct", nil
+}
+
+// nodeOf is the node whose address or pod host is ("" for neither).
+func (s *Server) nodeOf(ctx context.Context, host string) (string, error) {
+	var nodes corev1.NodeList
+	if err := s.cfg.Nodes.List(ctx, &nodes); err != nil {
+		return "", fmt.Errorf("listing nodes: %w", err)
+	}
+	for _, n := range nodes.Items {
+		if n.Name == host || slices.ContainsFunc(n.Status.Addresses, func(a corev1.NodeAddress) bool { return a.Address == host }) {
+			return n.Name, nil
+		}
+	}
+	if net.ParseIP(host) == nil {
+		return "", nil
+	}
+	var pods corev1.PodList
+	if err := s.cfg.Pods.List(ctx, &pods, client.MatchingFields{"status.podIP": host}); err != nil {
+		return "", fmt.Errorf("the pod of %s: %w", host, err)
+	}
+	for _, p := range pods.Items {
+		if p.Spec.NodeName != "" && !p.Spec.HostNetwork && p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed {
+			return p.Spec.NodeName, nil
+		}
+	}
+	return "", nil
+}
