@@ -325,8 +325,9 @@ func replicaName(pod string) string {
 	return fmt.Sprintf("%s-%06x", cmp.Or(host, "dowse-controller"), rand.Uint32()&0xffffff)
 }
 
-// slimNode keeps what the controller reads of a Node: its name, deletion
-// and conditions (a Node's image list alone can be kilobytes).
+// slimNode keeps what the controller reads of a Node: its name, deletion,
+// conditions and addresses (the egress finds a node by its address); a
+// Node's image list alone can be kilobytes.
 func slimNode(obj any) (any, error) {
 	n, ok := obj.(*corev1.Node)
 	if !ok {
@@ -334,7 +335,7 @@ func slimNode(obj any) (any, error) {
 	}
 	n.ManagedFields, n.Annotations = nil, nil
 	n.Spec = corev1.NodeSpec{}
-	n.Status = corev1.NodeStatus{Conditions: n.Status.Conditions}
+	n.Status = corev1.NodeStatus{Conditions: n.Status.Conditions, Addresses: n.Status.Addresses}
 	return n, nil
 }
 

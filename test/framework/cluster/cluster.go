@@ -75,6 +75,12 @@ type Options struct {
 	// listens on the machine's end of the link to it. Without it the node
 	// is on the machine's network and only hostNetwork pods run.
 	PodNetwork bool
+	// Egress, when set, has the API server reach the cluster (nodes, pods,
+	// Services) through an egress proxy on a Unix socket, Cluster.EgressUDS
+	// (its EgressSelectorConfiguration's cluster egress, HTTPConnect), as
+	// konnectivity or Dowse's controller serve it; until one listens there,
+	// logs, exec and the pod proxy fail.
+	Egress bool
 }
 
 // Cluster is a running cluster.
@@ -90,6 +96,9 @@ type Cluster struct {
 	Client     kubernetes.Interface
 	// PodNetwork is the node's network when Options.PodNetwork was set.
 	PodNetwork *PodNetwork
+	// EgressUDS is where the API server's cluster egress goes when
+	// Options.Egress was set.
+	EgressUDS string
 
 	binDir         string
 	containerdSock string
@@ -224,7 +233,7 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 	command := func(name string, args []string) (string, []string) {
 		path := filepath.Join(o.BinDir, name)
 		if c.PodNetwork != nil && (name == "containerd" || name == "kubelet" || name == "kube-proxy") {
-			return c.PodNetwork.command(path, args)
+			return c.PodNetwork.Command(path, args)
 		}
 		return path, args
 	}
@@ -274,6 +283,14 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 	if c.PodNetwork != nil {
 		advertise = []string{"--advertise-address", c.PodNetwork.HostIP}
 		kubeletAddress = "InternalIP"
+	}
+	if o.Egress {
+		c.EgressUDS = filepath.Join(o.StateDir, "egress.sock")
+		conf := filepath.Join(o.StateDir, "egress-selector.yaml")
+		if err := os.WriteFile(conf, []byte(egressSelector(c.EgressUDS)), 0o600); err != nil {
+			return nil, err
+		}
+		advertise = append(advertise, "--egress-selector-config-file", conf)
 	}
 	if err := start("kube-apiserver", append(advertise,
 		"--etcd-servers", u(etcdClient),
@@ -670,4 +687,18 @@ func writeJSON(path string, v any) error {
 		return err
 	}
 	return writeFile(path, string(b))
+}
+
+// egressSelector is the API server's EgressSelectorConfiguration sending
+// its cluster egress to an HTTP CONNECT proxy on the Unix socket uds.
+func egressSelector(uds string) string {
+	return `apiVersion: apiserver.k8s.io/v1beta1
+kind: EgressSelectorConfiguration
+egressSelections:
+- name: cluster
+  connection:
+    proxyProtocol: HTTPConnect
+    transport:
+      uds:
+        udsName: ` + uds + "\n"
 }

@@ -110,11 +110,11 @@ func newPodNetwork() (_ *PodNetwork, err error) {
 
 func (n *PodNetwork) nsPath() string { return filepath.Join("/run/netns", n.Namespace) }
 
-// command runs path with args inside the node's network namespace (and only
+// Command runs path with args inside the node's network namespace (and only
 // its network namespace: the kubelet and containerd must share the
 // machine's mounts). nsenter execs the program, so its pid is the
 // program's.
-func (n *PodNetwork) command(path string, args []string) (string, []string) {
+func (n *PodNetwork) Command(path string, args []string) (string, []string) {
 	return "nsenter", append([]string{"--net=" + n.nsPath(), "--", path}, args...)
 }
 

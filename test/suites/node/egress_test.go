@@ -1,0 +1,177 @@
+package node
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/dowse-dev/dowse/test/framework/cluster"
+	"github.com/dowse-dev/dowse/test/framework/dowse"
+	"github.com/dowse-dev/dowse/test/framework/kube"
+	"github.com/dowse-dev/dowse/test/framework/procs"
+	"github.com/dowse-dev/dowse/test/framework/promtest"
+	"github.com/dowse-dev/dowse/test/framework/testwait"
+)
+
+// TestKubectlReachesAnEdgeThroughItsLink: the real node in its own network
+// namespace drops every connection the machine opens to its kubelet, as a
+// node behind NAT would be; the API server sends its cluster egress to
+// Dowse's controller (EgressSelectorConfiguration, HTTPConnect on a Unix
+// socket). Without the controller, a pod's logs cannot be read; with it,
+// and the agent inside the node's namespace holding its link, `kubectl
+// logs` and the API server's pod proxy reach the node's pod over the link.
+func TestKubectlReachesAnEdgeThroughItsLink(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+	defer cancel()
+	c := startClusterWith(t, ctx, cluster.Options{PodNetwork: true, Egress: true},
+		[2]string{"./brokers/debug-echo/cmd/dowse-debug-echo-broker", "ghcr.io/dowse-dev/dowse-debug-echo-broker:latest"})
+	t.Cleanup(func() {
+		_ = c.Stop()
+		if !t.Failed() {
+			_ = os.RemoveAll(c.StateDir)
+		}
+	})
+	cs := c.Client
+	node, err := cs.CoreV1().Nodes().Get(ctx, c.NodeName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kubelet := net.JoinHostPort(c.PodNetwork.NodeIP, strconv.Itoa(int(node.Status.DaemonEndpoints.KubeletEndpoint.Port)))
+	// The node's pod range, as a cluster's IPAM controller records it.
+	patch, _ := json.Marshal(map[string]any{"spec": map[string]any{"podCIDR": c.PodNetwork.PodCIDR, "podCIDRs": []string{c.PodNetwork.PodCIDR}}})
+	if _, err := cs.CoreV1().Nodes().Patch(ctx, c.NodeName, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	// The node drops what the machine sends its kubelet.
+	rule := fmt.Sprintf("table inet dowse_unreachable {\n chain input {\n  type filter hook input priority -10;\n  iifname \"eth0\" tcp dport %d drop\n }\n}\n", node.Status.DaemonEndpoints.KubeletEndpoint.Port)
+	name, args := c.PodNetwork.Command("nft", []string{"-f", "-"})
+	nft := exec.CommandContext(ctx, name, args...)
+	nft.Stdin = strings.NewReader(rule)
+	if out, err := nft.CombinedOutput(); err != nil {
+		t.Fatalf("nft: %v\n%s", err, out)
+	}
+	if conn, err := net.DialTimeout("tcp", kubelet, 2*time.Second); err == nil {
+		_ = conn.Close()
+		t.Fatalf("the machine still reaches the kubelet at %s", kubelet)
+	}
+
+	const marker = "DEBUG_ECHO_SITE"
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "behind-nat", Namespace: "default"},
+		Spec: corev1.PodSpec{NodeName: c.NodeName, Containers: []corev1.Container{{Name: "broker",
+			Image: "ghcr.io/dowse-dev/dowse-debug-echo-broker:latest", ImagePullPolicy: corev1.PullNever,
+			Env: []corev1.EnvVar{{Name: marker, Value: "plant-7"}}, Ports: []corev1.ContainerPort{{ContainerPort: 8080}}}}}}
+	if _, err := cs.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testwait.For(t, 2*time.Minute, func() error {
+		p, err := cs.CoreV1().Pods("default").Get(ctx, pod.Name, metav1.GetOptions{})
+		if err != nil || p.Status.Phase != corev1.PodRunning {
+			return fmt.Errorf("pod not running (%v)", err)
+		}
+		return nil
+	})
+	logs := func() (string, error) {
+		b, err := cs.CoreV1().Pods("default").GetLogs(pod.Name, &corev1.PodLogOptions{}).DoRaw(ctx)
+		return string(b), err
+	}
+	if out, err := logs(); err == nil {
+		t.Fatalf("the pod's logs were read with nothing serving the egress: %q", out)
+	} else {
+		t.Logf("without the egress: %v", err)
+	}
+
+	// Dowse: the controller on the machine, serving the egress; the agent
+	// in the node's namespace.
+	if err := kube.InstallCRDs(c.Config); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "dowse-system"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	ports := make([]int, 3)
+	for i := range ports {
+		if ports[i], err = procs.FreePort(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	metrics, ws, auth := ports[0], ports[1], ports[2]
+	host := c.PodNetwork.HostIP
+	dowse.Controller{Kubeconfig: c.Kubeconfig, Metrics: metrics, Link: &dowse.Link{WebSocket: ws, Auth: auth, Heartbeat: time.Second},
+		Args: []string{"--link-hosts", host, "--link-websocket-address", net.JoinHostPort(host, strconv.Itoa(ws)),
+			"--link-auth-bind-address", net.JoinHostPort(host, strconv.Itoa(auth)), "--egress-uds", c.EgressUDS}}.StartLogged(t, dir, "controller")
+	var tok struct{ Token, CACertHash string }
+	testwait.For(t, time.Minute, func() error {
+		b, err := exec.CommandContext(ctx, filepath.Join(procs.BinDir(), "dowsectl"), "token", "create",
+			"--kubeconfig", c.Kubeconfig, "--node", c.NodeName, "--ttl", "10m", "--output", "json").CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("%w: %s", err, b)
+		}
+		return json.Unmarshal(b, &tok)
+	})
+	agent := dowse.Agent{Kubeconfig: c.Kubeconfig, Node: c.NodeName, StateDir: filepath.Join(dir, "agent"),
+		Link: &dowse.AgentLink{Server: net.JoinHostPort(host, strconv.Itoa(ws)), Transport: "websocket", Heartbeat: time.Second,
+			AuthURL: "https://" + net.JoinHostPort(host, strconv.Itoa(auth)), CACertHash: tok.CACertHash, BootstrapToken: tok.Token}}
+	logf, err := os.Create(filepath.Join(dir, "agent.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	name, args = c.PodNetwork.Command(filepath.Join(procs.BinDir(), "dowse-agent"), agent.Flags())
+	p, err := procs.Run("dowse-agent", name, args, procs.Options{Stdout: logf, Stderr: logf, DieWithCaller: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		p.Stop()
+		_ = logf.Close()
+		if t.Failed() {
+			b, _ := os.ReadFile(logf.Name())
+			t.Logf("agent log:\n%s", b)
+		}
+	})
+	waitMetric(t, ctx, metrics, "dowse_cloudhub_connected_nodes 1")
+
+	// kubectl logs, through the link.
+	testwait.For(t, time.Minute, func() error {
+		out, err := logs()
+		if err != nil {
+			return err
+		}
+		if !strings.Contains(out, "plant-7") {
+			return fmt.Errorf("the pod's logs lack its environment: %q", out)
+		}
+		return nil
+	})
+	// The API server's pod proxy reaches the broker on the pod's address.
+	testwait.For(t, 30*time.Second, func() error {
+		b, err := cs.CoreV1().Pods("default").ProxyGet("http", pod.Name, "8080", "/", nil).DoRaw(ctx)
+		if err != nil {
+			return err
+		}
+		if !strings.Contains(string(b), "plant-7") {
+			return fmt.Errorf("the broker answered %q", b)
+		}
+		return nil
+	})
+	samples, err := promtest.Scrape(fmt.Sprintf("http://127.0.0.1:%d/metrics", metrics), "dowse_egress_connections_total")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if samples[`dowse_egress_connections_total{route="link"}`] < 2 {
+		t.Errorf("egress connections %v: want the logs and the proxy over the link", samples)
+	}
+	t.Logf("egress: %v", samples)
+}
