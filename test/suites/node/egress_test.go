@@ -79,7 +79,7 @@ func TestKubectlReachesAnEdgeThroughItsLink(t *testing.T) {
 	testwait.For(t, 2*time.Minute, func() error {
 		p, err := cs.CoreV1().Pods("default").Get(ctx, pod.Name, metav1.GetOptions{})
 		if err != nil || p.Status.Phase != corev1.PodRunning {
-			return fmt.Errorf("pod not running (%v)", err)
+			return fmt.Errorf("pod not running (%w)", err)
 		}
 		return nil
 	})
