@@ -1,10 +1,13 @@
 package node
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -31,7 +34,8 @@ import (
 // Dowse's controller (EgressSelectorConfiguration, HTTPConnect on a Unix
 // socket). Without the controller, a pod's logs cannot be read; with it,
 // and the agent inside the node's namespace holding its link, `kubectl
-// logs` and the API server's pod proxy reach the node's pod over the link.
+// logs`, the API server's pod proxy, `kubectl exec -i` and `kubectl
+// port-forward` reach the node's pods over the link.
 func TestKubectlReachesAnEdgeThroughItsLink(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
@@ -166,12 +170,52 @@ func TestKubectlReachesAnEdgeThroughItsLink(t *testing.T) {
 		}
 		return nil
 	})
+	// kubectl exec with stdin, and port-forward, through the link.
+	kubectl := func(args ...string) *exec.Cmd {
+		return exec.CommandContext(ctx, filepath.Join(kube.BinDir(), "kubectl"), append([]string{"--kubeconfig", c.Kubeconfig}, args...)...)
+	}
+	probe := probePod("exec-target", "sleep:1h")
+	probe.Spec.HostNetwork, probe.Spec.NodeName = false, c.NodeName
+	if _, err := cs.CoreV1().Pods("default").Create(ctx, probe, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitPodPhase(t, ctx, cs, probe.Name, corev1.PodRunning)
+	const said = "typed at the cloud, echoed on the edge"
+	execCmd := kubectl("exec", "-i", probe.Name, "--", "/dowse-node-probe", "cat:")
+	execCmd.Stdin = strings.NewReader(said)
+	if out, err := execCmd.Output(); err != nil || string(out) != said {
+		t.Fatalf("kubectl exec -i: %q, %v", out, err)
+	}
+	pf := kubectl("port-forward", "pod/"+pod.Name, ":8080")
+	pfOut, err := pf.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pf.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pf.Process.Kill(); _ = pf.Wait() })
+	line, err := bufio.NewReader(pfOut).ReadString('\n') // Forwarding from 127.0.0.1:PORT -> 8080
+	local, _, found := strings.Cut(strings.TrimPrefix(strings.TrimSpace(line), "Forwarding from "), " ->")
+	if err != nil || !found {
+		t.Fatalf("kubectl port-forward said %q (%v)", line, err)
+	}
+	resp, err := http.Get("http://" + local + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	if !strings.Contains(string(body), "plant-7") {
+		t.Fatalf("through kubectl port-forward the broker answered %q", body)
+	}
+
 	samples, err := promtest.Scrape(fmt.Sprintf("http://127.0.0.1:%d/metrics", metrics), "dowse_egress_connections_total")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if samples[`dowse_egress_connections_total{route="link"}`] < 2 {
-		t.Errorf("egress connections %v: want the logs and the proxy over the link", samples)
+	if samples[`dowse_egress_connections_total{route="link"}`] < 4 {
+		t.Errorf("egress connections %v: want the logs, the proxy, exec and port-forward over the link", samples)
 	}
 	t.Logf("egress: %v", samples)
 }

@@ -6,10 +6,12 @@
 //	env:NAME       prints "env NAME=value" (or "env NAME unset")
 //	dev:PATH       prints "dev PATH char|block|other|missing"
 //	sleep:DURATION sleeps (e.g. sleep:1h) before the next argument
+//	cat:           copies stdin to stdout until its end (an exec's stdin)
 package main
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"strings"
 	"time"
@@ -29,6 +31,11 @@ func main() {
 			}
 		case "dev":
 			fmt.Printf("dev %s %s\n", val, devKind(val))
+		case "cat":
+			if _, err := io.Copy(os.Stdout, os.Stdin); err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				os.Exit(2)
+			}
 		case "sleep":
 			d, err := time.ParseDuration(val)
 			if err != nil {
