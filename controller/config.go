@@ -122,6 +122,8 @@ func (c *Config) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Link.EgressAddr, "egress-address", c.Link.EgressAddr, "TCP address serving the API server's egress with mutual TLS (--egress-tls-cert-file, --egress-tls-key-file, --egress-client-ca-file); empty: none")
 	fs.StringVar(&c.Link.EgressCertFile, "egress-tls-cert-file", c.Link.EgressCertFile, "the egress's serving certificate")
 	fs.StringVar(&c.Link.EgressKeyFile, "egress-tls-key-file", c.Link.EgressKeyFile, "the egress's serving key")
+	fs.StringVar(&c.Link.EgressPeerAddr, "egress-peer-address", c.Link.EgressPeerAddr, "TCP address where this replica takes the egress connections other replicas forward to the node sessions it holds (TLS with the link CA); empty: a replica that does not hold a node's session dials it directly")
+	fs.StringVar(&c.Link.EgressPeerAdvertise, "egress-peer-advertise", c.Link.EgressPeerAdvertise, "host:port the other replicas dial for --egress-peer-address (the pod's address)")
 	fs.StringVar(&c.Link.EgressClientCAFile, "egress-client-ca-file", c.Link.EgressClientCAFile, "CA that verifies the API server's client certificate on --egress-address")
 	fs.DurationVar(&c.Link.CertValidity, "link-cert-validity", c.Link.CertValidity, "lifetime of node certificates (renewed at about two thirds)")
 	fs.DurationVar(&c.Link.CAValidity, "link-ca-validity", c.Link.CAValidity, "lifetime of the link CA, when the controller creates it")

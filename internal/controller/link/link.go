@@ -23,15 +23,20 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
 
@@ -106,6 +111,50 @@ type Config struct {
 	// client certificate); both empty: no egress.
 	EgressUDS, EgressAddr                             string
 	EgressCertFile, EgressKeyFile, EgressClientCAFile string
+	// EgressPeerAddr is where this replica takes the egress connections
+	// other replicas forward to the node sessions it holds (TLS with
+	// certificates of the link CA naming a replica); EgressPeerAdvertise
+	// is the host:port they dial, published on its presence Lease. Empty:
+	// no forwarding.
+	EgressPeerAddr, EgressPeerAdvertise string
+}
+
+// replicaCert issues and re-issues this replica's certificate for the
+// egress's replica-to-replica connections.
+type replicaCert struct {
+	ca      *pki.CA
+	replica string
+	hosts   []string
+
+	mu   sync.Mutex
+	cert *tls.Certificate
+}
+
+func (r *replicaCert) get() (*tls.Certificate, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.cert != nil && time.Until(r.cert.Leaf.NotAfter) > 24*time.Hour {
+		return r.cert, nil
+	}
+	c, err := r.ca.IssueReplica(r.replica, r.hosts, 30*24*time.Hour)
+	if err != nil {
+		return nil, err
+	}
+	if c.Leaf == nil {
+		if c.Leaf, err = x509.ParseCertificate(c.Certificate[0]); err != nil {
+			return nil, err
+		}
+	}
+	r.cert = &c
+	return r.cert, nil
+}
+
+// egressAdvertised is the egress peer address this replica publishes.
+func egressAdvertised(cfg Config) string {
+	if cfg.EgressPeerAddr == "" {
+		return ""
+	}
+	return cfg.EgressPeerAdvertise
 }
 
 // egressTLS is the egress's TCP listener's TLS: its certificate, and
@@ -216,6 +265,7 @@ func Add(ctx context.Context, mgr ctrl.Manager, cfg Config, reg prometheus.Regis
 		Sessions: sessions.Connected, Draining: sessions.Draining,
 		Move:       func(node string, delay time.Duration) bool { return sessions.Move(node, delay, "rebalance") },
 		Every:      cfg.SpreadInterval,
+		Egress:     egressAdvertised(cfg),
 		Log:        log.WithName("spread"),
 		Registerer: reg,
 	})
@@ -276,15 +326,47 @@ func Add(ctx context.Context, mgr ctrl.Manager, cfg Config, reg prometheus.Regis
 	if err := mgr.Add(authPart); err != nil {
 		return err
 	}
-	if cfg.EgressUDS != "" || cfg.EgressAddr != "" {
+	if cfg.EgressUDS != "" || cfg.EgressAddr != "" || cfg.EgressPeerAddr != "" {
 		var conf *tls.Config
 		if cfg.EgressAddr != "" {
 			if conf, err = egressTLS(cfg); err != nil {
 				return err
 			}
 		}
-		eg, err := egress.New(egress.Config{UDS: cfg.EgressUDS, Addr: cfg.EgressAddr, TLS: conf,
-			Nodes: cache, Pods: live, Hub: hub, Registerer: reg, Log: log.WithName("egress")})
+		ecfg := egress.Config{UDS: cfg.EgressUDS, Addr: cfg.EgressAddr, TLS: conf,
+			Nodes: cache, Pods: live, Hub: hub, Registerer: reg, Log: log.WithName("egress")}
+		if cfg.EgressPeerAddr != "" {
+			host, _, err := net.SplitHostPort(cfg.EgressPeerAdvertise)
+			if err != nil {
+				return fmt.Errorf("egress peer advertise address %q: %w", cfg.EgressPeerAdvertise, err)
+			}
+			rc := &replicaCert{ca: ca, replica: cfg.Replica, hosts: []string{host}}
+			ecfg.PeerAddr = cfg.EgressPeerAddr
+			ecfg.PeerTLS = &tls.Config{MinVersion: tls.VersionTLS13, ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: ca.Pool(),
+				GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return rc.get() }}
+			leases := cs.CoordinationV1().Leases(cfg.Namespace)
+			ecfg.Forward = func(ctx context.Context, node, target string) (net.Conn, error) {
+				l, err := leases.Get(ctx, ownership.NodeLeaseName(node), metav1.GetOptions{})
+				if apierrors.IsNotFound(err) {
+					return nil, egress.ErrNoHolder
+				}
+				if err != nil {
+					return nil, err
+				}
+				holder := ptr.Deref(l.Spec.HolderIdentity, "")
+				if holder == "" || holder == cfg.Replica {
+					return nil, egress.ErrNoHolder
+				}
+				addr := presence.EgressOf(holder)
+				if addr == "" {
+					return nil, fmt.Errorf("replica %s holds it and publishes no egress address", holder)
+				}
+				peerHost, _, _ := net.SplitHostPort(addr)
+				return egress.DialPeer(ctx, addr, &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: ca.Pool(), ServerName: peerHost,
+					GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return rc.get() }}, target)
+			}
+		}
+		eg, err := egress.New(ecfg)
 		if err != nil {
 			return err
 		}

@@ -159,6 +159,63 @@ func (ca *CA) IssueServer(hosts []string, validity time.Duration) (tls.Certifica
 	return pairOf(der, key)
 }
 
+// ReplicaURIPrefix starts the URI SAN naming the controller replica a
+// replica certificate is for; no node certificate carries one.
+const ReplicaURIPrefix = "urn:dowse:replica:"
+
+// IssueReplica creates a key and a certificate for a controller replica,
+// for both ends of a replica-to-replica connection: served at hosts, and
+// presented as a client, naming replica in a URI SAN (ReplicaFromCert).
+func (ca *CA) IssueReplica(replica string, hosts []string, validity time.Duration) (tls.Certificate, error) {
+	if replica == "" || len(hosts) == 0 {
+		return tls.Certificate{}, errors.New("replica certificate needs the replica and a host")
+	}
+	id, err := url.Parse(ReplicaURIPrefix + url.PathEscape(replica))
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	now := time.Now()
+	tmpl := &x509.Certificate{
+		SerialNumber: serial(),
+		Subject:      pkix.Name{CommonName: "replica:" + replica},
+		NotBefore:    now.Add(-clockSkew),
+		NotAfter:     now.Add(validity),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+		URIs:         []*url.URL{id},
+	}
+	for _, h := range hosts {
+		if ip := net.ParseIP(h); ip != nil {
+			tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
+		} else {
+			tmpl.DNSNames = append(tmpl.DNSNames, h)
+		}
+	}
+	der, err := ca.sign(tmpl, key.Public())
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	return pairOf(der, key)
+}
+
+// ReplicaFromCert returns the replica a verified certificate names, or an
+// error for any other (a node's, a server's).
+func ReplicaFromCert(c *x509.Certificate) (string, error) {
+	if c == nil {
+		return "", errors.New("no certificate")
+	}
+	for _, u := range c.URIs {
+		if r, ok := strings.CutPrefix(u.String(), ReplicaURIPrefix); ok && r != "" {
+			return url.PathUnescape(r)
+		}
+	}
+	return "", fmt.Errorf("certificate of %q names no controller replica", c.Subject.CommonName)
+}
+
 // SignNodeCSR issues a client certificate for node from a DER CSR, bound to
 // the Node object whose UID is uid (unbound when uid is empty: the Node is
 // not known yet). The CSR must be self-signed and name exactly

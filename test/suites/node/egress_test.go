@@ -106,17 +106,11 @@ func TestKubectlReachesAnEdgeThroughItsLink(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	ports := make([]int, 3)
-	for i := range ports {
-		if ports[i], err = procs.FreePort(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	metrics, ws, auth := ports[0], ports[1], ports[2]
 	host := c.PodNetwork.HostIP
-	dowse.Controller{Kubeconfig: c.Kubeconfig, Metrics: metrics, Link: &dowse.Link{WebSocket: ws, Auth: auth, Heartbeat: time.Second},
-		Args: []string{"--link-hosts", host, "--link-websocket-address", net.JoinHostPort(host, strconv.Itoa(ws)),
-			"--link-auth-bind-address", net.JoinHostPort(host, strconv.Itoa(auth)), "--egress-uds", c.EgressUDS}}.StartLogged(t, dir, "controller")
+	// Two replicas: a serves the API server's egress and b takes the agent
+	// later, each taking the other's forwards.
+	a, b := startReplica(t, dir, c.Kubeconfig, host, "a", "--egress-uds", c.EgressUDS), startReplica(t, dir, c.Kubeconfig, host, "b")
+	metrics := a.metrics
 	var tok struct{ Token, CACertHash string }
 	testwait.For(t, time.Minute, func() error {
 		b, err := exec.CommandContext(ctx, filepath.Join(procs.BinDir(), "dowsectl"), "token", "create",
@@ -126,26 +120,7 @@ func TestKubectlReachesAnEdgeThroughItsLink(t *testing.T) {
 		}
 		return json.Unmarshal(b, &tok)
 	})
-	agent := dowse.Agent{Kubeconfig: c.Kubeconfig, Node: c.NodeName, StateDir: filepath.Join(dir, "agent"),
-		Link: &dowse.AgentLink{Server: net.JoinHostPort(host, strconv.Itoa(ws)), Transport: "websocket", Heartbeat: time.Second,
-			AuthURL: "https://" + net.JoinHostPort(host, strconv.Itoa(auth)), CACertHash: tok.CACertHash, BootstrapToken: tok.Token}}
-	logf, err := os.Create(filepath.Join(dir, "agent.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	name, args = c.PodNetwork.Command(filepath.Join(procs.BinDir(), "dowse-agent"), agent.Flags())
-	p, err := procs.Run("dowse-agent", name, args, procs.Options{Stdout: logf, Stderr: logf, DieWithCaller: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		p.Stop()
-		_ = logf.Close()
-		if t.Failed() {
-			b, _ := os.ReadFile(logf.Name())
-			t.Logf("agent log:\n%s", b)
-		}
-	})
+	agent := startEdgeAgent(t, c, dir, a, tok.CACertHash, tok.Token)
 	waitMetric(t, ctx, metrics, "dowse_cloudhub_connected_nodes 1")
 
 	// kubectl logs, through the link.
@@ -218,4 +193,82 @@ func TestKubectlReachesAnEdgeThroughItsLink(t *testing.T) {
 		t.Errorf("egress connections %v: want the logs, the proxy, exec and port-forward over the link", samples)
 	}
 	t.Logf("egress: %v", samples)
+
+	// The agent moves to replica b (its stored credentials, b's address):
+	// a no longer holds the node's session and forwards to b.
+	agent.Stop()
+	startEdgeAgent(t, c, dir, b, tok.CACertHash, "")
+	waitMetric(t, ctx, b.metrics, "dowse_cloudhub_connected_nodes 1")
+	waitMetric(t, ctx, a.metrics, "dowse_cloudhub_connected_nodes 0")
+	testwait.For(t, time.Minute, func() error {
+		out, err := logs()
+		if err != nil {
+			return err
+		}
+		if !strings.Contains(out, "plant-7") {
+			return fmt.Errorf("the pod's logs lack its environment: %q", out)
+		}
+		return nil
+	})
+	for _, want := range []struct {
+		r     replica
+		route string
+	}{{a, "forwarded"}, {b, "link"}} {
+		got, err := promtest.Scrape(fmt.Sprintf("http://127.0.0.1:%d/metrics", want.r.metrics), "dowse_egress_connections_total")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got[`dowse_egress_connections_total{route="`+want.route+`"}`] < 1 {
+			t.Errorf("replica on port %d: egress connections %v, want some %s", want.r.ws, got, want.route)
+		}
+	}
+}
+
+// replica is a controller replica run on the machine, serving the link on
+// host and the egress's replica-to-replica forwards.
+type replica struct{ metrics, ws, auth int }
+
+func startReplica(t *testing.T, dir, kubeconfig, host, name string, args ...string) replica {
+	t.Helper()
+	ports := make([]int, 4)
+	for i := range ports {
+		var err error
+		if ports[i], err = procs.FreePort(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := replica{metrics: ports[0], ws: ports[1], auth: ports[2]}
+	at := func(port int) string { return net.JoinHostPort(host, strconv.Itoa(port)) }
+	dowse.Controller{Kubeconfig: kubeconfig, Metrics: r.metrics, Link: &dowse.Link{WebSocket: r.ws, Auth: r.auth, Heartbeat: time.Second},
+		Args: append([]string{"--link-hosts", host, "--link-websocket-address", at(r.ws), "--link-auth-bind-address", at(r.auth),
+			"--egress-peer-address", at(ports[3]), "--egress-peer-advertise", at(ports[3])}, args...)}.StartLogged(t, dir, "controller-"+name)
+	return r
+}
+
+// startEdgeAgent runs the agent in the node's network namespace, joining
+// r's link (with token the first time; with its stored credentials after).
+func startEdgeAgent(t *testing.T, c *cluster.Cluster, dir string, r replica, caHash, token string) *procs.Proc {
+	t.Helper()
+	host := c.PodNetwork.HostIP
+	agent := dowse.Agent{Kubeconfig: c.Kubeconfig, Node: c.NodeName, StateDir: filepath.Join(dir, "agent"),
+		Link: &dowse.AgentLink{Server: net.JoinHostPort(host, strconv.Itoa(r.ws)), Transport: "websocket", Heartbeat: time.Second,
+			AuthURL: "https://" + net.JoinHostPort(host, strconv.Itoa(r.auth)), CACertHash: caHash, BootstrapToken: token}}
+	logf, err := os.OpenFile(filepath.Join(dir, "agent.log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	name, args := c.PodNetwork.Command(filepath.Join(procs.BinDir(), "dowse-agent"), agent.Flags())
+	p, err := procs.Run("dowse-agent", name, args, procs.Options{Stdout: logf, Stderr: logf, DieWithCaller: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		p.Stop()
+		_ = logf.Close()
+		if t.Failed() {
+			b, _ := os.ReadFile(logf.Name())
+			t.Logf("agent log:\n%s", b)
+		}
+	})
+	return p
 }

@@ -9,6 +9,8 @@
 package egress
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -28,6 +30,7 @@ import (
 
 	"github.com/dowse-dev/dowse/internal/controller/link/cloudhub"
 	"github.com/dowse-dev/dowse/internal/link"
+	"github.com/dowse-dev/dowse/internal/link/pki"
 )
 
 // Opener opens a byte stream to target through node's link (the hub).
@@ -48,9 +51,21 @@ type Config struct {
 	// API server, with the status.podIP field selector).
 	Nodes, Pods client.Reader
 	Hub         Opener
-	Registerer  prometheus.Registerer
-	Log         logr.Logger
+	// PeerAddr is where the other replicas forward what they do not hold
+	// (TCP with PeerTLS, which must require and verify client
+	// certificates; each must name a replica: pki.ReplicaFromCert). Empty:
+	// none.
+	PeerAddr string
+	PeerTLS  *tls.Config
+	// Forward, when set, reaches target through the replica holding node's
+	// session (DialPeer); ErrNoHolder when none does.
+	Forward    func(ctx context.Context, node, target string) (net.Conn, error)
+	Registerer prometheus.Registerer
+	Log        logr.Logger
 }
+
+// ErrNoHolder: no replica holds the node's session.
+var ErrNoHolder = errors.New("no replica holds the node's session")
 
 // Server is the egress server.
 type Server struct {
@@ -61,17 +76,20 @@ type Server struct {
 
 // New checks cfg and makes the server.
 func New(cfg Config) (*Server, error) {
-	if cfg.UDS == "" && cfg.Addr == "" {
+	if cfg.UDS == "" && cfg.Addr == "" && cfg.PeerAddr == "" {
 		return nil, errors.New("egress: no socket and no address")
 	}
 	if cfg.Addr != "" && (cfg.TLS == nil || cfg.TLS.ClientAuth != tls.RequireAndVerifyClientCert) {
 		return nil, errors.New("egress: a TCP address needs TLS that requires and verifies client certificates")
 	}
+	if cfg.PeerAddr != "" && (cfg.PeerTLS == nil || cfg.PeerTLS.ClientAuth != tls.RequireAndVerifyClientCert) {
+		return nil, errors.New("egress: the peer address needs TLS that requires and verifies client certificates")
+	}
 	if cfg.Nodes == nil || cfg.Pods == nil || cfg.Hub == nil {
 		return nil, errors.New("egress: Nodes, Pods and Hub are required")
 	}
 	s := &Server{cfg: cfg, opened: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "dowse", Subsystem: "egress", Name: "connections_total",
-		Help: "The API server's egress connections, by route: link (over a node's link), direct (dialled from the cloud side) or refused."}, []string{"route"})}
+		Help: "The API server's egress connections, by route: link (over a node's link held here), forwarded (to the replica holding it), direct (dialled from the cloud side) or refused."}, []string{"route"})}
 	if cfg.Registerer != nil {
 		cfg.Registerer.MustRegister(s.opened)
 	}
@@ -112,24 +130,58 @@ func (s *Server) Start(ctx context.Context) error {
 		ls = append(ls, l)
 	}
 	srv := &http.Server{Handler: s, ReadHeaderTimeout: 10 * time.Second, BaseContext: func(net.Listener) context.Context { return ctx }}
-	errs := make(chan error, len(ls))
+	peers := &http.Server{Handler: peerHandler{s}, ReadHeaderTimeout: 10 * time.Second, BaseContext: func(net.Listener) context.Context { return ctx }}
+	errs := make(chan error, len(ls)+1)
 	for _, l := range ls {
 		s.cfg.Log.Info("serving the API server's egress", "address", l.Addr().String())
 		go func() { errs <- srv.Serve(l) }()
 	}
+	if s.cfg.PeerAddr != "" {
+		conf := s.cfg.PeerTLS.Clone()
+		conf.NextProtos = []string{"http/1.1"}
+		l, err := tls.Listen("tcp", s.cfg.PeerAddr, conf)
+		if err != nil {
+			_ = srv.Close()
+			return err
+		}
+		s.cfg.Log.Info("serving the other replicas' egress forwards", "address", l.Addr().String())
+		go func() { errs <- peers.Serve(l) }()
+	}
 	select {
 	case <-ctx.Done():
 		_ = srv.Close()
+		_ = peers.Close()
 		return nil
 	case err := <-errs:
 		_ = srv.Close()
+		_ = peers.Close()
 		return err
 	}
 }
 
+// peerHandler serves another replica's forward: a node whose session is
+// held here, never forwarded again.
+type peerHandler struct{ s *Server }
+
+func (h peerHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.TLS == nil || len(r.TLS.PeerCertificates) == 0 {
+		http.Error(w, "a replica's certificate is required", http.StatusForbidden)
+		return
+	}
+	if _, err := pki.ReplicaFromCert(r.TLS.PeerCertificates[0]); err != nil {
+		http.Error(w, err.Error(), http.StatusForbidden)
+		return
+	}
+	h.s.serve(w, r, true)
+}
+
 // ServeHTTP answers one CONNECT: 200 and the bytes both ways once the
 // destination is reached, 502 saying why not.
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.serve(w, r, false) }
+
+// serve answers a CONNECT; forwarded ones (from another replica) go only
+// over a link held here.
+func (s *Server) serve(w http.ResponseWriter, r *http.Request, forwarded bool) {
 	if r.Method != http.MethodConnect {
 		http.Error(w, "only CONNECT host:port is served here", http.StatusMethodNotAllowed)
 		return
@@ -137,7 +189,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	target := r.Host
 	ctx, cancel := context.WithTimeout(r.Context(), 15*time.Second)
 	defer cancel()
-	conn, route, err := s.dial(ctx, target)
+	conn, route, err := s.dial(ctx, target, forwarded)
 	if err != nil {
 		s.opened.WithLabelValues("refused").Inc()
 		s.cfg.Log.Info("egress refused", "target", target, "reason", err.Error())
@@ -175,7 +227,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // dial reaches target: over its node's link when the node's session is
 // here, else directly.
-func (s *Server) dial(ctx context.Context, target string) (net.Conn, string, error) {
+func (s *Server) dial(ctx context.Context, target string, forwarded bool) (net.Conn, string, error) {
 	host, _, err := net.SplitHostPort(target)
 	if err != nil {
 		return nil, "", fmt.Errorf("CONNECT %q: %w", target, err)
@@ -191,8 +243,18 @@ func (s *Server) dial(ctx context.Context, target string) (net.Conn, string, err
 			return st, "link", nil
 		case !errors.Is(err, cloudhub.ErrNoSession):
 			return nil, "", fmt.Errorf("%s through node %s's link: %w", target, node, err)
+		case forwarded:
+			return nil, "", fmt.Errorf("%s: node %s's session is not held here (any more)", target, node)
+		case s.cfg.Forward != nil:
+			c, err := s.cfg.Forward(ctx, node, target)
+			switch {
+			case err == nil:
+				return c, "forwarded", nil
+			case !errors.Is(err, ErrNoHolder):
+				return nil, "", fmt.Errorf("%s through node %s's link on another replica: %w", target, node, err)
+			}
 		}
-		// Not held here: the node may be one the cloud reaches itself.
+		// Held by no replica: the node may be one the cloud reaches itself.
 	}
 	c, err := s.dialer.DialContext(ctx, "tcp", target)
 	if err != nil {
@@ -225,4 +287,50 @@ func (s *Server) nodeOf(ctx context.Context, host string) (string, error) {
 		}
 	}
 	return "", nil
+}
+
+// DialPeer reaches target through the replica whose egress peer listener
+// is at addr (conf: this replica's certificate, the link CA).
+func DialPeer(ctx context.Context, addr string, conf *tls.Config, target string) (net.Conn, error) {
+	d := tls.Dialer{Config: conf}
+	c, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		_ = c.SetDeadline(dl)
+	}
+	if _, err := fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", target, target); err != nil {
+		_ = c.Close()
+		return nil, err
+	}
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodConnect})
+	if err != nil {
+		_ = c.Close()
+		return nil, fmt.Errorf("replica at %s: %w", addr, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1024))
+		_ = c.Close()
+		return nil, fmt.Errorf("replica at %s: %s: %s", addr, resp.Status, bytes.TrimSpace(b))
+	}
+	_ = c.SetDeadline(time.Time{})
+	return &bufferedConn{Conn: c, r: br}, nil
+}
+
+// bufferedConn reads what the answer's reader holds first; it half-closes
+// as its TLS connection does.
+type bufferedConn struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+func (b *bufferedConn) Read(p []byte) (int, error) { return b.r.Read(p) }
+
+func (b *bufferedConn) CloseWrite() error {
+	if cw, ok := b.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return nil
 }

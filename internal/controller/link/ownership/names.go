@@ -26,6 +26,10 @@ const (
 	// AnnotationDraining is "true" on the presence Lease of a replica that
 	// is moving its edges away before it stops.
 	AnnotationDraining = "dowse.dev/draining"
+	// AnnotationEgress is where a replica's egress peer listener is
+	// (host:port), on its presence Lease: a replica that does not hold a
+	// node's session forwards the API server's connections to the holder.
+	AnnotationEgress = "dowse.dev/egress"
 
 	kindNode    = "node"
 	kindReplica = "replica"

@@ -44,7 +44,10 @@ type PresenceConfig struct {
 	// MoveRate bounds the edges one replica moves away per second (100),
 	// so that the others take them gradually.
 	MoveRate float64
-	Log      logr.Logger
+	// Egress is where the other replicas reach this one's egress peer
+	// listener (host:port; empty: none), published on its presence Lease.
+	Egress string
+	Log    logr.Logger
 	// Registerer receives the metrics (nil: not registered).
 	Registerer prometheus.Registerer
 }
@@ -173,6 +176,11 @@ func (p *Presence) renew(ctx context.Context, sessions int, draining bool) error
 		}
 		l.Annotations[AnnotationSessions] = strconv.Itoa(sessions)
 		l.Annotations[AnnotationDraining] = strconv.FormatBool(draining)
+		if p.cfg.Egress != "" {
+			l.Annotations[AnnotationEgress] = p.cfg.Egress
+		} else {
+			delete(l.Annotations, AnnotationEgress)
+		}
 		l.Spec.HolderIdentity = ptr.To(p.cfg.Replica)
 		l.Spec.LeaseDurationSeconds = ptr.To(int32(math.Ceil((3 * p.cfg.Every).Seconds())))
 		l.Spec.RenewTime = &now
@@ -212,6 +220,18 @@ func (p *Presence) Others() int {
 		}
 	}
 	return n
+}
+
+// EgressOf is where replica's egress peer listener is, as its presence
+// Lease last said ("" when it is not present or serves none).
+func (p *Presence) EgressOf(replica string) string {
+	name := ReplicaLeaseName(replica)
+	for _, o := range p.inf.GetStore().List() {
+		if l, ok := o.(*coordinationv1.Lease); ok && l.Name == name && serving(l, time.Now()) {
+			return l.Annotations[AnnotationEgress]
+		}
+	}
+	return ""
 }
 
 // serving reports whether l is the presence of a replica that serves
