@@ -91,7 +91,7 @@ reported values). It also works as a kubectl plugin: kubectl dowse ...`,
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return fmt.Errorf("%w: %w", ErrUsage, err) })
 	c.flags.AddFlags(root.PersistentFlags())
 	c.registerFlagCompletions(root)
-	root.AddCommand(newGetCommand(c), newDescribeCommand(c), newTwinCommand(c), newTokenCommand(c), newCAHashCommand(c),
+	root.AddCommand(newGetCommand(c), newDescribeCommand(c), newTwinCommand(c), newTokenCommand(c), newCAHashCommand(c), newEgressConfigCommand(c),
 		newConsoleCommand(c), newVersionCommand())
 	return root
 }

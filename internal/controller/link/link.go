@@ -25,7 +25,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"os"
 	"sync"
 	"time"
 
@@ -106,11 +105,12 @@ type Config struct {
 	// ownership and presence Leases (the controller's namespace).
 	Namespace string
 	// EgressUDS and EgressAddr serve the API server's egress (package
-	// egress) on a Unix socket and on TCP with mutual TLS (EgressCertFile,
-	// EgressKeyFile, and EgressClientCAFile verifying the API server's
-	// client certificate); both empty: no egress.
-	EgressUDS, EgressAddr                             string
-	EgressCertFile, EgressKeyFile, EgressClientCAFile string
+	// egress) on a Unix socket and on TCP with mutual TLS: a certificate of
+	// the link CA for EgressHosts, and the API server's client certificate
+	// of the same CA naming an egress client (`dowsectl egress-config`);
+	// both empty: no egress.
+	EgressUDS, EgressAddr string
+	EgressHosts           []string
 	// EgressPeerAddr is where this replica takes the egress connections
 	// other replicas forward to the node sessions it holds (TLS with
 	// certificates of the link CA naming a replica); EgressPeerAdvertise
@@ -119,24 +119,23 @@ type Config struct {
 	EgressPeerAddr, EgressPeerAdvertise string
 }
 
-// replicaCert issues and re-issues this replica's certificate for the
-// egress's replica-to-replica connections.
-type replicaCert struct {
-	ca      *pki.CA
-	replica string
-	hosts   []string
+// issued issues a certificate of the link CA, and again a day before it
+// expires: this replica's for the egress's replica-to-replica connections,
+// and the egress's serving one.
+type issued struct {
+	issue func() (tls.Certificate, error)
 
 	mu   sync.Mutex
 	cert *tls.Certificate
 }
 
-func (r *replicaCert) get() (*tls.Certificate, error) {
+func (r *issued) get() (*tls.Certificate, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.cert != nil && time.Until(r.cert.Leaf.NotAfter) > 24*time.Hour {
 		return r.cert, nil
 	}
-	c, err := r.ca.IssueReplica(r.replica, r.hosts, 30*24*time.Hour)
+	c, err := r.issue()
 	if err != nil {
 		return nil, err
 	}
@@ -157,23 +156,6 @@ func egressAdvertised(cfg Config) string {
 	return cfg.EgressPeerAdvertise
 }
 
-// egressTLS is the egress's TCP listener's TLS: its certificate, and
-// client certificates required and verified against the client CA.
-func egressTLS(cfg Config) (*tls.Config, error) {
-	cert, err := tls.LoadX509KeyPair(cfg.EgressCertFile, cfg.EgressKeyFile)
-	if err != nil {
-		return nil, fmt.Errorf("egress certificate: %w", err)
-	}
-	caPEM, err := os.ReadFile(cfg.EgressClientCAFile)
-	if err != nil {
-		return nil, fmt.Errorf("egress client CA: %w", err)
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(caPEM) {
-		return nil, fmt.Errorf("egress client CA %s holds no certificate", cfg.EgressClientCAFile)
-	}
-	return &tls.Config{Certificates: []tls.Certificate{cert}, ClientCAs: pool, ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS12}, nil
-}
 
 // takeoverLog logs a session another replica took, after the parts
 // before it dropped it.
@@ -329,9 +311,12 @@ func Add(ctx context.Context, mgr ctrl.Manager, cfg Config, reg prometheus.Regis
 	if cfg.EgressUDS != "" || cfg.EgressAddr != "" || cfg.EgressPeerAddr != "" {
 		var conf *tls.Config
 		if cfg.EgressAddr != "" {
-			if conf, err = egressTLS(cfg); err != nil {
-				return err
+			if len(cfg.EgressHosts) == 0 {
+				return errors.New("egress: --egress-address needs --egress-hosts, the names the API server dials")
 			}
+			serving := &issued{issue: func() (tls.Certificate, error) { return ca.IssueServer(cfg.EgressHosts, 30*24*time.Hour) }}
+			conf = &tls.Config{MinVersion: tls.VersionTLS12, ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: ca.Pool(),
+				GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return serving.get() }}
 		}
 		ecfg := egress.Config{UDS: cfg.EgressUDS, Addr: cfg.EgressAddr, TLS: conf,
 			Nodes: cache, Pods: live, Hub: hub, Registerer: reg, Log: log.WithName("egress")}
@@ -340,7 +325,9 @@ func Add(ctx context.Context, mgr ctrl.Manager, cfg Config, reg prometheus.Regis
 			if err != nil {
 				return fmt.Errorf("egress peer advertise address %q: %w", cfg.EgressPeerAdvertise, err)
 			}
-			rc := &replicaCert{ca: ca, replica: cfg.Replica, hosts: []string{host}}
+			rc := &issued{issue: func() (tls.Certificate, error) {
+				return ca.IssueReplica(cfg.Replica, []string{host}, 30*24*time.Hour)
+			}}
 			ecfg.PeerAddr = cfg.EgressPeerAddr
 			ecfg.PeerTLS = &tls.Config{MinVersion: tls.VersionTLS13, ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: ca.Pool(),
 				GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return rc.get() }}

@@ -216,6 +216,55 @@ func ReplicaFromCert(c *x509.Certificate) (string, error) {
 	return "", fmt.Errorf("certificate of %q names no controller replica", c.Subject.CommonName)
 }
 
+// EgressClientURIPrefix starts the URI SAN of a certificate that may open
+// connections through the controller's egress (the API server's).
+const EgressClientURIPrefix = "urn:dowse:egress-client:"
+
+// IssueEgressClient creates a key and a client certificate that may use
+// the controller's egress on TCP (EgressClientFromCert), for the API
+// server named name.
+func (ca *CA) IssueEgressClient(name string, validity time.Duration) (tls.Certificate, error) {
+	if name == "" {
+		return tls.Certificate{}, errors.New("egress client certificate needs a name")
+	}
+	id, err := url.Parse(EgressClientURIPrefix + url.PathEscape(name))
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	now := time.Now()
+	der, err := ca.sign(&x509.Certificate{
+		SerialNumber: serial(),
+		Subject:      pkix.Name{CommonName: "egress-client:" + name},
+		NotBefore:    now.Add(-clockSkew),
+		NotAfter:     now.Add(validity),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+		URIs:         []*url.URL{id},
+	}, key.Public())
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	return pairOf(der, key)
+}
+
+// EgressClientFromCert returns the egress client a verified certificate
+// names, or an error for any other (a node's, a replica's).
+func EgressClientFromCert(c *x509.Certificate) (string, error) {
+	if c == nil {
+		return "", errors.New("no certificate")
+	}
+	for _, u := range c.URIs {
+		if r, ok := strings.CutPrefix(u.String(), EgressClientURIPrefix); ok && r != "" {
+			return url.PathUnescape(r)
+		}
+	}
+	return "", fmt.Errorf("certificate of %q may not use the egress", c.Subject.CommonName)
+}
+
 // SignNodeCSR issues a client certificate for node from a DER CSR, bound to
 // the Node object whose UID is uid (unbound when uid is empty: the Node is
 // not known yet). The CSR must be self-signed and name exactly
@@ -389,4 +438,18 @@ func serial() *big.Int {
 		panic(err) // crypto/rand never fails on Linux
 	}
 	return n
+}
+
+// PairPEM encodes a certificate made here (its leaf, and its key as
+// PKCS#8) for files an operator copies (the API server's egress client).
+func PairPEM(c tls.Certificate) (certPEM, keyPEM []byte, err error) {
+	if len(c.Certificate) == 0 || c.PrivateKey == nil {
+		return nil, nil, errors.New("pki: certificate without its key")
+	}
+	der, err := x509.MarshalPKCS8PrivateKey(c.PrivateKey)
+	if err != nil {
+		return nil, nil, err
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Certificate[0]}),
+		pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), nil
 }

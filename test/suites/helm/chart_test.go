@@ -360,6 +360,17 @@ func checkLink(t *testing.T, got map[string]*unstructured.Unstructured) {
 	if !slices.Contains(ctrlArgs, "--link-hosts=dowse-cloudhub.example.com,192.0.2.10") {
 		t.Errorf("controller args %v lack the link hosts", ctrlArgs)
 	}
+	// The API server's egress: the Service, the serving certificate's
+	// names, and each replica's address for the others' forwards.
+	for _, w := range []string{"--egress-address=:8132", "--egress-peer-address=:7445", "--egress-peer-advertise=$(POD_IP):7445",
+		"--egress-hosts=dowse-egress.dowse-all-on.svc,dowse-egress.dowse-all-on.svc.cluster.local,10.0.0.132,198.51.100.7"} {
+		if !slices.Contains(ctrlArgs, w) {
+			t.Errorf("controller args %v lack %s", ctrlArgs, w)
+		}
+	}
+	if got["Service/dowse-egress"] == nil {
+		t.Error("no Service/dowse-egress with link.egress.enabled")
+	}
 }
 
 // checkPods: every container of the chart runs without privilege

@@ -113,3 +113,11 @@ and rbac.propertyNamespaces name. */}}
     resourceNames: ["dowse-agent-discovery-properties"]
     verbs: ["patch", "delete"]
 {{- end }}
+
+{{/* The names and addresses the API server may dial for the egress: the
+Service's DNS names, its fixed address when set, and link.egress.hosts. */}}
+{{- define "dowse.egressHosts" -}}
+{{- $hosts := list (printf "dowse-egress.%s.svc" .Release.Namespace) (printf "dowse-egress.%s.svc.cluster.local" .Release.Namespace) -}}
+{{- with .Values.link.egress.service.clusterIP }}{{ $hosts = append $hosts . }}{{ end -}}
+{{- join "," (concat $hosts .Values.link.egress.hosts | uniq) -}}
+{{- end }}

@@ -177,7 +177,22 @@ func (h peerHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // ServeHTTP answers one CONNECT: 200 and the bytes both ways once the
 // destination is reached, 502 saying why not.
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.serve(w, r, false) }
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.TLS != nil {
+		// On TCP only the API server's certificate opens connections (a
+		// node's, of the same CA, never does).
+		if len(r.TLS.PeerCertificates) == 0 {
+			http.Error(w, "a client certificate is required", http.StatusForbidden)
+			return
+		}
+		if _, err := pki.EgressClientFromCert(r.TLS.PeerCertificates[0]); err != nil {
+			s.opened.WithLabelValues("refused").Inc()
+			http.Error(w, err.Error(), http.StatusForbidden)
+			return
+		}
+	}
+	s.serve(w, r, false)
+}
 
 // serve answers a CONNECT; forwarded ones (from another replica) go only
 // over a link held here.
