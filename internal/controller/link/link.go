@@ -156,7 +156,6 @@ func egressAdvertised(cfg Config) string {
 	return cfg.EgressPeerAdvertise
 }
 
-
 // takeoverLog logs a session another replica took, after the parts
 // before it dropped it.
 type takeoverLog struct{ log logr.Logger }
