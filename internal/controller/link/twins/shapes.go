@@ -76,7 +76,9 @@ func checkReport(model *v1alpha1.DeviceModel, r *linkv1.TwinReportedUpdate, node
 	if t := r.GetTime(); t != nil {
 		c.at = t.AsTime()
 	}
-	if c.at.After(now.Add(futureSkew)) {
+	// A time ahead of the cloud's clock, or not after the epoch (which no
+	// timestamp in metadata can say), is the receive time.
+	if c.at.After(now.Add(futureSkew)) || c.at.UnixMilli() <= 0 {
 		c.at = now
 		c.trimmed++
 	}
