@@ -2,10 +2,14 @@ package node
 
 import (
 	"bufio"
+	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"fmt"
+	"hash"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -161,20 +165,7 @@ func TestKubectlReachesAnEdgeThroughItsLink(t *testing.T) {
 	if out, err := execCmd.Output(); err != nil || string(out) != said {
 		t.Fatalf("kubectl exec -i: %q, %v", out, err)
 	}
-	pf := kubectl("port-forward", "pod/"+pod.Name, ":8080")
-	pfOut, err := pf.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := pf.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = pf.Process.Kill(); _ = pf.Wait() })
-	line, err := bufio.NewReader(pfOut).ReadString('\n') // Forwarding from 127.0.0.1:PORT -> 8080
-	local, _, found := strings.Cut(strings.TrimPrefix(strings.TrimSpace(line), "Forwarding from "), " ->")
-	if err != nil || !found {
-		t.Fatalf("kubectl port-forward said %q (%v)", line, err)
-	}
+	local := portForward(t, kubectl("port-forward", "pod/"+pod.Name, ":8080"))
 	resp, err := http.Get("http://" + local + "/")
 	if err != nil {
 		t.Fatal(err)
@@ -197,7 +188,7 @@ func TestKubectlReachesAnEdgeThroughItsLink(t *testing.T) {
 	// The agent moves to replica b (its stored credentials, b's address):
 	// a no longer holds the node's session and forwards to b.
 	agent.Stop()
-	startEdgeAgent(t, c, dir, b, tok.CACertHash, "")
+	agent = startEdgeAgent(t, c, dir, b, tok.CACertHash, "")
 	waitMetric(t, ctx, b.metrics, "dowse_cloudhub_connected_nodes 1")
 	waitMetric(t, ctx, a.metrics, "dowse_cloudhub_connected_nodes 0")
 	testwait.For(t, time.Minute, func() error {
@@ -222,11 +213,97 @@ func TestKubectlReachesAnEdgeThroughItsLink(t *testing.T) {
 			t.Errorf("replica on port %d: egress connections %v, want some %s", want.r.ws, got, want.route)
 		}
 	}
+
+	// 100 MiB through kubectl port-forward, forwarded to b and over the
+	// link, every byte as sent.
+	bulk := probePod("bulk", "serve:8081")
+	bulk.Spec.HostNetwork, bulk.Spec.NodeName = false, c.NodeName
+	if _, err := cs.CoreV1().Pods("default").Create(ctx, bulk, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitPodPhase(t, ctx, cs, bulk.Name, corev1.PodRunning)
+	local = portForward(t, kubectl("port-forward", "pod/"+bulk.Name, ":8081"))
+	const size = 100 << 20
+	want := sha256.New()
+	if _, err := io.CopyN(want, rand.NewChaCha8([32]byte{'d', 'o', 'w', 's', 'e'}), size); err != nil { // the probe's Bytes
+		t.Fatal(err)
+	}
+	var got hash.Hash
+	testwait.For(t, 30*time.Second, func() error { // until the probe listens
+		began := time.Now()
+		resp, err := http.Get("http://" + local + "/bytes?n=" + strconv.Itoa(size))
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		got = sha256.New()
+		n, err := io.Copy(got, resp.Body)
+		if err != nil || n != size {
+			return fmt.Errorf("%d bytes of %d (%v)", n, size, err)
+		}
+		t.Logf("100 MiB through port-forward, replica a, replica b and the link in %v (%.0f MiB/s)", time.Since(began).Round(time.Millisecond), float64(size>>20)/time.Since(began).Seconds())
+		return nil
+	})
+	if !bytes.Equal(got.Sum(nil), want.Sum(nil)) {
+		t.Fatal("the 100 MiB arrived changed")
+	}
+
+	// b, holding the node, is killed during the port-forward: the
+	// forwarded stream fails within seconds, never hangs; once the edge is
+	// on a again (as the link's Service would send it) logs are read
+	// through a.
+	b.proc.Kill()
+	killed := time.Now()
+	client := &http.Client{Timeout: 30 * time.Second}
+	if resp, err := client.Get("http://" + local + "/bytes?n=1024"); err == nil {
+		_, err = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+		if err == nil && resp.StatusCode == http.StatusOK {
+			t.Fatal("a port-forward through the killed replica still answered")
+		}
+	}
+	t.Logf("the port-forward through the killed replica failed after %v", time.Since(killed).Round(time.Millisecond))
+	agent.Stop()
+	startEdgeAgent(t, c, dir, a, tok.CACertHash, "")
+	waitMetric(t, ctx, a.metrics, "dowse_cloudhub_connected_nodes 1")
+	testwait.For(t, time.Minute, func() error {
+		out, err := logs()
+		if err != nil {
+			return err
+		}
+		if !strings.Contains(out, "plant-7") {
+			return fmt.Errorf("the pod's logs lack its environment: %q", out)
+		}
+		return nil
+	})
+}
+
+// portForward starts kubectl port-forward and returns the local address it
+// forwards from.
+func portForward(t *testing.T, pf *exec.Cmd) string {
+	t.Helper()
+	out, err := pf.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pf.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pf.Process.Kill(); _ = pf.Wait() })
+	line, err := bufio.NewReader(out).ReadString('\n') // Forwarding from 127.0.0.1:PORT -> 8080
+	local, _, found := strings.Cut(strings.TrimPrefix(strings.TrimSpace(line), "Forwarding from "), " ->")
+	if err != nil || !found {
+		t.Fatalf("kubectl port-forward said %q (%v)", line, err)
+	}
+	return local
 }
 
 // replica is a controller replica run on the machine, serving the link on
 // host and the egress's replica-to-replica forwards.
-type replica struct{ metrics, ws, auth int }
+type replica struct {
+	metrics, ws, auth int
+	proc              *procs.Proc
+}
 
 func startReplica(t *testing.T, dir, kubeconfig, host, name string, args ...string) replica {
 	t.Helper()
@@ -239,7 +316,7 @@ func startReplica(t *testing.T, dir, kubeconfig, host, name string, args ...stri
 	}
 	r := replica{metrics: ports[0], ws: ports[1], auth: ports[2]}
 	at := func(port int) string { return net.JoinHostPort(host, strconv.Itoa(port)) }
-	dowse.Controller{Kubeconfig: kubeconfig, Metrics: r.metrics, Link: &dowse.Link{WebSocket: r.ws, Auth: r.auth, Heartbeat: time.Second},
+	r.proc = dowse.Controller{Kubeconfig: kubeconfig, Metrics: r.metrics, Link: &dowse.Link{WebSocket: r.ws, Auth: r.auth, Heartbeat: time.Second},
 		Args: append([]string{"--link-hosts", host, "--link-websocket-address", at(r.ws), "--link-auth-bind-address", at(r.auth),
 			"--egress-peer-address", at(ports[3]), "--egress-peer-advertise", at(ports[3])}, args...)}.StartLogged(t, dir, "controller-"+name)
 	return r

@@ -7,12 +7,16 @@
 //	dev:PATH       prints "dev PATH char|block|other|missing"
 //	sleep:DURATION sleeps (e.g. sleep:1h) before the next argument
 //	cat:           copies stdin to stdout until its end (an exec's stdin)
+//	serve:PORT     serves GET /bytes?n=N, N bytes of Bytes (blocks)
 package main
 
 import (
 	"fmt"
 	"io"
+	"math/rand/v2"
+	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -36,6 +40,19 @@ func main() {
 				fmt.Fprintln(os.Stderr, err)
 				os.Exit(2)
 			}
+		case "serve":
+			http.HandleFunc("/bytes", func(w http.ResponseWriter, r *http.Request) {
+				n, err := strconv.ParseInt(r.URL.Query().Get("n"), 10, 64)
+				if err != nil || n < 0 {
+					http.Error(w, "n: a byte count", http.StatusBadRequest)
+					return
+				}
+				w.Header().Set("Content-Length", strconv.FormatInt(n, 10))
+				_, _ = io.CopyN(w, Bytes(), n)
+			})
+			srv := &http.Server{Addr: ":" + val, ReadHeaderTimeout: 10 * time.Second}
+			fmt.Fprintln(os.Stderr, srv.ListenAndServe())
+			os.Exit(2)
 		case "sleep":
 			d, err := time.ParseDuration(val)
 			if err != nil {
@@ -62,4 +79,10 @@ func devKind(path string) string {
 	default:
 		return "other"
 	}
+}
+
+// Bytes is the endless stream serve: sends, the same on every call (a test
+// reads it again to check what arrived).
+func Bytes() io.Reader {
+	return rand.NewChaCha8([32]byte{'d', 'o', 'w', 's', 'e'})
 }
