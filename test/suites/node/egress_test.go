@@ -239,7 +239,7 @@ func TestKubectlReachesAnEdgeThroughItsLink(t *testing.T) {
 		got = sha256.New()
 		n, err := io.Copy(got, resp.Body)
 		if err != nil || n != size {
-			return fmt.Errorf("%d bytes of %d (%v)", n, size, err)
+			return fmt.Errorf("%d bytes of %d (%w)", n, size, err)
 		}
 		t.Logf("100 MiB through port-forward, replica a, replica b and the link in %v (%.0f MiB/s)", time.Since(began).Round(time.Millisecond), float64(size>>20)/time.Since(began).Seconds())
 		return nil
