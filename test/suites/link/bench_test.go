@@ -1,13 +1,21 @@
 package link_test
 
 import (
+	"context"
 	"fmt"
+	"io"
+	"net"
+	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dowse-dev/dowse/internal/agent/edgehub"
 	"github.com/dowse-dev/dowse/internal/controller/link/cloudhub"
 	"github.com/dowse-dev/dowse/internal/link"
+	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
 )
 
 // BenchmarkEdgeReports is what one edge delivers end to end: b.N readings
@@ -54,5 +62,120 @@ func BenchmarkEdgeReports(b *testing.B) {
 				b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "reports/s")
 			})
 		}
+	}
+}
+
+// BenchmarkTwinRoundTripDuringBulk is a twin's round trip (a desired value
+// from the cloud, its reported value back) while the node's link is idle
+// and while a stream on it carries a bulk transfer from the cloud at full
+// speed: the ratio is the bulk transfer's cost to twins (issue 35's goal:
+// at most 2), with the transfer's throughput beside it.
+func BenchmarkTwinRoundTripDuringBulk(b *testing.B) {
+	for _, transport := range []string{link.WebSocket, link.QUIC} {
+		b.Run(transport, func(b *testing.B) {
+			c := newCluster(b)
+			logs := &logBuf{}
+			got := newRecorder()
+			hub := startHub(b, c, "127.0.0.1:0", "127.0.0.1:0", got, logs)
+			sink, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { _ = sink.Close() })
+			go func() {
+				for {
+					conn, err := sink.Accept()
+					if err != nil {
+						return
+					}
+					go func() { _, _ = io.Copy(io.Discard, conn); _ = conn.Close() }()
+				}
+			}()
+			var d net.Dialer
+			dl, _ := link.NewDialer(transport, hub.addr(transport), c.clientTLS(b, c.ca, "edge"))
+			var e *edgehub.EdgeHub
+			e, err = edgehub.New(edgehub.Config{Node: "edge", Dialer: dl, StateDir: b.TempDir(), Heartbeat: time.Second, NoSync: true,
+				BackoffMin: 10 * time.Millisecond, BackoffMax: 200 * time.Millisecond,
+				Reach: func(ctx context.Context, target string) (net.Conn, error) { return d.DialContext(ctx, "tcp", target) }},
+				func(_ context.Context, env *linkv1.Envelope) {
+					// The mapper's part: the desired value comes back reported.
+					if v, ok := setpoint(env); ok {
+						_, _ = e.Report(dev("edge-cam"), "setpoint", intValue(v), time.Now())
+					}
+				}, prometheus.NewRegistry())
+			if err != nil {
+				b.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- e.Start(ctx) }()
+			b.Cleanup(func() { cancel(); <-done })
+			waitFor(b, 15*time.Second, "connected", func() error {
+				if !hub.hub.IsConnected("edge") {
+					return fmt.Errorf("not connected")
+				}
+				return nil
+			})
+			next := int64(0)
+			roundTrips := func(n int) time.Duration {
+				var rtts []time.Duration
+				for range n {
+					next++
+					start := time.Now()
+					if err := sendDesired(ctx, hub.hub, "edge", next); err != nil {
+						b.Fatal(err)
+					}
+					for deadline := start.Add(30 * time.Second); ; time.Sleep(50 * time.Microsecond) {
+						if r := got.get("edge"); len(r) > 0 && r[len(r)-1] == next {
+							break
+						}
+						if time.Now().After(deadline) {
+							b.Fatalf("round trip %d never came back", next)
+						}
+					}
+					rtts = append(rtts, time.Since(start))
+				}
+				slices.Sort(rtts)
+				return rtts[len(rtts)/2]
+			}
+			n := max(b.N, 20)
+			roundTrips(5) // warm
+			idle := roundTrips(n)
+
+			st, err := hub.hub.OpenStream(ctx, "edge", sink.Addr().String())
+			if err != nil {
+				b.Fatal(err)
+			}
+			var sent atomic.Int64
+			stop := make(chan struct{})
+			bulkDone := make(chan struct{})
+			go func() {
+				defer close(bulkDone)
+				chunk := make([]byte, 64<<10)
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					w, err := st.Write(chunk)
+					sent.Add(int64(w))
+					if err != nil {
+						return
+					}
+				}
+			}()
+			began := time.Now()
+			time.Sleep(200 * time.Millisecond) // the transfer at full speed
+			busy := roundTrips(n)
+			elapsed := time.Since(began)
+			close(stop)
+			_ = st.Close()
+			<-bulkDone
+			b.ReportMetric(float64(idle.Microseconds()), "idle-µs/rtt")
+			b.ReportMetric(float64(busy.Microseconds()), "bulk-µs/rtt")
+			b.ReportMetric(float64(busy)/float64(idle), "bulk/idle")
+			b.ReportMetric(float64(sent.Load())/(1<<20)/elapsed.Seconds(), "bulk-MiB/s")
+		})
 	}
 }
