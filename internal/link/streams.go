@@ -24,7 +24,7 @@ const MaxStreamData = 32 << 10
 const DefaultStreamWindow = 64 << 10
 
 // DefaultMaxStreams bounds the streams open at once on one connection.
-const DefaultMaxStreams = 256
+const DefaultMaxStreams = 1024
 
 // streamBudget bounds the stream data one write of the connection carries
 // after its sequenced and control messages.
@@ -378,20 +378,72 @@ func (st *Stream) Read(p []byte) (int, error) {
 		if len(st.recv) == 0 {
 			st.recv = nil // let a drained burst's buffer go
 		}
-		st.consumed += n
-		if st.consumed >= int(s.window)/2 && st.err == nil && !st.recvEOF {
-			st.recvLimit += st.consumed
-			s.ctrl = append(s.ctrl, &linkv1.Envelope{Kind: &linkv1.Envelope_StreamWindow{StreamWindow: &linkv1.StreamWindow{Id: st.id, Credit: uint32(st.consumed)}}})
-			st.consumed = 0
-			if s.wake != nil {
-				s.wake()
-			}
-		}
+		st.consumedLocked(n)
 		return n, nil
 	case st.err != nil:
 		return 0, st.err
 	}
 	return 0, io.EOF
+}
+
+// WriteTo writes the peer's bytes to w as they come, from the stream's own
+// buffer: io.Copy from a stream needs no copy buffer of its own, which an
+// idle stream would hold for its whole life.
+func (st *Stream) WriteTo(w io.Writer) (int64, error) {
+	s := st.s
+	var total int64
+	for {
+		s.mu.Lock()
+		for len(st.recv) == 0 && !st.recvEOF && st.err == nil && !st.closed {
+			st.cond.Wait()
+		}
+		var chunk []byte
+		var err error
+		switch {
+		case st.closed:
+			err = net.ErrClosed
+		case len(st.recv) > 0:
+			chunk, st.recv = st.recv, nil
+			st.consumedLocked(len(chunk))
+		case st.err != nil:
+			err = st.err
+		}
+		s.mu.Unlock()
+		if chunk == nil {
+			return total, err // nil at the end of stream
+		}
+		n, werr := w.Write(chunk)
+		total += int64(n)
+		if werr != nil {
+			return total, werr
+		}
+	}
+}
+
+// ReadFrom sends what r reads, through a small buffer: an idle stream's
+// copy holds it while it waits on r.
+func (st *Stream) ReadFrom(r io.Reader) (int64, error) {
+	buf := make([]byte, 4<<10)
+	var total int64
+	for {
+		n, err := r.Read(buf)
+		if n > 0 {
+			w, werr := st.Write(buf[:n])
+			total += int64(w)
+			if werr != nil {
+				return total, werr
+			}
+		}
+		if errors.Is(err, io.EOF) {
+			return total, nil
+		}
+		if err != nil {
+			return total, err
+		}
+		if n == len(buf) && len(buf) < MaxStreamData {
+			buf = make([]byte, 2*len(buf)) // a busy stream reads more at once
+		}
+	}
 }
 
 // Write queues p for the peer, waiting while the stream's send buffer is
@@ -420,6 +472,21 @@ func (st *Stream) Write(p []byte) (int, error) {
 		}
 	}
 	return written, nil
+}
+
+// consumedLocked grants the peer what the reader took, once it is half a
+// window; s.mu is held.
+func (st *Stream) consumedLocked(n int) {
+	s := st.s
+	st.consumed += n
+	if st.consumed >= int(s.window)/2 && st.err == nil && !st.recvEOF {
+		st.recvLimit += st.consumed
+		s.ctrl = append(s.ctrl, &linkv1.Envelope{Kind: &linkv1.Envelope_StreamWindow{StreamWindow: &linkv1.StreamWindow{Id: st.id, Credit: uint32(st.consumed)}}})
+		st.consumed = 0
+		if s.wake != nil {
+			s.wake()
+		}
+	}
 }
 
 // CloseWrite sends the peer an end of stream once what was written has

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"runtime"
 	"slices"
 	"sync/atomic"
 	"testing"
@@ -176,6 +177,77 @@ func BenchmarkTwinRoundTripDuringBulk(b *testing.B) {
 			b.ReportMetric(float64(busy.Microseconds()), "bulk-µs/rtt")
 			b.ReportMetric(float64(busy)/float64(idle), "bulk/idle")
 			b.ReportMetric(float64(sent.Load())/(1<<20)/elapsed.Seconds(), "bulk-MiB/s")
+		})
+	}
+}
+
+// BenchmarkIdleStreams opens 1,000 streams on one edge's link (each to a
+// TCP server beside the edge, one round trip each, then idle) and reports
+// the memory they hold: the heap of both ends and the test's servers
+// together, per stream, so an upper bound of the hub's part.
+func BenchmarkIdleStreams(b *testing.B) {
+	const streams = 1000
+	c := newCluster(b)
+	logs := &logBuf{}
+	hub := startHub(b, c, "127.0.0.1:0", "", newRecorder(), logs, func(cfg *cloudhub.Config) { cfg.MaxStreamsPerNode = streams })
+	echo, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = echo.Close() })
+	go func() {
+		for {
+			conn, err := echo.Accept()
+			if err != nil {
+				return
+			}
+			go func() { _, _ = io.Copy(conn, conn); _ = conn.Close() }()
+		}
+	}()
+	var d net.Dialer
+	dl, _ := link.NewDialer(link.WebSocket, hub.addr(link.WebSocket), c.clientTLS(b, c.ca, "edge"))
+	startEdge(b, "edge", dl, b.TempDir(), newRecorder(), logs, func(cfg *edgehub.Config) {
+		cfg.Reach = func(ctx context.Context, target string) (net.Conn, error) { return d.DialContext(ctx, "tcp", target) }
+	})
+	waitFor(b, 15*time.Second, "connected", func() error {
+		if !hub.hub.IsConnected("edge") {
+			return fmt.Errorf("not connected")
+		}
+		return nil
+	})
+	for range b.N {
+		runtime.GC()
+		var before runtime.MemStats
+		runtime.ReadMemStats(&before)
+		goroutines := runtime.NumGoroutine()
+		opened := make([]*link.Stream, 0, streams)
+		buf := make([]byte, 4)
+		for range streams {
+			st, err := hub.hub.OpenStream(context.Background(), "edge", echo.Addr().String())
+			if err != nil {
+				b.Fatalf("stream %d: %v", len(opened)+1, err)
+			}
+			if _, err := st.Write([]byte("ping")); err != nil {
+				b.Fatal(err)
+			}
+			if _, err := io.ReadFull(st, buf); err != nil {
+				b.Fatal(err)
+			}
+			opened = append(opened, st)
+		}
+		runtime.GC()
+		var after runtime.MemStats
+		runtime.ReadMemStats(&after)
+		b.ReportMetric(float64(after.HeapInuse-before.HeapInuse)/streams, "heap-B/stream")
+		b.ReportMetric(float64(runtime.NumGoroutine()-goroutines)/streams, "goroutines/stream")
+		for _, st := range opened {
+			_ = st.Close()
+		}
+		waitFor(b, 30*time.Second, "streams closed", func() error {
+			if n := runtime.NumGoroutine(); n > goroutines+10 {
+				return fmt.Errorf("%d goroutines, %d before", n, goroutines)
+			}
+			return nil
 		})
 	}
 }
