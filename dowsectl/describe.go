@@ -36,11 +36,16 @@ func newDescribeCommand(c *cli) *cobra.Command {
   instance       its nodes, slots and who holds them, its brokers and its Device
   device         desired against reported per property, conditions, the mapper
   devicemodel    its properties and the Devices of the model
+  node           how the cloud reaches it: through its link (the replica
+                 holding its session) or directly
 and the object's recent Events.`,
 		Example:           "  dowsectl describe configuration debug-echo\n  dowsectl describe device boiler-1",
 		Args:              cobra.MinimumNArgs(1),
 		ValidArgsFunction: c.completeTypeThenNames,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if nodes, ok := nodeTargets(args); ok {
+				return c.describeNodes(cmd.Context(), nodes)
+			}
 			targets, err := parseTargets(args)
 			if err != nil {
 				return err

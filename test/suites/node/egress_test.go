@@ -124,8 +124,24 @@ func TestKubectlReachesAnEdgeThroughItsLink(t *testing.T) {
 		}
 		return json.Unmarshal(b, &tok)
 	})
+	describeNode := func() string {
+		out, err := exec.CommandContext(ctx, filepath.Join(procs.BinDir(), "dowsectl"), "describe", "node", c.NodeName, "--kubeconfig", c.Kubeconfig).CombinedOutput()
+		if err != nil {
+			t.Fatalf("dowsectl describe node: %v\n%s", err, out)
+		}
+		return string(out)
+	}
+	if out := describeNode(); !strings.Contains(out, "Reached:   directly") {
+		t.Errorf("before its link, describe node says:\n%s", out)
+	}
 	agent := startEdgeAgent(t, c, dir, a, tok.CACertHash, tok.Token)
 	waitMetric(t, ctx, metrics, "dowse_cloudhub_connected_nodes 1")
+	testwait.For(t, 30*time.Second, func() error {
+		if out := describeNode(); !strings.Contains(out, "Reached:   through its link, via replica") {
+			return fmt.Errorf("with its link, describe node says:\n%s", out)
+		}
+		return nil
+	})
 
 	// kubectl logs, through the link.
 	testwait.For(t, time.Minute, func() error {
