@@ -218,7 +218,7 @@ func start(ctx context.Context, f *Framed, sess *Session, c *ConnConfig) (*runne
 	// committed, pushed, or a heartbeat due wakes it.
 	sess.setWaker(r.wake)
 	if cfg.Streams != nil {
-		cfg.Streams.attach(r.wake)
+		cfg.Streams.attach(r.wake, cfg.Metrics)
 	}
 	r.mu.Lock()
 	r.heartbeat = true // announce ourselves at once: it also carries the first ack

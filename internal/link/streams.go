@@ -59,6 +59,7 @@ type Streams struct {
 	limit  int
 
 	mu      sync.Mutex
+	metrics *Metrics
 	wake    func()
 	ended   error
 	nextID  uint64
@@ -86,9 +87,9 @@ func (s *Streams) SetLimit(n int) {
 }
 
 // attach ties the streams to their running connection.
-func (s *Streams) attach(wake func()) {
+func (s *Streams) attach(wake func(), m *Metrics) {
 	s.mu.Lock()
-	s.wake = wake
+	s.wake, s.metrics = wake, m
 	s.mu.Unlock()
 }
 
@@ -105,8 +106,8 @@ func (s *Streams) end(cause error) {
 	s.ended = fmt.Errorf("%w: %w", ErrLinkLost, cause)
 	for _, st := range s.streams {
 		st.fail(s.ended)
+		s.forgetLocked(st, true)
 	}
-	clear(s.streams)
 	s.ctrl, s.ready = nil, nil
 }
 
@@ -159,7 +160,26 @@ func (s *Streams) newStream(id uint64, target string) *Stream {
 	st := &Stream{s: s, id: id, target: target}
 	st.cond = sync.NewCond(&s.mu)
 	s.streams[id] = st
+	if m := s.metrics; m != nil {
+		m.StreamsOpened.Inc()
+		m.StreamsOpen.Inc()
+	}
 	return st
+}
+
+// forgetLocked drops st from the open streams (a reset or both ends
+// closed); s.mu is held.
+func (s *Streams) forgetLocked(st *Stream, reset bool) {
+	if s.streams[st.id] != st {
+		return
+	}
+	delete(s.streams, st.id)
+	if m := s.metrics; m != nil {
+		m.StreamsOpen.Dec()
+		if reset {
+			m.StreamsReset.Inc()
+		}
+	}
 }
 
 // handle takes one received stream frame, on the reader's goroutine: it
@@ -189,6 +209,9 @@ func (s *Streams) handle(ctx context.Context, env *linkv1.Envelope) {
 			st.recvLimit -= len(data)
 			st.recv = append(st.recv, data...)
 			st.cond.Broadcast()
+			if m := s.metrics; m != nil {
+				m.StreamBytesIn.Add(float64(len(data)))
+			}
 		}
 	case *linkv1.Envelope_StreamWindow:
 		st := s.streams[k.StreamWindow.Id]
@@ -217,7 +240,7 @@ func (s *Streams) handle(ctx context.Context, env *linkv1.Envelope) {
 	case *linkv1.Envelope_StreamReset:
 		if st := s.streams[k.StreamReset.Id]; st != nil {
 			st.fail(&StreamResetError{Reason: k.StreamReset.Reason})
-			delete(s.streams, st.id)
+			s.forgetLocked(st, true)
 		}
 	}
 }
@@ -310,6 +333,9 @@ func (s *Streams) appendFrames(buf []byte, ack uint64, limit int) (_ []byte, fra
 			frames++
 			st.send = st.send[n:]
 			st.sendCredit -= n
+			if m := s.metrics; m != nil {
+				m.StreamBytesOut.Add(float64(n))
+			}
 			st.cond.Broadcast() // room for its writer
 		}
 		if len(st.send) == 0 && st.sendClosed && !st.closeSent {
@@ -538,7 +564,7 @@ func (st *Stream) resetLocked(reason string) {
 		return
 	}
 	st.fail(fmt.Errorf("stream reset: %s", reason))
-	delete(s.streams, st.id)
+	s.forgetLocked(st, true)
 	s.ctrl = append(s.ctrl, &linkv1.Envelope{Kind: &linkv1.Envelope_StreamReset{StreamReset: &linkv1.StreamReset{Id: st.id, Reason: reason}}})
 	if s.wake != nil {
 		s.wake()
@@ -565,7 +591,7 @@ func (st *Stream) fail(err error) {
 // and reads no more); s.mu is held.
 func (st *Stream) doneLocked() {
 	if st.closeSent && (st.recvEOF || st.closed) {
-		delete(st.s.streams, st.id)
+		st.s.forgetLocked(st, false)
 	}
 }
 

@@ -12,6 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
 )
 
@@ -21,6 +24,7 @@ type streamPair struct {
 	cloud, edge         *Streams
 	cloudSess, edgeSess *Session
 	cloudConn, edgeConn net.Conn
+	cloudMetrics        *Metrics
 	delivered           chan *linkv1.Envelope
 	done                chan error
 }
@@ -38,6 +42,7 @@ func startStreams(t *testing.T) *streamPair {
 		delivered: make(chan *linkv1.Envelope, 1024),
 		done:      make(chan error, 2),
 	}
+	p.cloudMetrics = NewMetrics(prometheus.NewRegistry(), "test")
 	p.cloudConn, p.edgeConn = net.Pipe()
 	ctx, cancel := context.WithCancel(context.Background())
 	deliver := func(_ context.Context, env *linkv1.Envelope) error {
@@ -45,7 +50,7 @@ func startStreams(t *testing.T) *streamPair {
 		return nil
 	}
 	go func() {
-		p.done <- RunConn(ctx, NewFramed(pipeConn{p.cloudConn}, 0), p.cloudSess, &ConnConfig{Heartbeat: time.Minute, Deliver: deliver, Streams: p.cloud})
+		p.done <- RunConn(ctx, NewFramed(pipeConn{p.cloudConn}, 0), p.cloudSess, &ConnConfig{Heartbeat: time.Minute, Deliver: deliver, Streams: p.cloud, Metrics: p.cloudMetrics})
 	}()
 	go func() {
 		p.done <- RunConn(ctx, NewFramed(pipeConn{p.edgeConn}, 0), p.edgeSess, &ConnConfig{Heartbeat: time.Minute, Deliver: deliver, Streams: p.edge})
@@ -137,6 +142,12 @@ func TestStreamsCarryBytesBothWays(t *testing.T) {
 	}
 	wg.Wait()
 	waitFor(t, func() bool { return p.cloud.Len() == 0 && p.edge.Len() == 0 }, "streams forgotten after both ends closed")
+	m := p.cloudMetrics
+	sent := float64((1 + 2 + 3 + 4) * 700 << 10)
+	if opened, open, reset, out, in := testutil.ToFloat64(m.StreamsOpened), testutil.ToFloat64(m.StreamsOpen), testutil.ToFloat64(m.StreamsReset),
+		testutil.ToFloat64(m.StreamBytesOut), testutil.ToFloat64(m.StreamBytesIn); opened != 4 || open != 0 || reset != 0 || out != sent || in != sent {
+		t.Errorf("metrics: %v opened, %v open, %v reset, %v bytes out, %v in; want 4, 0, 0, %v, %v", opened, open, reset, out, in, sent, sent)
+	}
 }
 
 // TestStreamOpenRefused: a target the edge cannot dial resets the stream
@@ -358,8 +369,8 @@ func FuzzStreamFrames(f *testing.F) {
 		refused := errors.New("no target here")
 		s := NewStreams(func(context.Context, string) (net.Conn, error) { return nil, refused })
 		opener := NewStreams(nil)
-		s.attach(func() {})
-		opener.attach(func() {})
+		s.attach(func() {}, nil)
+		opener.attach(func() {}, nil)
 		for len(ops) >= 3 {
 			kind, id, n := ops[0]%5, uint64(ops[1]%4)+1, int(ops[2])
 			ops = ops[3:]
