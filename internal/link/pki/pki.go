@@ -132,6 +132,12 @@ func (ca *CA) IssueServer(hosts []string, validity time.Duration) (tls.Certifica
 	if len(hosts) == 0 {
 		return tls.Certificate{}, errors.New("server certificate needs at least one host name or address")
 	}
+	return ca.leaf(hosts[0], hosts, "", validity, x509.ExtKeyUsageServerAuth)
+}
+
+// leaf creates a key and a certificate of cn for hosts (DNS names and IP
+// addresses), naming uri in a URI SAN when it is not empty.
+func (ca *CA) leaf(cn string, hosts []string, uri string, validity time.Duration, usages ...x509.ExtKeyUsage) (tls.Certificate, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return tls.Certificate{}, err
@@ -139,11 +145,18 @@ func (ca *CA) IssueServer(hosts []string, validity time.Duration) (tls.Certifica
 	now := time.Now()
 	tmpl := &x509.Certificate{
 		SerialNumber: serial(),
-		Subject:      pkix.Name{CommonName: hosts[0]},
+		Subject:      pkix.Name{CommonName: cn},
 		NotBefore:    now.Add(-clockSkew),
 		NotAfter:     now.Add(validity),
 		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		ExtKeyUsage:  usages,
+	}
+	if uri != "" {
+		id, err := url.Parse(uri)
+		if err != nil {
+			return tls.Certificate{}, err
+		}
+		tmpl.URIs = []*url.URL{id}
 	}
 	for _, h := range hosts {
 		if ip := net.ParseIP(h); ip != nil {
@@ -157,6 +170,20 @@ func (ca *CA) IssueServer(hosts []string, validity time.Duration) (tls.Certifica
 		return tls.Certificate{}, err
 	}
 	return pairOf(der, key)
+}
+
+// uriNamed returns the name a verified certificate's URI SAN gives after
+// prefix, or an error naming what it is for (what).
+func uriNamed(c *x509.Certificate, prefix, what string) (string, error) {
+	if c == nil {
+		return "", errors.New("no certificate")
+	}
+	for _, u := range c.URIs {
+		if r, ok := strings.CutPrefix(u.String(), prefix); ok && r != "" {
+			return url.PathUnescape(r)
+		}
+	}
+	return "", fmt.Errorf("certificate of %q %s", c.Subject.CommonName, what)
 }
 
 // ReplicaURIPrefix starts the URI SAN naming the controller replica a
@@ -170,50 +197,13 @@ func (ca *CA) IssueReplica(replica string, hosts []string, validity time.Duratio
 	if replica == "" || len(hosts) == 0 {
 		return tls.Certificate{}, errors.New("replica certificate needs the replica and a host")
 	}
-	id, err := url.Parse(ReplicaURIPrefix + url.PathEscape(replica))
-	if err != nil {
-		return tls.Certificate{}, err
-	}
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return tls.Certificate{}, err
-	}
-	now := time.Now()
-	tmpl := &x509.Certificate{
-		SerialNumber: serial(),
-		Subject:      pkix.Name{CommonName: "replica:" + replica},
-		NotBefore:    now.Add(-clockSkew),
-		NotAfter:     now.Add(validity),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
-		URIs:         []*url.URL{id},
-	}
-	for _, h := range hosts {
-		if ip := net.ParseIP(h); ip != nil {
-			tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
-		} else {
-			tmpl.DNSNames = append(tmpl.DNSNames, h)
-		}
-	}
-	der, err := ca.sign(tmpl, key.Public())
-	if err != nil {
-		return tls.Certificate{}, err
-	}
-	return pairOf(der, key)
+	return ca.leaf("replica:"+replica, hosts, ReplicaURIPrefix+url.PathEscape(replica), validity, x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth)
 }
 
 // ReplicaFromCert returns the replica a verified certificate names, or an
 // error for any other (a node's, a server's).
 func ReplicaFromCert(c *x509.Certificate) (string, error) {
-	if c == nil {
-		return "", errors.New("no certificate")
-	}
-	for _, u := range c.URIs {
-		if r, ok := strings.CutPrefix(u.String(), ReplicaURIPrefix); ok && r != "" {
-			return url.PathUnescape(r)
-		}
-	}
-	return "", fmt.Errorf("certificate of %q names no controller replica", c.Subject.CommonName)
+	return uriNamed(c, ReplicaURIPrefix, "names no controller replica")
 }
 
 // EgressClientURIPrefix starts the URI SAN of a certificate that may open
@@ -227,42 +217,13 @@ func (ca *CA) IssueEgressClient(name string, validity time.Duration) (tls.Certif
 	if name == "" {
 		return tls.Certificate{}, errors.New("egress client certificate needs a name")
 	}
-	id, err := url.Parse(EgressClientURIPrefix + url.PathEscape(name))
-	if err != nil {
-		return tls.Certificate{}, err
-	}
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return tls.Certificate{}, err
-	}
-	now := time.Now()
-	der, err := ca.sign(&x509.Certificate{
-		SerialNumber: serial(),
-		Subject:      pkix.Name{CommonName: "egress-client:" + name},
-		NotBefore:    now.Add(-clockSkew),
-		NotAfter:     now.Add(validity),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
-		URIs:         []*url.URL{id},
-	}, key.Public())
-	if err != nil {
-		return tls.Certificate{}, err
-	}
-	return pairOf(der, key)
+	return ca.leaf("egress-client:"+name, nil, EgressClientURIPrefix+url.PathEscape(name), validity, x509.ExtKeyUsageClientAuth)
 }
 
 // EgressClientFromCert returns the egress client a verified certificate
 // names, or an error for any other (a node's, a replica's).
 func EgressClientFromCert(c *x509.Certificate) (string, error) {
-	if c == nil {
-		return "", errors.New("no certificate")
-	}
-	for _, u := range c.URIs {
-		if r, ok := strings.CutPrefix(u.String(), EgressClientURIPrefix); ok && r != "" {
-			return url.PathUnescape(r)
-		}
-	}
-	return "", fmt.Errorf("certificate of %q may not use the egress", c.Subject.CommonName)
+	return uriNamed(c, EgressClientURIPrefix, "may not use the egress")
 }
 
 // SignNodeCSR issues a client certificate for node from a DER CSR, bound to

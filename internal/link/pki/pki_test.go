@@ -178,3 +178,51 @@ func TestMutualTLS(t *testing.T) {
 		t.Fatalf("server accepted a certificate from another CA: %q", got)
 	}
 }
+
+// TestPeerIdentities: a replica's certificate names its replica and serves
+// and presents both ways; the egress client's names its client; neither
+// passes for the other, nor a node's for either.
+func TestPeerIdentities(t *testing.T) {
+	ca, err := NewCA("test", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	replica, err := ca.IssueReplica("dowse-controller-7f/x", []string{"10.0.0.7"}, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	egress, err := ca.IssueEgressClient("kube-apiserver", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	node, err := ca.IssueNode("edge-1", "", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf := func(c tls.Certificate) *x509.Certificate {
+		l, err := x509.ParseCertificate(c.Certificate[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	if r, err := ReplicaFromCert(leaf(replica)); err != nil || r != "dowse-controller-7f/x" {
+		t.Errorf("ReplicaFromCert(replica) = %q, %v", r, err)
+	}
+	if ip := leaf(replica).IPAddresses; len(ip) != 1 || ip[0].String() != "10.0.0.7" {
+		t.Errorf("replica certificate serves %v", ip)
+	}
+	if n, err := EgressClientFromCert(leaf(egress)); err != nil || n != "kube-apiserver" {
+		t.Errorf("EgressClientFromCert(egress) = %q, %v", n, err)
+	}
+	for name, c := range map[string]tls.Certificate{"node": node, "egress client": egress} {
+		if _, err := ReplicaFromCert(leaf(c)); err == nil {
+			t.Errorf("a %s certificate passes for a replica", name)
+		}
+	}
+	for name, c := range map[string]tls.Certificate{"node": node, "replica": replica} {
+		if _, err := EgressClientFromCert(leaf(c)); err == nil {
+			t.Errorf("a %s certificate may use the egress", name)
+		}
+	}
+}

@@ -17,14 +17,11 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/yaml"
 
 	"github.com/dowse-dev/dowse/internal/link/pki"
 	"github.com/dowse-dev/dowse/test/framework/dowse"
-	"github.com/dowse-dev/dowse/test/framework/kube"
 	"github.com/dowse-dev/dowse/test/framework/procs"
 	"github.com/dowse-dev/dowse/test/framework/testwait"
 )
@@ -35,25 +32,9 @@ import (
 // EgressSelectorConfiguration naming them), with which a CONNECT gets
 // through; a node's certificate of the same CA, or none, does not.
 func TestEgressOverTCP(t *testing.T) {
-	cp, err := kube.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cp.Stop() })
-	dir := t.TempDir()
-	kubeconfig := filepath.Join(dir, "kubeconfig")
-	if err := cp.Kubeconfig(kubeconfig); err != nil {
-		t.Fatal(err)
-	}
-	cs, err := kubernetes.NewForConfig(cp.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir, kubeconfig, cs, _ := controlPlane(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "dowse-system"}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
 	link, err := dowse.FreeLink()
 	if err != nil {
 		t.Fatal(err)

@@ -17,11 +17,9 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 
 	"github.com/dowse-dev/dowse/internal/link/pki"
 	"github.com/dowse-dev/dowse/test/framework/dowse"
-	"github.com/dowse-dev/dowse/test/framework/kube"
 	"github.com/dowse-dev/dowse/test/framework/procs"
 	"github.com/dowse-dev/dowse/test/framework/testwait"
 )
@@ -33,35 +31,11 @@ import (
 // within 15 s, because the flood spends its own address's share of the
 // handshake slots and of the bootstrap endpoint's budget.
 func TestAgentJoinsThroughAFlood(t *testing.T) {
-	cp, err := kube.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cp.Stop() })
-	dir := t.TempDir()
-	kubeconfig := filepath.Join(dir, "kubeconfig")
-	if err := cp.Kubeconfig(kubeconfig); err != nil {
-		t.Fatal(err)
-	}
-	cs, err := kubernetes.NewForConfig(cp.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir, kubeconfig, cs, _ := controlPlane(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	for _, err := range []error{
-		func() error {
-			_, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "dowse-system"}}, metav1.CreateOptions{})
-			return err
-		}(),
-		func() error {
-			_, err := cs.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "edge-f"}}, metav1.CreateOptions{})
-			return err
-		}(),
-	} {
-		if err != nil {
-			t.Fatal(err)
-		}
+	if _, err := cs.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "edge-f"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
 	}
 	link, err := dowse.FreeLink()
 	if err != nil {

@@ -23,14 +23,12 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/dowse-dev/dowse/internal/link/pki"
 	"github.com/dowse-dev/dowse/internal/scheme"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	"github.com/dowse-dev/dowse/test/framework/dowse"
-	"github.com/dowse-dev/dowse/test/framework/kube"
 	"github.com/dowse-dev/dowse/test/framework/procs"
 	"github.com/dowse-dev/dowse/test/framework/testwait"
 )
@@ -42,28 +40,13 @@ import (
 // stored; a token used for another node is refused without stopping the
 // agent.
 func TestLinkBinaries(t *testing.T) {
-	cp, err := kube.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cp.Stop() })
-	dir := t.TempDir()
-	kubeconfig := filepath.Join(dir, "kubeconfig")
-	if err := cp.Kubeconfig(kubeconfig); err != nil {
-		t.Fatal(err)
-	}
-	cs, err := kubernetes.NewForConfig(cp.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir, kubeconfig, cs, cp := controlPlane(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "dowse-system"}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
 
 	ports := make([]int, 4)
 	for i := range ports {
+		var err error
 		if ports[i], err = procs.FreePort(); err != nil {
 			t.Fatal(err)
 		}

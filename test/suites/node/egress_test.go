@@ -95,6 +95,20 @@ func TestKubectlReachesAnEdgeThroughItsLink(t *testing.T) {
 		b, err := cs.CoreV1().Pods("default").GetLogs(pod.Name, &corev1.PodLogOptions{}).DoRaw(ctx)
 		return string(b), err
 	}
+	// waitLogs waits until the pod's logs are read, with what it logs.
+	waitLogs := func() {
+		t.Helper()
+		testwait.For(t, time.Minute, func() error {
+			out, err := logs()
+			if err != nil {
+				return err
+			}
+			if !strings.Contains(out, "plant-7") {
+				return fmt.Errorf("the pod's logs lack its environment: %q", out)
+			}
+			return nil
+		})
+	}
 	if out, err := logs(); err == nil {
 		t.Fatalf("the pod's logs were read with nothing serving the egress: %q", out)
 	} else {
@@ -144,16 +158,7 @@ func TestKubectlReachesAnEdgeThroughItsLink(t *testing.T) {
 	})
 
 	// kubectl logs, through the link.
-	testwait.For(t, time.Minute, func() error {
-		out, err := logs()
-		if err != nil {
-			return err
-		}
-		if !strings.Contains(out, "plant-7") {
-			return fmt.Errorf("the pod's logs lack its environment: %q", out)
-		}
-		return nil
-	})
+	waitLogs()
 	// The API server's pod proxy reaches the broker on the pod's address.
 	testwait.For(t, 30*time.Second, func() error {
 		b, err := cs.CoreV1().Pods("default").ProxyGet("http", pod.Name, "8080", "/", nil).DoRaw(ctx)
@@ -207,16 +212,7 @@ func TestKubectlReachesAnEdgeThroughItsLink(t *testing.T) {
 	agent = startEdgeAgent(t, c, dir, b, tok.CACertHash, "")
 	waitMetric(t, ctx, b.metrics, "dowse_cloudhub_connected_nodes 1")
 	waitMetric(t, ctx, a.metrics, "dowse_cloudhub_connected_nodes 0")
-	testwait.For(t, time.Minute, func() error {
-		out, err := logs()
-		if err != nil {
-			return err
-		}
-		if !strings.Contains(out, "plant-7") {
-			return fmt.Errorf("the pod's logs lack its environment: %q", out)
-		}
-		return nil
-	})
+	waitLogs()
 	for _, want := range []struct {
 		r     replica
 		route string
@@ -282,16 +278,7 @@ func TestKubectlReachesAnEdgeThroughItsLink(t *testing.T) {
 	agent.Stop()
 	startEdgeAgent(t, c, dir, a, tok.CACertHash, "")
 	waitMetric(t, ctx, a.metrics, "dowse_cloudhub_connected_nodes 1")
-	testwait.For(t, time.Minute, func() error {
-		out, err := logs()
-		if err != nil {
-			return err
-		}
-		if !strings.Contains(out, "plant-7") {
-			return fmt.Errorf("the pod's logs lack its environment: %q", out)
-		}
-		return nil
-	})
+	waitLogs()
 }
 
 // portForward starts kubectl port-forward and returns the local address it
