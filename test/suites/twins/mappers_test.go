@@ -121,21 +121,7 @@ func TestMapperPodsFollowDevices(t *testing.T) {
 	updateConfiguration(t, cfg, func(c *v1alpha1.Configuration) {
 		c.Spec.DeviceTemplate.MapperPodSpec.Containers[0].Image = "ghcr.io/dowse-dev/dowse-modbus-mapper:v2"
 	})
-	testwait.For(t, 20*time.Second, func() error {
-		var cur corev1.Pod
-		if err := suite.Client.Get(ctx, client.ObjectKeyFromObject(&old), &cur); err != nil || cur.DeletionTimestamp == nil {
-			return fmt.Errorf("old mapper pod not being deleted (%w)", err)
-		}
-		return nil
-	})
-	time.Sleep(2 * time.Second)
-	if p, ok := mapperPods(t, ns)["node-b"]; ok {
-		t.Fatalf("a new mapper pod %s beside the terminating one", p.Name)
-	}
-	// The kubelet's part: the old Pod's containers have stopped.
-	if err := suite.Client.Delete(ctx, &old, client.GracePeriodSeconds(0)); err != nil {
-		t.Fatal(err)
-	}
+	goesFirst(t, ns, "node-b", &old)
 	testwait.For(t, 20*time.Second, func() error {
 		pods := mapperPods(t, ns)
 		if p, ok := pods["node-b"]; !ok || p.Spec.Containers[0].Image != "ghcr.io/dowse-dev/dowse-modbus-mapper:v2" {
@@ -151,6 +137,28 @@ func TestMapperPodsFollowDevices(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// goesFirst checks that node's old mapper Pod is being deleted and that no
+// new one comes beside it, then finishes its deletion as the kubelet would
+// once its containers stopped (no kubelet runs here).
+func goesFirst(t *testing.T, ns, node string, old *corev1.Pod) {
+	t.Helper()
+	ctx := context.Background()
+	testwait.For(t, 20*time.Second, func() error {
+		var cur corev1.Pod
+		if err := suite.Client.Get(ctx, client.ObjectKeyFromObject(old), &cur); err != nil || cur.DeletionTimestamp == nil {
+			return fmt.Errorf("old mapper pod not being deleted (%w)", err)
+		}
+		return nil
+	})
+	time.Sleep(2 * time.Second)
+	if p, ok := mapperPods(t, ns)[node]; ok {
+		t.Fatalf("a new mapper pod %s beside the terminating one", p.Name)
+	}
+	if err := suite.Client.Delete(ctx, old, client.GracePeriodSeconds(0)); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // updateConfiguration changes cfg's spec as a person would, read afresh and
@@ -277,21 +285,7 @@ func TestMapperPodsGetSerialDevices(t *testing.T) {
 			second := createSerialInstance(t, ns, "rtu", "rtu-usb1", "node-s")
 			// The old Pod is deleted, and no new one comes while it is
 			// there (no kubelet here finishes the deletion).
-			testwait.For(t, 20*time.Second, func() error {
-				var cur corev1.Pod
-				if err := suite.Client.Get(ctx, client.ObjectKeyFromObject(&old), &cur); err != nil || cur.DeletionTimestamp == nil {
-					return fmt.Errorf("old mapper pod not being deleted (%w)", err)
-				}
-				return nil
-			})
-			time.Sleep(2 * time.Second)
-			if p, ok := mapperPods(t, ns)["node-s"]; ok {
-				t.Fatalf("a new mapper pod %s beside the terminating one, which holds its device", p.Name)
-			}
-			// The kubelet's part: the old Pod's containers have stopped.
-			if err := suite.Client.Delete(ctx, &old, client.GracePeriodSeconds(0)); err != nil {
-				t.Fatal(err)
-			}
+			goesFirst(t, ns, "node-s", &old)
 			testwait.For(t, 20*time.Second, func() error {
 				p, ok := mapperPods(t, ns)["node-s"]
 				if !ok || !slices.Equal(asks(p), want(first, second)) {
