@@ -89,8 +89,15 @@ func (s *Streams) SetLimit(n int) {
 // attach ties the streams to their running connection.
 func (s *Streams) attach(wake func(), m *Metrics) {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	s.wake, s.metrics = wake, m
-	s.mu.Unlock()
+	if m != nil {
+		// Streams opened before the connection ran count from now.
+		for range s.streams {
+			m.StreamsOpened.Inc()
+			m.StreamsOpen.Inc()
+		}
+	}
 }
 
 // end ends every stream with ErrLinkLost and refuses new ones.
