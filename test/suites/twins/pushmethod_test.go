@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
 
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	"github.com/dowse-dev/dowse/test/framework/testwait"
@@ -61,9 +62,16 @@ func TestPushMethodValid(t *testing.T) {
 		StringData: map[string]string{"username": "plant", "password": "s3cret"}}); err != nil {
 		t.Fatal(err)
 	}
-	got, _ := getDevice(ns, "pushy")
-	got.Spec.Properties[0].PushMethod.MQTT.Address = "tcp://10.0.0.5:1883"
-	if err := suite.Client.Update(ctx, got); err != nil {
+	// The controller writes the Device's status meanwhile (the Secret
+	// came): read afresh on a conflict, as a person's kubectl edit would.
+	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		got, err := getDevice(ns, "pushy")
+		if err != nil {
+			return err
+		}
+		got.Spec.Properties[0].PushMethod.MQTT.Address = "tcp://10.0.0.5:1883"
+		return suite.Client.Update(ctx, got)
+	}); err != nil {
 		t.Fatal(err)
 	}
 	envs = waitSent(t, hub, edge, "device pushy")
