@@ -12,6 +12,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
@@ -77,12 +78,14 @@ func TestControllerReadsSecretsOnlyWhereConfigurationsAre(t *testing.T) {
 	}
 	// One made before the policy may still be updated (its finalizers
 	// taken off, so it can go).
-	var before v1alpha1.Configuration
-	if err := suite.Client.Get(t.Context(), client.ObjectKey{Namespace: other, Name: "elsewhere"}, &before); err != nil {
-		t.Fatal(err)
-	}
-	before.Labels = map[string]string{"touched": "yes"}
-	if err := suite.Client.Update(t.Context(), &before, client.DryRunAll); err != nil {
+	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		var before v1alpha1.Configuration
+		if err := suite.Client.Get(t.Context(), client.ObjectKey{Namespace: other, Name: "elsewhere"}, &before); err != nil {
+			return err
+		}
+		before.Labels = map[string]string{"touched": "yes"}
+		return suite.Client.Update(t.Context(), &before, client.DryRunAll)
+	}); err != nil {
 		t.Errorf("updating a Configuration made before the policy: %v", err)
 	}
 }
