@@ -5,11 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
 
-	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -25,29 +25,17 @@ var nodeWords = []string{"node", "nodes", "no"}
 // nodeTargets reads describe's arguments when they name Nodes: "node A B"
 // or "node/A"; ok is false for Dowse's own kinds.
 func nodeTargets(args []string) (names []string, ok bool) {
-	first := strings.ToLower(args[0])
-	for _, w := range nodeWords {
-		if first == w {
-			return args[1:], true
-		}
+	if slices.Contains(nodeWords, strings.ToLower(args[0])) {
+		return args[1:], true
 	}
 	for _, a := range args {
 		kind, name, found := strings.Cut(a, "/")
-		if !found || !isNodeWord(strings.ToLower(kind)) {
+		if !found || !slices.Contains(nodeWords, strings.ToLower(kind)) {
 			return nil, false
 		}
 		names = append(names, name)
 	}
 	return names, true
-}
-
-func isNodeWord(w string) bool {
-	for _, n := range nodeWords {
-		if w == n {
-			return true
-		}
-	}
-	return false
 }
 
 // describeNodes says how the cloud reaches each node: through its link
@@ -120,7 +108,7 @@ func (c *cli) describeNode(ctx context.Context, cs kubernetes.Interface, out io.
 	fmt.Fprintf(w, "Link:\tsession held by replica %s (epoch %d, since %s)\n", orDash(holder), ptr.Deref(record.Spec.LeaseTransitions, 0), since)
 	present, err := leases.Get(ctx, ownership.ReplicaLeaseName(holder), metav1.GetOptions{})
 	switch {
-	case err == nil && replicaServing(present):
+	case err == nil && ownership.Serving(present, time.Now()):
 		fmt.Fprintf(w, "Reached:\tthrough its link, via replica %s (the controller's egress carries logs, exec, port-forward and the proxy)\n", holder)
 	case err == nil || apierrors.IsNotFound(err):
 		fmt.Fprintf(w, "Reached:\tnot now: replica %s, which held its session, is gone; the node's link reconnects to another\n", holder)
@@ -128,11 +116,4 @@ func (c *cli) describeNode(ctx context.Context, cs kubernetes.Interface, out io.
 		fmt.Fprintf(w, "Reached:\tunknown: %v\n", err)
 	}
 	return nil
-}
-
-// replicaServing says whether a replica's presence Lease is renewed and
-// not draining (as ownership reads it).
-func replicaServing(l *coordinationv1.Lease) bool {
-	return l.Annotations[ownership.AnnotationDraining] != "true" && l.Spec.RenewTime != nil &&
-		time.Since(l.Spec.RenewTime.Time) <= time.Duration(ptr.Deref(l.Spec.LeaseDurationSeconds, 0))*time.Second
 }

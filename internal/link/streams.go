@@ -225,13 +225,7 @@ func (s *Streams) handle(ctx context.Context, env *linkv1.Envelope) {
 		if st == nil {
 			return
 		}
-		if st.accepted != nil {
-			select {
-			case <-st.accepted:
-			default:
-				close(st.accepted)
-			}
-		}
+		st.settleOpen()
 		if st.sendCredit+int(k.StreamWindow.Credit) > 1<<30 {
 			st.resetLocked("flow control: credit beyond 1 GiB")
 			return
@@ -396,61 +390,64 @@ func (st *Stream) Target() string { return st.target }
 
 // Read reads the peer's bytes; io.EOF once the peer closed its side.
 func (st *Stream) Read(p []byte) (int, error) {
-	s := st.s
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for len(st.recv) == 0 && !st.recvEOF && st.err == nil && !st.closed {
-		st.cond.Wait()
+	if len(p) == 0 {
+		return 0, nil
 	}
-	switch {
-	case st.closed:
-		return 0, net.ErrClosed
-	case len(st.recv) > 0:
-		n := copy(p, st.recv)
-		st.recv = st.recv[n:]
-		if len(st.recv) == 0 {
-			st.recv = nil // let a drained burst's buffer go
-		}
-		st.consumedLocked(n)
-		return n, nil
-	case st.err != nil:
-		return 0, st.err
-	}
-	return 0, io.EOF
+	st.s.mu.Lock()
+	defer st.s.mu.Unlock()
+	chunk, err := st.takeLocked(len(p))
+	return copy(p, chunk), err
 }
 
 // WriteTo writes the peer's bytes to w as they come, from the stream's own
 // buffer: io.Copy from a stream needs no copy buffer of its own, which an
 // idle stream would hold for its whole life.
 func (st *Stream) WriteTo(w io.Writer) (int64, error) {
-	s := st.s
 	var total int64
 	for {
-		s.mu.Lock()
-		for len(st.recv) == 0 && !st.recvEOF && st.err == nil && !st.closed {
-			st.cond.Wait()
+		st.s.mu.Lock()
+		chunk, err := st.takeLocked(-1) // all: the buffer is the chunk's now
+		st.s.mu.Unlock()
+		if errors.Is(err, io.EOF) {
+			return total, nil
 		}
-		var chunk []byte
-		var err error
-		switch {
-		case st.closed:
-			err = net.ErrClosed
-		case len(st.recv) > 0:
-			chunk, st.recv = st.recv, nil
-			st.consumedLocked(len(chunk))
-		case st.err != nil:
-			err = st.err
+		if err != nil {
+			return total, err
 		}
-		s.mu.Unlock()
-		if chunk == nil {
-			return total, err // nil at the end of stream
-		}
-		n, werr := w.Write(chunk)
+		n, err := w.Write(chunk)
 		total += int64(n)
-		if werr != nil {
-			return total, werr
+		if err != nil {
+			return total, err
 		}
 	}
+}
+
+// takeLocked waits for the peer's bytes and takes up to most of them (all
+// when most < 0), granting the peer as much again; io.EOF once the peer
+// closed its side. s.mu is held.
+func (st *Stream) takeLocked(most int) ([]byte, error) {
+	for len(st.recv) == 0 && !st.recvEOF && st.err == nil && !st.closed {
+		st.cond.Wait()
+	}
+	switch {
+	case st.closed:
+		return nil, net.ErrClosed
+	case len(st.recv) > 0:
+		n := len(st.recv)
+		if most >= 0 {
+			n = min(n, most)
+		}
+		chunk := st.recv[:n]
+		st.recv = st.recv[n:]
+		if len(st.recv) == 0 {
+			st.recv = nil // let a drained burst's buffer go
+		}
+		st.consumedLocked(n)
+		return chunk, nil
+	case st.err != nil:
+		return nil, st.err
+	}
+	return nil, io.EOF
 }
 
 // ReadFrom sends what r reads, through a small buffer: an idle stream's
@@ -584,14 +581,21 @@ func (st *Stream) fail(err error) {
 		st.err = err
 	}
 	st.send = nil
-	if st.accepted != nil {
-		select {
-		case <-st.accepted:
-		default:
-			close(st.accepted)
-		}
-	}
+	st.settleOpen()
 	st.cond.Broadcast()
+}
+
+// settleOpen ends an opener's wait (accepted or failed), once; s.mu is
+// held.
+func (st *Stream) settleOpen() {
+	if st.accepted == nil {
+		return
+	}
+	select {
+	case <-st.accepted:
+	default:
+		close(st.accepted)
+	}
 }
 
 // doneLocked forgets the stream once both sides closed (or this one did

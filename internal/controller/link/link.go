@@ -20,12 +20,10 @@ package link
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
-	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -117,35 +115,6 @@ type Config struct {
 	// is the host:port they dial, published on its presence Lease. Empty:
 	// no forwarding.
 	EgressPeerAddr, EgressPeerAdvertise string
-}
-
-// issued issues a certificate of the link CA, and again a day before it
-// expires: this replica's for the egress's replica-to-replica connections,
-// and the egress's serving one.
-type issued struct {
-	issue func() (tls.Certificate, error)
-
-	mu   sync.Mutex
-	cert *tls.Certificate
-}
-
-func (r *issued) get() (*tls.Certificate, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.cert != nil && time.Until(r.cert.Leaf.NotAfter) > 24*time.Hour {
-		return r.cert, nil
-	}
-	c, err := r.issue()
-	if err != nil {
-		return nil, err
-	}
-	if c.Leaf == nil {
-		if c.Leaf, err = x509.ParseCertificate(c.Certificate[0]); err != nil {
-			return nil, err
-		}
-	}
-	r.cert = &c
-	return r.cert, nil
 }
 
 // egressAdvertised is the egress peer address this replica publishes.
@@ -313,9 +282,9 @@ func Add(ctx context.Context, mgr ctrl.Manager, cfg Config, reg prometheus.Regis
 			if len(cfg.EgressHosts) == 0 {
 				return errors.New("egress: --egress-address needs --egress-hosts, the names the API server dials")
 			}
-			serving := &issued{issue: func() (tls.Certificate, error) { return ca.IssueServer(cfg.EgressHosts, 30*24*time.Hour) }}
+			serving := &pki.Rotating{Issue: func() (tls.Certificate, error) { return ca.IssueServer(cfg.EgressHosts, 30*24*time.Hour) }}
 			conf = &tls.Config{MinVersion: tls.VersionTLS12, ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: ca.Pool(),
-				GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return serving.get() }}
+				GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return serving.Get() }}
 		}
 		ecfg := egress.Config{UDS: cfg.EgressUDS, Addr: cfg.EgressAddr, TLS: conf,
 			Nodes: cache, Pods: live, Hub: hub, Registerer: reg, Log: log.WithName("egress")}
@@ -324,12 +293,12 @@ func Add(ctx context.Context, mgr ctrl.Manager, cfg Config, reg prometheus.Regis
 			if err != nil {
 				return fmt.Errorf("egress peer advertise address %q: %w", cfg.EgressPeerAdvertise, err)
 			}
-			rc := &issued{issue: func() (tls.Certificate, error) {
+			rc := &pki.Rotating{Issue: func() (tls.Certificate, error) {
 				return ca.IssueReplica(cfg.Replica, []string{host}, 30*24*time.Hour)
 			}}
 			ecfg.PeerAddr = cfg.EgressPeerAddr
 			ecfg.PeerTLS = &tls.Config{MinVersion: tls.VersionTLS13, ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: ca.Pool(),
-				GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return rc.get() }}
+				GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return rc.Get() }}
 			leases := cs.CoordinationV1().Leases(cfg.Namespace)
 			ecfg.Forward = func(ctx context.Context, node, target string) (net.Conn, error) {
 				l, err := leases.Get(ctx, ownership.NodeLeaseName(node), metav1.GetOptions{})
@@ -349,7 +318,7 @@ func Add(ctx context.Context, mgr ctrl.Manager, cfg Config, reg prometheus.Regis
 				}
 				peerHost, _, _ := net.SplitHostPort(addr)
 				return egress.DialPeer(ctx, addr, &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: ca.Pool(), ServerName: peerHost,
-					GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return rc.get() }}, target)
+					GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return rc.Get() }}, target)
 			}
 		}
 		eg, err := egress.New(ecfg)

@@ -18,6 +18,7 @@ import (
 	"net"
 	"net/url"
 	"strings"
+	"sync"
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -413,4 +414,41 @@ func PairPEM(c tls.Certificate) (certPEM, keyPEM []byte, err error) {
 	}
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Certificate[0]}),
 		pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), nil
+}
+
+// Rotating holds a certificate Issue makes, and makes it again once two
+// thirds of its life have passed (a server's, a replica's), for a
+// tls.Config's GetCertificate or GetClientCertificate.
+type Rotating struct {
+	Issue func() (tls.Certificate, error)
+	// Now is the clock (time.Now when nil).
+	Now func() time.Time
+
+	mu        sync.Mutex
+	cert      *tls.Certificate
+	reissueAt time.Time
+}
+
+// Get is the current certificate.
+func (r *Rotating) Get() (*tls.Certificate, error) {
+	now := time.Now()
+	if r.Now != nil {
+		now = r.Now()
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.cert != nil && now.Before(r.reissueAt) {
+		return r.cert, nil
+	}
+	c, err := r.Issue()
+	if err != nil {
+		return nil, err
+	}
+	leaf, err := x509.ParseCertificate(c.Certificate[0])
+	if err != nil {
+		return nil, err
+	}
+	c.Leaf = leaf
+	r.cert, r.reissueAt = &c, now.Add(leaf.NotAfter.Sub(now)*2/3)
+	return r.cert, nil
 }

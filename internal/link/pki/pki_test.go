@@ -226,3 +226,30 @@ func TestPeerIdentities(t *testing.T) {
 		}
 	}
 }
+
+// TestRotatingReissues: the same certificate is served until two thirds of
+// its life have passed, then a new one.
+func TestRotatingReissues(t *testing.T) {
+	ca, err := NewCA("test", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	issued := 0
+	r := &Rotating{Now: func() time.Time { return now }, Issue: func() (tls.Certificate, error) {
+		issued++
+		return ca.IssueServer([]string{"127.0.0.1"}, 30*time.Minute)
+	}}
+	first, err := r.Get()
+	if err != nil {
+		t.Fatal(err)
+	}
+	now = now.Add(19 * time.Minute)
+	if c, _ := r.Get(); c != first || issued != 1 {
+		t.Fatalf("re-issued at 19 of 30 minutes (%d issued)", issued)
+	}
+	now = now.Add(2 * time.Minute)
+	if c, _ := r.Get(); c == first || issued != 2 || c.Leaf == nil {
+		t.Fatalf("not re-issued at 21 of 30 minutes (%d issued)", issued)
+	}
+}

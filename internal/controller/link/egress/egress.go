@@ -165,11 +165,11 @@ type peerHandler struct{ s *Server }
 
 func (h peerHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.TLS == nil || len(r.TLS.PeerCertificates) == 0 {
-		http.Error(w, "a replica's certificate is required", http.StatusForbidden)
+		h.s.refuse(w, http.StatusForbidden, "a replica's certificate is required")
 		return
 	}
 	if _, err := pki.ReplicaFromCert(r.TLS.PeerCertificates[0]); err != nil {
-		http.Error(w, err.Error(), http.StatusForbidden)
+		h.s.refuse(w, http.StatusForbidden, err.Error())
 		return
 	}
 	h.s.serve(w, r, true)
@@ -182,16 +182,21 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// On TCP only the API server's certificate opens connections (a
 		// node's, of the same CA, never does).
 		if len(r.TLS.PeerCertificates) == 0 {
-			http.Error(w, "a client certificate is required", http.StatusForbidden)
+			s.refuse(w, http.StatusForbidden, "a client certificate is required")
 			return
 		}
 		if _, err := pki.EgressClientFromCert(r.TLS.PeerCertificates[0]); err != nil {
-			s.opened.WithLabelValues("refused").Inc()
-			http.Error(w, err.Error(), http.StatusForbidden)
+			s.refuse(w, http.StatusForbidden, err.Error())
 			return
 		}
 	}
 	s.serve(w, r, false)
+}
+
+// refuse answers code with why, counted.
+func (s *Server) refuse(w http.ResponseWriter, code int, why string) {
+	s.opened.WithLabelValues("refused").Inc()
+	http.Error(w, why, code)
 }
 
 // serve answers a CONNECT; forwarded ones (from another replica) go only
@@ -206,9 +211,8 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, forwarded bool) {
 	defer cancel()
 	conn, route, err := s.dial(ctx, target, forwarded)
 	if err != nil {
-		s.opened.WithLabelValues("refused").Inc()
 		s.cfg.Log.Info("egress refused", "target", target, "reason", err.Error())
-		http.Error(w, err.Error(), http.StatusBadGateway)
+		s.refuse(w, http.StatusBadGateway, err.Error())
 		return
 	}
 	s.opened.WithLabelValues(route).Inc()

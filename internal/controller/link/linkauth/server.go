@@ -114,9 +114,7 @@ type Server struct {
 	// agents are the user names of Config.AgentServiceAccounts.
 	agents map[string]bool
 
-	mu          sync.Mutex
-	serverCert  *tls.Certificate
-	reissueAt   time.Time
+	serverCert  *pki.Rotating
 	handlerOnce sync.Once
 	handler     http.Handler
 }
@@ -161,10 +159,19 @@ func NewServer(cfg Config) (*Server, error) {
 	if cfg.Metrics == nil {
 		cfg.Metrics = NewMetrics(nil)
 	}
-	return &Server{cfg: cfg, caPool: cfg.CA.Pool(), now: time.Now, agents: agents,
+	s := &Server{cfg: cfg, caPool: cfg.CA.Pool(), now: time.Now, agents: agents,
 		limit:      rate.NewLimiter(rate.Limit(cfg.RequestRate), cfg.RequestBurst),
 		renewLimit: rate.NewLimiter(rate.Limit(cfg.RequestRate), cfg.RequestBurst),
-		sources:    newSourceLimits(rate.Limit(cfg.SourceRate), cfg.SourceBurst)}, nil
+		sources:    newSourceLimits(rate.Limit(cfg.SourceRate), cfg.SourceBurst)}
+	s.serverCert = &pki.Rotating{Now: func() time.Time { return s.now() }, Issue: func() (tls.Certificate, error) {
+		c, err := cfg.CA.IssueServer(cfg.Hosts, cfg.ServerCertValidity)
+		if err != nil {
+			return c, fmt.Errorf("issuing linkauth server certificate: %w", err)
+		}
+		c.Certificate = append(c.Certificate, cfg.CA.Cert.Raw)
+		return c, nil
+	}}
+	return s, nil
 }
 
 // TLSConfig is the endpoint's TLS: 1.3 only, the server certificate chain
@@ -187,21 +194,7 @@ func (s *Server) ServerCertificate(*tls.ClientHelloInfo) (*tls.Certificate, erro
 	return s.currentServerCert()
 }
 
-func (s *Server) currentServerCert() (*tls.Certificate, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	now := s.now()
-	if s.serverCert != nil && now.Before(s.reissueAt) {
-		return s.serverCert, nil
-	}
-	c, err := s.cfg.CA.IssueServer(s.cfg.Hosts, s.cfg.ServerCertValidity)
-	if err != nil {
-		return nil, fmt.Errorf("issuing linkauth server certificate: %w", err)
-	}
-	c.Certificate = append(c.Certificate, s.cfg.CA.Cert.Raw)
-	s.serverCert, s.reissueAt = &c, now.Add(s.cfg.ServerCertValidity*2/3)
-	return s.serverCert, nil
-}
+func (s *Server) currentServerCert() (*tls.Certificate, error) { return s.serverCert.Get() }
 
 // Handler serves both paths; it must be served with TLSConfig (renew reads
 // the client certificate from the connection). The request's context

@@ -215,7 +215,7 @@ func (p *Presence) Others() int {
 	n := 0
 	now := time.Now()
 	for _, o := range p.inf.GetStore().List() {
-		if l, ok := o.(*coordinationv1.Lease); ok && ptr.Deref(l.Spec.HolderIdentity, "") != p.cfg.Replica && serving(l, now) {
+		if l, ok := o.(*coordinationv1.Lease); ok && ptr.Deref(l.Spec.HolderIdentity, "") != p.cfg.Replica && Serving(l, now) {
 			n++
 		}
 	}
@@ -227,16 +227,16 @@ func (p *Presence) Others() int {
 func (p *Presence) EgressOf(replica string) string {
 	name := ReplicaLeaseName(replica)
 	for _, o := range p.inf.GetStore().List() {
-		if l, ok := o.(*coordinationv1.Lease); ok && l.Name == name && serving(l, time.Now()) {
+		if l, ok := o.(*coordinationv1.Lease); ok && l.Name == name && Serving(l, time.Now()) {
 			return l.Annotations[AnnotationEgress]
 		}
 	}
 	return ""
 }
 
-// serving reports whether l is the presence of a replica that serves
+// Serving reports whether l is the presence of a replica that serves
 // edges: renewed in time and not draining.
-func serving(l *coordinationv1.Lease, now time.Time) bool {
+func Serving(l *coordinationv1.Lease, now time.Time) bool {
 	return l.Annotations[AnnotationDraining] != "true" && l.Spec.RenewTime != nil &&
 		now.Sub(l.Spec.RenewTime.Time) <= time.Duration(ptr.Deref(l.Spec.LeaseDurationSeconds, 0))*time.Second
 }
@@ -259,7 +259,7 @@ func (p *Presence) RoomElsewhere(sessions int) bool {
 	now := time.Now()
 	for _, o := range p.inf.GetStore().List() {
 		l, ok := o.(*coordinationv1.Lease)
-		if !ok || ptr.Deref(l.Spec.HolderIdentity, "") == p.cfg.Replica || !serving(l, now) {
+		if !ok || ptr.Deref(l.Spec.HolderIdentity, "") == p.cfg.Replica || !Serving(l, now) {
 			continue
 		}
 		n, err := strconv.Atoi(l.Annotations[AnnotationSessions])
@@ -297,7 +297,7 @@ func (p *Presence) spread(sessions []string) time.Duration {
 		if !ok || ptr.Deref(l.Spec.HolderIdentity, "") == p.cfg.Replica {
 			continue
 		}
-		if !serving(l, now) {
+		if !Serving(l, now) {
 			continue // stopping, or gone
 		}
 		n, err := strconv.Atoi(l.Annotations[AnnotationSessions])
