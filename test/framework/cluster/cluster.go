@@ -81,6 +81,8 @@ type Options struct {
 	// konnectivity or Dowse's controller serve it; until one listens there,
 	// logs, exec and the pod proxy fail.
 	Egress bool
+	// StaticPods gives the kubelet a static pod folder, Cluster.StaticPodDir.
+	StaticPods bool
 }
 
 // Cluster is a running cluster.
@@ -99,14 +101,21 @@ type Cluster struct {
 	// EgressUDS is where the API server's cluster egress goes when
 	// Options.Egress was set.
 	EgressUDS string
+	// StaticPodDir is the kubelet's static pod folder when
+	// Options.StaticPods was set.
+	StaticPodDir string
 
 	binDir         string
 	containerdSock string
 	procs          []*proc
 	// machineLock is held from Start to Stop (nil when detached or attached).
 	machineLock *os.File
-	// restartKubelet starts the kubelet again as Start did (nil after Attach).
-	restartKubelet func() (*proc, error)
+	// restart starts the kubelet or containerd again as Start did (nil
+	// after Attach).
+	restart map[string]func() (*proc, error)
+	// kubeletKubeconfig is what the kubelet reads (Kubeconfig unless
+	// SetKubeletKubeconfig changed it).
+	kubeletKubeconfig string
 }
 
 // Start brings the whole cluster up and returns once the node is registered
@@ -237,12 +246,17 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 		}
 		return path, args
 	}
+	c.restart = map[string]func() (*proc, error){}
 	start := func(name string, args ...string) error {
-		path, args := command(name, args)
-		pr, err := startProc(name, path, args, env, filepath.Join(logs, name+".log"), o.Detach)
+		run := func() (*proc, error) {
+			path, args := command(name, args)
+			return startProc(name, path, args, env, filepath.Join(logs, name+".log"), o.Detach)
+		}
+		pr, err := run()
 		if err != nil {
 			return err
 		}
+		c.restart[name] = run
 		c.procs = append(c.procs, pr)
 		return writePids(filepath.Join(o.StateDir, "pids.json"), c.procs)
 	}
@@ -364,25 +378,37 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 	if c.PodNetwork != nil {
 		kubeletListen = c.PodNetwork.NodeIP
 	}
+	if o.StaticPods {
+		c.StaticPodDir = filepath.Join(o.StateDir, "manifests")
+		if err := os.MkdirAll(c.StaticPodDir, 0o755); err != nil {
+			return nil, err
+		}
+	}
 	if err := writeFile(filepath.Join(kubeletDir, "config.yaml"), kubeletConfig(kubeletOpts{
+		staticPodDir: c.StaticPodDir,
 		address: kubeletListen, port: kubeletPort, healthzPort: kubeletHealthz, containerdSock: c.containerdSock,
 		clientCA: p.caCert, podLogsDir: c.PodLogsDir, nodeStatusEvery: cmp.Or(o.NodeStatusEvery, 2*time.Second),
 	})); err != nil {
 		return nil, err
 	}
-	kubeletArgs := []string{"--config", filepath.Join(kubeletDir, "config.yaml"),
-		"--kubeconfig", c.Kubeconfig, "--root-dir", kubeletDir,
-		"--cert-dir", filepath.Join(kubeletDir, "pki"),
-		"--hostname-override", o.NodeName}
-	if c.PodNetwork != nil {
-		kubeletArgs = append(kubeletArgs, "--node-ip", c.PodNetwork.NodeIP)
+	c.kubeletKubeconfig = c.Kubeconfig
+	kubeletArgs := func() []string {
+		args := []string{"--config", filepath.Join(kubeletDir, "config.yaml"),
+			"--kubeconfig", c.kubeletKubeconfig, "--root-dir", kubeletDir,
+			"--cert-dir", filepath.Join(kubeletDir, "pki"),
+			"--hostname-override", o.NodeName}
+		if c.PodNetwork != nil {
+			args = append(args, "--node-ip", c.PodNetwork.NodeIP)
+		}
+		return args
 	}
-	c.restartKubelet = func() (*proc, error) {
-		path, args := command("kubelet", kubeletArgs)
-		return startProc("kubelet", path, args, env, filepath.Join(logs, "kubelet.log"), o.Detach)
-	}
-	if err := start("kubelet", kubeletArgs...); err != nil {
+	if err := start("kubelet", kubeletArgs()...); err != nil {
 		return nil, err
+	}
+	// The kubelet starts again with the kubeconfig of the moment.
+	c.restart["kubelet"] = func() (*proc, error) {
+		path, args := command("kubelet", kubeletArgs())
+		return startProc("kubelet", path, args, env, filepath.Join(logs, "kubelet.log"), o.Detach)
 	}
 	if err := waitForProcs(ctx, c.procs, "node "+o.NodeName+" Ready", func() error {
 		n, err := c.Client.CoreV1().Nodes().Get(ctx, o.NodeName, metav1.GetOptions{})
@@ -419,24 +445,86 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 // kubelet.sock in the device-plugin directory, which plugins must notice to
 // register again. It returns once the new kubelet serves that socket.
 func (c *Cluster) RestartKubelet(ctx context.Context) error {
-	if c.restartKubelet == nil {
-		return errors.New("this cluster was attached, not started here: it cannot restart its kubelet")
-	}
-	i := -1
-	for j, p := range c.procs {
-		if p.Name == "kubelet" {
-			i = j
-		}
-	}
-	if i < 0 {
-		return errors.New("no kubelet to restart")
+	i, err := c.procIndex("kubelet")
+	if err != nil {
+		return err
 	}
 	c.procs[i].StopWithin(10 * time.Second)
-	sock := filepath.Join(DevicePluginDir, "kubelet.sock")
 	// The old socket file stays behind; waiting for a fresh one below needs
 	// it gone.
-	_ = os.Remove(sock)
-	p, err := c.restartKubelet()
+	_ = os.Remove(filepath.Join(DevicePluginDir, "kubelet.sock"))
+	return c.startAgain(ctx, "kubelet")
+}
+
+// SetKubeletKubeconfig has the kubelet read path from its next start on
+// (RestartKubelet, Reboot), as a node pointed at a proxy of the API server
+// would.
+func (c *Cluster) SetKubeletKubeconfig(path string) { c.kubeletKubeconfig = path }
+
+// Reboot stops the node as a power cut would and starts it again: the
+// kubelet and containerd stop, every container and shim is killed, the
+// runtime state a reboot clears (containerd's state folder, the pods'
+// mounts, network namespaces and tmpfs volumes) is gone; then containerd
+// and the kubelet start again, with what is on disk (images, the kubelet's
+// folder, static pod manifests). The node's network namespace and its
+// rules stay: they stand for the network outside the node.
+func (c *Cluster) Reboot(ctx context.Context) error {
+	k, err := c.procIndex("kubelet")
+	if err != nil {
+		return err
+	}
+	ctrd, err := c.procIndex("containerd")
+	if err != nil {
+		return err
+	}
+	c.procs[k].Kill()
+	killShims(c.containerdSock)
+	c.procs[ctrd].Kill()
+	killShims(c.containerdSock)
+	reapShims()
+	if err := unmountAll(c.StateDir); err != nil {
+		return fmt.Errorf("reboot: %w", err)
+	}
+	if err := os.RemoveAll(filepath.Join(c.StateDir, "containerd", "state")); err != nil {
+		return fmt.Errorf("reboot: %w", err)
+	}
+	_ = os.Remove(filepath.Join(DevicePluginDir, "kubelet.sock"))
+	_ = os.Remove(c.containerdSock)
+	if err := c.startAgain(ctx, "containerd"); err != nil {
+		return err
+	}
+	if err := waitForProcs(ctx, []*proc{c.procs[ctrd]}, "containerd", func() error {
+		conn, err := net.DialTimeout("unix", c.containerdSock, time.Second)
+		if err != nil {
+			return err
+		}
+		return conn.Close()
+	}); err != nil {
+		return err
+	}
+	return c.startAgain(ctx, "kubelet")
+}
+
+func (c *Cluster) procIndex(name string) (int, error) {
+	if c.restart == nil {
+		return -1, fmt.Errorf("this cluster was attached, not started here: it cannot restart its %s", name)
+	}
+	for i, p := range c.procs {
+		if p.Name == name {
+			return i, nil
+		}
+	}
+	return -1, fmt.Errorf("no %s to restart", name)
+}
+
+// startAgain starts a stopped process as Start did; for the kubelet it
+// returns once the kubelet serves its device-plugin socket.
+func (c *Cluster) startAgain(ctx context.Context, name string) error {
+	i, err := c.procIndex(name)
+	if err != nil {
+		return err
+	}
+	p, err := c.restart[name]()
 	if err != nil {
 		return err
 	}
@@ -444,6 +532,10 @@ func (c *Cluster) RestartKubelet(ctx context.Context) error {
 	if err := writePids(filepath.Join(c.StateDir, "pids.json"), c.procs); err != nil {
 		return err
 	}
+	if name != "kubelet" {
+		return nil
+	}
+	sock := filepath.Join(DevicePluginDir, "kubelet.sock")
 	return waitForProcs(ctx, []*proc{p}, "kubelet.sock", func() error {
 		conn, err := net.DialTimeout("unix", sock, time.Second)
 		if err != nil {
@@ -701,4 +793,43 @@ egressSelections:
     transport:
       uds:
         udsName: ` + uds + "\n"
+}
+
+// RunningContainers lists the node's running containers, pod sandboxes left
+// out, as "namespace/pod/container" to container id: what runs on the node
+// whatever the API server says.
+func (c *Cluster) RunningContainers(ctx context.Context) (map[string]string, error) {
+	ctr := func(args ...string) ([]byte, error) {
+		out, err := exec.CommandContext(ctx, filepath.Join(c.binDir, "ctr"), append([]string{"--address", c.containerdSock,
+			"--namespace", "k8s.io"}, args...)...).Output()
+		if err != nil {
+			return nil, fmt.Errorf("ctr %s: %w", strings.Join(args, " "), err)
+		}
+		return out, nil
+	}
+	tasks, err := ctr("tasks", "ls")
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]string{}
+	for line := range strings.SplitSeq(string(tasks), "\n") {
+		f := strings.Fields(line)
+		if len(f) != 3 || f[2] != "RUNNING" {
+			continue
+		}
+		raw, err := ctr("containers", "info", f[0])
+		if err != nil {
+			continue // gone meanwhile
+		}
+		var info struct{ Labels map[string]string }
+		if err := json.Unmarshal(raw, &info); err != nil {
+			return nil, err
+		}
+		l := info.Labels
+		if l["io.cri-containerd.kind"] != "container" {
+			continue
+		}
+		out[l["io.kubernetes.pod.namespace"]+"/"+l["io.kubernetes.pod.name"]+"/"+l["io.kubernetes.container.name"]] = f[0]
+	}
+	return out, nil
 }

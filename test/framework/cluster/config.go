@@ -124,14 +124,14 @@ evictionHard:
   nodefs.inodesFree: "1%%"
   imagefs.available: "1%%"
 podLogsDir: %[5]q
-staticPodPath: ""
+staticPodPath: %[8]q
 resolvConf: ""
 serializeImagePulls: false
 registerNode: true
 syncFrequency: 5s
 fileCheckFrequency: 5s
 nodeStatusUpdateFrequency: %[6]s
-`, o.port, o.healthzPort, o.containerdSock, o.clientCA, o.podLogsDir, o.nodeStatusEvery, o.address)
+`, o.port, o.healthzPort, o.containerdSock, o.clientCA, o.podLogsDir, o.nodeStatusEvery, o.address, o.staticPodDir)
 }
 
 type kubeletOpts struct {
@@ -141,6 +141,7 @@ type kubeletOpts struct {
 	clientCA          string
 	podLogsDir        string
 	nodeStatusEvery   time.Duration
+	staticPodDir      string
 }
 
 // kubeconfig for the admin identity every component and test uses.
