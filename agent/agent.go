@@ -55,7 +55,13 @@ type Config struct {
 	// kubeconfig (tests use it).
 	Client     kubeflags.Client
 	RESTConfig *rest.Config
-	NodeName   string
+	// NodeAPI, when set, is the node API proxy's address (`dowse-agent
+	// node-api`): the agent reaches the API server through it, with its own
+	// token, so that it starts and reads its objects while the API server
+	// cannot be reached. NodeAPICA is the proxy's serving CA.
+	NodeAPI   string
+	NodeAPICA string
+	NodeName  string
 	// StateDir is the agent's own (/var/lib/dowse): its link credentials
 	// and edge store, and the socket folders it shares with handlers
 	// (discovery/) and mappers (dmi/).
@@ -119,6 +125,9 @@ func (c *Config) Validate() error {
 	if c.NodeName == "" {
 		errs = append(errs, errors.New("node name is required (--node-name or NODE_NAME)"))
 	}
+	if c.NodeAPI != "" && c.NodeAPICA == "" {
+		errs = append(errs, errors.New("--node-api needs --node-api-ca, the proxy's serving CA"))
+	}
 	if c.WriteConcurrency < 0 {
 		errs = append(errs, errors.New("write concurrency must not be negative"))
 	}
@@ -140,6 +149,9 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 	restCfg, err := cfg.Client.Load(cfg.RESTConfig, "dowse-agent/"+cfg.NodeName)
 	if err != nil {
 		return err
+	}
+	if cfg.NodeAPI != "" {
+		restCfg = throughNodeAPI(restCfg, cfg.NodeAPI, cfg.NodeAPICA)
 	}
 	sch, err := scheme.New()
 	if err != nil {

@@ -106,6 +106,8 @@ func (c *Config) AddFlags(fs *flag.FlagSet) {
 	}
 	c.Client.AddFlags(fs)
 	c.Serving.AddFlags(fs)
+	fs.StringVar(&c.NodeAPI, "node-api", c.NodeAPI, "reach the API server through the node API proxy (`dowse-agent node-api`) at this `host:port`, so that the agent starts and reads its objects while the API server cannot be reached")
+	fs.StringVar(&c.NodeAPICA, "node-api-ca", c.NodeAPICA, "the node API proxy's serving CA (serving-ca.crt in its --dir)")
 	fs.StringVar(&c.NodeName, "node-name", kubeflags.EnvOr("NODE_NAME", c.NodeName), "this node's name (env NODE_NAME)")
 	fs.StringVar(&c.StateDir, "state-dir", kubeflags.EnvOr(nodepaths.StateDirEnv, c.StateDir), "the agent's state directory: its link credentials and edge store, and the socket folders discovery/ (handlers) and dmi/ (mappers) (env "+nodepaths.StateDirEnv+")")
 	fs.IntVar(&c.SocketGroup, "socket-group", c.SocketGroup, "group `id` owning the discovery/ and dmi/ socket folders and the agent's sockets in them, for handlers and mappers running as non-root users in it (0: the agent's own)")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"fmt"
 	"net"
 	"net/http"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/dowse-dev/dowse/internal/agent/nodeapi"
@@ -29,9 +31,9 @@ type NodeAPIConfig struct {
 	Listen             string
 	Dir                string
 	MetricsAddr        string
-	// WriteKubeconfig, when set, writes the kubelet's kubeconfig through
-	// the proxy there and exits.
-	WriteKubeconfig string
+	// KubeletKubeconfig, when set, is where the kubelet's kubeconfig
+	// through the proxy is written at start.
+	KubeletKubeconfig string
 }
 
 // AddFlags registers the node-api flags.
@@ -40,13 +42,24 @@ func (c *NodeAPIConfig) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Listen, "listen", DefaultNodeAPIListen, "loopback `address` the kubelet and the agent reach the proxy at")
 	fs.StringVar(&c.Dir, "dir", "/var/lib/dowse/node-api", "folder of the store (mode 0700), its seal key and the proxy's serving certificate")
 	fs.StringVar(&c.MetricsAddr, "metrics-bind-address", "127.0.0.1:9745", "metrics address (0: off)")
-	fs.StringVar(&c.WriteKubeconfig, "write-kubelet-kubeconfig", "", "write the kubeconfig that points the kubelet at this proxy to this `path`, then exit")
+	fs.StringVar(&c.KubeletKubeconfig, "kubelet-kubeconfig", "", "write the kubeconfig that points the kubelet at this proxy (its own, with this proxy's address and CA) to this `path` at start")
+}
+
+// throughNodeAPI is cfg sent to the node API proxy at addr instead, with
+// the same credentials (a bearer token: the proxy passes it on).
+func throughNodeAPI(cfg *rest.Config, addr, caFile string) *rest.Config {
+	out := rest.CopyConfig(cfg)
+	out.Host = "https://" + addr
+	out.TLSClientConfig = rest.TLSClientConfig{CAFile: caFile}
+	return out
 }
 
 // RunNodeAPI serves the node API proxy until ctx ends.
 func RunNodeAPI(ctx context.Context, c NodeAPIConfig, log logr.Logger) error {
-	if c.WriteKubeconfig != "" {
-		return nodeapi.WriteKubeletKubeconfig(c.UpstreamKubeconfig, c.Listen, c.Dir, c.WriteKubeconfig)
+	if c.KubeletKubeconfig != "" {
+		if err := nodeapi.WriteKubeletKubeconfig(c.UpstreamKubeconfig, c.Listen, c.Dir, c.KubeletKubeconfig); err != nil {
+			return fmt.Errorf("writing the kubelet's kubeconfig: %w", err)
+		}
 	}
 	upstream, err := clientcmd.BuildConfigFromFlags("", c.UpstreamKubeconfig)
 	if err != nil {

@@ -359,6 +359,18 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 type tokenKey struct{}
 
+// isDiscovery says whether a request asks what the API server serves:
+// /api, /apis, a group or a group version, /version.
+func isDiscovery(method string, r apiRequest) bool {
+	return method == http.MethodGet && r.verb == "" && r.resource == "" && r.discovery
+}
+
+// discoveryKey tells discovery answers apart by path and Accept (the same
+// path answers a plain list or an aggregated document).
+func discoveryKey(identity string, r *http.Request) string {
+	return identity + "\x00" + r.URL.Path + "\x00" + r.Header.Get("Accept")
+}
+
 const maxTokenRequest = 64 << 10
 
 func isTokenRequest(r apiRequest) bool {
@@ -433,6 +445,16 @@ func (s *Server) keep(resp *http.Response) error {
 		if key, ok := ctx.Value(tokenKey{}).(string); ok && json.Unmarshal(body, &tr) == nil {
 			s.store.keepToken(key, tokenAnswer{Body: body, Expires: tr.Status.ExpirationTimestamp})
 		}
+		return nil
+	}
+	if isDiscovery(resp.Request.Method, req) && resp.StatusCode == http.StatusOK {
+		body, err := io.ReadAll(io.LimitReader(resp.Body, maxKeptBody))
+		resp.Body.Close()
+		if err != nil {
+			return err
+		}
+		resp.Body = io.NopCloser(bytes.NewReader(body))
+		s.store.keepDiscovery(discoveryKey(c.identity, resp.Request), rawAnswer{ContentType: resp.Header.Get("Content-Type"), Body: body})
 		return nil
 	}
 	if !kept(req) || resp.StatusCode != http.StatusOK || !strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json") {
@@ -587,6 +609,16 @@ func (s *Server) serveOffline(w http.ResponseWriter, r *http.Request, c caller, 
 			fmt.Sprintf("dowse node API: the API server cannot be reached (since %s) and %s", since.UTC().Format(time.RFC3339), why))
 	}
 	switch {
+	case isDiscovery(r.Method, req):
+		a, ok := s.store.discoveryAnswer(discoveryKey(c.identity, r))
+		if !ok {
+			unavailable(fmt.Sprintf("discovery of %s was not kept", r.URL.Path))
+			return
+		}
+		s.metrics.offlineAnswers.WithLabelValues("discovery", "served").Inc()
+		w.Header().Set("Content-Type", a.ContentType)
+		w.WriteHeader(http.StatusOK)
+		_, _ = w.Write(a.Body)
 	case isTokenRequest(req):
 		key, _ := r.Context().Value(tokenKey{}).(string)
 		body, ok := s.store.token(key, s.cfg.Now())

@@ -25,6 +25,9 @@ type apiRequest struct {
 	subresource  string
 	labels       labels.Selector
 	fields       fields.Selector
+	// discovery is a path of what the API server serves (/api, /apis and
+	// below, /version, /openapi), not of objects.
+	discovery bool
 	// initialEvents is a watch that asks for the current state first
 	// (sendInitialEvents=true, a "watch list").
 	initialEvents bool
@@ -45,9 +48,11 @@ func parseRequest(method string, u *url.URL) (apiRequest, error) {
 	case len(parts) >= 3 && parts[0] == "apis":
 		r.groupVersion, parts = parts[1]+"/"+parts[2], parts[3:]
 	default:
+		r.discovery = parts[0] == "api" || parts[0] == "apis" || parts[0] == "version" || parts[0] == "openapi"
 		return r, nil
 	}
 	if len(parts) == 0 {
+		r.discovery = true
 		return r, nil
 	}
 	// namespaces/NS/RESOURCE...; namespaces and namespaces/NS alone are the

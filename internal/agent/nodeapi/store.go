@@ -31,6 +31,7 @@ var (
 	bCollections = []byte("collections")
 	bTokens      = []byte("tokens")
 	bCredentials = []byte("credentials")
+	bDiscovery   = []byte("discovery")
 )
 
 // sealed collections hold what must not lie on disk in the clear.
@@ -76,6 +77,13 @@ type credential struct {
 	Expires  time.Time `json:"expires"`
 }
 
+// rawAnswer is a discovery answer (what groups, versions and resources the
+// API server serves), kept as it came for the same path and Accept header.
+type rawAnswer struct {
+	ContentType string `json:"contentType"`
+	Body        []byte `json:"body"`
+}
+
 // tokenAnswer is a TokenRequest's answer, served again offline to the same
 // request while the token it holds is valid.
 type tokenAnswer struct {
@@ -91,6 +99,7 @@ type store struct {
 	collections map[string]*collection // identity \x00 collection
 	credentials map[string]credential  // sha256 of the token
 	tokens      map[string]tokenAnswer // identity \x00 request hash
+	discovery   map[string]rawAnswer   // identity \x00 path \x00 Accept
 	dirty       map[string]bool        // bucket \x00 key
 }
 
@@ -118,7 +127,7 @@ func openStore(dir string) (*store, error) {
 		return nil, fmt.Errorf("node API store: %w", err)
 	}
 	s := &store{db: db, aead: aead, collections: map[string]*collection{}, credentials: map[string]credential{},
-		tokens: map[string]tokenAnswer{}, dirty: map[string]bool{}}
+		tokens: map[string]tokenAnswer{}, discovery: map[string]rawAnswer{}, dirty: map[string]bool{}}
 	if err := s.load(); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("node API store %s: %w", filepath.Join(dir, "store.db"), err)
@@ -160,7 +169,7 @@ func (s *store) open(b []byte) ([]byte, error) {
 
 func (s *store) load() error {
 	return s.db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bObjects, bCollections, bTokens, bCredentials} {
+		for _, b := range [][]byte{bObjects, bCollections, bTokens, bCredentials, bDiscovery} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
@@ -188,6 +197,16 @@ func (s *store) load() error {
 				}
 			}
 			c.objects[key] = slices.Clone(v)
+			return nil
+		}); err != nil {
+			return err
+		}
+		if err := tx.Bucket(bDiscovery).ForEach(func(k, v []byte) error {
+			var a rawAnswer
+			if err := json.Unmarshal(v, &a); err != nil {
+				return err
+			}
+			s.discovery[string(k)] = a
 			return nil
 		}); err != nil {
 			return err
@@ -471,6 +490,23 @@ func (s *store) credential(tokenHash string, now time.Time) (string, bool) {
 	return c.Identity, true
 }
 
+func (s *store) keepDiscovery(key string, a rawAnswer) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if old, ok := s.discovery[key]; ok && old.ContentType == a.ContentType && string(old.Body) == string(a.Body) {
+		return
+	}
+	s.discovery[key] = a
+	s.markDirty(bDiscovery, key)
+}
+
+func (s *store) discoveryAnswer(key string) (rawAnswer, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	a, ok := s.discovery[key]
+	return a, ok
+}
+
 func (s *store) keepToken(key string, t tokenAnswer) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -517,6 +553,10 @@ func (s *store) flush() error {
 		case string(bCredentials):
 			if c, ok := s.credentials[key]; ok {
 				w.value, _ = json.Marshal(c)
+			}
+		case string(bDiscovery):
+			if a, ok := s.discovery[key]; ok {
+				w.value, _ = json.Marshal(a)
 			}
 		case string(bTokens):
 			if t, ok := s.tokens[key]; ok {

@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/utils/ptr"
 
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 )
@@ -102,5 +103,28 @@ func TestRestartBackoffIsForgottenWithItsInstance(t *testing.T) {
 	}
 	if w := r.waitBeforeRestart(other); w <= 0 {
 		t.Error("another Instance's backoff was forgotten too")
+	}
+}
+
+func TestPinnedPodsStayThroughCuts(t *testing.T) {
+	own := corev1.Toleration{Key: corev1.TaintNodeNotReady, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoExecute, TolerationSeconds: ptr.To[int64](60)}
+	out := pinned(&corev1.PodSpec{Tolerations: []corev1.Toleration{own}}, "edge-1")
+	var unreachable, notReady int
+	for _, tol := range out.Tolerations {
+		switch tol.Key {
+		case corev1.TaintNodeUnreachable:
+			unreachable++
+			if tol.TolerationSeconds != nil || tol.Effect != corev1.TaintEffectNoExecute || tol.Operator != corev1.TolerationOpExists {
+				t.Errorf("unreachable toleration %+v, want NoExecute for ever", tol)
+			}
+		case corev1.TaintNodeNotReady:
+			notReady++
+			if tol.TolerationSeconds == nil || *tol.TolerationSeconds != 60 {
+				t.Errorf("the template's own not-ready toleration became %+v", tol)
+			}
+		}
+	}
+	if unreachable != 1 || notReady != 1 {
+		t.Errorf("tolerations %+v: want one each for unreachable and not-ready", out.Tolerations)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"slices"
 
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 )
@@ -63,9 +64,27 @@ func withDevice(spec *corev1.PodSpec, inst *v1alpha1.Instance) *corev1.PodSpec {
 	return out
 }
 
-// pinned returns a copy of spec that can only run on node.
+// StayThroughCuts makes spec tolerate its node being unreachable or not
+// ready for as long as it lasts, as a DaemonSet's Pods do: a Pod bound to
+// one node's device is no use anywhere else, and an edge node cut off from
+// the cloud keeps running it (the default, 300 s, would have the cloud
+// delete it and make it again after every longer cut). A template's own
+// toleration of these taints is kept.
+func StayThroughCuts(spec *corev1.PodSpec) {
+	for _, taint := range []string{corev1.TaintNodeUnreachable, corev1.TaintNodeNotReady} {
+		if !slices.ContainsFunc(spec.Tolerations, func(t corev1.Toleration) bool {
+			return t.Key == taint && (t.Effect == "" || t.Effect == corev1.TaintEffectNoExecute)
+		}) {
+			spec.Tolerations = append(spec.Tolerations, corev1.Toleration{Key: taint, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoExecute})
+		}
+	}
+}
+
+// pinned returns a copy of spec that can only run on node, and stays there
+// through cuts (StayThroughCuts).
 func pinned(spec *corev1.PodSpec, node string) *corev1.PodSpec {
 	out := spec.DeepCopy()
+	StayThroughCuts(out)
 	term := corev1.NodeSelectorTerm{MatchFields: []corev1.NodeSelectorRequirement{{
 		Key: "metadata.name", Operator: corev1.NodeSelectorOpIn, Values: []string{node},
 	}}}

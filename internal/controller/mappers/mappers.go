@@ -358,6 +358,7 @@ func PodName(cfg, node, specHash string) string {
 func (r *Reconciler) pod(cfg *v1alpha1.Configuration, spec *corev1.PodSpec, node string, secrets []string) (*corev1.Pod, error) {
 	s := spec.DeepCopy()
 	s.NodeName = node
+	brokers.StayThroughCuts(s)
 	// The agent's DMI socket folder alone: the rest of its state directory
 	// (the node's link key, its edge store) is none of a mapper's business.
 	const vol = "dowse-dmi"

@@ -15,7 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/dowse-dev/dowse/test/framework/cluster"
-	"github.com/dowse-dev/dowse/test/framework/kube"
+	"github.com/dowse-dev/dowse/test/framework/procs"
 	"github.com/dowse-dev/dowse/test/framework/testwait"
 )
 
@@ -113,23 +113,9 @@ func TestNodeRebootsOfflineAndRunsItsPods(t *testing.T) {
 		return nil
 	})
 
-	// Autonomy on: the proxy as a static pod, the kubelet's kubeconfig
-	// through it, written by the documented command.
-	stateDir := filepath.Join(c.StateDir, "dowse-node-api")
-	listen := "127.0.0.1:10270"
-	kubeletConf := filepath.Join(c.StateDir, "kubelet-through-node-api.conf")
-	if out, err := exec.CommandContext(ctx, filepath.Join(kube.RepoRoot(), "bin", "static", "dowse-agent"), "node-api",
-		"--upstream-kubeconfig", c.Kubeconfig, "--listen", listen, "--dir", stateDir,
-		"--write-kubelet-kubeconfig", kubeletConf).CombinedOutput(); err != nil {
-		t.Fatalf("dowse-agent node-api --write-kubelet-kubeconfig: %v\n%s", err, out)
-	}
-	if err := os.WriteFile(filepath.Join(c.StaticPodDir, "dowse-node-api.yaml"), []byte(nodeAPIStaticPod(agentImage, c.Kubeconfig, stateDir, listen)), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	c.SetKubeletKubeconfig(kubeletConf)
-	if err := c.RestartKubelet(ctx); err != nil {
-		t.Fatal(err)
-	}
+	// Autonomy on, as the user guide says: the static pod dowsectl prints,
+	// then the kubelet on the kubeconfig the proxy writes.
+	enableAutonomy(t, ctx, c)
 	proxyRunning := func() error {
 		for k := range running() {
 			if strings.HasPrefix(k, "kube-system/dowse-node-api-") {
@@ -219,28 +205,26 @@ func TestNodeRebootsOfflineAndRunsItsPods(t *testing.T) {
 	}
 }
 
-// nodeAPIStaticPod is the static pod that runs the node API proxy, as the
-// user guide gives it.
-func nodeAPIStaticPod(image, upstreamKubeconfig, dir, listen string) string {
-	return fmt.Sprintf(`apiVersion: v1
-kind: Pod
-metadata:
-  name: dowse-node-api
-  namespace: kube-system
-spec:
-  hostNetwork: true
-  containers:
-  - name: node-api
-    image: %[1]s
-    imagePullPolicy: Never
-    args: ["node-api", "--upstream-kubeconfig", "/etc/dowse/upstream.conf", "--listen", %[4]q, "--dir", "/var/lib/dowse/node-api", "--metrics-bind-address", "0"]
-    volumeMounts:
-    - {name: upstream, mountPath: /etc/dowse/upstream.conf, readOnly: true}
-    - {name: state, mountPath: /var/lib/dowse/node-api}
-  volumes:
-  - name: upstream
-    hostPath: {path: %[2]q, type: File}
-  - name: state
-    hostPath: {path: %[3]q, type: DirectoryOrCreate}
-`, image, upstreamKubeconfig, dir, listen)
+// enableAutonomy runs the node API proxy as the static pod `dowsectl node
+// autonomy` prints and restarts the kubelet on the kubeconfig it writes.
+func enableAutonomy(t *testing.T, ctx context.Context, c *cluster.Cluster) {
+	t.Helper()
+	dir := filepath.Join(c.StateDir, "dowse-node-api")
+	manifest, err := exec.CommandContext(ctx, filepath.Join(procs.BinDir(), "dowsectl"), "node", "autonomy",
+		"--image", agentImage, "--upstream-kubeconfig", c.Kubeconfig, "--cert-dir", "", "--dir", dir).Output()
+	if err != nil {
+		t.Fatalf("dowsectl node autonomy: %v", err)
+	}
+	if err := os.WriteFile(filepath.Join(c.StaticPodDir, "dowse-node-api.yaml"), manifest, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	conf := filepath.Join(dir, "kubelet.conf")
+	testwait.For(t, 2*time.Minute, func() error {
+		_, err := os.Stat(conf)
+		return err
+	})
+	c.SetKubeletKubeconfig(conf)
+	if err := c.RestartKubelet(ctx); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -159,6 +159,9 @@ func TestNodeKeepsWhatItReadThroughACutAndARestart(t *testing.T) {
 	if _, err := cs.CoreV1().Secrets(ns).Get(ctx, "plc", metav1.GetOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := cs.Discovery().ServerResourcesForGroupVersion("v1"); err != nil {
+		t.Fatal(err)
+	}
 	// A moment for the store's write to disk (once a second).
 	time.Sleep(1500 * time.Millisecond)
 
@@ -211,6 +214,12 @@ func TestNodeKeepsWhatItReadThroughACutAndARestart(t *testing.T) {
 		}
 	}
 	offlineReads("offline")
+	if rl, err := cs.Discovery().ServerResourcesForGroupVersion("v1"); err != nil || len(rl.APIResources) == 0 {
+		t.Errorf("discovery offline: %v", err)
+	}
+	if _, err := cs.Discovery().ServerResourcesForGroupVersion("apps/v1"); !apierrors.IsServiceUnavailable(err) {
+		t.Errorf("discovery never asked online answered %v offline, want 503", err)
+	}
 
 	// The node reboots, still cut off: the proxy starts again from its disk.
 	stop()
