@@ -16,6 +16,8 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/dowse-dev/dowse/internal/agent/nodeapi"
+	"github.com/dowse-dev/dowse/internal/agent/slots"
+	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 )
 
 // DefaultNodeAPIListen is where the node API proxy listens unless told.
@@ -31,6 +33,9 @@ type NodeAPIConfig struct {
 	Listen             string
 	Dir                string
 	MetricsAddr        string
+	// PodResourcesSocket is the kubelet's pod-resources API, for holding
+	// back offline the pods whose Dowse devices are not served yet.
+	PodResourcesSocket string
 	// KubeletKubeconfig, when set, is where the kubelet's kubeconfig
 	// through the proxy is written at start.
 	KubeletKubeconfig string
@@ -41,6 +46,7 @@ func (c *NodeAPIConfig) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.UpstreamKubeconfig, "upstream-kubeconfig", "/etc/kubernetes/kubelet.conf", "the kubelet's own kubeconfig (API server, CA, the node's client certificate)")
 	fs.StringVar(&c.Listen, "listen", DefaultNodeAPIListen, "loopback `address` the kubelet and the agent reach the proxy at")
 	fs.StringVar(&c.Dir, "dir", "/var/lib/dowse/node-api", "folder of the store (mode 0700), its seal key and the proxy's serving certificate")
+	fs.StringVar(&c.PodResourcesSocket, "pod-resources-socket", slots.DefaultPodResourcesSocket, "the kubelet's pod-resources API: offline, a pod that asks for Dowse devices is handed to the kubelet once they are allocatable (empty: at once)")
 	fs.StringVar(&c.MetricsAddr, "metrics-bind-address", "127.0.0.1:9745", "metrics address (0: off)")
 	fs.StringVar(&c.KubeletKubeconfig, "kubelet-kubeconfig", "", "write the kubeconfig that points the kubelet at this proxy (its own, with this proxy's address and CA) to this `path` at start")
 }
@@ -66,7 +72,8 @@ func RunNodeAPI(ctx context.Context, c NodeAPIConfig, log logr.Logger) error {
 		return err
 	}
 	reg := prometheus.NewRegistry()
-	srv, err := nodeapi.New(nodeapi.Config{Listen: c.Listen, Dir: c.Dir, Upstream: upstream, Log: log.WithName("node-api"), Metrics: reg})
+	srv, err := nodeapi.New(nodeapi.Config{Listen: c.Listen, Dir: c.Dir, Upstream: upstream, Log: log.WithName("node-api"), Metrics: reg,
+		PodResourcesSocket: c.PodResourcesSocket, GatedPrefix: v1alpha1.ResourcePrefix})
 	if err != nil {
 		return err
 	}

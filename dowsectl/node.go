@@ -54,6 +54,7 @@ again. On the node:
 	f.StringVar(&o.UpstreamKubeconfig, "upstream-kubeconfig", "/etc/kubernetes/kubelet.conf", "the kubelet's own kubeconfig on the node")
 	f.StringSliceVar(&o.CertDirs, "cert-dir", []string{"/var/lib/kubelet/pki"}, "folders on the node holding what that kubeconfig names (the kubelet's client certificate, the CA)")
 	f.StringVar(&o.Dir, "dir", "/var/lib/dowse/node-api", "the proxy's folder on the node")
+	f.StringVar(&o.PodResourcesDir, "pod-resources-dir", "/var/lib/kubelet/pod-resources", "the kubelet's pod-resources folder: offline, pods asking for Dowse devices are handed to the kubelet once it can allocate them (empty: at once)")
 	f.StringVar(&o.Listen, "listen", o.Listen, "the loopback address the proxy serves the kubelet and the agent on")
 	return cmd
 }

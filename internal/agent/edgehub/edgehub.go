@@ -59,7 +59,9 @@ type Config struct {
 	// messages (10000 entries, 64 MiB); beyond them the oldest are dropped
 	// and counted in dowse_edgehub_dropped_messages_total.
 	StoreMaxEntries, StoreMaxBytes int
-	// BackoffMin and BackoffMax bound the reconnect delay (500ms, 30s).
+	// BackoffMin and BackoffMax bound the reconnect delay (500ms, 15s: an
+	// edge whose uplink comes back is linked again within about 30 s, a
+	// dial timing out included).
 	BackoffMin, BackoffMax time.Duration
 	// NoSync skips fsync on store commits (tests only: a power cut may then
 	// lose recent messages).
@@ -141,7 +143,7 @@ func New(cfg Config, onMessage OnMessage, reg prometheus.Registerer) (*EdgeHub, 
 		cfg.BackoffMin = 500 * time.Millisecond
 	}
 	if cfg.BackoffMax <= 0 {
-		cfg.BackoffMax = 30 * time.Second
+		cfg.BackoffMax = 15 * time.Second
 	}
 	var dialers []link.Dialer
 	if cfg.Dialer != nil {

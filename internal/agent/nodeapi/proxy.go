@@ -43,6 +43,12 @@ type Config struct {
 	ProbeEvery time.Duration
 	// ProbeTimeout bounds one probe and one dial.
 	ProbeTimeout time.Duration
+	// PodResourcesSocket is the kubelet's pod-resources API. When set,
+	// pods that ask for resources named GatedPrefix are handed to the
+	// kubelet offline only once their devices are allocatable (see
+	// deviceGate).
+	PodResourcesSocket string
+	GatedPrefix        string
 	Log          logr.Logger
 	Metrics      prometheus.Registerer
 	// Now is the clock (time.Now when nil).
@@ -60,6 +66,7 @@ type Server struct {
 	metrics  *metrics
 	proxy    *httputil.ReverseProxy
 	listener net.Listener
+	gate     *deviceGate // nil: none
 
 	mu          sync.Mutex
 	offline     bool
@@ -88,7 +95,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	server, err := url.Parse(cfg.Upstream.Host)
 	if err != nil || server.Host == "" {
-		return nil, fmt.Errorf("node API: upstream address %q: %v", cfg.Upstream.Host, err)
+		return nil, fmt.Errorf("node API: upstream address %q: %w", cfg.Upstream.Host, err)
 	}
 	if _, err := upstreamClientCert(cfg.Upstream); err != nil {
 		return nil, err
@@ -123,6 +130,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, store: st, server: server, node: node, anon: anon, serving: serving, metrics: newMetrics(cfg.Metrics, st),
 		reconnect: make(chan struct{}), cut: make(chan struct{}), listener: ln}
+	if cfg.PodResourcesSocket != "" && cfg.GatedPrefix != "" {
+		s.gate = newDeviceGate(cfg.PodResourcesSocket, cfg.GatedPrefix)
+	}
 	s.proxy = &httputil.ReverseProxy{
 		Rewrite:        s.rewrite,
 		Transport:      roundTripperFunc(s.roundTrip),
@@ -155,13 +165,16 @@ func (s *Server) Start(ctx context.Context) error {
 	errc := make(chan error, 1)
 	go func() { errc <- hs.ServeTLS(ln, "", "") }()
 	go s.probe(ctx)
+	if s.gate != nil {
+		go s.gate.run(ctx)
+	}
 	flush := time.NewTicker(time.Second)
 	defer flush.Stop()
 	s.cfg.Log.Info("serving the API server to the node", "listen", ln.Addr().String(), "upstream", s.server.String())
 	for {
 		select {
 		case <-ctx.Done():
-			shut, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			shut, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 			defer cancel()
 			_ = hs.Shutdown(shut)
 			return nil
@@ -228,6 +241,9 @@ func (s *Server) setOnline(online bool) {
 	switch {
 	case online && s.offline:
 		s.offline = false
+		if s.gate != nil {
+			s.gate.reset()
+		}
 		close(s.reconnect)
 		s.reconnect = make(chan struct{})
 		s.metrics.offline.Set(0)
@@ -637,7 +653,11 @@ func (s *Server) serveOffline(w http.ResponseWriter, r *http.Request, c caller, 
 		s.metrics.offlineAnswers.WithLabelValues(req.verb, "served").Inc()
 		writeJSON(w, http.StatusOK, obj)
 	case req.verb == "list" && kept(req):
-		list, err := s.store.list(c.identity, req)
+		var keep func(json.RawMessage) bool
+		if s.gate != nil && req.collection() == "v1/pods" {
+			keep = func(raw json.RawMessage) bool { return s.gate.admit(r.Context(), c.identity, raw) }
+		}
+		list, err := s.store.list(c.identity, req, keep)
 		if err != nil {
 			unavailable(fmt.Sprintf("the list of %s was %s", req.collection(), err))
 			return
@@ -645,7 +665,7 @@ func (s *Server) serveOffline(w http.ResponseWriter, r *http.Request, c caller, 
 		s.metrics.offlineAnswers.WithLabelValues(req.verb, "served").Inc()
 		writeJSON(w, http.StatusOK, list)
 	case req.verb == "watch" && kept(req) && !req.initialEvents:
-		s.holdWatch(w, r)
+		s.holdWatch(w, r, c.identity, req)
 	case req.verb == "watch":
 		// A watch list cannot be answered from here; its client lists
 		// instead (client-go falls back to a list).
@@ -657,26 +677,55 @@ func (s *Server) serveOffline(w http.ResponseWriter, r *http.Request, c caller, 
 
 // holdWatch keeps a watch open, sending nothing, until the API server is
 // reached again; then it ends, so that its client watches there.
-func (s *Server) holdWatch(w http.ResponseWriter, r *http.Request) {
+// A watch of the node's pods adds, meanwhile, the pods the device gate
+// lets through.
+func (s *Server) holdWatch(w http.ResponseWriter, r *http.Request, identity string, req apiRequest) {
 	s.mu.Lock()
 	reconnect := s.reconnect
 	s.mu.Unlock()
 	s.metrics.offlineAnswers.WithLabelValues("watch", "held").Inc()
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusOK)
-	if f, ok := w.(http.Flusher); ok {
-		f.Flush()
+	flush := func() {
+		if f, ok := w.(http.Flusher); ok {
+			f.Flush()
+		}
 	}
+	flush()
 	var timeout <-chan time.Time
 	if secs, err := strconv.Atoi(r.URL.Query().Get("timeoutSeconds")); err == nil && secs > 0 {
 		t := time.NewTimer(time.Duration(secs) * time.Second)
 		defer t.Stop()
 		timeout = t.C
 	}
-	select {
-	case <-reconnect:
-	case <-timeout:
-	case <-r.Context().Done():
+	gated := s.gate != nil && req.collection() == "v1/pods"
+	sent := map[string]bool{}
+	for {
+		var more <-chan struct{}
+		if gated {
+			var pods []json.RawMessage
+			pods, more = s.gate.releasedSince(identity, sent)
+			for _, raw := range pods {
+				if ok, _ := req.selects(raw); !ok {
+					continue
+				}
+				ev, _ := json.Marshal(map[string]any{"type": "ADDED", "object": withKind(raw, "Pod", "v1")})
+				if _, err := w.Write(append(ev, '\n')); err != nil {
+					return
+				}
+				s.metrics.offlineAnswers.WithLabelValues("watch", "released").Inc()
+			}
+			flush()
+		}
+		select {
+		case <-reconnect:
+			return
+		case <-timeout:
+			return
+		case <-r.Context().Done():
+			return
+		case <-more:
+		}
 	}
 }
 

@@ -26,6 +26,9 @@ type StaticPodOptions struct {
 	// certificate, the kubelet's new kubeconfig).
 	Dir    string
 	Listen string
+	// PodResourcesDir holds the kubelet's pod-resources socket
+	// (kubelet.sock); empty: pods are not held back for their devices.
+	PodResourcesDir string
 }
 
 // StaticPod is the Pod the kubelet runs from its static pod folder, so that
@@ -46,10 +49,15 @@ func StaticPod(o StaticPodOptions) *corev1.Pod {
 		}
 		mounts = append(mounts, mount{"certs-" + strconv.Itoa(i), d, corev1.HostPathDirectory, true})
 	}
+	podResources := ""
+	if o.PodResourcesDir != "" {
+		mounts = append(mounts, mount{"pod-resources", o.PodResourcesDir, corev1.HostPathDirectoryOrCreate, false})
+		podResources = filepath.Join(o.PodResourcesDir, "kubelet.sock")
+	}
 	c := corev1.Container{
 		Name: "node-api", Image: o.Image, ImagePullPolicy: corev1.PullIfNotPresent,
 		Args: []string{"node-api", "--upstream-kubeconfig", o.UpstreamKubeconfig, "--listen", o.Listen, "--dir", o.Dir,
-			"--kubelet-kubeconfig", filepath.Join(o.Dir, KubeletKubeconfigFile)},
+			"--kubelet-kubeconfig", filepath.Join(o.Dir, KubeletKubeconfigFile), "--pod-resources-socket", podResources},
 		SecurityContext: &corev1.SecurityContext{
 			AllowPrivilegeEscalation: ptr.To(false), ReadOnlyRootFilesystem: ptr.To(true),
 			Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},

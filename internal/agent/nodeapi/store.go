@@ -397,8 +397,9 @@ func (s *store) get(identity string, r apiRequest) (json.RawMessage, error) {
 	return withKind(raw, strings.TrimSuffix(c.ListKind, "List"), c.APIVersion), nil
 }
 
-// list answers a list offline: the kept objects the request selects.
-func (s *store) list(identity string, r apiRequest) (json.RawMessage, error) {
+// list answers a list offline: the kept objects the request selects and
+// keep (nil: all) takes.
+func (s *store) list(identity string, r apiRequest, keep func(json.RawMessage) bool) (json.RawMessage, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	c := s.collections[collectionKey(identity, r.collection())]
@@ -417,7 +418,7 @@ func (s *store) list(identity string, r apiRequest) (json.RawMessage, error) {
 		if err != nil {
 			return nil, err
 		}
-		if ok {
+		if ok && (keep == nil || keep(raw)) {
 			items = append(items, raw)
 		}
 	}
@@ -426,16 +427,6 @@ func (s *store) list(identity string, r apiRequest) (json.RawMessage, error) {
 		"metadata": map[string]any{"resourceVersion": c.ResourceVersion},
 		"items":    items,
 	})
-}
-
-// resourceVersion is the newest version a caller saw of a collection.
-func (s *store) resourceVersion(identity string, r apiRequest) string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if c := s.collections[collectionKey(identity, r.collection())]; c != nil {
-		return c.ResourceVersion
-	}
-	return ""
 }
 
 // size counts the objects kept and their bytes.

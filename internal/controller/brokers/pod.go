@@ -1,10 +1,11 @@
 package brokers
 
 import (
+	"slices"
+
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"slices"
 
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 )

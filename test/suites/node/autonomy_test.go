@@ -63,7 +63,7 @@ func TestNodeRebootsOfflineAndRunsItsPods(t *testing.T) {
 		testwait.For(t, 2*time.Minute, func() error {
 			p, err := cs.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
 			if err != nil || p.Status.Phase != corev1.PodRunning {
-				return fmt.Errorf("pod %s not running (%v)", name, err)
+				return fmt.Errorf("pod %s not running (%w)", name, err)
 			}
 			return nil
 		})
@@ -77,21 +77,8 @@ func TestNodeRebootsOfflineAndRunsItsPods(t *testing.T) {
 		}
 		return got
 	}
-	// The network outside the node: all of the node's traffic to the
-	// machine (API server, controller) dropped, the pods' too.
-	nft := func(rule string) {
-		t.Helper()
-		name, args := c.PodNetwork.Command("nft", []string{"-f", "-"})
-		cmd := exec.CommandContext(ctx, name, args...)
-		cmd.Stdin = strings.NewReader(rule)
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("nft: %v\n%s", err, out)
-		}
-	}
-	cutOff := func() {
-		nft(fmt.Sprintf("table inet dowse_offline {\n chain to_machine {\n  type filter hook output priority -10;\n  ip daddr %[1]s drop\n }\n chain forwarded {\n  type filter hook forward priority -10;\n  ip daddr %[1]s drop\n }\n}\n", c.PodNetwork.HostIP))
-	}
-	reconnect := func() { nft("delete table inet dowse_offline\n") }
+	cutOff := func() { cutNode(t, ctx, c) }
+	reconnect := func() { reconnectNode(t, ctx, c) }
 
 	keeps := runPod("keeps")
 
@@ -115,7 +102,7 @@ func TestNodeRebootsOfflineAndRunsItsPods(t *testing.T) {
 
 	// Autonomy on, as the user guide says: the static pod dowsectl prints,
 	// then the kubelet on the kubeconfig the proxy writes.
-	enableAutonomy(t, ctx, c)
+	enableAutonomy(t, ctx, c, agentImage)
 	proxyRunning := func() error {
 		for k := range running() {
 			if strings.HasPrefix(k, "kube-system/dowse-node-api-") {
@@ -130,22 +117,8 @@ func TestNodeRebootsOfflineAndRunsItsPods(t *testing.T) {
 	// What the store keeps reaches its disk within a second.
 	time.Sleep(2 * time.Second)
 
-	cutOff()
-	proxyLog := func() string {
-		logs, _ := filepath.Glob(filepath.Join(c.PodLogsDir, "kube-system_dowse-node-api-*", "node-api", "*.log"))
-		var all strings.Builder
-		for _, l := range logs {
-			b, _ := os.ReadFile(l)
-			all.Write(b)
-		}
-		return all.String()
-	}
-	testwait.For(t, 30*time.Second, func() error {
-		if !strings.Contains(proxyLog(), "out of reach") {
-			return fmt.Errorf("the proxy has not noticed the cut")
-		}
-		return nil
-	})
+	cutProxiedNode(t, ctx, c)
+	proxyLog := func() string { return nodeAPILog(c) }
 	// Meanwhile, in the cloud.
 	if err := cs.CoreV1().Pods(ns).Delete(ctx, "deleted-in-the-cut", *metav1.NewDeleteOptions(0)); err != nil {
 		t.Fatal(err)
@@ -207,11 +180,11 @@ func TestNodeRebootsOfflineAndRunsItsPods(t *testing.T) {
 
 // enableAutonomy runs the node API proxy as the static pod `dowsectl node
 // autonomy` prints and restarts the kubelet on the kubeconfig it writes.
-func enableAutonomy(t *testing.T, ctx context.Context, c *cluster.Cluster) {
+func enableAutonomy(t *testing.T, ctx context.Context, c *cluster.Cluster, image string) {
 	t.Helper()
 	dir := filepath.Join(c.StateDir, "dowse-node-api")
 	manifest, err := exec.CommandContext(ctx, filepath.Join(procs.BinDir(), "dowsectl"), "node", "autonomy",
-		"--image", agentImage, "--upstream-kubeconfig", c.Kubeconfig, "--cert-dir", "", "--dir", dir).Output()
+		"--image", image, "--upstream-kubeconfig", c.Kubeconfig, "--cert-dir", "", "--dir", dir, "--pod-resources-dir", filepath.Join(c.StateDir, "kubelet", "pod-resources")).Output()
 	if err != nil {
 		t.Fatalf("dowsectl node autonomy: %v", err)
 	}
@@ -227,4 +200,58 @@ func enableAutonomy(t *testing.T, ctx context.Context, c *cluster.Cluster) {
 	if err := c.RestartKubelet(ctx); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// cutNode drops the node's traffic to the machine (the API server, the
+// controller), its pods' too, but for the tcp ports given (a PLC on the
+// site's network, the replies of a metrics endpoint the test scrapes): the
+// network outside the node as a cut uplink leaves it.
+func cutNode(t *testing.T, ctx context.Context, c *cluster.Cluster, keep ...string) {
+	t.Helper()
+	var rules strings.Builder
+	for _, k := range keep {
+		fmt.Fprintf(&rules, "  ip daddr %s %s accept\n", c.PodNetwork.HostIP, k)
+	}
+	fmt.Fprintf(&rules, "  ip daddr %s drop\n", c.PodNetwork.HostIP)
+	nftNode(t, ctx, c, fmt.Sprintf("table inet dowse_offline {\n chain to_machine {\n  type filter hook output priority -10;\n%s }\n chain forwarded {\n  type filter hook forward priority -10;\n%s }\n}\n", rules.String(), rules.String()))
+}
+
+func reconnectNode(t *testing.T, ctx context.Context, c *cluster.Cluster) {
+	t.Helper()
+	nftNode(t, ctx, c, "delete table inet dowse_offline\n")
+}
+
+func nftNode(t *testing.T, ctx context.Context, c *cluster.Cluster, rule string) {
+	t.Helper()
+	name, args := c.PodNetwork.Command("nft", []string{"-f", "-"})
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Stdin = strings.NewReader(rule)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("nft: %v\n%s", err, out)
+	}
+}
+
+// nodeAPILog is what the node API proxy's containers logged.
+func nodeAPILog(c *cluster.Cluster) string {
+	logs, _ := filepath.Glob(filepath.Join(c.PodLogsDir, "kube-system_dowse-node-api-*", "node-api", "*.log"))
+	var all strings.Builder
+	for _, l := range logs {
+		b, _ := os.ReadFile(l)
+		all.Write(b)
+	}
+	return all.String()
+}
+
+// cutProxiedNode is cutNode on a node that runs the node API proxy, and
+// waits until the proxy says it lost the API server.
+func cutProxiedNode(t *testing.T, ctx context.Context, c *cluster.Cluster, keep ...string) {
+	t.Helper()
+	before := strings.Count(nodeAPILog(c), "out of reach")
+	cutNode(t, ctx, c, keep...)
+	testwait.For(t, 30*time.Second, func() error {
+		if strings.Count(nodeAPILog(c), "out of reach") <= before {
+			return fmt.Errorf("the node API proxy has not noticed the cut")
+		}
+		return nil
+	})
 }

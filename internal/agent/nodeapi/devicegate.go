@@ -1,0 +1,202 @@
+package nodeapi
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	corev1 "k8s.io/api/core/v1"
+	podresources "k8s.io/kubelet/pkg/apis/podresources/v1"
+)
+
+// A kubelet that starts after a reboot admits every pod of its node at
+// once, and rejects for good (UnexpectedAdmissionError) a pod whose device
+// plugin resources no plugin serves yet: the agent, which serves them, is
+// one of the pods it is starting. Online the cloud makes such a pod again;
+// offline nothing would. So while offline, the proxy hands the kubelet a
+// pod that asks for such resources only once the kubelet lists enough of
+// their devices as allocatable (its pod-resources API): left out of the
+// pods it lists, then added on its held pod watches.
+
+// deviceGate holds back pods until their devices are served.
+type deviceGate struct {
+	socket string
+	prefix string
+
+	mu sync.Mutex
+	// pending are pods left out of a list, by UID.
+	pending map[string]gatedPod
+	// released are pods let through since, for watches to add.
+	released map[string]gatedPod
+	// changed is closed when released grows.
+	changed chan struct{}
+}
+
+type gatedPod struct {
+	identity string
+	raw      json.RawMessage
+	needs    map[string]int64
+}
+
+func newDeviceGate(socket, prefix string) *deviceGate {
+	return &deviceGate{socket: socket, prefix: prefix, pending: map[string]gatedPod{}, released: map[string]gatedPod{}, changed: make(chan struct{})}
+}
+
+// needs is what a pod asks of the gated resources.
+func (g *deviceGate) needs(raw json.RawMessage) (string, map[string]int64) {
+	var pod corev1.Pod
+	if err := json.Unmarshal(raw, &pod); err != nil {
+		return "", nil
+	}
+	out := map[string]int64{}
+	add := func(cs []corev1.Container, max bool) {
+		for _, c := range cs {
+			for name, q := range c.Resources.Limits {
+				if !strings.HasPrefix(string(name), g.prefix) {
+					continue
+				}
+				if max {
+					out[string(name)] = maxInt(out[string(name)], q.Value())
+				} else {
+					out[string(name)] += q.Value()
+				}
+			}
+		}
+	}
+	add(pod.Spec.Containers, false)
+	add(pod.Spec.InitContainers, true)
+	if len(out) == 0 {
+		return string(pod.UID), nil
+	}
+	return string(pod.UID), out
+}
+
+func maxInt(a, b int64) int64 {
+	if a > b {
+		return a
+	}
+	return b
+}
+
+// admit says whether a pod may be listed now; one that may not is kept to
+// be released later.
+func (g *deviceGate) admit(ctx context.Context, identity string, raw json.RawMessage) bool {
+	uid, needs := g.needs(raw)
+	if len(needs) == 0 {
+		return true
+	}
+	g.mu.Lock()
+	if _, ok := g.released[uid]; ok {
+		g.mu.Unlock()
+		return true
+	}
+	g.mu.Unlock()
+	have, err := g.allocatable(ctx)
+	if err == nil && satisfied(needs, have) {
+		return true
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.pending[uid] = gatedPod{identity: identity, raw: raw, needs: needs}
+	return false
+}
+
+func satisfied(needs, have map[string]int64) bool {
+	for r, n := range needs {
+		if have[r] < n {
+			return false
+		}
+	}
+	return true
+}
+
+// allocatable counts the devices the kubelet can allocate, by resource.
+func (g *deviceGate) allocatable(ctx context.Context) (map[string]int64, error) {
+	conn, err := grpc.NewClient("unix://"+g.socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	resp, err := podresources.NewPodResourcesListerClient(conn).GetAllocatableResources(ctx, &podresources.AllocatableResourcesRequest{})
+	if err != nil {
+		return nil, fmt.Errorf("the kubelet's allocatable devices: %w", err)
+	}
+	out := map[string]int64{}
+	for _, d := range resp.Devices {
+		out[d.ResourceName] += int64(len(d.DeviceIds))
+	}
+	return out, nil
+}
+
+// release lets through the pending pods whose devices are there now.
+func (g *deviceGate) release(ctx context.Context) int {
+	g.mu.Lock()
+	n := len(g.pending)
+	g.mu.Unlock()
+	if n == 0 {
+		return 0
+	}
+	have, err := g.allocatable(ctx)
+	if err != nil {
+		return 0
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	freed := 0
+	for uid, p := range g.pending {
+		if satisfied(p.needs, have) {
+			delete(g.pending, uid)
+			g.released[uid] = p
+			freed++
+		}
+	}
+	if freed > 0 {
+		close(g.changed)
+		g.changed = make(chan struct{})
+	}
+	return freed
+}
+
+// releasedSince returns the released pods of identity not in sent, and a
+// channel closed when more are released.
+func (g *deviceGate) releasedSince(identity string, sent map[string]bool) ([]json.RawMessage, <-chan struct{}) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	var out []json.RawMessage
+	for uid, p := range g.released {
+		if p.identity == identity && !sent[uid] {
+			sent[uid] = true
+			out = append(out, p.raw)
+		}
+	}
+	return out, g.changed
+}
+
+// reset forgets everything: the API server answers again.
+func (g *deviceGate) reset() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	clear(g.pending)
+	clear(g.released)
+}
+
+// run releases pods as their devices appear, until ctx ends.
+func (g *deviceGate) run(ctx context.Context) {
+	t := time.NewTicker(500 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			g.release(ctx)
+		}
+	}
+}
