@@ -172,6 +172,7 @@ bench: k8s build
 	go test -run '^$$' -bench . -benchtime 2s ./internal/agent/edgehub/
 	go test -run '^$$' -bench . -benchtime 3000x ./test/suites/link/
 	go test -run '^$$' -bench 'Twins|ModbusTwin|KubeEdgeMapperTwin' -benchtime 1x ./test/suites/e2e/
+	go test -run '^$$' -bench NodeReconnects -benchtime 1x ./test/suites/nodeapi/
 
 # Local demo: a twin (a desired setpoint moves the demo's Modbus controller,
 # the readings come back reported), live Instances, and on a root machine

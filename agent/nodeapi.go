@@ -17,6 +17,7 @@ import (
 
 	"github.com/dowse-dev/dowse/internal/agent/nodeapi"
 	"github.com/dowse-dev/dowse/internal/agent/slots"
+	"github.com/dowse-dev/dowse/internal/kubeflags"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 )
 
@@ -39,6 +40,7 @@ type NodeAPIConfig struct {
 	// KubeletKubeconfig, when set, is where the kubelet's kubeconfig
 	// through the proxy is written at start.
 	KubeletKubeconfig string
+	NodeName          string
 }
 
 // AddFlags registers the node-api flags.
@@ -46,6 +48,7 @@ func (c *NodeAPIConfig) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.UpstreamKubeconfig, "upstream-kubeconfig", "/etc/kubernetes/kubelet.conf", "the kubelet's own kubeconfig (API server, CA, the node's client certificate)")
 	fs.StringVar(&c.Listen, "listen", DefaultNodeAPIListen, "loopback `address` the kubelet and the agent reach the proxy at")
 	fs.StringVar(&c.Dir, "dir", "/var/lib/dowse/node-api", "folder of the store (mode 0700), its seal key and the proxy's serving certificate")
+	fs.StringVar(&c.NodeName, "node-name", kubeflags.EnvOr("NODE_NAME", ""), "this node's name, for the Event told after each cut (env NODE_NAME)")
 	fs.StringVar(&c.PodResourcesSocket, "pod-resources-socket", slots.DefaultPodResourcesSocket, "the kubelet's pod-resources API: offline, a pod that asks for Dowse devices is handed to the kubelet once they are allocatable (empty: at once)")
 	fs.StringVar(&c.MetricsAddr, "metrics-bind-address", "127.0.0.1:9745", "metrics address (0: off)")
 	fs.StringVar(&c.KubeletKubeconfig, "kubelet-kubeconfig", "", "write the kubeconfig that points the kubelet at this proxy (its own, with this proxy's address and CA) to this `path` at start")
@@ -73,7 +76,7 @@ func RunNodeAPI(ctx context.Context, c NodeAPIConfig, log logr.Logger) error {
 	}
 	reg := prometheus.NewRegistry()
 	srv, err := nodeapi.New(nodeapi.Config{Listen: c.Listen, Dir: c.Dir, Upstream: upstream, Log: log.WithName("node-api"), Metrics: reg,
-		PodResourcesSocket: c.PodResourcesSocket, GatedPrefix: v1alpha1.ResourcePrefix})
+		PodResourcesSocket: c.PodResourcesSocket, GatedPrefix: v1alpha1.ResourcePrefix, NodeName: c.NodeName})
 	if err != nil {
 		return err
 	}

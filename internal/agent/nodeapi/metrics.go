@@ -7,6 +7,7 @@ type metrics struct {
 	offlineSince   prometheus.Gauge
 	cuts           *prometheus.CounterVec
 	offlineAnswers *prometheus.CounterVec
+	upstream       *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer, st *store) *metrics {
@@ -19,6 +20,8 @@ func newMetrics(reg prometheus.Registerer, st *store) *metrics {
 			Help: "API server lost and reached again."}, []string{"event"}),
 		offlineAnswers: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "dowse_node_api_offline_requests_total",
 			Help: "Requests answered while offline, by verb and outcome (served from the store, held, refused)."}, []string{"verb", "outcome"}),
+		upstream: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "dowse_node_api_upstream_requests_total",
+			Help: "Requests passed on to the API server, by verb (\"\" for discovery and other paths)."}, []string{"verb"}),
 	}
 	if reg == nil {
 		return m
@@ -27,6 +30,6 @@ func newMetrics(reg prometheus.Registerer, st *store) *metrics {
 		Help: "Objects kept in the node's store."}, func() float64 { n, _ := st.size(); return float64(n) })
 	bytes := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "dowse_node_api_store_bytes",
 		Help: "Bytes of the objects kept in the node's store."}, func() float64 { _, b := st.size(); return float64(b) })
-	reg.MustRegister(m.offline, m.offlineSince, m.cuts, m.offlineAnswers, objects, bytes)
+	reg.MustRegister(m.offline, m.offlineSince, m.cuts, m.offlineAnswers, m.upstream, objects, bytes)
 	return m
 }

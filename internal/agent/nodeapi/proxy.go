@@ -22,11 +22,18 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
+
+	"github.com/dowse-dev/dowse/internal/events"
 )
 
 // Config configures a Server.
@@ -49,8 +56,12 @@ type Config struct {
 	// deviceGate).
 	PodResourcesSocket string
 	GatedPrefix        string
-	Log          logr.Logger
-	Metrics      prometheus.Registerer
+	// NodeName, when set, is the Node an Event tells about each time the
+	// API server is reached again after a cut: how long it was away, how
+	// much was answered from the store meanwhile.
+	NodeName string
+	Log      logr.Logger
+	Metrics  prometheus.Registerer
 	// Now is the clock (time.Now when nil).
 	Now func() time.Time
 }
@@ -67,10 +78,17 @@ type Server struct {
 	proxy    *httputil.ReverseProxy
 	listener net.Listener
 	gate     *deviceGate // nil: none
+	events   *events.Recorder
+
+	// served and refused count offline answers since the last cut.
+	served, refused atomic.Int64
 
 	mu          sync.Mutex
 	offline     bool
 	offlineFrom time.Time
+	// lostBefore is when an earlier process of the proxy lost the API
+	// server, until it is reached.
+	lostBefore time.Time
 	// reconnect is closed when the API server is reached again after a cut:
 	// watches held open offline end then, so their clients list afresh.
 	reconnect chan struct{}
@@ -129,7 +147,14 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("node API: %w", err)
 	}
 	s := &Server{cfg: cfg, store: st, server: server, node: node, anon: anon, serving: serving, metrics: newMetrics(cfg.Metrics, st),
-		reconnect: make(chan struct{}), cut: make(chan struct{}), listener: ln}
+		reconnect: make(chan struct{}), cut: make(chan struct{}), listener: ln, lostBefore: st.offlineSince()}
+	if cfg.NodeName != "" {
+		cs, err := kubernetes.NewForConfig(cfg.Upstream)
+		if err != nil {
+			return nil, err
+		}
+		s.events = events.New(cs.EventsV1(), clientgoscheme.Scheme, "dowse-node-api", "dowse_node_api", 16, cfg.Metrics)
+	}
 	if cfg.PodResourcesSocket != "" && cfg.GatedPrefix != "" {
 		s.gate = newDeviceGate(cfg.PodResourcesSocket, cfg.GatedPrefix)
 	}
@@ -165,6 +190,9 @@ func (s *Server) Start(ctx context.Context) error {
 	errc := make(chan error, 1)
 	go func() { errc <- hs.ServeTLS(ln, "", "") }()
 	go s.probe(ctx)
+	if s.events != nil {
+		go func() { _ = s.events.Start(ctx) }()
+	}
 	if s.gate != nil {
 		go s.gate.run(ctx)
 	}
@@ -238,6 +266,14 @@ func (s *Server) reachable(ctx context.Context) bool {
 func (s *Server) setOnline(online bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if online && !s.lostBefore.IsZero() {
+		s.lostBefore = time.Time{}
+		if !s.offline {
+			if err := s.store.setOfflineSince(time.Time{}); err != nil {
+				s.cfg.Log.Error(err, "recording that the API server is reached")
+			}
+		}
+	}
 	switch {
 	case online && s.offline:
 		s.offline = false
@@ -248,9 +284,27 @@ func (s *Server) setOnline(online bool) {
 		s.reconnect = make(chan struct{})
 		s.metrics.offline.Set(0)
 		s.metrics.cuts.WithLabelValues("reconnected").Inc()
-		s.cfg.Log.Info("API server reached again: clients list afresh", "offlineFor", s.cfg.Now().Sub(s.offlineFrom).Round(time.Second).String())
+		if err := s.store.setOfflineSince(time.Time{}); err != nil {
+			s.cfg.Log.Error(err, "recording that the API server is reached again")
+		}
+		away := s.cfg.Now().Sub(s.offlineFrom).Round(time.Second)
+		served, refused := s.served.Load(), s.refused.Load()
+		s.cfg.Log.Info("API server reached again: clients list afresh", "offlineFor", away.String(), "served", served, "refused", refused)
+		if s.events != nil {
+			s.events.Eventf(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: s.cfg.NodeName}}, nil, corev1.EventTypeNormal, "ServedOffline", "Reconnect",
+				"the API server was out of reach for %s (since %s); the node API proxy answered %d requests from the node's store and refused %d",
+				away, s.offlineFrom.UTC().Format(time.RFC3339), served, refused)
+		}
 	case !online && !s.offline:
 		s.offline, s.offlineFrom = true, s.cfg.Now()
+		if !s.lostBefore.IsZero() {
+			// Lost before this process started (a reboot while cut off).
+			s.offlineFrom = s.lostBefore
+		} else if err := s.store.setOfflineSince(s.offlineFrom); err != nil {
+			s.cfg.Log.Error(err, "recording when the API server was lost")
+		}
+		s.served.Store(0)
+		s.refused.Store(0)
 		close(s.cut)
 		s.cut = make(chan struct{})
 		s.metrics.offline.Set(1)
@@ -428,6 +482,8 @@ func (s *Server) roundTrip(r *http.Request) (*http.Response, error) {
 	if c.transport == nil {
 		return nil, errors.New("no caller")
 	}
+	req, _ := r.Context().Value(requestKey{}).(apiRequest)
+	s.metrics.upstream.WithLabelValues(req.verb).Inc()
 	return c.transport.RoundTrip(r)
 }
 
@@ -620,7 +676,7 @@ func (s *Server) serveOffline(w http.ResponseWriter, r *http.Request, c caller, 
 		c.identity = id
 	}
 	unavailable := func(why string) {
-		s.metrics.offlineAnswers.WithLabelValues(req.verb, "refused").Inc()
+		s.countOffline(req.verb, "refused")
 		writeStatus(w, http.StatusServiceUnavailable, "ServiceUnavailable",
 			fmt.Sprintf("dowse node API: the API server cannot be reached (since %s) and %s", since.UTC().Format(time.RFC3339), why))
 	}
@@ -631,7 +687,7 @@ func (s *Server) serveOffline(w http.ResponseWriter, r *http.Request, c caller, 
 			unavailable(fmt.Sprintf("discovery of %s was not kept", r.URL.Path))
 			return
 		}
-		s.metrics.offlineAnswers.WithLabelValues("discovery", "served").Inc()
+		s.countOffline("discovery", "served")
 		w.Header().Set("Content-Type", a.ContentType)
 		w.WriteHeader(http.StatusOK)
 		_, _ = w.Write(a.Body)
@@ -642,7 +698,7 @@ func (s *Server) serveOffline(w http.ResponseWriter, r *http.Request, c caller, 
 			unavailable("no valid token was issued for this request before")
 			return
 		}
-		s.metrics.offlineAnswers.WithLabelValues(req.verb, "served").Inc()
+		s.countOffline(req.verb, "served")
 		writeJSON(w, http.StatusCreated, body)
 	case req.verb == "get" && kept(req):
 		obj, err := s.store.get(c.identity, req)
@@ -650,19 +706,20 @@ func (s *Server) serveOffline(w http.ResponseWriter, r *http.Request, c caller, 
 			unavailable(fmt.Sprintf("%s %s/%s was %s", req.resource, req.namespace, req.name, err))
 			return
 		}
-		s.metrics.offlineAnswers.WithLabelValues(req.verb, "served").Inc()
+		s.countOffline(req.verb, "served")
 		writeJSON(w, http.StatusOK, obj)
 	case req.verb == "list" && kept(req):
 		var keep func(json.RawMessage) bool
 		if s.gate != nil && req.collection() == "v1/pods" {
-			keep = func(raw json.RawMessage) bool { return s.gate.admit(r.Context(), c.identity, raw) }
+			ctx := r.Context()
+			keep = func(raw json.RawMessage) bool { return s.gate.admit(ctx, c.identity, raw) }
 		}
 		list, err := s.store.list(c.identity, req, keep)
 		if err != nil {
 			unavailable(fmt.Sprintf("the list of %s was %s", req.collection(), err))
 			return
 		}
-		s.metrics.offlineAnswers.WithLabelValues(req.verb, "served").Inc()
+		s.countOffline(req.verb, "served")
 		writeJSON(w, http.StatusOK, list)
 	case req.verb == "watch" && kept(req) && !req.initialEvents:
 		s.holdWatch(w, r, c.identity, req)
@@ -683,7 +740,7 @@ func (s *Server) holdWatch(w http.ResponseWriter, r *http.Request, identity stri
 	s.mu.Lock()
 	reconnect := s.reconnect
 	s.mu.Unlock()
-	s.metrics.offlineAnswers.WithLabelValues("watch", "held").Inc()
+	s.countOffline("watch", "held")
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusOK)
 	flush := func() {
@@ -713,7 +770,7 @@ func (s *Server) holdWatch(w http.ResponseWriter, r *http.Request, identity stri
 				if _, err := w.Write(append(ev, '\n')); err != nil {
 					return
 				}
-				s.metrics.offlineAnswers.WithLabelValues("watch", "released").Inc()
+				s.countOffline("watch", "released")
 			}
 			flush()
 		}
@@ -726,6 +783,15 @@ func (s *Server) holdWatch(w http.ResponseWriter, r *http.Request, identity stri
 			return
 		case <-more:
 		}
+	}
+}
+
+func (s *Server) countOffline(verb, outcome string) {
+	s.metrics.offlineAnswers.WithLabelValues(verb, outcome).Inc()
+	if outcome == "refused" {
+		s.refused.Add(1)
+	} else {
+		s.served.Add(1)
 	}
 }
 

@@ -58,6 +58,7 @@ func StaticPod(o StaticPodOptions) *corev1.Pod {
 		Name: "node-api", Image: o.Image, ImagePullPolicy: corev1.PullIfNotPresent,
 		Args: []string{"node-api", "--upstream-kubeconfig", o.UpstreamKubeconfig, "--listen", o.Listen, "--dir", o.Dir,
 			"--kubelet-kubeconfig", filepath.Join(o.Dir, KubeletKubeconfigFile), "--pod-resources-socket", podResources},
+		Env: []corev1.EnvVar{{Name: "NODE_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "spec.nodeName"}}}},
 		SecurityContext: &corev1.SecurityContext{
 			AllowPrivilegeEscalation: ptr.To(false), ReadOnlyRootFilesystem: ptr.To(true),
 			Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},

@@ -32,6 +32,9 @@ var (
 	bTokens      = []byte("tokens")
 	bCredentials = []byte("credentials")
 	bDiscovery   = []byte("discovery")
+	bMeta        = []byte("meta")
+
+	kOfflineSince = []byte("offline-since")
 )
 
 // sealed collections hold what must not lie on disk in the clear.
@@ -169,7 +172,7 @@ func (s *store) open(b []byte) ([]byte, error) {
 
 func (s *store) load() error {
 	return s.db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bObjects, bCollections, bTokens, bCredentials, bDiscovery} {
+		for _, b := range [][]byte{bObjects, bCollections, bTokens, bCredentials, bDiscovery, bMeta} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
@@ -576,6 +579,34 @@ func (s *store) flush() error {
 			}
 		}
 		return nil
+	})
+}
+
+// offlineSince is when the API server was lost, kept across restarts of the
+// proxy (a reboot while cut off does not restart the count); zero: online
+// when last known.
+func (s *store) offlineSince() time.Time {
+	var t time.Time
+	_ = s.db.View(func(tx *bolt.Tx) error {
+		if v := tx.Bucket(bMeta).Get(kOfflineSince); v != nil {
+			_ = t.UnmarshalText(v)
+		}
+		return nil
+	})
+	return t
+}
+
+// setOfflineSince records (zero: clears) when the API server was lost.
+func (s *store) setOfflineSince(t time.Time) error {
+	return s.db.Update(func(tx *bolt.Tx) error {
+		if t.IsZero() {
+			return tx.Bucket(bMeta).Delete(kOfflineSince)
+		}
+		v, err := t.MarshalText()
+		if err != nil {
+			return err
+		}
+		return tx.Bucket(bMeta).Put(kOfflineSince, v)
 	})
 }
 

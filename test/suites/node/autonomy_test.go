@@ -176,6 +176,20 @@ func TestNodeRebootsOfflineAndRunsItsPods(t *testing.T) {
 	if !strings.Contains(proxyLog(), "reached again") {
 		t.Errorf("the proxy's log does not say it reached the API server again:\n%s", proxyLog())
 	}
+	// The Node's Event tells how long the node ran from its store.
+	testwait.For(t, 30*time.Second, func() error {
+		evs, err := cs.EventsV1().Events("default").List(ctx, metav1.ListOptions{FieldSelector: "reason=ServedOffline"})
+		if err != nil {
+			return err
+		}
+		for _, e := range evs.Items {
+			if e.Regarding.Kind == "Node" && e.Regarding.Name == c.NodeName && strings.Contains(e.Note, "answered") {
+				t.Logf("the Node's Event: %s", e.Note)
+				return nil
+			}
+		}
+		return fmt.Errorf("no ServedOffline Event of the Node among %d", len(evs.Items))
+	})
 }
 
 // enableAutonomy runs the node API proxy as the static pod `dowsectl node

@@ -289,7 +289,7 @@ func TestNodeKeepsWhatItReadThroughACutAndARestart(t *testing.T) {
 	}
 }
 
-func waitFor(t *testing.T, d time.Duration, what string, f func() error) {
+func waitFor(t testing.TB, d time.Duration, what string, f func() error) {
 	t.Helper()
 	testwait.For(t, d, func() error {
 		if err := f(); err != nil {
