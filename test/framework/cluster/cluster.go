@@ -386,7 +386,7 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 	}
 	if err := writeFile(filepath.Join(kubeletDir, "config.yaml"), kubeletConfig(kubeletOpts{
 		staticPodDir: c.StaticPodDir,
-		address: kubeletListen, port: kubeletPort, healthzPort: kubeletHealthz, containerdSock: c.containerdSock,
+		address:      kubeletListen, port: kubeletPort, healthzPort: kubeletHealthz, containerdSock: c.containerdSock,
 		clientCA: p.caCert, podLogsDir: c.PodLogsDir, nodeStatusEvery: cmp.Or(o.NodeStatusEvery, 2*time.Second),
 	})); err != nil {
 		return nil, err
