@@ -2,6 +2,7 @@ package nodeapi
 
 import (
 	"encoding/json"
+	"errors"
 	"net/url"
 	"os"
 	"path/filepath"
