@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -258,6 +259,39 @@ func TestDowseNodeRebootsOfflineAndServesItsDevices(t *testing.T) {
 	t.Logf("after reconnecting, the edge's queue drained in %s", time.Since(reconnected).Round(100*time.Millisecond))
 	waitTwin(t, ctx, cl, "setpoint", "25")
 	t.Logf("after reconnecting, the Device's status has the setpoint read offline in %s", time.Since(reconnected).Round(100*time.Millisecond))
+	// The device's mapper and an Instance's broker, from the command line,
+	// through the API server.
+	var mapperPods corev1.PodList
+	if err := cl.List(ctx, &mapperPods, client.InNamespace("default"), client.MatchingLabels{"dowse.dev/mapper": "true"}); err != nil || len(mapperPods.Items) != 1 {
+		t.Fatalf("mapper Pods: %v (%d)", err, len(mapperPods.Items))
+	}
+	mport := mapperPods.Items[0].Spec.Containers[0].Ports[0].ContainerPort
+	dowsectl := func(args ...string) *exec.Cmd {
+		return exec.CommandContext(ctx, filepath.Join(procs.BinDir(), "dowsectl"), append([]string{"--kubeconfig", c.Kubeconfig, "--namespace", "default"}, args...)...)
+	}
+	local := portForward(t, dowsectl("port-forward", "device/"+dev.Name, fmt.Sprintf(":%d", mport)))
+	if got, err := promtest.Scrape("http://"+local+"/metrics", "dowse_mapper_devices"); err != nil || len(got) == 0 {
+		t.Errorf("the mapper's metrics through dowsectl port-forward device/%s: %v %v", dev.Name, got, err)
+	}
+	var brokerPods corev1.PodList
+	if err := cl.List(ctx, &brokerPods, client.InNamespace("default"), client.HasLabels{"dowse.dev/instance"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range brokerPods.Items {
+		if p.Labels["dowse.dev/mapper"] == "true" {
+			continue
+		}
+		local := portForward(t, dowsectl("port-forward", "instance/"+p.Labels["dowse.dev/instance"], fmt.Sprintf(":%d", p.Spec.Containers[0].Ports[0].ContainerPort)))
+		resp, err := http.Get("http://" + local + "/")
+		if err != nil {
+			t.Fatalf("the broker through dowsectl port-forward instance/%s: %v", p.Labels["dowse.dev/instance"], err)
+		}
+		_ = resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Errorf("the broker through dowsectl port-forward answered %s", resp.Status)
+		}
+		break
+	}
 	after := uids(t, ctx, cl)
 	for what, m := range map[string][2]map[string]types.UID{"Instance": {before.instances, after.instances}, "Device": {before.devices, after.devices},
 		"broker Pod": {before.pods, after.pods}, "mapper Pod": {before.mappers, after.mappers}} {
