@@ -8,10 +8,10 @@ import (
 	"sync"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	corev1 "k8s.io/api/core/v1"
 	podresources "k8s.io/kubelet/pkg/apis/podresources/v1"
+
+	"github.com/dowse-dev/dowse/internal/agent/slots"
 )
 
 // A kubelet that starts after a reboot admits every pod of its node at
@@ -117,15 +117,12 @@ func satisfied(needs, have map[string]int64) bool {
 
 // allocatable counts the devices the kubelet can allocate, by resource.
 func (g *deviceGate) allocatable(ctx context.Context) (map[string]int64, error) {
-	conn, err := grpc.NewClient("unix://"+g.socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		return nil, err
-	}
-	defer conn.Close()
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	resp, err := podresources.NewPodResourcesListerClient(conn).GetAllocatableResources(ctx, &podresources.AllocatableResourcesRequest{})
-	if err != nil {
+	var resp *podresources.AllocatableResourcesResponse
+	if err := slots.WithPodResources(ctx, g.socket, 2*time.Second, func(ctx context.Context, c podresources.PodResourcesListerClient) error {
+		var err error
+		resp, err = c.GetAllocatableResources(ctx, &podresources.AllocatableResourcesRequest{})
+		return err
+	}); err != nil {
 		return nil, fmt.Errorf("the kubelet's allocatable devices: %w", err)
 	}
 	out := map[string]int64{}

@@ -27,18 +27,28 @@ type SlotUse struct{ Resource, ID string }
 // one device have the same ids, under different resources.
 type SlotsInUse func(ctx context.Context) (map[SlotUse]bool, error)
 
+// WithPodResources calls f with a client of the kubelet's pod-resources API
+// at socket, on a connection of its own, within timeout.
+func WithPodResources(ctx context.Context, socket string, timeout time.Duration, f func(context.Context, podresources.PodResourcesListerClient) error) error {
+	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	return f(ctx, podresources.NewPodResourcesListerClient(conn))
+}
+
 // PodResourcesSlots is a SlotsInUse over the kubelet's pod-resources List.
 func PodResourcesSlots(socket string) SlotsInUse {
 	return func(ctx context.Context) (map[SlotUse]bool, error) {
-		conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			return nil, err
-		}
-		defer conn.Close()
-		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		resp, err := podresources.NewPodResourcesListerClient(conn).List(ctx, &podresources.ListPodResourcesRequest{})
-		if err != nil {
+		var resp *podresources.ListPodResourcesResponse
+		if err := WithPodResources(ctx, socket, 10*time.Second, func(ctx context.Context, c podresources.PodResourcesListerClient) error {
+			var err error
+			resp, err = c.List(ctx, &podresources.ListPodResourcesRequest{})
+			return err
+		}); err != nil {
 			return nil, fmt.Errorf("listing pod resources: %w", err)
 		}
 		used := map[SlotUse]bool{}

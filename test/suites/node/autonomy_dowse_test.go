@@ -143,14 +143,7 @@ func TestDowseNodeRebootsOfflineAndServesItsDevices(t *testing.T) {
 	setDesired(t, ctx, cl, dev, "setpoint", "30")
 	waitTwin(t, ctx, cl, "setpoint", "30")
 	before := uids(t, ctx, cl)
-	running := func() map[string]string {
-		t.Helper()
-		got, err := c.RunningContainers(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return got
-	}
+	running := func() map[string]string { return runningOn(t, ctx, c) }
 	// Every pod of Dowse and of its devices (agent, handlers, broker and
 	// mapper Pods), as namespace/name.
 	var expected []string

@@ -69,14 +69,7 @@ func TestNodeRebootsOfflineAndRunsItsPods(t *testing.T) {
 		})
 		return p.UID
 	}
-	running := func() map[string]string {
-		t.Helper()
-		got, err := c.RunningContainers(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return got
-	}
+	running := func() map[string]string { return runningOn(t, ctx, c) }
 	cutOff := func() { cutNode(t, ctx, c) }
 	reconnect := func() { reconnectNode(t, ctx, c) }
 
@@ -268,4 +261,14 @@ func cutProxiedNode(t *testing.T, ctx context.Context, c *cluster.Cluster, keep 
 		}
 		return nil
 	})
+}
+
+// runningOn is what runs on the node (cluster.RunningContainers).
+func runningOn(t *testing.T, ctx context.Context, c *cluster.Cluster) map[string]string {
+	t.Helper()
+	got, err := c.RunningContainers(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return got
 }

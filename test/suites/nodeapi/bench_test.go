@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/url"
 	"path/filepath"
 	"strconv"
 	"testing"
@@ -21,7 +20,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/dowse-dev/dowse/internal/agent/nodeapi"
-	"github.com/dowse-dev/dowse/test/framework/faultproxy"
 )
 
 // BenchmarkNodeReconnects: a node of 100 pods, each mounting a Secret and a
@@ -60,27 +58,7 @@ func BenchmarkNodeReconnects(b *testing.B) {
 		}
 	}
 
-	kcPath := filepath.Join(dir, "kubelet.kubeconfig")
-	if err := suite.Kubeconfig(kcPath); err != nil {
-		b.Fatal(err)
-	}
-	apiURL, _ := url.Parse(suite.Config.Host)
-	cut, err := faultproxy.NewTCP(apiURL.Host)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer cut.Close()
-	kc, err := clientcmd.LoadFromFile(kcPath)
-	if err != nil {
-		b.Fatal(err)
-	}
-	for _, c := range kc.Clusters {
-		c.Server = "https://" + cut.Addr()
-	}
-	upstream, err := clientcmd.NewDefaultClientConfig(*kc, nil).ClientConfig()
-	if err != nil {
-		b.Fatal(err)
-	}
+	kc, upstream, cut := nodeUpstream(b, dir)
 	reg := prometheus.NewRegistry()
 	srv, err := nodeapi.New(nodeapi.Config{Listen: "127.0.0.1:0", Dir: filepath.Join(dir, "node-api"), Upstream: upstream,
 		ProbeEvery: 200 * time.Millisecond, ProbeTimeout: time.Second, Log: zap.New(), Metrics: reg})

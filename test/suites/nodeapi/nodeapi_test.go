@@ -25,6 +25,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/dowse-dev/dowse/internal/agent/nodeapi"
@@ -66,14 +67,11 @@ func proxyFor(t *testing.T, upstream *rest.Config, dir, listen string) (*nodeapi
 	return srv, func() { once = true; stop() }
 }
 
-func TestNodeKeepsWhatItReadThroughACutAndARestart(t *testing.T) {
-	ctx := t.Context()
-	dir := t.TempDir()
-	ns := suite.Namespace(t)
-	admin := suite.Clientset
-
-	// The node's own kubeconfig (a client certificate), towards the API
-	// server through a proxy that can cut it off.
+// nodeUpstream is a node's own kubeconfig (a client certificate) and its
+// client configuration, towards the API server through a proxy that can
+// cut it off.
+func nodeUpstream(t testing.TB, dir string) (*clientcmdapi.Config, *rest.Config, *faultproxy.TCP) {
+	t.Helper()
 	kcPath := filepath.Join(dir, "kubelet.kubeconfig")
 	if err := suite.Kubeconfig(kcPath); err != nil {
 		t.Fatal(err)
@@ -86,7 +84,7 @@ func TestNodeKeepsWhatItReadThroughACutAndARestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer cut.Close()
+	t.Cleanup(cut.Close)
 	kc, err := clientcmd.LoadFromFile(kcPath)
 	if err != nil {
 		t.Fatal(err)
@@ -98,7 +96,16 @@ func TestNodeKeepsWhatItReadThroughACutAndARestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return kc, upstream, cut
+}
 
+func TestNodeKeepsWhatItReadThroughACutAndARestart(t *testing.T) {
+	ctx := t.Context()
+	dir := t.TempDir()
+	ns := suite.Namespace(t)
+	admin := suite.Clientset
+
+	kc, upstream, cut := nodeUpstream(t, dir)
 	storeDir := filepath.Join(dir, "node-api")
 	srv, stop := proxyFor(t, upstream, storeDir, "127.0.0.1:0")
 	listen := srv.Addr()
