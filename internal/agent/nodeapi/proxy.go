@@ -255,7 +255,7 @@ func (s *Server) reachable(ctx context.Context) bool {
 	}
 	resp, err := s.node.RoundTrip(req)
 	if err != nil {
-		s.cfg.Log.V(1).Info("API server not reached", "error", err.Error())
+		s.cfg.Log.V(1).Info("API server not reached", "err", err)
 		return false
 	}
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
@@ -602,7 +602,7 @@ func (s *Server) teeWatch(body io.ReadCloser, identity string, req apiRequest) i
 			}
 			if err := dec.Decode(&ev); err != nil {
 				if !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrClosedPipe) {
-					s.cfg.Log.V(1).Info("watch not kept", "resource", req.collection(), "error", err.Error())
+					s.cfg.Log.V(1).Info("watch not kept", "resource", req.collection(), "err", err)
 				}
 				_, _ = io.Copy(io.Discard, pr)
 				return
@@ -615,7 +615,7 @@ func (s *Server) teeWatch(body io.ReadCloser, identity string, req apiRequest) i
 					initial = append(initial, ev.Object)
 				}
 				if err := s.store.put(identity, req, ev.Object); err != nil {
-					s.cfg.Log.V(1).Info("watch event not kept", "resource", req.collection(), "error", err.Error())
+					s.cfg.Log.V(1).Info("watch event not kept", "resource", req.collection(), "err", err)
 				}
 			case "DELETED":
 				s.store.remove(identity, req, m.Metadata.Namespace, m.Metadata.Name)
@@ -623,7 +623,7 @@ func (s *Server) teeWatch(body io.ReadCloser, identity string, req apiRequest) i
 				if collecting && m.Metadata.Annotations["k8s.io/initial-events-end"] == "true" {
 					collecting = false
 					if err := s.store.replace(identity, req, m.Kind+"List", m.APIVersion, m.Metadata.ResourceVersion, initial); err != nil {
-						s.cfg.Log.V(1).Info("watch list not kept", "resource", req.collection(), "error", err.Error())
+						s.cfg.Log.V(1).Info("watch list not kept", "resource", req.collection(), "err", err)
 					}
 					initial = nil
 					continue
