@@ -37,6 +37,15 @@ func (c *Config) defaults() {
 	if c.LeaderElectionNamespace == "" {
 		c.LeaderElectionNamespace = "dowse-system"
 	}
+	if c.LeaseDuration == 0 {
+		c.LeaseDuration = 2 * time.Minute
+	}
+	if c.RenewDeadline == 0 {
+		c.RenewDeadline = 100 * time.Second
+	}
+	if c.RetryPeriod == 0 {
+		c.RetryPeriod = 5 * time.Second
+	}
 	if c.NodeGracePeriod == 0 {
 		c.NodeGracePeriod = 5 * time.Minute
 	}
@@ -110,6 +119,9 @@ func (c *Config) AddFlags(fs *flag.FlagSet) {
 	c.Serving.AddFlags(fs)
 	fs.BoolVar(&c.LeaderElection, "leader-elect", c.LeaderElection, "let only one replica act at a time")
 	fs.StringVar(&c.LeaderElectionNamespace, "leader-election-namespace", c.LeaderElectionNamespace, "namespace of the leader election Lease")
+	fs.DurationVar(&c.LeaseDuration, "leader-elect-lease-duration", c.LeaseDuration, "how long a killed leader's Lease holds before another replica takes over")
+	fs.DurationVar(&c.RenewDeadline, "leader-elect-renew-deadline", c.RenewDeadline, "how long the leader tries to renew its Lease (the API server away) before it stops, and its process with it")
+	fs.DurationVar(&c.RetryPeriod, "leader-elect-retry-period", c.RetryPeriod, "how often the leader renews and the others try to take over")
 	fs.DurationVar(&c.NodeGracePeriod, "node-grace-period", c.NodeGracePeriod, "how long a node may be NotReady before it is removed from Instances, and an agent gone (see --agent-pod-selector) before its Configuration finalizers are dropped")
 	fs.StringVar(&c.AgentPodSelector, "agent-pod-selector", c.AgentPodSelector, "label selector of the agent DaemonSet's Pods in --namespace: the finalizers of an agent with no Pod on its node are dropped after --node-grace-period; empty: off")
 	fs.BoolVar(&c.DRA, "dra", c.DRA, "publish DeviceClasses and shared devices' ResourceSlices for Configurations with spec.allocation DRA or Both (needs resource.k8s.io/v1, Kubernetes 1.34+)")

@@ -64,6 +64,13 @@ type Config struct {
 	// holds its Lease (dowse-system).
 	LeaderElection          bool
 	LeaderElectionNamespace string
+	// LeaseDuration, RenewDeadline and RetryPeriod time leader election
+	// (2m, 100s, 5s). A leader that cannot renew within RenewDeadline
+	// stops, and so does its process, with every edge's session it holds:
+	// long enough to ride out an API server that restarts or is away a
+	// minute. A replica told to stop hands over at once; one killed is
+	// replaced after LeaseDuration.
+	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
 	// NodeGracePeriod is how long a node may be NotReady (or missing)
 	// before it is removed from the Instances that name it (5m).
 	NodeGracePeriod time.Duration
@@ -226,6 +233,9 @@ func newManager(restCfg *rest.Config, sch *runtime.Scheme, cfg Config, log logr.
 		// out the lease (15 s). Run returns and main exits when the
 		// manager stops, as this needs.
 		LeaderElectionReleaseOnCancel: true,
+		LeaseDuration:                 &cfg.LeaseDuration,
+		RenewDeadline:                 &cfg.RenewDeadline,
+		RetryPeriod:                   &cfg.RetryPeriod,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("creating manager: %w", err)
