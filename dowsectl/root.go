@@ -92,7 +92,7 @@ reported values). It also works as a kubectl plugin: kubectl dowse ...`,
 	c.flags.AddFlags(root.PersistentFlags())
 	c.registerFlagCompletions(root)
 	root.AddCommand(newGetCommand(c), newDescribeCommand(c), newTwinCommand(c), newTokenCommand(c), newCAHashCommand(c), newEgressConfigCommand(c),
-		newConsoleCommand(c), newNodeCommand(), newPortForwardCommand(c), newVersionCommand())
+		newConsoleCommand(c), newNodeCommand(), newPortForwardCommand(c), newConvertCommand(c), newVersionCommand())
 	return root
 }
 

@@ -350,6 +350,7 @@ func TestDowsectl(t *testing.T) {
 	r := startRig(t)
 	t.Run("Plugin", func(t *testing.T) { testPlugin(t, r) })
 	t.Run("Completion", func(t *testing.T) { testCompletion(t, r) })
+	t.Run("Convert", func(t *testing.T) { testConvert(t, r) })
 	t.Run("SetWait", func(t *testing.T) { testSetWait(t, r) })
 	t.Run("Console", func(t *testing.T) { testConsole(t, r) })
 	t.Run("WatchAcrossRestart", func(t *testing.T) { testWatchAcrossRestart(t, r) })

@@ -1,0 +1,46 @@
+package cli
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/dowse-dev/dowse/test/framework/kube"
+)
+
+// testConvert: `kubectl dowse convert` on the samples Akri and KubeEdge
+// ship writes objects the API server takes as Dowse's (server-side dry run
+// against the CRDs), and says what it changed or left out.
+func testConvert(t *testing.T, r *rig) {
+	samples, err := filepath.Glob(filepath.Join(kube.RepoRoot(), "internal", "dowsectl", "convert", "testdata", "*.yaml"))
+	if err != nil || len(samples) < 6 {
+		t.Fatalf("samples: %v %v", samples, err)
+	}
+	args := []string{"dowse", "convert"}
+	for _, s := range samples {
+		args = append(args, "-f", s)
+	}
+	out, errOut, err := r.kubectlRun(args...)
+	if err != nil {
+		t.Fatalf("kubectl dowse convert: %v\n%s", err, errOut)
+	}
+	if !strings.Contains(errOut, "converted 7 of 7 objects") || !strings.Contains(errOut, `"debugEcho" became "debug-echo"`) ||
+		!strings.Contains(errOut, "status: not carried over") {
+		t.Errorf("convert said:\n%s", errOut)
+	}
+	converted := filepath.Join(r.dir, "converted.yaml")
+	if err := os.WriteFile(converted, []byte(out), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	applied, errOut, err := r.kubectlRun("apply", "--dry-run=server", "-f", converted)
+	if err != nil {
+		t.Fatalf("the API server refused what convert wrote: %v\n%s\n%s", err, errOut, out)
+	}
+	for _, want := range []string{"configuration.dowse.dev/akri-onvif-video", "configuration.dowse.dev/akri-opcua", "configuration.dowse.dev/akri-udev-video",
+		"configuration.dowse.dev/akri-debug-echo-foo", "devicemodel.dowse.dev/modbus-01", "device.dowse.dev/modbus-instance-01", "device.dowse.dev/onvif-device-01"} {
+		if !strings.Contains(applied, want) {
+			t.Errorf("kubectl apply --dry-run=server did not take %s:\n%s", want, applied)
+		}
+	}
+}
