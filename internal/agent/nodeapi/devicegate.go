@@ -9,6 +9,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	podresources "k8s.io/kubelet/pkg/apis/podresources/v1"
 
 	"github.com/dowse-dev/dowse/internal/agent/slots"
@@ -186,14 +187,5 @@ func (g *deviceGate) reset() {
 
 // run releases pods as their devices appear, until ctx ends.
 func (g *deviceGate) run(ctx context.Context) {
-	t := time.NewTicker(500 * time.Millisecond)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			g.release(ctx)
-		}
-	}
+	wait.UntilWithContext(ctx, func(ctx context.Context) { g.release(ctx) }, 500*time.Millisecond)
 }
