@@ -84,25 +84,32 @@ func maxInt(a, b int64) int64 {
 	return b
 }
 
-// admit says whether a pod may be listed now; one that may not is kept to
-// be released later.
-func (g *deviceGate) admit(ctx context.Context, identity string, raw json.RawMessage) bool {
+// admitter is admit over one reading of what the kubelet can allocate,
+// taken before a list is read from the store (not under its lock, and once
+// for all of the list's pods).
+func (g *deviceGate) admitter(ctx context.Context, identity string) func(json.RawMessage) bool {
+	have, err := g.allocatable(ctx)
+	if err != nil {
+		have = nil // nothing allocatable known: every pod with devices waits
+	}
+	return func(raw json.RawMessage) bool { return g.admit(identity, raw, have) }
+}
+
+// admit says whether a pod may be listed now, given what the kubelet can
+// allocate; one that may not is kept to be released later.
+func (g *deviceGate) admit(identity string, raw json.RawMessage, have map[string]int64) bool {
 	uid, needs := g.needs(raw)
 	if len(needs) == 0 {
 		return true
 	}
 	g.mu.Lock()
-	if _, ok := g.released[uid]; ok {
-		g.mu.Unlock()
-		return true
-	}
-	g.mu.Unlock()
-	have, err := g.allocatable(ctx)
-	if err == nil && satisfied(needs, have) {
-		return true
-	}
-	g.mu.Lock()
 	defer g.mu.Unlock()
+	if _, ok := g.released[uid]; ok {
+		return true
+	}
+	if satisfied(needs, have) {
+		return true
+	}
 	g.pending[uid] = gatedPod{identity: identity, raw: raw, needs: needs}
 	return false
 }
@@ -145,6 +152,11 @@ func (g *deviceGate) release(ctx context.Context) int {
 	if err != nil {
 		return 0
 	}
+	return g.releaseSatisfied(have)
+}
+
+// releaseSatisfied lets through the pending pods have satisfies.
+func (g *deviceGate) releaseSatisfied(have map[string]int64) int {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	freed := 0

@@ -192,3 +192,40 @@ func TestTokenClaims(t *testing.T) {
 		}
 	}
 }
+
+func TestDeviceGateHoldsThenReleases(t *testing.T) {
+	g := newDeviceGate("", "dowse.dev/")
+	broker := json.RawMessage(`{"metadata":{"uid":"b1","name":"broker"},"spec":{"containers":[{"resources":{"limits":{"dowse.dev/plc.default":"1"}}}]}}`)
+	plain := json.RawMessage(`{"metadata":{"uid":"a1","name":"agent"},"spec":{"containers":[{}]}}`)
+	if !g.admit("cert:n1", plain, nil) {
+		t.Error("a pod without devices was held")
+	}
+	if g.admit("cert:n1", broker, map[string]int64{"dowse.dev/other.default": 3}) {
+		t.Error("a broker was listed before its device is allocatable")
+	}
+	sent := map[string]bool{}
+	if got, _ := g.releasedSince("cert:n1", sent); len(got) != 0 {
+		t.Errorf("released before its device: %s", got)
+	}
+	if n := g.releaseSatisfied(map[string]int64{"dowse.dev/plc.default": 1}); n != 1 {
+		t.Errorf("released %d", n)
+	}
+	got, _ := g.releasedSince("cert:n1", sent)
+	if len(got) != 1 || !strings.Contains(string(got[0]), "broker") {
+		t.Errorf("released %s", got)
+	}
+	if again, _ := g.releasedSince("cert:n1", sent); len(again) != 0 {
+		t.Errorf("released twice to one watch: %s", again)
+	}
+	if other, _ := g.releasedSince("token:someone", map[string]bool{}); len(other) != 0 {
+		t.Errorf("another caller's watch got %s", other)
+	}
+	// Listed again later (a relist), the released pod is no longer held.
+	if !g.admit("cert:n1", broker, nil) {
+		t.Error("a released pod was held again")
+	}
+	g.reset()
+	if g.admit("cert:n1", broker, nil) {
+		t.Error("after a reset (back online) a pod released before still passed without its device")
+	}
+}

@@ -711,8 +711,7 @@ func (s *Server) serveOffline(w http.ResponseWriter, r *http.Request, c caller, 
 	case req.verb == "list" && kept(req):
 		var keep func(json.RawMessage) bool
 		if s.gate != nil && req.collection() == "v1/pods" {
-			ctx := r.Context()
-			keep = func(raw json.RawMessage) bool { return s.gate.admit(ctx, c.identity, raw) }
+			keep = s.gate.admitter(r.Context(), c.identity)
 		}
 		list, err := s.store.list(c.identity, req, keep)
 		if err != nil {
