@@ -62,6 +62,10 @@ func start(crds bool) (*ControlPlane, error) {
 		env.CRDDirectoryPaths, env.ErrorIfCRDPathMissing = []string{CRDDir()}, true
 	}
 	env.ControlPlane.APIServer = &envtest.APIServer{CertDir: certDir}
+	// A data directory of ours, which envtest keeps when etcd stops (it
+	// removes one it made), so that RestartEtcd finds the data again;
+	// Stop removes it with certDir.
+	env.ControlPlane.Etcd = &envtest.Etcd{DataDir: filepath.Join(certDir, "etcd")}
 	cfg, err := env.Start()
 	if err != nil {
 		// A failure after etcd and the API server started (a CRD refused)
@@ -112,6 +116,20 @@ func (c *ControlPlane) RestartAPIServer() error {
 		return err
 	}
 	return c.StartAPIServer()
+}
+
+// RestartEtcd stops etcd and starts it again on the same address with the
+// same data, as a crash and restart of etcd would, under a running API
+// server.
+func (c *ControlPlane) RestartEtcd() error {
+	etcd := c.env.ControlPlane.Etcd
+	if err := etcd.Stop(); err != nil {
+		return fmt.Errorf("stopping etcd: %w", err)
+	}
+	if err := etcd.Start(); err != nil {
+		return fmt.Errorf("starting etcd again: %w", err)
+	}
+	return nil
 }
 
 // CRDDir holds Dowse's generated CRDs.

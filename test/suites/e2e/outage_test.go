@@ -16,7 +16,8 @@ import (
 // counters report every 5 ms. The controller and the agent stay up; once
 // the API server is back they recover by themselves: the Device's status is
 // written again, holding each counter's last value (none went back), and a
-// desired value set afterwards is applied. It says how long recovery took.
+// desired value set afterwards is applied. Then etcd restarts under the
+// same load, with the same outcome. It says how long recovery took.
 func TestAPIServerAway(t *testing.T) {
 	ctx := t.Context()
 	f := startFleet(t, 1)
@@ -77,4 +78,21 @@ func TestAPIServerAway(t *testing.T) {
 	t.Logf("a desired value set %s after the API server came back reached the mapper %s later", set.Sub(back).Round(100*time.Millisecond), time.Since(set).Round(100*time.Millisecond))
 	ct.settled(ctx, "after the outage", "2")
 	t.Logf("a desired value set after the outage applied and every counter at its last value %s after the API server came back", time.Since(back).Round(100*time.Millisecond))
+
+	// etcd restarted under the same load.
+	restarted := time.Now()
+	if err := f.cp.RestartEtcd(); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("etcd restarted in %s", time.Since(restarted).Round(100*time.Millisecond))
+	etcdBack := time.Now()
+	ct.setDesired(ctx, "3")
+	testwait.For(t, 2*time.Minute, func() error {
+		if got := ct.m.Desired("default", ct.dev.Name, "setpoint"); got != "3" {
+			return fmt.Errorf("the mapper holds desired %q", got)
+		}
+		return nil
+	})
+	ct.settled(ctx, "after etcd restarted", "3")
+	t.Logf("after etcd restarted: a desired value applied and every counter at its last value in %s", time.Since(etcdBack).Round(100*time.Millisecond))
 }
