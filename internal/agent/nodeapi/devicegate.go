@@ -55,14 +55,14 @@ func (g *deviceGate) needs(raw json.RawMessage) (string, map[string]int64) {
 		return "", nil
 	}
 	out := map[string]int64{}
-	add := func(cs []corev1.Container, max bool) {
+	add := func(cs []corev1.Container, largest bool) {
 		for _, c := range cs {
 			for name, q := range c.Resources.Limits {
 				if !strings.HasPrefix(string(name), g.prefix) {
 					continue
 				}
-				if max {
-					out[string(name)] = maxInt(out[string(name)], q.Value())
+				if largest {
+					out[string(name)] = max(out[string(name)], q.Value())
 				} else {
 					out[string(name)] += q.Value()
 				}
@@ -75,13 +75,6 @@ func (g *deviceGate) needs(raw json.RawMessage) (string, map[string]int64) {
 		return string(pod.UID), nil
 	}
 	return string(pod.UID), out
-}
-
-func maxInt(a, b int64) int64 {
-	if a > b {
-		return a
-	}
-	return b
 }
 
 // admitter is admit over one reading of what the kubelet can allocate,

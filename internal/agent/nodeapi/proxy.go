@@ -8,7 +8,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/tls"
-	"crypto/x509"
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
@@ -180,10 +179,11 @@ func (s *Server) Start(ctx context.Context) error {
 		Handler:           s,
 		ReadHeaderTimeout: 10 * time.Second,
 		TLSConfig: &tls.Config{
-			MinVersion:   tls.VersionTLS12,
-			Certificates: []tls.Certificate{s.serving},
-			ClientAuth:   tls.RequestClientCert,
-			NextProtos:   []string{"h2", "http/1.1"},
+			MinVersion:       tls.VersionTLS12,
+			Certificates:     []tls.Certificate{s.serving},
+			ClientAuth:       tls.RequestClientCert,
+			VerifyConnection: s.verifyNodeCert,
+			NextProtos:       []string{"h2", "http/1.1"},
 		},
 		BaseContext: func(net.Listener) context.Context { return ctx },
 	}
@@ -238,10 +238,23 @@ func (s *Server) probe(ctx context.Context) {
 	}
 }
 
-// nodeCert is the node's current client certificate (the kubelet renews
-// it in its file).
-func (s *Server) nodeCert() (*x509.Certificate, error) {
-	return upstreamClientCert(s.cfg.Upstream)
+// verifyNodeCert ends a handshake whose client presents a certificate other
+// than the node's current one (the kubelet renews it in its file): the
+// handshake proved the client holds that certificate's key, and requests
+// with it are passed on as the node. Checked once per connection, not per
+// request; a client without a certificate goes on to present a token.
+func (s *Server) verifyNodeCert(cs tls.ConnectionState) error {
+	if len(cs.PeerCertificates) == 0 {
+		return nil
+	}
+	node, err := upstreamClientCert(s.cfg.Upstream)
+	if err != nil {
+		return err
+	}
+	if peer := cs.PeerCertificates[0]; !bytes.Equal(peer.RawSubjectPublicKeyInfo, node.RawSubjectPublicKeyInfo) {
+		return fmt.Errorf("certificate of %q: only the node's own (%q) is passed on", peer.Subject.CommonName, node.Subject.CommonName)
+	}
+	return nil
 }
 
 func (s *Server) reachable(ctx context.Context) bool {
@@ -339,17 +352,8 @@ func (s *Server) identify(r *http.Request) (caller, error) {
 		return c, nil
 	}
 	if r.TLS != nil && len(r.TLS.PeerCertificates) > 0 {
-		// The handshake proved the caller holds the key of the certificate
-		// it sent; passing it on as the node needs it to be the node's.
-		peer := r.TLS.PeerCertificates[0]
-		node, err := s.nodeCert()
-		if err != nil {
-			return caller{}, err
-		}
-		if !bytes.Equal(peer.RawSubjectPublicKeyInfo, node.RawSubjectPublicKeyInfo) {
-			return caller{}, fmt.Errorf("certificate of %q: only the node's own (%q) is passed on", peer.Subject.CommonName, node.Subject.CommonName)
-		}
-		return caller{identity: "cert:" + node.Subject.CommonName, transport: s.node}, nil
+		// verifyNodeCert let only the node's own certificate through.
+		return caller{identity: "cert:" + r.TLS.PeerCertificates[0].Subject.CommonName, transport: s.node}, nil
 	}
 	return caller{}, errors.New("no credentials: present the node's certificate or a bearer token")
 }
@@ -656,7 +660,7 @@ func (s *Server) upstreamFailed(w http.ResponseWriter, r *http.Request, err erro
 	c, _ := r.Context().Value(callerKey{}).(caller)
 	req, _ := r.Context().Value(requestKey{}).(apiRequest)
 	var ne net.Error
-	if errors.As(err, &ne) || errors.Is(err, io.EOF) || errors.Is(err, context.DeadlineExceeded) || strings.Contains(err.Error(), "connection refused") {
+	if errors.As(err, &ne) || errors.Is(err, io.EOF) || errors.Is(err, context.DeadlineExceeded) {
 		s.setOnline(false)
 		s.serveOffline(w, r, c, req)
 		return

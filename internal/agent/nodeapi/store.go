@@ -46,13 +46,10 @@ type collection struct {
 	APIVersion string `json:"apiVersion,omitempty"`
 	// ResourceVersion is the newest the API server gave this caller.
 	ResourceVersion string `json:"resourceVersion,omitempty"`
-	// Listed is set once a list or a watch list answered: only then can an
-	// offline list be answered (a collection known from GETs alone is not
-	// complete).
-	Listed bool `json:"listed,omitempty"`
-	// Scopes are the scopes (namespace, selectors) lists were answered
-	// for: an offline list is answered only within one of them, where the
-	// store knows every object.
+	// Scopes are the scopes (namespace, selectors) lists or watch lists
+	// were answered for: an offline list is answered only within one of
+	// them, where the store knows every object (a collection known from
+	// GETs alone has none).
 	Scopes  []string                   `json:"scopes,omitempty"`
 	objects map[string]json.RawMessage // namespace/name -> object
 }
@@ -364,7 +361,6 @@ func (s *store) replace(identity string, r apiRequest, listKind, apiVersion, rv 
 	if listKind != "" {
 		c.ListKind, c.APIVersion = listKind, apiVersion
 	}
-	c.Listed = true
 	if scope := scopeOf(r.namespace, r); !slices.Contains(c.Scopes, scope) {
 		c.Scopes = append(c.Scopes, scope)
 	}
@@ -406,7 +402,7 @@ func (s *store) list(identity string, r apiRequest, keep func(json.RawMessage) b
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	c := s.collections[collectionKey(identity, r.collection())]
-	if c == nil || !c.Listed || c.ListKind == "" || !c.covers(r) {
+	if c == nil || c.ListKind == "" || !c.covers(r) {
 		return nil, errNotKept
 	}
 	keys := make([]string, 0, len(c.objects))

@@ -122,6 +122,28 @@ func TestNodeKeepsWhatItReadThroughACutAndARestart(t *testing.T) {
 	nodeCfg.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
 	cs := kubernetes.NewForConfigOrDie(nodeCfg)
 
+	// Another certificate of the same name and CA, another key: not the
+	// node's, refused at the handshake.
+	otherPath := filepath.Join(dir, "other.kubeconfig")
+	if err := suite.Kubeconfig(otherPath); err != nil {
+		t.Fatal(err)
+	}
+	other, err := clientcmd.LoadFromFile(otherPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	otherThrough, err := nodeapi.KubeletKubeconfig(other, listen, storeDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	otherCfg, err := clientcmd.NewDefaultClientConfig(*otherThrough, nil).ClientConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kubernetes.NewForConfigOrDie(otherCfg).CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{}); err == nil {
+		t.Error("a certificate that is not the node's was passed on")
+	}
+
 	secret := "before-the-cut-" + rand.String(12)
 	if _, err := cs.CoreV1().Secrets(ns).Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "plc"},
 		Data: map[string][]byte{"password": []byte(secret)}}, metav1.CreateOptions{}); err != nil {
