@@ -107,6 +107,12 @@ func watchStatus(t *testing.T, c client.WithWatch, ns, name string) *statusWatch
 	return sw
 }
 
+func (sw *statusWatch) seen() int {
+	sw.mu.Lock()
+	defer sw.mu.Unlock()
+	return sw.updates
+}
+
 func (sw *statusWatch) check(t *testing.T) {
 	t.Helper()
 	sw.mu.Lock()
@@ -416,7 +422,7 @@ func TestTwinsSurviveOfflineAndFaults(t *testing.T) {
 		}
 		settled("after an agent with an expired certificate restarted while offline", d.Spec.Properties[0].Desired.Value)
 	})
-	if sw.updates == 0 {
+	if sw.seen() == 0 {
 		t.Fatal("the status watch saw no update")
 	}
 	reportErrs.Range(func(k, _ any) bool {
