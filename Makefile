@@ -27,7 +27,7 @@ STATIC_CMDS = $(filter %/dowse-agent %-mapper %/dowsectl,$(CMDS))
 # The files `make generate` writes, which verify-generate checks.
 GENERATED := proto shared/api deploy internal/controller/brokers/zz_generated.deepcopy.go
 
-.PHONY: all build images release peers helm generate verify-generate test fuzz test-unit test-integration test-node node-deps bench demo k8s deps clean
+.PHONY: all build images release peers helm generate verify-generate test fuzz test-unit test-integration test-node node-deps bench demo k8s deps docs clean
 
 all: build
 
@@ -182,6 +182,12 @@ bench: k8s build
 demo: k8s helm build
 	@hack/install-node-deps.sh || echo "runc unavailable: the demo runs without a real node"
 	go run ./hack/demo
+
+# The documentation site (mkdocs.yml, docs/) into bin/site, built strict:
+# a broken link, a warning or a page missing from the nav fails it
+# (test/suites/docs runs the same build in make test).
+docs:
+	@hack/docs.sh bin/site
 
 # golangci-lint (.golangci.yml), pinned in its own tools module
 # (hack/tools/lint: its dependencies would clash with controller-gen's), and

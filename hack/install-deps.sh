@@ -36,6 +36,9 @@ command -v mariadb >/dev/null || need+=(mariadb-client)
 # chart's alerting rules.
 command -v lighttpd >/dev/null || [ -x /usr/sbin/lighttpd ] || need+=(lighttpd)
 command -v promtool >/dev/null || need+=(prometheus)
+# The documentation site: make docs and its test build docs/ with mkdocs
+# --strict (its built-in themes only).
+command -v mkdocs >/dev/null || need+=(mkdocs)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then echo "please install: ${need[*]} (apt-get install ${need[*]})" >&2; exit 1; fi
   apt-get update -qq

@@ -47,7 +47,7 @@ func dbAddr(addr string) (string, error) {
 // for Redis ACLs) comes from the sink's credentials (AUTH); a ca.crt among
 // them turns TLS on. It is Dowse's own because a pipelined ZADD is a few
 // lines of Redis's protocol, and go-redis added 1.85 MB to every mapper
-// binary, which stays resident (see the README's mapper figures).
+// binary, which stays resident (see docs/design/benchmarks.md, Mappers).
 type redisTransport struct {
 	addr    string
 	db      int

@@ -149,7 +149,7 @@ func (s credentialSource) load() (credentials, error) {
 	}
 	dir := filepath.Join(s.dir, s.secret)
 	if st, err := os.Stat(dir); err != nil || !st.IsDir() {
-		return credentials{}, fmt.Errorf("the pushMethod's Secret %q is not mounted at %s: mount it into the mapper's Pod there (see the README)", s.secret, dir)
+		return credentials{}, fmt.Errorf("the pushMethod's Secret %q is not mounted at %s: mount it into the mapper's Pod there (see docs/user-guide/push-methods.md, Sink credentials)", s.secret, dir)
 	}
 	var c credentials
 	for _, f := range []struct {

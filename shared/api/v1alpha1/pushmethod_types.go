@@ -13,7 +13,7 @@ import corev1 "k8s.io/api/core/v1"
 // a deviceTemplate's substitution is done), and secretRef (new) names a
 // Secret with the sink's credentials. Credentials are never in the spec:
 // the mapper reads them from that Secret mounted into its Pod, or from
-// environment variables (see the README).
+// environment variables (see docs/user-guide/push-methods.md).
 // +kubebuilder:validation:XValidation:rule="[has(self.http), has(self.mqtt), has(self.otel)].filter(x, x).size() <= 1",message="at most one of http, mqtt and otel"
 // +kubebuilder:validation:XValidation:rule="has(self.http) || has(self.mqtt) || has(self.otel) || has(self.dbMethod)",message="names no sink: set http, mqtt, otel or dbMethod"
 type PushMethod struct {

@@ -36,7 +36,8 @@ type browser struct {
 var chromium browser
 
 // ScreenshotEnv names a file the console's screenshot of the demo's kind of
-// data is also written to (the README's docs/console.png is made so).
+// data is also written to (docs/console.png, shown in
+// docs/user-guide/dowsectl.md, is made so).
 const ScreenshotEnv = "DOWSE_CONSOLE_SCREENSHOT"
 
 func (r *rig) browser(t *testing.T) (context.Context, string) {

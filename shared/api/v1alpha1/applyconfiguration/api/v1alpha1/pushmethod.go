@@ -20,7 +20,7 @@ import (
 // a deviceTemplate's substitution is done), and secretRef (new) names a
 // Secret with the sink's credentials. Credentials are never in the spec:
 // the mapper reads them from that Secret mounted into its Pod, or from
-// environment variables (see the README).
+// environment variables (see docs/user-guide/push-methods.md).
 type PushMethodApplyConfiguration struct {
 	// HTTP posts each reading to an HTTP endpoint.
 	HTTP *PushMethodHTTPApplyConfiguration `json:"http,omitempty"`
