@@ -25,7 +25,7 @@ IMAGE_CMDS = $(filter-out %/dowsectl,$(CMDS))
 STATIC_CMDS = $(filter %/dowse-agent %-mapper %/dowsectl,$(CMDS))
 
 # The files `make generate` writes, which verify-generate checks.
-GENERATED := proto shared/api deploy internal/controller/brokers/zz_generated.deepcopy.go
+GENERATED := proto shared/api deploy internal/controller/brokers/zz_generated.deepcopy.go docs/reference
 
 .PHONY: all build images release peers helm generate verify-generate test fuzz test-unit test-integration test-node node-deps bench demo k8s deps docs clean
 
@@ -90,8 +90,9 @@ release: helm
 	    -platforms "$$(echo $(RELEASE_PLATFORMS) | tr ' ' ',')" $(notdir $(RELEASE_CMDS))
 	$(BIN)/helm package deploy/helm/dowse --version $(RELEASE_VERSION) --app-version $(RELEASE_VERSION) -d $(RELEASE_DIR)
 
-# Regenerates protobuf Go, deepcopy and CRD YAML with the pinned tools, then
-# the chart's crds/ and the manifests under deploy/ rendered from the chart.
+# Regenerates protobuf Go, deepcopy and CRD YAML with the pinned tools, the
+# reference pages under docs/reference, then the chart's crds/ and the
+# manifests under deploy/ rendered from the chart.
 generate: deps helm
 	@hack/generate.sh
 	@hack/render-deploy.sh

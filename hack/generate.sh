@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Regenerates every generated file: protobuf Go, deepcopy, CRD YAML, apply
-# configurations.
+# configurations, and the reference pages under docs/reference.
 # Tool versions are pinned in hack/tools/go.mod.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,3 +24,7 @@ command -v protoc >/dev/null || { echo "protoc missing: run hack/install-deps.sh
 # generator leaves the files of types that are gone.
 rm -rf shared/api/v1alpha1/applyconfiguration
 "$TOOLBIN/controller-gen" applyconfiguration paths=./shared/api/...
+# The reference pages (CRD fields, dowsectl's commands, chart values), from
+# the CRDs just written, dowsectl's command tree and the chart's values
+# schema.
+go run ./hack/docgen -out docs/reference
