@@ -171,6 +171,9 @@ func (s *sinkSet) targets(ctx context.Context, ns, device, property string, pm *
 	if pm.GetOtel() != nil {
 		errs = append(errs, errors.New("pushMethod.otel: Dowse's mappers do not export to OpenTelemetry (KubeEdge's do)"))
 	}
+	if pm.GetAnomalyDetection() != nil {
+		errs = append(errs, errors.New("pushMethod.anomalyDetection: Dowse's mappers do not serve KubeEdge's anomaly detection (KubeEdge's do)"))
+	}
 	if db := pm.GetDbMethod(); db != nil {
 		table := ns + "/" + device + "/" + property
 		switch {

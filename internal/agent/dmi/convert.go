@@ -70,10 +70,10 @@ func anyOf(v *structpb.Value) *anypb.Any {
 // toDMIDevice is the Device a mapper is given. Every message that
 // mapper-framework dereferences unchecked (protocol, each property's
 // desired value and visitors, configData) is set. Status asks the mapper
-// to report the device's state (mapper-framework's template reports states
-// only when status.reportToCloud is true; KubeEdge sets it from
-// spec.stateReport, which Dowse's Device has no field for: states are
-// always wanted here), at its default cycle.
+// to report the device's state as the Device's spec.stateReport says
+// (mapper-framework's template reports states only when
+// status.reportToCloud is true, every status.reportCycle milliseconds;
+// edgecore 1.23 sets both from spec.stateReport), unless told not to.
 func toDMIDevice(d *linkv1.EdgeDevice) *dmiv1beta1.Device {
 	spec := &dmiv1beta1.DeviceSpec{
 		DeviceModelReference: d.GetModel(),
@@ -103,7 +103,7 @@ func toDMIDevice(d *linkv1.EdgeDevice) *dmiv1beta1.Device {
 	}
 	return &dmiv1beta1.Device{
 		Name: d.GetRef().GetName(), Namespace: d.GetRef().GetNamespace(), Spec: spec,
-		Status: &dmiv1beta1.DeviceStatus{ReportToCloud: true},
+		Status: &dmiv1beta1.DeviceStatus{ReportToCloud: !d.GetNoStateReports(), ReportCycle: d.GetStateReportCycleMs()},
 	}
 }
 
@@ -118,6 +118,9 @@ func dmiPushMethod(pm *linkv1.PushMethod) *dmiv1beta1.PushMethod {
 		return nil
 	}
 	out := &dmiv1beta1.PushMethod{DowseSecretName: pm.GetSecretName()}
+	if ad := pm.GetAnomalyDetection(); ad != nil {
+		out.AnomalyDetection = &dmiv1beta1.AnomalyDetection{Data: customized(ad).GetData()}
+	}
 	if h := pm.GetHttp(); h != nil {
 		out.Http = &dmiv1beta1.PushMethodHTTP{Hostname: h.GetHostName(), Port: h.GetPort(), Requestpath: h.GetRequestPath(), Timeout: h.GetTimeout()}
 	}

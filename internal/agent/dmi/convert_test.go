@@ -64,4 +64,31 @@ func TestToDMIDevice(t *testing.T) {
 	if q.Desired.Value != "3" || q.Desired.Metadata["type"] != "int" || q.Visitors.ProtocolName != "other" {
 		t.Fatalf("property q %v", q)
 	}
+	if d.Status.ReportCycle != 0 {
+		t.Fatalf("status %v: want the mapper's default state cycle", d.Status)
+	}
+	// KubeEdge 1.23's spec.stateReport, as edgecore hands it: status.
+	d = toDMIDevice(&linkv1.EdgeDevice{Ref: &linkv1.DeviceRef{Namespace: "ns", Name: "d"}, NoStateReports: true, StateReportCycleMs: 30000})
+	if d.Status.ReportToCloud || d.Status.ReportCycle != 30000 {
+		t.Fatalf("status %v: want no state reports, cycle 30000 ms", d.Status)
+	}
+}
+
+// TestAnomalyDetectionAsEdgecore: KubeEdge 1.23's pushMethod.anomalyDetection
+// reaches the mapper with each value wrapped as edgecore wraps configData.
+func TestAnomalyDetectionAsEdgecore(t *testing.T) {
+	s, err := structpb.NewStruct(map[string]any{"service": "http://ad:8080", "window": 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pm := dmiPushMethod(&linkv1.PushMethod{AnomalyDetection: s})
+	ad := pm.GetAnomalyDetection().GetData()
+	var svc wrapperspb.StringValue
+	var window wrapperspb.Int32Value
+	if len(ad) != 2 || ad["service"].UnmarshalTo(&svc) != nil || svc.Value != "http://ad:8080" || ad["window"].UnmarshalTo(&window) != nil || window.Value != 10 {
+		t.Fatalf("anomalyDetection %v", ad)
+	}
+	if dmiPushMethod(&linkv1.PushMethod{Mqtt: &linkv1.PushMethodMQTT{}}).GetAnomalyDetection() != nil {
+		t.Fatal("an anomalyDetection made up for a pushMethod without one")
+	}
 }

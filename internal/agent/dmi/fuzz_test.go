@@ -71,6 +71,7 @@ func FuzzDeviceConversion(f *testing.F) {
 			pm, want := p.GetPushMethod(), in.GetPushMethod()
 			if (pm == nil) != (want == nil) || (pm.GetHttp() == nil) != (want.GetHttp() == nil) || (pm.GetMqtt() == nil) != (want.GetMqtt() == nil) ||
 				(pm.GetOtel() == nil) != (want.GetOtel() == nil) || (pm.GetDbMethod() == nil) != (want.GetDbMethod() == nil) ||
+				(pm.GetAnomalyDetection() == nil) != (want.GetAnomalyDetection() == nil) ||
 				(pm.GetDbMethod().GetRedis() == nil) != (want.GetDbMethod().GetRedis() == nil) ||
 				(pm.GetDbMethod().GetInfluxdb2() == nil) != (want.GetDbMethod().GetInfluxdb2() == nil) ||
 				(pm.GetDbMethod().GetMysql() == nil) != (want.GetDbMethod().GetMysql() == nil) ||

@@ -284,6 +284,7 @@ func FromTemplate(inst *v1alpha1.Instance, cfg *v1alpha1.Configuration, node str
 			MapperName:     cfg.Name,
 			Protocol:       *t.Protocol.DeepCopy(),
 			Methods:        slices.Clone(t.Methods),
+			StateReport:    t.StateReport.DeepCopy(),
 		},
 	}
 	var err error

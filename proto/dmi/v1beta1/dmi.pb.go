@@ -4,7 +4,7 @@
 //
 // This is Dowse's own description of that wire protocol. The proto package,
 // service and message names and every field number equal those of
-// github.com/kubeedge/api v1.21.0 apis/dmi/v1beta1, so a mapper built for
+// github.com/kubeedge/api v1.23.0 apis/dmi/v1beta1 (1.21's and one field more), so a mapper built for
 // edgecore registers with the Dowse agent unchanged, and Dowse's mappers run
 // under edgecore. Never renumber a field; add new ones only as KubeEdge adds
 // them.
@@ -876,12 +876,59 @@ func (x *CustomizedValue) GetData() map[string]*anypb.Any {
 	return nil
 }
 
+type AnomalyDetection struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Data          map[string]*anypb.Any  `protobuf:"bytes,1,rep,name=data,proto3" json:"data,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AnomalyDetection) Reset() {
+	*x = AnomalyDetection{}
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AnomalyDetection) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AnomalyDetection) ProtoMessage() {}
+
+func (x *AnomalyDetection) ProtoReflect() protoreflect.Message {
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AnomalyDetection.ProtoReflect.Descriptor instead.
+func (*AnomalyDetection) Descriptor() ([]byte, []int) {
+	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *AnomalyDetection) GetData() map[string]*anypb.Any {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
 type PushMethod struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	Http     *PushMethodHTTP        `protobuf:"bytes,1,opt,name=http,proto3" json:"http,omitempty"`
 	Mqtt     *PushMethodMQTT        `protobuf:"bytes,2,opt,name=mqtt,proto3" json:"mqtt,omitempty"`
 	Otel     *PushMethodOTEL        `protobuf:"bytes,4,opt,name=otel,proto3" json:"otel,omitempty"`
 	DbMethod *DBMethod              `protobuf:"bytes,3,opt,name=dbMethod,proto3" json:"dbMethod,omitempty"`
+	// KubeEdge 1.23: the anomaly detection service's configuration, values as
+	// in CustomizedValue.
+	AnomalyDetection *AnomalyDetection `protobuf:"bytes,5,opt,name=anomalyDetection,proto3" json:"anomalyDetection,omitempty"`
 	// Dowse's own field, not KubeEdge's (numbered far from theirs, the one
 	// exception to the rule above; a mapper that does not know it skips it,
 	// as protobuf does with unknown fields): the name of the Secret, in the
@@ -895,7 +942,7 @@ type PushMethod struct {
 
 func (x *PushMethod) Reset() {
 	*x = PushMethod{}
-	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[13]
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -907,7 +954,7 @@ func (x *PushMethod) String() string {
 func (*PushMethod) ProtoMessage() {}
 
 func (x *PushMethod) ProtoReflect() protoreflect.Message {
-	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[13]
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -920,7 +967,7 @@ func (x *PushMethod) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PushMethod.ProtoReflect.Descriptor instead.
 func (*PushMethod) Descriptor() ([]byte, []int) {
-	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{13}
+	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *PushMethod) GetHttp() *PushMethodHTTP {
@@ -951,6 +998,13 @@ func (x *PushMethod) GetDbMethod() *DBMethod {
 	return nil
 }
 
+func (x *PushMethod) GetAnomalyDetection() *AnomalyDetection {
+	if x != nil {
+		return x.AnomalyDetection
+	}
+	return nil
+}
+
 func (x *PushMethod) GetDowseSecretName() string {
 	if x != nil {
 		return x.DowseSecretName
@@ -970,7 +1024,7 @@ type PushMethodHTTP struct {
 
 func (x *PushMethodHTTP) Reset() {
 	*x = PushMethodHTTP{}
-	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[14]
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -982,7 +1036,7 @@ func (x *PushMethodHTTP) String() string {
 func (*PushMethodHTTP) ProtoMessage() {}
 
 func (x *PushMethodHTTP) ProtoReflect() protoreflect.Message {
-	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[14]
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -995,7 +1049,7 @@ func (x *PushMethodHTTP) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PushMethodHTTP.ProtoReflect.Descriptor instead.
 func (*PushMethodHTTP) Descriptor() ([]byte, []int) {
-	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{14}
+	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *PushMethodHTTP) GetHostname() string {
@@ -1038,7 +1092,7 @@ type PushMethodMQTT struct {
 
 func (x *PushMethodMQTT) Reset() {
 	*x = PushMethodMQTT{}
-	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[15]
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1050,7 +1104,7 @@ func (x *PushMethodMQTT) String() string {
 func (*PushMethodMQTT) ProtoMessage() {}
 
 func (x *PushMethodMQTT) ProtoReflect() protoreflect.Message {
-	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[15]
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1063,7 +1117,7 @@ func (x *PushMethodMQTT) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PushMethodMQTT.ProtoReflect.Descriptor instead.
 func (*PushMethodMQTT) Descriptor() ([]byte, []int) {
-	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{15}
+	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *PushMethodMQTT) GetAddress() string {
@@ -1103,7 +1157,7 @@ type PushMethodOTEL struct {
 
 func (x *PushMethodOTEL) Reset() {
 	*x = PushMethodOTEL{}
-	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[16]
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1115,7 +1169,7 @@ func (x *PushMethodOTEL) String() string {
 func (*PushMethodOTEL) ProtoMessage() {}
 
 func (x *PushMethodOTEL) ProtoReflect() protoreflect.Message {
-	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[16]
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1128,7 +1182,7 @@ func (x *PushMethodOTEL) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PushMethodOTEL.ProtoReflect.Descriptor instead.
 func (*PushMethodOTEL) Descriptor() ([]byte, []int) {
-	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{16}
+	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *PushMethodOTEL) GetEndpointURL() string {
@@ -1150,7 +1204,7 @@ type DBMethod struct {
 
 func (x *DBMethod) Reset() {
 	*x = DBMethod{}
-	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[17]
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1162,7 +1216,7 @@ func (x *DBMethod) String() string {
 func (*DBMethod) ProtoMessage() {}
 
 func (x *DBMethod) ProtoReflect() protoreflect.Message {
-	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[17]
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1175,7 +1229,7 @@ func (x *DBMethod) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DBMethod.ProtoReflect.Descriptor instead.
 func (*DBMethod) Descriptor() ([]byte, []int) {
-	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{17}
+	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *DBMethod) GetInfluxdb2() *DBMethodInfluxdb2 {
@@ -1216,7 +1270,7 @@ type DBMethodInfluxdb2 struct {
 
 func (x *DBMethodInfluxdb2) Reset() {
 	*x = DBMethodInfluxdb2{}
-	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[18]
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1228,7 +1282,7 @@ func (x *DBMethodInfluxdb2) String() string {
 func (*DBMethodInfluxdb2) ProtoMessage() {}
 
 func (x *DBMethodInfluxdb2) ProtoReflect() protoreflect.Message {
-	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[18]
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1241,7 +1295,7 @@ func (x *DBMethodInfluxdb2) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DBMethodInfluxdb2.ProtoReflect.Descriptor instead.
 func (*DBMethodInfluxdb2) Descriptor() ([]byte, []int) {
-	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{18}
+	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *DBMethodInfluxdb2) GetInfluxdb2ClientConfig() *Influxdb2ClientConfig {
@@ -1269,7 +1323,7 @@ type Influxdb2DataConfig struct {
 
 func (x *Influxdb2DataConfig) Reset() {
 	*x = Influxdb2DataConfig{}
-	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[19]
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1281,7 +1335,7 @@ func (x *Influxdb2DataConfig) String() string {
 func (*Influxdb2DataConfig) ProtoMessage() {}
 
 func (x *Influxdb2DataConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[19]
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1294,7 +1348,7 @@ func (x *Influxdb2DataConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Influxdb2DataConfig.ProtoReflect.Descriptor instead.
 func (*Influxdb2DataConfig) Descriptor() ([]byte, []int) {
-	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{19}
+	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Influxdb2DataConfig) GetMeasurement() string {
@@ -1329,7 +1383,7 @@ type Influxdb2ClientConfig struct {
 
 func (x *Influxdb2ClientConfig) Reset() {
 	*x = Influxdb2ClientConfig{}
-	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[20]
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1341,7 +1395,7 @@ func (x *Influxdb2ClientConfig) String() string {
 func (*Influxdb2ClientConfig) ProtoMessage() {}
 
 func (x *Influxdb2ClientConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[20]
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1354,7 +1408,7 @@ func (x *Influxdb2ClientConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Influxdb2ClientConfig.ProtoReflect.Descriptor instead.
 func (*Influxdb2ClientConfig) Descriptor() ([]byte, []int) {
-	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{20}
+	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Influxdb2ClientConfig) GetUrl() string {
@@ -1387,7 +1441,7 @@ type DBMethodRedis struct {
 
 func (x *DBMethodRedis) Reset() {
 	*x = DBMethodRedis{}
-	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[21]
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1399,7 +1453,7 @@ func (x *DBMethodRedis) String() string {
 func (*DBMethodRedis) ProtoMessage() {}
 
 func (x *DBMethodRedis) ProtoReflect() protoreflect.Message {
-	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[21]
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1412,7 +1466,7 @@ func (x *DBMethodRedis) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DBMethodRedis.ProtoReflect.Descriptor instead.
 func (*DBMethodRedis) Descriptor() ([]byte, []int) {
-	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{21}
+	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *DBMethodRedis) GetRedisClientConfig() *RedisClientConfig {
@@ -1434,7 +1488,7 @@ type RedisClientConfig struct {
 
 func (x *RedisClientConfig) Reset() {
 	*x = RedisClientConfig{}
-	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[22]
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1446,7 +1500,7 @@ func (x *RedisClientConfig) String() string {
 func (*RedisClientConfig) ProtoMessage() {}
 
 func (x *RedisClientConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[22]
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1459,7 +1513,7 @@ func (x *RedisClientConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RedisClientConfig.ProtoReflect.Descriptor instead.
 func (*RedisClientConfig) Descriptor() ([]byte, []int) {
-	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{22}
+	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *RedisClientConfig) GetAddr() string {
@@ -1499,7 +1553,7 @@ type DBMethodTDEngine struct {
 
 func (x *DBMethodTDEngine) Reset() {
 	*x = DBMethodTDEngine{}
-	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[23]
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1511,7 +1565,7 @@ func (x *DBMethodTDEngine) String() string {
 func (*DBMethodTDEngine) ProtoMessage() {}
 
 func (x *DBMethodTDEngine) ProtoReflect() protoreflect.Message {
-	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[23]
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1524,7 +1578,7 @@ func (x *DBMethodTDEngine) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DBMethodTDEngine.ProtoReflect.Descriptor instead.
 func (*DBMethodTDEngine) Descriptor() ([]byte, []int) {
-	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{23}
+	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *DBMethodTDEngine) GetTdEngineClientConfig() *TDEngineClientConfig {
@@ -1544,7 +1598,7 @@ type TDEngineClientConfig struct {
 
 func (x *TDEngineClientConfig) Reset() {
 	*x = TDEngineClientConfig{}
-	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[24]
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1556,7 +1610,7 @@ func (x *TDEngineClientConfig) String() string {
 func (*TDEngineClientConfig) ProtoMessage() {}
 
 func (x *TDEngineClientConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[24]
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1569,7 +1623,7 @@ func (x *TDEngineClientConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TDEngineClientConfig.ProtoReflect.Descriptor instead.
 func (*TDEngineClientConfig) Descriptor() ([]byte, []int) {
-	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{24}
+	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *TDEngineClientConfig) GetAddr() string {
@@ -1595,7 +1649,7 @@ type DBMethodMySQL struct {
 
 func (x *DBMethodMySQL) Reset() {
 	*x = DBMethodMySQL{}
-	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[25]
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1607,7 +1661,7 @@ func (x *DBMethodMySQL) String() string {
 func (*DBMethodMySQL) ProtoMessage() {}
 
 func (x *DBMethodMySQL) ProtoReflect() protoreflect.Message {
-	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[25]
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1620,7 +1674,7 @@ func (x *DBMethodMySQL) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DBMethodMySQL.ProtoReflect.Descriptor instead.
 func (*DBMethodMySQL) Descriptor() ([]byte, []int) {
-	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{25}
+	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *DBMethodMySQL) GetMysqlClientConfig() *MySQLClientConfig {
@@ -1641,7 +1695,7 @@ type MySQLClientConfig struct {
 
 func (x *MySQLClientConfig) Reset() {
 	*x = MySQLClientConfig{}
-	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[26]
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1653,7 +1707,7 @@ func (x *MySQLClientConfig) String() string {
 func (*MySQLClientConfig) ProtoMessage() {}
 
 func (x *MySQLClientConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[26]
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1666,7 +1720,7 @@ func (x *MySQLClientConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MySQLClientConfig.ProtoReflect.Descriptor instead.
 func (*MySQLClientConfig) Descriptor() ([]byte, []int) {
-	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{26}
+	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *MySQLClientConfig) GetAddr() string {
@@ -1699,7 +1753,7 @@ type DBMethodOTEL struct {
 
 func (x *DBMethodOTEL) Reset() {
 	*x = DBMethodOTEL{}
-	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[27]
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1711,7 +1765,7 @@ func (x *DBMethodOTEL) String() string {
 func (*DBMethodOTEL) ProtoMessage() {}
 
 func (x *DBMethodOTEL) ProtoReflect() protoreflect.Message {
-	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[27]
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1724,7 +1778,7 @@ func (x *DBMethodOTEL) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DBMethodOTEL.ProtoReflect.Descriptor instead.
 func (*DBMethodOTEL) Descriptor() ([]byte, []int) {
-	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{27}
+	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *DBMethodOTEL) GetOtelExporterConfig() *OTELExporterConfig {
@@ -1743,7 +1797,7 @@ type OTELExporterConfig struct {
 
 func (x *OTELExporterConfig) Reset() {
 	*x = OTELExporterConfig{}
-	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[28]
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1755,7 +1809,7 @@ func (x *OTELExporterConfig) String() string {
 func (*OTELExporterConfig) ProtoMessage() {}
 
 func (x *OTELExporterConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[28]
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1768,7 +1822,7 @@ func (x *OTELExporterConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OTELExporterConfig.ProtoReflect.Descriptor instead.
 func (*OTELExporterConfig) Descriptor() ([]byte, []int) {
-	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{28}
+	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *OTELExporterConfig) GetEndpointURL() string {
@@ -1795,7 +1849,7 @@ type MapperInfo struct {
 
 func (x *MapperInfo) Reset() {
 	*x = MapperInfo{}
-	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[29]
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1807,7 +1861,7 @@ func (x *MapperInfo) String() string {
 func (*MapperInfo) ProtoMessage() {}
 
 func (x *MapperInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[29]
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1820,7 +1874,7 @@ func (x *MapperInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MapperInfo.ProtoReflect.Descriptor instead.
 func (*MapperInfo) Descriptor() ([]byte, []int) {
-	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{29}
+	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *MapperInfo) GetName() string {
@@ -1876,7 +1930,7 @@ type ReportDeviceStatusRequest struct {
 
 func (x *ReportDeviceStatusRequest) Reset() {
 	*x = ReportDeviceStatusRequest{}
-	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[30]
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1888,7 +1942,7 @@ func (x *ReportDeviceStatusRequest) String() string {
 func (*ReportDeviceStatusRequest) ProtoMessage() {}
 
 func (x *ReportDeviceStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[30]
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1901,7 +1955,7 @@ func (x *ReportDeviceStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportDeviceStatusRequest.ProtoReflect.Descriptor instead.
 func (*ReportDeviceStatusRequest) Descriptor() ([]byte, []int) {
-	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{30}
+	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ReportDeviceStatusRequest) GetDeviceName() string {
@@ -1936,7 +1990,7 @@ type ReportDeviceStatesRequest struct {
 
 func (x *ReportDeviceStatesRequest) Reset() {
 	*x = ReportDeviceStatesRequest{}
-	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[31]
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1948,7 +2002,7 @@ func (x *ReportDeviceStatesRequest) String() string {
 func (*ReportDeviceStatesRequest) ProtoMessage() {}
 
 func (x *ReportDeviceStatesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[31]
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1961,7 +2015,7 @@ func (x *ReportDeviceStatesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportDeviceStatesRequest.ProtoReflect.Descriptor instead.
 func (*ReportDeviceStatesRequest) Descriptor() ([]byte, []int) {
-	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{31}
+	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ReportDeviceStatesRequest) GetDeviceName() string {
@@ -1996,7 +2050,7 @@ type DeviceStatus struct {
 
 func (x *DeviceStatus) Reset() {
 	*x = DeviceStatus{}
-	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[32]
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2008,7 +2062,7 @@ func (x *DeviceStatus) String() string {
 func (*DeviceStatus) ProtoMessage() {}
 
 func (x *DeviceStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[32]
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2021,7 +2075,7 @@ func (x *DeviceStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeviceStatus.ProtoReflect.Descriptor instead.
 func (*DeviceStatus) Descriptor() ([]byte, []int) {
-	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{32}
+	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *DeviceStatus) GetTwins() []*Twin {
@@ -2056,7 +2110,7 @@ type Twin struct {
 
 func (x *Twin) Reset() {
 	*x = Twin{}
-	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[33]
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2068,7 +2122,7 @@ func (x *Twin) String() string {
 func (*Twin) ProtoMessage() {}
 
 func (x *Twin) ProtoReflect() protoreflect.Message {
-	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[33]
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2081,7 +2135,7 @@ func (x *Twin) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Twin.ProtoReflect.Descriptor instead.
 func (*Twin) Descriptor() ([]byte, []int) {
-	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{33}
+	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *Twin) GetPropertyName() string {
@@ -2116,7 +2170,7 @@ type TwinProperty struct {
 
 func (x *TwinProperty) Reset() {
 	*x = TwinProperty{}
-	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[34]
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2128,7 +2182,7 @@ func (x *TwinProperty) String() string {
 func (*TwinProperty) ProtoMessage() {}
 
 func (x *TwinProperty) ProtoReflect() protoreflect.Message {
-	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[34]
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2141,7 +2195,7 @@ func (x *TwinProperty) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TwinProperty.ProtoReflect.Descriptor instead.
 func (*TwinProperty) Descriptor() ([]byte, []int) {
-	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{34}
+	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *TwinProperty) GetValue() string {
@@ -2166,7 +2220,7 @@ type ReportDeviceStatusResponse struct {
 
 func (x *ReportDeviceStatusResponse) Reset() {
 	*x = ReportDeviceStatusResponse{}
-	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[35]
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2178,7 +2232,7 @@ func (x *ReportDeviceStatusResponse) String() string {
 func (*ReportDeviceStatusResponse) ProtoMessage() {}
 
 func (x *ReportDeviceStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[35]
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2191,7 +2245,7 @@ func (x *ReportDeviceStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportDeviceStatusResponse.ProtoReflect.Descriptor instead.
 func (*ReportDeviceStatusResponse) Descriptor() ([]byte, []int) {
-	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{35}
+	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{36}
 }
 
 type ReportDeviceStatesResponse struct {
@@ -2202,7 +2256,7 @@ type ReportDeviceStatesResponse struct {
 
 func (x *ReportDeviceStatesResponse) Reset() {
 	*x = ReportDeviceStatesResponse{}
-	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[36]
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2214,7 +2268,7 @@ func (x *ReportDeviceStatesResponse) String() string {
 func (*ReportDeviceStatesResponse) ProtoMessage() {}
 
 func (x *ReportDeviceStatesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[36]
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2227,7 +2281,7 @@ func (x *ReportDeviceStatesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportDeviceStatesResponse.ProtoReflect.Descriptor instead.
 func (*ReportDeviceStatesResponse) Descriptor() ([]byte, []int) {
-	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{36}
+	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{37}
 }
 
 type RegisterDeviceRequest struct {
@@ -2239,7 +2293,7 @@ type RegisterDeviceRequest struct {
 
 func (x *RegisterDeviceRequest) Reset() {
 	*x = RegisterDeviceRequest{}
-	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[37]
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2251,7 +2305,7 @@ func (x *RegisterDeviceRequest) String() string {
 func (*RegisterDeviceRequest) ProtoMessage() {}
 
 func (x *RegisterDeviceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[37]
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2264,7 +2318,7 @@ func (x *RegisterDeviceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterDeviceRequest.ProtoReflect.Descriptor instead.
 func (*RegisterDeviceRequest) Descriptor() ([]byte, []int) {
-	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{37}
+	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *RegisterDeviceRequest) GetDevice() *Device {
@@ -2284,7 +2338,7 @@ type RegisterDeviceResponse struct {
 
 func (x *RegisterDeviceResponse) Reset() {
 	*x = RegisterDeviceResponse{}
-	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[38]
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2296,7 +2350,7 @@ func (x *RegisterDeviceResponse) String() string {
 func (*RegisterDeviceResponse) ProtoMessage() {}
 
 func (x *RegisterDeviceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[38]
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2309,7 +2363,7 @@ func (x *RegisterDeviceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterDeviceResponse.ProtoReflect.Descriptor instead.
 func (*RegisterDeviceResponse) Descriptor() ([]byte, []int) {
-	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{38}
+	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *RegisterDeviceResponse) GetDeviceName() string {
@@ -2335,7 +2389,7 @@ type CreateDeviceModelRequest struct {
 
 func (x *CreateDeviceModelRequest) Reset() {
 	*x = CreateDeviceModelRequest{}
-	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[39]
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2347,7 +2401,7 @@ func (x *CreateDeviceModelRequest) String() string {
 func (*CreateDeviceModelRequest) ProtoMessage() {}
 
 func (x *CreateDeviceModelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[39]
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2360,7 +2414,7 @@ func (x *CreateDeviceModelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateDeviceModelRequest.ProtoReflect.Descriptor instead.
 func (*CreateDeviceModelRequest) Descriptor() ([]byte, []int) {
-	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{39}
+	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *CreateDeviceModelRequest) GetModel() *DeviceModel {
@@ -2380,7 +2434,7 @@ type CreateDeviceModelResponse struct {
 
 func (x *CreateDeviceModelResponse) Reset() {
 	*x = CreateDeviceModelResponse{}
-	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[40]
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2392,7 +2446,7 @@ func (x *CreateDeviceModelResponse) String() string {
 func (*CreateDeviceModelResponse) ProtoMessage() {}
 
 func (x *CreateDeviceModelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[40]
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2405,7 +2459,7 @@ func (x *CreateDeviceModelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateDeviceModelResponse.ProtoReflect.Descriptor instead.
 func (*CreateDeviceModelResponse) Descriptor() ([]byte, []int) {
-	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{40}
+	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *CreateDeviceModelResponse) GetDeviceModelName() string {
@@ -2432,7 +2486,7 @@ type RemoveDeviceRequest struct {
 
 func (x *RemoveDeviceRequest) Reset() {
 	*x = RemoveDeviceRequest{}
-	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[41]
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2444,7 +2498,7 @@ func (x *RemoveDeviceRequest) String() string {
 func (*RemoveDeviceRequest) ProtoMessage() {}
 
 func (x *RemoveDeviceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[41]
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2457,7 +2511,7 @@ func (x *RemoveDeviceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveDeviceRequest.ProtoReflect.Descriptor instead.
 func (*RemoveDeviceRequest) Descriptor() ([]byte, []int) {
-	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{41}
+	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *RemoveDeviceRequest) GetDeviceName() string {
@@ -2482,7 +2536,7 @@ type RemoveDeviceResponse struct {
 
 func (x *RemoveDeviceResponse) Reset() {
 	*x = RemoveDeviceResponse{}
-	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[42]
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2494,7 +2548,7 @@ func (x *RemoveDeviceResponse) String() string {
 func (*RemoveDeviceResponse) ProtoMessage() {}
 
 func (x *RemoveDeviceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[42]
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2507,7 +2561,7 @@ func (x *RemoveDeviceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveDeviceResponse.ProtoReflect.Descriptor instead.
 func (*RemoveDeviceResponse) Descriptor() ([]byte, []int) {
-	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{42}
+	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{43}
 }
 
 type RemoveDeviceModelRequest struct {
@@ -2520,7 +2574,7 @@ type RemoveDeviceModelRequest struct {
 
 func (x *RemoveDeviceModelRequest) Reset() {
 	*x = RemoveDeviceModelRequest{}
-	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[43]
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2532,7 +2586,7 @@ func (x *RemoveDeviceModelRequest) String() string {
 func (*RemoveDeviceModelRequest) ProtoMessage() {}
 
 func (x *RemoveDeviceModelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[43]
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2545,7 +2599,7 @@ func (x *RemoveDeviceModelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveDeviceModelRequest.ProtoReflect.Descriptor instead.
 func (*RemoveDeviceModelRequest) Descriptor() ([]byte, []int) {
-	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{43}
+	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *RemoveDeviceModelRequest) GetModelName() string {
@@ -2570,7 +2624,7 @@ type RemoveDeviceModelResponse struct {
 
 func (x *RemoveDeviceModelResponse) Reset() {
 	*x = RemoveDeviceModelResponse{}
-	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[44]
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2582,7 +2636,7 @@ func (x *RemoveDeviceModelResponse) String() string {
 func (*RemoveDeviceModelResponse) ProtoMessage() {}
 
 func (x *RemoveDeviceModelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[44]
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2595,7 +2649,7 @@ func (x *RemoveDeviceModelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveDeviceModelResponse.ProtoReflect.Descriptor instead.
 func (*RemoveDeviceModelResponse) Descriptor() ([]byte, []int) {
-	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{44}
+	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{45}
 }
 
 type UpdateDeviceRequest struct {
@@ -2607,7 +2661,7 @@ type UpdateDeviceRequest struct {
 
 func (x *UpdateDeviceRequest) Reset() {
 	*x = UpdateDeviceRequest{}
-	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[45]
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2619,7 +2673,7 @@ func (x *UpdateDeviceRequest) String() string {
 func (*UpdateDeviceRequest) ProtoMessage() {}
 
 func (x *UpdateDeviceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[45]
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2632,7 +2686,7 @@ func (x *UpdateDeviceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateDeviceRequest.ProtoReflect.Descriptor instead.
 func (*UpdateDeviceRequest) Descriptor() ([]byte, []int) {
-	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{45}
+	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *UpdateDeviceRequest) GetDevice() *Device {
@@ -2650,7 +2704,7 @@ type UpdateDeviceResponse struct {
 
 func (x *UpdateDeviceResponse) Reset() {
 	*x = UpdateDeviceResponse{}
-	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[46]
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2662,7 +2716,7 @@ func (x *UpdateDeviceResponse) String() string {
 func (*UpdateDeviceResponse) ProtoMessage() {}
 
 func (x *UpdateDeviceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[46]
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2675,7 +2729,7 @@ func (x *UpdateDeviceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateDeviceResponse.ProtoReflect.Descriptor instead.
 func (*UpdateDeviceResponse) Descriptor() ([]byte, []int) {
-	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{46}
+	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{47}
 }
 
 type UpdateDeviceModelRequest struct {
@@ -2687,7 +2741,7 @@ type UpdateDeviceModelRequest struct {
 
 func (x *UpdateDeviceModelRequest) Reset() {
 	*x = UpdateDeviceModelRequest{}
-	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[47]
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2699,7 +2753,7 @@ func (x *UpdateDeviceModelRequest) String() string {
 func (*UpdateDeviceModelRequest) ProtoMessage() {}
 
 func (x *UpdateDeviceModelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[47]
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2712,7 +2766,7 @@ func (x *UpdateDeviceModelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateDeviceModelRequest.ProtoReflect.Descriptor instead.
 func (*UpdateDeviceModelRequest) Descriptor() ([]byte, []int) {
-	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{47}
+	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *UpdateDeviceModelRequest) GetModel() *DeviceModel {
@@ -2730,7 +2784,7 @@ type UpdateDeviceModelResponse struct {
 
 func (x *UpdateDeviceModelResponse) Reset() {
 	*x = UpdateDeviceModelResponse{}
-	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[48]
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2742,7 +2796,7 @@ func (x *UpdateDeviceModelResponse) String() string {
 func (*UpdateDeviceModelResponse) ProtoMessage() {}
 
 func (x *UpdateDeviceModelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[48]
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2755,7 +2809,7 @@ func (x *UpdateDeviceModelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateDeviceModelResponse.ProtoReflect.Descriptor instead.
 func (*UpdateDeviceModelResponse) Descriptor() ([]byte, []int) {
-	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{48}
+	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{49}
 }
 
 type GetDeviceRequest struct {
@@ -2768,7 +2822,7 @@ type GetDeviceRequest struct {
 
 func (x *GetDeviceRequest) Reset() {
 	*x = GetDeviceRequest{}
-	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[49]
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2780,7 +2834,7 @@ func (x *GetDeviceRequest) String() string {
 func (*GetDeviceRequest) ProtoMessage() {}
 
 func (x *GetDeviceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[49]
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2793,7 +2847,7 @@ func (x *GetDeviceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetDeviceRequest.ProtoReflect.Descriptor instead.
 func (*GetDeviceRequest) Descriptor() ([]byte, []int) {
-	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{49}
+	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *GetDeviceRequest) GetDeviceName() string {
@@ -2819,7 +2873,7 @@ type GetDeviceResponse struct {
 
 func (x *GetDeviceResponse) Reset() {
 	*x = GetDeviceResponse{}
-	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[50]
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2831,7 +2885,7 @@ func (x *GetDeviceResponse) String() string {
 func (*GetDeviceResponse) ProtoMessage() {}
 
 func (x *GetDeviceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[50]
+	mi := &file_dmi_v1beta1_dmi_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2844,7 +2898,7 @@ func (x *GetDeviceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetDeviceResponse.ProtoReflect.Descriptor instead.
 func (*GetDeviceResponse) Descriptor() ([]byte, []int) {
-	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{50}
+	return file_dmi_v1beta1_dmi_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *GetDeviceResponse) GetDevice() *Device {
@@ -2937,13 +2991,19 @@ const file_dmi_v1beta1_dmi_proto_rawDesc = "" +
 	"\x04data\x18\x01 \x03(\v2,.dowse.dmi.v1beta1.CustomizedValue.DataEntryR\x04data\x1aM\n" +
 	"\tDataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12*\n" +
-	"\x05value\x18\x02 \x01(\v2\x14.google.protobuf.AnyR\x05value:\x028\x01\"\x95\x02\n" +
+	"\x05value\x18\x02 \x01(\v2\x14.google.protobuf.AnyR\x05value:\x028\x01\"\xa4\x01\n" +
+	"\x10AnomalyDetection\x12A\n" +
+	"\x04data\x18\x01 \x03(\v2-.dowse.dmi.v1beta1.AnomalyDetection.DataEntryR\x04data\x1aM\n" +
+	"\tDataEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12*\n" +
+	"\x05value\x18\x02 \x01(\v2\x14.google.protobuf.AnyR\x05value:\x028\x01\"\xe6\x02\n" +
 	"\n" +
 	"PushMethod\x125\n" +
 	"\x04http\x18\x01 \x01(\v2!.dowse.dmi.v1beta1.PushMethodHTTPR\x04http\x125\n" +
 	"\x04mqtt\x18\x02 \x01(\v2!.dowse.dmi.v1beta1.PushMethodMQTTR\x04mqtt\x125\n" +
 	"\x04otel\x18\x04 \x01(\v2!.dowse.dmi.v1beta1.PushMethodOTELR\x04otel\x127\n" +
-	"\bdbMethod\x18\x03 \x01(\v2\x1b.dowse.dmi.v1beta1.DBMethodR\bdbMethod\x12)\n" +
+	"\bdbMethod\x18\x03 \x01(\v2\x1b.dowse.dmi.v1beta1.DBMethodR\bdbMethod\x12O\n" +
+	"\x10anomalyDetection\x18\x05 \x01(\v2#.dowse.dmi.v1beta1.AnomalyDetectionR\x10anomalyDetection\x12)\n" +
 	"\x0fdowseSecretName\x18\xe8\a \x01(\tR\x0fdowseSecretName\"|\n" +
 	"\x0ePushMethodHTTP\x12\x1a\n" +
 	"\bhostname\x18\x01 \x01(\tR\bhostname\x12\x12\n" +
@@ -3083,7 +3143,7 @@ func file_dmi_v1beta1_dmi_proto_rawDescGZIP() []byte {
 	return file_dmi_v1beta1_dmi_proto_rawDescData
 }
 
-var file_dmi_v1beta1_dmi_proto_msgTypes = make([]protoimpl.MessageInfo, 54)
+var file_dmi_v1beta1_dmi_proto_msgTypes = make([]protoimpl.MessageInfo, 56)
 var file_dmi_v1beta1_dmi_proto_goTypes = []any{
 	(*MapperRegisterRequest)(nil),      // 0: dowse.dmi.v1beta1.MapperRegisterRequest
 	(*MapperRegisterResponse)(nil),     // 1: dowse.dmi.v1beta1.MapperRegisterResponse
@@ -3098,98 +3158,103 @@ var file_dmi_v1beta1_dmi_proto_goTypes = []any{
 	(*ProtocolConfig)(nil),             // 10: dowse.dmi.v1beta1.ProtocolConfig
 	(*VisitorConfig)(nil),              // 11: dowse.dmi.v1beta1.VisitorConfig
 	(*CustomizedValue)(nil),            // 12: dowse.dmi.v1beta1.CustomizedValue
-	(*PushMethod)(nil),                 // 13: dowse.dmi.v1beta1.PushMethod
-	(*PushMethodHTTP)(nil),             // 14: dowse.dmi.v1beta1.PushMethodHTTP
-	(*PushMethodMQTT)(nil),             // 15: dowse.dmi.v1beta1.PushMethodMQTT
-	(*PushMethodOTEL)(nil),             // 16: dowse.dmi.v1beta1.PushMethodOTEL
-	(*DBMethod)(nil),                   // 17: dowse.dmi.v1beta1.DBMethod
-	(*DBMethodInfluxdb2)(nil),          // 18: dowse.dmi.v1beta1.DBMethodInfluxdb2
-	(*Influxdb2DataConfig)(nil),        // 19: dowse.dmi.v1beta1.Influxdb2DataConfig
-	(*Influxdb2ClientConfig)(nil),      // 20: dowse.dmi.v1beta1.Influxdb2ClientConfig
-	(*DBMethodRedis)(nil),              // 21: dowse.dmi.v1beta1.DBMethodRedis
-	(*RedisClientConfig)(nil),          // 22: dowse.dmi.v1beta1.RedisClientConfig
-	(*DBMethodTDEngine)(nil),           // 23: dowse.dmi.v1beta1.DBMethodTDEngine
-	(*TDEngineClientConfig)(nil),       // 24: dowse.dmi.v1beta1.TDEngineClientConfig
-	(*DBMethodMySQL)(nil),              // 25: dowse.dmi.v1beta1.DBMethodMySQL
-	(*MySQLClientConfig)(nil),          // 26: dowse.dmi.v1beta1.MySQLClientConfig
-	(*DBMethodOTEL)(nil),               // 27: dowse.dmi.v1beta1.DBMethodOTEL
-	(*OTELExporterConfig)(nil),         // 28: dowse.dmi.v1beta1.OTELExporterConfig
-	(*MapperInfo)(nil),                 // 29: dowse.dmi.v1beta1.MapperInfo
-	(*ReportDeviceStatusRequest)(nil),  // 30: dowse.dmi.v1beta1.ReportDeviceStatusRequest
-	(*ReportDeviceStatesRequest)(nil),  // 31: dowse.dmi.v1beta1.ReportDeviceStatesRequest
-	(*DeviceStatus)(nil),               // 32: dowse.dmi.v1beta1.DeviceStatus
-	(*Twin)(nil),                       // 33: dowse.dmi.v1beta1.Twin
-	(*TwinProperty)(nil),               // 34: dowse.dmi.v1beta1.TwinProperty
-	(*ReportDeviceStatusResponse)(nil), // 35: dowse.dmi.v1beta1.ReportDeviceStatusResponse
-	(*ReportDeviceStatesResponse)(nil), // 36: dowse.dmi.v1beta1.ReportDeviceStatesResponse
-	(*RegisterDeviceRequest)(nil),      // 37: dowse.dmi.v1beta1.RegisterDeviceRequest
-	(*RegisterDeviceResponse)(nil),     // 38: dowse.dmi.v1beta1.RegisterDeviceResponse
-	(*CreateDeviceModelRequest)(nil),   // 39: dowse.dmi.v1beta1.CreateDeviceModelRequest
-	(*CreateDeviceModelResponse)(nil),  // 40: dowse.dmi.v1beta1.CreateDeviceModelResponse
-	(*RemoveDeviceRequest)(nil),        // 41: dowse.dmi.v1beta1.RemoveDeviceRequest
-	(*RemoveDeviceResponse)(nil),       // 42: dowse.dmi.v1beta1.RemoveDeviceResponse
-	(*RemoveDeviceModelRequest)(nil),   // 43: dowse.dmi.v1beta1.RemoveDeviceModelRequest
-	(*RemoveDeviceModelResponse)(nil),  // 44: dowse.dmi.v1beta1.RemoveDeviceModelResponse
-	(*UpdateDeviceRequest)(nil),        // 45: dowse.dmi.v1beta1.UpdateDeviceRequest
-	(*UpdateDeviceResponse)(nil),       // 46: dowse.dmi.v1beta1.UpdateDeviceResponse
-	(*UpdateDeviceModelRequest)(nil),   // 47: dowse.dmi.v1beta1.UpdateDeviceModelRequest
-	(*UpdateDeviceModelResponse)(nil),  // 48: dowse.dmi.v1beta1.UpdateDeviceModelResponse
-	(*GetDeviceRequest)(nil),           // 49: dowse.dmi.v1beta1.GetDeviceRequest
-	(*GetDeviceResponse)(nil),          // 50: dowse.dmi.v1beta1.GetDeviceResponse
-	nil,                                // 51: dowse.dmi.v1beta1.CustomizedValue.DataEntry
-	nil,                                // 52: dowse.dmi.v1beta1.Influxdb2DataConfig.TagEntry
-	nil,                                // 53: dowse.dmi.v1beta1.TwinProperty.MetadataEntry
-	(*anypb.Any)(nil),                  // 54: google.protobuf.Any
+	(*AnomalyDetection)(nil),           // 13: dowse.dmi.v1beta1.AnomalyDetection
+	(*PushMethod)(nil),                 // 14: dowse.dmi.v1beta1.PushMethod
+	(*PushMethodHTTP)(nil),             // 15: dowse.dmi.v1beta1.PushMethodHTTP
+	(*PushMethodMQTT)(nil),             // 16: dowse.dmi.v1beta1.PushMethodMQTT
+	(*PushMethodOTEL)(nil),             // 17: dowse.dmi.v1beta1.PushMethodOTEL
+	(*DBMethod)(nil),                   // 18: dowse.dmi.v1beta1.DBMethod
+	(*DBMethodInfluxdb2)(nil),          // 19: dowse.dmi.v1beta1.DBMethodInfluxdb2
+	(*Influxdb2DataConfig)(nil),        // 20: dowse.dmi.v1beta1.Influxdb2DataConfig
+	(*Influxdb2ClientConfig)(nil),      // 21: dowse.dmi.v1beta1.Influxdb2ClientConfig
+	(*DBMethodRedis)(nil),              // 22: dowse.dmi.v1beta1.DBMethodRedis
+	(*RedisClientConfig)(nil),          // 23: dowse.dmi.v1beta1.RedisClientConfig
+	(*DBMethodTDEngine)(nil),           // 24: dowse.dmi.v1beta1.DBMethodTDEngine
+	(*TDEngineClientConfig)(nil),       // 25: dowse.dmi.v1beta1.TDEngineClientConfig
+	(*DBMethodMySQL)(nil),              // 26: dowse.dmi.v1beta1.DBMethodMySQL
+	(*MySQLClientConfig)(nil),          // 27: dowse.dmi.v1beta1.MySQLClientConfig
+	(*DBMethodOTEL)(nil),               // 28: dowse.dmi.v1beta1.DBMethodOTEL
+	(*OTELExporterConfig)(nil),         // 29: dowse.dmi.v1beta1.OTELExporterConfig
+	(*MapperInfo)(nil),                 // 30: dowse.dmi.v1beta1.MapperInfo
+	(*ReportDeviceStatusRequest)(nil),  // 31: dowse.dmi.v1beta1.ReportDeviceStatusRequest
+	(*ReportDeviceStatesRequest)(nil),  // 32: dowse.dmi.v1beta1.ReportDeviceStatesRequest
+	(*DeviceStatus)(nil),               // 33: dowse.dmi.v1beta1.DeviceStatus
+	(*Twin)(nil),                       // 34: dowse.dmi.v1beta1.Twin
+	(*TwinProperty)(nil),               // 35: dowse.dmi.v1beta1.TwinProperty
+	(*ReportDeviceStatusResponse)(nil), // 36: dowse.dmi.v1beta1.ReportDeviceStatusResponse
+	(*ReportDeviceStatesResponse)(nil), // 37: dowse.dmi.v1beta1.ReportDeviceStatesResponse
+	(*RegisterDeviceRequest)(nil),      // 38: dowse.dmi.v1beta1.RegisterDeviceRequest
+	(*RegisterDeviceResponse)(nil),     // 39: dowse.dmi.v1beta1.RegisterDeviceResponse
+	(*CreateDeviceModelRequest)(nil),   // 40: dowse.dmi.v1beta1.CreateDeviceModelRequest
+	(*CreateDeviceModelResponse)(nil),  // 41: dowse.dmi.v1beta1.CreateDeviceModelResponse
+	(*RemoveDeviceRequest)(nil),        // 42: dowse.dmi.v1beta1.RemoveDeviceRequest
+	(*RemoveDeviceResponse)(nil),       // 43: dowse.dmi.v1beta1.RemoveDeviceResponse
+	(*RemoveDeviceModelRequest)(nil),   // 44: dowse.dmi.v1beta1.RemoveDeviceModelRequest
+	(*RemoveDeviceModelResponse)(nil),  // 45: dowse.dmi.v1beta1.RemoveDeviceModelResponse
+	(*UpdateDeviceRequest)(nil),        // 46: dowse.dmi.v1beta1.UpdateDeviceRequest
+	(*UpdateDeviceResponse)(nil),       // 47: dowse.dmi.v1beta1.UpdateDeviceResponse
+	(*UpdateDeviceModelRequest)(nil),   // 48: dowse.dmi.v1beta1.UpdateDeviceModelRequest
+	(*UpdateDeviceModelResponse)(nil),  // 49: dowse.dmi.v1beta1.UpdateDeviceModelResponse
+	(*GetDeviceRequest)(nil),           // 50: dowse.dmi.v1beta1.GetDeviceRequest
+	(*GetDeviceResponse)(nil),          // 51: dowse.dmi.v1beta1.GetDeviceResponse
+	nil,                                // 52: dowse.dmi.v1beta1.CustomizedValue.DataEntry
+	nil,                                // 53: dowse.dmi.v1beta1.AnomalyDetection.DataEntry
+	nil,                                // 54: dowse.dmi.v1beta1.Influxdb2DataConfig.TagEntry
+	nil,                                // 55: dowse.dmi.v1beta1.TwinProperty.MetadataEntry
+	(*anypb.Any)(nil),                  // 56: google.protobuf.Any
 }
 var file_dmi_v1beta1_dmi_proto_depIdxs = []int32{
-	29, // 0: dowse.dmi.v1beta1.MapperRegisterRequest.mapper:type_name -> dowse.dmi.v1beta1.MapperInfo
+	30, // 0: dowse.dmi.v1beta1.MapperRegisterRequest.mapper:type_name -> dowse.dmi.v1beta1.MapperInfo
 	2,  // 1: dowse.dmi.v1beta1.MapperRegisterResponse.modelList:type_name -> dowse.dmi.v1beta1.DeviceModel
 	6,  // 2: dowse.dmi.v1beta1.MapperRegisterResponse.deviceList:type_name -> dowse.dmi.v1beta1.Device
 	3,  // 3: dowse.dmi.v1beta1.DeviceModel.spec:type_name -> dowse.dmi.v1beta1.DeviceModelSpec
 	4,  // 4: dowse.dmi.v1beta1.DeviceModelSpec.properties:type_name -> dowse.dmi.v1beta1.ModelProperty
 	5,  // 5: dowse.dmi.v1beta1.DeviceModelSpec.commands:type_name -> dowse.dmi.v1beta1.DeviceCommand
 	7,  // 6: dowse.dmi.v1beta1.Device.spec:type_name -> dowse.dmi.v1beta1.DeviceSpec
-	32, // 7: dowse.dmi.v1beta1.Device.status:type_name -> dowse.dmi.v1beta1.DeviceStatus
+	33, // 7: dowse.dmi.v1beta1.Device.status:type_name -> dowse.dmi.v1beta1.DeviceStatus
 	10, // 8: dowse.dmi.v1beta1.DeviceSpec.protocol:type_name -> dowse.dmi.v1beta1.ProtocolConfig
 	9,  // 9: dowse.dmi.v1beta1.DeviceSpec.properties:type_name -> dowse.dmi.v1beta1.DeviceProperty
 	8,  // 10: dowse.dmi.v1beta1.DeviceSpec.methods:type_name -> dowse.dmi.v1beta1.DeviceMethod
-	34, // 11: dowse.dmi.v1beta1.DeviceProperty.desired:type_name -> dowse.dmi.v1beta1.TwinProperty
+	35, // 11: dowse.dmi.v1beta1.DeviceProperty.desired:type_name -> dowse.dmi.v1beta1.TwinProperty
 	11, // 12: dowse.dmi.v1beta1.DeviceProperty.visitors:type_name -> dowse.dmi.v1beta1.VisitorConfig
-	13, // 13: dowse.dmi.v1beta1.DeviceProperty.pushMethod:type_name -> dowse.dmi.v1beta1.PushMethod
+	14, // 13: dowse.dmi.v1beta1.DeviceProperty.pushMethod:type_name -> dowse.dmi.v1beta1.PushMethod
 	12, // 14: dowse.dmi.v1beta1.ProtocolConfig.configData:type_name -> dowse.dmi.v1beta1.CustomizedValue
 	12, // 15: dowse.dmi.v1beta1.VisitorConfig.configData:type_name -> dowse.dmi.v1beta1.CustomizedValue
-	51, // 16: dowse.dmi.v1beta1.CustomizedValue.data:type_name -> dowse.dmi.v1beta1.CustomizedValue.DataEntry
-	14, // 17: dowse.dmi.v1beta1.PushMethod.http:type_name -> dowse.dmi.v1beta1.PushMethodHTTP
-	15, // 18: dowse.dmi.v1beta1.PushMethod.mqtt:type_name -> dowse.dmi.v1beta1.PushMethodMQTT
-	16, // 19: dowse.dmi.v1beta1.PushMethod.otel:type_name -> dowse.dmi.v1beta1.PushMethodOTEL
-	17, // 20: dowse.dmi.v1beta1.PushMethod.dbMethod:type_name -> dowse.dmi.v1beta1.DBMethod
-	18, // 21: dowse.dmi.v1beta1.DBMethod.influxdb2:type_name -> dowse.dmi.v1beta1.DBMethodInfluxdb2
-	21, // 22: dowse.dmi.v1beta1.DBMethod.redis:type_name -> dowse.dmi.v1beta1.DBMethodRedis
-	23, // 23: dowse.dmi.v1beta1.DBMethod.tdengine:type_name -> dowse.dmi.v1beta1.DBMethodTDEngine
-	25, // 24: dowse.dmi.v1beta1.DBMethod.mysql:type_name -> dowse.dmi.v1beta1.DBMethodMySQL
-	20, // 25: dowse.dmi.v1beta1.DBMethodInfluxdb2.influxdb2ClientConfig:type_name -> dowse.dmi.v1beta1.Influxdb2ClientConfig
-	19, // 26: dowse.dmi.v1beta1.DBMethodInfluxdb2.influxdb2DataConfig:type_name -> dowse.dmi.v1beta1.Influxdb2DataConfig
-	52, // 27: dowse.dmi.v1beta1.Influxdb2DataConfig.tag:type_name -> dowse.dmi.v1beta1.Influxdb2DataConfig.TagEntry
-	22, // 28: dowse.dmi.v1beta1.DBMethodRedis.redisClientConfig:type_name -> dowse.dmi.v1beta1.RedisClientConfig
-	24, // 29: dowse.dmi.v1beta1.DBMethodTDEngine.tdEngineClientConfig:type_name -> dowse.dmi.v1beta1.TDEngineClientConfig
-	26, // 30: dowse.dmi.v1beta1.DBMethodMySQL.mysqlClientConfig:type_name -> dowse.dmi.v1beta1.MySQLClientConfig
-	28, // 31: dowse.dmi.v1beta1.DBMethodOTEL.otelExporterConfig:type_name -> dowse.dmi.v1beta1.OTELExporterConfig
-	32, // 32: dowse.dmi.v1beta1.ReportDeviceStatusRequest.reportedDevice:type_name -> dowse.dmi.v1beta1.DeviceStatus
-	33, // 33: dowse.dmi.v1beta1.DeviceStatus.twins:type_name -> dowse.dmi.v1beta1.Twin
-	34, // 34: dowse.dmi.v1beta1.Twin.observedDesired:type_name -> dowse.dmi.v1beta1.TwinProperty
-	34, // 35: dowse.dmi.v1beta1.Twin.reported:type_name -> dowse.dmi.v1beta1.TwinProperty
-	53, // 36: dowse.dmi.v1beta1.TwinProperty.metadata:type_name -> dowse.dmi.v1beta1.TwinProperty.MetadataEntry
-	6,  // 37: dowse.dmi.v1beta1.RegisterDeviceRequest.device:type_name -> dowse.dmi.v1beta1.Device
-	2,  // 38: dowse.dmi.v1beta1.CreateDeviceModelRequest.model:type_name -> dowse.dmi.v1beta1.DeviceModel
-	6,  // 39: dowse.dmi.v1beta1.UpdateDeviceRequest.device:type_name -> dowse.dmi.v1beta1.Device
-	2,  // 40: dowse.dmi.v1beta1.UpdateDeviceModelRequest.model:type_name -> dowse.dmi.v1beta1.DeviceModel
-	6,  // 41: dowse.dmi.v1beta1.GetDeviceResponse.device:type_name -> dowse.dmi.v1beta1.Device
-	54, // 42: dowse.dmi.v1beta1.CustomizedValue.DataEntry.value:type_name -> google.protobuf.Any
-	43, // [43:43] is the sub-list for method output_type
-	43, // [43:43] is the sub-list for method input_type
-	43, // [43:43] is the sub-list for extension type_name
-	43, // [43:43] is the sub-list for extension extendee
-	0,  // [0:43] is the sub-list for field type_name
+	52, // 16: dowse.dmi.v1beta1.CustomizedValue.data:type_name -> dowse.dmi.v1beta1.CustomizedValue.DataEntry
+	53, // 17: dowse.dmi.v1beta1.AnomalyDetection.data:type_name -> dowse.dmi.v1beta1.AnomalyDetection.DataEntry
+	15, // 18: dowse.dmi.v1beta1.PushMethod.http:type_name -> dowse.dmi.v1beta1.PushMethodHTTP
+	16, // 19: dowse.dmi.v1beta1.PushMethod.mqtt:type_name -> dowse.dmi.v1beta1.PushMethodMQTT
+	17, // 20: dowse.dmi.v1beta1.PushMethod.otel:type_name -> dowse.dmi.v1beta1.PushMethodOTEL
+	18, // 21: dowse.dmi.v1beta1.PushMethod.dbMethod:type_name -> dowse.dmi.v1beta1.DBMethod
+	13, // 22: dowse.dmi.v1beta1.PushMethod.anomalyDetection:type_name -> dowse.dmi.v1beta1.AnomalyDetection
+	19, // 23: dowse.dmi.v1beta1.DBMethod.influxdb2:type_name -> dowse.dmi.v1beta1.DBMethodInfluxdb2
+	22, // 24: dowse.dmi.v1beta1.DBMethod.redis:type_name -> dowse.dmi.v1beta1.DBMethodRedis
+	24, // 25: dowse.dmi.v1beta1.DBMethod.tdengine:type_name -> dowse.dmi.v1beta1.DBMethodTDEngine
+	26, // 26: dowse.dmi.v1beta1.DBMethod.mysql:type_name -> dowse.dmi.v1beta1.DBMethodMySQL
+	21, // 27: dowse.dmi.v1beta1.DBMethodInfluxdb2.influxdb2ClientConfig:type_name -> dowse.dmi.v1beta1.Influxdb2ClientConfig
+	20, // 28: dowse.dmi.v1beta1.DBMethodInfluxdb2.influxdb2DataConfig:type_name -> dowse.dmi.v1beta1.Influxdb2DataConfig
+	54, // 29: dowse.dmi.v1beta1.Influxdb2DataConfig.tag:type_name -> dowse.dmi.v1beta1.Influxdb2DataConfig.TagEntry
+	23, // 30: dowse.dmi.v1beta1.DBMethodRedis.redisClientConfig:type_name -> dowse.dmi.v1beta1.RedisClientConfig
+	25, // 31: dowse.dmi.v1beta1.DBMethodTDEngine.tdEngineClientConfig:type_name -> dowse.dmi.v1beta1.TDEngineClientConfig
+	27, // 32: dowse.dmi.v1beta1.DBMethodMySQL.mysqlClientConfig:type_name -> dowse.dmi.v1beta1.MySQLClientConfig
+	29, // 33: dowse.dmi.v1beta1.DBMethodOTEL.otelExporterConfig:type_name -> dowse.dmi.v1beta1.OTELExporterConfig
+	33, // 34: dowse.dmi.v1beta1.ReportDeviceStatusRequest.reportedDevice:type_name -> dowse.dmi.v1beta1.DeviceStatus
+	34, // 35: dowse.dmi.v1beta1.DeviceStatus.twins:type_name -> dowse.dmi.v1beta1.Twin
+	35, // 36: dowse.dmi.v1beta1.Twin.observedDesired:type_name -> dowse.dmi.v1beta1.TwinProperty
+	35, // 37: dowse.dmi.v1beta1.Twin.reported:type_name -> dowse.dmi.v1beta1.TwinProperty
+	55, // 38: dowse.dmi.v1beta1.TwinProperty.metadata:type_name -> dowse.dmi.v1beta1.TwinProperty.MetadataEntry
+	6,  // 39: dowse.dmi.v1beta1.RegisterDeviceRequest.device:type_name -> dowse.dmi.v1beta1.Device
+	2,  // 40: dowse.dmi.v1beta1.CreateDeviceModelRequest.model:type_name -> dowse.dmi.v1beta1.DeviceModel
+	6,  // 41: dowse.dmi.v1beta1.UpdateDeviceRequest.device:type_name -> dowse.dmi.v1beta1.Device
+	2,  // 42: dowse.dmi.v1beta1.UpdateDeviceModelRequest.model:type_name -> dowse.dmi.v1beta1.DeviceModel
+	6,  // 43: dowse.dmi.v1beta1.GetDeviceResponse.device:type_name -> dowse.dmi.v1beta1.Device
+	56, // 44: dowse.dmi.v1beta1.CustomizedValue.DataEntry.value:type_name -> google.protobuf.Any
+	56, // 45: dowse.dmi.v1beta1.AnomalyDetection.DataEntry.value:type_name -> google.protobuf.Any
+	46, // [46:46] is the sub-list for method output_type
+	46, // [46:46] is the sub-list for method input_type
+	46, // [46:46] is the sub-list for extension type_name
+	46, // [46:46] is the sub-list for extension extendee
+	0,  // [0:46] is the sub-list for field type_name
 }
 
 func init() { file_dmi_v1beta1_dmi_proto_init() }
@@ -3203,7 +3268,7 @@ func file_dmi_v1beta1_dmi_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dmi_v1beta1_dmi_proto_rawDesc), len(file_dmi_v1beta1_dmi_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   54,
+			NumMessages:   56,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -1356,8 +1356,13 @@ type EdgeDevice struct {
 	ProtocolConfig *structpb.Struct      `protobuf:"bytes,6,opt,name=protocol_config,json=protocolConfig,proto3" json:"protocol_config,omitempty"`
 	Properties     []*EdgeDeviceProperty `protobuf:"bytes,7,rep,name=properties,proto3" json:"properties,omitempty"`
 	Methods        []*EdgeDeviceMethod   `protobuf:"bytes,8,rep,name=methods,proto3" json:"methods,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The Device's spec.stateReport: the mapper reports the device's state
+	// unless told not to (false is also what a node reads from a copy kept
+	// before this field), every state_report_cycle_ms (0: its default).
+	NoStateReports     bool  `protobuf:"varint,9,opt,name=no_state_reports,json=noStateReports,proto3" json:"no_state_reports,omitempty"`
+	StateReportCycleMs int64 `protobuf:"varint,10,opt,name=state_report_cycle_ms,json=stateReportCycleMs,proto3" json:"state_report_cycle_ms,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *EdgeDevice) Reset() {
@@ -1444,6 +1449,20 @@ func (x *EdgeDevice) GetMethods() []*EdgeDeviceMethod {
 		return x.Methods
 	}
 	return nil
+}
+
+func (x *EdgeDevice) GetNoStateReports() bool {
+	if x != nil {
+		return x.NoStateReports
+	}
+	return false
+}
+
+func (x *EdgeDevice) GetStateReportCycleMs() int64 {
+	if x != nil {
+		return x.StateReportCycleMs
+	}
+	return 0
 }
 
 type EdgeDeviceProperty struct {
@@ -1560,9 +1579,11 @@ type PushMethod struct {
 	DbMethod *DBMethod              `protobuf:"bytes,4,opt,name=db_method,json=dbMethod,proto3" json:"db_method,omitempty"`
 	// The Secret (the Device's namespace) with the sink's credentials, when
 	// the Device names one; its data never travels the link.
-	SecretName    string `protobuf:"bytes,5,opt,name=secret_name,json=secretName,proto3" json:"secret_name,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	SecretName string `protobuf:"bytes,5,opt,name=secret_name,json=secretName,proto3" json:"secret_name,omitempty"`
+	// KubeEdge 1.23's anomaly detection configuration, any object.
+	AnomalyDetection *structpb.Struct `protobuf:"bytes,6,opt,name=anomaly_detection,json=anomalyDetection,proto3" json:"anomaly_detection,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *PushMethod) Reset() {
@@ -1628,6 +1649,13 @@ func (x *PushMethod) GetSecretName() string {
 		return x.SecretName
 	}
 	return ""
+}
+
+func (x *PushMethod) GetAnomalyDetection() *structpb.Struct {
+	if x != nil {
+		return x.AnomalyDetection
+	}
+	return nil
 }
 
 type PushMethodHTTP struct {
@@ -3175,7 +3203,7 @@ const file_link_v1_link_proto_rawDesc = "" +
 	"\x0fDeviceInventory\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x122\n" +
 	"\adevices\x18\x02 \x03(\v2\x18.dowse.link.v1.DeviceRefR\adevices\x120\n" +
-	"\x06models\x18\x03 \x03(\v2\x18.dowse.link.v1.DeviceRefR\x06models\"\xeb\x02\n" +
+	"\x06models\x18\x03 \x03(\v2\x18.dowse.link.v1.DeviceRefR\x06models\"\xc8\x03\n" +
 	"\n" +
 	"EdgeDevice\x12*\n" +
 	"\x03ref\x18\x01 \x01(\v2\x18.dowse.link.v1.DeviceRefR\x03ref\x12\x1e\n" +
@@ -3189,7 +3217,10 @@ const file_link_v1_link_proto_rawDesc = "" +
 	"\n" +
 	"properties\x18\a \x03(\v2!.dowse.link.v1.EdgeDevicePropertyR\n" +
 	"properties\x129\n" +
-	"\amethods\x18\b \x03(\v2\x1f.dowse.link.v1.EdgeDeviceMethodR\amethods\"\xfd\x02\n" +
+	"\amethods\x18\b \x03(\v2\x1f.dowse.link.v1.EdgeDeviceMethodR\amethods\x12(\n" +
+	"\x10no_state_reports\x18\t \x01(\bR\x0enoStateReports\x121\n" +
+	"\x15state_report_cycle_ms\x18\n" +
+	" \x01(\x03R\x12stateReportCycleMs\"\xfd\x02\n" +
 	"\x12EdgeDeviceProperty\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x122\n" +
 	"\adesired\x18\x02 \x01(\v2\x18.dowse.link.v1.TwinValueR\adesired\x12)\n" +
@@ -3199,7 +3230,7 @@ const file_link_v1_link_proto_rawDesc = "" +
 	"\x0freport_cycle_ms\x18\x06 \x01(\x03R\rreportCycleMs\x12&\n" +
 	"\x0freport_to_cloud\x18\a \x01(\bR\rreportToCloud\x12:\n" +
 	"\vpush_method\x18\b \x01(\v2\x19.dowse.link.v1.PushMethodR\n" +
-	"pushMethod\"\xfc\x01\n" +
+	"pushMethod\"\xc2\x02\n" +
 	"\n" +
 	"PushMethod\x121\n" +
 	"\x04http\x18\x01 \x01(\v2\x1d.dowse.link.v1.PushMethodHTTPR\x04http\x121\n" +
@@ -3207,7 +3238,8 @@ const file_link_v1_link_proto_rawDesc = "" +
 	"\x04otel\x18\x03 \x01(\v2\x1d.dowse.link.v1.PushMethodOTELR\x04otel\x124\n" +
 	"\tdb_method\x18\x04 \x01(\v2\x17.dowse.link.v1.DBMethodR\bdbMethod\x12\x1f\n" +
 	"\vsecret_name\x18\x05 \x01(\tR\n" +
-	"secretName\"~\n" +
+	"secretName\x12D\n" +
+	"\x11anomaly_detection\x18\x06 \x01(\v2\x17.google.protobuf.StructR\x10anomalyDetection\"~\n" +
 	"\x0ePushMethodHTTP\x12\x1b\n" +
 	"\thost_name\x18\x01 \x01(\tR\bhostName\x12\x12\n" +
 	"\x04port\x18\x02 \x01(\x03R\x04port\x12!\n" +
@@ -3430,26 +3462,27 @@ var file_link_v1_link_proto_depIdxs = []int32{
 	19, // 42: dowse.link.v1.PushMethod.mqtt:type_name -> dowse.link.v1.PushMethodMQTT
 	20, // 43: dowse.link.v1.PushMethod.otel:type_name -> dowse.link.v1.PushMethodOTEL
 	21, // 44: dowse.link.v1.PushMethod.db_method:type_name -> dowse.link.v1.DBMethod
-	22, // 45: dowse.link.v1.DBMethod.influxdb2:type_name -> dowse.link.v1.DBMethodInfluxdb2
-	25, // 46: dowse.link.v1.DBMethod.redis:type_name -> dowse.link.v1.DBMethodRedis
-	27, // 47: dowse.link.v1.DBMethod.tdengine:type_name -> dowse.link.v1.DBMethodTDEngine
-	29, // 48: dowse.link.v1.DBMethod.mysql:type_name -> dowse.link.v1.DBMethodMySQL
-	23, // 49: dowse.link.v1.DBMethodInfluxdb2.client_config:type_name -> dowse.link.v1.Influxdb2ClientConfig
-	24, // 50: dowse.link.v1.DBMethodInfluxdb2.data_config:type_name -> dowse.link.v1.Influxdb2DataConfig
-	43, // 51: dowse.link.v1.Influxdb2DataConfig.tag:type_name -> dowse.link.v1.Influxdb2DataConfig.TagEntry
-	26, // 52: dowse.link.v1.DBMethodRedis.client_config:type_name -> dowse.link.v1.RedisClientConfig
-	28, // 53: dowse.link.v1.DBMethodTDEngine.client_config:type_name -> dowse.link.v1.TDEngineClientConfig
-	30, // 54: dowse.link.v1.DBMethodMySQL.client_config:type_name -> dowse.link.v1.MySQLClientConfig
-	44, // 55: dowse.link.v1.TwinValue.metadata:type_name -> dowse.link.v1.TwinValue.MetadataEntry
-	6,  // 56: dowse.link.v1.EdgeDeviceModel.ref:type_name -> dowse.link.v1.DeviceRef
-	34, // 57: dowse.link.v1.EdgeDeviceModel.properties:type_name -> dowse.link.v1.EdgeModelProperty
-	6,  // 58: dowse.link.v1.DeviceMembership.devices:type_name -> dowse.link.v1.DeviceRef
-	0,  // 59: dowse.link.v1.Error.code:type_name -> dowse.link.v1.Error.Code
-	60, // [60:60] is the sub-list for method output_type
-	60, // [60:60] is the sub-list for method input_type
-	60, // [60:60] is the sub-list for extension type_name
-	60, // [60:60] is the sub-list for extension extendee
-	0,  // [0:60] is the sub-list for field type_name
+	46, // 45: dowse.link.v1.PushMethod.anomaly_detection:type_name -> google.protobuf.Struct
+	22, // 46: dowse.link.v1.DBMethod.influxdb2:type_name -> dowse.link.v1.DBMethodInfluxdb2
+	25, // 47: dowse.link.v1.DBMethod.redis:type_name -> dowse.link.v1.DBMethodRedis
+	27, // 48: dowse.link.v1.DBMethod.tdengine:type_name -> dowse.link.v1.DBMethodTDEngine
+	29, // 49: dowse.link.v1.DBMethod.mysql:type_name -> dowse.link.v1.DBMethodMySQL
+	23, // 50: dowse.link.v1.DBMethodInfluxdb2.client_config:type_name -> dowse.link.v1.Influxdb2ClientConfig
+	24, // 51: dowse.link.v1.DBMethodInfluxdb2.data_config:type_name -> dowse.link.v1.Influxdb2DataConfig
+	43, // 52: dowse.link.v1.Influxdb2DataConfig.tag:type_name -> dowse.link.v1.Influxdb2DataConfig.TagEntry
+	26, // 53: dowse.link.v1.DBMethodRedis.client_config:type_name -> dowse.link.v1.RedisClientConfig
+	28, // 54: dowse.link.v1.DBMethodTDEngine.client_config:type_name -> dowse.link.v1.TDEngineClientConfig
+	30, // 55: dowse.link.v1.DBMethodMySQL.client_config:type_name -> dowse.link.v1.MySQLClientConfig
+	44, // 56: dowse.link.v1.TwinValue.metadata:type_name -> dowse.link.v1.TwinValue.MetadataEntry
+	6,  // 57: dowse.link.v1.EdgeDeviceModel.ref:type_name -> dowse.link.v1.DeviceRef
+	34, // 58: dowse.link.v1.EdgeDeviceModel.properties:type_name -> dowse.link.v1.EdgeModelProperty
+	6,  // 59: dowse.link.v1.DeviceMembership.devices:type_name -> dowse.link.v1.DeviceRef
+	0,  // 60: dowse.link.v1.Error.code:type_name -> dowse.link.v1.Error.Code
+	61, // [61:61] is the sub-list for method output_type
+	61, // [61:61] is the sub-list for method input_type
+	61, // [61:61] is the sub-list for extension type_name
+	61, // [61:61] is the sub-list for extension extendee
+	0,  // [0:61] is the sub-list for field type_name
 }
 
 func init() { file_link_v1_link_proto_init() }

@@ -55,6 +55,31 @@ type DeviceSpec struct {
 	// +listMapKey=name
 	// +kubebuilder:validation:MaxItems=64
 	Methods []DeviceMethod `json:"methods,omitempty"`
+	// StateReport is how the mapper reports the device's state (KubeEdge
+	// 1.23's spec.stateReport).
+	// +optional
+	StateReport *StateReport `json:"stateReport,omitempty"`
+}
+
+// StateReport is how a mapper reports its device's state (online, offline,
+// ...), handed to it in DMI's Device status as edgecore does.
+type StateReport struct {
+	// ReportToCloud asks the mapper to report the device's state (unset
+	// means true; KubeEdge's default is false).
+	// +optional
+	ReportToCloud *bool `json:"reportToCloud,omitempty"`
+	// ReportCycle is the time between two state reports: a duration, or
+	// KubeEdge's integer milliseconds (the mapper's default when unset).
+	// +optional
+	// +kubebuilder:validation:XIntOrString
+	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:validation:XValidation:rule="type(self) == int ? self >= 0 : self.matches('^([0-9]+([.][0-9]+)?(ns|us|ms|s|m|h))+$')",message="must be a duration such as 500ms or 10s, or integer milliseconds"
+	ReportCycle *intstr.IntOrString `json:"reportCycle,omitempty"`
+}
+
+// Reports says whether the mapper should report the device's state.
+func (s *StateReport) Reports() bool {
+	return s == nil || s.ReportToCloud == nil || *s.ReportToCloud
 }
 
 // ProtocolConfig is how to reach the device.
@@ -348,6 +373,8 @@ type DeviceTemplate struct {
 	// +listMapKey=name
 	// +kubebuilder:validation:MaxItems=64
 	Methods []DeviceMethod `json:"methods,omitempty"`
+	// +optional
+	StateReport *StateReport `json:"stateReport,omitempty"`
 	// MapperPodSpec, when set, is a mapper the controller runs as a broker:
 	// one Pod per node that owns Devices of the Configuration, with the
 	// state directory mounted and the Configuration's name as its

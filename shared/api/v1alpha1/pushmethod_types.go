@@ -1,6 +1,9 @@
 package v1alpha1
 
-import corev1 "k8s.io/api/core/v1"
+import (
+	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+)
 
 // PushMethod is where the mapper sends every reading of a property besides
 // the twin: KubeEdge's devices.kubeedge.io/v1beta1 pushMethod field for
@@ -14,8 +17,8 @@ import corev1 "k8s.io/api/core/v1"
 // Secret with the sink's credentials. Credentials are never in the spec:
 // the mapper reads them from that Secret mounted into its Pod, or from
 // environment variables (see docs/user-guide/push-methods.md).
-// +kubebuilder:validation:XValidation:rule="[has(self.http), has(self.mqtt), has(self.otel)].filter(x, x).size() <= 1",message="at most one of http, mqtt and otel"
-// +kubebuilder:validation:XValidation:rule="has(self.http) || has(self.mqtt) || has(self.otel) || has(self.dbMethod)",message="names no sink: set http, mqtt, otel or dbMethod"
+// +kubebuilder:validation:XValidation:rule="[has(self.http), has(self.mqtt), has(self.otel), has(self.anomalyDetection)].filter(x, x).size() <= 1",message="at most one of http, mqtt, otel and anomalyDetection"
+// +kubebuilder:validation:XValidation:rule="has(self.http) || has(self.mqtt) || has(self.otel) || has(self.dbMethod) || has(self.anomalyDetection)",message="names no sink: set http, mqtt, otel, anomalyDetection or dbMethod"
 type PushMethod struct {
 	// HTTP posts each reading to an HTTP endpoint.
 	// +optional
@@ -30,6 +33,14 @@ type PushMethod struct {
 	// DBMethod writes each reading to a database.
 	// +optional
 	DBMethod *DBMethodConfig `json:"dbMethod,omitempty"`
+	// AnomalyDetection is KubeEdge 1.23's anomaly detection service
+	// configuration, a JSON object handed to the mapper as DMI's
+	// AnomalyDetection (each value as edgecore converts configData).
+	// Dowse's mappers do not serve it; KubeEdge's do.
+	// +optional
+	// +kubebuilder:validation:Type=object
+	// +kubebuilder:pruning:PreserveUnknownFields
+	AnomalyDetection *apiextensionsv1.JSON `json:"anomalyDetection,omitempty"`
 	// SecretRef names a Secret (same namespace) with the sink's
 	// credentials: keys username and password (and ca.crt for TLS). The
 	// controller checks that it exists; the mapper reads it where its Pod

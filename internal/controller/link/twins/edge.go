@@ -67,11 +67,21 @@ func EdgeDevice(d *v1alpha1.Device, model *v1alpha1.DeviceModel) (*linkv1.EdgeDe
 			return nil, fmt.Errorf("property %s: %w", p.Name, err)
 		}
 		ep.CollectCycleMs, ep.ReportCycleMs = collect.Milliseconds(), report.Milliseconds()
-		ep.PushMethod = edgePushMethod(p.PushMethod)
+		if ep.PushMethod, err = edgePushMethod(p.PushMethod); err != nil {
+			return nil, fmt.Errorf("property %s: %w", p.Name, err)
+		}
 		out.Properties = append(out.Properties, ep)
 	}
 	for _, m := range d.Spec.Methods {
 		out.Methods = append(out.Methods, &linkv1.EdgeDeviceMethod{Name: m.Name, Description: m.Description, PropertyNames: m.PropertyNames})
+	}
+	out.NoStateReports = !d.Spec.StateReport.Reports()
+	if sr := d.Spec.StateReport; sr != nil {
+		cycle, err := v1alpha1.CycleDuration(sr.ReportCycle)
+		if err != nil {
+			return nil, fmt.Errorf("stateReport: %w", err)
+		}
+		out.StateReportCycleMs = cycle.Milliseconds()
 	}
 	return out, nil
 }
@@ -113,11 +123,22 @@ func mergeObjects(base, over *apiextensionsv1.JSON) (*structpb.Struct, error) {
 }
 
 // edgePushMethod is what the node is sent of a property's pushMethod.
-func edgePushMethod(pm *v1alpha1.PushMethod) *linkv1.PushMethod {
+func edgePushMethod(pm *v1alpha1.PushMethod) (*linkv1.PushMethod, error) {
 	if pm == nil {
-		return nil
+		return nil, nil
 	}
 	out := &linkv1.PushMethod{}
+	if pm.AnomalyDetection != nil {
+		ad, err := mergeObjects(nil, pm.AnomalyDetection)
+		if err != nil {
+			return nil, fmt.Errorf("pushMethod.anomalyDetection: %w", err)
+		}
+		// An empty object still names the sink.
+		if ad == nil {
+			ad = &structpb.Struct{}
+		}
+		out.AnomalyDetection = ad
+	}
 	if h := pm.HTTP; h != nil {
 		out.Http = &linkv1.PushMethodHTTP{HostName: h.HostName, Port: h.Port, RequestPath: h.RequestPath, Timeout: h.Timeout}
 	}
@@ -132,7 +153,7 @@ func edgePushMethod(pm *v1alpha1.PushMethod) *linkv1.PushMethod {
 	}
 	db := pm.DBMethod
 	if db == nil {
-		return out
+		return out, nil
 	}
 	out.DbMethod = &linkv1.DBMethod{}
 	if x := db.Influxdb2; x != nil {
@@ -166,7 +187,7 @@ func edgePushMethod(pm *v1alpha1.PushMethod) *linkv1.PushMethod {
 		}
 		out.DbMethod.Mysql = e
 	}
-	return out
+	return out, nil
 }
 
 // PushMethodError lists what is wrong with a Device's pushMethods, each

@@ -53,6 +53,25 @@ func TestEdgeDevice(t *testing.T) {
 	if p1.Desired.GetValue() != "5" || p1.Desired.Metadata["by"] != "me" || p1.ReportToCloud || p1.VisitorConfig.AsMap()["address"] != float64(9) {
 		t.Errorf("property s %v: want its desired value, reportToCloud false and its own visitor", p1)
 	}
+	if ed.NoStateReports || ed.StateReportCycleMs != 0 {
+		t.Errorf("no stateReport: states %v every %d ms, want reported at the mapper's default", !ed.NoStateReports, ed.StateReportCycleMs)
+	}
+	// KubeEdge 1.23's spec.stateReport and pushMethod.anomalyDetection.
+	d.Spec.StateReport = &v1alpha1.StateReport{ReportToCloud: ptr.To(false), ReportCycle: ptr.To(intstr.FromString("30s"))}
+	d.Spec.Properties[0].PushMethod = &v1alpha1.PushMethod{AnomalyDetection: js(`{"service":"http://ad:8080","threshold":3}`)}
+	if ed, err = EdgeDevice(d, model); err != nil {
+		t.Fatal(err)
+	}
+	if !ed.NoStateReports || ed.StateReportCycleMs != 30000 {
+		t.Errorf("stateReport off every 30s sent as states %v every %d ms", !ed.NoStateReports, ed.StateReportCycleMs)
+	}
+	if ad := ed.Properties[0].GetPushMethod().GetAnomalyDetection().AsMap(); ad["service"] != "http://ad:8080" || ad["threshold"] != float64(3) {
+		t.Errorf("anomalyDetection sent as %v", ad)
+	}
+	d.Spec.Properties[0].PushMethod.AnomalyDetection = js(`{}`)
+	if ed, err = EdgeDevice(d, model); err != nil || ed.Properties[0].GetPushMethod().GetAnomalyDetection() == nil {
+		t.Errorf("an empty anomalyDetection object was dropped (%v): it still names the sink", err)
+	}
 	d.Spec.Protocol.ConfigData = js(`[1,2]`)
 	if _, err := EdgeDevice(d, model); err == nil {
 		t.Error("configData that is not an object was accepted")

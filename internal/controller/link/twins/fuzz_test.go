@@ -92,7 +92,8 @@ func FuzzCheck(f *testing.F) {
 			}
 			got := ep.GetPushMethod()
 			if (got == nil) != (want == nil) || (want != nil && ((got.Http == nil) != (want.HTTP == nil) || (got.Mqtt == nil) != (want.MQTT == nil) ||
-				(got.Otel == nil) != (want.OTEL == nil) || (got.DbMethod == nil) != (want.DBMethod == nil))) {
+				(got.Otel == nil) != (want.OTEL == nil) || (got.DbMethod == nil) != (want.DBMethod == nil) ||
+				(got.AnomalyDetection == nil) != (want.AnomalyDetection == nil))) {
 				t.Fatalf("property %s: pushMethod %v sent for %+v", p.Name, got, want)
 			}
 		}

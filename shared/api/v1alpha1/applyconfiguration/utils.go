@@ -100,6 +100,8 @@ func ForKind(kind schema.GroupVersionKind) interface{} {
 		return &apiv1alpha1.SkippedCandidateApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("SkippedReason"):
 		return &apiv1alpha1.SkippedReasonApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("StateReport"):
+		return &apiv1alpha1.StateReportApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("TDEngineClientConfig"):
 		return &apiv1alpha1.TDEngineClientConfigApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("Twin"):

@@ -355,6 +355,9 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: protocol
       type:
         namedType: com.github.dowse-dev.dowse.shared.api.v1alpha1.ProtocolConfig
+    - name: stateReport
+      type:
+        namedType: com.github.dowse-dev.dowse.shared.api.v1alpha1.StateReport
 - name: com.github.dowse-dev.dowse.shared.api.v1alpha1.DeviceStatus
   map:
     fields:
@@ -437,6 +440,9 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: protocol
       type:
         namedType: com.github.dowse-dev.dowse.shared.api.v1alpha1.ProtocolConfig
+    - name: stateReport
+      type:
+        namedType: com.github.dowse-dev.dowse.shared.api.v1alpha1.StateReport
 - name: com.github.dowse-dev.dowse.shared.api.v1alpha1.DiscoveryHandlerSpec
   map:
     fields:
@@ -693,6 +699,9 @@ var schemaYAML = typed.YAMLObject(`types:
 - name: com.github.dowse-dev.dowse.shared.api.v1alpha1.PushMethod
   map:
     fields:
+    - name: anomalyDetection
+      type:
+        namedType: io.k8s.apiextensions-apiserver.pkg.apis.apiextensions.v1.JSON
     - name: dbMethod
       type:
         namedType: com.github.dowse-dev.dowse.shared.api.v1alpha1.DBMethodConfig
@@ -783,6 +792,15 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: reason
       type:
         scalar: string
+- name: com.github.dowse-dev.dowse.shared.api.v1alpha1.StateReport
+  map:
+    fields:
+    - name: reportCycle
+      type:
+        namedType: io.k8s.apimachinery.pkg.util.intstr.IntOrString
+    - name: reportToCloud
+      type:
+        scalar: boolean
 - name: com.github.dowse-dev.dowse.shared.api.v1alpha1.TDEngineClientConfig
   map:
     fields:

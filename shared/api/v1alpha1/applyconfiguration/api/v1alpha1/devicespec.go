@@ -37,6 +37,9 @@ type DeviceSpecApplyConfiguration struct {
 	Properties []DevicePropertyApplyConfiguration `json:"properties,omitempty"`
 	Protocol   *ProtocolConfigApplyConfiguration  `json:"protocol,omitempty"`
 	Methods    []DeviceMethodApplyConfiguration   `json:"methods,omitempty"`
+	// StateReport is how the mapper reports the device's state (KubeEdge
+	// 1.23's spec.stateReport).
+	StateReport *StateReportApplyConfiguration `json:"stateReport,omitempty"`
 }
 
 // DeviceSpecApplyConfiguration constructs a declarative configuration of the DeviceSpec type for use with
@@ -100,5 +103,13 @@ func (b *DeviceSpecApplyConfiguration) WithMethods(values ...*DeviceMethodApplyC
 		}
 		b.Methods = append(b.Methods, *values[i])
 	}
+	return b
+}
+
+// WithStateReport sets the StateReport field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the StateReport field is set to the value of the last call.
+func (b *DeviceSpecApplyConfiguration) WithStateReport(value *StateReportApplyConfiguration) *DeviceSpecApplyConfiguration {
+	b.StateReport = value
 	return b
 }

@@ -17,6 +17,7 @@ type DeviceTemplateApplyConfiguration struct {
 	Protocol       *ProtocolConfigApplyConfiguration  `json:"protocol,omitempty"`
 	Properties     []DevicePropertyApplyConfiguration `json:"properties,omitempty"`
 	Methods        []DeviceMethodApplyConfiguration   `json:"methods,omitempty"`
+	StateReport    *StateReportApplyConfiguration     `json:"stateReport,omitempty"`
 	// MapperPodSpec, when set, is a mapper the controller runs as a broker:
 	// one Pod per node that owns Devices of the Configuration, with the
 	// state directory mounted and the Configuration's name as its
@@ -69,6 +70,14 @@ func (b *DeviceTemplateApplyConfiguration) WithMethods(values ...*DeviceMethodAp
 		}
 		b.Methods = append(b.Methods, *values[i])
 	}
+	return b
+}
+
+// WithStateReport sets the StateReport field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the StateReport field is set to the value of the last call.
+func (b *DeviceTemplateApplyConfiguration) WithStateReport(value *StateReportApplyConfiguration) *DeviceTemplateApplyConfiguration {
+	b.StateReport = value
 	return b
 }
 

@@ -3,7 +3,8 @@
 package v1alpha1
 
 import (
-	v1 "k8s.io/api/core/v1"
+	corev1 "k8s.io/api/core/v1"
+	v1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 )
 
 // PushMethodApplyConfiguration represents a declarative configuration of the PushMethod type for use
@@ -31,11 +32,16 @@ type PushMethodApplyConfiguration struct {
 	OTEL *PushMethodOTELApplyConfiguration `json:"otel,omitempty"`
 	// DBMethod writes each reading to a database.
 	DBMethod *DBMethodConfigApplyConfiguration `json:"dbMethod,omitempty"`
+	// AnomalyDetection is KubeEdge 1.23's anomaly detection service
+	// configuration, a JSON object handed to the mapper as DMI's
+	// AnomalyDetection (each value as edgecore converts configData).
+	// Dowse's mappers do not serve it; KubeEdge's do.
+	AnomalyDetection *v1.JSON `json:"anomalyDetection,omitempty"`
 	// SecretRef names a Secret (same namespace) with the sink's
 	// credentials: keys username and password (and ca.crt for TLS). The
 	// controller checks that it exists; the mapper reads it where its Pod
 	// mounts it.
-	SecretRef *v1.LocalObjectReference `json:"secretRef,omitempty"`
+	SecretRef *corev1.LocalObjectReference `json:"secretRef,omitempty"`
 }
 
 // PushMethodApplyConfiguration constructs a declarative configuration of the PushMethod type for use with
@@ -76,10 +82,18 @@ func (b *PushMethodApplyConfiguration) WithDBMethod(value *DBMethodConfigApplyCo
 	return b
 }
 
+// WithAnomalyDetection sets the AnomalyDetection field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the AnomalyDetection field is set to the value of the last call.
+func (b *PushMethodApplyConfiguration) WithAnomalyDetection(value v1.JSON) *PushMethodApplyConfiguration {
+	b.AnomalyDetection = &value
+	return b
+}
+
 // WithSecretRef sets the SecretRef field in the declarative configuration to the given value
 // and returns the receiver, so that objects can be built by chaining "With" function invocations.
 // If called multiple times, the SecretRef field is set to the value of the last call.
-func (b *PushMethodApplyConfiguration) WithSecretRef(value v1.LocalObjectReference) *PushMethodApplyConfiguration {
+func (b *PushMethodApplyConfiguration) WithSecretRef(value corev1.LocalObjectReference) *PushMethodApplyConfiguration {
 	b.SecretRef = &value
 	return b
 }
