@@ -66,6 +66,8 @@ func Convert(objs []*unstructured.Unstructured) (Result, error) {
 			err = r.kubeEdge(id, u, &v1alpha1.DeviceModel{})
 		case gv == "devices.kubeedge.io/v1beta1" && kind == "Device":
 			err = r.kubeEdge(id, u, &v1alpha1.Device{})
+		case gv == "devices.kubeedge.io/v1beta1" && kind == "DeviceStatus":
+			r.Notes = append(r.Notes, Note{Object: id, Reason: "not converted: Dowse keeps a Device's reported twins and state in its own status, and the edge reports them again"})
 		case strings.HasPrefix(gv, "devices.kubeedge.io/"):
 			r.Notes = append(r.Notes, Note{Object: id, Reason: fmt.Sprintf("not converted: %s is not devices.kubeedge.io/v1beta1 (KubeEdge 1.15 and later); move it to v1beta1 first", gv)})
 		default:
@@ -239,27 +241,49 @@ func akriDetails(v any) (map[string]any, error) {
 
 // kubeEdge converts a KubeEdge v1beta1 DeviceModel or Device into Dowse's,
 // whose schema follows KubeEdge's: every spec field Dowse's type does not
-// hold is noted. Status is not converted: the edge reports it again.
+// hold is noted. Both Device shapes are read: KubeEdge 1.23's, whose
+// spec.stateReport says how the mapper reports the device's state, and the
+// earlier one, whose status held reportToCloud and reportCycle for it
+// (edgecore 1.23 still reads them when spec.stateReport is absent, and so
+// does this). The rest of the status is not converted: the edge reports it
+// again.
 func (r *Result) kubeEdge(id string, u *unstructured.Unstructured, into runtime.Object) error {
 	spec, _, _ := unstructured.NestedMap(u.Object, "spec")
-	if props, ok := spec["properties"].([]any); ok && u.GetKind() == "Device" {
-		for i, p := range props {
-			pm, ok := p.(map[string]any)
-			if !ok {
-				continue
-			}
-			for _, f := range []string{"reportCycle", "collectCycle"} {
-				// KubeEdge's mapper-framework reads an integer cycle as a
-				// time.Duration (its samples' 10000000000 is 10 s); Dowse
-				// reads integers as milliseconds, or takes a duration.
-				n, ok := pm[f].(float64)
-				if !ok {
-					continue
+	status, _, _ := unstructured.NestedMap(u.Object, "status")
+	if u.GetKind() == "Device" {
+		if props, ok := spec["properties"].([]any); ok {
+			for i, p := range props {
+				if pm, ok := p.(map[string]any); ok {
+					for _, f := range []string{"reportCycle", "collectCycle"} {
+						r.cycle(id, fmt.Sprintf("spec.properties[%d]", i), pm, f)
+					}
 				}
-				d := time.Duration(int64(n)).String()
-				pm[f] = d
-				r.Notes = append(r.Notes, Note{Object: id, Field: fmt.Sprintf("spec.properties[%d].%s", i, f),
-					Reason: fmt.Sprintf("%.0f (nanoseconds, as KubeEdge's mapper-framework reads it) became %q", n, d)})
+			}
+		}
+		if _, ok := spec["stateReport"]; !ok {
+			sr := map[string]any{}
+			for _, f := range []string{"reportToCloud", "reportCycle"} {
+				if v, ok := status[f]; ok {
+					sr[f] = v
+					delete(status, f)
+				}
+			}
+			if len(sr) > 0 {
+				if spec == nil {
+					spec = map[string]any{}
+				}
+				spec["stateReport"] = sr
+				r.Notes = append(r.Notes, Note{Object: id, Field: "status.reportToCloud, status.reportCycle",
+					Reason: "became spec.stateReport, where KubeEdge 1.23 moved them"})
+			}
+		}
+		if sr, ok := spec["stateReport"].(map[string]any); ok {
+			r.cycle(id, "spec.stateReport", sr, "reportCycle")
+			// Unset is false to KubeEdge, true to Dowse.
+			if _, ok := sr["reportToCloud"].(bool); !ok {
+				sr["reportToCloud"] = false
+				r.Notes = append(r.Notes, Note{Object: id, Field: "spec.stateReport.reportToCloud",
+					Reason: "unset, KubeEdge's default: set to false (Dowse's default is true)"})
 			}
 		}
 	}
@@ -288,7 +312,7 @@ func (r *Result) kubeEdge(id string, u *unstructured.Unstructured, into runtime.
 			r.Notes = append(r.Notes, Note{Object: id, Field: f, Reason: fmt.Sprintf("not carried over: Dowse's %s has no such field", u.GetKind())})
 		}
 	}
-	if st, ok, _ := unstructured.NestedMap(u.Object, "status"); ok && len(st) > 0 {
+	if len(status) > 0 {
 		r.Notes = append(r.Notes, Note{Object: id, Field: "status", Reason: "not carried over: the edge reports it again"})
 	}
 	switch o := into.(type) {
@@ -299,6 +323,24 @@ func (r *Result) kubeEdge(id string, u *unstructured.Unstructured, into runtime.
 	}
 	r.Objects = append(r.Objects, into)
 	return nil
+}
+
+// cycle reads KubeEdge's integer cycle obj[f]. Since mapper-framework
+// v1.18 (KubeEdge 1.18) mappers read it as milliseconds, as Dowse does, so
+// it is kept; before, as nanoseconds (the samples' 10000000000 is 10 s).
+// A value of a billion or more is a cycle of over 11 days as milliseconds
+// and of a second or more as nanoseconds: it is read as nanoseconds, said
+// in a note.
+func (r *Result) cycle(id, at string, obj map[string]any, f string) {
+	n, ok := obj[f].(float64)
+	if !ok || n < 1e9 {
+		return
+	}
+	d := time.Duration(int64(n)).String()
+	obj[f] = d
+	r.Notes = append(r.Notes, Note{Object: id, Field: at + "." + f,
+		Reason: fmt.Sprintf("%.0f read as nanoseconds, as mapper-framework before v1.18 read it (since then it reads milliseconds: %.0f days), and became %q",
+			n, n/float64(24*time.Hour/time.Millisecond), d)})
 }
 
 // leaves lists the paths of a JSON object's leaves that are not empty or

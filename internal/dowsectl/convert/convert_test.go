@@ -150,7 +150,7 @@ func TestKubeEdgeObjects(t *testing.T) {
 	if strings.Contains(got, "spec") && strings.Contains(got, "not carried over: Dowse") {
 		t.Errorf("a KubeEdge sample's spec field was dropped:\n%s", got)
 	}
-	if p.ReportCycle == nil || p.ReportCycle.String() != "10s" || !strings.Contains(got, `spec.properties[0].reportCycle: 10000000000 (nanoseconds, as KubeEdge's mapper-framework reads it) became "10s"`) {
+	if p.ReportCycle == nil || p.ReportCycle.String() != "10s" || !strings.Contains(got, `spec.properties[0].reportCycle: 10000000000 read as nanoseconds, as mapper-framework before v1.18 read it (since then it reads milliseconds: 116 days), and became "10s"`) {
 		t.Errorf("reportCycle %v; notes:\n%s", p.ReportCycle, got)
 	}
 	old := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "devices.kubeedge.io/v1alpha2", "kind": "Device", "metadata": map[string]any{"name": "d"}}}
@@ -158,10 +158,52 @@ func TestKubeEdgeObjects(t *testing.T) {
 	if err != nil || len(r.Objects) != 0 || !strings.Contains(notes(r), "not devices.kubeedge.io/v1beta1") {
 		t.Errorf("a v1alpha2 Device: %v %v", err, notes(r))
 	}
-	unknown := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "devices.kubeedge.io/v1beta1", "kind": "Device", "metadata": map[string]any{"name": "d"},
-		"spec": map[string]any{"deviceModelRef": map[string]any{"name": "m"}, "stateReport": map[string]any{"reportCycle": float64(5)}}}}
+	unknown := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "devices.kubeedge.io/v1beta1", "kind": "DeviceModel", "metadata": map[string]any{"name": "m"},
+		"spec": map[string]any{"protocol": "modbus", "firmware": "1.2"}}}
 	r, err = Convert([]*unstructured.Unstructured{unknown})
-	if err != nil || !strings.Contains(notes(r), "spec.stateReport.reportCycle: not carried over") {
+	if err != nil || !strings.Contains(notes(r), "spec.firmware: not carried over") {
 		t.Errorf("a field Dowse lacks: %v %s", err, notes(r))
+	}
+}
+
+// TestKubeEdge123Shapes: KubeEdge 1.23's spec.stateReport is carried over
+// (its integer cycle as the milliseconds mapper-framework reads since
+// v1.18), the earlier status.reportToCloud/reportCycle become it, a
+// DeviceStatus object is noted, not converted.
+func TestKubeEdge123Shapes(t *testing.T) {
+	device := func(spec, status map[string]any) *unstructured.Unstructured {
+		spec["deviceModelRef"] = map[string]any{"name": "m"}
+		return &unstructured.Unstructured{Object: map[string]any{"apiVersion": "devices.kubeedge.io/v1beta1", "kind": "Device",
+			"metadata": map[string]any{"name": "d", "namespace": "ns"}, "spec": spec, "status": status}}
+	}
+	r, err := Convert([]*unstructured.Unstructured{
+		device(map[string]any{"stateReport": map[string]any{"reportToCloud": true, "reportCycle": float64(5000)},
+			"properties": []any{map[string]any{"name": "t", "collectCycle": float64(500)}}}, nil),
+		device(map[string]any{}, map[string]any{"reportToCloud": true, "reportCycle": float64(2000), "state": "ok"}),
+		device(map[string]any{}, nil),
+		{Object: map[string]any{"apiVersion": "devices.kubeedge.io/v1beta1", "kind": "DeviceStatus", "metadata": map[string]any{"name": "d", "namespace": "ns"},
+			"status": map[string]any{"twins": []any{map[string]any{"propertyName": "t"}}}}},
+	})
+	if err != nil || len(r.Objects) != 3 {
+		t.Fatalf("%v, %d objects; notes:\n%s", err, len(r.Objects), notes(r))
+	}
+	got := notes(r)
+	d0, d1, d2 := r.Objects[0].(*v1alpha1.Device), r.Objects[1].(*v1alpha1.Device), r.Objects[2].(*v1alpha1.Device)
+	if sr := d0.Spec.StateReport; sr == nil || !sr.Reports() || sr.ReportCycle.String() != "5000" || d0.Spec.Properties[0].CollectCycle.String() != "500" {
+		t.Errorf("1.23 Device: stateReport %+v, collectCycle %v; want both integers kept as milliseconds", sr, d0.Spec.Properties[0].CollectCycle)
+	}
+	if sr := d1.Spec.StateReport; sr == nil || !sr.Reports() || sr.ReportCycle.String() != "2000" ||
+		!strings.Contains(got, "status.reportToCloud, status.reportCycle: became spec.stateReport") {
+		t.Errorf("earlier Device: stateReport %+v; notes:\n%s", sr, got)
+	}
+	if d2.Spec.StateReport != nil {
+		t.Errorf("a Device without state reporting got %+v", d2.Spec.StateReport)
+	}
+	if !strings.Contains(got, "devicestatus/ns/d: not converted: Dowse keeps") {
+		t.Errorf("DeviceStatus not noted:\n%s", got)
+	}
+	r, err = Convert([]*unstructured.Unstructured{device(map[string]any{"stateReport": map[string]any{"reportCycle": float64(5000)}}, nil)})
+	if err != nil || r.Objects[0].(*v1alpha1.Device).Spec.StateReport.Reports() || !strings.Contains(notes(r), "spec.stateReport.reportToCloud: unset, KubeEdge's default") {
+		t.Errorf("stateReport without reportToCloud: %v; notes:\n%s", err, notes(r))
 	}
 }

@@ -1,6 +1,6 @@
 // Command kubeedge-mapper is a test peer for Dowse's mapper API: a mapper
 // built the way KubeEdge's template mapper is, on mapper-framework v1.21.0
-// (config.Parse, grpcclient.RegisterMapper/ReportDeviceStatus/
+// (go.mod) or v1.23.0 (go.1.23.mod: go build -modfile=go.1.23.mod) (config.Parse, grpcclient.RegisterMapper/ReportDeviceStatus/
 // ReportDeviceStates, grpcserver serving DeviceMapperService), with a small
 // in-memory "virtual" device driver of its own.
 //
@@ -9,12 +9,15 @@
 // absent) and is reported every collectCycle (default 1s) with the desired
 // value the mapper holds as observedDesired. A desired value, on
 // registration or update, is written to the property at once (desired
-// writes apply). Device states are reported as "ok".
+// writes apply). Device states are reported as "ok" every status.reportCycle
+// milliseconds (1s when 0) when status.reportToCloud is set, as the
+// template's device states are.
 //
 // For tests it prints one line per event on stdout:
 //
 //	EVENT registered devices=N models=M
-//	EVENT device-started id=NS/NAME desired=PROP:VALUE,...
+//	EVENT device-started id=NS/NAME desired=PROP:VALUE,... states=BOOL state-cycle=MS
+//	EVENT anomaly-detection id=NS/NAME property=P config=JSON
 //	EVENT device-removed id=NS/NAME
 //	EVENT report-ok id=NS/NAME property=P value=V
 //	EVENT report-refused id=NS/NAME property=P code=CODE message=...
@@ -179,8 +182,13 @@ func (p *panel) UpdateDev(model *common.DeviceModel, inst *common.DeviceInstance
 	}
 	d.mu.Unlock()
 	sort.Strings(desired)
-	event("device-started id=%s desired=%s", inst.ID, strings.Join(desired, ","))
+	event("device-started id=%s desired=%s states=%t state-cycle=%d", inst.ID, strings.Join(desired, ","), inst.Status.ReportToCloud, inst.Status.ReportCycle)
 	go d.run()
+	for _, t := range inst.Twins {
+		if ad := anomalyDetection(t); ad != "" {
+			event("anomaly-detection id=%s property=%s config=%s", inst.ID, t.PropertyName, ad)
+		}
+	}
 	for _, t := range inst.Twins {
 		if t.Property != nil && t.Property.PushMethod.MethodName == common.PushMethodMQTT && t.Property.PushMethod.MethodConfig != nil {
 			go d.push(t)
@@ -237,6 +245,26 @@ func (d *vdev) push(t common.Twin) {
 	}
 }
 
+// anomalyDetection is the property's anomaly detection configuration as
+// mapper-framework v1.23 hands it to a mapper (its PushMethodConfig's
+// anomalyDetectionConfig); "" with v1.21, which has no such field.
+func anomalyDetection(t common.Twin) string {
+	if t.Property == nil {
+		return ""
+	}
+	b, err := json.Marshal(t.Property.PushMethod)
+	if err != nil {
+		return ""
+	}
+	var pm struct {
+		Config json.RawMessage `json:"anomalyDetectionConfig"`
+	}
+	if json.Unmarshal(b, &pm) != nil {
+		return ""
+	}
+	return string(pm.Config)
+}
+
 func (d *vdev) run() {
 	defer close(d.done)
 	cycle := time.Second
@@ -247,18 +275,39 @@ func (d *vdev) run() {
 	}
 	tick := time.NewTicker(cycle)
 	defer tick.Stop()
+	// The template reports states on a cycle of their own, only when asked.
+	var states <-chan time.Time
+	if d.instance.Status.ReportToCloud {
+		stateCycle := time.Duration(d.instance.Status.ReportCycle) * time.Millisecond
+		if stateCycle <= 0 {
+			stateCycle = time.Second
+		}
+		t := time.NewTicker(stateCycle)
+		defer t.Stop()
+		states = t.C
+		d.reportState()
+	}
 	for {
 		d.report()
 		select {
 		case <-d.stop:
 			return
 		case <-tick.C:
+		case <-states:
+			d.reportState()
 		}
 	}
 }
 
+func (d *vdev) reportState() {
+	inst := d.instance
+	if err := grpcclient.ReportDeviceStates(&dmiapi.ReportDeviceStatesRequest{DeviceName: inst.Name, DeviceNamespace: inst.Namespace, State: common.DeviceStatusOK}); err != nil {
+		klog.V(2).Infof("state of %s: %v", inst.ID, err)
+	}
+}
+
 // report sends each property in a request of its own, as the template's
-// TwinData does, and the device state.
+// TwinData does.
 func (d *vdev) report() {
 	inst := d.instance
 	for _, t := range inst.Twins {
@@ -278,9 +327,6 @@ func (d *vdev) report() {
 		} else {
 			event("report-ok id=%s property=%s value=%s", inst.ID, t.PropertyName, v)
 		}
-	}
-	if err := grpcclient.ReportDeviceStates(&dmiapi.ReportDeviceStatesRequest{DeviceName: inst.Name, DeviceNamespace: inst.Namespace, State: common.DeviceStatusOK}); err != nil {
-		klog.V(2).Infof("state of %s: %v", inst.ID, err)
 	}
 }
 

@@ -18,18 +18,35 @@ import (
 	"github.com/dowse-dev/dowse/test/peers/npmpeer"
 )
 
-// Build builds the mapper into dir and returns its path. Without the
-// mapper-framework modules (no module proxy) the test is skipped, or
-// failed under CI.
-func Build(t testing.TB, dir string) string {
+// The mapper-framework versions the mapper is built on: each names its
+// module file in test/peers/kubeedge-mapper (the same source builds on
+// both).
+const (
+	V121 = "v1.21.0"
+	V123 = "v1.23.0"
+)
+
+// Versions are all of them, oldest first.
+var Versions = []string{V121, V123}
+
+var modFiles = map[string]string{V121: "go.mod", V123: "go.1.23.mod"}
+
+// Build builds the mapper on mapper-framework version into dir and returns
+// its path. Without the mapper-framework modules (no module proxy) the
+// test is skipped, or failed under CI.
+func Build(t testing.TB, dir, version string) string {
 	t.Helper()
-	bin := filepath.Join(dir, "kubeedge-mapper")
-	cmd := exec.Command("go", "build", "-o", bin, ".")
+	modFile, ok := modFiles[version]
+	if !ok {
+		t.Fatalf("no KubeEdge mapper peer for mapper-framework %s", version)
+	}
+	bin := filepath.Join(dir, "kubeedge-mapper-"+version)
+	cmd := exec.Command("go", "build", "-modfile="+modFile, "-o", bin, ".")
 	cmd.Dir = filepath.Join(kube.RepoRoot(), "test", "peers", "kubeedge-mapper")
 	if out, err := cmd.CombinedOutput(); err != nil {
-		npmpeer.Unavailable(t, "cannot build the KubeEdge mapper-framework test peer (%v): %s; it needs "+
-			"github.com/kubeedge/mapper-framework v1.21.0 and github.com/kubeedge/api v1.21.0 in the module cache: "+
-			"run `cd test/peers/kubeedge-mapper && go mod download` with the Go module proxy reachable", err, out)
+		npmpeer.Unavailable(t, "cannot build the KubeEdge mapper-framework %s test peer (%v): %s; it needs "+
+			"github.com/kubeedge/mapper-framework and github.com/kubeedge/api %s in the module cache: "+
+			"run `cd test/peers/kubeedge-mapper && go mod download -modfile=%s` with the Go module proxy reachable", version, err, out, version, modFile)
 	}
 	return bin
 }

@@ -242,8 +242,8 @@ func intV(v *linkv1.TwinValue) (int64, bool) {
 	return i, err == nil
 }
 
-// TestKubeEdgeMapperFramework: a mapper built on mapper-framework v1.21.0
-// registers with the agent's dmi.sock as with edgecore, gets the Device the
+// TestKubeEdgeMapperFramework: a mapper built on mapper-framework v1.21.0,
+// and one on v1.23.0, registers with the agent's dmi.sock as with edgecore, gets the Device the
 // cloud sends (RegisterDevice), applies its desired value and reports it
 // back, typed and with observedDesired, to the cloudhub; reports the edge
 // cannot accept are refused with InvalidArgument; a desired change
@@ -252,8 +252,14 @@ func intV(v *linkv1.TwinValue) (int64, bool) {
 // gets them with MapperRegister, and what they report offline reaches the
 // cloud when it is back.
 func TestKubeEdgeMapperFramework(t *testing.T) {
+	for _, v := range kubeedgepeer.Versions {
+		t.Run(v, func(t *testing.T) { kubeEdgeMapperFramework(t, v) })
+	}
+}
+
+func kubeEdgeMapperFramework(t *testing.T, version string) {
 	tmp := t.TempDir()
-	bin := kubeedgepeer.Build(t, tmp)
+	bin := kubeedgepeer.Build(t, tmp, version)
 	stateDir := filepath.Join(tmp, "state")
 	mapperDir := filepath.Join(tmp, "mapper")
 	if err := os.MkdirAll(mapperDir, 0o700); err != nil {

@@ -64,7 +64,7 @@ func TestKubeEdgeMapperPushesToMQTT(t *testing.T) {
 	broker := mosquitto.Start(t)
 	sub := broker.Subscribe(t, "dowse/#", 1, "")
 	tmp := t.TempDir()
-	bin := kubeedgepeer.Build(t, tmp)
+	bin := kubeedgepeer.Build(t, tmp, kubeedgepeer.V123)
 	stateDir := filepath.Join(tmp, "state")
 	mapperDir := filepath.Join(tmp, "mapper")
 	if err := os.MkdirAll(mapperDir, 0o700); err != nil {

@@ -80,21 +80,31 @@ spec:
     - name: label
       visitors: {protocolName: virtual, configData: {initial: lab-1}}
       collectCycle: 200
+      pushMethod:
+        anomalyDetection: {service: "http://127.0.0.1:9/detect", window: 10}
     - name: level
       visitors: {protocolName: virtual, configData: {initial: high}}
       collectCycle: 200
+  stateReport: {reportToCloud: true, reportCycle: 2s}
 `
 
 // TestKubeEdgeMapperEndToEnd: with the real binaries (controller with the
 // link on, agent), a mapper built on KubeEdge's own mapper-framework
-// v1.21.0 runtime registers with the agent's dmi.sock exactly as it would
-// with edgecore and gets the Device written by hand; its desired value, and
-// the ones set later with kubectl and with dowsectl twin set, reach the
-// mapper and come back as reported and observedDesired in Device.status,
-// with the mapper's state; a property whose reads do not parse is refused
-// alone and named in ReportsAccepted.
+// runtime, v1.21.0 and v1.23.0, registers with the agent's dmi.sock exactly
+// as it would with edgecore and gets the Device written by hand, its
+// stateReport as edgecore 1.23 hands it (and, to v1.23, a pushMethod's
+// anomalyDetection); its desired value, and the ones set later with kubectl
+// and with dowsectl twin set, reach the mapper and come back as reported
+// and observedDesired in Device.status, with the mapper's state; a property
+// whose reads do not parse is refused alone and named in ReportsAccepted.
 func TestKubeEdgeMapperEndToEnd(t *testing.T) {
-	bin := kubeedgepeer.Build(t, t.TempDir())
+	for _, v := range kubeedgepeer.Versions {
+		t.Run(v, func(t *testing.T) { kubeEdgeMapperEndToEnd(t, v) })
+	}
+}
+
+func kubeEdgeMapperEndToEnd(t *testing.T, version string) {
+	bin := kubeedgepeer.Build(t, t.TempDir(), version)
 	c := startCloud(t, "--twin-status-interval", "500ms")
 	ctx := context.Background()
 	m := c.joinKubeEdgeMapper(t, bin)
@@ -136,6 +146,12 @@ func TestKubeEdgeMapperEndToEnd(t *testing.T) {
 		})
 	}
 	see("the Device's own desired value", "25")
+	if m.Out.Count("EVENT device-started id=default/thermo-1 desired=temp:25 states=true state-cycle=2000") == 0 {
+		t.Errorf("the mapper did not get spec.stateReport (states every 2000 ms):\n%s", m.Out)
+	}
+	if ad := m.Out.Count(`EVENT anomaly-detection id=default/thermo-1 property=label config={"service":"http://127.0.0.1:9/detect","window":10}`); (ad > 0) != (version != kubeedgepeer.V121) {
+		t.Errorf("mapper-framework %s: %d anomaly detection configurations for label, want them from v1.23 on:\n%s", version, ad, m.Out)
+	}
 
 	patch := `[{"op":"replace","path":"/spec/properties/0/desired","value":{"value":"42"}}]`
 	if kubectl, err := exec.LookPath("kubectl"); err == nil {
