@@ -257,6 +257,11 @@ func (r *Result) kubeEdge(id string, u *unstructured.Unstructured, into runtime.
 					for _, f := range []string{"reportCycle", "collectCycle"} {
 						r.cycle(id, fmt.Sprintf("spec.properties[%d]", i), pm, f)
 					}
+					// KubeEdge's desired is not optional in its Go type: every
+					// property written from it has one, empty when none is meant.
+					if d, ok := pm["desired"].(map[string]any); ok && d["value"] == "" {
+						delete(pm, "desired")
+					}
 				}
 			}
 		}

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/dowse-dev/dowse/test/framework/kube"
@@ -49,6 +50,23 @@ func Build(t testing.TB, dir, version string) string {
 			"run `cd test/peers/kubeedge-mapper && go mod download -modfile=%s` with the Go module proxy reachable", version, err, out, version, modFile)
 	}
 	return bin
+}
+
+// Objects returns the YAML stream of KubeEdge 1.23 DeviceModels, Devices
+// and DeviceStatuses that test/peers/kubeedge-mapper/objects builds from
+// KubeEdge's own v1beta1 Go types.
+func Objects(t testing.TB) []byte {
+	t.Helper()
+	cmd := exec.Command("go", "run", "-modfile="+modFiles[V123], "./objects")
+	cmd.Dir = filepath.Join(kube.RepoRoot(), "test", "peers", "kubeedge-mapper")
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		npmpeer.Unavailable(t, "cannot build KubeEdge's objects from github.com/kubeedge/api %s (%v): %s; "+
+			"run `cd test/peers/kubeedge-mapper && go mod download -modfile=%s` with the Go module proxy reachable", V123, err, stderr.String(), modFiles[V123])
+	}
+	return out
 }
 
 // Mapper is a running mapper. Out holds its EVENT lines (see its main.go),
