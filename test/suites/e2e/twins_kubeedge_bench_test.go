@@ -43,7 +43,7 @@ spec:
 
 // BenchmarkKubeEdgeMapperTwin prints, with the real binaries on loopback,
 // the controller's default 1 s status interval and the mapper built on
-// KubeEdge's mapper-framework v1.23.0 (test/peers/kubeedge-mapper) at a 1 s
+// KubeEdge's mapper-framework v1.21.0 (test/peers/kubeedge-mapper) at a 1 s
 // collect and report cycle, the round trip of a desired value patched into
 // Device.spec until it is reported (and observedDesired) in Device.status,
 // seen through a watch, and that round trip less the mapper's own wait:
@@ -59,7 +59,7 @@ func BenchmarkKubeEdgeMapperTwin(b *testing.B) {
 }
 
 func benchKubeEdgeMapperTwin(b *testing.B) {
-	bin := kubeedgepeer.Build(b, b.TempDir(), kubeedgepeer.V123)
+	bin := kubeedgepeer.Build(b, b.TempDir(), kubeedgepeer.V121)
 	c := startCloud(b)
 	ctx := context.Background()
 	m := c.joinKubeEdgeMapper(b, bin)
@@ -169,7 +169,7 @@ func benchKubeEdgeMapperTwin(b *testing.B) {
 	for _, ds := range [][]time.Duration{total, down, mapperWait, dowse} {
 		slices.Sort(ds)
 	}
-	fmt.Printf("KubeEdge mapper-framework v1.23.0 mapper, 1 s cycle, status interval 1 s, %d changes: desired in Device.spec -> reported and observedDesired in Device.status p50 %v, p99 %v; less the mapper's own wait (UpdateDevice -> the report's read time, p50 %v, p99 %v): p50 %v, p99 %v, max %v (goal < 50 ms); of it desired in Device.spec -> the mapper's UpdateDevice p50 %v, p99 %v\n",
+	fmt.Printf("KubeEdge mapper-framework v1.21.0 mapper, 1 s cycle, status interval 1 s, %d changes: desired in Device.spec -> reported and observedDesired in Device.status p50 %v, p99 %v; less the mapper's own wait (UpdateDevice -> the report's read time, p50 %v, p99 %v): p50 %v, p99 %v, max %v (goal < 50 ms); of it desired in Device.spec -> the mapper's UpdateDevice p50 %v, p99 %v\n",
 		changes, r(pct(total, 50)), r(pct(total, 99)), r(pct(mapperWait, 50)), r(pct(mapperWait, 99)),
 		r(pct(dowse, 50)), r(pct(dowse, 99)), r(dowse[len(dowse)-1]), r(pct(down, 50)), r(pct(down, 99)))
 }
