@@ -179,10 +179,11 @@ bench: k8s build
 # the readings come back reported), live Instances, and on a root machine
 # with runc a broker pod given its device through the device plugin and CDI.
 # There Dowse runs as the Helm chart's pods on a real one-node cluster;
-# elsewhere as processes beside an API server.
+# elsewhere as processes beside an API server. DEMO_FLAGS=--tutorial starts
+# the cluster docs/tutorials are written for and shows nothing.
 demo: k8s helm build
 	@hack/install-node-deps.sh || echo "runc unavailable: the demo runs without a real node"
-	go run ./hack/demo
+	go run ./hack/demo $(DEMO_FLAGS)
 
 # The documentation site (mkdocs.yml, docs/) into bin/site, built strict:
 # a broken link, a warning or a page missing from the nav fails it

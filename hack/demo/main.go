@@ -8,6 +8,12 @@
 // device plugin and CDI, and then applies samples/debug-echo.yaml and
 // prints Instances live as they appear, vanish (availability flipped to
 // OFFLINE) and come back. Ctrl-C stops everything it started.
+//
+// With --tutorial it starts the same processes and the Modbus controller,
+// shows nothing and applies nothing, writes <dir>/env (KUBECONFIG, PATH
+// with kubectl and kubectl-dowse, the state directory, the controller's
+// address) and runs until Ctrl-C: the cluster docs/tutorials are written
+// for, and the one test/suites/tutorials runs them against.
 package main
 
 import (
@@ -37,6 +43,8 @@ import (
 func main() {
 	every := flag.Duration("flip-every", 5*time.Second, "how often to flip the handler's availability")
 	flips := flag.Int("flips", 0, "stop after this many flips, checking each one (0: run until Ctrl-C)")
+	tutorial := flag.Bool("tutorial", false, "start the cluster as --node off does and the Modbus controller, write <dir>/env for docs/tutorials, show and apply nothing, run until Ctrl-C")
+	dir := flag.String("dir", filepath.Join(kube.RepoRoot(), "bin", "demo"), "folder of the process demo (--node off, --tutorial): its kubeconfig, state directory and logs (emptied first)")
 	node := flag.String("node", "auto", "on: run Dowse as pods on a real one-node cluster (kubelet, containerd; needs root and runc); off: run the binaries as processes beside an API server; auto: on when possible")
 	flag.Parse()
 	// The demo prints what it sees itself; the API clients' own logging
@@ -46,13 +54,17 @@ func main() {
 	defer stop()
 	var err error
 	switch onNode, why := canUseNode(); {
+	case *tutorial && *node == "on":
+		err = errors.New("--tutorial runs the binaries as processes: leave --node out or set it to off")
+	case *tutorial:
+		err = run(ctx, *dir, *every, *flips, true)
 	case *node == "on" || (*node == "auto" && onNode):
 		err = runOnNode(ctx, *every, *flips)
 	case *node == "off" || *node == "auto":
 		if *node == "auto" {
 			say("no real node: %s; running the binaries as processes instead", why)
 		}
-		err = run(ctx, *every, *flips)
+		err = run(ctx, *dir, *every, *flips, false)
 	default:
 		err = fmt.Errorf("--node must be auto, on or off, not %q", *node)
 	}
@@ -62,7 +74,7 @@ func main() {
 	}
 }
 
-func run(ctx context.Context, every time.Duration, flips int) error {
+func run(ctx context.Context, dir string, every time.Duration, flips int, tutorial bool) error {
 	say("starting etcd and kube-apiserver (bin/k8s) with Dowse's CRDs")
 	cp, err := kube.Start()
 	if err != nil {
@@ -70,7 +82,10 @@ func run(ctx context.Context, every time.Duration, flips int) error {
 	}
 	defer func() { say("stopping the control plane"); _ = cp.Stop() }()
 
-	dir := filepath.Join(kube.RepoRoot(), "bin", "demo")
+	dir, err = filepath.Abs(dir)
+	if err != nil {
+		return err
+	}
 	_ = os.RemoveAll(dir)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
@@ -135,6 +150,9 @@ func run(ctx context.Context, every time.Duration, flips int) error {
 	}
 	defer p.Stop()
 	say("a Modbus TCP controller (github.com/simonvetter/modbus) serves the modbus-plc model's registers on %s; its temperature follows its setpoint", p.Addr)
+	if tutorial {
+		return serveTutorial(ctx, dir, kubeconfig, p.Addr)
+	}
 	if err := showTwin(ctx, c, kubeconfig, p); err != nil {
 		return fmt.Errorf("the twin: %w", err)
 	}
