@@ -99,7 +99,7 @@ func TestTutorials(t *testing.T) {
 			if name == "from-kubeedge.md" {
 				// The tutorial builds the peer itself; this says why it
 				// cannot (no module proxy) the way the other suites do.
-				kubeedgepeer.Build(t, t.TempDir())
+				kubeedgepeer.Build(t, t.TempDir(), kubeedgepeer.V123)
 			}
 			start := time.Now()
 			runTutorial(t, env, filepath.Join(kube.RepoRoot(), "docs", "tutorials", name))
