@@ -23,6 +23,8 @@ import (
 // nothing behind that the next one would trip over.
 var tutorials = []string{
 	"first-device.md",
+	"write-a-handler.md",
+	"write-a-mapper.md",
 	"from-akri.md",
 	"from-kubeedge.md",
 }
@@ -268,6 +270,6 @@ func runTutorial(t *testing.T, env, page string) {
 		if m := Missing(got, b.Expect); m != "" {
 			t.Fatalf("%s:%d: the output of\n%s\nlacks the line %q (in the order the tutorial shows); it was:\n%s", filepath.Base(page), b.Line, b.Text, m, got)
 		}
-		t.Logf("%s:%d ok", filepath.Base(page), b.Line)
+		t.Logf("%s:%d ok:\n%s", filepath.Base(page), b.Line, got)
 	}
 }
