@@ -12,7 +12,10 @@ import (
 	"sync"
 	"testing"
 	"time"
+	// The tests compare tick labels with times in a named zone.
+	_ "time/tzdata"
 
+	"github.com/chromedp/cdproto/emulation"
 	"github.com/chromedp/chromedp"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -35,10 +38,11 @@ type browser struct {
 
 var chromium browser
 
-// ScreenshotEnv names a file the console's screenshot of the demo's kind of
-// data is also written to (docs/console.png, shown in
-// docs/user-guide/dowsectl.md, is made so).
-const ScreenshotEnv = "DOWSE_CONSOLE_SCREENSHOT"
+// ScreenshotDirEnv names a folder the console's pictures for the docs are
+// also written to, as console-overview.png and console-device.png
+// (docs/images, shown in docs/user-guide/dowsectl.md, is made so): the
+// pictures show what this test asserted.
+const ScreenshotDirEnv = "DOWSE_CONSOLE_SCREENSHOT_DIR"
 
 func (r *rig) browser(t *testing.T) (context.Context, string) {
 	t.Helper()
@@ -199,8 +203,9 @@ func (p *page) do(t *testing.T, steps ...chromedp.Action[chromedp.Void]) {
 	}
 }
 
-// screenshot saves the page as <name>.png in the screenshot folder.
-func (p *page) screenshot(t *testing.T, name string) string {
+// screenshot saves the page's viewport as <name>.png in the screenshot
+// folder.
+func (p *page) screenshot(t *testing.T, name string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(p.ctx, 20*time.Second)
 	defer cancel()
@@ -208,18 +213,55 @@ func (p *page) screenshot(t *testing.T, name string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
+	p.save(t, name, png)
+}
+
+func (p *page) save(t *testing.T, name string, png []byte) {
+	t.Helper()
 	file := filepath.Join(p.shots, p.prefix+"-"+name+".png")
 	if err := os.WriteFile(file, png, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("screenshot: %s", file)
-	return file
 }
 
-// setDesired types a value into a property's form and submits it.
+// docsPicture saves the whole page (not only the viewport) as <name>.png
+// in the screenshot folder and, when ScreenshotDirEnv is set, in that
+// folder too (relative to the repository's root).
+func (p *page) docsPicture(t *testing.T, name string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(p.ctx, 20*time.Second)
+	defer cancel()
+	// Quality 100 asks for PNG.
+	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.save(t, name, png)
+	dir := os.Getenv(ScreenshotDirEnv)
+	if dir == "" {
+		return
+	}
+	if !filepath.IsAbs(dir) {
+		dir = filepath.Join(kube.RepoRoot(), dir)
+	}
+	dst := filepath.Join(dir, name+".png")
+	if err := os.WriteFile(dst, png, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("picture for the docs written to %s", dst)
+}
+
+// setDesired types a value into a property's form in the overview and
+// submits it.
 func (p *page) setDesired(t *testing.T, device, prop, value string) {
 	t.Helper()
-	form := fmt.Sprintf(`[data-device="%s/%s"] form[data-set=%q]`, ns, device, prop)
+	p.submit(t, fmt.Sprintf(`[data-device="%s/%s"] form[data-set=%q]`, ns, device, prop), value)
+}
+
+// submit types a value into the form and submits it.
+func (p *page) submit(t *testing.T, form, value string) {
+	t.Helper()
 	if _, err := eval[bool](p, fmt.Sprintf(`(() => { const i = document.querySelector(%q); i.value = ''; return true; })()`, form+" input")); err != nil {
 		t.Fatal(err)
 	}
@@ -299,20 +341,69 @@ func testConsole(t *testing.T, r *rig) {
 	}
 	p.do(t, chromedp.Click(chromedp.CSS(devSel+` h3 a.sel`)))
 	p.waitText(t, `#evtable tbody`, "setpoint 22 written by the console test")
-	shot := p.screenshot(t, "twins")
-	if dst := os.Getenv(ScreenshotEnv); dst != "" {
-		if !filepath.IsAbs(dst) {
-			dst = filepath.Join(kube.RepoRoot(), dst)
-		}
-		b, err := os.ReadFile(shot)
-		if err == nil {
-			err = os.WriteFile(dst, b, 0o644)
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Logf("screenshot copied to %s", dst)
+
+	// The plots have local-time axes, the model's unit, and a range.
+	small := devSel + ` [data-property="temperature"] td.plot svg`
+	p.checkPlot(t, small, time.Local, "C")
+	for _, r := range []struct {
+		button string
+		width  time.Duration
+	}{{"1m", time.Minute}, {"1h", time.Hour}, {"10m", 10 * time.Minute}} {
+		p.do(t, chromedp.Click(chromedp.CSS(`#devices [data-range="`+r.button+`"]`)))
+		p.waitWindow(t, small, r.width)
+		p.checkPlot(t, small, time.Local, "C")
 	}
+	p.do(t, chromedp.Click(chromedp.CSS(`#devices [data-range="all"]`)))
+	p.docsPicture(t, "console-overview")
+
+	// The Device's page, from the link in its card: its twin with units and
+	// times, its plots, conditions and Events, and a form that sets a
+	// desired value.
+	p.do(t, chromedp.Click(chromedp.CSS(devSel+` a.page`)))
+	pageSel := fmt.Sprintf(`#devicepage [data-devicepage="%s/%s"]`, ns, dev.Name)
+	p.waitText(t, pageSel+` [data-fact="node"]`, "edge-1")
+	if search, err := eval[string](p, `location.search`); err != nil || !strings.Contains(search, "device="+dev.Name) {
+		t.Errorf("the Device page's address is %q (%v), want one that names the Device (to bookmark)", search, err)
+	}
+	p.checkDevicePage(t, dev.Name)
+	big := `#devicepage [data-plot="temperature"] svg`
+	p.checkPlot(t, big, time.Local, "C")
+	// Range switching changes the plotted window and its ticks, and is
+	// kept in the address.
+	var labels []string
+	for _, r := range []struct {
+		button string
+		width  time.Duration
+	}{{"1m", time.Minute}, {"1h", time.Hour}} {
+		p.do(t, chromedp.Click(chromedp.CSS(`#devicepage [data-range="`+r.button+`"]`)))
+		p.waitWindow(t, big, r.width)
+		labels = append(labels, strings.Join(p.checkPlot(t, big, time.Local, "C"), " "))
+		if search, _ := eval[string](p, `location.search`); !strings.Contains(search, "range="+r.button) {
+			t.Errorf("after choosing range %s the address is %q", r.button, search)
+		}
+	}
+	if labels[0] == labels[1] {
+		t.Errorf("the time ticks are %q for 1 minute and for 1 hour alike", labels[0])
+	}
+	p.do(t, chromedp.Click(chromedp.CSS(`#devicepage [data-range="1m"]`)))
+	p.waitWindow(t, big, time.Minute)
+	p.submit(t, `#devicepage form[data-set="setpoint"]`, "23")
+	p.waitText(t, `#devicepage form[data-set="setpoint"] .result`, "23 applied on the device")
+	if got := r.holding(t, 0); got != "23" {
+		t.Errorf("register 0 reads %s after the Device page's value was applied, want 23", got)
+	}
+	p.waitText(t, `#devicepage [data-property="setpoint"] td.observed`, "23")
+	p.docsPicture(t, "console-device")
+	// Back to the overview, which kept its state.
+	p.do(t, chromedp.Click(chromedp.CSS(`#back`)))
+	p.waitText(t, devSel+` [data-property="setpoint"] td.reported`, "23")
+	if hidden, err := eval[bool](p, `document.querySelector('#devicepage').hidden && !document.querySelector('#overview').hidden`); err != nil || !hidden {
+		t.Errorf("after the back link the Device page still shows (%v)", err)
+	}
+
+	// The Device page by its address (a bookmark), in a browser in another
+	// time zone: its ticks are that zone's local time.
+	p.checkBookmark(t, dev.Name)
 
 	// A user with no rights in the namespace sees why the page is empty.
 	if _, err := r.cs.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "nobody"}}, metav1.CreateOptions{}); err != nil {
@@ -335,4 +426,134 @@ func testConsole(t *testing.T, r *rig) {
 	if err != nil || json.Unmarshal([]byte(res), &refused) != nil || !strings.Contains(refused.Error, "token") {
 		t.Errorf("a desired value without the page's token: %v %q, want refused", err, res)
 	}
+}
+
+// plotTicks is what a plot shows: its window, its time ticks (when and
+// the label) and its value labels.
+type plotTicks struct {
+	From, To float64
+	X        []struct {
+		T     float64
+		Label string
+	}
+	Y    []string
+	Unit string
+}
+
+func (p *page) plotTicks(sel string) (plotTicks, error) {
+	return eval[plotTicks](p, fmt.Sprintf(`(() => { const s = document.querySelector(%q); if (!s) return {X: [], Y: []};
+		return {From: +s.dataset.from, To: +s.dataset.to,
+			X: [...s.querySelectorAll('text.xtick')].map(e => ({T: +e.dataset.t, Label: e.textContent})),
+			Y: [...s.querySelectorAll('text.ytick')].map(e => e.textContent),
+			Unit: (s.querySelector('text.unit') || {}).textContent || ''}; })()`, sel))
+}
+
+var clockLabel = regexp.MustCompile(`^\d\d:\d\d(:\d\d)?$`)
+
+// checkPlot checks the plot's time ticks (at least two, inside its
+// window, each labelled with its time of day in loc) and its unit (on
+// the value axis); it returns the tick labels.
+func (p *page) checkPlot(t *testing.T, sel string, loc *time.Location, unit string) []string {
+	t.Helper()
+	var got plotTicks
+	testwait.For(t, 30*time.Second, func() error {
+		var err error
+		if got, err = p.plotTicks(sel); err != nil {
+			return err
+		}
+		if len(got.X) < 2 {
+			return fmt.Errorf("%s has time ticks %+v, want two at least", sel, got.X)
+		}
+		return nil
+	})
+	var labels []string
+	for _, x := range got.X {
+		labels = append(labels, x.Label)
+		if x.T < got.From || x.T > got.To {
+			t.Errorf("%s: tick %q at %v is outside the window %v..%v", sel, x.Label, x.T, got.From, got.To)
+		}
+		layout := "15:04"
+		if len(x.Label) == len("15:04:05") {
+			layout = "15:04:05"
+		}
+		if want := time.UnixMilli(int64(x.T)).In(loc).Format(layout); !clockLabel.MatchString(x.Label) || x.Label != want {
+			t.Errorf("%s: a tick at %v reads %q, want %q (local time in %s)", sel, x.T, x.Label, want, loc)
+		}
+	}
+	if len(got.Y) < 2 {
+		t.Errorf("%s has value labels %q, want two at least", sel, got.Y)
+	}
+	// The unit: on the axis of a large plot, beside each value of a small one.
+	if got.Unit != unit && !strings.HasSuffix(strings.Join(got.Y, " "), " "+unit) {
+		t.Errorf("%s shows unit %q and values %q, want the model's unit %q", sel, got.Unit, got.Y, unit)
+	}
+	return labels
+}
+
+// waitWindow waits until the plot spans width of time.
+func (p *page) waitWindow(t *testing.T, sel string, width time.Duration) {
+	t.Helper()
+	testwait.For(t, 10*time.Second, func() error {
+		got, err := p.plotTicks(sel)
+		if err != nil {
+			return err
+		}
+		if d := time.Duration(got.To-got.From) * time.Millisecond; d != width {
+			return fmt.Errorf("%s spans %v, want %v", sel, d, width)
+		}
+		return nil
+	})
+}
+
+// checkDevicePage checks what the Device page lists of the Modbus
+// controller's twin.
+func (p *page) checkDevicePage(t *testing.T, device string) {
+	t.Helper()
+	p.waitText(t, `#devicepage [data-fact="mapper"]`, "plc")
+	p.waitText(t, `#devicepage [data-fact="state"]`, "ok")
+	p.waitText(t, `#devicepage [data-property="temperature"] td.reported`, "23.3 C")
+	p.waitText(t, `#devicepage [data-property="temperature"] td.type`, "DOUBLE · ReadOnly")
+	p.waitText(t, `#devicepage [data-property="setpoint"] td.desired`, "22")
+	p.waitText(t, `#devicepage [data-property="setpoint"] td.observed`, "22")
+	// Read and applied times, in local time.
+	for _, sel := range []string{`[data-property="temperature"] td.read`, `[data-property="setpoint"] td.appliedAt`} {
+		got, err := p.text(`#devicepage ` + sel)
+		if err != nil || !regexp.MustCompile(`^\d\d:\d\d:\d\d `).MatchString(got) {
+			t.Errorf("%s reads %q (%v), want a time of day", sel, got, err)
+		}
+	}
+	p.waitText(t, `#devicepage [data-condition="Valid"]`, "True")
+	p.waitText(t, `#devicepage [data-condition="DesiredApplied"]`, "True")
+	p.waitText(t, `#devicepage [data-event="SetpointChanged"]`, "setpoint 22 written by the console test")
+	conds, _ := eval[string](p, `[...document.querySelectorAll('#devicepage [data-condition]')].map(e => e.dataset.condition).join(' ')`)
+	t.Logf("the Device page lists conditions %s of %s", conds, device)
+}
+
+// checkBookmark opens the Device page by its address in a new tab whose
+// time zone is Nepal's (UTC+05:45: a zone whose hours are not UTC's).
+func (p *page) checkBookmark(t *testing.T, device string) {
+	t.Helper()
+	const zone = "Asia/Kathmandu"
+	loc, err := time.LoadLocation(zone)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tab, cancel := chromedp.NewContext(p.ctx)
+	defer cancel()
+	addr := strings.SplitN(p.url, "?", 2)[0] + fmt.Sprintf("?namespace=%s&device=%s&range=10m", ns, device)
+	if _, err := chromedp.Call(tab, emulation.SetTimezoneOverride, emulation.SetTimezoneOverrideParams{TimezoneID: zone}); err != nil {
+		t.Fatal(err)
+	}
+	if err := chromedp.Do(tab, chromedp.Navigate(addr)); err != nil {
+		t.Fatalf("opening %s: %v", addr, err)
+	}
+	bp := &page{ctx: tab, shots: p.shots, url: addr, log: p.log, prefix: p.prefix + "-bookmark"}
+	bp.waitText(t, fmt.Sprintf(`#devicepage [data-devicepage="%s/%s"] [data-fact="node"]`, ns, device), "edge-1")
+	bp.waitText(t, `#devicepage [data-property="setpoint"] td.observed`, "23")
+	if pressed, err := bp.text(`#devicepage [data-range][aria-pressed="true"]`); err != nil || pressed != "10 min" {
+		t.Errorf("the bookmarked page's range is %q (%v), want the address's 10 min", pressed, err)
+	}
+	bp.waitWindow(t, `#devicepage [data-plot="temperature"] svg`, 10*time.Minute)
+	bp.checkPlot(t, `#devicepage [data-plot="temperature"] svg`, loc, "C")
+	bp.screenshot(t, "bookmark")
 }

@@ -1,8 +1,10 @@
 // The Dowse console's page: plain JavaScript, no build step. It keeps the
 // objects the console streams (server-sent events of the user's own
-// watches), draws them, plots recent numeric reported values, and posts
-// desired values to the console, which checks them against the model as
-// `dowsectl twin set` does.
+// watches), draws them, plots the numeric reported values it has seen
+// against local time, and posts desired values to the console, which checks
+// them against the model as `dowsectl twin set` does. Two views share the
+// streams: the overview, and one Device's page (?device=NAME, switched with
+// the History API so that the plots keep what the page has seen).
 'use strict';
 (() => {
   const meta = (n) => document.querySelector(`meta[name="${n}"]`).content;
@@ -11,7 +13,13 @@
   const startNS = meta('dowse-namespace');
   const all = params.get('all') === '1' || (!params.has('namespace') && startNS === '');
   const ns = params.get('namespace') || startNS || 'default';
-  const HISTORY = 60; // points per plot
+  // Points kept per property: a Device's status changes at most about once
+  // a second (the controller budgets its writes), so this holds an hour.
+  const HISTORY = 4000;
+  // The windows a plot can show; 0 is everything the page holds.
+  const RANGES = [['1m', '1 min', 60e3], ['10m', '10 min', 600e3], ['1h', '1 h', 3600e3], ['all', 'all', 0]];
+  let range = RANGES.find((r) => r[0] === params.get('range')) || RANGES[3];
+  const openedAt = Date.now();
 
   const S = { Configuration: new Map(), Instance: new Map(), DeviceModel: new Map(), Device: new Map() };
   const synced = {};
@@ -29,6 +37,7 @@
   const seenInstances = new Set();
   let streamOpen = false;
   let selected = null; // {kind, namespace, name}
+  let view = null; // the Device page's Device key, or null for the overview
 
   const $ = (s) => document.querySelector(s);
   const key = (o) => `${o.metadata.namespace}/${o.metadata.name}`;
@@ -118,6 +127,7 @@
     renderProblems();
     renderConfigurations();
     renderDevices();
+    renderDevicePage();
   }
 
   function renderProblems() {
@@ -212,7 +222,11 @@
         x.error = md.error;
         x.desiredError = md.desiredError;
       }
-      if (t.observedDesired) x.observed = t.observedDesired.value;
+      if (t.observedDesired) {
+        x.observed = t.observedDesired.value;
+        const ts = (t.observedDesired.metadata || {}).timestamp;
+        x.observedAt = ts ? Number(ts) : 0;
+      }
     }
     return props;
   }
@@ -230,7 +244,7 @@
       const t = p.readAt || Date.now();
       const last = pts[pts.length - 1];
       if (!last || last.t !== t || last.v !== v) pts.push({ t, v });
-      while (pts.length > HISTORY) pts.shift();
+      if (pts.length > HISTORY) pts.splice(0, pts.length - HISTORY);
       hist.set(k, pts);
     }
   }
@@ -264,7 +278,7 @@
     const head = h('span', { class: 'meta' });
     const tbody = h('tbody', {});
     const card = h('div', { class: 'card', 'data-device': key(d) },
-      h('h3', {}, sel('Device', d), head),
+      h('h3', {}, sel('Device', d), head, h('a', { class: 'page', href: pageHref(d.metadata.namespace, d.metadata.name), onclick: follow, 'data-page': '' }, 'Device page →')),
       h('table', { class: 'twin' }, h('thead', {}, h('tr', {}, ['property', 'desired', 'reported', 'observed', 'read', 'recent', 'set desired'].map((t) => h('th', {}, t)))), tbody),
       h('p', { class: 'conditions muted' }));
     return { card, head, tbody, rows: new Map() };
@@ -299,32 +313,44 @@
     return { tr, cells, form: null };
   }
 
+  const unitOf = (mp) => (mp && mp.unit ? mp.unit : '');
+  const withUnit = (v, unit) => (v === undefined ? '-' : unit ? `${v} ${unit}` : String(v));
+
   function updateRow(row, d, m, p) {
     const mp = modelProp(m, p.name);
-    const unit = mp && mp.unit ? ` ${mp.unit}` : '';
+    const unit = unitOf(mp);
     const c = row.cells;
-    c.desired.textContent = p.desired !== undefined ? p.desired : '-';
-    c.reported.replaceChildren(h('span', { class: `value${p.desired !== undefined && !same(p.desired, p.reported) ? ' differs' : ''}` }, p.reported !== undefined ? p.reported + unit : '-'),
+    c.desired.textContent = withUnit(p.desired, unit);
+    c.reported.replaceChildren(h('span', { class: `value${p.desired !== undefined && !same(p.desired, p.reported) ? ' differs' : ''}` }, withUnit(p.reported, unit)),
       p.error ? h('div', { class: 'problem' }, `read failed: ${p.error}`) : '');
-    c.observed.textContent = p.observed !== undefined ? p.observed : '-';
+    c.observed.textContent = withUnit(p.observed, unit);
     c.read.replaceChildren(h('span', { 'data-since': p.readAt || '' }, ago(p.readAt)));
-    const pts = hist.get(`${key(d)}/${p.name}`);
-    c.plot.replaceChildren(pts && pts.length ? plot(pts) : '');
-    if (mp && mp.accessMode === 'ReadWrite') {
-      if (!row.form) { row.form = setForm(d, p.name); c.form.append(row.form.el); }
-      const want = pendingSet.get(`${key(d)}/${p.name}`);
-      if (want !== undefined) {
-        if (p.observed !== undefined && same(p.observed, want)) {
-          row.form.result.textContent = `${want} applied on the device`;
-          row.form.result.className = 'result applied';
-          pendingSet.delete(`${key(d)}/${p.name}`);
-        } else if (p.desiredError && p.desiredError.includes(JSON.stringify(want))) {
-          row.form.result.textContent = `the mapper refused it: ${p.desiredError}`;
-          row.form.result.className = 'result refused';
-          pendingSet.delete(`${key(d)}/${p.name}`);
-        }
-      }
-    }
+    row.plotKey = `${key(d)}/${p.name}`;
+    row.unit = unit;
+    drawSmall(row);
+    if (mp && mp.accessMode === 'ReadWrite' && !row.form) { row.form = setForm(d, p.name); c.form.append(row.form.el); }
+    settle(d, p);
+  }
+
+  function drawSmall(row) {
+    const pts = hist.get(row.plotKey);
+    row.cells.plot.replaceChildren(pts && pts.length ? plot(pts, { w: 170, h: 60, unit: row.unit, xTicks: 3, yTicks: 3 }) : '');
+  }
+
+  // settle tells every form of a property whether the value it sent was
+  // applied or refused by the mapper, once the twin says so.
+  function settle(d, p) {
+    const k = `${key(d)}/${p.name}`;
+    const want = pendingSet.get(k);
+    if (want === undefined) return;
+    let text; let cls;
+    if (p.observed !== undefined && same(p.observed, want)) {
+      text = `${want} applied on the device`; cls = 'applied';
+    } else if (p.desiredError && p.desiredError.includes(JSON.stringify(want))) {
+      text = `the mapper refused it: ${p.desiredError}`; cls = 'refused';
+    } else return;
+    for (const f of forms.get(k) || []) { f.result.textContent = text; f.result.className = `result ${cls}`; }
+    pendingSet.delete(k);
   }
 
   function same(a, b) {
@@ -334,6 +360,7 @@
     return Number.isFinite(x) && Number.isFinite(y) && x === y;
   }
 
+  const forms = new Map(); // device key/property -> Set of forms showing it
   function setForm(d, prop) {
     const input = h('input', { name: 'value', 'aria-label': `desired ${prop}`, autocomplete: 'off' });
     const result = h('span', { class: 'result', role: 'status' });
@@ -363,39 +390,293 @@
       result.className = 'result pending';
       schedule();
     });
-    return { el, input, result };
+    const f = { el, input, result };
+    const k = `${key(d)}/${prop}`;
+    if (!forms.has(k)) forms.set(k, new Set());
+    forms.get(k).add(f);
+    f.drop = () => forms.get(k).delete(f);
+    return f;
   }
 
-  // plot draws recent values as an SVG line with the range beside it.
-  function plot(pts) {
-    const NS = 'http://www.w3.org/2000/svg';
-    const W = 120; const H = 28; const PAD = 3;
-    const svg = document.createElementNS(NS, 'svg');
-    svg.setAttribute('viewBox', `0 0 ${W} ${H}`);
-    svg.setAttribute('role', 'img');
-    const vs = pts.map((p) => p.v);
-    const lo = Math.min(...vs); const hi = Math.max(...vs);
-    const t0 = pts[0].t; const t1 = pts[pts.length - 1].t;
-    const x = (t) => (t1 === t0 ? W - PAD - 28 : PAD + ((t - t0) / (t1 - t0)) * (W - 2 * PAD - 28));
-    const y = (v) => (hi === lo ? H / 2 : H - PAD - ((v - lo) / (hi - lo)) * (H - 2 * PAD));
-    const line = document.createElementNS(NS, 'polyline');
-    line.setAttribute('points', pts.map((p) => `${x(p.t).toFixed(1)},${y(p.v).toFixed(1)}`).join(' '));
-    svg.setAttribute('aria-label', `recent values from ${lo} to ${hi}`);
-    svg.append(line);
-    const last = pts[pts.length - 1];
-    const dot = document.createElementNS(NS, 'circle');
-    dot.setAttribute('cx', x(last.t).toFixed(1));
-    dot.setAttribute('cy', y(last.v).toFixed(1));
-    dot.setAttribute('r', '1.8');
-    svg.append(dot);
-    for (const [v, yy] of hi === lo ? [[hi, H / 2 + 3]] : [[hi, 8], [lo, H - 2]]) {
-      const t = document.createElementNS(NS, 'text');
-      t.setAttribute('x', W - 26);
-      t.setAttribute('y', yy);
-      t.textContent = String(+v.toPrecision(4));
-      svg.append(t);
+  // ---- plots: SVG, against local time ----
+  const pad2 = (n) => String(n).padStart(2, '0');
+  // clock is a time of day in the browser's time zone, 24-hour.
+  const clock = (t, seconds = true) => {
+    if (!t) return '-';
+    const d = new Date(t);
+    return `${pad2(d.getHours())}:${pad2(d.getMinutes())}${seconds ? `:${pad2(d.getSeconds())}` : ''}`;
+  };
+  // zone names the browser's offset from UTC, e.g. UTC+05:45.
+  const zone = () => {
+    const o = -new Date().getTimezoneOffset();
+    return `UTC${o < 0 ? '-' : '+'}${pad2(Math.floor(Math.abs(o) / 60))}:${pad2(Math.abs(o) % 60)}`;
+  };
+  const TIME_STEPS = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400].map((s) => s * 1000);
+
+  // timeTicks are round local times between from and to, at most n of them.
+  function timeTicks(from, to, n) {
+    const step = TIME_STEPS.find((s) => (to - from) / s <= n) || TIME_STEPS[TIME_STEPS.length - 1];
+    // Round in local time, so that a zone half an hour off UTC gets
+    // ticks at its own full hours.
+    const off = (t) => new Date(t).getTimezoneOffset() * 60e3;
+    const ticks = [];
+    for (let local = Math.ceil((from - off(from)) / step) * step; ; local += step) {
+      const t = local + off(local);
+      if (t > to) break;
+      if (t >= from) ticks.push(t);
     }
+    return { ticks, step };
+  }
+
+  // valueTicks are round values (1, 2 or 5 times a power of ten apart)
+  // covering lo..hi.
+  function valueTicks(lo, hi, n) {
+    const raw = (hi - lo) / Math.max(1, n - 1);
+    const mag = 10 ** Math.floor(Math.log10(raw));
+    const step = [1, 2, 5, 10].map((m) => m * mag).find((s) => s >= raw);
+    const ticks = [];
+    for (let v = Math.floor(lo / step) * step; v <= hi + step * 1e-9; v += step) ticks.push(+v.toPrecision(12));
+    if (ticks[ticks.length - 1] < hi) ticks.push(+(ticks[ticks.length - 1] + step).toPrecision(12));
+    return ticks;
+  }
+
+  // windowOf is the span of time a plot shows: the chosen range up to now,
+  // or everything held.
+  function windowOf(pts) {
+    const now = Math.max(Date.now(), pts.length ? pts[pts.length - 1].t : 0);
+    if (range[2]) return [now - range[2], now];
+    const first = pts.length ? Math.min(pts[0].t, openedAt) : openedAt;
+    return [Math.min(first, now - 60e3), now];
+  }
+
+  // plot draws the values held in the window as a step line (a reported
+  // value holds until the next report), with labelled local-time ticks
+  // below and value ticks in the property's unit on the left.
+  function plot(pts, o) {
+    const NS = 'http://www.w3.org/2000/svg';
+    const W = o.w; const H = o.h;
+    const big = H > 100;
+    const L = big ? 58 : 40; const R = big ? 12 : 6; const T = big ? 28 : 9; const B = big ? 22 : 14;
+    const svg = document.createElementNS(NS, 'svg');
+    const el = (tag, attrs, text) => {
+      const e = document.createElementNS(NS, tag);
+      for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v);
+      if (text !== undefined) e.textContent = text;
+      svg.append(e);
+      return e;
+    };
+    svg.setAttribute('viewBox', `0 0 ${W} ${H}`);
+    svg.setAttribute('width', W);
+    svg.setAttribute('height', H);
+    svg.setAttribute('role', 'img');
+    svg.setAttribute('class', big ? 'plot big' : 'plot');
+    const [from, to] = windowOf(pts);
+    svg.dataset.from = from;
+    svg.dataset.to = to;
+    // The value at the window's start is the last one before it.
+    let i = pts.findIndex((p) => p.t >= from);
+    if (i < 0) i = pts.length;
+    const shown = pts.slice(Math.max(0, i - 1)).map((p) => ({ t: Math.max(p.t, from), v: p.v }));
+    svg.dataset.points = pts.length - i;
+    const vs = shown.map((p) => p.v);
+    let lo = Math.min(...vs); let hi = Math.max(...vs);
+    if (lo === hi) { const d = Math.abs(lo) / 20 || 1; lo -= d; hi += d; }
+    const yt = valueTicks(lo, hi, o.yTicks);
+    lo = Math.min(lo, yt[0]); hi = Math.max(hi, yt[yt.length - 1]);
+    const x = (t) => L + ((t - from) / (to - from)) * (W - L - R);
+    const y = (v) => H - B - ((v - lo) / (hi - lo)) * (H - T - B);
+    el('rect', { class: 'frame', x: L, y: T, width: W - L - R, height: H - T - B });
+    const unit = o.unit ? ` ${o.unit}` : '';
+    for (const v of big ? yt : [yt[0], yt[yt.length - 1]]) {
+      if (big) el('line', { class: 'grid', x1: L, x2: W - R, y1: y(v), y2: y(v) });
+      el('text', { class: 'ytick', x: L - 3, y: y(v) + 3, 'text-anchor': 'end' }, String(v) + (big ? '' : unit));
+    }
+    if (big && o.unit) el('text', { class: 'unit', x: L - 3, y: T - 12, 'text-anchor': 'end' }, o.unit);
+    const { ticks, step } = timeTicks(from, to, o.xTicks);
+    for (const t of ticks) {
+      el('line', { class: big ? 'grid' : 'tick', x1: x(t), x2: x(t), y1: big ? T : H - B, y2: H - B + 3 });
+      el('text', { class: 'xtick', x: x(t), y: H - B + (big ? 14 : 11), 'text-anchor': 'middle', 'data-t': t }, clock(t, step < 60e3));
+    }
+    if (shown.length) {
+      const xy = [];
+      shown.forEach((p, k) => {
+        if (k) xy.push(`${x(p.t).toFixed(1)},${y(shown[k - 1].v).toFixed(1)}`);
+        xy.push(`${x(p.t).toFixed(1)},${y(p.v).toFixed(1)}`);
+      });
+      el('polyline', { points: xy.join(' ') });
+      const last = shown[shown.length - 1];
+      el('circle', { cx: x(last.t).toFixed(1), cy: y(last.v).toFixed(1), r: big ? 3 : 2 });
+    }
+    svg.setAttribute('aria-label', `values${unit} from ${clock(from)} to ${clock(to)}, local time: ${shown.length ? `last ${shown[shown.length - 1].v}${unit}` : 'none in this range'}`);
     return svg;
+  }
+
+  // rangeChooser fills el with the range buttons; the range is kept in the
+  // address, so a bookmarked page opens with it.
+  function rangeChooser(el) {
+    el.replaceChildren('range ', ...RANGES.map((r) => h('button', { type: 'button', 'data-range': r[0], 'aria-pressed': String(r === range),
+      onclick: () => {
+        range = r;
+        const q = new URLSearchParams(location.search);
+        q.set('range', r[0]);
+        history.replaceState(history.state, '', `?${q}`);
+        for (const b of document.querySelectorAll('[data-range]')) b.setAttribute('aria-pressed', String(b.dataset.range === r[0]));
+        replot();
+      } }, r[1])));
+  }
+
+  function replot() {
+    for (const el of devEls.values()) for (const row of el.rows.values()) if (row.plotKey) drawSmall(row);
+    if (page) for (const f of page.plots.values()) drawBig(f);
+  }
+
+  // ---- one Device's page ----
+  let page = null; // {key, rows, plots, forms, ...} while the Device page shows
+
+  const overviewHref = () => {
+    const q = new URLSearchParams(all ? { all: '1' } : { namespace: ns });
+    if (range !== RANGES[3]) q.set('range', range[0]);
+    return `?${q}`;
+  };
+  function pageHref(namespace, name) {
+    const q = new URLSearchParams(all ? { all: '1' } : {});
+    q.set('namespace', namespace);
+    q.set('device', name);
+    if (range !== RANGES[3]) q.set('range', range[0]);
+    return `?${q}`;
+  }
+  // follow moves between the views without reloading (the streams and the
+  // plots' history stay); a click that asks for a new tab is left alone.
+  function follow(ev) {
+    if (ev.button !== 0 || ev.ctrlKey || ev.metaKey || ev.shiftKey || ev.altKey) return;
+    ev.preventDefault();
+    history.pushState(null, '', ev.currentTarget.getAttribute('href'));
+    route();
+    render();
+    window.scrollTo(0, 0);
+  }
+  function route() {
+    const q = new URLSearchParams(location.search);
+    range = RANGES.find((r) => r[0] === q.get('range')) || range;
+    view = q.get('device') ? `${q.get('namespace') || ns}/${q.get('device')}` : null;
+    $('#overview').hidden = !!view;
+    $('#devicepage').hidden = !view;
+    document.title = view ? `${view} · Dowse console` : 'Dowse console';
+    if (!view && page) { for (const f of page.forms) f.drop(); page = null; $('#devicepage').replaceChildren(); }
+    for (const b of document.querySelectorAll('[data-range]')) b.setAttribute('aria-pressed', String(b.dataset.range === range[0]));
+  }
+
+  const table = (cls, heads, body) => h('table', { class: cls }, h('thead', {}, h('tr', {}, heads.map((t) => h('th', {}, t)))), body);
+  const when = (t) => (t ? [clock(t), ' ', h('span', { class: 'muted', 'data-since': t }, ago(t))] : '-');
+
+  function buildPage(k) {
+    const cut = k.indexOf('/');
+    const [pns, pname] = [k.slice(0, cut), k.slice(cut + 1)];
+    page = { key: k, rows: new Map(), plots: new Map(), forms: [],
+      title: h('h2', {}, 'Device ', h('span', { class: 'name' }, pname), h('span', { class: 'meta' }, ` in ${pns}`)),
+      facts: h('dl', { class: 'facts' }), missing: h('p', { class: 'empty', hidden: true }),
+      props: h('tbody', {}), plotsEl: h('div', { class: 'plots' }), conds: h('tbody', {}), events: h('tbody', {}),
+      evproblem: h('p', { class: 'problem', hidden: true }) };
+    const ranges = h('span', { class: 'ranges' });
+    $('#devicepage').replaceChildren(
+      h('nav', {}, h('a', { href: overviewHref(), onclick: follow, id: 'back' }, '← Configurations and Devices')),
+      h('div', { class: 'card head', 'data-devicepage': k }, page.title, page.facts, page.missing),
+      h('div', { class: 'columns' },
+        h('div', {},
+          h('section', { class: 'card', id: 'dp-properties' }, h('h3', {}, 'Properties'),
+            table('twin props', ['property', 'type', 'desired', 'reported', 'read', 'observed desired', 'applied', 'set desired'], page.props)),
+          h('section', { class: 'card', id: 'dp-plots' }, h('h3', {}, 'Reported values', h('span', { class: 'meta' }, `seen since this page opened, local time (${zone()})`), ranges), page.plotsEl)),
+        h('div', {},
+          h('section', { class: 'card', id: 'dp-conditions' }, h('h3', {}, 'Conditions'), table('conditions', ['type', 'status', 'reason', 'message', 'since'], page.conds)),
+          h('section', { class: 'card', id: 'dp-events' }, h('h3', {}, 'Events'), page.evproblem, table('events', ['type', 'reason', 'when', 'from', 'message'], page.events)))));
+    rangeChooser(ranges);
+    select('Device', pns, pname);
+  }
+
+  const COND_ORDER = ['Valid', 'MapperConnected', 'Authenticated', 'DesiredApplied', 'ReportsAccepted', 'ReportsChecked'];
+  const condRank = (t) => { const i = COND_ORDER.indexOf(t); return i < 0 ? COND_ORDER.length : i; };
+
+  function renderDevicePage() {
+    if (!view) return;
+    if (!page || page.key !== view) buildPage(view);
+    const d = S.Device.get(view);
+    const body = $('#devicepage .columns');
+    if (!d) {
+      page.missing.hidden = false;
+      page.missing.textContent = synced.Device ? `No Device ${view}: it was deleted, or it is in a namespace this page does not watch.` : emptyText('Device', 'Devices');
+      body.hidden = true;
+      return;
+    }
+    page.missing.hidden = true;
+    body.hidden = false;
+    const m = modelOf(d);
+    const st = d.status || {};
+    const spec = d.spec || {};
+    const proto = spec.protocol && spec.protocol.protocolName;
+    const state = st.state || '-';
+    const fact = (name, ...v) => [h('dt', {}, name), h('dd', { 'data-fact': name }, ...v)];
+    page.facts.replaceChildren(
+      ...fact('state', h('span', { class: `state state-${state}` }, state)),
+      ...fact('node', spec.nodeName || '-'),
+      ...fact('mapper', spec.mapperName || (proto ? `any ${proto} mapper` : '-'), proto && spec.mapperName ? h('span', { class: 'muted' }, ` (${proto})`) : ''),
+      ...fact('model', spec.deviceModelRef ? spec.deviceModelRef.name : '-', m ? '' : h('span', { class: 'problem' }, ' (not found)')),
+      ...fact('last report', ...[when(timeOf(st.lastReportTime))].flat()),
+      ...fact('last online', ...[when(timeOf(st.lastOnlineTime))].flat()),
+      ...fact('differing', String(st.differing || 0)),
+      ...fact('generation', String(d.metadata.generation || '-'), d.metadata.generation && st.observedGeneration !== d.metadata.generation
+        ? h('span', { class: 'differs' }, ` (status is for ${st.observedGeneration || 'none yet'})`) : h('span', { class: 'muted' }, ' (status is current)')));
+
+    const seen = new Set();
+    for (const p of twinOf(d)) {
+      seen.add(p.name);
+      const mp = modelProp(m, p.name);
+      const unit = unitOf(mp);
+      let row = page.rows.get(p.name);
+      if (!row) {
+        const cells = {};
+        for (const c of ['name', 'type', 'desired', 'reported', 'read', 'observed', 'appliedAt', 'form']) cells[c] = h('td', { class: c });
+        row = { tr: h('tr', { 'data-property': p.name }, Object.values(cells)), cells, form: null };
+        page.rows.set(p.name, row);
+        page.props.append(row.tr);
+      }
+      const c = row.cells;
+      c.name.replaceChildren(p.name, mp && mp.description ? h('div', { class: 'muted' }, mp.description) : '');
+      c.type.textContent = mp ? `${mp.type || '-'} · ${mp.accessMode || '-'}` : 'not in the model';
+      c.desired.textContent = withUnit(p.desired, unit);
+      c.reported.replaceChildren(h('span', { class: `value${p.desired !== undefined && !same(p.desired, p.reported) ? ' differs' : ''}` }, withUnit(p.reported, unit)),
+        p.error ? h('div', { class: 'problem' }, `read failed: ${p.error}`) : '');
+      c.read.replaceChildren(...[when(p.readAt)].flat());
+      c.observed.replaceChildren(withUnit(p.observed, unit), p.desiredError ? h('div', { class: 'problem' }, `refused: ${p.desiredError}`) : '');
+      c.appliedAt.replaceChildren(...[when(p.observedAt)].flat());
+      if (mp && mp.accessMode === 'ReadWrite' && !row.form) { row.form = setForm(d, p.name); page.forms.push(row.form); c.form.append(row.form.el); }
+      if (hist.has(`${view}/${p.name}`) || (mp && numericType(mp.type))) {
+        let f = page.plots.get(p.name);
+        if (!f) {
+          f = { key: `${view}/${p.name}`, holder: h('div', {}) };
+          f.fig = h('figure', { 'data-plot': p.name }, h('figcaption', {}, p.name, f.unitEl = h('span', { class: 'muted' })), f.holder);
+          page.plots.set(p.name, f);
+          page.plotsEl.append(f.fig);
+        }
+        f.unit = unit;
+        f.unitEl.textContent = unit ? ` in ${unit}` : '';
+        drawBig(f);
+      }
+      settle(d, p);
+    }
+    for (const [name, row] of page.rows) if (!seen.has(name)) { row.tr.remove(); page.rows.delete(name); }
+    for (const [name, f] of page.plots) if (!seen.has(name)) { f.fig.remove(); page.plots.delete(name); }
+
+    const conds = [...(st.conditions || [])].sort((a, b) => condRank(a.type) - condRank(b.type) || a.type.localeCompare(b.type));
+    page.conds.replaceChildren(...(conds.length ? conds.map((x) => h('tr', { 'data-condition': x.type },
+      h('td', {}, x.type), h('td', { class: String(x.status).toLowerCase() }, x.status), h('td', {}, x.reason || '-'),
+      h('td', {}, x.message || ''), h('td', { class: 'when' }, ...[when(timeOf(x.lastTransitionTime))].flat())))
+      : [h('tr', {}, h('td', { colspan: 5, class: 'empty' }, 'No conditions yet: the controller has not looked at this Device.'))]));
+  }
+
+  function drawBig(f) {
+    const pts = hist.get(f.key);
+    f.holder.replaceChildren(pts && pts.length ? plot(pts, { w: 720, h: 200, unit: f.unit, xTicks: 7, yTicks: 5 })
+      : h('p', { class: 'empty' }, 'No numeric value seen yet.'));
   }
 
   // ---- Events of the object in view ----
@@ -416,7 +697,9 @@
       const p = $('#evproblem');
       if (m.op === 'upsert') evs.set(m.object.metadata.uid, m.object);
       else if (m.op === 'delete') evs.delete(m.object.metadata.uid);
-      else if (m.op === 'state') { p.hidden = !m.problem; p.textContent = m.problem || ''; }
+      else if (m.op === 'state') {
+        for (const el of [p, page && page.evproblem]) if (el) { el.hidden = !m.problem; el.textContent = m.problem || ''; }
+      }
       renderEvents();
     });
   }
@@ -437,14 +720,27 @@
         h('td', {}, h('span', { 'data-since': evTime(e) }, ago(evTime(e)))), h('td', {}, (e.message || '') + (n > 1 ? ` (×${n})` : '')));
     });
     $('#evtable tbody').replaceChildren(...(rows.length ? rows : [h('tr', {}, h('td', { colspan: 4, class: 'empty' }, selected ? 'No Events.' : ''))]));
+    // The Device page lists its Device's Events too, with their times.
+    if (page && selected && selected.kind === 'Device' && `${selected.namespace}/${selected.name}` === page.key) {
+      const full = [...evs.values()].sort((a, b) => evTime(b) - evTime(a)).map((e) => {
+        const n = Math.max(e.count || 0, (e.series && e.series.count) || 0);
+        return h('tr', { class: e.type === 'Warning' ? 'problem' : '', 'data-event': e.reason }, h('td', {}, e.type), h('td', {}, e.reason),
+          h('td', { class: 'when' }, ...[when(evTime(e))].flat()),
+          h('td', {}, (e.source && e.source.component) || e.reportingComponent || '-'),
+          h('td', {}, (e.message || '') + (n > 1 ? ` (×${n})` : '')));
+      });
+      page.events.replaceChildren(...(full.length ? full : [h('tr', {}, h('td', { colspan: 5, class: 'empty' }, 'No Events.'))]));
+    }
   }
 
-  // Ages tick without a re-render.
+  // Ages tick without a re-render; plots slide with the clock.
+  let ticks = 0;
   setInterval(() => {
     for (const el of document.querySelectorAll('[data-since]')) {
       const t = Number(el.dataset.since);
       if (t) el.textContent = ago(t);
     }
+    if (++ticks % 5 === 0) replot();
   }, 1000);
 
   // ---- namespace switcher ----
@@ -455,6 +751,9 @@
     location.search = $('#allns').checked ? '?all=1' : `?namespace=${encodeURIComponent($('#ns').value.trim() || 'default')}`;
   });
 
+  for (const el of document.querySelectorAll('.ranges')) rangeChooser(el);
+  window.addEventListener('popstate', () => { route(); render(); });
+  route();
   connect();
   render();
 })();
