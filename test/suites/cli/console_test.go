@@ -368,6 +368,19 @@ func testConsole(t *testing.T, r *rig) {
 	p.checkDevicePage(t, dev.Name)
 	big := `#devicepage [data-plot="temperature"] svg`
 	p.checkPlot(t, big, time.Local, "C")
+	// Two more readings on the peer: the plot draws each value it saw.
+	for _, v := range []string{"226", "241"} {
+		r.mbpoll(t, []string{"-t", "4", "-r", "1"}, v)
+		p.waitText(t, `#devicepage [data-property="temperature"] td.reported`, v[:2]+"."+v[2:]+" C")
+	}
+	testwait.For(t, 10*time.Second, func() error {
+		vs, err := eval[[]float64](p, fmt.Sprintf(`(() => { const s = document.querySelector(%q); const ys = [...s.querySelector('polyline').getAttribute('points').trim().split(' ')].map(p => +p.split(',')[1]);
+			return [+s.dataset.points, new Set(ys).size]; })()`, big))
+		if err != nil || len(vs) != 2 || vs[0] < 4 || vs[1] < 4 {
+			return fmt.Errorf("the temperature plot has %v points and levels (%v), want 21.5, 23.3, 22.6 and 24.1 at least", vs, err)
+		}
+		return nil
+	})
 	// Range switching changes the plotted window and its ticks, and is
 	// kept in the address.
 	var labels []string
@@ -547,7 +560,7 @@ func (p *page) checkBookmark(t *testing.T, device string) {
 	if err := chromedp.Do(tab, chromedp.Navigate(addr)); err != nil {
 		t.Fatalf("opening %s: %v", addr, err)
 	}
-	bp := &page{ctx: tab, shots: p.shots, url: addr, log: p.log, prefix: p.prefix + "-bookmark"}
+	bp := &page{ctx: tab, shots: p.shots, url: addr, log: p.log, prefix: p.prefix}
 	bp.waitText(t, fmt.Sprintf(`#devicepage [data-devicepage="%s/%s"] [data-fact="node"]`, ns, device), "edge-1")
 	bp.waitText(t, `#devicepage [data-property="setpoint"] td.observed`, "23")
 	if pressed, err := bp.text(`#devicepage [data-range][aria-pressed="true"]`); err != nil || pressed != "10 min" {
@@ -555,5 +568,5 @@ func (p *page) checkBookmark(t *testing.T, device string) {
 	}
 	bp.waitWindow(t, `#devicepage [data-plot="temperature"] svg`, 10*time.Minute)
 	bp.checkPlot(t, `#devicepage [data-plot="temperature"] svg`, loc, "C")
-	bp.screenshot(t, "bookmark")
+	bp.screenshot(t, "device-page-bookmarked")
 }

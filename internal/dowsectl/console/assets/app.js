@@ -13,8 +13,8 @@
   const startNS = meta('dowse-namespace');
   const all = params.get('all') === '1' || (!params.has('namespace') && startNS === '');
   const ns = params.get('namespace') || startNS || 'default';
-  // Points kept per property: a Device's status changes at most about once
-  // a second (the controller budgets its writes), so this holds an hour.
+  // Points kept per property: the controller writes a busy Device's status
+  // once per interval (a second by default), so this holds about an hour.
   const HISTORY = 4000;
   // The windows a plot can show; 0 is everything the page holds.
   const RANGES = [['1m', '1 min', 60e3], ['10m', '10 min', 600e3], ['1h', '1 h', 3600e3], ['all', 'all', 0]];
@@ -533,24 +533,22 @@
   // ---- one Device's page ----
   let page = null; // {key, rows, plots, forms, ...} while the Device page shows
 
-  const overviewHref = () => {
-    const q = new URLSearchParams(all ? { all: '1' } : { namespace: ns });
-    if (range !== RANGES[3]) q.set('range', range[0]);
-    return `?${q}`;
-  };
+  const overviewHref = () => `?${new URLSearchParams(all ? { all: '1' } : { namespace: ns })}`;
   function pageHref(namespace, name) {
     const q = new URLSearchParams(all ? { all: '1' } : {});
     q.set('namespace', namespace);
     q.set('device', name);
-    if (range !== RANGES[3]) q.set('range', range[0]);
     return `?${q}`;
   }
   // follow moves between the views without reloading (the streams and the
-  // plots' history stay); a click that asks for a new tab is left alone.
+  // plots' history stay), taking the range along; a click that asks for a
+  // new tab is left alone.
   function follow(ev) {
     if (ev.button !== 0 || ev.ctrlKey || ev.metaKey || ev.shiftKey || ev.altKey) return;
     ev.preventDefault();
-    history.pushState(null, '', ev.currentTarget.getAttribute('href'));
+    const q = new URLSearchParams(ev.currentTarget.getAttribute('href'));
+    if (range !== RANGES[3]) q.set('range', range[0]);
+    history.pushState(null, '', `?${q}`);
     route();
     render();
     window.scrollTo(0, 0);
