@@ -377,7 +377,7 @@ func testConsole(t *testing.T, r *rig) {
 		vs, err := eval[[]float64](p, fmt.Sprintf(`(() => { const s = document.querySelector(%q); const ys = [...s.querySelector('polyline').getAttribute('points').trim().split(' ')].map(p => +p.split(',')[1]);
 			return [+s.dataset.points, new Set(ys).size]; })()`, big))
 		if err != nil || len(vs) != 2 || vs[0] < 4 || vs[1] < 4 {
-			return fmt.Errorf("the temperature plot has %v points and levels (%v), want 21.5, 23.3, 22.6 and 24.1 at least", vs, err)
+			return fmt.Errorf("the temperature plot has %v points and levels (%w), want 21.5, 23.3, 22.6 and 24.1 at least", vs, err)
 		}
 		return nil
 	})
