@@ -415,7 +415,10 @@
 
   // timeTicks are round local times between from and to, at most n of them.
   function timeTicks(from, to, n) {
-    const step = TIME_STEPS.find((s) => (to - from) / s <= n) || TIME_STEPS[TIME_STEPS.length - 1];
+    let step = TIME_STEPS.find((s) => (to - from) / s <= n);
+    // Beyond the list (a quiet property's first value read weeks ago):
+    // whole days, as many as keep the ticks to n.
+    if (!step) step = 86400e3 * Math.ceil((to - from) / 86400e3 / n);
     // Round in local time, so that a zone half an hour off UTC gets
     // ticks at its own full hours.
     const off = (t) => new Date(t).getTimezoneOffset() * 60e3;
@@ -435,7 +438,9 @@
     const mag = 10 ** Math.floor(Math.log10(raw));
     const step = [1, 2, 5, 10].map((m) => m * mag).find((s) => s >= raw);
     const ticks = [];
-    for (let v = Math.floor(lo / step) * step; v <= hi + step * 1e-9; v += step) ticks.push(+v.toPrecision(12));
+    // Bounded: a step below the values' precision would not advance v.
+    for (let v = Math.floor(lo / step) * step; v <= hi + step * 1e-9 && ticks.length <= n + 2; v += step) ticks.push(+v.toPrecision(12));
+    if (!ticks.length) return [lo, hi];
     if (ticks[ticks.length - 1] < hi) ticks.push(+(ticks[ticks.length - 1] + step).toPrecision(12));
     return ticks;
   }
@@ -495,7 +500,9 @@
     const { ticks, step } = timeTicks(from, to, o.xTicks);
     for (const t of ticks) {
       el('line', { class: big ? 'grid' : 'tick', x1: x(t), x2: x(t), y1: big ? T : H - B, y2: H - B + 3 });
-      el('text', { class: 'xtick', x: x(t), y: H - B + (big ? 14 : 11), 'text-anchor': 'middle', 'data-t': t }, clock(t, step < 60e3));
+      const d = new Date(t);
+      el('text', { class: 'xtick', x: x(t), y: H - B + (big ? 14 : 11), 'text-anchor': 'middle', 'data-t': t },
+        step >= 86400e3 ? `${d.getFullYear()}-${pad2(d.getMonth() + 1)}-${pad2(d.getDate())}` : clock(t, step < 60e3));
     }
     if (shown.length) {
       const xy = [];
