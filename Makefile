@@ -136,7 +136,7 @@ test: deps node-deps k8s helm peers build verify-generate
 # inputs each): the link's frames, derived names, Device specs into the
 # edge (Check), the edge's conversion for mappers, DMI reports and mapper
 # registrations into the agent, the JSON pushMethod sinks send,
-# handlers' device lists, and what Modbus devices answer.
+# handlers' device lists, and what Modbus devices and SNMP agents answer.
 # Minimizing a new input (60 s by default) would stall a short run; 1 s
 # keeps it fuzzing (a failing input is kept under the package's
 # testdata/fuzz).
@@ -147,7 +147,8 @@ test: deps node-deps k8s helm peers build verify-generate
 FUZZ_TARGETS := FuzzFrameDecode:./internal/link FuzzDerivedNames:./internal/dra FuzzCheck:./internal/controller/link/twins \
   FuzzDeviceConversion:./internal/agent/dmi FuzzReports:./internal/agent/dmi FuzzMapperRegister:./internal/agent/dmi FuzzPayload:./mappers/mapper FuzzHandlerDevices:./internal/agent/discovery \
   FuzzParseMessage:./discovery-handlers/onvif/wsdiscovery FuzzDeviceAnswers:./internal/onvifclient FuzzReportShapes:./internal/controller/link/twins FuzzRequests:./internal/controller/link/linkauth FuzzDesiredBody:./internal/dowsectl/console FuzzChallenge:./internal/onvifclient FuzzStoreRecords:./internal/agent/edgehub \
-  FuzzAnswers:./mappers/modbus FuzzDeviceIdentification:./discovery-handlers/modbus FuzzStreamFrames:./internal/link
+  FuzzAnswers:./mappers/modbus FuzzDeviceIdentification:./discovery-handlers/modbus FuzzStreamFrames:./internal/link \
+  FuzzAnswer:./discovery-handlers/snmp
 FUZZTIME ?= 2m
 fuzz:
 	@for t in $(FUZZ_TARGETS); do \

@@ -39,6 +39,11 @@ command -v promtool >/dev/null || need+=(prometheus)
 # The documentation site: make docs and its test build docs/ with mkdocs
 # --strict (its built-in themes only).
 command -v mkdocs >/dev/null || need+=(mkdocs)
+# SNMP: Debian's net-snmp agent is the peer of the SNMP handler's and
+# mapper's tests (run as a plain process on loopback); snmpget/snmpset from
+# its tools cross-check what the mapper reads and sets.
+command -v snmpd >/dev/null || [ -x /usr/sbin/snmpd ] || need+=(snmpd)
+command -v snmpget >/dev/null || need+=(snmp)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then echo "please install: ${need[*]} (apt-get install ${need[*]})" >&2; exit 1; fi
   apt-get update -qq

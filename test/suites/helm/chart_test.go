@@ -228,14 +228,14 @@ func TestAllOn(t *testing.T) {
 	dryRun(t, ns, objs)
 	got := index(objs)
 	var want []string
-	for _, p := range []string{"debug-echo", "onvif", "udev", "opcua", "modbus"} {
+	for _, p := range []string{"debug-echo", "onvif", "udev", "opcua", "modbus", "snmp"} {
 		want = append(want, "DaemonSet/dowse-"+p+"-discovery", "PodMonitor/dowse-"+p+"-discovery")
 	}
 	for _, p := range []string{"onvif", "opcua", "modbus"} {
 		want = append(want, "DaemonSet/dowse-"+p+"-mapper", "PodMonitor/dowse-"+p+"-mapper")
 	}
 	want = append(want, "Configuration/debug-echo", "Configuration/onvif-camera", "Configuration/udev", "Configuration/opcua-server",
-		"Configuration/modbus-plc", "Service/dowse-cloudhub",
+		"Configuration/modbus-plc", "Configuration/snmp-agent", "Service/dowse-cloudhub",
 		"PodMonitor/dowse-agent", "PodMonitor/dowse-controller", "PodMonitor/dowse-controller-mappers", "PrometheusRule/dowse", "ConfigMap/dowse-dashboard",
 		"DaemonSet/dowse-zeroconf-discovery", "Configuration/printers")
 	for _, w := range want {

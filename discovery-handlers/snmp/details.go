@@ -1,0 +1,381 @@
+package snmp
+
+import (
+	"net"
+	"net/netip"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/dowse-dev/dowse/internal/snmpclient"
+	discoveryv1 "github.com/dowse-dev/dowse/proto/discovery/v1"
+	"github.com/dowse-dev/dowse/shared/handler"
+)
+
+// Device properties, handed to brokers as environment variables (and to a
+// deviceTemplate's configData as ${...}).
+const (
+	AddressProperty     = "SNMP_ADDRESS" // the agent's host (IP address or name)
+	PortProperty        = "SNMP_PORT"
+	VersionProperty     = "SNMP_VERSION" // v1, v2c or v3: how it was reached
+	SysObjectIDProperty = "SNMP_SYS_OBJECT_ID"
+	SysDescrProperty    = "SNMP_SYS_DESCR"
+	SysNameProperty     = "SNMP_SYS_NAME"
+)
+
+// Discovery properties the handler reads from the Configuration (normally
+// resolved from a Secret): the credentials.
+const (
+	// CommunityProperty is the v1/v2c community (default "public").
+	CommunityProperty = "SNMP_COMMUNITY"
+	// UserProperty is the v3 USM user name.
+	UserProperty = "SNMP_USER"
+	// AuthPassphraseProperty is the v3 user's authentication passphrase.
+	AuthPassphraseProperty = "SNMP_AUTH_PASSPHRASE"
+	// PrivPassphraseProperty is the v3 user's privacy passphrase.
+	PrivPassphraseProperty = "SNMP_PRIV_PASSPHRASE"
+)
+
+// Defaults and bounds of Details.
+const (
+	DefaultPort       = 161
+	DefaultMaxTargets = 1024
+	MaxMaxTargets     = 65536
+	DefaultTimeout    = time.Second
+	// DefaultConcurrency bounds the probes in flight; a silent address
+	// holds a slot for the whole timeout.
+	DefaultConcurrency      = 16
+	MaxConcurrency          = 256
+	DefaultPacketsPerSecond = 50
+	MaxPacketsPerSecond     = 1000
+	DefaultRescanInterval   = 60 * time.Second
+	MinRescanInterval       = 100 * time.Millisecond
+	DefaultFailureThreshold = 2
+	// MaxBackoffRounds caps the exponential backoff of a target that
+	// does not answer: it is asked at least every MaxBackoffRounds rounds.
+	MaxBackoffRounds = 16
+)
+
+// Details are a Configuration's discoveryDetails for SNMP, e.g.
+//
+//	targets: ["10.0.4.0/24", "ups-3.plant.local:1161"]
+//	version: v3
+//	v3: {securityLevel: authPriv, authProtocol: SHA256, privProtocol: AES}
+//	match: {sysObjectIdPrefixes: [".1.3.6.1.4.1.318"], sysDescr: "^APC"}
+//
+// with the credentials in discoveryProperties (SNMP_COMMUNITY, or SNMP_USER,
+// SNMP_AUTH_PASSPHRASE and SNMP_PRIV_PASSPHRASE).
+type Details struct {
+	// Targets are "host:port", "host" (on each of Ports) or an IPv4/IPv6
+	// CIDR range (every host address in it, on each of Ports). Required.
+	Targets []string `json:"targets"`
+	// Ports are the UDP ports of targets given without one. Default [161].
+	Ports []int `json:"ports,omitempty"`
+	// MaxTargets refuses details whose targets expand to more host:port
+	// pairs than this. Default 1024, at most 65536.
+	MaxTargets int `json:"maxTargets,omitempty"`
+	// Version is v1, v2c (the default) or v3.
+	Version string `json:"version,omitempty"`
+	// V3 are the SNMPv3 settings that are not secret.
+	V3 *V3 `json:"v3,omitempty"`
+	// Match, when set, keeps only the agents that pass every condition.
+	Match *Match `json:"match,omitempty"`
+	// Timeout bounds each request, a Go duration. Default 1s. A request
+	// is not retried within a round.
+	Timeout string `json:"timeout,omitempty"`
+	// Concurrency bounds the targets asked at once. Default 16, at most
+	// 256.
+	Concurrency int `json:"concurrency,omitempty"`
+	// PacketsPerSecond bounds the requests sent per second by one
+	// Configuration (a v3 probe sends two). Default 50, at most 1000.
+	PacketsPerSecond int `json:"packetsPerSecond,omitempty"`
+	// RescanInterval is the pause between the end of a round and the next.
+	// Default 60s, at least 100ms.
+	RescanInterval string `json:"rescanInterval,omitempty"`
+	// FailureThreshold is how many rounds in a row a known agent must go
+	// unanswered before it is dropped. Default 2.
+	FailureThreshold int `json:"failureThreshold,omitempty"`
+
+	targets  []target // expanded, in order
+	timeout  time.Duration
+	interval time.Duration
+	descrRe  *regexp.Regexp
+	nameRe   *regexp.Regexp
+	prefixes []string // normalized
+}
+
+// V3 are an SNMPv3 user's settings beside its name and passphrases.
+type V3 struct {
+	// SecurityLevel is noAuthNoPriv, authNoPriv or authPriv. Default: what
+	// the passphrases given allow (authPriv with both).
+	SecurityLevel string `json:"securityLevel,omitempty"`
+	// AuthProtocol is MD5, SHA (default), SHA224, SHA256, SHA384 or SHA512.
+	AuthProtocol string `json:"authProtocol,omitempty"`
+	// PrivProtocol is DES, AES (default), AES192, AES256, AES192C or
+	// AES256C.
+	PrivProtocol string `json:"privProtocol,omitempty"`
+	// ContextName is the SNMPv3 context; default none.
+	ContextName string `json:"contextName,omitempty"`
+}
+
+// Match keeps only the agents whose system group passes every condition.
+type Match struct {
+	// SysObjectIDPrefixes: sysObjectID must lie under one of these
+	// numeric OIDs (arc by arc: .1.3.6.1.4.1.8072 holds
+	// .1.3.6.1.4.1.8072.3.2.10).
+	SysObjectIDPrefixes []string `json:"sysObjectIdPrefixes,omitempty"`
+	// SysDescr is an RE2 expression sysDescr must match.
+	SysDescr string `json:"sysDescr,omitempty"`
+	// SysName is an RE2 expression sysName must match.
+	SysName string `json:"sysName,omitempty"`
+}
+
+// target is one host:port to ask.
+type target struct {
+	host string
+	port int
+}
+
+func (t target) String() string { return net.JoinHostPort(t.host, strconv.Itoa(t.port)) }
+
+// AddressList returns the expanded host:port targets, in order.
+func (d *Details) AddressList() []string {
+	out := make([]string, len(d.targets))
+	for i, t := range d.targets {
+		out[i] = t.String()
+	}
+	return out
+}
+
+// ProbeTimeout returns the parsed timeout.
+func (d *Details) ProbeTimeout() time.Duration { return d.timeout }
+
+// Interval returns the parsed rescan interval.
+func (d *Details) Interval() time.Duration { return d.interval }
+
+// ParseDetails parses and validates discovery_details (JSON or YAML), fills
+// in defaults and expands the targets. Unknown fields are errors. Its errors
+// are InvalidArgument statuses naming the bad field, ready to return from
+// Discover.
+func ParseDetails(s string) (*Details, error) {
+	var d Details
+	if err := yaml.UnmarshalStrict([]byte(s), &d); err != nil {
+		return nil, handler.InvalidDetails("%v", err)
+	}
+	if err := d.defaultAndValidate(); err != nil {
+		return nil, err
+	}
+	return &d, nil
+}
+
+// Security combines the details' version and v3 settings with the
+// credentials in the discovery properties into the settings of a client.
+// Its errors are InvalidArgument statuses naming what is wrong.
+func (d *Details) Security(props map[string]*discoveryv1.ByteData) (*snmpclient.Security, error) {
+	s := &snmpclient.Security{
+		Version:        d.Version,
+		Community:      string(props[CommunityProperty].GetVec()),
+		User:           string(props[UserProperty].GetVec()),
+		AuthPassphrase: string(props[AuthPassphraseProperty].GetVec()),
+		PrivPassphrase: string(props[PrivPassphraseProperty].GetVec()),
+	}
+	if d.V3 != nil {
+		if s.Version != snmpclient.V3 {
+			return nil, handler.InvalidDetails("v3: set, but version is %q (set version: v3)", d.Version)
+		}
+		s.Level, s.AuthProtocol, s.PrivProtocol, s.ContextName = d.V3.SecurityLevel, d.V3.AuthProtocol, d.V3.PrivProtocol, d.V3.ContextName
+	}
+	if err := s.Check(); err != nil {
+		return nil, handler.InvalidDetails("version %s with discovery properties %s/%s/%s/%s: %v", s.Version,
+			CommunityProperty, UserProperty, AuthPassphraseProperty, PrivPassphraseProperty, err)
+	}
+	return s, nil
+}
+
+func (d *Details) defaultAndValidate() error {
+	if d.MaxTargets == 0 {
+		d.MaxTargets = DefaultMaxTargets
+	}
+	if d.MaxTargets < 0 || d.MaxTargets > MaxMaxTargets {
+		return handler.InvalidDetails("maxTargets: %d is not between 1 and %d", d.MaxTargets, MaxMaxTargets)
+	}
+	if len(d.Ports) == 0 {
+		d.Ports = []int{DefaultPort}
+	}
+	for i, p := range d.Ports {
+		if p < 1 || p > 65535 {
+			return handler.InvalidDetails("ports[%d]: %d is not a UDP port", i, p)
+		}
+	}
+	if len(d.Targets) == 0 {
+		return handler.InvalidDetails("targets: at least one target is required")
+	}
+	if err := d.expandTargets(); err != nil {
+		return err
+	}
+	switch strings.ToLower(d.Version) {
+	case "", "v2c", "2c", "2":
+		d.Version = snmpclient.V2c
+	case "v1", "1":
+		d.Version = snmpclient.V1
+	case "v3", "3":
+		d.Version = snmpclient.V3
+	default:
+		return handler.InvalidDetails("version: %q is not one of v1, v2c, v3", d.Version)
+	}
+	if m := d.Match; m != nil {
+		for i, p := range m.SysObjectIDPrefixes {
+			// A trailing dot ("under this arc") changes nothing.
+			n, err := snmpclient.NormalizeOID(strings.TrimSuffix(p, "."))
+			if err != nil {
+				return handler.InvalidDetails("match.sysObjectIdPrefixes[%d]: %v", i, err)
+			}
+			d.prefixes = append(d.prefixes, n)
+		}
+		var err error
+		if m.SysDescr != "" {
+			if d.descrRe, err = regexp.Compile(m.SysDescr); err != nil {
+				return handler.InvalidDetails("match.sysDescr: %v", err)
+			}
+		}
+		if m.SysName != "" {
+			if d.nameRe, err = regexp.Compile(m.SysName); err != nil {
+				return handler.InvalidDetails("match.sysName: %v", err)
+			}
+		}
+	}
+	var err error
+	if d.timeout, err = handler.ParseDuration("timeout", d.Timeout, DefaultTimeout, 10*time.Millisecond); err != nil {
+		return err
+	}
+	if d.interval, err = handler.ParseDuration("rescanInterval", d.RescanInterval, DefaultRescanInterval, MinRescanInterval); err != nil {
+		return err
+	}
+	if err := defaultInt("concurrency", &d.Concurrency, DefaultConcurrency, MaxConcurrency); err != nil {
+		return err
+	}
+	if err := defaultInt("packetsPerSecond", &d.PacketsPerSecond, DefaultPacketsPerSecond, MaxPacketsPerSecond); err != nil {
+		return err
+	}
+	return defaultInt("failureThreshold", &d.FailureThreshold, DefaultFailureThreshold, 1000)
+}
+
+// matches says whether an agent's system group passes the match, and if
+// not, why.
+func (d *Details) matches(a agentInfo) (bool, string) {
+	if len(d.prefixes) > 0 {
+		ok := false
+		for _, p := range d.prefixes {
+			if snmpclient.HasPrefix(a.objectID, p) {
+				ok = true
+				break
+			}
+		}
+		if !ok {
+			return false, "sysObjectID " + a.objectID + " is under none of match.sysObjectIdPrefixes"
+		}
+	}
+	if d.descrRe != nil && !d.descrRe.MatchString(a.descr) {
+		return false, "sysDescr " + strconv.Quote(a.descr) + " fails match.sysDescr"
+	}
+	if d.nameRe != nil && !d.nameRe.MatchString(a.name) {
+		return false, "sysName " + strconv.Quote(a.name) + " fails match.sysName"
+	}
+	return true, ""
+}
+
+// expandTargets turns Targets into host:port pairs, refusing more than
+// MaxTargets before it builds any list, so that a /8 costs nothing.
+func (d *Details) expandTargets() error {
+	seen := map[target]bool{}
+	add := func(t target) {
+		if !seen[t] {
+			seen[t] = true
+			d.targets = append(d.targets, t)
+		}
+	}
+	total := 0
+	for i, t := range d.Targets {
+		t = strings.TrimSpace(t)
+		if t == "" {
+			return handler.InvalidDetails("targets[%d]: must not be empty", i)
+		}
+		if strings.Contains(t, "/") {
+			prefix, err := netip.ParsePrefix(t)
+			if err != nil {
+				return handler.InvalidDetails("targets[%d]: %q is not a CIDR range: %v", i, t, err)
+			}
+			prefix = prefix.Masked()
+			hostBits := prefix.Addr().BitLen() - prefix.Bits()
+			if hostBits > 24 {
+				return handler.InvalidDetails("targets[%d]: %s has 2^%d addresses, more than maxTargets (%d) allows", i, t, hostBits, d.MaxTargets)
+			}
+			hosts := 1 << hostBits
+			// The network and broadcast addresses of an IPv4 range hold
+			// no agent (and a broadcast would reach them all).
+			skipEnds := prefix.Addr().Is4() && hostBits >= 2
+			if skipEnds {
+				hosts -= 2
+			}
+			total += hosts * len(d.Ports)
+			if total > d.MaxTargets {
+				return handler.InvalidDetails("targets[%d]: %s on %d port(s) brings the targets to %d, more than maxTargets (%d)", i, t, len(d.Ports), total, d.MaxTargets)
+			}
+			addr := prefix.Addr()
+			for n := 0; n < 1<<hostBits; n, addr = n+1, addr.Next() {
+				if skipEnds && (n == 0 || n == 1<<hostBits-1) {
+					continue
+				}
+				for _, port := range d.Ports {
+					add(target{addr.String(), port})
+				}
+			}
+			continue
+		}
+		host, portStr, err := net.SplitHostPort(t)
+		if err != nil {
+			// No port: the host on each of Ports. A bare IPv6 address is
+			// taken as such; with a port it must be bracketed.
+			host, portStr = strings.Trim(t, "[]"), ""
+		}
+		if host == "" || strings.ContainsAny(host, " \t/") {
+			return handler.InvalidDetails("targets[%d]: %q has no valid host", i, t)
+		}
+		if _, err := netip.ParseAddr(host); err != nil && strings.Contains(host, ":") {
+			return handler.InvalidDetails("targets[%d]: %q is neither host:port nor an IPv6 address", i, t)
+		}
+		if portStr == "" {
+			total += len(d.Ports)
+			if total > d.MaxTargets {
+				return handler.InvalidDetails("targets[%d]: brings the targets to %d, more than maxTargets (%d)", i, total, d.MaxTargets)
+			}
+			for _, port := range d.Ports {
+				add(target{host, port})
+			}
+			continue
+		}
+		port, err := strconv.Atoi(portStr)
+		if err != nil || port < 1 || port > 65535 {
+			return handler.InvalidDetails("targets[%d]: %q: %q is not a UDP port", i, t, portStr)
+		}
+		total++
+		if total > d.MaxTargets {
+			return handler.InvalidDetails("targets[%d]: brings the targets to %d, more than maxTargets (%d)", i, total, d.MaxTargets)
+		}
+		add(target{host, port})
+	}
+	return nil
+}
+
+func defaultInt(field string, v *int, def, max int) error {
+	if *v == 0 {
+		*v = def
+	}
+	if *v < 1 || *v > max {
+		return handler.InvalidDetails("%s: %d is not between 1 and %d", field, *v, max)
+	}
+	return nil
+}
