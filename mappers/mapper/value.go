@@ -31,7 +31,10 @@ func (t Transform) scale() float64 {
 	return t.Scale
 }
 
-// Apply transforms a raw value; non-numbers pass through.
+// Apply transforms a raw value; non-numbers pass through. An integer's
+// value has no more decimals than the scale and offset have, so it is
+// rounded to them: a register's 224 with scale 0.1 is 22.4, not float64's
+// 22.400000000000002.
 func (t Transform) Apply(raw any) any {
 	if t.identity() {
 		return raw
@@ -40,7 +43,26 @@ func (t Transform) Apply(raw any) any {
 	if !ok {
 		return raw
 	}
-	return f*t.scale() + t.Offset
+	v := f*t.scale() + t.Offset
+	switch raw.(type) {
+	case int64, uint64:
+		if p := math.Pow10(max(decimals(t.scale()), decimals(t.Offset))); !math.IsInf(v*p, 0) {
+			return math.Round(v*p) / p
+		}
+	}
+	return v
+}
+
+// decimals is how many digits x has after the decimal point, written
+// shortest (at most 15).
+func decimals(x float64) int {
+	s := strconv.FormatFloat(math.Abs(x), 'f', -1, 64)
+	for i := range len(s) {
+		if s[i] == '.' {
+			return min(len(s)-i-1, 15)
+		}
+	}
+	return 0
 }
 
 // Inverse undoes Apply for a value to write; non-numbers pass through.

@@ -214,6 +214,16 @@ func TestValues(t *testing.T) {
 	if s, _ := twinvalue.Format(twinvalue.Double, v); s != "25" {
 		t.Errorf("650*0.1-40 = %s", s)
 	}
+	// An integer scaled keeps the scale's decimals, not float64's noise;
+	// a float read keeps its own.
+	for raw, want := range map[any]string{int64(224): "22.4", uint64(3): "0.3", int64(-7): "-0.7", 0.123: "0.0123"} {
+		if s, _ := twinvalue.Format(twinvalue.Double, Transform{Scale: 0.1}.Apply(raw)); s != want {
+			t.Errorf("%v*0.1 = %s, want %s", raw, s, want)
+		}
+	}
+	if s, _ := twinvalue.Format(twinvalue.Double, Transform{Scale: 0.01, Offset: 0.5}.Apply(int64(1001))); s != "10.51" {
+		t.Errorf("1001*0.01+0.5 = %s, want 10.51", s)
+	}
 	if back := tr.Inverse(25.0).(float64); math.Abs(back-650) > 1e-9 {
 		t.Errorf("inverse = %v", back)
 	}
