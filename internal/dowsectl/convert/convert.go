@@ -125,7 +125,7 @@ func (r *Result) akriConfiguration(id string, u *unstructured.Unstructured) erro
 	if dowseName, ok := akriHandlerNames[akriName]; ok {
 		cfg.Spec.DiscoveryHandler.Name = dowseName
 		if dowseName != akriName {
-			r.Notes = append(r.Notes, Note{Object: id, Field: "spec.discoveryHandler.name", Reason: fmt.Sprintf("%q became %q, Dowse's handler of that protocol (keep %q to run Akri's handler container)", akriName, dowseName, akriName)})
+			r.Notes = append(r.Notes, Note{Object: id, Field: "spec.discoveryHandler.name", Reason: fmt.Sprintf("%q became %q, Dowse's handler of that protocol (Akri's own handler cannot serve it: it registers as %q, and Dowse's handler names are DNS labels)", akriName, dowseName, akriName)})
 		}
 	} else {
 		r.Notes = append(r.Notes, Note{Object: id, Field: "spec.discoveryHandler.name", Reason: fmt.Sprintf("%q is not one of Akri's built-in handlers: kept, for your handler, which Dowse runs unchanged", akriName)})
