@@ -8,6 +8,7 @@ import (
 	"github.com/dowse-dev/dowse/internal/bootstrap"
 	"github.com/dowse-dev/dowse/internal/controller/link/linkauth"
 	"github.com/dowse-dev/dowse/internal/controller/link/ownership"
+	"github.com/dowse-dev/dowse/internal/controller/link/twins"
 	"github.com/dowse-dev/dowse/internal/controller/mappers"
 	"github.com/dowse-dev/dowse/internal/kubeflags"
 	"github.com/dowse-dev/dowse/internal/link"
@@ -84,6 +85,12 @@ func (c *Config) defaults() {
 	if l.TwinStatusConcurrency == 0 {
 		l.TwinStatusConcurrency = 16
 	}
+	if l.TwinStatusBudget == 0 {
+		l.TwinStatusBudget = twins.DefaultStatusBudget
+	}
+	if l.TwinHeartbeatInterval == 0 {
+		l.TwinHeartbeatInterval = twins.DefaultHeartbeat
+	}
 	if l.SpreadInterval == 0 {
 		l.SpreadInterval = 2 * time.Second
 	}
@@ -148,6 +155,8 @@ func (c *Config) AddFlags(fs *flag.FlagSet) {
 	fs.Int64Var(&c.MapperSocketGroup, "mapper-socket-group", c.MapperSocketGroup, "the agents' --socket-group, given to the mapper Pods the controller runs as a supplemental group (0: none)")
 	fs.DurationVar(&c.Link.TwinStatusInterval, "twin-status-interval", c.Link.TwinStatusInterval, "least time between two status writes of one Device, however fast its mappers report")
 	fs.IntVar(&c.Link.TwinStatusConcurrency, "twin-status-concurrency", c.Link.TwinStatusConcurrency, "parallel Device status writes")
+	fs.Float64Var(&c.Link.TwinStatusBudget, "twin-status-budget", c.Link.TwinStatusBudget, "most Device status writes a second this replica makes, however many Devices report however fast: a desired value's acknowledgement and state or condition changes first, then changed values, then repeats; under overload every Device is still written in turn, its status older (negative: no bound)")
+	fs.DurationVar(&c.Link.TwinHeartbeatInterval, "twin-heartbeat-interval", c.Link.TwinHeartbeatInterval, "how often a Device whose reports only repeat what its status holds is written to refresh its timestamps")
 	fs.Float64Var(&c.Link.RateLimit, "link-rate-limit", c.Link.RateLimit, "messages per second accepted from one node (each reported value is one; the edge coalesces what waits)")
 	fs.IntVar(&c.Link.RateBurst, "link-rate-burst", c.Link.RateBurst, "burst of messages accepted from one node")
 	fs.IntVar(&c.Link.MaxConnections, "link-max-connections", c.Link.MaxConnections, "most edge connections served at once")

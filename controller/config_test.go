@@ -35,6 +35,7 @@ var binary = Config{
 		AuthRateLimit: linkauth.DefaultRequestRate, AuthRateBurst: linkauth.DefaultRequestBurst,
 		AgentServiceAccounts: []string{"dowse-system/dowse-agent"},
 		TwinStatusInterval:   time.Second, TwinStatusConcurrency: 16,
+		TwinStatusBudget: 100, TwinHeartbeatInterval: 3 * time.Minute,
 		SpreadInterval: 2 * time.Second, DrainPeriod: 5 * time.Second, MaxClaimsInFlight: 128,
 	},
 }

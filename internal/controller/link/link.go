@@ -84,6 +84,13 @@ type Config struct {
 	// TwinStatusConcurrency bounds parallel Device status writes (twins'
 	// default when 0).
 	TwinStatusConcurrency int
+	// TwinStatusBudget is the most Device status writes a second this
+	// replica makes (twins' default when 0; negative: no bound).
+	TwinStatusBudget float64
+	// TwinHeartbeatInterval is how often a Device whose reports only
+	// repeat its status is written to refresh its timestamps (twins'
+	// default when 0).
+	TwinHeartbeatInterval time.Duration
 	// Replica is this replica's identity among the controller's replicas
 	// (unique among those running at once): the holder of the node
 	// sessions it serves. Run sets it to PodName, else to the host name
@@ -226,6 +233,7 @@ func Add(ctx context.Context, mgr ctrl.Manager, cfg Config, reg prometheus.Regis
 	twinMetrics := twins.NewMetrics(reg)
 	status := twins.NewStatus(cache, cache, sessions,
 		twins.StatusConfig{Interval: cfg.TwinStatusInterval, Concurrency: cfg.TwinStatusConcurrency, Live: live,
+			Budget: cfg.TwinStatusBudget, Heartbeat: cfg.TwinHeartbeatInterval,
 			// A newer session wrote one of the node's Devices: close the
 			// older one here now rather than when the watch tells.
 			OnFenced: claims.Fenced},

@@ -15,6 +15,7 @@ import (
 type msgRef struct {
 	at      cloudhub.Position
 	durable bool
+	acks    *nodeAcks // its node's queue
 }
 
 // nodeAcks tracks a node's taken messages in order, to commit through the
@@ -58,7 +59,7 @@ func (s *Status) acksLocked(m cloudhub.Inbound) (*nodeAcks, bool) {
 // pushLocked appends a taken message to its node's queue and commits as
 // far as it can.
 func (s *Status) pushLocked(a *nodeAcks, at cloudhub.Position, durable bool) *msgRef {
-	r := &msgRef{at: at, durable: durable}
+	r := &msgRef{at: at, durable: durable, acks: a}
 	a.fifo = append(a.fifo, r)
 	if durable {
 		s.advanceLocked(a)
@@ -128,19 +129,20 @@ func (s *Status) Release(node string) {
 		if st.writing {
 			// The write in flight commits nothing (its node's queue is
 			// gone); its pending rest is dropped when it ends.
-			st.twins, st.state, st.conds, st.refs, st.acks, st.news = map[string]*pendingTwin{}, nil, nil, nil, nil, false
+			st.twins, st.state, st.conds, st.extra, st.news, st.prio = map[string]*pendingTwin{}, nil, nil, nil, false, prioRepeat
 			st.seen = nil
 			continue
 		}
 		delete(s.devices, key)
+		s.queue.remove(key)
 	}
 }
 
-func (s *Status) durableLocked(refs []*msgRef, acks []*nodeAcks) {
+func (s *Status) durableLocked(refs []*msgRef) {
 	seen := map[*nodeAcks]bool{}
-	for i, r := range refs {
+	for _, r := range refs {
 		r.durable = true
-		seen[acks[i]] = true
+		seen[r.acks] = true
 	}
 	for a := range seen {
 		s.advanceLocked(a)

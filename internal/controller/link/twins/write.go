@@ -58,72 +58,109 @@ type batch struct {
 	twins   map[string]*pendingTwin
 	state   *pendingState
 	conds   []pendingCond
-	refs    []*msgRef
-	acks    []*nodeAcks
+	extra   []*msgRef
 	touched bool
 	oldest  time.Time
+	arrived time.Time
+	news    bool
+	prio    priority
 }
 
-// writeOne writes key's pending state, if any. On an error the state is
-// kept (merged under what came meanwhile) for a retry.
-func (s *Status) writeOne(ctx context.Context, key types.NamespacedName) error {
-	s.mu.Lock()
+func (b *batch) refs() []*msgRef {
+	st := twinState{twins: b.twins, state: b.state, conds: b.conds, extra: b.extra}
+	return st.refs()
+}
+
+// takeLocked takes key's pending state for a write, if it has some and
+// none is in flight.
+func (s *Status) takeLocked(key types.NamespacedName) (*twinState, *batch) {
+	s.queue.remove(key)
 	st := s.devices[key]
 	if st == nil || st.writing || !st.dirty() {
-		s.mu.Unlock()
-		return nil
+		return nil, nil
 	}
-	b := batch{twins: st.twins, state: st.state, conds: st.conds, refs: st.refs, acks: st.acks, touched: st.touched, oldest: st.oldest}
-	arrived, news := st.arrived, st.news
-	st.twins, st.state, st.conds, st.refs, st.acks, st.touched, st.oldest, st.arrived, st.news = map[string]*pendingTwin{}, nil, nil, nil, nil, false, time.Time{}, time.Time{}, false
+	b := &batch{twins: st.twins, state: st.state, conds: st.conds, extra: st.extra, touched: st.touched,
+		oldest: st.oldest, arrived: st.arrived, news: st.news, prio: st.prio}
+	st.twins, st.state, st.conds, st.extra, st.touched = map[string]*pendingTwin{}, nil, nil, nil, false
+	st.oldest, st.arrived, st.news, st.prio = time.Time{}, time.Time{}, false, prioRepeat
 	st.writing = true
-	st.lastWrite = time.Now()
-	if !arrived.IsZero() {
-		s.metrics.StatusWait.Observe(st.lastWrite.Sub(arrived).Seconds())
+	st.lastWrite = s.now()
+	if !b.arrived.IsZero() {
+		s.metrics.StatusWait.Observe(st.lastWrite.Sub(b.arrived).Seconds())
 	}
-	if news {
+	if b.news {
 		st.lastNewsWrite = st.lastWrite
 	}
-	s.mu.Unlock()
+	return st, b
+}
 
-	err := s.write(ctx, key, &b)
+// writeTaken writes a batch takeLocked took. On an error the state is
+// kept (merged under what came meanwhile) and retried after a back-off.
+func (s *Status) writeTaken(ctx context.Context, key types.NamespacedName, st *twinState, b *batch) {
+	err := s.write(ctx, key, b)
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st.writing = false
 	if cur := s.devices[key]; cur != st {
-		return nil // forgotten or released meanwhile
+		return // forgotten or released meanwhile
 	}
 	if err != nil {
 		if errors.Is(err, errFenced) {
-			return nil
+			return
 		}
 		// Keep what was taken; newer reports of a property win.
 		for p, t := range b.twins {
-			if cur, ok := st.twins[p]; !ok || cur.pos.order < t.pos.order {
+			cur, ok := st.twins[p]
+			switch {
+			case !ok:
 				st.twins[p] = t
+			case cur.pos.order < t.pos.order:
+				st.twins[p] = t
+				s.replacedLocked(st, cur.ref, t.covers(cur))
+			default:
+				if cur.observed == nil {
+					cur.observed = t.observed
+				}
+				s.replacedLocked(st, t.ref, cur.covers(t))
 			}
 		}
 		if st.state == nil {
 			st.state = b.state
+		} else if b.state != nil {
+			st.extra = append(st.extra, b.state.ref)
 		}
-		st.conds = append(b.conds, st.conds...)
-		st.refs, st.acks = append(b.refs, st.refs...), append(b.acks, st.acks...)
+		for _, c := range b.conds {
+			// The newer of a type, pending, wins.
+			if slices.ContainsFunc(st.conds, func(o pendingCond) bool { return o.condType() == c.condType() }) {
+				st.extra = append(st.extra, c.ref)
+				continue
+			}
+			st.conds = append(st.conds, c)
+		}
+		st.extra = append(st.extra, b.extra...)
 		st.touched = st.touched || b.touched
-		st.news = st.news || news
+		st.news = st.news || b.news
+		st.raise(b.prio)
 		if !b.oldest.IsZero() && (st.oldest.IsZero() || b.oldest.Before(st.oldest)) {
 			st.oldest = b.oldest
 		}
-		if !arrived.IsZero() && (st.arrived.IsZero() || arrived.Before(st.arrived)) {
-			st.arrived = arrived
+		if !b.arrived.IsZero() && (st.arrived.IsZero() || b.arrived.Before(st.arrived)) {
+			st.arrived = b.arrived
 		}
-		return err
-	}
-	s.durableLocked(b.refs, b.acks)
-	if st.dirty() {
+		st.failures++
+		st.retryAt = s.now().Add(min(100*time.Millisecond<<min(st.failures-1, 9), 30*time.Second))
 		s.scheduleLocked(key, st)
+		return
 	}
-	return nil
+	st.failures, st.retryAt = 0, time.Time{}
+	s.durableLocked(b.refs())
+	if !st.hasItems() && len(st.extra) > 0 {
+		// Resends that came during the write: what they said is written.
+		s.durableLocked(st.extra)
+		st.extra = nil
+	}
+	s.scheduleLocked(key, st)
 }
 
 var errFenced = errors.New("fenced by a newer session of the node")
@@ -213,7 +250,11 @@ func (s *Status) write(ctx context.Context, key types.NamespacedName, b *batch) 
 		switch {
 		case err == nil:
 			s.metrics.Writes.WithLabelValues("ok").Inc()
+			s.metrics.PriorityWrites.WithLabelValues(b.prio.String()).Inc()
 			s.metrics.WriteSeconds.Observe(time.Since(start).Seconds())
+			if !b.arrived.IsZero() {
+				s.metrics.StatusAge.WithLabelValues(b.prio.String()).Observe(s.now().Sub(b.arrived).Seconds())
+			}
 			if !b.oldest.IsZero() {
 				s.metrics.ReportToStatus.Observe(time.Since(b.oldest).Seconds())
 			}
