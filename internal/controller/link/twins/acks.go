@@ -113,6 +113,12 @@ func (s *Status) Release(node string) {
 	}
 	delete(s.nodes, node)
 	for key, st := range s.devices {
+		if st.node == node {
+			// Another replica writes its Devices next: what this one
+			// wrote is no longer known to be there.
+			st.written, st.writtenState = nil, nil
+			st.records++
+		}
 		drop := false
 		for _, p := range st.twins {
 			drop = drop || p.pos.node == node

@@ -30,6 +30,7 @@ type pendingTwin struct {
 	at          time.Time
 	pos         position
 	ref         *msgRef
+	applied     bool // by the last write that took it
 }
 
 // covers says whether t, the newer report of its property, says all
@@ -39,12 +40,13 @@ func (t *pendingTwin) covers(older *pendingTwin) bool {
 }
 
 type pendingState struct {
-	state  string
-	at     time.Time
-	online bool
-	cond   metav1.Condition
-	pos    position
-	ref    *msgRef
+	state   string
+	at      time.Time
+	online  bool
+	cond    metav1.Condition
+	pos     position
+	ref     *msgRef
+	applied bool // by the last write that took it
 }
 
 // pendingCond is a condition the node set on a Device (applyEdgeCondition),
@@ -93,10 +95,17 @@ type twinState struct {
 	// does not hold the change to the interval's end; writes stay at most
 	// two an interval.
 	lastNewsWrite time.Time
-	// statusTime is the cached status' lastReportTime when this writer
-	// first took a report of the Device: the heartbeat counts from it
-	// until this writer has written the Device.
-	statusTime time.Time
+	// written and writtenState are what this writer's last writes put in
+	// the Device's status (per property; the state): what it knows etcd
+	// holds, for no other writer writes these while this one holds the
+	// node's session (a newer session fences it, and Release drops them).
+	written      map[string]twinRecord
+	writtenState *stateRecord
+	// records counts Release's drops of written: a write in flight then
+	// records nothing.
+	records uint64
+	// node is the node of the last report taken.
+	node string
 	// failures counts the writes that failed in a row; retryAt is when
 	// the next may be tried.
 	failures int
@@ -200,10 +209,8 @@ func (s *Status) Handle(ctx context.Context, m cloudhub.Inbound) error {
 		s.metrics.dropped("already-taken")
 		return nil
 	}
-	if st.lastWrite.IsZero() && st.statusTime.IsZero() && d.Status.LastReportTime != nil {
-		st.statusTime = d.Status.LastReportTime.Time
-	}
 	msg := s.pushLocked(acks, m.At, false)
+	st.node = m.Node
 	at := s.now()
 	switch k := m.Env.Kind.(type) {
 	case *linkv1.Envelope_TwinReported:
@@ -220,9 +227,14 @@ func (s *Status) Handle(ctx context.Context, m cloudhub.Inbound) error {
 		}
 		at = checked.at
 		pt := &pendingTwin{reported: checked.reported, observed: checked.observed, ownObserved: checked.observed != nil, at: at, pos: pos, ref: msg}
-		p := twinPriority(&d, r.Property, pt.reported, pt.observed)
-		st.news = st.news || p >= prioChange
+		p, news := st.twinPriority(&d, r.Property, pt.reported, pt.observed)
+		st.news = st.news || news
 		st.raise(p)
+		if p == prioRepeat && !st.writing {
+			// Its value is in etcd (this writer put it there): only its
+			// read time waits, for the heartbeat.
+			s.durableLocked([]*msgRef{msg})
+		}
 		if old := st.twins[r.Property]; old != nil {
 			s.metrics.Coalesced.Inc()
 			if pt.observed == nil {
@@ -246,7 +258,11 @@ func (s *Status) Handle(ctx context.Context, m cloudhub.Inbound) error {
 		}
 		ps := &pendingState{state: ds.State, at: at, cond: c, pos: pos, ref: msg,
 			online: twinvalue.Online(ds.State)}
-		st.raise(statePriority(&d, ds.State, c))
+		p := st.statePriority(&d, ds.State, c)
+		st.raise(p)
+		if p == prioRepeat && !st.writing {
+			s.durableLocked([]*msgRef{msg}) // as a repeated value's
+		}
 		if old := st.state; old != nil {
 			covers := true
 			if !ps.online && old.online {
@@ -354,34 +370,102 @@ func (s *Status) addCondLocked(st *twinState, c pendingCond, p priority) {
 	st.conds = append(st.conds, c)
 }
 
-// twinPriority ranks a report of property prop against what d's status
-// (the cache's) holds: urgent when it acknowledges a desired value (an
-// observedDesired, or a desiredError, the status does not hold), a change
-// when its value or metadata (but for the read time) differ, else a
-// repeat.
-func twinPriority(d *v1alpha1.Device, prop string, reported, observed *v1alpha1.TwinProperty) priority {
-	var cur *v1alpha1.Twin
+// twinRecord is what a status holds of a twin; reported is false when
+// it holds no reported value.
+type twinRecord struct {
+	reported bool
+	value    string
+	metadata map[string]string
+	observed *string
+}
+
+func cachedTwin(d *v1alpha1.Device, prop string) twinRecord {
+	var r twinRecord
 	for i := range d.Status.Twins {
-		if d.Status.Twins[i].PropertyName == prop {
-			cur = &d.Status.Twins[i]
-			break
+		if t := &d.Status.Twins[i]; t.PropertyName == prop {
+			if t.Reported != nil {
+				r.reported, r.value, r.metadata = true, t.Reported.Value, t.Reported.Metadata
+			}
+			if t.ObservedDesired != nil {
+				r.observed = &t.ObservedDesired.Value
+			}
 		}
 	}
-	var curReported map[string]string
-	curValue, hasValue := "", false
-	if cur != nil && cur.Reported != nil {
-		curValue, hasValue, curReported = cur.Reported.Value, true, cur.Reported.Metadata
+	return r
+}
+
+// stateRecord is the state a write put in a status, with the
+// MapperConnected condition it set.
+type stateRecord struct {
+	state string
+	cond  metav1.Condition
+}
+
+// twinPriority ranks a report of property prop against what the
+// Device's status holds: what this writer wrote, or else the cache's d.
+// Urgent when it acknowledges a desired value (an observedDesired, or a
+// desiredError, the status does not hold), a change when its value or
+// metadata (but for the read time) differ, else a repeat. A repeat that
+// only the cache vouches for is a change: the cache may not have seen a
+// newer write yet (another replica's, before this one took the node), and
+// a repeat is acknowledged to the node before it is written.
+//
+// news says whether it changes anything the status holds, by either's
+// word: a repeat the cache vouches for is written as a change, but like a
+// repeat it does not count as news for the coalescing interval.
+func (st *twinState) twinPriority(d *v1alpha1.Device, prop string, reported, observed *v1alpha1.TwinProperty) (p priority, news bool) {
+	cur, own := st.written[prop]
+	if !own {
+		cur = cachedTwin(d, prop)
 	}
-	if observed != nil && (cur == nil || cur.ObservedDesired == nil || !twinvalue.Equal(cur.ObservedDesired.Value, observed.Value)) {
-		return prioUrgent
+	switch {
+	case observed != nil && (cur.observed == nil || !twinvalue.Equal(*cur.observed, observed.Value)):
+		return prioUrgent, true
+	case reported.Metadata[twinvalue.MetaDesiredError] != cur.metadata[twinvalue.MetaDesiredError]:
+		return prioUrgent, true
+	case !cur.reported || !twinvalue.Equal(cur.value, reported.Value) || !sameMetadata(cur.metadata, reported.Metadata):
+		return prioChange, true
+	case !own:
+		return prioChange, false
 	}
-	if reported.Metadata[twinvalue.MetaDesiredError] != curReported[twinvalue.MetaDesiredError] {
-		return prioUrgent
+	return prioRepeat, false
+}
+
+// confirmed says whether this writer's last write of the Device holds
+// what t's own message said (its value, metadata but the read time, and
+// its observed desired value if it carried one).
+func (st *twinState) confirmed(prop string, t *pendingTwin) bool {
+	cur, ok := st.written[prop]
+	if !ok || !cur.reported || !twinvalue.Equal(cur.value, t.reported.Value) || !sameMetadata(cur.metadata, t.reported.Metadata) {
+		return false
 	}
-	if !hasValue || !twinvalue.Equal(curValue, reported.Value) || !sameMetadata(curReported, reported.Metadata) {
-		return prioChange
+	return !t.ownObserved || (cur.observed != nil && twinvalue.Equal(*cur.observed, t.observed.Value))
+}
+
+// record notes what a write that landed put in the status.
+func (st *twinState) record(b *batch) {
+	if st.written == nil {
+		st.written = map[string]twinRecord{}
 	}
-	return prioRepeat
+	for prop, t := range b.twins {
+		if !t.applied {
+			delete(st.written, prop) // another write's value is there
+			continue
+		}
+		rec := twinRecord{reported: true, value: t.reported.Value, metadata: t.reported.Metadata}
+		if t.observed != nil {
+			rec.observed = &t.observed.Value
+		} else if old, ok := st.written[prop]; ok {
+			rec.observed = old.observed
+		}
+		st.written[prop] = rec
+	}
+	if ps := b.state; ps != nil {
+		st.writtenState = nil
+		if ps.applied {
+			st.writtenState = &stateRecord{state: ps.state, cond: ps.cond}
+		}
+	}
 }
 
 // sameMetadata compares two twins' metadata but for the read time.
@@ -400,20 +484,30 @@ func sameMetadata(a, b map[string]string) bool {
 }
 
 // statePriority: urgent when the state, or the MapperConnected condition
-// it sets, differs from d's status; else a repeat (it refreshes
-// lastOnlineTime).
-func statePriority(d *v1alpha1.Device, state string, c metav1.Condition) priority {
-	if d.Status.State != state {
+// it sets, differs from what the status holds (this writer's last state,
+// or else the cache's); a repeat when it is this writer's last state
+// again (it refreshes lastOnlineTime); else (the cache's word alone) a
+// change.
+func (st *twinState) statePriority(d *v1alpha1.Device, state string, c metav1.Condition) priority {
+	if r := st.writtenState; r != nil {
+		if r.state != state || r.cond.Status != c.Status || r.cond.Reason != c.Reason || r.cond.Message != c.Message {
+			return prioUrgent
+		}
+		return prioRepeat
+	}
+	if d.Status.State != state || conditionPriority(d, c) == prioUrgent {
 		return prioUrgent
 	}
-	return conditionPriority(d, c)
+	return prioChange
 }
 
-// conditionPriority: urgent when c differs from d's condition of its type.
+// conditionPriority: urgent when c differs from d's condition of its
+// type, else a change (a condition said again is rare; it is written, as
+// the cache alone vouches for it).
 func conditionPriority(d *v1alpha1.Device, c metav1.Condition) priority {
 	cur := meta.FindStatusCondition(d.Status.Conditions, c.Type)
 	if cur == nil || cur.Status != c.Status || cur.Reason != c.Reason || cur.Message != c.Message {
 		return prioUrgent
 	}
-	return prioRepeat
+	return prioChange
 }

@@ -149,11 +149,9 @@ func (s *Status) scheduleLocked(key types.NamespacedName, st *twinState) {
 	var next time.Time
 	switch {
 	case st.prio == prioRepeat:
-		last := st.lastWrite
-		if last.IsZero() {
-			last = st.statusTime
-		}
-		next = last.Add(max(s.cfg.Heartbeat, s.cfg.Interval))
+		// Only this writer's own values repeated (twinPriority): it has
+		// written the Device.
+		next = st.lastWrite.Add(max(s.cfg.Heartbeat, s.cfg.Interval))
 	case st.news:
 		next = st.lastNewsWrite.Add(s.cfg.Interval)
 	default:

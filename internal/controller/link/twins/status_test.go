@@ -40,12 +40,13 @@ func (c *commits) seq(node string) uint64 {
 // properties (temperature; setpoint, ReadWrite) and Devices d0..dn-1 on
 // node edge.
 type statusRig struct {
-	t    *testing.T
-	c    client.Client
-	s    *Status
-	hub  *commits
-	seq  uint64
-	node string
+	t     *testing.T
+	c     client.Client
+	s     *Status
+	hub   *commits
+	seq   uint64
+	node  string
+	epoch uint64
 }
 
 func newStatusRig(t *testing.T, n int, cfg StatusConfig) *statusRig {
@@ -63,7 +64,7 @@ func newStatusRig(t *testing.T, n int, cfg StatusConfig) *statusRig {
 	}
 	c := fake.NewClientBuilder().WithScheme(sch).WithObjects(objs...).WithStatusSubresource(&v1alpha1.Device{}).Build()
 	hub := &commits{pos: map[string]cloudhub.Position{}}
-	return &statusRig{t: t, c: c, hub: hub, node: "edge", s: NewStatus(c, c, hub, cfg, NewMetrics(nil), logr.Discard())}
+	return &statusRig{t: t, c: c, hub: hub, node: "edge", epoch: 1, s: NewStatus(c, c, hub, cfg, NewMetrics(nil), logr.Discard())}
 }
 
 func (r *statusRig) report(dev, prop, value string, observed string) uint64 {
@@ -73,7 +74,7 @@ func (r *statusRig) report(dev, prop, value string, observed string) uint64 {
 	if observed != "" {
 		u.ObservedDesired = &linkv1.TwinValue{Value: observed}
 	}
-	if err := r.s.Handle(context.Background(), cloudhub.Inbound{Node: r.node, At: cloudhub.Position{Stream: 1, Seq: r.seq, Epoch: 1}, Epoch: 1,
+	if err := r.s.Handle(context.Background(), cloudhub.Inbound{Node: r.node, At: cloudhub.Position{Stream: 1, Seq: r.seq, Epoch: r.epoch}, Epoch: r.epoch,
 		Env: &linkv1.Envelope{Seq: r.seq, Kind: &linkv1.Envelope_TwinReported{TwinReported: u}}}); err != nil {
 		r.t.Fatal(err)
 	}
@@ -207,5 +208,61 @@ func TestStatusBudgetAndPriority(t *testing.T) {
 	r.s.mu.Unlock()
 	if !repeatQueued {
 		t.Errorf("the repeat is not waiting for its heartbeat")
+	}
+}
+
+// TestStatusAcksRepeats: a report that repeats what this writer wrote is
+// committed at once (its value is in etcd), and waits for the heartbeat
+// only to refresh the status' read time; one that repeats what only the
+// cache shows (a writer that has not written the Device yet: a replica
+// that just took the node) is written first, as a change.
+func TestStatusAcksRepeats(t *testing.T) {
+	r := newStatusRig(t, 1, StatusConfig{Heartbeat: time.Hour})
+	r.report("d0", "temperature", "5", "")
+	r.s.Flush(context.Background())
+	seq := r.report("d0", "temperature", "5", "")
+	if got := r.hub.seq("edge"); got != seq {
+		t.Fatalf("a repeat of the written value: committed through %d, want %d at once", got, seq)
+	}
+	r.s.mu.Lock()
+	st := r.s.devices[client.ObjectKey{Namespace: "ns", Name: "d0"}]
+	p, queued := st.prio, r.s.queue.has(client.ObjectKey{Namespace: "ns", Name: "d0"})
+	r.s.mu.Unlock()
+	if p != prioRepeat || !queued {
+		t.Errorf("the repeat is pending at %v (queued %v), want a repeat waiting for its heartbeat", p, queued)
+	}
+
+	// A writer that did not write it: the cache's word is not enough.
+	fresh := NewStatus(r.c, r.c, r.hub, StatusConfig{Heartbeat: time.Hour}, NewMetrics(nil), logr.Discard())
+	r.s = fresh
+	seq = r.report("d0", "temperature", "5", "")
+	if got := r.hub.seq("edge"); got >= seq {
+		t.Fatalf("a repeat only the cache vouches for was committed (%d) before a write", got)
+	}
+	fresh.mu.Lock()
+	p = fresh.devices[client.ObjectKey{Namespace: "ns", Name: "d0"}].prio
+	fresh.mu.Unlock()
+	if p != prioChange {
+		t.Errorf("a repeat only the cache vouches for is pending at %v, want change", p)
+	}
+	fresh.Flush(context.Background())
+	if got := r.hub.seq("edge"); got != seq {
+		t.Errorf("committed through %d after the write, want %d", got, seq)
+	}
+	seq = r.report("d0", "temperature", "5", "")
+	if got := r.hub.seq("edge"); got != seq {
+		t.Errorf("once written, a repeat: committed through %d, want %d at once", got, seq)
+	}
+	// Released (another replica took the node): it knows nothing again.
+	fresh.Release("edge")
+	r.hub.pos = map[string]cloudhub.Position{}
+	r.epoch = 2 // the node's next session, here again
+	seq = r.report("d0", "temperature", "5", "")
+	if got := r.hub.seq("edge"); got != 0 {
+		t.Errorf("after a release a repeat was committed (%d, report %d) before a write", got, seq)
+	}
+	fresh.Flush(context.Background())
+	if got := r.hub.seq("edge"); got != seq {
+		t.Errorf("committed through %d after the write, want %d", got, seq)
 	}
 }

@@ -64,6 +64,7 @@ type batch struct {
 	arrived time.Time
 	news    bool
 	prio    priority
+	records uint64 // twinState.records when taken
 }
 
 func (b *batch) refs() []*msgRef {
@@ -80,7 +81,7 @@ func (s *Status) takeLocked(key types.NamespacedName) (*twinState, *batch) {
 		return nil, nil
 	}
 	b := &batch{twins: st.twins, state: st.state, conds: st.conds, extra: st.extra, touched: st.touched,
-		oldest: st.oldest, arrived: st.arrived, news: st.news, prio: st.prio}
+		oldest: st.oldest, arrived: st.arrived, news: st.news, prio: st.prio, records: st.records}
 	st.twins, st.state, st.conds, st.extra, st.touched = map[string]*pendingTwin{}, nil, nil, nil, false
 	st.oldest, st.arrived, st.news, st.prio = time.Time{}, time.Time{}, false, prioRepeat
 	st.writing = true
@@ -155,6 +156,22 @@ func (s *Status) writeTaken(ctx context.Context, key types.NamespacedName, st *t
 	}
 	st.failures, st.retryAt = 0, time.Time{}
 	s.durableLocked(b.refs())
+	if b.records == st.records {
+		st.record(b)
+		// Repeats that came during the write of what it wrote: their
+		// values are in etcd now.
+		var confirmed []*msgRef
+		for prop, t := range st.twins {
+			if !t.ref.durable && st.confirmed(prop, t) {
+				confirmed = append(confirmed, t.ref)
+			}
+		}
+		if ps, r := st.state, st.writtenState; ps != nil && !ps.ref.durable && r != nil && r.state == ps.state &&
+			r.cond.Status == ps.cond.Status && r.cond.Reason == ps.cond.Reason && r.cond.Message == ps.cond.Message {
+			confirmed = append(confirmed, ps.ref)
+		}
+		s.durableLocked(confirmed)
+	}
 	if !st.hasItems() && len(st.extra) > 0 {
 		// Resends that came during the write: what they said is written.
 		s.durableLocked(st.extra)
@@ -205,7 +222,8 @@ func (s *Status) write(ctx context.Context, key types.NamespacedName, b *batch) 
 		names := slices.Sorted(maps.Keys(b.twins))
 		for _, name := range names {
 			pt := b.twins[name]
-			if !consider(pt.pos) {
+			pt.applied = consider(pt.pos)
+			if !pt.applied {
 				continue
 			}
 			tw := twin(&d.Status, name)
@@ -229,7 +247,10 @@ func (s *Status) write(ctx context.Context, key types.NamespacedName, b *batch) 
 				changed = true
 			}
 		}
-		if ps := b.state; ps != nil && consider(ps.pos) {
+		if ps := b.state; ps != nil {
+			ps.applied = consider(ps.pos)
+		}
+		if ps := b.state; ps != nil && ps.applied {
 			d.Status.State = ps.state
 			if ps.online {
 				d.Status.LastOnlineTime = &metav1.Time{Time: ps.at}
