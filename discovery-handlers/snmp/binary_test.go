@@ -26,7 +26,11 @@ func TestBinaryPeakRSS(t *testing.T) {
 	snmpd.Start(t, snmpd.Config{Host: "127.0.0.32", Port: port, SysDescr: "two", SysObjectID: ".1.3.6.1.4.1.8072.3.2.10"})
 
 	bin := filepath.Join(t.TempDir(), "dowse-snmp-discovery")
-	if out, err := exec.Command("go", "build", "-o", bin, "./cmd/dowse-snmp-discovery").CombinedOutput(); err != nil {
+	// Built as its image is (make images): static, stripped, without
+	// gRPC's tracing.
+	build := exec.Command("go", "build", "-tags", "grpcnotrace", "-trimpath", "-ldflags=-s -w", "-o", bin, "./cmd/dowse-snmp-discovery")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
 	dir := handlertest.ShortTempDir(t)

@@ -49,6 +49,9 @@ type Config struct {
 	SysDescr, SysObjectID, SysName string
 	// SysContact and SysLocation, when set, are fixed too.
 	SysContact, SysLocation string
+	// SysServices, when set, is sysServices (net-snmp has none by
+	// default).
+	SysServices int
 }
 
 // Agent is a running snmpd.
@@ -145,6 +148,9 @@ func Start(t testing.TB, cfg Config) *Agent {
 		if kv[1] != "" {
 			fmt.Fprintf(&c, "%s %s\n", kv[0], kv[1])
 		}
+	}
+	if cfg.SysServices != 0 {
+		fmt.Fprintf(&c, "sysServices %d\n", cfg.SysServices)
 	}
 	if err := os.WriteFile(filepath.Join(a.dir, "snmpd.conf"), []byte(c.String()), 0o600); err != nil {
 		t.Fatal(err)
