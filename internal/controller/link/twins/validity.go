@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -100,6 +101,9 @@ func (v *Validity) SetupWithManager(mgr ctrl.Manager) error {
 			}
 			return out
 		})).
+		// A few at once: each is a read of the model and at most one
+		// patch, and a fleet's Devices made at once all need one.
+		WithOptions(controller.Options{MaxConcurrentReconciles: 4}).
 		Complete(v)
 }
 
