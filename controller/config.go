@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/dowse-dev/dowse/internal/bootstrap"
+	"github.com/dowse-dev/dowse/internal/controller/link/cloudservices"
 	"github.com/dowse-dev/dowse/internal/controller/link/linkauth"
 	"github.com/dowse-dev/dowse/internal/controller/link/ownership"
 	"github.com/dowse-dev/dowse/internal/controller/link/twins"
@@ -142,6 +143,12 @@ func (c *Config) AddFlags(fs *flag.FlagSet) {
 	fs.Var(kubeflags.List(&c.Link.EgressHosts), "egress-hosts", "comma-separated names and addresses the API server dials for --egress-address (its serving certificate)")
 	fs.StringVar(&c.Link.EgressPeerAddr, "egress-peer-address", c.Link.EgressPeerAddr, "TCP address where this replica takes the egress connections other replicas forward to the node sessions it holds (TLS with the link CA); empty: a replica that does not hold a node's session dials it directly")
 	fs.StringVar(&c.Link.EgressPeerAdvertise, "egress-peer-advertise", c.Link.EgressPeerAdvertise, "host:port the other replicas dial for --egress-peer-address (the pod's address)")
+	fs.Func("cloud-service-ports", "MIN-MAX: replica ports for Services labelled dowse.dev/reach-from-cloud=true, each given a cloud-side Service (NAME-cloud) whose endpoints are the replicas, relayed over the links of its Pods' nodes; empty: none (needs --egress-peer-address)", func(v string) error {
+		r, err := cloudservices.ParsePortRange(v)
+		c.Link.CloudServicePorts = r
+		return err
+	})
+	fs.StringVar(&c.Link.CloudServiceAddress, "cloud-service-address", c.Link.CloudServiceAddress, "this replica's address (an IP, the pod's) that cloud-side Services are relayed on and listed at")
 	fs.DurationVar(&c.Link.CertValidity, "link-cert-validity", c.Link.CertValidity, "lifetime of node certificates (renewed at about two thirds)")
 	fs.DurationVar(&c.Link.CAValidity, "link-ca-validity", c.Link.CAValidity, "lifetime of the link CA, when the controller creates it")
 	fs.DurationVar(&c.Link.Heartbeat, "link-heartbeat", c.Link.Heartbeat, "link heartbeat interval; a silent edge is dropped after two")

@@ -126,8 +126,12 @@ func (r *ConfigurationReconciler) Reconcile(ctx context.Context, req reconcile.R
 	var want *corev1.Service
 	if cfg.Spec.ConfigurationServiceSpec != nil && running > 0 {
 		t := true
+		lbls := map[string]string{v1alpha1.LabelConfiguration: v1alpha1.LabelValue(cfg.Name)}
+		if cfg.Spec.ReachFromCloud {
+			lbls[v1alpha1.LabelReachFromCloud] = "true"
+		}
 		want = service(v1alpha1.ConfigurationServiceName(cfg.Name), cfg.Namespace, cfg.Spec.ConfigurationServiceSpec,
-			map[string]string{v1alpha1.LabelConfiguration: v1alpha1.LabelValue(cfg.Name)},
+			lbls,
 			map[string]string{v1alpha1.LabelConfiguration: v1alpha1.LabelValue(cfg.Name)},
 			[]metav1.OwnerReference{{APIVersion: v1alpha1.GroupVersion.String(), Kind: "Configuration", Name: cfg.Name, UID: cfg.UID, Controller: &t}})
 	}

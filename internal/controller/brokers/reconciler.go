@@ -373,7 +373,11 @@ func (r *InstanceReconciler) reconcileService(ctx context.Context, inst *v1alpha
 	name := v1alpha1.InstanceServiceName(inst.Name)
 	var want *corev1.Service
 	if cfg.Spec.InstanceServiceSpec != nil && running {
-		want = service(name, inst.Namespace, cfg.Spec.InstanceServiceSpec, labels(inst, ""),
+		lbls := labels(inst, "")
+		if cfg.Spec.ReachFromCloud {
+			lbls[v1alpha1.LabelReachFromCloud] = "true"
+		}
+		want = service(name, inst.Namespace, cfg.Spec.InstanceServiceSpec, lbls,
 			map[string]string{v1alpha1.LabelInstance: inst.Name}, owner(inst))
 	}
 	return ensureService(ctx, r.client, types.NamespacedName{Namespace: inst.Namespace, Name: name}, want)

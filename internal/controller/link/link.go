@@ -39,6 +39,7 @@ import (
 
 	"github.com/dowse-dev/dowse/internal/bootstrap"
 	"github.com/dowse-dev/dowse/internal/controller/link/cloudhub"
+	"github.com/dowse-dev/dowse/internal/controller/link/cloudservices"
 	"github.com/dowse-dev/dowse/internal/controller/link/egress"
 	"github.com/dowse-dev/dowse/internal/controller/link/linkauth"
 	"github.com/dowse-dev/dowse/internal/controller/link/membership"
@@ -122,6 +123,13 @@ type Config struct {
 	// is the host:port they dial, published on its presence Lease. Empty:
 	// no forwarding.
 	EgressPeerAddr, EgressPeerAdvertise string
+	// CloudServicePorts are the replica ports cloud-side Services are given
+	// (package cloudservices; empty: none), relayed on CloudServiceAddress
+	// (this replica's address, a host; the EndpointSlices list it). Needs
+	// the egress peer listener: a connection goes over the link of the
+	// Pod's node through the replica that holds it.
+	CloudServicePorts   cloudservices.PortRange
+	CloudServiceAddress string
 }
 
 // egressAdvertised is the egress peer address this replica publishes.
@@ -223,6 +231,12 @@ func Add(ctx context.Context, mgr ctrl.Manager, cfg Config, reg prometheus.Regis
 		Move:       func(node string, delay time.Duration) bool { return sessions.Move(node, delay, "rebalance") },
 		Every:      cfg.SpreadInterval,
 		Egress:     egressAdvertised(cfg),
+		CloudServices: func() string {
+			if cfg.CloudServicePorts.Off() {
+				return ""
+			}
+			return cfg.CloudServiceAddress
+		}(),
 		Log:        log.WithName("spread"),
 		Registerer: reg,
 	})
@@ -336,6 +350,21 @@ func Add(ctx context.Context, mgr ctrl.Manager, cfg Config, reg prometheus.Regis
 		if err := mgr.Add(&optional.Part{Name: "egress", Log: log, Failures: failures, Run: eg.Start}); err != nil {
 			return err
 		}
+		if !cfg.CloudServicePorts.Off() {
+			if cfg.EgressPeerAddr == "" || cfg.CloudServiceAddress == "" {
+				return errors.New("cloud-side Services need --egress-peer-address and --cloud-service-address")
+			}
+			relay := &cloudservices.Relay{Reader: live, Dial: eg.Dial, Host: cfg.CloudServiceAddress, Registerer: reg, Log: log.WithName("cloud-services")}
+			if err := mgr.Add(&optional.Part{Name: "cloud-services", Log: log, Failures: failures, Run: relay.Start}); err != nil {
+				return err
+			}
+			if err := mgr.Add(&cloudservices.Allocator{Client: cache, Reader: live, Ports: cfg.CloudServicePorts,
+				Hosts: presence.CloudServiceHosts, Log: log.WithName("cloud-services")}); err != nil {
+				return err
+			}
+		}
+	} else if !cfg.CloudServicePorts.Off() {
+		return errors.New("cloud-side Services need --egress-peer-address and --cloud-service-address")
 	}
 	// The agents pin the CA from a ConfigMap the controller publishes (the
 	// chart does not make the CA, so its key is in no release history).

@@ -47,6 +47,15 @@ type ConfigurationSpec struct {
 	// +kubebuilder:pruning:PreserveUnknownFields
 	InstanceServiceSpec *corev1.ServiceSpec `json:"instanceServiceSpec,omitempty"`
 
+	// ReachFromCloud makes the Instance and Configuration Services
+	// reachable from the cloud side too (label dowse.dev/reach-from-cloud):
+	// each gets a Service of its name and "-cloud" whose endpoints are the
+	// controller replicas, which relay its connections to the brokers over
+	// their nodes' links (edge nodes behind NAT included). Needs the
+	// controller's --cloud-service-ports (chart: link.cloudServices).
+	// +optional
+	ReachFromCloud bool `json:"reachFromCloud,omitempty"`
+
 	// ConfigurationServiceSpec, when set, gives the Configuration one Service
 	// that selects all of its brokers.
 	// +optional

@@ -11,6 +11,10 @@ import (
 const (
 	LabelConfiguration = "dowse.dev/configuration"
 	LabelInstance      = "dowse.dev/instance"
+	// LabelReachFromCloud ("true") on a Service with a selector gives it a
+	// cloud-side Service reached over its Pods' nodes' links (see
+	// Configuration.spec.reachFromCloud).
+	LabelReachFromCloud = "dowse.dev/reach-from-cloud"
 	LabelNode          = "dowse.dev/node"
 	// LabelMapper marks a mapper Pod (value "true"), beside the labels of
 	// a broker Pod.

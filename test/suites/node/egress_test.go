@@ -23,6 +23,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/dowse-dev/dowse/test/framework/cluster"
 	"github.com/dowse-dev/dowse/test/framework/dowse"
@@ -39,7 +40,9 @@ import (
 // socket). Without the controller, a pod's logs cannot be read; with it,
 // and the agent inside the node's namespace holding its link, `kubectl
 // logs`, the API server's pod proxy, `kubectl exec -i` and `kubectl
-// port-forward` reach the node's pods over the link.
+// port-forward` reach the node's pods over the link, and a client on the
+// cloud side reaches the broker through its Service's cloud side (every
+// replica an endpoint, relaying over the link).
 func TestKubectlReachesAnEdgeThroughItsLink(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
@@ -77,7 +80,7 @@ func TestKubectlReachesAnEdgeThroughItsLink(t *testing.T) {
 	}
 
 	const marker = "DEBUG_ECHO_SITE"
-	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "behind-nat", Namespace: "default"},
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "behind-nat", Namespace: "default", Labels: map[string]string{"app": "behind-nat"}},
 		Spec: corev1.PodSpec{NodeName: c.NodeName, Containers: []corev1.Container{{Name: "broker",
 			Image: "ghcr.io/dowse-dev/dowse-debug-echo-broker:latest", ImagePullPolicy: corev1.PullNever,
 			Env: []corev1.EnvVar{{Name: marker, Value: "plant-7"}}, Ports: []corev1.ContainerPort{{ContainerPort: 8080}}}}}}
@@ -127,7 +130,15 @@ func TestKubectlReachesAnEdgeThroughItsLink(t *testing.T) {
 	host := c.PodNetwork.HostIP
 	// Two replicas: a serves the API server's egress and b takes the agent
 	// later, each taking the other's forwards.
-	a, b := startReplica(t, dir, c.Kubeconfig, host, "a", "--egress-uds", c.EgressUDS), startReplica(t, dir, c.Kubeconfig, host, "b")
+	// Both relay cloud-side Services, on addresses of their own (they
+	// share the machine) at the one replica port of the range.
+	cloudPort, err := procs.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cloudPorts := fmt.Sprintf("%d-%d", cloudPort, cloudPort)
+	a := startReplica(t, dir, c.Kubeconfig, host, "a", "--egress-uds", c.EgressUDS, "--cloud-service-ports", cloudPorts, "--cloud-service-address", host)
+	b := startReplica(t, dir, c.Kubeconfig, host, "b", "--cloud-service-ports", cloudPorts, "--cloud-service-address", "127.0.0.1")
 	metrics := a.metrics
 	var tok struct{ Token, CACertHash string }
 	testwait.For(t, time.Minute, func() error {
@@ -195,6 +206,54 @@ func TestKubectlReachesAnEdgeThroughItsLink(t *testing.T) {
 	_ = resp.Body.Close()
 	if !strings.Contains(string(body), "plant-7") {
 		t.Fatalf("through kubectl port-forward the broker answered %q", body)
+	}
+
+	// A cloud-side client reaches the broker through its Service's cloud
+	// side: the endpoints are the two replicas, each relaying over the
+	// link (b forwarding to a, which holds the node).
+	reach := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "behind-nat", Namespace: "default", Labels: map[string]string{"dowse.dev/reach-from-cloud": "true"}},
+		Spec: corev1.ServiceSpec{Selector: map[string]string{"app": "behind-nat"}, Ports: []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromInt32(8080)}}}}
+	if _, err := cs.CoreV1().Services("default").Create(ctx, reach, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var endpoints []string
+	testwait.For(t, time.Minute, func() error {
+		sl, err := cs.DiscoveryV1().EndpointSlices("default").Get(ctx, "behind-nat-cloud", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if len(sl.Endpoints) != 2 || len(sl.Ports) != 1 || sl.Ports[0].Port == nil || *sl.Ports[0].Port != int32(cloudPort) {
+			return fmt.Errorf("the cloud side's endpoints %+v ports %+v: want both replicas at %d", sl.Endpoints, sl.Ports, cloudPort)
+		}
+		endpoints = []string{sl.Endpoints[0].Addresses[0], sl.Endpoints[1].Addresses[0]}
+		return nil
+	})
+	if cloudSvc, err := cs.CoreV1().Services("default").Get(ctx, "behind-nat-cloud", metav1.GetOptions{}); err != nil ||
+		len(cloudSvc.Spec.Ports) != 1 || cloudSvc.Spec.Ports[0].Port != 80 || cloudSvc.Spec.Ports[0].TargetPort.IntVal != int32(cloudPort) {
+		t.Fatalf("the cloud-side Service: %+v, %v", cloudSvc, err)
+	}
+	for _, ep := range endpoints {
+		testwait.For(t, 30*time.Second, func() error {
+			resp, err := http.Get("http://" + net.JoinHostPort(ep, strconv.Itoa(cloudPort)) + "/")
+			if err != nil {
+				return err
+			}
+			body, _ := io.ReadAll(resp.Body)
+			_ = resp.Body.Close()
+			if !strings.Contains(string(body), "plant-7") {
+				return fmt.Errorf("through the cloud side at %s the broker answered %q", ep, body)
+			}
+			return nil
+		})
+	}
+	for _, r := range []replica{a, b} {
+		got, err := promtest.Scrape(fmt.Sprintf("http://127.0.0.1:%d/metrics", r.metrics), "dowse_cloud_services_connections_total")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got[`dowse_cloud_services_connections_total{result="relayed"}`] < 1 {
+			t.Errorf("replica on port %d relayed no cloud-side connection: %v", r.ws, got)
+		}
 	}
 
 	samples, err := promtest.Scrape(fmt.Sprintf("http://127.0.0.1:%d/metrics", metrics), "dowse_egress_connections_total")

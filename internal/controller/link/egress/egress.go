@@ -244,6 +244,13 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, forwarded bool) {
 	link.Splice(conn, c)
 }
 
+// Dial reaches target as the API server's CONNECT would (package
+// cloudservices relays with it).
+func (s *Server) Dial(ctx context.Context, target string) (net.Conn, error) {
+	c, _, err := s.dial(ctx, target, false)
+	return c, err
+}
+
 // dial reaches target: over its node's link when the node's session is
 // here, else directly.
 func (s *Server) dial(ctx context.Context, target string, forwarded bool) (net.Conn, string, error) {

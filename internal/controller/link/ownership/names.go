@@ -30,6 +30,10 @@ const (
 	// (host:port), on its presence Lease: a replica that does not hold a
 	// node's session forwards the API server's connections to the holder.
 	AnnotationEgress = "dowse.dev/egress"
+	// AnnotationCloudServices is the address a replica relays cloud-side
+	// Services on, on its presence Lease: the endpoints of every
+	// cloud-side Service (package cloudservices).
+	AnnotationCloudServices = "dowse.dev/cloud-services"
 
 	kindNode    = "node"
 	kindReplica = "replica"

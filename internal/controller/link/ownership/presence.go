@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -47,7 +48,10 @@ type PresenceConfig struct {
 	// Egress is where the other replicas reach this one's egress peer
 	// listener (host:port; empty: none), published on its presence Lease.
 	Egress string
-	Log    logr.Logger
+	// CloudServices is the address (a host) this replica relays cloud-side
+	// Services on, published on its presence Lease; empty: none.
+	CloudServices string
+	Log           logr.Logger
 	// Registerer receives the metrics (nil: not registered).
 	Registerer prometheus.Registerer
 }
@@ -176,10 +180,12 @@ func (p *Presence) renew(ctx context.Context, sessions int, draining bool) error
 		}
 		l.Annotations[AnnotationSessions] = strconv.Itoa(sessions)
 		l.Annotations[AnnotationDraining] = strconv.FormatBool(draining)
-		if p.cfg.Egress != "" {
-			l.Annotations[AnnotationEgress] = p.cfg.Egress
-		} else {
-			delete(l.Annotations, AnnotationEgress)
+		for k, v := range map[string]string{AnnotationEgress: p.cfg.Egress, AnnotationCloudServices: p.cfg.CloudServices} {
+			if v != "" {
+				l.Annotations[k] = v
+			} else {
+				delete(l.Annotations, k)
+			}
 		}
 		l.Spec.HolderIdentity = ptr.To(p.cfg.Replica)
 		l.Spec.LeaseDurationSeconds = ptr.To(int32(math.Ceil((3 * p.cfg.Every).Seconds())))
@@ -232,6 +238,20 @@ func (p *Presence) EgressOf(replica string) string {
 		}
 	}
 	return ""
+}
+
+// CloudServiceHosts are the addresses the serving replicas relay
+// cloud-side Services on, sorted.
+func (p *Presence) CloudServiceHosts() []string {
+	var out []string
+	now := time.Now()
+	for _, o := range p.inf.GetStore().List() {
+		if l, ok := o.(*coordinationv1.Lease); ok && Serving(l, now) && l.Annotations[AnnotationCloudServices] != "" {
+			out = append(out, l.Annotations[AnnotationCloudServices])
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
 }
 
 // Serving reports whether l is the presence of a replica that serves

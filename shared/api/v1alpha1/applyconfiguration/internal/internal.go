@@ -148,6 +148,9 @@ var schemaYAML = typed.YAMLObject(`types:
               elementType:
                 namedType: __untyped_deduced_
               elementRelationship: separable
+    - name: reachFromCloud
+      type:
+        scalar: boolean
 - name: com.github.dowse-dev.dowse.shared.api.v1alpha1.ConfigurationStatus
   map:
     fields:

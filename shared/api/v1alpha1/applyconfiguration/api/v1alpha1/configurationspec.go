@@ -32,6 +32,13 @@ type ConfigurationSpecApplyConfiguration struct {
 	// InstanceServiceSpec, when set, gives each Instance a Service that
 	// selects its brokers.
 	InstanceServiceSpec *v1.ServiceSpec `json:"instanceServiceSpec,omitempty"`
+	// ReachFromCloud makes the Instance and Configuration Services
+	// reachable from the cloud side too (label dowse.dev/reach-from-cloud):
+	// each gets a Service of its name and "-cloud" whose endpoints are the
+	// controller replicas, which relay its connections to the brokers over
+	// their nodes' links (edge nodes behind NAT included). Needs the
+	// controller's --cloud-service-ports (chart: link.cloudServices).
+	ReachFromCloud *bool `json:"reachFromCloud,omitempty"`
 	// ConfigurationServiceSpec, when set, gives the Configuration one Service
 	// that selects all of its brokers.
 	ConfigurationServiceSpec *v1.ServiceSpec `json:"configurationServiceSpec,omitempty"`
@@ -87,6 +94,14 @@ func (b *ConfigurationSpecApplyConfiguration) WithBrokerSpec(value *BrokerSpecAp
 // If called multiple times, the InstanceServiceSpec field is set to the value of the last call.
 func (b *ConfigurationSpecApplyConfiguration) WithInstanceServiceSpec(value v1.ServiceSpec) *ConfigurationSpecApplyConfiguration {
 	b.InstanceServiceSpec = &value
+	return b
+}
+
+// WithReachFromCloud sets the ReachFromCloud field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the ReachFromCloud field is set to the value of the last call.
+func (b *ConfigurationSpecApplyConfiguration) WithReachFromCloud(value bool) *ConfigurationSpecApplyConfiguration {
+	b.ReachFromCloud = &value
 	return b
 }
 
