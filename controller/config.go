@@ -148,7 +148,7 @@ func (c *Config) AddFlags(fs *flag.FlagSet) {
 		c.Link.CloudServicePorts = r
 		return err
 	})
-	fs.StringVar(&c.Link.CloudServiceAddress, "cloud-service-address", c.Link.CloudServiceAddress, "this replica's address (an IP, the pod's) that cloud-side Services are relayed on and listed at")
+	fs.StringVar(&c.Link.CloudServiceAddress, "cloud-service-address", c.Link.CloudServiceAddress, "this replica's address (the pod's IP; not loopback) that cloud-side Services are relayed on and listed at; empty: it relays none (it still gives ports when it leads)")
 	fs.DurationVar(&c.Link.CertValidity, "link-cert-validity", c.Link.CertValidity, "lifetime of node certificates (renewed at about two thirds)")
 	fs.DurationVar(&c.Link.CAValidity, "link-ca-validity", c.Link.CAValidity, "lifetime of the link CA, when the controller creates it")
 	fs.DurationVar(&c.Link.Heartbeat, "link-heartbeat", c.Link.Heartbeat, "link heartbeat interval; a silent edge is dropped after two")

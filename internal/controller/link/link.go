@@ -351,12 +351,16 @@ func Add(ctx context.Context, mgr ctrl.Manager, cfg Config, reg prometheus.Regis
 			return err
 		}
 		if !cfg.CloudServicePorts.Off() {
-			if cfg.EgressPeerAddr == "" || cfg.CloudServiceAddress == "" {
-				return errors.New("cloud-side Services need --egress-peer-address and --cloud-service-address")
+			if cfg.EgressPeerAddr == "" {
+				return errors.New("cloud-side Services need --egress-peer-address")
 			}
-			relay := &cloudservices.Relay{Reader: live, Dial: eg.Dial, Host: cfg.CloudServiceAddress, Registerer: reg, Log: log.WithName("cloud-services")}
-			if err := mgr.Add(&optional.Part{Name: "cloud-services", Log: log, Failures: failures, Run: relay.Start}); err != nil {
-				return err
+			// A replica without an address gives ports when it leads, and
+			// relays none.
+			if cfg.CloudServiceAddress != "" {
+				relay := &cloudservices.Relay{Reader: live, Dial: eg.Dial, Host: cfg.CloudServiceAddress, Registerer: reg, Log: log.WithName("cloud-services")}
+				if err := mgr.Add(&optional.Part{Name: "cloud-services", Log: log, Failures: failures, Run: relay.Start}); err != nil {
+					return err
+				}
 			}
 			if err := mgr.Add(&cloudservices.Allocator{Client: cache, Reader: live, Ports: cfg.CloudServicePorts,
 				Hosts: presence.CloudServiceHosts, Log: log.WithName("cloud-services")}); err != nil {
@@ -364,7 +368,7 @@ func Add(ctx context.Context, mgr ctrl.Manager, cfg Config, reg prometheus.Regis
 			}
 		}
 	} else if !cfg.CloudServicePorts.Off() {
-		return errors.New("cloud-side Services need --egress-peer-address and --cloud-service-address")
+		return errors.New("cloud-side Services need --egress-peer-address")
 	}
 	// The agents pin the CA from a ConfigMap the controller publishes (the
 	// chart does not make the CA, so its key is in no release history).

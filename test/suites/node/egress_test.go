@@ -41,8 +41,8 @@ import (
 // and the agent inside the node's namespace holding its link, `kubectl
 // logs`, the API server's pod proxy, `kubectl exec -i` and `kubectl
 // port-forward` reach the node's pods over the link, and a client on the
-// cloud side reaches the broker through its Service's cloud side (every
-// replica an endpoint, relaying over the link).
+// cloud side reaches the broker through its Service's cloud side (a
+// replica that relays over the link, through the one holding it).
 func TestKubectlReachesAnEdgeThroughItsLink(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
@@ -130,15 +130,15 @@ func TestKubectlReachesAnEdgeThroughItsLink(t *testing.T) {
 	host := c.PodNetwork.HostIP
 	// Two replicas: a serves the API server's egress and b takes the agent
 	// later, each taking the other's forwards.
-	// Both relay cloud-side Services, on addresses of their own (they
-	// share the machine) at the one replica port of the range.
+	// Cloud-side Services: a relays them on the node network's host
+	// address; both give ports when they lead.
 	cloudPort, err := procs.FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}
 	cloudPorts := fmt.Sprintf("%d-%d", cloudPort, cloudPort)
 	a := startReplica(t, dir, c.Kubeconfig, host, "a", "--egress-uds", c.EgressUDS, "--cloud-service-ports", cloudPorts, "--cloud-service-address", host)
-	b := startReplica(t, dir, c.Kubeconfig, host, "b", "--cloud-service-ports", cloudPorts, "--cloud-service-address", "127.0.0.1")
+	b := startReplica(t, dir, c.Kubeconfig, host, "b", "--cloud-service-ports", cloudPorts)
 	metrics := a.metrics
 	var tok struct{ Token, CACertHash string }
 	testwait.For(t, time.Minute, func() error {
@@ -208,54 +208,6 @@ func TestKubectlReachesAnEdgeThroughItsLink(t *testing.T) {
 		t.Fatalf("through kubectl port-forward the broker answered %q", body)
 	}
 
-	// A cloud-side client reaches the broker through its Service's cloud
-	// side: the endpoints are the two replicas, each relaying over the
-	// link (b forwarding to a, which holds the node).
-	reach := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "behind-nat", Namespace: "default", Labels: map[string]string{"dowse.dev/reach-from-cloud": "true"}},
-		Spec: corev1.ServiceSpec{Selector: map[string]string{"app": "behind-nat"}, Ports: []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromInt32(8080)}}}}
-	if _, err := cs.CoreV1().Services("default").Create(ctx, reach, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	var endpoints []string
-	testwait.For(t, time.Minute, func() error {
-		sl, err := cs.DiscoveryV1().EndpointSlices("default").Get(ctx, "behind-nat-cloud", metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
-		if len(sl.Endpoints) != 2 || len(sl.Ports) != 1 || sl.Ports[0].Port == nil || *sl.Ports[0].Port != int32(cloudPort) {
-			return fmt.Errorf("the cloud side's endpoints %+v ports %+v: want both replicas at %d", sl.Endpoints, sl.Ports, cloudPort)
-		}
-		endpoints = []string{sl.Endpoints[0].Addresses[0], sl.Endpoints[1].Addresses[0]}
-		return nil
-	})
-	if cloudSvc, err := cs.CoreV1().Services("default").Get(ctx, "behind-nat-cloud", metav1.GetOptions{}); err != nil ||
-		len(cloudSvc.Spec.Ports) != 1 || cloudSvc.Spec.Ports[0].Port != 80 || cloudSvc.Spec.Ports[0].TargetPort.IntVal != int32(cloudPort) {
-		t.Fatalf("the cloud-side Service: %+v, %v", cloudSvc, err)
-	}
-	for _, ep := range endpoints {
-		testwait.For(t, 30*time.Second, func() error {
-			resp, err := http.Get("http://" + net.JoinHostPort(ep, strconv.Itoa(cloudPort)) + "/")
-			if err != nil {
-				return err
-			}
-			body, _ := io.ReadAll(resp.Body)
-			_ = resp.Body.Close()
-			if !strings.Contains(string(body), "plant-7") {
-				return fmt.Errorf("through the cloud side at %s the broker answered %q", ep, body)
-			}
-			return nil
-		})
-	}
-	for _, r := range []replica{a, b} {
-		got, err := promtest.Scrape(fmt.Sprintf("http://127.0.0.1:%d/metrics", r.metrics), "dowse_cloud_services_connections_total")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got[`dowse_cloud_services_connections_total{result="relayed"}`] < 1 {
-			t.Errorf("replica on port %d relayed no cloud-side connection: %v", r.ws, got)
-		}
-	}
-
 	samples, err := promtest.Scrape(fmt.Sprintf("http://127.0.0.1:%d/metrics", metrics), "dowse_egress_connections_total")
 	if err != nil {
 		t.Fatal(err)
@@ -283,6 +235,51 @@ func TestKubectlReachesAnEdgeThroughItsLink(t *testing.T) {
 		if got[`dowse_egress_connections_total{route="`+want.route+`"}`] < 1 {
 			t.Errorf("replica on port %d: egress connections %v, want some %s", want.r.ws, got, want.route)
 		}
+	}
+
+	// A cloud-side client reaches the broker through its Service's cloud
+	// side: its endpoint is replica a (b gives ports when it leads, and
+	// relays none), which forwards to b, holding the node, and b over the
+	// link.
+	reach := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "behind-nat", Namespace: "default", Labels: map[string]string{"dowse.dev/reach-from-cloud": "true"}},
+		Spec: corev1.ServiceSpec{Selector: map[string]string{"app": "behind-nat"}, Ports: []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromInt32(8080)}}}}
+	if _, err := cs.CoreV1().Services("default").Create(ctx, reach, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var endpoints []string
+	testwait.For(t, time.Minute, func() error {
+		sl, err := cs.DiscoveryV1().EndpointSlices("default").Get(ctx, "behind-nat-cloud", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if len(sl.Endpoints) != 1 || sl.Endpoints[0].Addresses[0] != host || len(sl.Ports) != 1 || sl.Ports[0].Port == nil || *sl.Ports[0].Port != int32(cloudPort) {
+			return fmt.Errorf("the cloud side's endpoints %+v ports %+v: want replica a (%s) at %d", sl.Endpoints, sl.Ports, host, cloudPort)
+		}
+		endpoints = []string{sl.Endpoints[0].Addresses[0]}
+		return nil
+	})
+	if cloudSvc, err := cs.CoreV1().Services("default").Get(ctx, "behind-nat-cloud", metav1.GetOptions{}); err != nil ||
+		len(cloudSvc.Spec.Ports) != 1 || cloudSvc.Spec.Ports[0].Port != 80 || cloudSvc.Spec.Ports[0].TargetPort.IntVal != int32(cloudPort) {
+		t.Fatalf("the cloud-side Service: %+v, %v", cloudSvc, err)
+	}
+	for _, ep := range endpoints {
+		testwait.For(t, 30*time.Second, func() error {
+			resp, err := http.Get("http://" + net.JoinHostPort(ep, strconv.Itoa(cloudPort)) + "/")
+			if err != nil {
+				return err
+			}
+			body, _ := io.ReadAll(resp.Body)
+			_ = resp.Body.Close()
+			if !strings.Contains(string(body), "plant-7") {
+				return fmt.Errorf("through the cloud side at %s the broker answered %q", ep, body)
+			}
+			return nil
+		})
+	}
+	if got, err := promtest.Scrape(fmt.Sprintf("http://127.0.0.1:%d/metrics", a.metrics), "dowse_cloud_services_connections_total"); err != nil {
+		t.Fatal(err)
+	} else if got[`dowse_cloud_services_connections_total{result="relayed"}`] < 1 {
+		t.Errorf("replica a relayed no cloud-side connection: %v", got)
 	}
 
 	// 100 MiB through kubectl port-forward, forwarded to b and over the

@@ -236,12 +236,13 @@ func (a *Allocator) ensureService(ctx context.Context, s *corev1.Service, name s
 }
 
 // ensureSlice makes the cloud side's EndpointSlice: the relaying
-// replicas' addresses (IPv4; the rest are left out), each Service port at
+// replicas' addresses (IPv4, neither loopback nor link-local, which an
+// EndpointSlice may not hold; the rest are left out), each Service port at
 // its replica port.
 func (a *Allocator) ensureSlice(ctx context.Context, s *corev1.Service, name string, want map[int32]int32, hosts []string) error {
 	var eps []discoveryv1.Endpoint
 	for _, h := range hosts {
-		if ip := net.ParseIP(h); ip != nil && ip.To4() != nil {
+		if ip := net.ParseIP(h); ip != nil && ip.To4() != nil && !ip.IsLoopback() && !ip.IsLinkLocalUnicast() {
 			eps = append(eps, discoveryv1.Endpoint{Addresses: []string{h}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}})
 		}
 	}

@@ -55,7 +55,7 @@ func get[T client.Object](t *testing.T, c client.Client, name string, o T) T {
 // hold is refused with the reason; a Service that stops asking loses them.
 func TestAllocator(t *testing.T) {
 	ctx := context.Background()
-	a, c := newAllocator(t, []string{"10.0.0.2", "10.0.0.1", "fd00::1"},
+	a, c := newAllocator(t, []string{"10.0.0.2", "10.0.0.1", "fd00::1", "127.0.0.1", "169.254.0.9"},
 		svc("cam", true, 80, 554), svc("plc", true, 502), svc("other", false, 80), svc("full", true, 1))
 	err := a.Sync(ctx)
 	if err == nil || !strings.Contains(err.Error(), "no replica port left in 31000-31002") {
@@ -96,7 +96,7 @@ func TestAllocator(t *testing.T) {
 	slice := get(t, c, asked+Suffix, &discoveryv1.EndpointSlice{})
 	if slice.Labels[discoveryv1.LabelServiceName] != asked+Suffix || len(slice.Endpoints) != 2 ||
 		slice.Endpoints[0].Addresses[0] != "10.0.0.2" || slice.Endpoints[1].Addresses[0] != "10.0.0.1" {
-		t.Errorf("slice %+v: want the two IPv4 replicas for %s", slice.Endpoints, asked+Suffix)
+		t.Errorf("slice %+v: want the two IPv4 replicas for %s (no IPv6, loopback or link-local address)", slice.Endpoints, asked+Suffix)
 	}
 
 	// Given ports stay with their Services across syncs.
