@@ -228,9 +228,9 @@ func Add(ctx context.Context, mgr ctrl.Manager, cfg Config, reg prometheus.Regis
 	presence, err := ownership.NewPresence(ownership.PresenceConfig{
 		Leases: cs.CoordinationV1().Leases(cfg.Namespace), Replica: cfg.Replica,
 		Sessions: sessions.Connected, Draining: sessions.Draining,
-		Move:       func(node string, delay time.Duration) bool { return sessions.Move(node, delay, "rebalance") },
-		Every:      cfg.SpreadInterval,
-		Egress:     egressAdvertised(cfg),
+		Move:   func(node string, delay time.Duration) bool { return sessions.Move(node, delay, "rebalance") },
+		Every:  cfg.SpreadInterval,
+		Egress: egressAdvertised(cfg),
 		CloudServices: func() string {
 			if cfg.CloudServicePorts.Off() {
 				return ""

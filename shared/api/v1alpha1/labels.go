@@ -15,7 +15,7 @@ const (
 	// cloud-side Service reached over its Pods' nodes' links (see
 	// Configuration.spec.reachFromCloud).
 	LabelReachFromCloud = "dowse.dev/reach-from-cloud"
-	LabelNode          = "dowse.dev/node"
+	LabelNode           = "dowse.dev/node"
 	// LabelMapper marks a mapper Pod (value "true"), beside the labels of
 	// a broker Pod.
 	LabelMapper = "dowse.dev/mapper"

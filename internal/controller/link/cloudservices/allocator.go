@@ -70,7 +70,7 @@ func (a *Allocator) Start(ctx context.Context) error {
 func (a *Allocator) Sync(ctx context.Context) error {
 	var asking corev1.ServiceList
 	if err := a.Reader.List(ctx, &asking, client.HasLabels{LabelReach}); err != nil {
-		return fmt.Errorf("listing Services labelled %s: %w", LabelReach, err)
+		return fmt.Errorf("listing services labelled %s: %w", LabelReach, err)
 	}
 	used := map[int32]types.NamespacedName{}
 	for i := range asking.Items {
@@ -88,7 +88,7 @@ func (a *Allocator) Sync(ctx context.Context) error {
 		s := &asking.Items[i]
 		labelled[client.ObjectKeyFromObject(s)] = true
 		if err := a.sync(ctx, s, used, hosts); err != nil {
-			errs = append(errs, fmt.Errorf("Service %s/%s: %w", s.Namespace, s.Name, err))
+			errs = append(errs, fmt.Errorf("service %s/%s: %w", s.Namespace, s.Name, err))
 		}
 	}
 	// The cloud sides of Services no longer labelled (listed above no
@@ -110,10 +110,10 @@ func (a *Allocator) Sync(ctx context.Context) error {
 			continue // gone: the garbage collector takes its cloud side
 		}
 		if err := a.removeCloudSide(ctx, &s); err != nil {
-			errs = append(errs, fmt.Errorf("Service %s: %w", key, err))
+			errs = append(errs, fmt.Errorf("service %s: %w", key, err))
 		} else if s.Annotations[AnnotationPorts] != "" {
 			if err := a.annotate(ctx, &s, ""); err != nil {
-				errs = append(errs, fmt.Errorf("Service %s: %w", key, err))
+				errs = append(errs, fmt.Errorf("service %s: %w", key, err))
 			}
 		}
 	}

@@ -106,7 +106,7 @@ func tcpPorts(s *corev1.Service) []corev1.ServicePort {
 func CloudName(name string) (string, error) {
 	n := name + Suffix
 	if len(n) > 63 {
-		return "", fmt.Errorf("Service %q: its cloud side's name %q is longer than 63 characters", name, n)
+		return "", fmt.Errorf("service %q: its cloud side's name %q is longer than 63 characters", name, n)
 	}
 	return n, nil
 }

@@ -95,7 +95,7 @@ func (r *Relay) Start(ctx context.Context) error {
 func (r *Relay) sync(ctx context.Context) error {
 	var asking corev1.ServiceList
 	if err := r.Reader.List(ctx, &asking, client.HasLabels{LabelReach}); err != nil {
-		return fmt.Errorf("listing Services labelled %s: %w", LabelReach, err)
+		return fmt.Errorf("listing services labelled %s: %w", LabelReach, err)
 	}
 	want := map[int32]struct {
 		svc  types.NamespacedName
@@ -131,7 +131,7 @@ func (r *Relay) sync(ctx context.Context) error {
 		}
 		nl, err := net.Listen("tcp", net.JoinHostPort(r.Host, strconv.Itoa(int(rp))))
 		if err != nil {
-			errs = append(errs, fmt.Errorf("Service %s port %d: %w", w.svc, w.port, err))
+			errs = append(errs, fmt.Errorf("service %s port %d: %w", w.svc, w.port, err))
 			continue
 		}
 		l := &listener{l: nl, service: w.svc, port: w.port}
@@ -189,7 +189,7 @@ func (r *Relay) backend(ctx context.Context, key types.NamespacedName, port int3
 		}
 	}
 	if sp == nil || !reachable(&s) {
-		return "", fmt.Errorf("Service %s has no port %d to reach from the cloud", key, port)
+		return "", fmt.Errorf("service %s has no port %d to reach from the cloud", key, port)
 	}
 	var pods corev1.PodList
 	if err := r.Reader.List(ctx, &pods, client.InNamespace(key.Namespace), client.MatchingLabels(s.Spec.Selector)); err != nil {
@@ -213,7 +213,7 @@ func (r *Relay) backend(ctx context.Context, key types.NamespacedName, port int3
 		pick = running
 	}
 	if len(pick) == 0 {
-		return "", fmt.Errorf("Service %s selects no running Pod", key)
+		return "", fmt.Errorf("service %s selects no running Pod", key)
 	}
 	p := pick[rand.IntN(len(pick))] //nolint:gosec // spreading load, not a secret
 	tp, err := targetPort(p, sp)
