@@ -2,11 +2,7 @@ package modbus
 
 import (
 	"math"
-	"net"
-	"net/netip"
 	"regexp"
-	"strconv"
-	"strings"
 	"time"
 
 	"sigs.k8s.io/yaml"
@@ -322,85 +318,15 @@ func (d *Details) defaultAndValidate() error {
 	return defaultInt("failureThreshold", &d.FailureThreshold, DefaultFailureThreshold, 1000)
 }
 
-// expandTargets turns Targets into host:port pairs, refusing more than
-// MaxTargets before it builds any list, so that a /8 costs nothing.
+// expandTargets turns Targets into host:port pairs (handler.ExpandTargets).
 func (d *Details) expandTargets() error {
-	seen := map[string]bool{}
-	add := func(hostPort string) {
-		if !seen[hostPort] {
-			seen[hostPort] = true
-			d.targets = append(d.targets, hostPort)
-		}
+	hps, err := handler.ExpandTargets(d.Targets, d.Ports, d.MaxTargets, "TCP")
+	if err != nil {
+		return err
 	}
-	total := 0
-	for i, t := range d.Targets {
-		t = strings.TrimSpace(t)
-		if t == "" {
-			return handler.InvalidDetails("targets[%d]: must not be empty", i)
-		}
-		if strings.Contains(t, "/") {
-			prefix, err := netip.ParsePrefix(t)
-			if err != nil {
-				return handler.InvalidDetails("targets[%d]: %q is not a CIDR range: %v", i, t, err)
-			}
-			prefix = prefix.Masked()
-			hostBits := prefix.Addr().BitLen() - prefix.Bits()
-			if hostBits > 24 {
-				return handler.InvalidDetails("targets[%d]: %s has 2^%d addresses, more than maxTargets (%d) allows", i, t, hostBits, d.MaxTargets)
-			}
-			hosts := 1 << hostBits
-			// The network and broadcast addresses of an IPv4 range hold
-			// no device.
-			skipEnds := prefix.Addr().Is4() && hostBits >= 2
-			if skipEnds {
-				hosts -= 2
-			}
-			total += hosts * len(d.Ports)
-			if total > d.MaxTargets {
-				return handler.InvalidDetails("targets[%d]: %s on %d port(s) brings the targets to %d, more than maxTargets (%d)", i, t, len(d.Ports), total, d.MaxTargets)
-			}
-			addr := prefix.Addr()
-			for n := 0; n < 1<<hostBits; n, addr = n+1, addr.Next() {
-				if skipEnds && (n == 0 || n == 1<<hostBits-1) {
-					continue
-				}
-				for _, port := range d.Ports {
-					add(netip.AddrPortFrom(addr, uint16(port)).String())
-				}
-			}
-			continue
-		}
-		host, portStr, err := net.SplitHostPort(t)
-		if err != nil {
-			// No port: the host on each of Ports. A bare IPv6 address is
-			// taken as such; with a port it must be bracketed.
-			host, portStr = strings.Trim(t, "[]"), ""
-		}
-		if host == "" || strings.ContainsAny(host, " \t/") {
-			return handler.InvalidDetails("targets[%d]: %q has no valid host", i, t)
-		}
-		if _, err := netip.ParseAddr(host); err != nil && strings.Contains(host, ":") {
-			return handler.InvalidDetails("targets[%d]: %q is neither host:port nor an IPv6 address", i, t)
-		}
-		if portStr == "" {
-			total += len(d.Ports)
-			if total > d.MaxTargets {
-				return handler.InvalidDetails("targets[%d]: brings the targets to %d, more than maxTargets (%d)", i, total, d.MaxTargets)
-			}
-			for _, port := range d.Ports {
-				add(net.JoinHostPort(host, strconv.Itoa(port)))
-			}
-			continue
-		}
-		port, err := strconv.Atoi(portStr)
-		if err != nil || port < 1 || port > 65535 {
-			return handler.InvalidDetails("targets[%d]: %q: %q is not a TCP port", i, t, portStr)
-		}
-		total++
-		if total > d.MaxTargets {
-			return handler.InvalidDetails("targets[%d]: brings the targets to %d, more than maxTargets (%d)", i, total, d.MaxTargets)
-		}
-		add(net.JoinHostPort(host, portStr))
+	d.targets = make([]string, len(hps))
+	for i, hp := range hps {
+		d.targets[i] = hp.String()
 	}
 	return nil
 }

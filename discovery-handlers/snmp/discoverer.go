@@ -213,8 +213,8 @@ func (s *scanner) list() []*discoveryv1.Device {
 // share it.
 func newDevice(sec *snmpclient.Security, r result) *discoveryv1.Device {
 	props := map[string]string{
-		AddressProperty:     r.target.host,
-		PortProperty:        strconv.Itoa(r.target.port),
+		AddressProperty:     r.target.Host,
+		PortProperty:        strconv.Itoa(r.target.Port),
 		VersionProperty:     sec.Version,
 		SysObjectIDProperty: r.info.objectID,
 		SysDescrProperty:    r.info.descr,

@@ -65,7 +65,7 @@ const (
 // of the answer is that target's garbage, not the handler's end.
 func probe(ctx context.Context, d *Details, sec *snmpclient.Security, t target) result {
 	r := result{target: t}
-	g := snmpclient.New(ctx, t.host, t.port, sec, d.timeout)
+	g := snmpclient.New(ctx, t.Host, t.Port, sec, d.timeout)
 	var pkt *gosnmp.SnmpPacket
 	err := snmpclient.Do(func() error {
 		if err := g.Connect(); err != nil {
