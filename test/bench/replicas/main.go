@@ -14,6 +14,14 @@
 //     (everything acknowledged) and every Device's status at its edge's
 //     last counter (no report lost).
 //
+// With -budget it measures the status write budget instead (budget.go):
+// two replicas at their default budget and interval, -edges ×
+// -devices-per-edge Devices (20,000 by default) each reporting a changing
+// counter every second: status writes a second at the API server and by
+// priority, the statuses' age when written, desired → acknowledged in
+// status under that load, the edges' largest backlog, and that nothing is
+// lost once the reports stop.
+//
 // Everything it starts it stops; it writes only under its temporary
 // directory.
 package main
@@ -74,10 +82,27 @@ func main() {
 	flag.BoolVar(&failoverOnly, "failover-only", false, "measure only the failover (and that nothing was lost): no write rates, no third replica")
 	flag.StringVar(&profileDir, "profile", "", "write CPU profiles of the surviving replica and of the API server during the failover into this folder")
 	flag.DurationVar(&profileFor, "profile-for", 15*time.Second, "length of the failover's CPU profiles")
+	budget := flag.Bool("budget", false, "measure the status write budget instead: -edges × -devices-per-edge Devices reporting every -report-every (1s unless given) through two replicas at their defaults; -window (1m unless given) is the measurement")
+	perEdge := flag.Int("devices-per-edge", 10, "Devices on each edge, with -budget")
 	flag.Parse()
 	ctrllog.SetLogger(logr.Discard())
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if *budget {
+		given := map[string]bool{}
+		flag.Visit(func(f *flag.Flag) { given[f.Name] = true })
+		if !given["report-every"] {
+			*every = time.Second
+		}
+		if !given["window"] {
+			*window = time.Minute
+		}
+		if err := runBudget(ctx, *edges, *perEdge, *every, *window); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if err := run(ctx, *edges, *every, *window); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
@@ -94,6 +119,9 @@ type bench struct {
 	replicas   []*replica
 	edges      []*edge
 	ports      map[int]bool
+	// defaultInterval runs the replicas at the default status interval
+	// rather than 10 ms.
+	defaultInterval bool
 }
 
 type replica struct {
@@ -408,9 +436,13 @@ func (b *bench) start(ctx context.Context, r *replica, extra ...string) error {
 	args := []string{"--kube-api-qps", "5000", "--kube-api-burst", "10000", "--pprof-bind-address", b.pprofAddr(r)}
 	// REPLICAS_BENCH_CONTROLLER_ARGS adds flags (e.g. --zap-log-level=debug).
 	args = append(append(args, extra...), strings.Fields(os.Getenv("REPLICAS_BENCH_CONTROLLER_ARGS"))...)
+	interval := 10 * time.Millisecond
+	if b.defaultInterval {
+		interval = 0
+	}
 	p, err := dowse.Controller{Kubeconfig: b.kubeconfig, PodName: r.name, Metrics: r.metrics, Health: r.health,
 		Link:               &dowse.Link{WebSocket: r.ws, Auth: r.auth, Heartbeat: 5 * time.Second},
-		TwinStatusInterval: 10 * time.Millisecond, Args: args}.Start(r.logFile)
+		TwinStatusInterval: interval, Args: args}.Start(r.logFile)
 	if err != nil {
 		return err
 	}

@@ -135,7 +135,7 @@ func (s *Status) Release(node string) {
 		if st.writing {
 			// The write in flight commits nothing (its node's queue is
 			// gone); its pending rest is dropped when it ends.
-			st.twins, st.state, st.conds, st.extra, st.news, st.prio = map[string]*pendingTwin{}, nil, nil, nil, false, prioRepeat
+			st.twins, st.state, st.conds, st.extra, st.news, st.prio, st.rush = map[string]*pendingTwin{}, nil, nil, nil, false, prioRepeat, false
 			st.seen = nil
 			continue
 		}

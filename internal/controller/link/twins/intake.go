@@ -84,8 +84,10 @@ type twinState struct {
 	// news: a pending report changes a value Device.status holds (the
 	// cache's), rather than repeating it (a mapper's heartbeat).
 	news bool
-	// prio is that of the most urgent pending item.
+	// prio is that of the most urgent pending item; rush says an urgent
+	// report (not just Touch) waits.
 	prio priority
+	rush bool
 
 	writing   bool
 	lastWrite time.Time
@@ -119,10 +121,12 @@ func (st *twinState) hasItems() bool {
 
 func (st *twinState) dirty() bool { return st.hasItems() || len(st.extra) > 0 }
 
+// raise notes a pending report's priority.
 func (st *twinState) raise(p priority) {
 	if p > st.prio {
 		st.prio = p
 	}
+	st.rush = st.rush || p == prioUrgent
 }
 
 // Handle is the cloudhub Handler: it takes reported values and device
@@ -313,7 +317,7 @@ func (s *Status) Touch(key types.NamespacedName) {
 		s.devices[key] = st
 	}
 	st.touched = true
-	st.raise(prioUrgent)
+	st.prio = prioUrgent // not rush: the acknowledgement it waits for may ride along
 	s.scheduleLocked(key, st)
 }
 

@@ -26,9 +26,9 @@ type StatusConfig struct {
 	// (1s). A report that changes a value is written as soon as it arrives
 	// when no change was written within the last interval; changes within
 	// the interval after one coalesce into one trailing write with the
-	// newest value of every property. A state or condition that changes
-	// waits for the interval after any write, and does not hold back a
-	// change that follows it.
+	// newest value of every property. Someone waits for an urgent report
+	// (a desired value's acknowledgement, a state or condition that
+	// changed): it waits only a tenth of the interval after any write.
 	Interval time.Duration
 	// Budget is the most status writes a second this writer makes, all
 	// Devices together (100; negative: no bound). The most urgent go
@@ -139,7 +139,10 @@ func NewStatus(c client.Client, reader client.Reader, hub Committer, cfg StatusC
 // the batch wait, and not before the interval after its last write (the
 // last that carried news, when it carries news), nor, when it only
 // repeats what its status holds, before the heartbeat interval after its
-// status was last written; after a failure, not before its retry.
+// status was last written; an urgent report (an acknowledgement, a state
+// or condition that changed) a tenth of the interval after the last
+// write, and a DesiredApplied brought up to date alone a quarter of the
+// interval after it was asked for; after a failure, not before its retry.
 func (s *Status) scheduleLocked(key types.NamespacedName, st *twinState) {
 	if st.writing || !st.hasItems() {
 		return // the write in flight schedules what came meanwhile
@@ -148,6 +151,10 @@ func (s *Status) scheduleLocked(key types.NamespacedName, st *twinState) {
 	due := now.Add(s.cfg.Batch)
 	var next time.Time
 	switch {
+	case st.rush:
+		// Someone waits for it: soon after the last write, whatever
+		// the interval (at most ten a second a Device).
+		next = st.lastWrite.Add(s.cfg.Interval / 10)
 	case st.prio == prioRepeat:
 		// Only this writer's own values repeated (twinPriority): it has
 		// written the Device.
@@ -159,6 +166,13 @@ func (s *Status) scheduleLocked(key types.NamespacedName, st *twinState) {
 	}
 	if next.After(due) {
 		due = next
+	}
+	if st.touched && !st.rush {
+		// DesiredApplied behind the spec: the node's acknowledgement of
+		// the desired value usually comes within this and rides along.
+		if t := now.Add(s.cfg.Interval / 4); t.After(due) {
+			due = t
+		}
 	}
 	if st.retryAt.After(due) {
 		due = st.retryAt

@@ -64,6 +64,7 @@ type batch struct {
 	arrived time.Time
 	news    bool
 	prio    priority
+	rush    bool
 	records uint64 // twinState.records when taken
 }
 
@@ -81,9 +82,9 @@ func (s *Status) takeLocked(key types.NamespacedName) (*twinState, *batch) {
 		return nil, nil
 	}
 	b := &batch{twins: st.twins, state: st.state, conds: st.conds, extra: st.extra, touched: st.touched,
-		oldest: st.oldest, arrived: st.arrived, news: st.news, prio: st.prio, records: st.records}
+		oldest: st.oldest, arrived: st.arrived, news: st.news, prio: st.prio, rush: st.rush, records: st.records}
 	st.twins, st.state, st.conds, st.extra, st.touched = map[string]*pendingTwin{}, nil, nil, nil, false
-	st.oldest, st.arrived, st.news, st.prio = time.Time{}, time.Time{}, false, prioRepeat
+	st.oldest, st.arrived, st.news, st.prio, st.rush = time.Time{}, time.Time{}, false, prioRepeat, false
 	st.writing = true
 	st.lastWrite = s.now()
 	if !b.arrived.IsZero() {
@@ -142,7 +143,8 @@ func (s *Status) writeTaken(ctx context.Context, key types.NamespacedName, st *t
 		st.extra = append(st.extra, b.extra...)
 		st.touched = st.touched || b.touched
 		st.news = st.news || b.news
-		st.raise(b.prio)
+		st.prio = max(st.prio, b.prio)
+		st.rush = st.rush || b.rush
 		if !b.oldest.IsZero() && (st.oldest.IsZero() || b.oldest.Before(st.oldest)) {
 			st.oldest = b.oldest
 		}

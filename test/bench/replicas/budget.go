@@ -1,0 +1,496 @@
+package main
+
+// -budget: the status write budget under a fleet's load.
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-logr/logr"
+	"golang.org/x/sync/errgroup"
+	"google.golang.org/protobuf/types/known/timestamppb"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/dowse-dev/dowse/internal/agent/edgehub"
+	"github.com/dowse-dev/dowse/internal/link/pki"
+	"github.com/dowse-dev/dowse/internal/scheme"
+	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
+	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+	"github.com/dowse-dev/dowse/test/framework/kube"
+)
+
+// budgetEdge is a simulated edge with several Devices, which applies a
+// desired value at once and reports it back as observed.
+type budgetEdge struct {
+	node    string
+	hub     *edgehub.EdgeHub
+	devs    []*linkv1.DeviceRef
+	counter []atomic.Int64
+	done    chan struct{}
+}
+
+// runBudget runs two replicas at their default status budget (and
+// interval) under nEdges × perEdge Devices each reporting a changing
+// counter every period, and prints the status writes a second the API
+// server takes, each replica's by priority, how old the statuses were
+// when written, desired → acknowledged in status under that load, and the
+// edges' largest unacknowledged backlog; then, with the reports stopped,
+// how long until every Device shows its last counter.
+func runBudget(ctx context.Context, nEdges, perEdge int, every, window time.Duration) error {
+	n := nEdges * perEdge
+	cp, err := kube.Start()
+	if err != nil {
+		return err
+	}
+	defer func() { _ = cp.Stop() }()
+	b := &bench{cp: cp, ports: map[int]bool{}, defaultInterval: true}
+	if b.dir, err = os.MkdirTemp("", "dowse-replicas-bench"); err != nil {
+		return err
+	}
+	defer os.RemoveAll(b.dir)
+	b.kubeconfig = filepath.Join(b.dir, "kubeconfig")
+	if err := cp.Kubeconfig(b.kubeconfig); err != nil {
+		return err
+	}
+	cfg := *cp.Config
+	cfg.QPS, cfg.Burst = -1, 0
+	sch, err := scheme.New()
+	if err != nil {
+		return err
+	}
+	wc, err := client.NewWithWatch(&cfg, client.Options{Scheme: sch})
+	if err != nil {
+		return err
+	}
+	b.c = wc
+	if b.cs, err = kubernetes.NewForConfig(&cfg); err != nil {
+		return err
+	}
+	defer b.stopAll()
+	if err := b.c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}); err != nil {
+		return err
+	}
+	t0 := time.Now()
+	model := &v1alpha1.DeviceModel{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "bench"},
+		Spec: v1alpha1.DeviceModelSpec{Protocol: "scripted", Properties: []v1alpha1.ModelProperty{
+			{Name: "count", Type: v1alpha1.PropertyInt},
+			{Name: "setpoint", Type: v1alpha1.PropertyInt, AccessMode: v1alpha1.ReadWrite}}}}
+	if err := b.c.Create(ctx, model); err != nil {
+		return err
+	}
+	devName := func(e, i int) string { return fmt.Sprintf("node-%d-dev-%d", e, i) }
+	var g errgroup.Group
+	g.SetLimit(32)
+	for e := range nEdges {
+		g.Go(func() error {
+			node := fmt.Sprintf("node-%d", e)
+			if err := b.c.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}); err != nil {
+				return err
+			}
+			for i := range perEdge {
+				if err := b.c.Create(ctx, &v1alpha1.Device{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: devName(e, i)},
+					Spec: v1alpha1.DeviceSpec{DeviceModelRef: &corev1.LocalObjectReference{Name: "bench"}, NodeName: node}}); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return err
+	}
+	fmt.Printf("%d Nodes and %d Devices created in %s\n", nEdges, n, time.Since(t0).Round(time.Second))
+	for i := range 2 {
+		r, err := b.newReplica(fmt.Sprintf("replica-%d", i))
+		if err != nil {
+			return err
+		}
+		b.replicas = append(b.replicas, r)
+		if err := b.start(ctx, r); err != nil {
+			return err
+		}
+	}
+	ca, err := b.linkCA(ctx)
+	if err != nil {
+		return err
+	}
+
+	// The edges: each gets every replica's address, starting at one of
+	// them in turn.
+	var servers []string
+	for _, r := range b.replicas {
+		servers = append(servers, fmt.Sprintf("127.0.0.1:%d", r.ws))
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(ca.Cert)
+	ectx, ecancel := context.WithCancel(ctx)
+	edges := make([]*budgetEdge, nEdges)
+	defer func() {
+		ecancel()
+		for _, e := range edges {
+			if e != nil {
+				<-e.done
+				_ = e.hub.Close()
+			}
+		}
+	}()
+	g = errgroup.Group{}
+	g.SetLimit(runtime.NumCPU())
+	for k := range nEdges {
+		g.Go(func() error {
+			e := &budgetEdge{node: fmt.Sprintf("node-%d", k), counter: make([]atomic.Int64, perEdge), done: make(chan struct{})}
+			for i := range perEdge {
+				e.devs = append(e.devs, &linkv1.DeviceRef{Namespace: "default", Name: devName(k, i)})
+			}
+			cert, err := ca.IssueNode(e.node, "", 24*time.Hour)
+			if err != nil {
+				return err
+			}
+			dir := filepath.Join(b.dir, "edges", e.node)
+			if err := os.MkdirAll(dir, 0o700); err != nil {
+				return err
+			}
+			apply := func(_ context.Context, env *linkv1.Envelope) {
+				ed := env.GetDeviceUpdate().GetDevice()
+				for _, p := range ed.GetProperties() {
+					if p.GetName() == "setpoint" && p.GetDesired() != nil {
+						v := &linkv1.TwinValue{Value: p.GetDesired().GetValue()}
+						go func() { _, _ = e.hub.Report(ed.GetRef(), "setpoint", v, time.Now(), edgehub.WithObservedDesired(v)) }()
+					}
+				}
+			}
+			h, err := edgehub.New(edgehub.Config{Node: e.node, Transport: "websocket", Server: servers[k%len(servers)], Servers: servers,
+				TLS:      pki.ClientTLSConfig(pki.Static[*tls.CertificateRequestInfo](cert), pool, "127.0.0.1"),
+				StateDir: dir, NoSync: true, Heartbeat: 5 * time.Second, BackoffMax: 2 * time.Second}, apply, nil)
+			if err != nil {
+				return err
+			}
+			e.hub = h
+			edges[k] = e
+			go func() {
+				defer close(e.done)
+				_ = h.Start(logr.NewContext(ectx, logr.Discard()))
+			}()
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return err
+	}
+	t1 := time.Now()
+	for {
+		missing := 0
+		for _, e := range edges {
+			if !e.hub.Connected() {
+				missing++
+			}
+		}
+		if missing == 0 {
+			break
+		}
+		if time.Since(t1) > 5*time.Minute {
+			return fmt.Errorf("%d edges without a session after 5 minutes", missing)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	held, err := b.holders(ctx)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("%d edges have a session in %s: %v\n", nEdges, time.Since(t1).Round(time.Second), held)
+	// The leader's Valid condition of each new Device (its spec's write,
+	// not its reports') first, so that it does not count.
+	t2 := time.Now()
+	for {
+		var list v1alpha1.DeviceList
+		if err := b.c.List(ctx, &list, client.InNamespace("default")); err != nil {
+			return err
+		}
+		valid := 0
+		for _, d := range list.Items {
+			if meta.IsStatusConditionTrue(d.Status.Conditions, v1alpha1.ConditionDeviceValid) {
+				valid++
+			}
+		}
+		if valid == n {
+			break
+		}
+		if time.Since(t2) > 10*time.Minute {
+			return fmt.Errorf("%d of %d Devices Valid after 10 minutes", valid, n)
+		}
+		time.Sleep(2 * time.Second)
+	}
+	fmt.Printf("every Device Valid %s later\n", time.Since(t2).Round(time.Second))
+
+	// Desired values acknowledged, seen through a watch.
+	type probe struct {
+		want string
+		set  time.Time
+	}
+	var pmu sync.Mutex
+	probes := map[string]probe{}
+	var acks []time.Duration
+	wctx, wcancel := context.WithCancel(ctx)
+	defer wcancel()
+	w, err := wc.Watch(wctx, &v1alpha1.DeviceList{}, client.InNamespace("default"))
+	if err != nil {
+		return err
+	}
+	defer w.Stop()
+	go func() {
+		for ev := range w.ResultChan() {
+			d, ok := ev.Object.(*v1alpha1.Device)
+			if !ok || ev.Type == watch.Deleted {
+				continue
+			}
+			now := time.Now()
+			pmu.Lock()
+			if p, ok := probes[d.Name]; ok {
+				for _, tw := range d.Status.Twins {
+					if tw.PropertyName == "setpoint" && tw.ObservedDesired != nil && tw.ObservedDesired.Value == p.want {
+						acks = append(acks, now.Sub(p.set))
+						delete(probes, d.Name)
+					}
+				}
+			}
+			pmu.Unlock()
+		}
+	}()
+
+	// The load: each edge reports the next counter of each of its
+	// Devices every period, in one call, at a phase of its own.
+	rctx, rcancel := context.WithCancel(ctx)
+	var reporters sync.WaitGroup
+	var maxPending atomic.Int64
+	for k, e := range edges {
+		reporters.Go(func() {
+			select {
+			case <-time.After(every * time.Duration(k) / time.Duration(nEdges)):
+			case <-rctx.Done():
+				return
+			}
+			tick := time.NewTicker(every)
+			defer tick.Stop()
+			reports := make([]*linkv1.TwinReportedUpdate, perEdge)
+			for {
+				now := time.Now()
+				for i, d := range e.devs {
+					reports[i] = &linkv1.TwinReportedUpdate{Device: d, Property: "count",
+						Reported: &linkv1.TwinValue{Value: strconv.FormatInt(e.counter[i].Load()+1, 10)}, Time: timestamppb.New(now)}
+				}
+				if err := e.hub.ReportMany(reports); err == nil {
+					for i := range e.devs {
+						e.counter[i].Add(1)
+					}
+				}
+				if p := int64(e.hub.Pending()); p > maxPending.Load() {
+					maxPending.Store(p)
+				}
+				select {
+				case <-tick.C:
+				case <-rctx.Done():
+					return
+				}
+			}
+		})
+	}
+	stopReports := func() { rcancel(); reporters.Wait() }
+	defer stopReports()
+	fmt.Printf("reporting: %d Devices every %s (%.0f reports/s offered); settling for %s\n", n, every, float64(n)/every.Seconds(), window/2)
+	time.Sleep(window / 2)
+	maxPending.Store(0)
+
+	scrapeAll := func() []series {
+		var out []series
+		for _, r := range b.replicas {
+			out = append(out, scrape(fmt.Sprintf("http://127.0.0.1:%d/metrics", r.metrics)))
+		}
+		return out
+	}
+	api0, err := b.statusWrites(ctx)
+	if err != nil {
+		return err
+	}
+	rep0 := scrapeAll()
+	m0 := time.Now()
+	// A desired value on another Device every 250 ms through the window.
+	var setters sync.WaitGroup
+	tick := time.NewTicker(250 * time.Millisecond)
+	for k := 0; time.Since(m0) < window; k++ {
+		<-tick.C
+		e, i := (k*7919)%nEdges, k%perEdge
+		name := devName(e, i)
+		setters.Go(func() {
+			var d v1alpha1.Device
+			if err := b.c.Get(ctx, client.ObjectKey{Namespace: "default", Name: name}, &d); err != nil {
+				return
+			}
+			want := strconv.Itoa(1000 + k)
+			d.Spec.Properties = []v1alpha1.DeviceProperty{{Name: "setpoint", Desired: &v1alpha1.TwinProperty{Value: want}}}
+			pmu.Lock()
+			probes[name] = probe{want: want, set: time.Now()}
+			pmu.Unlock()
+			if err := b.c.Update(ctx, &d); err != nil {
+				pmu.Lock()
+				delete(probes, name)
+				pmu.Unlock()
+			}
+		})
+	}
+	tick.Stop()
+	setters.Wait()
+	api1, err := b.statusWrites(ctx)
+	if err != nil {
+		return err
+	}
+	rep1 := scrapeAll()
+	elapsed := time.Since(m0).Seconds()
+	backlog := maxPending.Load()
+	time.Sleep(5 * time.Second) // the last acknowledgements
+	pmu.Lock()
+	lat := slices.Clone(acks)
+	unacked := len(probes)
+	pmu.Unlock()
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+
+	var taken float64
+	var perReplica []string
+	for i, r := range b.replicas {
+		var parts []string
+		for _, p := range []string{"urgent", "change", "repeat"} {
+			d := rep1[i].sum("dowse_twins_status_priority_writes_total", `priority="`+p+`"`) - rep0[i].sum("dowse_twins_status_priority_writes_total", `priority="`+p+`"`)
+			parts = append(parts, fmt.Sprintf("%s %.1f", p, d/elapsed))
+		}
+		taken += rep1[i].sum("dowse_twins_reports_total") - rep0[i].sum("dowse_twins_reports_total")
+		perReplica = append(perReplica, fmt.Sprintf("%s %s", r.name, strings.Join(parts, ", ")))
+	}
+	q := func(name, label string) string {
+		return fmt.Sprintf("%.2f / %.2f s", histQuantile(rep0, rep1, name, label, 0.5), histQuantile(rep0, rep1, name, label, 0.99))
+	}
+
+	fmt.Println()
+	fmt.Printf("%-66s %14s\n", fmt.Sprintf("status budget, %d Devices on %d simulated edges, 2 replicas", n, nEdges), "")
+	row := func(name, v string) { fmt.Printf("%-66s %14s\n", name, v) }
+	row(fmt.Sprintf("reports/s offered (every %s) / taken by the replicas", every), fmt.Sprintf("%.0f / %.0f", float64(n)/every.Seconds(), taken/elapsed))
+	row(fmt.Sprintf("Device status writes/s at the API server (budget %d a replica)", 100), fmt.Sprintf("%.1f", (api1-api0)/elapsed))
+	for _, p := range perReplica {
+		row("  by priority, "+p, "")
+	}
+	row("status age when written, changes, p50 / p99", q("dowse_twins_status_age_seconds", `priority="change"`))
+	if len(lat) > 0 {
+		row(fmt.Sprintf("desired → acknowledged in status, p50 / p99 / max (%d)", len(lat)),
+			fmt.Sprintf("%s / %s / %s", pct(lat, 0.5), pct(lat, 0.99), lat[len(lat)-1].Round(time.Millisecond)))
+	}
+	// Where an acknowledgement's time goes: the twin sync's queue (it
+	// sends the desired value to the node), the urgent write's wait
+	// (arrival to write) and the status patch itself.
+	row("  twin sync: queue wait, p50 / p99", q("workqueue_queue_duration_seconds", `name="twin-sync"`))
+	row("  urgent writes' age when written, p50 / p99", q("dowse_twins_status_age_seconds", `priority="urgent"`))
+	row("  status patch, p50 / p99", q("dowse_twins_status_write_duration_seconds", ""))
+	row("desired values not acknowledged within 5 s of the window's end", strconv.Itoa(unacked))
+	row(fmt.Sprintf("largest unacknowledged backlog of an edge (%d Devices)", perEdge), strconv.FormatInt(backlog, 10))
+	fmt.Printf("%d cores, load %s\n", runtime.NumCPU(), loadavg())
+
+	// Nothing lost: the reports stop; every Device shows its last counter.
+	stopReports()
+	t3 := time.Now()
+	for {
+		var list v1alpha1.DeviceList
+		if err := b.c.List(ctx, &list, client.InNamespace("default")); err != nil {
+			return err
+		}
+		got := map[string]string{}
+		for _, d := range list.Items {
+			for _, tw := range d.Status.Twins {
+				if tw.PropertyName == "count" && tw.Reported != nil {
+					got[d.Name] = tw.Reported.Value
+				}
+			}
+		}
+		behind, pending := 0, 0
+		for k, e := range edges {
+			pending += e.hub.Pending()
+			for i := range perEdge {
+				if got[devName(k, i)] != strconv.FormatInt(e.counter[i].Load(), 10) {
+					behind++
+				}
+			}
+		}
+		if behind == 0 && pending == 0 {
+			fmt.Printf("reports stopped: every Device at its last counter and every edge's store empty after %s\n", time.Since(t3).Round(time.Second))
+			return nil
+		}
+		if time.Since(t3) > 5*time.Minute {
+			return fmt.Errorf("5 minutes after the reports stopped %d Devices are not at their last counter, %d messages unacknowledged", behind, pending)
+		}
+		time.Sleep(2 * time.Second)
+	}
+}
+
+func pct(d []time.Duration, q float64) string {
+	i := int(math.Ceil(q*float64(len(d)))) - 1
+	return d[max(0, min(i, len(d)-1))].Round(time.Millisecond).String()
+}
+
+// histQuantile estimates quantile q of histogram name (its series whose
+// labels contain label) over what it observed between two scrapes of each
+// replica, interpolating within buckets.
+func histQuantile(before, after []series, name, label string, q float64) float64 {
+	counts := map[float64]float64{}
+	for i := range after {
+		for k, v := range after[i] {
+			if !strings.HasPrefix(k, name+"_bucket{") || !strings.Contains(k, label) {
+				continue
+			}
+			_, le, _ := strings.Cut(k, `le="`)
+			le, _, _ = strings.Cut(le, `"`)
+			bound, err := strconv.ParseFloat(le, 64)
+			if le == "+Inf" {
+				bound, err = math.Inf(1), nil
+			}
+			if err != nil {
+				continue
+			}
+			counts[bound] += v - before[i][k]
+		}
+	}
+	bounds := make([]float64, 0, len(counts))
+	for b := range counts {
+		bounds = append(bounds, b)
+	}
+	slices.Sort(bounds)
+	if len(bounds) == 0 || counts[bounds[len(bounds)-1]] == 0 {
+		return math.NaN()
+	}
+	total := counts[bounds[len(bounds)-1]]
+	rank := q * total
+	prevBound, prevCount := 0.0, 0.0
+	for _, b := range bounds {
+		if counts[b] >= rank {
+			if math.IsInf(b, 1) {
+				return prevBound
+			}
+			return prevBound + (b-prevBound)*(rank-prevCount)/math.Max(counts[b]-prevCount, 1e-9)
+		}
+		prevBound, prevCount = b, counts[b]
+	}
+	return prevBound
+}
