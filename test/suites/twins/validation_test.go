@@ -89,7 +89,7 @@ func TestCRDValidation(t *testing.T) {
 		{"push-http-port", push(&v1alpha1.PushMethod{HTTP: &v1alpha1.PushMethodHTTP{HostName: "http://10.0.0.5", Port: 0, RequestPath: "/r"}}), ""},
 		{"push-http-host-with-path", push(&v1alpha1.PushMethod{HTTP: &v1alpha1.PushMethodHTTP{HostName: "http://10.0.0.5/x", Port: 80}}), "without port or path"},
 		{"push-http-ftp", push(&v1alpha1.PushMethod{HTTP: &v1alpha1.PushMethodHTTP{HostName: "ftp://10.0.0.5", Port: 80}}), "must be http:// or https://"},
-		{"push-two-sinks", push(&v1alpha1.PushMethod{MQTT: &v1alpha1.PushMethodMQTT{Address: "tcp://a", Topic: "t"}, OTEL: &v1alpha1.PushMethodOTEL{EndpointURL: "https://a:4318/v1/metrics"}}), "at most one of http, mqtt and otel"},
+		{"push-two-sinks", push(&v1alpha1.PushMethod{MQTT: &v1alpha1.PushMethodMQTT{Address: "tcp://a", Topic: "t"}, OTEL: &v1alpha1.PushMethodOTEL{EndpointURL: "https://a:4318/v1/metrics"}}), "at most one of http, mqtt, otel and anomalyDetection"},
 		{"push-nothing", push(&v1alpha1.PushMethod{}), "names no sink"},
 		{"push-redis-addr", push(&v1alpha1.PushMethod{DBMethod: &v1alpha1.DBMethodConfig{Redis: &v1alpha1.DBMethodRedis{RedisClientConfig: &v1alpha1.RedisClientConfig{Addr: "redis://a:6379"}}}}), "must be host:port"},
 		{"kubeedge-integer-cycles", dev(func(d *v1alpha1.Device) {
