@@ -7,12 +7,13 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
+	"maps"
 	"math"
+	"net/http"
 	"os"
 	"path/filepath"
 	"runtime"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -35,6 +36,7 @@ import (
 	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	"github.com/dowse-dev/dowse/test/framework/kube"
+	"github.com/dowse-dev/dowse/test/framework/procs"
 )
 
 // budgetEdge is a simulated edge with several Devices, which applies a
@@ -143,6 +145,7 @@ func runBudget(ctx context.Context, nEdges, perEdge int, every, window time.Dura
 	pool.AddCert(ca.Cert)
 	ectx, ecancel := context.WithCancel(ctx)
 	edges := make([]*budgetEdge, nEdges)
+	var atEdge sync.Map // "device=value" → when its edge got the desired value
 	defer func() {
 		ecancel()
 		for _, e := range edges {
@@ -173,6 +176,7 @@ func runBudget(ctx context.Context, nEdges, perEdge int, every, window time.Dura
 				for _, p := range ed.GetProperties() {
 					if p.GetName() == "setpoint" && p.GetDesired() != nil {
 						v := &linkv1.TwinValue{Value: p.GetDesired().GetValue()}
+						atEdge.Store(ed.GetRef().GetName()+"="+v.Value, time.Now())
 						go func() { _, _ = e.hub.Report(ed.GetRef(), "setpoint", v, time.Now(), edgehub.WithObservedDesired(v)) }()
 					}
 				}
@@ -247,32 +251,32 @@ func runBudget(ctx context.Context, nEdges, perEdge int, every, window time.Dura
 	}
 	var pmu sync.Mutex
 	probes := map[string]probe{}
-	var acks []time.Duration
+	var acks, down []time.Duration // set → in status; set → at the edge
 	wctx, wcancel := context.WithCancel(ctx)
 	defer wcancel()
-	w, err := wc.Watch(wctx, &v1alpha1.DeviceList{}, client.InNamespace("default"))
-	if err != nil {
-		return err
-	}
-	defer w.Stop()
 	go func() {
-		for ev := range w.ResultChan() {
-			d, ok := ev.Object.(*v1alpha1.Device)
-			if !ok || ev.Type == watch.Deleted {
-				continue
+		_ = kube.Watch(wctx, wc, &v1alpha1.DeviceList{}, "default", func(t watch.EventType, o client.Object) {
+			d, ok := o.(*v1alpha1.Device)
+			if !ok || t == watch.Deleted {
+				return
 			}
 			now := time.Now()
 			pmu.Lock()
-			if p, ok := probes[d.Name]; ok {
-				for _, tw := range d.Status.Twins {
-					if tw.PropertyName == "setpoint" && tw.ObservedDesired != nil && tw.ObservedDesired.Value == p.want {
-						acks = append(acks, now.Sub(p.set))
-						delete(probes, d.Name)
+			defer pmu.Unlock()
+			p, ok := probes[d.Name]
+			if !ok {
+				return
+			}
+			for _, tw := range d.Status.Twins {
+				if tw.PropertyName == "setpoint" && tw.ObservedDesired != nil && tw.ObservedDesired.Value == p.want {
+					acks = append(acks, now.Sub(p.set))
+					if at, ok := atEdge.Load(d.Name + "=" + p.want); ok {
+						down = append(down, at.(time.Time).Sub(p.set))
 					}
+					delete(probes, d.Name)
 				}
 			}
-			pmu.Unlock()
-		}
+		})
 	}()
 
 	// The load: each edge reports the next counter of each of its
@@ -318,10 +322,28 @@ func runBudget(ctx context.Context, nEdges, perEdge int, every, window time.Dura
 	time.Sleep(window / 2)
 	maxPending.Store(0)
 
+	// A loaded replica may take seconds to answer.
+	patient := &http.Client{Timeout: 30 * time.Second}
 	scrapeAll := func() []series {
 		var out []series
 		for _, r := range b.replicas {
-			out = append(out, scrape(fmt.Sprintf("http://127.0.0.1:%d/metrics", r.metrics)))
+			s := series{}
+			if resp, err := patient.Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", r.metrics)); err == nil {
+				s = parseSeries(resp.Body)
+				resp.Body.Close()
+			} else {
+				fmt.Println("note: scraping", r.name, err)
+			}
+			out = append(out, s)
+		}
+		return out
+	}
+	// CPU seconds a second of the edges (this process), the API server,
+	// etcd and each replica over the window.
+	cpu := func() map[string]time.Duration {
+		out := b.cpuTimes(b.replicas[0])
+		if d, err := procs.CPUTime(b.replicas[1].proc.Pid()); err == nil {
+			out[b.replicas[1].name] = d
 		}
 		return out
 	}
@@ -330,6 +352,7 @@ func runBudget(ctx context.Context, nEdges, perEdge int, every, window time.Dura
 		return err
 	}
 	rep0 := scrapeAll()
+	cpu0 := cpu()
 	m0 := time.Now()
 	// A desired value on another Device every 250 ms through the window.
 	var setters sync.WaitGroup
@@ -361,15 +384,48 @@ func runBudget(ctx context.Context, nEdges, perEdge int, every, window time.Dura
 	if err != nil {
 		return err
 	}
+	cpu1 := cpu()
 	rep1 := scrapeAll()
 	elapsed := time.Since(m0).Seconds()
 	backlog := maxPending.Load()
 	time.Sleep(5 * time.Second) // the last acknowledgements
 	pmu.Lock()
-	lat := slices.Clone(acks)
+	lat, downLat := slices.Clone(acks), slices.Clone(down)
 	unacked := len(probes)
+	left := maps.Clone(probes)
 	pmu.Unlock()
-	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	// Why not: what the unacknowledged Devices' statuses and specs show.
+	why := map[string]int{}
+	for name, p := range left {
+		var d v1alpha1.Device
+		if err := b.c.Get(ctx, client.ObjectKey{Namespace: "default", Name: name}, &d); err != nil {
+			why["unreadable"]++
+			continue
+		}
+		obs := ""
+		for _, tw := range d.Status.Twins {
+			if tw.PropertyName == "setpoint" && tw.ObservedDesired != nil {
+				obs = tw.ObservedDesired.Value
+			}
+		}
+		c := meta.FindStatusCondition(d.Status.Conditions, v1alpha1.ConditionDesiredApplied)
+		if _, ok := atEdge.Load(name + "=" + p.want); !ok {
+			why["not at its edge"]++
+		}
+		switch {
+		case obs == p.want:
+			why["in status now"]++
+		case c != nil && c.ObservedGeneration == d.Generation:
+			why["DesiredApplied Pending written, no acknowledgement"]++
+		default:
+			why["nothing of it in status"]++
+		}
+	}
+	if len(why) > 0 {
+		fmt.Printf("the desired values not acknowledged in time: %v\n", why)
+	}
+	slices.Sort(lat)
+	slices.Sort(downLat)
 
 	var taken float64
 	var perReplica []string
@@ -399,6 +455,9 @@ func runBudget(ctx context.Context, nEdges, perEdge int, every, window time.Dura
 		row(fmt.Sprintf("desired → acknowledged in status, p50 / p99 / max (%d)", len(lat)),
 			fmt.Sprintf("%s / %s / %s", pct(lat, 0.5), pct(lat, 0.99), lat[len(lat)-1].Round(time.Millisecond)))
 	}
+	if len(downLat) > 0 {
+		row("  of which set → at its edge, p50 / p99", fmt.Sprintf("%s / %s", pct(downLat, 0.5), pct(downLat, 0.99)))
+	}
 	// Where an acknowledgement's time goes: the twin sync's queue (it
 	// sends the desired value to the node), the urgent write's wait
 	// (arrival to write) and the status patch itself.
@@ -407,6 +466,13 @@ func runBudget(ctx context.Context, nEdges, perEdge int, every, window time.Dura
 	row("  status patch, p50 / p99", q("dowse_twins_status_write_duration_seconds", ""))
 	row("desired values not acknowledged within 5 s of the window's end", strconv.Itoa(unacked))
 	row(fmt.Sprintf("largest unacknowledged backlog of an edge (%d Devices)", perEdge), strconv.FormatInt(backlog, 10))
+	var use []string
+	for _, k := range []string{"bench (edges)", "kube-apiserver", "etcd", "replica-0", "replica-1", "machine"} {
+		if a, ok := cpu1[k]; ok {
+			use = append(use, fmt.Sprintf("%s %.2f", k, (a-cpu0[k]).Seconds()/elapsed))
+		}
+	}
+	fmt.Printf("CPU seconds a second in the window: %s\n", strings.Join(use, ", "))
 	fmt.Printf("%d cores, load %s\n", runtime.NumCPU(), loadavg())
 
 	// Nothing lost: the reports stop; every Device shows its last counter.

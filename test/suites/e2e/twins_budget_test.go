@@ -30,6 +30,7 @@ import (
 	"github.com/dowse-dev/dowse/internal/link/pki"
 	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+	"github.com/dowse-dev/dowse/test/framework/kube"
 	"github.com/dowse-dev/dowse/test/framework/testwait"
 )
 
@@ -222,20 +223,17 @@ func TestTwinStatusBudget(t *testing.T) {
 	}
 	sn := &seen{moved: map[string][]time.Time{}, last: map[string]int64{}, observed: map[string]string{}, obsAt: map[string]time.Time{}}
 	wctx, stopWatch := context.WithCancel(ctx)
-	w, err := c.Watch(wctx, &v1alpha1.DeviceList{}, client.InNamespace("default"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	watched := make(chan struct{})
 	go func() {
 		defer close(watched)
-		for ev := range w.ResultChan() {
-			d, ok := ev.Object.(*v1alpha1.Device)
-			if !ok || ev.Type == watch.Deleted {
-				continue
+		_ = kube.Watch(wctx, c, &v1alpha1.DeviceList{}, "default", func(et watch.EventType, o client.Object) {
+			d, ok := o.(*v1alpha1.Device)
+			if !ok || et == watch.Deleted {
+				return
 			}
 			now := time.Now()
 			sn.mu.Lock()
+			defer sn.mu.Unlock()
 			for _, tw := range d.Status.Twins {
 				switch {
 				case tw.PropertyName == "count" && tw.Reported != nil:
@@ -253,10 +251,9 @@ func TestTwinStatusBudget(t *testing.T) {
 					}
 				}
 			}
-			sn.mu.Unlock()
-		}
+		})
 	}()
-	t.Cleanup(func() { stopWatch(); w.Stop(); <-watched })
+	t.Cleanup(func() { stopWatch(); <-watched })
 
 	// The load: every Device reports the next value of its counter every
 	// second, their phases spread over the second.

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
-	"slices"
 	"strings"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -148,12 +147,10 @@ func desiredApplied(d *v1alpha1.Device, st *v1alpha1.DeviceStatus) {
 	meta.SetStatusCondition(&st.Conditions, c)
 }
 
-// needsDesiredApplied says whether d's DesiredApplied condition lags its
-// spec (a desired value changed since it was written).
-func needsDesiredApplied(d *v1alpha1.Device) bool {
-	c := meta.FindStatusCondition(d.Status.Conditions, v1alpha1.ConditionDesiredApplied)
-	if c == nil {
-		return slices.ContainsFunc(d.Spec.Properties, func(p v1alpha1.DeviceProperty) bool { return p.Desired != nil })
+// sameCondition says whether a and b (either may be nil) say the same.
+func sameCondition(a, b *metav1.Condition) bool {
+	if a == nil || b == nil {
+		return a == b
 	}
-	return c.ObservedGeneration != d.Generation
+	return a.Status == b.Status && a.Reason == b.Reason && a.Message == b.Message && a.ObservedGeneration == b.ObservedGeneration
 }

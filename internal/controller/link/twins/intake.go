@@ -1,7 +1,7 @@
 package twins
 
 // What nodes report, taken and kept per Device until it is written:
-// Handle, Touch and Forget.
+// Handle and Forget.
 
 import (
 	"context"
@@ -76,7 +76,6 @@ type twinState struct {
 	// state replaced by one that does not say all it said, a report
 	// resent while the first copy waits. Durable with the next write.
 	extra   []*msgRef
-	touched bool      // recompute DesiredApplied even without reports
 	oldest  time.Time // read time of the oldest unwritten report
 	arrived time.Time // when the oldest unwritten report arrived
 	seen    *v1alpha1.LinkPosition
@@ -85,7 +84,7 @@ type twinState struct {
 	// cache's), rather than repeating it (a mapper's heartbeat).
 	news bool
 	// prio is that of the most urgent pending item; rush says an urgent
-	// report (not just Touch) waits.
+	// one waits.
 	prio priority
 	rush bool
 
@@ -116,7 +115,7 @@ type twinState struct {
 
 // hasItems says whether st holds something to write.
 func (st *twinState) hasItems() bool {
-	return len(st.twins) > 0 || st.state != nil || len(st.conds) > 0 || st.touched
+	return len(st.twins) > 0 || st.state != nil || len(st.conds) > 0
 }
 
 func (st *twinState) dirty() bool { return st.hasItems() || len(st.extra) > 0 }
@@ -304,21 +303,6 @@ func (s *Status) Handle(ctx context.Context, m cloudhub.Inbound) error {
 	s.scheduleLocked(key, st)
 	s.mu.Unlock()
 	return nil
-}
-
-// Touch asks for key's DesiredApplied condition to be brought up to date
-// with its spec (a desired value changed) at the next write.
-func (s *Status) Touch(key types.NamespacedName) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	st := s.devices[key]
-	if st == nil {
-		st = &twinState{twins: map[string]*pendingTwin{}}
-		s.devices[key] = st
-	}
-	st.touched = true
-	st.prio = prioUrgent // not rush: the acknowledgement it waits for may ride along
-	s.scheduleLocked(key, st)
 }
 
 // Forget drops a deleted Device's state; its messages count as durable.

@@ -141,8 +141,7 @@ func NewStatus(c client.Client, reader client.Reader, hub Committer, cfg StatusC
 // repeats what its status holds, before the heartbeat interval after its
 // status was last written; an urgent report (an acknowledgement, a state
 // or condition that changed) a tenth of the interval after the last
-// write, and a DesiredApplied brought up to date alone a quarter of the
-// interval after it was asked for; after a failure, not before its retry.
+// write; after a failure, not before its retry.
 func (s *Status) scheduleLocked(key types.NamespacedName, st *twinState) {
 	if st.writing || !st.hasItems() {
 		return // the write in flight schedules what came meanwhile
@@ -166,13 +165,6 @@ func (s *Status) scheduleLocked(key types.NamespacedName, st *twinState) {
 	}
 	if next.After(due) {
 		due = next
-	}
-	if st.touched && !st.rush {
-		// DesiredApplied behind the spec: the node's acknowledgement of
-		// the desired value usually comes within this and rides along.
-		if t := now.Add(s.cfg.Interval / 4); t.After(due) {
-			due = t
-		}
 	}
 	if st.retryAt.After(due) {
 		due = st.retryAt

@@ -153,9 +153,6 @@ func (s *Sync) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.
 	if err != nil {
 		return reconcile.Result{}, err
 	}
-	if needsDesiredApplied(&d) {
-		s.status.Touch(req.NamespacedName)
-	}
 	return s.reconcileNode(&d, ed, model)
 }
 

@@ -129,17 +129,25 @@ func (v *Validity) Reconcile(ctx context.Context, req reconcile.Request) (reconc
 	case invalid != nil:
 		c.Status, c.Reason, c.Message = metav1.ConditionFalse, "Invalid", invalid.Error()
 	}
-	// A new desired value changes status.differing before any report does.
+	// A new desired value changes status.differing and DesiredApplied
+	// (Pending) before any report does: here, in the write the spec's
+	// change costs anyway, once; the twins' writes bring DesiredApplied
+	// to True with the node's acknowledgement.
 	diff := differing(&d, &d.Status)
+	next := d.Status.DeepCopy()
+	desiredApplied(&d, next)
+	applied := meta.FindStatusCondition(next.Conditions, v1alpha1.ConditionDesiredApplied)
 	old := meta.FindStatusCondition(d.Status.Conditions, c.Type)
 	if old != nil && old.Status == c.Status && old.Message == c.Message && old.ObservedGeneration == c.ObservedGeneration &&
-		d.Status.ObservedGeneration == d.Generation && d.Status.Differing == diff {
+		d.Status.ObservedGeneration == d.Generation && d.Status.Differing == diff &&
+		sameCondition(meta.FindStatusCondition(d.Status.Conditions, v1alpha1.ConditionDesiredApplied), applied) {
 		return reconcile.Result{}, nil
 	}
 	orig := d.DeepCopy()
 	meta.SetStatusCondition(&d.Status.Conditions, c)
 	d.Status.ObservedGeneration = d.Generation
 	d.Status.Differing = diff
+	desiredApplied(&d, &d.Status)
 	err = v.client.Status().Patch(ctx, &d, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{}))
 	switch {
 	case apierrors.IsNotFound(err):

@@ -59,7 +59,6 @@ type batch struct {
 	state   *pendingState
 	conds   []pendingCond
 	extra   []*msgRef
-	touched bool
 	oldest  time.Time
 	arrived time.Time
 	news    bool
@@ -81,9 +80,9 @@ func (s *Status) takeLocked(key types.NamespacedName) (*twinState, *batch) {
 	if st == nil || st.writing || !st.dirty() {
 		return nil, nil
 	}
-	b := &batch{twins: st.twins, state: st.state, conds: st.conds, extra: st.extra, touched: st.touched,
+	b := &batch{twins: st.twins, state: st.state, conds: st.conds, extra: st.extra,
 		oldest: st.oldest, arrived: st.arrived, news: st.news, prio: st.prio, rush: st.rush, records: st.records}
-	st.twins, st.state, st.conds, st.extra, st.touched = map[string]*pendingTwin{}, nil, nil, nil, false
+	st.twins, st.state, st.conds, st.extra = map[string]*pendingTwin{}, nil, nil, nil
 	st.oldest, st.arrived, st.news, st.prio, st.rush = time.Time{}, time.Time{}, false, prioRepeat, false
 	st.writing = true
 	st.lastWrite = s.now()
@@ -141,7 +140,6 @@ func (s *Status) writeTaken(ctx context.Context, key types.NamespacedName, st *t
 			st.conds = append(st.conds, c)
 		}
 		st.extra = append(st.extra, b.extra...)
-		st.touched = st.touched || b.touched
 		st.news = st.news || b.news
 		st.prio = max(st.prio, b.prio)
 		st.rush = st.rush || b.rush
@@ -220,7 +218,7 @@ func (s *Status) write(ctx context.Context, key types.NamespacedName, b *batch) 
 				return errFenced
 			}
 		}
-		changed := b.touched
+		changed := false
 		names := slices.Sorted(maps.Keys(b.twins))
 		for _, name := range names {
 			pt := b.twins[name]
