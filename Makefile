@@ -169,6 +169,7 @@ bench: k8s build
 	@if [ "$$(id -u)" = 0 ]; then go run ./test/bench/deviceplugin; else echo "bench/deviceplugin skipped: it runs a kubelet, which needs root"; fi
 	go run ./test/bench/link
 	go run ./test/bench/replicas
+	go run ./test/bench/replicas -budget
 	go run ./test/bench/mapper
 	go test -run '^$$' -bench MQTTSink -benchtime 50000x ./mappers/mapper/
 	go test -run '^$$' -bench . -benchtime 2s ./internal/agent/edgehub/

@@ -439,6 +439,9 @@ func (b *bench) start(ctx context.Context, r *replica, extra ...string) error {
 	interval := 10 * time.Millisecond
 	if b.defaultInterval {
 		interval = 0
+	} else {
+		// The write path's own limits are measured, not the budget's.
+		args = append(args, "--twin-status-budget=-1")
 	}
 	p, err := dowse.Controller{Kubeconfig: b.kubeconfig, PodName: r.name, Metrics: r.metrics, Health: r.health,
 		Link:               &dowse.Link{WebSocket: r.ws, Auth: r.auth, Heartbeat: 5 * time.Second},
