@@ -226,83 +226,10 @@ func (d *Details) defaultAndValidate() error {
 		seenUnit[u] = i
 	}
 
-	p := &d.Probe
-	switch p.Function {
-	case "":
-		p.Function = HoldingRegisters
-	case HoldingRegisters, InputRegisters, DeviceIdentification:
-	default:
-		return handler.InvalidDetails("probe.function: %q is not one of %s, %s, %s", p.Function, HoldingRegisters, InputRegisters, DeviceIdentification)
-	}
-	if p.Function == DeviceIdentification {
-		if p.Address != 0 || p.Count != 0 {
-			return handler.InvalidDetails("probe.address/probe.count: not used by %s", DeviceIdentification)
-		}
-		p.Identify = true
-	} else {
-		if p.Count == 0 {
-			p.Count = 1
-		}
-		if p.Count < 1 || p.Count > 125 {
-			return handler.InvalidDetails("probe.count: %d is not between 1 and 125", p.Count)
-		}
-		if p.Address < 0 || p.Address+p.Count > 65536 {
-			return handler.InvalidDetails("probe.address: %d (with count %d) is outside 0-65535", p.Address, p.Count)
-		}
-	}
-	if p.SerialObjectID != nil {
-		if *p.SerialObjectID < 0x80 || *p.SerialObjectID > 0xFF {
-			return handler.InvalidDetails("probe.serialObjectId: %d is not a private object id (128-255)", *p.SerialObjectID)
-		}
-		if !p.Identify {
-			return handler.InvalidDetails("probe.serialObjectId: needs probe.identify or function %s", DeviceIdentification)
-		}
-	}
-
-	if m := d.Match; m != nil {
-		for i, r := range m.Registers {
-			if p.Function == DeviceIdentification {
-				return handler.InvalidDetails("match.registers: the %s probe reads no registers", DeviceIdentification)
-			}
-			if r.Offset < 0 || r.Offset >= p.Count {
-				return handler.InvalidDetails("match.registers[%d].offset: %d is outside the %d probed registers", i, r.Offset, p.Count)
-			}
-			if r.Equals == nil && r.Min == nil && r.Max == nil {
-				return handler.InvalidDetails("match.registers[%d]: needs equals, min or max", i)
-			}
-			for name, v := range map[string]*int{"equals": r.Equals, "min": r.Min, "max": r.Max} {
-				if v != nil && (*v < 0 || *v > math.MaxUint16) {
-					return handler.InvalidDetails("match.registers[%d].%s: %d is not between 0 and 65535", i, name, *v)
-				}
-			}
-		}
-		for field, expr := range m.Identification {
-			if !p.Identify {
-				return handler.InvalidDetails("match.identification: needs probe.identify or function %s", DeviceIdentification)
-			}
-			re, err := regexp.Compile(expr)
-			if err != nil {
-				return handler.InvalidDetails("match.identification.%s: %v", field, err)
-			}
-			if field == serialNumberField {
-				if p.SerialObjectID == nil {
-					return handler.InvalidDetails("match.identification.serialNumber: needs probe.serialObjectId")
-				}
-				d.serialRe = re
-				continue
-			}
-			id, ok := identificationFields[field]
-			if !ok {
-				return handler.InvalidDetails("match.identification.%s: not an identification field", field)
-			}
-			if d.idMatch == nil {
-				d.idMatch = map[byte]*regexp.Regexp{}
-			}
-			d.idMatch[id] = re
-		}
-	}
-
 	var err error
+	if d.idMatch, d.serialRe, err = validateProbe(&d.Probe, d.Match); err != nil {
+		return err
+	}
 	if d.timeout, err = handler.ParseDuration("timeout", d.Timeout, DefaultTimeout, time.Millisecond); err != nil {
 		return err
 	}
@@ -339,4 +266,97 @@ func defaultInt(field string, v *int, def, max int) error {
 		return handler.InvalidDetails("%s: %d is not between 1 and %d", field, *v, max)
 	}
 	return nil
+}
+
+// validateProbe checks and defaults a probe and its match, for TCP and RTU
+// alike, and compiles the match's identification expressions.
+func validateProbe(p *Probe, m *Match) (idMatch map[byte]*regexp.Regexp, serialRe *regexp.Regexp, err error) {
+	switch p.Function {
+	case "":
+		p.Function = HoldingRegisters
+	case HoldingRegisters, InputRegisters, DeviceIdentification:
+	default:
+		return nil, nil, handler.InvalidDetails("probe.function: %q is not one of %s, %s, %s", p.Function, HoldingRegisters, InputRegisters, DeviceIdentification)
+	}
+	if p.Function == DeviceIdentification {
+		if p.Address != 0 || p.Count != 0 {
+			return nil, nil, handler.InvalidDetails("probe.address/probe.count: not used by %s", DeviceIdentification)
+		}
+		p.Identify = true
+	} else {
+		if p.Count == 0 {
+			p.Count = 1
+		}
+		if p.Count < 1 || p.Count > 125 {
+			return nil, nil, handler.InvalidDetails("probe.count: %d is not between 1 and 125", p.Count)
+		}
+		if p.Address < 0 || p.Address+p.Count > 65536 {
+			return nil, nil, handler.InvalidDetails("probe.address: %d (with count %d) is outside 0-65535", p.Address, p.Count)
+		}
+	}
+	if p.SerialObjectID != nil {
+		if *p.SerialObjectID < 0x80 || *p.SerialObjectID > 0xFF {
+			return nil, nil, handler.InvalidDetails("probe.serialObjectId: %d is not a private object id (128-255)", *p.SerialObjectID)
+		}
+		if !p.Identify {
+			return nil, nil, handler.InvalidDetails("probe.serialObjectId: needs probe.identify or function %s", DeviceIdentification)
+		}
+	}
+
+	if m != nil {
+		for i, r := range m.Registers {
+			if p.Function == DeviceIdentification {
+				return nil, nil, handler.InvalidDetails("match.registers: the %s probe reads no registers", DeviceIdentification)
+			}
+			if r.Offset < 0 || r.Offset >= p.Count {
+				return nil, nil, handler.InvalidDetails("match.registers[%d].offset: %d is outside the %d probed registers", i, r.Offset, p.Count)
+			}
+			if r.Equals == nil && r.Min == nil && r.Max == nil {
+				return nil, nil, handler.InvalidDetails("match.registers[%d]: needs equals, min or max", i)
+			}
+			for name, v := range map[string]*int{"equals": r.Equals, "min": r.Min, "max": r.Max} {
+				if v != nil && (*v < 0 || *v > math.MaxUint16) {
+					return nil, nil, handler.InvalidDetails("match.registers[%d].%s: %d is not between 0 and 65535", i, name, *v)
+				}
+			}
+		}
+		for field, expr := range m.Identification {
+			if !p.Identify {
+				return nil, nil, handler.InvalidDetails("match.identification: needs probe.identify or function %s", DeviceIdentification)
+			}
+			re, err := regexp.Compile(expr)
+			if err != nil {
+				return nil, nil, handler.InvalidDetails("match.identification.%s: %v", field, err)
+			}
+			if field == serialNumberField {
+				if p.SerialObjectID == nil {
+					return nil, nil, handler.InvalidDetails("match.identification.serialNumber: needs probe.serialObjectId")
+				}
+				serialRe = re
+				continue
+			}
+			id, ok := identificationFields[field]
+			if !ok {
+				return nil, nil, handler.InvalidDetails("match.identification.%s: not an identification field", field)
+			}
+			if idMatch == nil {
+				idMatch = map[byte]*regexp.Regexp{}
+			}
+			idMatch[id] = re
+		}
+	}
+
+	return idMatch, serialRe, nil
+}
+
+// check is what a unit's probe needs of its details.
+type check struct {
+	probe    *Probe
+	match    *Match
+	idMatch  map[byte]*regexp.Regexp
+	serialRe *regexp.Regexp
+}
+
+func (d *Details) check() *check {
+	return &check{probe: &d.Probe, match: d.Match, idMatch: d.idMatch, serialRe: d.serialRe}
 }

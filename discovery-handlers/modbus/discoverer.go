@@ -263,20 +263,32 @@ func newDevice(d *Details, address string, u unitResult) *discoveryv1.Device {
 		AddressProperty: address,
 		UnitIDProperty:  strconv.Itoa(u.unit),
 	}
+	id := identification(&d.Probe, u, props)
+	if id == "" {
+		id = addressID(address, u.unit)
+	}
+	return &discoveryv1.Device{Id: id, Properties: props}
+}
+
+// identification adds a unit's identification objects to props and returns
+// vendor/productCode/serial when it has all three, else "".
+func identification(p *Probe, u unitResult, props map[string]string) string {
 	for id, name := range identificationProperties {
 		if v, ok := u.ident[id]; ok {
 			props[name] = v
 		}
 	}
-	id := addressID(address, u.unit)
-	if d.Probe.SerialObjectID != nil {
-		if serial, ok := u.ident[byte(*d.Probe.SerialObjectID)]; ok {
-			props[SerialNumberProperty] = serial
-			vendor, product := props[VendorNameProperty], props[ProductCodeProperty]
-			if vendor != "" && product != "" && serial != "" {
-				id = strings.Join([]string{vendor, product, serial}, "/")
-			}
-		}
+	if p.SerialObjectID == nil {
+		return ""
 	}
-	return &discoveryv1.Device{Id: id, Properties: props}
+	serial, ok := u.ident[byte(*p.SerialObjectID)]
+	if !ok {
+		return ""
+	}
+	props[SerialNumberProperty] = serial
+	vendor, product := props[VendorNameProperty], props[ProductCodeProperty]
+	if vendor == "" || product == "" || serial == "" {
+		return ""
+	}
+	return strings.Join([]string{vendor, product, serial}, "/")
 }

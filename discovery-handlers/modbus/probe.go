@@ -73,7 +73,7 @@ func probeTarget(d *Details, address string) targetResult {
 	}
 	timedOut, answered := false, false
 	for _, u := range d.UnitIDs {
-		r := probeUnit(d, h, u)
+		r := probeUnit(d.check(), h, func(u byte) { h.SlaveId = u }, u)
 		if r.outcome != noAnswer {
 			answered = true
 		}
@@ -92,10 +92,12 @@ type unitProbe struct {
 	timedOut bool
 }
 
-func probeUnit(d *Details, h *modbus.TCPClientHandler, unit int) unitProbe {
-	h.SlaveId = byte(unit)
+// probeUnit probes one unit id on h (TCP or RTU), setting the unit id
+// with setUnit.
+func probeUnit(d *check, h modbus.ClientHandler, setUnit func(byte), unit int) unitProbe {
+	setUnit(byte(unit))
 	r := unitProbe{unitResult: unitResult{unit: unit}}
-	p := d.Probe
+	p := d.probe
 	if p.Function != DeviceIdentification {
 		client := modbus.NewClient(h)
 		var (
@@ -116,8 +118,8 @@ func probeUnit(d *Details, h *modbus.TCPClientHandler, unit int) unitProbe {
 			r.why = fmt.Sprintf("a broken answer: %d bytes for %d registers", len(b), p.Count)
 			return r // a broken answer proves nothing
 		}
-		if d.Match != nil {
-			for _, m := range d.Match.Registers {
+		if d.match != nil {
+			for _, m := range d.match.Registers {
 				if v := binary.BigEndian.Uint16(b[2*m.Offset:]); !m.accepts(v) {
 					r.outcome = notDevice
 					r.why = fmt.Sprintf("register %d is %d, which fails the match", p.Address+m.Offset, v)
@@ -140,7 +142,7 @@ func probeUnit(d *Details, h *modbus.TCPClientHandler, unit int) unitProbe {
 			_, r.timedOut = classify(err)
 		}
 		r.ident = ident
-		if !identMatches(d, ident) {
+		if !d.identMatches(ident) {
 			r.outcome = notDevice
 			r.why = fmt.Sprintf("its identification %v fails the match", ident)
 			return r
@@ -150,7 +152,7 @@ func probeUnit(d *Details, h *modbus.TCPClientHandler, unit int) unitProbe {
 	return r
 }
 
-func identMatches(d *Details, ident map[byte]string) bool {
+func (d *check) identMatches(ident map[byte]string) bool {
 	for id, re := range d.idMatch {
 		v, ok := ident[id]
 		if !ok || !re.MatchString(v) {
@@ -158,7 +160,7 @@ func identMatches(d *Details, ident map[byte]string) bool {
 		}
 	}
 	if d.serialRe != nil {
-		v, ok := ident[byte(*d.Probe.SerialObjectID)]
+		v, ok := ident[byte(*d.probe.SerialObjectID)]
 		if !ok || !d.serialRe.MatchString(v) {
 			return false
 		}
@@ -190,7 +192,7 @@ func isTimeout(err error) bool {
 // device that supports only those, and the private serial object when one is
 // named. goburrow/modbus v0.1.0 has no function 43, so the request is built
 // on its TCP packager and transporter.
-func readIdentification(h *modbus.TCPClientHandler, serialObject *int) (map[byte]string, error) {
+func readIdentification(h modbus.ClientHandler, serialObject *int) (map[byte]string, error) {
 	objects := map[byte]string{}
 	err := readDevIDStream(h, readDevIDRegular, objects)
 	var mbErr *modbus.ModbusError
@@ -212,7 +214,7 @@ func readIdentification(h *modbus.TCPClientHandler, serialObject *int) (map[byte
 
 // readDevIDStream reads a stream access code to its end, following "more
 // follows" for a device whose objects span several answers.
-func readDevIDStream(h *modbus.TCPClientHandler, code byte, objects map[byte]string) error {
+func readDevIDStream(h modbus.ClientHandler, code byte, objects map[byte]string) error {
 	next := byte(0)
 	for range 16 { // at most 256 objects, so a device that loops is cut short
 		more, nextID, _, err := readDevID(h, code, next, objects)
@@ -227,7 +229,7 @@ func readDevIDStream(h *modbus.TCPClientHandler, code byte, objects map[byte]str
 	return nil
 }
 
-func readDevID(h *modbus.TCPClientHandler, code, objectID byte, objects map[byte]string) (more bool, nextID byte, conformity byte, err error) {
+func readDevID(h modbus.ClientHandler, code, objectID byte, objects map[byte]string) (more bool, nextID byte, conformity byte, err error) {
 	req, err := h.Encode(&modbus.ProtocolDataUnit{
 		FunctionCode: fcReadDeviceIdentification,
 		Data:         []byte{meiReadDeviceIdentification, code, objectID},

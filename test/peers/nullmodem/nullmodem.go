@@ -1,6 +1,7 @@
 // Package nullmodem links two pseudo-terminals as a null-modem cable links
 // two serial ports (what socat's pty,link does), for tests that need a
-// serial line: what is written to one end comes out of the other.
+// serial line: what is written to one end comes out of the other. OpenLine
+// makes a pair that is also strict about line settings, as a real line is.
 package nullmodem
 
 import (
@@ -20,6 +21,35 @@ import (
 // without pseudo-terminals fails the test under CI=true and skips it
 // otherwise.
 func Open(t testing.TB) (string, string) {
+	t.Helper()
+	return open(t, false)
+}
+
+// OpenLine is Open for a pair that carries bytes, as a real line does,
+// only while both ends use the same line settings: speed, data bits,
+// parity and stop bits, as each end's program set them (termios). What an
+// end sends while the other listens at another speed or framing is lost,
+// as a UART that sees only framing errors drops it, so that a test can tell
+// a device found at its own baud rate from one "found" at any.
+func OpenLine(t testing.TB) (string, string) {
+	t.Helper()
+	return open(t, true)
+}
+
+// lineBits are the termios control flags a line's two ends must agree on.
+const lineBits = unix.CBAUD | unix.CBAUDEX | unix.CSIZE | unix.PARENB | unix.PARODD | unix.CSTOPB
+
+// lineOf is an end's line settings. A pseudo-terminal master's TCGETS
+// reads its slave's termios, which the program on that end set.
+func lineOf(f *os.File) (uint32, bool) {
+	tio, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
+	if err != nil {
+		return 0, false
+	}
+	return tio.Cflag & lineBits, true
+}
+
+func open(t testing.TB, strict bool) (string, string) {
 	t.Helper()
 	open := func() (*os.File, string) {
 		fd, err := unix.Open("/dev/ptmx", unix.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
@@ -53,7 +83,7 @@ func Open(t testing.TB) (string, string) {
 		buf := make([]byte, 512)
 		for ctx.Err() == nil {
 			n, err := from.Read(buf)
-			if n > 0 {
+			if n > 0 && (!strict || sameLine(from, to)) {
 				_, _ = to.Write(buf[:n])
 			}
 			if err != nil {
@@ -76,4 +106,11 @@ func Open(t testing.TB) (string, string) {
 		<-done
 	})
 	return pathA, pathB
+}
+
+// sameLine says whether both ends use the same line settings.
+func sameLine(a, b *os.File) bool {
+	la, okA := lineOf(a)
+	lb, okB := lineOf(b)
+	return okA && okB && la == lb
 }

@@ -66,3 +66,58 @@ func TestPair(t *testing.T) {
 		}
 	}
 }
+
+// setSpeed sets an end's speed (and keeps its framing).
+func setSpeed(t *testing.T, f *os.File, speed uint32) {
+	t.Helper()
+	tio, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tio.Cflag = tio.Cflag&^(unix.CBAUD|unix.CBAUDEX) | speed
+	tio.Ispeed, tio.Ospeed = 0, 0
+	if err := unix.IoctlSetTermios(int(f.Fd()), unix.TCSETS, tio); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// readable says whether f has bytes to read within d.
+func readable(t *testing.T, f *os.File, d time.Duration) bool {
+	t.Helper()
+	fds := []unix.PollFd{{Fd: int32(f.Fd()), Events: unix.POLLIN}}
+	n, err := unix.Poll(fds, int(d.Milliseconds()))
+	if err != nil && err != unix.EINTR {
+		t.Fatal(err)
+	}
+	return n > 0
+}
+
+// TestLine: a strict pair carries bytes while both ends agree on their
+// line settings, and loses them while one end is at another speed.
+func TestLine(t *testing.T) {
+	a, b := nullmodem.OpenLine(t)
+	fa, fb := raw(t, a), raw(t, b)
+	msg := []byte{0x07, 0x03, 0x00, 0x00, 0x00, 0x01, 0x84, 0x6c}
+	send := func(want bool) {
+		t.Helper()
+		if _, err := fa.Write(msg); err != nil {
+			t.Fatal(err)
+		}
+		if got := readable(t, fb, 300*time.Millisecond); got != want {
+			t.Fatalf("bytes arrived: %v, want %v", got, want)
+		}
+		if want {
+			got := make([]byte, len(msg))
+			if _, err := io.ReadFull(fb, got); err != nil || string(got) != string(msg) {
+				t.Fatalf("received % x (%v), want % x", got, err, msg)
+			}
+		}
+	}
+	setSpeed(t, fa, unix.B19200)
+	setSpeed(t, fb, unix.B19200)
+	send(true)
+	setSpeed(t, fb, unix.B9600)
+	send(false)
+	setSpeed(t, fb, unix.B19200)
+	send(true)
+}
