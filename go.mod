@@ -16,6 +16,7 @@ require (
 	github.com/gopcua/opcua v0.8.0
 	github.com/gosnmp/gosnmp v1.47.0
 	github.com/jochenvg/go-udev v0.0.0-20171110120927-d6b62d56d37b
+	github.com/miekg/dns v1.1.73
 	github.com/prometheus/client_golang v1.25.0
 	github.com/prometheus/client_model v0.6.3
 	github.com/prometheus/common v0.72.0

@@ -44,6 +44,9 @@ command -v mkdocs >/dev/null || need+=(mkdocs)
 # its tools cross-check what the mapper reads and sets.
 command -v snmpd >/dev/null || [ -x /usr/sbin/snmpd ] || need+=(snmpd)
 command -v snmpget >/dev/null || need+=(snmp)
+# Modbus RTU: pymodbus serves RTU on a pseudo-terminal (run with Debian's
+# /usr/bin/python3) for the modbus-rtu handler's tests.
+/usr/bin/python3 -c 'import pymodbus.server, serial' 2>/dev/null || need+=(python3-pymodbus)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then echo "please install: ${need[*]} (apt-get install ${need[*]})" >&2; exit 1; fi
   apt-get update -qq

@@ -1,0 +1,310 @@
+package mdns
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"slices"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/miekg/dns"
+	"golang.org/x/net/ipv4"
+	"golang.org/x/sys/unix"
+
+	discoveryv1 "github.com/dowse-dev/dowse/proto/discovery/v1"
+	"github.com/dowse-dev/dowse/shared/handler"
+)
+
+// DefaultName is the handler name Configurations use by default.
+const DefaultName = "mdns"
+
+// Group is mDNS's IPv4 multicast group and port (RFC 6762 3).
+var Group = netip.MustParseAddrPort("224.0.0.251:5353")
+
+// Reasons a service or packet is skipped (handler.SetSkipped).
+const (
+	// SkipNoMatch: a service of the types browsed whose instance name or
+	// TXT record fails the details' filters.
+	SkipNoMatch = "NoMatch"
+	// SkipOverLimit: a service past maxServices, not kept.
+	SkipOverLimit = "OverLimit"
+	// SkipGarbage: a packet that is not a DNS message, or too large.
+	SkipGarbage = "Garbage"
+)
+
+// NewDiscoverer returns the mDNS handler.Discoverer.
+func NewDiscoverer() handler.Discoverer { return &discoverer{} }
+
+// Handler is the mDNS/DNS-SD handler as its binary serves it. Services are
+// on the node's links, which other nodes may share, so it registers as
+// shared: every node that sees a service agrees on one Instance (its id is
+// the service's full instance name).
+func Handler() handler.Config {
+	return handler.Config{Name: DefaultName, Shared: true, Discoverer: NewDiscoverer()}
+}
+
+type discoverer struct{}
+
+// packet is one datagram received.
+type packet struct {
+	data []byte
+	from netip.Addr
+}
+
+// Discover implements handler.Discoverer: it joins the mDNS group on the
+// interfaces, queries for the service types (again 1s, 2s, 4s... apart up
+// to queryInterval), keeps the answers and announcements of any sender
+// until their TTL runs out or a goodbye (TTL 0) ends them, asks for what
+// an instance lacks (SRV, TXT, addresses), and sends the matching services
+// whenever they change.
+func (*discoverer) Discover(ctx context.Context, req *discoveryv1.DiscoverRequest, send func([]*discoveryv1.Device) error) error {
+	d, err := ParseDetails(req.GetDiscoveryDetails())
+	if err != nil {
+		return err
+	}
+	log := logr.FromContextOrDiscard(ctx)
+	ifaces, err := interfaces(d.Interfaces)
+	if err != nil {
+		return handler.InvalidDetails("interfaces: %v", err)
+	}
+	conns, err := listen(ifaces)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	pkts := make(chan packet, 64)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for _, c := range conns {
+		stop := context.AfterFunc(ctx, func() { c.Close() })
+		wg.Go(func() {
+			defer stop()
+			read(ctx, c, pkts)
+		})
+	}
+	names := make([]string, len(ifaces))
+	for i, ifc := range ifaces {
+		names[i] = ifc.Name
+	}
+	log.Info("mdns browsing", "serviceTypes", d.ServiceTypes, "interfaces", names)
+
+	c := newCache(d)
+	garbage := map[string]string{}
+	query := func(qs []dns.Question) {
+		if len(qs) == 0 {
+			return
+		}
+		m := new(dns.Msg)
+		m.Question = qs
+		b, err := m.Pack()
+		if err != nil {
+			return
+		}
+		for _, conn := range conns {
+			if _, err := conn.WriteToUDP(b, net.UDPAddrFromAddrPort(Group)); err != nil {
+				log.V(1).Info("mdns query not sent", "error", err.Error())
+			}
+		}
+	}
+	typeQuestions := func() []dns.Question {
+		var qs []dns.Question
+		for _, t := range d.ServiceTypes {
+			qs = append(qs, dns.Question{Name: t + ".local.", Qtype: dns.TypePTR, Qclass: dns.ClassINET})
+		}
+		return qs
+	}
+
+	handle := func(p packet) {
+		now := time.Now()
+		m := new(dns.Msg)
+		if len(p.data) > MaxPacket {
+			noteGarbage(garbage, p.from, fmt.Sprintf("a %d-byte packet, more than %d", len(p.data), MaxPacket))
+		} else if err := m.Unpack(p.data); err != nil {
+			noteGarbage(garbage, p.from, "not a DNS message: "+err.Error())
+		} else if c.add(m, now) {
+			query(c.missing(now))
+		}
+	}
+
+	wait := time.Second
+	queryTimer := time.NewTimer(0)
+	defer queryTimer.Stop()
+	expiry := time.NewTimer(time.Hour)
+	defer expiry.Stop()
+	var lastSent []*discoveryv1.Device
+	first := true
+	publish := func() error {
+		devs, sk := list(c, garbage)
+		handler.SetSkipped(ctx, sk)
+		if !first && slices.EqualFunc(devs, lastSent, sameDevice) {
+			return nil
+		}
+		first, lastSent = false, devs
+		return send(devs)
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-queryTimer.C:
+			query(typeQuestions())
+			queryTimer.Reset(wait)
+			wait = min(2*wait, d.interval)
+		case p := <-pkts:
+			handle(p)
+			// Take what else has arrived before sending.
+			for drained := false; !drained; {
+				select {
+				case p := <-pkts:
+					handle(p)
+				default:
+					drained = true
+				}
+			}
+		case <-expiry.C:
+		}
+		_, next := c.expire(time.Now())
+		if next.IsZero() {
+			expiry.Reset(time.Hour)
+		} else {
+			expiry.Reset(time.Until(next) + 10*time.Millisecond)
+		}
+		if err := publish(); err != nil {
+			return err
+		}
+	}
+}
+
+func sameDevice(a, b *discoveryv1.Device) bool {
+	if a.GetId() != b.GetId() || len(a.GetProperties()) != len(b.GetProperties()) {
+		return false
+	}
+	for k, v := range a.GetProperties() {
+		if b.GetProperties()[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+func noteGarbage(garbage map[string]string, from netip.Addr, why string) {
+	if len(garbage) < 16 {
+		garbage[from.String()] = why
+	}
+}
+
+// list returns the matching services as devices, and what was skipped.
+func list(c *cache, garbage map[string]string) ([]*discoveryv1.Device, *handler.Skipped) {
+	var sk handler.Skipped
+	var devs []*discoveryv1.Device
+	for _, s := range c.services() {
+		if ok, why := c.d.matches(s); !ok {
+			sk.Add(SkipNoMatch, s.fullName, why)
+			continue
+		}
+		devs = append(devs, s.device())
+	}
+	for name := range c.overflow {
+		sk.Add(SkipOverLimit, name, fmt.Sprintf("more than maxServices (%d) services", c.d.MaxServices))
+	}
+	for from, why := range garbage {
+		sk.Add(SkipGarbage, from, why)
+	}
+	return devs, &sk
+}
+
+// interfaces returns the named interfaces, or every interface that is up,
+// multicast-capable, not loopback and has an IPv4 address.
+func interfaces(names []string) ([]net.Interface, error) {
+	if len(names) > 0 {
+		var out []net.Interface
+		for _, n := range names {
+			ifc, err := net.InterfaceByName(n)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", n, err)
+			}
+			out = append(out, *ifc)
+		}
+		return out, nil
+	}
+	all, err := net.Interfaces()
+	if err != nil {
+		return nil, err
+	}
+	var out []net.Interface
+	for _, ifc := range all {
+		if ifc.Flags&net.FlagUp == 0 || ifc.Flags&net.FlagMulticast == 0 || ifc.Flags&net.FlagLoopback != 0 {
+			continue
+		}
+		addrs, _ := ifc.Addrs()
+		for _, a := range addrs {
+			if p, err := netip.ParsePrefix(a.String()); err == nil && p.Addr().Is4() {
+				out = append(out, ifc)
+				break
+			}
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("no interface is up, multicast-capable and has an IPv4 address")
+	}
+	return out, nil
+}
+
+// listen joins the mDNS group on each interface, one socket each bound to
+// port 5353 (beside any mDNS responder on the node: the sockets share the
+// port), so that queries go out from 5353 and answers come back by
+// multicast.
+func listen(ifaces []net.Interface) ([]*net.UDPConn, error) {
+	var conns []*net.UDPConn
+	for _, ifc := range ifaces {
+		conn, err := net.ListenMulticastUDP("udp4", &ifc, net.UDPAddrFromAddrPort(Group))
+		if err != nil {
+			for _, c := range conns {
+				c.Close()
+			}
+			return nil, fmt.Errorf("joining %v on %s: %w", Group.Addr(), ifc.Name, err)
+		}
+		if rc, err := conn.SyscallConn(); err == nil {
+			// Only this interface's traffic (best effort).
+			_ = rc.Control(func(fd uintptr) {
+				_ = syscall.SetsockoptInt(int(fd), syscall.IPPROTO_IP, unix.IP_MULTICAST_ALL, 0)
+			})
+		}
+		pc := ipv4.NewPacketConn(conn)
+		_ = pc.SetMulticastInterface(&ifc)
+		_ = pc.SetMulticastTTL(255) // RFC 6762 11
+		conns = append(conns, conn)
+	}
+	return conns, nil
+}
+
+// read hands each datagram to pkts until conn is closed; a datagram that
+// does not fit MaxPacket comes with its size only. When pkts is full the
+// datagram is dropped: a flood costs its own packets, not the stream.
+func read(ctx context.Context, conn *net.UDPConn, pkts chan<- packet) {
+	buf := make([]byte, MaxPacket+1)
+	for {
+		n, from, err := conn.ReadFromUDPAddrPort(buf)
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			continue
+		}
+		p := packet{from: from.Addr().Unmap()}
+		if n > MaxPacket {
+			p.data = make([]byte, n) // only its length is looked at
+		} else {
+			p.data = slices.Clone(buf[:n])
+		}
+		select {
+		case pkts <- p:
+		default:
+		}
+	}
+}
