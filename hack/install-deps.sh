@@ -47,6 +47,9 @@ command -v snmpget >/dev/null || need+=(snmp)
 # Modbus RTU: pymodbus serves RTU on a pseudo-terminal (run with Debian's
 # /usr/bin/python3) for the modbus-rtu handler's tests.
 /usr/bin/python3 -c 'import pymodbus.server, serial' 2>/dev/null || need+=(python3-pymodbus)
+# mDNS: Debian's avahi-daemon publishes the services the mdns handler's
+# tests find (run in network namespaces the tests make, without D-Bus).
+[ -x /usr/sbin/avahi-daemon ] || need+=(avahi-daemon)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then echo "please install: ${need[*]} (apt-get install ${need[*]})" >&2; exit 1; fi
   apt-get update -qq

@@ -36,7 +36,7 @@ render deploy/controller/controller.yaml "# The controller Deployment (two repli
 # only an install knows (helm install, or deploy/agent's args by hand).
 render deploy/controller/cloudhub-service.yaml "# Where edges reach the cloud/edge link (helm install --set link.enabled=true turns it on in the controller and the agents)." \
   --set link.enabled=true --set link.ca.generate=false --set link.caCertHash=none --show-only templates/link.yaml
-for p in debug-echo onvif udev opcua modbus modbus-rtu snmp; do
+for p in debug-echo onvif udev opcua modbus modbus-rtu mdns snmp; do
   key=$p; [ "$p" = debug-echo ] && key=debugEcho; [ "$p" = modbus-rtu ] && key=modbusRtu
   render "deploy/handlers/$p.yaml" "# The $p discovery handler on every node, beside the agent." \
     --set agent.enabled=false --set controller.enabled=false --set debugEcho.discovery.enabled=false \
