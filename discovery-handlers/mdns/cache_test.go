@@ -148,8 +148,8 @@ func TestCacheFlush(t *testing.T) {
 
 func TestParseDetails(t *testing.T) {
 	for details, field := range map[string]string{
-		`{}`: "serviceTypes",
-		`{"serviceTypes": ["http"]}`:                                "serviceTypes[0]",
+		`{}`:                         "serviceTypes",
+		`{"serviceTypes": ["http"]}`: "serviceTypes[0]",
 		`{"serviceTypes": ["_http._tcp"], "domain": "example.com"}`: "domain",
 		`{"serviceTypes": ["_http._tcp"], "txt": {"a": "("}}`:       "txt.a",
 		`{"serviceTypes": ["_http._tcp"], "maxServices": 5000}`:     "maxServices",

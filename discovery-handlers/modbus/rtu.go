@@ -37,7 +37,7 @@ func NewRTUDiscoverer(root fs.FS) handler.Discoverer {
 	if root == nil {
 		root = os.DirFS("/")
 	}
-	return &rtuDiscoverer{root: root}
+	return &rtuDiscoverer{root: root, lines: map[string]chan struct{}{}}
 }
 
 // RTUHandler is the Modbus RTU handler as its binary serves it: it probes
@@ -47,7 +47,28 @@ func RTUHandler() handler.Config {
 	return handler.Config{Name: RTUName, Shared: false, Discoverer: NewRTUDiscoverer(nil)}
 }
 
-type rtuDiscoverer struct{ root fs.FS }
+type rtuDiscoverer struct {
+	root fs.FS
+	// lines are the serial ports' locks, by device node: two
+	// Configurations that name one port take turns on it, as a bus
+	// carries one request at a time (and its line settings are the
+	// port's, not a connection's).
+	mu    sync.Mutex
+	lines map[string]chan struct{}
+}
+
+// line returns the lock of a port's device node: a channel of one, taken
+// by sending and given back by receiving.
+func (r *rtuDiscoverer) line(node string) chan struct{} {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	l := r.lines[node]
+	if l == nil {
+		l = make(chan struct{}, 1)
+		r.lines[node] = l
+	}
+	return l
+}
 
 // Discover implements handler.Discoverer: a round probes every port (ports
 // at once, each port's units one after another, as a bus carries one
@@ -57,7 +78,7 @@ func (r *rtuDiscoverer) Discover(ctx context.Context, req *discoveryv1.DiscoverR
 	if err != nil {
 		return err
 	}
-	s := &rtuScanner{d: d, root: r.root, log: logr.FromContextOrDiscard(ctx), known: map[rtuKey]*tracked{}, good: map[string]int{}}
+	s := &rtuScanner{d: d, root: r.root, line: r.line, log: logr.FromContextOrDiscard(ctx), known: map[rtuKey]*tracked{}, good: map[string]int{}}
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	for {
@@ -163,6 +184,7 @@ type rtuKey struct {
 type rtuScanner struct {
 	d     *RTUDetails
 	root  fs.FS
+	line  func(node string) chan struct{}
 	log   logr.Logger
 	known map[rtuKey]*tracked
 	// good is the index in d.settings at which a port's units last
@@ -272,6 +294,13 @@ func (s *rtuScanner) fail(key rtuKey) {
 func (s *rtuScanner) probePort(ctx context.Context, p serialPort) portResult {
 	d := s.d
 	res := portResult{port: p}
+	l := s.line(p.node)
+	select {
+	case l <- struct{}{}:
+		defer func() { <-l }()
+	case <-ctx.Done():
+		return res
+	}
 	order := make([]int, 0, len(d.settings))
 	if g, ok := s.good[p.name]; ok && g < len(d.settings) {
 		order = append(order, g)
@@ -281,6 +310,10 @@ func (s *rtuScanner) probePort(ctx context.Context, p serialPort) portResult {
 			order = append(order, i)
 		}
 	}
+	// Settings the port refuses (a pseudo-terminal refuses parity) are
+	// passed over; only a port that opens at none of them is unreachable.
+	var refused []string
+	opened := false
 	for _, si := range order {
 		if ctx.Err() != nil {
 			break
@@ -288,17 +321,22 @@ func (s *rtuScanner) probePort(ctx context.Context, p serialPort) portResult {
 		ls := d.settings[si]
 		units, answered, err := probeLine(ctx, d, p, ls)
 		if err != nil {
-			res.openErr = err.Error()
-			break
+			refused = append(refused, fmt.Sprintf("%s: %v", ls, err))
+			continue
 		}
+		opened = true
 		if answered {
 			s.good[p.name] = si
 			res.setting, res.units = &ls, units
 			return res
 		}
 	}
-	why := fmt.Sprintf("no answer at %d line settings (%s)", len(d.settings), settingsList(d.settings))
-	if res.openErr != "" {
+	why := fmt.Sprintf("no answer at %d line settings (%s)", len(d.settings)-len(refused), settingsList(d.settings))
+	if len(refused) > 0 {
+		why += "; refused by the port: " + strings.Join(refused, ", ")
+	}
+	if !opened && len(refused) > 0 {
+		res.openErr = "opening " + p.name + " failed at every line settings: " + strings.Join(refused, ", ")
 		why = res.openErr
 	}
 	for _, u := range d.units {
@@ -330,7 +368,7 @@ func probeLine(ctx context.Context, d *RTUDetails, p serialPort, ls lineSettings
 	h.Timeout = d.timeout
 	h.IdleTimeout = 0 // closed below
 	if err := h.Connect(); err != nil {
-		return nil, false, fmt.Errorf("opening %s: %w", p.name, err)
+		return nil, false, err
 	}
 	defer h.Close()
 	for _, u := range d.units {
