@@ -107,7 +107,7 @@ func (*discoverer) Discover(ctx context.Context, req *discoveryv1.DiscoverReques
 		}
 		for _, conn := range conns {
 			if _, err := conn.WriteToUDP(b, net.UDPAddrFromAddrPort(Group)); err != nil {
-				log.V(1).Info("mdns query not sent", "error", err.Error())
+				log.V(1).Info("mdns query not sent", "err", err)
 			}
 		}
 	}
