@@ -32,9 +32,9 @@ func runRTUHandler(t *testing.T) string {
 // python3-pymodbus) serving units 3 and 7 at 19200 baud, 8N2, on one end of
 // a null-modem pair of pseudo-terminals that, like a real line, carries
 // nothing while its two ends disagree on speed or framing. The handler
-// probes the other end. (Linux 6.18's pseudo-terminals refuse parity and 7
-// data bits with EINVAL, so the framings that differ here are the stop
-// bits; a framing with parity is refused by the port and passed over.)
+// probes the other end. (Linux 6.18's pseudo-terminals do not carry
+// parity or 7 data bits: pyserial's tcsetattr of PARENB fails with EINVAL,
+// so the framings that tell the line apart here differ in stop bits.)
 func TestModbusRTUPeers(t *testing.T) {
 	pymodbus.Check(t)
 	endpoint := runRTUHandler(t)
@@ -57,7 +57,7 @@ func TestModbusRTUPeers(t *testing.T) {
 		s := discover(t, fmt.Sprintf(`{"serialPorts": [%q], "baudRates": [9600, 19200, 38400], "framings": ["8N1", "8E1", "8N2"],
 			"unitIds": ["1-10"], "timeout": "100ms", "rescanInterval": "500ms"}`, port))
 		devs := waitFor(t, s, id(3), id(7))
-		t.Logf("FIGURE: Modbus RTU discovery of 10 unit ids on one port (2 live), found at the 6th of 9 line settings (3 refused by the pseudo-terminal, 100ms timeout): first list after %v",
+		t.Logf("FIGURE: Modbus RTU discovery of 10 unit ids on one port (2 live), found at the 6th of 9 line settings (100ms timeout): first list after %v",
 			time.Since(start).Round(time.Millisecond))
 		for _, dev := range devs {
 			p := dev.GetProperties()

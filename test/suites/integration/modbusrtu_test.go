@@ -22,7 +22,8 @@ import (
 // an agent against pymodbus serving units 2 and 9 at 9600 baud, 8N1, on a
 // null-modem pair of pseudo-terminals: each unit is an Instance of the
 // node (not shared) with its line settings in the properties and the
-// serial port as its device node, for its broker.
+// serial port as its device node, for its broker. (The framings tried
+// differ in stop bits: this kernel's pseudo-terminals do not carry parity.)
 func TestModbusRTUUnitsBecomeInstances(t *testing.T) {
 	pymodbus.Check(t)
 	slaveEnd, port := nullmodem.OpenLine(t)
@@ -36,7 +37,7 @@ func TestModbusRTUUnitsBecomeInstances(t *testing.T) {
 	cfg.StateDir, cfg.Logger = dir, testr.New(t).WithName("modbus-rtu")
 	handlertest.Serve(t, cfg)
 
-	createConfiguration(t, ns, "rtu", modbus.RTUName, fmt.Sprintf(`{"serialPorts": [%q], "baudRates": [19200, 9600], "framings": ["8E1", "8N1"],
+	createConfiguration(t, ns, "rtu", modbus.RTUName, fmt.Sprintf(`{"serialPorts": [%q], "baudRates": [19200, 9600], "framings": ["8N2", "8N1"],
 		"unitIds": ["1-10"], "timeout": "100ms", "rescanInterval": "2s", "match": {"registers": [{"offset": 0, "equals": 4711}]}}`, port))
 	expectCount(t, ns, "rtu", 2, 60*time.Second)
 	node2, _ := filepath.EvalSymlinks(port)
