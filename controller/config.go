@@ -9,6 +9,7 @@ import (
 	"github.com/dowse-dev/dowse/internal/controller/link/cloudservices"
 	"github.com/dowse-dev/dowse/internal/controller/link/linkauth"
 	"github.com/dowse-dev/dowse/internal/controller/link/ownership"
+	"github.com/dowse-dev/dowse/internal/controller/link/readings"
 	"github.com/dowse-dev/dowse/internal/controller/link/twins"
 	"github.com/dowse-dev/dowse/internal/controller/mappers"
 	"github.com/dowse-dev/dowse/internal/kubeflags"
@@ -123,6 +124,9 @@ func (c *Config) AddFlags(fs *flag.FlagSet) {
 	if c.Link.AuthAddr == "" {
 		c.Link.AuthAddr = ":9747"
 	}
+	if c.Link.ReadingsHistory == 0 {
+		c.Link.ReadingsHistory = readings.DefaultHistory
+	}
 	c.Client.AddFlags(fs)
 	c.Serving.AddFlags(fs)
 	fs.BoolVar(&c.LeaderElection, "leader-elect", c.LeaderElection, "let only one replica act at a time")
@@ -149,6 +153,11 @@ func (c *Config) AddFlags(fs *flag.FlagSet) {
 		return err
 	})
 	fs.StringVar(&c.Link.CloudServiceAddress, "cloud-service-address", c.Link.CloudServiceAddress, "this replica's address (the pod's IP; not loopback) that cloud-side Services are relayed on and listed at; empty: it relays none (it still gives ports when it leads)")
+	fs.StringVar(&c.Link.ReadingsAddr, "readings-address", c.Link.ReadingsAddr, "TLS address serving the live readings API (readings.dowse.dev/v1alpha1: every Device's newest values and a short history from this replica's memory, registered as an APIService; authentication and authorization delegated to the API server); empty: none")
+	fs.StringVar(&c.Link.ReadingsAdvertise, "readings-advertise", c.Link.ReadingsAdvertise, "host:port the other replicas dial for --readings-address (the pod's address; --readings-address when empty)")
+	fs.StringVar(&c.Link.ReadingsService, "readings-service", c.Link.ReadingsService, "the Service in --namespace the readings APIService names (its names go into the serving certificate)")
+	fs.StringVar(&c.Link.ReadingsAPIService, "readings-apiservice", c.Link.ReadingsAPIService, "the APIService whose caBundle this replica keeps at the link CA, which signs the readings API's certificates (empty: not kept)")
+	fs.IntVar(&c.Link.ReadingsHistory, "readings-history", c.Link.ReadingsHistory, "values each property keeps in memory before its newest, for the readings API (negative: none)")
 	fs.DurationVar(&c.Link.CertValidity, "link-cert-validity", c.Link.CertValidity, "lifetime of node certificates (renewed at about two thirds)")
 	fs.DurationVar(&c.Link.CAValidity, "link-ca-validity", c.Link.CAValidity, "lifetime of the link CA, when the controller creates it")
 	fs.DurationVar(&c.Link.Heartbeat, "link-heartbeat", c.Link.Heartbeat, "link heartbeat interval; a silent edge is dropped after two")

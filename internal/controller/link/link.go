@@ -32,6 +32,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -44,6 +45,7 @@ import (
 	"github.com/dowse-dev/dowse/internal/controller/link/linkauth"
 	"github.com/dowse-dev/dowse/internal/controller/link/membership"
 	"github.com/dowse-dev/dowse/internal/controller/link/ownership"
+	"github.com/dowse-dev/dowse/internal/controller/link/readings"
 	"github.com/dowse-dev/dowse/internal/controller/link/twins"
 	"github.com/dowse-dev/dowse/internal/link/pki"
 	"github.com/dowse-dev/dowse/internal/optional"
@@ -130,6 +132,20 @@ type Config struct {
 	// Pod's node through the replica that holds it.
 	CloudServicePorts   cloudservices.PortRange
 	CloudServiceAddress string
+	// ReadingsAddr serves the live readings API (package readings,
+	// readings.dowse.dev/v1alpha1) on TLS; empty: off.
+	// ReadingsAdvertise is the host:port the other replicas dial, published
+	// on the presence Lease (ReadingsAddr's when empty).
+	ReadingsAddr, ReadingsAdvertise string
+	// ReadingsService is the Service the readings APIService names, in
+	// Namespace: its names go into the serving certificate.
+	ReadingsService string
+	// ReadingsAPIService is the APIService whose caBundle this replica
+	// keeps at the link CA (empty: not kept).
+	ReadingsAPIService string
+	// ReadingsHistory is how many values each property keeps before its
+	// newest (readings' default when 0; none when negative).
+	ReadingsHistory int
 }
 
 // egressAdvertised is the egress peer address this replica publishes.
@@ -237,6 +253,7 @@ func Add(ctx context.Context, mgr ctrl.Manager, cfg Config, reg prometheus.Regis
 			}
 			return cfg.CloudServiceAddress
 		}(),
+		Readings:   readingsAdvertised(cfg),
 		Log:        log.WithName("spread"),
 		Registerer: reg,
 	})
@@ -245,13 +262,18 @@ func Add(ctx context.Context, mgr ctrl.Manager, cfg Config, reg prometheus.Regis
 	}
 
 	twinMetrics := twins.NewMetrics(reg)
-	status := twins.NewStatus(cache, cache, sessions,
-		twins.StatusConfig{Interval: cfg.TwinStatusInterval, Concurrency: cfg.TwinStatusConcurrency, Live: live,
-			Budget: cfg.TwinStatusBudget, Heartbeat: cfg.TwinHeartbeatInterval,
-			// A newer session wrote one of the node's Devices: close the
-			// older one here now rather than when the watch tells.
-			OnFenced: claims.Fenced},
-		twinMetrics, log.WithName("twins"))
+	statusCfg := twins.StatusConfig{Interval: cfg.TwinStatusInterval, Concurrency: cfg.TwinStatusConcurrency, Live: live,
+		Budget: cfg.TwinStatusBudget, Heartbeat: cfg.TwinHeartbeatInterval,
+		// A newer session wrote one of the node's Devices: close the
+		// older one here now rather than when the watch tells.
+		OnFenced: claims.Fenced}
+	var readingStore *readings.Store
+	if cfg.ReadingsAddr != "" {
+		readingStore = readings.NewStore(cfg.ReadingsHistory)
+		statusCfg.Readings = readingStore
+		sessions.Observe(readingStore)
+	}
+	status := twins.NewStatus(cache, cache, sessions, statusCfg, twinMetrics, log.WithName("twins"))
 	twinSync := twins.NewSync(cache, live, sessions, status, twinMetrics, log.WithName("twin-sync"))
 	members := membership.NewMemberships(cache, sessions, log.WithName("membership"))
 	departures := membership.NewDepartures(cache, sessions, log.WithName("departures"))
@@ -370,6 +392,11 @@ func Add(ctx context.Context, mgr ctrl.Manager, cfg Config, reg prometheus.Regis
 	} else if !cfg.CloudServicePorts.Off() {
 		return errors.New("cloud-side Services need --egress-peer-address")
 	}
+	if readingStore != nil {
+		if err := addReadings(mgr, cfg, cs, ca, readingStore, presence, failures, reg, log.WithName("readings")); err != nil {
+			return err
+		}
+	}
 	// The agents pin the CA from a ConfigMap the controller publishes (the
 	// chart does not make the CA, so its key is in no release history).
 	caCert := &bootstrap.CACertPublisher{ConfigMaps: cs.CoreV1().ConfigMaps(cfg.Namespace), CA: ca}
@@ -409,6 +436,82 @@ func Add(ctx context.Context, mgr ctrl.Manager, cfg Config, reg prometheus.Regis
 		return err
 	}
 	return mgr.Add(hubPart)
+}
+
+// readingsAdvertised is where this replica's readings API is published.
+func readingsAdvertised(cfg Config) string {
+	if cfg.ReadingsAddr == "" {
+		return ""
+	}
+	if cfg.ReadingsAdvertise != "" {
+		return cfg.ReadingsAdvertise
+	}
+	return cfg.ReadingsAddr
+}
+
+// addReadings adds the live readings API: its server (a certificate of
+// the link CA for the APIService's Service and the address the other
+// replicas dial, which also names this replica to them), the front
+// proxy's configuration, and the keeper of the APIService's caBundle.
+func addReadings(mgr ctrl.Manager, cfg Config, cs kubernetes.Interface, ca *pki.CA, store *readings.Store, presence *ownership.Presence,
+	failures *prometheus.CounterVec, reg prometheus.Registerer, log logr.Logger) error {
+	adv := readingsAdvertised(cfg)
+	host, _, err := net.SplitHostPort(adv)
+	if err != nil {
+		return fmt.Errorf("readings advertise address %q: %w", adv, err)
+	}
+	if host == "" {
+		return fmt.Errorf("readings advertise address %q names no host the other replicas can dial", adv)
+	}
+	hosts := []string{host}
+	if cfg.ReadingsService != "" {
+		svc := cfg.ReadingsService + "." + cfg.Namespace
+		hosts = append(hosts, svc+".svc", svc+".svc.cluster.local")
+	}
+	cert := &pki.Rotating{Issue: func() (tls.Certificate, error) { return ca.IssueReplica(cfg.Replica, hosts, 30*24*time.Hour) }}
+	auth := &readings.Auth{ConfigMaps: cs.CoreV1().ConfigMaps("kube-system"), TokenReviews: cs.AuthenticationV1().TokenReviews(),
+		SARs: cs.AuthorizationV1().SubjectAccessReviews(), Log: log}
+	leases := cs.CoordinationV1().Leases(cfg.Namespace)
+	srv, err := readings.NewServer(readings.Config{Addr: cfg.ReadingsAddr, Replica: cfg.Replica,
+		GetCertificate:    func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return cert.Get() },
+		ClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return cert.Get() },
+		ReplicaCAs:        ca.Pool(), Store: store, Devices: mgr.GetClient(), Auth: auth,
+		Holder: func(ctx context.Context, node string) (string, error) {
+			l, err := leases.Get(ctx, ownership.NodeLeaseName(node), metav1.GetOptions{})
+			if apierrors.IsNotFound(err) {
+				return "", nil
+			}
+			if err != nil {
+				return "", err
+			}
+			return ptr.Deref(l.Spec.HolderIdentity, ""), nil
+		},
+		Peers: presence.ReadingsPeers, Registerer: reg, Log: log})
+	if err != nil {
+		return err
+	}
+	if err := mgr.Add(&optional.Part{Name: "readings-auth", Log: log, Failures: failures, Run: auth.Start}); err != nil {
+		return err
+	}
+	if err := mgr.Add(&optional.Part{Name: "readings", Log: log, Failures: failures, Run: func(ctx context.Context) error {
+		if !mgr.GetCache().WaitForCacheSync(ctx) {
+			return errors.New("cache never synced")
+		}
+		return srv.Start(ctx)
+	}}); err != nil {
+		return err
+	}
+	if cfg.ReadingsAPIService != "" {
+		dyn, err := dynamic.NewForConfig(mgr.GetConfig())
+		if err != nil {
+			return err
+		}
+		keeper := &readings.CABundleKeeper{Client: dyn, Name: cfg.ReadingsAPIService, CAPEM: ca.CertPEM, Log: log}
+		if err := mgr.Add(&optional.Part{Name: "readings-apiservice", Log: log, Failures: failures, Run: keeper.Start}); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // addIndexes adds the cache indexes the parts read by.

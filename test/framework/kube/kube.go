@@ -32,17 +32,49 @@ type ControlPlane struct {
 	// its serving and client CAs, and so every kubeconfig, stay valid.
 	certDir string
 	Config  *rest.Config
+	// frontProxy is the front proxy's CA and client certificate
+	// (Options.Aggregator).
+	frontProxy frontProxyFiles
+}
+
+// FrontProxyClient is the API server's front proxy client certificate and
+// key (files; empty without Options.Aggregator): what an aggregated API
+// server trusts to name the user in X-Remote-User.
+func (c *ControlPlane) FrontProxyClient() (certFile, keyFile string) {
+	return c.frontProxy.cert, c.frontProxy.key
 }
 
 // Start starts etcd and kube-apiserver and installs the CRDs. The binaries
 // must have been built: `make k8s` (or `make test`, which does it).
-func Start() (*ControlPlane, error) { return start(true) }
+func Start() (*ControlPlane, error) { return StartWith(Options{CRDs: true}) }
 
 // StartBare is Start without Dowse's CRDs: a bare API server, as a new
 // user's cluster is before `kubectl apply -f deploy/crds`.
-func StartBare() (*ControlPlane, error) { return start(false) }
+func StartBare() (*ControlPlane, error) { return StartWith(Options{}) }
 
-func start(crds bool) (*ControlPlane, error) {
+// Options configure StartWith.
+type Options struct {
+	// CRDs installs Dowse's CRDs.
+	CRDs bool
+	// Aggregator configures the API server's front proxy for aggregated
+	// APIs (APIServices) as kubeadm does: a front proxy CA of its own
+	// (--requestheader-client-ca-file, published in
+	// kube-system/extension-apiserver-authentication), the client
+	// certificate the API server presents to aggregated API servers
+	// (--proxy-client-cert-file, named FrontProxyClientName, the one
+	// allowed name), and the X-Remote-User, X-Remote-Group and
+	// X-Remote-Extra- headers.
+	Aggregator bool
+}
+
+// FrontProxyClientName is the common name of the API server's front proxy
+// client certificate (Options.Aggregator).
+const FrontProxyClientName = "front-proxy-client"
+
+// StartWith starts etcd and kube-apiserver as o says.
+func StartWith(o Options) (*ControlPlane, error) { return start(o) }
+
+func start(o Options) (*ControlPlane, error) {
 	for _, b := range []string{"etcd", "kube-apiserver"} {
 		if _, err := os.Stat(filepath.Join(BinDir(), b)); err != nil {
 			return nil, fmt.Errorf("%s is missing from %s: run `make k8s` (hack/build-k8s.sh) to build the test control plane", b, BinDir())
@@ -58,10 +90,27 @@ func start(crds bool) (*ControlPlane, error) {
 		// 2-core machine.
 		ControlPlaneStartTimeout: time.Minute,
 	}
-	if crds {
+	if o.CRDs {
 		env.CRDDirectoryPaths, env.ErrorIfCRDPathMissing = []string{CRDDir()}, true
 	}
 	env.ControlPlane.APIServer = &envtest.APIServer{CertDir: certDir}
+	var files frontProxyFiles
+	if o.Aggregator {
+		var err error
+		files, err = writeFrontProxyCerts(filepath.Join(certDir, "front-proxy"))
+		if err != nil {
+			_ = os.RemoveAll(certDir)
+			return nil, err
+		}
+		args := env.ControlPlane.APIServer.Configure()
+		args.Set("requestheader-client-ca-file", files.ca)
+		args.Set("requestheader-allowed-names", FrontProxyClientName)
+		args.Set("requestheader-username-headers", "X-Remote-User")
+		args.Set("requestheader-group-headers", "X-Remote-Group")
+		args.Set("requestheader-extra-headers-prefix", "X-Remote-Extra-")
+		args.Set("proxy-client-cert-file", files.cert)
+		args.Set("proxy-client-key-file", files.key)
+	}
 	// A data directory of ours, which envtest keeps when etcd stops (it
 	// removes one it made), so that RestartEtcd finds the data again;
 	// Stop removes it with certDir.
@@ -74,7 +123,7 @@ func start(crds bool) (*ControlPlane, error) {
 		_ = os.RemoveAll(certDir)
 		return nil, fmt.Errorf("starting control plane: %w", err)
 	}
-	return &ControlPlane{env: env, certDir: certDir, Config: cfg}, nil
+	return &ControlPlane{env: env, certDir: certDir, Config: cfg, frontProxy: files}, nil
 }
 
 // StopAPIServer stops the API server (its watches end, clients see
@@ -154,7 +203,14 @@ func (c *ControlPlane) Stop() error {
 // Kubeconfig writes a kubeconfig for an admin user to path, for binaries
 // started as separate processes.
 func (c *ControlPlane) Kubeconfig(path string) error {
-	user, err := c.env.ControlPlane.AddUser(envtest.User{Name: "dowse-admin", Groups: []string{"system:masters"}}, nil)
+	return c.UserKubeconfig(path, "dowse-admin", "system:masters")
+}
+
+// UserKubeconfig writes a kubeconfig for the user name in groups (a client
+// certificate of the API server's client CA) to path: what RBAC grants
+// that user is all it may do.
+func (c *ControlPlane) UserKubeconfig(path, name string, groups ...string) error {
+	user, err := c.env.ControlPlane.AddUser(envtest.User{Name: name, Groups: groups}, nil)
 	if err != nil {
 		return err
 	}

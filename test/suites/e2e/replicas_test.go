@@ -21,10 +21,12 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/dowse-dev/dowse/internal/controller/link/ownership"
+	readingsv1 "github.com/dowse-dev/dowse/shared/api/readings/v1alpha1"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	"github.com/dowse-dev/dowse/test/framework/dmitest"
 	"github.com/dowse-dev/dowse/test/framework/dowse"
 	"github.com/dowse-dev/dowse/test/framework/faultproxy"
+	"github.com/dowse-dev/dowse/test/framework/kube"
 	"github.com/dowse-dev/dowse/test/framework/procs"
 	"github.com/dowse-dev/dowse/test/framework/promtest"
 	"github.com/dowse-dev/dowse/test/framework/testwait"
@@ -35,6 +37,8 @@ type replica struct {
 	name                          string
 	proc                          *procs.Proc
 	metrics, health, ws, quic, au int
+	// readings is where it serves the live readings API (0: not).
+	readings int
 }
 
 // fleet is a cloud with several controller replicas (leader election on,
@@ -44,6 +48,8 @@ type fleet struct {
 	replicas []*replica
 	args     []string
 	agents   map[string]*fleetAgent
+	// readings: each replica serves the live readings API.
+	readings bool
 }
 
 type fleetAgent struct {
@@ -54,10 +60,29 @@ type fleetAgent struct {
 
 func startFleet(t *testing.T, n int, args ...string) *fleet {
 	t.Helper()
-	f := &fleet{cloud: newCloud(t), args: args, agents: map[string]*fleetAgent{}}
-	for i := range n {
+	return startFleetWith(t, fleetOptions{replicas: n, args: args})
+}
+
+// fleetOptions configure startFleetWith.
+type fleetOptions struct {
+	replicas int
+	args     []string
+	// aggregator: the API server has a front proxy for aggregated APIs,
+	// and every replica serves the live readings API.
+	aggregator bool
+}
+
+func startFleetWith(t *testing.T, o fleetOptions) *fleet {
+	t.Helper()
+	f := &fleet{cloud: newCloudWith(t, kube.Options{CRDs: true, Aggregator: o.aggregator}), args: o.args, agents: map[string]*fleetAgent{},
+		readings: o.aggregator}
+	for i := range o.replicas {
 		r := &replica{name: fmt.Sprintf("replica-%d", i)}
-		for _, p := range []*int{&r.metrics, &r.health, &r.ws, &r.quic, &r.au} {
+		ports := []*int{&r.metrics, &r.health, &r.ws, &r.quic, &r.au}
+		if f.readings {
+			ports = append(ports, &r.readings)
+		}
+		for _, p := range ports {
 			port, err := procs.FreePort()
 			if err != nil {
 				t.Fatal(err)
@@ -77,9 +102,14 @@ func startFleet(t *testing.T, n int, args ...string) *fleet {
 
 func (f *fleet) start(r *replica) {
 	f.t.Helper()
+	args := f.args
+	if r.readings != 0 {
+		args = append(slices.Clip(args), "--readings-address", fmt.Sprintf("127.0.0.1:%d", r.readings),
+			"--readings-service", readingsService, "--readings-apiservice", readingsv1.APIServiceName)
+	}
 	r.proc = dowse.Controller{Kubeconfig: f.kubeconfig, PodName: r.name, Metrics: r.metrics, Health: r.health,
 		Link: &dowse.Link{WebSocket: r.ws, QUIC: r.quic, Auth: r.au, Heartbeat: time.Second},
-		Args: f.args}.StartLogged(f.t, f.cloud.dir, r.name)
+		Args: args}.StartLogged(f.t, f.cloud.dir, r.name)
 }
 
 // waitReady waits for the replica's readiness (its link serves edges).

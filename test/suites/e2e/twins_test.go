@@ -52,7 +52,13 @@ func startCloud(t testing.TB, controllerArgs ...string) *cloud {
 // newCloud is startCloud without the controller.
 func newCloud(t testing.TB, controllerArgs ...string) *cloud {
 	t.Helper()
-	cp, err := kube.Start()
+	return newCloudWith(t, kube.Options{CRDs: true}, controllerArgs...)
+}
+
+// newCloudWith is newCloud on an API server started with o.
+func newCloudWith(t testing.TB, o kube.Options, controllerArgs ...string) *cloud {
+	t.Helper()
+	cp, err := kube.StartWith(o)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -34,6 +34,10 @@ const (
 	// Services on, on its presence Lease: the endpoints of every
 	// cloud-side Service (package cloudservices).
 	AnnotationCloudServices = "dowse.dev/cloud-services"
+	// AnnotationReadings is where a replica serves the live readings API
+	// (host:port), on its presence Lease: a replica asks the others for
+	// the readings of the nodes they hold.
+	AnnotationReadings = "dowse.dev/readings"
 
 	kindNode    = "node"
 	kindReplica = "replica"

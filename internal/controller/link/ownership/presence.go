@@ -51,7 +51,10 @@ type PresenceConfig struct {
 	// CloudServices is the address (a host) this replica relays cloud-side
 	// Services on, published on its presence Lease; empty: none.
 	CloudServices string
-	Log           logr.Logger
+	// Readings is where the other replicas reach this one's live readings
+	// API (host:port; empty: none), published on its presence Lease.
+	Readings string
+	Log      logr.Logger
 	// Registerer receives the metrics (nil: not registered).
 	Registerer prometheus.Registerer
 }
@@ -180,7 +183,7 @@ func (p *Presence) renew(ctx context.Context, sessions int, draining bool) error
 		}
 		l.Annotations[AnnotationSessions] = strconv.Itoa(sessions)
 		l.Annotations[AnnotationDraining] = strconv.FormatBool(draining)
-		for k, v := range map[string]string{AnnotationEgress: p.cfg.Egress, AnnotationCloudServices: p.cfg.CloudServices} {
+		for k, v := range map[string]string{AnnotationEgress: p.cfg.Egress, AnnotationCloudServices: p.cfg.CloudServices, AnnotationReadings: p.cfg.Readings} {
 			if v != "" {
 				l.Annotations[k] = v
 			} else {
@@ -238,6 +241,25 @@ func (p *Presence) EgressOf(replica string) string {
 		}
 	}
 	return ""
+}
+
+// ReadingsPeers are the other present replicas (renewed in time, serving
+// or draining: a draining one still holds sessions) and where each serves
+// the live readings API, as their presence Leases last said.
+func (p *Presence) ReadingsPeers() map[string]string {
+	out := map[string]string{}
+	now := time.Now()
+	for _, o := range p.inf.GetStore().List() {
+		l, ok := o.(*coordinationv1.Lease)
+		if !ok || !p.fresh(l, now) {
+			continue
+		}
+		holder := ptr.Deref(l.Spec.HolderIdentity, "")
+		if addr := l.Annotations[AnnotationReadings]; addr != "" && holder != "" && holder != p.cfg.Replica {
+			out[holder] = addr
+		}
+	}
+	return out
 }
 
 // CloudServiceHosts are the addresses the serving replicas relay

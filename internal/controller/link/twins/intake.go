@@ -246,6 +246,9 @@ func (s *Status) Handle(ctx context.Context, m cloudhub.Inbound) error {
 			s.replacedLocked(st, old.ref, pt.covers(old))
 		}
 		st.twins[r.Property] = pt
+		if s.cfg.Readings != nil {
+			s.cfg.Readings.Observe(key, m.Node, r.Property, pt.reported.Value, at)
+		}
 		s.metrics.Reports.WithLabelValues("reported").Inc()
 	case *linkv1.Envelope_DeviceState:
 		ds := k.DeviceState
@@ -277,6 +280,9 @@ func (s *Status) Handle(ctx context.Context, m cloudhub.Inbound) error {
 			s.replacedLocked(st, old.ref, covers)
 		}
 		st.state = ps
+		if s.cfg.Readings != nil {
+			s.cfg.Readings.SetState(key, m.Node, ds.State, at)
+		}
 		s.metrics.Reports.WithLabelValues("state").Inc()
 	case *linkv1.Envelope_DeviceCondition:
 		var scratch v1alpha1.DeviceStatus
@@ -312,6 +318,9 @@ func (s *Status) Forget(key types.NamespacedName) {
 	st := s.devices[key]
 	delete(s.devices, key)
 	s.queue.remove(key)
+	if s.cfg.Readings != nil {
+		s.cfg.Readings.Forget(key)
+	}
 	if st != nil {
 		s.durableLocked(st.refs())
 	}

@@ -57,6 +57,19 @@ type StatusConfig struct {
 	// sessions of the node through epoch through are not the owner and
 	// should be closed.
 	OnFenced func(node string, through uint64)
+	// Readings, when set, is told every reported value and state taken
+	// (before its status write, whatever the budget): the live view of
+	// package readings.
+	Readings Readings
+}
+
+// Readings takes what nodes report as it arrives (package readings'
+// Store). Its methods are called under the writer's lock: they must be
+// quick and must not call back.
+type Readings interface {
+	Observe(key types.NamespacedName, node, property, value string, at time.Time)
+	SetState(key types.NamespacedName, node, state string, at time.Time)
+	Forget(key types.NamespacedName)
 }
 
 // Defaults of StatusConfig's zero values.

@@ -1,0 +1,111 @@
+// Package v1alpha1 is the live readings API, readings.dowse.dev/v1alpha1:
+// the newest value of every property of each Device and a short recent
+// history, served by the controller's replicas from memory through the
+// Kubernetes API (an aggregated API, registered by an APIService), never
+// stored in etcd. A DeviceReading is named and namespaced like its Device.
+//
+// Both ends import this package: the controller serves these types, and
+// dowsectl and the console read them. They are plain JSON objects (no
+// scheme registration, no deep copies): a client reads them with the
+// dynamic client and runtime.DefaultUnstructuredConverter.
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+)
+
+// Names of the API.
+const (
+	Group    = "readings.dowse.dev"
+	Version  = "v1alpha1"
+	Resource = "devicereadings"
+	Kind     = "DeviceReading"
+	ListKind = "DeviceReadingList"
+	// Singular is the resource's singular name (kubectl get devicereading).
+	Singular = "devicereading"
+	// ShortName is kubectl's short name (kubectl get dr).
+	ShortName = "dr"
+	// APIServiceName is the APIService that registers the API.
+	APIServiceName = Version + "." + Group
+)
+
+// GroupVersion is readings.dowse.dev/v1alpha1.
+var GroupVersion = schema.GroupVersion{Group: Group, Version: Version}
+
+// GVR is the DeviceReadings' resource.
+func GVR() schema.GroupVersionResource { return GroupVersion.WithResource(Resource) }
+
+// Sources of a property's reading.
+const (
+	// SourceLive: the replica holding the node's session took it from the
+	// edge; newer than Device.status may be.
+	SourceLive = "live"
+	// SourceStatus: no replica holds a newer value than Device.status
+	// (the node is not connected, or has not reported since its session
+	// began), which is shown.
+	SourceStatus = "status"
+)
+
+// DeviceReading is the live view of one Device's reported values.
+type DeviceReading struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+	// Node is the Device's node (spec.nodeName).
+	Node string `json:"node,omitempty"`
+	// Replica is the controller replica holding the node's session, whose
+	// memory the live values come from; empty when none does.
+	Replica string `json:"replica,omitempty"`
+	// State is the device's state as its mapper last reported it.
+	State string `json:"state,omitempty"`
+	// Properties are the Device's reported properties, by name.
+	Properties []PropertyReading `json:"properties,omitempty"`
+}
+
+// PropertyReading is one property's newest value and recent history.
+type PropertyReading struct {
+	Name string `json:"name"`
+	// Value is the newest reported value.
+	Value string `json:"value"`
+	// Time is when it was read (the mapper's timestamp, else when the
+	// replica took it).
+	Time metav1.MicroTime `json:"time"`
+	// Source is SourceLive or SourceStatus.
+	Source string `json:"source"`
+	// History holds the values before Value, oldest first (live only).
+	History []Sample `json:"history,omitempty"`
+}
+
+// Sample is a value read at a time.
+type Sample struct {
+	Value string           `json:"value"`
+	Time  metav1.MicroTime `json:"time"`
+}
+
+// DeviceReadingList is a list of DeviceReadings.
+type DeviceReadingList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []DeviceReading `json:"items"`
+}
+
+// Newest is the newest time among r's properties (zero when none).
+func (r *DeviceReading) Newest() metav1.MicroTime {
+	var t metav1.MicroTime
+	for _, p := range r.Properties {
+		if p.Time.After(t.Time) {
+			t = p.Time
+		}
+	}
+	return t
+}
+
+// Property returns r's reading of name, or nil.
+func (r *DeviceReading) Property(name string) *PropertyReading {
+	for i := range r.Properties {
+		if r.Properties[i].Name == name {
+			return &r.Properties[i]
+		}
+	}
+	return nil
+}
