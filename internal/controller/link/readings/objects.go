@@ -16,8 +16,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 
-	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	rv1 "github.com/dowse-dev/dowse/shared/api/readings/v1alpha1"
+	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	"github.com/dowse-dev/dowse/shared/twinvalue"
 )
 

@@ -111,8 +111,8 @@ func NewServer(cfg Config) (*Server, error) {
 				Help: "Devices whose live readings this replica holds."}, func() float64 { return float64(cfg.Store.Len()) }))
 	}
 	tr := &http.Transport{
-		TLSClientConfig: &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: cfg.ReplicaCAs, GetClientCertificate: cfg.ClientCertificate},
-		DialContext:     (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 15 * time.Second}).DialContext,
+		TLSClientConfig:     &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: cfg.ReplicaCAs, GetClientCertificate: cfg.ClientCertificate},
+		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 15 * time.Second}).DialContext,
 		MaxIdleConnsPerHost: 8, IdleConnTimeout: time.Minute, ForceAttemptHTTP2: true,
 	}
 	s.peerHTTP = &http.Client{Transport: tr, Timeout: cfg.PeerTimeout}
