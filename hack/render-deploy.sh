@@ -36,6 +36,8 @@ render deploy/controller/controller.yaml "# The controller Deployment (two repli
 # only an install knows (helm install, or deploy/agent's args by hand).
 render deploy/controller/cloudhub-service.yaml "# Where edges reach the cloud/edge link (helm install --set link.enabled=true turns it on in the controller and the agents)." \
   --set link.enabled=true --set link.ca.generate=false --set link.caCertHash=none --show-only templates/link.yaml
+render deploy/controller/readings.yaml "# The live readings API's Service, APIService and RBAC (helm install --set link.enabled=true --set link.readings.enabled=true also turns it on in the controller)." \
+  --set link.enabled=true --set link.readings.enabled=true --set link.ca.generate=false --set link.caCertHash=none --show-only templates/readings.yaml
 for p in debug-echo onvif udev opcua modbus modbus-rtu mdns snmp; do
   key=$p; [ "$p" = debug-echo ] && key=debugEcho; [ "$p" = modbus-rtu ] && key=modbusRtu
   render "deploy/handlers/$p.yaml" "# The $p discovery handler on every node, beside the agent." \

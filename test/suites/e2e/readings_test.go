@@ -251,6 +251,9 @@ func TestReadingsAPI(t *testing.T) {
 		}
 	}
 	t.Cleanup(func() { stopReports(); reporters.Wait() })
+	// A few seconds of it: each Device's status, two writes a second a
+	// replica for its six Devices, falls behind.
+	time.Sleep(3 * time.Second)
 
 	run := func(kubeconfig string, args ...string) (string, string, error) {
 		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)

@@ -1,6 +1,7 @@
 package readings
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -9,6 +10,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -460,6 +462,9 @@ func (s *Server) readings(ctx context.Context, req *request) ([]rv1.DeviceReadin
 		}
 		out = append(out, merged(d, live[types.NamespacedName{Namespace: d.Namespace, Name: d.Name}]))
 	}
+	slices.SortFunc(out, func(a, b rv1.DeviceReading) int {
+		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
+	})
 	return out, nil
 }
 

@@ -7,7 +7,10 @@
 // Both ends import this package: the controller serves these types, and
 // dowsectl and the console read them. They are plain JSON objects (no
 // scheme registration, no deep copies): a client reads them with the
-// dynamic client and runtime.DefaultUnstructuredConverter.
+// dynamic client and runtime.DefaultUnstructuredConverter. Not a CRD:
+// controller-gen skips the package.
+//
+// +kubebuilder:skip
 package v1alpha1
 
 import (
