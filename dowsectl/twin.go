@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"text/tabwriter"
 	"time"
 
@@ -18,10 +19,12 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/dynamic"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/dowse-dev/dowse/internal/dowsectl/live"
+	readingsv1 "github.com/dowse-dev/dowse/shared/api/readings/v1alpha1"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	acv1alpha1 "github.com/dowse-dev/dowse/shared/api/v1alpha1/applyconfiguration/api/v1alpha1"
 	"github.com/dowse-dev/dowse/shared/twinvalue"
@@ -155,7 +158,18 @@ line, for scripts.`,
 			if err != nil {
 				return err
 			}
-			return watchTwin(cmd.Context(), dyn, key, c.streams.Out, c.streams.ErrOut, output == "json")
+			cfg, err := c.config()
+			if err != nil {
+				return err
+			}
+			served := false
+			if dc, err := discovery.NewDiscoveryClientForConfig(cfg); err == nil {
+				served = readingsServed(dc)
+			}
+			if !served {
+				fmt.Fprintf(c.streams.ErrOut, "the live readings API (%s) is not served: reported values as Device.status holds them\n", readingsv1.APIServiceName)
+			}
+			return watchTwin(cmd.Context(), dyn, key, c.streams.Out, c.streams.ErrOut, output == "json", served)
 		},
 	}
 	cmd.Flags().StringVarP(&output, "output", "o", "", "json: one JSON object per change (default: text lines)")
@@ -503,12 +517,51 @@ func Changes(d *v1alpha1.Device, last map[string]string, now time.Time) []Change
 	return out
 }
 
+// readingsServed says whether the API server serves the live readings
+// API (its APIService registered and available).
+func readingsServed(dc discovery.DiscoveryInterface) bool {
+	rl, err := dc.ServerResourcesForGroupVersion(readingsv1.GroupVersion.String())
+	if err != nil {
+		return false
+	}
+	for _, r := range rl.APIResources {
+		if r.Name == readingsv1.Resource {
+			return true
+		}
+	}
+	return false
+}
+
+// LiveChanges lists what changed in r (a DeviceReading: the newest
+// reported values and state, live) since last (updated in place).
+func LiveChanges(r *readingsv1.DeviceReading, last map[string]string, now time.Time) []Change {
+	var out []Change
+	note := func(prop, field, v string) {
+		k := prop + "." + field
+		if old, ok := last[k]; !ok || old != v {
+			last[k] = v
+			out = append(out, Change{Time: now, Device: r.Name, Property: prop, Field: field, Value: v})
+		}
+	}
+	if r.State != "" {
+		note("", "state", r.State)
+	}
+	for _, p := range r.Properties {
+		note(p.Name, "reported", p.Value)
+	}
+	return out
+}
+
 // watchTwin prints the Device's changes until ctx ends or the Device is
-// deleted; connection trouble goes to errOut, and the informer behind it
-// lists again after a restart or an expired watch.
-func watchTwin(ctx context.Context, dyn dynamic.Interface, key client.ObjectKey, w, errOut io.Writer, asJSON bool) error {
+// deleted; connection trouble goes to errOut, and the informers behind it
+// list again after a restart or an expired watch. With live, reported
+// values and the state come from the live readings API (as the edge
+// reports them, ahead of Device.status), the rest from the Device.
+func watchTwin(ctx context.Context, dyn dynamic.Interface, key client.ObjectKey, w, errOut io.Writer, asJSON, live bool) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	// The two watches print through one writer and one memory.
+	var mu sync.Mutex
 	last := map[string]string{}
 	print := func(ch Change) {
 		if asJSON {
@@ -518,6 +571,40 @@ func watchTwin(ctx context.Context, dyn dynamic.Interface, key client.ObjectKey,
 		}
 		fmt.Fprintf(w, "%s %s\n", ch.Time.Format(time.RFC3339Nano), ch)
 	}
+	if live {
+		go watchReadings(ctx, dyn, key, &mu, last, print, errOut)
+	}
+	watchDevice(ctx, cancel, dyn, key, &mu, last, live, print, errOut)
+	return nil
+}
+
+// watchReadings prints the changes the live readings API shows of key.
+func watchReadings(ctx context.Context, dyn dynamic.Interface, key client.ObjectKey, mu *sync.Mutex, last map[string]string, print func(Change), errOut io.Writer) {
+	live.Watch{Client: dyn, Resource: readingsv1.GVR(), Namespace: key.Namespace, FieldSelector: fields.OneTermEqualSelector("metadata.name", key.Name).String()}.Run(ctx, live.Handler{
+		Upsert: func(u *unstructured.Unstructured) {
+			var r readingsv1.DeviceReading
+			if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &r); err != nil {
+				fmt.Fprintf(errOut, "%s reading the live readings: %v\n", time.Now().Format(time.RFC3339Nano), err)
+				return
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			for _, ch := range LiveChanges(&r, last, time.Now()) {
+				print(ch)
+			}
+		},
+		State: func(err error) {
+			if err != nil {
+				fmt.Fprintf(errOut, "%s %s\n", time.Now().Format(time.RFC3339Nano), live.Describe(err, "DeviceReadings", key.Namespace))
+			}
+		},
+	})
+}
+
+// watchDevice prints the Device's changes (but its reported values and
+// state when liveReported: the live readings give them) until the Device
+// is deleted (then cancel) or ctx ends.
+func watchDevice(ctx context.Context, cancel context.CancelFunc, dyn dynamic.Interface, key client.ObjectKey, mu *sync.Mutex, last map[string]string, liveReported bool, print func(Change), errOut io.Writer) {
 	live.Watch{Client: dyn, Resource: devices.GVR(), Namespace: key.Namespace, FieldSelector: fields.OneTermEqualSelector("metadata.name", key.Name).String()}.Run(ctx, live.Handler{
 		Upsert: func(u *unstructured.Unstructured) {
 			d, err := deviceOf(u)
@@ -525,12 +612,23 @@ func watchTwin(ctx context.Context, dyn dynamic.Interface, key client.ObjectKey,
 				fmt.Fprintf(errOut, "%s reading the device: %v\n", time.Now().Format(time.RFC3339Nano), err)
 				return
 			}
+			if liveReported {
+				d = d.DeepCopy()
+				d.Status.State = ""
+				for i := range d.Status.Twins {
+					d.Status.Twins[i].Reported = nil
+				}
+			}
+			mu.Lock()
+			defer mu.Unlock()
 			for _, ch := range Changes(d, last, time.Now()) {
 				print(ch)
 			}
 		},
 		Delete: func(*unstructured.Unstructured) {
+			mu.Lock()
 			print(Change{Time: time.Now(), Device: key.Name, Field: "deleted"})
+			mu.Unlock()
 			cancel()
 		},
 		State: func(err error) {
@@ -541,5 +639,4 @@ func watchTwin(ctx context.Context, dyn dynamic.Interface, key client.ObjectKey,
 			fmt.Fprintf(errOut, "%s watching again\n", time.Now().Format(time.RFC3339Nano))
 		},
 	})
-	return nil
 }

@@ -201,8 +201,10 @@ type request struct {
 	labels    labels.Selector
 	table     bool
 	// initial: a watch starts with every matching reading (no
-	// resourceVersion, or "0").
-	initial bool
+	// resourceVersion, or "0", or sendInitialEvents); bookmark: then a
+	// BOOKMARK saying the initial events ended (sendInitialEvents, as
+	// client-go's watch-list asks).
+	initial, bookmark bool
 	timeout time.Duration
 }
 
@@ -264,7 +266,8 @@ func (s *Server) parse(r *http.Request, rest string) (*request, error) {
 		req.labels = sel
 	}
 	rv := q.Get("resourceVersion")
-	req.initial = rv == "" || rv == "0"
+	req.bookmark = q.Get("sendInitialEvents") == "true"
+	req.initial = rv == "" || rv == "0" || req.bookmark
 	if t := q.Get("timeoutSeconds"); t != "" {
 		n, err := strconv.Atoi(t)
 		if err != nil || n < 0 {
@@ -573,6 +576,14 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request, req *request) {
 			key := types.NamespacedName{Namespace: it.Namespace, Name: it.Name}
 			sent[key] = &sentState{newest: it.Newest().Time, digest: digest(&it), last: it}
 			if err := send("ADDED", it); err != nil {
+				return
+			}
+		}
+		if req.bookmark {
+			bm := rv1.DeviceReading{TypeMeta: typeMeta, ObjectMeta: metav1.ObjectMeta{
+				ResourceVersion: strconv.FormatInt(time.Now().UnixMicro(), 10),
+				Annotations:     map[string]string{metav1.InitialEventsAnnotationKey: "true"}}}
+			if err := enc.Encode(watchEvent{Type: "BOOKMARK", Object: &bm}); err != nil {
 				return
 			}
 		}
