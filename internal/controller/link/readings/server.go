@@ -205,7 +205,7 @@ type request struct {
 	// BOOKMARK saying the initial events ended (sendInitialEvents, as
 	// client-go's watch-list asks).
 	initial, bookmark bool
-	timeout time.Duration
+	timeout           time.Duration
 }
 
 func (s *Server) parse(r *http.Request, rest string) (*request, error) {
