@@ -143,7 +143,10 @@ func newTwinWatchCommand(c *cli) *cobra.Command {
 or of the device's state, as it lands. A watch the API server ends or lets
 expire is started again, and an unreachable API server retried, until
 Ctrl-C; the outage is reported on stderr. -o json prints one JSON object a
-line, for scripts.`,
+line, for scripts. Reported values and the state come live from the
+controller's readings API (readings.dowse.dev, kubectl get devicereadings)
+when the API server serves it, ahead of Device.status, which is written
+under a budget; otherwise from Device.status.`,
 		Args:              exactArgs(1, "a Device name"),
 		ValidArgsFunction: c.completeNames(devices),
 		RunE: func(cmd *cobra.Command, args []string) error {

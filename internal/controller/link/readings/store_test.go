@@ -117,6 +117,10 @@ func BenchmarkObserve(b *testing.B) {
 	for i := range values {
 		values[i] = strconv.Itoa(20000 + i)
 	}
+	nodes := make([]string, devices/50)
+	for i := range nodes {
+		nodes[i] = "node-" + strconv.Itoa(i)
+	}
 	at := time.Now()
 	b.ReportAllocs()
 	b.ResetTimer()
@@ -126,7 +130,7 @@ func BenchmarkObserve(b *testing.B) {
 		if i&1 == 1 {
 			prop = "humidity"
 		}
-		s.Observe(k, "node-"+strconv.Itoa(i%devices/50), prop, values[i%len(values)], at.Add(time.Duration(i)))
+		s.Observe(k, nodes[i%devices/50], prop, values[i%len(values)], at.Add(time.Duration(i)))
 	}
 }
 
