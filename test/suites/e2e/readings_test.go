@@ -29,12 +29,14 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/dowse-dev/dowse/dowsectl"
 	"github.com/dowse-dev/dowse/internal/agent/edgehub"
 	"github.com/dowse-dev/dowse/internal/link/pki"
 	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
 	readingsv1 "github.com/dowse-dev/dowse/shared/api/readings/v1alpha1"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	"github.com/dowse-dev/dowse/test/framework/kube"
+	"github.com/dowse-dev/dowse/test/framework/procs"
 	"github.com/dowse-dev/dowse/test/framework/testwait"
 )
 
@@ -479,6 +481,31 @@ func TestReadingsAPI(t *testing.T) {
 	time.Sleep(time.Second)
 	nodeOf := func(name string) string { return strings.Join(strings.Split(name, "-")[:2], "-") }
 	waitWatch("live", reported(), func(name string) string { return holders[nodeOf(name)] })
+
+	// dowsectl twin watch reads the live values: every counter step of a
+	// Device, not the few its status holds.
+	twOut := procs.NewLines()
+	tw, err := procs.Start("dowsectl", twOut, "twin", "watch", devName(2, 0), "-o", "json", "--kubeconfig", f.kubeconfig, "-n", "default")
+	if err != nil {
+		t.Fatal(err)
+	}
+	testwait.For(t, 30*time.Second, func() error {
+		if strings.Contains(twOut.String(), "is not served") {
+			return fmt.Errorf("twin watch did not find the readings API: %s", twOut.String())
+		}
+		distinct := map[string]bool{}
+		for _, l := range twOut.All() {
+			var ch dowsectl.Change
+			if json.Unmarshal([]byte(l), &ch) == nil && ch.Property == "count" && ch.Field == "reported" {
+				distinct[ch.Value] = true
+			}
+		}
+		if len(distinct) < 10 {
+			return fmt.Errorf("twin watch printed %d values of count, want every step:\n%s", len(distinct), twOut.String())
+		}
+		return nil
+	})
+	tw.Stop()
 
 	// kill -9 of replica 1: replica 0 takes its nodes and serves them.
 	victim := f.replicas[1]
