@@ -9,7 +9,6 @@ import (
 	"github.com/dowse-dev/dowse/internal/controller/link/cloudservices"
 	"github.com/dowse-dev/dowse/internal/controller/link/linkauth"
 	"github.com/dowse-dev/dowse/internal/controller/link/ownership"
-	"github.com/dowse-dev/dowse/internal/controller/link/readings"
 	"github.com/dowse-dev/dowse/internal/controller/link/twins"
 	"github.com/dowse-dev/dowse/internal/controller/mappers"
 	"github.com/dowse-dev/dowse/internal/kubeflags"
@@ -124,9 +123,6 @@ func (c *Config) AddFlags(fs *flag.FlagSet) {
 	if c.Link.AuthAddr == "" {
 		c.Link.AuthAddr = ":9747"
 	}
-	if c.Link.ReadingsHistory == 0 {
-		c.Link.ReadingsHistory = readings.DefaultHistory
-	}
 	c.Client.AddFlags(fs)
 	c.Serving.AddFlags(fs)
 	fs.BoolVar(&c.LeaderElection, "leader-elect", c.LeaderElection, "let only one replica act at a time")
@@ -157,7 +153,7 @@ func (c *Config) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Link.ReadingsAdvertise, "readings-advertise", c.Link.ReadingsAdvertise, "host:port the other replicas dial for --readings-address (the pod's address; --readings-address when empty)")
 	fs.StringVar(&c.Link.ReadingsService, "readings-service", c.Link.ReadingsService, "the Service in --namespace the readings APIService names (its names go into the serving certificate)")
 	fs.StringVar(&c.Link.ReadingsAPIService, "readings-apiservice", c.Link.ReadingsAPIService, "the APIService whose caBundle this replica keeps at the link CA, which signs the readings API's certificates (empty: not kept)")
-	fs.IntVar(&c.Link.ReadingsHistory, "readings-history", c.Link.ReadingsHistory, "values each property keeps in memory before its newest, for the readings API (negative: none)")
+	fs.IntVar(&c.Link.ReadingsHistory, "readings-history", c.Link.ReadingsHistory, "values each property keeps in memory before its newest, for the readings API (0: 8; negative: none)")
 	fs.DurationVar(&c.Link.CertValidity, "link-cert-validity", c.Link.CertValidity, "lifetime of node certificates (renewed at about two thirds)")
 	fs.DurationVar(&c.Link.CAValidity, "link-ca-validity", c.Link.CAValidity, "lifetime of the link CA, when the controller creates it")
 	fs.DurationVar(&c.Link.Heartbeat, "link-heartbeat", c.Link.Heartbeat, "link heartbeat interval; a silent edge is dropped after two")

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/dowse-dev/dowse/internal/controller/link/linkauth"
-	"github.com/dowse-dev/dowse/internal/controller/link/readings"
 	"github.com/dowse-dev/dowse/internal/kubeflags"
 )
 
@@ -38,7 +37,6 @@ var binary = Config{
 		TwinStatusInterval:   time.Second, TwinStatusConcurrency: 16,
 		TwinStatusBudget: 100, TwinHeartbeatInterval: 3 * time.Minute,
 		SpreadInterval: 2 * time.Second, DrainPeriod: 5 * time.Second, MaxClaimsInFlight: 128,
-		ReadingsHistory: readings.DefaultHistory,
 	},
 }
 

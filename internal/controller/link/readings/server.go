@@ -364,7 +364,7 @@ func (s *Server) liveOf(ctx context.Context, d *v1alpha1.Device) *rv1.DeviceRead
 	}
 	holder, err := s.cfg.Holder(ctx, d.Spec.NodeName)
 	if err != nil {
-		s.cfg.Log.V(1).Info("could not find the holder of a node's session", "node", d.Spec.NodeName, "error", err.Error())
+		s.cfg.Log.V(1).Info("could not find the holder of a node's session", "node", d.Spec.NodeName, "err", err)
 		return local()
 	}
 	if holder == "" || holder == s.cfg.Replica {
@@ -377,7 +377,7 @@ func (s *Server) liveOf(ctx context.Context, d *v1alpha1.Device) *rv1.DeviceRead
 	list, err := s.askPeer(ctx, addr, key.Namespace, key.Name)
 	if err != nil {
 		s.peerErrors.WithLabelValues("get").Inc()
-		s.cfg.Log.V(1).Info("could not ask the replica holding a node's session", "replica", holder, "error", err.Error())
+		s.cfg.Log.V(1).Info("could not ask the replica holding a node's session", "replica", holder, "err", err)
 		return local()
 	}
 	for i := range list.Items {
@@ -419,7 +419,7 @@ func (s *Server) listLive(ctx context.Context, namespace, name string) map[types
 			list, err := s.askPeer(ctx, addr, namespace, name)
 			if err != nil {
 				s.peerErrors.WithLabelValues("list").Inc()
-				s.cfg.Log.Info("could not list another replica's readings", "replica", replica, "error", err.Error())
+				s.cfg.Log.Info("could not list another replica's readings", "replica", replica, "err", err)
 				return
 			}
 			mu.Lock()
@@ -630,7 +630,7 @@ func (s *Server) followPeers(ctx context.Context, namespace, name string, out ch
 			go func() {
 				if err := s.followPeer(ctx, addr, namespace, name, out); err != nil && ctx.Err() == nil {
 					s.peerErrors.WithLabelValues("watch").Inc()
-					s.cfg.Log.V(1).Info("another replica's watch ended", "replica", replica, "error", err.Error())
+					s.cfg.Log.V(1).Info("another replica's watch ended", "replica", replica, "err", err)
 				}
 				select {
 				case ended <- id:
