@@ -143,7 +143,7 @@ func (c *cache) isTarget(host string) bool {
 			continue
 		}
 		for _, e := range es {
-			if strings.EqualFold(e.rr.(*dns.SRV).Target, host) {
+			if srv, ok := e.rr.(*dns.SRV); ok && strings.EqualFold(srv.Target, host) {
 				return true
 			}
 		}
@@ -255,11 +255,17 @@ func (c *cache) missing(now time.Time) []dns.Question {
 			continue
 		}
 		for _, e := range es {
-			inst := e.rr.(*dns.PTR).Ptr
+			ptr, ok := e.rr.(*dns.PTR)
+			if !ok {
+				continue
+			}
+			inst := ptr.Ptr
 			ask(inst, dns.TypeSRV)
 			ask(inst, dns.TypeTXT)
 			for _, s := range c.rrs[rrKey{strings.ToLower(inst), dns.TypeSRV}] {
-				ask(s.rr.(*dns.SRV).Target, dns.TypeA)
+				if srv, ok := s.rr.(*dns.SRV); ok {
+					ask(srv.Target, dns.TypeA)
+				}
 			}
 		}
 	}
@@ -286,7 +292,11 @@ func (c *cache) services() []service {
 			continue
 		}
 		for _, e := range es {
-			full := e.rr.(*dns.PTR).Ptr
+			ptr, ok := e.rr.(*dns.PTR)
+			if !ok {
+				continue
+			}
+			full := ptr.Ptr
 			inst := strings.ToLower(full)
 			_, typ, ok := splitInstance(inst)
 			if !ok {
@@ -296,12 +306,17 @@ func (c *cache) services() []service {
 			if len(srvs) == 0 {
 				continue
 			}
-			srv := srvs[len(srvs)-1].rr.(*dns.SRV)
+			srv, ok := srvs[len(srvs)-1].rr.(*dns.SRV)
+			if !ok {
+				continue
+			}
 			label, _, _ := splitInstance(full)
 			s := service{fullName: full, instance: unescapeLabel(strings.TrimSuffix(label, ".")), typ: strings.TrimSuffix(strings.TrimSuffix(typ, "."), ".local"),
 				host: srv.Target, port: srv.Port}
 			if txts := c.rrs[rrKey{inst, dns.TypeTXT}]; len(txts) > 0 {
-				s.txt, s.hasTXT = txts[len(txts)-1].rr.(*dns.TXT).Txt, true
+				if txt, ok := txts[len(txts)-1].rr.(*dns.TXT); ok {
+					s.txt, s.hasTXT = txt.Txt, true
+				}
 			}
 			host := strings.ToLower(srv.Target)
 			for _, t := range []uint16{dns.TypeA, dns.TypeAAAA} {

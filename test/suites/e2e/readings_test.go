@@ -279,11 +279,11 @@ func TestReadingsAPI(t *testing.T) {
 	readAll := func(kubeconfig string) (map[string]readingsv1.DeviceReading, error) {
 		out, errOut, err := run(kubeconfig, "get", readingsv1.Resource, "-n", "default", "-o", "json")
 		if err != nil {
-			return nil, fmt.Errorf("kubectl get: %v: %s", err, errOut)
+			return nil, fmt.Errorf("kubectl get: %w: %s", err, errOut)
 		}
 		var list readingsv1.DeviceReadingList
 		if err := json.Unmarshal([]byte(out), &list); err != nil {
-			return nil, fmt.Errorf("reading kubectl's output: %v: %s", err, out)
+			return nil, fmt.Errorf("reading kubectl's output: %w: %s", err, out)
 		}
 		m := map[string]readingsv1.DeviceReading{}
 		for _, r := range list.Items {
