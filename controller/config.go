@@ -2,6 +2,7 @@ package controller
 
 import (
 	"flag"
+	"strconv"
 	"strings"
 	"time"
 
@@ -77,6 +78,12 @@ func (c *Config) defaults() {
 	if l.MaxConnections == 0 {
 		l.MaxConnections = 20000
 	}
+	if l.EgressProtocol == "" {
+		l.EgressProtocol = "HTTPConnect"
+	}
+	if l.MaxStreamsPerNode == 0 {
+		l.MaxStreamsPerNode = link.DefaultMaxStreams
+	}
 	if l.AuthRateLimit == 0 {
 		l.AuthRateLimit, l.AuthRateBurst = linkauth.DefaultRequestRate, linkauth.DefaultRequestBurst
 	}
@@ -139,6 +146,7 @@ func (c *Config) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Link.QUICAddr, "link-quic-address", c.Link.QUICAddr, "cloudhub QUIC address (UDP; empty disables)")
 	fs.StringVar(&c.Link.AuthAddr, "link-auth-bind-address", c.Link.AuthAddr, "the edges' bootstrap and certificate renewal endpoint")
 	fs.StringVar(&c.Link.EgressUDS, "egress-uds", c.Link.EgressUDS, "Unix socket `path` serving the API server's egress (EgressSelectorConfiguration, HTTPConnect): connections to edge nodes and their pods go over their links; empty: none")
+	fs.StringVar(&c.Link.EgressProtocol, "egress-protocol", c.Link.EgressProtocol, "what the API server speaks on --egress-uds and --egress-address (its EgressSelectorConfiguration's proxyProtocol): HTTPConnect or GRPC (konnectivity's ProxyService)")
 	fs.StringVar(&c.Link.EgressAddr, "egress-address", c.Link.EgressAddr, "TCP address serving the API server's egress with mutual TLS (the link CA; the API server's certificate from `dowsectl egress-config`); empty: none")
 	fs.Var(kubeflags.List(&c.Link.EgressHosts), "egress-hosts", "comma-separated names and addresses the API server dials for --egress-address (its serving certificate)")
 	fs.StringVar(&c.Link.EgressPeerAddr, "egress-peer-address", c.Link.EgressPeerAddr, "TCP address where this replica takes the egress connections other replicas forward to the node sessions it holds (TLS with the link CA); empty: a replica that does not hold a node's session dials it directly")
@@ -172,6 +180,7 @@ func (c *Config) AddFlags(fs *flag.FlagSet) {
 	fs.Float64Var(&c.Link.RateLimit, "link-rate-limit", c.Link.RateLimit, "messages per second accepted from one node (each reported value is one; the edge coalesces what waits)")
 	fs.IntVar(&c.Link.RateBurst, "link-rate-burst", c.Link.RateBurst, "burst of messages accepted from one node")
 	fs.IntVar(&c.Link.MaxConnections, "link-max-connections", c.Link.MaxConnections, "most edge connections served at once")
+	fs.IntVar(&c.Link.MaxStreamsPerNode, "max-streams-per-node", c.Link.MaxStreamsPerNode, "most byte streams (the API server's egress: kubectl logs, exec, port-forward; cloud-side Services) open at once through one node's link, at most "+strconv.Itoa(link.DefaultMaxStreams)+" (what an edge serves); one more is refused, the egress answering 503 with the node and the bound")
 	fs.Var(kubeflags.List(&c.AgentServiceAccounts), "agent-service-accounts", "comma-separated service `accounts` of the agents (name in --namespace, or namespace/name), granted read of exactly the Secrets and ConfigMaps that Configurations' discoveryProperties name (a Role and RoleBinding "+v1alpha1.PropertyAccessRole+" in each namespace holding some); empty: the controller grants nothing")
 	fs.Var(kubeflags.List(&c.PropertyNamespaces), "property-namespaces", "comma-separated `namespaces` whose Secrets and ConfigMaps any Configuration's discoveryProperties may read; a Configuration always may read its own namespace's, and is granted nothing elsewhere")
 	fs.Var(kubeflags.List(&c.ConfigurationNamespaces), "configuration-namespaces", "comma-separated `namespaces` Configurations are served in (empty: any); the agents are granted read for Configurations elsewhere of nothing, so the controller needs read of Secrets and ConfigMaps only in these and --property-namespaces")

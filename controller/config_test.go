@@ -31,7 +31,7 @@ var binary = Config{
 		WebSocketAddr: ":7443", QUICAddr: ":7443", AuthAddr: ":9747",
 		CertValidity: 24 * time.Hour, CAValidity: 10 * 365 * 24 * time.Hour,
 		Heartbeat: 10 * time.Second, MaxMessageSize: 1 << 20, QueueSize: 16384,
-		RateLimit: 2000, RateBurst: 4000, MaxConnections: 20000,
+		RateLimit: 2000, RateBurst: 4000, MaxConnections: 20000, MaxStreamsPerNode: 1024, EgressProtocol: "HTTPConnect",
 		AuthRateLimit: linkauth.DefaultRequestRate, AuthRateBurst: linkauth.DefaultRequestBurst,
 		AgentServiceAccounts: []string{"dowse-system/dowse-agent"},
 		TwinStatusInterval:   time.Second, TwinStatusConcurrency: 16,

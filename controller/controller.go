@@ -43,6 +43,7 @@ import (
 	"github.com/dowse-dev/dowse/internal/controller/propertyaccess"
 	"github.com/dowse-dev/dowse/internal/events"
 	"github.com/dowse-dev/dowse/internal/kubeflags"
+	"github.com/dowse-dev/dowse/internal/link"
 	"github.com/dowse-dev/dowse/internal/optional"
 	"github.com/dowse-dev/dowse/internal/scheme"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
@@ -129,6 +130,9 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 	cfg.setDefaults()
 	if cfg.NodeGracePeriod < 0 {
 		return errors.New("node grace period must be positive")
+	}
+	if n := cfg.Link.MaxStreamsPerNode; n < 0 || n > link.DefaultMaxStreams {
+		return fmt.Errorf("--max-streams-per-node %d: from 1 to %d (what an edge serves)", n, link.DefaultMaxStreams)
 	}
 	restCfg, err := cfg.Client.Load(cfg.RESTConfig, "dowse-controller")
 	if err != nil {

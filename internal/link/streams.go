@@ -9,6 +9,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
 )
 
@@ -37,6 +39,34 @@ var ErrLinkLost = errors.New("link lost")
 // ErrTooManyStreams: the connection holds as many streams as it may.
 var ErrTooManyStreams = errors.New("link: too many streams")
 
+// TooManyStreamsError is an Open refused at the bound: Limit streams are
+// open on the connection already. It is ErrTooManyStreams.
+type TooManyStreamsError struct{ Limit int }
+
+func (e *TooManyStreamsError) Error() string {
+	return fmt.Sprintf("%v: %d open, the most allowed at once", ErrTooManyStreams, e.Limit)
+}
+
+// Is makes errors.Is(err, ErrTooManyStreams) true.
+func (e *TooManyStreamsError) Is(target error) bool { return target == ErrTooManyStreams }
+
+// StreamCounters count one group of streams (a node's, on the cloud side)
+// beside the link end's Metrics, which count every connection's together.
+// A nil field is not counted.
+type StreamCounters struct {
+	// Open streams now, and opened and reset (ended by a reset: refused,
+	// abandoned, lost with the link) since the start.
+	Open          prometheus.Gauge
+	Opened, Reset prometheus.Counter
+	// RefusedBound: opens refused here at the bound (SetLimit);
+	// RefusedPeer: opens the peer refused (its own bound, a target it does
+	// not serve, a failed dial). A refused open is counted reset too when
+	// the peer refused it, never opened when refused at the bound.
+	RefusedBound, RefusedPeer prometheus.Counter
+	// Data bytes received and sent.
+	BytesIn, BytesOut prometheus.Counter
+}
+
 // StreamResetError is a stream's end when the peer reset it.
 type StreamResetError struct{ Reason string }
 
@@ -58,14 +88,15 @@ type Streams struct {
 	window uint32
 	limit  int
 
-	mu      sync.Mutex
-	metrics *Metrics
-	wake    func()
-	ended   error
-	nextID  uint64
-	streams map[uint64]*Stream
-	ctrl    []*linkv1.Envelope
-	ready   []*Stream
+	mu       sync.Mutex
+	metrics  *Metrics
+	counters *StreamCounters
+	wake     func()
+	ended    error
+	nextID   uint64
+	streams  map[uint64]*Stream
+	ctrl     []*linkv1.Envelope
+	ready    []*Stream
 }
 
 // NewStreams makes the streams of one connection. dial serves the peer's
@@ -86,13 +117,78 @@ func (s *Streams) SetLimit(n int) {
 	s.mu.Unlock()
 }
 
+// SetCounters counts these streams in c too (a node's counters). Call
+// before the connection runs.
+func (s *Streams) SetCounters(c *StreamCounters) {
+	s.mu.Lock()
+	s.counters = c
+	s.mu.Unlock()
+}
+
+// Each counts in the link end's Metrics and in the counters; s.mu is held.
+func (s *Streams) countOpened() {
+	if m := s.metrics; m != nil {
+		m.StreamsOpened.Inc()
+		m.StreamsOpen.Inc()
+	}
+	if c := s.counters; c != nil {
+		inc(c.Opened)
+		if c.Open != nil {
+			c.Open.Inc()
+		}
+	}
+}
+
+func (s *Streams) countEnded(reset bool) {
+	if m := s.metrics; m != nil {
+		m.StreamsOpen.Dec()
+		if reset {
+			m.StreamsReset.Inc()
+		}
+	}
+	if c := s.counters; c != nil {
+		if c.Open != nil {
+			c.Open.Dec()
+		}
+		if reset {
+			inc(c.Reset)
+		}
+	}
+}
+
+func (s *Streams) countBytes(in bool, n int) {
+	m, c := s.metrics, s.counters
+	if in {
+		if m != nil {
+			m.StreamBytesIn.Add(float64(n))
+		}
+		if c != nil && c.BytesIn != nil {
+			c.BytesIn.Add(float64(n))
+		}
+		return
+	}
+	if m != nil {
+		m.StreamBytesOut.Add(float64(n))
+	}
+	if c != nil && c.BytesOut != nil {
+		c.BytesOut.Add(float64(n))
+	}
+}
+
+func inc(c prometheus.Counter) {
+	if c != nil {
+		c.Inc()
+	}
+}
+
 // attach ties the streams to their running connection.
 func (s *Streams) attach(wake func(), m *Metrics) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.wake, s.metrics = wake, m
 	if m != nil {
-		// Streams opened before the connection ran count from now.
+		// Streams opened before the connection ran count from now (the
+		// counters, set before, counted them already).
 		for range s.streams {
 			m.StreamsOpened.Inc()
 			m.StreamsOpen.Inc()
@@ -134,8 +230,11 @@ func (s *Streams) Open(ctx context.Context, target string) (*Stream, error) {
 		return nil, s.ended
 	}
 	if len(s.streams) >= s.limit {
+		if c := s.counters; c != nil {
+			inc(c.RefusedBound)
+		}
 		s.mu.Unlock()
-		return nil, fmt.Errorf("%w: %d streams open on the connection", ErrTooManyStreams, s.limit)
+		return nil, &TooManyStreamsError{Limit: s.limit}
 	}
 	s.nextID++
 	st := s.newStream(s.nextID, target)
@@ -167,10 +266,7 @@ func (s *Streams) newStream(id uint64, target string) *Stream {
 	st := &Stream{s: s, id: id, target: target}
 	st.cond = sync.NewCond(&s.mu)
 	s.streams[id] = st
-	if m := s.metrics; m != nil {
-		m.StreamsOpened.Inc()
-		m.StreamsOpen.Inc()
-	}
+	s.countOpened()
 	return st
 }
 
@@ -181,12 +277,7 @@ func (s *Streams) forgetLocked(st *Stream, reset bool) {
 		return
 	}
 	delete(s.streams, st.id)
-	if m := s.metrics; m != nil {
-		m.StreamsOpen.Dec()
-		if reset {
-			m.StreamsReset.Inc()
-		}
-	}
+	s.countEnded(reset)
 }
 
 // handle takes one received stream frame, on the reader's goroutine: it
@@ -216,9 +307,7 @@ func (s *Streams) handle(ctx context.Context, env *linkv1.Envelope) {
 			st.recvLimit -= len(data)
 			st.recv = append(st.recv, data...)
 			st.cond.Broadcast()
-			if m := s.metrics; m != nil {
-				m.StreamBytesIn.Add(float64(len(data)))
-			}
+			s.countBytes(true, len(data))
 		}
 	case *linkv1.Envelope_StreamWindow:
 		st := s.streams[k.StreamWindow.Id]
@@ -240,6 +329,11 @@ func (s *Streams) handle(ctx context.Context, env *linkv1.Envelope) {
 		}
 	case *linkv1.Envelope_StreamReset:
 		if st := s.streams[k.StreamReset.Id]; st != nil {
+			if st.opening() {
+				if c := s.counters; c != nil {
+					inc(c.RefusedPeer)
+				}
+			}
 			st.fail(&StreamResetError{Reason: k.StreamReset.Reason})
 			s.forgetLocked(st, true)
 		}
@@ -334,9 +428,7 @@ func (s *Streams) appendFrames(buf []byte, ack uint64, limit int) (_ []byte, fra
 			frames++
 			st.send = st.send[n:]
 			st.sendCredit -= n
-			if m := s.metrics; m != nil {
-				m.StreamBytesOut.Add(float64(n))
-			}
+			s.countBytes(false, n)
 			st.cond.Broadcast() // room for its writer
 		}
 		if len(st.send) == 0 && st.sendClosed && !st.closeSent {
@@ -583,6 +675,20 @@ func (st *Stream) fail(err error) {
 	st.send = nil
 	st.settleOpen()
 	st.cond.Broadcast()
+}
+
+// opening says whether st is an opener's stream not yet accepted; s.mu
+// is held.
+func (st *Stream) opening() bool {
+	if st.accepted == nil {
+		return false
+	}
+	select {
+	case <-st.accepted:
+		return false
+	default:
+		return true
+	}
 }
 
 // settleOpen ends an opener's wait (accepted or failed), once; s.mu is

@@ -178,6 +178,58 @@ func TestStreamOpenRefused(t *testing.T) {
 	roundTrip(t, st, []byte("still here"))
 }
 
+// TestStreamsBoundAndCounters: an open beyond the bound fails with a
+// *TooManyStreamsError naming it, counted as refused at the bound, and an
+// open the peer refuses is counted as the peer's refusal; the counters
+// follow opened, open, reset and the bytes each way.
+func TestStreamsBoundAndCounters(t *testing.T) {
+	p := startStreams(t)
+	reg := prometheus.NewRegistry()
+	refused := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "refused"}, []string{"reason"})
+	moved := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "bytes"}, []string{"direction"})
+	c := &StreamCounters{Open: prometheus.NewGauge(prometheus.GaugeOpts{Name: "open"}),
+		Opened: prometheus.NewCounter(prometheus.CounterOpts{Name: "opened"}), Reset: prometheus.NewCounter(prometheus.CounterOpts{Name: "reset"}),
+		RefusedBound: refused.WithLabelValues("bound"), RefusedPeer: refused.WithLabelValues("peer"),
+		BytesIn: moved.WithLabelValues("in"), BytesOut: moved.WithLabelValues("out")}
+	reg.MustRegister(c.Open, c.Opened, c.Reset, refused, moved)
+	p.cloud.SetCounters(c)
+	p.cloud.SetLimit(2)
+	addr, _ := echoServer(t)
+	var held []*Stream
+	for range 2 {
+		st, err := p.cloud.Open(t.Context(), addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, st)
+	}
+	_, err := p.cloud.Open(t.Context(), addr)
+	var bound *TooManyStreamsError
+	if !errors.As(err, &bound) || !errors.Is(err, ErrTooManyStreams) || bound.Limit != 2 || !strings.Contains(err.Error(), "2 open") {
+		t.Fatalf("a third stream with a bound of 2: %v", err)
+	}
+	if open, opened, atBound := testutil.ToFloat64(c.Open), testutil.ToFloat64(c.Opened), testutil.ToFloat64(c.RefusedBound); open != 2 || opened != 2 || atBound != 1 {
+		t.Fatalf("counters: %v open, %v opened, %v refused at the bound; want 2, 2, 1", open, opened, atBound)
+	}
+	for _, st := range held {
+		roundTrip(t, st, []byte("twelve bytes"))
+	}
+	waitFor(t, func() bool { return p.cloud.Len() == 0 }, "streams forgotten")
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := l.Addr().String()
+	_ = l.Close()
+	if _, err := p.cloud.Open(t.Context(), closed); err == nil {
+		t.Fatal("a stream to a closed port opened")
+	}
+	if open, opened, reset, peer, in, out := testutil.ToFloat64(c.Open), testutil.ToFloat64(c.Opened), testutil.ToFloat64(c.Reset),
+		testutil.ToFloat64(c.RefusedPeer), testutil.ToFloat64(c.BytesIn), testutil.ToFloat64(c.BytesOut); open != 0 || opened != 3 || reset != 1 || peer != 1 || in != 24 || out != 24 {
+		t.Errorf("counters: %v open, %v opened, %v reset, %v refused by the peer, %v bytes in, %v out; want 0, 3, 1, 1, 24, 24", open, opened, reset, peer, in, out)
+	}
+}
+
 // TestStreamsEndWithTheLink: a cut ends every stream at both ends with
 // ErrLinkLost (the edge closes its dial), never a hang, and no stream
 // opens on the ended connection.

@@ -74,6 +74,11 @@ type Config struct {
 	RateBurst int
 	// MaxConnections caps the edges connected at once.
 	MaxConnections int
+	// MaxStreamsPerNode caps the byte streams (the API server's egress,
+	// cloud-side Services) open at once through one node's link, at most
+	// link.DefaultMaxStreams (what an edge serves); one more is refused
+	// (the egress answers 503 naming the node and the bound).
+	MaxStreamsPerNode int
 	// AuthRateLimit and AuthRateBurst pace the bootstrap and renewal
 	// requests of all edges together.
 	AuthRateLimit float64
@@ -118,6 +123,9 @@ type Config struct {
 	// of the same CA naming an egress client (`dowsectl egress-config`);
 	// both empty: no egress.
 	EgressUDS, EgressAddr string
+	// EgressProtocol is what the API server speaks to them
+	// (egress.HTTPConnect, the default, or egress.GRPC).
+	EgressProtocol string
 	EgressHosts           []string
 	// EgressPeerAddr is where this replica takes the egress connections
 	// other replicas forward to the node sessions it holds (TLS with
@@ -216,7 +224,8 @@ func Add(ctx context.Context, mgr ctrl.Manager, cfg Config, reg prometheus.Regis
 		TLS:       pki.ServerTLSConfig(auth.ServerCertificate, ca.Pool()),
 		Heartbeat: cfg.Heartbeat, MaxFrame: cfg.MaxMessageSize, QueueSize: cfg.QueueSize,
 		RateLimit: cfg.RateLimit, RateBurst: cfg.RateBurst, MaxConnections: cfg.MaxConnections,
-		DrainPeriod: cfg.DrainPeriod,
+		MaxStreamsPerNode: cfg.MaxStreamsPerNode,
+		DrainPeriod:       cfg.DrainPeriod,
 		// Reports are acknowledged once they are in Device.status, not
 		// when taken: nothing is lost if the controller dies in between.
 		ManualCommit: true,
@@ -330,7 +339,7 @@ func Add(ctx context.Context, mgr ctrl.Manager, cfg Config, reg prometheus.Regis
 			conf = &tls.Config{MinVersion: tls.VersionTLS12, ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: ca.Pool(),
 				GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return serving.Get() }}
 		}
-		ecfg := egress.Config{UDS: cfg.EgressUDS, Addr: cfg.EgressAddr, TLS: conf,
+		ecfg := egress.Config{UDS: cfg.EgressUDS, Addr: cfg.EgressAddr, TLS: conf, Protocol: cfg.EgressProtocol,
 			Nodes: cache, Pods: live, Hub: hub, Registerer: reg, Log: log.WithName("egress")}
 		if cfg.EgressPeerAddr != "" {
 			host, _, err := net.SplitHostPort(cfg.EgressPeerAdvertise)

@@ -54,7 +54,10 @@ type Config struct {
 	// of anyone holding a node certificate) cannot exhaust the hub.
 	MaxConnections int
 	// MaxStreamsPerNode caps the byte streams open at once on one node's
-	// connection (link.DefaultMaxStreams).
+	// connection (link.DefaultMaxStreams, which is also what an edge
+	// serves at most): OpenStream beyond it fails with a
+	// *link.TooManyStreamsError, counted in
+	// dowse_cloudhub_node_streams_refused_total{reason="bound"}.
 	MaxStreamsPerNode int
 	// MaxHandshakes caps, per transport, the connections accepted whose TLS
 	// handshake and upgrade are not done yet (link.DefaultMaxHandshakes).
@@ -179,6 +182,7 @@ type Hub struct {
 	auth    Authorizer
 	handler Handler
 	metrics *link.Metrics
+	streams *nodeStreams
 	hsFail  *prometheus.CounterVec
 
 	table *Sessions
@@ -231,12 +235,14 @@ func New(cfg Config, auth Authorizer, handler Handler, reg prometheus.Registerer
 	}
 	h := &Hub{cfg: cfg, auth: auth, handler: handler, table: table, ready: make(chan struct{}),
 		metrics: link.NewMetrics(reg, "cloudhub"),
+		streams: newNodeStreams(reg),
 		hsFail: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "dowse", Subsystem: "cloudhub", Name: "refused_connections_total",
 			Help: "Connections refused at the handshake, by reason."}, []string{"reason"}),
 	}
 	if reg != nil {
 		reg.MustRegister(h.hsFail)
 	}
+	table.Observe(h.streams)
 	return h, nil
 }
 
@@ -796,6 +802,7 @@ func (s *welcomedConn) prepare(kv []any, node string, stream, epoch uint64) {
 	s.kv = kv
 	streams := link.NewStreams(nil) // the cloud opens streams, it serves none
 	streams.SetLimit(h.cfg.MaxStreamsPerNode)
+	streams.SetCounters(h.streams.of(node))
 	s.cfg = link.ConnConfig{
 		Heartbeat: h.cfg.Heartbeat, MaxFrame: h.cfg.MaxFrame, Limiter: st.limiter, Metrics: h.metrics,
 		Cancel: s.cfg.Cancel, LogValues: kv, Streams: streams,

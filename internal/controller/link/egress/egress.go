@@ -21,6 +21,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -47,6 +48,11 @@ type Config struct {
 	// verify client certificates. Empty: none.
 	Addr string
 	TLS  *tls.Config
+	// Protocol is what the API server speaks on UDS and Addr (its
+	// EgressSelectorConfiguration's proxyProtocol): HTTPConnect (the
+	// default) or GRPC (konnectivity's ProxyService). The replicas'
+	// forwards are HTTP CONNECT whatever it is.
+	Protocol string
 	// Nodes reads Nodes (the manager's cache), Pods lists Pods by IP (the
 	// API server, with the status.podIP field selector).
 	Nodes, Pods client.Reader
@@ -67,6 +73,10 @@ type Config struct {
 // ErrNoHolder: no replica holds the node's session.
 var ErrNoHolder = errors.New("no replica holds the node's session")
 
+// errAtBound is the holding replica's 503: the node's streams are at
+// their bound there.
+var errAtBound = fmt.Errorf("%w on the replica holding the node", link.ErrTooManyStreams)
+
 // Server is the egress server.
 type Server struct {
 	cfg    Config
@@ -85,6 +95,13 @@ func New(cfg Config) (*Server, error) {
 	if cfg.PeerAddr != "" && (cfg.PeerTLS == nil || cfg.PeerTLS.ClientAuth != tls.RequireAndVerifyClientCert) {
 		return nil, errors.New("egress: the peer address needs TLS that requires and verifies client certificates")
 	}
+	switch cfg.Protocol {
+	case "":
+		cfg.Protocol = HTTPConnect
+	case HTTPConnect, GRPC:
+	default:
+		return nil, fmt.Errorf("egress: protocol %q: %s or %s", cfg.Protocol, HTTPConnect, GRPC)
+	}
 	if cfg.Nodes == nil || cfg.Pods == nil || cfg.Hub == nil {
 		return nil, errors.New("egress: Nodes, Pods and Hub are required")
 	}
@@ -98,9 +115,9 @@ func New(cfg Config) (*Server, error) {
 
 // Start serves until ctx ends.
 func (s *Server) Start(ctx context.Context) error {
-	var ls []net.Listener
+	var ls, tlsLs []net.Listener // tlsLs: TCP, for gRPC's own TLS
 	defer func() {
-		for _, l := range ls {
+		for _, l := range append(ls, tlsLs...) {
 			_ = l.Close()
 		}
 	}()
@@ -120,22 +137,49 @@ func (s *Server) Start(ctx context.Context) error {
 			return err
 		}
 	}
+	grpcMode := s.cfg.Protocol == GRPC
 	if s.cfg.Addr != "" {
-		conf := s.cfg.TLS.Clone()
-		conf.NextProtos = []string{"http/1.1"} // CONNECT is hijacked: no HTTP/2
-		l, err := tls.Listen("tcp", s.cfg.Addr, conf)
-		if err != nil {
-			return err
+		if grpcMode {
+			l, err := net.Listen("tcp", s.cfg.Addr)
+			if err != nil {
+				return err
+			}
+			tlsLs = append(tlsLs, l)
+		} else {
+			conf := s.cfg.TLS.Clone()
+			conf.NextProtos = []string{"http/1.1"} // CONNECT is hijacked: no HTTP/2
+			l, err := tls.Listen("tcp", s.cfg.Addr, conf)
+			if err != nil {
+				return err
+			}
+			ls = append(ls, l)
 		}
-		ls = append(ls, l)
 	}
 	srv := &http.Server{Handler: s, ReadHeaderTimeout: 10 * time.Second, BaseContext: func(net.Listener) context.Context { return ctx }}
 	peers := &http.Server{Handler: peerHandler{s}, ReadHeaderTimeout: 10 * time.Second, BaseContext: func(net.Listener) context.Context { return ctx }}
-	errs := make(chan error, len(ls)+1)
+	errs := make(chan error, len(ls)+len(tlsLs)+1)
+	var grpcs []interface{ Stop() }
 	for _, l := range ls {
-		s.cfg.Log.Info("serving the API server's egress", "address", l.Addr().String())
+		s.cfg.Log.Info("serving the API server's egress", "address", l.Addr().String(), "protocol", s.cfg.Protocol)
+		if grpcMode {
+			g := s.newGRPCServer(false)
+			grpcs = append(grpcs, g)
+			go func() { errs <- g.Serve(l) }()
+			continue
+		}
 		go func() { errs <- srv.Serve(l) }()
 	}
+	for _, l := range tlsLs {
+		s.cfg.Log.Info("serving the API server's egress", "address", l.Addr().String(), "protocol", s.cfg.Protocol)
+		g := s.newGRPCServer(true)
+		grpcs = append(grpcs, g)
+		go func() { errs <- g.Serve(l) }()
+	}
+	defer func() {
+		for _, g := range grpcs {
+			g.Stop()
+		}
+	}()
 	if s.cfg.PeerAddr != "" {
 		conf := s.cfg.PeerTLS.Clone()
 		conf.NextProtos = []string{"http/1.1"}
@@ -176,7 +220,9 @@ func (h peerHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // ServeHTTP answers one CONNECT: 200 and the bytes both ways once the
-// destination is reached, 502 saying why not.
+// destination is reached; 503 (Retry-After) when the destination's node
+// has as many streams open through its link as it may; 502 saying why
+// not otherwise.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.TLS != nil {
 		// On TCP only the API server's certificate opens connections (a
@@ -193,10 +239,37 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.serve(w, r, false)
 }
 
-// refuse answers code with why, counted.
+// refuse answers code with why, counted. why is in the status line too:
+// kube-apiserver reports a refused CONNECT by its status line alone, so
+// that is where kubectl's user reads why (which node, which bound).
 func (s *Server) refuse(w http.ResponseWriter, code int, why string) {
 	s.opened.WithLabelValues("refused").Inc()
-	http.Error(w, why, code)
+	hj, ok := w.(http.Hijacker)
+	if !ok {
+		http.Error(w, why, code)
+		return
+	}
+	c, _, err := hj.Hijack()
+	if err != nil {
+		return
+	}
+	defer c.Close()
+	reason := strings.Map(func(r rune) rune {
+		if r < ' ' || r == 0x7f {
+			return ' '
+		}
+		return r
+	}, why)
+	if len(reason) > 512 {
+		reason = reason[:512] + "..."
+	}
+	retry := ""
+	if ra := w.Header().Get("Retry-After"); ra != "" {
+		retry = "Retry-After: " + ra + "\r\n"
+	}
+	body := why + "\n"
+	_, _ = fmt.Fprintf(c, "HTTP/1.1 %d %s: %s\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\n%sConnection: close\r\n\r\n%s",
+		code, http.StatusText(code), reason, len(body), retry, body)
 }
 
 // serve answers a CONNECT; forwarded ones (from another replica) go only
@@ -212,7 +285,14 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, forwarded bool) {
 	conn, route, err := s.dial(ctx, target, forwarded)
 	if err != nil {
 		s.cfg.Log.Info("egress refused", "target", target, "reason", err.Error())
-		s.refuse(w, http.StatusBadGateway, err.Error())
+		code := http.StatusBadGateway
+		if errors.Is(err, link.ErrTooManyStreams) {
+			// The node is at its bound: the caller may try again once
+			// some of its streams end.
+			code = http.StatusServiceUnavailable
+			w.Header().Set("Retry-After", "1")
+		}
+		s.refuse(w, code, err.Error())
 		return
 	}
 	s.opened.WithLabelValues(route).Inc()
@@ -267,6 +347,8 @@ func (s *Server) dial(ctx context.Context, target string, forwarded bool) (net.C
 		switch {
 		case err == nil:
 			return st, "link", nil
+		case errors.Is(err, link.ErrTooManyStreams):
+			return nil, "", fmt.Errorf("%s: node %s has as many streams open through its link as it may (the controller's --max-streams-per-node): %w", target, node, err)
 		case !errors.Is(err, cloudhub.ErrNoSession):
 			return nil, "", fmt.Errorf("%s through node %s's link: %w", target, node, err)
 		case forwarded:
@@ -276,6 +358,8 @@ func (s *Server) dial(ctx context.Context, target string, forwarded bool) (net.C
 			switch {
 			case err == nil:
 				return c, "forwarded", nil
+			case errors.Is(err, link.ErrTooManyStreams):
+				return nil, "", fmt.Errorf("%s through node %s's link on another replica: %w", target, node, err)
 			case !errors.Is(err, ErrNoHolder):
 				return nil, "", fmt.Errorf("%s through node %s's link on another replica: %w", target, node, err)
 			}
@@ -339,6 +423,11 @@ func DialPeer(ctx context.Context, addr string, conf *tls.Config, target string)
 	if resp.StatusCode != http.StatusOK {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1024))
 		_ = c.Close()
+		if resp.StatusCode == http.StatusServiceUnavailable {
+			// The node is at its bound on the replica holding it (the only
+			// 503 a replica answers).
+			return nil, fmt.Errorf("replica at %s: %w (%s)", addr, errAtBound, bytes.TrimSpace(b))
+		}
 		return nil, fmt.Errorf("replica at %s: %s: %s", addr, resp.Status, bytes.TrimSpace(b))
 	}
 	_ = c.SetDeadline(time.Time{})
