@@ -39,8 +39,9 @@ import (
 // Dowse's controller (EgressSelectorConfiguration, HTTPConnect on a Unix
 // socket). Without the controller, a pod's logs cannot be read; with it,
 // and the agent inside the node's namespace holding its link, `kubectl
-// logs`, the API server's pod proxy, `kubectl exec -i` and `kubectl
-// port-forward` reach the node's pods over the link, and a client on the
+// logs` (and `logs -f`), the API server's pod proxy, `kubectl exec -i`,
+// `kubectl cp` both ways and `kubectl port-forward` reach the node's pods
+// over the link, and a client on the
 // cloud side reaches the broker through its Service's cloud side (a
 // replica that relays over the link, through the one holding it).
 func TestKubectlReachesAnEdgeThroughItsLink(t *testing.T) {
@@ -185,7 +186,8 @@ func TestKubectlReachesAnEdgeThroughItsLink(t *testing.T) {
 	kubectl := func(args ...string) *exec.Cmd {
 		return exec.CommandContext(ctx, filepath.Join(kube.BinDir(), "kubectl"), append([]string{"--kubeconfig", c.Kubeconfig}, args...)...)
 	}
-	probe := probePod("exec-target", "sleep:1h")
+	// Its tar is the probe's, for kubectl cp.
+	probe := probePod("exec-target", "link:/bin/tar", "sleep:1h")
 	probe.Spec.HostNetwork, probe.Spec.NodeName = false, c.NodeName
 	if _, err := cs.CoreV1().Pods("default").Create(ctx, probe, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -197,6 +199,61 @@ func TestKubectlReachesAnEdgeThroughItsLink(t *testing.T) {
 	if out, err := execCmd.Output(); err != nil || string(out) != said {
 		t.Fatalf("kubectl exec -i: %q, %v", out, err)
 	}
+	// kubectl cp, to the pod and back (a tar through exec each way), every
+	// byte as sent.
+	upload := make([]byte, 3<<20+17)
+	if _, err := io.ReadFull(rand.NewChaCha8([32]byte{'c', 'p'}), upload); err != nil {
+		t.Fatal(err)
+	}
+	sent, back := filepath.Join(dir, "upload.bin"), filepath.Join(dir, "back.bin")
+	if err := os.WriteFile(sent, upload, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := kubectl("cp", sent, probe.Name+":/tmp/upload.bin").CombinedOutput(); err != nil {
+		t.Fatalf("kubectl cp to the pod: %v\n%s", err, out)
+	}
+	if out, err := kubectl("cp", probe.Name+":/tmp/upload.bin", back).CombinedOutput(); err != nil {
+		t.Fatalf("kubectl cp from the pod: %v\n%s", err, out)
+	}
+	if got, err := os.ReadFile(back); err != nil || !bytes.Equal(got, upload) {
+		t.Fatalf("kubectl cp there and back: %d bytes, %v; want the %d sent", len(got), err, len(upload))
+	}
+	// kubectl logs -f follows: lines the pod prints after it began arrive
+	// through the same stream.
+	ticker := probePod("ticker", "ticks:300ms")
+	ticker.Spec.HostNetwork, ticker.Spec.NodeName = false, c.NodeName
+	if _, err := cs.CoreV1().Pods("default").Create(ctx, ticker, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitPodPhase(t, ctx, cs, ticker.Name, corev1.PodRunning)
+	follow := kubectl("logs", "-f", "--tail=1", ticker.Name) // from its latest line on
+	followed, err := follow.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := follow.Start(); err != nil {
+		t.Fatal(err)
+	}
+	lines := bufio.NewScanner(followed)
+	first, last := -1, -1
+	for lines.Scan() {
+		var n int
+		if _, err := fmt.Sscanf(lines.Text(), "tick %d", &n); err != nil {
+			t.Fatalf("kubectl logs -f: %q", lines.Text())
+		}
+		if first < 0 {
+			first = n
+		}
+		if last = n; n >= first+3 { // logged since kubectl began following
+			break
+		}
+	}
+	if first < 0 || last < first+3 {
+		t.Fatalf("kubectl logs -f ended (%v) at tick %d, from tick %d", lines.Err(), last, first)
+	}
+	_ = follow.Process.Kill()
+	_ = follow.Wait()
+
 	local := portForward(t, kubectl("port-forward", "pod/"+pod.Name, ":8080"))
 	resp, err := http.Get("http://" + local + "/")
 	if err != nil {
