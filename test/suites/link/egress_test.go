@@ -236,7 +236,7 @@ func TestEgressBoundsStreamsPerNode(t *testing.T) {
 		if refused != "" {
 			t.Fatalf("stream %d of a bound of 2 refused: %s", i+1, refused)
 		}
-		echo(c, br, fmt.Sprintf("stream %d through edge-a's link", i+1)) // 31 bytes each way
+		echo(c, br, fmt.Sprintf("stream %d through edge-a's link", i+1)) // 30 bytes each way
 		tunnels = append(tunnels, c)
 	}
 
@@ -251,8 +251,8 @@ func TestEgressBoundsStreamsPerNode(t *testing.T) {
 	expectCount(t, e.hubRegs, "dowse_cloudhub_node_streams_opened_total", node, 2)
 	expectCount(t, e.hubRegs, "dowse_cloudhub_node_streams_refused_total", map[string]string{"node": "edge-a", "reason": "bound"}, 1)
 	expectCount(t, e.hubRegs, "dowse_cloudhub_node_streams_refused_total", map[string]string{"node": "edge-a", "reason": "edge"}, 0)
-	expectCount(t, e.hubRegs, "dowse_cloudhub_node_stream_bytes_total", map[string]string{"node": "edge-a", "direction": "out"}, 62)
-	expectCount(t, e.hubRegs, "dowse_cloudhub_node_stream_bytes_total", map[string]string{"node": "edge-a", "direction": "in"}, 62)
+	expectCount(t, e.hubRegs, "dowse_cloudhub_node_stream_bytes_total", map[string]string{"node": "edge-a", "direction": "out"}, 60)
+	expectCount(t, e.hubRegs, "dowse_cloudhub_node_stream_bytes_total", map[string]string{"node": "edge-a", "direction": "in"}, 60)
 	expectCount(t, e.egressReg, "dowse_egress_connections_total", map[string]string{"route": "refused"}, 1)
 
 	// One ends (both ways): a new stream fits again.
