@@ -507,6 +507,20 @@ func measure(ctx context.Context, cl *cloud, edge, targets *child, tr string, n,
 	for _, st := range held {
 		_ = st.Close()
 	}
+	// The edge forgets a stream once its target closed too: wait until it
+	// holds none, or the next n would meet its bound.
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		m, err := edge.mem()
+		if err != nil {
+			return err
+		}
+		if m.goroutines <= edgeBefore.goroutines+5 {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the edge still runs %d goroutines, %d before the streams", m.goroutines, edgeBefore.goroutines)
+		}
+	}
 
 	// 2. n streams at once, each echoing size bytes.
 	payload := make([]byte, size)
