@@ -168,6 +168,7 @@ bench: k8s build
 	go run ./test/bench/controller
 	@if [ "$$(id -u)" = 0 ]; then go run ./test/bench/deviceplugin; else echo "bench/deviceplugin skipped: it runs a kubelet, which needs root"; fi
 	go run ./test/bench/link
+	go run ./test/bench/streams
 	go run ./test/bench/replicas
 	go run ./test/bench/replicas -budget
 	go run ./test/bench/mapper
