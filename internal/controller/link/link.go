@@ -123,10 +123,10 @@ type Config struct {
 	// of the same CA naming an egress client (`dowsectl egress-config`);
 	// both empty: no egress.
 	EgressUDS, EgressAddr string
+	EgressHosts           []string
 	// EgressProtocol is what the API server speaks to them
 	// (egress.HTTPConnect, the default, or egress.GRPC).
 	EgressProtocol string
-	EgressHosts           []string
 	// EgressPeerAddr is where this replica takes the egress connections
 	// other replicas forward to the node sessions it holds (TLS with
 	// certificates of the link CA naming a replica); EgressPeerAdvertise
