@@ -475,7 +475,7 @@ func measure(ctx context.Context, cl *cloud, edge, targets *child, tr string, n,
 				return
 			}
 			if _, err := io.ReadFull(st, buf); err != nil || string(buf) != "ping" {
-				errs <- fmt.Errorf("stream %d: ping back %q: %v", i, buf, err)
+				errs <- fmt.Errorf("stream %d: ping back %q: %w", i, buf, err)
 				return
 			}
 			lat[i] = time.Since(start)
@@ -544,7 +544,7 @@ func measure(ctx context.Context, cl *cloud, edge, targets *child, tr string, n,
 			}()
 			got, err := io.ReadAll(st)
 			if err != nil || len(got) != size {
-				errs <- fmt.Errorf("stream %d: %d bytes back of %d: %v", i, len(got), size, err)
+				errs <- fmt.Errorf("stream %d: %d bytes back of %d: %w", i, len(got), size, err)
 				return
 			}
 			lat[i] = time.Since(start)
