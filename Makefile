@@ -27,7 +27,7 @@ STATIC_CMDS = $(filter %/dowse-agent %-mapper %/dowsectl,$(CMDS))
 # The files `make generate` writes, which verify-generate checks.
 GENERATED := proto shared/api deploy internal/controller/brokers/zz_generated.deepcopy.go docs/reference
 
-.PHONY: all build images release peers helm generate verify-generate test fuzz test-unit test-integration test-node node-deps bench demo k8s deps docs clean
+.PHONY: all build images release peers helm generate verify-generate test fuzz test-unit test-integration test-node node-deps bench soak demo k8s deps docs clean
 
 all: build
 
@@ -177,6 +177,17 @@ bench: k8s build
 	go test -run '^$$' -bench . -benchtime 3000x ./test/suites/link/
 	go test -run '^$$' -bench 'Twins|ModbusTwin|KubeEdgeMapperTwin' -benchtime 1x ./test/suites/e2e/
 	go test -run '^$$' -bench NodeReconnects -benchtime 1x ./test/suites/nodeapi/
+
+# The soak (test/suites/e2e TestSoak): the e2e fleet under load for
+# SOAK_DURATION (make test runs it for 5 minutes) while a fault schedule
+# kills each kind of Dowse process with -9, restarts the API server and
+# etcd, cuts links and partitions a node; checks that nothing goes back or
+# goes missing, that everything converges after each fault and that no
+# process's memory, goroutines or open files keep growing. Its HTML report
+# goes to SOAK_REPORT (default: a temporary directory the log names).
+SOAK_DURATION ?= 1h
+soak: k8s build
+	SOAK_DURATION=$(SOAK_DURATION) SOAK_REPORT=$(SOAK_REPORT) go test -count=1 -timeout 0 -v -run '^TestSoak$$' ./test/suites/e2e/
 
 # Local demo: a twin (a desired setpoint moves the demo's Modbus controller,
 # the readings come back reported), live Instances, and on a root machine

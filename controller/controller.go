@@ -23,8 +23,10 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/selection"
+	"k8s.io/client-go/kubernetes"
 	eventsclient "k8s.io/client-go/kubernetes/typed/events/v1"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -85,7 +87,8 @@ type Config struct {
 	// empty).
 	Link LinkConfig
 	// PodName is this replica's Pod (in Namespace): its identity among the
-	// replicas (Link.Replica) when set.
+	// replicas (Link.Replica) and as the leader election Lease's holder
+	// when set.
 	PodName string
 	// MapperStateDir is the agents' state directory on the nodes, mounted
 	// into mapper Pods (mappers.DefaultStateDir when empty).
@@ -198,6 +201,12 @@ func newManager(restCfg *rest.Config, sch *runtime.Scheme, cfg Config, log logr.
 	if err != nil {
 		return nil, err
 	}
+	var lock resourcelock.Interface
+	if cfg.LeaderElection && cfg.PodName != "" {
+		if lock, err = podLeaderLock(restCfg, cfg); err != nil {
+			return nil, err
+		}
+	}
 	mgr, err := ctrl.NewManager(restCfg, ctrl.Options{
 		Scheme:     sch,
 		Logger:     log,
@@ -226,12 +235,15 @@ func newManager(restCfg *rest.Config, sch *runtime.Scheme, cfg Config, log logr.
 				&rbacv1.RoleBinding{}: {Label: propertyaccess.Managed},
 			},
 		},
-		Metrics:                 metricsserver.Options{BindAddress: cfg.Serving.MetricsAddr},
-		HealthProbeBindAddress:  cfg.Serving.HealthAddr,
-		PprofBindAddress:        cfg.Serving.PprofAddr,
-		LeaderElection:          cfg.LeaderElection,
-		LeaderElectionID:        "dowse-controller.dowse.dev",
-		LeaderElectionNamespace: cfg.LeaderElectionNamespace,
+		Metrics:                metricsserver.Options{BindAddress: cfg.Serving.MetricsAddr},
+		HealthProbeBindAddress: cfg.Serving.HealthAddr,
+		PprofBindAddress:       cfg.Serving.PprofAddr,
+		LeaderElection:         cfg.LeaderElection,
+		LeaderElectionID:       leaderElectionID,
+		// nil (controller-runtime's own, identified by the host name and a
+		// random id) outside a Pod.
+		LeaderElectionResourceLockInterface: lock,
+		LeaderElectionNamespace:             cfg.LeaderElectionNamespace,
 		// A replica told to stop (its Pod deleted, a rolling update) hands
 		// the lease over at once instead of making the next leader wait
 		// out the lease (15 s). Run returns and main exits when the
@@ -331,6 +343,27 @@ func addNodeParts(ctx context.Context, mgr ctrl.Manager, cfg Config, reg prometh
 
 // replicaName is the Pod's name, or outside a Pod the host's with a random
 // suffix (several processes on one host are several replicas).
+const leaderElectionID = "dowse-controller.dowse.dev"
+
+// podLeaderLock is the leader election Lease held under the replica's Pod
+// name rather than controller-runtime's host name and random id: a
+// container killed (-9, out of memory) and restarted in its Pod takes its
+// own Lease back at once, instead of every replica waiting out the lease
+// duration (2 minutes by default) for a holder that is gone. A Pod's name
+// is unique while it lives, as an identity must be.
+func podLeaderLock(restCfg *rest.Config, cfg Config) (resourcelock.Interface, error) {
+	c := rest.AddUserAgent(rest.CopyConfig(restCfg), "leader-election")
+	// As controller-runtime's: one hung request must not outlast the
+	// renew deadline.
+	c.Timeout = max(cfg.RenewDeadline/2, time.Second)
+	cs, err := kubernetes.NewForConfig(c)
+	if err != nil {
+		return nil, err
+	}
+	return resourcelock.New(resourcelock.LeasesResourceLock, cfg.LeaderElectionNamespace, leaderElectionID,
+		cs.CoreV1(), cs.CoordinationV1(), resourcelock.ResourceLockConfig{Identity: cfg.PodName})
+}
+
 func replicaName(pod string) string {
 	if pod != "" {
 		return pod

@@ -40,6 +40,9 @@ type cloud struct {
 	metrics, ws, quic, auth int
 	controller              *procs.Proc
 	controllerArgs          []string
+	// agentKubeconfig is a node's agent's kubeconfig when it is not the
+	// cloud's (an API server reached through a fault proxy).
+	agentKubeconfig map[string]string
 }
 
 func startCloud(t testing.TB, controllerArgs ...string) *cloud {
@@ -137,7 +140,11 @@ func (c *cloud) joinAgent(node, server string, extra ...string) (*procs.Proc, st
 		edge.Server = server
 	}
 	edge.BootstrapToken, edge.CACertHash = tok.Token, tok.CACertHash
-	p := dowse.Agent{Kubeconfig: c.kubeconfig, Node: node, StateDir: state, Metrics: port, Link: edge,
+	kubeconfig := c.kubeconfig
+	if k, ok := c.agentKubeconfig[node]; ok {
+		kubeconfig = k
+	}
+	p := dowse.Agent{Kubeconfig: kubeconfig, Node: node, StateDir: state, Metrics: port, Link: edge,
 		Args: extra}.StartLogged(t, c.dir, node)
 	return p, state, port
 }
