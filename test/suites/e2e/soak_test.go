@@ -102,6 +102,9 @@ type soak struct {
 	mu    sync.Mutex
 	procs map[string]*soakProc
 
+	// kinds is each injected fault's kind (soakFaults), beside
+	// report.Faults.
+	kinds   []string
 	regress *regressions
 	desired map[string]int
 	plcWant int
@@ -161,6 +164,16 @@ func newSoak(t *testing.T, d time.Duration) *soak {
 		f.agentKubeconfig[node] = path
 		s.join(e)
 		s.edges = append(s.edges, e)
+	}
+	if err := poll(time.Now().Add(time.Minute), 200*time.Millisecond, func() error {
+		for _, e := range s.edges {
+			if err := metricIs(f.agents[e.node].metrics, "dowse_edgehub_connected", 1); err != nil {
+				return fmt.Errorf("agent %s: %w", e.node, err)
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
 	}
 	for _, e := range s.edges {
 		e.ct = f.counterTwin(t, ctx, e.node)
@@ -622,6 +635,7 @@ func (s *soak) run() {
 			}
 			t.Logf("%s at %s: converged %s after", name, at.Round(time.Second), fault.Recovered.Round(100*time.Millisecond))
 			s.mu.Lock()
+			s.kinds = append(s.kinds, kind)
 			s.report.Faults = append(s.report.Faults, fault)
 			s.mu.Unlock()
 			steady(time.Now().Add(gap))
@@ -648,9 +662,8 @@ func (s *soak) finish(path string) {
 		fmt.Sprintf("%d counter values reported (5 counters per edge, every 5 ms); %d Device.status updates of the counter twins watched", reports, updates),
 		fmt.Sprintf("counters that went back in Device.status: %d", len(errs)))
 	worst := map[string]time.Duration{}
-	for _, f := range r.Faults {
-		k, _, _ := strings.Cut(f.Kind, " edge-")
-		worst[k] = max(worst[k], f.Recovered)
+	for i, f := range r.Faults {
+		worst[s.kinds[i]] = max(worst[s.kinds[i]], f.Recovered)
 	}
 	var kinds []string
 	for k, v := range worst {
