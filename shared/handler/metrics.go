@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -92,6 +93,8 @@ func (m *metrics) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintf(&b, "%s{%s,reason=%q} %d\n", skippedName, l, r, m.skipped[r])
 	}
 	m.mu.Unlock()
+	// As every Go process of Dowse's says (make soak watches it for leaks).
+	fmt.Fprintf(&b, "# HELP go_goroutines Number of goroutines that currently exist.\n# TYPE go_goroutines gauge\ngo_goroutines %d\n", runtime.NumGoroutine())
 	_, _ = w.Write([]byte(b.String()))
 }
 

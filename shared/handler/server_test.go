@@ -527,6 +527,9 @@ func TestMetrics(t *testing.T) {
 		if !regexp.MustCompile(`(?m)^dowse_handler_registrations_total\{handler="counted"\} [12]$`).Match(b) {
 			return fmt.Errorf("metrics lack the registrations:\n%s", b)
 		}
+		if !regexp.MustCompile(`(?m)^go_goroutines [1-9][0-9]*$`).Match(b) {
+			return fmt.Errorf("metrics lack go_goroutines:\n%s", b)
+		}
 		return nil
 	})
 }
