@@ -16,7 +16,9 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
@@ -27,6 +29,7 @@ import (
 	"github.com/dowse-dev/dowse/test/framework/procs"
 	"github.com/dowse-dev/dowse/test/framework/promtest"
 	"github.com/dowse-dev/dowse/test/framework/soakreport"
+	"github.com/dowse-dev/dowse/test/framework/testwait"
 	"github.com/dowse-dev/dowse/test/peers/modbusplc"
 )
 
@@ -214,6 +217,24 @@ func (s *soak) join(e *soakEdge) {
 	p, state, metrics := s.f.joinAgent(e.node, strings.Join(servers, ","))
 	s.f.agents[e.node] = &fleetAgent{proc: p, state: state, metrics: metrics}
 	s.track("agent "+e.node, p, metrics)
+	s.nodeReady(e.node)
+}
+
+// nodeReady marks the Node Ready, as its kubelet would: no kubelet runs
+// beside the fleet, and the controller counts a Node that never said it
+// was Ready as NotReady since its creation, dead after the grace period
+// (5 minutes), and takes it out of its Instances.
+func (s *soak) nodeReady(name string) {
+	testwait.For(s.t, 30*time.Second, func() error {
+		var n corev1.Node
+		if err := s.f.client.Get(s.ctx, client.ObjectKey{Name: name}, &n); err != nil {
+			return err
+		}
+		now := metav1.Now()
+		n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue,
+			Reason: "KubeletReady", LastHeartbeatTime: now, LastTransitionTime: now}}
+		return s.f.client.Status().Update(s.ctx, &n)
+	})
 }
 
 func (s *soak) edgeB() string { return s.f.agents["edge-b"].state }
