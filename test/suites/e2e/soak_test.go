@@ -57,7 +57,9 @@ var soakMargins = map[string]struct{ factor, slack float64 }{
 // every few seconds) for SOAK_DURATION (default 5m; `make soak` runs an
 // hour) under a fault schedule that kills with -9 each kind of Dowse
 // process (an agent, each replica, the handler, the mapper: the mapper is
-// the twin's broker here, as no kubelet runs broker Pods), restarts the API
+// the twin's broker here, as no kubelet runs broker Pods; in the first
+// third of the run only, so that each process then lives long enough for
+// its growth to be judged), restarts the API
 // server and etcd, cuts an edge's link and partitions a node (link and API
 // server). After each fault everything must converge (every edge holds a
 // session, each replica is ready, each counter twin applies a new desired
@@ -614,8 +616,8 @@ func (s *soak) inject(kind string, round int) (string, error) {
 }
 
 // run injects the fault schedule, round after round, until the duration
-// is over (at least one whole round), with desired values set every 3 s
-// between faults.
+// is over (at least one whole round; kills only in the first third), with
+// desired values set every 3 s between faults.
 func (s *soak) run() {
 	t := s.t
 	s.start = time.Now()
@@ -636,10 +638,17 @@ func (s *soak) run() {
 		}
 	}
 	end := s.start.Add(s.d)
+	// Processes are killed in the first third of the run only (in the
+	// first round at least), so that each lives through the last two
+	// thirds, where its growth is judged.
+	kills := s.start.Add(s.d / 3)
 	for round := 0; round == 0 || time.Now().Before(end); round++ {
 		for _, kind := range soakFaults {
 			if round > 0 && !time.Now().Before(end) {
 				break
+			}
+			if round > 0 && strings.HasPrefix(kind, "kill -9") && !time.Now().Before(kills) {
+				continue
 			}
 			at := time.Since(s.start)
 			name, err := s.inject(kind, round)
@@ -692,6 +701,9 @@ func (s *soak) finish(path string) {
 	}
 	slices.Sort(kinds)
 	r.Summary = append(r.Summary, "longest time to converge per fault kind: "+strings.Join(kinds, "; "))
+	// A process killed (in the first third) and started again lives
+	// through the last two thirds at least, less the first round's length
+	// in a short run.
 	minLife := r.Duration / 3
 	for res, series := range r.Resources {
 		m := soakMargins[res]
