@@ -1,6 +1,7 @@
 package soakreport
 
 import (
+	"errors"
 	"encoding/xml"
 	"io"
 	"strings"
@@ -70,7 +71,7 @@ func TestWriteHTML(t *testing.T) {
 		d := xml.NewDecoder(strings.NewReader(rest[i : i+j+len("</svg>")]))
 		for {
 			_, err := d.Token()
-			if err == io.EOF {
+			if errors.Is(err, io.EOF) {
 				break
 			}
 			if err != nil {

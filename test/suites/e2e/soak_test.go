@@ -497,7 +497,7 @@ func (s *soak) plcConverged(deadline time.Time) error {
 			set = time.Now()
 			if out, err := exec.Command(filepath.Join(procs.BinDir(), "dowsectl"), "twin", "set", dev.Name, "setpoint", want,
 				"--kubeconfig", s.f.kubeconfig, "-n", "default").CombinedOutput(); err != nil {
-				return fmt.Errorf("dowsectl twin set: %v: %s", err, out)
+				return fmt.Errorf("dowsectl twin set: %w: %s", err, out)
 			}
 		}
 		return fmt.Errorf("the PLC's setpoint reported %q, observedDesired %q, want %s", rep, obs, want)
