@@ -1,8 +1,8 @@
 package soakreport
 
 import (
-	"errors"
 	"encoding/xml"
+	"errors"
 	"io"
 	"strings"
 	"testing"
