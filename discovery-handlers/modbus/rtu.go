@@ -11,7 +11,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/goburrow/modbus"
@@ -79,26 +78,7 @@ func (r *rtuDiscoverer) Discover(ctx context.Context, req *discoveryv1.DiscoverR
 		return err
 	}
 	s := &rtuScanner{d: d, root: r.root, line: r.line, log: logr.FromContextOrDiscard(ctx), known: map[rtuKey]*tracked{}, good: map[string]int{}}
-	timer := time.NewTimer(0)
-	defer timer.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-timer.C:
-		}
-		start := time.Now()
-		devs := s.round(ctx)
-		if ctx.Err() != nil {
-			return nil
-		}
-		handler.SetSkipped(ctx, s.skippedNow())
-		s.log.V(1).Info("modbus rtu scan round done", "ports", s.probed, "devices", len(devs), "duration", time.Since(start).String())
-		if err := send(devs); err != nil {
-			return err
-		}
-		timer.Reset(d.interval)
-	}
+	return handler.Rescan(ctx, d.interval, s.round, s.skippedNow, send)
 }
 
 // serialPort is a port to probe: its name as found (a by-id link stays a

@@ -28,26 +28,7 @@ func (d *discoverer) Discover(ctx context.Context, req *discoveryv1.DiscoverRequ
 		return err
 	}
 	s := newScanner(details, sec, logr.FromContextOrDiscard(ctx))
-	timer := time.NewTimer(0)
-	defer timer.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-timer.C:
-		}
-		start := time.Now()
-		devs := s.round(ctx)
-		if ctx.Err() != nil {
-			return nil
-		}
-		handler.SetSkipped(ctx, s.skippedNow())
-		s.log.V(1).Info("snmp scan round done", "targets", len(details.targets), "devices", len(devs), "duration", time.Since(start).String())
-		if err := send(devs); err != nil {
-			return err
-		}
-		timer.Reset(details.Interval())
-	}
+	return handler.Rescan(ctx, details.Interval(), s.round, s.skippedNow, send)
 }
 
 type tracked struct {
