@@ -107,6 +107,11 @@ func TestCacheBounds(t *testing.T) {
 	for i := range 10 {
 		c.add(response(t, fmt.Sprintf(`_http._tcp.local. 120 IN PTR s%d._http._tcp.local.`, i), fmt.Sprintf(`s%d._http._tcp.local. 120 IN SRV 0 0 80 h.local.`, i)), now)
 	}
+	// Unresolved, the three kept are held back.
+	if devs, sk := list(c, nil); len(devs) != 0 || sk.Len() != 10 {
+		t.Errorf("without an address: %d devices, %d skipped; want 0 and 10", len(devs), sk.Len())
+	}
+	c.add(response(t, `h.local. 120 IN A 10.0.0.200`), now)
 	devs, sk := list(c, nil)
 	if len(devs) != 3 || sk.Len() != 7 {
 		t.Errorf("%d devices, %d skipped; want 3 and 7", len(devs), sk.Len())

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -34,6 +35,9 @@ const (
 	SkipOverLimit = "OverLimit"
 	// SkipGarbage: a packet that is not a DNS message, or too large.
 	SkipGarbage = "Garbage"
+	// SkipUnresolved: a matching service whose host has no address yet;
+	// held back so that an Instance never appears without one.
+	SkipUnresolved = "Unresolved"
 )
 
 // NewDiscoverer returns the mDNS handler.Discoverer.
@@ -205,6 +209,10 @@ func list(c *cache, garbage map[string]string) ([]*discoveryv1.Device, *handler.
 	for _, s := range c.services() {
 		if ok, why := c.d.matches(s); !ok {
 			sk.Add(SkipNoMatch, s.fullName, why)
+			continue
+		}
+		if len(s.addrs) == 0 {
+			sk.Add(SkipUnresolved, s.fullName, "no address yet for "+strings.TrimSuffix(s.host, "."))
 			continue
 		}
 		devs = append(devs, s.device())
