@@ -301,10 +301,15 @@ func TestReadingsAPI(t *testing.T) {
 	}
 
 	// kubectl get as alice: every Device, at least the counter reported
-	// before it asked, live, from both replicas' nodes.
+	// before it asked, live, from both replicas' nodes. The holders are read
+	// again each time: the replicas may still move a node to even out.
 	testwait.For(t, time.Minute, func() error {
 		before := reported()
 		got, err := readAll(alice)
+		if err != nil {
+			return err
+		}
+		holders, err := f.holders(ctx)
 		if err != nil {
 			return err
 		}
@@ -462,16 +467,20 @@ func TestReadingsAPI(t *testing.T) {
 	})
 	// Caught up: every Device's event at least what was reported after the
 	// watch began, from both replicas.
-	waitWatch := func(what string, want map[string]int64, replicaOf func(name string) string) {
+	waitWatch := func(what string, want map[string]int64, replicaOf func(holders map[string]string, name string) string) {
 		t.Helper()
 		testwait.For(t, time.Minute, func() error {
+			holders, err := f.holders(ctx)
+			if err != nil {
+				return err
+			}
 			sw.mu.Lock()
 			defer sw.mu.Unlock()
 			for name, v := range want {
 				if sw.last[name] < v {
 					return fmt.Errorf("%s: the watch saw %s's count at %d, want at least %d (stderr: %s)", what, name, sw.last[name], v, wErr.String())
 				}
-				if r := replicaOf(name); r != "" && sw.by[name] != r {
+				if r := replicaOf(holders, name); r != "" && sw.by[name] != r {
 					return fmt.Errorf("%s: the watch saw %s from %q, want %q", what, name, sw.by[name], r)
 				}
 			}
@@ -480,7 +489,7 @@ func TestReadingsAPI(t *testing.T) {
 	}
 	time.Sleep(time.Second)
 	nodeOf := func(name string) string { return strings.Join(strings.Split(name, "-")[:2], "-") }
-	waitWatch("live", reported(), func(name string) string { return holders[nodeOf(name)] })
+	waitWatch("live", reported(), func(holders map[string]string, name string) string { return holders[nodeOf(name)] })
 
 	// dowsectl twin watch reads the live values: every counter step of a
 	// Device, not the few its status holds.
@@ -523,7 +532,7 @@ func TestReadingsAPI(t *testing.T) {
 		return nil
 	})
 	after := reported()
-	waitWatch("after kill -9", after, func(string) string { return front.name })
+	waitWatch("after kill -9", after, func(map[string]string, string) string { return front.name })
 	testwait.For(t, time.Minute, func() error {
 		want := reported()
 		got, err := readAll(alice)

@@ -22,6 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/dowse-dev/dowse/agent"
@@ -379,12 +380,16 @@ func TestAgentReadsOnlyWhatConfigurationsName(t *testing.T) {
 
 	// A reference removed takes its name out of the Role; the agent stops
 	// watching it and may no longer read it.
-	var cur v1alpha1.Configuration
-	if err := suite.Client.Get(ctx, client.ObjectKeyFromObject(cfg), &cur); err != nil {
-		t.Fatal(err)
-	}
-	cur.Spec.DiscoveryHandler.DiscoveryProperties = cur.Spec.DiscoveryHandler.DiscoveryProperties[1:]
-	if err := suite.Client.Update(ctx, &cur); err != nil {
+	// The controller writes the Configuration's status meanwhile: retry on
+	// a conflict.
+	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		var cur v1alpha1.Configuration
+		if err := suite.Client.Get(ctx, client.ObjectKeyFromObject(cfg), &cur); err != nil {
+			return err
+		}
+		cur.Spec.DiscoveryHandler.DiscoveryProperties = cur.Spec.DiscoveryHandler.DiscoveryProperties[1:]
+		return suite.Client.Update(ctx, &cur)
+	}); err != nil {
 		t.Fatal(err)
 	}
 	expectRules(t, ns, nil, []string{"plant-opc"})
@@ -407,7 +412,7 @@ func TestAgentReadsOnlyWhatConfigurationsName(t *testing.T) {
 	t.Logf("the agent made %d requests for Secrets and ConfigMaps, each by name: %v", len(urls), urls)
 
 	// The last reference gone, Role and RoleBinding go.
-	if err := suite.Client.Delete(ctx, &cur); err != nil {
+	if err := suite.Client.Delete(ctx, cfg); err != nil {
 		t.Fatal(err)
 	}
 	expectRules(t, ns, nil, nil)
