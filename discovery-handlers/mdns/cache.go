@@ -1,6 +1,7 @@
 package mdns
 
 import (
+	"cmp"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -327,11 +328,8 @@ func (c *cache) services() []service {
 				}
 			}
 			slices.SortFunc(s.addrs, func(a, b netip.Addr) int {
-				if a.Is4() != b.Is4() {
-					if a.Is4() {
-						return -1
-					}
-					return 1
+				if r := cmp.Compare(addrRank(a), addrRank(b)); r != 0 {
+					return r
 				}
 				return a.Compare(b)
 			})
@@ -340,6 +338,20 @@ func (c *cache) services() []service {
 	}
 	slices.SortFunc(out, func(a, b service) int { return strings.Compare(a.fullName, b.fullName) })
 	return out
+}
+
+// addrRank orders a host's addresses as a client off its link can best use
+// them: IPv4, then routable IPv6, then link-local IPv6 (usable only with
+// an interface named).
+func addrRank(a netip.Addr) int {
+	switch {
+	case a.Is4():
+		return 0
+	case !a.IsLinkLocalUnicast():
+		return 1
+	default:
+		return 2
+	}
 }
 
 // splitInstance splits "label._type._proto.local." (lower-cased or not)

@@ -151,6 +151,19 @@ func TestCacheFlush(t *testing.T) {
 	}
 }
 
+// TestAddressOrder: a host's addresses come IPv4 first, then routable
+// IPv6, then link-local IPv6, whatever order they were announced in.
+func TestAddressOrder(t *testing.T) {
+	d, _ := ParseDetails(`{"serviceTypes": ["_http._tcp"]}`)
+	c := newCache(d)
+	c.add(response(t, `_http._tcp.local. 120 IN PTR s._http._tcp.local.`, `s._http._tcp.local. 120 IN SRV 0 0 80 h.local.`,
+		`h.local. 120 IN AAAA fe80::1`, `h.local. 120 IN AAAA fd00::7`, `h.local. 120 IN A 10.0.0.1`), time.Unix(1000, 0))
+	devs, _ := list(c, nil)
+	if len(devs) != 1 || devs[0].Properties[AddressesProperty] != "10.0.0.1,fd00::7,fe80::1" || devs[0].Properties[AddressProperty] != "10.0.0.1" {
+		t.Errorf("devices %v, want addresses 10.0.0.1,fd00::7,fe80::1", devs)
+	}
+}
+
 func TestParseDetails(t *testing.T) {
 	for details, field := range map[string]string{
 		`{}`:                         "serviceTypes",
@@ -159,6 +172,7 @@ func TestParseDetails(t *testing.T) {
 		`{"serviceTypes": ["_http._tcp"], "txt": {"a": "("}}`:       "txt.a",
 		`{"serviceTypes": ["_http._tcp"], "maxServices": 5000}`:     "maxServices",
 		`{"serviceTypes": ["_http._tcp"], "queryInterval": "10ms"}`: "queryInterval",
+		`{"serviceTypes": ["_http._tcp"], "ipFamilies": ["ipx"]}`:   "ipFamilies[0]",
 	} {
 		if _, err := ParseDetails(details); err == nil || !contains(err.Error(), field) {
 			t.Errorf("%s: %v, want an error naming %s", details, err, field)

@@ -17,7 +17,7 @@ const (
 	DomainProperty    = "MDNS_DOMAIN"    // local
 	HostProperty      = "MDNS_HOST"      // the SRV target, e.g. printer-3.local
 	PortProperty      = "MDNS_PORT"      // the SRV port
-	AddressProperty   = "MDNS_ADDRESS"   // the host's first address (IPv4 first)
+	AddressProperty   = "MDNS_ADDRESS"   // the host's first address (IPv4, then routable IPv6, then link-local)
 	AddressesProperty = "MDNS_ADDRESSES" // all of them, comma-separated
 	// TXTPrefix prefixes each TXT key, upper-cased with characters that
 	// are not letters or digits turned to _: txtvers=1 is MDNS_TXT_TXTVERS.
@@ -59,9 +59,13 @@ type Details struct {
 	// name matches.
 	Instance string `json:"instance,omitempty"`
 	// Interfaces are the network interfaces to browse on (default: every
-	// interface that is up, multicast-capable, not loopback, with an IPv4
-	// address).
+	// interface that is up, multicast-capable, not loopback, with an
+	// address of a family browsed).
 	Interfaces []string `json:"interfaces,omitempty"`
+	// IPFamilies are the IP versions browsed on: IPv4 (group
+	// 224.0.0.251), IPv6 (group ff02::fb) or both (the default). A family
+	// is used on an interface that has an address of it.
+	IPFamilies []string `json:"ipFamilies,omitempty"`
 	// MaxServices bounds the services kept; past it new ones are ignored
 	// (and said so). Default 256, at most 4096.
 	MaxServices int `json:"maxServices,omitempty"`
@@ -71,10 +75,11 @@ type Details struct {
 	// Default 1m, at least 1s.
 	QueryInterval string `json:"queryInterval,omitempty"`
 
-	txt      map[string]*regexp.Regexp // lower-cased keys
-	instance *regexp.Regexp
-	interval time.Duration
-	types    map[string]bool // fully qualified, lower-cased: _http._tcp.local.
+	ipv4, ipv6 bool
+	txt        map[string]*regexp.Regexp // lower-cased keys
+	instance   *regexp.Regexp
+	interval   time.Duration
+	types      map[string]bool // fully qualified, lower-cased: _http._tcp.local.
 }
 
 // ParseDetails parses and validates discovery_details (JSON or YAML) and
@@ -105,6 +110,19 @@ func ParseDetails(s string) (*Details, error) {
 		}
 		d.ServiceTypes[i] = t
 		d.types[strings.ToLower(t)+".local."] = true
+	}
+	if len(d.IPFamilies) == 0 {
+		d.ipv4, d.ipv6 = true, true
+	}
+	for i, f := range d.IPFamilies {
+		switch strings.ToLower(f) {
+		case "ipv4":
+			d.ipv4 = true
+		case "ipv6":
+			d.ipv6 = true
+		default:
+			return nil, handler.InvalidDetails("ipFamilies[%d]: %q is neither IPv4 nor IPv6", i, f)
+		}
 	}
 	d.txt = map[string]*regexp.Regexp{}
 	for k, expr := range d.TXT {

@@ -8,12 +8,12 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/miekg/dns"
 	"golang.org/x/net/ipv4"
+	"golang.org/x/net/ipv6"
 	"golang.org/x/sys/unix"
 
 	discoveryv1 "github.com/dowse-dev/dowse/proto/discovery/v1"
@@ -23,8 +23,12 @@ import (
 // DefaultName is the handler name Configurations use by default.
 const DefaultName = "mdns"
 
-// Group is mDNS's IPv4 multicast group and port (RFC 6762 3).
-var Group = netip.MustParseAddrPort("224.0.0.251:5353")
+// Group and Group6 are mDNS's IPv4 and IPv6 multicast groups and port
+// (RFC 6762 3).
+var (
+	Group  = netip.MustParseAddrPort("224.0.0.251:5353")
+	Group6 = netip.MustParseAddrPort("[ff02::fb]:5353")
+)
 
 // Reasons a service or packet is skipped (handler.SetSkipped).
 const (
@@ -71,11 +75,11 @@ func (*discoverer) Discover(ctx context.Context, req *discoveryv1.DiscoverReques
 		return err
 	}
 	log := logr.FromContextOrDiscard(ctx)
-	ifaces, err := interfaces(d.Interfaces)
+	ifaces, err := interfaces(d.Interfaces, d.ipv4, d.ipv6)
 	if err != nil {
 		return handler.InvalidDetails("interfaces: %v", err)
 	}
-	conns, err := listen(ifaces)
+	socks, err := listen(ifaces)
 	if err != nil {
 		return err
 	}
@@ -84,18 +88,16 @@ func (*discoverer) Discover(ctx context.Context, req *discoveryv1.DiscoverReques
 	pkts := make(chan packet, 64)
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	for _, c := range conns {
-		stop := context.AfterFunc(ctx, func() { c.Close() })
+	var joined []string
+	for _, s := range socks {
+		stop := context.AfterFunc(ctx, func() { s.conn.Close() })
 		wg.Go(func() {
 			defer stop()
-			read(ctx, c, pkts)
+			read(ctx, s.conn, pkts)
 		})
+		joined = append(joined, s.group.String())
 	}
-	names := make([]string, len(ifaces))
-	for i, ifc := range ifaces {
-		names[i] = ifc.Name
-	}
-	log.Info("mdns browsing", "serviceTypes", d.ServiceTypes, "interfaces", names)
+	log.Info("mdns browsing", "serviceTypes", d.ServiceTypes, "groups", joined)
 
 	c := newCache(d)
 	garbage := map[string]string{}
@@ -109,9 +111,9 @@ func (*discoverer) Discover(ctx context.Context, req *discoveryv1.DiscoverReques
 		if err != nil {
 			return
 		}
-		for _, conn := range conns {
-			if _, err := conn.WriteToUDP(b, net.UDPAddrFromAddrPort(Group)); err != nil {
-				log.V(1).Info("mdns query not sent", "err", err)
+		for _, s := range socks {
+			if _, err := s.conn.WriteToUDP(b, s.group); err != nil {
+				log.V(1).Info("mdns query not sent", "group", s.group.String(), "err", err)
 			}
 		}
 	}
@@ -226,69 +228,117 @@ func list(c *cache, garbage map[string]string) ([]*discoveryv1.Device, *handler.
 	return devs, &sk
 }
 
+// iface is an interface to browse on and the families it has addresses of
+// (and were asked for).
+type iface struct {
+	net.Interface
+	ipv4, ipv6 bool
+}
+
 // interfaces returns the named interfaces, or every interface that is up,
-// multicast-capable, not loopback and has an IPv4 address.
-func interfaces(names []string) ([]net.Interface, error) {
+// multicast-capable, not loopback and has an address of a family asked for.
+func interfaces(names []string, ipv4, ipv6 bool) ([]iface, error) {
+	var candidates []net.Interface
 	if len(names) > 0 {
-		var out []net.Interface
 		for _, n := range names {
 			ifc, err := net.InterfaceByName(n)
 			if err != nil {
 				return nil, fmt.Errorf("%s: %w", n, err)
 			}
-			out = append(out, *ifc)
+			candidates = append(candidates, *ifc)
 		}
-		return out, nil
-	}
-	all, err := net.Interfaces()
-	if err != nil {
-		return nil, err
-	}
-	var out []net.Interface
-	for _, ifc := range all {
-		if ifc.Flags&net.FlagUp == 0 || ifc.Flags&net.FlagMulticast == 0 || ifc.Flags&net.FlagLoopback != 0 {
-			continue
+	} else {
+		all, err := net.Interfaces()
+		if err != nil {
+			return nil, err
 		}
-		addrs, _ := ifc.Addrs()
-		for _, a := range addrs {
-			if p, err := netip.ParsePrefix(a.String()); err == nil && p.Addr().Is4() {
-				out = append(out, ifc)
-				break
+		for _, ifc := range all {
+			if ifc.Flags&net.FlagUp != 0 && ifc.Flags&net.FlagMulticast != 0 && ifc.Flags&net.FlagLoopback == 0 {
+				candidates = append(candidates, ifc)
 			}
 		}
 	}
+	var out []iface
+	for _, ifc := range candidates {
+		f := iface{Interface: ifc}
+		addrs, _ := ifc.Addrs()
+		for _, a := range addrs {
+			p, err := netip.ParsePrefix(a.String())
+			if err != nil {
+				continue
+			}
+			f.ipv4 = f.ipv4 || (ipv4 && p.Addr().Is4())
+			f.ipv6 = f.ipv6 || (ipv6 && p.Addr().Is6())
+		}
+		switch {
+		case f.ipv4 || f.ipv6:
+			out = append(out, f)
+		case len(names) > 0:
+			return nil, fmt.Errorf("%s has no address of the families browsed", ifc.Name)
+		}
+	}
 	if len(out) == 0 {
-		return nil, fmt.Errorf("no interface is up, multicast-capable and has an IPv4 address")
+		return nil, fmt.Errorf("no interface is up, multicast-capable and has an address of the families browsed")
 	}
 	return out, nil
 }
 
-// listen joins the mDNS group on each interface, one socket each bound to
-// port 5353 (beside any mDNS responder on the node: the sockets share the
-// port), so that queries go out from 5353 and answers come back by
-// multicast.
-func listen(ifaces []net.Interface) ([]*net.UDPConn, error) {
-	var conns []*net.UDPConn
-	for _, ifc := range ifaces {
-		conn, err := net.ListenMulticastUDP("udp4", &ifc, net.UDPAddrFromAddrPort(Group))
-		if err != nil {
-			for _, c := range conns {
-				c.Close()
-			}
-			return nil, fmt.Errorf("joining %v on %s: %w", Group.Addr(), ifc.Name, err)
+// socket is a socket joined to one group on one interface, and the group
+// (with the interface as its zone for IPv6) that queries go to.
+type socket struct {
+	conn  *net.UDPConn
+	group *net.UDPAddr
+}
+
+// listen joins the mDNS groups on each interface, one socket a group and
+// interface bound to port 5353 (beside any mDNS responder on the node: the
+// sockets share the port), so that queries go out from 5353 and answers
+// come back by multicast.
+func listen(ifaces []iface) ([]socket, error) {
+	var socks []socket
+	closeAll := func() {
+		for _, s := range socks {
+			s.conn.Close()
 		}
-		if rc, err := conn.SyscallConn(); err == nil {
-			// Only this interface's traffic (best effort).
-			_ = rc.Control(func(fd uintptr) {
-				_ = syscall.SetsockoptInt(int(fd), syscall.IPPROTO_IP, unix.IP_MULTICAST_ALL, 0)
-			})
-		}
-		pc := ipv4.NewPacketConn(conn)
-		_ = pc.SetMulticastInterface(&ifc)
-		_ = pc.SetMulticastTTL(255) // RFC 6762 11
-		conns = append(conns, conn)
 	}
-	return conns, nil
+	for _, ifc := range ifaces {
+		if ifc.ipv4 {
+			group := net.UDPAddrFromAddrPort(Group)
+			conn, err := net.ListenMulticastUDP("udp4", &ifc.Interface, group)
+			if err != nil {
+				closeAll()
+				return nil, fmt.Errorf("joining %v on %s: %w", Group.Addr(), ifc.Name, err)
+			}
+			// Only this interface's traffic (best effort).
+			setSockopt(conn, unix.IPPROTO_IP, unix.IP_MULTICAST_ALL, 0)
+			pc := ipv4.NewPacketConn(conn)
+			_ = pc.SetMulticastInterface(&ifc.Interface)
+			_ = pc.SetMulticastTTL(255) // RFC 6762 11
+			socks = append(socks, socket{conn, group})
+		}
+		if ifc.ipv6 {
+			// ff02::fb is link-scoped: bound and sent to with the
+			// interface as its zone.
+			group := &net.UDPAddr{IP: net.IP(Group6.Addr().AsSlice()), Port: int(Group6.Port()), Zone: ifc.Name}
+			conn, err := net.ListenMulticastUDP("udp6", &ifc.Interface, group)
+			if err != nil {
+				closeAll()
+				return nil, fmt.Errorf("joining %v on %s: %w", Group6.Addr(), ifc.Name, err)
+			}
+			setSockopt(conn, unix.IPPROTO_IPV6, unix.IPV6_MULTICAST_ALL, 0)
+			pc := ipv6.NewPacketConn(conn)
+			_ = pc.SetMulticastInterface(&ifc.Interface)
+			_ = pc.SetMulticastHopLimit(255) // RFC 6762 11
+			socks = append(socks, socket{conn, group})
+		}
+	}
+	return socks, nil
+}
+
+func setSockopt(conn *net.UDPConn, level, opt, value int) {
+	if rc, err := conn.SyscallConn(); err == nil {
+		_ = rc.Control(func(fd uintptr) { _ = unix.SetsockoptInt(int(fd), level, opt, value) })
+	}
 }
 
 // read hands each datagram to pkts until conn is closed; a datagram that

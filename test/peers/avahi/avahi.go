@@ -28,10 +28,15 @@ import (
 // Link is two network namespaces joined by a veth pair.
 type Link struct {
 	// PeerNS and TestNS are the namespaces' names; PeerIf and TestIf the
-	// interfaces in them; PeerAddr and TestAddr their IPv4 addresses.
+	// interfaces in them; PeerAddr and TestAddr their addresses: IPv4 on
+	// a link of NewLink, IPv6 (unique local, beside the link-local ones)
+	// on a link of NewIPv6Link.
 	PeerNS, TestNS     string
 	PeerIf, TestIf     string
 	PeerAddr, TestAddr string
+	// IPv6 says the link has IPv6 addresses only: the daemon then speaks
+	// mDNS over IPv6 only.
+	IPv6 bool
 }
 
 func run(t testing.TB, args ...string) {
@@ -41,10 +46,23 @@ func run(t testing.TB, args ...string) {
 	}
 }
 
-// NewLink makes the namespaces and the link, and removes them when the
-// test ends. It needs root and iproute2; without them it fails under
-// CI=true and skips otherwise.
+// NewLink makes the namespaces and the link with IPv4 addresses, and
+// removes them when the test ends. It needs root and iproute2; without them
+// it fails under CI=true and skips otherwise.
 func NewLink(t testing.TB) *Link {
+	t.Helper()
+	return newLink(t, false)
+}
+
+// NewIPv6Link is NewLink with IPv6 addresses only (no IPv4 at all). It
+// waits until the link-local addresses have passed duplicate address
+// detection, so that the daemon can use them at once.
+func NewIPv6Link(t testing.TB) *Link {
+	t.Helper()
+	return newLink(t, true)
+}
+
+func newLink(t testing.TB, v6 bool) *Link {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		npmpeer.Unavailable(t, "network namespaces need root")
@@ -58,6 +76,11 @@ func NewLink(t testing.TB) *Link {
 		PeerNS: fmt.Sprintf("dowse-mdns-%x-p", id), TestNS: fmt.Sprintf("dowse-mdns-%x-t", id),
 		PeerIf: "veth-peer", TestIf: "veth-test",
 		PeerAddr: fmt.Sprintf("10.251.%d.1", n), TestAddr: fmt.Sprintf("10.251.%d.2", n),
+		IPv6: v6,
+	}
+	prefix := "/24"
+	if v6 {
+		l.PeerAddr, l.TestAddr, prefix = fmt.Sprintf("fd00:dd:%x::1", n), fmt.Sprintf("fd00:dd:%x::2", n), "/64"
 	}
 	run(t, "ip", "netns", "add", l.PeerNS)
 	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", l.PeerNS).Run() })
@@ -65,9 +88,29 @@ func NewLink(t testing.TB) *Link {
 	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", l.TestNS).Run() })
 	run(t, "ip", "-n", l.PeerNS, "link", "add", l.PeerIf, "type", "veth", "peer", "name", l.TestIf, "netns", l.TestNS)
 	for _, side := range [][3]string{{l.PeerNS, l.PeerIf, l.PeerAddr}, {l.TestNS, l.TestIf, l.TestAddr}} {
-		run(t, "ip", "-n", side[0], "addr", "add", side[2]+"/24", "dev", side[1])
+		if v6 {
+			run(t, "ip", "netns", "exec", side[0], "sysctl", "-q", "-w", "net.ipv6.conf."+side[1]+".accept_dad=0")
+			run(t, "ip", "-n", side[0], "addr", "add", side[2]+prefix, "dev", side[1], "nodad")
+		} else {
+			run(t, "ip", "-n", side[0], "addr", "add", side[2]+prefix, "dev", side[1])
+		}
 		run(t, "ip", "-n", side[0], "link", "set", side[1], "multicast", "on", "up")
 		run(t, "ip", "-n", side[0], "link", "set", "lo", "up")
+	}
+	if v6 {
+		deadline := time.Now().Add(10 * time.Second)
+		for _, side := range [][2]string{{l.PeerNS, l.PeerIf}, {l.TestNS, l.TestIf}} {
+			for {
+				out, err := exec.Command("ip", "-n", side[0], "-6", "addr", "show", "dev", side[1], "scope", "link").CombinedOutput()
+				if err == nil && strings.Contains(string(out), "fe80:") && !strings.Contains(string(out), "tentative") {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("%s in %s has no usable link-local address: %s", side[1], side[0], out)
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+		}
 	}
 	return l
 }
@@ -106,7 +149,7 @@ func Binary(t testing.TB) string {
 
 // Start runs avahi-daemon in l's peer namespace, publishing services, and
 // stops it (by its pid) when the test ends. hostName is the host name it
-// announces (its A record is the peer's address).
+// announces (its address records are the peer's addresses).
 func Start(t testing.TB, l *Link, hostName string, services ...Service) *Daemon {
 	t.Helper()
 	bin := Binary(t)
@@ -121,8 +164,8 @@ func Start(t testing.TB, l *Link, hostName string, services ...Service) *Daemon 
 	conf := fmt.Sprintf(`[server]
 host-name=%s
 domain-name=local
-use-ipv4=yes
-use-ipv6=no
+use-ipv4=%s
+use-ipv6=%s
 allow-interfaces=%s
 enable-dbus=no
 ratelimit-interval-usec=0
@@ -135,7 +178,7 @@ publish-addresses=yes
 [reflector]
 enable-reflector=no
 [rlimits]
-`, hostName, l.PeerIf)
+`, hostName, yesNo(!l.IPv6), yesNo(l.IPv6), l.PeerIf)
 	confPath := filepath.Join(dir, "avahi-daemon.conf")
 	if err := os.WriteFile(confPath, []byte(conf), 0o644); err != nil {
 		t.Fatal(err)
@@ -160,6 +203,13 @@ exec %q -f %q --no-drop-root --no-chroot --no-rlimits --no-proc-title --debug`, 
 		t.Fatalf("avahi-daemon did not start: %v\n%s", err, d.Out)
 	}
 	return d
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
 }
 
 func fileName(s Service) string {
