@@ -55,3 +55,5 @@ if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
 fi
+# npm peers the tests only look for (Eclipse Tahu's Sparkplug B client).
+"$(dirname "$0")/install-npm-peers.sh"

@@ -48,6 +48,9 @@ type Options struct {
 	// Stdout and Stderr receive the output; nil discards it. The process
 	// counts as ended only once both are copied.
 	Stdout, Stderr io.Writer
+	// Stdin is the process's standard input; nil reads nothing. An
+	// *os.File (a pipe's read end) is handed over as it is.
+	Stdin io.Reader
 	// Detach gives the process its own session, so that it outlives the
 	// caller; otherwise, with DieWithCaller, the kernel kills it (and it
 	// gets its own process group) when the caller dies.
@@ -76,7 +79,7 @@ func Start(name string, out io.Writer, args ...string) (*Proc, error) {
 func Run(name, path string, args []string, o Options) (*Proc, error) {
 	cmd := exec.Command(path, args...)
 	cmd.Env = o.Env
-	cmd.Stdout, cmd.Stderr = o.Stdout, o.Stderr
+	cmd.Stdout, cmd.Stderr, cmd.Stdin = o.Stdout, o.Stderr, o.Stdin
 	switch {
 	case o.Detach:
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}

@@ -4,6 +4,7 @@
 package mosquitto
 
 import (
+	"bytes"
 	"fmt"
 	"net"
 	"os"
@@ -241,3 +242,24 @@ next:
 
 // Stop stops mosquitto_sub.
 func (s *Sub) Stop() { s.proc.Kill() }
+
+// Publish publishes payload on topic with mosquitto_pub at QoS 1, retained
+// when retain is set; an empty payload is sent as a zero-length message
+// (which clears a retained one).
+func (b *Broker) Publish(t testing.TB, topic string, payload []byte, retain bool) {
+	t.Helper()
+	args := []string{"-h", "127.0.0.1", "-p", fmt.Sprint(b.Port), "-t", topic, "-q", "1"}
+	if retain {
+		args = append(args, "-r")
+	}
+	if len(payload) == 0 {
+		args = append(args, "-n")
+	} else {
+		args = append(args, "-s") // the payload from stdin, as it is
+	}
+	cmd := exec.Command(binary(t, "mosquitto_pub"), args...)
+	cmd.Stdin = bytes.NewReader(payload)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("mosquitto_pub %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+}
