@@ -38,7 +38,7 @@ render deploy/controller/cloudhub-service.yaml "# Where edges reach the cloud/ed
   --set link.enabled=true --set link.ca.generate=false --set link.caCertHash=none --show-only templates/link.yaml
 render deploy/controller/readings.yaml "# The live readings API's Service, APIService and RBAC (helm install --set link.enabled=true --set link.readings.enabled=true also turns it on in the controller)." \
   --set link.enabled=true --set link.readings.enabled=true --set link.ca.generate=false --set link.caCertHash=none --show-only templates/readings.yaml
-for p in debug-echo onvif udev opcua modbus modbus-rtu mdns snmp; do
+for p in debug-echo onvif udev opcua modbus modbus-rtu mdns mqtt snmp; do
   key=$p; [ "$p" = debug-echo ] && key=debugEcho; [ "$p" = modbus-rtu ] && key=modbusRtu
   render "deploy/handlers/$p.yaml" "# The $p discovery handler on every node, beside the agent." \
     --set agent.enabled=false --set controller.enabled=false --set debugEcho.discovery.enabled=false \

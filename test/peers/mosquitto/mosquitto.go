@@ -248,7 +248,16 @@ func (s *Sub) Stop() { s.proc.Kill() }
 // (which clears a retained one).
 func (b *Broker) Publish(t testing.TB, topic string, payload []byte, retain bool) {
 	t.Helper()
+	b.PublishAs(t, "", "", topic, payload, retain)
+}
+
+// PublishAs is Publish signed in as user with password.
+func (b *Broker) PublishAs(t testing.TB, user, password, topic string, payload []byte, retain bool) {
+	t.Helper()
 	args := []string{"-h", "127.0.0.1", "-p", fmt.Sprint(b.Port), "-t", topic, "-q", "1"}
+	if user != "" {
+		args = append(args, "-u", user, "-P", password)
+	}
 	if retain {
 		args = append(args, "-r")
 	}

@@ -228,7 +228,7 @@ func TestAllOn(t *testing.T) {
 	dryRun(t, ns, objs)
 	got := index(objs)
 	var want []string
-	for _, p := range []string{"debug-echo", "onvif", "udev", "opcua", "modbus", "modbus-rtu", "mdns", "snmp"} {
+	for _, p := range []string{"debug-echo", "onvif", "udev", "opcua", "modbus", "modbus-rtu", "mdns", "mqtt", "snmp"} {
 		want = append(want, "DaemonSet/dowse-"+p+"-discovery", "PodMonitor/dowse-"+p+"-discovery")
 	}
 	for _, p := range []string{"onvif", "opcua", "modbus", "snmp"} {
