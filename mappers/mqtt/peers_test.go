@@ -1,0 +1,145 @@
+package mqtt_test
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr/testr"
+
+	"github.com/dowse-dev/dowse/mappers/mapper"
+	"github.com/dowse-dev/dowse/mappers/mapper/mappertest"
+	"github.com/dowse-dev/dowse/mappers/mqtt"
+	dmiv1beta1 "github.com/dowse-dev/dowse/proto/dmi/v1beta1"
+	"github.com/dowse-dev/dowse/shared/twinvalue"
+	"github.com/dowse-dev/dowse/test/peers/mosquitto"
+	"github.com/dowse-dev/dowse/test/peers/npmpeer"
+)
+
+const wait = 20 * time.Second
+
+var pumpModel = mappertest.NewModel("default", "pump",
+	mappertest.ModelProp("temperature", "DOUBLE", "ReadOnly", "", ""),
+	mappertest.ModelProp("running", "BOOLEAN", "ReadWrite", "", ""),
+	mappertest.ModelProp("speed", "INT", "ReadWrite", "0", "3000"),
+)
+
+var haModel = mappertest.NewModel("default", "ha",
+	mappertest.ModelProp("state", "BOOLEAN", "ReadWrite", "", ""),
+	mappertest.ModelProp("temperature", "DOUBLE", "ReadOnly", "", ""),
+)
+
+func prop(name string, visitor map[string]any) mappertest.Prop {
+	if visitor == nil {
+		visitor = map[string]any{}
+	}
+	return mappertest.Prop{Name: name, Visitor: visitor, CollectCycle: time.Second}
+}
+
+// TestMQTTMapperPeers runs the mapper against Debian's mosquitto with an
+// Eclipse Tahu edge node (npm sparkplug-client) and Home Assistant topics
+// written and read with mosquitto_pub and mosquitto_sub: a device's
+// birth and data become reported twins (aliases of the birth resolved), a
+// desired value arrives at Tahu as a DCMD of the birth's data type, a
+// DDEATH makes the device unhealthy with the reason on its twins until it
+// is born again; a Home Assistant state (plain and a JSON field) is
+// reported and a desired value reaches the command topic.
+func TestMQTTMapperPeers(t *testing.T) {
+	npmpeer.SparkplugModules(t)
+	b := mosquitto.Start(t)
+	pump := mappertest.NewDevice(t, "default", "pump", "pump", mqtt.Protocol,
+		map[string]any{"broker": b.Addr(), "source": "sparkplug", "group": "Plant", "edgeNode": "Line1", "device": "Pump1"},
+		prop("temperature", map[string]any{"metric": "Temperature"}), prop("running", map[string]any{"metric": "Running"}),
+		prop("speed", map[string]any{"metric": "Speed"}))
+	relay := mappertest.NewDevice(t, "default", "relay", "ha", mqtt.Protocol,
+		map[string]any{"broker": b.Addr(), "source": "homeassistant", "stateTopic": "relay7/state", "commandTopic": "relay7/set"},
+		prop("state", nil), prop("temperature", map[string]any{"stateTopic": "relay7/attributes", "field": "temperature"}))
+	dir := mappertest.ShortTempDir(t)
+	agent := mappertest.Start(t, dir)
+	agent.SetData([]*dmiv1beta1.DeviceModel{pumpModel, haModel}, []*dmiv1beta1.Device{pump, relay})
+	mappertest.RunMapper(t, mapper.Config{Protocol: mqtt.Protocol, StateDir: dir, NewDriver: mqtt.NewDriver, Logger: testr.New(t),
+		DefaultCollectCycle: time.Second, ReconnectInitial: 50 * time.Millisecond, ReconnectMax: 500 * time.Millisecond, ReregisterInterval: time.Hour})
+	agent.WaitState(t, "default/pump", "ok", wait)
+	agent.WaitState(t, "default/relay", "ok", wait)
+
+	node := npmpeer.StartSparkplug(t, "tahu-line1", npmpeer.SparkplugConfig{ServerURL: b.Addr(), GroupID: "Plant", EdgeNode: "Line1",
+		Devices: map[string][]npmpeer.SparkplugMetric{"Pump1": {
+			{Name: "Temperature", Type: "Double", Value: 21.5, Alias: 1}, {Name: "Running", Type: "Boolean", Value: true, Alias: 2},
+			{Name: "Speed", Type: "Int32", Value: 1450, Alias: 3}}}})
+
+	t.Run("births and data become reported twins", func(t *testing.T) {
+		agent.WaitReported(t, "default/pump", "temperature", "21.5", 0, wait)
+		agent.WaitReported(t, "default/pump", "running", "true", 0, wait)
+		agent.WaitReported(t, "default/pump", "speed", "1450", 0, wait)
+		from := agent.ReportCount()
+		start := time.Now()
+		node.Do(t, map[string]any{"op": "ddata", "device": "Pump1", "metrics": []npmpeer.SparkplugMetric{{Name: "Temperature", Type: "Double", Value: 22.75}}})
+		agent.WaitReported(t, "default/pump", "temperature", "22.75", from, wait)
+		t.Logf("FIGURE: MQTT mapper: a DDATA (Tahu) reported %v after the edge node was told to publish it", time.Since(start).Round(100*time.Microsecond))
+	})
+
+	t.Run("a desired value is a DCMD Tahu receives", func(t *testing.T) {
+		from := node.Lines()
+		if _, err := agent.Mapper(t).UpdateDevice(context.Background(), &dmiv1beta1.UpdateDeviceRequest{Device: mappertest.SetDesired(pump, "speed", "1200")}); err != nil {
+			t.Fatal(err)
+		}
+		line, _ := node.WaitLine(t, "DCMD Pump1 ", from, wait)
+		var ms []struct {
+			Name  string
+			Type  string
+			Value any
+		}
+		if err := json.Unmarshal([]byte(line), &ms); err != nil {
+			t.Fatalf("DCMD %q: %v", line, err)
+		}
+		if len(ms) != 1 || ms[0].Name != "Speed" || ms[0].Type != "Int32" || ms[0].Value != float64(1200) {
+			t.Errorf("DCMD metrics %+v, want Speed Int32 1200", ms)
+		}
+		// The device takes it and says so.
+		rep := agent.ReportCount()
+		node.Do(t, map[string]any{"op": "ddata", "device": "Pump1", "metrics": []npmpeer.SparkplugMetric{{Name: "Speed", Type: "Int32", Value: 1200}}})
+		agent.WaitReported(t, "default/pump", "speed", "1200", rep, wait)
+		// Out of the model's range: refused before anything is sent.
+		rep = agent.ReportCount()
+		if _, err := agent.Mapper(t).UpdateDevice(context.Background(), &dmiv1beta1.UpdateDeviceRequest{Device: mappertest.SetDesired(pump, "speed", "5000")}); err != nil {
+			t.Fatal(err)
+		}
+		agent.WaitTwin(t, "default/pump", "speed", rep, wait, func(tw *dmiv1beta1.Twin) bool {
+			return tw.GetReported().GetMetadata()[twinvalue.MetaDesiredError] != ""
+		})
+	})
+
+	t.Run("a DDEATH makes the device unhealthy until its next birth", func(t *testing.T) {
+		node.Do(t, map[string]any{"op": "ddeath", "device": "Pump1"})
+		agent.WaitState(t, "default/pump", "unhealthy", wait)
+		tw, _ := agent.WaitTwin(t, "default/pump", "temperature", 0, wait, func(tw *dmiv1beta1.Twin) bool {
+			return strings.Contains(tw.GetReported().GetMetadata()[twinvalue.MetaError], "death certificate")
+		})
+		t.Logf("after DDEATH: %s", tw.GetReported().GetMetadata()[twinvalue.MetaError])
+		node.Do(t, map[string]any{"op": "dbirth", "device": "Pump1", "metrics": []npmpeer.SparkplugMetric{{Name: "Temperature", Type: "Double", Value: 19.25}}})
+		agent.WaitState(t, "default/pump", "ok", wait)
+		agent.WaitReported(t, "default/pump", "temperature", "19.25", 0, wait)
+	})
+
+	t.Run("Home Assistant state and command topics", func(t *testing.T) {
+		sub := b.Subscribe(t, "relay7/set", 1, "")
+		b.Publish(t, "relay7/state", []byte("ON"), true)
+		b.Publish(t, "relay7/attributes", []byte(`{"temperature": 31.5, "linkquality": 120}`), false)
+		agent.WaitReported(t, "default/relay", "state", "true", 0, wait)
+		agent.WaitReported(t, "default/relay", "temperature", "31.5", 0, wait)
+		if _, err := agent.Mapper(t).UpdateDevice(context.Background(), &dmiv1beta1.UpdateDeviceRequest{Device: mappertest.SetDesired(relay, "state", "false")}); err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(wait)
+		for sub.Count("relay7/set OFF") == 0 {
+			if time.Now().After(deadline) {
+				t.Fatalf("mosquitto_sub saw %q, want relay7/set OFF", sub.Lines())
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		b.Publish(t, "relay7/state", []byte("OFF"), true)
+		agent.WaitReported(t, "default/relay", "state", "false", 0, wait)
+	})
+}
