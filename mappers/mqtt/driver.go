@@ -276,7 +276,7 @@ func (d *Driver) Connect(ctx context.Context) error {
 	if id == "" {
 		id = randomID()
 	}
-	o := paho.NewClientOptions().AddBroker(c.broker).SetClientID(id).SetCleanSession(true).SetOrderMatters(false).
+	o := paho.NewClientOptions().AddBroker(c.broker).SetClientID(id).SetCleanSession(true).SetOrderMatters(true).
 		SetAutoReconnect(false).SetConnectRetry(false).SetConnectTimeout(c.timeout).SetKeepAlive(30 * time.Second).
 		SetWriteTimeout(c.timeout)
 	user, pass := c.username, c.password
