@@ -44,7 +44,7 @@ for p in debug-echo onvif udev opcua modbus modbus-rtu mdns mqtt snmp; do
     --set agent.enabled=false --set controller.enabled=false --set debugEcho.discovery.enabled=false \
     --set "$key.discovery.enabled=true" --show-only templates/handlers.yaml
 done
-for p in modbus opcua onvif snmp; do
+for p in modbus opcua onvif snmp mqtt; do
   render "deploy/mappers/$p.yaml" "# The $p mapper on every node, beside the agent (twins need the cloud/edge link)." \
     --set agent.enabled=false --set controller.enabled=false --set debugEcho.discovery.enabled=false \
     --set "$p.mapper.enabled=true" --show-only templates/mappers.yaml

@@ -231,7 +231,7 @@ func TestAllOn(t *testing.T) {
 	for _, p := range []string{"debug-echo", "onvif", "udev", "opcua", "modbus", "modbus-rtu", "mdns", "mqtt", "snmp"} {
 		want = append(want, "DaemonSet/dowse-"+p+"-discovery", "PodMonitor/dowse-"+p+"-discovery")
 	}
-	for _, p := range []string{"onvif", "opcua", "modbus", "snmp"} {
+	for _, p := range []string{"onvif", "opcua", "modbus", "snmp", "mqtt"} {
 		want = append(want, "DaemonSet/dowse-"+p+"-mapper", "PodMonitor/dowse-"+p+"-mapper")
 	}
 	want = append(want, "Configuration/debug-echo", "Configuration/onvif-camera", "Configuration/udev", "Configuration/opcua-server",
