@@ -143,3 +143,30 @@ func TestMQTTMapperPeers(t *testing.T) {
 		agent.WaitReported(t, "default/relay", "state", "false", 0, wait)
 	})
 }
+
+// TestMQTTMapperLogin: against mosquitto requiring a login, a device with
+// the right password is served and one with a wrong password is
+// Authenticated False and offline, in the broker's words.
+func TestMQTTMapperLogin(t *testing.T) {
+	b := mosquitto.StartWithUsers(t, map[string]string{"dowse": "pass-1"})
+	cfg := func(pass string) map[string]any {
+		return map[string]any{"broker": b.Addr(), "source": "homeassistant", "stateTopic": "relay7/state", "commandTopic": "relay7/set",
+			"username": "dowse", "password": pass}
+	}
+	right := mappertest.NewDevice(t, "default", "right", "ha", mqtt.Protocol, cfg("pass-1"), prop("state", nil))
+	wrong := mappertest.NewDevice(t, "default", "wrong", "ha", mqtt.Protocol, cfg("pass-2"), prop("state", nil))
+	dir := mappertest.ShortTempDir(t)
+	agent := mappertest.Start(t, dir)
+	agent.SetData([]*dmiv1beta1.DeviceModel{haModel}, []*dmiv1beta1.Device{right, wrong})
+	mappertest.RunMapper(t, mapper.Config{Protocol: mqtt.Protocol, StateDir: dir, NewDriver: mqtt.NewDriver, Logger: testr.New(t),
+		DefaultCollectCycle: time.Second, ReconnectInitial: 50 * time.Millisecond, ReconnectMax: 500 * time.Millisecond, ReregisterInterval: time.Hour})
+	c := agent.WaitCondition(t, "default/wrong", "Authenticated", false, wait)
+	t.Logf("Authenticated: %s: %s", c.Reason, c.Message)
+	if !strings.Contains(c.Message, "refused the credentials") {
+		t.Errorf("condition message %q", c.Message)
+	}
+	agent.WaitState(t, "default/wrong", "offline", wait)
+	agent.WaitState(t, "default/right", "ok", wait)
+	b.PublishAs(t, "dowse", "pass-1", "relay7/state", []byte("ON"), true)
+	agent.WaitReported(t, "default/right", "state", "true", 0, wait)
+}
