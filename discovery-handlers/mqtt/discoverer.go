@@ -181,7 +181,7 @@ func clientOptions(d *Details, creds *credentials, onConnect func(paho.Client), 
 	o := paho.NewClientOptions().AddBroker(d.Broker).SetClientID(id).
 		SetCleanSession(true).SetOrderMatters(true).SetKeepAlive(30 * time.Second).
 		SetConnectTimeout(10 * time.Second).SetAutoReconnect(true).SetConnectRetry(true).
-		SetConnectRetryInterval(time.Second).SetMaxReconnectInterval(30 * time.Second).
+		SetConnectRetryInterval(5 * time.Second).SetMaxReconnectInterval(30 * time.Second).
 		SetOnConnectHandler(onConnect).
 		SetConnectionNotificationHandler(func(_ paho.Client, n paho.ConnectionNotification) { notify(n) })
 	if creds.username != "" {

@@ -228,3 +228,33 @@ func TestThousandBirths(t *testing.T) {
 	}
 	t.Logf("FIGURE: dowse-mqtt-discovery peak RSS with %d devices: %.1f MiB", n+1, float64(hwm)/1024)
 }
+
+// TestRequestRebirth: a Tahu edge node born before the handler connected
+// is found once it sends data: the handler (requestRebirth) asks it with an
+// NCMD "Node Control/Rebirth", which Tahu receives, and its births follow.
+func TestRequestRebirth(t *testing.T) {
+	npmpeer.SparkplugModules(t)
+	b := mosquitto.Start(t)
+	node := npmpeer.StartSparkplug(t, "tahu-early", npmpeer.SparkplugConfig{ServerURL: b.Addr(), GroupID: "Plant", EdgeNode: "Early",
+		Devices: map[string][]npmpeer.SparkplugMetric{"Pump1": {{Name: "Temperature", Type: "Double", Value: 21.5}}}})
+	_, reg := startBinary(t)
+	s := handlertest.Discover(t, reg.GetEndpoint(), &discoveryv1.DiscoverRequest{DiscoveryDetails: fmt.Sprintf(
+		`{"broker": %q, "sparkplug": {"requestRebirth": true}}`, b.Addr())})
+	if devs := s.Next(t, wait); len(devs) != 0 {
+		t.Fatalf("devices before any birth: %v", handlertest.IDs(devs))
+	}
+	// Data until the handler has subscribed and asked (its subscription
+	// is not visible from here: a DDATA every 200 ms).
+	from := node.Lines()
+	deadline := time.Now().Add(wait)
+	for {
+		node.Do(t, map[string]any{"op": "ddata", "device": "Pump1", "metrics": []npmpeer.SparkplugMetric{{Name: "Temperature", Type: "Double", Value: 22}}})
+		if _, _, err := node.TryLine("NCMD ", from, 200*time.Millisecond); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("Tahu received no NCMD")
+		}
+	}
+	waitFor(t, s, nil, "spBv1.0/Plant/Early", "spBv1.0/Plant/Early/Pump1")
+}

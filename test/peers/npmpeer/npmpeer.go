@@ -139,6 +139,11 @@ func (p *Process) WaitLine(t testing.TB, prefix string, from int, timeout time.D
 	return rest, next
 }
 
+// TryLine is WaitLine returning an error instead of failing the test.
+func (p *Process) TryLine(prefix string, from int, timeout time.Duration) (string, int, error) {
+	return p.stdout.Wait(prefix, from, timeout)
+}
+
 // Lines returns how many stdout lines the peer has printed.
 func (p *Process) Lines() int { return p.stdout.Len() }
 

@@ -16,7 +16,8 @@
 //   {"op": "stop"}   (NDEATH published by the client, then disconnect)
 // printing "DONE <op> <device>" once each is handed to the MQTT client, and
 // "DCMD <device> <json metrics>" / "NCMD <json metrics>" for each command
-// received. SIGTERM ends it without a DEATH (the broker sends the will).
+// received; an NCMD "Node Control/Rebirth" true publishes the births again
+// (as an edge node's application does). SIGTERM ends it without a DEATH (the broker sends the will).
 "use strict";
 const readline = require("readline");
 const sparkplug = require("sparkplug-client");
@@ -32,18 +33,21 @@ const devices = cfg.devices || {};
 const now = () => Date.now();
 const metrics = (ms) => (ms || []).map((m) => Object.assign({ timestamp: now() }, m));
 
-client.on("birth", () => {
+function births() {
   client.publishNodeBirth({ timestamp: now(), metrics: metrics(cfg.nodeMetrics) });
   for (const [id, ms] of Object.entries(devices)) {
     client.publishDeviceBirth(id, { timestamp: now(), metrics: metrics(ms) });
   }
   console.log("BORN " + now());
-});
+}
+client.on("birth", births);
 client.on("dcmd", (device, payload) => {
   console.log("DCMD " + device + " " + JSON.stringify(payload.metrics.map((m) => ({ name: m.name, alias: m.alias, type: m.type, value: m.value }))));
 });
 client.on("ncmd", (payload) => {
   console.log("NCMD " + JSON.stringify(payload.metrics.map((m) => ({ name: m.name, type: m.type, value: m.value }))));
+  // What a Sparkplug edge node's application does on a host's request.
+  if (payload.metrics.some((m) => m.name === "Node Control/Rebirth" && m.value === true)) births();
 });
 client.on("error", (e) => console.error("error: " + e));
 
