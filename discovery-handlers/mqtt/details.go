@@ -3,7 +3,6 @@ package mqtt
 import (
 	"crypto/tls"
 	"crypto/x509"
-	"fmt"
 	"net/url"
 	"regexp"
 	"strings"
@@ -354,5 +353,3 @@ func parseCredentials(d *Details, props map[string]*discoveryv1.ByteData) (*cred
 	}
 	return c, nil
 }
-
-func (c *credentials) String() string { return fmt.Sprintf("user %q", c.username) }
