@@ -116,7 +116,7 @@ func (s *state) haProperties(t haTopic, topic string, payload []byte) (map[strin
 		if err == nil {
 			err = fmt.Errorf("null")
 		}
-		return nil, fmt.Errorf("not a JSON object: %v", err)
+		return nil, fmt.Errorf("not a JSON object: %w", err)
 	}
 	if dec.More() {
 		return nil, fmt.Errorf("not a JSON object: data after the object")
@@ -195,7 +195,7 @@ func haString(m map[string]json.RawMessage, long, short string) (string, error) 
 	}
 	var v any
 	if err := json.Unmarshal(raw, &v); err != nil {
-		return "", fmt.Errorf("%s: %v", long, err)
+		return "", fmt.Errorf("%s: %w", long, err)
 	}
 	var s string
 	switch x := v.(type) {

@@ -4,7 +4,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-
 	"time"
 
 	"github.com/dowse-dev/dowse/internal/sparkplug"

@@ -321,7 +321,7 @@ func (d *Driver) Connect(ctx context.Context) error {
 	}
 	if err := tok.Error(); err != nil {
 		if errors.Is(err, packets.ErrorRefusedBadUsernameOrPassword) || errors.Is(err, packets.ErrorRefusedNotAuthorised) {
-			return fmt.Errorf("broker %s: %w: %v", c.broker, mapper.ErrAuthFailed, err)
+			return fmt.Errorf("broker %s: %w: %w", c.broker, mapper.ErrAuthFailed, err)
 		}
 		return fmt.Errorf("connecting to %s: %w", c.broker, err)
 	}

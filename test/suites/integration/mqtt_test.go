@@ -81,6 +81,7 @@ func TestMQTTDevicesBecomeInstances(t *testing.T) {
 			for _, i := range listInstances(t, ns, "plant") {
 				got = append(got, i.DeviceID)
 			}
+			slices.Sort(got)
 			if !slices.Equal(got, ids) {
 				return fmt.Errorf("Instances of devices %q, want %q", got, ids)
 			}
