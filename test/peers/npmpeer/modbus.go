@@ -24,16 +24,14 @@ func ModbusScript() string {
 	return filepath.Join(kube.RepoRoot(), "test", "peers", "npmpeer", "peers", "modbus-server.js")
 }
 
-// ModbusModules installs the Modbus peers' packages once (cached under
-// bin/) and returns their node_modules; serial adds serialport for RTU.
+// ModbusModules returns the Modbus peers' node_modules (installed by
+// hack/install-npm-peers.sh); serial: those with serialport, for RTU.
 func ModbusModules(t testing.TB, serial bool) string {
 	t.Helper()
 	if serial {
-		return Install(t, "modbus-rtu", nil, ModbusSerialPackages...)
+		return Installed(t, "modbus-rtu", ModbusSerialPackages...)
 	}
-	// modbus-serial's optional dependencies are serial-port bindings that
-	// build native code; TCP needs none of them.
-	return Install(t, "modbus", []string{"--omit=optional"}, ModbusPackages...)
+	return Installed(t, "modbus", ModbusPackages...)
 }
 
 // ModbusServer is a running Modbus peer.

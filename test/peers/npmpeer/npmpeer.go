@@ -1,26 +1,24 @@
 // Package npmpeer runs real protocol peers from the npm registry in tests:
-// it installs pinned packages once into a cache folder under the
-// repository's bin/ and runs small launcher scripts with node, stopping
-// every process it starts when the test ends.
+// pinned packages that hack/install-npm-peers.sh (run by
+// hack/install-deps.sh, so by make test) installs under the repository's
+// bin/npm-peers, run through small launcher scripts with node, every
+// process stopped when the test ends. Tests never run npm.
 //
-// When node, npm or a package cannot be had, a test fails if the
-// environment variable CI is "true" (a CI run must not pass by skipping) and
-// is skipped otherwise.
+// When node or a package is missing, a test fails if the environment
+// variable CI is "true" (a CI run must not pass by skipping) and is skipped
+// otherwise.
 package npmpeer
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/dowse-dev/dowse/test/framework/kube"
 	"github.com/dowse-dev/dowse/test/framework/procs"
 )
 
@@ -33,49 +31,6 @@ func Unavailable(t testing.TB, format string, args ...any) {
 		t.Fatalf("%s (CI=true, so this fails rather than skips)", msg)
 	}
 	t.Skipf("%s; skipping (set CI=true to make this a failure)", msg)
-}
-
-// Install makes sure the packages (name@version) are installed in
-// <repo>/bin/npm-peers/<cache>, installing them with npm the first time, and
-// returns the node_modules folder to put in NODE_PATH.
-func Install(t testing.TB, cache string, npmArgs []string, pkgs ...string) string {
-	t.Helper()
-	if _, err := exec.LookPath("node"); err != nil {
-		Unavailable(t, "node is not on PATH: install Node.js 20 (apt-get install -y nodejs npm)")
-	}
-	dir := filepath.Join(kube.RepoRoot(), "bin", "npm-peers", cache)
-	modules := filepath.Join(dir, "node_modules")
-	if installed(modules, pkgs) {
-		return modules
-	}
-	if _, err := exec.LookPath("npm"); err != nil {
-		Unavailable(t, "npm is not on PATH: install it (apt-get install -y npm) to fetch %v", pkgs)
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	// A package.json of its own keeps npm from walking up to another
-	// project's.
-	pj := filepath.Join(dir, "package.json")
-	if _, err := os.Stat(pj); err != nil {
-		if err := os.WriteFile(pj, []byte(`{"name":"dowse-npm-peers","private":true}`+"\n"), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	args := append([]string{"install", "--no-audit", "--no-fund"}, npmArgs...)
-	args = append(args, pkgs...)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "npm", args...)
-	cmd.Dir = dir
-	t.Logf("installing npm peers into %s: npm %s", dir, strings.Join(args, " "))
-	if out, err := cmd.CombinedOutput(); err != nil {
-		Unavailable(t, "npm %s in %s failed: %v\n%s", strings.Join(args, " "), dir, err, out)
-	}
-	if !installed(modules, pkgs) {
-		Unavailable(t, "npm install in %s did not install %v", dir, pkgs)
-	}
-	return modules
 }
 
 func installed(modules string, pkgs []string) bool {

@@ -28,11 +28,11 @@ func OPCUAScript() string {
 	return filepath.Join(kube.RepoRoot(), "test", "peers", "npmpeer", "peers", "opcua-server.js")
 }
 
-// OPCUAModules installs node-opcua once (cached under bin/) and returns its
-// node_modules.
+// OPCUAModules returns node-opcua's node_modules (installed by
+// hack/install-npm-peers.sh).
 func OPCUAModules(t testing.TB) string {
 	t.Helper()
-	return Install(t, "opcua", nil, OPCUAPackages...)
+	return Installed(t, "opcua", OPCUAPackages...)
 }
 
 // StartOPCUA runs a node-opcua peer with config (the launcher's keys:

@@ -30,8 +30,7 @@ func SparkplugModules(t testing.TB) string {
 
 // Installed returns <repo>/bin/npm-peers/<cache>/node_modules when pkgs
 // (name@version) are installed there, and calls Unavailable, naming
-// hack/install-npm-peers.sh, when they are not. Unlike Install it never
-// runs npm.
+// hack/install-npm-peers.sh, when they are not. It never runs npm.
 func Installed(t testing.TB, cache string, pkgs ...string) string {
 	t.Helper()
 	if _, err := exec.LookPath("node"); err != nil {
