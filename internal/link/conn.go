@@ -410,7 +410,7 @@ func (r *runner) readOne(ctx context.Context, watchdog *time.Timer) error {
 		case *linkv1.Envelope_Hello, *linkv1.Envelope_Welcome:
 			return fmt.Errorf("%w: %T after the handshake", ErrMalformed, env.Kind)
 		case *linkv1.Envelope_StreamOpen, *linkv1.Envelope_StreamData, *linkv1.Envelope_StreamWindow,
-			*linkv1.Envelope_StreamClose, *linkv1.Envelope_StreamReset:
+			*linkv1.Envelope_StreamClose, *linkv1.Envelope_StreamReset, *linkv1.Envelope_StreamReceipt:
 			if r.cfg.Streams != nil {
 				r.cfg.Streams.handle(ctx, &env)
 			} else if o := env.GetStreamOpen(); o != nil {

@@ -32,6 +32,19 @@ const DefaultMaxStreams = 1024
 // after its sequenced and control messages.
 const streamBudget = 96 << 10
 
+// The bound on stream data in flight (written, not yet read by the peer,
+// see StreamReceipt): twice the connection's bandwidth-delay product as
+// measured from the receipts, within these.
+const (
+	// MinStreamsInFlight lets a stream run on a link whose round trip
+	// is not measured yet or is tiny (loopback, a LAN).
+	MinStreamsInFlight = 16 << 10
+	// MaxStreamsInFlight bounds what a twin waits behind on a fast link
+	// with a long round trip (a satellite's 600 ms at 100 Mbit/s needs
+	// 7.5 MB: such a link gives up some of the streams' throughput).
+	MaxStreamsInFlight = 8 << 20
+)
+
 // ErrLinkLost ends every stream of a connection that ended: a byte stream
 // cannot resume on the next one.
 var ErrLinkLost = errors.New("link lost")
@@ -97,6 +110,15 @@ type Streams struct {
 	streams  map[uint64]*Stream
 	ctrl     []*linkv1.Envelope
 	ready    []*Stream
+
+	// Receipts (StreamReceipt) and the bound on data in flight.
+	received     uint64 // StreamData bytes read off the connection
+	receiptDue   bool   // the peer has not been told received yet
+	sent         uint64 // StreamData bytes written to the connection
+	peerReceived uint64 // of them, read by the peer (its last receipt)
+	bounded      bool   // the peer sends receipts: sent-peerReceived is bounded
+	est          bdpEstimate
+	maxInFlight  int // the most sent-peerReceived ever was (tests)
 }
 
 // NewStreams makes the streams of one connection. dial serves the peer's
@@ -186,6 +208,9 @@ func (s *Streams) attach(wake func(), m *Metrics) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.wake, s.metrics = wake, m
+	// Tell the peer at once that this side sends receipts: it may then
+	// bound what it has in flight from its first byte of data.
+	s.receiptDue = true
 	if m != nil {
 		// Streams opened before the connection ran count from now (the
 		// counters, set before, counted them already).
@@ -293,11 +318,20 @@ func (s *Streams) handle(ctx context.Context, env *linkv1.Envelope) {
 	case *linkv1.Envelope_StreamOpen:
 		s.serveOpen(ctx, k.StreamOpen)
 	case *linkv1.Envelope_StreamData:
+		// Every byte read counts for the receipt, also one dropped: the
+		// peer counts what it wrote.
+		data := k.StreamData.Data
+		s.received += uint64(len(data))
+		if !s.receiptDue {
+			s.receiptDue = true
+			if s.wake != nil {
+				s.wake()
+			}
+		}
 		st := s.streams[k.StreamData.Id]
 		if st == nil {
 			return // reset here before the frame arrived
 		}
-		data := k.StreamData.Data
 		switch {
 		case len(data) > st.recvLimit:
 			st.resetLocked(fmt.Sprintf("flow control: %d bytes sent, %d granted", len(data), st.recvLimit))
@@ -327,6 +361,8 @@ func (s *Streams) handle(ctx context.Context, env *linkv1.Envelope) {
 			st.cond.Broadcast()
 			st.doneLocked()
 		}
+	case *linkv1.Envelope_StreamReceipt:
+		s.receiptLocked(k.StreamReceipt.Received, time.Now())
 	case *linkv1.Envelope_StreamReset:
 		if st := s.streams[k.StreamReset.Id]; st != nil {
 			if st.opening() {
@@ -397,11 +433,57 @@ func (s *Streams) readyLocked(st *Stream) {
 	}
 }
 
+// receiptLocked takes the peer's receipt: it now bounds what is in
+// flight, and the data it read makes room; s.mu is held.
+func (s *Streams) receiptLocked(received uint64, now time.Time) {
+	s.bounded = true
+	if received > s.sent {
+		received = s.sent // a peer cannot have read what was never sent
+	}
+	if received <= s.peerReceived {
+		return
+	}
+	s.est.receipt(received, now)
+	s.peerReceived = received
+	if len(s.ready) > 0 && s.wake != nil {
+		s.wake()
+	}
+}
+
+// inFlightRoom is the stream data the writer may add now (-1: unbounded,
+// the peer sends no receipts) and the size of a data frame; s.mu is held.
+func (s *Streams) inFlightRoom() (room, chunk int) {
+	if !s.bounded {
+		return -1, MaxStreamData
+	}
+	limit := s.est.limit()
+	// Frames of a quarter of the bound keep its room in use while the
+	// peer's receipts come back.
+	return limit - int(s.sent-s.peerReceived), min(max(limit/4, 4<<10), MaxStreamData)
+}
+
+// InFlight is the stream data written and not yet read by the peer, and
+// its bound now (0: unbounded, the peer sends no receipts).
+func (s *Streams) InFlight() (inFlight, limit int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.bounded {
+		limit = s.est.limit()
+	}
+	return int(s.sent - s.peerReceived), limit
+}
+
 // appendFrames appends the stream frames waiting (control first, then data
-// round-robin) until buf holds limit bytes; more says whether some wait.
+// round-robin) until buf holds limit bytes or the data in flight its bound;
+// more says whether some wait that a write makes room for (data held by
+// the bound waits for the peer's receipt, which wakes the writer).
 func (s *Streams) appendFrames(buf []byte, ack uint64, limit int) (_ []byte, frames int, more bool, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.receiptDue {
+		s.ctrl = append(s.ctrl, &linkv1.Envelope{Kind: &linkv1.Envelope_StreamReceipt{StreamReceipt: &linkv1.StreamReceipt{Received: s.received}}})
+		s.receiptDue = false
+	}
 	for _, c := range s.ctrl {
 		c.Version, c.Ack = ProtocolVersion, ack
 		if buf, err = AppendFrame(buf, c); err != nil {
@@ -410,17 +492,35 @@ func (s *Streams) appendFrames(buf []byte, ack uint64, limit int) (_ []byte, fra
 		frames++
 	}
 	s.ctrl = s.ctrl[:0]
+	room, chunk := s.inFlightRoom()
+	sentBefore := s.sent
+	defer func() {
+		if s.sent > sentBefore {
+			s.est.wrote(s.sent, s.peerReceived, time.Now())
+			s.maxInFlight = max(s.maxInFlight, int(s.sent-s.peerReceived))
+		}
+	}()
 	for len(s.ready) > 0 {
 		if len(buf) >= limit {
 			return buf, frames, true, nil
 		}
 		st := s.ready[0]
-		s.ready = s.ready[1:]
-		st.queued = false
 		if st.err != nil || s.streams[st.id] != st {
+			s.ready = s.ready[1:]
+			st.queued = false
 			continue
 		}
-		if n := min(len(st.send), st.sendCredit, MaxStreamData); n > 0 {
+		n := min(len(st.send), st.sendCredit, chunk)
+		if room >= 0 && n > room {
+			// Held by the bound: a frame smaller than half a chunk waits
+			// for more room rather than go out in slivers.
+			if n = room; n < chunk/2 {
+				return buf, frames, false, nil
+			}
+		}
+		s.ready = s.ready[1:]
+		st.queued = false
+		if n > 0 {
 			env := &linkv1.Envelope{Version: ProtocolVersion, Ack: ack, Kind: &linkv1.Envelope_StreamData{StreamData: &linkv1.StreamData{Id: st.id, Data: st.send[:n]}}}
 			if buf, err = AppendFrame(buf, env); err != nil {
 				return buf, frames, false, err
@@ -428,6 +528,10 @@ func (s *Streams) appendFrames(buf []byte, ack uint64, limit int) (_ []byte, fra
 			frames++
 			st.send = st.send[n:]
 			st.sendCredit -= n
+			s.sent += uint64(n)
+			if room >= 0 {
+				room -= n
+			}
 			s.countBytes(false, n)
 			st.cond.Broadcast() // room for its writer
 		}

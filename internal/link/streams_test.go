@@ -361,7 +361,9 @@ func TestTwinsGoAheadOfStreamData(t *testing.T) {
 		}
 	}
 	id := env.GetStreamOpen().Id
-	// The peer takes 64 MiB: credit is never what holds the stream up.
+	// The peer takes 64 MiB: credit is never what holds the stream up;
+	// it sends no receipts (as a peer from before them), so the data in
+	// flight is not bounded either (more than 1 MiB goes out below).
 	if err := peer.Write(&linkv1.Envelope{Kind: &linkv1.Envelope_StreamWindow{StreamWindow: &linkv1.StreamWindow{Id: id, Credit: 64 << 20}}}); err != nil {
 		t.Fatal(err)
 	}
@@ -461,4 +463,139 @@ func FuzzStreamFrames(f *testing.F) {
 			t.Fatal("streams outlive their connection")
 		}
 	})
+}
+
+// TestStreamDataInFlightBounded: a side sends receipts for the stream data
+// it reads (every byte, also of a stream it does not know), and once the
+// peer sends receipts it keeps the data it has written and the peer has
+// not receipted within the bound, so that a twin message queued meanwhile
+// goes out ahead of the data held back (counted on the wire, not timed).
+func TestStreamDataInFlightBounded(t *testing.T) {
+	sess := NewSession(SessionConfig{})
+	streams := NewStreams(nil)
+	ours, theirs := net.Pipe()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- RunConn(ctx, NewFramed(pipeConn{ours}, 0), sess, &ConnConfig{Heartbeat: time.Minute, Streams: streams,
+			Deliver: func(context.Context, *linkv1.Envelope) error { return nil }})
+	}()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	peer := NewFramed(pipeConn{theirs}, 0)
+	write := func(env *linkv1.Envelope) {
+		t.Helper()
+		if err := peer.Write(env); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// What the peer reads, counted.
+	var data, receipted int
+	receipt := int64(-1) // the last receipt read
+	twins := 0
+	read := func() *linkv1.Envelope {
+		t.Helper()
+		var env linkv1.Envelope
+		if _, err := peer.Read(&env); err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case env.GetStreamData() != nil:
+			data += len(env.GetStreamData().Data)
+		case env.GetStreamReceipt() != nil:
+			receipt = int64(env.GetStreamReceipt().Received)
+		case env.GetTwinReported() != nil:
+			twins++
+		}
+		return &env
+	}
+	// sync reads until the replies to two heartbeats: everything the
+	// writer did before the second was answered has been read then.
+	ping := int64(0)
+	sync := func() {
+		t.Helper()
+		for range 2 {
+			ping++
+			write(&linkv1.Envelope{Kind: &linkv1.Envelope_Heartbeat{Heartbeat: &linkv1.Heartbeat{SentNanos: ping}}})
+			for {
+				if hb := read().GetHeartbeat(); hb != nil && hb.Reply && hb.SentNanos == ping {
+					break
+				}
+			}
+		}
+	}
+
+	// The connection announces its receipts at once, and counts data of a
+	// stream it never had.
+	sync()
+	if receipt != 0 {
+		t.Fatalf("no receipt of 0 bytes announced at the start (last receipt %d)", receipt)
+	}
+	write(&linkv1.Envelope{Kind: &linkv1.Envelope_StreamData{StreamData: &linkv1.StreamData{Id: 99, Data: make([]byte, 1000)}}})
+	sync()
+	if receipt != 1000 {
+		t.Fatalf("receipt %d after 1000 bytes of data read, want 1000", receipt)
+	}
+
+	// A stream with a bulk transfer and all the credit it could use; the
+	// peer announces receipts and withholds them.
+	opened := make(chan *Stream, 1)
+	go func() {
+		st, err := streams.Open(ctx, "plc:502")
+		if err != nil {
+			t.Error(err)
+		}
+		opened <- st
+	}()
+	var open *linkv1.StreamOpen
+	for open == nil {
+		open = read().GetStreamOpen()
+	}
+	write(&linkv1.Envelope{Kind: &linkv1.Envelope_StreamReceipt{StreamReceipt: &linkv1.StreamReceipt{}}})
+	write(&linkv1.Envelope{Kind: &linkv1.Envelope_StreamWindow{StreamWindow: &linkv1.StreamWindow{Id: open.Id, Credit: 64 << 20}}})
+	st := <-opened
+	go func() { _, _ = st.Write(make([]byte, 32<<20)) }()
+	waitFor(t, func() bool {
+		inFlight, _ := streams.InFlight()
+		return inFlight > 0
+	}, "stream data to go out")
+	sync()
+	// No round trip measured yet: the bound is the least one.
+	if data == 0 || data > MinStreamsInFlight {
+		t.Fatalf("%d bytes of stream data written without a receipt, want 1 to %d", data, MinStreamsInFlight)
+	}
+	if inFlight, limit := streams.InFlight(); inFlight != data || limit != MinStreamsInFlight {
+		t.Fatalf("in flight %d (bound %d), the peer read %d (bound %d)", inFlight, limit, data, MinStreamsInFlight)
+	}
+	// A twin message goes out at once, ahead of the data held back.
+	before := data
+	if _, _, err := sess.Enqueue(twinReported(0, "cam", "p", 1), ""); err != nil {
+		t.Fatal(err)
+	}
+	for twins == 0 {
+		read()
+	}
+	if data != before {
+		t.Fatalf("%d bytes of stream data went out ahead of the twin message, beyond the bound", data-before)
+	}
+
+	// A receipt of all of it makes room again, within the bound measured
+	// from it: its first round trip covers the data read, so twice that.
+	receipted = data
+	write(&linkv1.Envelope{Kind: &linkv1.Envelope_StreamReceipt{StreamReceipt: &linkv1.StreamReceipt{Received: uint64(receipted)}}})
+	waitFor(t, func() bool {
+		_, limit := streams.InFlight()
+		return limit != MinStreamsInFlight
+	}, "the receipt to measure a round trip")
+	sync()
+	_, limit := streams.InFlight()
+	if want := max(2*receipted, MinStreamsInFlight); limit != want {
+		t.Fatalf("bound %d after the first receipt of %d bytes, want %d", limit, receipted, want)
+	}
+	if data == receipted || data-receipted > limit {
+		t.Fatalf("%d bytes of stream data written beyond the receipt, want 1 to %d", data-receipted, limit)
+	}
+	_ = st.Close()
 }

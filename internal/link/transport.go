@@ -193,9 +193,20 @@ func (w *wsListener) upgrade(c net.Conn) (*wsServerConn, error) {
 	}
 	if sc, ok := inner.(syscall.Conn); ok {
 		conn.rc, _ = sc.SyscallConn()
+		if conn.rc != nil {
+			setNotSentLowat(conn.rc, NotSentLowat)
+		}
 	}
 	return conn, nil
 }
+
+// NotSentLowat is the most bytes a WebSocket connection's socket holds
+// written and not yet sent (TCP_NOTSENT_LOWAT, on Linux): the kernel's
+// queue stays short and the link's writer, which puts twins first, decides
+// what goes next. Sent bytes not yet acknowledged are not counted: those
+// are the link's bandwidth-delay product, which the streams' bound keeps
+// (see StreamReceipt).
+const NotSentLowat = 16 << 10
 
 // wsServerConn is the server end of the WebSocket transport: binary frames
 // read straight from the TLS connection (client frames are masked; control
@@ -423,7 +434,11 @@ func (d *WebSocketDialer) Dial(ctx context.Context) (Conn, error) {
 	d.once.Do(func() {
 		conf := d.TLS.Clone()
 		conf.NextProtos = []string{"http/1.1"}
-		d.client = &http.Client{Transport: &http.Transport{TLSClientConfig: conf, ForceAttemptHTTP2: false, DisableKeepAlives: true}}
+		dialer := &net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
+			setNotSentLowat(rc, NotSentLowat)
+			return nil
+		}}
+		d.client = &http.Client{Transport: &http.Transport{DialContext: dialer.DialContext, TLSClientConfig: conf, ForceAttemptHTTP2: false, DisableKeepAlives: true}}
 	})
 	u := url.URL{Scheme: "wss", Host: d.Addr, Path: WebSocketPath}
 	c, resp, err := websocket.Dial(ctx, u.String(), &websocket.DialOptions{HTTPClient: d.client, CompressionMode: websocket.CompressionDisabled})

@@ -136,6 +136,7 @@ type Envelope struct {
 	//	*Envelope_StreamWindow
 	//	*Envelope_StreamClose
 	//	*Envelope_StreamReset
+	//	*Envelope_StreamReceipt
 	Kind          isEnvelope_Kind `protobuf_oneof:"kind"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -379,6 +380,15 @@ func (x *Envelope) GetStreamReset() *StreamReset {
 	return nil
 }
 
+func (x *Envelope) GetStreamReceipt() *StreamReceipt {
+	if x != nil {
+		if x, ok := x.Kind.(*Envelope_StreamReceipt); ok {
+			return x.StreamReceipt
+		}
+	}
+	return nil
+}
+
 type isEnvelope_Kind interface {
 	isEnvelope_Kind()
 }
@@ -465,6 +475,10 @@ type Envelope_StreamReset struct {
 	StreamReset *StreamReset `protobuf:"bytes,45,opt,name=stream_reset,json=streamReset,proto3,oneof"`
 }
 
+type Envelope_StreamReceipt struct {
+	StreamReceipt *StreamReceipt `protobuf:"bytes,46,opt,name=stream_receipt,json=streamReceipt,proto3,oneof"`
+}
+
 func (*Envelope_Hello) isEnvelope_Kind() {}
 
 func (*Envelope_Welcome) isEnvelope_Kind() {}
@@ -504,6 +518,8 @@ func (*Envelope_StreamWindow) isEnvelope_Kind() {}
 func (*Envelope_StreamClose) isEnvelope_Kind() {}
 
 func (*Envelope_StreamReset) isEnvelope_Kind() {}
+
+func (*Envelope_StreamReceipt) isEnvelope_Kind() {}
 
 // Hello is the edge's first frame. The cloud refuses it unless node equals
 // the node its verified client certificate names.
@@ -3117,12 +3133,64 @@ func (x *StreamReset) GetReason() string {
 	return ""
 }
 
+// StreamReceipt tells the peer how many bytes of StreamData (the data
+// alone, of every stream, also of streams already gone) this side has read
+// off the connection since it began. With it a sender bounds the stream
+// data it has written and the peer has not yet read (what a message queued
+// now waits behind) to about the connection's bandwidth-delay product. A
+// side that serves streams sends one as soon as the connection runs, then
+// as it reads data; a sender bounds its data in flight only once it holds
+// one (a peer that sends none is sent data within the streams' credit
+// alone, as before receipts).
+type StreamReceipt struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Received      uint64                 `protobuf:"varint,1,opt,name=received,proto3" json:"received,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StreamReceipt) Reset() {
+	*x = StreamReceipt{}
+	mi := &file_link_v1_link_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StreamReceipt) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StreamReceipt) ProtoMessage() {}
+
+func (x *StreamReceipt) ProtoReflect() protoreflect.Message {
+	mi := &file_link_v1_link_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StreamReceipt.ProtoReflect.Descriptor instead.
+func (*StreamReceipt) Descriptor() ([]byte, []int) {
+	return file_link_v1_link_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *StreamReceipt) GetReceived() uint64 {
+	if x != nil {
+		return x.Received
+	}
+	return 0
+}
+
 var File_link_v1_link_proto protoreflect.FileDescriptor
 
 const file_link_v1_link_proto_rawDesc = "" +
 	"\n" +
-	"\x12link/v1/link.proto\x12\rdowse.link.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xfe\n" +
-	"\n" +
+	"\x12link/v1/link.proto\x12\rdowse.link.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc5\v\n" +
 	"\bEnvelope\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x10\n" +
@@ -3149,7 +3217,8 @@ const file_link_v1_link_proto_rawDesc = "" +
 	"streamData\x12B\n" +
 	"\rstream_window\x18+ \x01(\v2\x1b.dowse.link.v1.StreamWindowH\x00R\fstreamWindow\x12?\n" +
 	"\fstream_close\x18, \x01(\v2\x1a.dowse.link.v1.StreamCloseH\x00R\vstreamClose\x12?\n" +
-	"\fstream_reset\x18- \x01(\v2\x1a.dowse.link.v1.StreamResetH\x00R\vstreamResetB\x06\n" +
+	"\fstream_reset\x18- \x01(\v2\x1a.dowse.link.v1.StreamResetH\x00R\vstreamReset\x12E\n" +
+	"\x0estream_receipt\x18. \x01(\v2\x1c.dowse.link.v1.StreamReceiptH\x00R\rstreamReceiptB\x06\n" +
 	"\x04kindJ\x04\b\r\x10\x0eR\ftwin_desired\"\x90\x01\n" +
 	"\x05Hello\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1b\n" +
@@ -3351,7 +3420,9 @@ const file_link_v1_link_proto_rawDesc = "" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\"5\n" +
 	"\vStreamReset\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x16\n" +
-	"\x06reason\x18\x02 \x01(\tR\x06reasonB1Z/github.com/dowse-dev/dowse/proto/link/v1;linkv1b\x06proto3"
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"+\n" +
+	"\rStreamReceipt\x12\x1a\n" +
+	"\breceived\x18\x01 \x01(\x04R\breceivedB1Z/github.com/dowse-dev/dowse/proto/link/v1;linkv1b\x06proto3"
 
 var (
 	file_link_v1_link_proto_rawDescOnce sync.Once
@@ -3366,7 +3437,7 @@ func file_link_v1_link_proto_rawDescGZIP() []byte {
 }
 
 var file_link_v1_link_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_link_v1_link_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
+var file_link_v1_link_proto_msgTypes = make([]protoimpl.MessageInfo, 45)
 var file_link_v1_link_proto_goTypes = []any{
 	(Error_Code)(0),               // 0: dowse.link.v1.Error.Code
 	(*Envelope)(nil),              // 1: dowse.link.v1.Envelope
@@ -3411,10 +3482,11 @@ var file_link_v1_link_proto_goTypes = []any{
 	(*StreamWindow)(nil),          // 40: dowse.link.v1.StreamWindow
 	(*StreamClose)(nil),           // 41: dowse.link.v1.StreamClose
 	(*StreamReset)(nil),           // 42: dowse.link.v1.StreamReset
-	nil,                           // 43: dowse.link.v1.Influxdb2DataConfig.TagEntry
-	nil,                           // 44: dowse.link.v1.TwinValue.MetadataEntry
-	(*timestamppb.Timestamp)(nil), // 45: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),       // 46: google.protobuf.Struct
+	(*StreamReceipt)(nil),         // 43: dowse.link.v1.StreamReceipt
+	nil,                           // 44: dowse.link.v1.Influxdb2DataConfig.TagEntry
+	nil,                           // 45: dowse.link.v1.TwinValue.MetadataEntry
+	(*timestamppb.Timestamp)(nil), // 46: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),       // 47: google.protobuf.Struct
 }
 var file_link_v1_link_proto_depIdxs = []int32{
 	2,  // 0: dowse.link.v1.Envelope.hello:type_name -> dowse.link.v1.Hello
@@ -3437,52 +3509,53 @@ var file_link_v1_link_proto_depIdxs = []int32{
 	40, // 17: dowse.link.v1.Envelope.stream_window:type_name -> dowse.link.v1.StreamWindow
 	41, // 18: dowse.link.v1.Envelope.stream_close:type_name -> dowse.link.v1.StreamClose
 	42, // 19: dowse.link.v1.Envelope.stream_reset:type_name -> dowse.link.v1.StreamReset
-	6,  // 20: dowse.link.v1.TwinReportedUpdate.device:type_name -> dowse.link.v1.DeviceRef
-	45, // 21: dowse.link.v1.TwinReportedUpdate.time:type_name -> google.protobuf.Timestamp
-	31, // 22: dowse.link.v1.TwinReportedUpdate.reported:type_name -> dowse.link.v1.TwinValue
-	31, // 23: dowse.link.v1.TwinReportedUpdate.observed_desired:type_name -> dowse.link.v1.TwinValue
-	6,  // 24: dowse.link.v1.DeviceStateUpdate.device:type_name -> dowse.link.v1.DeviceRef
-	45, // 25: dowse.link.v1.DeviceStateUpdate.time:type_name -> google.protobuf.Timestamp
-	6,  // 26: dowse.link.v1.DeviceCondition.device:type_name -> dowse.link.v1.DeviceRef
-	45, // 27: dowse.link.v1.DeviceCondition.time:type_name -> google.protobuf.Timestamp
-	15, // 28: dowse.link.v1.DeviceUpdate.device:type_name -> dowse.link.v1.EdgeDevice
-	6,  // 29: dowse.link.v1.DeviceRemoval.device:type_name -> dowse.link.v1.DeviceRef
-	33, // 30: dowse.link.v1.DeviceModelUpdate.model:type_name -> dowse.link.v1.EdgeDeviceModel
-	6,  // 31: dowse.link.v1.DeviceModelRemoval.model:type_name -> dowse.link.v1.DeviceRef
-	6,  // 32: dowse.link.v1.DeviceInventory.devices:type_name -> dowse.link.v1.DeviceRef
-	6,  // 33: dowse.link.v1.DeviceInventory.models:type_name -> dowse.link.v1.DeviceRef
-	6,  // 34: dowse.link.v1.EdgeDevice.ref:type_name -> dowse.link.v1.DeviceRef
-	46, // 35: dowse.link.v1.EdgeDevice.protocol_config:type_name -> google.protobuf.Struct
-	16, // 36: dowse.link.v1.EdgeDevice.properties:type_name -> dowse.link.v1.EdgeDeviceProperty
-	32, // 37: dowse.link.v1.EdgeDevice.methods:type_name -> dowse.link.v1.EdgeDeviceMethod
-	31, // 38: dowse.link.v1.EdgeDeviceProperty.desired:type_name -> dowse.link.v1.TwinValue
-	46, // 39: dowse.link.v1.EdgeDeviceProperty.visitor_config:type_name -> google.protobuf.Struct
-	17, // 40: dowse.link.v1.EdgeDeviceProperty.push_method:type_name -> dowse.link.v1.PushMethod
-	18, // 41: dowse.link.v1.PushMethod.http:type_name -> dowse.link.v1.PushMethodHTTP
-	19, // 42: dowse.link.v1.PushMethod.mqtt:type_name -> dowse.link.v1.PushMethodMQTT
-	20, // 43: dowse.link.v1.PushMethod.otel:type_name -> dowse.link.v1.PushMethodOTEL
-	21, // 44: dowse.link.v1.PushMethod.db_method:type_name -> dowse.link.v1.DBMethod
-	46, // 45: dowse.link.v1.PushMethod.anomaly_detection:type_name -> google.protobuf.Struct
-	22, // 46: dowse.link.v1.DBMethod.influxdb2:type_name -> dowse.link.v1.DBMethodInfluxdb2
-	25, // 47: dowse.link.v1.DBMethod.redis:type_name -> dowse.link.v1.DBMethodRedis
-	27, // 48: dowse.link.v1.DBMethod.tdengine:type_name -> dowse.link.v1.DBMethodTDEngine
-	29, // 49: dowse.link.v1.DBMethod.mysql:type_name -> dowse.link.v1.DBMethodMySQL
-	23, // 50: dowse.link.v1.DBMethodInfluxdb2.client_config:type_name -> dowse.link.v1.Influxdb2ClientConfig
-	24, // 51: dowse.link.v1.DBMethodInfluxdb2.data_config:type_name -> dowse.link.v1.Influxdb2DataConfig
-	43, // 52: dowse.link.v1.Influxdb2DataConfig.tag:type_name -> dowse.link.v1.Influxdb2DataConfig.TagEntry
-	26, // 53: dowse.link.v1.DBMethodRedis.client_config:type_name -> dowse.link.v1.RedisClientConfig
-	28, // 54: dowse.link.v1.DBMethodTDEngine.client_config:type_name -> dowse.link.v1.TDEngineClientConfig
-	30, // 55: dowse.link.v1.DBMethodMySQL.client_config:type_name -> dowse.link.v1.MySQLClientConfig
-	44, // 56: dowse.link.v1.TwinValue.metadata:type_name -> dowse.link.v1.TwinValue.MetadataEntry
-	6,  // 57: dowse.link.v1.EdgeDeviceModel.ref:type_name -> dowse.link.v1.DeviceRef
-	34, // 58: dowse.link.v1.EdgeDeviceModel.properties:type_name -> dowse.link.v1.EdgeModelProperty
-	6,  // 59: dowse.link.v1.DeviceMembership.devices:type_name -> dowse.link.v1.DeviceRef
-	0,  // 60: dowse.link.v1.Error.code:type_name -> dowse.link.v1.Error.Code
-	61, // [61:61] is the sub-list for method output_type
-	61, // [61:61] is the sub-list for method input_type
-	61, // [61:61] is the sub-list for extension type_name
-	61, // [61:61] is the sub-list for extension extendee
-	0,  // [0:61] is the sub-list for field type_name
+	43, // 20: dowse.link.v1.Envelope.stream_receipt:type_name -> dowse.link.v1.StreamReceipt
+	6,  // 21: dowse.link.v1.TwinReportedUpdate.device:type_name -> dowse.link.v1.DeviceRef
+	46, // 22: dowse.link.v1.TwinReportedUpdate.time:type_name -> google.protobuf.Timestamp
+	31, // 23: dowse.link.v1.TwinReportedUpdate.reported:type_name -> dowse.link.v1.TwinValue
+	31, // 24: dowse.link.v1.TwinReportedUpdate.observed_desired:type_name -> dowse.link.v1.TwinValue
+	6,  // 25: dowse.link.v1.DeviceStateUpdate.device:type_name -> dowse.link.v1.DeviceRef
+	46, // 26: dowse.link.v1.DeviceStateUpdate.time:type_name -> google.protobuf.Timestamp
+	6,  // 27: dowse.link.v1.DeviceCondition.device:type_name -> dowse.link.v1.DeviceRef
+	46, // 28: dowse.link.v1.DeviceCondition.time:type_name -> google.protobuf.Timestamp
+	15, // 29: dowse.link.v1.DeviceUpdate.device:type_name -> dowse.link.v1.EdgeDevice
+	6,  // 30: dowse.link.v1.DeviceRemoval.device:type_name -> dowse.link.v1.DeviceRef
+	33, // 31: dowse.link.v1.DeviceModelUpdate.model:type_name -> dowse.link.v1.EdgeDeviceModel
+	6,  // 32: dowse.link.v1.DeviceModelRemoval.model:type_name -> dowse.link.v1.DeviceRef
+	6,  // 33: dowse.link.v1.DeviceInventory.devices:type_name -> dowse.link.v1.DeviceRef
+	6,  // 34: dowse.link.v1.DeviceInventory.models:type_name -> dowse.link.v1.DeviceRef
+	6,  // 35: dowse.link.v1.EdgeDevice.ref:type_name -> dowse.link.v1.DeviceRef
+	47, // 36: dowse.link.v1.EdgeDevice.protocol_config:type_name -> google.protobuf.Struct
+	16, // 37: dowse.link.v1.EdgeDevice.properties:type_name -> dowse.link.v1.EdgeDeviceProperty
+	32, // 38: dowse.link.v1.EdgeDevice.methods:type_name -> dowse.link.v1.EdgeDeviceMethod
+	31, // 39: dowse.link.v1.EdgeDeviceProperty.desired:type_name -> dowse.link.v1.TwinValue
+	47, // 40: dowse.link.v1.EdgeDeviceProperty.visitor_config:type_name -> google.protobuf.Struct
+	17, // 41: dowse.link.v1.EdgeDeviceProperty.push_method:type_name -> dowse.link.v1.PushMethod
+	18, // 42: dowse.link.v1.PushMethod.http:type_name -> dowse.link.v1.PushMethodHTTP
+	19, // 43: dowse.link.v1.PushMethod.mqtt:type_name -> dowse.link.v1.PushMethodMQTT
+	20, // 44: dowse.link.v1.PushMethod.otel:type_name -> dowse.link.v1.PushMethodOTEL
+	21, // 45: dowse.link.v1.PushMethod.db_method:type_name -> dowse.link.v1.DBMethod
+	47, // 46: dowse.link.v1.PushMethod.anomaly_detection:type_name -> google.protobuf.Struct
+	22, // 47: dowse.link.v1.DBMethod.influxdb2:type_name -> dowse.link.v1.DBMethodInfluxdb2
+	25, // 48: dowse.link.v1.DBMethod.redis:type_name -> dowse.link.v1.DBMethodRedis
+	27, // 49: dowse.link.v1.DBMethod.tdengine:type_name -> dowse.link.v1.DBMethodTDEngine
+	29, // 50: dowse.link.v1.DBMethod.mysql:type_name -> dowse.link.v1.DBMethodMySQL
+	23, // 51: dowse.link.v1.DBMethodInfluxdb2.client_config:type_name -> dowse.link.v1.Influxdb2ClientConfig
+	24, // 52: dowse.link.v1.DBMethodInfluxdb2.data_config:type_name -> dowse.link.v1.Influxdb2DataConfig
+	44, // 53: dowse.link.v1.Influxdb2DataConfig.tag:type_name -> dowse.link.v1.Influxdb2DataConfig.TagEntry
+	26, // 54: dowse.link.v1.DBMethodRedis.client_config:type_name -> dowse.link.v1.RedisClientConfig
+	28, // 55: dowse.link.v1.DBMethodTDEngine.client_config:type_name -> dowse.link.v1.TDEngineClientConfig
+	30, // 56: dowse.link.v1.DBMethodMySQL.client_config:type_name -> dowse.link.v1.MySQLClientConfig
+	45, // 57: dowse.link.v1.TwinValue.metadata:type_name -> dowse.link.v1.TwinValue.MetadataEntry
+	6,  // 58: dowse.link.v1.EdgeDeviceModel.ref:type_name -> dowse.link.v1.DeviceRef
+	34, // 59: dowse.link.v1.EdgeDeviceModel.properties:type_name -> dowse.link.v1.EdgeModelProperty
+	6,  // 60: dowse.link.v1.DeviceMembership.devices:type_name -> dowse.link.v1.DeviceRef
+	0,  // 61: dowse.link.v1.Error.code:type_name -> dowse.link.v1.Error.Code
+	62, // [62:62] is the sub-list for method output_type
+	62, // [62:62] is the sub-list for method input_type
+	62, // [62:62] is the sub-list for extension type_name
+	62, // [62:62] is the sub-list for extension extendee
+	0,  // [0:62] is the sub-list for field type_name
 }
 
 func init() { file_link_v1_link_proto_init() }
@@ -3511,6 +3584,7 @@ func file_link_v1_link_proto_init() {
 		(*Envelope_StreamWindow)(nil),
 		(*Envelope_StreamClose)(nil),
 		(*Envelope_StreamReset)(nil),
+		(*Envelope_StreamReceipt)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -3518,7 +3592,7 @@ func file_link_v1_link_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_link_v1_link_proto_rawDesc), len(file_link_v1_link_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   44,
+			NumMessages:   45,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -313,8 +313,14 @@ type cloud struct {
 	hub      *cloudhub.Hub
 	mu       sync.Mutex
 	waiting  map[int64]chan struct{}
+	at       map[int64]time.Time // when the edge reported each value (its clock: this machine's)
 	reported atomic.Int64
 }
+
+// trip is one twin round trip, split at the edge's report (both ends read
+// the same machine's wall clock): down is the desired value's way to the
+// edge, up the reported value's way back.
+type trip struct{ total, down, up time.Duration }
 
 func (c *cloud) handle(_ context.Context, m cloudhub.Inbound) error {
 	r := m.Env.GetTwinReported()
@@ -328,6 +334,7 @@ func (c *cloud) handle(_ context.Context, m cloudhub.Inbound) error {
 	c.reported.Add(1)
 	c.mu.Lock()
 	if ch := c.waiting[v]; ch != nil {
+		c.at[v] = r.GetTime().AsTime()
 		close(ch)
 		delete(c.waiting, v)
 	}
@@ -337,7 +344,7 @@ func (c *cloud) handle(_ context.Context, m cloudhub.Inbound) error {
 
 // roundTrip sends desired value v to the edge and waits for it to come
 // back reported.
-func (c *cloud) roundTrip(ctx context.Context, v int64) (time.Duration, error) {
+func (c *cloud) roundTrip(ctx context.Context, v int64) (trip, error) {
 	ch := make(chan struct{})
 	c.mu.Lock()
 	c.waiting[v] = ch
@@ -347,16 +354,33 @@ func (c *cloud) roundTrip(ctx context.Context, v int64) (time.Duration, error) {
 		Ref: device(), Generation: v + 1, Model: "plc",
 		Properties: []*linkv1.EdgeDeviceProperty{{Name: "setpoint", Desired: &linkv1.TwinValue{Value: strconv.FormatInt(v, 10)}}}}}}}
 	if _, err := c.hub.Send("edge", env); err != nil {
-		return 0, err
+		return trip{}, err
 	}
 	select {
 	case <-ch:
-		return time.Since(start), nil
+		end := time.Now()
+		c.mu.Lock()
+		at := c.at[v]
+		delete(c.at, v)
+		c.mu.Unlock()
+		return trip{total: end.Sub(start), down: at.Sub(start), up: end.Sub(at)}, nil
 	case <-time.After(30 * time.Second):
-		return 0, fmt.Errorf("twin round trip %d never came back", v)
+		return trip{}, fmt.Errorf("twin round trip %d never came back", v)
 	case <-ctx.Done():
-		return 0, ctx.Err()
+		return trip{}, ctx.Err()
 	}
+}
+
+// split are the p50s of trips' totals and of each way.
+func split(trips []trip) (p50, p99, down, up time.Duration) {
+	var t, d, u []time.Duration
+	for _, x := range trips {
+		t, d, u = append(t, x.total), append(d, x.down), append(u, x.up)
+	}
+	p50, p99 = percentiles(t)
+	down, _ = percentiles(d)
+	up, _ = percentiles(u)
+	return p50, p99, down, up
 }
 
 func run(ctx context.Context, n, size, bulk, rtts int, transports []string) error {
@@ -383,7 +407,7 @@ func run(ctx context.Context, n, size, bulk, rtts int, transports []string) erro
 	if err != nil {
 		return err
 	}
-	cl := &cloud{waiting: map[int64]chan struct{}{}}
+	cl := &cloud{waiting: map[int64]chan struct{}{}, at: map[int64]time.Time{}}
 	cl.hub, err = cloudhub.New(cloudhub.Config{WebSocketAddr: "127.0.0.1:0", QUICAddr: "127.0.0.1:0",
 		TLS: pki.ServerTLSConfig(pki.Static[*tls.ClientHelloInfo](srv), ca.Pool()), Heartbeat: 5 * time.Second,
 		QueueSize: 4096, RateLimit: 1e6, RateBurst: 1 << 20, MaxStreamsPerNode: link.DefaultMaxStreams, DrainPeriod: -1},
@@ -561,7 +585,7 @@ func measure(ctx context.Context, cl *cloud, edge, targets *child, tr string, n,
 		tr, n, size>>10, float64(n*size)/(1<<20)/wall.Seconds(), wall.Round(time.Millisecond), p50.Round(time.Millisecond), p99.Round(time.Millisecond))
 
 	// 3. A twin's round trip idle, and during a bulk transfer each way.
-	idle := make([]time.Duration, 0, rtts)
+	idle := make([]trip, 0, rtts)
 	for range rtts {
 		*v++
 		d, err := cl.roundTrip(ctx, *v)
@@ -570,8 +594,9 @@ func measure(ctx context.Context, cl *cloud, edge, targets *child, tr string, n,
 		}
 		idle = append(idle, d)
 	}
-	idle50, idle99 := percentiles(idle)
-	fmt.Printf("%s: twin round trip idle: p50 %s p99 %s (%d)\n", tr, idle50.Round(time.Microsecond), idle99.Round(time.Microsecond), rtts)
+	idle50, idle99, idleDown, idleUp := split(idle)
+	fmt.Printf("%s: twin round trip idle: p50 %s p99 %s (%d; p50 down %s, up %s)\n", tr, idle50.Round(time.Microsecond), idle99.Round(time.Microsecond), rtts,
+		idleDown.Round(time.Microsecond), idleUp.Round(time.Microsecond))
 	for _, dir := range []string{"to the edge", "from the edge"} {
 		target := sink
 		if dir == "from the edge" {
@@ -601,7 +626,7 @@ func measure(ctx context.Context, cl *cloud, edge, targets *child, tr string, n,
 			}
 			moved <- n
 		}()
-		var busy []time.Duration
+		var busy []trip
 		var got int64
 		var took time.Duration
 	loop:
@@ -626,9 +651,10 @@ func measure(ctx context.Context, cl *cloud, edge, targets *child, tr string, n,
 		if len(busy) == 0 {
 			return fmt.Errorf("bulk %s: no round trip during it", dir)
 		}
-		b50, b99 := percentiles(busy)
-		fmt.Printf("%s: twin round trip during %d MiB %s (%.1f MiB/s): p50 %s p99 %s (%d), p50 busy/idle %.2f\n",
-			tr, bulk>>20, dir, float64(bulk)/(1<<20)/took.Seconds(), b50.Round(time.Microsecond), b99.Round(time.Microsecond), len(busy), float64(b50)/float64(idle50))
+		b50, b99, bDown, bUp := split(busy)
+		fmt.Printf("%s: twin round trip during %d MiB %s (%.1f MiB/s): p50 %s p99 %s (%d; p50 down %s, up %s), p50 busy/idle %.2f\n",
+			tr, bulk>>20, dir, float64(bulk)/(1<<20)/took.Seconds(), b50.Round(time.Microsecond), b99.Round(time.Microsecond), len(busy),
+			bDown.Round(time.Microsecond), bUp.Round(time.Microsecond), float64(b50)/float64(idle50))
 	}
 	return nil
 }

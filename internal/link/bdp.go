@@ -1,0 +1,78 @@
+package link
+
+import "time"
+
+// bdpEstimate measures a connection's bandwidth-delay product from the
+// peer's stream receipts and bounds the stream data in flight to twice it
+// (BBR's reasoning: the link is full at one product, a second one lets the
+// delivery rate grow while it is measured, and a message written now waits
+// behind at most that). The round trip is the least a byte took from its
+// write to the receipt that covered it, over the last minRTTWindow; the
+// rate, the most bytes a second the receipts covered over a round trip,
+// over the last rateWindow. Until both are measured the bound is
+// MinStreamsInFlight. Not safe for concurrent use (Streams.mu guards it).
+type bdpEstimate struct {
+	marks    []writeMark // writes not yet covered by a receipt, oldest first
+	minRTT   time.Duration
+	minRTTAt time.Time
+	rate     float64 // bytes a second
+	rateAt   time.Time
+}
+
+// writeMark is a write: the stream data written up to its end (sent) and
+// the peer's receipt then.
+type writeMark struct {
+	sent, peerReceived uint64
+	at                 time.Time
+}
+
+const (
+	minRTTWindow = 10 * time.Second
+	rateWindow   = 2 * time.Second
+	maxMarks     = 64
+)
+
+// wrote records a write that took the stream data sent to sent.
+func (e *bdpEstimate) wrote(sent, peerReceived uint64, now time.Time) {
+	if len(e.marks) == maxMarks {
+		// Writes faster than receipts come back: the newest stands for
+		// the ones it replaces (its round trip is the shortest of them).
+		e.marks[len(e.marks)-1] = writeMark{sent: sent, peerReceived: peerReceived, at: now}
+		return
+	}
+	e.marks = append(e.marks, writeMark{sent: sent, peerReceived: peerReceived, at: now})
+}
+
+// receipt takes the peer's receipt of received bytes.
+func (e *bdpEstimate) receipt(received uint64, now time.Time) {
+	i := 0
+	for i < len(e.marks) && e.marks[i].sent <= received {
+		i++
+	}
+	if i == 0 {
+		return // covers no whole write yet
+	}
+	m := e.marks[i-1] // the newest write covered: its round trip
+	e.marks = append(e.marks[:0], e.marks[i:]...)
+	rtt := now.Sub(m.at)
+	if rtt <= 0 {
+		rtt = time.Microsecond
+	}
+	if e.minRTT == 0 || rtt <= e.minRTT || now.Sub(e.minRTTAt) > minRTTWindow {
+		e.minRTT, e.minRTTAt = rtt, now
+	}
+	// Delivered since that write over the time it took.
+	rate := float64(received-m.peerReceived) / rtt.Seconds()
+	if rate >= e.rate || now.Sub(e.rateAt) > rateWindow {
+		e.rate, e.rateAt = rate, now
+	}
+}
+
+// limit is the bound on stream data in flight now.
+func (e *bdpEstimate) limit() int {
+	if e.minRTT == 0 {
+		return MinStreamsInFlight
+	}
+	bdp := e.rate * e.minRTT.Seconds()
+	return int(min(max(2*bdp, MinStreamsInFlight), MaxStreamsInFlight))
+}
