@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -437,6 +438,11 @@ func (r *runner) readOne(ctx context.Context, watchdog *time.Timer) error {
 			}
 			r.sess.Delivered(env.Seq)
 			r.wake()
+			// Let what the message woke run before the next frame (the
+			// writer with its ack, the application's goroutines): a reader
+			// with a bulk transfer's frames waiting would otherwise keep
+			// its P, and them waiting, until it is preempted (up to 10 ms).
+			runtime.Gosched()
 		}
 	}
 	return nil
