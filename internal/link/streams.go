@@ -37,8 +37,11 @@ const streamBudget = 96 << 10
 // measured from the receipts, within these.
 const (
 	// MinStreamsInFlight lets a stream run on a link whose round trip
-	// is not measured yet or is tiny (loopback, a LAN).
-	MinStreamsInFlight = 16 << 10
+	// is not measured yet or is tiny (loopback, a LAN): one stream's
+	// window, so that one stream alone is never held by the bound (16 KiB
+	// cost a fifth of the throughput on loopback and bought twins
+	// nothing measurable there: test/bench/streams).
+	MinStreamsInFlight = 64 << 10
 	// MaxStreamsInFlight bounds what a twin waits behind on a fast link
 	// with a long round trip (a satellite's 600 ms at 100 Mbit/s needs
 	// 7.5 MB: such a link gives up some of the streams' throughput).
