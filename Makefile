@@ -43,7 +43,8 @@ build:
 
 # Test cluster binaries built from the module proxy, once each: the control
 # plane (etcd, kube-apiserver, controller manager, scheduler) and the node
-# (kubelet, containerd, its runc shim, ctr) into bin/k8s/.
+# (kubelet, containerd, its runc shim, ctr) into bin/k8s/, and konnectivity's
+# proxy-server and proxy-agent, which the streams bench compares with.
 k8s:
 	@hack/build-k8s.sh
 

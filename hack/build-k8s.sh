@@ -40,3 +40,7 @@ XFLAGS=$XFLAGS build kubectl kubectl k8s.io/kubernetes/cmd/kubectl "1 to 3 minut
 TAGS="no_btrfs no_devmapper no_zfs" build containerd containerd github.com/containerd/containerd/v2/cmd/containerd "a minute" CGO_ENABLED=0
 TAGS="no_btrfs no_devmapper no_zfs" build containerd-shim-runc-v2 containerd github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 "20 s" CGO_ENABLED=0
 TAGS="no_btrfs no_devmapper no_zfs" build ctr containerd github.com/containerd/containerd/v2/cmd/ctr "20 s" CGO_ENABLED=0
+# konnectivity (apiserver-network-proxy), for the streams bench's
+# comparison with the egress through a node's link (test/bench/streams).
+build proxy-server konnectivity sigs.k8s.io/apiserver-network-proxy/cmd/server "1 to 2 minutes" CGO_ENABLED=0
+build proxy-agent konnectivity sigs.k8s.io/apiserver-network-proxy/cmd/agent "a minute" CGO_ENABLED=0

@@ -62,6 +62,8 @@ func main() {
 	bulk := flag.Int("bulk", 100<<20, "bytes of the bulk transfer during the twin round trips")
 	rtts := flag.Int("rtts", 50, "idle twin round trips measured")
 	transports := flag.String("transports", "websocket,quic", "transports measured, comma-separated")
+	konn := flag.String("konnectivity", "bin/k8s", "folder with konnectivity's proxy-server and proxy-agent (make k8s): the egress through the link is compared with them; empty: no comparison")
+	only := flag.Bool("compare-only", false, "measure only the comparison with konnectivity")
 	flag.Parse()
 	var err error
 	switch *role {
@@ -72,7 +74,7 @@ func main() {
 	case "":
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		defer stop()
-		err = run(ctx, *streams, *size, *bulk, *rtts, strings.Split(*transports, ","))
+		err = run(ctx, *streams, *size, *bulk, *rtts, strings.Split(*transports, ","), *konn, *only)
 	default:
 		err = fmt.Errorf("unknown role %q", *role)
 	}
@@ -383,7 +385,7 @@ func split(trips []trip) (p50, p99, down, up time.Duration) {
 	return p50, p99, down, up
 }
 
-func run(ctx context.Context, n, size, bulk, rtts int, transports []string) error {
+func run(ctx context.Context, n, size, bulk, rtts int, transports []string, konnBin string, compareOnly bool) error {
 	dir, err := os.MkdirTemp("", "dowse-streams-bench")
 	if err != nil {
 		return err
@@ -435,6 +437,9 @@ func run(ctx context.Context, n, size, bulk, rtts int, transports []string) erro
 	ws, q := cl.hub.Addrs()
 	var v int64
 	for _, tr := range transports {
+		if compareOnly {
+			break
+		}
 		addr := ws.String()
 		if tr == link.QUIC {
 			addr = q.String()
@@ -453,7 +458,14 @@ func run(ctx context.Context, n, size, bulk, rtts int, transports []string) erro
 			time.Sleep(50 * time.Millisecond)
 		}
 	}
-	return nil
+	if konnBin == "" {
+		return nil
+	}
+	if _, err := os.Stat(filepath.Join(konnBin, "proxy-server")); err != nil {
+		fmt.Printf("no comparison with konnectivity: %v (make k8s builds it)\n", err)
+		return nil
+	}
+	return compare(ctx, cl, dir, konnBin, ca, transports, n, bulk, echo, sink, source)
 }
 
 func measure(ctx context.Context, cl *cloud, edge, targets *child, tr string, n, size, bulk, rtts int, echo, sink, source string, v *int64) error {
