@@ -27,7 +27,7 @@ STATIC_CMDS = $(filter %/dowse-agent %-mapper %/dowsectl,$(CMDS))
 # The files `make generate` writes, which verify-generate checks.
 GENERATED := proto shared/api deploy internal/controller/brokers/zz_generated.deepcopy.go docs/reference
 
-.PHONY: all build images release peers helm generate verify-generate test fuzz test-unit test-integration test-node node-deps bench soak demo k8s deps docs clean
+.PHONY: all build images release peers helm generate verify-generate test fuzz test-unit test-integration test-node node-deps bench soak demo k8s konnectivity deps docs clean
 
 all: build
 
@@ -43,10 +43,14 @@ build:
 
 # Test cluster binaries built from the module proxy, once each: the control
 # plane (etcd, kube-apiserver, controller manager, scheduler) and the node
-# (kubelet, containerd, its runc shim, ctr) into bin/k8s/, and konnectivity's
-# proxy-server and proxy-agent, which the streams bench compares with.
+# (kubelet, containerd, its runc shim, ctr) into bin/k8s/.
 k8s:
 	@hack/build-k8s.sh
+
+# konnectivity's proxy-server and proxy-agent into bin/k8s/, which the
+# streams bench compares the link's egress with (bench only).
+konnectivity:
+	@hack/build-k8s.sh konnectivity
 
 # Helm built from the module proxy into bin/helm, once (version pinned in
 # hack/helm/go.mod): the chart's tests and `make generate` use it.
@@ -163,7 +167,7 @@ fuzz:
 # Allocate latency on the real node (root only); the cloud/edge link's idle
 # connections, throughput and latency (WebSocket and QUIC); the Modbus
 # mapper's read rates, write and report latencies and memory (jsmodbus peer).
-bench: k8s build
+bench: k8s konnectivity build
 	go run ./test/bench/discovery
 	go run ./test/bench/dra
 	go run ./test/bench/isolation

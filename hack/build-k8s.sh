@@ -19,6 +19,14 @@ build() { # name dir package about [env...]
   mv "$OUT/$name.tmp" "$OUT/$name"
   echo "built $name in $((SECONDS - start))s" >&2
 }
+# `konnectivity`: only konnectivity's (apiserver-network-proxy)
+# proxy-server and proxy-agent, which the streams bench compares the egress
+# through a node's link with (make bench); the tests need neither.
+if [ "${1:-}" = konnectivity ]; then
+  build proxy-server konnectivity sigs.k8s.io/apiserver-network-proxy/cmd/server "1 to 2 minutes" CGO_ENABLED=0
+  build proxy-agent konnectivity sigs.k8s.io/apiserver-network-proxy/cmd/agent "a minute" CGO_ENABLED=0
+  exit 0
+fi
 build etcd etcd . "30 s"
 # Stamp the release version, as Kubernetes' own build does: without it every
 # component (and the Node's kubeletVersion) reports v0.0.0-master.
@@ -40,7 +48,3 @@ XFLAGS=$XFLAGS build kubectl kubectl k8s.io/kubernetes/cmd/kubectl "1 to 3 minut
 TAGS="no_btrfs no_devmapper no_zfs" build containerd containerd github.com/containerd/containerd/v2/cmd/containerd "a minute" CGO_ENABLED=0
 TAGS="no_btrfs no_devmapper no_zfs" build containerd-shim-runc-v2 containerd github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 "20 s" CGO_ENABLED=0
 TAGS="no_btrfs no_devmapper no_zfs" build ctr containerd github.com/containerd/containerd/v2/cmd/ctr "20 s" CGO_ENABLED=0
-# konnectivity (apiserver-network-proxy), for the streams bench's
-# comparison with the egress through a node's link (test/bench/streams).
-build proxy-server konnectivity sigs.k8s.io/apiserver-network-proxy/cmd/server "1 to 2 minutes" CGO_ENABLED=0
-build proxy-agent konnectivity sigs.k8s.io/apiserver-network-proxy/cmd/agent "a minute" CGO_ENABLED=0
