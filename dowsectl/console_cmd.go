@@ -5,9 +5,11 @@ import (
 	"fmt"
 
 	"github.com/spf13/cobra"
+	"k8s.io/client-go/discovery"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/dowse-dev/dowse/internal/dowsectl/console"
+	"github.com/dowse-dev/dowse/internal/dowsectl/live"
 )
 
 func newConsoleCommand(c *cli) *cobra.Command {
@@ -21,6 +23,10 @@ namespace's Configurations with each node's state and their Instances as they
 come and go, Devices with their twins (desired, reported, state, last report,
 a small plot of numeric values), a form to set desired values (checked against
 the model as twin set checks them) and the Events of the object in view.
+Reported values come live from the controller's readings API
+(readings.dowse.dev, kubectl get devicereadings) when the API server serves
+it, ahead of Device.status, which is written under a budget; otherwise from
+Device.status. Each value shows its source (live or status) and age.
 
 It talks to the API server with your kubeconfig and rights, as kubectl proxy
 does: nothing is installed in the cluster, and the page can do what you may
@@ -54,8 +60,13 @@ use the page; restart the command for a new one. Ctrl-C stops it.`,
 			if c.flags.Context != nil && *c.flags.Context != "" {
 				ctxName = *c.flags.Context
 			}
+			dc, err := discovery.NewDiscoveryClientForConfig(cfg)
+			if err != nil {
+				return err
+			}
 			srv, err := console.New(console.Config{
 				Listen: listen, AllowRemote: allowRemote, Namespace: ns, Dynamic: dyn, Context: ctxName, Server: cfg.Host,
+				Readings: func(context.Context) bool { return live.ReadingsServed(dc) },
 				SetDesired: func(ctx context.Context, key client.ObjectKey, property, value string) error {
 					return SetDesired(ctx, cl, key, property, value)
 				},

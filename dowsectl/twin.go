@@ -167,7 +167,7 @@ under a budget; otherwise from Device.status.`,
 			}
 			served := false
 			if dc, err := discovery.NewDiscoveryClientForConfig(cfg); err == nil {
-				served = readingsServed(dc)
+				served = live.ReadingsServed(dc)
 			}
 			if !served {
 				fmt.Fprintf(c.streams.ErrOut, "the live readings API (%s) is not served: reported values as Device.status holds them\n", readingsv1.APIServiceName)
@@ -518,21 +518,6 @@ func Changes(d *v1alpha1.Device, last map[string]string, now time.Time) []Change
 		}
 	}
 	return out
-}
-
-// readingsServed says whether the API server serves the live readings
-// API (its APIService registered and available).
-func readingsServed(dc discovery.DiscoveryInterface) bool {
-	rl, err := dc.ServerResourcesForGroupVersion(readingsv1.GroupVersion.String())
-	if err != nil {
-		return false
-	}
-	for _, r := range rl.APIResources {
-		if r.Name == readingsv1.Resource {
-			return true
-		}
-	}
-	return false
 }
 
 // LiveChanges lists what changed in r (a DeviceReading: the newest

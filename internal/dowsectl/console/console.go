@@ -1,7 +1,8 @@
 // Package console is `dowsectl console`: a web page served on loopback that
 // shows Configurations with each node's state and their Instances, Devices
-// with their twins (live values, a small plot of numeric ones, a form for
-// desired values) and the Events of the object in view. It talks to the API
+// with their twins (live values, from the controller's readings API when
+// the API server serves it, else from Device.status; a small plot of
+// numeric ones, a form for desired values) and the Events of the object in view. It talks to the API
 // server with the user's own credentials, as kubectl proxy does: nothing is
 // installed in the cluster, and the page can do what the user may do and
 // no more. Because it acts as the user, every path needs a secret that other
@@ -36,6 +37,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/dowse-dev/dowse/internal/dowsectl/live"
+	readingsv1 "github.com/dowse-dev/dowse/shared/api/readings/v1alpha1"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 )
 
@@ -72,6 +74,14 @@ type Config struct {
 	// Heartbeat is how often an idle event stream sends a comment, so that
 	// a dead client is noticed; 15 s when zero.
 	Heartbeat time.Duration
+	// Readings says whether the API server serves the live readings API
+	// (readings.dowse.dev; live.ReadingsServed), asked each time a page
+	// opens its stream. When it does, the stream also watches the
+	// namespace's DeviceReadings and the page shows each reported value
+	// from there when it is newer than Device.status (which the controller
+	// writes under a budget); otherwise the page shows Device.status. Nil:
+	// never asked, Device.status only.
+	Readings func(context.Context) bool
 }
 
 // Server is a running console.
@@ -281,14 +291,21 @@ func (e *sse) comment() {
 }
 
 // message is one event of a stream: an object added or changed (upsert),
-// gone (delete), the first complete list (synced), or the watch's health
-// (state: problem in words, "" when it is fine again).
+// gone (delete), the first complete list (synced), the watch's health
+// (state: problem in words, "" when it is fine again), or, first on the
+// main stream, where reported values come from (source: Source is
+// readingsv1.SourceLive when the DeviceReadings are watched too,
+// readingsv1.SourceStatus when only Device.status is).
 type message struct {
 	Kind    string         `json:"kind"`
 	Op      string         `json:"op"`
 	Object  map[string]any `json:"object,omitempty"`
 	Problem string         `json:"problem,omitempty"`
+	Source  string         `json:"source,omitempty"`
 }
+
+// readingKind is the stream's kind for DeviceReadings.
+const readingKind = "DeviceReading"
 
 func slim(u *unstructured.Unstructured) map[string]any {
 	o := u.DeepCopy()
@@ -297,12 +314,16 @@ func slim(u *unstructured.Unstructured) map[string]any {
 	return o.Object
 }
 
-// stream runs watches for one client until it goes away.
-func (s *Server) stream(w http.ResponseWriter, r *http.Request, watches map[string]live.Watch, words map[string]string, ns string) {
+// stream sends first, then runs watches for one client until it goes
+// away.
+func (s *Server) stream(w http.ResponseWriter, r *http.Request, watches map[string]live.Watch, words map[string]string, ns string, first ...message) {
 	out, ok := newSSE(w)
 	if !ok {
 		http.Error(w, "streaming unsupported", http.StatusInternalServerError)
 		return
+	}
+	for _, m := range first {
+		out.send("object", m)
 	}
 	ctx := r.Context()
 	var wg sync.WaitGroup
@@ -342,7 +363,9 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, watches map[stri
 }
 
 // watch streams the namespace's Configurations, Instances, DeviceModels and
-// Devices (?namespace=NS; ?all=1 for every namespace).
+// Devices (?namespace=NS; ?all=1 for every namespace), and its
+// DeviceReadings when the API server serves them, after a message saying
+// which source the reported values have.
 func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 	ns := r.URL.Query().Get("namespace")
 	if r.URL.Query().Get("all") == "1" {
@@ -354,7 +377,13 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 		watches[k.kind] = live.Watch{Client: s.cfg.Dynamic, Resource: v1alpha1.GroupVersion.WithResource(k.plural), Namespace: ns}
 		words[k.kind] = k.words
 	}
-	s.stream(w, r, watches, words, ns)
+	source := message{Kind: readingKind, Op: "source", Source: readingsv1.SourceStatus}
+	if s.cfg.Readings != nil && s.cfg.Readings(r.Context()) {
+		watches[readingKind] = live.Watch{Client: s.cfg.Dynamic, Resource: readingsv1.GVR(), Namespace: ns}
+		words[readingKind] = "DeviceReadings"
+		source.Source = readingsv1.SourceLive
+	}
+	s.stream(w, r, watches, words, ns, source)
 }
 
 // events streams the Events of one object (?namespace, kind, name).

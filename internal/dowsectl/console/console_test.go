@@ -9,14 +9,18 @@ import (
 	"net/http/cookiejar"
 	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	dynamicfake "k8s.io/client-go/dynamic/fake"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	readingsv1 "github.com/dowse-dev/dowse/shared/api/readings/v1alpha1"
 )
 
 // TestMain turns client-go's watch-list off: the fake dynamic client
@@ -38,13 +42,20 @@ func device(ns, name, state string) *unstructured.Unstructured {
 
 func start(t *testing.T, set func(context.Context, client.ObjectKey, string, string) error, objs ...runtime.Object) *Server {
 	t.Helper()
+	return startWith(t, set, nil, objs...)
+}
+
+// startWith is start with the console's Readings.
+func startWith(t *testing.T, set func(context.Context, client.ObjectKey, string, string) error, readings func(context.Context) bool, objs ...runtime.Object) *Server {
+	t.Helper()
 	lists := map[schema.GroupVersionResource]string{}
 	for _, k := range kinds {
 		lists[schema.GroupVersionResource{Group: "dowse.dev", Version: "v1alpha1", Resource: k.plural}] = k.kind + "List"
 	}
 	lists[schema.GroupVersionResource{Version: "v1", Resource: "events"}] = "EventList"
+	lists[readingsv1.GVR()] = readingsv1.ListKind
 	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), lists, objs...)
-	s, err := New(Config{Listen: "127.0.0.1:0", Namespace: "plant", Dynamic: dyn, SetDesired: set, Heartbeat: 50 * time.Millisecond})
+	s, err := New(Config{Listen: "127.0.0.1:0", Namespace: "plant", Dynamic: dyn, SetDesired: set, Heartbeat: 50 * time.Millisecond, Readings: readings})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,15 +149,26 @@ func TestPageAndWrites(t *testing.T) {
 	}
 }
 
-// TestWatchStream: the stream lists the namespace's objects, says when a
-// kind is synced, and sends changes as they happen.
-func TestWatchStream(t *testing.T) {
-	s := start(t, func(context.Context, client.ObjectKey, string, string) error { return nil }, device("plant", "boiler", "ok"), device("other", "pump", "ok"))
+// reading is a DeviceReading as the readings API serves it.
+func reading(ns, name, value string, at time.Time) *unstructured.Unstructured {
+	r := readingsv1.DeviceReading{TypeMeta: metav1.TypeMeta{APIVersion: readingsv1.GroupVersion.String(), Kind: readingsv1.Kind},
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Properties: []readingsv1.PropertyReading{{Name: "temperature", Value: value, Time: metav1.NewMicroTime(at), Source: readingsv1.SourceLive}}}
+	o, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&r)
+	if err != nil {
+		panic(err)
+	}
+	return &unstructured.Unstructured{Object: o}
+}
+
+// streamOf opens the page's main stream and decodes its messages.
+func streamOf(t *testing.T, s *Server) <-chan message {
+	t.Helper()
 	res, err := loggedIn(t, s).Get(s.Address() + "api/watch?namespace=plant")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer res.Body.Close()
+	t.Cleanup(func() { res.Body.Close() })
 	if ct := res.Header.Get("Content-Type"); ct != "text/event-stream" {
 		t.Fatalf("content type %q", ct)
 	}
@@ -163,6 +185,14 @@ func TestWatchStream(t *testing.T) {
 		}
 		close(msgs)
 	}()
+	return msgs
+}
+
+// TestWatchStream: the stream lists the namespace's objects, says when a
+// kind is synced, and sends changes as they happen.
+func TestWatchStream(t *testing.T) {
+	s := start(t, func(context.Context, client.ObjectKey, string, string) error { return nil }, device("plant", "boiler", "ok"), device("other", "pump", "ok"))
+	msgs := streamOf(t, s)
 	synced := map[string]bool{}
 	var devices []string
 	timeout := time.After(10 * time.Second)
@@ -185,6 +215,65 @@ func TestWatchStream(t *testing.T) {
 	}
 	if len(devices) != 1 || devices[0] != "plant/boiler" {
 		t.Errorf("devices %v, want plant/boiler only", devices)
+	}
+}
+
+// TestWatchStreamSource: the stream says first where reported values
+// come from; when the API server serves the readings API it also lists
+// and watches the namespace's DeviceReadings, otherwise it never asks for
+// them.
+func TestWatchStreamSource(t *testing.T) {
+	set := func(context.Context, client.ObjectKey, string, string) error { return nil }
+	objs := []runtime.Object{device("plant", "boiler", "ok"), reading("plant", "boiler", "23.3", time.Now()), reading("other", "pump", "1", time.Now())}
+	for _, tc := range []struct {
+		served bool
+		want   string
+	}{{true, readingsv1.SourceLive}, {false, readingsv1.SourceStatus}} {
+		t.Run(tc.want, func(t *testing.T) {
+			var asked atomic.Int32
+			s := startWith(t, set, func(context.Context) bool { asked.Add(1); return tc.served }, objs...)
+			msgs := streamOf(t, s)
+			first, ok := <-msgs
+			if !ok || first.Kind != readingKind || first.Op != "source" || first.Source != tc.want {
+				t.Fatalf("first message %+v, want the source %s", first, tc.want)
+			}
+			if n := asked.Load(); n != 1 {
+				t.Errorf("Readings asked %d times, want once a stream", n)
+			}
+			wantSynced := len(kinds)
+			if tc.served {
+				wantSynced++
+			}
+			synced := map[string]bool{}
+			var readings []string
+			timeout := time.After(10 * time.Second)
+			for len(synced) < wantSynced {
+				select {
+				case m, ok := <-msgs:
+					if !ok {
+						t.Fatal("stream ended")
+					}
+					switch {
+					case m.Op == "synced":
+						synced[m.Kind] = true
+					case m.Op == "upsert" && m.Kind == readingKind:
+						var r readingsv1.DeviceReading
+						if err := runtime.DefaultUnstructuredConverter.FromUnstructured(m.Object, &r); err != nil {
+							t.Fatal(err)
+						}
+						readings = append(readings, r.Namespace+"/"+r.Name+" "+r.Properties[0].Value)
+					}
+				case <-timeout:
+					t.Fatalf("synced %v after 10s", synced)
+				}
+			}
+			if tc.served && (len(readings) != 1 || readings[0] != "plant/boiler 23.3") {
+				t.Errorf("readings %v, want plant/boiler's only", readings)
+			}
+			if !tc.served && (len(readings) != 0 || synced[readingKind]) {
+				t.Errorf("readings %v (synced %v) though the API is not served", readings, synced[readingKind])
+			}
+		})
 	}
 }
 

@@ -20,8 +20,11 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/tools/cache"
+
+	readingsv1 "github.com/dowse-dev/dowse/shared/api/readings/v1alpha1"
 )
 
 // Watch is one resource's objects in one namespace ("" for all), narrowed
@@ -115,6 +118,23 @@ func (w Watch) Run(ctx context.Context, h Handler) {
 		h.Synced()
 	}
 	wg.Wait()
+}
+
+// ReadingsServed says whether the API server serves the live readings
+// API (readings.dowse.dev: its APIService registered and available). It
+// asks each time (no cache): an APIService registered or removed later is
+// seen on the next call. An unavailable APIService, like none, is false.
+func ReadingsServed(dc discovery.DiscoveryInterface) bool {
+	rl, err := dc.ServerResourcesForGroupVersion(readingsv1.GroupVersion.String())
+	if err != nil {
+		return false
+	}
+	for _, r := range rl.APIResources {
+		if r.Name == readingsv1.Resource {
+			return true
+		}
+	}
+	return false
 }
 
 // Describe says what err means for the user, for what (e.g. "Devices") in
