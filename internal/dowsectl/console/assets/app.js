@@ -21,7 +21,12 @@
   let range = RANGES.find((r) => r[0] === params.get('range')) || RANGES[3];
   const openedAt = Date.now();
 
-  const S = { Configuration: new Map(), Instance: new Map(), DeviceModel: new Map(), Device: new Map() };
+  // DeviceReading: the live readings API's view of each Device (only when
+  // the API server serves it), laid over Device.status by twinOf.
+  const S = { Configuration: new Map(), Instance: new Map(), DeviceModel: new Map(), Device: new Map(), DeviceReading: new Map() };
+  // Where reported values come from, as the console's stream says: 'live'
+  // (the readings API, newer than Device.status when it is) or 'status'.
+  let valueSource = null;
   const synced = {};
   const problems = new Map(); // source -> words
   // Every problem shown since the page opened, newest last, for a person
@@ -101,6 +106,10 @@
       case 'upsert':
         store.set(key(m.object), m.object);
         if (m.kind === 'Device') record(m.object);
+        if (m.kind === 'DeviceReading') recordReading(m.object);
+        break;
+      case 'source':
+        valueSource = m.source;
         break;
       case 'delete':
         store.delete(key(m.object));
@@ -142,6 +151,12 @@
     const ok = streamOpen && problems.size === 0;
     live.textContent = ok ? 'live' : streamOpen ? 'live, with problems' : 'reconnecting…';
     live.className = `live ${ok ? 'ok' : 'bad'}`;
+    const src = $('#source');
+    src.dataset.source = valueSource || '';
+    src.textContent = valueSource === 'live' ? 'values: live readings' : valueSource === 'status' ? 'values: Device.status' : '';
+    src.title = valueSource === 'live'
+      ? 'Reported values come from the controller replicas\' memory (the readings API, readings.dowse.dev), ahead of Device.status, which is written under a budget'
+      : 'The API server does not serve the live readings API (readings.dowse.dev): reported values as Device.status holds them';
   }
 
   function emptyText(kind, words) {
@@ -207,7 +222,10 @@
   const numericType = (t) => t === 'INT' || t === 'FLOAT' || t === 'DOUBLE';
 
   // twinOf reads a Device as `dowsectl twin get` does: the spec's
-  // properties in order, then any only the status has.
+  // properties in order, then any only the status has; a reported value
+  // the live readings hold is shown instead of the status's when it is as
+  // new or newer. Each reported value says its source: 'live' (a
+  // replica's memory) or 'status'.
   function twinOf(d) {
     const props = [];
     const byName = new Map();
@@ -228,7 +246,52 @@
         x.observedAt = ts ? Number(ts) : 0;
       }
     }
+    for (const x of props) if (x.reported !== undefined) x.source = 'status';
+    const r = S.DeviceReading.get(key(d));
+    for (const rp of (r && r.properties) || []) {
+      const x = get(rp.name);
+      const t = timeOf(rp.time);
+      if (x.reported !== undefined && x.readAt && t < x.readAt) continue;
+      x.reported = rp.value;
+      x.readAt = t;
+      x.source = rp.source || 'live';
+      // The status's read error was about an older read.
+      if (x.source === 'live') x.error = undefined;
+    }
     return props;
+  }
+
+  // stateOf is the device's state: the live reading's when there is one.
+  function stateOf(d) {
+    const r = S.DeviceReading.get(key(d));
+    return (r && r.state) || (d.status && d.status.state) || '-';
+  }
+
+  // addPoint keeps a property's points in time order, one a time.
+  function addPoint(k, t, v) {
+    const pts = hist.get(k) || [];
+    let i = pts.length;
+    while (i > 0 && pts[i - 1].t > t) i--;
+    if (i > 0 && pts[i - 1].t === t) pts[i - 1].v = v;
+    else pts.splice(i, 0, { t, v });
+    if (pts.length > HISTORY) pts.splice(0, pts.length - HISTORY);
+    hist.set(k, pts);
+  }
+
+  // recordReading plots a live reading's values: its recent history
+  // (values the page may not have seen) and its newest.
+  function recordReading(r) {
+    const d = S.Device.get(key(r));
+    const m = d ? modelOf(d) : undefined;
+    for (const rp of r.properties || []) {
+      const mp = modelProp(m, rp.name);
+      if (mp && !numericType(mp.type)) continue;
+      for (const s of [...(rp.history || []), { value: rp.value, time: rp.time }]) {
+        const v = Number(s.value);
+        if (String(s.value).trim() === '' || !Number.isFinite(v)) continue;
+        addPoint(`${key(r)}/${rp.name}`, timeOf(s.time) || Date.now(), v);
+      }
+    }
   }
 
   function record(d) {
@@ -239,13 +302,7 @@
       if (mp && !numericType(mp.type)) continue;
       const v = Number(p.reported);
       if (p.reported.trim() === '' || !Number.isFinite(v)) continue;
-      const k = `${key(d)}/${p.name}`;
-      const pts = hist.get(k) || [];
-      const t = p.readAt || Date.now();
-      const last = pts[pts.length - 1];
-      if (!last || last.t !== t || last.v !== v) pts.push({ t, v });
-      if (pts.length > HISTORY) pts.splice(0, pts.length - HISTORY);
-      hist.set(k, pts);
+      addPoint(`${key(d)}/${p.name}`, p.readAt || Date.now(), v);
     }
   }
 
@@ -279,7 +336,7 @@
     const tbody = h('tbody', {});
     const card = h('div', { class: 'card', 'data-device': key(d) },
       h('h3', {}, sel('Device', d), head, h('a', { class: 'page', href: pageHref(d.metadata.namespace, d.metadata.name), onclick: follow, 'data-page': '' }, 'Device page →')),
-      h('table', { class: 'twin' }, h('thead', {}, h('tr', {}, ['property', 'desired', 'reported', 'observed', 'read', 'recent', 'set desired'].map((t) => h('th', {}, t)))), tbody),
+      h('table', { class: 'twin' }, h('thead', {}, h('tr', {}, ['property', 'desired', 'reported', 'observed', 'read', 'source', 'recent', 'set desired'].map((t) => h('th', {}, t)))), tbody),
       h('p', { class: 'conditions muted' }));
     return { card, head, tbody, rows: new Map() };
   }
@@ -287,7 +344,7 @@
   function updateDevice(el, d) {
     const m = modelOf(d);
     const st = d.status || {};
-    const state = st.state || '-';
+    const state = stateOf(d);
     el.head.replaceChildren(
       `model ${d.spec.deviceModelRef ? d.spec.deviceModelRef.name : '-'} · node ${d.spec.nodeName || '-'} · state `,
       h('span', { class: `state state-${state}`, 'data-state': '' }, state),
@@ -307,7 +364,7 @@
 
   function propertyRow(d, name) {
     const cells = {};
-    for (const c of ['name', 'desired', 'reported', 'observed', 'read', 'plot', 'form']) cells[c] = h('td', { class: c });
+    for (const c of ['name', 'desired', 'reported', 'observed', 'read', 'source', 'plot', 'form']) cells[c] = h('td', { class: c });
     cells.name.textContent = name;
     const tr = h('tr', { 'data-property': name }, Object.values(cells));
     return { tr, cells, form: null };
@@ -325,11 +382,19 @@
       p.error ? h('div', { class: 'problem' }, `read failed: ${p.error}`) : '');
     c.observed.textContent = withUnit(p.observed, unit);
     c.read.replaceChildren(h('span', { 'data-since': p.readAt || '' }, ago(p.readAt)));
+    c.source.replaceChildren(sourceTag(p));
     row.plotKey = `${key(d)}/${p.name}`;
     row.unit = unit;
     drawSmall(row);
     if (mp && mp.accessMode === 'ReadWrite' && !row.form) { row.form = setForm(d, p.name); c.form.append(row.form.el); }
     settle(d, p);
+  }
+
+  // sourceTag says where a reported value comes from.
+  function sourceTag(p) {
+    if (p.reported === undefined) return '-';
+    return h('span', { class: `src src-${p.source}`, 'data-source': p.source,
+      title: p.source === 'live' ? 'from the controller replica holding the node (readings API), ahead of Device.status' : 'as Device.status holds it' }, p.source);
   }
 
   function drawSmall(row) {
@@ -589,7 +654,7 @@
       h('div', { class: 'columns' },
         h('div', {},
           h('section', { class: 'card', id: 'dp-properties' }, h('h3', {}, 'Properties'),
-            table('twin props', ['property', 'type', 'desired', 'reported', 'read', 'observed desired', 'applied', 'set desired'], page.props)),
+            table('twin props', ['property', 'type', 'desired', 'reported', 'read', 'source', 'observed desired', 'applied', 'set desired'], page.props)),
           h('section', { class: 'card', id: 'dp-plots' }, h('h3', {}, 'Reported values', h('span', { class: 'meta' }, `seen since this page opened, local time (${zone()})`), ranges), page.plotsEl)),
         h('div', {},
           h('section', { class: 'card', id: 'dp-conditions' }, h('h3', {}, 'Conditions'), table('conditions', ['type', 'status', 'reason', 'message', 'since'], page.conds)),
@@ -618,7 +683,7 @@
     const st = d.status || {};
     const spec = d.spec || {};
     const proto = spec.protocol && spec.protocol.protocolName;
-    const state = st.state || '-';
+    const state = stateOf(d);
     const fact = (name, ...v) => [h('dt', {}, name), h('dd', { 'data-fact': name }, ...v)];
     page.facts.replaceChildren(
       ...fact('state', h('span', { class: `state state-${state}` }, state)),
@@ -639,7 +704,7 @@
       let row = page.rows.get(p.name);
       if (!row) {
         const cells = {};
-        for (const c of ['name', 'type', 'desired', 'reported', 'read', 'observed', 'appliedAt', 'form']) cells[c] = h('td', { class: c });
+        for (const c of ['name', 'type', 'desired', 'reported', 'read', 'source', 'observed', 'appliedAt', 'form']) cells[c] = h('td', { class: c });
         row = { tr: h('tr', { 'data-property': p.name }, Object.values(cells)), cells, form: null };
         page.rows.set(p.name, row);
         page.props.append(row.tr);
@@ -651,6 +716,7 @@
       c.reported.replaceChildren(h('span', { class: `value${p.desired !== undefined && !same(p.desired, p.reported) ? ' differs' : ''}` }, withUnit(p.reported, unit)),
         p.error ? h('div', { class: 'problem' }, `read failed: ${p.error}`) : '');
       c.read.replaceChildren(...[when(p.readAt)].flat());
+      c.source.replaceChildren(sourceTag(p));
       c.observed.replaceChildren(withUnit(p.observed, unit), p.desiredError ? h('div', { class: 'problem' }, `refused: ${p.desiredError}`) : '');
       c.appliedAt.replaceChildren(...[when(p.observedAt)].flat());
       if (mp && mp.accessMode === 'ReadWrite' && !row.form) { row.form = setForm(d, p.name); page.forms.push(row.form); c.form.append(row.form.el); }
