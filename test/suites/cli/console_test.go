@@ -302,6 +302,10 @@ func testConsole(t *testing.T, r *rig) {
 	// A register changed on the real peer: the reported value follows, and
 	// the plot has its points.
 	p.waitText(t, devSel+` [data-property="temperature"] td.reported`, "21.5 C")
+	// The readings API is not registered yet: values as Device.status
+	// holds them, and the page says so.
+	p.waitText(t, `#source`, "values: Device.status")
+	p.waitText(t, devSel+` [data-property="temperature"] td.source [data-source="status"]`, "status")
 	r.mbpoll(t, []string{"-t", "4", "-r", "1"}, "233")
 	p.waitText(t, devSel+` [data-property="temperature"] td.reported`, "23.3 C")
 	testwait.For(t, 30*time.Second, func() error {

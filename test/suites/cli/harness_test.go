@@ -28,6 +28,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/dowse-dev/dowse/internal/scheme"
+	readingsv1 "github.com/dowse-dev/dowse/shared/api/readings/v1alpha1"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	"github.com/dowse-dev/dowse/test/framework/dowse"
 	"github.com/dowse-dev/dowse/test/framework/kube"
@@ -58,6 +59,9 @@ type rig struct {
 	modbusAddr string
 	// closedAddr is a Modbus target nothing listens on.
 	closedAddr string
+	// readings is the controller's port for the live readings API, which
+	// the API server reaches once testConsoleLive registers its APIService.
+	readings int
 	// plc is the Modbus controller's Device once it reported, plcErr why
 	// it did not (later subtests then fail at once).
 	plc    *v1alpha1.Device
@@ -102,7 +106,9 @@ func startRig(t *testing.T) *rig {
 	// input 3: a register the model wrongly calls writable.
 	npmpeer.StartModbus(t, "jsmodbus", map[string]any{"impl": "jsmodbus", "host": "127.0.0.1", "port": port, "holding": map[string]int{"0": 5, "1": 215}, "input": map[string]int{"3": 7}})
 
-	cp, err := kube.Start()
+	// The API server can aggregate the live readings API (registered by
+	// testConsoleLive only).
+	cp, err := kube.StartWith(kube.Options{CRDs: true, Aggregator: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,15 +144,18 @@ func startRig(t *testing.T) *rig {
 		}
 	}
 
-	ports := make([]int, 4)
+	ports := make([]int, 5)
 	for i := range ports {
 		if ports[i], err = procs.FreePort(); err != nil {
 			t.Fatal(err)
 		}
 	}
 	link := &dowse.Link{WebSocket: ports[1], QUIC: ports[2], Auth: ports[3], Heartbeat: time.Second}
+	r.readings = ports[4]
 	dowse.Controller{Kubeconfig: r.kubeconfig, Metrics: ports[0], Link: link,
-		TwinStatusInterval: 300 * time.Millisecond}.StartLogged(t, r.dir, "dowse-controller")
+		TwinStatusInterval: 300 * time.Millisecond,
+		Args: []string{"--readings-address", fmt.Sprintf("127.0.0.1:%d", r.readings), "--readings-service", readingsService,
+			"--readings-apiservice", readingsv1.APIServiceName}}.StartLogged(t, r.dir, "dowse-controller")
 	if err := r.client.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "edge-1"}}); err != nil {
 		t.Fatal(err)
 	}
@@ -268,9 +277,21 @@ func (r *rig) plugin(args ...string) (string, error) {
 // mbpoll runs Debian's mbpoll against the peer.
 func (r *rig) mbpoll(t *testing.T, options []string, values ...string) string {
 	t.Helper()
+	if _, err := exec.LookPath("mbpoll"); err != nil {
+		npmpeer.Unavailable(t, "mbpoll is not installed: run hack/install-deps.sh (Debian mbpoll)")
+	}
+	out, err := r.mbpollRun(options, values...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// mbpollRun is mbpoll for a goroutine: its failure is returned.
+func (r *rig) mbpollRun(options []string, values ...string) (string, error) {
 	path, err := exec.LookPath("mbpoll")
 	if err != nil {
-		npmpeer.Unavailable(t, "mbpoll is not installed: run hack/install-deps.sh (Debian mbpoll)")
+		return "", err
 	}
 	host, port, _ := net.SplitHostPort(r.modbusAddr)
 	all := append(append([]string{"-m", "tcp", "-p", port, "-0", "-1"}, options...), host)
@@ -279,9 +300,9 @@ func (r *rig) mbpoll(t *testing.T, options []string, values ...string) string {
 	}
 	out, err := exec.Command(path, all...).CombinedOutput()
 	if err != nil {
-		t.Fatalf("mbpoll %v: %v\n%s", all, err, out)
+		return string(out), fmt.Errorf("mbpoll %v: %w\n%s", all, err, out)
 	}
-	return string(out)
+	return string(out), nil
 }
 
 // holding reads holding register ref with mbpoll.
@@ -344,7 +365,7 @@ func reported(d *v1alpha1.Device, prop string) string {
 
 // TestDowsectl runs everything on one cluster, in order: the plugin's
 // commands and formats, twin set --wait against the mapper, the console
-// in a browser, and last the API server restart that twin watch and the
+// in a browser (on Device.status, then on the live readings API), and last the API server restart that twin watch and the
 // console must ride out.
 func TestDowsectl(t *testing.T) {
 	r := startRig(t)
@@ -353,5 +374,6 @@ func TestDowsectl(t *testing.T) {
 	t.Run("Convert", func(t *testing.T) { testConvert(t, r) })
 	t.Run("SetWait", func(t *testing.T) { testSetWait(t, r) })
 	t.Run("Console", func(t *testing.T) { testConsole(t, r) })
+	t.Run("ConsoleLive", func(t *testing.T) { testConsoleLive(t, r) })
 	t.Run("WatchAcrossRestart", func(t *testing.T) { testWatchAcrossRestart(t, r) })
 }
