@@ -177,6 +177,7 @@ bench: k8s konnectivity build
 	go run ./test/bench/streams
 	go run ./test/bench/replicas
 	go run ./test/bench/replicas -budget
+	go run ./test/bench/replicas -readings
 	go run ./test/bench/mapper
 	go test -run '^$$' -bench MQTTSink -benchtime 50000x ./mappers/mapper/
 	go test -run '^$$' -bench . -benchtime 2s ./internal/agent/edgehub/

@@ -14,6 +14,12 @@
 //     (everything acknowledged) and every Device's status at its edge's
 //     last counter (no report lost).
 //
+// With -readings it measures report → visible in the live readings API
+// (readings.go): two replicas serving it behind the API server's
+// aggregator, one watch of every DeviceReading through the API server, at
+// several report rates: p50 / p99 / max from a counter's report at its edge
+// to its arrival in the watch.
+//
 // With -budget it measures the status write budget instead (budget.go):
 // two replicas at their default budget and interval, -edges ×
 // -devices-per-edge Devices (20,000 by default) each reporting a changing
@@ -83,14 +89,38 @@ func main() {
 	flag.StringVar(&profileDir, "profile", "", "write CPU profiles of the surviving replica and of the API server during the failover into this folder")
 	flag.DurationVar(&profileFor, "profile-for", 15*time.Second, "length of the failover's CPU profiles")
 	budget := flag.Bool("budget", false, "measure the status write budget instead: -edges × -devices-per-edge Devices reporting every -report-every (1s unless given) through two replicas at their defaults; -window (1m unless given) is the measurement")
-	perEdge := flag.Int("devices-per-edge", 10, "Devices on each edge, with -budget")
+	perEdge := flag.Int("devices-per-edge", 10, "Devices on each edge, with -budget and -readings")
+	readings := flag.Bool("readings", false, "measure report → visible in the live readings API instead: -edges (100 unless given) × -devices-per-edge Devices on two replicas serving the API behind the API server's aggregator, one watch through the API server, at each of -rates; -window (20s unless given) is each measurement")
+	rates := flag.String("rates", "100,1000,4000", "reports a second offered, comma-separated, with -readings")
 	flag.Parse()
 	ctrllog.SetLogger(logr.Discard())
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	given := map[string]bool{}
+	flag.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	if *readings {
+		if !given["edges"] {
+			*edges = 100
+		}
+		if !given["window"] {
+			*window = 20 * time.Second
+		}
+		var rs []float64
+		for _, f := range strings.Split(*rates, ",") {
+			r, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
+			if err != nil || r <= 0 {
+				fmt.Fprintf(os.Stderr, "bench: -rates: %q is not a rate\n", f)
+				os.Exit(2)
+			}
+			rs = append(rs, r)
+		}
+		if err := runReadings(ctx, *edges, *perEdge, rs, *window); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if *budget {
-		given := map[string]bool{}
-		flag.Visit(func(f *flag.Flag) { given[f.Name] = true })
 		if !given["report-every"] {
 			*every = time.Second
 		}
