@@ -151,9 +151,13 @@
     const ok = streamOpen && problems.size === 0;
     live.textContent = ok ? 'live' : streamOpen ? 'live, with problems' : 'reconnecting…';
     live.className = `live ${ok ? 'ok' : 'bad'}`;
+    // Served but failing (no right to read them, a replica down): the
+    // values fall back to Device.status wherever it is newer.
+    const failing = valueSource === 'live' && problems.has('DeviceReading');
     const src = $('#source');
-    src.dataset.source = valueSource || '';
-    src.textContent = valueSource === 'live' ? 'values: live readings' : valueSource === 'status' ? 'values: Device.status' : '';
+    src.dataset.source = failing ? 'status' : valueSource || '';
+    src.textContent = failing ? 'values: Device.status (live readings failing)' : valueSource === 'live' ? 'values: live readings'
+      : valueSource === 'status' ? 'values: Device.status' : '';
     src.title = valueSource === 'live'
       ? 'Reported values come from the controller replicas\' memory (the readings API, readings.dowse.dev), ahead of Device.status, which is written under a budget'
       : 'The API server does not serve the live readings API (readings.dowse.dev): reported values as Device.status holds them';
