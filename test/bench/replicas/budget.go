@@ -435,6 +435,11 @@ func runBudget(ctx context.Context, nEdges, perEdge int, every, window time.Dura
 			d := rep1[i].sum("dowse_twins_status_priority_writes_total", `priority="`+p+`"`) - rep0[i].sum("dowse_twins_status_priority_writes_total", `priority="`+p+`"`)
 			parts = append(parts, fmt.Sprintf("%s %.1f", p, d/elapsed))
 		}
+		// A write that found the Device changed since it was read (by the
+		// leader's validity check, or a cache behind) is read from the API
+		// server and made again.
+		conflicts := rep1[i].sum("dowse_twins_status_writes_total", `result="conflict"`) - rep0[i].sum("dowse_twins_status_writes_total", `result="conflict"`)
+		parts = append(parts, fmt.Sprintf("conflicts %.1f", conflicts/elapsed))
 		taken += rep1[i].sum("dowse_twins_reports_total") - rep0[i].sum("dowse_twins_reports_total")
 		perReplica = append(perReplica, fmt.Sprintf("%s %s", r.name, strings.Join(parts, ", ")))
 	}
