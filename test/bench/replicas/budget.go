@@ -352,6 +352,7 @@ func runBudget(ctx context.Context, nEdges, perEdge int, every, window time.Dura
 		return err
 	}
 	rep0 := scrapeAll()
+	apiM0 := b.apiMetrics(ctx)
 	cpu0 := cpu()
 	m0 := time.Now()
 	// A desired value on another Device every 250 ms through the window.
@@ -386,6 +387,7 @@ func runBudget(ctx context.Context, nEdges, perEdge int, every, window time.Dura
 	}
 	cpu1 := cpu()
 	rep1 := scrapeAll()
+	apiM1 := b.apiMetrics(ctx)
 	elapsed := time.Since(m0).Seconds()
 	backlog := maxPending.Load()
 	time.Sleep(5 * time.Second) // the last acknowledgements
@@ -478,6 +480,9 @@ func runBudget(ctx context.Context, nEdges, perEdge int, every, window time.Dura
 		}
 	}
 	fmt.Printf("CPU seconds a second in the window: %s\n", strings.Join(use, ", "))
+	// What the API server answered in the window (every write competes
+	// with the acknowledgements' and the desired values' own).
+	fmt.Printf("API server in the window (%.0f s): %s\n", elapsed, requestFigures(apiM0, apiM1, rep0[0], rep1[0]))
 	fmt.Printf("%d cores, load %s\n", runtime.NumCPU(), loadavg())
 
 	// Nothing lost: the reports stop; every Device shows its last counter.
