@@ -469,6 +469,9 @@ func runBudget(ctx context.Context, nEdges, perEdge int, every, window time.Dura
 	// sends the desired value to the node), the urgent write's wait
 	// (arrival to write) and the status patch itself.
 	row("  twin sync: queue wait, p50 / p99", q("workqueue_queue_duration_seconds", `name="twin-sync"`))
+	// The way up: an acknowledgement is a report like the counters, in
+	// the same ordered stream of its edge's link.
+	row("  report transit, read on the edge → at the status writer, p50 / p99", q("dowse_twins_report_transit_seconds", ""))
 	row("  urgent writes' age when written, p50 / p99", q("dowse_twins_status_age_seconds", `priority="urgent"`))
 	row("  status patch, p50 / p99", q("dowse_twins_status_write_duration_seconds", ""))
 	row("desired values not acknowledged within 5 s of the window's end", strconv.Itoa(unacked))
