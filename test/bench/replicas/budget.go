@@ -473,6 +473,7 @@ func runBudget(ctx context.Context, nEdges, perEdge int, every, window time.Dura
 	// the same ordered stream of its edge's link.
 	row("  report transit, read on the edge → at the status writer, p50 / p99", q("dowse_twins_report_transit_seconds", ""))
 	row("  urgent writes' age when written, p50 / p99", q("dowse_twins_status_age_seconds", `priority="urgent"`))
+	row("  urgent report at the writer → its write done, p50 / p99", q("dowse_twins_status_urgent_wait_seconds", ""))
 	row("  status patch, p50 / p99", q("dowse_twins_status_write_duration_seconds", ""))
 	row("desired values not acknowledged within 5 s of the window's end", strconv.Itoa(unacked))
 	row(fmt.Sprintf("largest unacknowledged backlog of an edge (%d Devices)", perEdge), strconv.FormatInt(backlog, 10))

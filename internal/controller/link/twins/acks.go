@@ -6,6 +6,7 @@ package twins
 import (
 	"context"
 	"slices"
+	"time"
 
 	"github.com/dowse-dev/dowse/internal/controller/link/cloudhub"
 )
@@ -136,6 +137,7 @@ func (s *Status) Release(node string) {
 			// The write in flight commits nothing (its node's queue is
 			// gone); its pending rest is dropped when it ends.
 			st.twins, st.state, st.conds, st.extra, st.news, st.prio, st.rush = map[string]*pendingTwin{}, nil, nil, nil, false, prioRepeat, false
+			st.urgentAt = time.Time{}
 			st.seen = nil
 			continue
 		}

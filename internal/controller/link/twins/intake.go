@@ -107,6 +107,9 @@ type twinState struct {
 	records uint64
 	// node is the node of the last report taken.
 	node string
+	// urgentAt is when the oldest unwritten urgent report arrived (zero
+	// when none waits).
+	urgentAt time.Time
 	// failures counts the writes that failed in a row; retryAt is when
 	// the next may be tried.
 	failures int
@@ -302,6 +305,9 @@ func (s *Status) Handle(ctx context.Context, m cloudhub.Inbound) error {
 	}
 	if st.arrived.IsZero() {
 		st.arrived = now
+	}
+	if st.rush && st.urgentAt.IsZero() {
+		st.urgentAt = now
 	}
 	if _, ok := m.Env.Kind.(*linkv1.Envelope_TwinReported); ok && !at.IsZero() {
 		s.metrics.ReportTransit.Observe(now.Sub(at).Seconds())

@@ -23,7 +23,12 @@ type Metrics struct {
 	PriorityWrites *prometheus.CounterVec
 	StatusAge      *prometheus.HistogramVec
 	Pending        *prometheus.GaugeVec
-	Sent           *prometheus.CounterVec
+	// UrgentWait is the writer's part of an acknowledgement's way: from
+	// the arrival of the oldest unwritten urgent report of a Device (a
+	// desired value's acknowledgement, a state or condition that changed)
+	// to the end of the write that holds it.
+	UrgentWait prometheus.Histogram
+	Sent       *prometheus.CounterVec
 }
 
 // NewMetrics registers the metrics with reg (nil: unregistered).
@@ -51,13 +56,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Device status writes made, by the priority of what they carried: urgent (a desired value's acknowledgement, a state or condition that changed), change (a changed value), repeat (timestamps refreshed on the heartbeat interval)."}, []string{"priority"}),
 		StatusAge: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "dowse", Subsystem: "twins", Name: "status_age_seconds",
 			Help: "How far behind its node a Device's status was when a write brought it up to date: from the arrival of the oldest report it did not show to the write, by the write's priority.", Buckets: prometheus.ExponentialBuckets(0.01, 2, 18)}, []string{"priority"}),
+		UrgentWait: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "dowse", Subsystem: "twins", Name: "status_urgent_wait_seconds",
+			Help: "From the arrival at the status writer of a Device's oldest unwritten urgent report (a desired value's acknowledgement, a state or condition that changed) to the end of the write that holds it.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 18)}),
 		Pending: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "dowse", Subsystem: "twins", Name: "status_pending_devices",
 			Help: "Devices waiting for a status write, by priority."}, []string{"priority"}),
 		Sent: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "dowse", Subsystem: "twins", Name: "sent_total",
 			Help: "Messages sent to nodes, by kind (device, device-removal, model, model-removal, inventory)."}, []string{"kind"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Reports, m.Dropped, m.Coalesced, m.Trimmed, m.Writes, m.WriteSeconds, m.ReportToStatus, m.ReportTransit, m.StatusWait, m.PriorityWrites, m.StatusAge, m.Pending, m.Sent)
+		reg.MustRegister(m.Reports, m.Dropped, m.Coalesced, m.Trimmed, m.Writes, m.WriteSeconds, m.ReportToStatus, m.ReportTransit, m.StatusWait, m.PriorityWrites, m.StatusAge, m.Pending, m.UrgentWait, m.Sent)
 	}
 	return m
 }

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -176,6 +178,23 @@ func TestStatusBudgetAndPriority(t *testing.T) {
 			t.Fatal("the acknowledgement was not written in 10 s")
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+	// The writer's part of the acknowledgement's way is measured: one
+	// urgent report, one sample (the changes before it carried none).
+	if n := testutil.CollectAndCount(r.s.metrics.UrgentWait); n != 1 {
+		t.Errorf("dowse_twins_status_urgent_wait_seconds has %d series", n)
+	}
+	for { // observed just after the write returns
+		var m dto.Metric
+		if err := r.s.metrics.UrgentWait.Write(&m); err != nil {
+			t.Fatal(err)
+		}
+		if c := m.GetHistogram().GetSampleCount(); c == 1 {
+			break
+		} else if c > 1 || time.Now().After(deadline) {
+			t.Fatalf("urgent waits observed: %d, want the acknowledgement's", c)
+		}
+		time.Sleep(time.Millisecond)
 	}
 	changed := 0
 	for i := range n {

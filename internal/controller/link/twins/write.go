@@ -61,10 +61,12 @@ type batch struct {
 	extra   []*msgRef
 	oldest  time.Time
 	arrived time.Time
-	news    bool
-	prio    priority
-	rush    bool
-	records uint64 // twinState.records when taken
+	// urgentAt: twinState.urgentAt when taken.
+	urgentAt time.Time
+	news     bool
+	prio     priority
+	rush     bool
+	records  uint64 // twinState.records when taken
 }
 
 func (b *batch) refs() []*msgRef {
@@ -81,9 +83,9 @@ func (s *Status) takeLocked(key types.NamespacedName) (*twinState, *batch) {
 		return nil, nil
 	}
 	b := &batch{twins: st.twins, state: st.state, conds: st.conds, extra: st.extra,
-		oldest: st.oldest, arrived: st.arrived, news: st.news, prio: st.prio, rush: st.rush, records: st.records}
+		oldest: st.oldest, arrived: st.arrived, urgentAt: st.urgentAt, news: st.news, prio: st.prio, rush: st.rush, records: st.records}
 	st.twins, st.state, st.conds, st.extra = map[string]*pendingTwin{}, nil, nil, nil
-	st.oldest, st.arrived, st.news, st.prio, st.rush = time.Time{}, time.Time{}, false, prioRepeat, false
+	st.oldest, st.arrived, st.urgentAt, st.news, st.prio, st.rush = time.Time{}, time.Time{}, time.Time{}, false, prioRepeat, false
 	st.writing = true
 	st.lastWrite = s.now()
 	if !b.arrived.IsZero() {
@@ -148,6 +150,9 @@ func (s *Status) writeTaken(ctx context.Context, key types.NamespacedName, st *t
 		}
 		if !b.arrived.IsZero() && (st.arrived.IsZero() || b.arrived.Before(st.arrived)) {
 			st.arrived = b.arrived
+		}
+		if !b.urgentAt.IsZero() && (st.urgentAt.IsZero() || b.urgentAt.Before(st.urgentAt)) {
+			st.urgentAt = b.urgentAt
 		}
 		st.failures++
 		st.retryAt = s.now().Add(min(100*time.Millisecond<<min(st.failures-1, 9), 30*time.Second))
@@ -278,6 +283,9 @@ func (s *Status) write(ctx context.Context, key types.NamespacedName, b *batch) 
 			}
 			if !b.oldest.IsZero() {
 				s.metrics.ReportToStatus.Observe(time.Since(b.oldest).Seconds())
+			}
+			if !b.urgentAt.IsZero() {
+				s.metrics.UrgentWait.Observe(s.now().Sub(b.urgentAt).Seconds())
 			}
 			return nil
 		case apierrors.IsConflict(err) && attempt < 10:
