@@ -111,34 +111,9 @@ func runReadings(ctx context.Context, nEdges, perEdge int, rates []float64, wind
 	if err := b.c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}); err != nil {
 		return err
 	}
-	t0 := time.Now()
-	model := &v1alpha1.DeviceModel{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "bench"},
-		Spec: v1alpha1.DeviceModelSpec{Protocol: "scripted", Properties: []v1alpha1.ModelProperty{{Name: "count", Type: v1alpha1.PropertyInt}}}}
-	if err := b.c.Create(ctx, model); err != nil {
+	if err := createFleet(ctx, b.c, nEdges, perEdge, v1alpha1.ModelProperty{Name: "count", Type: v1alpha1.PropertyInt}); err != nil {
 		return err
 	}
-	devName := func(e, i int) string { return fmt.Sprintf("node-%d-dev-%d", e, i) }
-	var g errgroup.Group
-	g.SetLimit(32)
-	for e := range nEdges {
-		g.Go(func() error {
-			node := fmt.Sprintf("node-%d", e)
-			if err := b.c.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}); err != nil {
-				return err
-			}
-			for i := range perEdge {
-				if err := b.c.Create(ctx, &v1alpha1.Device{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: devName(e, i)},
-					Spec: v1alpha1.DeviceSpec{DeviceModelRef: &corev1.LocalObjectReference{Name: "bench"}, NodeName: node}}); err != nil {
-					return err
-				}
-			}
-			return nil
-		})
-	}
-	if err := g.Wait(); err != nil {
-		return err
-	}
-	fmt.Printf("%d Nodes and %d Devices created in %s\n", nEdges, n, time.Since(t0).Round(time.Second))
 
 	// The replicas, each serving the readings API; the APIService's
 	// Service reaches replica 0 on loopback (no kube-proxy here).
@@ -206,7 +181,7 @@ func runReadings(ctx context.Context, nEdges, perEdge int, rates []float64, wind
 			}
 		}
 	}()
-	g = errgroup.Group{}
+	var g errgroup.Group
 	g.SetLimit(runtime.NumCPU())
 	for k := range nEdges {
 		g.Go(func() error {
