@@ -5,8 +5,6 @@ package main
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"os"
@@ -16,11 +14,8 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
-	"github.com/go-logr/logr"
-	"golang.org/x/sync/errgroup"
 	"google.golang.org/protobuf/types/known/timestamppb"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -32,9 +27,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/dowse-dev/dowse/internal/agent/edgehub"
 	"github.com/dowse-dev/dowse/internal/dowsectl/live"
-	"github.com/dowse-dev/dowse/internal/link/pki"
 	"github.com/dowse-dev/dowse/internal/scheme"
 	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
 	readingsv1 "github.com/dowse-dev/dowse/shared/api/readings/v1alpha1"
@@ -164,70 +157,10 @@ func runReadings(ctx context.Context, nEdges, perEdge int, rates []float64, wind
 	}
 
 	// The edges, spread over both replicas.
-	var servers []string
-	for _, r := range b.replicas {
-		servers = append(servers, fmt.Sprintf("127.0.0.1:%d", r.ws))
-	}
-	pool := x509.NewCertPool()
-	pool.AddCert(ca.Cert)
-	ectx, ecancel := context.WithCancel(ctx)
-	edges := make([]*budgetEdge, nEdges)
-	defer func() {
-		ecancel()
-		for _, e := range edges {
-			if e != nil {
-				<-e.done
-				_ = e.hub.Close()
-			}
-		}
-	}()
-	var g errgroup.Group
-	g.SetLimit(runtime.NumCPU())
-	for k := range nEdges {
-		g.Go(func() error {
-			e := &budgetEdge{node: fmt.Sprintf("node-%d", k), counter: make([]atomic.Int64, perEdge), done: make(chan struct{})}
-			for i := range perEdge {
-				e.devs = append(e.devs, &linkv1.DeviceRef{Namespace: "default", Name: devName(k, i)})
-			}
-			cert, err := ca.IssueNode(e.node, "", 24*time.Hour)
-			if err != nil {
-				return err
-			}
-			dir := filepath.Join(b.dir, "edges", e.node)
-			if err := os.MkdirAll(dir, 0o700); err != nil {
-				return err
-			}
-			h, err := edgehub.New(edgehub.Config{Node: e.node, Transport: "websocket", Server: servers[k%len(servers)], Servers: servers,
-				TLS:      pki.ClientTLSConfig(pki.Static[*tls.CertificateRequestInfo](cert), pool, "127.0.0.1"),
-				StateDir: dir, NoSync: true, Heartbeat: 5 * time.Second, BackoffMax: 2 * time.Second}, nil, nil)
-			if err != nil {
-				return err
-			}
-			e.hub = h
-			edges[k] = e
-			go func() {
-				defer close(e.done)
-				_ = h.Start(logr.NewContext(ectx, logr.Discard()))
-			}()
-			return nil
-		})
-	}
-	if err := g.Wait(); err != nil {
+	edges, stopEdges, err := b.startBudgetEdges(ctx, ca, nEdges, perEdge, nil)
+	defer stopEdges()
+	if err != nil {
 		return err
-	}
-	for t1 := time.Now(); ; time.Sleep(100 * time.Millisecond) {
-		missing := 0
-		for _, e := range edges {
-			if !e.hub.Connected() {
-				missing++
-			}
-		}
-		if missing == 0 {
-			break
-		}
-		if time.Since(t1) > 5*time.Minute {
-			return fmt.Errorf("%d edges without a session after 5 minutes", missing)
-		}
 	}
 	held, err := b.holders(ctx)
 	if err != nil {
