@@ -14,11 +14,13 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/dowse-dev/dowse/test/framework/kube"
 	"github.com/dowse-dev/dowse/test/framework/procs"
 )
 
@@ -31,6 +33,21 @@ func Unavailable(t testing.TB, format string, args ...any) {
 		t.Fatalf("%s (CI=true, so this fails rather than skips)", msg)
 	}
 	t.Skipf("%s; skipping (set CI=true to make this a failure)", msg)
+}
+
+// Installed returns <repo>/bin/npm-peers/<cache>/node_modules when pkgs
+// (name@version) are installed there, and calls Unavailable, naming
+// hack/install-npm-peers.sh, when they are not. It never runs npm.
+func Installed(t testing.TB, cache string, pkgs ...string) string {
+	t.Helper()
+	if _, err := exec.LookPath("node"); err != nil {
+		Unavailable(t, "node is not on PATH: install Node.js 20 (hack/install-deps.sh)")
+	}
+	modules := filepath.Join(kube.RepoRoot(), "bin", "npm-peers", cache, "node_modules")
+	if !installed(modules, pkgs) {
+		Unavailable(t, "npm packages %v are not installed in %s: run hack/install-deps.sh (or hack/install-npm-peers.sh)", pkgs, modules)
+	}
+	return modules
 }
 
 func installed(modules string, pkgs []string) bool {

@@ -3,7 +3,6 @@ package npmpeer
 import (
 	"encoding/json"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
@@ -26,21 +25,6 @@ const SparkplugCache = "sparkplug"
 func SparkplugModules(t testing.TB) string {
 	t.Helper()
 	return Installed(t, SparkplugCache, SparkplugPackages...)
-}
-
-// Installed returns <repo>/bin/npm-peers/<cache>/node_modules when pkgs
-// (name@version) are installed there, and calls Unavailable, naming
-// hack/install-npm-peers.sh, when they are not. It never runs npm.
-func Installed(t testing.TB, cache string, pkgs ...string) string {
-	t.Helper()
-	if _, err := exec.LookPath("node"); err != nil {
-		Unavailable(t, "node is not on PATH: install Node.js 20 (hack/install-deps.sh)")
-	}
-	modules := filepath.Join(kube.RepoRoot(), "bin", "npm-peers", cache, "node_modules")
-	if !installed(modules, pkgs) {
-		Unavailable(t, "npm packages %v are not installed in %s: run hack/install-deps.sh (or hack/install-npm-peers.sh)", pkgs, modules)
-	}
-	return modules
 }
 
 // SparkplugScript is the launcher of the Sparkplug edge node; its first
