@@ -35,11 +35,14 @@ const (
 
 // Defaults and bounds of Details.
 const (
-	DefaultPort             = 502
-	DefaultMaxTargets       = 1024
-	MaxMaxTargets           = 65536
-	DefaultTimeout          = time.Second
-	DefaultConcurrency      = 16
+	DefaultPort       = 502
+	DefaultMaxTargets = 1024
+	MaxMaxTargets     = 65536
+	DefaultTimeout    = time.Second
+	// MinDefaultConcurrency is the least of the default bound on probes
+	// in flight, which otherwise is what the rate and the timeout need
+	// (Details.Concurrency).
+	MinDefaultConcurrency   = 16
 	MaxConcurrency          = 256
 	DefaultProbesPerSecond  = 100
 	MaxProbesPerSecond      = 1000
@@ -101,8 +104,10 @@ type Details struct {
 	// Timeout bounds the connection and each request, a Go duration.
 	// Default 1s.
 	Timeout string `json:"timeout,omitempty"`
-	// Concurrency bounds the targets probed at once. Default 16, at most
-	// 256.
+	// Concurrency bounds the targets probed at once. A silent address
+	// holds a slot for the whole timeout, so the default is what lets
+	// probesPerSecond pace a scan of silent addresses: probesPerSecond ×
+	// timeout + 1, at least 16; at most 256.
 	Concurrency int `json:"concurrency,omitempty"`
 	// ProbesPerSecond bounds the connection attempts per second of one
 	// Configuration. Default 100, at most 1000.
@@ -236,13 +241,13 @@ func (d *Details) defaultAndValidate() error {
 	if d.interval, err = handler.ParseDuration("rescanInterval", d.RescanInterval, DefaultRescanInterval, MinRescanInterval); err != nil {
 		return err
 	}
-	if err := defaultInt("concurrency", &d.Concurrency, DefaultConcurrency, MaxConcurrency); err != nil {
+	if err := handler.ParseInt("probesPerSecond", &d.ProbesPerSecond, DefaultProbesPerSecond, MaxProbesPerSecond); err != nil {
 		return err
 	}
-	if err := defaultInt("probesPerSecond", &d.ProbesPerSecond, DefaultProbesPerSecond, MaxProbesPerSecond); err != nil {
+	if err := handler.ParseInt("concurrency", &d.Concurrency, handler.PacedConcurrency(d.ProbesPerSecond, d.timeout, MinDefaultConcurrency, MaxConcurrency), MaxConcurrency); err != nil {
 		return err
 	}
-	return defaultInt("failureThreshold", &d.FailureThreshold, DefaultFailureThreshold, 1000)
+	return handler.ParseInt("failureThreshold", &d.FailureThreshold, DefaultFailureThreshold, 1000)
 }
 
 // expandTargets turns Targets into host:port pairs (handler.ExpandTargets).
@@ -254,16 +259,6 @@ func (d *Details) expandTargets() error {
 	d.targets = make([]string, len(hps))
 	for i, hp := range hps {
 		d.targets[i] = hp.String()
-	}
-	return nil
-}
-
-func defaultInt(field string, v *int, def, max int) error {
-	if *v == 0 {
-		*v = def
-	}
-	if *v < 1 || *v > max {
-		return handler.InvalidDetails("%s: %d is not between 1 and %d", field, *v, max)
 	}
 	return nil
 }

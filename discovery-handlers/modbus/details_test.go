@@ -19,7 +19,7 @@ func TestParseDetails(t *testing.T) {
 	}{
 		{name: "defaults", details: `targets: [plc1]`, check: func(t *testing.T, d *Details) {
 			if !slices.Equal(d.AddressList(), []string{"plc1:502"}) || !slices.Equal(d.UnitIDs, []int{1}) || d.Probe.Function != HoldingRegisters ||
-				d.Probe.Count != 1 || d.ProbeTimeout() != DefaultTimeout || d.Interval() != DefaultRescanInterval || d.Concurrency != DefaultConcurrency ||
+				d.Probe.Count != 1 || d.ProbeTimeout() != DefaultTimeout || d.Interval() != DefaultRescanInterval || d.Concurrency != DefaultProbesPerSecond+1 ||
 				d.ProbesPerSecond != DefaultProbesPerSecond || d.FailureThreshold != DefaultFailureThreshold || d.MaxTargets != DefaultMaxTargets {
 				t.Errorf("defaults = %+v", d)
 			}

@@ -204,7 +204,7 @@ func (d *RTUDetails) defaultAndValidate() error {
 		}
 		d.rules = append(d.rules, r)
 	}
-	if err := defaultInt("maxPorts", &d.MaxPorts, DefaultMaxPorts, MaxMaxPorts); err != nil {
+	if err := handler.ParseInt("maxPorts", &d.MaxPorts, DefaultMaxPorts, MaxMaxPorts); err != nil {
 		return err
 	}
 
@@ -244,7 +244,7 @@ func (d *RTUDetails) defaultAndValidate() error {
 		}
 	}
 
-	if err := defaultInt("maxUnitIds", &d.MaxUnitIDs, DefaultMaxUnitIDs, MaxRTUUnitID); err != nil {
+	if err := handler.ParseInt("maxUnitIds", &d.MaxUnitIDs, DefaultMaxUnitIDs, MaxRTUUnitID); err != nil {
 		return err
 	}
 	if len(d.UnitIDs) == 0 {
@@ -284,5 +284,5 @@ func (d *RTUDetails) defaultAndValidate() error {
 	if d.interval, err = handler.ParseDuration("rescanInterval", d.RescanInterval, DefaultRTURescan, MinRescanInterval); err != nil {
 		return err
 	}
-	return defaultInt("failureThreshold", &d.FailureThreshold, DefaultFailureThreshold, 1000)
+	return handler.ParseInt("failureThreshold", &d.FailureThreshold, DefaultFailureThreshold, 1000)
 }

@@ -43,9 +43,10 @@ const (
 	DefaultMaxTargets = 1024
 	MaxMaxTargets     = 65536
 	DefaultTimeout    = time.Second
-	// DefaultConcurrency bounds the probes in flight; a silent address
-	// holds a slot for the whole timeout.
-	DefaultConcurrency      = 16
+	// MinDefaultConcurrency is the least of the default bound on probes
+	// in flight, which otherwise is what the rate and the timeout need
+	// (Details.Concurrency).
+	MinDefaultConcurrency   = 16
 	MaxConcurrency          = 256
 	DefaultPacketsPerSecond = 50
 	MaxPacketsPerSecond     = 1000
@@ -84,8 +85,10 @@ type Details struct {
 	// Timeout bounds each request, a Go duration. Default 1s. A request
 	// is not retried within a round.
 	Timeout string `json:"timeout,omitempty"`
-	// Concurrency bounds the targets asked at once. Default 16, at most
-	// 256.
+	// Concurrency bounds the targets asked at once. A silent address
+	// holds a slot for the whole timeout, so the default is what lets
+	// packetsPerSecond pace a sweep of silent addresses: packetsPerSecond
+	// × timeout + 1, at least 16; at most 256.
 	Concurrency int `json:"concurrency,omitempty"`
 	// PacketsPerSecond bounds the requests sent per second by one
 	// Configuration (a v3 probe sends two). Default 50, at most 1000.
@@ -247,13 +250,13 @@ func (d *Details) defaultAndValidate() error {
 	if d.interval, err = handler.ParseDuration("rescanInterval", d.RescanInterval, DefaultRescanInterval, MinRescanInterval); err != nil {
 		return err
 	}
-	if err := defaultInt("concurrency", &d.Concurrency, DefaultConcurrency, MaxConcurrency); err != nil {
+	if err := handler.ParseInt("packetsPerSecond", &d.PacketsPerSecond, DefaultPacketsPerSecond, MaxPacketsPerSecond); err != nil {
 		return err
 	}
-	if err := defaultInt("packetsPerSecond", &d.PacketsPerSecond, DefaultPacketsPerSecond, MaxPacketsPerSecond); err != nil {
+	if err := handler.ParseInt("concurrency", &d.Concurrency, handler.PacedConcurrency(d.PacketsPerSecond, d.timeout, MinDefaultConcurrency, MaxConcurrency), MaxConcurrency); err != nil {
 		return err
 	}
-	return defaultInt("failureThreshold", &d.FailureThreshold, DefaultFailureThreshold, 1000)
+	return handler.ParseInt("failureThreshold", &d.FailureThreshold, DefaultFailureThreshold, 1000)
 }
 
 // matches says whether an agent's system group passes the match, and if
@@ -284,14 +287,4 @@ func (d *Details) matches(a agentInfo) (bool, string) {
 func (d *Details) expandTargets() (err error) {
 	d.targets, err = handler.ExpandTargets(d.Targets, d.Ports, d.MaxTargets, "UDP")
 	return err
-}
-
-func defaultInt(field string, v *int, def, max int) error {
-	if *v == 0 {
-		*v = def
-	}
-	if *v < 1 || *v > max {
-		return handler.InvalidDetails("%s: %d is not between 1 and %d", field, *v, max)
-	}
-	return nil
 }

@@ -22,7 +22,7 @@ func TestParseDetails(t *testing.T) {
 	}{
 		{name: "defaults", details: `targets: [ups1]`, check: func(t *testing.T, d *Details) {
 			if !slices.Equal(d.AddressList(), []string{"ups1:161"}) || d.Version != snmpclient.V2c || d.ProbeTimeout() != DefaultTimeout ||
-				d.Interval() != DefaultRescanInterval || d.Concurrency != DefaultConcurrency || d.PacketsPerSecond != DefaultPacketsPerSecond ||
+				d.Interval() != DefaultRescanInterval || d.Concurrency != DefaultPacketsPerSecond+1 || d.PacketsPerSecond != DefaultPacketsPerSecond ||
 				d.FailureThreshold != DefaultFailureThreshold || d.MaxTargets != DefaultMaxTargets {
 				t.Errorf("defaults = %+v", d)
 			}

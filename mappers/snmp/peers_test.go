@@ -97,10 +97,10 @@ func junkPeer(t *testing.T) string {
 	return c.LocalAddr().String()
 }
 
-// TestSNMPMapperPeers runs the mapper against Debian's snmpd, over v2c and
-// v3, cross-checked with snmpget.
+// TestSNMPMapperPeers runs the mapper against Debian's snmpd in a network
+// namespace the test makes, over v2c and v3, cross-checked with snmpget.
 func TestSNMPMapperPeers(t *testing.T) {
-	peer := snmpd.Start(t, snmpd.Config{RWCommunity: "private", SysDescr: "Dowse test agent", SysObjectID: ".1.3.6.1.4.1.8072.3.2.10", SysServices: 72,
+	peer := snmpd.Start(t, snmpd.Config{Network: snmpd.NewNetwork(t), RWCommunity: "private", SysDescr: "Dowse test agent", SysObjectID: ".1.3.6.1.4.1.8072.3.2.10", SysServices: 72,
 		Users: []snmpd.User{
 			{Name: "rw", AuthProto: "SHA", AuthPass: "auth-pass-1", PrivProto: "AES", PrivPass: "priv-pass-1", ReadWrite: true},
 		}})

@@ -2,6 +2,7 @@ package handler
 
 import (
 	"fmt"
+	"math"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -31,4 +32,26 @@ func ParseDuration(field, s string, def, min time.Duration) (time.Duration, erro
 		return 0, InvalidDetails("%s: %v is shorter than the minimum %v", field, v, min)
 	}
 	return v, nil
+}
+
+// ParseInt reads an optional positive integer field of discovery details
+// into v: def when it is 0, an InvalidDetails error naming field when it is
+// not between 1 and max.
+func ParseInt(field string, v *int, def, max int) error {
+	if *v == 0 {
+		*v = def
+	}
+	if *v < 1 || *v > max {
+		return InvalidDetails("%s: %d is not between 1 and %d", field, *v, max)
+	}
+	return nil
+}
+
+// PacedConcurrency is the default bound on a scan's probes in flight: a
+// silent address holds its slot for the whole timeout, so a scan paced at
+// perSecond probes needs perSecond × timeout slots (and one more) for the
+// rate, not the slots, to set its speed; at least least, at most most.
+func PacedConcurrency(perSecond int, timeout time.Duration, least, most int) int {
+	n := int(math.Ceil(float64(perSecond)*timeout.Seconds())) + 1
+	return min(max(n, least), most)
 }

@@ -1,6 +1,6 @@
 // Package snmpd runs Debian's SNMP agent (net-snmp's snmpd) for tests: a
 // plain foreground process on a loopback address and UDP port of its own,
-// with its configuration and persistent state in the test's temporary
+// or on an address of a network namespace the test makes (Network), with its configuration and persistent state in the test's temporary
 // folder, stopped by its pid when the test ends. Its command-line tools
 // (snmpget, snmpset) check what Dowse reads and writes with code Dowse did
 // not write.
@@ -36,9 +36,14 @@ type User struct {
 // configuration, so that snmpd's defaults apply: sysName (the machine's
 // host name), sysContact and sysLocation are then SET-able.
 type Config struct {
-	// Host is the loopback address to listen on (default 127.0.0.1).
+	// Network, when set, is where the agent runs: on an address of its
+	// namespace (Host, or a new one), on port 161 unless Port says
+	// otherwise, answering the test's side of the link.
+	Network *Network
+	// Host is the address to listen on (default 127.0.0.1, or a new
+	// address of Network).
 	Host string
-	// Port is the UDP port; 0 picks a free one.
+	// Port is the UDP port; 0 picks a free one (161 in a Network).
 	Port int
 	// ROCommunity and RWCommunity are the v1/v2c communities (default
 	// "public" read-only; no read-write one).
@@ -111,7 +116,17 @@ func FreePort(t testing.TB, hosts ...string) int {
 func Start(t testing.TB, cfg Config) *Agent {
 	t.Helper()
 	bin := Binary(t)
-	if cfg.Host == "" {
+	clients := "127.0.0.0/8"
+	switch {
+	case cfg.Network != nil:
+		if cfg.Host == "" {
+			cfg.Host = cfg.Network.NewAddr(t)
+		}
+		if cfg.Port == 0 {
+			cfg.Port = 161
+		}
+		clients = cfg.Network.Prefix.String()
+	case cfg.Host == "":
 		cfg.Host = "127.0.0.1"
 	}
 	if cfg.Port == 0 {
@@ -123,11 +138,11 @@ func Start(t testing.TB, cfg Config) *Agent {
 	a := &Agent{Config: cfg, dir: t.TempDir(), t: t}
 	var c strings.Builder
 	fmt.Fprintf(&c, "agentAddress udp:%s:%d\n", cfg.Host, cfg.Port)
-	// The source a community is good from: loopback, where the tests'
-	// requests come from (127.0.0.1 whatever address the agent has).
-	fmt.Fprintf(&c, "rocommunity %s 127.0.0.0/8\n", cfg.ROCommunity)
+	// The source a community is good from: where the tests' requests come
+	// from (on loopback 127.0.0.1 whatever address the agent has).
+	fmt.Fprintf(&c, "rocommunity %s %s\n", cfg.ROCommunity, clients)
 	if cfg.RWCommunity != "" {
-		fmt.Fprintf(&c, "rwcommunity %s 127.0.0.0/8\n", cfg.RWCommunity)
+		fmt.Fprintf(&c, "rwcommunity %s %s\n", cfg.RWCommunity, clients)
 	}
 	for _, u := range cfg.Users {
 		level := "auth"
@@ -175,7 +190,12 @@ func (a *Agent) start(bin string) {
 	// -f: no fork; -C: only our configuration; -Lo: log to stdout, where
 	// it prints its version once it listens.
 	args := []string{"-f", "-C", "-c", filepath.Join(a.dir, "snmpd.conf"), "-Lo", "-p", filepath.Join(a.dir, "snmpd.pid")}
-	p, err := procs.Run("snmpd", bin, args, procs.Options{Env: a.env(), Stdout: a.out, Stderr: a.out, DieWithCaller: true})
+	name := bin
+	if a.Network != nil {
+		// ip netns exec execs snmpd itself: the pid stopped is snmpd's.
+		name, args = "ip", append([]string{"netns", "exec", a.Network.NS, bin}, args...)
+	}
+	p, err := procs.Run("snmpd", name, args, procs.Options{Env: a.env(), Stdout: a.out, Stderr: a.out, DieWithCaller: true})
 	if err != nil {
 		a.t.Fatal(err)
 	}

@@ -5,6 +5,7 @@ package integration
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -27,7 +28,8 @@ import (
 // the properties; one with a wrong passphrase in another Secret gets none,
 // and its node's status says the agent refused the credentials.
 func TestSNMPAgentsBecomeInstances(t *testing.T) {
-	peer := snmpd.Start(t, snmpd.Config{Host: "127.0.0.41", SysDescr: "APC Web/SNMP Management Card", SysObjectID: ".1.3.6.1.4.1.318.1.3.27", SysName: "ups-3",
+	network := snmpd.NewNetwork(t)
+	peer := snmpd.Start(t, snmpd.Config{Network: network, SysDescr: "APC Web/SNMP Management Card", SysObjectID: ".1.3.6.1.4.1.318.1.3.27", SysName: "ups-3",
 		Users: []snmpd.User{{Name: "dowse", AuthProto: "SHA", AuthPass: "auth-pass-1", PrivProto: "AES", PrivPass: "priv-pass-1"}}})
 	ns := suite.Namespace(t)
 	ctx := context.Background()
@@ -47,8 +49,8 @@ func TestSNMPAgentsBecomeInstances(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	details := fmt.Sprintf(`{"targets": ["127.0.0.40/29"], "ports": [%d], "version": "v3", "timeout": "300ms", "rescanInterval": "1s",
-		"match": {"sysObjectIdPrefixes": [".1.3.6.1.4.1.318"]}}`, peer.Port)
+	details := fmt.Sprintf(`{"targets": [%q], "version": "v3", "timeout": "300ms", "rescanInterval": "1s",
+		"match": {"sysObjectIdPrefixes": [".1.3.6.1.4.1.318"]}}`, netip.PrefixFrom(network.Prefix.Addr(), 29))
 	creds := func(secret string) func(*v1alpha1.Configuration) {
 		ref := func(key string) *v1alpha1.DiscoveryPropertySource {
 			return &v1alpha1.DiscoveryPropertySource{SecretKeyRef: &v1alpha1.ObjectKeyRef{Name: secret, Key: key}}
@@ -73,7 +75,7 @@ func TestSNMPAgentsBecomeInstances(t *testing.T) {
 		}
 		p := i.Spec.BrokerProperties
 		if i.Spec.DeviceID != peer.Addr() || p[snmp.SysNameProperty] != "ups-3" || p[snmp.SysObjectIDProperty] != ".1.3.6.1.4.1.318.1.3.27" ||
-			p[snmp.VersionProperty] != "v3" || p[snmp.AddressProperty] != "127.0.0.41" {
+			p[snmp.VersionProperty] != "v3" || p[snmp.AddressProperty] != peer.Host {
 			t.Errorf("Instance %s: device %q, properties %v", i.Name, i.Spec.DeviceID, p)
 		}
 	}
