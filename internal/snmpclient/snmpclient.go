@@ -253,7 +253,11 @@ func Classify(err error) error {
 		return err
 	}
 	var ne net.Error
+	// A host that is not there: no answer to the neighbour lookup
+	// (EHOSTUNREACH, once a timeout outlasts the kernel's tries) or no
+	// route at all.
 	if errors.As(err, &ne) && ne.Timeout() || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, os.ErrDeadlineExceeded) ||
+		errors.Is(err, syscall.EHOSTUNREACH) || errors.Is(err, syscall.ENETUNREACH) ||
 		strings.Contains(err.Error(), "request timeout") || strings.Contains(err.Error(), "connection refused") {
 		return fmt.Errorf("%w: %w", ErrNoAnswer, err)
 	}

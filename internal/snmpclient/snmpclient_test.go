@@ -53,6 +53,8 @@ func TestClassify(t *testing.T) {
 		{errors.New("incoming packet is not authentic, discarding"), ErrAuth},
 		{fmt.Errorf("request timeout (after 0 retries)"), ErrNoAnswer},
 		{fmt.Errorf("read: %w", syscall.ECONNREFUSED), ErrNoAnswer},
+		{fmt.Errorf("read: %w", syscall.EHOSTUNREACH), ErrNoAnswer},
+		{fmt.Errorf("write: %w", syscall.ENETUNREACH), ErrNoAnswer},
 		{errors.New("error verifying packet sanity: Got 32 Expected: 32771"), ErrGarbage},
 	} {
 		if got := Classify(c.err); !errors.Is(got, c.want) {
