@@ -111,7 +111,7 @@ func (b *Broker) start() {
 	}
 	defer log.Close() // the broker has its own descriptor
 	b.proc, err = procs.Run("mosquitto", binary(b.t, "mosquitto"), []string{"-c", filepath.Join(b.dir, "mosquitto.conf")},
-		procs.Options{Stdout: log, Stderr: log})
+		procs.Options{Stdout: log, Stderr: log, DieWithCaller: true})
 	if err != nil {
 		b.t.Fatal(err)
 	}
@@ -204,7 +204,7 @@ func (b *Broker) SubscribeAs(t testing.TB, topic string, qos int, id, user, pass
 		s.mu.Unlock()
 	}
 	var err error
-	if s.proc, err = procs.Run("mosquitto_sub", path, args, procs.Options{Stdout: out, Stderr: out}); err != nil {
+	if s.proc, err = procs.Run("mosquitto_sub", path, args, procs.Options{Stdout: out, Stderr: out, DieWithCaller: true}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(s.Stop)

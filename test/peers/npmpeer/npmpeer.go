@@ -82,7 +82,7 @@ func Start(t testing.TB, name, modules, script string, args ...string) *Process 
 	stdout, stderr := procs.NewLines(), procs.NewLines()
 	stderr.Each = func(line string) { logf(t, "%s stderr: %s", name, line) }
 	p, err := procs.Run(name, "node", append([]string{script}, args...), procs.Options{
-		Env: append(os.Environ(), "NODE_PATH="+modules), Stdout: stdout, Stderr: stderr,
+		Env: append(os.Environ(), "NODE_PATH="+modules), Stdout: stdout, Stderr: stderr, DieWithCaller: true,
 	})
 	if err != nil {
 		Unavailable(t, "starting node %s: %v", script, err)
