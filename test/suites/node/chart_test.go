@@ -39,7 +39,9 @@ import (
 // Instances, a pod asking for one gets it through the agent's device plugin
 // and CDI, the agent joins the cloud/edge link with the CA the chart made
 // and its pod's service account token, a serial device reaches the Modbus
-// mapper Pod the controller runs (testSerialMapper), and `helm uninstall`
+// mapper Pod the controller runs (testSerialMapper), the chart's Modbus RTU
+// handler opens, unprivileged, a serial port a slot gives it
+// (testSerialRTUHandler), and `helm uninstall`
 // leaves none of the chart's objects or pods (but the link CA's Secret,
 // kept on purpose).
 // The node has no pod network: the chart's hostNetwork and probeHost keep
@@ -52,6 +54,7 @@ func TestChartOnNode(t *testing.T) {
 		[2]string{"./agent/cmd/dowse-agent", "ghcr.io/dowse-dev/dowse-agent:latest"},
 		[2]string{"./controller/cmd/dowse-controller", "ghcr.io/dowse-dev/dowse-controller:latest"},
 		[2]string{"./discovery-handlers/debug-echo/cmd/dowse-debug-echo-discovery", "ghcr.io/dowse-dev/dowse-debug-echo-discovery:latest"},
+		[2]string{"./discovery-handlers/modbus/cmd/dowse-modbus-rtu-discovery", "ghcr.io/dowse-dev/dowse-modbus-rtu-discovery:latest"},
 		mapperImage)
 	t.Cleanup(func() {
 		_ = c.Stop()
@@ -70,7 +73,7 @@ func TestChartOnNode(t *testing.T) {
 
 	api := strings.TrimPrefix(c.Config.Host, "https://")
 	apiHost, apiPort, _ := strings.Cut(api, ":")
-	var ports [7]int
+	var ports [8]int
 	for i := range ports {
 		if ports[i], err = procs.FreePort(); err != nil {
 			t.Fatal(err)
@@ -93,6 +96,9 @@ func TestChartOnNode(t *testing.T) {
 		"link": map[string]any{"enabled": true, "hosts": []string{"127.0.0.1"}, "quic": false,
 			"ports": map[string]any{"websocket": ports[4], "auth": ports[5]}},
 		"debugEcho": map[string]any{"discovery": map[string]any{"enabled": true, "metricsPort": ports[6]}},
+		// Its pod waits for the serial-ports slot testSerialRTUHandler makes.
+		"modbusRtu": map[string]any{"discovery": map[string]any{"enabled": true, "metricsPort": ports[7], "supplementalGroups": []int{20},
+			"resources": map[string]any{"limits": map[string]any{serialPortsResource: 1}}}},
 	}
 	raw, err := yaml.Marshal(values)
 	if err != nil {
@@ -144,6 +150,8 @@ func TestChartOnNode(t *testing.T) {
 	}
 	// A serial device reaches the mapper Pod the controller runs.
 	t.Run("SerialMapper", func(t *testing.T) { testSerialMapper(t, ctx, c, cl, filepath.Join(c.StateDir, "dowse")) })
+	// The Modbus RTU handler opens a serial port a slot gives it.
+	t.Run("SerialRTUHandler", func(t *testing.T) { testSerialRTUHandler(t, ctx, c, cl, filepath.Join(c.StateDir, "dowse")) })
 	// The Configuration goes first, while the agent still runs to let go
 	// of its Instances; then the release.
 	if err := cl.Delete(ctx, cfg); err != nil {

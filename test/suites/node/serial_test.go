@@ -10,6 +10,7 @@ import (
 
 	"github.com/go-logr/logr/testr"
 	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
@@ -44,13 +45,21 @@ const serialPort = "/dev/ttyDOWSE0"
 // Instance's device, which every container's device rules allow (136:*,
 // as for its own /dev/pts). A real USB serial port goes the udev handler's
 // way, as a device node; everything after discovery is the same.
-type ptyHandler struct{ hostPath string }
+type ptyHandler struct {
+	hostPath string
+	// containerPath is where the port appears (serialPort when empty).
+	containerPath string
+}
 
 func (h ptyHandler) Discover(ctx context.Context, _ *discoveryv1.DiscoverRequest, send func([]*discoveryv1.Device) error) error {
+	at := h.containerPath
+	if at == "" {
+		at = serialPort
+	}
 	if err := send([]*discoveryv1.Device{{
 		Id:         "pty" + h.hostPath,
-		Properties: map[string]string{"SERIAL_PORT": serialPort},
-		Mounts:     []*discoveryv1.Mount{{HostPath: h.hostPath, ContainerPath: serialPort}},
+		Properties: map[string]string{"SERIAL_PORT": at},
+		Mounts:     []*discoveryv1.Mount{{HostPath: h.hostPath, ContainerPath: at}},
 	}}); err != nil {
 		return err
 	}
@@ -203,4 +212,108 @@ func testSerialMapper(t *testing.T, ctx context.Context, c *cluster.Cluster, cl 
 	waitTwin(t, ctx, cl, "setpoint", "30")
 	t.Logf("mapper pod %s got %s through %s; setpoint 17 and flow 12.375 read over RTU, desired 30 written to the server's register and reported",
 		pod.Name, deviceEnd, inst.ResourceName())
+}
+
+// rtuHandlerPort is where the chart's Modbus RTU handler finds its port.
+const rtuHandlerPort = "/dev/ttyDOWSE1"
+
+// serialPortsResource is the slot of the serial-ports Configuration the
+// chart's Modbus RTU handler asks for (its resources.limits).
+var serialPortsResource = v1alpha1.ResourceName("default", "serial-ports")
+
+// testSerialRTUHandler proves on the real node that the chart's Modbus RTU
+// handler, unprivileged (a user of its own, no privileges, no hostPath but
+// the agent's sockets and udev's database), opens the serial port a Dowse
+// slot gives it and finds the unit on that line: a pseudo-terminal pair is
+// the line, modbus-serial's RTU server (npm) holds one end and answers as
+// unit 7; the other end is the device of a serial-ports Configuration
+// (here the pty handler's; on real hardware the udev handler's), owned by
+// group dialout as a USB adapter's port is; the handler's DaemonSet asks
+// for that Configuration's slot (the chart's modbusRtu.discovery.resources)
+// and runs in group dialout (supplementalGroups).
+func testSerialRTUHandler(t *testing.T, ctx context.Context, c *cluster.Cluster, cl client.Client, stateDir string) {
+	const dialout = 20
+	serverEnd, deviceEnd := nullmodem.Open(t)
+	if err := os.Chown(deviceEnd, 0, dialout); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(deviceEnd, 0o660); err != nil {
+		t.Fatal(err)
+	}
+	npmpeer.StartModbus(t, "modbus-serial-rtu", map[string]any{"impl": "modbus-serial", "serialPath": serverEnd, "baudRate": 19200, "parity": "none",
+		"unitId": 7, "holding": map[string]int{"0": 17}})
+
+	hctx, stopHandler := context.WithCancel(ctx)
+	handlerDone := make(chan error, 1)
+	go func() {
+		handlerDone <- handler.Serve(hctx, handler.Config{Name: "pty-port", StateDir: stateDir,
+			Discoverer: ptyHandler{hostPath: deviceEnd, containerPath: rtuHandlerPort}, Logger: testr.New(t).WithName("pty-port")})
+	}()
+	t.Cleanup(func() {
+		stopHandler()
+		if err := <-handlerDone; err != nil {
+			t.Logf("pty-port handler: %v", err)
+		}
+	})
+	ports := &v1alpha1.Configuration{}
+	ports.Name, ports.Namespace = "serial-ports", "default"
+	ports.Spec.DiscoveryHandler.Name = "pty-port"
+	ports.Spec.Capacity = 1
+	units := &v1alpha1.Configuration{}
+	units.Name, units.Namespace = "rtu-units", "default"
+	units.Spec.DiscoveryHandler.Name = "modbus-rtu"
+	units.Spec.DiscoveryHandler.DiscoveryDetails = &apiextensionsv1.JSON{Raw: []byte(fmt.Sprintf(
+		`{"serialPorts": [%q], "baudRates": [19200], "framings": ["8N1"], "unitIds": [5, 7], "timeout": "500ms", "rescanInterval": "1s"}`, rtuHandlerPort))}
+	for _, cfg := range []*v1alpha1.Configuration{ports, units} {
+		if err := cl.Create(ctx, cfg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		for _, cfg := range []*v1alpha1.Configuration{units, ports} {
+			_ = cl.Delete(context.Background(), cfg)
+			waitInstances(t, ctx, cl, cfg.Name, 0)
+		}
+	})
+	waitInstances(t, ctx, cl, ports.Name, 1)
+
+	// The handler's pod runs once the slot is there, unprivileged.
+	var pod corev1.Pod
+	eventuallyNode(t, ctx, 2*time.Minute, func() error {
+		var pods corev1.PodList
+		if err := cl.List(ctx, &pods, client.InNamespace("dowse-system"), client.MatchingLabels{"app.kubernetes.io/name": "dowse-modbus-rtu-discovery"}); err != nil {
+			return err
+		}
+		for _, p := range pods.Items {
+			if p.DeletionTimestamp == nil && p.Status.Phase == corev1.PodRunning {
+				pod = p
+				return nil
+			}
+		}
+		return fmt.Errorf("no Running Modbus RTU handler pod among %d", len(pods.Items))
+	})
+	if q := pod.Spec.Containers[0].Resources.Limits[corev1.ResourceName(serialPortsResource)]; q.Value() != 1 {
+		t.Fatalf("the handler pod does not ask for %s: %v", serialPortsResource, pod.Spec.Containers[0].Resources.Limits)
+	}
+	if sc := pod.Spec.SecurityContext; sc == nil || sc.RunAsUser == nil || *sc.RunAsUser == 0 {
+		t.Fatalf("the handler pod runs as root: %+v", sc)
+	}
+	for _, ctr := range pod.Spec.Containers {
+		if sc := ctr.SecurityContext; sc != nil && sc.Privileged != nil && *sc.Privileged {
+			t.Fatalf("the handler container %s is privileged", ctr.Name)
+		}
+	}
+	for _, v := range pod.Spec.Volumes {
+		if v.HostPath != nil && v.HostPath.Path != stateDir+"/discovery" && v.HostPath.Path != "/run/udev" {
+			t.Fatalf("the handler pod mounts hostPath %s", v.HostPath.Path)
+		}
+	}
+
+	// It opens the port and finds unit 7 (and not 5, which is silent).
+	inst := waitInstances(t, ctx, cl, units.Name, 1)[0]
+	if p := inst.Spec.BrokerProperties; p["MODBUS_SERIAL_PORT"] != rtuHandlerPort || p["MODBUS_UNIT_ID"] != "7" || p["MODBUS_BAUD_RATE"] != "19200" {
+		t.Fatalf("the unit's Instance %s has %v", inst.Name, p)
+	}
+	t.Logf("the chart's Modbus RTU handler (pod %s, uid %d, groups %v) opened %s through %s and found unit 7",
+		pod.Name, *pod.Spec.SecurityContext.RunAsUser, pod.Spec.SecurityContext.SupplementalGroups, deviceEnd, serialPortsResource)
 }
