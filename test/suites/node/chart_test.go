@@ -41,21 +41,22 @@ import (
 // and its pod's service account token, a serial device reaches the Modbus
 // mapper Pod the controller runs (testSerialMapper), the chart's Modbus RTU
 // handler opens, unprivileged, a serial port a slot gives it
-// (testSerialRTUHandler), and `helm uninstall`
+// (testSerialRTUHandler), the MQTT mapper runs as the Pod the controller
+// makes from the sample (testMQTTMapperPod), and `helm uninstall`
 // leaves none of the chart's objects or pods (but the link CA's Secret,
 // kept on purpose).
 // The node has no pod network: the chart's hostNetwork and probeHost keep
 // the pods on loopback, on ports picked free.
 func TestChartOnNode(t *testing.T) {
 	kube.RequireHelm(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	c := startCluster(t, ctx,
 		[2]string{"./agent/cmd/dowse-agent", "ghcr.io/dowse-dev/dowse-agent:latest"},
 		[2]string{"./controller/cmd/dowse-controller", "ghcr.io/dowse-dev/dowse-controller:latest"},
 		[2]string{"./discovery-handlers/debug-echo/cmd/dowse-debug-echo-discovery", "ghcr.io/dowse-dev/dowse-debug-echo-discovery:latest"},
 		[2]string{"./discovery-handlers/modbus/cmd/dowse-modbus-rtu-discovery", "ghcr.io/dowse-dev/dowse-modbus-rtu-discovery:latest"},
-		mapperImage)
+		mapperImage, mqttMapperImage)
 	t.Cleanup(func() {
 		_ = c.Stop()
 		if !t.Failed() {
@@ -152,6 +153,8 @@ func TestChartOnNode(t *testing.T) {
 	t.Run("SerialMapper", func(t *testing.T) { testSerialMapper(t, ctx, c, cl, filepath.Join(c.StateDir, "dowse")) })
 	// The Modbus RTU handler opens a serial port a slot gives it.
 	t.Run("SerialRTUHandler", func(t *testing.T) { testSerialRTUHandler(t, ctx, c, cl, filepath.Join(c.StateDir, "dowse")) })
+	// The MQTT mapper runs as the Pod the controller makes from the sample.
+	t.Run("MQTTMapperPod", func(t *testing.T) { testMQTTMapperPod(t, ctx, c, cl, filepath.Join(c.StateDir, "dowse")) })
 	// The Configuration goes first, while the agent still runs to let go
 	// of its Instances; then the release.
 	if err := cl.Delete(ctx, cfg); err != nil {
