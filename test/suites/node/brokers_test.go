@@ -27,6 +27,7 @@ import (
 	"github.com/dowse-dev/dowse/controller"
 	"github.com/dowse-dev/dowse/internal/kubeflags"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+	"github.com/dowse-dev/dowse/shared/handler"
 	"github.com/dowse-dev/dowse/test/framework/cluster"
 	"github.com/dowse-dev/dowse/test/framework/kube"
 	"github.com/dowse-dev/dowse/test/framework/procs"
@@ -357,6 +358,52 @@ func loadSample(t *testing.T, file string) *v1alpha1.Configuration {
 	cfg.Namespace = "default"
 	cluster.OnHostNetwork(cfg)
 	return cfg
+}
+
+// loadModel reads a DeviceModel from samples/, in namespace default.
+func loadModel(t *testing.T, file string) *v1alpha1.DeviceModel {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join(kube.RepoRoot(), "samples", file))
+	if err != nil {
+		t.Fatal(err)
+	}
+	model := &v1alpha1.DeviceModel{}
+	if err := yaml.UnmarshalStrict(raw, model); err != nil {
+		t.Fatalf("%s: %v", file, err)
+	}
+	model.Namespace = "default"
+	return model
+}
+
+// serveHandler runs a discovery handler in the test's process, registered
+// with the agent of cfg.StateDir, until the test ends.
+func serveHandler(t *testing.T, ctx context.Context, cfg handler.Config) {
+	t.Helper()
+	hctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- handler.Serve(hctx, cfg) }()
+	t.Cleanup(func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Logf("%s handler: %v", cfg.Name, err)
+		}
+	})
+}
+
+// deleteMapped deletes a Configuration of twins while the agent still runs,
+// so that it lets go of the Instances, and waits for them and the mapper
+// Pods to go.
+func deleteMapped(t *testing.T, ctx context.Context, cl client.Client, cfg *v1alpha1.Configuration) {
+	t.Helper()
+	_ = cl.Delete(context.Background(), cfg)
+	waitInstances(t, ctx, cl, cfg.Name, 0)
+	eventuallyNode(t, ctx, time.Minute, func() error {
+		var pods corev1.PodList
+		if err := cl.List(ctx, &pods, client.InNamespace("default"), client.MatchingLabels{v1alpha1.LabelMapper: "true"}); err != nil || len(pods.Items) > 0 {
+			return fmt.Errorf("%d mapper pods left (%w)", len(pods.Items), err)
+		}
+		return nil
+	})
 }
 
 // waitInstances waits until configuration has n Instances and returns them.

@@ -4,8 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
 	"testing"
 	"time"
@@ -15,13 +13,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/yaml"
 
 	"github.com/dowse-dev/dowse/discovery-handlers/mqtt"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
-	"github.com/dowse-dev/dowse/shared/handler"
 	"github.com/dowse-dev/dowse/test/framework/cluster"
-	"github.com/dowse-dev/dowse/test/framework/kube"
 	"github.com/dowse-dev/dowse/test/framework/procs"
 	"github.com/dowse-dev/dowse/test/peers/mosquitto"
 	"github.com/dowse-dev/dowse/test/peers/npmpeer"
@@ -45,35 +40,17 @@ func testMQTTMapperPod(t *testing.T, ctx context.Context, c *cluster.Cluster, cl
 		Username: user, Password: password,
 		Devices: map[string][]npmpeer.SparkplugMetric{"Pump1": {{Name: "Temperature", Type: "Double", Value: 21.5}, {Name: "Speed", Type: "Int32", Value: 1450}}}})
 
-	hctx, stopHandler := context.WithCancel(ctx)
-	handlerDone := make(chan error, 1)
-	go func() {
-		cfg := mqtt.Handler()
-		cfg.StateDir, cfg.Logger = stateDir, testr.New(t).WithName("mqtt")
-		handlerDone <- handler.Serve(hctx, cfg)
-	}()
-	t.Cleanup(func() {
-		stopHandler()
-		if err := <-handlerDone; err != nil {
-			t.Logf("mqtt handler: %v", err)
-		}
-	})
+	hcfg := mqtt.Handler()
+	hcfg.StateDir, hcfg.Logger = stateDir, testr.New(t).WithName("mqtt")
+	serveHandler(t, ctx, hcfg)
 
 	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "mqtt-credentials", Namespace: "default"},
 		StringData: map[string]string{"user": user, "password": password}}
 	if err := cl.Create(ctx, secret); err != nil {
 		t.Fatal(err)
 	}
-	raw, err := os.ReadFile(filepath.Join(kube.RepoRoot(), "samples", "mqtt-pump-model.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var model v1alpha1.DeviceModel
-	if err := yaml.UnmarshalStrict(raw, &model); err != nil {
-		t.Fatal(err)
-	}
-	model.Namespace = "default"
-	if err := cl.Create(ctx, &model); err != nil {
+	model := loadModel(t, "mqtt-pump-model.yaml")
+	if err := cl.Create(ctx, model); err != nil {
 		t.Fatal(err)
 	}
 	pumps := loadSample(t, "mqtt-pumps.yaml")
@@ -99,18 +76,8 @@ func testMQTTMapperPod(t *testing.T, ctx context.Context, c *cluster.Cluster, cl
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		// The Configuration goes while the agent still runs, so that it
-		// lets go of the Instance; the mapper Pod and Device go with it.
-		_ = cl.Delete(context.Background(), pumps)
-		waitInstances(t, ctx, cl, pumps.Name, 0)
-		eventuallyNode(t, ctx, time.Minute, func() error {
-			var pods corev1.PodList
-			if err := cl.List(ctx, &pods, client.InNamespace("default"), client.MatchingLabels{v1alpha1.LabelMapper: "true"}); err != nil || len(pods.Items) > 0 {
-				return fmt.Errorf("%d mapper pods left (%w)", len(pods.Items), err)
-			}
-			return nil
-		})
-		_ = cl.Delete(context.Background(), &model)
+		deleteMapped(t, ctx, cl, pumps)
+		_ = cl.Delete(context.Background(), model)
 		_ = cl.Delete(context.Background(), secret)
 	})
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -18,7 +17,6 @@ import (
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	"github.com/dowse-dev/dowse/shared/handler"
 	"github.com/dowse-dev/dowse/test/framework/cluster"
-	"github.com/dowse-dev/dowse/test/framework/kube"
 	"github.com/dowse-dev/dowse/test/framework/procs"
 	"github.com/dowse-dev/dowse/test/peers/npmpeer"
 	"github.com/dowse-dev/dowse/test/peers/nullmodem"
@@ -109,30 +107,11 @@ func testSerialMapper(t *testing.T, ctx context.Context, c *cluster.Cluster, cl 
 	srv := npmpeer.StartModbus(t, "modbus-serial-rtu", map[string]any{"impl": "modbus-serial", "serialPath": serverEnd, "baudRate": 19200, "parity": "none",
 		"unitId": 7, "logWrites": true, "holding": map[string]int{"0": 17, "1": 0, "2": 0x4146}})
 
-	hctx, stopHandler := context.WithCancel(ctx)
-	handlerDone := make(chan error, 1)
-	go func() {
-		handlerDone <- handler.Serve(hctx, handler.Config{Name: "pty-serial", StateDir: stateDir,
-			Discoverer: ptyHandler{hostPath: deviceEnd}, Logger: testr.New(t).WithName("pty-serial")})
-	}()
-	t.Cleanup(func() {
-		stopHandler()
-		if err := <-handlerDone; err != nil {
-			t.Logf("pty-serial handler: %v", err)
-		}
-	})
-
-	raw, err := os.ReadFile(filepath.Join(kube.RepoRoot(), "samples", "modbus-plc-model.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var model v1alpha1.DeviceModel
-	if err := yaml.Unmarshal(raw, &model); err != nil {
-		t.Fatal(err)
-	}
-	model.Namespace = "default"
+	serveHandler(t, ctx, handler.Config{Name: "pty-serial", StateDir: stateDir,
+		Discoverer: ptyHandler{hostPath: deviceEnd}, Logger: testr.New(t).WithName("pty-serial")})
+	model := loadModel(t, "modbus-plc-model.yaml")
 	model.Name = "modbus-plc"
-	if err := cl.Create(ctx, &model); client.IgnoreAlreadyExists(err) != nil {
+	if err := cl.Create(ctx, model); client.IgnoreAlreadyExists(err) != nil {
 		t.Fatal(err)
 	}
 	var cfg v1alpha1.Configuration
@@ -148,18 +127,8 @@ func testSerialMapper(t *testing.T, ctx context.Context, c *cluster.Cluster, cl 
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		// The Configuration goes while the agent still runs, so that it
-		// lets go of the Instance; the mapper Pod and Device go with it.
-		_ = cl.Delete(context.Background(), &cfg)
-		waitInstances(t, ctx, cl, cfg.Name, 0)
-		eventuallyNode(t, ctx, time.Minute, func() error {
-			var pods corev1.PodList
-			if err := cl.List(ctx, &pods, client.InNamespace("default"), client.MatchingLabels{v1alpha1.LabelMapper: "true"}); err != nil || len(pods.Items) > 0 {
-				return fmt.Errorf("%d mapper pods left (%w)", len(pods.Items), err)
-			}
-			return nil
-		})
-		_ = cl.Delete(context.Background(), &model)
+		deleteMapped(t, ctx, cl, &cfg)
+		_ = cl.Delete(context.Background(), model)
 	})
 	inst := waitInstances(t, ctx, cl, cfg.Name, 1)[0]
 	if len(inst.Spec.Mounts) != 1 || inst.Spec.Mounts[0].HostPath != deviceEnd {
@@ -243,18 +212,8 @@ func testSerialRTUHandler(t *testing.T, ctx context.Context, c *cluster.Cluster,
 	npmpeer.StartModbus(t, "modbus-serial-rtu", map[string]any{"impl": "modbus-serial", "serialPath": serverEnd, "baudRate": 19200, "parity": "none",
 		"unitId": 7, "holding": map[string]int{"0": 17}})
 
-	hctx, stopHandler := context.WithCancel(ctx)
-	handlerDone := make(chan error, 1)
-	go func() {
-		handlerDone <- handler.Serve(hctx, handler.Config{Name: "pty-port", StateDir: stateDir,
-			Discoverer: ptyHandler{hostPath: deviceEnd, containerPath: rtuHandlerPort}, Logger: testr.New(t).WithName("pty-port")})
-	}()
-	t.Cleanup(func() {
-		stopHandler()
-		if err := <-handlerDone; err != nil {
-			t.Logf("pty-port handler: %v", err)
-		}
-	})
+	serveHandler(t, ctx, handler.Config{Name: "pty-port", StateDir: stateDir,
+		Discoverer: ptyHandler{hostPath: deviceEnd, containerPath: rtuHandlerPort}, Logger: testr.New(t).WithName("pty-port")})
 	ports := &v1alpha1.Configuration{}
 	ports.Name, ports.Namespace = "serial-ports", "default"
 	ports.Spec.DiscoveryHandler.Name = "pty-port"
