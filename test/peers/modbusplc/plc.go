@@ -26,6 +26,9 @@ import (
 // input 0, and the plant's model code 4711 in holding register 100, which
 // the sample's scan matches. The temperature follows the setpoint, half a
 // degree every 200 ms, so a desired setpoint shows as a reading moving.
+// Input register 1 is a counter (not in the sample's model; tests add a
+// property for it) that goes up by one every 200 ms unless held
+// (HoldCounter), so a reader can tell a report lost or gone back.
 type PLC struct {
 	// Addr is host:port of its Modbus TCP server.
 	Addr string
@@ -36,6 +39,8 @@ type PLC struct {
 	temp     float64
 	pump     bool
 	mode     uint16
+	counter  uint16
+	held     bool
 	onWrite  func(setpoint int16)
 	stop     chan struct{}
 	stopOnce sync.Once
@@ -89,6 +94,9 @@ func (p *PLC) follow() {
 		case <-t.C:
 		}
 		p.mu.Lock()
+		if !p.held {
+			p.counter++
+		}
 		if d := float64(p.setpoint) - p.temp; math.Abs(d) <= 0.5 {
 			p.temp = float64(p.setpoint)
 		} else {
@@ -159,10 +167,32 @@ func (p *PLC) HandleHoldingRegisters(req *modbus.HoldingRegistersRequest) ([]uin
 }
 
 func (p *PLC) HandleInputRegisters(req *modbus.InputRegistersRequest) ([]uint16, error) {
-	if req.Addr != 0 || req.Quantity != 1 {
+	if req.Quantity != 1 {
 		return nil, modbus.ErrIllegalDataAddress
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return []uint16{uint16(math.Round((p.temp + 40) * 10))}, nil
+	switch req.Addr {
+	case 0:
+		return []uint16{uint16(math.Round((p.temp + 40) * 10))}, nil
+	case 1:
+		return []uint16{p.counter}, nil
+	}
+	return nil, modbus.ErrIllegalDataAddress
+}
+
+// Counter is input register 1's value now.
+func (p *PLC) Counter() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return int(p.counter)
+}
+
+// HoldCounter stops (true) or restarts (false) the counter; held, it
+// returns its value.
+func (p *PLC) HoldCounter(held bool) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.held = held
+	return int(p.counter)
 }
