@@ -138,7 +138,7 @@ func TestDowseNodeRebootsOfflineAndServesItsDevices(t *testing.T) {
 	parts := []string{"dowse-agent", "dowse-debug-echo-discovery", "dowse-modbus-discovery"}
 	waitReady(t, ctx, cl, ns, parts)
 	waitMetric(t, ctx, cloud.metrics, "dowse_cloudhub_connected_nodes 1")
-	applyWorkloads(t, ctx, cl, plc.Addr)
+	applyWorkloads(t, ctx, cl, plc.Addr, workloadOptions{})
 	dev := waitTwin(t, ctx, cl, "setpoint", "21")
 	setDesired(t, ctx, cl, dev, "setpoint", "30")
 	waitTwin(t, ctx, cl, "setpoint", "30")

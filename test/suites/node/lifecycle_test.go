@@ -5,12 +5,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -28,32 +28,39 @@ import (
 	"github.com/dowse-dev/dowse/test/peers/modbusplc"
 )
 
-// earlierChart is the commit whose chart the upgrade starts from: the last
-// before Configurations' status.nodes gained skipped (a CRD field) and the
-// chart its hooks.
-const earlierChart = "6af700d"
-
 // TestChartLifecycleOnNode runs Dowse's life on the real node, on one
-// cluster: the chart of an earlier commit (taken from git) is installed;
-// debug-echo with broker Pods and a Modbus controller with a twin (its
-// mapper Pod run by the controller) are applied; `helm upgrade` to this
-// chart brings the CRDs up to date (the hook) and keeps every Instance,
-// Device and broker Pod, and the twin still moves; every metric the
-// dashboard and alerts query is served by the agent or the controller;
-// `helm uninstall`, with nothing deleted first, leaves no Dowse object and
-// nothing Terminating. Then again with the agent DaemonSet deleted before
-// the uninstall: the hook drops the gone agents' finalizers.
+// cluster. The earlier release (earlierCommit's chart and images, built
+// from git) is installed; debug-echo with broker Pods holding its device and
+// a Modbus controller with a twin whose counter goes up five times a second
+// (its mapper Pod run by the controller) are applied, both on the earlier
+// release's images. `helm upgrade` to this chart and images, under that
+// traffic, brings the CRDs up to date (the hook) and keeps every Instance,
+// Device and broker Pod (the same Pod, no restart, its device's
+// environment); Device.status never shows the counter going back and ends
+// on its last value; the twin still moves. `helm rollback` to the earlier
+// release: the same. Every metric the dashboard and alerts query is served
+// by the agent or the controller; `helm uninstall` (after an upgrade again),
+// with nothing deleted first, leaves no Dowse object and nothing
+// Terminating. Then again with the agent DaemonSet deleted before the
+// uninstall: the hook drops the gone agents' finalizers.
 func TestChartLifecycleOnNode(t *testing.T) {
 	kube.RequireHelm(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
 	defer cancel()
-	c := startCluster(t, ctx,
-		[2]string{"./agent/cmd/dowse-agent", "ghcr.io/dowse-dev/dowse-agent:latest"},
-		[2]string{"./controller/cmd/dowse-controller", "ghcr.io/dowse-dev/dowse-controller:latest"},
-		[2]string{"./discovery-handlers/debug-echo/cmd/dowse-debug-echo-discovery", "ghcr.io/dowse-dev/dowse-debug-echo-discovery:latest"},
-		[2]string{"./discovery-handlers/modbus/cmd/dowse-modbus-discovery", "ghcr.io/dowse-dev/dowse-modbus-discovery:latest"},
-		[2]string{"./mappers/modbus/cmd/dowse-modbus-mapper", "ghcr.io/dowse-dev/dowse-modbus-mapper:latest"},
-		[2]string{"./brokers/debug-echo/cmd/dowse-debug-echo-broker", "ghcr.io/dowse-dev/dowse-debug-echo-broker:latest"})
+	images := [][2]string{
+		{"./agent/cmd/dowse-agent", "ghcr.io/dowse-dev/dowse-agent:latest"},
+		{"./controller/cmd/dowse-controller", "ghcr.io/dowse-dev/dowse-controller:latest"},
+		{"./discovery-handlers/debug-echo/cmd/dowse-debug-echo-discovery", "ghcr.io/dowse-dev/dowse-debug-echo-discovery:latest"},
+		{"./discovery-handlers/modbus/cmd/dowse-modbus-discovery", "ghcr.io/dowse-dev/dowse-modbus-discovery:latest"},
+		{"./mappers/modbus/cmd/dowse-modbus-mapper", "ghcr.io/dowse-dev/dowse-modbus-mapper:latest"},
+		{"./brokers/debug-echo/cmd/dowse-debug-echo-broker", "ghcr.io/dowse-dev/dowse-debug-echo-broker:latest"},
+	}
+	var earlier [][2]string
+	for _, im := range images {
+		earlier = append(earlier, [2]string{im[0], strings.TrimSuffix(im[1], ":latest") + ":" + earlierTag})
+	}
+	earlierImages, oldChart := earlierRelease(t, ctx, earlier)
+	c := startClusterWith(t, ctx, cluster.Options{Images: earlierImages}, images...)
 	t.Cleanup(func() {
 		_ = c.Stop()
 		if !t.Failed() {
@@ -72,19 +79,11 @@ func TestChartLifecycleOnNode(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// The earlier commit's chart, from git.
-	old := t.TempDir()
-	archive := exec.Command("sh", "-c", fmt.Sprintf("git -C %q archive %s deploy/helm/dowse | tar -x -C %q", kube.RepoRoot(), earlierChart, old))
-	if b, err := archive.CombinedOutput(); err != nil {
-		t.Fatalf("the chart of %s from git: %v\n%s", earlierChart, err, b)
-	}
-	oldChart := filepath.Join(old, "deploy", "helm", "dowse")
-
 	valuesFile, ports := nodeValues(t, c, map[string]any{
 		"debugEcho": map[string]any{"discovery": map[string]any{"enabled": true}},
 		"modbus":    map[string]any{"discovery": map[string]any{"enabled": true}},
 	})
-	helm := func(args ...string) string {
+	helm := func(args ...string) {
 		t.Helper()
 		start := time.Now()
 		out, err := kube.HelmCommand(ctx, t, append(args, "--kubeconfig", c.Kubeconfig)...).CombinedOutput()
@@ -92,65 +91,149 @@ func TestChartLifecycleOnNode(t *testing.T) {
 			t.Fatalf("helm %s: %v\n%s", strings.Join(args, " "), err, out)
 		}
 		t.Logf("helm %s: %v", args[0], time.Since(start).Round(100*time.Millisecond))
-		return string(out)
+	}
+	// rolling runs helm (upgrade or rollback) to the images tagged tag and,
+	// once it has changed the agent DaemonSet (the release is rolling), sets
+	// the twin's desired setpoint to value.
+	rolling := func(tag string, dev *v1alpha1.Device, value string, args ...string) (begin time.Time, took time.Duration) {
+		t.Helper()
+		begin = time.Now()
+		type result struct {
+			out []byte
+			err error
+		}
+		done := make(chan result, 1)
+		cmd := kube.HelmCommand(ctx, t, append(args, "--kubeconfig", c.Kubeconfig)...)
+		go func() {
+			out, err := cmd.CombinedOutput()
+			done <- result{out, err}
+		}()
+		var r *result
+		eventuallyNode(t, ctx, 2*time.Minute, func() error {
+			select {
+			case res := <-done:
+				r = &res
+				return nil
+			default:
+			}
+			var ds appsv1.DaemonSet
+			if err := cl.Get(ctx, client.ObjectKey{Namespace: "dowse-system", Name: "dowse-agent"}, &ds); err != nil {
+				return err
+			}
+			if img := ds.Spec.Template.Spec.Containers[0].Image; !strings.HasSuffix(img, ":"+tag) {
+				return fmt.Errorf("the agent DaemonSet still has %s", img)
+			}
+			return nil
+		})
+		setDesired(t, ctx, cl, dev, "setpoint", value)
+		if r == nil {
+			res := <-done
+			r = &res
+		}
+		if r.err != nil {
+			t.Fatalf("helm %s: %v\n%s", strings.Join(args, " "), r.err, r.out)
+		}
+		took = time.Since(begin)
+		t.Logf("helm %s: %v (setpoint %s set while it rolled)", args[0], took.Round(100*time.Millisecond), value)
+		return begin, took
 	}
 	parts := []string{"dowse-agent", "dowse-controller", "dowse-debug-echo-discovery", "dowse-modbus-discovery"}
-	helm("install", "dowse", oldChart, "--namespace", "dowse-system", "--create-namespace", "--values", valuesFile)
+	helm("install", "dowse", oldChart, "--namespace", "dowse-system", "--create-namespace", "--values", valuesFile, "--set", "image.tag="+earlierTag)
 	waitReady(t, ctx, cl, "dowse-system", parts)
 	waitMetric(t, ctx, ports.controllerMetrics, "dowse_cloudhub_connected_nodes 1")
+	agentTagged(t, ctx, cl, earlierTag)
 
 	plc, err := modbusplc.Start(nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer plc.Stop()
-	echo, modbus := applyWorkloads(t, ctx, cl, plc.Addr)
+	echo, modbus := applyWorkloads(t, ctx, cl, plc.Addr, workloadOptions{tag: earlierTag, counter: true})
+	brokerPort := echo.Spec.BrokerSpec.BrokerPodSpec.Containers[0].Ports[0].ContainerPort
 	dev := waitTwin(t, ctx, cl, "setpoint", "21")
+	counter := watchCounter(t, c.Config, client.Options{Scheme: sch})
+	eventuallyNode(t, ctx, time.Minute, func() error {
+		if counter.last() < 1 {
+			return fmt.Errorf("no counter in Device.status yet")
+		}
+		return nil
+	})
+	counterCaughtUp(t, ctx, counter, plc, "on the earlier release")
 	before := uids(t, ctx, cl)
-	t.Logf("before the upgrade: %d Instances, %d Devices, %d broker Pods, %d mapper Pods", len(before.instances), len(before.devices), len(before.pods), len(before.mappers))
+	brokers := brokerPods(t, ctx, cl, echo.Name, brokerPort)
+	t.Logf("on the earlier release (%s): %d Instances, %d Devices, %d broker Pods, %d mapper Pods; the counter at %d",
+		earlierCommit, len(before.instances), len(before.devices), len(before.pods), len(before.mappers), counter.last())
 
-	// The upgrade: CRDs up to date, nothing lost, the twin still moves.
-	crdBefore := &apiextensionsv1.CustomResourceDefinition{}
-	if err := cl.Get(ctx, client.ObjectKey{Name: "configurations.dowse.dev"}, crdBefore); err != nil {
+	// The counter's steady reporting, for comparison with what an upgrade
+	// and a rollback show.
+	begin := time.Now()
+	time.Sleep(10 * time.Second)
+	figures := func(what string, took time.Duration, begin time.Time) {
+		t.Helper()
+		updates, advance, gap, gapAt := counter.window(begin, time.Now())
+		if took > 0 {
+			what += fmt.Sprintf(" (helm took %v; Pods started: %s)", took.Round(100*time.Millisecond), started(ctx, cl, "dowse-system", begin))
+		}
+		t.Logf("%s: over %v Device.status showed %d new counter values (the counter went up %d), the longest without a new one %v from +%v",
+			what, time.Since(begin).Round(100*time.Millisecond), updates, advance, gap.Round(100*time.Millisecond), gapAt.Sub(begin).Round(100*time.Millisecond))
+	}
+	figures("steady, without helm", 0, begin)
+	devices, err := readNodeDevices(ctx, cl, c.CDIDir)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if hasSkipped(crdBefore) {
-		t.Fatalf("the earlier chart's Configuration CRD already has status.nodes[].skipped: pick an earlier commit")
-	}
-	helm("upgrade", "dowse", filepath.Join(kube.RepoRoot(), "deploy", "helm", "dowse"), "--namespace", "dowse-system", "--values", valuesFile, "--wait", "--timeout", "3m")
-	crd := &apiextensionsv1.CustomResourceDefinition{}
-	if err := cl.Get(ctx, client.ObjectKey{Name: "configurations.dowse.dev"}, crd); err != nil {
-		t.Fatal(err)
-	}
-	if !hasSkipped(crd) {
-		t.Error("helm upgrade left the Configuration CRD without status.nodes[].skipped")
-	}
-	waitReady(t, ctx, cl, "dowse-system", parts)
-	waitMetric(t, ctx, ports.controllerMetrics, "dowse_cloudhub_connected_nodes 1")
-	after := uids(t, ctx, cl)
-	for what, m := range map[string][2]map[string]types.UID{"Instance": {before.instances, after.instances}, "Device": {before.devices, after.devices}, "broker Pod": {before.pods, after.pods}} {
-		for n, uid := range m[0] {
-			if m[1][n] != uid {
-				t.Errorf("%s %s was %s before the upgrade and is %q after", what, n, uid, m[1][n])
+	t.Logf("the node holds %d dowse.dev resources and %d CDI devices", len(devices.allocatable), len(devices.cdi))
+
+	// same checks that the Instances, Devices and broker Pods of before are
+	// the same objects, the broker Pods still hold their device, the node
+	// still offers it, the CRDs are this chart's and the stored objects read
+	// back, and the counter ends in Device.status on its last value, after
+	// what (a helm command that began at begin and took took).
+	same := func(what string, begin time.Time, took time.Duration) {
+		t.Helper()
+		waitReady(t, ctx, cl, "dowse-system", parts)
+		waitMetric(t, ctx, ports.controllerMetrics, "dowse_cloudhub_connected_nodes 1")
+		after := uids(t, ctx, cl)
+		for kind, m := range map[string][2]map[string]types.UID{"Instance": {before.instances, after.instances}, "Device": {before.devices, after.devices}, "broker Pod": {before.pods, after.pods}} {
+			for n, uid := range m[0] {
+				if m[1][n] != uid {
+					t.Errorf("%s: %s %s was %s and is %q", what, kind, n, uid, m[1][n])
+				}
 			}
 		}
-	}
-	setDesired(t, ctx, cl, dev, "setpoint", "30")
-	waitTwin(t, ctx, cl, "setpoint", "30")
-	// The earlier chart's mapper Pods lack the socket folder's group, so the
-	// upgrade may remake them (old first: a hostNetwork mapper's ports and
-	// its name on the DMI socket are its own); the twin moving is their
-	// proof, and each still has its Pod.
-	after = uids(t, ctx, cl)
-	for n, uid := range before.mappers {
-		switch now, ok := after.mappers[n]; {
-		case !ok:
-			t.Errorf("mapper Pod of %s gone after the upgrade", n)
-		case now != uid:
-			t.Logf("mapper Pod of %s remade by the upgrade (%s, was %s)", n, now, uid)
+		for n, uid := range before.mappers {
+			switch now, ok := after.mappers[n]; {
+			case !ok:
+				t.Errorf("%s: the mapper Pod of %s is gone", what, n)
+			case now != uid:
+				t.Errorf("%s: the mapper Pod of %s was remade (%s, was %s)", what, n, now, uid)
+			}
+		}
+		sameBrokers(t, brokers, brokerPods(t, ctx, cl, echo.Name, brokerPort), what)
+		sameNodeDevices(t, ctx, cl, c.CDIDir, devices, what)
+		crdsServed(t, ctx, cl, filepath.Join(kube.RepoRoot(), "deploy", "helm", "dowse"), what)
+		// Device.status has caught up (Device.status holds the latest
+		// values: a busy Device's are written at most once a second).
+		figures(what, took, begin)
+		counterCaughtUp(t, ctx, counter, plc, what)
+		if errs := counter.errors(); len(errs) > 0 {
+			t.Errorf("%s: Device.status showed the counter going back %d times, first: %v", what, len(errs), errs[:min(5, len(errs))])
 		}
 	}
-	t.Log("after the upgrade the same Instances, Devices and broker Pods; the twin moved to 30")
+
+	// The upgrade, under traffic: CRDs up to date, nothing lost, the twin
+	// still moves.
+	crdBefore := &apiextensionsv1.CustomResourceDefinition{}
+	if err := cl.Get(ctx, client.ObjectKey{Name: "devices.dowse.dev"}, crdBefore); err != nil {
+		t.Fatal(err)
+	}
+	if hasStateReport(crdBefore) {
+		t.Fatalf("the earlier release's Device CRD already has spec.stateReport: pick an earlier commit, or check another CRD change")
+	}
+	begin, took := rolling("latest", dev, "30", "upgrade", "dowse", filepath.Join(kube.RepoRoot(), "deploy", "helm", "dowse"), "--namespace", "dowse-system", "--values", valuesFile, "--wait", "--timeout", "3m")
+	same("after the upgrade", begin, took)
+	waitTwin(t, ctx, cl, "setpoint", "30")
+	t.Log("after the upgrade the same Instances, Devices, broker Pods (holding their device) and mapper Pods; no counter lost; the setpoint set while the release rolled (30) applied")
 
 	// The handler skips the unanswering target: the status says so.
 	eventuallyNode(t, ctx, 30*time.Second, func() error {
@@ -180,8 +263,20 @@ func TestChartLifecycleOnNode(t *testing.T) {
 		}
 	}
 
+	// The rollback to the earlier release, under traffic: its images back,
+	// the CRDs as this chart left them (a rollback runs no hook, and the
+	// earlier binaries read the newer schema), nothing lost.
+	begin, took = rolling(earlierTag, dev, "25", "rollback", "dowse", "1", "--namespace", "dowse-system", "--wait", "--timeout", "3m")
+	same("after the rollback", begin, took)
+	waitTwin(t, ctx, cl, "setpoint", "25")
+	t.Log("after the rollback the same Instances, Devices, broker Pods (holding their device) and mapper Pods; no counter lost; the setpoint set while the release rolled (25) applied")
+
+	// Forward again, so that the uninstall below is this chart's.
+	begin, took = rolling("latest", dev, "27", "upgrade", "dowse", chart, "--namespace", "dowse-system", "--values", valuesFile, "--wait", "--timeout", "3m")
+	same("after the upgrade that follows the rollback", begin, took)
+	waitTwin(t, ctx, cl, "setpoint", "27")
+
 	// helm uninstall with everything in place.
-	_ = echo
 	start := time.Now()
 	helm("uninstall", "dowse", "--namespace", "dowse-system", "--wait", "--timeout", "3m")
 	waitUninstalled(t, ctx, c.Config, "dowse-system")
@@ -264,7 +359,14 @@ func nodeValues(t *testing.T, c *cluster.Cluster, extra map[string]any) (string,
 
 // applyWorkloads applies debug-echo with broker Pods (on a free port) and
 // the Modbus sample with its model, scanning plc and a port nobody answers.
-func applyWorkloads(t *testing.T, ctx context.Context, cl client.Client, plc string) (*v1alpha1.Configuration, *v1alpha1.Configuration) {
+// The broker's and the mapper's images are tagged o.tag (empty: latest);
+// with o.counter the model and the device template have the PLC's counter
+// (counterProperty).
+func applyWorkloads(t *testing.T, ctx context.Context, cl client.Client, plc string, o workloadOptions) (*v1alpha1.Configuration, *v1alpha1.Configuration) {
+	tag := o.tag
+	if tag == "" {
+		tag = "latest"
+	}
 	t.Helper()
 	echo := loadSample(t, "debug-echo-broker-pod.yaml")
 	bport, err := procs.FreePort()
@@ -275,6 +377,7 @@ func applyWorkloads(t *testing.T, ctx context.Context, cl client.Client, plc str
 	bc.Args[0] = fmt.Sprintf("--listen=:%d", bport)
 	bc.Ports[0].ContainerPort = int32(bport)
 	bc.ImagePullPolicy = corev1.PullNever
+	bc.Image = strings.TrimSuffix(bc.Image, ":latest") + ":" + tag
 	if err := cl.Create(ctx, echo); err != nil {
 		t.Fatal(err)
 	}
@@ -282,15 +385,27 @@ func applyWorkloads(t *testing.T, ctx context.Context, cl client.Client, plc str
 	if err != nil {
 		t.Fatal(err)
 	}
-	modbus := applyModbus(t, ctx, cl, []string{plc, fmt.Sprintf("127.0.0.1:%d", closed)}, nil)
+	modbus := applyModbus(t, ctx, cl, []string{plc, fmt.Sprintf("127.0.0.1:%d", closed)}, func(m *v1alpha1.DeviceModel, c *v1alpha1.Configuration) {
+		if o.counter {
+			counterProperty(m, c)
+		}
+		mc := &c.Spec.DeviceTemplate.MapperPodSpec.Containers[0]
+		mc.Image = strings.TrimSuffix(mc.Image, ":latest") + ":" + tag
+	})
 	waitInstances(t, ctx, cl, echo.Name, 1)
 	return echo, modbus
 }
 
+type workloadOptions struct {
+	tag     string
+	counter bool
+}
+
 // applyModbus applies the Modbus sample with its model, scanning targets,
 // its mapper Pod changed by mapperPod (nil: as the sample has it) after
-// its metrics port is set and its image never pulled.
-func applyModbus(t *testing.T, ctx context.Context, cl client.Client, targets []string, mapperPod func(*corev1.PodSpec)) *v1alpha1.Configuration {
+// its metrics port is set and its image never pulled, and the model and
+// the Configuration changed by change (nil: none).
+func applyModbus(t *testing.T, ctx context.Context, cl client.Client, targets []string, change func(*v1alpha1.DeviceModel, *v1alpha1.Configuration)) *v1alpha1.Configuration {
 	t.Helper()
 	raw, err := os.ReadFile(filepath.Join(kube.RepoRoot(), "samples", "modbus-plc-model.yaml"))
 	if err != nil {
@@ -301,9 +416,6 @@ func applyModbus(t *testing.T, ctx context.Context, cl client.Client, targets []
 		t.Fatal(err)
 	}
 	model.Namespace = "default"
-	if err := cl.Create(ctx, &model); err != nil {
-		t.Fatal(err)
-	}
 	modbus := loadSample(t, "modbus-plc.yaml")
 	var details map[string]any
 	if err := json.Unmarshal(modbus.Spec.DiscoveryHandler.DiscoveryDetails.Raw, &details); err != nil {
@@ -319,8 +431,11 @@ func applyModbus(t *testing.T, ctx context.Context, cl client.Client, targets []
 	mc.Args = []string{fmt.Sprintf("--metrics-address=127.0.0.1:%d", mport)}
 	mc.Ports = []corev1.ContainerPort{{Name: "metrics", ContainerPort: int32(mport)}}
 	mc.ImagePullPolicy = corev1.PullNever
-	if mapperPod != nil {
-		mapperPod(modbus.Spec.DeviceTemplate.MapperPodSpec)
+	if change != nil {
+		change(&model, modbus)
+	}
+	if err := cl.Create(ctx, &model); err != nil {
+		t.Fatal(err)
 	}
 	if err := cl.Create(ctx, modbus); err != nil {
 		t.Fatal(err)
@@ -405,21 +520,29 @@ func uids(t *testing.T, ctx context.Context, cl client.Client) snapshot {
 	return s
 }
 
-// hasSkipped says whether the CRD's schema has status.nodes[].skipped.
-func hasSkipped(crd *apiextensionsv1.CustomResourceDefinition) bool {
+// hasStateReport says whether the Device CRD's schema has spec.stateReport.
+func hasStateReport(crd *apiextensionsv1.CustomResourceDefinition) bool {
 	for _, v := range crd.Spec.Versions {
 		if v.Schema == nil || v.Schema.OpenAPIV3Schema == nil {
 			continue
 		}
-		st := v.Schema.OpenAPIV3Schema.Properties["status"]
-		nodes := st.Properties["nodes"]
-		if nodes.Items != nil && nodes.Items.Schema != nil {
-			if _, ok := nodes.Items.Schema.Properties["skipped"]; ok {
-				return true
-			}
+		if _, ok := v.Schema.OpenAPIV3Schema.Properties["spec"].Properties["stateReport"]; ok {
+			return true
 		}
 	}
 	return false
+}
+
+// agentTagged fails unless the agent DaemonSet runs the image tagged tag.
+func agentTagged(t *testing.T, ctx context.Context, cl client.Client, tag string) {
+	t.Helper()
+	var ds appsv1.DaemonSet
+	if err := cl.Get(ctx, client.ObjectKey{Namespace: "dowse-system", Name: "dowse-agent"}, &ds); err != nil {
+		t.Fatal(err)
+	}
+	if img := ds.Spec.Template.Spec.Containers[0].Image; !strings.HasSuffix(img, ":"+tag) {
+		t.Fatalf("the agent runs %s, want the tag %s", img, tag)
+	}
 }
 
 func eventuallyNode(t *testing.T, ctx context.Context, d time.Duration, f func() error) {

@@ -45,7 +45,8 @@ func startCluster(t *testing.T, ctx context.Context, images ...[2]string) *clust
 	return startClusterWith(t, ctx, cluster.Options{}, images...)
 }
 
-// startClusterWith is startCluster with options (Images is filled in).
+// startClusterWith is startCluster with options (the images built here are
+// loaded before o.Images).
 func startClusterWith(t *testing.T, ctx context.Context, o cluster.Options, images ...[2]string) *cluster.Cluster {
 	t.Helper()
 	requireNode(t)
@@ -59,7 +60,7 @@ func startClusterWith(t *testing.T, ctx context.Context, o cluster.Options, imag
 		archives = append(archives, a)
 	}
 	begin := time.Now()
-	o.Images = archives
+	o.Images = append(archives, o.Images...)
 	c, err := cluster.Start(ctx, o)
 	if err != nil {
 		t.Fatal(err)

@@ -22,6 +22,7 @@ import (
 
 	"github.com/dowse-dev/dowse/internal/controller/link/ownership"
 	"github.com/dowse-dev/dowse/internal/scheme"
+	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	"github.com/dowse-dev/dowse/test/framework/cluster"
 	"github.com/dowse-dev/dowse/test/framework/kube"
 	"github.com/dowse-dev/dowse/test/framework/testwait"
@@ -137,7 +138,9 @@ func TestChartReplicasOnNode(t *testing.T) {
 	defer plc.Stop()
 	// This node has a pod network: the mapper Pod as the sample has it,
 	// not on the node's network as loadSample puts it.
-	applyModbus(t, ctx, cl, []string{plc.Addr}, func(spec *corev1.PodSpec) { spec.HostNetwork = false })
+	applyModbus(t, ctx, cl, []string{plc.Addr}, func(_ *v1alpha1.DeviceModel, c *v1alpha1.Configuration) {
+		c.Spec.DeviceTemplate.MapperPodSpec.HostNetwork = false
+	})
 	// The sample's Device wants setpoint 21 (the controller starts at 18).
 	dev := waitTwin(t, ctx, cl, "setpoint", "21")
 	before := dev.Status.ReportedPosition
