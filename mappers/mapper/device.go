@@ -18,6 +18,15 @@ import (
 // UnhealthyAfter failed rounds.
 var ErrDisconnected = errors.New("connection lost")
 
+// ErrDeviceOffline, wrapped in an error a Subscriber pushes, says the
+// device itself announced that it is gone while the connection that told
+// it is fine (an MQTT Sparkplug death certificate: the broker is up, the
+// device behind it is not). The SDK reports the device offline, with the
+// error on every property it is pushed for, neither reconnects nor counts
+// it as a failed exchange, and reports the device ok again with its next
+// good value (also across a reconnect).
+var ErrDeviceOffline = errors.New("the device is offline")
+
 // propState is one property of a running device.
 type propState struct {
 	p   *Property
@@ -106,6 +115,7 @@ type device struct {
 	lastErr      error
 	backoff      time.Duration
 	state        string
+	offlineErr   error // the driver pushed ErrDeviceOffline; a good value clears it
 	stateSent    string
 	stateErr     string
 	subCancel    context.CancelFunc

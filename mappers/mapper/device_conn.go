@@ -61,7 +61,11 @@ func (d *device) connect(ctx context.Context) bool {
 		d.setState(twinvalue.StateUnhealthy, fmt.Errorf("subscribing: %w", err))
 		return false
 	}
-	if d.state != twinvalue.StateUnhealthy {
+	if d.offlineErr != nil {
+		// A device that said it is offline (ErrDeviceOffline) stays so on
+		// a new connection until it sends a value.
+		d.setState(twinvalue.StateOffline, d.offlineErr)
+	} else if d.state != twinvalue.StateUnhealthy {
 		// An unhealthy device stays so until a read succeeds: a peer that
 		// accepts connections but never answers must not flap to ok.
 		d.setState(twinvalue.StateOK, nil)

@@ -16,6 +16,13 @@ func (d *device) handlePush(p push) {
 	}
 	d.m.cfg.Metrics.read(readResult(p.err), 1)
 	d.record(ps, p.v, p.err, time.Now())
+	if errors.Is(p.err, ErrDeviceOffline) {
+		// The device said so over a working connection: nothing to
+		// reconnect or subscribe again; its next value brings it back.
+		d.offlineErr = p.err
+		d.setState(twinvalue.StateOffline, p.err)
+		return
+	}
 	if p.err != nil && d.resubAt.IsZero() {
 		// A monitored item the server refused (a node not there yet) or a
 		// failed publish: subscribe again later, with backoff.
@@ -31,7 +38,8 @@ func (d *device) handlePush(p push) {
 	case p.err == nil:
 		d.failures = 0
 		d.backoff = d.m.cfg.ReconnectInitial
-		if d.state == twinvalue.StateUnhealthy {
+		if d.state == twinvalue.StateUnhealthy || d.offlineErr != nil {
+			d.offlineErr = nil
 			d.setState(twinvalue.StateOK, nil)
 		}
 	case errors.Is(p.err, ErrDisconnected):
@@ -104,6 +112,7 @@ func (d *device) readDue(ctx context.Context, now time.Time) {
 		} else {
 			d.failures = 0
 			d.backoff = d.m.cfg.ReconnectInitial
+			d.offlineErr = nil // it answers
 			if d.state != twinvalue.StateOK {
 				d.setState(twinvalue.StateOK, nil)
 			}

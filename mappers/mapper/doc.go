@@ -41,7 +41,9 @@
 //     on the open connection; changed properties are prepared again on the
 //     open connection; a changed protocol config reconnects.
 //   - Health: ok; unhealthy after UnhealthyAfter read rounds in a row that
-//     all failed (then a reconnect); offline while it cannot connect;
+//     all failed (then a reconnect); offline while it cannot connect, or
+//     from a pushed ErrDeviceOffline (the device announced it is gone)
+//     until its next value;
 //     reconnects with exponential backoff; each change is sent with
 //     ReportDeviceStates.
 //   - Refused logins (a Connect error wrapping ErrAuthFailed): a backoff of

@@ -172,6 +172,11 @@ func (d *fakeDriver) Subscribe(ctx context.Context, ps []*mapper.Property, push 
 
 func (f *fakeDevices) push(t *testing.T, id, prop string, v any) {
 	t.Helper()
+	f.pushResult(t, id, prop, v, nil)
+}
+
+func (f *fakeDevices) pushResult(t *testing.T, id, prop string, v any, err error) {
+	t.Helper()
 	deadline := time.Now().Add(wait)
 	for {
 		f.mu.Lock()
@@ -184,7 +189,7 @@ func (f *fakeDevices) push(t *testing.T, id, prop string, v any) {
 		}
 		f.mu.Unlock()
 		if push != nil && p != nil {
-			push(p, v, nil)
+			push(p, v, err)
 			return
 		}
 		if time.Now().After(deadline) {
@@ -527,6 +532,38 @@ func TestSubscription(t *testing.T) {
 	r.agent.WaitReported(t, "ns/a", "pushed", "4.5", 0, wait)
 	if n := r.fake.count(r.fake.connects, "A"); n != 2 {
 		t.Errorf("%d connects after a property change, want still 2", n)
+	}
+}
+
+// A device whose pushed value says it is offline (ErrDeviceOffline: it
+// announced so over a working connection) is reported offline with the
+// reason on its twin, without a reconnect, and ok with its next value.
+func TestDeviceOfflinePushed(t *testing.T) {
+	dev := thermo(t, "a", "A", mappertest.Prop{Name: "pushed", Visitor: map[string]any{"register": "p", "subscribe": true}})
+	r := startWith(t, dev, func(*fakeDevices) {})
+	r.agent.WaitState(t, "ns/a", "ok", wait)
+	r.fake.push(t, "A", "pushed", 1.5)
+	r.agent.WaitReported(t, "ns/a", "pushed", "1.5", 0, wait)
+	from := r.agent.ReportCount()
+	r.fake.pushResult(t, "A", "pushed", nil, fmt.Errorf("%w: it said goodbye", mapper.ErrDeviceOffline))
+	r.agent.WaitState(t, "ns/a", "offline", wait)
+	r.agent.WaitTwin(t, "ns/a", "pushed", from, wait, func(tw *dmiv1beta1.Twin) bool {
+		return strings.Contains(tw.GetReported().GetMetadata()[twinvalue.MetaError], "it said goodbye")
+	})
+	r.fake.push(t, "A", "pushed", 2.5)
+	r.agent.WaitReported(t, "ns/a", "pushed", "2.5", 0, wait)
+	r.agent.WaitState(t, "ns/a", "ok", wait)
+	if n := r.fake.count(r.fake.connects, "A"); n != 1 {
+		t.Errorf("%d connects, want 1 (offline is not a reconnect)", n)
+	}
+	var states []string
+	for _, s := range r.agent.States() {
+		if s.Namespace+"/"+s.Device == "ns/a" {
+			states = append(states, s.State)
+		}
+	}
+	if strings.Join(states, " ") != "ok offline ok" {
+		t.Errorf("states %v, want ok offline ok", states)
 	}
 }
 

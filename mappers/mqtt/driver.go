@@ -7,8 +7,9 @@
 //     from the latest birth; a desired value is sent as a DCMD (NCMD for
 //     an edge node) with the metric's name, its alias when the birth gave
 //     one, and the data type the birth declared. A death certificate
-//     (DDEATH, or the edge node's NDEATH) puts an error on every property
-//     and makes the device unhealthy until its next birth or data.
+//     (DDEATH, or the edge node's NDEATH, also the broker's will) makes the
+//     device offline (mapper.ErrDeviceOffline) with the reason on every
+//     property until its next birth or data.
 //   - Home Assistant: the value published on the entity's state topic
 //     (a JSON object's field when the visitor names one); a desired value
 //     is published on its command topic (a BOOLEAN as payloadOn/payloadOff).
@@ -106,10 +107,13 @@ type Driver struct {
 	aliases map[string]uint64
 	types   map[string]sparkplug.DataType
 	// last is each property's latest value, for the SDK's read-back and
-	// for a new subscription; dead is set by a death certificate and
-	// cleared by a birth or data.
+	// for a new subscription; dead is a death certificate's error, until
+	// a birth or data.
 	last map[string]any
-	dead bool
+	dead error
+	// bdSeq is the edge node's session, from its latest NBIRTH.
+	bdSeq    uint64
+	hasBdSeq bool
 	// sink is the current subscription's push (nil between them).
 	sink func(*mapper.Property, any, error)
 	ps   []*mapper.Property
@@ -332,9 +336,9 @@ func (d *Driver) Connect(ctx context.Context) error {
 }
 
 // Close lets go of the connection: it is kept for linger, so that the
-// SDK's reconnect (after a death certificate made the device unhealthy)
-// takes it up again and misses no message (births are not retained), and
-// closed after it, when the device was removed.
+// SDK's reconnect (a changed protocol config, a property update) takes it
+// up again and misses no message (births are not retained), and closed
+// after it, when the device was removed.
 func (d *Driver) Close() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -390,6 +394,7 @@ func (d *Driver) Subscribe(ctx context.Context, ps []*mapper.Property, push func
 		}
 		if t.Device != "" {
 			filters[sparkplug.Topic{Group: t.Group, Type: sparkplug.NDEATH, EdgeNode: t.EdgeNode}.String()] = d.cfg.qos
+			filters[sparkplug.Topic{Group: t.Group, Type: sparkplug.NBIRTH, EdgeNode: t.EdgeNode}.String()] = d.cfg.qos
 		}
 		handler = func(_ paho.Client, m paho.Message) { d.sparkplugMessage(m.Topic(), m.Payload()) }
 	case SourceHomeAssistant:
@@ -405,11 +410,11 @@ func (d *Driver) Subscribe(ctx context.Context, ps []*mapper.Property, push func
 		}
 	}
 	var replay []update
-	if !d.dead {
-		for _, p := range ps {
-			if v, ok := d.last[p.Name]; ok {
-				replay = append(replay, update{p, v, nil})
-			}
+	for _, p := range ps {
+		if d.dead != nil {
+			replay = append(replay, update{p, nil, d.dead})
+		} else if v, ok := d.last[p.Name]; ok {
+			replay = append(replay, update{p, v, nil})
 		}
 	}
 	d.mu.Unlock()
@@ -504,15 +509,39 @@ func (d *Driver) sparkplugMessage(topic string, payload []byte) {
 		}
 		d.apply(us)
 	}
+	if t.Type == sparkplug.NBIRTH || t.Type == sparkplug.NDEATH {
+		// The edge node's session: an NDEATH whose bdSeq is not the one
+		// of the latest NBIRTH is an older session's (a will the broker
+		// sent late) and says nothing of this one.
+		var seq uint64
+		var has bool
+		if len(payload) <= MaxPayload {
+			if pl, err := sparkplug.Decode(payload, maxMetrics); err == nil {
+				if m, ok := pl.Metric("bdSeq"); ok && m.Kind == sparkplug.LongValue {
+					seq, has = m.Uint, true
+				}
+			}
+		}
+		d.mu.Lock()
+		stale := t.Type == sparkplug.NDEATH && has && d.hasBdSeq && seq != d.bdSeq
+		if t.Type == sparkplug.NBIRTH {
+			d.bdSeq, d.hasBdSeq = seq, has
+		}
+		d.mu.Unlock()
+		if stale || (t.Type == sparkplug.NBIRTH && d.cfg.device != "") {
+			return // a device's values never come in its edge node's birth
+		}
+	}
 	if t.Type == sparkplug.NDEATH || t.Type == sparkplug.DDEATH {
 		what := "the edge node"
 		if t.Type == sparkplug.DDEATH {
 			what = "the device"
 		}
+		err := fmt.Errorf("%w: %s sent its death certificate (%s)", mapper.ErrDeviceOffline, what, t.Type)
 		d.mu.Lock()
-		d.dead = true
+		d.dead = err
 		d.mu.Unlock()
-		fail(fmt.Errorf("%w: %s sent its death certificate (%s)", mapper.ErrDisconnected, what, t.Type))
+		fail(err)
 		return
 	}
 	if len(payload) > MaxPayload {
@@ -526,7 +555,7 @@ func (d *Driver) sparkplugMessage(topic string, payload []byte) {
 	}
 	birth := t.Type == sparkplug.NBIRTH || t.Type == sparkplug.DBIRTH
 	d.mu.Lock()
-	d.dead = false
+	d.dead = nil
 	if birth {
 		d.names, d.aliases, d.types = map[uint64]string{}, map[string]uint64{}, map[string]sparkplug.DataType{}
 		for _, m := range pl.Metrics {

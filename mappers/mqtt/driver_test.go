@@ -1,6 +1,7 @@
 package mqtt
 
 import (
+	"errors"
 	"os"
 	"strings"
 	"testing"
@@ -159,5 +160,34 @@ func TestSamples(t *testing.T) {
 		if err := d.Prepare(p); err != nil || !p.Subscribe {
 			t.Errorf("%s: %v (subscribe %v)", mp.Name, err, p.Subscribe)
 		}
+	}
+}
+
+// A death certificate makes the device offline (mapper.ErrDeviceOffline);
+// an NDEATH of an older session (another bdSeq than the latest NBIRTH's)
+// is ignored; a birth brings the values back.
+func TestDeathCertificates(t *testing.T) {
+	d := &Driver{cfg: deviceConfig{source: SourceSparkplug, group: "G", edgeNode: "E", device: "D"}, last: map[string]any{}}
+	p := &mapper.Property{Name: "t", Type: twinvalue.Double, Data: &point{metric: "T"}}
+	var got []error
+	d.ps, d.sink = []*mapper.Property{p}, func(_ *mapper.Property, _ any, err error) { got = append(got, err) }
+	seq := func(n uint64) []byte {
+		return sparkplug.Encode(&sparkplug.Payload{Metrics: []sparkplug.Metric{{Name: "bdSeq", HasName: true, Datatype: sparkplug.UInt64, Kind: sparkplug.LongValue, Uint: n}}})
+	}
+	birth := sparkplug.Encode(&sparkplug.Payload{Metrics: []sparkplug.Metric{{Name: "T", HasName: true, Datatype: sparkplug.Double, Kind: sparkplug.DoubleValue, Float: 1.5}}})
+	d.sparkplugMessage("spBv1.0/G/NBIRTH/E", seq(2))
+	d.sparkplugMessage("spBv1.0/G/DBIRTH/E/D", birth)
+	d.sparkplugMessage("spBv1.0/G/NDEATH/E", seq(1))
+	if len(got) != 1 || got[0] != nil {
+		t.Fatalf("after a birth and an older session's NDEATH: %v, want one value", got)
+	}
+	d.sparkplugMessage("spBv1.0/G/NDEATH/E", seq(2))
+	if len(got) != 2 || !errors.Is(got[1], mapper.ErrDeviceOffline) || !strings.Contains(got[1].Error(), "the edge node sent its death certificate (NDEATH)") {
+		t.Fatalf("after the NDEATH: %v", got)
+	}
+	d.sparkplugMessage("spBv1.0/G/DBIRTH/E/D", birth)
+	d.sparkplugMessage("spBv1.0/G/DDEATH/E/D", nil)
+	if len(got) != 4 || got[2] != nil || !errors.Is(got[3], mapper.ErrDeviceOffline) || !strings.Contains(got[3].Error(), "(DDEATH)") {
+		t.Fatalf("after a birth and a DDEATH: %v", got)
 	}
 }

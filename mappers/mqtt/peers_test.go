@@ -43,8 +43,8 @@ func prop(name string, visitor map[string]any) mappertest.Prop {
 // written and read with mosquitto_pub and mosquitto_sub: a device's
 // birth and data become reported twins (aliases of the birth resolved), a
 // desired value arrives at Tahu as a DCMD of the birth's data type, a
-// DDEATH makes the device unhealthy with the reason on its twins until it
-// is born again; a Home Assistant state (plain and a JSON field) is
+// DDEATH, and Tahu's NDEATH when it ends its session, make the device
+// offline with the reason on its twins until it is born again; a Home Assistant state (plain and a JSON field) is
 // reported and a desired value reaches the command topic.
 func TestMQTTMapperPeers(t *testing.T) {
 	npmpeer.SparkplugModules(t)
@@ -111,16 +111,40 @@ func TestMQTTMapperPeers(t *testing.T) {
 		})
 	})
 
-	t.Run("a DDEATH makes the device unhealthy until its next birth", func(t *testing.T) {
+	t.Run("a death certificate makes the device offline until its next birth", func(t *testing.T) {
+		start := time.Now()
 		node.Do(t, map[string]any{"op": "ddeath", "device": "Pump1"})
-		agent.WaitState(t, "default/pump", "unhealthy", wait)
+		agent.WaitState(t, "default/pump", "offline", wait)
+		t.Logf("FIGURE: MQTT mapper: a DDEATH (Tahu) reported offline %v after the edge node was told to publish it", time.Since(start).Round(100*time.Microsecond))
 		tw, _ := agent.WaitTwin(t, "default/pump", "temperature", 0, wait, func(tw *dmiv1beta1.Twin) bool {
-			return strings.Contains(tw.GetReported().GetMetadata()[twinvalue.MetaError], "death certificate")
+			return strings.Contains(tw.GetReported().GetMetadata()[twinvalue.MetaError], "the device sent its death certificate (DDEATH)")
 		})
 		t.Logf("after DDEATH: %s", tw.GetReported().GetMetadata()[twinvalue.MetaError])
+		start = time.Now()
 		node.Do(t, map[string]any{"op": "dbirth", "device": "Pump1", "metrics": []npmpeer.SparkplugMetric{{Name: "Temperature", Type: "Double", Value: 19.25}}})
 		agent.WaitState(t, "default/pump", "ok", wait)
+		t.Logf("FIGURE: MQTT mapper: a DBIRTH (Tahu) reported ok again %v after the edge node was told to publish it", time.Since(start).Round(100*time.Microsecond))
 		agent.WaitReported(t, "default/pump", "temperature", "19.25", 0, wait)
+		assertNoReconnect(t, agent)
+
+		// Tahu ends its session: its NDEATH makes the device offline; a
+		// new session's births bring it back, and the old session's will
+		// (another bdSeq), if the broker sends one late, is ignored.
+		start = time.Now()
+		node.Do(t, map[string]any{"op": "stop"})
+		agent.WaitState(t, "default/pump", "offline", wait)
+		t.Logf("FIGURE: MQTT mapper: an NDEATH (Tahu's stop) reported offline %v after the edge node was told to stop", time.Since(start).Round(100*time.Microsecond))
+		agent.WaitTwin(t, "default/pump", "speed", 0, wait, func(tw *dmiv1beta1.Twin) bool {
+			return strings.Contains(tw.GetReported().GetMetadata()[twinvalue.MetaError], "the edge node sent its death certificate (NDEATH)")
+		})
+		node.Stop()
+		node = npmpeer.StartSparkplug(t, "tahu-line1-again", npmpeer.SparkplugConfig{ServerURL: b.Addr(), GroupID: "Plant", EdgeNode: "Line1",
+			Devices: map[string][]npmpeer.SparkplugMetric{"Pump1": {
+				{Name: "Temperature", Type: "Double", Value: 20.5, Alias: 1}, {Name: "Running", Type: "Boolean", Value: true, Alias: 2},
+				{Name: "Speed", Type: "Int32", Value: 1200, Alias: 3}}}})
+		agent.WaitState(t, "default/pump", "ok", wait)
+		agent.WaitReported(t, "default/pump", "temperature", "20.5", 0, wait)
+		assertNoReconnect(t, agent)
 	})
 
 	t.Run("Home Assistant state and command topics", func(t *testing.T) {
@@ -169,4 +193,15 @@ func TestMQTTMapperLogin(t *testing.T) {
 	agent.WaitState(t, "default/right", "ok", wait)
 	b.PublishAs(t, "dowse", "pass-1", "relay7/state", []byte("ON"), true)
 	agent.WaitReported(t, "default/right", "state", "true", 0, wait)
+}
+
+// assertNoReconnect: a death certificate is the device's news, not the
+// broker's: the device never went unhealthy (which would reconnect).
+func assertNoReconnect(t *testing.T, agent *mappertest.Agent) {
+	t.Helper()
+	for _, s := range agent.States() {
+		if s.Device == "pump" && s.State == "unhealthy" {
+			t.Errorf("the pump was reported unhealthy at %v (a reconnect), want offline only", s.At)
+		}
+	}
 }
