@@ -154,7 +154,7 @@ FUZZ_TARGETS := FuzzFrameDecode:./internal/link FuzzDerivedNames:./internal/dra 
   FuzzParseMessage:./discovery-handlers/onvif/wsdiscovery FuzzDeviceAnswers:./internal/onvifclient FuzzReportShapes:./internal/controller/link/twins FuzzRequests:./internal/controller/link/linkauth FuzzDesiredBody:./internal/dowsectl/console FuzzChallenge:./internal/onvifclient FuzzStoreRecords:./internal/agent/edgehub \
   FuzzAnswers:./mappers/modbus FuzzDeviceIdentification:./discovery-handlers/modbus FuzzStreamFrames:./internal/link \
   FuzzAnswer:./discovery-handlers/snmp FuzzResponses:./mappers/snmp FuzzPacket:./discovery-handlers/mdns \
-  FuzzPayload:./internal/sparkplug FuzzMessages:./discovery-handlers/mqtt FuzzPushes:./mappers/mqtt
+  FuzzPayload:./internal/sparkplug FuzzArray:./internal/sparkplug FuzzDataSet:./internal/sparkplug FuzzMessages:./discovery-handlers/mqtt FuzzPushes:./mappers/mqtt
 FUZZTIME ?= 2m
 fuzz:
 	@for t in $(FUZZ_TARGETS); do \

@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"net/url"
 	"regexp"
+	"slices"
 	"strings"
 
 	"google.golang.org/grpc/codes"
@@ -36,9 +37,12 @@ const (
 	// SparkplugMetricCountProperty counts the birth's metrics, all of them.
 	SparkplugMetricCountProperty = "MQTT_SPARKPLUG_METRIC_COUNT"
 
-	HAComponentProperty         = "MQTT_HA_COMPONENT" // sensor, switch, light...
-	HANodeIDProperty            = "MQTT_HA_NODE_ID"   // absent without one
-	HAObjectIDProperty          = "MQTT_HA_OBJECT_ID"
+	HAComponentProperty = "MQTT_HA_COMPONENT" // sensor, switch, light...
+	HANodeIDProperty    = "MQTT_HA_NODE_ID"   // absent without one
+	HAObjectIDProperty  = "MQTT_HA_OBJECT_ID"
+	// HAComponentIDProperty is the component's key in a device-based
+	// config's components (absent for a config of one entity).
+	HAComponentIDProperty       = "MQTT_HA_COMPONENT_ID"
 	HAConfigTopicProperty       = "MQTT_HA_CONFIG_TOPIC"
 	HAUniqueIDProperty          = "MQTT_HA_UNIQUE_ID"
 	HANameProperty              = "MQTT_HA_NAME"
@@ -300,6 +304,9 @@ func (d *Details) topics() []string {
 		comps := ha.Components
 		if len(comps) == 0 {
 			comps = []string{"+"}
+		}
+		if len(ha.Components) > 0 {
+			comps = append(slices.Clone(comps), haDeviceComponent) // device-based configs hold components too
 		}
 		for _, c := range comps {
 			out = append(out, ha.Prefix+"/"+c+"/+/config", ha.Prefix+"/"+c+"/+/+/config")

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -61,11 +62,22 @@ func parseHATopic(prefix, topic string) (haTopic, bool) {
 	return t, haComponentRe.MatchString(t.component) && haIDRe.MatchString(t.objectID)
 }
 
+// haDeviceComponent is the component of a device-based discovery topic
+// (<prefix>/device/[<node_id>/]<object_id>/config), whose config lists
+// its entities ("components", "cmps"), each with its own platform ("p").
+const haDeviceComponent = "device"
+
+// maxHAComponents bounds the components of one device-based config.
+const maxHAComponents = 256
+
 func (s *state) homeAssistant(topic string, payload []byte) bool {
 	ha := s.d.HomeAssistant
 	t, ok := parseHATopic(ha.Prefix, topic)
 	if !ok {
 		return s.noteGarbage(topic, "not a discovery topic <prefix>/<component>/[<node_id>/]<object_id>/config")
+	}
+	if t.component == haDeviceComponent {
+		return s.haDevice(t, topic, payload)
 	}
 	if len(ha.Components) > 0 && !slices.Contains(ha.Components, t.component) {
 		return false
@@ -81,7 +93,11 @@ func (s *state) homeAssistant(topic string, payload []byte) bool {
 		s.noteGarbage(topic, fmt.Sprintf("a %d-byte payload, more than maxPayload (%d)", len(payload), s.d.MaxPayload))
 		return true
 	}
-	props, err := s.haProperties(t, topic, payload)
+	cfg, err := haObject(payload)
+	var props map[string]string
+	if err == nil {
+		props, err = s.haProperties(t, topic, cfg)
+	}
 	if err != nil {
 		// What was announced before no longer stands.
 		s.remove(id)
@@ -89,6 +105,126 @@ func (s *state) homeAssistant(topic string, payload []byte) bool {
 		return true
 	}
 	s.clearGarbage(topic)
+	s.putHA(id, t, props)
+	return true
+}
+
+// haDevice applies a device-based discovery config: each of its
+// components is a device of its own (as if announced on its own topic),
+// with the device's shared options ("~", topics, "dev") under the
+// component's own. A component that is gone from the next config, or
+// whose config is emptied (only its platform left, as Home Assistant asks
+// before a component is dropped), is removed; an empty payload removes
+// them all. A component whose config is wrong is skipped (Garbage) and
+// the others stand.
+func (s *state) haDevice(t haTopic, topic string, payload []byte) bool {
+	base := strings.TrimSuffix(topic, "/config")
+	old := s.haDevices[base]
+	changed := false
+	// present are the components of this config (as device ids); what
+	// was there before and is not any more goes, garbage or not.
+	present := map[string]bool{}
+	settle := func() bool {
+		for _, id := range old {
+			if !present[id] {
+				changed = s.remove(id) || changed
+				changed = s.clearGarbage(id) || changed
+			}
+		}
+		if len(present) == 0 {
+			delete(s.haDevices, base)
+		} else {
+			s.haDevices[base] = slices.Sorted(maps.Keys(present))
+		}
+		return changed
+	}
+	if len(payload) == 0 {
+		changed = s.clearGarbage(topic)
+		return settle()
+	}
+	fail := func(why string) bool {
+		s.noteGarbage(topic, why)
+		changed = true
+		return settle()
+	}
+	if len(payload) > s.d.MaxPayload {
+		return fail(fmt.Sprintf("a %d-byte payload, more than maxPayload (%d)", len(payload), s.d.MaxPayload))
+	}
+	cfg, err := haObject(payload)
+	if err != nil {
+		return fail(err.Error())
+	}
+	raw, ok := first(cfg, "components", "cmps")
+	var comps map[string]json.RawMessage
+	if !ok || json.Unmarshal(raw, &comps) != nil || comps == nil {
+		return fail(`a device config without components ("components" or "cmps": an object of component configs)`)
+	}
+	if len(comps) > maxHAComponents {
+		return fail(fmt.Sprintf("%d components, more than %d", len(comps), maxHAComponents))
+	}
+	if _, tracked := s.haDevices[base]; !tracked && len(s.haDevices) >= s.d.MaxDevices {
+		return fail(fmt.Sprintf("more than maxDevices (%d) device configs", s.d.MaxDevices))
+	}
+	changed = s.clearGarbage(topic)
+	shared := map[string]json.RawMessage{}
+	for k, v := range cfg {
+		switch k {
+		case "components", "cmps", "origin", "o":
+		default:
+			shared[k] = v
+		}
+	}
+	bad := func(id, why string) {
+		changed = s.remove(id) || changed
+		changed = s.noteGarbage(id, why) || changed
+	}
+	for _, key := range slices.Sorted(maps.Keys(comps)) {
+		id := base + "/" + key
+		if !haIDRe.MatchString(key) {
+			s.noteGarbage(topic, fmt.Sprintf("component id %q is not [a-zA-Z0-9_-]{1,255}", key))
+			changed = true
+			continue
+		}
+		present[id] = true
+		var own map[string]json.RawMessage
+		if err := json.Unmarshal(comps[key], &own); err != nil || own == nil {
+			bad(id, fmt.Sprintf("component %s: not a JSON object", key))
+			continue
+		}
+		platform, err := haString(own, "platform", "p")
+		if err == nil && !haComponentRe.MatchString(platform) {
+			err = fmt.Errorf("platform (p) %q is not a component name (sensor, switch...)", platform)
+		}
+		if err != nil {
+			bad(id, fmt.Sprintf("component %s: %v", key, err))
+			continue
+		}
+		if len(own) == 1 || (len(s.d.HomeAssistant.Components) > 0 && !slices.Contains(s.d.HomeAssistant.Components, platform)) {
+			// Emptied (its platform alone: Home Assistant's way to drop a
+			// component), or of a component not followed.
+			changed = s.remove(id) || changed
+			changed = s.clearGarbage(id) || changed
+			continue
+		}
+		merged := maps.Clone(shared)
+		maps.Copy(merged, own)
+		ct := haTopic{component: platform, nodeID: t.nodeID, objectID: t.objectID}
+		props, err := s.haProperties(ct, topic, merged)
+		if err != nil {
+			bad(id, fmt.Sprintf("component %s: %v", key, err))
+			continue
+		}
+		props[HAComponentIDProperty] = key
+		changed = s.clearGarbage(id) || changed
+		s.putHA(id, ct, props)
+		changed = true
+	}
+	return settle()
+}
+
+// putHA lists an entity's device, or holds it back by the filters.
+func (s *state) putHA(id string, t haTopic, props map[string]string) {
+	ha := s.d.HomeAssistant
 	why := ""
 	for _, f := range []struct {
 		field, value string
@@ -103,13 +239,10 @@ func (s *state) homeAssistant(topic string, payload []byte) bool {
 		}
 	}
 	s.put(id, &discoveryv1.Device{Id: id, Properties: props}, why)
-	return true
 }
 
-// haProperties reads a config payload: a JSON object whose keys of
-// interest hold strings (numbers and booleans are taken as their JSON
-// text), with "~" expanded in topics as Home Assistant does.
-func (s *state) haProperties(t haTopic, topic string, payload []byte) (map[string]string, error) {
+// haObject reads a config payload as a JSON object.
+func haObject(payload []byte) (map[string]json.RawMessage, error) {
 	var cfg map[string]json.RawMessage
 	dec := json.NewDecoder(bytes.NewReader(payload))
 	if err := dec.Decode(&cfg); err != nil || cfg == nil {
@@ -121,6 +254,13 @@ func (s *state) haProperties(t haTopic, topic string, payload []byte) (map[strin
 	if dec.More() {
 		return nil, fmt.Errorf("not a JSON object: data after the object")
 	}
+	return cfg, nil
+}
+
+// haProperties reads a config: a JSON object whose keys of interest hold
+// strings (numbers and booleans are taken as their JSON text), with "~"
+// expanded in topics as Home Assistant does.
+func (s *state) haProperties(t haTopic, topic string, cfg map[string]json.RawMessage) (map[string]string, error) {
 	base, err := haString(cfg, "~", "~")
 	if err != nil {
 		return nil, err

@@ -258,3 +258,53 @@ func TestRequestRebirth(t *testing.T) {
 	}
 	waitFor(t, s, nil, "spBv1.0/Plant/Early", "spBv1.0/Plant/Early/Pump1")
 }
+
+// TestHomeAssistantDeviceDiscovery: Home Assistant's device-based
+// discovery through Debian's mosquitto (retained configs written with
+// mosquitto_pub): a device's components become devices of their own
+// (the components followed: a light is not), a component emptied to its
+// platform or gone from the next config is removed, a broken component is
+// skipped while the others stay, and an empty config removes the rest.
+func TestHomeAssistantDeviceDiscovery(t *testing.T) {
+	b := mosquitto.Start(t)
+	topic, base := "homeassistant/device/plug1/config", "homeassistant/device/plug1/"
+	b.Publish(t, topic, []byte(`{"dev": {"ids": ["plug1"], "mf": "Acme", "mdl": "P1", "name": "Plug 1"}, "o": {"name": "plugfw", "sw": "1.0"},
+		"~": "home/plug1", "stat_t": "~/state", "qos": 1, "cmps": {
+		"temp": {"p": "sensor", "dev_cla": "temperature", "unit_of_meas": "°C", "val_tpl": "{{ value_json.temperature }}", "uniq_id": "plug1-t"},
+		"relay": {"p": "switch", "cmd_t": "~/set", "uniq_id": "plug1-r"},
+		"led": {"p": "light", "cmd_t": "~/led"},
+		"broken": {"p": "sensor", "name": {"not": "a string"}}}}`), true)
+	_, reg := startBinary(t)
+	s := handlertest.Discover(t, reg.GetEndpoint(), &discoveryv1.DiscoverRequest{DiscoveryDetails: fmt.Sprintf(`{"broker": %q,
+		"homeAssistant": {"components": ["sensor", "switch"]}}`, b.Addr())})
+	r := waitFor(t, s, func(r *discoveryv1.DiscoverResponse) bool {
+		return skippedHas(r, mqtt.SkipGarbage, base+"broken", "component broken: name: not a string")
+	}, base+"relay", base+"temp")
+	for id, want := range map[string]map[string]string{
+		base + "temp": {mqtt.HAComponentProperty: "sensor", mqtt.HAComponentIDProperty: "temp", mqtt.HAObjectIDProperty: "plug1",
+			mqtt.HAStateTopicProperty: "home/plug1/state", mqtt.HAUnitProperty: "°C", mqtt.HAValueTemplateProperty: "{{ value_json.temperature }}",
+			mqtt.HADeviceIdentifiersProperty: `["plug1"]`, mqtt.HADeviceModelProperty: "P1", mqtt.HAConfigTopicProperty: topic},
+		base + "relay": {mqtt.HAComponentProperty: "switch", mqtt.HAStateTopicProperty: "home/plug1/state", mqtt.HACommandTopicProperty: "home/plug1/set",
+			mqtt.HADeviceManufacturerProperty: "Acme", mqtt.SourceProperty: mqtt.SourceHomeAssistant, mqtt.BrokerProperty: b.Addr()},
+	} {
+		for k, v := range want {
+			if got := device(r, id).GetProperties()[k]; got != v {
+				t.Errorf("%s: %s = %q, want %q", id, k, got, v)
+			}
+		}
+	}
+
+	// The relay emptied to its platform, the broken one gone, a new one.
+	b.Publish(t, topic, []byte(`{"dev": {"ids": ["plug1"]}, "~": "home/plug1", "stat_t": "~/state", "cmps": {
+		"temp": {"p": "sensor", "unit_of_meas": "°C"}, "relay": {"p": "switch"}, "power": {"p": "sensor", "unit_of_meas": "W", "val_tpl": "{{ value_json.power }}"}}}`), true)
+	r = waitFor(t, s, func(r *discoveryv1.DiscoverResponse) bool { return len(r.GetSkipped()) == 0 }, base+"power", base+"temp")
+	if p := device(r, base+"power").GetProperties(); p[mqtt.HAUnitProperty] != "W" || p[mqtt.HAStateTopicProperty] != "home/plug1/state" {
+		t.Errorf("power: properties %v", p)
+	}
+	// The next config without the temperature: it goes.
+	b.Publish(t, topic, []byte(`{"stat_t": "home/plug1/state", "cmps": {"power": {"p": "sensor"}, "energy": {"p": "sensor", "unit_of_meas": "kWh"}}}`), true)
+	waitFor(t, s, nil, base+"energy")
+	// An empty config removes the device's components.
+	b.Publish(t, topic, nil, true)
+	waitFor(t, s, nil)
+}

@@ -55,11 +55,16 @@ type state struct {
 	// requested (requestRebirth); the loop publishes it and clears it.
 	rebirth []string
 	asked   map[string]bool
+	// haDevices are the device ids of each device-based Home Assistant
+	// config's components, by its topic without /config (at most
+	// maxDevices configs).
+	haDevices map[string][]string
 }
 
 func newState(d *Details) *state {
 	return &state{d: d, broker: d.Broker, devices: map[string]*discoveryv1.Device{}, filtered: map[string]string{},
-		overflow: map[string]bool{}, nodes: map[string]*node{}, garbage: map[string]string{}, asked: map[string]bool{}}
+		overflow: map[string]bool{}, nodes: map[string]*node{}, garbage: map[string]string{}, asked: map[string]bool{},
+		haDevices: map[string][]string{}}
 }
 
 // handle applies one message and says whether the list may have changed.

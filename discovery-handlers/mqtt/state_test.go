@@ -1,6 +1,7 @@
 package mqtt
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -194,5 +195,87 @@ func TestRebirthRequested(t *testing.T) {
 	}
 	if m, ok := p.Metric("Node Control/Rebirth"); !ok || m.Kind != sparkplug.BoolValue || !m.Bool || m.Datatype != sparkplug.Boolean {
 		t.Errorf("rebirth payload %+v", p)
+	}
+}
+
+// Device-based discovery (homeassistant/device/<object_id>/config): each
+// component is a device, with the shared options under its own; a
+// component gone from the next config, or emptied to its platform, is
+// removed; a wrong component is Garbage while the others stand; an empty
+// config removes them all.
+func TestHomeAssistantDeviceDiscovery(t *testing.T) {
+	s := newState(mustDetails(t, `{"broker": "tcp://b:1883", "homeAssistant": {"components": ["sensor", "switch"]}}`))
+	topic := "homeassistant/device/plug1/config"
+	s.handle(topic, []byte(`{"dev": {"ids": "0xabc", "mf": "Acme", "mdl": "P1"}, "o": {"name": "fw"}, "~": "home/plug1",
+		"stat_t": "~/state", "cmps": {
+			"temp": {"p": "sensor", "name": "Temperature", "unit_of_meas": "°C", "val_tpl": "{{ value_json.temp }}", "uniq_id": "plug1-t"},
+			"relay": {"p": "switch", "cmd_t": "~/set", "uniq_id": "plug1-r"},
+			"lamp": {"p": "light", "cmd_t": "~/lamp"},
+			"bad": {"p": "Sensor!"}}}`))
+	base := "homeassistant/device/plug1/"
+	if got, want := ids(s), []string{base + "relay", base + "temp"}; !slices.Equal(got, want) {
+		t.Fatalf("devices %q, want %q", got, want)
+	}
+	devs, _ := s.list()
+	want := map[string]map[string]string{
+		base + "temp": {HAComponentProperty: "sensor", HAComponentIDProperty: "temp", HAObjectIDProperty: "plug1", HAStateTopicProperty: "home/plug1/state",
+			HAUnitProperty: "°C", HAUniqueIDProperty: "plug1-t", HADeviceIdentifiersProperty: `["0xabc"]`, HADeviceModelProperty: "P1",
+			HAConfigTopicProperty: topic, SourceProperty: SourceHomeAssistant},
+		base + "relay": {HAComponentProperty: "switch", HAComponentIDProperty: "relay", HAStateTopicProperty: "home/plug1/state",
+			HACommandTopicProperty: "home/plug1/set", HADeviceManufacturerProperty: "Acme"},
+	}
+	for _, d := range devs {
+		for k, v := range want[d.Id] {
+			if d.Properties[k] != v {
+				t.Errorf("%s: %s = %q, want %q", d.Id, k, d.Properties[k], v)
+			}
+		}
+	}
+	if sk := skips(s); len(sk[SkipGarbage]) != 1 || !strings.Contains(fmt.Sprint(sk[SkipGarbage]), "Sensor!") {
+		t.Errorf("skipped %v, want the bad component as Garbage", sk)
+	}
+
+	// The relay emptied, the bad one gone, a new one: the temperature stays.
+	s.handle(topic, []byte(`{"dev": {"ids": "0xabc"}, "stat_t": "home/plug1/state", "cmps": {"temp": {"p": "sensor"}, "relay": {"p": "switch"},
+		"power": {"p": "sensor", "unit_of_meas": "W"}}}`))
+	if got, want := ids(s), []string{base + "power"}; !slices.Equal(got, want) {
+		t.Fatalf("after emptying: devices %q, want %q", got, want)
+	}
+	if sk := skips(s); len(sk[SkipGarbage]) != 0 {
+		t.Errorf("skipped %v, want no garbage left", sk)
+	}
+	s.handle(topic, []byte(`{"cmps": {"power": {"p": "sensor", "stat_t": "p/state"}, "temp": {"p": "sensor", "stat_t": "t/state"}}}`))
+	if got, want := ids(s), []string{base + "power", base + "temp"}; !slices.Equal(got, want) {
+		t.Fatalf("devices %q, want %q", got, want)
+	}
+	s.handle(topic, []byte(`{"cmps": {"temp": {"p": "sensor", "stat_t": "t/state"}}}`))
+	if got, want := ids(s), []string{base + "temp"}; !slices.Equal(got, want) {
+		t.Fatalf("a component gone: devices %q, want %q", got, want)
+	}
+	// Garbage configs: all of it goes, and says why.
+	for _, c := range []struct{ payload, why string }{
+		{`{"dev": {}}`, "without components"},
+		{`{"cmps": [1]}`, "without components"},
+		{`nope`, "not a JSON object"},
+	} {
+		s.handle(topic, []byte(`{"cmps": {"temp": {"p": "sensor"}, "x": {"p": "sensor", "stat_t": "x"}}}`))
+		s.handle(topic, []byte(c.payload))
+		if got := ids(s); len(got) != 0 {
+			t.Errorf("%s: devices %q, want none", c.payload, got)
+		}
+		if sk := skips(s); !strings.Contains(fmt.Sprint(sk[SkipGarbage]), c.why) {
+			t.Errorf("%s: skipped %v, want %q", c.payload, sk, c.why)
+		}
+	}
+	s.handle(topic, []byte(`{"cmps": {"a": {"p": "sensor", "stat_t": "a"}, "b": {"p": "switch", "cmd_t": "b"}}}`))
+	if len(ids(s)) != 2 {
+		t.Fatalf("devices %q", ids(s))
+	}
+	s.handle(topic, nil)
+	if got := ids(s); len(got) != 0 || len(s.haDevices) != 0 {
+		t.Fatalf("after an empty config: devices %q, %d configs tracked", got, len(s.haDevices))
+	}
+	if sk := skips(s); len(sk[SkipGarbage]) != 0 {
+		t.Errorf("skipped %v after an empty config", sk)
 	}
 }

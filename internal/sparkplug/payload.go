@@ -7,8 +7,10 @@
 // Decode is built for what comes from a broker: it never panics, keeps at
 // most a caller's number of metrics (counting the rest), refuses names and
 // strings that are not UTF-8 or longer than MaxString, and skips what it
-// does not read (data sets, templates, property sets, extensions) without
-// descending into it.
+// does not read (templates, property sets, extensions) without descending
+// into it. Arrays (in bytes_value) and DataSets are kept as bytes, read on
+// demand by DecodeArray and DecodeDataSet (array.go), bounded by
+// MaxElements.
 package sparkplug
 
 import (
@@ -115,7 +117,7 @@ func (t DataType) String() string {
 // ValueKind says which member of a metric's value oneof was set.
 type ValueKind uint8
 
-// The value kinds; Other is a data set, template or extension (not read).
+// The value kinds; Other is a template or extension (not read).
 const (
 	NoValue ValueKind = iota
 	IntValue
@@ -126,6 +128,9 @@ const (
 	StringValue
 	BytesValue
 	OtherValue
+	// DataSetKind is a DataSet, kept as its encoded bytes in Bytes
+	// (DecodeDataSet reads them).
+	DataSetKind
 )
 
 // Metric is one metric of a payload.
@@ -141,7 +146,8 @@ type Metric struct {
 	IsNull       bool
 	// Kind says which value field was set: Uint holds int_value and
 	// long_value (two's complement for signed types), Float float_value and
-	// double_value, Bool, String and Bytes the others.
+	// double_value, Bool, String and Bytes the others (Bytes also an
+	// array's packed values, and a DataSet's message).
 	Kind   ValueKind
 	Uint   uint64
 	Float  float64
@@ -310,7 +316,11 @@ func decodeMetric(b []byte) (Metric, error) {
 			var s []byte
 			s, n = protowire.ConsumeBytes(b)
 			m.Kind, m.Bytes = BytesValue, s
-		case (num == metricDatasetValue || num == metricTemplate || num == metricExtension) && typ == protowire.BytesType:
+		case num == metricDatasetValue && typ == protowire.BytesType:
+			var s []byte
+			s, n = protowire.ConsumeBytes(b)
+			m.Kind, m.Bytes = DataSetKind, s
+		case (num == metricTemplate || num == metricExtension) && typ == protowire.BytesType:
 			n = protowire.ConsumeFieldValue(num, typ, b)
 			m.Kind = OtherValue
 		default:
@@ -401,6 +411,9 @@ func encodeMetric(m *Metric) []byte {
 		b = protowire.AppendString(b, m.String)
 	case BytesValue:
 		b = protowire.AppendTag(b, metricBytesValue, protowire.BytesType)
+		b = protowire.AppendBytes(b, m.Bytes)
+	case DataSetKind:
+		b = protowire.AppendTag(b, metricDatasetValue, protowire.BytesType)
 		b = protowire.AppendBytes(b, m.Bytes)
 	}
 	return b

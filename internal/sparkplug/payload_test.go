@@ -117,6 +117,12 @@ func FuzzPayload(f *testing.F) {
 	f.Add(Encode(&Payload{Timestamp: 1, HasTimestamp: true, Metrics: []Metric{{Name: "a", HasName: true, Datatype: Int32, Kind: IntValue, Uint: 5}}}))
 	f.Add([]byte{0x12, 0x05, 0x0a})
 	f.Add([]byte{})
+	f.Add(Encode(&Payload{Metrics: []Metric{
+		{Name: "b", HasName: true, Datatype: BooleanArray, Kind: BytesValue, Bytes: []byte{0x0C, 0x00, 0x00, 0x00, 0x34, 0xD0}},
+		{Name: "s", HasName: true, Datatype: StringArray, Kind: BytesValue, Bytes: []byte("ABC\x00hello\x00")},
+		{Name: "t", HasName: true, Datatype: DataSet, Kind: DataSetKind, Bytes: EncodeDataSet(&Table{Columns: []string{"a"}, Types: []DataType{Int32},
+			Rows: [][]Cell{{{Kind: IntValue, Uint: 7}}}})},
+	}}))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		p, err := Decode(b, 4)
 		if err != nil {
@@ -139,6 +145,18 @@ func FuzzPayload(f *testing.F) {
 		for i := range q.Metrics {
 			if q.Metrics[i].Name != p.Metrics[i].Name || q.Metrics[i].Datatype != p.Metrics[i].Datatype {
 				t.Fatalf("metric %d: %+v, want %+v", i, q.Metrics[i], p.Metrics[i])
+			}
+			// Arrays and DataSets read on demand: values or ErrMalformed.
+			m := p.Metrics[i]
+			var err error
+			switch {
+			case m.Kind == BytesValue && m.Datatype.IsArray():
+				_, err = DecodeArray(m.Datatype, m.Bytes)
+			case m.Kind == DataSetKind:
+				_, err = DecodeDataSet(m.Bytes)
+			}
+			if err != nil && !errors.Is(err, ErrMalformed) {
+				t.Fatalf("metric %d: error %v is not ErrMalformed", i, err)
 			}
 		}
 	})

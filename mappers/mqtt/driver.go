@@ -10,6 +10,9 @@
 //     (DDEATH, or the edge node's NDEATH, also the broker's will) makes the
 //     device offline (mapper.ErrDeviceOffline) with the reason on every
 //     property until its next birth or data.
+//     Arrays (Int8Array ... DateTimeArray) are reported as JSON arrays
+//     and a DataSet as a JSON object {"columns": [...], "types": [...],
+//     "rows": [[...], ...]}, for a STRING property, at most MaxJSON bytes.
 //   - Home Assistant: the value published on the entity's state topic
 //     (a JSON object's field when the visitor names one); a desired value
 //     is published on its command topic (a BOOLEAN as payloadOn/payloadOff).
@@ -97,7 +100,11 @@ type Driver struct {
 	cfg    deviceConfig
 	client paho.Client
 
-	mu sync.Mutex
+	// deliver orders pushes: held while a message is handled (its state
+	// changed, its updates noted and pushed), and while a new
+	// subscription's replay is taken and pushed (Subscribe).
+	deliver sync.Mutex
+	mu      sync.Mutex
 	// closing disconnects client a while after Close, unless Connect came
 	// first (see Close).
 	closing *time.Timer
@@ -114,8 +121,10 @@ type Driver struct {
 	// bdSeq is the edge node's session, from its latest NBIRTH.
 	bdSeq    uint64
 	hasBdSeq bool
-	// sink is the current subscription's push (nil between them).
+	// sink is the current subscription's push (nil between them); subs
+	// counts subscriptions.
 	sink func(*mapper.Property, any, error)
+	subs uint64
 	ps   []*mapper.Property
 }
 
@@ -409,18 +418,14 @@ func (d *Driver) Subscribe(ctx context.Context, ps []*mapper.Property, push func
 			push(p, v, err)
 		}
 	}
-	var replay []update
-	for _, p := range ps {
-		if d.dead != nil {
-			replay = append(replay, update{p, nil, d.dead})
-		} else if v, ok := d.last[p.Name]; ok {
-			replay = append(replay, update{p, v, nil})
-		}
-	}
+	d.subs++
+	sink, sub := d.sink, d.subs
 	d.mu.Unlock()
 	context.AfterFunc(ctx, func() {
 		d.mu.Lock()
-		d.sink = nil
+		if d.subs == sub { // not a newer subscription's (the SDK's resubscribe)
+			d.sink = nil
+		}
 		d.mu.Unlock()
 	})
 	tok := client.SubscribeMultiple(filters, handler)
@@ -430,9 +435,27 @@ func (d *Driver) Subscribe(ctx context.Context, ps []*mapper.Property, push func
 	if err := tok.Error(); err != nil {
 		return fmt.Errorf("subscribing: %w", err)
 	}
-	for _, u := range replay {
-		push(u.p, u.v, u.err)
-	}
+	// What arrived since the last subscription (or the death after it),
+	// pushed apart from the SDK's goroutine (which drains the pushes) and
+	// in order with the messages: a message applied after this snapshot
+	// is pushed after it.
+	go func() {
+		d.deliver.Lock()
+		defer d.deliver.Unlock()
+		d.mu.Lock()
+		var replay []update
+		for _, p := range ps {
+			if d.dead != nil {
+				replay = append(replay, update{p, nil, d.dead})
+			} else if v, ok := d.last[p.Name]; ok {
+				replay = append(replay, update{p, v, nil})
+			}
+		}
+		d.mu.Unlock()
+		for _, u := range replay {
+			sink(u.p, u.v, u.err)
+		}
+	}()
 	// A lost connection reaches the SDK as an error on every property.
 	go func() {
 		tick := time.NewTicker(time.Second)
@@ -462,7 +485,8 @@ type update struct {
 }
 
 // apply notes updates (values as the latest, for a read-back and the next
-// subscription) and pushes them to the current subscription.
+// subscription) and pushes them to the current subscription; its caller
+// holds deliver.
 func (d *Driver) apply(us []update) {
 	d.mu.Lock()
 	for _, u := range us {
@@ -481,6 +505,8 @@ func (d *Driver) apply(us []update) {
 }
 
 func (d *Driver) haMessage(topic string, payload []byte) {
+	d.deliver.Lock()
+	defer d.deliver.Unlock()
 	d.mu.Lock()
 	ps := d.ps
 	d.mu.Unlock()
@@ -495,6 +521,8 @@ func (d *Driver) haMessage(topic string, payload []byte) {
 }
 
 func (d *Driver) sparkplugMessage(topic string, payload []byte) {
+	d.deliver.Lock()
+	defer d.deliver.Unlock()
 	t, ok := sparkplug.ParseTopic(topic)
 	if !ok {
 		return
@@ -614,9 +642,109 @@ func metricValue(m sparkplug.Metric) (any, error) {
 	case sparkplug.StringValue:
 		return m.String, nil
 	case sparkplug.BytesValue:
+		if m.Datatype.IsArray() {
+			v, err := sparkplug.DecodeArray(m.Datatype, m.Bytes)
+			if err != nil {
+				return nil, mapper.Permanentf("metric %q: %w", m.Name, err)
+			}
+			return jsonValue(m, arrayJSON(v))
+		}
 		return m.Bytes, nil
+	case sparkplug.DataSetKind:
+		t, err := sparkplug.DecodeDataSet(m.Bytes)
+		if err != nil {
+			return nil, mapper.Permanentf("metric %q: %w", m.Name, err)
+		}
+		return jsonValue(m, tableJSON(t))
 	}
 	return nil, mapper.Permanentf("metric %q: a %s value is not read", m.Name, m.Datatype)
+}
+
+// MaxJSON bounds the JSON text an array or a DataSet becomes.
+const MaxJSON = 64 << 10
+
+// jsonValue is v as the JSON text a STRING property reports.
+func jsonValue(m sparkplug.Metric, v any) (any, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, mapper.Permanentf("metric %q: %w", m.Name, err)
+	}
+	if len(b) > MaxJSON {
+		return nil, mapper.Permanentf("metric %q: a %s of %d bytes as JSON, more than %d", m.Name, m.Datatype, len(b), MaxJSON)
+	}
+	return string(b), nil
+}
+
+// finite is f, or nil (JSON null) for a NaN or an infinity, which JSON
+// cannot say.
+func finite(f float64) any {
+	if math.IsNaN(f) || math.IsInf(f, 0) {
+		return nil
+	}
+	return f
+}
+
+// arrayJSON is a decoded array as JSON marshals it: floats that are not
+// finite become null.
+func arrayJSON(v any) any {
+	fs, ok := v.([]float64)
+	if !ok {
+		return v
+	}
+	out := make([]any, len(fs))
+	for i, f := range fs {
+		out[i] = finite(f)
+	}
+	return out
+}
+
+// table is a DataSet as JSON: its columns, their Sparkplug types and its
+// rows, each cell the value of its column's type (null when unset).
+type table struct {
+	Columns []string `json:"columns"`
+	Types   []string `json:"types"`
+	Rows    [][]any  `json:"rows"`
+}
+
+func tableJSON(t *sparkplug.Table) table {
+	out := table{Columns: t.Columns, Types: make([]string, len(t.Types)), Rows: make([][]any, len(t.Rows))}
+	if out.Columns == nil {
+		out.Columns = []string{}
+	}
+	for i, ty := range t.Types {
+		out.Types[i] = ty.String()
+	}
+	for i, r := range t.Rows {
+		row := make([]any, len(r))
+		for j, c := range r {
+			row[j] = cellValue(t.Types[j], c)
+		}
+		out.Rows[i] = row
+	}
+	return out
+}
+
+func cellValue(ty sparkplug.DataType, c sparkplug.Cell) any {
+	switch c.Kind {
+	case sparkplug.IntValue:
+		switch ty {
+		case sparkplug.Int8, sparkplug.Int16, sparkplug.Int32:
+			return int64(int32(uint32(c.Uint)))
+		}
+		return c.Uint
+	case sparkplug.LongValue:
+		if ty == sparkplug.Int64 {
+			return int64(c.Uint)
+		}
+		return c.Uint
+	case sparkplug.FloatValue, sparkplug.DoubleValue:
+		return finite(c.Float)
+	case sparkplug.BoolValue:
+		return c.Bool
+	case sparkplug.StringValue:
+		return c.String
+	}
+	return nil
 }
 
 // haValue reads a state payload as the property's value.

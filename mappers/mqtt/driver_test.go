@@ -191,3 +191,36 @@ func TestDeathCertificates(t *testing.T) {
 		t.Fatalf("after a birth and a DDEATH: %v", got)
 	}
 }
+
+// Arrays and DataSets are reported as JSON (for a STRING property).
+func TestArrayAndDataSetValues(t *testing.T) {
+	for _, c := range []struct {
+		m    sparkplug.Metric
+		want string
+		err  string
+	}{
+		{sparkplug.Metric{Datatype: sparkplug.Int16Array, Kind: sparkplug.BytesValue, Bytes: []byte{0xD0, 0x8A, 0x30, 0x75}}, `[-30000,30000]`, ""},
+		{sparkplug.Metric{Datatype: sparkplug.BooleanArray, Kind: sparkplug.BytesValue, Bytes: []byte{3, 0, 0, 0, 0xA0}}, `[true,false,true]`, ""},
+		{sparkplug.Metric{Datatype: sparkplug.StringArray, Kind: sparkplug.BytesValue, Bytes: []byte("a\x00\"b\"\x00")}, `["a","\"b\""]`, ""},
+		{sparkplug.Metric{Datatype: sparkplug.FloatArray, Kind: sparkplug.BytesValue, Bytes: []byte{0, 0, 0xC0, 0x7F, 0, 0, 0xC0, 0x3F}}, `[null,1.5]`, ""},
+		{sparkplug.Metric{Datatype: sparkplug.UInt64Array, Kind: sparkplug.BytesValue, Bytes: []byte{0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF}}, `[18446744073709551615]`, ""},
+		{sparkplug.Metric{Datatype: sparkplug.DataSet, Kind: sparkplug.DataSetKind, Bytes: sparkplug.EncodeDataSet(&sparkplug.Table{
+			Columns: []string{"step", "temp", "ok"}, Types: []sparkplug.DataType{sparkplug.Int32, sparkplug.Double, sparkplug.Boolean},
+			Rows: [][]sparkplug.Cell{{{Kind: sparkplug.IntValue, Uint: 0xFFFFFFFF}, {Kind: sparkplug.DoubleValue, Float: 20.5}, {}}}})},
+			`{"columns":["step","temp","ok"],"types":["Int32","Double","Boolean"],"rows":[[-1,20.5,null]]}`, ""},
+		{sparkplug.Metric{Name: "a", Datatype: sparkplug.Int32Array, Kind: sparkplug.BytesValue, Bytes: []byte{1, 2}}, "", `metric "a": not a Sparkplug B payload: a Int32Array of 2 bytes`},
+		{sparkplug.Metric{Name: "d", Datatype: sparkplug.DataSet, Kind: sparkplug.DataSetKind, Bytes: []byte{0x12, 0x01, 'a'}}, "", `metric "d": not a Sparkplug B payload: a DataSet of 1 columns has 0 types`},
+		{sparkplug.Metric{Name: "big", Datatype: sparkplug.StringArray, Kind: sparkplug.BytesValue, Bytes: []byte(strings.Repeat("\x01\x01\x01\x01\x00", 16000))}, "", "as JSON, more than 65536"},
+	} {
+		v, err := metricValue(c.m)
+		if c.err != "" {
+			if err == nil || !mapper.IsPermanent(err) || !strings.Contains(err.Error(), c.err) {
+				t.Errorf("%s: %v, want a permanent error with %q", c.m.Datatype, err, c.err)
+			}
+			continue
+		}
+		if err != nil || v != c.want {
+			t.Errorf("%s: %v %v, want %s", c.m.Datatype, v, err, c.want)
+		}
+	}
+}

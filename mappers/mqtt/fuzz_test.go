@@ -53,6 +53,10 @@ func FuzzPushes(f *testing.F) {
 		{Name: "mINT", HasName: true, Alias: 1, HasAlias: true, Datatype: sparkplug.Int16, Kind: sparkplug.IntValue, Uint: 0xFFFF}}}))
 	f.Add("spBv1.0/G/DDATA/E/D", sparkplug.Encode(&sparkplug.Payload{Metrics: []sparkplug.Metric{{Alias: 1, HasAlias: true, Kind: sparkplug.DoubleValue, Float: 2}}}))
 	f.Add("spBv1.0/G/DDEATH/E/D", []byte{})
+	f.Add("spBv1.0/G/DDATA/E/D", sparkplug.Encode(&sparkplug.Payload{Metrics: []sparkplug.Metric{
+		{Name: "mSTRING", HasName: true, Datatype: sparkplug.BooleanArray, Kind: sparkplug.BytesValue, Bytes: []byte{3, 0, 0, 0, 0xA0}},
+		{Name: "mINT", HasName: true, Datatype: sparkplug.DataSet, Kind: sparkplug.DataSetKind, Bytes: sparkplug.EncodeDataSet(&sparkplug.Table{
+			Columns: []string{"a"}, Types: []sparkplug.DataType{sparkplug.Int8}, Rows: [][]sparkplug.Cell{{{Kind: sparkplug.IntValue, Uint: 7}}}})}}}))
 	f.Add("s", []byte(`{"f": 1.5}`))
 	f.Add("s", []byte("ON"))
 	f.Fuzz(func(t *testing.T, topic string, payload []byte) {

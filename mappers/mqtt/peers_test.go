@@ -9,6 +9,7 @@ import (
 
 	"github.com/go-logr/logr/testr"
 
+	"github.com/dowse-dev/dowse/internal/sparkplug"
 	"github.com/dowse-dev/dowse/mappers/mapper"
 	"github.com/dowse-dev/dowse/mappers/mapper/mappertest"
 	"github.com/dowse-dev/dowse/mappers/mqtt"
@@ -24,6 +25,9 @@ var pumpModel = mappertest.NewModel("default", "pump",
 	mappertest.ModelProp("temperature", "DOUBLE", "ReadOnly", "", ""),
 	mappertest.ModelProp("running", "BOOLEAN", "ReadWrite", "", ""),
 	mappertest.ModelProp("speed", "INT", "ReadWrite", "0", "3000"),
+	mappertest.ModelProp("recipe", "STRING", "ReadOnly", "", ""),
+	mappertest.ModelProp("levels", "STRING", "ReadOnly", "", ""),
+	mappertest.ModelProp("valves", "STRING", "ReadOnly", "", ""),
 )
 
 var haModel = mappertest.NewModel("default", "ha",
@@ -52,7 +56,8 @@ func TestMQTTMapperPeers(t *testing.T) {
 	pump := mappertest.NewDevice(t, "default", "pump", "pump", mqtt.Protocol,
 		map[string]any{"broker": b.Addr(), "source": "sparkplug", "group": "Plant", "edgeNode": "Line1", "device": "Pump1"},
 		prop("temperature", map[string]any{"metric": "Temperature"}), prop("running", map[string]any{"metric": "Running"}),
-		prop("speed", map[string]any{"metric": "Speed"}))
+		prop("speed", map[string]any{"metric": "Speed"}), prop("recipe", map[string]any{"metric": "Recipe"}),
+		prop("levels", map[string]any{"metric": "Levels"}), prop("valves", map[string]any{"metric": "Valves"}))
 	relay := mappertest.NewDevice(t, "default", "relay", "ha", mqtt.Protocol,
 		map[string]any{"broker": b.Addr(), "source": "homeassistant", "stateTopic": "relay7/state", "commandTopic": "relay7/set"},
 		prop("state", nil), prop("temperature", map[string]any{"stateTopic": "relay7/attributes", "field": "temperature"}))
@@ -78,6 +83,33 @@ func TestMQTTMapperPeers(t *testing.T) {
 		node.Do(t, map[string]any{"op": "ddata", "device": "Pump1", "metrics": []npmpeer.SparkplugMetric{{Name: "Temperature", Type: "Double", Value: 22.75}}})
 		agent.WaitReported(t, "default/pump", "temperature", "22.75", from, wait)
 		t.Logf("FIGURE: MQTT mapper: a DDATA (Tahu) reported %v after the edge node was told to publish it", time.Since(start).Round(100*time.Microsecond))
+	})
+
+	t.Run("a DataSet (Tahu) and arrays (laid out by hand) reported as JSON", func(t *testing.T) {
+		from := agent.ReportCount()
+		node.Do(t, map[string]any{"op": "ddata", "device": "Pump1", "metrics": []map[string]any{{"name": "Recipe", "type": "DataSet",
+			"value": map[string]any{"numOfColumns": 3, "columns": []string{"step", "setpoint", "label"}, "types": []string{"Int32", "Double", "String"},
+				"rows": [][]any{{1, 80.5, "heat"}, {-2, 20.25, "cool"}}}}}})
+		agent.WaitReported(t, "default/pump", "recipe",
+			`{"columns":["step","setpoint","label"],"types":["Int32","Double","String"],"rows":[[1,80.5,"heat"],[-2,20.25,"cool"]]}`, from, wait)
+		// Tahu's sparkplug-payload 1.0.3 encodes no arrays: a DDATA laid
+		// out here, through mosquitto.
+		b.Publish(t, "spBv1.0/Plant/DDATA/Line1/Pump1", sparkplug.Encode(&sparkplug.Payload{Metrics: []sparkplug.Metric{
+			{Name: "Levels", HasName: true, Datatype: sparkplug.Int16Array, Kind: sparkplug.BytesValue, Bytes: []byte{0xD0, 0x8A, 0x30, 0x75}},
+			{Name: "Valves", HasName: true, Datatype: sparkplug.BooleanArray, Kind: sparkplug.BytesValue, Bytes: []byte{0x0C, 0x00, 0x00, 0x00, 0x34, 0xD0}},
+		}}), false)
+		agent.WaitReported(t, "default/pump", "levels", "[-30000,30000]", from, wait)
+		agent.WaitReported(t, "default/pump", "valves", "[false,false,true,true,false,true,false,false,true,true,false,true]", from, wait)
+		// A broken one is that property's error alone.
+		b.Publish(t, "spBv1.0/Plant/DDATA/Line1/Pump1", sparkplug.Encode(&sparkplug.Payload{Metrics: []sparkplug.Metric{
+			{Name: "Levels", HasName: true, Datatype: sparkplug.Int16Array, Kind: sparkplug.BytesValue, Bytes: []byte{1, 2, 3}}}}), false)
+		tw, _ := agent.WaitTwin(t, "default/pump", "levels", from, wait, func(tw *dmiv1beta1.Twin) bool {
+			return strings.Contains(tw.GetReported().GetMetadata()[twinvalue.MetaError], "not a whole number of 2-byte values")
+		})
+		if tw.GetReported().GetValue() != "[-30000,30000]" {
+			t.Errorf("levels %q after a broken array, want the last good value", tw.GetReported().GetValue())
+		}
+		agent.WaitState(t, "default/pump", "ok", wait)
 	})
 
 	t.Run("a desired value is a DCMD Tahu receives", func(t *testing.T) {
