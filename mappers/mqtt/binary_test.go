@@ -1,11 +1,13 @@
 package mqtt_test
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -108,3 +110,73 @@ func TestBinaryThroughput(t *testing.T) {
 
 // maxPeakRSS is the regression bound of TestBinaryThroughput, in KiB.
 const maxPeakRSS = 24 * 1024
+
+// TestPrimaryHostState runs the real dowse-mqtt-mapper binary with two
+// Sparkplug devices naming one primaryHostId, against Debian's mosquitto:
+// mosquitto_sub sees the retained STATE {"online":true} (one host session
+// for both devices, retained for a later subscriber), and after the
+// mapper is killed (SIGKILL: no word of its own) the broker's will
+// {"online":false} with the birth's timestamp.
+func TestPrimaryHostState(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary")
+	}
+	b := mosquitto.Start(t)
+	bin := filepath.Join(t.TempDir(), "dowse-mqtt-mapper")
+	build := exec.Command("go", "build", "-tags", "grpcnotrace", "-trimpath", "-ldflags=-s -w", "-o", bin, "./cmd/dowse-mqtt-mapper")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	sub := b.Subscribe(t, "spBv1.0/STATE/#", 1, "")
+	dir := mappertest.ShortTempDir(t)
+	agent := mappertest.Start(t, dir)
+	var devs []*dmiv1beta1.Device
+	for _, id := range []string{"Pump1", "Pump2"} {
+		devs = append(devs, mappertest.NewDevice(t, "default", strings.ToLower(id), "pump", mqtt.Protocol,
+			map[string]any{"broker": b.Addr(), "source": "sparkplug", "group": "Plant", "edgeNode": "Line1", "device": id, "primaryHostId": "dowse-host"},
+			prop("temperature", map[string]any{"metric": "Temperature"})))
+	}
+	agent.SetData([]*dmiv1beta1.DeviceModel{pumpModel}, devs)
+	p, err := procs.Run("dowse-mqtt-mapper", bin, []string{"--state-dir", dir, "--name", mqtt.Protocol}, procs.Options{DieWithCaller: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Stop)
+	agent.WaitState(t, "default/pump1", "ok", wait)
+	agent.WaitState(t, "default/pump2", "ok", wait)
+	state := func(s *mosquitto.Sub, online bool) (ts int64) {
+		t.Helper()
+		deadline := time.Now().Add(wait)
+		for {
+			for _, l := range s.Lines() {
+				payload, ok := strings.CutPrefix(l, "spBv1.0/STATE/dowse-host ")
+				var st struct {
+					Online    bool  `json:"online"`
+					Timestamp int64 `json:"timestamp"`
+				}
+				if ok && json.Unmarshal([]byte(payload), &st) == nil && st.Online == online && st.Timestamp > 0 {
+					return st.Timestamp
+				}
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("mosquitto_sub saw %q, want STATE online %v", s.Lines(), online)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	born := state(sub, true)
+	if n := sub.Count(`spBv1.0/STATE/dowse-host {"online":true`); n != 1 {
+		t.Errorf("%d STATE births, want 1 (one host session for both devices): %q", n, sub.Lines())
+	}
+	// Retained: a subscriber that comes later sees it too.
+	if late := state(b.Subscribe(t, "spBv1.0/STATE/dowse-host", 1, ""), true); late != born {
+		t.Errorf("retained STATE timestamp %d, want %d", late, born)
+	}
+	killed := time.Now()
+	p.Kill()
+	if died := state(sub, false); died != born {
+		t.Errorf("will timestamp %d, want the birth's %d", died, born)
+	}
+	t.Logf("FIGURE: MQTT mapper: the primary host's will (STATE online false) seen by mosquitto_sub %v after SIGKILL", time.Since(killed).Round(100*time.Microsecond))
+}

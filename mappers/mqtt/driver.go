@@ -30,6 +30,10 @@
 //	timeout       connect, subscribe and publish (default 5s)
 //	qos           of subscriptions and commands, 0 or 1 (default 1; Sparkplug
 //	              commands are always QoS 0, as the specification says)
+//	primaryHostId Sparkplug: be this primary host application (host.go):
+//	              a retained spBv1.0/STATE/<id> {"online":true,...} with
+//	              a Last Will of online false, one connection per broker
+//	              and id for all the mapper's devices naming it
 //
 // Visitor configData (each property's visitors.configData):
 //
@@ -91,6 +95,7 @@ type deviceConfig struct {
 	source                             string
 	group, edgeNode, device            string
 	stateTopic, commandTopic           string
+	primaryHostID                      string
 	timeout                            time.Duration
 	qos                                byte
 }
@@ -99,6 +104,10 @@ type deviceConfig struct {
 type Driver struct {
 	cfg    deviceConfig
 	client paho.Client
+	hosts  *hosts
+	// host is the primary host connection held (primaryHostId), released
+	// with the client.
+	host *hostKey
 
 	// deliver orders pushes: held while a message is handled (its state
 	// changed, its updates noted and pushed), and while a new
@@ -132,13 +141,24 @@ type Driver struct {
 // take up again.
 const linger = 10 * time.Second
 
-// NewDriver is the mapper.NewDriver of MQTT.
+// NewDriver is the mapper.NewDriver of MQTT, for one device alone (its
+// primaryHostId's connection is its own); a mapper uses NewDrivers.
 func NewDriver(dev mapper.DeviceInfo) (mapper.Driver, error) {
-	c, err := parseDevice(dev.Protocol)
-	if err != nil {
-		return nil, err
+	return NewDrivers()(dev)
+}
+
+// NewDrivers returns the mapper.NewDriver of one mapper: the devices it
+// makes share a Sparkplug primary host connection per broker and
+// primaryHostId (host.go).
+func NewDrivers() mapper.NewDriver {
+	hs := &hosts{m: map[hostKey]*host{}}
+	return func(dev mapper.DeviceInfo) (mapper.Driver, error) {
+		c, err := parseDevice(dev.Protocol)
+		if err != nil {
+			return nil, err
+		}
+		return &Driver{cfg: c, last: map[string]any{}, hosts: hs}, nil
 	}
-	return &Driver{cfg: c, last: map[string]any{}}, nil
 }
 
 func parseDevice(p mapper.Params) (deviceConfig, error) {
@@ -156,8 +176,15 @@ func parseDevice(p mapper.Params) (deviceConfig, error) {
 	c.username, c.password, c.usernameFile, c.passwordFile, c.caFile = str("username"), str("password"), str("usernameFile"), str("passwordFile"), str("caFile")
 	c.group, c.edgeNode, c.device = str("group"), str("edgeNode"), str("device")
 	c.stateTopic, c.commandTopic = str("stateTopic"), str("commandTopic")
+	c.primaryHostID = str("primaryHostId")
 	if err != nil {
 		return c, err
+	}
+	if c.primaryHostID != "" && c.source != SourceSparkplug {
+		return c, errors.New("primaryHostId is for source sparkplug")
+	}
+	if c.primaryHostID != "" && !sparkplug.ValidID(c.primaryHostID) {
+		return c, fmt.Errorf("primaryHostId %q: a Sparkplug host id is not empty and has no /, + or #", c.primaryHostID)
 	}
 	if c.broker == "" {
 		return c, errors.New("broker (the broker's URL, e.g. ${MQTT_BROKER}) is required")
@@ -283,6 +310,7 @@ func (d *Driver) Connect(ctx context.Context) error {
 		d.client.Disconnect(0)
 		d.client = nil
 	}
+	d.releaseHost()
 	d.mu.Unlock()
 	c := d.cfg
 	id := c.clientID
@@ -338,6 +366,16 @@ func (d *Driver) Connect(ctx context.Context) error {
 		}
 		return fmt.Errorf("connecting to %s: %w", c.broker, err)
 	}
+	if c.primaryHostID != "" {
+		k := hostKey{broker: c.broker, user: user, hostID: c.primaryHostID}
+		if err := d.hosts.acquire(k, o, c.timeout); err != nil {
+			client.Disconnect(0)
+			return err
+		}
+		d.mu.Lock()
+		d.host = &k
+		d.mu.Unlock()
+	}
 	d.mu.Lock()
 	d.client = client
 	d.mu.Unlock()
@@ -360,10 +398,20 @@ func (d *Driver) Close() error {
 		defer d.mu.Unlock()
 		if d.client == client {
 			d.client, d.closing = nil, nil
+			d.releaseHost()
 		}
 		client.Disconnect(100)
 	})
 	return nil
+}
+
+// releaseHost lets go of the primary host connection held; d.mu is held.
+func (d *Driver) releaseHost() {
+	if d.host != nil {
+		k := *d.host
+		d.host = nil
+		go d.hosts.release(k) // it publishes and waits: not under d.mu
+	}
 }
 
 // Read returns the latest value pushed (the SDK reads back after a write;

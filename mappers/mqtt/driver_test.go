@@ -87,6 +87,8 @@ func TestParseDevice(t *testing.T) {
 		{}, {"broker": "tcp://b:1883"}, {"broker": "tcp://b:1883", "source": "sparkplug", "group": "G"},
 		{"broker": "tcp://b:1883", "source": "sparkplug", "group": "G/x", "edgeNode": "E"}, {"broker": "tcp://b:1883", "source": "x"},
 		{"broker": "tcp://b:1883", "source": "homeassistant", "qos": 2},
+		{"broker": "tcp://b:1883", "source": "sparkplug", "group": "G", "edgeNode": "E", "primaryHostId": "a/b"},
+		{"broker": "tcp://b:1883", "source": "homeassistant", "primaryHostId": "h"},
 	} {
 		if _, err := parseDevice(bad); err == nil {
 			t.Errorf("%v accepted", bad)

@@ -8,4 +8,4 @@ import (
 	"github.com/dowse-dev/dowse/mappers/mqtt"
 )
 
-func main() { mapper.Main(mqtt.Protocol, mqtt.NewDriver) }
+func main() { mapper.Main(mqtt.Protocol, mqtt.NewDrivers()) }
