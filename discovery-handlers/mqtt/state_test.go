@@ -203,7 +203,7 @@ func TestRebirthRequested(t *testing.T) {
 // component gone from the next config, or emptied to its platform, is
 // removed; a wrong component is Garbage while the others stand; an empty
 // config removes them all.
-func TestHomeAssistantDeviceDiscovery(t *testing.T) {
+func TestHomeAssistantDeviceConfigs(t *testing.T) {
 	s := newState(mustDetails(t, `{"broker": "tcp://b:1883", "homeAssistant": {"components": ["sensor", "switch"]}}`))
 	topic := "homeassistant/device/plug1/config"
 	s.handle(topic, []byte(`{"dev": {"ids": "0xabc", "mf": "Acme", "mdl": "P1"}, "o": {"name": "fw"}, "~": "home/plug1",
