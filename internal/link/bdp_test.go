@@ -69,3 +69,37 @@ func TestBDPEstimate(t *testing.T) {
 		t.Fatalf("%d marks, the last at %d", len(e.marks), e.marks[len(e.marks)-1].sent)
 	}
 }
+
+// TestBDPEstimateBurstyReceipts: receipts that come in bursts (one a
+// millisecond, each covering all that was written until a round trip
+// before) do not read as a rate many times the link's: a link of 100 MB/s
+// and 100 µs has a product of 10 kB, so the bound stays the least one.
+func TestBDPEstimateBurstyReceipts(t *testing.T) {
+	var e bdpEstimate
+	t0 := time.Unix(1000, 0)
+	const step, rtt = 160 * time.Microsecond, 100 * time.Microsecond
+	var sent, received uint64
+	type w struct {
+		sent uint64
+		at   time.Time
+	}
+	var writes []w
+	next := t0.Add(time.Millisecond)
+	for i := range 1000 {
+		now := t0.Add(time.Duration(i) * step)
+		sent += 16e3
+		e.wrote(sent, received, now)
+		writes = append(writes, w{sent, now})
+		if !now.Before(next) {
+			for len(writes) > 0 && !writes[0].at.After(now.Add(-rtt)) {
+				received = writes[0].sent
+				writes = writes[1:]
+			}
+			e.receipt(received, now)
+			next = now.Add(time.Millisecond)
+		}
+	}
+	if got := e.limit(); got != MinStreamsInFlight {
+		t.Fatalf("bound %d for a 10 kB product seen through bursty receipts (rate %.0f B/s, round trip %s), want the least, %d", got, e.rate, e.minRTT, MinStreamsInFlight)
+	}
+}

@@ -25,6 +25,17 @@ const MaxStreamData = 32 << 10
 // product rather than a data centre's (BenchmarkTwinRoundTripDuringBulk).
 const DefaultStreamWindow = 64 << 10
 
+// MaxStreamWindow bounds the receive window a stream grows to (see
+// Stream's auto-tuning): one stream fills a link with a bandwidth-delay
+// product of window, and the data in flight is bounded to two products at
+// most MaxStreamsInFlight, so a larger window would buy that stream nothing.
+const MaxStreamWindow = MaxStreamsInFlight / 2
+
+// DefaultWindowGrowth bounds what the receive windows of one connection's
+// streams together grow beyond DefaultStreamWindow: the most a node's
+// streams may hold for readers that stop, beyond their first windows.
+const DefaultWindowGrowth = 16 << 20
+
 // DefaultMaxStreams bounds the streams open at once on one connection.
 const DefaultMaxStreams = 1024
 
@@ -101,8 +112,15 @@ type StreamDialer func(ctx context.Context, target string) (net.Conn, error)
 // connection ends, every stream ends with ErrLinkLost.
 type Streams struct {
 	dial   StreamDialer
-	window uint32
+	window uint32 // each stream's first receive window
 	limit  int
+	now    func() time.Time
+
+	// Receive windows grow (Stream.grantLocked): each to at most
+	// maxWindow, all of them together by at most growthCap beyond their
+	// first windows; grown is what they have grown now.
+	maxWindow, growthCap, grown int
+	grants, growths             int // StreamWindow grants sent, of them growing a window (tests)
 
 	mu       sync.Mutex
 	metrics  *Metrics
@@ -127,7 +145,25 @@ type Streams struct {
 // NewStreams makes the streams of one connection. dial serves the peer's
 // opens; nil refuses them (the side that only opens).
 func NewStreams(dial StreamDialer) *Streams {
-	return &Streams{dial: dial, window: DefaultStreamWindow, limit: DefaultMaxStreams, streams: map[uint64]*Stream{}}
+	return &Streams{dial: dial, window: DefaultStreamWindow, limit: DefaultMaxStreams, now: time.Now,
+		maxWindow: MaxStreamWindow, growthCap: DefaultWindowGrowth, streams: map[uint64]*Stream{}}
+}
+
+// SetWindowGrowth bounds what the streams' receive windows grow to: each
+// to at most perStream bytes, all together by at most total beyond their
+// first windows (DefaultStreamWindow). perStream <= DefaultStreamWindow
+// keeps every window at DefaultStreamWindow, as peers before auto-tuning
+// did; 0 keeps a default (MaxStreamWindow, DefaultWindowGrowth). Call
+// before the connection runs.
+func (s *Streams) SetWindowGrowth(perStream, total int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if perStream != 0 {
+		s.maxWindow = perStream
+	}
+	if total != 0 {
+		s.growthCap = total
+	}
 }
 
 // SetLimit bounds the streams open at once (DefaultMaxStreams when n <= 0):
@@ -268,6 +304,7 @@ func (s *Streams) Open(ctx context.Context, target string) (*Stream, error) {
 	st := s.newStream(s.nextID, target)
 	st.accepted = make(chan struct{})
 	st.recvLimit = int(s.window)
+	st.epoch = s.now()
 	s.ctrl = append(s.ctrl, &linkv1.Envelope{Kind: &linkv1.Envelope_StreamOpen{StreamOpen: &linkv1.StreamOpen{Id: st.id, Target: target, Window: s.window}}})
 	wake := s.wake // nil before the connection runs: its start writes what waits
 	s.mu.Unlock()
@@ -291,7 +328,7 @@ func (s *Streams) Open(ctx context.Context, target string) (*Stream, error) {
 
 // newStream registers a stream; s.mu is held.
 func (s *Streams) newStream(id uint64, target string) *Stream {
-	st := &Stream{s: s, id: id, target: target}
+	st := &Stream{s: s, id: id, target: target, window: int(s.window)}
 	st.cond = sync.NewCond(&s.mu)
 	s.streams[id] = st
 	s.countOpened()
@@ -305,6 +342,8 @@ func (s *Streams) forgetLocked(st *Stream, reset bool) {
 		return
 	}
 	delete(s.streams, st.id)
+	s.grown -= st.window - int(s.window) // its growth is free for others
+	st.window = int(s.window)
 	s.countEnded(reset)
 }
 
@@ -341,8 +380,14 @@ func (s *Streams) handle(ctx context.Context, env *linkv1.Envelope) {
 		case st.closed:
 			st.resetLocked("closed by its reader")
 		default:
+			// The decoded frame's bytes are the stream's now: no copy.
 			st.recvLimit -= len(data)
-			st.recv = append(st.recv, data...)
+			st.received += uint64(len(data))
+			if len(data) > 0 {
+				st.recv = append(st.recv, data)
+				st.recvLen += len(data)
+			}
+			st.sampleLocked()
 			st.cond.Broadcast()
 			s.countBytes(true, len(data))
 		}
@@ -417,6 +462,7 @@ func (s *Streams) serveOpen(ctx context.Context, o *linkv1.StreamOpen) {
 			return
 		}
 		st.recvLimit = int(s.window)
+		st.epoch = s.now()
 		s.ctrl = append(s.ctrl, &linkv1.Envelope{Kind: &linkv1.Envelope_StreamWindow{StreamWindow: &linkv1.StreamWindow{Id: st.id, Credit: s.window}}})
 		s.readyLocked(st)
 		s.mu.Unlock()
@@ -460,9 +506,10 @@ func (s *Streams) inFlightRoom() (room, chunk int) {
 		return -1, MaxStreamData
 	}
 	limit := s.est.limit()
-	// Frames of a quarter of the bound keep its room in use while the
-	// peer's receipts come back.
-	return limit - int(s.sent-s.peerReceived), min(max(limit/4, 4<<10), MaxStreamData)
+	// Frames of half the bound (32 KiB at its least, 64 KiB) keep its
+	// room in use while the peer's receipts come back, and cost half the
+	// frames a quarter did on a link held at the least bound.
+	return limit - int(s.sent-s.peerReceived), min(max(limit/2, 4<<10), MaxStreamData)
 }
 
 // InFlight is the stream data written and not yet read by the peer, and
@@ -565,11 +612,20 @@ type Stream struct {
 	cond   *sync.Cond // on s.mu
 
 	// Guarded by s.mu.
-	accepted   chan struct{} // an opener's, closed by the first grant or the end
-	recv       []byte
-	recvEOF    bool
-	recvLimit  int // bytes the peer may still send
-	consumed   int // read since the last grant
+	accepted  chan struct{} // an opener's, closed by the first grant or the end
+	recv      [][]byte      // received, not yet read: the frames' own bytes
+	recvLen   int           // bytes in recv
+	recvEOF   bool
+	recvLimit int // bytes the peer may still send
+	consumed  int // read since the last grant
+
+	// Receive window auto-tuning (grantLocked).
+	window     int           // the receive window now
+	received   uint64        // data bytes received
+	epoch      time.Time     // the last grant (or the stream's start)
+	rtt        time.Duration // smoothed: a grant until the first byte it allowed
+	probe      uint64        // received beyond this came by the grant at probeAt
+	probeAt    time.Time     // zero: no grant being timed
 	send       []byte
 	sendCredit int
 	sendClosed bool
@@ -594,18 +650,39 @@ func (st *Stream) Read(p []byte) (int, error) {
 	}
 	st.s.mu.Lock()
 	defer st.s.mu.Unlock()
-	chunk, err := st.takeLocked(len(p))
-	return copy(p, chunk), err
+	if err := st.waitLocked(); err != nil {
+		return 0, err
+	}
+	n := 0
+	for n < len(p) && len(st.recv) > 0 {
+		c := copy(p[n:], st.recv[0])
+		n += c
+		if st.recv[0] = st.recv[0][c:]; len(st.recv[0]) == 0 {
+			st.recv[0] = nil
+			st.recv = st.recv[1:]
+		}
+	}
+	st.tookLocked(n)
+	return n, nil
 }
 
-// WriteTo writes the peer's bytes to w as they come, from the stream's own
-// buffer: io.Copy from a stream needs no copy buffer of its own, which an
-// idle stream would hold for its whole life.
+// WriteTo writes the peer's bytes to w as they come, from the frames they
+// came in (one vectored write for all that waits where w takes one, as a
+// TCP connection does): io.Copy from a stream needs no copy buffer of its
+// own, which an idle stream would hold for its whole life.
 func (st *Stream) WriteTo(w io.Writer) (int64, error) {
 	var total int64
+	var bufs net.Buffers
 	for {
 		st.s.mu.Lock()
-		chunk, err := st.takeLocked(-1) // all: the buffer is the chunk's now
+		err := st.waitLocked()
+		if err == nil {
+			// All of it: the frames are the write's now.
+			bufs = append(bufs[:0], st.recv...)
+			clear(st.recv)
+			st.recv = st.recv[:0]
+			st.tookLocked(st.recvLen)
+		}
 		st.s.mu.Unlock()
 		if errors.Is(err, io.EOF) {
 			return total, nil
@@ -613,40 +690,39 @@ func (st *Stream) WriteTo(w io.Writer) (int64, error) {
 		if err != nil {
 			return total, err
 		}
-		n, err := w.Write(chunk)
-		total += int64(n)
+		n, err := bufs.WriteTo(w)
+		total += n
 		if err != nil {
 			return total, err
 		}
 	}
 }
 
-// takeLocked waits for the peer's bytes and takes up to most of them (all
-// when most < 0), granting the peer as much again; io.EOF once the peer
-// closed its side. s.mu is held.
-func (st *Stream) takeLocked(most int) ([]byte, error) {
+// waitLocked waits for the peer's bytes: nil once some are there, io.EOF
+// once the peer closed its side and all were read. s.mu is held.
+func (st *Stream) waitLocked() error {
 	for len(st.recv) == 0 && !st.recvEOF && st.err == nil && !st.closed {
 		st.cond.Wait()
 	}
 	switch {
 	case st.closed:
-		return nil, net.ErrClosed
+		return net.ErrClosed
 	case len(st.recv) > 0:
-		n := len(st.recv)
-		if most >= 0 {
-			n = min(n, most)
-		}
-		chunk := st.recv[:n]
-		st.recv = st.recv[n:]
-		if len(st.recv) == 0 {
-			st.recv = nil // let a drained burst's buffer go
-		}
-		st.consumedLocked(n)
-		return chunk, nil
+		return nil
 	case st.err != nil:
-		return nil, st.err
+		return st.err
 	}
-	return nil, io.EOF
+	return io.EOF
+}
+
+// tookLocked accounts n bytes the reader took, granting the peer as much
+// again in time. s.mu is held.
+func (st *Stream) tookLocked(n int) {
+	st.recvLen -= n
+	if len(st.recv) == 0 {
+		st.recv = nil // let a drained burst's slice go
+	}
+	st.consumedLocked(n)
 }
 
 // ReadFrom sends what r reads, through a small buffer: an idle stream's
@@ -706,15 +782,66 @@ func (st *Stream) Write(p []byte) (int, error) {
 // consumedLocked grants the peer what the reader took, once it is half a
 // window; s.mu is held.
 func (st *Stream) consumedLocked(n int) {
-	s := st.s
 	st.consumed += n
-	if st.consumed >= int(s.window)/2 && st.err == nil && !st.recvEOF {
-		st.recvLimit += st.consumed
-		s.ctrl = append(s.ctrl, &linkv1.Envelope{Kind: &linkv1.Envelope_StreamWindow{StreamWindow: &linkv1.StreamWindow{Id: st.id, Credit: uint32(st.consumed)}}})
-		st.consumed = 0
-		if s.wake != nil {
-			s.wake()
+	if st.consumed >= st.window/2 && st.err == nil && !st.recvEOF {
+		st.grantLocked()
+	}
+}
+
+// grantLocked grants the peer what the reader consumed, and grows the
+// stream's receive window when the window, not the reader, holds the
+// stream back (HTTP/2's and QUIC's receive-window auto-tuning): when the
+// reader took this part of its window in less than two round trips' worth
+// of time (2 x rtt x consumed/window), a reader as fast as that would
+// wait for the peer's data within the next round trip, so the window
+// doubles, up to s.maxWindow and within what the connection's windows
+// may grow together (s.growthCap). The round trip is a grant's: from a
+// grant until the first byte that only it allowed arrives (the peer's
+// reaction included), smoothed. A window never shrinks while its stream
+// lives; its growth returns to the connection when the stream ends. Only
+// credit changes, so a peer that does not know of auto-tuning is served
+// the same way. s.mu is held.
+func (st *Stream) grantLocked() {
+	s := st.s
+	now := s.now()
+	credit := st.consumed
+	if st.rtt > 0 && now.Sub(st.epoch) < time.Duration(2*float64(st.rtt)*float64(st.consumed)/float64(st.window)) {
+		grow := min(st.window, s.maxWindow-st.window, s.growthCap-s.grown)
+		if grow > 0 {
+			st.window += grow
+			s.grown += grow
+			credit += grow
+			s.growths++
 		}
+	}
+	st.epoch = now
+	if st.probeAt.IsZero() && st.recvLimit < st.window/4 {
+		// Time this grant: bytes beyond what the peer may send now come
+		// by it. Only when the peer has spent most of its credit: else
+		// those bytes would wait behind the rest of it on their way.
+		st.probe, st.probeAt = st.received+uint64(st.recvLimit), now
+	}
+	st.recvLimit += credit
+	st.consumed = 0
+	s.grants++
+	s.ctrl = append(s.ctrl, &linkv1.Envelope{Kind: &linkv1.Envelope_StreamWindow{StreamWindow: &linkv1.StreamWindow{Id: st.id, Credit: uint32(credit)}}})
+	if s.wake != nil {
+		s.wake()
+	}
+}
+
+// sampleLocked takes a grant's round trip once data it allowed arrived;
+// s.mu is held.
+func (st *Stream) sampleLocked() {
+	if st.probeAt.IsZero() || st.received <= st.probe {
+		return
+	}
+	rtt := max(st.s.now().Sub(st.probeAt), time.Microsecond)
+	st.probeAt = time.Time{}
+	if st.rtt == 0 {
+		st.rtt = rtt
+	} else {
+		st.rtt += (rtt - st.rtt) / 8
 	}
 }
 
@@ -743,7 +870,7 @@ func (st *Stream) Close() error {
 		return nil
 	}
 	st.closed = true
-	st.recv = nil
+	st.recv, st.recvLen = nil, 0
 	st.cond.Broadcast()
 	if st.err != nil {
 		return nil

@@ -446,9 +446,9 @@ func FuzzStreamFrames(f *testing.F) {
 			for _, x := range []*Streams{s, opener} {
 				x.mu.Lock()
 				for _, st := range x.streams {
-					if len(st.recv) > int(x.window) || st.recvLimit < 0 || st.sendCredit > 1<<30 {
+					if st.recvLen > st.window || st.recvLimit < 0 || st.sendCredit > 1<<30 {
 						x.mu.Unlock()
-						t.Fatalf("stream %d holds %d bytes, may take %d more, credit %d", st.id, len(st.recv), st.recvLimit, st.sendCredit)
+						t.Fatalf("stream %d holds %d bytes, may take %d more, credit %d", st.id, st.recvLen, st.recvLimit, st.sendCredit)
 					}
 				}
 				x.mu.Unlock()
