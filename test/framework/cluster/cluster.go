@@ -33,6 +33,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/dowse-dev/dowse/dowsectl"
 	"github.com/dowse-dev/dowse/hack/images/imagearchive"
 	"github.com/dowse-dev/dowse/test/framework/kube"
 )
@@ -81,6 +82,10 @@ type Options struct {
 	// konnectivity or Dowse's controller serve it; until one listens there,
 	// logs, exec and the pod proxy fail.
 	Egress bool
+	// EgressProtocol is the egress's proxy protocol when Egress is set:
+	// dowsectl.ProtocolHTTPConnect (empty) or dowsectl.ProtocolGRPC. The
+	// API server is given what `dowsectl egress-config --uds` prints.
+	EgressProtocol string
 	// StaticPods gives the kubelet a static pod folder, Cluster.StaticPodDir.
 	StaticPods bool
 }
@@ -301,7 +306,15 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 	if o.Egress {
 		c.EgressUDS = filepath.Join(o.StateDir, "egress.sock")
 		conf := filepath.Join(o.StateDir, "egress-selector.yaml")
-		if err := os.WriteFile(conf, []byte(egressSelector(c.EgressUDS)), 0o600); err != nil {
+		protocol := o.EgressProtocol
+		if protocol == "" {
+			protocol = dowsectl.ProtocolHTTPConnect
+		}
+		selector, err := dowsectl.EgressSelectorUDS(protocol, c.EgressUDS)
+		if err != nil {
+			return nil, err
+		}
+		if err := os.WriteFile(conf, []byte(selector), 0o600); err != nil {
 			return nil, err
 		}
 		advertise = append(advertise, "--egress-selector-config-file", conf)
@@ -779,20 +792,6 @@ func writeJSON(path string, v any) error {
 		return err
 	}
 	return writeFile(path, string(b))
-}
-
-// egressSelector is the API server's EgressSelectorConfiguration sending
-// its cluster egress to an HTTP CONNECT proxy on the Unix socket uds.
-func egressSelector(uds string) string {
-	return `apiVersion: apiserver.k8s.io/v1beta1
-kind: EgressSelectorConfiguration
-egressSelections:
-- name: cluster
-  connection:
-    proxyProtocol: HTTPConnect
-    transport:
-      uds:
-        udsName: ` + uds + "\n"
 }
 
 // RunningContainers lists the node's running containers, pod sandboxes left
