@@ -160,7 +160,7 @@ func frontendFigures(ctx context.Context, name, uds string, n, bulk int, echo, s
 			}
 			_ = closeWrite(c)
 			_, _ = io.Copy(io.Discard, c) // the sink's end: all taken
-		} else {
+		} else if _, err := c.Write([]byte{1}); err == nil { // the source's start
 			moved, _ = io.Copy(io.Discard, c)
 		}
 		took := time.Since(start)

@@ -182,8 +182,8 @@ func runEdge(dir, hubAddr, transport string) error {
 }
 
 // runTarget is the targets child: an echo server (each connection echoed
-// until its end of stream), a sink (reads to the end) and a source (sends
-// bulk bytes, then its end of stream).
+// until its end of stream), a sink (reads to the end) and a source (after
+// the client's first byte, sends bulk bytes, then its end of stream).
 func runTarget(bulk int) error {
 	var ls [3]net.Listener
 	for i := range ls {
@@ -227,6 +227,12 @@ func runTarget(bulk int) error {
 	})
 	go serve(ls[1], func(c *net.TCPConn) { _, _ = io.Copy(io.Discard, c) })
 	go serve(ls[2], func(c *net.TCPConn) {
+		// The client's first byte starts it: through a CONNECT proxy the
+		// data must not race the proxy's answer (konnectivity's server
+		// has been seen to pass it on first).
+		if _, err := io.ReadFull(c, make([]byte, 1)); err != nil {
+			return
+		}
 		chunk := make([]byte, 64<<10)
 		for left := bulk; left > 0; left -= len(chunk) {
 			if _, err := c.Write(chunk[:min(left, len(chunk))]); err != nil {
@@ -633,7 +639,7 @@ func measure(ctx context.Context, cl *cloud, edge, targets *child, tr string, n,
 				}
 				_ = st.CloseWrite()
 				_, _ = io.Copy(io.Discard, st) // the sink's end of stream: all taken
-			} else {
+			} else if _, err := st.Write([]byte{1}); err == nil { // the source's start
 				n, _ = io.Copy(io.Discard, st)
 			}
 			moved <- n
