@@ -85,9 +85,9 @@ plane at --apiserver-dir and start kube-apiserver with
 With --uds instead (a control plane that shares its host with a controller
 replica started with --egress-uds), the socket's permissions are the API
 server's identity: only the EgressSelectorConfiguration is printed, in
---protocol HTTPConnect or GRPC (the controller's --egress-protocol). GRPC
-is served only on the socket: kube-apiserver speaks it over no TCP
-connection the controller serves.`,
+--protocol HTTPConnect or GRPC (the controller's --egress-protocol).
+kube-apiserver speaks the GRPC egress only over a Unix socket (its
+validation refuses GRPC over TCP), so --protocol GRPC needs --uds.`,
 		Example: `  dowsectl egress-config --server dowse-egress.dowse-system.svc:8132 --dir ./dowse-egress
   dowsectl egress-config --uds /run/dowse/egress.sock --protocol GRPC > /etc/kubernetes/egress-selector.yaml`,
 		Args: noArgs,
