@@ -506,7 +506,7 @@ func (s *Streams) inFlightRoom() (room, chunk int) {
 		return -1, MaxStreamData
 	}
 	limit := s.est.limit()
-	// Frames of half the bound (32 KiB at its least, 64 KiB) keep its
+	// Frames of half the bound (32 KiB at the least bound) keep its
 	// room in use while the peer's receipts come back, and cost half the
 	// frames a quarter did on a link held at the least bound.
 	return limit - int(s.sent-s.peerReceived), min(max(limit/2, 4<<10), MaxStreamData)
