@@ -219,7 +219,7 @@ func TestStreamWindowGrowthBounded(t *testing.T) {
 
 	// Off: a fixed window.
 	q := newWindowPeer(t)
-	q.s.SetWindowGrowth(DefaultStreamWindow, 0)
+	KeepQUICWindows(q.s) // as on a QUIC connection
 	st := q.open()
 	q.transfer(st, total, 10*time.Millisecond, 100*time.Microsecond)
 	if w := q.s.windowOf(st); w != DefaultStreamWindow {
