@@ -25,6 +25,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
+	"github.com/dowse-dev/dowse/dowsectl"
 	"github.com/dowse-dev/dowse/test/framework/cluster"
 	"github.com/dowse-dev/dowse/test/framework/dowse"
 	"github.com/dowse-dev/dowse/test/framework/kube"
@@ -44,10 +45,22 @@ import (
 // over the link, and a client on the
 // cloud side reaches the broker through its Service's cloud side (a
 // replica that relays over the link, through the one holding it).
+// The API server speaks HTTPConnect (the whole test) and konnectivity's
+// GRPC (up to port-forward) to the controller's socket, as `dowsectl
+// egress-config --uds` tells it to.
 func TestKubectlReachesAnEdgeThroughItsLink(t *testing.T) {
+	t.Run(dowsectl.ProtocolHTTPConnect, func(t *testing.T) { reachEdgeThroughLink(t, dowsectl.ProtocolHTTPConnect, true) })
+	t.Run(dowsectl.ProtocolGRPC, func(t *testing.T) { reachEdgeThroughLink(t, dowsectl.ProtocolGRPC, false) })
+}
+
+// reachEdgeThroughLink is TestKubectlReachesAnEdgeThroughItsLink with the
+// API server's egress in protocol; full goes on past port-forward to the
+// replicas' forwarding, the cloud-side Service, the twin during a bulk
+// transfer and a replica's death.
+func reachEdgeThroughLink(t *testing.T, protocol string, full bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
-	c := startClusterWith(t, ctx, cluster.Options{PodNetwork: true, Egress: true},
+	c := startClusterWith(t, ctx, cluster.Options{PodNetwork: true, Egress: true, EgressProtocol: protocol},
 		[2]string{"./brokers/debug-echo/cmd/dowse-debug-echo-broker", "ghcr.io/dowse-dev/dowse-debug-echo-broker:latest"})
 	t.Cleanup(func() {
 		_ = c.Stop()
@@ -138,7 +151,8 @@ func TestKubectlReachesAnEdgeThroughItsLink(t *testing.T) {
 		t.Fatal(err)
 	}
 	cloudPorts := fmt.Sprintf("%d-%d", cloudPort, cloudPort)
-	a := startReplica(t, dir, c.Kubeconfig, host, "a", "--egress-uds", c.EgressUDS, "--cloud-service-ports", cloudPorts, "--cloud-service-address", host)
+	a := startReplica(t, dir, c.Kubeconfig, host, "a", "--egress-uds", c.EgressUDS, "--egress-protocol", protocol,
+		"--cloud-service-ports", cloudPorts, "--cloud-service-address", host)
 	b := startReplica(t, dir, c.Kubeconfig, host, "b", "--cloud-service-ports", cloudPorts)
 	metrics := a.metrics
 	var tok struct{ Token, CACertHash string }
@@ -272,7 +286,10 @@ func TestKubectlReachesAnEdgeThroughItsLink(t *testing.T) {
 	if samples[`dowse_egress_connections_total{route="link"}`] < 4 {
 		t.Errorf("egress connections %v: want the logs, the proxy, exec and port-forward over the link", samples)
 	}
-	t.Logf("egress: %v", samples)
+	t.Logf("egress (%s): %v", protocol, samples)
+	if !full {
+		return
+	}
 
 	// The agent moves to replica b (its stored credentials, b's address):
 	// a no longer holds the node's session and forwards to b.
