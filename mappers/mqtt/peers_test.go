@@ -2,7 +2,6 @@ package mqtt_test
 
 import (
 	"context"
-	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -117,16 +116,7 @@ func TestMQTTMapperPeers(t *testing.T) {
 		if _, err := agent.Mapper(t).UpdateDevice(context.Background(), &dmiv1beta1.UpdateDeviceRequest{Device: mappertest.SetDesired(pump, "speed", "1200")}); err != nil {
 			t.Fatal(err)
 		}
-		line, _ := node.WaitLine(t, "DCMD Pump1 ", from, wait)
-		var ms []struct {
-			Name  string
-			Type  string
-			Value any
-		}
-		if err := json.Unmarshal([]byte(line), &ms); err != nil {
-			t.Fatalf("DCMD %q: %v", line, err)
-		}
-		if len(ms) != 1 || ms[0].Name != "Speed" || ms[0].Type != "Int32" || ms[0].Value != float64(1200) {
+		if ms := node.WaitCommand(t, "Pump1", from, wait); len(ms) != 1 || ms[0].Name != "Speed" || ms[0].Type != "Int32" || ms[0].Value != float64(1200) {
 			t.Errorf("DCMD metrics %+v, want Speed Int32 1200", ms)
 		}
 		// The device takes it and says so.

@@ -88,6 +88,18 @@ func StartSparkplug(t testing.TB, name string, cfg SparkplugConfig) *SparkplugNo
 	return n
 }
 
+// WaitCommand waits for a DCMD to device printed at or after line from and
+// returns its metrics (numbers as JSON decodes them, float64).
+func (n *SparkplugNode) WaitCommand(t testing.TB, device string, from int, timeout time.Duration) []SparkplugMetric {
+	t.Helper()
+	line, _ := n.WaitLine(t, "DCMD "+device+" ", from, timeout)
+	var ms []SparkplugMetric
+	if err := json.Unmarshal([]byte(line), &ms); err != nil {
+		t.Fatalf("%s: DCMD %q: %v", n.Name, line, err)
+	}
+	return ms
+}
+
 // Do sends the edge node one command ({"op": "dbirth", "device": ...}, see
 // the launcher) and waits until it was handed to the MQTT client.
 func (n *SparkplugNode) Do(t testing.TB, cmd map[string]any) {

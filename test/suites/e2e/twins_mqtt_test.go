@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"slices"
 	"testing"
@@ -108,14 +107,8 @@ func TestMQTTTwinEndToEnd(t *testing.T) {
 	if err := c.client.Patch(ctx, &dev, client.RawPatch(types.JSONPatchType, []byte(patch))); err != nil {
 		t.Fatal(err)
 	}
-	line, _ := node.WaitLine(t, "DCMD Pump1 ", from, 60*time.Second)
-	var ms []struct {
-		Name  string
-		Type  string
-		Value any
-	}
-	if err := json.Unmarshal([]byte(line), &ms); err != nil || len(ms) != 1 || ms[0].Name != "Speed" || ms[0].Type != "Int32" || ms[0].Value != float64(1200) {
-		t.Errorf("DCMD %q (%v), want Speed Int32 1200", line, err)
+	if ms := node.WaitCommand(t, "Pump1", from, 60*time.Second); len(ms) != 1 || ms[0].Name != "Speed" || ms[0].Type != "Int32" || ms[0].Value != float64(1200) {
+		t.Errorf("DCMD %+v, want Speed Int32 1200", ms)
 	}
 	node.Do(t, map[string]any{"op": "ddata", "device": "Pump1", "metrics": []npmpeer.SparkplugMetric{{Name: "Speed", Type: "Int32", Value: 1200}}})
 	testwait.For(t, 30*time.Second, func() error {
