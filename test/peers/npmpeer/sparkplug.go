@@ -89,13 +89,23 @@ func StartSparkplug(t testing.TB, name string, cfg SparkplugConfig) *SparkplugNo
 }
 
 // WaitCommand waits for a DCMD to device printed at or after line from and
-// returns its metrics (numbers as JSON decodes them, float64).
+// returns its metrics' names, types and values (numbers as JSON decodes
+// them, float64).
 func (n *SparkplugNode) WaitCommand(t testing.TB, device string, from int, timeout time.Duration) []SparkplugMetric {
 	t.Helper()
 	line, _ := n.WaitLine(t, "DCMD "+device+" ", from, timeout)
-	var ms []SparkplugMetric
-	if err := json.Unmarshal([]byte(line), &ms); err != nil {
+	// Tahu prints an alias as a Long object; it is left out.
+	var got []struct {
+		Name  string
+		Type  string
+		Value any
+	}
+	if err := json.Unmarshal([]byte(line), &got); err != nil {
 		t.Fatalf("%s: DCMD %q: %v", n.Name, line, err)
+	}
+	ms := make([]SparkplugMetric, len(got))
+	for i, m := range got {
+		ms[i] = SparkplugMetric{Name: m.Name, Type: m.Type, Value: m.Value}
 	}
 	return ms
 }
