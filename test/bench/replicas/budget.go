@@ -8,8 +8,6 @@ import (
 	"maps"
 	"math"
 	"net/http"
-	"os"
-	"path/filepath"
 	"runtime"
 	"slices"
 	"strconv"
@@ -19,15 +17,11 @@ import (
 	"time"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/dowse-dev/dowse/internal/agent/edgehub"
-	"github.com/dowse-dev/dowse/internal/scheme"
 	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	"github.com/dowse-dev/dowse/test/framework/kube"
@@ -53,38 +47,11 @@ type budgetEdge struct {
 // how long until every Device shows its last counter.
 func runBudget(ctx context.Context, nEdges, perEdge int, every, window time.Duration) error {
 	n := nEdges * perEdge
-	cp, err := kube.Start()
+	b, stop, err := startBench(ctx, kube.Options{CRDs: true}, true)
 	if err != nil {
 		return err
 	}
-	defer func() { _ = cp.Stop() }()
-	b := &bench{cp: cp, ports: map[int]bool{}, defaultInterval: true}
-	if b.dir, err = os.MkdirTemp("", "dowse-replicas-bench"); err != nil {
-		return err
-	}
-	defer os.RemoveAll(b.dir)
-	b.kubeconfig = filepath.Join(b.dir, "kubeconfig")
-	if err := cp.Kubeconfig(b.kubeconfig); err != nil {
-		return err
-	}
-	cfg := *cp.Config
-	cfg.QPS, cfg.Burst = -1, 0
-	sch, err := scheme.New()
-	if err != nil {
-		return err
-	}
-	wc, err := client.NewWithWatch(&cfg, client.Options{Scheme: sch})
-	if err != nil {
-		return err
-	}
-	b.c = wc
-	if b.cs, err = kubernetes.NewForConfig(&cfg); err != nil {
-		return err
-	}
-	defer b.stopAll()
-	if err := b.c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}); err != nil {
-		return err
-	}
+	defer stop()
 	if err := createFleet(ctx, b.c, nEdges, perEdge, v1alpha1.ModelProperty{Name: "count", Type: v1alpha1.PropertyInt},
 		v1alpha1.ModelProperty{Name: "setpoint", Type: v1alpha1.PropertyInt, AccessMode: v1alpha1.ReadWrite}); err != nil {
 		return err
@@ -164,7 +131,7 @@ func runBudget(ctx context.Context, nEdges, perEdge int, every, window time.Dura
 	wctx, wcancel := context.WithCancel(ctx)
 	defer wcancel()
 	go func() {
-		_ = kube.Watch(wctx, wc, &v1alpha1.DeviceList{}, "default", func(t watch.EventType, o client.Object) {
+		_ = kube.Watch(wctx, b.c, &v1alpha1.DeviceList{}, "default", func(t watch.EventType, o client.Object) {
 			d, ok := o.(*v1alpha1.Device)
 			if !ok || t == watch.Deleted {
 				return

@@ -59,6 +59,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
@@ -140,9 +141,12 @@ func main() {
 }
 
 type bench struct {
-	edgeLog    edgeLog
-	cp         *kube.ControlPlane
-	c          client.Client
+	edgeLog edgeLog
+	cp      *kube.ControlPlane
+	c       client.WithWatch
+	// config is the API server's, unthrottled: the bench's own reads and
+	// writes are not what is measured.
+	config     rest.Config
 	cs         *kubernetes.Clientset
 	dir        string
 	kubeconfig string
@@ -173,43 +177,63 @@ type edge struct {
 	done    chan struct{}
 }
 
-func run(ctx context.Context, n int, every, window time.Duration) error {
-	cp, err := kube.Start()
+// startBench starts a control plane (o) and a bench on it: a temporary
+// folder (kept when REPLICAS_BENCH_KEEP is set), the kubeconfig the
+// replicas use, unthrottled clients and the bench's namespace. stop undoes
+// it all, replicas and edges too.
+func startBench(ctx context.Context, o kube.Options, defaultInterval bool) (b *bench, stop func(), err error) {
+	cp, err := kube.StartWith(o)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
-	defer func() { _ = cp.Stop() }()
-	b := &bench{cp: cp, ports: map[int]bool{}}
-	if b.dir, err = os.MkdirTemp("", "dowse-replicas-bench"); err != nil {
-		return err
-	}
-	defer func() {
-		if keep := os.Getenv("REPLICAS_BENCH_KEEP"); keep != "" {
+	b = &bench{cp: cp, ports: map[int]bool{}, defaultInterval: defaultInterval}
+	stop = func() {
+		b.stopAll()
+		_ = cp.Stop()
+		if keep := os.Getenv("REPLICAS_BENCH_KEEP"); keep != "" && b.dir != "" {
 			fmt.Printf("replica logs kept in %s\n", b.dir)
 			return
 		}
-		os.RemoveAll(b.dir)
+		if b.dir != "" {
+			os.RemoveAll(b.dir)
+		}
+	}
+	defer func() {
+		if err != nil {
+			stop()
+		}
 	}()
+	if b.dir, err = os.MkdirTemp("", "dowse-replicas-bench"); err != nil {
+		return nil, nil, err
+	}
 	b.kubeconfig = filepath.Join(b.dir, "kubeconfig")
 	if err := cp.Kubeconfig(b.kubeconfig); err != nil {
-		return err
+		return nil, nil, err
 	}
-	cfg := *cp.Config
-	cfg.QPS, cfg.Burst = -1, 0 // the bench's own reads and writes are not what is measured
+	b.config = *cp.Config
+	b.config.QPS, b.config.Burst = -1, 0
 	sch, err := scheme.New()
+	if err != nil {
+		return nil, nil, err
+	}
+	if b.c, err = client.NewWithWatch(&b.config, client.Options{Scheme: sch}); err != nil {
+		return nil, nil, err
+	}
+	if b.cs, err = kubernetes.NewForConfig(&b.config); err != nil {
+		return nil, nil, err
+	}
+	if err := b.c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}); err != nil {
+		return nil, nil, err
+	}
+	return b, stop, nil
+}
+
+func run(ctx context.Context, n int, every, window time.Duration) error {
+	b, stop, err := startBench(ctx, kube.Options{CRDs: true}, false)
 	if err != nil {
 		return err
 	}
-	if b.c, err = client.New(&cfg, client.Options{Scheme: sch}); err != nil {
-		return err
-	}
-	if b.cs, err = kubernetes.NewForConfig(&cfg); err != nil {
-		return err
-	}
-	defer b.stopAll()
-	if err := b.c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}); err != nil {
-		return err
-	}
+	defer stop()
 	fmt.Printf("creating %d Nodes and Devices...\n", n)
 	if err := b.objects(ctx, n); err != nil {
 		return err

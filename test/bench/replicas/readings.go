@@ -7,8 +7,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"runtime"
 	"slices"
 	"strconv"
@@ -24,11 +22,8 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/kubernetes"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/dowse-dev/dowse/internal/dowsectl/live"
-	"github.com/dowse-dev/dowse/internal/scheme"
 	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
 	readingsv1 "github.com/dowse-dev/dowse/shared/api/readings/v1alpha1"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
@@ -74,36 +69,11 @@ func (w *readingsWatch) take() (direct, forwarded []time.Duration, events, skipp
 // CPU each process used.
 func runReadings(ctx context.Context, nEdges, perEdge int, rates []float64, window time.Duration) error {
 	n := nEdges * perEdge
-	cp, err := kube.StartWith(kube.Options{CRDs: true, Aggregator: true})
+	b, stop, err := startBench(ctx, kube.Options{CRDs: true, Aggregator: true}, true)
 	if err != nil {
 		return err
 	}
-	defer func() { _ = cp.Stop() }()
-	b := &bench{cp: cp, ports: map[int]bool{}, defaultInterval: true}
-	if b.dir, err = os.MkdirTemp("", "dowse-readings-bench"); err != nil {
-		return err
-	}
-	defer os.RemoveAll(b.dir)
-	b.kubeconfig = filepath.Join(b.dir, "kubeconfig")
-	if err := cp.Kubeconfig(b.kubeconfig); err != nil {
-		return err
-	}
-	cfg := *cp.Config
-	cfg.QPS, cfg.Burst = -1, 0
-	sch, err := scheme.New()
-	if err != nil {
-		return err
-	}
-	if b.c, err = client.New(&cfg, client.Options{Scheme: sch}); err != nil {
-		return err
-	}
-	if b.cs, err = kubernetes.NewForConfig(&cfg); err != nil {
-		return err
-	}
-	defer b.stopAll()
-	if err := b.c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}); err != nil {
-		return err
-	}
+	defer stop()
 	if err := createFleet(ctx, b.c, nEdges, perEdge, v1alpha1.ModelProperty{Name: "count", Type: v1alpha1.PropertyInt}); err != nil {
 		return err
 	}
@@ -142,7 +112,7 @@ func runReadings(ctx context.Context, nEdges, perEdge int, rates []float64, wind
 	}}); err != nil {
 		return err
 	}
-	dc, err := discovery.NewDiscoveryClientForConfig(&cfg)
+	dc, err := discovery.NewDiscoveryClientForConfig(&b.config)
 	if err != nil {
 		return err
 	}
@@ -170,7 +140,7 @@ func runReadings(ctx context.Context, nEdges, perEdge int, rates []float64, wind
 
 	// The watcher: the dynamic client, as kubectl and the console use it,
 	// through the API server's aggregator.
-	dyn, err := dynamic.NewForConfig(&cfg)
+	dyn, err := dynamic.NewForConfig(&b.config)
 	if err != nil {
 		return err
 	}
