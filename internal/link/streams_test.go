@@ -328,12 +328,12 @@ func TestStalledStreamHoldsOnlyItself(t *testing.T) {
 	_ = stalled.Close()
 }
 
-// TestTwinsGoAheadOfStreamData: a message queued while a stream carries a
-// bulk transfer is written before the stream's next write's worth of data
-// (counted on the wire, not timed).
-func TestTwinsGoAheadOfStreamData(t *testing.T) {
+// runWithBarePeer runs a connection with streams (it opens them, serves
+// none) until the test ends, and returns its context, its session and the
+// other end of its pipe, framed, for the test to speak for the peer.
+func runWithBarePeer(t *testing.T, streams *Streams) (context.Context, *Session, *Framed) {
+	t.Helper()
 	sess := NewSession(SessionConfig{})
-	streams := NewStreams(nil)
 	ours, theirs := net.Pipe()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -341,11 +341,19 @@ func TestTwinsGoAheadOfStreamData(t *testing.T) {
 		done <- RunConn(ctx, NewFramed(pipeConn{ours}, 0), sess, &ConnConfig{Heartbeat: time.Minute, Streams: streams,
 			Deliver: func(context.Context, *linkv1.Envelope) error { return nil }})
 	}()
-	defer func() {
+	t.Cleanup(func() {
 		cancel()
 		<-done
-	}()
-	peer := NewFramed(pipeConn{theirs}, 0)
+	})
+	return ctx, sess, NewFramed(pipeConn{theirs}, 0)
+}
+
+// TestTwinsGoAheadOfStreamData: a message queued while a stream carries a
+// bulk transfer is written before the stream's next write's worth of data
+// (counted on the wire, not timed).
+func TestTwinsGoAheadOfStreamData(t *testing.T) {
+	streams := NewStreams(nil)
+	ctx, sess, peer := runWithBarePeer(t, streams)
 	opened := make(chan *Stream, 1)
 	go func() {
 		st, err := streams.Open(ctx, "plc:502")
@@ -471,20 +479,8 @@ func FuzzStreamFrames(f *testing.F) {
 // not receipted within the bound, so that a twin message queued meanwhile
 // goes out ahead of the data held back (counted on the wire, not timed).
 func TestStreamDataInFlightBounded(t *testing.T) {
-	sess := NewSession(SessionConfig{})
 	streams := NewStreams(nil)
-	ours, theirs := net.Pipe()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		done <- RunConn(ctx, NewFramed(pipeConn{ours}, 0), sess, &ConnConfig{Heartbeat: time.Minute, Streams: streams,
-			Deliver: func(context.Context, *linkv1.Envelope) error { return nil }})
-	}()
-	defer func() {
-		cancel()
-		<-done
-	}()
-	peer := NewFramed(pipeConn{theirs}, 0)
+	ctx, sess, peer := runWithBarePeer(t, streams)
 	write := func(env *linkv1.Envelope) {
 		t.Helper()
 		if err := peer.Write(env); err != nil {
