@@ -166,13 +166,17 @@ func (s *Streams) SetWindowGrowth(perStream, total int) {
 	}
 }
 
-// KeepQUICWindows keeps every stream's receive window of a QUIC connection
-// at DefaultStreamWindow. Grown windows let one stream go faster, and over
-// WebSocket twins keep their place ahead of it (its socket holds little
-// unsent, TCP_NOTSENT_LOWAT); QUIC has no such bound on what waits to be
-// sent, and with grown windows a twin waited longer behind a transfer (the
-// streams bench).
-func KeepQUICWindows(s *Streams) { s.SetWindowGrowth(DefaultStreamWindow, 0) }
+// fitWindowsTo keeps every stream's receive window at DefaultStreamWindow
+// when c is a QUIC connection. Grown windows let one stream go faster, and
+// over WebSocket twins keep their place ahead of it (its socket holds
+// little unsent, TCP_NOTSENT_LOWAT); QUIC has no such bound on what waits
+// to be sent, and with grown windows a twin waited longer behind a transfer
+// (the streams bench).
+func (s *Streams) fitWindowsTo(c Conn) {
+	if _, quic := c.(*quicConn); quic {
+		s.SetWindowGrowth(DefaultStreamWindow, 0)
+	}
+}
 
 // SetLimit bounds the streams open at once (DefaultMaxStreams when n <= 0):
 // an open beyond it fails, a peer's is refused. Call before the connection

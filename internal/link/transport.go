@@ -566,12 +566,6 @@ type quicConn struct {
 // having taken one byte of it: an idle connection's goroutine then waits
 // a few small frames deep (see wsServerConn.WaitReadable), not under the
 // frame reader, and the runtime keeps its stack small.
-// IsQUIC says whether c is a QUIC connection.
-func IsQUIC(c Conn) bool {
-	_, ok := c.(*quicConn)
-	return ok
-}
-
 func (c *quicConn) WaitReadable() error {
 	if c.peeked {
 		return nil

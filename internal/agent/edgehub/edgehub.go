@@ -551,9 +551,6 @@ func (e *EdgeHub) connectOnce(ctx context.Context, dialer link.Dialer) (up bool,
 	var streams *link.Streams
 	if e.cfg.Reach != nil {
 		streams = link.NewStreams(e.cfg.Reach)
-		if link.IsQUIC(c) {
-			link.KeepQUICWindows(streams)
-		}
 	}
 	err = link.RunConn(cctx, f, e.sess, &link.ConnConfig{
 		Heartbeat: e.cfg.Heartbeat, MaxFrame: e.cfg.MaxFrame, Metrics: e.metrics, Streams: streams,

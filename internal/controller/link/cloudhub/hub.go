@@ -641,7 +641,7 @@ func (h *Hub) handshake(ctx context.Context, transport string, c link.Conn) *wel
 		return nil
 	}
 	h.table.connected(s.ctx, node) //nolint:contextcheck // the session's context: what observers start lives as long as the session, not the handshake
-	s.prepare(kv, transport, node, hl.StreamId, epoch)
+	s.prepare(kv, node, hl.StreamId, epoch)
 	welcomed = true
 	return s
 }
@@ -797,13 +797,10 @@ func (h *Hub) welcome(ctx context.Context, kv []any, c link.Conn, s *welcomedCon
 }
 
 // prepare sets up the welcomed connection for serveConn to run.
-func (s *welcomedConn) prepare(kv []any, transport, node string, stream, epoch uint64) {
+func (s *welcomedConn) prepare(kv []any, node string, stream, epoch uint64) {
 	h, st, done := s.hub, s.st, s.done
 	s.kv = kv
 	streams := link.NewStreams(nil) // the cloud opens streams, it serves none
-	if transport == link.QUIC {
-		link.KeepQUICWindows(streams)
-	}
 	streams.SetLimit(h.cfg.MaxStreamsPerNode)
 	streams.SetCounters(h.streams.of(node))
 	s.cfg = link.ConnConfig{
