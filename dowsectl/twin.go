@@ -298,10 +298,7 @@ func TwinOf(d *v1alpha1.Device) Twin {
 		if p := d.Property(name); p != nil && p.Desired != nil {
 			v.Desired = p.Desired.Value
 		}
-		for _, tw := range d.Status.Twins {
-			if tw.PropertyName != name {
-				continue
-			}
+		if tw := d.Twin(name); tw != nil {
 			if tw.Reported != nil {
 				v.Reported, v.ReportedAt = tw.Reported.Value, timestamp(tw.Reported.Metadata)
 				v.Error, v.DesiredError = tw.Reported.Metadata[twinvalue.MetaError], tw.Reported.Metadata[twinvalue.MetaDesiredError]
@@ -385,22 +382,21 @@ func Applied(d *v1alpha1.Device, property, value string, gen int64) (done bool, 
 	if c := meta.FindStatusCondition(d.Status.Conditions, v1alpha1.ConditionDeviceValid); c != nil && c.Status == metav1.ConditionFalse && c.ObservedGeneration >= gen {
 		return false, "", fmt.Errorf("%w by the controller: %s", ErrRefused, c.Message)
 	}
-	for _, tw := range d.Status.Twins {
-		if tw.PropertyName != property {
-			continue
+	tw := d.Twin(property)
+	if tw == nil {
+		return false, "", nil
+	}
+	if tw.Reported != nil {
+		reported = tw.Reported.Value
+		// The mapper names the value it refused (`desired value "5000":
+		// ...`): an older refusal of another value is not this one's.
+		if e := tw.Reported.Metadata[twinvalue.MetaDesiredError]; e != "" && d.Status.ObservedGeneration >= gen &&
+			(strings.Contains(e, strconv.Quote(value)) || !strings.HasPrefix(e, "desired value ")) {
+			return false, reported, fmt.Errorf("%w by the mapper: %s", ErrRefused, e)
 		}
-		if tw.Reported != nil {
-			reported = tw.Reported.Value
-			// The mapper names the value it refused (`desired value "5000":
-			// ...`): an older refusal of another value is not this one's.
-			if e := tw.Reported.Metadata[twinvalue.MetaDesiredError]; e != "" && d.Status.ObservedGeneration >= gen &&
-				(strings.Contains(e, strconv.Quote(value)) || !strings.HasPrefix(e, "desired value ")) {
-				return false, reported, fmt.Errorf("%w by the mapper: %s", ErrRefused, e)
-			}
-		}
-		if tw.ObservedDesired != nil && twinvalue.Equal(tw.ObservedDesired.Value, value) && d.Status.ObservedGeneration >= gen {
-			return true, reported, nil
-		}
+	}
+	if tw.ObservedDesired != nil && twinvalue.Equal(tw.ObservedDesired.Value, value) && d.Status.ObservedGeneration >= gen {
+		return true, reported, nil
 	}
 	return false, reported, nil
 }

@@ -330,6 +330,31 @@ func (d *Device) Property(name string) *DeviceProperty {
 	return nil
 }
 
+// Twin returns the Device's status twin of the property called name, or nil.
+func (d *Device) Twin(name string) *Twin {
+	for i := range d.Status.Twins {
+		if d.Status.Twins[i].PropertyName == name {
+			return &d.Status.Twins[i]
+		}
+	}
+	return nil
+}
+
+// Values returns the twin's reported and observed desired values, each
+// empty when absent (and both for a nil twin).
+func (t *Twin) Values() (reported, observedDesired string) {
+	if t == nil {
+		return "", ""
+	}
+	if t.Reported != nil {
+		reported = t.Reported.Value
+	}
+	if t.ObservedDesired != nil {
+		observedDesired = t.ObservedDesired.Value
+	}
+	return reported, observedDesired
+}
+
 // CycleDuration reads a collectCycle or reportCycle: integers are
 // milliseconds (KubeEdge), strings durations; nil is zero.
 func CycleDuration(c *intstr.IntOrString) (time.Duration, error) {

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/dowse-dev/dowse/test/framework/procs"
+	"github.com/dowse-dev/dowse/test/peers/netns"
 	"github.com/dowse-dev/dowse/test/peers/npmpeer"
 )
 
@@ -37,13 +38,6 @@ type Link struct {
 	// IPv6 says the link has IPv6 addresses only: the daemon then speaks
 	// mDNS over IPv6 only.
 	IPv6 bool
-}
-
-func run(t testing.TB, args ...string) {
-	t.Helper()
-	if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
-		t.Fatalf("%s: %v\n%s", strings.Join(args, " "), err, out)
-	}
 }
 
 // NewLink makes the namespaces and the link with IPv4 addresses, and
@@ -64,12 +58,7 @@ func NewIPv6Link(t testing.TB) *Link {
 
 func newLink(t testing.TB, v6 bool) *Link {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		npmpeer.Unavailable(t, "network namespaces need root")
-	}
-	if _, err := exec.LookPath("ip"); err != nil {
-		npmpeer.Unavailable(t, "ip (iproute2) is not installed")
-	}
+	netns.Require(t, "avahi-daemon's link")
 	id := rand.IntN(1 << 20)
 	n := rand.IntN(250) + 1
 	l := &Link{
@@ -82,20 +71,18 @@ func newLink(t testing.TB, v6 bool) *Link {
 	if v6 {
 		l.PeerAddr, l.TestAddr, prefix = fmt.Sprintf("fd00:dd:%x::1", n), fmt.Sprintf("fd00:dd:%x::2", n), "/64"
 	}
-	run(t, "ip", "netns", "add", l.PeerNS)
-	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", l.PeerNS).Run() })
-	run(t, "ip", "netns", "add", l.TestNS)
-	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", l.TestNS).Run() })
-	run(t, "ip", "-n", l.PeerNS, "link", "add", l.PeerIf, "type", "veth", "peer", "name", l.TestIf, "netns", l.TestNS)
+	netns.Add(t, l.PeerNS)
+	netns.Add(t, l.TestNS)
+	netns.IP(t, "-n", l.PeerNS, "link", "add", l.PeerIf, "type", "veth", "peer", "name", l.TestIf, "netns", l.TestNS)
 	for _, side := range [][3]string{{l.PeerNS, l.PeerIf, l.PeerAddr}, {l.TestNS, l.TestIf, l.TestAddr}} {
 		if v6 {
-			run(t, "ip", "netns", "exec", side[0], "sysctl", "-q", "-w", "net.ipv6.conf."+side[1]+".accept_dad=0")
-			run(t, "ip", "-n", side[0], "addr", "add", side[2]+prefix, "dev", side[1], "nodad")
+			netns.IP(t, "netns", "exec", side[0], "sysctl", "-q", "-w", "net.ipv6.conf."+side[1]+".accept_dad=0")
+			netns.IP(t, "-n", side[0], "addr", "add", side[2]+prefix, "dev", side[1], "nodad")
 		} else {
-			run(t, "ip", "-n", side[0], "addr", "add", side[2]+prefix, "dev", side[1])
+			netns.IP(t, "-n", side[0], "addr", "add", side[2]+prefix, "dev", side[1])
 		}
-		run(t, "ip", "-n", side[0], "link", "set", side[1], "multicast", "on", "up")
-		run(t, "ip", "-n", side[0], "link", "set", "lo", "up")
+		netns.IP(t, "-n", side[0], "link", "set", side[1], "multicast", "on", "up")
+		netns.IP(t, "-n", side[0], "link", "set", "lo", "up")
 	}
 	if v6 {
 		deadline := time.Now().Add(10 * time.Second)

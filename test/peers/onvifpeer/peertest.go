@@ -12,10 +12,11 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/dowse-dev/dowse/test/peers/netns"
 )
 
 func need(t testing.TB, what string) {
@@ -26,57 +27,29 @@ func need(t testing.TB, what string) {
 	t.Skip("needs " + what)
 }
 
-func ip(t testing.TB, args ...string) {
-	t.Helper()
-	if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
-		t.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, out)
-	}
-}
-
 // PeerNet makes a network namespace joined to this one by a veth pair, so
 // that multicast stays on links the test made. It returns the namespace,
 // the local interface, and the peer's interface and address.
 func PeerNet(t testing.TB) (ns string, local net.Interface, peerIf string, peer netip.Addr) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		need(t, "root (it creates a network namespace and a veth pair)")
-	}
-	if _, err := exec.LookPath("ip"); err != nil {
-		need(t, "ip on PATH")
-	}
+	netns.Require(t, "a WS-Discovery peer")
 	n := os.Getpid() % 10000
 	ns = fmt.Sprintf("dwwsd%d", n)
 	a, b := fmt.Sprintf("dwwa%d", n), fmt.Sprintf("dwwb%d", n)
 	sub := n % 250
-	ip(t, "netns", "add", ns)
-	t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
-	ip(t, "link", "add", a, "type", "veth", "peer", "name", b)
-	t.Cleanup(func() { exec.Command("ip", "link", "del", a).Run() })
-	ip(t, "link", "set", b, "netns", ns)
-	ip(t, "addr", "add", fmt.Sprintf("10.213.%d.1/24", sub), "dev", a)
-	ip(t, "link", "set", a, "up")
-	ip(t, "-n", ns, "addr", "add", fmt.Sprintf("10.213.%d.2/24", sub), "dev", b)
-	ip(t, "-n", ns, "link", "set", b, "up")
-	ip(t, "-n", ns, "link", "set", "lo", "up")
+	netns.Add(t, ns)
+	netns.AddVeth(t, a, b, ns)
+	netns.IP(t, "addr", "add", fmt.Sprintf("10.213.%d.1/24", sub), "dev", a)
+	netns.IP(t, "link", "set", a, "up")
+	netns.IP(t, "-n", ns, "addr", "add", fmt.Sprintf("10.213.%d.2/24", sub), "dev", b)
+	netns.IP(t, "-n", ns, "link", "set", b, "up")
+	netns.IP(t, "-n", ns, "link", "set", "lo", "up")
+	netns.WaitUp(t, a)
 	ifc, err := net.InterfaceByName(a)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The link needs a moment to leave the "tentative" state.
-	deadline := time.Now().Add(5 * time.Second)
-	for ifc.Flags&net.FlagUp == 0 || !running(a) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s not up", a)
-		}
-		time.Sleep(20 * time.Millisecond)
-		ifc, _ = net.InterfaceByName(a)
-	}
 	return ns, *ifc, b, netip.MustParseAddr(fmt.Sprintf("10.213.%d.2", sub))
-}
-
-func running(ifname string) bool {
-	b, err := os.ReadFile("/sys/class/net/" + ifname + "/operstate")
-	return err == nil && strings.TrimSpace(string(b)) == "up"
 }
 
 // Wsdd is a running wsdd.

@@ -4,13 +4,9 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
-	"os"
-	"os/exec"
-	"strings"
 	"testing"
-	"time"
 
-	"github.com/dowse-dev/dowse/test/peers/npmpeer"
+	"github.com/dowse-dev/dowse/test/peers/netns"
 )
 
 // Network is a network namespace for agents, joined to the test's own
@@ -31,12 +27,7 @@ type Network struct {
 // CI=true and skips otherwise.
 func NewNetwork(t testing.TB) *Network {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		npmpeer.Unavailable(t, "snmpd's network namespace needs root")
-	}
-	if _, err := exec.LookPath("ip"); err != nil {
-		npmpeer.Unavailable(t, "ip (iproute2) is not installed")
-	}
+	netns.Require(t, "snmpd's network namespace")
 	id := rand.IntN(1 << 20)
 	sub := rand.IntN(250) + 1
 	n := &Network{
@@ -47,25 +38,13 @@ func NewNetwork(t testing.TB) *Network {
 		next:     2,
 	}
 	hostIf := fmt.Sprintf("dwsnmp%05x", id)
-	ip(t, "netns", "add", n.NS)
-	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", n.NS).Run() })
-	ip(t, "link", "add", hostIf, "type", "veth", "peer", "name", n.peerIf, "netns", n.NS)
-	t.Cleanup(func() { _ = exec.Command("ip", "link", "del", hostIf).Run() })
-	ip(t, "addr", "add", n.HostAddr+"/24", "dev", hostIf)
-	ip(t, "link", "set", hostIf, "up")
-	ip(t, "-n", n.NS, "link", "set", n.peerIf, "up")
-	ip(t, "-n", n.NS, "link", "set", "lo", "up")
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		b, err := os.ReadFile("/sys/class/net/" + hostIf + "/operstate")
-		if err == nil && strings.TrimSpace(string(b)) == "up" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s is not up", hostIf)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	netns.Add(t, n.NS)
+	netns.AddVeth(t, hostIf, n.peerIf, n.NS)
+	netns.IP(t, "addr", "add", n.HostAddr+"/24", "dev", hostIf)
+	netns.IP(t, "link", "set", hostIf, "up")
+	netns.IP(t, "-n", n.NS, "link", "set", n.peerIf, "up")
+	netns.IP(t, "-n", n.NS, "link", "set", "lo", "up")
+	netns.WaitUp(t, hostIf)
 	return n
 }
 
@@ -79,13 +58,6 @@ func (n *Network) NewAddr(t testing.TB) string {
 	a[3] = byte(n.next)
 	n.next++
 	addr := netip.AddrFrom4(a).String()
-	ip(t, "-n", n.NS, "addr", "add", addr+"/24", "dev", n.peerIf)
+	netns.IP(t, "-n", n.NS, "addr", "add", addr+"/24", "dev", n.peerIf)
 	return addr
-}
-
-func ip(t testing.TB, args ...string) {
-	t.Helper()
-	if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
-		t.Fatalf("ip %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
 }

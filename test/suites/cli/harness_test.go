@@ -355,12 +355,8 @@ func (r *rig) plcDevice(t *testing.T) *v1alpha1.Device {
 }
 
 func reported(d *v1alpha1.Device, prop string) string {
-	for _, tw := range d.Status.Twins {
-		if tw.PropertyName == prop && tw.Reported != nil {
-			return tw.Reported.Value
-		}
-	}
-	return ""
+	rep, _ := d.Twin(prop).Values()
+	return rep
 }
 
 // TestDowsectl runs everything on one cluster, in order: the plugin's

@@ -415,11 +415,11 @@ func (ct *counterTwin) settled(ctx context.Context, phase, want string) {
 			return err
 		}
 		for _, p := range ct.props {
-			if rep, _ := twinValue(&d, p); rep != strconv.Itoa(final[p]) {
+			if rep, _ := d.Twin(p).Values(); rep != strconv.Itoa(final[p]) {
 				return fmt.Errorf("%s: %s reported %q, want the last value %d", phase, p, rep, final[p])
 			}
 		}
-		if _, obs := twinValue(&d, "setpoint"); obs != want {
+		if _, obs := d.Twin("setpoint").Values(); obs != want {
 			return fmt.Errorf("%s: setpoint observedDesired %q, want %s", phase, obs, want)
 		}
 		return nil

@@ -442,11 +442,11 @@ func (s *soak) counterConverged(e *soakEdge, deadline time.Time) error {
 			return err
 		}
 		for _, p := range ct.props {
-			if rep, _ := twinValue(&d, p); rep != strconv.Itoa(final[p]) {
+			if rep, _ := d.Twin(p).Values(); rep != strconv.Itoa(final[p]) {
 				return fmt.Errorf("%s: %s reported %q, want the last value %d", ct.dev.Name, p, rep, final[p])
 			}
 		}
-		if _, obs := twinValue(&d, "setpoint"); obs != want {
+		if _, obs := d.Twin("setpoint").Values(); obs != want {
 			return fmt.Errorf("%s: setpoint observedDesired %q, want %s", ct.dev.Name, obs, want)
 		}
 		return nil
@@ -489,7 +489,7 @@ func (s *soak) plcConverged(deadline time.Time) error {
 		if dev == nil {
 			return errors.New("no Device of the PLC")
 		}
-		rep, obs := twinValue(dev, "setpoint")
+		rep, obs := dev.Twin("setpoint").Values()
 		if rep == want && obs == want {
 			return nil
 		}

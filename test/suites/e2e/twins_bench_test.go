@@ -120,7 +120,7 @@ func benchTwins(b *testing.B) {
 	go func() {
 		for ev := range w.ResultChan() {
 			if d, ok := ev.Object.(*v1alpha1.Device); ok && d.Name == dev.Name {
-				if v, _ := twinValue(d, "p0"); v != "" {
+				if v, _ := d.Twin("p0").Values(); v != "" {
 					seen <- event{v, time.Now()}
 				}
 			}

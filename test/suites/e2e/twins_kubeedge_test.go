@@ -121,11 +121,11 @@ func kubeEdgeMapperEndToEnd(t *testing.T, version string) {
 			if err := c.client.Get(ctx, key, &d); err != nil {
 				return err
 			}
-			rep, obs := twinValue(&d, "temp")
+			rep, obs := d.Twin("temp").Values()
 			if rep != value || obs != value {
 				return fmt.Errorf("%s: temp reported %q, observedDesired %q, want %s; status %+v", how, rep, obs, value, d.Status)
 			}
-			if rep, _ := twinValue(&d, "label"); rep != "lab-1" {
+			if rep, _ := d.Twin("label").Values(); rep != "lab-1" {
 				return fmt.Errorf("%s: label reported %q, want lab-1", how, rep)
 			}
 			if d.Status.State != v1alpha1.DeviceStateOK {
@@ -135,7 +135,7 @@ func kubeEdgeMapperEndToEnd(t *testing.T, version string) {
 				return fmt.Errorf("%s: DesiredApplied not True: %+v", how, d.Status.Conditions)
 			}
 			// level reads "high", not an INT: refused alone, and named.
-			if rep, _ := twinValue(&d, "level"); rep != "" {
+			if rep, _ := d.Twin("level").Values(); rep != "" {
 				return fmt.Errorf("%s: level reported %q, want nothing", how, rep)
 			}
 			if c := meta.FindStatusCondition(d.Status.Conditions, v1alpha1.ConditionReportsAccepted); c == nil || c.Status != metav1.ConditionFalse ||

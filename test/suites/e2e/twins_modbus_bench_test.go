@@ -53,7 +53,7 @@ func benchModbusTwin(b *testing.B) {
 			return fmt.Errorf("%d Devices, want the discovered server's one", len(list.Items))
 		}
 		dev = list.Items[0]
-		if rep, _ := twinValue(&dev, "setpoint"); rep != "5" {
+		if rep, _ := dev.Twin("setpoint").Values(); rep != "5" {
 			return fmt.Errorf("setpoint reported %q, want 5", rep)
 		}
 		return nil
@@ -65,7 +65,7 @@ func benchModbusTwin(b *testing.B) {
 	go func() {
 		for ev := range w.ResultChan() {
 			if d, ok := ev.Object.(*v1alpha1.Device); ok && d.Name == dev.Name {
-				if rep, obs := twinValue(d, "setpoint"); rep != "" && rep == obs {
+				if rep, obs := d.Twin("setpoint").Values(); rep != "" && rep == obs {
 					seen <- rep
 				}
 			}

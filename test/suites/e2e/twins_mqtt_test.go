@@ -78,7 +78,7 @@ func TestMQTTTwinEndToEnd(t *testing.T) {
 			return fmt.Errorf("%d Devices, want the Sparkplug device's one", len(list.Items))
 		}
 		dev = list.Items[0]
-		if rep, _ := twinValue(&dev, "temperature"); rep == "" {
+		if rep, _ := dev.Twin("temperature").Values(); rep == "" {
 			return fmt.Errorf("no temperature reported yet; status %+v", dev.Status)
 		}
 		return nil
@@ -94,7 +94,7 @@ func TestMQTTTwinEndToEnd(t *testing.T) {
 		if err := c.client.Get(ctx, client.ObjectKeyFromObject(&dev), &d); err != nil {
 			return err
 		}
-		if rep, _ := twinValue(&d, "temperature"); rep != "30.5" {
+		if rep, _ := d.Twin("temperature").Values(); rep != "30.5" {
 			return fmt.Errorf("temperature reported %q, want 30.5", rep)
 		}
 		return nil
@@ -116,7 +116,7 @@ func TestMQTTTwinEndToEnd(t *testing.T) {
 		if err := c.client.Get(ctx, client.ObjectKeyFromObject(&dev), &d); err != nil {
 			return err
 		}
-		if rep, obs := twinValue(&d, "speed"); rep != "1200" || obs != "1200" {
+		if rep, obs := d.Twin("speed").Values(); rep != "1200" || obs != "1200" {
 			return fmt.Errorf("speed reported %q, observedDesired %q, want 1200", rep, obs)
 		}
 		return nil

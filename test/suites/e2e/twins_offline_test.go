@@ -252,11 +252,11 @@ func TestTwinsSurviveOfflineAndFaults(t *testing.T) {
 				return err
 			}
 			for _, p := range props {
-				if rep, _ := twinValue(&d, p); rep != strconv.Itoa(final[p]) {
+				if rep, _ := d.Twin(p).Values(); rep != strconv.Itoa(final[p]) {
 					return fmt.Errorf("%s: %s reported %q, want the last value %d", phase, p, rep, final[p])
 				}
 			}
-			if rep, obs := twinValue(&d, "setpoint"); obs != want {
+			if rep, obs := d.Twin("setpoint").Values(); obs != want {
 				return fmt.Errorf("%s: setpoint observedDesired %q (reported %q, the mapper holds %q), want %s; status %+v", phase, obs, rep,
 					m.Desired("default", dev.Name, "setpoint"), want, d.Status)
 			}
@@ -408,7 +408,7 @@ func TestTwinsSurviveOfflineAndFaults(t *testing.T) {
 				return err
 			}
 			for _, p := range props {
-				if rep, _ := twinValue(&d, p); rep != strconv.Itoa(offline[p]) {
+				if rep, _ := d.Twin(p).Values(); rep != strconv.Itoa(offline[p]) {
 					return fmt.Errorf("%s reported %q, want %d, the last value reported while offline", p, rep, offline[p])
 				}
 			}

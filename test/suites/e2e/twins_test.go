@@ -196,20 +196,6 @@ func mbpoll(t *testing.T, address string, options []string, values ...string) st
 	return string(out)
 }
 
-func twinValue(d *v1alpha1.Device, prop string) (reported, observed string) {
-	for _, tw := range d.Status.Twins {
-		if tw.PropertyName == prop {
-			if tw.Reported != nil {
-				reported = tw.Reported.Value
-			}
-			if tw.ObservedDesired != nil {
-				observed = tw.ObservedDesired.Value
-			}
-		}
-	}
-	return
-}
-
 const modbusTwinManifest = `apiVersion: dowse.dev/v1alpha1
 kind: DeviceModel
 metadata: {name: thermostat, namespace: default}
@@ -264,10 +250,10 @@ func TestModbusTwinEndToEnd(t *testing.T) {
 			return fmt.Errorf("%d Devices, want the discovered server's one", len(list.Items))
 		}
 		dev = list.Items[0]
-		if rep, _ := twinValue(&dev, "temperature"); rep != "21.5" {
+		if rep, _ := dev.Twin("temperature").Values(); rep != "21.5" {
 			return fmt.Errorf("temperature reported %q, want 21.5 (register 215, scale 0.1); status %+v", rep, dev.Status)
 		}
-		if rep, _ := twinValue(&dev, "setpoint"); rep != "5" {
+		if rep, _ := dev.Twin("setpoint").Values(); rep != "5" {
 			return fmt.Errorf("setpoint reported %q, want 5", rep)
 		}
 		return nil
@@ -287,7 +273,7 @@ func TestModbusTwinEndToEnd(t *testing.T) {
 			if err := c.client.Get(ctx, client.ObjectKeyFromObject(&dev), &d); err != nil {
 				return err
 			}
-			rep, obs := twinValue(&d, "setpoint")
+			rep, obs := d.Twin("setpoint").Values()
 			if rep != value || obs != value {
 				return fmt.Errorf("%s: setpoint reported %q, observedDesired %q, want %s", how, rep, obs, value)
 			}
@@ -330,7 +316,7 @@ func TestModbusTwinEndToEnd(t *testing.T) {
 		if err := c.client.Get(ctx, client.ObjectKeyFromObject(&dev), &d); err != nil {
 			return err
 		}
-		if rep, _ := twinValue(&d, "temperature"); rep != "-12.3" {
+		if rep, _ := d.Twin("temperature").Values(); rep != "-12.3" {
 			return fmt.Errorf("temperature reported %q, want -12.3 after mbpoll wrote 0xff85 (int16 -123, scale 0.1)", rep)
 		}
 		return nil

@@ -111,27 +111,13 @@ func startLinkTwin(t *testing.T, ctx context.Context, c *cluster.Cluster, agentS
 			return fmt.Errorf("%d Devices, want the PLC's one", len(l.Items))
 		}
 		lt.dev = &l.Items[0]
-		if rep, _ := linkTwinValue(lt.dev); rep != "5" {
+		if rep, _ := lt.dev.Twin("setpoint").Values(); rep != "5" {
 			return fmt.Errorf("setpoint reported %q, want the register's 5", rep)
 		}
 		return nil
 	})
 	lt.setpoint = slices.IndexFunc(lt.dev.Spec.Properties, func(p v1alpha1.DeviceProperty) bool { return p.Name == "setpoint" })
 	return lt
-}
-
-func linkTwinValue(d *v1alpha1.Device) (reported, observed string) {
-	for _, tw := range d.Status.Twins {
-		if tw.PropertyName == "setpoint" {
-			if tw.Reported != nil {
-				reported = tw.Reported.Value
-			}
-			if tw.ObservedDesired != nil {
-				observed = tw.ObservedDesired.Value
-			}
-		}
-	}
-	return reported, observed
 }
 
 // roundTrips sets desired values one after another, each once the last came
@@ -176,7 +162,7 @@ func waitTwinValue(w watch.Interface, name, v string) error {
 				return fmt.Errorf("the Device watch ended waiting for setpoint %s", v)
 			}
 			if d, ok := ev.Object.(*v1alpha1.Device); ok && d.Name == name {
-				if rep, obs := linkTwinValue(d); rep == v && obs == v {
+				if rep, obs := d.Twin("setpoint").Values(); rep == v && obs == v {
 					return nil
 				}
 			}

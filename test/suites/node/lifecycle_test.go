@@ -456,10 +456,8 @@ func waitTwin(t *testing.T, ctx context.Context, cl client.Client, prop, value s
 			return fmt.Errorf("%d Devices", len(l.Items))
 		}
 		dev = l.Items[0]
-		for _, tw := range dev.Status.Twins {
-			if tw.PropertyName == prop && tw.Reported != nil && tw.Reported.Value == value {
-				return nil
-			}
+		if rep, _ := dev.Twin(prop).Values(); rep == value {
+			return nil
 		}
 		return fmt.Errorf("%s not reported %s: %+v", prop, value, dev.Status.Twins)
 	})

@@ -95,10 +95,8 @@ func testMQTTMapperPod(t *testing.T, ctx context.Context, c *cluster.Cluster, cl
 			return fmt.Errorf("%d Devices, want the pump's one", len(list.Items))
 		}
 		dev = list.Items[0]
-		for _, tw := range dev.Status.Twins {
-			if tw.PropertyName == "temperature" && tw.Reported != nil && tw.Reported.Value != "" {
-				return nil
-			}
+		if rep, _ := dev.Twin("temperature").Values(); rep != "" {
+			return nil
 		}
 		return fmt.Errorf("no temperature reported yet: %+v", dev.Status.Twins)
 	})

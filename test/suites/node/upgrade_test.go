@@ -236,12 +236,8 @@ func counterCaughtUp(t *testing.T, ctx context.Context, w *counterWatch, plc *mo
 }
 
 func reported(d *v1alpha1.Device, prop string) string {
-	for _, tw := range d.Status.Twins {
-		if tw.PropertyName == prop && tw.Reported != nil {
-			return tw.Reported.Value
-		}
-	}
-	return ""
+	rep, _ := d.Twin(prop).Values()
+	return rep
 }
 
 // brokerPod is what a broker Pod holding a device is: its UID, its

@@ -70,13 +70,13 @@ func TestTwinStatusTrustsNoNode(t *testing.T) {
 	for _, tw := range d.Status.Twins {
 		names = append(names, tw.PropertyName)
 	}
-	if len(d.Status.Twins) != 2 || findTwin(d, "temperature") == nil || findTwin(d, "setpoint") == nil {
+	if len(d.Status.Twins) != 2 || d.Twin("temperature") == nil || d.Twin("setpoint") == nil {
 		t.Fatalf("status twins %v, want temperature and setpoint alone (label's value was too large, the rest are not in the model)", names)
 	}
-	if v := findTwin(d, "temperature").Reported.Value; v != "21.5" {
+	if v := d.Twin("temperature").Reported.Value; v != "21.5" {
 		t.Errorf("temperature %q, want the good reading 21.5", v)
 	}
-	sp := findTwin(d, "setpoint").Reported
+	sp := d.Twin("setpoint").Reported
 	if sp.Value != "22" || len(sp.Metadata) > 16 || sp.Metadata["long-value"] != "" {
 		t.Errorf("setpoint %q with %d metadata entries (long value kept: %v), want 22 with at most 16", sp.Value, len(sp.Metadata), sp.Metadata["long-value"] != "")
 	}
@@ -96,7 +96,7 @@ func TestTwinStatusTrustsNoNode(t *testing.T) {
 
 	// The schema's bounds hold against any writer.
 	over := d.DeepCopy()
-	tw := findTwin(over, "setpoint")
+	tw := over.Twin("setpoint")
 	tw.Reported.Metadata = map[string]string{}
 	for i := range 17 {
 		tw.Reported.Metadata[fmt.Sprint(i)] = "x"

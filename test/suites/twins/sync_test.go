@@ -308,7 +308,7 @@ func TestTwinStatus(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if tw := findTwin(d, "temperature"); tw == nil || tw.Reported.Value != "249.5" || tw.Reported.Metadata["timestamp"] != strconv.Itoa(1_700_000_000_000+500) {
+	if tw := d.Twin("temperature"); tw == nil || tw.Reported.Value != "249.5" || tw.Reported.Metadata["timestamp"] != strconv.Itoa(1_700_000_000_000+500) {
 		t.Errorf("temperature twin %+v: want the newest value 249.5 with its read time", tw)
 	}
 	if c := meta.FindStatusCondition(d.Status.Conditions, v1alpha1.ConditionDesiredApplied); c == nil || c.Status != metav1.ConditionFalse {
@@ -328,13 +328,13 @@ func TestTwinStatus(t *testing.T) {
 	seq = last
 	rig.status.Flush(ctx)
 	d, _ = getDevice(ns, "t1")
-	if tw := findTwin(d, "temperature"); tw.Reported.Value != "249.5" {
+	if tw := d.Twin("temperature"); tw.Reported.Value != "249.5" {
 		t.Errorf("a resent older report was applied: temperature %q", tw.Reported.Value)
 	}
 	if c := meta.FindStatusCondition(d.Status.Conditions, v1alpha1.ConditionDesiredApplied); c == nil || c.Status != metav1.ConditionTrue {
 		t.Errorf("DesiredApplied %+v: want True once 21 is observed", c)
 	}
-	if tw := findTwin(d, "setpoint"); tw.ObservedDesired == nil || tw.ObservedDesired.Value != "21" {
+	if tw := d.Twin("setpoint"); tw.ObservedDesired == nil || tw.ObservedDesired.Value != "21" {
 		t.Errorf("setpoint observedDesired %+v, want 21", tw.ObservedDesired)
 	}
 	// A restarted controller (a new Status, seeded from the API server)
@@ -347,8 +347,8 @@ func TestTwinStatus(t *testing.T) {
 		t.Fatal(err)
 	}
 	restarted.Flush(ctx)
-	if d, _ = getDevice(ns, "t1"); findTwin(d, "temperature").Reported.Value != "249.5" {
-		t.Errorf("a restarted writer applied a resent report: %q", findTwin(d, "temperature").Reported.Value)
+	if d, _ = getDevice(ns, "t1"); d.Twin("temperature").Reported.Value != "249.5" {
+		t.Errorf("a restarted writer applied a resent report: %q", d.Twin("temperature").Reported.Value)
 	}
 	// The agent says no mapper serves the device: MapperConnected False;
 	// a mapper's state report turns it True.
@@ -438,7 +438,7 @@ func TestTwinStatusLeadingEdge(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if tw := findTwin(d, "temperature"); tw != nil && tw.Reported != nil {
+		if tw := d.Twin("temperature"); tw != nil && tw.Reported != nil {
 			return tw.Reported.Value
 		}
 		return ""
@@ -512,7 +512,7 @@ func TestTwinStatusLeadingEdge(t *testing.T) {
 		if err := rig.cache.Get(ctx, keyOf(ns, "steady"), &cached); err != nil {
 			return err
 		}
-		if tw := findTwin(&cached, "temperature"); tw == nil || tw.Reported == nil || tw.Reported.Value != "1.5" {
+		if tw := cached.Twin("temperature"); tw == nil || tw.Reported == nil || tw.Reported.Value != "1.5" {
 			return fmt.Errorf("the status writer's cache does not show steady's 1.5 yet")
 		}
 		return nil
@@ -531,15 +531,6 @@ func TestTwinStatusLeadingEdge(t *testing.T) {
 		}
 		return nil
 	})
-}
-
-func findTwin(d *v1alpha1.Device, prop string) *v1alpha1.Twin {
-	for i := range d.Status.Twins {
-		if d.Status.Twins[i].PropertyName == prop {
-			return &d.Status.Twins[i]
-		}
-	}
-	return nil
 }
 
 // TestTwinStatusFenced: a writer of an older session of the node (another
@@ -584,7 +575,7 @@ func TestTwinStatusFenced(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if tw := findTwin(d, "temperature"); tw == nil || tw.Reported.Value != "1.5" {
+	if tw := d.Twin("temperature"); tw == nil || tw.Reported.Value != "1.5" {
 		t.Errorf("temperature twin %+v: an older session's report was applied over the newer one's", tw)
 	}
 	if !slices.Equal(fences, []fence{{"edge-1", 4}}) {

@@ -384,15 +384,15 @@ type twinRecord struct {
 
 func cachedTwin(d *v1alpha1.Device, prop string) twinRecord {
 	var r twinRecord
-	for i := range d.Status.Twins {
-		if t := &d.Status.Twins[i]; t.PropertyName == prop {
-			if t.Reported != nil {
-				r.reported, r.value, r.metadata = true, t.Reported.Value, t.Reported.Metadata
-			}
-			if t.ObservedDesired != nil {
-				r.observed = &t.ObservedDesired.Value
-			}
-		}
+	t := d.Twin(prop)
+	if t == nil {
+		return r
+	}
+	if t.Reported != nil {
+		r.reported, r.value, r.metadata = true, t.Reported.Value, t.Reported.Metadata
+	}
+	if t.ObservedDesired != nil {
+		r.observed = &t.ObservedDesired.Value
 	}
 	return r
 }
