@@ -235,6 +235,14 @@ func TestChartLifecycleOnNode(t *testing.T) {
 	waitTwin(t, ctx, cl, "setpoint", "30")
 	t.Log("after the upgrade the same Instances, Devices, broker Pods (holding their device) and mapper Pods; no counter lost; the setpoint set while the release rolled (30) applied")
 
+	// A field the earlier release does not know, set now: the
+	// Configuration's device template asks for state reports every 2 s,
+	// and the controller puts it in the Device's spec.
+	if err := cl.Patch(ctx, modbus, client.RawPatch(types.MergePatchType, []byte(`{"spec":{"deviceTemplate":{"stateReport":{"reportCycle":"2s"}}}}`))); err != nil {
+		t.Fatal(err)
+	}
+	waitStateReport(t, ctx, cl, &v1alpha1.Device{ObjectMeta: dev.ObjectMeta}, "the Device after the upgrade")
+
 	// The handler skips the unanswering target: the status says so.
 	eventuallyNode(t, ctx, 30*time.Second, func() error {
 		var cfg v1alpha1.Configuration
@@ -269,12 +277,23 @@ func TestChartLifecycleOnNode(t *testing.T) {
 	begin, took = rolling(earlierTag, dev, "25", "rollback", "dowse", "1", "--namespace", "dowse-system", "--wait", "--timeout", "3m")
 	same("after the rollback", begin, took)
 	waitTwin(t, ctx, cl, "setpoint", "25")
+	// The earlier controller reads the Configuration without the new
+	// field; the Configuration, the user's, keeps it (nothing the earlier
+	// release writes touches its spec), and the upgrade after brings it
+	// to the Device if the earlier controller's apply dropped it.
+	waitStateReport(t, ctx, cl, &v1alpha1.Configuration{ObjectMeta: modbus.ObjectMeta}, "the Configuration after the rollback")
+	var rolled v1alpha1.Device
+	if err := cl.Get(ctx, client.ObjectKeyFromObject(dev), &rolled); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("after the rollback the Device's spec.stateReport is %+v", rolled.Spec.StateReport)
 	t.Log("after the rollback the same Instances, Devices, broker Pods (holding their device) and mapper Pods; no counter lost; the setpoint set while the release rolled (25) applied")
 
 	// Forward again, so that the uninstall below is this chart's.
 	begin, took = rolling("latest", dev, "27", "upgrade", "dowse", chart, "--namespace", "dowse-system", "--values", valuesFile, "--wait", "--timeout", "3m")
 	same("after the upgrade that follows the rollback", begin, took)
 	waitTwin(t, ctx, cl, "setpoint", "27")
+	waitStateReport(t, ctx, cl, &v1alpha1.Device{ObjectMeta: dev.ObjectMeta}, "the Device after the upgrade that follows the rollback")
 
 	// helm uninstall with everything in place.
 	start := time.Now()
@@ -529,6 +548,28 @@ func hasStateReport(crd *apiextensionsv1.CustomResourceDefinition) bool {
 		}
 	}
 	return false
+}
+
+// waitStateReport waits until obj (a Device or a Configuration, read
+// again) has the state report cycle the test set (2s) in its spec.
+func waitStateReport(t *testing.T, ctx context.Context, cl client.Client, obj client.Object, what string) {
+	t.Helper()
+	eventuallyNode(t, ctx, time.Minute, func() error {
+		if err := cl.Get(ctx, client.ObjectKeyFromObject(obj), obj); err != nil {
+			return err
+		}
+		var sr *v1alpha1.StateReport
+		switch o := obj.(type) {
+		case *v1alpha1.Device:
+			sr = o.Spec.StateReport
+		case *v1alpha1.Configuration:
+			sr = o.Spec.DeviceTemplate.StateReport
+		}
+		if sr == nil || sr.ReportCycle == nil || sr.ReportCycle.String() != "2s" {
+			return fmt.Errorf("%s: spec.stateReport %+v, want reportCycle 2s", what, sr)
+		}
+		return nil
+	})
 }
 
 // agentTagged fails unless the agent DaemonSet runs the image tagged tag.
