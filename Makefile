@@ -191,7 +191,8 @@ bench: k8s konnectivity build
 # etcd, cuts links and partitions a node; checks that nothing goes back or
 # goes missing, that everything converges after each fault and that no
 # process's memory, goroutines or open files keep growing. Its HTML report
-# goes to SOAK_REPORT (default: a temporary directory the log names).
+# goes to SOAK_REPORT (a file, or a directory to hold soak.html; default: a
+# temporary directory the log names).
 SOAK_DURATION ?= 1h
 soak: k8s build
 	SOAK_DURATION=$(SOAK_DURATION) SOAK_REPORT=$(SOAK_REPORT) go test -count=1 -timeout 0 -v -run '^TestSoak$$' ./test/suites/e2e/

@@ -9,6 +9,7 @@ import (
 	"html"
 	"io"
 	"os"
+	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
@@ -117,8 +118,12 @@ func median(v []float64) float64 {
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
-// WriteFile writes the report as HTML to path.
+// WriteFile writes the report as HTML to path, or to soak.html in it when
+// path is a directory.
 func (r *Report) WriteFile(path string) error {
+	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
+		path = filepath.Join(path, "soak.html")
+	}
 	f, err := os.Create(path)
 	if err != nil {
 		return err

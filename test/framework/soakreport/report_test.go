@@ -4,6 +4,8 @@ import (
 	"encoding/xml"
 	"errors"
 	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -79,5 +81,24 @@ func TestWriteHTML(t *testing.T) {
 			}
 		}
 		rest = rest[i+j:]
+	}
+}
+
+func TestWriteFileIntoDirectory(t *testing.T) {
+	dir := t.TempDir()
+	r := &Report{Title: "soak", Duration: time.Minute}
+	if err := r.WriteFile(dir); err != nil {
+		t.Fatalf("writing into a directory: %v", err)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "soak.html"))
+	if err != nil || !strings.Contains(string(b), "<title>soak</title>") {
+		t.Fatalf("soak.html in the directory: %v, %.80q", err, b)
+	}
+	file := filepath.Join(dir, "named.html")
+	if err := r.WriteFile(file); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(file); err != nil {
+		t.Errorf("a file path: %v", err)
 	}
 }
