@@ -25,7 +25,7 @@ IMAGE_CMDS = $(filter-out %/dowsectl,$(CMDS))
 STATIC_CMDS = $(filter %/dowse-agent %-mapper %/dowsectl,$(CMDS))
 
 # The files `make generate` writes, which verify-generate checks.
-GENERATED := proto shared/api deploy internal/controller/brokers/zz_generated.deepcopy.go docs/reference
+GENERATED := proto shared/api deploy internal/controller/brokers/zz_generated.deepcopy.go internal/controller/link/readings/openapi docs/reference
 
 .PHONY: all build images release peers helm generate verify-generate test fuzz test-unit test-integration test-node node-deps bench soak demo k8s konnectivity deps docs clean
 

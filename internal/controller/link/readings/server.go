@@ -77,6 +77,7 @@ type Server struct {
 	peerHTTP *http.Client
 	peerLong *http.Client
 
+	openapi    *openAPIHandler
 	requests   *prometheus.CounterVec
 	peerErrors *prometheus.CounterVec
 	watches    prometheus.Gauge
@@ -101,7 +102,7 @@ func NewServer(cfg Config) (*Server, error) {
 	}
 	s := &Server{cfg: cfg,
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "dowse", Subsystem: "readings", Name: "requests_total",
-			Help: "Requests to the live readings API, by verb (get, list, watch, peer-list, peer-watch, discovery) and HTTP code."}, []string{"verb", "code"}),
+			Help: "Requests to the live readings API, by verb (get, list, watch, peer-list, peer-watch, discovery, openapi) and HTTP code."}, []string{"verb", "code"}),
 		peerErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "dowse", Subsystem: "readings", Name: "peer_errors_total",
 			Help: "Questions to another replica that failed (its readings are missing from the answer), by kind (list, get, watch)."}, []string{"kind"}),
 		watches: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "dowse", Subsystem: "readings", Name: "watches",
@@ -117,6 +118,11 @@ func NewServer(cfg Config) (*Server, error) {
 		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 15 * time.Second}).DialContext,
 		MaxIdleConnsPerHost: 8, IdleConnTimeout: time.Minute, ForceAttemptHTTP2: true,
 	}
+	oa, err := newOpenAPIHandler()
+	if err != nil {
+		return nil, err
+	}
+	s.openapi = oa
 	s.peerHTTP = &http.Client{Transport: tr, Timeout: cfg.PeerTimeout}
 	s.peerLong = &http.Client{Transport: tr}
 	return s, nil
@@ -159,6 +165,14 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		_, _ = w.Write([]byte("ok"))
 	case strings.HasPrefix(path, "/peer/"):
 		s.servePeer(w, r, path)
+	case strings.HasPrefix(path, "/openapi/"):
+		// Like discovery, for anyone: the aggregator reads it as itself.
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			s.fail(w, "openapi", apierrors.NewMethodNotSupported(rv1.GVR().GroupResource(), r.Method))
+			return
+		}
+		s.requests.WithLabelValues("openapi", "200").Inc()
+		s.openapi.ServeHTTP(w, r)
 	case path == "/apis":
 		s.discovery(w, r, &metav1.APIGroupList{TypeMeta: metav1.TypeMeta{Kind: "APIGroupList", APIVersion: "v1"}, Groups: []metav1.APIGroup{apiGroup()}})
 	case path == "/apis/"+rv1.Group:

@@ -10,6 +10,10 @@
 // dynamic client and runtime.DefaultUnstructuredConverter. Not a CRD:
 // controller-gen skips the package.
 //
+// The OpenAPI definitions the server publishes (so that kubectl explain
+// knows the kinds) are generated from these types by openapi-gen into
+// internal/controller/link/readings/openapi (its tags are in doc.go).
+//
 // +kubebuilder:skip
 package v1alpha1
 
@@ -62,11 +66,14 @@ type DeviceReading struct {
 	// State is the device's state as its mapper last reported it.
 	State string `json:"state,omitempty"`
 	// Properties are the Device's reported properties, by name.
+	// +listType=map
+	// +listMapKey=name
 	Properties []PropertyReading `json:"properties,omitempty"`
 }
 
 // PropertyReading is one property's newest value and recent history.
 type PropertyReading struct {
+	// Name is the property's name (the DeviceModel's).
 	Name string `json:"name"`
 	// Value is the newest reported value.
 	Value string `json:"value"`
@@ -76,20 +83,24 @@ type PropertyReading struct {
 	// Source is SourceLive or SourceStatus.
 	Source string `json:"source"`
 	// History holds the values before Value, oldest first (live only).
+	// +listType=atomic
 	History []Sample `json:"history,omitempty"`
 }
 
 // Sample is a value read at a time.
 type Sample struct {
-	Value string           `json:"value"`
-	Time  metav1.MicroTime `json:"time"`
+	// Value is the value as reported.
+	Value string `json:"value"`
+	// Time is when it was read.
+	Time metav1.MicroTime `json:"time"`
 }
 
 // DeviceReadingList is a list of DeviceReadings.
 type DeviceReadingList struct {
 	metav1.TypeMeta `json:",inline"`
 	metav1.ListMeta `json:"metadata,omitempty"`
-	Items           []DeviceReading `json:"items"`
+	// +listType=atomic
+	Items []DeviceReading `json:"items"`
 }
 
 // Newest is the newest time among r's properties (zero when none).

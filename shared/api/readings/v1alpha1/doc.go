@@ -1,0 +1,5 @@
+// openapi-gen reads a package's tags from doc.go.
+
+// +k8s:openapi-gen=true
+
+package v1alpha1
