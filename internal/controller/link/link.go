@@ -506,6 +506,17 @@ func addReadings(mgr ctrl.Manager, cfg Config, cs kubernetes.Interface, ca *pki.
 		if !mgr.GetCache().WaitForCacheSync(ctx) {
 			return errors.New("cache never synced")
 		}
+		// Watches follow the Devices (created, changed, deleted) and
+		// replay the deleted ones from here on.
+		inf, err := mgr.GetCache().GetInformer(ctx, &v1alpha1.Device{})
+		if err != nil {
+			return err
+		}
+		reg, err := inf.AddEventHandler(srv.DeviceEvents())
+		if err != nil {
+			return err
+		}
+		defer func() { _ = inf.RemoveEventHandler(reg) }()
 		return srv.Start(ctx)
 	}}); err != nil {
 		return err

@@ -29,6 +29,9 @@ func liveReading(s Snapshot, replica string) rv1.DeviceReading {
 	r := rv1.DeviceReading{TypeMeta: typeMeta,
 		ObjectMeta: metav1.ObjectMeta{Namespace: s.Key.Namespace, Name: s.Key.Name},
 		Node:       s.Node, Replica: replica, State: s.State}
+	if !s.Taken.IsZero() {
+		r.Annotations = map[string]string{takenAnnotation: strconv.FormatInt(s.Taken.UnixMicro(), 10)}
+	}
 	for _, p := range s.Props {
 		pr := rv1.PropertyReading{Name: p.Name, Value: p.Value, Time: metav1.NewMicroTime(p.At), Source: rv1.SourceLive}
 		for _, h := range p.History {
@@ -79,6 +82,15 @@ func merged(d *v1alpha1.Device, live *rv1.DeviceReading) rv1.DeviceReading {
 	sort.Slice(r.Properties, func(i, j int) bool { return r.Properties[i].Name < r.Properties[j].Name })
 	r.ResourceVersion = versionOf(&r)
 	return r
+}
+
+// takenOf is when a replica took live's newest change (0 when unknown).
+func takenOf(live *rv1.DeviceReading) int64 {
+	if live == nil {
+		return 0
+	}
+	n, _ := strconv.ParseInt(live.Annotations[takenAnnotation], 10, 64)
+	return n
 }
 
 // versionOf is a reading's resourceVersion: the newest read time of its

@@ -66,14 +66,25 @@ type Config struct {
 	PeerTimeout time.Duration
 	// MaxWatch bounds a watch's life (30 min when zero); clients watch
 	// again.
-	MaxWatch   time.Duration
-	Registerer prometheus.Registerer
+	MaxWatch time.Duration
+	// BookmarkEvery is how often a watch that allows bookmarks is sent
+	// one (1 min when zero).
+	BookmarkEvery time.Duration
+	// ReplayMargin: a watch from a resourceVersion also replays what the
+	// replicas took this long before it (DefaultReplayMargin when zero).
+	ReplayMargin time.Duration
+	// DeletionWindow is how long deleted Devices are remembered for
+	// replays (15 min when zero): a watch from an older resourceVersion
+	// is answered 410 Gone.
+	DeletionWindow time.Duration
+	Registerer     prometheus.Registerer
 	Log        logr.Logger
 }
 
 // Server serves readings.dowse.dev/v1alpha1.
 type Server struct {
 	cfg      Config
+	deleted  *deletions
 	peerHTTP *http.Client
 	peerLong *http.Client
 
@@ -94,13 +105,22 @@ func NewServer(cfg Config) (*Server, error) {
 	if cfg.MaxWatch <= 0 {
 		cfg.MaxWatch = 30 * time.Minute
 	}
+	if cfg.BookmarkEvery <= 0 {
+		cfg.BookmarkEvery = time.Minute
+	}
+	if cfg.ReplayMargin <= 0 {
+		cfg.ReplayMargin = DefaultReplayMargin
+	}
+	if cfg.DeletionWindow <= 0 {
+		cfg.DeletionWindow = 15 * time.Minute
+	}
 	if cfg.Peers == nil {
 		cfg.Peers = func() map[string]string { return nil }
 	}
 	if cfg.Log.GetSink() == nil {
 		cfg.Log = logr.Discard()
 	}
-	s := &Server{cfg: cfg,
+	s := &Server{cfg: cfg, deleted: &deletions{window: cfg.DeletionWindow, max: 100_000},
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "dowse", Subsystem: "readings", Name: "requests_total",
 			Help: "Requests to the live readings API, by verb (get, list, watch, peer-list, peer-watch, discovery, openapi) and HTTP code."}, []string{"verb", "code"}),
 		peerErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "dowse", Subsystem: "readings", Name: "peer_errors_total",
@@ -219,7 +239,12 @@ type request struct {
 	// BOOKMARK saying the initial events ended (sendInitialEvents, as
 	// client-go's watch-list asks).
 	initial, bookmark bool
-	timeout           time.Duration
+	// from: a watch from this resourceVersion replays what came after
+	// it (when not initial).
+	from int64
+	// bookmarks: the client takes BOOKMARK events (allowWatchBookmarks).
+	bookmarks bool
+	timeout   time.Duration
 }
 
 func (s *Server) parse(r *http.Request, rest string) (*request, error) {
@@ -282,6 +307,14 @@ func (s *Server) parse(r *http.Request, rest string) (*request, error) {
 	rv := q.Get("resourceVersion")
 	req.bookmark = q.Get("sendInitialEvents") == "true"
 	req.initial = rv == "" || rv == "0" || req.bookmark
+	req.bookmarks = q.Get("allowWatchBookmarks") == "true"
+	if watch && !req.initial {
+		n, err := parseVersion(rv)
+		if err != nil {
+			return nil, err
+		}
+		req.from = n
+	}
 	if t := q.Get("timeoutSeconds"); t != "" {
 		n, err := strconv.Atoi(t)
 		if err != nil || n < 0 {
@@ -411,6 +444,12 @@ func (s *Server) listLive(ctx context.Context, namespace, name string) map[types
 	add := func(r rv1.DeviceReading) {
 		key := types.NamespacedName{Namespace: r.Namespace, Name: r.Name}
 		if cur := out[key]; cur != nil {
+			if t := takenOf(cur); t > takenOf(&r) { // the newest taken of the two, for replays
+				if r.Annotations == nil {
+					r.Annotations = map[string]string{}
+				}
+				r.Annotations[takenAnnotation] = strconv.FormatInt(t, 10)
+			}
 			n, c := r.Newest(), cur.Newest()
 			if n.Before(&c) {
 				return
@@ -447,14 +486,15 @@ func (s *Server) listLive(ctx context.Context, namespace, name string) map[types
 	return out
 }
 
-// readings are the merged readings of the Devices req asks for.
-func (s *Server) readings(ctx context.Context, req *request) ([]rv1.DeviceReading, error) {
+// readings are the merged readings of the Devices req asks for, and
+// when a replica took each one's newest change (for replays).
+func (s *Server) readings(ctx context.Context, req *request) ([]rv1.DeviceReading, map[types.NamespacedName]int64, error) {
 	var devices []v1alpha1.Device
 	if req.name != "" {
 		var d v1alpha1.Device
 		err := s.cfg.Devices.Get(ctx, types.NamespacedName{Namespace: req.namespace, Name: req.name}, &d)
 		if err != nil && !apierrors.IsNotFound(err) {
-			return nil, err
+			return nil, nil, err
 		}
 		if err == nil {
 			devices = append(devices, d)
@@ -466,27 +506,32 @@ func (s *Server) readings(ctx context.Context, req *request) ([]rv1.DeviceReadin
 			opts = append(opts, client.InNamespace(req.namespace))
 		}
 		if err := s.cfg.Devices.List(ctx, &list, opts...); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		devices = list.Items
 	}
 	live := s.listLive(ctx, req.namespace, req.name)
 	out := make([]rv1.DeviceReading, 0, len(devices))
+	taken := map[types.NamespacedName]int64{}
 	for i := range devices {
 		d := &devices[i]
 		if req.namespace != "" && d.Namespace != req.namespace || !req.labels.Matches(labels.Set(d.Labels)) {
 			continue
 		}
-		out = append(out, merged(d, live[types.NamespacedName{Namespace: d.Namespace, Name: d.Name}]))
+		key := types.NamespacedName{Namespace: d.Namespace, Name: d.Name}
+		if t := takenOf(live[key]); t != 0 {
+			taken[key] = t
+		}
+		out = append(out, merged(d, live[key]))
 	}
 	slices.SortFunc(out, func(a, b rv1.DeviceReading) int {
 		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
 	})
-	return out, nil
+	return out, taken, nil
 }
 
 func (s *Server) list(w http.ResponseWriter, r *http.Request, req *request) {
-	items, err := s.readings(r.Context(), req)
+	items, _, err := s.readings(r.Context(), req)
 	if err != nil {
 		s.fail(w, "list", apierrors.NewInternalError(err))
 		return
@@ -522,11 +567,24 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request, req *request) {
 		s.fail(w, "watch", apierrors.NewInternalError(errors.New("streaming is not supported")))
 		return
 	}
+	replaying := !req.initial
+	var gone []tombstone
+	if replaying {
+		var answerable bool
+		gone, answerable = s.deleted.after(req.from - s.cfg.ReplayMargin.Microseconds())
+		if !answerable {
+			// Before what this replica can answer for: the client lists
+			// again, as after the API server's 410.
+			s.fail(w, "watch", tooOld(req.from, s.deleted.since))
+			return
+		}
+	}
 	ctx, cancel := context.WithTimeout(r.Context(), req.timeout)
 	defer cancel()
 	s.watches.Inc()
 	defer s.watches.Dec()
-	local := s.cfg.Store.Watch(req.namespace, req.name)
+	// Followed before anything is read, so that nothing falls between.
+	local := s.cfg.Store.WatchDevices(req.namespace, req.name)
 	defer local.Stop()
 	fromPeers := make(chan rv1.DeviceReading, 64)
 	go s.followPeers(ctx, req.namespace, req.name, fromPeers)
@@ -553,66 +611,138 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request, req *request) {
 		}
 		return enc.Encode(watchEvent{Type: typ, Object: o})
 	}
+	now := func() string { return strconv.FormatInt(time.Now().UnixMicro(), 10) }
+	bookmark := func(initialEnd bool) error {
+		bm := rv1.DeviceReading{TypeMeta: typeMeta, ObjectMeta: metav1.ObjectMeta{ResourceVersion: now()}}
+		if initialEnd {
+			bm.Annotations = map[string]string{metav1.InitialEventsAnnotationKey: "true"}
+		}
+		return enc.Encode(watchEvent{Type: "BOOKMARK", Object: &bm})
+	}
+	// known: the client holds key (sent here, or in the list it watches
+	// from).
+	known := func(key types.NamespacedName, created metav1.Time) bool {
+		return sent[key] != nil || replaying && !created.IsZero() && !createdAfter(created, req.from)
+	}
 	emit := func(key types.NamespacedName, live *rv1.DeviceReading) error {
 		var d v1alpha1.Device
 		if err := s.cfg.Devices.Get(ctx, key, &d); err != nil {
-			if apierrors.IsNotFound(err) {
-				if st := sent[key]; st != nil {
-					delete(sent, key)
-					return send("DELETED", st.last)
-				}
-				return nil
+			if !apierrors.IsNotFound(err) {
+				return nil // the cache errs only as ctx ends
 			}
-			return nil // the cache errs only as ctx ends
+			st := sent[key]
+			switch {
+			case st != nil:
+				delete(sent, key)
+				last := st.last
+				last.ResourceVersion = now()
+				return send("DELETED", last)
+			case replaying:
+				// Deleted before this watch sent anything of it: the
+				// client had it if it was created before its list.
+				if _, done := sent[key]; done {
+					return nil
+				}
+				gone, _ := s.deleted.after(req.from)
+				for _, t := range gone {
+					if t.key == key && t.created <= req.from && req.labels.Matches(labels.Set(t.labels)) {
+						sent[key] = nil
+						return send("DELETED", rv1.DeviceReading{TypeMeta: typeMeta, ObjectMeta: metav1.ObjectMeta{
+							Namespace: key.Namespace, Name: key.Name, Labels: t.labels, ResourceVersion: now()}})
+					}
+				}
+			}
+			return nil
 		}
 		if !req.labels.Matches(labels.Set(d.Labels)) {
+			// Out of the selector now: gone for the client.
+			if st := sent[key]; st != nil {
+				delete(sent, key)
+				last := st.last
+				last.ResourceVersion = now()
+				return send("DELETED", last)
+			}
 			return nil
 		}
 		obj := merged(&d, live)
 		newest, dg := obj.Newest().Time, digest(&obj)
-		typ := "ADDED"
+		typ := "MODIFIED"
 		if st := sent[key]; st != nil {
 			if newest.Before(st.newest) || st.digest == dg {
 				return nil
 			}
-			typ = "MODIFIED"
+		} else if !known(key, d.CreationTimestamp) {
+			typ = "ADDED"
 		}
 		sent[key] = &sentState{newest: newest, digest: dg, last: obj}
 		return send(typ, obj)
 	}
-	if req.initial {
-		items, err := s.readings(ctx, req)
+	if req.initial || replaying {
+		items, taken, err := s.readings(ctx, req)
 		if err != nil {
 			_ = enc.Encode(watchEvent{Type: "ERROR", Object: apierrors.NewInternalError(err).Status()})
 			return
 		}
-		for _, it := range items {
-			key := types.NamespacedName{Namespace: it.Namespace, Name: it.Name}
-			sent[key] = &sentState{newest: it.Newest().Time, digest: digest(&it), last: it}
-			if err := send("ADDED", it); err != nil {
+		events := make([]replayEvent, 0, len(items))
+		if replaying {
+			events = replay(items, taken, gone, req.from, s.cfg.ReplayMargin, req.namespace, req.name, req.labels)
+			// What was not replayed, the client has: a later change of
+			// it is a MODIFIED, and never one going back.
+			for _, it := range items {
+				key := types.NamespacedName{Namespace: it.Namespace, Name: it.Name}
+				if !createdAfter(it.CreationTimestamp, req.from) {
+					sent[key] = &sentState{newest: it.Newest().Time, digest: digest(&it), last: it}
+				}
+			}
+		} else {
+			for _, it := range items {
+				events = append(events, replayEvent{"ADDED", it})
+			}
+		}
+		for _, ev := range events {
+			key := types.NamespacedName{Namespace: ev.obj.Namespace, Name: ev.obj.Name}
+			if ev.typ == "DELETED" {
+				delete(sent, key)
+			} else {
+				sent[key] = &sentState{newest: ev.obj.Newest().Time, digest: digest(&ev.obj), last: ev.obj}
+			}
+			if err := send(ev.typ, ev.obj); err != nil {
 				return
 			}
 		}
 		if req.bookmark {
-			bm := rv1.DeviceReading{TypeMeta: typeMeta, ObjectMeta: metav1.ObjectMeta{
-				ResourceVersion: strconv.FormatInt(time.Now().UnixMicro(), 10),
-				Annotations:     map[string]string{metav1.InitialEventsAnnotationKey: "true"}}}
-			if err := enc.Encode(watchEvent{Type: "BOOKMARK", Object: &bm}); err != nil {
+			if err := bookmark(true); err != nil {
 				return
 			}
 		}
 		flusher.Flush()
 	}
+	var bookmarks <-chan time.Time
+	if req.bookmarks {
+		t := time.NewTicker(s.cfg.BookmarkEvery)
+		defer t.Stop()
+		bookmarks = t.C
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case <-bookmarks:
+			if err := bookmark(false); err != nil {
+				return
+			}
 		case <-local.Changed():
 			for _, key := range local.Take() {
 				var live *rv1.DeviceReading
 				if snap, ok := s.cfg.Store.Get(key); ok {
 					lr := liveReading(snap, s.cfg.Replica)
 					live = &lr
+				} else if st := sent[key]; st != nil && st.last.Replica != "" && st.last.Replica != s.cfg.Replica {
+					// The Device changed in the API (its status, say) and
+					// another replica holds its values: what it last sent
+					// stays laid over.
+					last := st.last
+					live = &last
 				}
 				if err := emit(key, live); err != nil {
 					return

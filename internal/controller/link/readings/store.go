@@ -44,6 +44,11 @@ type device struct {
 	// version rises with every change the store takes (the store's
 	// counter), for watches.
 	version uint64
+	// taken is when the store last took a change of the Device (Unix
+	// microseconds, the replica's clock): a watch replaying from a
+	// resourceVersion sends what was taken after it, whenever it was
+	// read (an edge resending what it read while offline).
+	taken int64
 }
 
 // Snapshot is a copy of what the store holds of a Device.
@@ -54,6 +59,8 @@ type Snapshot struct {
 	StateAt time.Time
 	Props   []PropSnapshot
 	Version uint64
+	// Taken is when the store last took a change of the Device.
+	Taken time.Time
 }
 
 // PropSnapshot is a property's newest value and its history (oldest
@@ -159,7 +166,8 @@ func (s *Store) Observe(key types.NamespacedName, node, property, value string, 
 	}
 	s.version++
 	d.version = s.version
-	s.notifyLocked(key)
+	d.taken = time.Now().UnixMicro()
+	s.notifyLocked(key, false)
 	s.mu.Unlock()
 }
 
@@ -187,7 +195,8 @@ func (s *Store) SetState(key types.NamespacedName, node, state string, at time.T
 	d.state, d.stateAt = state, ns
 	s.version++
 	d.version = s.version
-	s.notifyLocked(key)
+	d.taken = time.Now().UnixMicro()
+	s.notifyLocked(key, false)
 	s.mu.Unlock()
 }
 
@@ -198,8 +207,17 @@ func (s *Store) Forget(key types.NamespacedName) {
 	if d := s.devices[key]; d != nil {
 		s.unindexLocked(key, d.node)
 		delete(s.devices, key)
-		s.notifyLocked(key) // a watch tells it is gone
+		s.notifyLocked(key, false) // a watch tells it is gone
 	}
+}
+
+// Touch tells the watchers that want them (WatchDevices') that a Device
+// changed in the API (created, updated or deleted), whatever the store
+// holds of it.
+func (s *Store) Touch(key types.NamespacedName) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.notifyLocked(key, true)
 }
 
 // ForgetNode drops the Devices of node: another replica holds its session
@@ -267,6 +285,9 @@ func (s *Store) List(namespace string, held func(node string) bool) []Snapshot {
 
 func (s *Store) snapshotLocked(key types.NamespacedName, d *device) Snapshot {
 	out := Snapshot{Key: key, Node: d.node, State: d.state, Version: d.version, Props: make([]PropSnapshot, 0, len(d.props))}
+	if d.taken != 0 {
+		out.Taken = time.UnixMicro(d.taken)
+	}
 	if d.stateAt != 0 {
 		out.StateAt = time.Unix(0, d.stateAt)
 	}
@@ -306,7 +327,9 @@ type Watcher struct {
 	s         *Store
 	namespace string
 	name      string
-	signal    chan struct{}
+	// devices: told of Touch too.
+	devices bool
+	signal  chan struct{}
 
 	mu      sync.Mutex
 	pending map[types.NamespacedName]struct{}
@@ -314,8 +337,13 @@ type Watcher struct {
 
 // Watch starts a Watcher of the Devices in namespace (every namespace
 // when empty) named name (any when empty). Stop ends it.
-func (s *Store) Watch(namespace, name string) *Watcher {
-	w := &Watcher{s: s, namespace: namespace, name: name, signal: make(chan struct{}, 1),
+func (s *Store) Watch(namespace, name string) *Watcher { return s.watch(namespace, name, false) }
+
+// WatchDevices is Watch, told of the Devices Touch names too.
+func (s *Store) WatchDevices(namespace, name string) *Watcher { return s.watch(namespace, name, true) }
+
+func (s *Store) watch(namespace, name string, devices bool) *Watcher {
+	w := &Watcher{s: s, namespace: namespace, name: name, devices: devices, signal: make(chan struct{}, 1),
 		pending: map[types.NamespacedName]struct{}{}}
 	s.mu.Lock()
 	s.watchers[w] = struct{}{}
@@ -345,9 +373,9 @@ func (w *Watcher) Take() []types.NamespacedName {
 	return out
 }
 
-func (s *Store) notifyLocked(key types.NamespacedName) {
+func (s *Store) notifyLocked(key types.NamespacedName, touch bool) {
 	for w := range s.watchers {
-		if w.namespace != "" && w.namespace != key.Namespace || w.name != "" && w.name != key.Name {
+		if touch && !w.devices || w.namespace != "" && w.namespace != key.Namespace || w.name != "" && w.name != key.Name {
 			continue
 		}
 		w.mu.Lock()
