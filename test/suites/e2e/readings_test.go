@@ -6,7 +6,6 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -18,21 +17,15 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/dowse-dev/dowse/dowsectl"
-	"github.com/dowse-dev/dowse/internal/agent/edgehub"
-	"github.com/dowse-dev/dowse/internal/link/pki"
-	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
 	readingsv1 "github.com/dowse-dev/dowse/shared/api/readings/v1alpha1"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	"github.com/dowse-dev/dowse/test/framework/kube"
@@ -85,56 +78,8 @@ func TestReadingsAPI(t *testing.T) {
 	f := startFleetWith(t, fleetOptions{replicas: 2, aggregator: true, args: []string{"--twin-status-budget", "2"}})
 	c := f.client
 
-	// The API: an ExternalName Service reaching replica 0 on loopback (no
-	// kube-proxy here) and the APIService the chart registers; its
-	// caBundle is the replicas' to set.
 	front := f.replicas[0]
-	if err := c.Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "dowse-system", Name: readingsService},
-		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeExternalName, ExternalName: "localhost",
-			Ports: []corev1.ServicePort{{Name: "https", Port: int32(front.readings)}}}}); err != nil {
-		t.Fatal(err)
-	}
-	apiSvc := &unstructured.Unstructured{Object: map[string]any{
-		"apiVersion": "apiregistration.k8s.io/v1", "kind": "APIService",
-		"metadata": map[string]any{"name": readingsv1.APIServiceName},
-		"spec": map[string]any{"group": readingsv1.Group, "version": readingsv1.Version,
-			"groupPriorityMinimum": int64(1000), "versionPriority": int64(15),
-			"service": map[string]any{"namespace": "dowse-system", "name": readingsService, "port": int64(front.readings)}},
-	}}
-	if err := c.Create(ctx, apiSvc); err != nil {
-		t.Fatal(err)
-	}
-	var caSecret corev1.Secret
-	testwait.For(t, 30*time.Second, func() error {
-		return c.Get(ctx, client.ObjectKey{Namespace: "dowse-system", Name: "dowse-link-ca"}, &caSecret)
-	})
-	ca, err := pki.LoadCA(caSecret.Data[corev1.TLSCertKey], caSecret.Data[corev1.TLSPrivateKeyKey])
-	if err != nil {
-		t.Fatal(err)
-	}
-	testwait.For(t, time.Minute, func() error {
-		got := &unstructured.Unstructured{}
-		got.SetAPIVersion("apiregistration.k8s.io/v1")
-		got.SetKind("APIService")
-		if err := c.Get(ctx, client.ObjectKey{Name: readingsv1.APIServiceName}, got); err != nil {
-			return err
-		}
-		b64, _, _ := unstructured.NestedString(got.Object, "spec", "caBundle")
-		if b, _ := base64.StdEncoding.DecodeString(b64); !bytes.Equal(b, ca.CertPEM) {
-			return errors.New("the APIService's caBundle is not the link CA yet")
-		}
-		conds, _, _ := unstructured.NestedSlice(got.Object, "status", "conditions")
-		for _, cd := range conds {
-			m, _ := cd.(map[string]any)
-			if m["type"] == "Available" {
-				if m["status"] == "True" {
-					return nil
-				}
-				return fmt.Errorf("APIService not available: %v: %v", m["reason"], m["message"])
-			}
-		}
-		return errors.New("APIService has no Available condition")
-	})
+	ca := registerReadingsAPI(t, ctx, f, front)
 
 	// Users: alice may read DeviceReadings in default, bob nothing.
 	for _, ns := range []string{"other"} {
@@ -159,54 +104,7 @@ func TestReadingsAPI(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// The Devices and their edges.
-	model := &v1alpha1.DeviceModel{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "counter"},
-		Spec: v1alpha1.DeviceModelSpec{Protocol: "scripted", Properties: []v1alpha1.ModelProperty{{Name: "count", Type: v1alpha1.PropertyInt}}}}
-	if err := c.Create(ctx, model); err != nil {
-		t.Fatal(err)
-	}
-	nodeName := func(n int) string { return fmt.Sprintf("rd-%d", n) }
-	devName := func(n, i int) string { return fmt.Sprintf("rd-%d-%d", n, i) }
-	for n := range nodes {
-		if err := c.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName(n)}}); err != nil {
-			t.Fatal(err)
-		}
-		for i := range perNode {
-			if err := c.Create(ctx, &v1alpha1.Device{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: devName(n, i)},
-				Spec: v1alpha1.DeviceSpec{DeviceModelRef: &corev1.LocalObjectReference{Name: "counter"}, NodeName: nodeName(n)}}); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	pool := x509.NewCertPool()
-	pool.AddCert(ca.Cert)
-	servers := strings.Split(f.servers(), ",")
-	ectx, stopEdges := context.WithCancel(ctx)
-	edges := make([]*simEdge, nodes)
-	for n := range nodes {
-		e := &simEdge{node: nodeName(n), count: make([]atomic.Int64, perNode), done: make(chan struct{})}
-		cert, err := ca.IssueNode(e.node, "", time.Hour)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if e.hub, err = edgehub.New(edgehub.Config{Node: e.node, Transport: "websocket", Server: servers[n%len(servers)], Servers: servers,
-			TLS:      pki.ClientTLSConfig(pki.Static[*tls.CertificateRequestInfo](cert), pool, "127.0.0.1"),
-			StateDir: filepath.Join(t.TempDir(), e.node), NoSync: true, Heartbeat: time.Second, BackoffMax: time.Second}, func(context.Context, *linkv1.Envelope) {}, nil); err != nil {
-			t.Fatal(err)
-		}
-		go func() {
-			defer close(e.done)
-			_ = e.hub.Start(logr.NewContext(ectx, logr.Discard()))
-		}()
-		edges[n] = e
-	}
-	t.Cleanup(func() {
-		stopEdges()
-		for _, e := range edges {
-			<-e.done
-			_ = e.hub.Close()
-		}
-	})
+	edges, devName := startCounterEdges(t, ctx, f, ca, nodes, perNode)
 	var holders map[string]string
 	testwait.For(t, time.Minute, func() error {
 		for _, e := range edges {
@@ -230,29 +128,7 @@ func TestReadingsAPI(t *testing.T) {
 	t.Logf("node holders: %v", holders)
 
 	// The load: every Device's counter goes up every 200 ms.
-	rctx, stopReports := context.WithCancel(ctx)
-	var reporters sync.WaitGroup
-	for n, e := range edges {
-		for i := range perNode {
-			ref := &linkv1.DeviceRef{Namespace: "default", Name: devName(n, i)}
-			reporters.Go(func() {
-				tick := time.NewTicker(200 * time.Millisecond)
-				defer tick.Stop()
-				for {
-					v := e.count[i].Load() + 1
-					if _, err := e.hub.Report(ref, "count", &linkv1.TwinValue{Value: strconv.FormatInt(v, 10)}, time.Now()); err == nil {
-						e.count[i].Store(v)
-					}
-					select {
-					case <-tick.C:
-					case <-rctx.Done():
-						return
-					}
-				}
-			})
-		}
-	}
-	t.Cleanup(func() { stopReports(); reporters.Wait() })
+	t.Cleanup(reportCounters(edges, perNode, devName))
 	// A few seconds of it: each Device's status, two writes a second a
 	// replica for its six Devices, falls behind.
 	time.Sleep(3 * time.Second)
@@ -392,6 +268,8 @@ func TestReadingsAPI(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	pool := x509.NewCertPool()
+	pool.AddCert(ca.Cert)
 	for _, r := range f.replicas {
 		for _, tc := range []struct {
 			user string

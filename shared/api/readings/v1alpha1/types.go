@@ -56,7 +56,10 @@ const (
 
 // DeviceReading is the live view of one Device's reported values.
 type DeviceReading struct {
-	metav1.TypeMeta   `json:",inline"`
+	metav1.TypeMeta `json:",inline"`
+	// Standard object's metadata: the Device's name, namespace, uid,
+	// labels and creation time; its resourceVersion is the newest read
+	// time of its values in Unix microseconds.
 	metav1.ObjectMeta `json:"metadata,omitempty"`
 	// Node is the Device's node (spec.nodeName).
 	Node string `json:"node,omitempty"`
@@ -98,6 +101,8 @@ type Sample struct {
 // DeviceReadingList is a list of DeviceReadings.
 type DeviceReadingList struct {
 	metav1.TypeMeta `json:",inline"`
+	// Standard list metadata: its resourceVersion is when the list was
+	// made (Unix microseconds), for a watch to replay from.
 	metav1.ListMeta `json:"metadata,omitempty"`
 	// +listType=atomic
 	Items []DeviceReading `json:"items"`
