@@ -30,12 +30,12 @@ func TestReplaySendsWhatCameAfter(t *testing.T) {
 	list := base.Add(10 * time.Second) // the list's resourceVersion
 	rv := list.UnixMicro()
 	items := []rv1.DeviceReading{
-		reading("old", base, base.Add(time.Second)),                           // read and taken before: the client has it
-		reading("read-after", base, list.Add(time.Millisecond)),               // read after the list
-		reading("taken-after", base, base.Add(-time.Hour)),                    // read an hour ago, taken after the list (an edge that was offline)
-		reading("in-flight", base, list.Add(-2*time.Second)),                  // read before, taken within the margin
-		reading("new", list.Add(3*time.Second), list.Add(4*time.Second)),      // created after the list
-		reading("new-quiet", list.Add(3*time.Second), time.Time{}),            // created after, nothing read yet
+		reading("old", base, base.Add(time.Second)),                            // read and taken before: the client has it
+		reading("read-after", base, list.Add(time.Millisecond)),                // read after the list
+		reading("taken-after", base, base.Add(-time.Hour)),                     // read an hour ago, taken after the list (an edge that was offline)
+		reading("in-flight", base, list.Add(-2*time.Second)),                   // read before, taken within the margin
+		reading("new", list.Add(3*time.Second), list.Add(4*time.Second)),       // created after the list
+		reading("new-quiet", list.Add(3*time.Second), time.Time{}),             // created after, nothing read yet
 		reading("recreated", list.Add(2*time.Second), list.Add(2*time.Second)), // deleted and created again since
 	}
 	taken := map[types.NamespacedName]int64{

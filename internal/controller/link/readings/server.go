@@ -78,7 +78,7 @@ type Config struct {
 	// is answered 410 Gone.
 	DeletionWindow time.Duration
 	Registerer     prometheus.Registerer
-	Log        logr.Logger
+	Log            logr.Logger
 }
 
 // Server serves readings.dowse.dev/v1alpha1.

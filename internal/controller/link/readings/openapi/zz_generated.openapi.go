@@ -101,8 +101,9 @@ func schema_shared_api_readings_v1alpha1_DeviceReading(ref common.ReferenceCallb
 					},
 					"metadata": {
 						SchemaProps: spec.SchemaProps{
-							Default: map[string]interface{}{},
-							Ref:     ref(v1.ObjectMeta{}.OpenAPIModelName()),
+							Description: "Standard object's metadata: the Device's name, namespace, uid, labels and creation time; its resourceVersion is the newest read time of its values in Unix microseconds.",
+							Default:     map[string]interface{}{},
+							Ref:         ref(v1.ObjectMeta{}.OpenAPIModelName()),
 						},
 					},
 					"node": {
@@ -178,8 +179,9 @@ func schema_shared_api_readings_v1alpha1_DeviceReadingList(ref common.ReferenceC
 					},
 					"metadata": {
 						SchemaProps: spec.SchemaProps{
-							Default: map[string]interface{}{},
-							Ref:     ref(v1.ListMeta{}.OpenAPIModelName()),
+							Description: "Standard list metadata: its resourceVersion is when the list was made (Unix microseconds), for a watch to replay from.",
+							Default:     map[string]interface{}{},
+							Ref:         ref(v1.ListMeta{}.OpenAPIModelName()),
 						},
 					},
 					"items": {
