@@ -128,6 +128,10 @@ func runBudget(ctx context.Context, nEdges, perEdge int, every, window time.Dura
 	var pmu sync.Mutex
 	probes := map[string]probe{}
 	var acks, down []time.Duration // set → in status; set → at the edge
+	// The API server's part: its status write (the managedFields time of
+	// the status subresource's newest entry, whole seconds: the figure is
+	// up to 1 s above the truth) → the event in the bench's watch.
+	var delivered []time.Duration
 	wctx, wcancel := context.WithCancel(ctx)
 	defer wcancel()
 	go func() {
@@ -146,6 +150,9 @@ func runBudget(ctx context.Context, nEdges, perEdge int, every, window time.Dura
 			for _, tw := range d.Status.Twins {
 				if tw.PropertyName == "setpoint" && tw.ObservedDesired != nil && tw.ObservedDesired.Value == p.want {
 					acks = append(acks, now.Sub(p.set))
+					if at := statusWrittenAt(d); !at.IsZero() {
+						delivered = append(delivered, now.Sub(at))
+					}
 					if at, ok := atEdge.Load(d.Name + "=" + p.want); ok {
 						down = append(down, at.(time.Time).Sub(p.set))
 					}
@@ -268,7 +275,7 @@ func runBudget(ctx context.Context, nEdges, perEdge int, every, window time.Dura
 	backlog := maxPending.Load()
 	time.Sleep(5 * time.Second) // the last acknowledgements
 	pmu.Lock()
-	lat, downLat := slices.Clone(acks), slices.Clone(down)
+	lat, downLat, deliveredLat := slices.Clone(acks), slices.Clone(down), slices.Clone(delivered)
 	unacked := len(probes)
 	left := maps.Clone(probes)
 	pmu.Unlock()
@@ -304,6 +311,7 @@ func runBudget(ctx context.Context, nEdges, perEdge int, every, window time.Dura
 	}
 	slices.Sort(lat)
 	slices.Sort(downLat)
+	slices.Sort(deliveredLat)
 
 	var taken float64
 	var perReplica []string
@@ -340,6 +348,9 @@ func runBudget(ctx context.Context, nEdges, perEdge int, every, window time.Dura
 	}
 	if len(downLat) > 0 {
 		row("  of which set → at its edge, p50 / p99", fmt.Sprintf("%s / %s", pct(downLat, 0.5), pct(downLat, 0.99)))
+	}
+	if len(deliveredLat) > 0 {
+		row("  of which status written → in the bench's watch (+0-1 s), p50 / p99", fmt.Sprintf("%s / %s", pct(deliveredLat, 0.5), pct(deliveredLat, 0.99)))
 	}
 	// Where an acknowledgement's time goes: the twin sync's queue (it
 	// sends the desired value to the node), the urgent write's wait
@@ -449,4 +460,17 @@ func histQuantile(before, after []series, name, label string, q float64) float64
 		prevBound, prevCount = b, counts[b]
 	}
 	return prevBound
+}
+
+// statusWrittenAt is when the API server took d's newest status write:
+// the time of its newest managedFields entry for the status subresource
+// (whole seconds; zero when it has none).
+func statusWrittenAt(d *v1alpha1.Device) time.Time {
+	var at time.Time
+	for _, mf := range d.ManagedFields {
+		if mf.Subresource == "status" && mf.Time != nil && mf.Time.After(at) {
+			at = mf.Time.Time
+		}
+	}
+	return at
 }
