@@ -102,6 +102,11 @@ func (f *Framed) Read(env *linkv1.Envelope) (int, error) {
 	if err != nil {
 		return 0, err
 	}
+	// A frame beyond keepFrameBuffer is a buffer of its own (the reader
+	// keeps none that large): a stream's data may keep it.
+	if len(b) > keepFrameBuffer && decodeStreamData(b, env) {
+		return len(b), Validate(env)
+	}
 	return len(b), Decode(b, env)
 }
 
@@ -440,6 +445,9 @@ func (r *runner) readOne(ctx context.Context, watchdog *time.Timer) error {
 				r.push(&linkv1.Envelope{Kind: &linkv1.Envelope_Error{Error: &linkv1.Error{Code: refused.Code, Message: refused.Message, RefSeq: env.Seq}}})
 			}
 			r.sess.Delivered(env.Seq)
+			if r.cfg.Streams != nil {
+				r.cfg.Streams.noteMessage() // a reply is likely: keep stream data from its way
+			}
 			r.wake()
 			// Let what the message woke run before the next frame (the
 			// writer with its ack, the application's goroutines): a reader
@@ -498,6 +506,7 @@ func (r *runner) write(buf []byte, batch []*Entry) ([]byte, []*Entry, error) {
 	// was told.
 	ack := r.sess.AckPosition()
 	more := false
+	seqFrames := 0
 	for {
 		if len(buf) >= 64<<10 {
 			more = true
@@ -514,6 +523,7 @@ func (r *runner) write(buf []byte, batch []*Entry) ([]byte, []*Entry, error) {
 				return buf, batch, err
 			}
 			frames++
+			seqFrames++
 		}
 		clear(batch)
 	}
@@ -537,6 +547,9 @@ func (r *runner) write(buf []byte, batch []*Entry) ([]byte, []*Entry, error) {
 	// Streams last: a bulk transfer fills what room the messages left,
 	// and the next write takes messages first again.
 	if r.cfg.Streams != nil {
+		if seqFrames > 0 {
+			r.cfg.Streams.noteMessage() // before its data: they wait behind the tight bound
+		}
 		var n int
 		var moreStreams bool
 		if buf, n, moreStreams, err = r.cfg.Streams.appendFrames(buf, ack, len(buf)+streamBudget); err != nil {

@@ -120,6 +120,108 @@ func (fr *FrameReader) Next() ([]byte, error) {
 	return b, nil
 }
 
+// The fields decodeStreamData reads.
+var (
+	envFields        = (&linkv1.Envelope{}).ProtoReflect().Descriptor().Fields()
+	versionField     = envFields.ByName("version").Number()
+	seqField         = envFields.ByName("seq").Number()
+	streamDataField  = envFields.ByName("stream_data").Number()
+	streamDataFields = (&linkv1.StreamData{}).ProtoReflect().Descriptor().Fields()
+	streamIDField    = streamDataFields.ByName("id").Number()
+	streamBytesField = streamDataFields.ByName("data").Number()
+)
+
+// decodeStreamData decodes frame into env when it is a StreamData with
+// nothing else in it (version, seq, ack, the stream's id and data, each
+// once), its data aliasing frame: no copy of a stream's bytes and no
+// second buffer for them, where proto.Unmarshal copies them out. frame
+// must be the caller's to give away. False (env untouched): decode it
+// the usual way.
+func decodeStreamData(frame []byte, env *linkv1.Envelope) bool {
+	var version, seq, ack uint64
+	var inner []byte
+	var seen [4]bool
+	for len(frame) > 0 {
+		num, typ, n := protowire.ConsumeTag(frame)
+		if n < 0 {
+			return false
+		}
+		frame = frame[n:]
+		var slot int
+		switch {
+		case num == versionField && typ == protowire.VarintType:
+			slot = 0
+		case num == seqField && typ == protowire.VarintType:
+			slot = 1
+		case num == ackField && typ == protowire.VarintType:
+			slot = 2
+		case num == streamDataField && typ == protowire.BytesType:
+			slot = 3
+		default:
+			return false
+		}
+		if seen[slot] {
+			return false // repeated: proto's merge rules, not ours
+		}
+		seen[slot] = true
+		if slot == 3 {
+			b, n := protowire.ConsumeBytes(frame)
+			if n < 0 {
+				return false
+			}
+			inner, frame = b, frame[n:]
+			continue
+		}
+		v, n := protowire.ConsumeVarint(frame)
+		if n < 0 {
+			return false
+		}
+		frame = frame[n:]
+		switch slot {
+		case 0:
+			version = v
+		case 1:
+			seq = v
+		case 2:
+			ack = v
+		}
+	}
+	if !seen[3] || version > 1<<32-1 {
+		return false
+	}
+	var id uint64
+	var data []byte
+	var seenID, seenData bool
+	for len(inner) > 0 {
+		num, typ, n := protowire.ConsumeTag(inner)
+		if n < 0 {
+			return false
+		}
+		inner = inner[n:]
+		switch {
+		case num == streamIDField && typ == protowire.VarintType && !seenID:
+			v, n := protowire.ConsumeVarint(inner)
+			if n < 0 {
+				return false
+			}
+			id, seenID, inner = v, true, inner[n:]
+		case num == streamBytesField && typ == protowire.BytesType && !seenData:
+			b, n := protowire.ConsumeBytes(inner)
+			if n < 0 {
+				return false
+			}
+			data, seenData, inner = b, true, inner[n:]
+		default:
+			return false
+		}
+	}
+	env.Reset()
+	env.Version, env.Seq, env.Ack = uint32(version), seq, ack
+	env.Kind = &linkv1.Envelope_StreamData{StreamData: &linkv1.StreamData{Id: id, Data: data[:len(data):len(data)]}}
+	return true
+}
+
+
 // Decode unmarshals a frame into env and validates it.
 func Decode(frame []byte, env *linkv1.Envelope) error {
 	if err := proto.Unmarshal(frame, env); err != nil {

@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"net"
+	"slices"
 	"strconv"
 	"testing"
 
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
@@ -123,4 +126,58 @@ func BenchmarkFrameAck(b *testing.B) {
 			buf, _ = appendFrameAck(buf[:0], env, uint64(i))
 		}
 	})
+}
+
+// TestDecodeStreamDataAliases: a StreamData frame decodes to what
+// proto.Unmarshal makes of it, its data inside the frame (no copy);
+// anything else in the frame leaves it to proto.Unmarshal.
+func TestDecodeStreamDataAliases(t *testing.T) {
+	data := make([]byte, 32<<10)
+	for i := range data {
+		data[i] = byte(i)
+	}
+	env := &linkv1.Envelope{Version: ProtocolVersion, Ack: 7, Kind: &linkv1.Envelope_StreamData{StreamData: &linkv1.StreamData{Id: 3, Data: data}}}
+	frame, err := proto.Marshal(env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got, want linkv1.Envelope
+	if !decodeStreamData(frame, &got) {
+		t.Fatal("a StreamData frame was not decoded")
+	}
+	if err := proto.Unmarshal(frame, &want); err != nil {
+		t.Fatal(err)
+	}
+	if !proto.Equal(&got, &want) {
+		t.Fatalf("decoded %v, proto.Unmarshal %v", &got, &want)
+	}
+	d := got.GetStreamData().GetData()
+	if &d[0] != &frame[len(frame)-len(data)] {
+		t.Fatal("the data was copied out of the frame")
+	}
+	// Through the connection's reader: a frame this large is its own.
+	var b []byte
+	if b, err = AppendFrame(b, env); err != nil {
+		t.Fatal(err)
+	}
+	ours, theirs := net.Pipe()
+	defer ours.Close()
+	go func() { _, _ = theirs.Write(b); _ = theirs.Close() }()
+	var read linkv1.Envelope
+	if _, err := NewFramed(pipeConn{ours}, 0).Read(&read); err != nil || !proto.Equal(&read, env) {
+		t.Fatalf("read %v (%v)", &read, err)
+	}
+
+	twin, err := proto.Marshal(twinReported(1, "cam", "p", 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	withUnknown := protowire.AppendBytes(protowire.AppendTag(slices.Clone(frame), 999, protowire.BytesType), []byte("x"))
+	twice := append(slices.Clone(frame), frame...)
+	for name, f := range map[string][]byte{"another kind": twin, "an unknown field": withUnknown, "stream_data twice": twice} {
+		var e linkv1.Envelope
+		if decodeStreamData(f, &e) {
+			t.Errorf("%s: decoded as a bare StreamData", name)
+		}
+	}
 }

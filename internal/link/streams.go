@@ -59,6 +59,20 @@ const (
 	MaxStreamsInFlight = 8 << 20
 )
 
+// The bound on stream data in flight is there for the messages (twins)
+// that wait behind it. On a connection that has carried no sequenced
+// message for quietPeriod nobody waits: the bound is quietGain times as
+// loose there (at most MaxStreamsInFlight), which lets one stream alone
+// run faster where the measured product is smaller than what the
+// connection's round trips take in practice (loopback, busy CPUs). The
+// first message after a quiet spell waits behind at most that looser
+// bound; it tightens again with that message, both ways (a message
+// written or delivered).
+const (
+	quietPeriod = time.Second
+	quietGain   = 8
+)
+
 // ErrLinkLost ends every stream of a connection that ended: a byte stream
 // cannot resume on the next one.
 var ErrLinkLost = errors.New("link lost")
@@ -139,7 +153,8 @@ type Streams struct {
 	peerReceived uint64 // of them, read by the peer (its last receipt)
 	bounded      bool   // the peer sends receipts: sent-peerReceived is bounded
 	est          bdpEstimate
-	maxInFlight  int // the most sent-peerReceived ever was (tests)
+	maxInFlight  int       // the most sent-peerReceived ever was (tests)
+	lastMessage  time.Time // a sequenced message last written or delivered (see quietPeriod)
 }
 
 // NewStreams makes the streams of one connection. dial serves the peer's
@@ -511,13 +526,33 @@ func (s *Streams) receiptLocked(received uint64, now time.Time) {
 	}
 }
 
+// noteMessage tells the streams that the connection wrote or delivered a
+// sequenced message now: the bound on data in flight is tight for
+// quietPeriod.
+func (s *Streams) noteMessage() {
+	s.mu.Lock()
+	s.lastMessage = s.now()
+	s.mu.Unlock()
+}
+
+// boundLocked is the bound on stream data in flight now: twice the
+// measured product, or quietGain times that while no message was written
+// or delivered for quietPeriod; s.mu is held.
+func (s *Streams) boundLocked() int {
+	limit := s.est.limit()
+	if s.lastMessage.IsZero() || s.now().Sub(s.lastMessage) >= quietPeriod {
+		limit = min(quietGain*limit, MaxStreamsInFlight)
+	}
+	return limit
+}
+
 // inFlightRoom is the stream data the writer may add now (-1: unbounded,
 // the peer sends no receipts) and the size of a data frame; s.mu is held.
 func (s *Streams) inFlightRoom() (room, chunk int) {
 	if !s.bounded {
 		return -1, MaxStreamData
 	}
-	limit := s.est.limit()
+	limit := s.boundLocked()
 	// Frames of half the bound (32 KiB at the least bound) keep its
 	// room in use while the peer's receipts come back, and cost half the
 	// frames a quarter did on a link held at the least bound.
@@ -530,7 +565,7 @@ func (s *Streams) InFlight() (inFlight, limit int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.bounded {
-		limit = s.est.limit()
+		limit = s.boundLocked()
 	}
 	return int(s.sent - s.peerReceived), limit
 }
@@ -589,6 +624,7 @@ func (s *Streams) appendFrames(buf []byte, ack uint64, limit int) (_ []byte, fra
 			}
 			frames++
 			st.send = st.send[n:]
+			st.releaseSendLocked()
 			st.sendCredit -= n
 			s.sent += uint64(n)
 			if room >= 0 {
@@ -639,6 +675,7 @@ type Stream struct {
 	probe      uint64        // received beyond this came by the grant at probeAt
 	probeAt    time.Time     // zero: no grant being timed
 	send       []byte
+	sendBase   *[]byte // the pooled buffer send lies in (appendSendLocked), nil: none
 	sendCredit int
 	sendClosed bool
 	closeSent  bool
@@ -781,7 +818,7 @@ func (st *Stream) Write(p []byte) (int, error) {
 			return written, net.ErrClosed
 		}
 		n := min(len(p), int(s.window)-len(st.send))
-		st.send = append(st.send, p[:n]...)
+		st.appendSendLocked(p[:n])
 		p = p[n:]
 		written += n
 		if st.sendCredit > 0 {
@@ -789,6 +826,45 @@ func (st *Stream) Write(p []byte) (int, error) {
 		}
 	}
 	return written, nil
+}
+
+// sendBufs are stream send buffers of DefaultStreamWindow bytes, lent to
+// a stream from a write of pooledSendMin bytes until what it queued has
+// gone out: a bulk transfer reuses the same few buffers instead of
+// allocating as its queue moves along, and an idle stream holds none.
+var sendBufs = sync.Pool{New: func() any {
+	b := make([]byte, DefaultStreamWindow)
+	return &b
+}}
+
+// pooledSendMin is the least write that borrows a pooled send buffer.
+const pooledSendMin = 4 << 10
+
+// appendSendLocked queues p (at most the stream window's room, as Write
+// takes it); s.mu is held.
+func (st *Stream) appendSendLocked(p []byte) {
+	if st.sendBase == nil && len(st.send) == 0 && len(p) >= pooledSendMin && st.s.window == DefaultStreamWindow {
+		st.sendBase = sendBufs.Get().(*[]byte)
+		st.send = (*st.sendBase)[:0]
+	}
+	if base := st.sendBase; base != nil && cap(st.send)-len(st.send) < len(p) {
+		if len(st.send)+len(p) > cap(*base) {
+			st.sendBase = nil // does not fit: the buffer goes to the collector, not back to the pool
+		} else {
+			// What went out made room at the front.
+			st.send = (*base)[:copy(*base, st.send)]
+		}
+	}
+	st.send = append(st.send, p...)
+}
+
+// releaseSendLocked returns the pooled send buffer once all it held went
+// out (copied into the connection's write); s.mu is held.
+func (st *Stream) releaseSendLocked() {
+	if len(st.send) == 0 && st.sendBase != nil {
+		sendBufs.Put(st.sendBase)
+		st.send, st.sendBase = nil, nil
+	}
 }
 
 // consumedLocked grants the peer what the reader took, once it is half a
@@ -918,7 +994,7 @@ func (st *Stream) fail(err error) {
 	if st.err == nil {
 		st.err = err
 	}
-	st.send = nil
+	st.send, st.sendBase = nil, nil
 	st.settleOpen()
 	st.cond.Broadcast()
 }

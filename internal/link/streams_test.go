@@ -480,6 +480,9 @@ func FuzzStreamFrames(f *testing.F) {
 // goes out ahead of the data held back (counted on the wire, not timed).
 func TestStreamDataInFlightBounded(t *testing.T) {
 	streams := NewStreams(nil)
+	// A clock of its own that stands still: a message once sent keeps
+	// the bound tight (quietPeriod) however long the test takes.
+	streams.now = func() time.Time { return time.Unix(1000, 0) }
 	ctx, sess, peer := runWithBarePeer(t, streams)
 	write := func(env *linkv1.Envelope) {
 		t.Helper()
@@ -534,6 +537,15 @@ func TestStreamDataInFlightBounded(t *testing.T) {
 	if receipt != 1000 {
 		t.Fatalf("receipt %d after 1000 bytes of data read, want 1000", receipt)
 	}
+
+	// Twins are in use on the connection: the bound is the tight one.
+	if _, _, err := sess.Enqueue(twinReported(0, "cam", "p", 0), ""); err != nil {
+		t.Fatal(err)
+	}
+	for twins == 0 {
+		read()
+	}
+	twins = 0
 
 	// A stream with a bulk transfer and all the credit it could use; the
 	// peer announces receipts and withholds them.
@@ -597,4 +609,157 @@ func TestStreamDataInFlightBounded(t *testing.T) {
 		t.Fatalf("%d bytes of stream data written beyond the receipt, want 1 to %d", data-receipted, limit)
 	}
 	_ = st.Close()
+}
+
+// TestStreamDataInFlightLooseWhileNoMessages: on a connection that has
+// carried no sequenced message for quietPeriod the bound on stream data
+// in flight is quietGain times as loose (one stream alone runs on); a
+// message delivered tightens it at once, and it loosens again a quiet
+// period later (counted on the wire and on a clock of the test's own).
+func TestStreamDataInFlightLooseWhileNoMessages(t *testing.T) {
+	streams := NewStreams(nil)
+	var mu sync.Mutex
+	now := time.Unix(1000, 0)
+	streams.now = func() time.Time {
+		mu.Lock()
+		defer mu.Unlock()
+		return now
+	}
+	ctx, _, peer := runWithBarePeer(t, streams)
+	write := func(env *linkv1.Envelope) {
+		t.Helper()
+		if err := peer.Write(env); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The peer reads on its own goroutine and counts the data.
+	var dmu sync.Mutex
+	data := 0
+	opens := make(chan *linkv1.StreamOpen, 1)
+	go func() {
+		for {
+			var env linkv1.Envelope
+			if _, err := peer.Read(&env); err != nil {
+				return
+			}
+			switch {
+			case env.GetStreamData() != nil:
+				dmu.Lock()
+				data += len(env.GetStreamData().Data)
+				dmu.Unlock()
+			case env.GetStreamOpen() != nil:
+				opens <- env.GetStreamOpen()
+			}
+		}
+	}()
+	read := func() int {
+		dmu.Lock()
+		defer dmu.Unlock()
+		return data
+	}
+	opened := make(chan *Stream, 1)
+	go func() {
+		st, err := streams.Open(ctx, "plc:502")
+		if err != nil {
+			t.Error(err)
+		}
+		opened <- st
+	}()
+	open := <-opens
+	write(&linkv1.Envelope{Kind: &linkv1.Envelope_StreamReceipt{StreamReceipt: &linkv1.StreamReceipt{}}})
+	write(&linkv1.Envelope{Kind: &linkv1.Envelope_StreamWindow{StreamWindow: &linkv1.StreamWindow{Id: open.Id, Credit: 64 << 20}}})
+	st := <-opened
+	go func() { _, _ = st.Write(make([]byte, 32<<20)) }()
+
+	// No message yet: the writer goes on to the loose bound, beyond the
+	// tight one, and stops there (no receipt comes).
+	loose := quietGain * MinStreamsInFlight
+	waitFor(t, func() bool { return read() > MinStreamsInFlight }, "stream data beyond the tight bound")
+	waitFor(t, func() bool {
+		inFlight, _ := streams.InFlight()
+		return inFlight > loose-MaxStreamData/2 && read() == inFlight
+	}, "the writer to fill the loose bound")
+	if inFlight, limit := streams.InFlight(); limit != loose || inFlight > loose {
+		t.Fatalf("in flight %d (bound %d) on a quiet connection, want at most the loose bound %d", inFlight, limit, loose)
+	}
+
+	// A twin message from the peer, delivered: the bound is tight again.
+	write(twinReported(1, "cam", "p", 1))
+	waitFor(t, func() bool {
+		_, limit := streams.InFlight()
+		return limit == MinStreamsInFlight
+	}, "the bound to tighten after a delivered message")
+	// ... and loose again once the connection was quiet for quietPeriod.
+	mu.Lock()
+	now = now.Add(quietPeriod)
+	mu.Unlock()
+	if _, limit := streams.InFlight(); limit != loose {
+		t.Fatalf("bound %d a quiet period after the last message, want %d", limit, loose)
+	}
+	_ = st.Close()
+}
+
+// TestStreamSendBufferPooled: a bulk write borrows a pooled send buffer,
+// keeps using it as its data goes out (what is left moves to its front),
+// and gives it back once all went out; the bytes arrive in order.
+func TestStreamSendBufferPooled(t *testing.T) {
+	s := NewStreams(nil)
+	s.attach(func() {}, nil)
+	s.mu.Lock()
+	st := s.newStream(1, "t:1")
+	st.sendCredit = 1 << 20
+	s.mu.Unlock()
+	var got []byte
+	frame := func(limit int) {
+		t.Helper()
+		buf, _, _, err := s.appendFrames(nil, 0, limit)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for fr := NewFrameReader(bytes.NewReader(buf), DefaultMaxFrame); ; {
+			b, err := fr.Next()
+			if errors.Is(err, io.EOF) {
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			var env linkv1.Envelope
+			if err := Decode(b, &env); err != nil {
+				t.Fatal(err)
+			}
+			got = append(got, env.GetStreamData().GetData()...)
+		}
+	}
+	frame(1) // the first receipt, announced at attach
+	a, b := randomBytes(t, 48<<10), randomBytes(t, 48<<10)
+	if _, err := st.Write(a); err != nil {
+		t.Fatal(err)
+	}
+	s.mu.Lock()
+	base := st.sendBase
+	s.mu.Unlock()
+	if base == nil || cap(*base) != DefaultStreamWindow {
+		t.Fatal("a bulk write did not borrow a pooled send buffer")
+	}
+	frame(1) // one data frame out, 16 KiB left at the buffer's end
+	if _, err := st.Write(b); err != nil {
+		t.Fatal(err)
+	}
+	s.mu.Lock()
+	if st.sendBase != base || &st.send[0] != &(*base)[0] {
+		s.mu.Unlock()
+		t.Fatal("the second write left the pooled buffer (its rest was not moved to the front)")
+	}
+	s.mu.Unlock()
+	frame(1 << 20)
+	s.mu.Lock()
+	if st.sendBase != nil || st.send != nil {
+		s.mu.Unlock()
+		t.Fatal("the send buffer is still held once all went out")
+	}
+	s.mu.Unlock()
+	if !bytes.Equal(got, append(a, b...)) {
+		t.Fatalf("%d bytes arrived, not the %d written in order", len(got), len(a)+len(b))
+	}
 }

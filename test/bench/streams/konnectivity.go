@@ -324,7 +324,15 @@ func compare(ctx context.Context, cl *cloud, dir, konnBin string, ca *pki.CA, tr
 				return errors.New("the edge never connected")
 			}
 		}
+		stopProfile := func() {}
+		if childProfile != "" {
+			if stopProfile, err = startCPUProfile(childProfile + "-hub-" + tr); err != nil {
+				edge.stop()
+				return err
+			}
+		}
 		err = frontendFigures(ctx, "egress, link over "+tr, uds, n, bulk, echo, sink, source)
+		stopProfile()
 		edge.stop()
 		if err != nil {
 			return err

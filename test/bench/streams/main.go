@@ -35,6 +35,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -64,7 +65,28 @@ func main() {
 	transports := flag.String("transports", "websocket,quic", "transports measured, comma-separated")
 	konn := flag.String("konnectivity", "bin/k8s", "folder with konnectivity's proxy-server and proxy-agent (make k8s): the egress through the link is compared with them; empty: no comparison")
 	only := flag.Bool("compare-only", false, "measure only the comparison with konnectivity")
+	cpuProfile := flag.String("cpuprofile", "", "write CPU profiles to this path with -edge-<transport> (the edge's process), -target and -hub-<transport> (the hub's process while it measures the egress) appended")
 	flag.Parse()
+	if *cpuProfile != "" {
+		childProfile = *cpuProfile
+		name := *cpuProfile
+		switch *role {
+		case "edge":
+			name += "-edge-" + *transport
+		case "target":
+			name += "-target"
+		default:
+			name = "" // the hub profiles each transport's egress figures alone (compare)
+		}
+		if name != "" {
+			stop, err := startCPUProfile(name)
+			if err != nil {
+				fmt.Fprintln(os.Stderr, "bench:", err)
+				os.Exit(1)
+			}
+			defer stop()
+		}
+	}
 	var err error
 	switch *role {
 	case "edge":
@@ -80,8 +102,21 @@ func main() {
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
-		os.Exit(1)
+		os.Exit(1) //nolint:gocritic // the profile is lost with a failed run
 	}
+}
+
+// startCPUProfile profiles this process's CPU into path until stop.
+func startCPUProfile(path string) (stop func(), err error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		_ = f.Close()
+		return nil, err
+	}
+	return func() { pprof.StopCPUProfile(); _ = f.Close() }, nil
 }
 
 // mem is a process's memory in use after its collections settled.
@@ -247,6 +282,9 @@ func runTarget(bulk int) error {
 	return nil
 }
 
+// childProfile, when set, is the -cpuprofile each child is started with.
+var childProfile string
+
 // child is a child process of this binary.
 type child struct {
 	cmd   *exec.Cmd
@@ -259,6 +297,9 @@ func startChild(args ...string) (*child, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, err
+	}
+	if childProfile != "" {
+		args = append(args, "-cpuprofile", childProfile)
 	}
 	cmd := exec.Command(self, args...)
 	cmd.Stderr = os.Stderr
