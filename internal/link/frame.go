@@ -221,7 +221,6 @@ func decodeStreamData(frame []byte, env *linkv1.Envelope) bool {
 	return true
 }
 
-
 // Decode unmarshals a frame into env and validates it.
 func Decode(frame []byte, env *linkv1.Envelope) error {
 	if err := proto.Unmarshal(frame, env); err != nil {
