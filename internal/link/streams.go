@@ -844,8 +844,10 @@ const pooledSendMin = 4 << 10
 // takes it); s.mu is held.
 func (st *Stream) appendSendLocked(p []byte) {
 	if st.sendBase == nil && len(st.send) == 0 && len(p) >= pooledSendMin && st.s.window == DefaultStreamWindow {
-		st.sendBase = sendBufs.Get().(*[]byte)
-		st.send = (*st.sendBase)[:0]
+		if b, ok := sendBufs.Get().(*[]byte); ok {
+			st.sendBase = b
+			st.send = (*b)[:0]
+		}
 	}
 	if base := st.sendBase; base != nil && cap(st.send)-len(st.send) < len(p) {
 		if len(st.send)+len(p) > cap(*base) {
