@@ -798,6 +798,46 @@ func writeJSON(path string, v any) error {
 // out, as "namespace/pod/container" to container id: what runs on the node
 // whatever the API server says.
 func (c *Cluster) RunningContainers(ctx context.Context) (map[string]string, error) {
+	tasks, err := c.runningTasks(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]string{}
+	for k, t := range tasks {
+		out[k] = t.id
+	}
+	return out, nil
+}
+
+// KillContainer kills with SIGKILL the main process of the running
+// container namespace/pod/container on the node (its task's process, as
+// containerd knows it: the image's entrypoint), as an out-of-memory kill or
+// a crash would end it; the kubelet restarts it as the Pod's restartPolicy
+// says. It returns the process id killed.
+func (c *Cluster) KillContainer(ctx context.Context, namespace, pod, container string) (int, error) {
+	tasks, err := c.runningTasks(ctx)
+	if err != nil {
+		return 0, err
+	}
+	key := namespace + "/" + pod + "/" + container
+	t, ok := tasks[key]
+	if !ok || t.pid <= 0 {
+		return 0, fmt.Errorf("no running container %s on the node", key)
+	}
+	if err := syscall.Kill(t.pid, syscall.SIGKILL); err != nil {
+		return 0, fmt.Errorf("killing %s (pid %d): %w", key, t.pid, err)
+	}
+	return t.pid, nil
+}
+
+type task struct {
+	id  string
+	pid int
+}
+
+// runningTasks lists the node's running containers (not sandboxes) by
+// "namespace/pod/container", with their ids and main processes.
+func (c *Cluster) runningTasks(ctx context.Context) (map[string]task, error) {
 	ctr := func(args ...string) ([]byte, error) {
 		out, err := exec.CommandContext(ctx, filepath.Join(c.binDir, "ctr"), append([]string{"--address", c.containerdSock,
 			"--namespace", "k8s.io"}, args...)...).Output()
@@ -810,7 +850,7 @@ func (c *Cluster) RunningContainers(ctx context.Context) (map[string]string, err
 	if err != nil {
 		return nil, err
 	}
-	out := map[string]string{}
+	out := map[string]task{}
 	for line := range strings.SplitSeq(string(tasks), "\n") {
 		f := strings.Fields(line)
 		if len(f) != 3 || f[2] != "RUNNING" {
@@ -828,7 +868,8 @@ func (c *Cluster) RunningContainers(ctx context.Context) (map[string]string, err
 		if l["io.cri-containerd.kind"] != "container" {
 			continue
 		}
-		out[l["io.kubernetes.pod.namespace"]+"/"+l["io.kubernetes.pod.name"]+"/"+l["io.kubernetes.container.name"]] = f[0]
+		pid, _ := strconv.Atoi(f[1])
+		out[l["io.kubernetes.pod.namespace"]+"/"+l["io.kubernetes.pod.name"]+"/"+l["io.kubernetes.container.name"]] = task{id: f[0], pid: pid}
 	}
 	return out, nil
 }

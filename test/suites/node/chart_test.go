@@ -309,22 +309,25 @@ func waitMetric(t *testing.T, ctx context.Context, port int, line string) {
 // waitMetricAt waits until the metrics on addr (host:port) have line.
 func waitMetricAt(t *testing.T, ctx context.Context, addr, line string) {
 	t.Helper()
-	testwait.For(t, time.Minute, func() error {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
-		if err != nil {
-			t.Fatal(err)
+	testwait.For(t, time.Minute, func() error { return hasMetric(ctx, addr, line) })
+}
+
+// hasMetric says whether the metrics on addr (host:port) have line.
+func hasMetric(ctx context.Context, addr, line string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("metrics on %s: %w", addr, err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.TrimSpace(l) == line {
+			return nil
 		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			return fmt.Errorf("metrics on %s: %w", addr, err)
-		}
-		b, _ := io.ReadAll(resp.Body)
-		_ = resp.Body.Close()
-		for _, l := range strings.Split(string(b), "\n") {
-			if strings.TrimSpace(l) == line {
-				return nil
-			}
-		}
-		return fmt.Errorf("metrics on %s have no %q", addr, line)
-	})
+	}
+	return fmt.Errorf("metrics on %s have no %q", addr, line)
 }

@@ -193,21 +193,8 @@ func TestChartLifecycleOnNode(t *testing.T) {
 		t.Helper()
 		waitReady(t, ctx, cl, "dowse-system", parts)
 		waitMetric(t, ctx, ports.controllerMetrics, "dowse_cloudhub_connected_nodes 1")
-		after := uids(t, ctx, cl)
-		for kind, m := range map[string][2]map[string]types.UID{"Instance": {before.instances, after.instances}, "Device": {before.devices, after.devices}, "broker Pod": {before.pods, after.pods}} {
-			for n, uid := range m[0] {
-				if m[1][n] != uid {
-					t.Errorf("%s: %s %s was %s and is %q", what, kind, n, uid, m[1][n])
-				}
-			}
-		}
-		for n, uid := range before.mappers {
-			switch now, ok := after.mappers[n]; {
-			case !ok:
-				t.Errorf("%s: the mapper Pod of %s is gone", what, n)
-			case now != uid:
-				t.Errorf("%s: the mapper Pod of %s was remade (%s, was %s)", what, n, now, uid)
-			}
+		for _, err := range diffSnapshots(before, uids(t, ctx, cl), what) {
+			t.Error(err)
 		}
 		sameBrokers(t, brokers, brokerPods(t, ctx, cl, echo.Name, brokerPort), what)
 		sameNodeDevices(t, ctx, cl, c.CDIDir, devices, what)
@@ -380,7 +367,7 @@ func nodeValues(t *testing.T, c *cluster.Cluster, extra map[string]any) (string,
 // the Modbus sample with its model, scanning plc and a port nobody answers.
 // The broker's and the mapper's images are tagged o.tag (empty: latest);
 // with o.counter the model and the device template have the PLC's counter
-// (counterProperty).
+// (counterProperty), pushed to o.counterSink too when it is set.
 func applyWorkloads(t *testing.T, ctx context.Context, cl client.Client, plc string, o workloadOptions) (*v1alpha1.Configuration, *v1alpha1.Configuration) {
 	tag := o.tag
 	if tag == "" {
@@ -407,6 +394,10 @@ func applyWorkloads(t *testing.T, ctx context.Context, cl client.Client, plc str
 	modbus := applyModbus(t, ctx, cl, []string{plc, fmt.Sprintf("127.0.0.1:%d", closed)}, func(m *v1alpha1.DeviceModel, c *v1alpha1.Configuration) {
 		if o.counter {
 			counterProperty(m, c)
+			if o.counterSink != nil {
+				props := c.Spec.DeviceTemplate.Properties
+				props[len(props)-1].PushMethod = o.counterSink
+			}
 		}
 		mc := &c.Spec.DeviceTemplate.MapperPodSpec.Containers[0]
 		mc.Image = strings.TrimSuffix(mc.Image, ":latest") + ":" + tag
@@ -418,6 +409,9 @@ func applyWorkloads(t *testing.T, ctx context.Context, cl client.Client, plc str
 type workloadOptions struct {
 	tag     string
 	counter bool
+	// counterSink (with counter) is where the mapper also pushes each
+	// counter reading.
+	counterSink *v1alpha1.PushMethod
 }
 
 // applyModbus applies the Modbus sample with its model, scanning targets,
@@ -535,6 +529,28 @@ func uids(t *testing.T, ctx context.Context, cl client.Client) snapshot {
 		t.Fatalf("too little to compare: %+v", s)
 	}
 	return s
+}
+
+// diffSnapshots says which Instance, Device, broker Pod or mapper Pod of
+// before is gone or another object (another UID) in after.
+func diffSnapshots(before, after snapshot, what string) []error {
+	var errs []error
+	for kind, m := range map[string][2]map[string]types.UID{"Instance": {before.instances, after.instances}, "Device": {before.devices, after.devices}, "broker Pod": {before.pods, after.pods}} {
+		for n, uid := range m[0] {
+			if m[1][n] != uid {
+				errs = append(errs, fmt.Errorf("%s: %s %s was %s and is %q", what, kind, n, uid, m[1][n]))
+			}
+		}
+	}
+	for n, uid := range before.mappers {
+		switch now, ok := after.mappers[n]; {
+		case !ok:
+			errs = append(errs, fmt.Errorf("%s: the mapper Pod of %s is gone", what, n))
+		case now != uid:
+			errs = append(errs, fmt.Errorf("%s: the mapper Pod of %s was remade (%s, was %s)", what, n, now, uid))
+		}
+	}
+	return errs
 }
 
 // hasStateReport says whether the Device CRD's schema has spec.stateReport.

@@ -255,66 +255,90 @@ func brokerPods(t *testing.T, ctx context.Context, cl client.Client, cfg string,
 	t.Helper()
 	var out map[string]brokerPod
 	eventuallyNode(t, ctx, time.Minute, func() error {
-		var pods corev1.PodList
-		if err := cl.List(ctx, &pods, client.MatchingLabels{v1alpha1.LabelConfiguration: cfg}); err != nil {
-			return err
-		}
-		out = map[string]brokerPod{}
-		for _, p := range pods.Items {
-			if p.DeletionTimestamp != nil || p.Labels[v1alpha1.LabelMapper] == "true" {
-				continue
-			}
-			b := brokerPod{uid: p.UID}
-			for _, cs := range p.Status.ContainerStatuses {
-				if !cs.Ready {
-					return fmt.Errorf("broker Pod %s: %s not ready", p.Name, cs.Name)
-				}
-				b.restarts += cs.RestartCount
-			}
-			resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/", port))
-			if err != nil {
-				return fmt.Errorf("broker Pod %s: %w", p.Name, err)
-			}
-			body, _ := io.ReadAll(resp.Body)
-			_ = resp.Body.Close()
-			var env struct {
-				Device map[string]string `json:"device"`
-			}
-			if err := json.Unmarshal(body, &env); err != nil || len(env.Device) == 0 {
-				return fmt.Errorf("broker Pod %s serves no device environment (%w): %s", p.Name, err, body)
-			}
-			b.device = env.Device
-			out[p.Namespace+"/"+p.Name] = b
-		}
-		if len(out) == 0 {
-			return fmt.Errorf("no broker Pod of %s", cfg)
-		}
-		return nil
+		var err error
+		out, err = readBrokerPods(ctx, cl, cfg, port)
+		return err
 	})
 	return out
+}
+
+// readBrokerPods reads the Configuration's broker Pods (not mappers), or
+// says which is not ready or serves no device environment (on the node's
+// network, port port).
+func readBrokerPods(ctx context.Context, cl client.Client, cfg string, port int32) (map[string]brokerPod, error) {
+	var pods corev1.PodList
+	if err := cl.List(ctx, &pods, client.MatchingLabels{v1alpha1.LabelConfiguration: cfg}); err != nil {
+		return nil, err
+	}
+	out := map[string]brokerPod{}
+	for _, p := range pods.Items {
+		if p.DeletionTimestamp != nil || p.Labels[v1alpha1.LabelMapper] == "true" {
+			continue
+		}
+		b := brokerPod{uid: p.UID}
+		for _, cs := range p.Status.ContainerStatuses {
+			if !cs.Ready {
+				return nil, fmt.Errorf("broker Pod %s: %s not ready", p.Name, cs.Name)
+			}
+			b.restarts += cs.RestartCount
+		}
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://127.0.0.1:%d/", port), nil)
+		if err != nil {
+			return nil, err
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return nil, fmt.Errorf("broker Pod %s: %w", p.Name, err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		var env struct {
+			Device map[string]string `json:"device"`
+		}
+		if err := json.Unmarshal(body, &env); err != nil || len(env.Device) == 0 {
+			return nil, fmt.Errorf("broker Pod %s serves no device environment (%w): %s", p.Name, err, body)
+		}
+		b.device = env.Device
+		out[p.Namespace+"/"+p.Name] = b
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("no broker Pod of %s", cfg)
+	}
+	return out, nil
 }
 
 // sameBrokers fails unless every broker Pod of before still runs, the same
 // Pod with no restart, serving the same device environment.
 func sameBrokers(t *testing.T, before, after map[string]brokerPod, what string) {
 	t.Helper()
+	for _, err := range diffBrokers(before, after, what) {
+		t.Error(err)
+	}
+}
+
+// diffBrokers says how the broker Pods after differ from before: each of
+// before must still run, the same Pod with as many restarts, serving the
+// same device environment.
+func diffBrokers(before, after map[string]brokerPod, what string) []error {
+	var errs []error
 	for n, b := range before {
 		a, ok := after[n]
 		switch {
 		case !ok:
-			t.Errorf("%s: broker Pod %s is gone", what, n)
+			errs = append(errs, fmt.Errorf("%s: broker Pod %s is gone", what, n))
 		case a.uid != b.uid:
-			t.Errorf("%s: broker Pod %s is another Pod (%s, was %s)", what, n, a.uid, b.uid)
+			errs = append(errs, fmt.Errorf("%s: broker Pod %s is another Pod (%s, was %s)", what, n, a.uid, b.uid))
 		case a.restarts != b.restarts:
-			t.Errorf("%s: broker Pod %s restarted (%d restarts, was %d)", what, n, a.restarts, b.restarts)
+			errs = append(errs, fmt.Errorf("%s: broker Pod %s has %d restarts, want %d", what, n, a.restarts, b.restarts))
 		default:
 			for k, v := range b.device {
 				if a.device[k] != v {
-					t.Errorf("%s: broker Pod %s serves %s=%q, was %q", what, n, k, a.device[k], v)
+					errs = append(errs, fmt.Errorf("%s: broker Pod %s serves %s=%q, was %q", what, n, k, a.device[k], v))
 				}
 			}
 		}
 	}
+	return errs
 }
 
 // nodeDevices is what the node holds for Dowse's devices: its allocatable
@@ -374,23 +398,27 @@ func readNodeDevices(ctx context.Context, cl client.Client, dir string) (nodeDev
 // the same env.
 func sameNodeDevices(t *testing.T, ctx context.Context, cl client.Client, dir string, before nodeDevices, what string) {
 	t.Helper()
-	eventuallyNode(t, ctx, time.Minute, func() error {
-		now, err := readNodeDevices(ctx, cl, dir)
-		if err != nil {
-			return err
+	eventuallyNode(t, ctx, time.Minute, func() error { return nodeDevicesAsBefore(ctx, cl, dir, before, what) })
+}
+
+// nodeDevicesAsBefore says what the node lacks of before's devices (nil:
+// nothing).
+func nodeDevicesAsBefore(ctx context.Context, cl client.Client, dir string, before nodeDevices, what string) error {
+	now, err := readNodeDevices(ctx, cl, dir)
+	if err != nil {
+		return err
+	}
+	for r, q := range before.allocatable {
+		if now.allocatable[r] != q {
+			return fmt.Errorf("%s: node allocatable %s is %q, was %s", what, r, now.allocatable[r], q)
 		}
-		for r, q := range before.allocatable {
-			if now.allocatable[r] != q {
-				return fmt.Errorf("%s: node allocatable %s is %q, was %s", what, r, now.allocatable[r], q)
-			}
+	}
+	for d, env := range before.cdi {
+		if got, ok := now.cdi[d]; !ok || got != env {
+			return fmt.Errorf("%s: CDI device %s has env %q (present %v), was %q", what, d, got, ok, env)
 		}
-		for d, env := range before.cdi {
-			if got, ok := now.cdi[d]; !ok || got != env {
-				return fmt.Errorf("%s: CDI device %s has env %q (present %v), was %q", what, d, got, ok, env)
-			}
-		}
-		return nil
-	})
+	}
+	return nil
 }
 
 // crdsServed fails unless every CRD of the chart at chart is served as the

@@ -1,0 +1,379 @@
+package node
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/dowse-dev/dowse/internal/scheme"
+	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
+	"github.com/dowse-dev/dowse/test/framework/kube"
+	"github.com/dowse-dev/dowse/test/peers/modbusplc"
+)
+
+// nodeSoakFault is a kill -9 of one kind of Dowse process on the real
+// node: the first container of the Pod that sel picks in ns.
+type nodeSoakFault struct {
+	name, ns string
+	sel      client.MatchingLabels
+	// broker marks the debug-echo broker, whose restart its Pod's
+	// restart count shows.
+	broker bool
+}
+
+// nodeSoakConverge is the most a fault may take to converge.
+const nodeSoakConverge = 3 * time.Minute
+
+// TestSoakOnNode is the soak's part that needs the real node (kubelet,
+// containerd, the chart): the parts TestSoak's process fleet cannot have.
+// The chart runs the agent, one controller replica and the debug-echo and
+// Modbus handlers; debug-echo's broker Pods hold device slots (the device
+// plugin and CDI); a Modbus PLC's counter twin (the counter goes up five
+// times a second, read every 200 ms by the controller's mapper Pod) also
+// pushes each reading to an HTTP sink the test serves. Each round kills
+// with -9 the agent's process, the controller's, each handler's, the
+// mapper's and a broker's (the kubelet restarts each), and sets a desired
+// setpoint right after the kill. After each fault it waits, at most
+// nodeSoakConverge, until everything converges: the killed container
+// restarted in the same Pod, every Pod of the chart ready, the edge's
+// session back, the same Instances, Devices, broker and mapper Pods
+// (UIDs), the node's allocatable dowse.dev resources and CDI devices as
+// before, each broker Pod serving its device's environment with restarts
+// only where the broker itself was killed, the setpoint applied, and (the
+// PLC's counter held) both Device.status and the sink showing the PLC's
+// counter. Throughout, neither Device.status nor the sink may show the
+// counter going back. One round by default; SOAK_DURATION (as TestSoak's)
+// repeats rounds until it has passed. Time to converge per fault is
+// logged (docs/user-guide/reliability.md), never asserted.
+func TestSoakOnNode(t *testing.T) {
+	kube.RequireHelm(t)
+	var d time.Duration
+	if s := os.Getenv("SOAK_DURATION"); s != "" {
+		var err error
+		if d, err = time.ParseDuration(s); err != nil {
+			t.Fatalf("SOAK_DURATION=%q: %v", s, err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute+d)
+	defer cancel()
+	c := startCluster(t, ctx,
+		[2]string{"./agent/cmd/dowse-agent", "ghcr.io/dowse-dev/dowse-agent:latest"},
+		[2]string{"./controller/cmd/dowse-controller", "ghcr.io/dowse-dev/dowse-controller:latest"},
+		[2]string{"./discovery-handlers/debug-echo/cmd/dowse-debug-echo-discovery", "ghcr.io/dowse-dev/dowse-debug-echo-discovery:latest"},
+		[2]string{"./discovery-handlers/modbus/cmd/dowse-modbus-discovery", "ghcr.io/dowse-dev/dowse-modbus-discovery:latest"},
+		[2]string{"./mappers/modbus/cmd/dowse-modbus-mapper", "ghcr.io/dowse-dev/dowse-modbus-mapper:latest"},
+		[2]string{"./brokers/debug-echo/cmd/dowse-debug-echo-broker", "ghcr.io/dowse-dev/dowse-debug-echo-broker:latest"})
+	t.Cleanup(func() {
+		_ = c.Stop()
+		if !t.Failed() {
+			_ = os.RemoveAll(c.StateDir)
+		}
+	})
+	sch, err := scheme.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl, err := client.New(c.Config, client.Options{Scheme: sch})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sink := serveSink(t)
+
+	valuesFile, ports := nodeValues(t, c, map[string]any{
+		"debugEcho": map[string]any{"discovery": map[string]any{"enabled": true}},
+		"modbus":    map[string]any{"discovery": map[string]any{"enabled": true}},
+	})
+	out, err := kube.HelmCommand(ctx, t, "install", "dowse", filepath.Join(kube.RepoRoot(), "deploy", "helm", "dowse"),
+		"--namespace", "dowse-system", "--create-namespace", "--values", valuesFile, "--kubeconfig", c.Kubeconfig).CombinedOutput()
+	if err != nil {
+		t.Fatalf("helm install: %v\n%s", err, out)
+	}
+	parts := []string{"dowse-agent", "dowse-controller", "dowse-debug-echo-discovery", "dowse-modbus-discovery"}
+	waitReady(t, ctx, cl, "dowse-system", parts)
+	connected := fmt.Sprintf("127.0.0.1:%d", ports.controllerMetrics)
+	waitMetricAt(t, ctx, connected, "dowse_cloudhub_connected_nodes 1")
+
+	plc, err := modbusplc.Start(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plc.Stop()
+	echo, _ := applyWorkloads(t, ctx, cl, plc.Addr, workloadOptions{counter: true,
+		counterSink: &v1alpha1.PushMethod{HTTP: &v1alpha1.PushMethodHTTP{HostName: "http://127.0.0.1", Port: int64(sink.port), RequestPath: "/readings"}}})
+	brokerPort := echo.Spec.BrokerSpec.BrokerPodSpec.Containers[0].Ports[0].ContainerPort
+	dev := waitTwin(t, ctx, cl, "setpoint", "21")
+	counter := watchCounter(t, c.Config, client.Options{Scheme: sch})
+	eventuallyNode(t, ctx, time.Minute, func() error {
+		if counter.last() < 1 || sink.last() < 1 {
+			return fmt.Errorf("no counter yet: Device.status %d, the sink %d", counter.last(), sink.last())
+		}
+		return nil
+	})
+	before := uids(t, ctx, cl)
+	brokers := brokerPods(t, ctx, cl, echo.Name, brokerPort)
+	devices, err := readNodeDevices(ctx, cl, c.CDIDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("before the faults: %d Instances, %d Devices, %d broker Pods, %d mapper Pods, %d dowse.dev resources, %d CDI devices; the counter at %d",
+		len(before.instances), len(before.devices), len(before.pods), len(before.mappers), len(devices.allocatable), len(devices.cdi), counter.last())
+
+	faults := []nodeSoakFault{
+		{name: "kill -9 agent", ns: "dowse-system", sel: client.MatchingLabels{"app.kubernetes.io/name": "dowse-agent"}},
+		{name: "kill -9 controller replica", ns: "dowse-system", sel: client.MatchingLabels{"app.kubernetes.io/name": "dowse-controller"}},
+		{name: "kill -9 handler (debug-echo)", ns: "dowse-system", sel: client.MatchingLabels{"app.kubernetes.io/name": "dowse-debug-echo-discovery"}},
+		{name: "kill -9 handler (modbus)", ns: "dowse-system", sel: client.MatchingLabels{"app.kubernetes.io/name": "dowse-modbus-discovery"}},
+		{name: "kill -9 mapper (modbus)", ns: "default", sel: client.MatchingLabels{v1alpha1.LabelMapper: "true"}},
+		{name: "kill -9 broker (debug-echo)", ns: "default", sel: client.MatchingLabels{v1alpha1.LabelConfiguration: echo.Name}, broker: true},
+	}
+	setpoint := 21
+	took := map[string][]time.Duration{}
+	begin := time.Now()
+	for round := 1; round == 1 || time.Since(begin) < d; round++ {
+		for _, f := range faults {
+			what := fmt.Sprintf("round %d, %s", round, f.name)
+			pod, restarts := soakTarget(t, ctx, cl, f)
+			if f.broker {
+				b := brokers[pod.Namespace+"/"+pod.Name]
+				b.restarts++
+				brokers[pod.Namespace+"/"+pod.Name] = b
+			}
+			container := pod.Spec.Containers[0].Name
+			killed := time.Now()
+			pid, err := c.KillContainer(ctx, pod.Namespace, pod.Name, container)
+			if err != nil {
+				t.Fatalf("%s: %v", what, err)
+			}
+			setpoint++
+			setDesired(t, ctx, cl, dev, "setpoint", strconv.Itoa(setpoint))
+
+			settled := func() error {
+				var p corev1.Pod
+				if err := cl.Get(ctx, client.ObjectKeyFromObject(pod), &p); err != nil {
+					return err
+				}
+				if p.UID != pod.UID {
+					return fmt.Errorf("%s: Pod %s is another Pod (%s, was %s)", what, pod.Name, p.UID, pod.UID)
+				}
+				if n := containerRestarts(&p, container); n != restarts+1 {
+					return fmt.Errorf("%s: container %s of %s has %d restarts, want %d", what, container, pod.Name, n, restarts+1)
+				}
+				for _, ns := range []string{"dowse-system", "default"} {
+					if err := podsReady(ctx, cl, ns); err != nil {
+						return fmt.Errorf("%s: %w", what, err)
+					}
+				}
+				if err := hasMetric(ctx, connected, "dowse_cloudhub_connected_nodes 1"); err != nil {
+					return fmt.Errorf("%s: %w", what, err)
+				}
+				if errs := diffSnapshots(before, uids(t, ctx, cl), what); len(errs) > 0 {
+					return errors.Join(errs...)
+				}
+				if err := nodeDevicesAsBefore(ctx, cl, c.CDIDir, devices, what); err != nil {
+					return err
+				}
+				now, err := readBrokerPods(ctx, cl, echo.Name, brokerPort)
+				if err != nil {
+					return fmt.Errorf("%s: %w", what, err)
+				}
+				if errs := diffBrokers(brokers, now, what); len(errs) > 0 {
+					return errors.Join(errs...)
+				}
+				var cur v1alpha1.Device
+				if err := cl.Get(ctx, client.ObjectKeyFromObject(dev), &cur); err != nil {
+					return err
+				}
+				if got := reported(&cur, "setpoint"); got != strconv.Itoa(setpoint) {
+					return fmt.Errorf("%s: the setpoint set after the kill (%d) is not reported yet (%q)", what, setpoint, got)
+				}
+				return nil
+			}
+			var last error
+			for last = settled(); last != nil; last = settled() {
+				if time.Since(killed) > nodeSoakConverge {
+					t.Fatalf("not converged %v after the kill: %v", nodeSoakConverge, last)
+				}
+				time.Sleep(200 * time.Millisecond)
+			}
+			structural := time.Since(killed)
+			// Nothing missing: with the PLC's counter held, Device.status
+			// and the sink reach its value.
+			want := plc.HoldCounter(true)
+			for counter.last() != want || sink.last() != want {
+				if time.Since(killed) > nodeSoakConverge {
+					t.Fatalf("%s: the PLC's counter is %d, Device.status shows %d, the sink %d", what, want, counter.last(), sink.last())
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			converged := time.Since(killed)
+			plc.HoldCounter(false)
+			_, _, gap, _ := counter.window(killed, time.Now())
+			took[f.name] = append(took[f.name], converged)
+			t.Logf("%s (pid %d): converged in %v (Pods, Instances, slots, brokers, setpoint %d applied: %v); counter %d in Device.status and the sink; Device.status showed no new counter value for %v at most",
+				what, pid, converged.Round(100*time.Millisecond), setpoint, structural.Round(100*time.Millisecond), want, gap.Round(100*time.Millisecond))
+			if errs := counter.errors(); len(errs) > 0 {
+				t.Fatalf("%s: Device.status showed the counter going back %d times, first: %v", what, len(errs), errs[:min(5, len(errs))])
+			}
+			if errs := sink.errors(); len(errs) > 0 {
+				t.Fatalf("%s: the sink received the counter going back %d times, first: %v", what, len(errs), errs[:min(5, len(errs))])
+			}
+		}
+	}
+	var summary []string
+	for _, f := range faults {
+		ds := took[f.name]
+		summary = append(summary, fmt.Sprintf("%s: %d times, %v to %v", f.name, len(ds), slices.Min(ds).Round(100*time.Millisecond), slices.Max(ds).Round(100*time.Millisecond)))
+	}
+	posts, values, gaps := sink.figures()
+	t.Logf("over %v: %s; the sink got %d counter readings, %d values (the counter skipped %d values between readings it got, missing while the mapper was down or between two 200 ms reads); gone back in Device.status 0, in the sink 0",
+		time.Since(begin).Round(time.Second), strings.Join(summary, "; "), posts, values, gaps)
+}
+
+// soakTarget picks the Pod f kills (the first by name) and reads its
+// first container's restart count.
+func soakTarget(t *testing.T, ctx context.Context, cl client.Client, f nodeSoakFault) (*corev1.Pod, int32) {
+	t.Helper()
+	var pods corev1.PodList
+	if err := cl.List(ctx, &pods, client.InNamespace(f.ns), f.sel); err != nil {
+		t.Fatal(err)
+	}
+	var live []corev1.Pod
+	for _, p := range pods.Items {
+		if p.DeletionTimestamp == nil && (!f.broker || p.Labels[v1alpha1.LabelMapper] != "true") {
+			live = append(live, p)
+		}
+	}
+	if len(live) == 0 {
+		t.Fatalf("%s: no Pod to kill in %s with %v", f.name, f.ns, f.sel)
+	}
+	slices.SortFunc(live, func(a, b corev1.Pod) int { return strings.Compare(a.Name, b.Name) })
+	p := live[0]
+	return &p, containerRestarts(&p, p.Spec.Containers[0].Name)
+}
+
+func containerRestarts(p *corev1.Pod, container string) int32 {
+	for _, cs := range p.Status.ContainerStatuses {
+		if cs.Name == container {
+			return cs.RestartCount
+		}
+	}
+	return -1
+}
+
+// podsReady says which Pod in ns is not running with every container
+// ready (nil: none).
+func podsReady(ctx context.Context, cl client.Client, ns string) error {
+	var pods corev1.PodList
+	if err := cl.List(ctx, &pods, client.InNamespace(ns)); err != nil {
+		return err
+	}
+	for _, p := range pods.Items {
+		if p.DeletionTimestamp != nil {
+			continue
+		}
+		if p.Status.Phase != corev1.PodRunning {
+			return fmt.Errorf("Pod %s/%s is %s", ns, p.Name, p.Status.Phase)
+		}
+		for _, cs := range p.Status.ContainerStatuses {
+			if !cs.Ready {
+				return fmt.Errorf("Pod %s/%s: %s not ready", ns, p.Name, cs.Name)
+			}
+		}
+	}
+	return nil
+}
+
+// sinkWatch is an HTTP sink (a property's pushMethod.http) served on
+// loopback: it keeps the counter readings the mapper posts and says when
+// one goes back.
+type sinkWatch struct {
+	port int
+
+	mu     sync.Mutex
+	posts  int
+	values []int // each new value, in arrival order
+	errs   []string
+}
+
+func serveSink(t *testing.T) *sinkWatch {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &sinkWatch{port: ln.Addr().(*net.TCPAddr).Port}
+	srv := &http.Server{ReadHeaderTimeout: 10 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var rd struct {
+			Property string `json:"property"`
+			Value    string `json:"value"`
+		}
+		if r.Method != http.MethodPost || r.URL.Path != "/readings" || json.NewDecoder(r.Body).Decode(&rd) != nil {
+			http.Error(w, "a reading is a JSON object posted to /readings", http.StatusBadRequest)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+		if rd.Property != "counter" {
+			return
+		}
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		s.posts++
+		v, err := strconv.Atoi(rd.Value)
+		switch {
+		case err != nil:
+			s.errs = append(s.errs, fmt.Sprintf("counter %q", rd.Value))
+		case len(s.values) > 0 && v < s.values[len(s.values)-1]:
+			s.errs = append(s.errs, fmt.Sprintf("counter went back from %d to %d at %s", s.values[len(s.values)-1], v, time.Now().Format(time.StampMilli)))
+			s.values = append(s.values, v)
+		case len(s.values) == 0 || v != s.values[len(s.values)-1]:
+			s.values = append(s.values, v)
+		}
+	})}
+	done := make(chan struct{})
+	go func() { defer close(done); _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close(); <-done })
+	return s
+}
+
+// last is the newest counter value the sink got (-1: none).
+func (s *sinkWatch) last() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.values) == 0 {
+		return -1
+	}
+	return s.values[len(s.values)-1]
+}
+
+func (s *sinkWatch) errors() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.errs)
+}
+
+// figures are the readings posted, the distinct values among them, and
+// how many values the counter skipped between two the sink got.
+func (s *sinkWatch) figures() (posts, values, skipped int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i := 1; i < len(s.values); i++ {
+		if d := s.values[i] - s.values[i-1]; d > 1 {
+			skipped += d - 1
+		}
+	}
+	return s.posts, len(s.values), skipped
+}
