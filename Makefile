@@ -193,9 +193,14 @@ bench: k8s konnectivity build
 # process's memory, goroutines or open files keep growing. Its HTML report
 # goes to SOAK_REPORT (a file, or a directory to hold soak.html; default: a
 # temporary directory the log names).
+# Then the soak's real-node part (test/suites/node TestSoakOnNode: the
+# chart, broker Pods holding device slots, a twin pushing to a sink, each
+# kind of Dowse process killed with -9 in rounds) for SOAK_DURATION too;
+# make test runs one round of it.
 SOAK_DURATION ?= 1h
-soak: k8s build
+soak: k8s build helm node-deps
 	SOAK_DURATION=$(SOAK_DURATION) SOAK_REPORT=$(SOAK_REPORT) go test -count=1 -timeout 0 -v -run '^TestSoak$$' ./test/suites/e2e/
+	SOAK_DURATION=$(SOAK_DURATION) go test -count=1 -timeout 0 -v -run '^TestSoakOnNode$$' ./test/suites/node/
 
 # Local demo: a twin (a desired setpoint moves the demo's Modbus controller,
 # the readings come back reported), live Instances, and on a root machine

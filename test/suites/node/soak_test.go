@@ -38,6 +38,13 @@ type nodeSoakFault struct {
 // nodeSoakConverge is the most a fault may take to converge.
 const nodeSoakConverge = 3 * time.Minute
 
+// nodeSoakRoundEvery is how far apart rounds start: the kubelet restarts
+// a crashed container at once only when its last crash is more than its
+// longest crash-loop back-off (5 minutes) ago; sooner, it waits 10 s,
+// doubling up to 5 minutes, which would then be most of each time to
+// converge.
+const nodeSoakRoundEvery = 5*time.Minute + 10*time.Second
+
 // TestSoakOnNode is the soak's part that needs the real node (kubelet,
 // containerd, the chart): the parts TestSoak's process fleet cannot have.
 // The chart runs the agent, one controller replica and the debug-echo and
@@ -57,7 +64,7 @@ const nodeSoakConverge = 3 * time.Minute
 // PLC's counter held) both Device.status and the sink showing the PLC's
 // counter. Throughout, neither Device.status nor the sink may show the
 // counter going back. One round by default; SOAK_DURATION (as TestSoak's)
-// repeats rounds until it has passed. Time to converge per fault is
+// repeats rounds, one every nodeSoakRoundEvery, while it lasts. Time to converge per fault is
 // logged (docs/user-guide/reliability.md), never asserted.
 func TestSoakOnNode(t *testing.T) {
 	kube.RequireHelm(t)
@@ -144,6 +151,19 @@ func TestSoakOnNode(t *testing.T) {
 	took := map[string][]time.Duration{}
 	begin := time.Now()
 	for round := 1; round == 1 || time.Since(begin) < d; round++ {
+		if round > 1 {
+			// Steady traffic until the round is due (the watches of
+			// Device.status and the sink go on checking it).
+			next := begin.Add(time.Duration(round-1) * nodeSoakRoundEvery)
+			if next.After(begin.Add(d)) {
+				break
+			}
+			select {
+			case <-time.After(time.Until(next)):
+			case <-ctx.Done():
+				t.Fatal(ctx.Err())
+			}
+		}
 		for _, f := range faults {
 			what := fmt.Sprintf("round %d, %s", round, f.name)
 			pod, restarts := soakTarget(t, ctx, cl, f)
@@ -210,6 +230,16 @@ func TestSoakOnNode(t *testing.T) {
 				time.Sleep(200 * time.Millisecond)
 			}
 			structural := time.Since(killed)
+			var restarted time.Time
+			var p corev1.Pod
+			if err := cl.Get(ctx, client.ObjectKeyFromObject(pod), &p); err != nil {
+				t.Fatal(err)
+			}
+			for _, cs := range p.Status.ContainerStatuses {
+				if cs.Name == container && cs.State.Running != nil {
+					restarted = cs.State.Running.StartedAt.Time
+				}
+			}
 			// Nothing missing: with the PLC's counter held, Device.status
 			// and the sink reach its value.
 			want := plc.HoldCounter(true)
@@ -223,8 +253,10 @@ func TestSoakOnNode(t *testing.T) {
 			plc.HoldCounter(false)
 			_, _, gap, _ := counter.window(killed, time.Now())
 			took[f.name] = append(took[f.name], converged)
-			t.Logf("%s (pid %d): converged in %v (Pods, Instances, slots, brokers, setpoint %d applied: %v); counter %d in Device.status and the sink; Device.status showed no new counter value for %v at most",
-				what, pid, converged.Round(100*time.Millisecond), setpoint, structural.Round(100*time.Millisecond), want, gap.Round(100*time.Millisecond))
+			// The kubelet's StartedAt has whole seconds: the time from the
+			// restart is to within a second.
+			t.Logf("%s (pid %d): converged in %v (Pods, Instances, slots, brokers, setpoint %d applied: %v; the container started again +%v); counter %d in Device.status and the sink; Device.status showed no new counter value for %v at most",
+				what, pid, converged.Round(100*time.Millisecond), setpoint, structural.Round(100*time.Millisecond), restarted.Sub(killed).Round(time.Second), want, gap.Round(100*time.Millisecond))
 			if errs := counter.errors(); len(errs) > 0 {
 				t.Fatalf("%s: Device.status showed the counter going back %d times, first: %v", what, len(errs), errs[:min(5, len(errs))])
 			}
