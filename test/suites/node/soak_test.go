@@ -136,8 +136,8 @@ func TestSoakOnNode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("before the faults: %d Instances, %d Devices, %d broker Pods, %d mapper Pods, %d dowse.dev resources, %d CDI devices; the counter at %d",
-		len(before.instances), len(before.devices), len(before.pods), len(before.mappers), len(devices.allocatable), len(devices.cdi), counter.last())
+	t.Logf("before the faults: %d Instances, %d Devices, %d broker Pods, %d mapper Pods, dowse.dev resources %v, %d CDI devices; the counter at %d",
+		len(before.instances), len(before.devices), len(before.pods), len(before.mappers), devices.allocatable, len(devices.cdi), counter.last())
 
 	faults := []nodeSoakFault{
 		{name: "kill -9 agent", ns: "dowse-system", sel: client.MatchingLabels{"app.kubernetes.io/name": "dowse-agent"}},
