@@ -132,6 +132,10 @@ func TestSoakOnNode(t *testing.T) {
 	})
 	before := uids(t, ctx, cl)
 	brokers := brokerPods(t, ctx, cl, echo.Name, brokerPort)
+	// The node's resources once the broker's slot is recorded: a slot held
+	// through the Instance's resource is then unavailable through the
+	// Configuration's.
+	eventuallyNode(t, ctx, time.Minute, func() error { return slotsSettled(ctx, cl, c.NodeName, c.CDIDir, echo.Name) })
 	devices, err := readNodeDevices(ctx, cl, c.CDIDir)
 	if err != nil {
 		t.Fatal(err)
@@ -273,6 +277,52 @@ func TestSoakOnNode(t *testing.T) {
 	posts, values, gaps := sink.figures()
 	t.Logf("over %v: %s; the sink got %d counter readings, %d values (the counter skipped %d values between readings it got, missing while the mapper was down or between two 200 ms reads); gone back in Device.status 0, in the sink 0",
 		time.Since(begin).Round(time.Second), strings.Join(summary, "; "), posts, values, gaps)
+}
+
+// slotsSettled says whether the Configuration cfg's Instances record a
+// slot held on node and the node's allocatable dowse.dev resources are
+// what their slots make them: each slot counts for a resource unless
+// another node holds it, or this node through another resource.
+func slotsSettled(ctx context.Context, cl client.Client, node, cdiDir, cfg string) error {
+	var insts v1alpha1.InstanceList
+	if err := cl.List(ctx, &insts); err != nil {
+		return err
+	}
+	want := map[string]int{}
+	held := 0
+	for _, in := range insts.Items {
+		for _, r := range []string{v1alpha1.ResourceName(in.Namespace, in.Name), v1alpha1.ResourceName(in.Namespace, in.Spec.ConfigurationName)} {
+			elsewhere := map[string]bool{}
+			for _, sl := range in.Status.Slots {
+				if sl.Node != node || (sl.Resource != "" && sl.Resource != r) {
+					elsewhere[sl.ID] = true
+				}
+			}
+			for _, id := range in.SlotIDs() {
+				if !elsewhere[id] {
+					want[node+" "+r]++
+				}
+			}
+		}
+		for _, sl := range in.Status.Slots {
+			if in.Spec.ConfigurationName == cfg && sl.Node == node {
+				held++
+			}
+		}
+	}
+	if held == 0 {
+		return fmt.Errorf("no Instance of %s records a slot held on %s", cfg, node)
+	}
+	now, err := readNodeDevices(ctx, cl, cdiDir)
+	if err != nil {
+		return err
+	}
+	for r, n := range want {
+		if now.allocatable[r] != strconv.Itoa(n) {
+			return fmt.Errorf("node allocatable %s is %q, its Instances' slots make it %d", r, now.allocatable[r], n)
+		}
+	}
+	return nil
 }
 
 // soakTarget picks the Pod f kills (the first by name) and reads its
