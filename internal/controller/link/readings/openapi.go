@@ -104,8 +104,7 @@ var (
 		"allowWatchBookmarks":  "The watch sends BOOKMARK events as time passes.",
 		"sendInitialEvents":    "The watch starts with every matching reading, then a BOOKMARK annotated k8s.io/initial-events-end.",
 	}
-	paramType = map[string]string{"timeoutSeconds": "integer", "watch": "boolean", "allowWatchBookmarks": "boolean", "sendInitialEvents": "boolean"}
-	gvkExt    = func(kind string) map[string]any {
+	gvkExt = func(kind string) map[string]any {
 		return map[string]any{"group": rv1.Group, "version": rv1.Version, "kind": kind}
 	}
 )
@@ -149,10 +148,7 @@ func swagger() *spec.Swagger {
 		o.AddExtension("x-kubernetes-action", op.action)
 		o.AddExtension("x-kubernetes-group-version-kind", gvkExt(rv1.Kind))
 		for _, p := range op.params {
-			typ := paramType[p]
-			if typ == "" {
-				typ = "string"
-			}
+			typ := paramTypeOf(p)
 			sp := spec.Parameter{ParamProps: spec.ParamProps{Name: p, In: paramIn(p), Description: paramDoc[p],
 				Required: paramIn(p) == "path"}, SimpleSchema: spec.SimpleSchema{Type: typ}}
 			sp.UniqueItems = true
@@ -183,10 +179,7 @@ func openAPIV3() *spec3.OpenAPI {
 		o.AddExtension("x-kubernetes-action", op.action)
 		o.AddExtension("x-kubernetes-group-version-kind", gvkExt(rv1.Kind))
 		for _, p := range op.params {
-			typ := paramType[p]
-			if typ == "" {
-				typ = "string"
-			}
+			typ := paramTypeOf(p)
 			o.Parameters = append(o.Parameters, &spec3.Parameter{ParameterProps: spec3.ParameterProps{Name: p, In: paramIn(p),
 				Description: paramDoc[p], Required: paramIn(p) == "path",
 				Schema: &spec.Schema{SchemaProps: spec.SchemaProps{Type: spec.StringOrArray{typ}}}}})
@@ -252,4 +245,15 @@ func (h *openAPIHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", ctype)
 	_, _ = w.Write(body)
+}
+
+// paramTypeOf is a query or path parameter's OpenAPI type.
+func paramTypeOf(p string) string {
+	switch p {
+	case "timeoutSeconds":
+		return "integer"
+	case "watch", "allowWatchBookmarks", "sendInitialEvents":
+		return "boolean"
+	}
+	return "string"
 }

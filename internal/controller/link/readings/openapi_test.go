@@ -101,6 +101,14 @@ func TestOpenAPIDocuments(t *testing.T) {
 	if _, ok := v2["paths"].(map[string]any)["/apis/readings.dowse.dev/v1alpha1/namespaces/{namespace}/devicereadings/{name}"]; !ok {
 		t.Errorf("v2 paths: %v", v2["paths"])
 	}
+	list := v2["paths"].(map[string]any)["/apis/readings.dowse.dev/v1alpha1/namespaces/{namespace}/devicereadings"].(map[string]any)
+	types := map[string]any{}
+	for _, p := range list["get"].(map[string]any)["parameters"].([]any) {
+		types[p.(map[string]any)["name"].(string)] = p.(map[string]any)["type"]
+	}
+	if types["timeoutSeconds"] != "integer" || types["watch"] != "boolean" || types["labelSelector"] != "string" {
+		t.Errorf("v2 list parameters' types: %v", types)
+	}
 	etag := resp.Header.Get("Etag")
 	req := httptest.NewRequest(http.MethodGet, "/openapi/v2", nil)
 	req.Header.Set("If-None-Match", etag)
