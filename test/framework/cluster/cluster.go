@@ -469,6 +469,26 @@ func (c *Cluster) RestartKubelet(ctx context.Context) error {
 	return c.startAgain(ctx, "kubelet")
 }
 
+// RestartControlPlane stops the control plane's etcd or kube-apiserver as
+// an outage would, keeps it away for away, and starts it again with its
+// data; it returns once the process is started, not serving.
+func (c *Cluster) RestartControlPlane(ctx context.Context, name string, away time.Duration) error {
+	if name != "etcd" && name != "kube-apiserver" {
+		return fmt.Errorf("RestartControlPlane restarts etcd or kube-apiserver, not %s", name)
+	}
+	i, err := c.procIndex(name)
+	if err != nil {
+		return err
+	}
+	c.procs[i].StopWithin(10 * time.Second)
+	select {
+	case <-time.After(away):
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return c.startAgain(ctx, name)
+}
+
 // SetKubeletKubeconfig has the kubelet read path from its next start on
 // (RestartKubelet, Reboot), as a node pointed at a proxy of the API server
 // would.

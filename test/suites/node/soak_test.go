@@ -26,13 +26,17 @@ import (
 )
 
 // nodeSoakFault is a kill -9 of one kind of Dowse process on the real
-// node: the first container of the Pod that sel picks in ns.
+// node (the first container of the Pod that sel picks in ns), or, with
+// control set, an outage of the control plane's etcd or kube-apiserver
+// for away.
 type nodeSoakFault struct {
 	name, ns string
 	sel      client.MatchingLabels
 	// broker marks the debug-echo broker, whose restart its Pod's
 	// restart count shows.
-	broker bool
+	broker  bool
+	control string
+	away    time.Duration
 }
 
 // nodeSoakConverge is the most a fault may take to converge.
@@ -53,8 +57,9 @@ const nodeSoakRoundEvery = 5*time.Minute + 10*time.Second
 // times a second, read every 200 ms by the controller's mapper Pod) also
 // pushes each reading to an HTTP sink the test serves. Each round kills
 // with -9 the agent's process, the controller's, each handler's, the
-// mapper's and a broker's (the kubelet restarts each), and sets a desired
-// setpoint right after the kill. After each fault it waits, at most
+// mapper's and a broker's (the kubelet restarts each), keeps the API
+// server away 20 s and restarts etcd, and sets a desired setpoint right
+// after each fault. After each fault it waits, at most
 // nodeSoakConverge, until everything converges: the killed container
 // restarted in the same Pod, every Pod of the chart ready, the edge's
 // session back, the same Instances, Devices, broker and mapper Pods
@@ -150,6 +155,8 @@ func TestSoakOnNode(t *testing.T) {
 		{name: "kill -9 handler (modbus)", ns: "dowse-system", sel: client.MatchingLabels{"app.kubernetes.io/name": "dowse-modbus-discovery"}},
 		{name: "kill -9 mapper (modbus)", ns: "default", sel: client.MatchingLabels{v1alpha1.LabelMapper: "true"}},
 		{name: "kill -9 broker (debug-echo)", ns: "default", sel: client.MatchingLabels{v1alpha1.LabelConfiguration: echo.Name}, broker: true},
+		{name: "API server away 20 s", control: "kube-apiserver", away: 20 * time.Second},
+		{name: "restart etcd", control: "etcd"},
 	}
 	setpoint := 21
 	took := map[string][]time.Duration{}
@@ -170,31 +177,48 @@ func TestSoakOnNode(t *testing.T) {
 		}
 		for _, f := range faults {
 			what := fmt.Sprintf("round %d, %s", round, f.name)
-			pod, restarts := soakTarget(t, ctx, cl, f)
-			if f.broker {
-				b := brokers[pod.Namespace+"/"+pod.Name]
-				b.restarts++
-				brokers[pod.Namespace+"/"+pod.Name] = b
-			}
-			container := pod.Spec.Containers[0].Name
-			killed := time.Now()
-			pid, err := c.KillContainer(ctx, pod.Namespace, pod.Name, container)
-			if err != nil {
-				t.Fatalf("%s: %v", what, err)
+			var (
+				pod       *corev1.Pod
+				restarts  int32
+				container string
+				pid       int
+				killed    time.Time
+			)
+			if f.control != "" {
+				// Timed from the process started again, as TestSoak's.
+				if err := c.RestartControlPlane(ctx, f.control, f.away); err != nil {
+					t.Fatalf("%s: %v", what, err)
+				}
+				killed = time.Now()
+			} else {
+				pod, restarts = soakTarget(t, ctx, cl, f)
+				if f.broker {
+					b := brokers[pod.Namespace+"/"+pod.Name]
+					b.restarts++
+					brokers[pod.Namespace+"/"+pod.Name] = b
+				}
+				container = pod.Spec.Containers[0].Name
+				killed = time.Now()
+				var err error
+				if pid, err = c.KillContainer(ctx, pod.Namespace, pod.Name, container); err != nil {
+					t.Fatalf("%s: %v", what, err)
+				}
 			}
 			setpoint++
 			setDesired(t, ctx, cl, dev, "setpoint", strconv.Itoa(setpoint))
 
 			settled := func() error {
-				var p corev1.Pod
-				if err := cl.Get(ctx, client.ObjectKeyFromObject(pod), &p); err != nil {
-					return err
-				}
-				if p.UID != pod.UID {
-					return fmt.Errorf("%s: Pod %s is another Pod (%s, was %s)", what, pod.Name, p.UID, pod.UID)
-				}
-				if n := containerRestarts(&p, container); n != restarts+1 {
-					return fmt.Errorf("%s: container %s of %s has %d restarts, want %d", what, container, pod.Name, n, restarts+1)
+				if pod != nil {
+					var p corev1.Pod
+					if err := cl.Get(ctx, client.ObjectKeyFromObject(pod), &p); err != nil {
+						return err
+					}
+					if p.UID != pod.UID {
+						return fmt.Errorf("%s: Pod %s is another Pod (%s, was %s)", what, pod.Name, p.UID, pod.UID)
+					}
+					if n := containerRestarts(&p, container); n != restarts+1 {
+						return fmt.Errorf("%s: container %s of %s has %d restarts, want %d", what, container, pod.Name, n, restarts+1)
+					}
 				}
 				for _, ns := range []string{"dowse-system", "default"} {
 					if err := podsReady(ctx, cl, ns); err != nil {
@@ -234,14 +258,16 @@ func TestSoakOnNode(t *testing.T) {
 				time.Sleep(200 * time.Millisecond)
 			}
 			structural := time.Since(killed)
-			var restarted time.Time
-			var p corev1.Pod
-			if err := cl.Get(ctx, client.ObjectKeyFromObject(pod), &p); err != nil {
-				t.Fatal(err)
-			}
-			for _, cs := range p.Status.ContainerStatuses {
-				if cs.Name == container && cs.State.Running != nil {
-					restarted = cs.State.Running.StartedAt.Time
+			restarted := killed
+			if pod != nil {
+				var p corev1.Pod
+				if err := cl.Get(ctx, client.ObjectKeyFromObject(pod), &p); err != nil {
+					t.Fatal(err)
+				}
+				for _, cs := range p.Status.ContainerStatuses {
+					if cs.Name == container && cs.State.Running != nil {
+						restarted = cs.State.Running.StartedAt.Time
+					}
 				}
 			}
 			// Nothing missing: with the PLC's counter held, Device.status
@@ -259,8 +285,12 @@ func TestSoakOnNode(t *testing.T) {
 			took[f.name] = append(took[f.name], converged)
 			// The kubelet's StartedAt has whole seconds: the time from the
 			// restart is to within a second.
-			t.Logf("%s (pid %d): converged in %v (Pods, Instances, slots, brokers, setpoint %d applied: %v; the container started again +%v); counter %d in Device.status and the sink; Device.status showed no new counter value for %v at most",
-				what, pid, converged.Round(100*time.Millisecond), setpoint, structural.Round(100*time.Millisecond), restarted.Sub(killed).Round(time.Second), want, gap.Round(100*time.Millisecond))
+			started := fmt.Sprintf("pid %d; the container started again +%v", pid, restarted.Sub(killed).Round(time.Second))
+			if pod == nil {
+				started = f.control + " timed from its start"
+			}
+			t.Logf("%s: converged in %v (Pods, Instances, slots, brokers, setpoint %d applied: %v; %s); counter %d in Device.status and the sink; Device.status showed no new counter value for %v at most",
+				what, converged.Round(100*time.Millisecond), setpoint, structural.Round(100*time.Millisecond), started, want, gap.Round(100*time.Millisecond))
 			if errs := counter.errors(); len(errs) > 0 {
 				t.Fatalf("%s: Device.status showed the counter going back %d times, first: %v", what, len(errs), errs[:min(5, len(errs))])
 			}
