@@ -24,6 +24,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -92,6 +93,9 @@ type Options struct {
 
 // Cluster is a running cluster.
 type Cluster struct {
+	stopOnce sync.Once
+	stopErr  error
+
 	StateDir   string
 	Kubeconfig string
 	NodeName   string
@@ -612,6 +616,11 @@ func (c *Cluster) LoadImages(ctx context.Context, archives ...string) error {
 // processes, and unmounts what they left under the state directory. The state
 // directory itself is kept (it holds the logs); RemoveAll it when done.
 func (c *Cluster) Stop() error {
+	c.stopOnce.Do(func() { c.stopErr = c.stop() })
+	return c.stopErr
+}
+
+func (c *Cluster) stop() error {
 	var errs []error
 	// The kubelet first so that it restarts nothing; the control plane and
 	// containerd in reverse start order.

@@ -7,7 +7,6 @@ import (
 	"maps"
 	"net"
 	"net/http"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -22,7 +21,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/dowse-dev/dowse/internal/scheme"
 	"github.com/dowse-dev/dowse/test/framework/cluster"
 	"github.com/dowse-dev/dowse/test/framework/kube"
 	"github.com/dowse-dev/dowse/test/framework/procs"
@@ -53,20 +51,7 @@ func TestDowseNodeRebootsOfflineAndServesItsDevices(t *testing.T) {
 		[2]string{"./discovery-handlers/modbus/cmd/dowse-modbus-discovery", "ghcr.io/dowse-dev/dowse-modbus-discovery:latest"},
 		[2]string{"./mappers/modbus/cmd/dowse-modbus-mapper", "ghcr.io/dowse-dev/dowse-modbus-mapper:latest"},
 		[2]string{"./brokers/debug-echo/cmd/dowse-debug-echo-broker", "ghcr.io/dowse-dev/dowse-debug-echo-broker:latest"})
-	t.Cleanup(func() {
-		_ = c.Stop()
-		if !t.Failed() {
-			_ = os.RemoveAll(c.StateDir)
-		}
-	})
-	sch, err := scheme.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cl, err := client.New(c.Config, client.Options{Scheme: sch})
-	if err != nil {
-		t.Fatal(err)
-	}
+	cl := newClient(t, c)
 	if err := kube.InstallCRDs(c.Config); err != nil {
 		t.Fatal(err)
 	}

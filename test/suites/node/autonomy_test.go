@@ -36,12 +36,6 @@ func TestNodeRebootsOfflineAndRunsItsPods(t *testing.T) {
 	defer cancel()
 	c := startClusterWith(t, ctx, cluster.Options{PodNetwork: true, StaticPods: true},
 		[2]string{"./agent/cmd/dowse-agent", agentImage})
-	t.Cleanup(func() {
-		_ = c.Stop()
-		if !t.Failed() {
-			_ = os.RemoveAll(c.StateDir)
-		}
-	})
 	cs := c.Client
 	ns := "default"
 	if _, err := cs.CoreV1().Secrets(ns).Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "plc"},

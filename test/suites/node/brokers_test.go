@@ -44,12 +44,6 @@ func TestBrokersOnNode(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	c := startCluster(t, ctx, [2]string{"./brokers/debug-echo/cmd/dowse-debug-echo-broker", brokerImage})
-	t.Cleanup(func() {
-		_ = c.Stop()
-		if !t.Failed() {
-			_ = os.RemoveAll(c.StateDir)
-		}
-	})
 	d := startDowse(t, ctx, c)
 	d.startAgent(false)
 	ctrlCtx, stopCtrl := context.WithCancel(ctx)

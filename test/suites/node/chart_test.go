@@ -26,7 +26,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
-	"github.com/dowse-dev/dowse/internal/scheme"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	"github.com/dowse-dev/dowse/test/framework/kube"
 	"github.com/dowse-dev/dowse/test/framework/procs"
@@ -57,25 +56,13 @@ func TestChartOnNode(t *testing.T) {
 		[2]string{"./discovery-handlers/debug-echo/cmd/dowse-debug-echo-discovery", "ghcr.io/dowse-dev/dowse-debug-echo-discovery:latest"},
 		[2]string{"./discovery-handlers/modbus/cmd/dowse-modbus-rtu-discovery", "ghcr.io/dowse-dev/dowse-modbus-rtu-discovery:latest"},
 		mapperImage, mqttMapperImage)
-	t.Cleanup(func() {
-		_ = c.Stop()
-		if !t.Failed() {
-			_ = os.RemoveAll(c.StateDir)
-		}
-	})
-	sch, err := scheme.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cl, err := client.New(c.Config, client.Options{Scheme: sch})
-	if err != nil {
-		t.Fatal(err)
-	}
+	cl := newClient(t, c)
 
 	api := strings.TrimPrefix(c.Config.Host, "https://")
 	apiHost, apiPort, _ := strings.Cut(api, ":")
 	var ports [8]int
 	for i := range ports {
+		var err error
 		if ports[i], err = procs.FreePort(); err != nil {
 			t.Fatal(err)
 		}

@@ -29,12 +29,6 @@ func TestDowseDevicePlugins(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	c := startCluster(t, ctx)
-	t.Cleanup(func() {
-		_ = c.Stop()
-		if !t.Failed() {
-			_ = os.RemoveAll(c.StateDir)
-		}
-	})
 
 	d := startDowse(t, ctx, c)
 	cl := d.cl

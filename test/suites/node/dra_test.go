@@ -79,12 +79,6 @@ func TestDRAOnNode(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	c := startCluster(t, ctx, [2]string{"./brokers/debug-echo/cmd/dowse-debug-echo-broker", brokerImage})
-	t.Cleanup(func() {
-		_ = c.Stop()
-		if !t.Failed() {
-			_ = os.RemoveAll(c.StateDir)
-		}
-	})
 	d := startDowse(t, ctx, c)
 	cl := d.cl
 	// A shared debug-echo handler beside the local one startDowse runs.

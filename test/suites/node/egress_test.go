@@ -62,12 +62,6 @@ func reachEdgeThroughLink(t *testing.T, protocol string, full bool) {
 	defer cancel()
 	c := startClusterWith(t, ctx, cluster.Options{PodNetwork: true, Egress: true, EgressProtocol: protocol},
 		[2]string{"./brokers/debug-echo/cmd/dowse-debug-echo-broker", "ghcr.io/dowse-dev/dowse-debug-echo-broker:latest"})
-	t.Cleanup(func() {
-		_ = c.Stop()
-		if !t.Failed() {
-			_ = os.RemoveAll(c.StateDir)
-		}
-	})
 	cs := c.Client
 	node, err := cs.CoreV1().Nodes().Get(ctx, c.NodeName, metav1.GetOptions{})
 	if err != nil {

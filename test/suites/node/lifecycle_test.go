@@ -61,12 +61,6 @@ func TestChartLifecycleOnNode(t *testing.T) {
 	}
 	earlierImages, oldChart := earlierRelease(t, ctx, earlier)
 	c := startClusterWith(t, ctx, cluster.Options{Images: earlierImages}, images...)
-	t.Cleanup(func() {
-		_ = c.Stop()
-		if !t.Failed() {
-			_ = os.RemoveAll(c.StateDir)
-		}
-	})
 	sch, err := scheme.New()
 	if err != nil {
 		t.Fatal(err)

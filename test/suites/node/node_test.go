@@ -21,8 +21,10 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
+	"github.com/dowse-dev/dowse/internal/scheme"
 	"github.com/dowse-dev/dowse/test/framework/cluster"
 )
 
@@ -39,7 +41,8 @@ func TestMain(m *testing.M) {
 // machine without root or runc the tier skips; in CI (CI=true) the same
 // condition is a failure, so the tier can never pass there by not running.
 // Images are built from their packages (import path: image ref) beside the
-// probe image and loaded into the node.
+// probe image and loaded into the node. The cluster stops when the test
+// ends, and its state directory (logs) is kept only when the test failed.
 func startCluster(t *testing.T, ctx context.Context, images ...[2]string) *cluster.Cluster {
 	t.Helper()
 	return startClusterWith(t, ctx, cluster.Options{}, images...)
@@ -65,8 +68,28 @@ func startClusterWith(t *testing.T, ctx context.Context, o cluster.Options, imag
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() {
+		_ = c.Stop()
+		if !t.Failed() {
+			_ = os.RemoveAll(c.StateDir)
+		}
+	})
 	t.Logf("cluster up in %s, state %s", time.Since(begin).Round(100*time.Millisecond), c.StateDir)
 	return c
+}
+
+// newClient is a client of c's API server knowing Dowse's kinds.
+func newClient(t *testing.T, c *cluster.Cluster) client.Client {
+	t.Helper()
+	sch, err := scheme.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl, err := client.New(c.Config, client.Options{Scheme: sch})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cl
 }
 
 // requireNode skips (or, in CI, fails) when this machine cannot run a node.
@@ -94,15 +117,6 @@ func TestNode(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	c := startCluster(t, ctx)
-	stopped := false
-	t.Cleanup(func() {
-		if !stopped {
-			_ = c.Stop()
-		}
-		if !t.Failed() {
-			_ = os.RemoveAll(c.StateDir)
-		}
-	})
 
 	t.Run("PodLogs", func(t *testing.T) { testPodLogs(t, ctx, c) })
 	t.Run("Job", func(t *testing.T) { testJob(t, ctx, c) })
@@ -113,7 +127,6 @@ func TestNode(t *testing.T) {
 		pids := c.Pids()
 		begin := time.Now()
 		err := c.Stop()
-		stopped = true
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -21,7 +21,6 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/dowse-dev/dowse/internal/controller/link/ownership"
-	"github.com/dowse-dev/dowse/internal/scheme"
 	"github.com/dowse-dev/dowse/shared/api/v1alpha1"
 	"github.com/dowse-dev/dowse/test/framework/cluster"
 	"github.com/dowse-dev/dowse/test/framework/kube"
@@ -54,20 +53,7 @@ func TestChartReplicasOnNode(t *testing.T) {
 		[2]string{"./controller/cmd/dowse-controller", "ghcr.io/dowse-dev/dowse-controller:latest"},
 		[2]string{"./discovery-handlers/modbus/cmd/dowse-modbus-discovery", "ghcr.io/dowse-dev/dowse-modbus-discovery:latest"},
 		[2]string{"./mappers/modbus/cmd/dowse-modbus-mapper", "ghcr.io/dowse-dev/dowse-modbus-mapper:latest"})
-	t.Cleanup(func() {
-		_ = c.Stop()
-		if !t.Failed() {
-			_ = os.RemoveAll(c.StateDir)
-		}
-	})
-	sch, err := scheme.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cl, err := client.New(c.Config, client.Options{Scheme: sch})
-	if err != nil {
-		t.Fatal(err)
-	}
+	cl := newClient(t, c)
 	// No cluster DNS runs here: the agents dial the Service at an address
 	// fixed in the Service range.
 	linkIP := c.PodNetwork.ServiceAddress(77)
