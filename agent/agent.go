@@ -153,6 +153,8 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 	if cfg.NodeAPI != "" {
 		restCfg = throughNodeAPI(restCfg, cfg.NodeAPI, cfg.NodeAPICA)
 	}
+	// A fleet's agents come back over a few seconds, not in one.
+	apiready.HoldListsAndWatches(restCfg, 5*time.Second, log.WithName("api"))
 	sch, err := scheme.New()
 	if err != nil {
 		return err

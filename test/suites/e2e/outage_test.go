@@ -67,8 +67,10 @@ func TestAPIServerAway(t *testing.T) {
 	f.waitReady(f.replicas[0])
 	set := time.Now()
 	ct.setDesired(ctx, "2")
-	// The controller's watches come back on client-go's back-off (up to
-	// 30 s, jittered to 60 s, after a long outage).
+	// The controller's informers waited in their lists and watches for the
+	// API server (apiready.HoldListsAndWatches), not in client-go's
+	// back-off, which after a minute's outage had them back up to a minute
+	// later.
 	testwait.For(t, 2*time.Minute, func() error {
 		if got := ct.m.Desired("default", ct.dev.Name, "setpoint"); got != "2" {
 			return fmt.Errorf("the mapper holds desired %q", got)
