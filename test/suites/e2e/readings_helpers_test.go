@@ -6,26 +6,19 @@ package e2e
 import (
 	"bytes"
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"encoding/base64"
 	"errors"
 	"fmt"
-	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/dowse-dev/dowse/internal/agent/edgehub"
 	"github.com/dowse-dev/dowse/internal/link/pki"
 	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
 	readingsv1 "github.com/dowse-dev/dowse/shared/api/readings/v1alpha1"
@@ -116,43 +109,11 @@ func startCounterEdges(t *testing.T, ctx context.Context, f *fleet, ca *pki.CA, 
 			}
 		}
 	}
-	pool := x509.NewCertPool()
-	pool.AddCert(ca.Cert)
-	servers := strings.Split(f.servers(), ",")
-	ectx, stopEdges := context.WithCancel(ctx)
-	edges := make([]*simEdge, nodes)
-	for n := range nodes {
-		e := &simEdge{node: nodeName(n), count: make([]atomic.Int64, perNode), done: make(chan struct{})}
-		cert, err := ca.IssueNode(e.node, "", time.Hour)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if e.hub, err = edgehub.New(edgehub.Config{Node: e.node, Transport: "websocket", Server: servers[n%len(servers)], Servers: servers,
-			TLS:      pki.ClientTLSConfig(pki.Static[*tls.CertificateRequestInfo](cert), pool, "127.0.0.1"),
-			StateDir: filepath.Join(t.TempDir(), e.node), NoSync: true, Heartbeat: time.Second, BackoffMax: time.Second}, func(context.Context, *linkv1.Envelope) {}, nil); err != nil {
-			t.Fatal(err)
-		}
-		go func() {
-			defer close(e.done)
-			_ = e.hub.Start(logr.NewContext(ectx, logr.Discard()))
-		}()
-		edges[n] = e
+	names := make([]string, nodes)
+	for n := range names {
+		names[n] = nodeName(n)
 	}
-	t.Cleanup(func() {
-		stopEdges()
-		for _, e := range edges {
-			<-e.done
-			_ = e.hub.Close()
-		}
-	})
-	testwait.For(t, time.Minute, func() error {
-		for _, e := range edges {
-			if !e.hub.Connected() {
-				return fmt.Errorf("%s has no session", e.node)
-			}
-		}
-		return nil
-	})
+	edges := connectSimEdges(t, ctx, f, ca, names, perNode, time.Second, nil)
 	return edges, devName
 }
 

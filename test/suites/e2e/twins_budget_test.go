@@ -44,6 +44,61 @@ type simEdge struct {
 	done  chan struct{}
 }
 
+// connectSimEdges starts a simulated edge for each node name, with perNode
+// counters, a certificate from ca and a session with one of f's replicas
+// (spread over them); onMessage, when set, makes what an edge does with a
+// message from the cloud. The edges stop when the test ends. It returns
+// once every edge has its session.
+func connectSimEdges(t *testing.T, ctx context.Context, f *fleet, ca *pki.CA, names []string, perNode int, heartbeat time.Duration, onMessage func(e *simEdge) edgehub.OnMessage) []*simEdge {
+	t.Helper()
+	pool := x509.NewCertPool()
+	pool.AddCert(ca.Cert)
+	servers := strings.Split(f.servers(), ",")
+	ectx, stopEdges := context.WithCancel(ctx)
+	edges := make([]*simEdge, len(names))
+	for n, name := range names {
+		e := &simEdge{node: name, count: make([]atomic.Int64, perNode), done: make(chan struct{})}
+		cert, err := ca.IssueNode(e.node, "", time.Hour)
+		if err != nil {
+			stopEdges()
+			t.Fatal(err)
+		}
+		apply := func(context.Context, *linkv1.Envelope) {}
+		if onMessage != nil {
+			apply = onMessage(e)
+		}
+		if e.hub, err = edgehub.New(edgehub.Config{Node: e.node, Transport: "websocket", Server: servers[n%len(servers)], Servers: servers,
+			TLS:      pki.ClientTLSConfig(pki.Static[*tls.CertificateRequestInfo](cert), pool, "127.0.0.1"),
+			StateDir: filepath.Join(t.TempDir(), e.node), NoSync: true, Heartbeat: heartbeat, BackoffMax: heartbeat}, apply, nil); err != nil {
+			stopEdges()
+			t.Fatal(err)
+		}
+		go func() {
+			defer close(e.done)
+			_ = e.hub.Start(logr.NewContext(ectx, logr.Discard()))
+		}()
+		edges[n] = e
+	}
+	t.Cleanup(func() {
+		stopEdges()
+		for _, e := range edges {
+			if e != nil {
+				<-e.done
+				_ = e.hub.Close()
+			}
+		}
+	})
+	testwait.For(t, time.Minute, func() error {
+		for _, e := range edges {
+			if !e.hub.Connected() {
+				return fmt.Errorf("%s has no session", e.node)
+			}
+		}
+		return nil
+	})
+	return edges
+}
+
 // TestTwinStatusBudget: 1,000 Devices on 50 simulated edges each report a
 // changing counter every second through two controller replicas whose
 // status budget is 20 writes a second each, so that the fleet runs in
@@ -114,18 +169,12 @@ func TestTwinStatusBudget(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pool := x509.NewCertPool()
-	pool.AddCert(ca.Cert)
-	servers := strings.Split(f.servers(), ",")
-	ectx, stopEdges := context.WithCancel(ctx)
-	edges := make([]*simEdge, nodes)
-	for n := range nodes {
-		e := &simEdge{node: fmt.Sprintf("budget-%d", n), count: make([]atomic.Int64, perNode), done: make(chan struct{})}
-		cert, err := ca.IssueNode(e.node, "", time.Hour)
-		if err != nil {
-			t.Fatal(err)
-		}
-		apply := func(_ context.Context, env *linkv1.Envelope) {
+	names := make([]string, nodes)
+	for n := range names {
+		names[n] = fmt.Sprintf("budget-%d", n)
+	}
+	edges := connectSimEdges(t, ctx, f, ca, names, perNode, 2*time.Second, func(e *simEdge) edgehub.OnMessage {
+		return func(_ context.Context, env *linkv1.Envelope) {
 			ed := env.GetDeviceUpdate().GetDevice()
 			for _, p := range ed.GetProperties() {
 				if p.GetName() != "setpoint" || p.GetDesired() == nil {
@@ -137,23 +186,6 @@ func TestTwinStatusBudget(t *testing.T) {
 					_, _ = e.hub.Report(ed.GetRef(), "setpoint", v, time.Now(), edgehub.WithObservedDesired(v))
 				}()
 			}
-		}
-		if e.hub, err = edgehub.New(edgehub.Config{Node: e.node, Transport: "websocket", Server: servers[n%len(servers)], Servers: servers,
-			TLS:      pki.ClientTLSConfig(pki.Static[*tls.CertificateRequestInfo](cert), pool, "127.0.0.1"),
-			StateDir: filepath.Join(t.TempDir(), e.node), NoSync: true, Heartbeat: 2 * time.Second, BackoffMax: 2 * time.Second}, apply, nil); err != nil {
-			t.Fatal(err)
-		}
-		go func() {
-			defer close(e.done)
-			_ = e.hub.Start(logr.NewContext(ectx, logr.Discard()))
-		}()
-		edges[n] = e
-	}
-	t.Cleanup(func() {
-		stopEdges()
-		for _, e := range edges {
-			<-e.done
-			_ = e.hub.Close()
 		}
 	})
 	testwait.For(t, time.Minute, func() error {
