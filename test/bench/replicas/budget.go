@@ -18,6 +18,7 @@ import (
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -56,19 +57,34 @@ func runBudget(ctx context.Context, nEdges, perEdge int, every, window time.Dura
 		v1alpha1.ModelProperty{Name: "setpoint", Type: v1alpha1.PropertyInt, AccessMode: v1alpha1.ReadWrite}); err != nil {
 		return err
 	}
+	// Each replica keeps the live readings (the store every report goes
+	// into, as with the chart's link.readings.enabled), without the
+	// APIService: -readings measures serving them.
 	for i := range 2 {
 		r, err := b.newReplica(fmt.Sprintf("replica-%d", i))
 		if err != nil {
 			return err
 		}
+		port, err := b.freePort()
+		if err != nil {
+			return err
+		}
 		b.replicas = append(b.replicas, r)
-		if err := b.start(ctx, r); err != nil {
+		if err := b.start(ctx, r, "--readings-address", fmt.Sprintf("127.0.0.1:%d", port)); err != nil {
 			return err
 		}
 	}
 	ca, err := b.linkCA(ctx)
 	if err != nil {
 		return err
+	}
+	// Each replica's memory with every Device in its cache and no edge:
+	// what the edges' sessions, twins and readings add is measured
+	// against it.
+	time.Sleep(5 * time.Second)
+	idleRSS := make([]float64, len(b.replicas))
+	for i, r := range b.replicas {
+		idleRSS[i] = anonMiB(r)
 	}
 
 	// The edges: each gets every replica's address, starting at one of
@@ -120,10 +136,20 @@ func runBudget(ctx context.Context, nEdges, perEdge int, every, window time.Dura
 	}
 	fmt.Printf("every Device Valid %s later\n", time.Since(t2).Round(time.Second))
 
-	// Desired values acknowledged, seen through a watch.
+	// Desired values acknowledged, each seen through a watch of its own
+	// Device (a field selector on its name, from the resourceVersion it
+	// was read at): a watch of all 20,000 Devices fell behind on this
+	// machine, was closed by the API server and relisted 20,000 Devices
+	// again and again, stalling the bench's other requests behind it on
+	// the same connection.
 	type probe struct {
 		want string
 		set  time.Time
+		// written: the desired value's Update returned; specSeen: its
+		// event in the bench's watch. specSeen - written is the API
+		// server's watch delivery of one Device write under this load,
+		// the same path as the acknowledging status write's.
+		written, specSeen time.Time
 	}
 	var pmu sync.Mutex
 	probes := map[string]probe{}
@@ -132,35 +158,53 @@ func runBudget(ctx context.Context, nEdges, perEdge int, every, window time.Dura
 	// the status subresource's newest entry, whole seconds: the figure is
 	// up to 1 s above the truth) → the event in the bench's watch.
 	var delivered []time.Duration
+	// The API server's watch delivery of each probe's own spec write, and
+	// desired → acknowledged less it (the status write's delivery to the
+	// bench's watch, estimated by the spec write's) and less it twice
+	// (the desired value's delivery to the replica's informer too).
+	var specDelivery, lessOne, lessTwo, up []time.Duration
 	wctx, wcancel := context.WithCancel(ctx)
 	defer wcancel()
-	go func() {
-		_ = kube.Watch(wctx, b.c, &v1alpha1.DeviceList{}, "default", func(t watch.EventType, o client.Object) {
-			d, ok := o.(*v1alpha1.Device)
-			if !ok || t == watch.Deleted {
-				return
-			}
-			now := time.Now()
-			pmu.Lock()
-			defer pmu.Unlock()
-			p, ok := probes[d.Name]
-			if !ok {
-				return
-			}
-			for _, tw := range d.Status.Twins {
-				if tw.PropertyName == "setpoint" && tw.ObservedDesired != nil && tw.ObservedDesired.Value == p.want {
-					acks = append(acks, now.Sub(p.set))
-					if at := statusWrittenAt(d); !at.IsZero() {
-						delivered = append(delivered, now.Sub(at))
-					}
-					if at, ok := atEdge.Load(d.Name + "=" + p.want); ok {
-						down = append(down, at.(time.Time).Sub(p.set))
-					}
-					delete(probes, d.Name)
+	handle := func(t watch.EventType, o client.Object) {
+		d, ok := o.(*v1alpha1.Device)
+		if !ok || t == watch.Deleted {
+			return
+		}
+		now := time.Now()
+		pmu.Lock()
+		defer pmu.Unlock()
+		p, ok := probes[d.Name]
+		if !ok {
+			return
+		}
+		if p.specSeen.IsZero() {
+			for _, dp := range d.Spec.Properties {
+				if dp.Name == "setpoint" && dp.Desired != nil && dp.Desired.Value == p.want {
+					p.specSeen = now
+					probes[d.Name] = p
 				}
 			}
-		})
-	}()
+		}
+		for _, tw := range d.Status.Twins {
+			if tw.PropertyName == "setpoint" && tw.ObservedDesired != nil && tw.ObservedDesired.Value == p.want {
+				acks = append(acks, now.Sub(p.set))
+				if at := statusWrittenAt(d); !at.IsZero() {
+					delivered = append(delivered, now.Sub(at))
+				}
+				if at, ok := atEdge.Load(d.Name + "=" + p.want); ok {
+					down = append(down, at.(time.Time).Sub(p.set))
+					up = append(up, now.Sub(at.(time.Time)))
+				}
+				if !p.specSeen.IsZero() && !p.written.IsZero() {
+					w := max(0, p.specSeen.Sub(p.written))
+					specDelivery = append(specDelivery, w)
+					lessOne = append(lessOne, now.Sub(p.set)-w)
+					lessTwo = append(lessTwo, max(0, now.Sub(p.set)-2*w))
+				}
+				delete(probes, d.Name)
+			}
+		}
+	}
 
 	// The load: each edge reports the next counter of each of its
 	// Devices every period, in one call, at a phase of its own.
@@ -207,9 +251,20 @@ func runBudget(ctx context.Context, nEdges, perEdge int, every, window time.Dura
 
 	// A loaded replica may take seconds to answer.
 	patient := &http.Client{Timeout: 30 * time.Second}
+	// Each scrape's time is its request's midpoint: under this load one
+	// takes seconds, and a rate over the window divides by the time
+	// between a counter's two scrapes, not by the window's length.
+	mid := func(f func()) time.Time {
+		t := time.Now()
+		f()
+		return t.Add(time.Since(t) / 2)
+	}
+	var scraped []time.Time // of the last scrapeAll, a replica each
 	scrapeAll := func() []series {
 		var out []series
-		for _, r := range b.replicas {
+		scraped = make([]time.Time, len(b.replicas))
+		for i, r := range b.replicas {
+			t := time.Now()
 			s := series{}
 			if resp, err := patient.Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", r.metrics)); err == nil {
 				s = parseSeries(resp.Body)
@@ -218,6 +273,7 @@ func runBudget(ctx context.Context, nEdges, perEdge int, every, window time.Dura
 				fmt.Println("note: scraping", r.name, err)
 			}
 			out = append(out, s)
+			scraped[i] = t.Add(time.Since(t) / 2)
 		}
 		return out
 	}
@@ -230,13 +286,16 @@ func runBudget(ctx context.Context, nEdges, perEdge int, every, window time.Dura
 		}
 		return out
 	}
-	api0, err := b.statusWrites(ctx)
+	var api0, api1 float64
+	tAPI0 := mid(func() { api0, err = b.statusWrites(ctx) })
 	if err != nil {
 		return err
 	}
 	rep0 := scrapeAll()
+	tRep0 := scraped
 	apiM0 := b.apiMetrics(ctx)
-	cpu0 := cpu()
+	var cpu0, cpu1 map[string]time.Duration
+	tCPU0 := mid(func() { cpu0 = cpu() })
 	m0 := time.Now()
 	// A desired value on another Device every 250 ms through the window.
 	var setters sync.WaitGroup
@@ -247,35 +306,69 @@ func runBudget(ctx context.Context, nEdges, perEdge int, every, window time.Dura
 		name := devName(e, i)
 		setters.Go(func() {
 			var d v1alpha1.Device
-			if err := b.c.Get(ctx, client.ObjectKey{Namespace: "default", Name: name}, &d); err != nil {
+			gctx, gcancel := context.WithTimeout(ctx, 30*time.Second)
+			err := b.c.Get(gctx, client.ObjectKey{Namespace: "default", Name: name}, &d)
+			gcancel()
+			if err != nil {
 				return
 			}
+			w, err := b.c.Watch(wctx, &v1alpha1.DeviceList{}, &client.ListOptions{Namespace: "default",
+				Raw: &metav1.ListOptions{FieldSelector: "metadata.name=" + name, ResourceVersion: d.ResourceVersion}})
+			if err != nil {
+				return
+			}
+			defer w.Stop()
 			want := strconv.Itoa(1000 + k)
 			d.Spec.Properties = []v1alpha1.DeviceProperty{{Name: "setpoint", Desired: &v1alpha1.TwinProperty{Value: want}}}
 			pmu.Lock()
 			probes[name] = probe{want: want, set: time.Now()}
 			pmu.Unlock()
-			if err := b.c.Update(ctx, &d); err != nil {
-				pmu.Lock()
+			err = b.c.Update(ctx, &d)
+			done := time.Now()
+			pmu.Lock()
+			if err != nil {
 				delete(probes, name)
 				pmu.Unlock()
+				return
+			}
+			if p, ok := probes[name]; ok && p.want == want {
+				p.written = done
+				probes[name] = p
+			}
+			pmu.Unlock()
+			for ev := range w.ResultChan() {
+				o, ok := ev.Object.(client.Object)
+				if ev.Type == watch.Error || !ok {
+					break
+				}
+				handle(ev.Type, o)
+				pmu.Lock()
+				_, open := probes[name]
+				pmu.Unlock()
+				if !open {
+					break
+				}
 			}
 		})
 	}
 	tick.Stop()
-	setters.Wait()
-	api1, err := b.statusWrites(ctx)
+	tCPU1 := mid(func() { cpu1 = cpu() })
+	tAPI1 := mid(func() { api1, err = b.statusWrites(ctx) })
 	if err != nil {
 		return err
 	}
-	cpu1 := cpu()
 	rep1 := scrapeAll()
+	tRep1 := scraped
 	apiM1 := b.apiMetrics(ctx)
 	elapsed := time.Since(m0).Seconds()
+	apiElapsed, cpuElapsed := tAPI1.Sub(tAPI0).Seconds(), tCPU1.Sub(tCPU0).Seconds()
 	backlog := maxPending.Load()
 	time.Sleep(5 * time.Second) // the last acknowledgements
+	wcancel()
+	setters.Wait()
 	pmu.Lock()
 	lat, downLat, deliveredLat := slices.Clone(acks), slices.Clone(down), slices.Clone(delivered)
+	specLat, lessOneLat, lessTwoLat, upLat := slices.Clone(specDelivery), slices.Clone(lessOne), slices.Clone(lessTwo), slices.Clone(up)
 	unacked := len(probes)
 	left := maps.Clone(probes)
 	pmu.Unlock()
@@ -283,7 +376,10 @@ func runBudget(ctx context.Context, nEdges, perEdge int, every, window time.Dura
 	why := map[string]int{}
 	for name, p := range left {
 		var d v1alpha1.Device
-		if err := b.c.Get(ctx, client.ObjectKey{Namespace: "default", Name: name}, &d); err != nil {
+		gctx, gcancel := context.WithTimeout(ctx, 30*time.Second)
+		err := b.c.Get(gctx, client.ObjectKey{Namespace: "default", Name: name}, &d)
+		gcancel()
+		if err != nil {
 			why["unreadable"]++
 			continue
 		}
@@ -312,10 +408,24 @@ func runBudget(ctx context.Context, nEdges, perEdge int, every, window time.Dura
 	slices.Sort(lat)
 	slices.Sort(downLat)
 	slices.Sort(deliveredLat)
+	for _, l := range [][]time.Duration{specLat, lessOneLat, lessTwoLat, upLat} {
+		slices.Sort(l)
+	}
+	var rss []string
+	var heldEdges int
+	var grew float64
+	holders, _ := b.holders(ctx)
+	for i, r := range b.replicas {
+		now := anonMiB(r)
+		rss = append(rss, fmt.Sprintf("%s %.0f → %.0f MiB (%d edges)", r.name, idleRSS[i], now, holders[r.name]))
+		heldEdges += holders[r.name]
+		grew += now - idleRSS[i]
+	}
 
 	var taken float64
 	var perReplica []string
 	for i, r := range b.replicas {
+		elapsed := tRep1[i].Sub(tRep0[i]).Seconds()
 		var parts []string
 		for _, p := range []string{"urgent", "change", "repeat"} {
 			d := rep1[i].sum("dowse_twins_status_priority_writes_total", `priority="`+p+`"`) - rep0[i].sum("dowse_twins_status_priority_writes_total", `priority="`+p+`"`)
@@ -326,7 +436,7 @@ func runBudget(ctx context.Context, nEdges, perEdge int, every, window time.Dura
 		// server and made again.
 		conflicts := rep1[i].sum("dowse_twins_status_writes_total", `result="conflict"`) - rep0[i].sum("dowse_twins_status_writes_total", `result="conflict"`)
 		parts = append(parts, fmt.Sprintf("conflicts %.1f", conflicts/elapsed))
-		taken += rep1[i].sum("dowse_twins_reports_total") - rep0[i].sum("dowse_twins_reports_total")
+		taken += (rep1[i].sum("dowse_twins_reports_total") - rep0[i].sum("dowse_twins_reports_total")) / elapsed
 		perReplica = append(perReplica, fmt.Sprintf("%s %s", r.name, strings.Join(parts, ", ")))
 	}
 	q := func(name, label string) string {
@@ -336,8 +446,8 @@ func runBudget(ctx context.Context, nEdges, perEdge int, every, window time.Dura
 	fmt.Println()
 	fmt.Printf("%-66s %14s\n", fmt.Sprintf("status budget, %d Devices on %d simulated edges, 2 replicas", n, nEdges), "")
 	row := func(name, v string) { fmt.Printf("%-66s %14s\n", name, v) }
-	row(fmt.Sprintf("reports/s offered (every %s) / taken by the replicas", every), fmt.Sprintf("%.0f / %.0f", float64(n)/every.Seconds(), taken/elapsed))
-	row(fmt.Sprintf("Device status writes/s at the API server (budget %d a replica)", 100), fmt.Sprintf("%.1f", (api1-api0)/elapsed))
+	row(fmt.Sprintf("reports/s offered (every %s) / taken by the replicas", every), fmt.Sprintf("%.0f / %.0f", float64(n)/every.Seconds(), taken))
+	row(fmt.Sprintf("Device status writes/s at the API server (budget %d a replica)", 100), fmt.Sprintf("%.1f", (api1-api0)/apiElapsed))
 	for _, p := range perReplica {
 		row("  by priority, "+p, "")
 	}
@@ -349,8 +459,21 @@ func runBudget(ctx context.Context, nEdges, perEdge int, every, window time.Dura
 	if len(downLat) > 0 {
 		row("  of which set → at its edge, p50 / p99", fmt.Sprintf("%s / %s", pct(downLat, 0.5), pct(downLat, 0.99)))
 	}
+	if len(upLat) > 0 {
+		row("  of which at its edge → acknowledged in the bench's watch, p50 / p99", fmt.Sprintf("%s / %s", pct(upLat, 0.5), pct(upLat, 0.99)))
+	}
 	if len(deliveredLat) > 0 {
 		row("  of which status written → in the bench's watch (+0-1 s), p50 / p99", fmt.Sprintf("%s / %s", pct(deliveredLat, 0.5), pct(deliveredLat, 0.99)))
+	}
+	if len(specLat) > 0 {
+		// The API server's watch delivery, timed exactly on the probe's
+		// own spec write: Update returned → its event in the bench's watch.
+		row(fmt.Sprintf("  API server's watch delivery: desired written → in the bench's watch, p50 / p99 / max (%d)", len(specLat)),
+			fmt.Sprintf("%s / %s / %s", pct(specLat, 0.5), pct(specLat, 0.99), specLat[len(specLat)-1].Round(time.Millisecond)))
+		row("  desired → acknowledged less that delivery once (the status event's), p50 / p99",
+			fmt.Sprintf("%s / %s", pct(lessOneLat, 0.5), pct(lessOneLat, 0.99)))
+		row("  less it twice (the desired value's to the replica too): Dowse's part, p50 / p99",
+			fmt.Sprintf("%s / %s", pct(lessTwoLat, 0.5), pct(lessTwoLat, 0.99)))
 	}
 	// Where an acknowledgement's time goes: the twin sync's queue (it
 	// sends the desired value to the node), the urgent write's wait
@@ -367,13 +490,15 @@ func runBudget(ctx context.Context, nEdges, perEdge int, every, window time.Dura
 	var use []string
 	for _, k := range []string{"bench (edges)", "kube-apiserver", "etcd", "replica-0", "replica-1", "machine"} {
 		if a, ok := cpu1[k]; ok {
-			use = append(use, fmt.Sprintf("%s %.2f", k, (a-cpu0[k]).Seconds()/elapsed))
+			use = append(use, fmt.Sprintf("%s %.2f", k, (a-cpu0[k]).Seconds()/cpuElapsed))
 		}
 	}
 	fmt.Printf("CPU seconds a second in the window: %s\n", strings.Join(use, ", "))
 	// What the API server answered in the window (every write competes
 	// with the acknowledgements' and the desired values' own).
 	fmt.Printf("API server in the window (%.0f s): %s\n", elapsed, requestFigures(apiM0, apiM1, rep0[0], rep1[0]))
+	fmt.Printf("replicas' anonymous RSS, every Device cached and no edge → end of the window: %s; %.2f KiB a Device held (sessions, twins, status writer and live readings, history %d)\n",
+		strings.Join(rss, ", "), grew*1024/float64(max(1, heldEdges*perEdge)), 8)
 	fmt.Printf("%d cores, load %s\n", runtime.NumCPU(), loadavg())
 
 	// Nothing lost: the reports stop; every Device shows its last counter.
