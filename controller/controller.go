@@ -141,7 +141,7 @@ func Run(ctx context.Context, cfg Config, log logr.Logger) error {
 	if err != nil {
 		return err
 	}
-	apiready.HoldListsAndWatches(restCfg, time.Second, log.WithName("api"))
+	apiready.HoldRequests(restCfg, time.Second, log.WithName("api"))
 	sch, err := scheme.New()
 	if err != nil {
 		return err

@@ -27,10 +27,22 @@ import (
 // work) is unchanged. An outage is logged when the first request is held
 // and when one goes through again. every is 1 s when not positive.
 func HoldListsAndWatches(cfg *rest.Config, every time.Duration, log logr.Logger) {
+	holdWhere(cfg, every, log, isListOrWatch)
+}
+
+// HoldRequests is HoldListsAndWatches for every request: for a process
+// that can do nothing without the API server (the controller), whose
+// writers would otherwise back off through an outage as the reflectors do
+// and come back after it by their back-off, not when it answers.
+func HoldRequests(cfg *rest.Config, every time.Duration, log logr.Logger) {
+	holdWhere(cfg, every, log, func(*http.Request) bool { return true })
+}
+
+func holdWhere(cfg *rest.Config, every time.Duration, log logr.Logger, held func(*http.Request) bool) {
 	if every <= 0 {
 		every = time.Second
 	}
-	h := &hold{every: every, log: log}
+	h := &hold{every: every, log: log, held: held}
 	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return &holdingTransport{hold: h, next: rt} })
 }
 
@@ -38,6 +50,7 @@ func HoldListsAndWatches(cfg *rest.Config, every time.Duration, log logr.Logger)
 type hold struct {
 	every time.Duration
 	log   logr.Logger
+	held  func(*http.Request) bool
 
 	mu        sync.Mutex
 	awaySince time.Time
@@ -48,7 +61,7 @@ func (h *hold) unreachable(req *http.Request, err error) {
 	defer h.mu.Unlock()
 	if h.awaySince.IsZero() {
 		h.awaySince = time.Now()
-		h.log.Info("the API server cannot be reached; lists and watches wait for it", "request", req.URL.Path, "reason", err.Error())
+		h.log.Info("the API server cannot be reached; requests wait for it", "request", req.Method+" "+req.URL.Path, "reason", err.Error())
 	}
 }
 
@@ -56,7 +69,7 @@ func (h *hold) reached() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if !h.awaySince.IsZero() {
-		h.log.Info("the API server answers again; held lists and watches go on", "unreachableFor", time.Since(h.awaySince).Round(time.Millisecond).String())
+		h.log.Info("the API server answers again; held requests go on", "unreachableFor", time.Since(h.awaySince).Round(time.Millisecond).String())
 		h.awaySince = time.Time{}
 	}
 }
@@ -72,17 +85,27 @@ type holdingTransport struct {
 }
 
 func (t *holdingTransport) RoundTrip(req *http.Request) (*http.Response, error) {
-	if !isListOrWatch(req) {
+	if !t.held(req) || (req.Body != nil && req.Body != http.NoBody && req.GetBody == nil) {
 		return t.next.RoundTrip(req)
 	}
+	try := req
 	for {
-		resp, err := t.next.RoundTrip(req)
+		resp, err := t.next.RoundTrip(try)
 		if err == nil {
 			t.reached()
 			return resp, nil
 		}
 		if !neverConnected(err) {
 			return nil, err
+		}
+		// The body was never sent, but the transport may have read it.
+		if req.GetBody != nil {
+			body, gerr := req.GetBody()
+			if gerr != nil {
+				return nil, err
+			}
+			try = req.Clone(req.Context())
+			try.Body = body
 		}
 		t.unreachable(req, err)
 		timer := time.NewTimer(t.pause())

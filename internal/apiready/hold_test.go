@@ -134,3 +134,56 @@ func TestIsListOrWatch(t *testing.T) {
 		}
 	}
 }
+
+// TestHoldRequests: every request waits while nothing listens, a write
+// sent once it does with its body whole.
+func TestHoldRequests(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	cfg := &rest.Config{Host: "http://" + addr}
+	HoldRequests(cfg, 50*time.Millisecond, logr.Discard())
+	hc, err := rest.HTTPClientFor(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const body = `{"status":{"twins":[]}}`
+	got := make(chan string, 1)
+	done := make(chan error, 1)
+	go func() {
+		req, err := http.NewRequestWithContext(t.Context(), http.MethodPatch, "http://"+addr+"/apis/dowse.dev/v1alpha1/namespaces/default/devices/d/status", strings.NewReader(body))
+		if err != nil {
+			done <- err
+			return
+		}
+		resp, err := hc.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		done <- err
+	}()
+	time.Sleep(300 * time.Millisecond)
+	select {
+	case err := <-done:
+		t.Fatalf("a write returned while the server was away: %v", err)
+	default:
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		got <- r.Method + " " + string(b)
+	})}
+	if ln, err = net.Listen("tcp", addr); err != nil {
+		t.Fatalf("listening again on %s: %v", addr, err)
+	}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	if err := <-done; err != nil {
+		t.Fatalf("the held write: %v", err)
+	}
+	if g := <-got; g != http.MethodPatch+" "+body {
+		t.Errorf("the server got %q, want the PATCH with its body", g)
+	}
+}
