@@ -193,9 +193,6 @@ func start(ctx context.Context, f *Framed, sess *Session, c *ConnConfig) (*runne
 	if cfg.Metrics == nil {
 		cfg.Metrics = NewMetrics(nil, "link")
 	}
-	if cfg.Streams != nil {
-		cfg.Streams.fitWindowsTo(f.Conn)
-	}
 	cancel := cfg.Cancel
 	done := func() {}
 	if cancel == nil {

@@ -181,18 +181,6 @@ func (s *Streams) SetWindowGrowth(perStream, total int) {
 	}
 }
 
-// fitWindowsTo keeps every stream's receive window at DefaultStreamWindow
-// when c is a QUIC connection. Grown windows let one stream go faster, and
-// over WebSocket twins keep their place ahead of it (its socket holds
-// little unsent, TCP_NOTSENT_LOWAT); QUIC has no such bound on what waits
-// to be sent, and with grown windows a twin waited longer behind a transfer
-// (the streams bench).
-func (s *Streams) fitWindowsTo(c Conn) {
-	if _, quic := c.(*quicConn); quic {
-		s.SetWindowGrowth(DefaultStreamWindow, 0)
-	}
-}
-
 // SetLimit bounds the streams open at once (DefaultMaxStreams when n <= 0):
 // an open beyond it fails, a peer's is refused. Call before the connection
 // runs.
@@ -540,10 +528,16 @@ func (s *Streams) noteMessage() {
 // or delivered for quietPeriod; s.mu is held.
 func (s *Streams) boundLocked() int {
 	limit := s.est.limit()
-	if s.lastMessage.IsZero() || s.now().Sub(s.lastMessage) >= quietPeriod {
+	if s.quietLocked() {
 		limit = min(quietGain*limit, MaxStreamsInFlight)
 	}
 	return limit
+}
+
+// quietLocked says whether the connection carried no sequenced message for
+// quietPeriod (see there); s.mu is held.
+func (s *Streams) quietLocked() bool {
+	return s.lastMessage.IsZero() || s.now().Sub(s.lastMessage) >= quietPeriod
 }
 
 // inFlightRoom is the stream data the writer may add now (-1: unbounded,
@@ -590,6 +584,12 @@ func (s *Streams) appendFrames(buf []byte, ack uint64, limit int) (_ []byte, fra
 	}
 	s.ctrl = s.ctrl[:0]
 	room, chunk := s.inFlightRoom()
+	// While messages flow, a write carries one data frame: the writer
+	// comes around again and takes any message that came meanwhile first,
+	// so that a message waits behind at most one frame being written (as
+	// well as the bound's data in flight), on a QUIC stream, which keeps
+	// no bound on what is unsent, as on a WebSocket's socket.
+	paced := !s.quietLocked()
 	sentBefore := s.sent
 	defer func() {
 		if s.sent > sentBefore {
@@ -645,6 +645,9 @@ func (s *Streams) appendFrames(buf []byte, ack uint64, limit int) (_ []byte, fra
 		if len(st.send) > 0 && st.sendCredit > 0 {
 			st.queued = true
 			s.ready = append(s.ready, st)
+		}
+		if n > 0 && paced && len(s.ready) > 0 {
+			return buf, frames, true, nil
 		}
 	}
 	return buf, frames, false, nil

@@ -154,7 +154,6 @@ func (s *Streams) windowOf(st *Stream) int {
 func TestStreamWindowGrowsForAReaderThatKeepsUp(t *testing.T) {
 	const total = 32 << 20
 	p := newWindowPeer(t)
-	p.s.fitWindowsTo(pipeConn{}) // not QUIC: windows may grow
 	st := p.open()
 	p.transfer(st, total, 10*time.Millisecond, 100*time.Microsecond)
 	if w := p.s.windowOf(st); w != MaxStreamWindow {
@@ -220,7 +219,7 @@ func TestStreamWindowGrowthBounded(t *testing.T) {
 
 	// Off: a fixed window.
 	q := newWindowPeer(t)
-	q.s.fitWindowsTo(&quicConn{}) // as on a QUIC connection
+	q.s.SetWindowGrowth(DefaultStreamWindow, 0)
 	st := q.open()
 	q.transfer(st, total, 10*time.Millisecond, 100*time.Microsecond)
 	if w := q.s.windowOf(st); w != DefaultStreamWindow {
