@@ -9,9 +9,8 @@ import (
 	"testing"
 	"time"
 
-	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
-
 	"github.com/dowse-dev/dowse/internal/link/pki"
+	linkv1 "github.com/dowse-dev/dowse/proto/link/v1"
 )
 
 // TestQUICTwinsAheadOfAGrowingStream: over a real QUIC connection on

@@ -40,7 +40,8 @@ const DefaultWindowGrowth = 16 << 20
 const DefaultMaxStreams = 1024
 
 // streamBudget bounds the stream data one write of the connection carries
-// after its sequenced and control messages.
+// after its sequenced and control messages on a quiet connection; while
+// messages flow a write carries one data frame (appendFrames).
 const streamBudget = 96 << 10
 
 // The bound on stream data in flight (written, not yet read by the peer,
