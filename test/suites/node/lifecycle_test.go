@@ -4,9 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -29,23 +33,28 @@ import (
 )
 
 // TestChartLifecycleOnNode runs Dowse's life on the real node, on one
-// cluster. The earlier release (earlierCommit's chart and images, built
-// from git) is installed; debug-echo with broker Pods holding its device and
-// a Modbus controller with a twin whose counter goes up five times a second
-// (its mapper Pod run by the controller) are applied, both on the earlier
-// release's images. `helm upgrade` to this chart and images, under that
-// traffic, brings the CRDs up to date (the hook) and keeps every Instance,
-// Device and broker Pod (the same Pod, no restart, its device's
+// cluster with a real pod network, at the chart's defaults: two controller
+// replicas with leader election, the agent reaching them through the
+// dowse-cloudhub Service. The earlier release (earlierCommit's chart and
+// images, built from git) is installed; debug-echo with broker Pods holding
+// its device and a Modbus controller with a twin whose counter goes up five
+// times a second (its mapper Pod run by the controller) are applied, both
+// on the earlier release's images. `helm upgrade` to this chart and images,
+// under that traffic, brings the CRDs up to date (the hook) and keeps every
+// Instance, Device and broker Pod (the same Pod, no restart, its device's
 // environment); Device.status never shows the counter going back and ends
-// on its last value; the twin still moves. `helm rollback` to the earlier
-// release: the same. Every metric the dashboard and alerts query is served
-// by the agent or the controller; `helm uninstall` (after an upgrade again),
-// with nothing deleted first, leaves no Dowse object and nothing
-// Terminating. Then again with the agent DaemonSet deleted before the
-// uninstall: the hook drops the gone agents' finalizers.
+// on its last value; the twin still moves. The rolling update replaces both
+// controller replicas, so the node's session moves from the replica that
+// held it to a new one (each holder logged) without a report lost. `helm
+// rollback` to the earlier release: the same. Every metric the dashboard
+// and alerts query is served by the agent or a controller replica; `helm
+// uninstall` (after an upgrade again), with nothing deleted first, leaves
+// no Dowse object and nothing Terminating. Then again with the agent
+// DaemonSet deleted before the uninstall: the hook drops the gone agents'
+// finalizers.
 func TestChartLifecycleOnNode(t *testing.T) {
 	kube.RequireHelm(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	images := [][2]string{
 		{"./agent/cmd/dowse-agent", "ghcr.io/dowse-dev/dowse-agent:latest"},
@@ -60,7 +69,11 @@ func TestChartLifecycleOnNode(t *testing.T) {
 		earlier = append(earlier, [2]string{im[0], strings.TrimSuffix(im[1], ":latest") + ":" + earlierTag})
 	}
 	earlierImages, oldChart := earlierRelease(t, ctx, earlier)
-	c := startClusterWith(t, ctx, cluster.Options{Images: earlierImages}, images...)
+	// The chart's own two controller replicas with leader election, on a
+	// real pod network (as TestChartReplicasOnNode): each replica listens on
+	// its own address, the agent reaches them through the dowse-cloudhub
+	// Service.
+	c := startClusterWith(t, ctx, cluster.Options{Images: earlierImages, PodNetwork: true}, images...)
 	sch, err := scheme.New()
 	if err != nil {
 		t.Fatal(err)
@@ -73,10 +86,11 @@ func TestChartLifecycleOnNode(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	valuesFile, ports := nodeValues(t, c, map[string]any{
+	valuesFile := podNetworkValues(t, c, map[string]any{
 		"debugEcho": map[string]any{"discovery": map[string]any{"enabled": true}},
 		"modbus":    map[string]any{"discovery": map[string]any{"enabled": true}},
 	})
+	sessions := trackSessions(t, cl)
 	helm := func(args ...string) {
 		t.Helper()
 		start := time.Now()
@@ -89,9 +103,10 @@ func TestChartLifecycleOnNode(t *testing.T) {
 	// rolling runs helm (upgrade or rollback) to the images tagged tag and,
 	// once it has changed the agent DaemonSet (the release is rolling), sets
 	// the twin's desired setpoint to value.
-	rolling := func(tag string, dev *v1alpha1.Device, value string, args ...string) (begin time.Time, took time.Duration) {
+	rolling := func(tag string, dev *v1alpha1.Device, value string, args ...string) roll {
 		t.Helper()
-		begin = time.Now()
+		r0 := roll{holder: sessionServed(t, ctx, cl).Name, replicas: controllerPods(t, ctx, cl)}
+		begin := time.Now()
 		type result struct {
 			out []byte
 			err error
@@ -127,22 +142,24 @@ func TestChartLifecycleOnNode(t *testing.T) {
 		if r.err != nil {
 			t.Fatalf("helm %s: %v\n%s", strings.Join(args, " "), r.err, r.out)
 		}
-		took = time.Since(begin)
+		took := time.Since(begin)
 		t.Logf("helm %s: %v (setpoint %s set while it rolled)", args[0], took.Round(100*time.Millisecond), value)
-		return begin, took
+		r0.begin, r0.took = begin, took
+		return r0
 	}
 	parts := []string{"dowse-agent", "dowse-controller", "dowse-debug-echo-discovery", "dowse-modbus-discovery"}
 	helm("install", "dowse", oldChart, "--namespace", "dowse-system", "--create-namespace", "--values", valuesFile, "--set", "image.tag="+earlierTag)
 	waitReady(t, ctx, cl, "dowse-system", parts)
-	waitMetric(t, ctx, ports.controllerMetrics, "dowse_cloudhub_connected_nodes 1")
+	t.Logf("on the earlier release the node's session is held by %s", sessionServed(t, ctx, cl).Name)
 	agentTagged(t, ctx, cl, earlierTag)
 
-	plc, err := modbusplc.Start(nil)
+	// The PLC where the pod network reaches the machine.
+	plc, err := modbusplc.StartOn(c.PodNetwork.HostIP, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer plc.Stop()
-	echo, modbus := applyWorkloads(t, ctx, cl, plc.Addr, workloadOptions{tag: earlierTag, counter: true})
+	echo, modbus := applyWorkloads(t, ctx, cl, plc.Addr, workloadOptions{tag: earlierTag, counter: true, podNetwork: true})
 	brokerPort := echo.Spec.BrokerSpec.BrokerPodSpec.Containers[0].Ports[0].ContainerPort
 	dev := waitTwin(t, ctx, cl, "setpoint", "21")
 	counter := watchCounter(t, c.Config, client.Options{Scheme: sch})
@@ -155,6 +172,11 @@ func TestChartLifecycleOnNode(t *testing.T) {
 	counterCaughtUp(t, ctx, counter, plc, "on the earlier release")
 	before := uids(t, ctx, cl)
 	brokers := brokerPods(t, ctx, cl, echo.Name, brokerPort)
+	for _, b := range brokers {
+		if b.ip == "" {
+			t.Fatalf("the broker Pods are not on the pod network: %+v", brokers)
+		}
+	}
 	t.Logf("on the earlier release (%s): %d Instances, %d Devices, %d broker Pods, %d mapper Pods; the counter at %d",
 		earlierCommit, len(before.instances), len(before.devices), len(before.pods), len(before.mappers), counter.last())
 
@@ -182,11 +204,24 @@ func TestChartLifecycleOnNode(t *testing.T) {
 	// the same objects, the broker Pods still hold their device, the node
 	// still offers it, the CRDs are this chart's and the stored objects read
 	// back, and the counter ends in Device.status on its last value, after
-	// what (a helm command that began at begin and took took).
-	same := func(what string, begin time.Time, took time.Duration) {
+	// what (the helm command r). The rolling update replaced both
+	// controller replicas: the node's session moved from the replica that
+	// held it before r to one of the new ones, and (the counter checks
+	// below) no report was lost on the way.
+	same := func(what string, r roll) {
 		t.Helper()
+		begin, took := r.begin, r.took
 		waitReady(t, ctx, cl, "dowse-system", parts)
-		waitMetric(t, ctx, ports.controllerMetrics, "dowse_cloudhub_connected_nodes 1")
+		holder := sessionServedBy(t, ctx, cl, func(pods []corev1.Pod) error {
+			for _, p := range pods {
+				if slices.Contains(r.replicas, p.Name) {
+					return fmt.Errorf("%s: the replica %s of before still runs (before: %v)", what, p.Name, r.replicas)
+				}
+			}
+			return nil
+		})
+		t.Logf("%s: the node's session was held by %s before (replicas %v), is held by %s after; holders while it rolled: %s",
+			what, r.holder, r.replicas, holder.Name, sessions.since(r.holder, begin))
 		for _, err := range diffSnapshots(before, uids(t, ctx, cl), what) {
 			t.Error(err)
 		}
@@ -211,8 +246,8 @@ func TestChartLifecycleOnNode(t *testing.T) {
 	if hasStateReport(crdBefore) {
 		t.Fatalf("the earlier release's Device CRD already has spec.stateReport: pick an earlier commit, or check another CRD change")
 	}
-	begin, took := rolling("latest", dev, "30", "upgrade", "dowse", filepath.Join(kube.RepoRoot(), "deploy", "helm", "dowse"), "--namespace", "dowse-system", "--values", valuesFile, "--wait", "--timeout", "3m")
-	same("after the upgrade", begin, took)
+	r := rolling("latest", dev, "30", "upgrade", "dowse", filepath.Join(kube.RepoRoot(), "deploy", "helm", "dowse"), "--namespace", "dowse-system", "--values", valuesFile, "--wait", "--timeout", "4m")
+	same("after the upgrade", r)
 	waitTwin(t, ctx, cl, "setpoint", "30")
 	t.Log("after the upgrade the same Instances, Devices, broker Pods (holding their device) and mapper Pods; no counter lost; the setpoint set while the release rolled (30) applied")
 
@@ -241,9 +276,12 @@ func TestChartLifecycleOnNode(t *testing.T) {
 	})
 
 	// Every metric the dashboard and the alerts query is served.
-	served := promtest.Families(t, fmt.Sprintf("http://127.0.0.1:%d/metrics", ports.agentMetrics))
-	for k := range promtest.Families(t, fmt.Sprintf("http://127.0.0.1:%d/metrics", ports.controllerMetrics)) {
-		served[k] = true
+	// Both replicas': the leader's and the session holder's metrics.
+	served := promtest.Families(t, fmt.Sprintf("http://%s/metrics", net.JoinHostPort(agentPod(t, ctx, cl).Status.PodIP, strconv.Itoa(agentMetricsPort))))
+	for _, p := range runningControllers(t, ctx, cl) {
+		for k := range promtest.Families(t, fmt.Sprintf("http://%s/metrics", net.JoinHostPort(p.Status.PodIP, strconv.Itoa(controllerMetricsPort)))) {
+			served[k] = true
+		}
 	}
 	chart := filepath.Join(kube.RepoRoot(), "deploy", "helm", "dowse")
 	for _, m := range promtest.QueriedMetrics(t, filepath.Join(chart, "files", "dashboard.json"), filepath.Join(chart, "files", "rules.yaml")) {
@@ -255,8 +293,8 @@ func TestChartLifecycleOnNode(t *testing.T) {
 	// The rollback to the earlier release, under traffic: its images back,
 	// the CRDs as this chart left them (a rollback runs no hook, and the
 	// earlier binaries read the newer schema), nothing lost.
-	begin, took = rolling(earlierTag, dev, "25", "rollback", "dowse", "1", "--namespace", "dowse-system", "--wait", "--timeout", "3m")
-	same("after the rollback", begin, took)
+	r = rolling(earlierTag, dev, "25", "rollback", "dowse", "1", "--namespace", "dowse-system", "--wait", "--timeout", "4m")
+	same("after the rollback", r)
 	waitTwin(t, ctx, cl, "setpoint", "25")
 	// The earlier controller reads the Configuration without the new
 	// field; the Configuration, the user's, keeps it (nothing the earlier
@@ -271,8 +309,8 @@ func TestChartLifecycleOnNode(t *testing.T) {
 	t.Log("after the rollback the same Instances, Devices, broker Pods (holding their device) and mapper Pods; no counter lost; the setpoint set while the release rolled (25) applied")
 
 	// Forward again, so that the uninstall below is this chart's.
-	begin, took = rolling("latest", dev, "27", "upgrade", "dowse", chart, "--namespace", "dowse-system", "--values", valuesFile, "--wait", "--timeout", "3m")
-	same("after the upgrade that follows the rollback", begin, took)
+	r = rolling("latest", dev, "27", "upgrade", "dowse", chart, "--namespace", "dowse-system", "--values", valuesFile, "--wait", "--timeout", "4m")
+	same("after the upgrade that follows the rollback", r)
 	waitTwin(t, ctx, cl, "setpoint", "27")
 	waitStateReport(t, ctx, cl, &v1alpha1.Device{ObjectMeta: dev.ObjectMeta}, "the Device after the upgrade that follows the rollback")
 
@@ -281,6 +319,8 @@ func TestChartLifecycleOnNode(t *testing.T) {
 	helm("uninstall", "dowse", "--namespace", "dowse-system", "--wait", "--timeout", "3m")
 	waitUninstalled(t, ctx, c.Config, "dowse-system")
 	t.Logf("uninstalled, nothing left, in %v", time.Since(start).Round(100*time.Millisecond))
+
+	sessions.stop()
 
 	// Again, with the agents gone before the uninstall.
 	helm("install", "dowse", chart, "--namespace", "dowse-system", "--create-namespace", "--values", valuesFile)
@@ -378,6 +418,9 @@ func applyWorkloads(t *testing.T, ctx context.Context, cl client.Client, plc str
 	bc.Ports[0].ContainerPort = int32(bport)
 	bc.ImagePullPolicy = corev1.PullNever
 	bc.Image = strings.TrimSuffix(bc.Image, ":latest") + ":" + tag
+	if o.podNetwork {
+		echo.Spec.BrokerSpec.BrokerPodSpec.HostNetwork = false
+	}
 	if err := cl.Create(ctx, echo); err != nil {
 		t.Fatal(err)
 	}
@@ -385,7 +428,15 @@ func applyWorkloads(t *testing.T, ctx context.Context, cl client.Client, plc str
 	if err != nil {
 		t.Fatal(err)
 	}
-	modbus := applyModbus(t, ctx, cl, []string{plc, fmt.Sprintf("127.0.0.1:%d", closed)}, func(m *v1alpha1.DeviceModel, c *v1alpha1.Configuration) {
+	// The unanswering target on the PLC's host.
+	plcHost, _, err := net.SplitHostPort(plc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	modbus := applyModbus(t, ctx, cl, []string{plc, net.JoinHostPort(plcHost, strconv.Itoa(closed))}, func(m *v1alpha1.DeviceModel, c *v1alpha1.Configuration) {
+		if o.podNetwork {
+			c.Spec.DeviceTemplate.MapperPodSpec.HostNetwork = false
+		}
 		if o.counter {
 			counterProperty(m, c)
 			if o.counterSink != nil {
@@ -406,6 +457,9 @@ type workloadOptions struct {
 	// counterSink (with counter) is where the mapper also pushes each
 	// counter reading.
 	counterSink *v1alpha1.PushMethod
+	// podNetwork puts the broker and the mapper Pods on the pod network
+	// (a cluster with Options.PodNetwork), not on the node's.
+	podNetwork bool
 }
 
 // applyModbus applies the Modbus sample with its model, scanning targets,
@@ -602,4 +656,186 @@ func eventuallyNode(t *testing.T, ctx context.Context, d time.Duration, f func()
 		}
 		return f()
 	})
+}
+
+// The chart's default metrics ports of the agent and the controller, on
+// each Pod's own address of the pod network.
+const (
+	agentMetricsPort      = 9743
+	controllerMetricsPort = 9745
+)
+
+// podNetworkValues writes the values of a release on the test node with a
+// pod network (cluster.Options.PodNetwork) at the chart's defaults (two
+// controller replicas with leader election, ports, probes, no host
+// network): the link on, its Service at a fixed address of the Service
+// range (no cluster DNS runs here), the agent's state, CDI specs and the
+// kubelet's pod-resources socket inside the cluster's directory, with
+// extra merged in.
+func podNetworkValues(t *testing.T, c *cluster.Cluster, extra map[string]any) string {
+	t.Helper()
+	linkIP := c.PodNetwork.ServiceAddress(77)
+	values := map[string]any{
+		"image":           map[string]any{"tag": "latest", "pullPolicy": "Never"},
+		"stateDir":        filepath.Join(c.StateDir, "dowse"),
+		"cdiSpecDir":      c.CDIDir,
+		"podResourcesDir": filepath.Join(c.StateDir, "kubelet", "pod-resources"),
+		"controller":      map[string]any{"nodeGracePeriod": "20s"},
+		"link":            map[string]any{"enabled": true, "hosts": []string{linkIP}, "service": map[string]any{"clusterIP": linkIP}},
+	}
+	for k, v := range extra {
+		values[k] = v
+	}
+	raw, err := yaml.Marshal(values)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := filepath.Join(t.TempDir(), "values.yaml")
+	if err := os.WriteFile(f, raw, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// roll is a helm command run under traffic: when it began, how long it
+// took, and which replica held the node's session and which controller
+// replicas ran before it.
+type roll struct {
+	begin    time.Time
+	took     time.Duration
+	holder   string
+	replicas []string
+}
+
+// sessionServed waits until the chart's two controller replicas run on the
+// pod network, one of them holds the node's session (its ownership record,
+// named ready by the dowse-cloudhub Service), counts the node connected,
+// and the agent counts itself connected; it returns the holder's Pod.
+func sessionServed(t *testing.T, ctx context.Context, cl client.Client) corev1.Pod {
+	t.Helper()
+	return sessionServedBy(t, ctx, cl, func([]corev1.Pod) error { return nil })
+}
+
+// sessionServedBy is sessionServed with check passing for the running
+// controller Pods too.
+func sessionServedBy(t *testing.T, ctx context.Context, cl client.Client, check func([]corev1.Pod) error) corev1.Pod {
+	t.Helper()
+	var holder corev1.Pod
+	name := waitHolder(t, ctx, cl, "", func(pods []corev1.Pod) error {
+		if len(pods) != 2 {
+			return fmt.Errorf("%d controller pods running, want the chart's 2", len(pods))
+		}
+		for _, p := range pods {
+			if p.Spec.HostNetwork || p.Status.PodIP == "" {
+				return fmt.Errorf("controller pod %s is not on the pod network (host network %v, address %q)", p.Name, p.Spec.HostNetwork, p.Status.PodIP)
+			}
+		}
+		return check(pods)
+	})
+	for _, p := range runningControllers(t, ctx, cl) {
+		if p.Name == name {
+			holder = p
+		}
+	}
+	if holder.Name != name {
+		t.Fatalf("the holder %s of the node's session no longer runs", name)
+	}
+	waitMetricAt(t, ctx, net.JoinHostPort(holder.Status.PodIP, strconv.Itoa(controllerMetricsPort)), "dowse_cloudhub_connected_nodes 1")
+	waitMetricAt(t, ctx, net.JoinHostPort(agentPod(t, ctx, cl).Status.PodIP, strconv.Itoa(agentMetricsPort)), "dowse_edgehub_connected 1")
+	return holder
+}
+
+// runningControllers are the controller Pods running and not being deleted.
+func runningControllers(t *testing.T, ctx context.Context, cl client.Client) []corev1.Pod {
+	t.Helper()
+	var pods corev1.PodList
+	if err := cl.List(ctx, &pods, client.InNamespace("dowse-system"), client.MatchingLabels{"app.kubernetes.io/name": "dowse-controller"}); err != nil {
+		t.Fatal(err)
+	}
+	var out []corev1.Pod
+	for _, p := range pods.Items {
+		if p.DeletionTimestamp == nil && p.Status.Phase == corev1.PodRunning {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// controllerPods are the names of the controller Pods that exist.
+func controllerPods(t *testing.T, ctx context.Context, cl client.Client) []string {
+	t.Helper()
+	var pods corev1.PodList
+	if err := cl.List(ctx, &pods, client.InNamespace("dowse-system"), client.MatchingLabels{"app.kubernetes.io/name": "dowse-controller"}); err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, p := range pods.Items {
+		out = append(out, p.Name)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// sessionTrack follows which controller replica holds the node's session
+// (holderNow, polled every 200 ms; "" while none does) and keeps each
+// change with when it was seen.
+type sessionTrack struct {
+	mu      sync.Mutex
+	changes []sessionChange
+	cancel  context.CancelFunc
+	done    chan struct{}
+}
+
+type sessionChange struct {
+	at     time.Time
+	holder string
+}
+
+func trackSessions(t *testing.T, cl client.Client) *sessionTrack {
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &sessionTrack{cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(s.done)
+		tick := time.NewTicker(200 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			h, _ := holderNow(ctx, cl, "", func([]corev1.Pod) error { return nil })
+			s.mu.Lock()
+			if n := len(s.changes); n == 0 || s.changes[n-1].holder != h {
+				s.changes = append(s.changes, sessionChange{time.Now(), h})
+			}
+			s.mu.Unlock()
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	t.Cleanup(s.stop)
+	return s
+}
+
+func (s *sessionTrack) stop() {
+	s.cancel()
+	<-s.done
+}
+
+// since says which replica held the node's session from begin on (first
+// holder, the one seen before begin), each with when it was first seen.
+func (s *sessionTrack) since(first string, begin time.Time) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := []string{first}
+	for _, c := range s.changes {
+		if c.at.Before(begin) {
+			continue
+		}
+		h := c.holder
+		if h == "" {
+			h = "none"
+		}
+		out = append(out, fmt.Sprintf("%s +%v", h, c.at.Sub(begin).Round(100*time.Millisecond)))
+	}
+	return strings.Join(out, " → ")
 }

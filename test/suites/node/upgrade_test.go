@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -241,16 +242,19 @@ func reported(d *v1alpha1.Device, prop string) string {
 }
 
 // brokerPod is what a broker Pod holding a device is: its UID, its
-// containers' restarts, and the device's environment it serves.
+// containers' restarts, the device's environment it serves, and its
+// address on the pod network (empty on the node's network).
 type brokerPod struct {
 	uid      types.UID
 	restarts int32
 	device   map[string]string
+	ip       string
 }
 
 // brokerPods waits until the Configuration's broker Pods (not mappers)
-// are ready and each (on the node's network, port port) serves the device
-// environment it was given, and reads them.
+// are ready and each (on the node's network, or at its own address of the
+// pod network, port port) serves the device environment it was given, and
+// reads them.
 func brokerPods(t *testing.T, ctx context.Context, cl client.Client, cfg string, port int32) map[string]brokerPod {
 	t.Helper()
 	var out map[string]brokerPod
@@ -264,7 +268,7 @@ func brokerPods(t *testing.T, ctx context.Context, cl client.Client, cfg string,
 
 // readBrokerPods reads the Configuration's broker Pods (not mappers), or
 // says which is not ready or serves no device environment (on the node's
-// network, port port).
+// network, or at its own address of the pod network, port port).
 func readBrokerPods(ctx context.Context, cl client.Client, cfg string, port int32) (map[string]brokerPod, error) {
 	var pods corev1.PodList
 	if err := cl.List(ctx, &pods, client.MatchingLabels{v1alpha1.LabelConfiguration: cfg}); err != nil {
@@ -276,13 +280,20 @@ func readBrokerPods(ctx context.Context, cl client.Client, cfg string, port int3
 			continue
 		}
 		b := brokerPod{uid: p.UID}
+		host := "127.0.0.1"
+		if !p.Spec.HostNetwork {
+			if p.Status.PodIP == "" {
+				return nil, fmt.Errorf("broker Pod %s has no address yet", p.Name)
+			}
+			host, b.ip = p.Status.PodIP, p.Status.PodIP
+		}
 		for _, cs := range p.Status.ContainerStatuses {
 			if !cs.Ready {
 				return nil, fmt.Errorf("broker Pod %s: %s not ready", p.Name, cs.Name)
 			}
 			b.restarts += cs.RestartCount
 		}
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://127.0.0.1:%d/", port), nil)
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://%s/", net.JoinHostPort(host, strconv.Itoa(int(port)))), nil)
 		if err != nil {
 			return nil, err
 		}
