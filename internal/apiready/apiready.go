@@ -2,7 +2,9 @@
 // answers and serves the kinds the process needs, saying what it waits
 // for. A component started before its CRDs are installed, or while the API
 // server is away, then waits instead of exiting with controller-runtime's
-// "no matches for kind".
+// "no matches for kind". Later, requests that cannot connect to the API
+// server wait for it (HoldRequests, HoldListsAndWatches) rather than fail
+// into client back-offs that outlast an outage.
 package apiready
 
 import (

@@ -17,24 +17,31 @@ import (
 	"k8s.io/client-go/rest"
 )
 
-// TestHoldListsAndWatches: while nothing listens on the API server's
-// address, a list and a watch wait and go through once it answers (one
-// request reaching it each); a get and a write fail at once; a held list
-// ends with its context.
-func TestHoldListsAndWatches(t *testing.T) {
+// awayAPIServer is a loopback address nothing listens on (yet) and an HTTP
+// client of it held by hold.
+func awayAPIServer(t *testing.T, hold func(*rest.Config, time.Duration, logr.Logger)) (string, *http.Client) {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	addr := ln.Addr().String()
 	ln.Close()
-
 	cfg := &rest.Config{Host: "http://" + addr}
-	HoldListsAndWatches(cfg, 50*time.Millisecond, logr.Discard())
+	hold(cfg, 50*time.Millisecond, logr.Discard())
 	hc, err := rest.HTTPClientFor(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return addr, hc
+}
+
+// TestHoldListsAndWatches: while nothing listens on the API server's
+// address, a list and a watch wait and go through once it answers (one
+// request reaching it each); a get and a write fail at once; a held list
+// ends with its context.
+func TestHoldListsAndWatches(t *testing.T) {
+	addr, hc := awayAPIServer(t, HoldListsAndWatches)
 	get := func(ctx context.Context, method, path string) (string, error) {
 		req, err := http.NewRequestWithContext(ctx, method, "http://"+addr+path, nil)
 		if err != nil {
@@ -60,7 +67,7 @@ func TestHoldListsAndWatches(t *testing.T) {
 	}
 
 	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
-	_, err = get(ctx, http.MethodGet, "/api/v1/pods")
+	_, err := get(ctx, http.MethodGet, "/api/v1/pods")
 	cancel()
 	if !errors.Is(err, syscall.ECONNREFUSED) {
 		t.Errorf("a held list whose context ended: %v, want its last connection refused", err)
@@ -90,7 +97,7 @@ func TestHoldListsAndWatches(t *testing.T) {
 		served.Add(1)
 		_, _ = io.WriteString(w, "served "+r.URL.Path)
 	})}
-	ln, err = net.Listen("tcp", addr)
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		t.Fatalf("listening again on %s: %v", addr, err)
 	}
@@ -138,18 +145,7 @@ func TestIsListOrWatch(t *testing.T) {
 // TestHoldRequests: every request waits while nothing listens, a write
 // sent once it does with its body whole.
 func TestHoldRequests(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	cfg := &rest.Config{Host: "http://" + addr}
-	HoldRequests(cfg, 50*time.Millisecond, logr.Discard())
-	hc, err := rest.HTTPClientFor(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	addr, hc := awayAPIServer(t, HoldRequests)
 	const body = `{"status":{"twins":[]}}`
 	got := make(chan string, 1)
 	done := make(chan error, 1)
@@ -175,7 +171,8 @@ func TestHoldRequests(t *testing.T) {
 		b, _ := io.ReadAll(r.Body)
 		got <- r.Method + " " + string(b)
 	})}
-	if ln, err = net.Listen("tcp", addr); err != nil {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
 		t.Fatalf("listening again on %s: %v", addr, err)
 	}
 	go func() { _ = srv.Serve(ln) }()
